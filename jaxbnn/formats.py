@@ -1,0 +1,204 @@
+"""The packed bit formats of jaxbnn, defined once (see docs/formats.md).
+
+Everything that produces or consumes packed bits (exporter, ops, reference, kernels) goes through this
+module; `xla_ffi/common/formats.h` mirrors its constants and a test checks that the two agree.
+
+Conventions:
+- a binary value +1 is bit 1, -1 is bit 0; binarization is `x >= 0` (sign(0) = +1);
+- bits are packed along the last axis into uint32 words, least significant bit first, padding bits 0;
+- weights are stored as FSB tiles (BH rows x BW bits, row-major inside and across tiles);
+- ternary values are two planes of the same layout: sign (1 for -1) and non-zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+WORD_BITS = 32
+WORD_DTYPE = jnp.uint32
+FSB_TILE = (8, 128)  # (BH rows, BW bits): one TCBNN tile, one Hopper wgmma core matrix.
+
+__all__ = [
+    "WORD_BITS",
+    "WORD_DTYPE",
+    "FSB_TILE",
+    "num_words",
+    "binarize",
+    "pack_bits",
+    "unpack_bits",
+    "to_fsb",
+    "from_fsb",
+    "fsb_shape",
+    "popcount",
+    "ternary_planes",
+    "pack_ternary",
+    "unpack_ternary",
+    "DenseBits",
+    "ConvBits",
+    "pack_dense_weights",
+    "pack_conv_weights",
+]
+
+
+def num_words(k: int) -> int:
+    """Number of uint32 words holding `k` packed bits."""
+    return -(-int(k) // WORD_BITS)
+
+
+def binarize(x, threshold=None, flip=None):
+    """Bits of `x` (bool): `x >= threshold` (default 0, so sign(0) = +1), `x <= threshold` where `flip`.
+
+    `threshold` and `flip` broadcast against `x` (per-channel vectors along the last axis).
+    """
+    x = jnp.asarray(x)
+    t = 0 if threshold is None else jnp.asarray(threshold)
+    bits = x >= t
+    if flip is not None:
+        bits = jnp.where(jnp.asarray(flip, bool), x <= t, bits)
+    return bits
+
+
+def pack_bits(bits):
+    """Pack a boolean array along its last axis into uint32 words (LSB first, zero padding bits)."""
+    bits = jnp.asarray(bits, bool)
+    k = bits.shape[-1]
+    words = num_words(k)
+    pad = words * WORD_BITS - k
+    if pad:
+        bits = jnp.pad(bits, [(0, 0)] * (bits.ndim - 1) + [(0, pad)])
+    bits = bits.reshape(bits.shape[:-1] + (words, WORD_BITS)).astype(WORD_DTYPE)
+    shifts = jnp.arange(WORD_BITS, dtype=WORD_DTYPE)
+    # Distinct bit positions: the sum is the bitwise OR.
+    return jnp.sum(bits << shifts, axis=-1, dtype=WORD_DTYPE)
+
+
+def unpack_bits(words, k: int):
+    """Inverse of `pack_bits`: boolean array `(..., k)` from uint32 words `(..., ceil(k/32))`."""
+    words = jnp.asarray(words)
+    if words.dtype != WORD_DTYPE:
+        raise TypeError(f"packed bits must be uint32 words, got {words.dtype}")
+    if words.shape[-1] != num_words(k):
+        raise ValueError(f"{k} bits need {num_words(k)} words, the array has {words.shape[-1]}")
+    shifts = jnp.arange(WORD_BITS, dtype=WORD_DTYPE)
+    bits = (words[..., None] >> shifts) & 1
+    return bits.reshape(words.shape[:-1] + (-1,))[..., :k].astype(bool)
+
+
+def fsb_shape(rows: int, k: int, tile=FSB_TILE) -> tuple[int, int, int, int]:
+    """Shape of the FSB array of a `rows` x `k`-bit matrix."""
+    bh, bw = _check_tile(tile)
+    return (-(-rows // bh), -(-k // bw), bh, bw // WORD_BITS)
+
+
+def to_fsb(words, tile=FSB_TILE):
+    """FSB tiles `(ceil(R/BH), ceil(K/BW), BH, BW/32)` of a row-packed bit matrix `(R, Kw)`."""
+    words = jnp.asarray(words, WORD_DTYPE)
+    if words.ndim != 2:
+        raise ValueError(f"to_fsb takes a row-packed matrix (R, Kw), got shape {words.shape}")
+    bh, bw = _check_tile(tile)
+    ww = bw // WORD_BITS
+    rows, kw = words.shape
+    rt, kt = -(-rows // bh), -(-kw // ww)
+    words = jnp.pad(words, ((0, rt * bh - rows), (0, kt * ww - kw)))
+    return words.reshape(rt, bh, kt, ww).transpose(0, 2, 1, 3)
+
+
+def from_fsb(tiles, rows: int, k: int):
+    """Row-packed matrix `(rows, ceil(k/32))` from FSB tiles (inverse of `to_fsb`)."""
+    tiles = jnp.asarray(tiles)
+    if tiles.ndim != 4:
+        raise ValueError(f"FSB tiles have rank 4 (RT, KT, BH, BW/32), got shape {tiles.shape}")
+    rt, kt, bh, ww = tiles.shape
+    if rt * bh < rows or kt * ww * WORD_BITS < k:
+        raise ValueError(f"FSB tiles of shape {tiles.shape} cannot hold a {rows} x {k}-bit matrix")
+    matrix = tiles.transpose(0, 2, 1, 3).reshape(rt * bh, kt * ww)
+    return matrix[:rows, : num_words(k)]
+
+
+def popcount(words, axis=-1):
+    """Number of 1 bits, summed over `axis` (int32)."""
+    return jnp.sum(jax.lax.population_count(jnp.asarray(words, WORD_DTYPE)).astype(jnp.int32), axis=axis)
+
+
+def ternary_planes(x):
+    """(sign, nonzero) boolean planes of a ternary array with values in {-1, 0, +1}."""
+    x = jnp.asarray(x)
+    return x < 0, x != 0
+
+
+def pack_ternary(x):
+    """Packed (sign, nonzero) planes of a ternary array, each `(..., ceil(K/32))` uint32."""
+    sign, nonzero = ternary_planes(x)
+    return pack_bits(sign), pack_bits(nonzero)
+
+
+def unpack_ternary(sign_words, nonzero_words, k: int, dtype=jnp.float32):
+    """Ternary values `(..., k)` from packed planes; a set sign bit without its non-zero bit is invalid."""
+    sign = unpack_bits(sign_words, k)
+    nonzero = unpack_bits(nonzero_words, k)
+    return (nonzero.astype(dtype) - 2 * (sign & nonzero).astype(dtype)).astype(dtype)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DenseBits:
+    """Packed ±1 weights of a dense layer `y = x @ W`, W of shape (k, n).
+
+    `bits`: FSB tiles of the (n, k) bit matrix (one row per output column); `popcount`: int32 (n,), the
+    number of +1 entries of each output column (the AND-popc formula needs it).
+    """
+
+    bits: jax.Array
+    popcount: jax.Array
+    k: int = dataclasses.field(metadata=dict(static=True))
+    n: int = dataclasses.field(metadata=dict(static=True))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ConvBits:
+    """Packed ±1 weights of a convolution with HWIO kernel (kh, kw, c, o).
+
+    `bits`: FSB tiles of the (o, kh*kw*ceil(c/32)*32) bit matrix, reduction order (kh, kw, c) with each
+    tap padded to whole words; `tap_popcount`: int32 (kh*kw, o), +1 entries per tap and output channel
+    (the exact "zero" padding correction needs them).
+    """
+
+    bits: jax.Array
+    tap_popcount: jax.Array
+    kernel_size: tuple[int, int] = dataclasses.field(metadata=dict(static=True))
+    in_channels: int = dataclasses.field(metadata=dict(static=True))
+    out_channels: int = dataclasses.field(metadata=dict(static=True))
+
+
+def pack_dense_weights(w, tile=FSB_TILE) -> DenseBits:
+    """Binarize (sign(0) = +1) and pack float weights `(k, n)` of `y = x @ W`."""
+    w = jnp.asarray(w)
+    if w.ndim != 2:
+        raise ValueError(f"dense weights have shape (k, n), got {w.shape}")
+    k, n = w.shape
+    rows = pack_bits(binarize(w.T))
+    return DenseBits(to_fsb(rows, tile), popcount(rows), k=k, n=n)
+
+
+def pack_conv_weights(w, tile=FSB_TILE) -> ConvBits:
+    """Binarize (sign(0) = +1) and pack a float HWIO convolution kernel `(kh, kw, c, o)`."""
+    w = jnp.asarray(w)
+    if w.ndim != 4:
+        raise ValueError(f"convolution kernels have shape (kh, kw, c, o), got {w.shape}")
+    kh, kw, c, o = w.shape
+    taps = pack_bits(binarize(jnp.transpose(w, (3, 0, 1, 2))))  # (o, kh, kw, cw)
+    tap_popcount = popcount(taps).reshape(o, kh * kw).T
+    matrix = taps.reshape(o, -1)
+    return ConvBits(to_fsb(matrix, tile), tap_popcount, kernel_size=(kh, kw), in_channels=c, out_channels=o)
+
+
+def _check_tile(tile) -> tuple[int, int]:
+    bh, bw = (int(v) for v in tile)
+    if bh < 1 or bw < WORD_BITS or bw % WORD_BITS:
+        raise ValueError(f"FSB tile (BH, BW) needs BH >= 1 and BW a positive multiple of 32, got {tile}")
+    return bh, bw

@@ -1,0 +1,91 @@
+"""The pure-JAX definition of every jaxbnn op: the spec the native kernels are tested against.
+
+Written for clarity, not speed: operands are unpacked to ±1 values and multiplied with XLA's own
+integer / float32 arithmetic (exact for ±1 sums), never through the bit tricks the kernels use.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxbnn import formats
+
+__all__ = ["bmm", "bconv2d", "epilogue", "max_pool"]
+
+
+def _signs(bits, dtype):
+    return jnp.where(bits, 1, -1).astype(dtype)
+
+
+def epilogue(dot, scale=None, bias=None, threshold=None, flip=None):
+    """What an int32 dot product becomes: itself, `scale * dot + bias` (float32), or packed bits."""
+    if threshold is not None:
+        return formats.pack_bits(formats.binarize(dot, threshold, flip))
+    if scale is not None:
+        return dot.astype(jnp.float32) * scale + bias
+    return dot
+
+
+def max_pool(dot, pool):
+    """Max over non-overlapping (PH, PW) windows of an NHWC int32 tensor (no padding, floor)."""
+    ph, pw = pool
+    b, h, w, o = dot.shape
+    oh, ow = h // ph, w // pw
+    dot = dot[:, : oh * ph, : ow * pw].reshape(b, oh, ph, ow, pw, o)
+    return dot.max(axis=(2, 4))
+
+
+def bmm(a, b, k, n, *, scale=None, bias=None, threshold=None, flip=None):
+    """±1 matrix product of packed `a` (M, ceil(k/32)) and FSB-tiled `b` (n x k bits), then the epilogue."""
+    a_signs = _signs(formats.unpack_bits(a, k), jnp.int32)
+    b_signs = _signs(formats.unpack_bits(formats.from_fsb(b, n, k), k), jnp.int32)
+    dot = jax.lax.dot_general(
+        a_signs, b_signs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
+    )
+    return epilogue(dot, scale, bias, threshold, flip)
+
+
+def bconv2d(
+    x,
+    w,
+    *,
+    in_channels,
+    out_channels,
+    kernel_size,
+    stride,
+    padding,
+    pad_value,
+    pool=None,
+    scale=None,
+    bias=None,
+    threshold=None,
+    flip=None,
+):
+    """Binary convolution of a packed NHWC image with FSB-tiled weights, then pool and epilogue.
+
+    `padding` is ((top, bottom), (left, right)). `pad_value` "zero": out-of-frame taps contribute 0, as a
+    float convolution of ±1 values with zero padding; "one": the frame is padded with -1 (bit 0).
+    """
+    kh, kw = kernel_size
+    c, o = in_channels, out_channels
+    cw = formats.num_words(c)
+    x_signs = _signs(formats.unpack_bits(x, c), jnp.float32)
+    taps = formats.from_fsb(w, o, kh * kw * cw * formats.WORD_BITS).reshape(o, kh, kw, cw)
+    w_signs = _signs(formats.unpack_bits(taps, c), jnp.float32)  # (o, kh, kw, c)
+    if pad_value == "one":
+        x_signs = jnp.pad(x_signs, ((0, 0), *padding, (0, 0)), constant_values=-1.0)
+        padding = ((0, 0), (0, 0))
+    elif pad_value != "zero":
+        raise ValueError(f"pad_value must be 'zero' or 'one', got {pad_value!r}")
+    dot = jax.lax.conv_general_dilated(
+        x_signs,
+        w_signs,
+        window_strides=stride,
+        padding=padding,
+        dimension_numbers=("NHWC", "OHWI", "NHWC"),
+        precision=jax.lax.Precision.HIGHEST,
+    ).astype(jnp.int32)  # ±1 sums far below 2**24: exact in float32
+    if pool is not None:
+        dot = max_pool(dot, pool)
+    return epilogue(dot, scale, bias, threshold, flip)

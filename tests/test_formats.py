@@ -1,0 +1,150 @@
+"""The packed formats: conventions, round trips, FSB tiles, ternary planes, popcounts."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxbnn import formats
+
+SETTINGS = settings(max_examples=20, deadline=None)
+
+
+def random_bits(seed, shape):
+    return np.random.default_rng(seed).integers(0, 2, shape).astype(bool)
+
+
+def test_sign_of_zero_is_plus_one():
+    assert formats.binarize(jnp.array([-0.5, 0.0, -0.0, 2.0])).tolist() == [False, True, True, True]
+
+
+def test_threshold_and_flip_per_channel():
+    x = jnp.array([[1.0, 1.0, 5.0, 5.0]])
+    bits = formats.binarize(x, threshold=jnp.array([1.0, 2.0, 5.0, 4.0]), flip=jnp.array([0, 0, 1, 1]))
+    assert bits.tolist() == [[True, False, True, False]]
+
+
+def test_bit_order_is_lsb_first_with_zero_padding():
+    bits = np.zeros(40, bool)
+    bits[[0, 3, 31, 32, 39]] = True
+    words = formats.pack_bits(bits)
+    assert words.dtype == jnp.uint32
+    assert words.tolist() == [(1 << 0) | (1 << 3) | (1 << 31), (1 << 0) | (1 << 7)]
+
+
+def test_two_words_read_as_one_little_endian_uint64():
+    bits = random_bits(1, 64)
+    as64 = np.asarray(formats.pack_bits(bits)).view("<u8")[0]
+    assert [(int(as64) >> j) & 1 for j in range(64)] == bits.astype(int).tolist()
+
+
+@SETTINGS
+@given(st.integers(1, 300), st.integers(1, 4), st.integers(0, 2**31))
+def test_pack_unpack_round_trip(k, rows, seed):
+    bits = random_bits(seed, (rows, k))
+    words = formats.pack_bits(bits)
+    assert words.shape == (rows, -(-k // 32))
+    np.testing.assert_array_equal(formats.unpack_bits(words, k), bits)
+    # padding bits are zero: the popcount of the words is the number of set bits
+    np.testing.assert_array_equal(formats.popcount(words), bits.sum(-1))
+
+
+@SETTINGS
+@given(
+    st.integers(1, 40),
+    st.integers(1, 400),
+    st.sampled_from([(8, 128), (1, 32), (4, 64), (16, 256), (3, 96)]),
+    st.integers(0, 2**31),
+)
+def test_fsb_round_trip_any_tile(rows, k, tile, seed):
+    words = formats.pack_bits(random_bits(seed, (rows, k)))
+    tiles = formats.to_fsb(words, tile)
+    assert tiles.shape == formats.fsb_shape(rows, k, tile)
+    np.testing.assert_array_equal(formats.from_fsb(tiles, rows, k), words)
+    # padding rows and padding bits are zero: no bit is gained or lost
+    assert int(formats.popcount(tiles.reshape(-1))) == int(formats.popcount(words.reshape(-1)))
+
+
+def test_fsb_tile_is_row_major_inside_and_across_tiles():
+    rows, k = 16, 256
+    words = jnp.arange(rows * k // 32, dtype=jnp.uint32).reshape(rows, k // 32)
+    tiles = np.asarray(formats.to_fsb(words, (8, 128)))
+    assert tiles.shape == (2, 2, 8, 4)
+    # tile (1, 0), row 2, word 3 holds matrix row 8 + 2, word 0 * 4 + 3
+    assert tiles[1, 0, 2, 3] == words[10, 3]
+    # tile (0, 1) follows tile (0, 0) in memory: the tile columns of a row band are contiguous
+    flat = tiles.reshape(-1)
+    assert flat[32] == words[0, 4]
+
+
+def test_fsb_rejects_bad_tiles():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        formats.to_fsb(jnp.zeros((2, 2), jnp.uint32), (8, 100))
+    with pytest.raises(ValueError, match="cannot hold"):
+        formats.from_fsb(jnp.zeros((1, 1, 8, 4), jnp.uint32), 9, 128)
+
+
+def test_unpack_rejects_wrong_word_count_and_dtype():
+    with pytest.raises(ValueError, match="need 2 words"):
+        formats.unpack_bits(jnp.zeros((3,), jnp.uint32), 40)
+    with pytest.raises(TypeError, match="uint32"):
+        formats.unpack_bits(jnp.zeros((2,), jnp.int32), 40)
+
+
+@SETTINGS
+@given(st.integers(1, 200), st.integers(0, 2**31))
+def test_ternary_planes_round_trip(k, seed):
+    x = np.random.default_rng(seed).integers(-1, 2, (3, k)).astype(np.float32)
+    sign, nonzero = formats.pack_ternary(x)
+    np.testing.assert_array_equal(formats.unpack_ternary(sign, nonzero, k), x)
+
+
+def test_ternary_encoding_table():
+    sign, nonzero = formats.ternary_planes(jnp.array([1.0, 0.0, -1.0]))
+    assert list(zip(sign.tolist(), nonzero.tolist())) == [(False, True), (False, False), (True, True)]
+
+
+@SETTINGS
+@given(st.integers(1, 150), st.integers(0, 2**31))
+def test_ternary_dot_from_and_popcounts(k, seed):
+    rng = np.random.default_rng(seed)
+    x, w = rng.integers(-1, 2, (2, k))
+    sx, zx = (np.asarray(p) for p in formats.pack_ternary(x))
+    sw, zw = (np.asarray(p) for p in formats.pack_ternary(w))
+    popc = lambda v: int(formats.popcount(v))  # noqa: E731
+    dot = popc(zx & zw) - 2 * popc(sx & zw) - 2 * popc(zx & sw) + 4 * popc(sx & sw)
+    assert dot == int(x @ w)
+
+
+@SETTINGS
+@given(st.integers(1, 300), st.integers(0, 2**31))
+def test_and_popc_identity_with_zero_padding(k, seed):
+    a, b = random_bits(seed, (2, k))
+    pa, pb = formats.pack_bits(a), formats.pack_bits(b)
+    popc = lambda v: int(formats.popcount(v))  # noqa: E731
+    exact = int(np.where(a, 1, -1) @ np.where(b, 1, -1))
+    assert k - 2 * popc(pa ^ pb) == exact
+    assert k - 2 * popc(pa) - 2 * popc(pb) + 4 * popc(pa & pb) == exact
+
+
+def test_dense_weights_layout_and_popcounts():
+    w = np.random.default_rng(3).standard_normal((300, 20)).astype(np.float32)
+    packed = formats.pack_dense_weights(w)
+    assert (packed.k, packed.n) == (300, 20)
+    assert packed.bits.shape == (3, 3, 8, 4)
+    rows = formats.from_fsb(packed.bits, 20, 300)
+    np.testing.assert_array_equal(formats.unpack_bits(rows, 300), (w >= 0).T)
+    np.testing.assert_array_equal(packed.popcount, (w >= 0).sum(0))
+
+
+def test_conv_weights_layout_and_tap_popcounts():
+    kh, kw, c, o = 3, 2, 40, 5
+    w = np.random.default_rng(4).standard_normal((kh, kw, c, o)).astype(np.float32)
+    packed = formats.pack_conv_weights(w)
+    cw = 2
+    rows = np.asarray(formats.from_fsb(packed.bits, o, kh * kw * cw * 32)).reshape(o, kh, kw, cw)
+    # bit c of tap (i, j) is reduction element ((i * KW + j) * Cw) * 32 + c
+    np.testing.assert_array_equal(formats.unpack_bits(rows, c), np.transpose(w >= 0, (3, 0, 1, 2)))
+    expected = np.transpose(w >= 0, (0, 1, 3, 2)).sum(-1).reshape(kh * kw, o)
+    np.testing.assert_array_equal(packed.tap_popcount, expected)

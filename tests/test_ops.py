@@ -1,0 +1,252 @@
+"""The public ops: the reference against plain float math, the native kernels against the reference
+(bit for bit, random shapes, odd sizes), transformations, and the error paths."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxbnn import _ffi, formats, ops, reference
+
+SETTINGS = settings(max_examples=15, deadline=None)
+QUICK = settings(max_examples=10, deadline=None)
+TARGETS = [f"jaxbnn_{op}_{kind}" for op in ("bmm", "bconv2d") for kind in ("i32", "f32", "bits")]
+
+
+def signs(rng, shape):
+    return rng.choice(np.array([-1.0, 1.0], np.float32), shape)
+
+
+def numpy_conv(x, w, stride, padding, pad_value):
+    """Direct float convolution of ±1 NHWC x with HWIO w: the definition, written out tap by tap."""
+    (pt, pb), (pl, pr) = padding
+    fill = -1.0 if pad_value == "one" else 0.0
+    x = np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)), constant_values=fill)
+    kh, kw, _, o = w.shape
+    sh, sw = stride
+    oh, ow = (x.shape[1] - kh) // sh + 1, (x.shape[2] - kw) // sw + 1
+    out = np.zeros((x.shape[0], oh, ow, o), np.float64)
+    for i in range(kh):
+        for j in range(kw):
+            patch = x[:, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw, :]
+            out += patch @ w[i, j]
+    return out.astype(np.int64)
+
+
+def random_epilogue(rng, kind, n, k):
+    if kind == "f32":
+        return dict(scale=rng.standard_normal(n).astype(np.float32), bias=rng.standard_normal(n).astype(np.float32))
+    if kind == "bits":
+        return dict(threshold=rng.integers(-k, k + 1, n).astype(np.int32), flip=rng.integers(0, 2, n).astype(bool))
+    return {}
+
+
+def assert_same(got, want, kind):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    if kind == "f32":  # float(dot) * scale + bias: one rounding apart at most (fused multiply-add or not)
+        np.testing.assert_allclose(got, want, rtol=2e-7, atol=2e-7 * np.abs(want).max())
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+# --- the reference is the definition --------------------------------------------------------------
+
+
+@QUICK
+@given(st.integers(1, 9), st.integers(1, 300), st.integers(1, 20), st.integers(0, 2**31))
+def test_reference_bmm_is_the_float_product_of_signs(m, k, n, seed):
+    rng = np.random.default_rng(seed)
+    a, w = signs(rng, (m, k)), rng.standard_normal((k, n)).astype(np.float32)
+    packed = formats.pack_dense_weights(w)
+    dot = reference.bmm(ops.pack_bits(a), packed.bits, k, n)
+    np.testing.assert_array_equal(dot, a @ np.where(w >= 0, 1.0, -1.0))
+
+
+@QUICK
+@given(
+    st.integers(1, 9), st.integers(1, 9), st.integers(1, 70), st.integers(1, 9),
+    st.sampled_from([1, 2, 3]), st.sampled_from([1, 2]), st.sampled_from(["zero", "one"]),
+    st.integers(0, 2), st.integers(0, 2**31),
+)  # fmt: skip
+def test_reference_bconv_is_the_float_convolution(h, w, c, o, ksize, stride, pad_value, pad, seed):
+    rng = np.random.default_rng(seed)
+    x, kernel = signs(rng, (2, h, w, c)), signs(rng, (ksize, ksize, c, o))
+    padding = ((pad, ksize - 1 - pad if ksize > pad else 0), (pad, pad))
+    if (h + sum(padding[0]) - ksize) < 0 or (w + sum(padding[1]) - ksize) < 0:
+        return
+    cb = formats.pack_conv_weights(kernel)
+    dot = reference.bconv2d(
+        ops.pack_bits(x), cb.bits, in_channels=c, out_channels=o, kernel_size=(ksize, ksize),
+        stride=(stride, stride), padding=padding, pad_value=pad_value,
+    )  # fmt: skip
+    np.testing.assert_array_equal(dot, numpy_conv(x, kernel, (stride, stride), padding, pad_value))
+
+
+def test_reference_pool_then_threshold_is_or_and_by_direction():
+    rng = np.random.default_rng(0)
+    dot = jnp.asarray(rng.integers(-20, 20, (1, 4, 4, 2)), jnp.int32)
+    bits = np.asarray(formats.unpack_bits(reference.epilogue(reference.max_pool(dot, (2, 2)), threshold=jnp.array([3, 3]), flip=jnp.array([False, True])), 2))
+    per_pixel = np.stack([np.asarray(dot[..., 0]) >= 3, np.asarray(dot[..., 1]) <= 3], -1)
+    windows = per_pixel.reshape(1, 2, 2, 2, 2, 2)
+    np.testing.assert_array_equal(bits[..., 0], windows[..., 0].any(axis=(2, 4)))  # gamma > 0: OR
+    np.testing.assert_array_equal(bits[..., 1], windows[..., 1].all(axis=(2, 4)))  # gamma < 0: AND
+
+
+# --- native kernels against the reference ---------------------------------------------------------
+
+
+def test_cpu_handlers_are_registered():
+    missing = [t for t in TARGETS if not _ffi.has_target("cpu", t)]
+    assert not missing, f"CPU handlers missing: {missing}; {_ffi.status()}"
+
+
+def test_ops_lower_to_the_custom_call_on_cpu():
+    a = ops.pack_bits(jnp.ones((4, 64)))
+    b = ops.pack_bits(-jnp.ones((8, 64)))
+    hlo = jax.jit(lambda a, b: ops.bmm(a, b, 64)).lower(a, b).as_text()
+    assert "jaxbnn_bmm_i32" in hlo
+
+
+@SETTINGS
+@given(
+    st.integers(1, 70), st.integers(1, 700), st.integers(1, 70),
+    st.sampled_from(["i32", "f32", "bits"]), st.booleans(), st.integers(0, 2**31),
+)  # fmt: skip
+def test_bmm_matches_reference(m, k, n, kind, row_packed_b, seed):
+    rng = np.random.default_rng(seed)
+    a = ops.pack_bits(signs(rng, (m, k)))
+    w = formats.pack_dense_weights(rng.standard_normal((k, n)).astype(np.float32))
+    b = formats.from_fsb(w.bits, n, k) if row_packed_b else w.bits
+    epi = random_epilogue(rng, kind, n, k)
+    got = jax.jit(lambda a, b: ops.bmm(a, b, k, n=n, **epi))(a, b)
+    assert_same(got, reference.bmm(a, w.bits, k, n, **epi), kind)
+
+
+@SETTINGS
+@given(
+    st.integers(1, 3), st.integers(1, 13), st.integers(1, 13), st.integers(1, 100), st.integers(1, 40),
+    st.sampled_from([(1, 1), (3, 3), (5, 5), (3, 1), (7, 7)]), st.sampled_from([1, 2]),
+    st.sampled_from(["SAME", "VALID", ((2, 0), (1, 3))]), st.sampled_from(["zero", "one"]),
+    st.sampled_from([None, (2, 2), (1, 2)]), st.sampled_from(["i32", "f32", "bits"]), st.integers(0, 2**31),
+)  # fmt: skip
+def test_bconv2d_matches_reference(b, h, w, c, o, ksize, stride, padding, pad_value, pool, kind, seed):
+    rng = np.random.default_rng(seed)
+    x = ops.pack_bits(signs(rng, (b, h, w, c)))
+    kernel = formats.pack_conv_weights(rng.standard_normal(ksize + (c, o)).astype(np.float32))
+    epi = random_epilogue(rng, kind, o, ksize[0] * ksize[1] * c)
+    run = lambda x: ops.bconv2d(  # noqa: E731
+        x, kernel, stride=stride, padding=padding, pad_value=pad_value, pool=pool, **epi
+    )
+    try:
+        got = jax.jit(run)(x)
+    except ValueError as err:  # shapes whose output is empty are refused before lowering
+        assert "does not fit" in str(err) or "larger than" in str(err)
+        return
+    (pt, pb), (pl, pr) = ops._conv_padding(padding, (h, w), ksize, (stride, stride))
+    want = reference.bconv2d(
+        x, kernel.bits, in_channels=c, out_channels=o, kernel_size=ksize, stride=(stride, stride),
+        padding=((pt, pb), (pl, pr)), pad_value=pad_value, pool=pool, **epi,
+    )  # fmt: skip
+    assert_same(got, want, kind)
+
+
+def test_bmm_large_k_exact():
+    rng = np.random.default_rng(7)
+    k = 4096 + 37
+    a = signs(rng, (33, k))
+    w = rng.standard_normal((k, 65)).astype(np.float32)
+    got = jax.jit(lambda a: ops.bmm(a, formats.pack_dense_weights(w)))(ops.pack_bits(a))
+    np.testing.assert_array_equal(got, a @ np.where(w >= 0, 1.0, -1.0))
+
+
+# --- transformations --------------------------------------------------------------------------------
+
+
+def test_bmm_batch_dims_and_vmap_fold_into_rows():
+    rng = np.random.default_rng(1)
+    a = ops.pack_bits(signs(rng, (3, 2, 5, 90)))
+    w = formats.pack_dense_weights(rng.standard_normal((90, 7)).astype(np.float32))
+    want = reference.bmm(a.reshape(-1, 3), w.bits, 90, 7).reshape(3, 2, 5, 7)
+    np.testing.assert_array_equal(jax.jit(lambda a: ops.bmm(a, w))(a), want)
+    np.testing.assert_array_equal(jax.jit(jax.vmap(jax.vmap(lambda a: ops.bmm(a, w))))(a), want)
+    hlo = jax.jit(jax.vmap(lambda a: ops.bmm(a, w))).lower(a[0]).as_text()
+    assert hlo.count("jaxbnn_bmm_i32") == 1  # one kernel call for the whole batch
+
+
+def test_vmap_over_weights_falls_back_to_a_loop():
+    rng = np.random.default_rng(2)
+    a = ops.pack_bits(signs(rng, (4, 50)))
+    ws = [formats.pack_dense_weights(rng.standard_normal((50, 9)).astype(np.float32)) for _ in range(3)]
+    bits = jnp.stack([w.bits for w in ws])
+    got = jax.jit(jax.vmap(lambda b: ops.bmm(a, b, 50, n=9)))(bits)
+    for i, w in enumerate(ws):
+        np.testing.assert_array_equal(got[i], reference.bmm(a, w.bits, 50, 9))
+
+
+def test_bconv2d_vmap_and_batch_dims():
+    rng = np.random.default_rng(3)
+    x = ops.pack_bits(signs(rng, (2, 3, 6, 6, 33)))
+    kernel = formats.pack_conv_weights(rng.standard_normal((3, 3, 33, 4)).astype(np.float32))
+    want = np.stack([np.asarray(ops.bconv2d(x[i], kernel)) for i in range(2)])
+    np.testing.assert_array_equal(jax.vmap(lambda x: ops.bconv2d(x, kernel))(x), want)
+    np.testing.assert_array_equal(ops.bconv2d(x, kernel), want)
+
+
+def test_packed_output_feeds_the_next_layer():
+    """A threshold epilogue writes exactly the next layer's input layout."""
+    rng = np.random.default_rng(4)
+    x = signs(rng, (6, 200))
+    w1, w2 = rng.standard_normal((200, 70)).astype(np.float32), rng.standard_normal((70, 10)).astype(np.float32)
+    thr = rng.integers(-5, 5, 70).astype(np.int32)
+    hidden = ops.bmm(ops.pack_bits(x), formats.pack_dense_weights(w1), threshold=thr)
+    out = ops.bmm(hidden, formats.pack_dense_weights(w2))
+    h = np.where(x @ np.where(w1 >= 0, 1.0, -1.0) >= thr, 1.0, -1.0)
+    np.testing.assert_array_equal(out, h @ np.where(w2 >= 0, 1.0, -1.0))
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+
+def test_bmm_rejects_bad_arguments_before_lowering():
+    a = jnp.zeros((4, 2), jnp.uint32)
+    b = jnp.zeros((3, 2), jnp.uint32)
+    with pytest.raises(TypeError, match="uint32"):
+        ops.bmm(a.astype(jnp.int32), b, 64)
+    with pytest.raises(ValueError, match="words"):
+        ops.bmm(a, b, 100)
+    with pytest.raises(ValueError, match="positive integer"):
+        ops.bmm(a, b, 0)
+    with pytest.raises(ValueError, match="shape \\(3,\\)"):
+        ops.bmm(a, b, 64, threshold=jnp.zeros(4, jnp.int32))
+    with pytest.raises(TypeError, match="integer"):
+        ops.bmm(a, b, 64, threshold=jnp.zeros(3, jnp.float32))
+    with pytest.raises(ValueError, match="not both"):
+        ops.bmm(a, b, 64, threshold=jnp.zeros(3, jnp.int32), scale=jnp.ones(3))
+    with pytest.raises(ValueError, match="flip only"):
+        ops.bmm(a, b, 64, flip=jnp.zeros(3, bool))
+    with pytest.raises(ValueError, match="rows"):
+        ops.bmm(a, formats.to_fsb(b), 64, n=20)
+    with pytest.raises(ValueError, match="tile columns"):
+        ops.bmm(jnp.zeros((4, 5), jnp.uint32), formats.to_fsb(b), 160)
+
+
+def test_bconv2d_rejects_bad_arguments_before_lowering():
+    x = jnp.zeros((1, 5, 5, 1), jnp.uint32)
+    w = formats.pack_conv_weights(jnp.ones((3, 3, 20, 4)))
+    with pytest.raises(ValueError, match="in_channels"):
+        ops.bconv2d(x, w.bits, kernel_size=3)
+    with pytest.raises(ValueError, match="pad_value"):
+        ops.bconv2d(x, w, pad_value="two")
+    with pytest.raises(ValueError, match="padding"):
+        ops.bconv2d(x, w, padding="FULL")
+    with pytest.raises(ValueError, match="does not fit"):
+        ops.bconv2d(jnp.zeros((1, 2, 2, 1), jnp.uint32), w, padding="VALID")
+    with pytest.raises(ValueError, match="larger than"):
+        ops.bconv2d(x, w, pool=(6, 6))
+    with pytest.raises(ValueError, match="words"):
+        ops.bconv2d(jnp.zeros((1, 5, 5, 2), jnp.uint32), w)
+    with pytest.raises(ValueError, match="w_tap_popcount"):
+        ops.bconv2d(x, w.bits, in_channels=20, kernel_size=3, out_channels=4, w_tap_popcount=jnp.zeros((9, 3), jnp.int32))
