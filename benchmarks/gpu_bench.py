@@ -1,0 +1,240 @@
+"""GPU benchmark of the CUDA bit kernels against XLA's own dot / convolution, one process, one GPU.
+
+    python benchmarks/gpu_bench.py [--ceiling-log ceiling.log] [--out results.md] [--quick]
+
+BMM (square sizes): each engine of jaxbnn._cuda, "BNN-specific" (packed in -> packed out, threshold
+epilogue) and "general" (float in -> pack -> BMM -> float out), against XLA bf16 / int8 / fp8 e4m3 `dot`
+on the same ±1 data. BConv: the TCBNN sweep (batch 16, 64x64, 3x3, stride 1, C = O) and the ResNet-18 /
+VGG-16 layers at batch 8 and 256, ours (packed in -> packed out) against XLA bf16 convolution.
+Binary TOPS count 2 operations per multiply-accumulate. Each timing: the median of repeated calls of a
+jitted program that runs the op on 4 distinct input sets (wall clock around block_until_ready, warmed up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+from jaxbnn import _ffi, formats  # noqa: F401  (_ffi registers the native targets)
+import jaxbnn._cuda as _cuda
+
+COPIES = 4  # distinct input sets per timed call: no common-subexpression elimination, less dispatch per op
+
+
+def timed(fn, args, reps):
+    """Median seconds per op of fn(*args), fn running the op COPIES times."""
+    jax.block_until_ready(fn(*args))
+    jax.block_until_ready(fn(*args))
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        samples.append((time.perf_counter() - t0) / COPIES)
+    return statistics.median(samples)
+
+
+def reps_for(ops):
+    return max(5, min(50, int(2e15 / max(ops, 1))))
+
+
+def signs(key, shape, dtype=jnp.float32):
+    return jnp.where(jax.random.bernoulli(key, 0.5, shape), 1, -1).astype(dtype)
+
+
+def bmm_call(kind, m, n, k):
+    cols = formats.num_words(n) if kind == "bits" else n
+    dtype = {"bits": jnp.uint32, "f32": jnp.float32, "i32": jnp.int32}[kind]
+    return jax.ffi.ffi_call(f"jaxbnn_bmm_{kind}", jax.ShapeDtypeStruct((m, cols), dtype))
+
+
+def bench_bmm(sizes, engines, rows):
+    key = jax.random.PRNGKey(0)
+    for s in sizes:
+        m = n = k = s
+        ops = 2.0 * m * n * k
+        reps = reps_for(ops)
+        keys = jax.random.split(key, COPIES + 1)
+        w = formats.pack_dense_weights(signs(keys[0], (k, n)))
+        xs = [signs(kk, (m, k)) for kk in keys[1:]]
+        packed = [formats.pack_bits(x >= 0) for x in xs]
+        thr = jnp.zeros((n,), jnp.int32)
+        flip = jnp.zeros((n,), jnp.uint8)
+        one = jnp.ones((n,), jnp.float32)
+        zero = jnp.zeros((n,), jnp.float32)
+        attrs = dict(k=np.int64(k), n=np.int64(n))
+        bits_fn = jax.jit(lambda *a: [bmm_call("bits", m, n, k)(x, w.bits, w.popcount, thr, flip, **attrs) for x in a])
+        general_fn = jax.jit(
+            lambda *a: [bmm_call("f32", m, n, k)(formats.pack_bits(x >= 0), w.bits, w.popcount, one, zero, **attrs)
+                        for x in a])
+        row = {"size": s}
+        for engine in engines:
+            _cuda.set_kernel_path(engine)
+            t = timed(bits_fn, packed, reps)
+            row[f"{engine} packed"] = ops / t / 1e12
+            row[f"{engine} ran"] = _cuda.last_kernel_path()
+            t = timed(general_fn, xs, reps)
+            row[f"{engine} general"] = ops / t / 1e12
+        _cuda.set_kernel_path("auto")
+        wt = signs(keys[0], (k, n))
+        for name, dt, acc in (("xla bf16", jnp.bfloat16, jnp.float32), ("xla int8", jnp.int8, jnp.int32),
+                              ("xla fp8", jnp.float8_e4m3fn, jnp.float32)):
+            b = wt.astype(dt)
+            aa = [x.astype(dt) for x in xs]
+            fn = jax.jit(lambda *a, b=b, acc=acc: [jnp.dot(x, b, preferred_element_type=acc) for x in a])
+            try:
+                row[name] = ops / timed(fn, aa, reps) / 1e12
+            except Exception as err:  # an XLA that refuses a dtype: record it, keep going
+                row[name] = float("nan")
+                print(f"{name} at {s}: {err}", file=sys.stderr)
+        del xs, packed, w
+        rows.append(row)
+        print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+
+
+def conv_out(size, kernel, stride):
+    pad = kernel // 2
+    return (size + 2 * pad - kernel) // stride + 1
+
+
+def bench_conv(layers, engines, rows):
+    key = jax.random.PRNGKey(1)
+    for name, batch, hw, c, o, kernel, stride in layers:
+        pad = kernel // 2
+        oh = conv_out(hw, kernel, stride)
+        ops = 2.0 * batch * oh * oh * o * kernel * kernel * c
+        reps = reps_for(ops)
+        keys = jax.random.split(key, COPIES + 1)
+        wf = signs(keys[0], (kernel, kernel, c, o))
+        w = formats.pack_conv_weights(wf)
+        copies = COPIES if batch * hw * hw * c * 2 * COPIES < 8e9 else 1
+        xs = [signs(kk, (batch, hw, hw, c), jnp.bfloat16) for kk in keys[1:1 + copies]]
+        packed = [formats.pack_bits(x >= 0) for x in xs]
+        thr = jnp.zeros((o,), jnp.int32)
+        flip = jnp.zeros((o,), jnp.uint8)
+        i64 = np.int64
+        attrs = dict(c=i64(c), o=i64(o), kh=i64(kernel), kw=i64(kernel), stride_h=i64(stride), stride_w=i64(stride),
+                     pad_top=i64(pad), pad_bottom=i64(pad), pad_left=i64(pad), pad_right=i64(pad), pad_one=False,
+                     pool_h=i64(1), pool_w=i64(1))
+        call = jax.ffi.ffi_call("jaxbnn_bconv2d_bits",
+                                jax.ShapeDtypeStruct((batch, oh, oh, formats.num_words(o)), jnp.uint32))
+        ours = jax.jit(lambda *a: [call(x, w.bits, w.tap_popcount, thr, flip, **attrs) for x in a])
+        row = {"layer": name, "batch": batch}
+        scale = COPIES / copies
+        for engine in engines:
+            _cuda.set_kernel_path(engine)
+            row[f"{engine} packed"] = ops / (timed(ours, packed, reps) * scale) / 1e12
+            row[f"{engine} ran"] = _cuda.last_kernel_path()
+        _cuda.set_kernel_path("auto")
+        wb = wf.astype(jnp.bfloat16)
+        xla = jax.jit(lambda *a: [jax.lax.conv_general_dilated(x, wb, (stride, stride), ((pad, pad), (pad, pad)),
+                                                               dimension_numbers=("NHWC", "HWIO", "NHWC")) for x in a])
+        row["xla bf16"] = ops / (timed(xla, xs, reps) * scale) / 1e12
+        del xs, packed
+        rows.append(row)
+        print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+
+
+RESNET18 = [  # (name, input size, c, o, kernel, stride): the distinct conv layers at 224x224
+    ("r18.conv1", 224, 3, 64, 7, 2), ("r18.l1", 56, 64, 64, 3, 1), ("r18.l2.s2", 56, 64, 128, 3, 2),
+    ("r18.l2", 28, 128, 128, 3, 1), ("r18.l2.down", 56, 64, 128, 1, 2), ("r18.l3.s2", 28, 128, 256, 3, 2),
+    ("r18.l3", 14, 256, 256, 3, 1), ("r18.l3.down", 28, 128, 256, 1, 2), ("r18.l4.s2", 14, 256, 512, 3, 2),
+    ("r18.l4", 7, 512, 512, 3, 1), ("r18.l4.down", 14, 256, 512, 1, 2),
+]
+VGG16 = [
+    ("vgg.1_1", 224, 3, 64, 3, 1), ("vgg.1_2", 224, 64, 64, 3, 1), ("vgg.2_1", 112, 64, 128, 3, 1),
+    ("vgg.2_2", 112, 128, 128, 3, 1), ("vgg.3_1", 56, 128, 256, 3, 1), ("vgg.3_2", 56, 256, 256, 3, 1),
+    ("vgg.4_1", 28, 256, 512, 3, 1), ("vgg.4_2", 28, 512, 512, 3, 1), ("vgg.5", 14, 512, 512, 3, 1),
+]
+
+
+def table(rows, keys):
+    out = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for r in rows:
+        cells = []
+        for k in keys:
+            v = r.get(k, "")
+            cells.append(f"{v:,.1f}" if isinstance(v, float) else str(v))
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def ceiling_numbers(path):
+    if not path:
+        return {}
+    text = open(path).read()
+    found = {}
+    for label, pattern in (("wgmma b1 m64n256k256", r"wgmma b1 m64n256k256.*?([\d.]+) TOPS"),
+                           ("mma.sync b1 and", r"mma.sync b1 and.*?([\d.]+) TOPS"),
+                           ("wgmma s8", r"wgmma s8 m64n224k32.*?([\d.]+) TOPS")):
+        values = [float(v) for v in re.findall(pattern, text)]
+        if values:
+            found[label] = max(values)
+    return found
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ceiling-log", help="output of shared/tools/ceiling.cu from the same job")
+    parser.add_argument("--out", default="gpu_results.md")
+    parser.add_argument("--quick", action="store_true", help="a few sizes only")
+    parser.add_argument("--commit", default="")
+    args = parser.parse_args()
+    engines = ["wgmma", "mma_sync", "simt"]
+    sizes = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+    sweep = [128, 256, 512, 1024, 2048]
+    if args.quick:
+        sizes, sweep = [1024, 4096, 16384], [128, 512]
+    bmm_rows, conv_rows = [], []
+    bench_bmm(sizes, engines, bmm_rows)
+    layers = [(f"tcbnn C=O={c}", 16, 64, c, c, 3, 1) for c in sweep]
+    bench_conv(layers, engines, conv_rows)
+    if not args.quick:
+        model_layers = [(n, b, hw, c, o, k, s) for b in (8, 256) for (n, hw, c, o, k, s) in RESNET18 + VGG16]
+        bench_conv(model_layers, ["wgmma", "mma_sync"], conv_rows)
+
+    device = jax.devices()[0]
+    ceiling = ceiling_numbers(args.ceiling_log)
+    lines = [
+        "# GPU benchmark results (benchmarks/gpu_bench.py)",
+        "",
+        f"- GPU: {device.device_kind}; date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}; "
+        f"commit: {args.commit or 'unknown'}; jax {jax.__version__}",
+        "- Binary TOPS = 2 x M x N x K / time. `packed`: packed in -> packed out (threshold epilogue); "
+        "`general`: float32 in -> pack -> BMM -> float32 out. `ran`: the engine that ran (wgmma needs K words % 4 == 0).",
+        "- Ceiling probe (shared/tools/ceiling.cu, same job): "
+        + (", ".join(f"{k} {v:,.0f} TOPS" for k, v in ceiling.items()) or "not run"),
+        "",
+        "## BMM, M = N = K",
+        "",
+        table(bmm_rows, ["size"] + [f"{e} {m}" for e in engines for m in ("packed", "general", "ran")]
+              + ["xla bf16", "xla int8", "xla fp8"]),
+        "",
+        "## BConv (TOPS)",
+        "",
+        table(conv_rows, ["layer", "batch"] + [f"{e} {m}" for e in engines for m in ("packed", "ran")] + ["xla bf16"]),
+        "",
+    ]
+    if bmm_rows:
+        big = bmm_rows[-1]
+        best = max(big.get(f"{e} packed", 0.0) for e in engines)
+        lines += [f"Largest BMM ({big['size']}^3): best packed {best:,.0f} TOPS = "
+                  f"{best / big['xla int8']:.1f}x XLA int8"
+                  + (f", {100 * best / ceiling['wgmma b1 m64n256k256']:.0f}% of the wgmma ceiling"
+                     if "wgmma b1 m64n256k256" in ceiling else ""), ""]
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

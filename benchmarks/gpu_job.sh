@@ -1,0 +1,97 @@
+#!/bin/bash
+# One GPU job: build, kernel harness, SASS check, sanitizers, pytest -m gpu, ceiling probe, benchmark.
+# Logs go to $OUT (default /tmp/jaxbnn_gpu_out): job.log (everything), gpu_results.md, sass.txt.
+#   benchmarks/gpu_job.sh [steps...]   steps: build check sass sanitize pytest ceiling time bench bench-quick ncu
+#   (no steps = build check sass sanitize pytest ceiling bench)
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/jaxbnn_gpu_out}
+mkdir -p "$OUT"
+LOG="$OUT/job.log"
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+BUILD=${BUILD:-/tmp/jaxbnn_build}
+STEPS=("$@")
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(build check sass sanitize pytest ceiling bench)
+GENCODE="-gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80"
+status=0
+
+log() { echo "=== $* ($(date -u +%H:%M:%S))" | tee -a "$LOG"; }
+has() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
+
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; nvcc --version | tail -1; } 2>&1 | tee -a "$LOG"
+
+if has build; then
+  log "build: kernel harness and jaxbnn._cuda (cmake, target _cuda)"
+  nvcc -O2 -std=c++17 $GENCODE -lineinfo -Ixla_ffi xla_ffi/cuda/kernel_check.cu xla_ffi/cuda/binary_gemm.cu \
+    -o "$BUILD-kernel_check" 2>&1 | tee -a "$LOG" || status=1
+  cmake -S . -B "$BUILD" -DPython_EXECUTABLE="$(command -v $PY)" -DJAXBNN_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+    >>"$LOG" 2>&1 && cmake --build "$BUILD" --target _cuda -j 16 >>"$LOG" 2>&1 || { echo "cmake build failed" | tee -a "$LOG"; status=1; }
+  cp "$BUILD"/xla_ffi/cuda/_cuda*.so jaxbnn/ 2>>"$LOG" && log "installed $(ls jaxbnn/_cuda*.so)"
+  # the CPU module too, if it builds, for the cross-check against the CPU handlers
+  cmake --build "$BUILD" --target _cpu -j 16 >>"$LOG" 2>&1 && cp "$BUILD"/xla_ffi/cpu/_cpu*.so jaxbnn/ 2>>"$LOG" \
+    || echo "(CPU module not built: tests skip the CPU-handler cross-check)" | tee -a "$LOG"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+if has check; then
+  log "kernel harness: every case, every engine, poisoned outputs vs CPU"
+  timeout 300 "$BUILD-kernel_check" 2>&1 | tee "$OUT/kernel_check.log" | grep -v " 0 / " | tee -a "$LOG" || status=1
+fi
+
+if has sass; then
+  log "SASS of the CUDA module"
+  cuobjdump -sass jaxbnn/_cuda*.so > "$OUT/sass_full.txt" 2>&1
+  {
+    echo "BGMMA AND.POPC: $(grep -c 'BGMMA.*AND\.POPC' "$OUT/sass_full.txt")"
+    echo "BMMA AND.POPC: $(grep -c 'BMMA.*AND\.POPC' "$OUT/sass_full.txt")"
+    echo "XOR.POPC: $(grep -c 'XOR\.POPC' "$OUT/sass_full.txt")"
+    echo "CALL (emulation subroutines would show here): $(grep -c 'CALL' "$OUT/sass_full.txt")"
+    echo "local memory (LDL/STL): $(grep -cE '\b(LDL|STL)\b' "$OUT/sass_full.txt")"
+    grep -m3 'BGMMA' "$OUT/sass_full.txt"; grep -m3 'BMMA' "$OUT/sass_full.txt"
+  } 2>&1 | tee "$OUT/sass.txt" | tee -a "$LOG"
+  rm -f "$OUT/sass_full.txt"
+fi
+
+if has sanitize; then
+  for tool in memcheck racecheck initcheck; do
+    log "compute-sanitizer --tool $tool (kernel harness --small)"
+    timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD-kernel_check" --small 2>&1 \
+      | grep -vE " 0 / |^(wgmma|mma_sync|simt) " | tail -15 | tee -a "$LOG" || status=1
+  done
+fi
+
+if has pytest; then
+  log "pytest -m gpu"
+  JAXBNN_REQUIRE_GPU=1 timeout 400 $PY -m pytest -q -m gpu -x tests/test_gpu_kernels.py -p no:cacheprovider 2>&1 \
+    | tail -25 | tee -a "$LOG" || status=1
+fi
+
+if has ceiling; then
+  log "ceiling probe (shared/tools/ceiling.cu)"
+  CEIL_SRC=../shared/tools; [ -f .carry/ceiling/ceiling.cu ] && CEIL_SRC=.carry/ceiling  # ../shared does not travel
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a $CEIL_SRC/ceiling.cu -o "$BUILD-ceiling" 2>&1 | tail -3
+  timeout 120 "$BUILD-ceiling" 2>&1 | tee "$OUT/ceiling.log" | tee -a "$LOG"
+fi
+
+if has time; then
+  log "kernel timings (CUDA events, harness)"
+  timeout 200 "$BUILD-kernel_check" --time 2>&1 | tee -a "$LOG"
+fi
+
+if has ncu; then
+  log "ncu of the 16384^3 wgmma bmm"
+  timeout 200 ncu --clock-control none -k regex:Wgmma -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section WarpStateStats "$BUILD-kernel_check" --time 2>&1 | grep -vE "^==PROF==" | tail -80 | tee -a "$LOG"
+fi
+
+for mode in bench bench-quick; do
+  if has $mode; then
+    log "benchmark ($mode)"
+    extra=""; [ $mode = bench-quick ] && extra="--quick"
+    timeout 540 $PY benchmarks/gpu_bench.py $extra --ceiling-log "$OUT/ceiling.log" --out "$OUT/gpu_results.md" \
+      --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" 2>&1 | tail -80 | tee -a "$LOG" || status=1
+  fi
+done
+log "job status $status"
+exit $status

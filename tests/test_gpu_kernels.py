@@ -1,0 +1,188 @@
+"""The CUDA FFI targets (jaxbnn._cuda) held bit for bit to the pure-JAX reference, on every engine.
+
+Each test calls the native targets of docs/ops.md directly through `jax.ffi.ffi_call` on the GPU, once per
+engine (wgmma, mma.sync, CUDA cores), and compares with `jaxbnn.reference` evaluated on the CPU (and with
+the CPU handlers where they are built). Inputs are random, shapes odd (K not a multiple of 32/128/256,
+M = 1, borders with both padding modes, strides, pools).
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from jaxbnn import formats, reference
+
+pytestmark = pytest.mark.gpu
+
+
+def _gpus():
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:
+        return []
+
+
+if not _gpus() and os.environ.get("JAXBNN_REQUIRE_GPU") != "1":
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+_cuda = pytest.importorskip("jaxbnn._cuda")
+from jaxbnn import _ffi  # noqa: E402  (registers the targets of the built modules)
+
+GPU = _gpus()[0] if _gpus() else None
+CPU = jax.devices("cpu")[0]
+ENGINES = ["wgmma", "mma_sync", "simt"]
+EPILOGUES = ["i32", "f32", "bits"]
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request):
+    _cuda.set_kernel_path(request.param)
+    yield request.param
+    _cuda.set_kernel_path("auto")
+
+
+def _epilogue_operands(rng, n, k_real, kind):
+    if kind == "f32":
+        scale = rng.uniform(-2, 2, n).astype(np.float32)
+        bias = rng.uniform(-2, 2, n).astype(np.float32)
+        return dict(scale=scale, bias=bias), [scale, bias]
+    if kind == "bits":
+        threshold = rng.integers(-(k_real // 4) - 2, k_real // 4 + 3, n).astype(np.int32)
+        flip = rng.integers(0, 2, n).astype(bool)
+        return dict(threshold=threshold, flip=flip), [threshold, flip.astype(np.uint8)]
+    return {}, []
+
+
+def _result(kind, rows_shape, n):
+    if kind == "bits":
+        return jax.ShapeDtypeStruct(rows_shape + (formats.num_words(n),), jnp.uint32)
+    return jax.ShapeDtypeStruct(rows_shape + (n,), jnp.float32 if kind == "f32" else jnp.int32)
+
+
+def _call(target, device, result, operands, attrs):
+    operands = [jax.device_put(np.asarray(x), device) for x in operands]
+    return np.asarray(jax.ffi.ffi_call(target, result)(*operands, **attrs))
+
+
+def _random_signs(rng, shape):
+    return np.where(rng.random(shape) < 0.5, -1.0, 1.0).astype(np.float32)
+
+
+def _check_against_cpu_handler(target, result, operands, attrs, got):
+    if _ffi.has_target("cpu", target):
+        np.testing.assert_array_equal(got, _call(target, CPU, result, operands, attrs))
+
+
+BMM_SHAPES = [(1, 3, 100), (5, 33, 31), (1, 1, 1), (129, 257, 1000), (64, 64, 128), (300, 520, 2144), (17, 300, 4096)]
+
+
+@pytest.mark.parametrize("kind", EPILOGUES)
+@pytest.mark.parametrize("m,n,k", BMM_SHAPES)
+def test_bmm_matches_reference(engine, m, n, k, kind):
+    rng = np.random.default_rng(zlib.crc32(repr((m, n, k, kind)).encode()))
+    a = np.asarray(formats.pack_bits(_random_signs(rng, (m, k)) >= 0))
+    w = formats.pack_dense_weights(_random_signs(rng, (k, n)))
+    epi_kwargs, epi_operands = _epilogue_operands(rng, n, k, kind)
+    with jax.default_device(CPU):
+        want = np.asarray(reference.bmm(a, w.bits, k, n, **epi_kwargs))
+    target = f"jaxbnn_bmm_{kind}"
+    operands = [a, w.bits, w.popcount, *epi_operands]
+    attrs = dict(k=np.int64(k), n=np.int64(n))
+    got = _call(target, GPU, _result(kind, (m,), n), operands, attrs)
+    np.testing.assert_array_equal(got, want)
+    _check_against_cpu_handler(target, _result(kind, (m,), n), operands, attrs, got)
+
+
+# (batch, h, w, c, o, kernel, stride, ((top, bottom), (left, right)), pad_value, pool)
+CONV_CASES = [
+    (2, 9, 7, 128, 40, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", None),
+    (2, 9, 7, 128, 40, (3, 3), (1, 1), ((1, 1), (1, 1)), "one", None),
+    (3, 8, 8, 64, 70, (3, 3), (2, 2), ((1, 1), (1, 1)), "zero", None),
+    (1, 11, 10, 100, 33, (5, 5), (1, 1), ((2, 2), (2, 2)), "zero", None),
+    (2, 13, 12, 256, 64, (7, 7), (2, 2), ((3, 3), (3, 3)), "zero", None),
+    (1, 20, 19, 3, 16, (11, 11), (4, 4), ((2, 2), (2, 2)), "zero", None),
+    (2, 6, 6, 512, 130, (1, 1), (1, 1), ((0, 0), (0, 0)), "zero", None),
+    (2, 8, 8, 128, 96, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", (2, 2)),
+    (2, 9, 9, 128, 64, (3, 3), (1, 1), ((1, 1), (1, 1)), "one", (3, 3)),
+    (2, 7, 9, 32, 50, (2, 3), (1, 2), ((0, 1), (2, 0)), "zero", (2, 1)),
+]
+
+
+def _conv_attrs(c, o, kernel, stride, padding, pad_value, pool):
+    (pt, pb), (pl, pr) = padding
+    ph, pw = pool or (1, 1)
+    i64 = np.int64
+    return dict(c=i64(c), o=i64(o), kh=i64(kernel[0]), kw=i64(kernel[1]), stride_h=i64(stride[0]),
+                stride_w=i64(stride[1]), pad_top=i64(pt), pad_bottom=i64(pb), pad_left=i64(pl), pad_right=i64(pr),
+                pad_one=pad_value == "one", pool_h=i64(ph), pool_w=i64(pw))
+
+
+@pytest.mark.parametrize("kind", EPILOGUES)
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"b{c[0]}_{c[1]}x{c[2]}_c{c[3]}_o{c[4]}_k{c[5][0]}x{c[5][1]}_s{c[6][0]}{c[6][1]}_{c[8]}_pool{c[9]}")
+def test_bconv2d_matches_reference(engine, case, kind):
+    batch, h, w_, c, o, kernel, stride, padding, pad_value, pool = case
+    rng = np.random.default_rng(zlib.crc32(repr((case, kind)).encode()))
+    x = np.asarray(formats.pack_bits(_random_signs(rng, (batch, h, w_, c)) >= 0))
+    w = formats.pack_conv_weights(_random_signs(rng, (*kernel, c, o)))
+    epi_kwargs, epi_operands = _epilogue_operands(rng, o, kernel[0] * kernel[1] * c, kind)
+    with jax.default_device(CPU):
+        want = np.asarray(reference.bconv2d(x, w.bits, in_channels=c, out_channels=o, kernel_size=kernel,
+                                            stride=stride, padding=padding, pad_value=pad_value, pool=pool,
+                                            **epi_kwargs))
+    target = f"jaxbnn_bconv2d_{kind}"
+    operands = [x, w.bits, w.tap_popcount, *epi_operands]
+    attrs = _conv_attrs(c, o, kernel, stride, padding, pad_value, pool)
+    result = _result(kind, want.shape[:3], o)
+    got = _call(target, GPU, result, operands, attrs)
+    np.testing.assert_array_equal(got, want)
+    _check_against_cpu_handler(target, result, operands, attrs, got)
+
+
+def test_engine_choice_on_aligned_rows():
+    """K words a multiple of 4 on Hopper run on wgmma; other GPUs and unaligned rows on mma.sync or CUDA cores."""
+    rng = np.random.default_rng(0)
+    m, n, k = 200, 300, 1024
+    a = np.asarray(formats.pack_bits(_random_signs(rng, (m, k)) >= 0))
+    w = formats.pack_dense_weights(_random_signs(rng, (k, n)))
+    _cuda.set_kernel_path("auto")
+    _call("jaxbnn_bmm_i32", GPU, _result("i32", (m,), n), [a, w.bits, w.popcount], dict(k=np.int64(k), n=np.int64(n)))
+    hopper = GPU.compute_capability == "9.0" if hasattr(GPU, "compute_capability") else False
+    assert _cuda.last_kernel_path() == ("wgmma" if hopper else "mma_sync")
+
+
+def test_handler_rejects_inconsistent_shapes():
+    rng = np.random.default_rng(1)
+    a = np.asarray(formats.pack_bits(_random_signs(rng, (4, 64)) >= 0))
+    w = formats.pack_dense_weights(_random_signs(rng, (64, 8)))
+    with pytest.raises(Exception, match="words per row"):
+        # k = 100 needs 4 words per row, a has 2
+        _call("jaxbnn_bmm_i32", GPU, _result("i32", (4,), 8), [a, w.bits, w.popcount], dict(k=np.int64(100), n=np.int64(8)))
+
+
+def test_bmm_inside_jit_and_graph_matches_reference():
+    """Two chained calls under jit (XLA may capture them in a command buffer): the same bits as eager."""
+    rng = np.random.default_rng(2)
+    m, k, n = 96, 512, 256
+    a = np.asarray(formats.pack_bits(_random_signs(rng, (m, k)) >= 0))
+    w1 = formats.pack_dense_weights(_random_signs(rng, (k, n)))
+    w2 = formats.pack_dense_weights(_random_signs(rng, (n, n)))
+    t1 = rng.integers(-8, 9, n).astype(np.int32)
+    f1 = rng.integers(0, 2, n).astype(np.uint8)
+
+    def net(a, b1, p1, b2, p2):
+        h = jax.ffi.ffi_call("jaxbnn_bmm_bits", _result("bits", (m,), n))(a, b1, p1, t1, f1, k=np.int64(k), n=np.int64(n))
+        return jax.ffi.ffi_call("jaxbnn_bmm_i32", _result("i32", (m,), n))(h, b2, p2, k=np.int64(n), n=np.int64(n))
+
+    args = [jax.device_put(np.asarray(v), GPU) for v in (a, w1.bits, w1.popcount, w2.bits, w2.popcount)]
+    got = np.asarray(jax.jit(net)(*args))
+    with jax.default_device(CPU):
+        h = reference.bmm(a, w1.bits, k, n, threshold=t1, flip=f1.astype(bool))
+        want = np.asarray(reference.bmm(h, w2.bits, n, n))
+    np.testing.assert_array_equal(got, want)

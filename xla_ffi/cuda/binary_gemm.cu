@@ -1,0 +1,585 @@
+// The CUDA kernels of jaxbnn: one implicit-GEMM binary convolution (bmm = 1x1 convolution), three engines.
+//   wgmma    (sm_90a): BGMMA m64n256k256 AND-popc, 128x256 CTA tile, a producer warpgroup filling a 4-stage
+//            mbarrier pipeline, two consumer warpgroups.
+//   mma.sync (sm_80+): BMMA m16n8k256 AND-popc, 128x128 CTA tile, 4-stage cp.async pipeline.
+//   simt     (any):    CUDA-core AND + POPC, 64x64 CTA tile, 3-stage cp.async pipeline (fallback/baseline).
+//
+// Shared memory layout of every operand stage: K blocks of 1024 bits (32 words = 8 chunks of 16 bytes);
+// chunk c of row r lies at (r / 8) * 1024 + c * 128 + (r % 8) * 16. Each 8-row x 16-byte block is one
+// wgmma "core matrix" (LBO 128 along K, SBO 1024 between row groups), one ldmatrix 8x8 b16 matrix, and
+// one FSB weight tile, so weights are copied as they lie in global memory.
+//
+// Rows past the problem, words past K and out-of-frame taps are zero-filled by the loaders: zero bits
+// add nothing to AND-popc, and an out-of-frame tap read as zeros is exactly a -1 input ("one" padding).
+// "zero" padding subtracts, per excluded tap, its (C - 2 popc_tap) in the epilogue.
+//
+// Epilogue: accumulators -> shared int32 tile -> (max-pool over a window's rows) -> int32 / affine /
+// threshold bits (warp ballot, written as words of the next layer's packed layout).
+#include "binary_gemm.h"
+
+#include <climits>
+#include <cstdint>
+
+#include "wgmma_b1.cuh"
+
+namespace jaxbnn::cuda {
+namespace {
+
+constexpr int kKBlockWords = 32;  // one pipeline stage covers 1024 bits of K
+constexpr int kRowGroupBytes = 1024;  // 8 rows x 128 bytes
+
+__device__ __forceinline__ uint32_t SmemAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ uint32_t StageOffset(int row, int chunk) {
+  return (row / 8) * kRowGroupBytes + chunk * 128 + (row % 8) * 16;
+}
+
+template <int kBytes>
+__device__ __forceinline__ void CopyAsync(uint32_t dst, const void* src, bool valid) {
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+  }
+}
+__device__ __forceinline__ void CopyAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void CopyAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
+
+// Per tile row: where its output pixel's receptive field starts. x: word offset of tap (0, 0)
+// (may point outside the image at borders), y/z: input row/column of tap (0, 0), w: 1 if the row is real.
+__device__ __forceinline__ int4 RowOrigin(const BinaryGemmProblem& p, int tile_m, int rows_per_tile, int r) {
+  const int window = p.pool_h * p.pool_w;
+  const int pooled_per_tile = rows_per_tile / window;
+  int4 origin = make_int4(0, 0, 0, 0);
+  if (r >= pooled_per_tile * window) return origin;
+  const long long pooled = static_cast<long long>(tile_m) * pooled_per_tile + r / window;
+  if (pooled >= p.pooled_rows) return origin;
+  const int e = r % window;
+  const int pix = static_cast<int>(pooled);
+  const int owp = pix % p.out_w, rest = pix / p.out_w;
+  const int ohp = rest % p.out_h, b = rest / p.out_h;
+  const int oh = ohp * p.pool_h + e / p.pool_w, ow = owp * p.pool_w + e % p.pool_w;
+  const int ih0 = oh * p.stride_h - p.pad_top, iw0 = ow * p.stride_w - p.pad_left;
+  origin.x = ((b * p.in_h + ih0) * p.in_w + iw0) * p.cw;
+  origin.y = ih0;
+  origin.z = iw0;
+  origin.w = 1;
+  return origin;
+}
+
+// Sum over taps of the +1 count of column `col`: popc(b) of the AND-popc formula.
+__device__ __forceinline__ int ColumnPopcount(const BinaryGemmProblem& p, int col) {
+  if (col >= p.n) return 0;
+  int total = 0;
+  for (int t = 0; t < p.kh * p.kw; ++t) total += p.tap_popc[t * p.n + col];
+  return total;
+}
+
+// Copies K block `kb` of the activation rows of a tile into a stage. kVec words per copy (4 when every
+// tap's words are 16-byte aligned, else 1). Each thread keeps one word position, so the tap division runs
+// once per stage.
+template <int kRows, int kVec, int kThreads>
+__device__ __forceinline__ void LoadActivationStage(const BinaryGemmProblem& p, const int4* origins,
+                                                    uint32_t stage, int kb, int tid) {
+  constexpr int kCopiesPerRow = kKBlockWords / kVec;
+  static_assert(kThreads % kCopiesPerRow == 0, "a thread must keep its word position");
+  const int part = tid % kCopiesPerRow;
+  const int kword = kb * kKBlockWords + part * kVec;
+  const bool k_valid = kword < p.k_words;
+  const int tap = kword / p.cw;
+  const int cword = kword - tap * p.cw;
+  const int fkh = tap / p.kw, fkw = tap - fkh * p.kw;
+  const int tap_offset = (fkh * p.in_w + fkw) * p.cw + cword;
+  const uint32_t dst0 = stage + (part * kVec / 4) * 128 + (part * kVec % 4) * 4;
+#pragma unroll 4
+  for (int r = tid / kCopiesPerRow; r < kRows; r += kThreads / kCopiesPerRow) {
+    const int4 o = origins[r];
+    const int ih = o.y + fkh, iw = o.z + fkw;
+    const bool valid = k_valid && o.w && static_cast<unsigned>(ih) < static_cast<unsigned>(p.in_h) &&
+                       static_cast<unsigned>(iw) < static_cast<unsigned>(p.in_w);
+    const uint32_t* src = valid ? p.x + (o.x + tap_offset) : p.x;
+    CopyAsync<kVec * 4>(dst0 + StageOffset(r, 0), src, valid);
+  }
+}
+
+// Copies K block `kb` of `kCols` weight rows (FSB tiles, 128 contiguous bytes each) into a stage.
+template <int kCols, int kThreads>
+__device__ __forceinline__ void LoadWeightStage(const BinaryGemmProblem& p, uint32_t stage, int row_tile0, int kb,
+                                                int tid) {
+#pragma unroll 4
+  for (int i = tid; i < kCols * 8; i += kThreads) {
+    const int piece = i % 8, chunk = (i / 8) % 8, local_tile = i / 64;
+    const int nt = row_tile0 + local_tile, kt = kb * 8 + chunk;
+    const bool valid = nt < p.w_row_tiles && kt < p.w_k_tiles;
+    const uint32_t* src = valid ? p.w + (static_cast<size_t>(nt) * p.w_k_tiles + kt) * 32 + piece * 4 : p.w;
+    CopyAsync<16>(stage + local_tile * kRowGroupBytes + chunk * 128 + piece * 16, src, valid);
+  }
+}
+
+// popc of the activation rows of a stage, kThreads / kRows threads per row; returns this thread's part.
+template <int kRows, int kThreads>
+__device__ __forceinline__ int StageRowPopcount(const uint8_t* stage, int tid) {
+  constexpr int kThreadsPerRow = kThreads / kRows;
+  constexpr int kChunks = 8 / kThreadsPerRow;
+  const int row = tid / kThreadsPerRow, part = tid % kThreadsPerRow;
+  int total = 0;
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    const uint4 v = *reinterpret_cast<const uint4*>(stage + StageOffset(row, part * kChunks + i));
+    total += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
+  }
+  return total;
+}
+
+template <int kRows, int kThreads>
+__device__ __forceinline__ int CombineRowPopcount(int part) {
+  constexpr int kThreadsPerRow = kThreads / kRows;
+#pragma unroll
+  for (int s = 1; s < kThreadsPerRow; s *= 2) part += __shfl_xor_sync(0xffffffffu, part, s);
+  return part;
+}
+
+// What "zero" padding takes back from a "one"-padded dot: sum over out-of-frame taps of C - 2 popc_tap.
+__device__ __forceinline__ int ExcludedTaps(const BinaryGemmProblem& p, int4 o, int col) {
+  if (o.y >= 0 && o.y + p.kh <= p.in_h && o.z >= 0 && o.z + p.kw <= p.in_w) return 0;
+  int correction = 0;
+  for (int i = 0; i < p.kh; ++i) {
+    const bool row_out = static_cast<unsigned>(o.y + i) >= static_cast<unsigned>(p.in_h);
+    for (int j = 0; j < p.kw; ++j) {
+      if (row_out || static_cast<unsigned>(o.z + j) >= static_cast<unsigned>(p.in_w)) {
+        correction += p.c - 2 * p.tap_popc[(i * p.kw + j) * p.n + col];
+      }
+    }
+  }
+  return correction;
+}
+
+// Max over the pool window (rows pr * window ...) of the exact ±1 dot products of local column lc.
+template <int kLd>
+__device__ __forceinline__ int PooledDot(const BinaryGemmProblem& p, const int* acc, const int* popc_a,
+                                         const int* popc_b, const int4* origins, int window, int pr, int lc,
+                                         int col) {
+  int best = INT_MIN;
+  for (int e = 0; e < window; ++e) {
+    const int r = pr * window + e;
+    int dot = p.k_real - 2 * popc_a[r] - 2 * popc_b[lc] + 4 * acc[r * kLd + lc];
+    if (!p.pad_one) dot -= ExcludedTaps(p, origins[r], col);
+    best = max(best, dot);
+  }
+  return best;
+}
+
+// The fused epilogue over a finished tile in shared memory, run by kThreads threads (tid 0..kThreads-1).
+template <int kRows, int kCols, int kLd, int kThreads>
+__device__ void StoreTile(const BinaryGemmProblem& p, const int* acc, const int* popc_a, const int* popc_b,
+                          const int4* origins, int tile_m, int col0, int tid) {
+  const int window = p.pool_h * p.pool_w;
+  const int pooled_per_tile = kRows / window;
+  const long long pooled0 = static_cast<long long>(tile_m) * pooled_per_tile;
+  if (p.epilogue == Epilogue::kBits) {
+    constexpr int kWordsPerRow = kCols / 32;
+    const int out_words = (p.n + 31) / 32;
+    const int lane = tid % 32;
+    uint32_t* out = static_cast<uint32_t*>(p.out);
+    for (int item = tid / 32; item < pooled_per_tile * kWordsPerRow; item += kThreads / 32) {
+      const int pr = item / kWordsPerRow, word = item % kWordsPerRow;
+      const long long pooled = pooled0 + pr;
+      if (pooled >= p.pooled_rows || col0 + word * 32 >= p.n) continue;  // warp-uniform
+      const int lc = word * 32 + lane, col = col0 + lc;
+      bool bit = false;
+      if (col < p.n) {
+        const int dot = PooledDot<kLd>(p, acc, popc_a, popc_b, origins, window, pr, lc, col);
+        bit = p.flip[col] ? dot <= p.threshold[col] : dot >= p.threshold[col];
+      }
+      const uint32_t bits = __ballot_sync(0xffffffffu, bit);
+      if (lane == 0) out[pooled * out_words + col0 / 32 + word] = bits;
+    }
+    return;
+  }
+  for (int i = tid; i < pooled_per_tile * kCols; i += kThreads) {
+    const int pr = i / kCols, lc = i % kCols, col = col0 + lc;
+    const long long pooled = pooled0 + pr;
+    if (pooled >= p.pooled_rows || col >= p.n) continue;
+    const int dot = PooledDot<kLd>(p, acc, popc_a, popc_b, origins, window, pr, lc, col);
+    if (p.epilogue == Epilogue::kInt32) {
+      static_cast<int32_t*>(p.out)[pooled * p.n + col] = dot;
+    } else {  // no contraction into an FMA: the same two roundings as the reference
+      static_cast<float*>(p.out)[pooled * p.n + col] =
+          __fadd_rn(__fmul_rn(static_cast<float>(dot), p.scale[col]), p.bias[col]);
+    }
+  }
+}
+
+// Grouped raster over (row tiles, column tiles): 8 row tiles share a band of column tiles for L2 reuse.
+__device__ __forceinline__ void TileCoordinates(int m_tiles, int n_tiles, int& tile_m, int& tile_n) {
+  constexpr int kGroup = 8;
+  const int pid = blockIdx.x;
+  const int group = pid / (kGroup * n_tiles);
+  const int first_m = group * kGroup;
+  const int group_size = min(m_tiles - first_m, kGroup);
+  const int in_group = pid % (kGroup * n_tiles);
+  tile_m = first_m + in_group % group_size;
+  tile_n = in_group / group_size;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// mma.sync and CUDA-core engines: classic multistage cp.async pipeline, all threads load and compute.
+
+struct MmaSyncEngine {
+  static constexpr int kRows = 128, kCols = 128, kStages = 4, kThreads = 256;
+  struct Accumulators {
+    int v[4][4][4];  // [16-row fragment][8-column fragment][register]
+  };
+
+  // stage: the stage (A rows, then B rows) as a generic pointer and as a shared-window address.
+  __device__ static void Compute(Accumulators& acc, const uint8_t*, uint32_t stage_addr, int tid) {
+#if __CUDA_ARCH__ >= 800
+    const uint32_t stage_a = stage_addr, stage_b = stage_addr + kRows * 128;
+    const int warp = tid / 32, lane = tid % 32;
+    const int warp_row = (warp / 4) * 64, warp_col = (warp % 4) * 32;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      uint32_t a[4][4], b[4][2];
+#pragma unroll
+      for (int mf = 0; mf < 4; ++mf) {
+        const int row = warp_row + mf * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+        const uint32_t addr = stage_a + StageOffset(row, 2 * ks + lane / 16);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(a[mf][0]), "=r"(a[mf][1]), "=r"(a[mf][2]), "=r"(a[mf][3])
+                     : "r"(addr));
+      }
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        const int m = lane / 8;
+        const int col = warp_col + (2 * np + m / 2) * 8 + lane % 8;
+        const uint32_t addr = stage_b + StageOffset(col, 2 * ks + m % 2);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(b[2 * np][0]), "=r"(b[2 * np][1]), "=r"(b[2 * np + 1][0]), "=r"(b[2 * np + 1][1])
+                     : "r"(addr));
+      }
+#pragma unroll
+      for (int mf = 0; mf < 4; ++mf) {
+#pragma unroll
+        for (int nf = 0; nf < 4; ++nf) {
+          int* d = acc.v[mf][nf];
+          asm volatile(
+              "mma.sync.aligned.m16n8k256.row.col.s32.b1.b1.s32.and.popc "
+              "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+              : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+              : "r"(a[mf][0]), "r"(a[mf][1]), "r"(a[mf][2]), "r"(a[mf][3]), "r"(b[nf][0]), "r"(b[nf][1]));
+        }
+      }
+    }
+#endif
+  }
+
+  __device__ static void Store(const Accumulators& acc, int* tile, int ld, int tid) {
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int warp_row = (warp / 4) * 64, warp_col = (warp % 4) * 32;
+#pragma unroll
+    for (int mf = 0; mf < 4; ++mf) {
+#pragma unroll
+      for (int nf = 0; nf < 4; ++nf) {
+        const int row = warp_row + mf * 16 + g, col = warp_col + nf * 8 + 2 * t;
+        tile[row * ld + col] = acc.v[mf][nf][0];
+        tile[row * ld + col + 1] = acc.v[mf][nf][1];
+        tile[(row + 8) * ld + col] = acc.v[mf][nf][2];
+        tile[(row + 8) * ld + col + 1] = acc.v[mf][nf][3];
+      }
+    }
+  }
+};
+
+struct SimtEngine {
+  static constexpr int kRows = 64, kCols = 64, kStages = 3, kThreads = 256;
+  struct Accumulators {
+    int v[4][4];  // rows ty + 16 i, columns tx + 16 j: conflict-free 16-byte shared loads
+  };
+
+  __device__ static void Compute(Accumulators& acc, const uint8_t* stage, uint32_t, int tid) {
+    const int ty = tid / 16, tx = tid % 16;
+    const uint8_t* sa = stage;
+    const uint8_t* sb = stage + kRows * 128;
+#pragma unroll 2
+    for (int chunk = 0; chunk < 8; ++chunk) {
+      uint4 a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = *reinterpret_cast<const uint4*>(sa + StageOffset(ty + 16 * i, chunk));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) b[j] = *reinterpret_cast<const uint4*>(sb + StageOffset(tx + 16 * j, chunk));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          acc.v[i][j] += __popc(a[i].x & b[j].x) + __popc(a[i].y & b[j].y) + __popc(a[i].z & b[j].z) +
+                         __popc(a[i].w & b[j].w);
+        }
+      }
+    }
+  }
+
+  __device__ static void Store(const Accumulators& acc, int* tile, int ld, int tid) {
+    const int ty = tid / 16, tx = tid % 16;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) tile[(ty + 16 * i) * ld + tx + 16 * j] = acc.v[i][j];
+    }
+  }
+};
+
+template <class Engine>
+constexpr int ClassicSmemBytes() {
+  constexpr int stage = (Engine::kRows + Engine::kCols) * 128;
+  return Engine::kStages * stage + Engine::kRows * 16 + Engine::kRows * 4 + Engine::kCols * 4;
+}
+
+template <class Engine, int kVec>
+__global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const BinaryGemmProblem p, int m_tiles,
+                                                                      int n_tiles) {
+  constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kStages = Engine::kStages;
+  constexpr int kThreads = Engine::kThreads, kLd = kCols + 4;
+  constexpr int kStageA = kRows * 128, kStageBytes = (kRows + kCols) * 128;
+  static_assert(kRows * kLd * 4 <= kStages * kStageBytes, "the epilogue tile reuses the stages");
+  extern __shared__ __align__(1024) uint8_t smem[];
+  int4* origins = reinterpret_cast<int4*>(smem + kStages * kStageBytes);
+  int* popc_a = reinterpret_cast<int*>(origins + kRows);
+  int* popc_b = popc_a + kRows;
+  const int tid = threadIdx.x;
+  int tile_m, tile_n;
+  TileCoordinates(m_tiles, n_tiles, tile_m, tile_n);
+  const int col0 = tile_n * kCols;
+  for (int r = tid; r < kRows; r += kThreads) origins[r] = RowOrigin(p, tile_m, kRows, r);
+  for (int c = tid; c < kCols; c += kThreads) popc_b[c] = ColumnPopcount(p, col0 + c);
+  __syncthreads();
+
+  const uint32_t base = SmemAddress(smem);
+  const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
+  auto load = [&](int kb) {
+    const uint32_t stage = base + (kb % kStages) * kStageBytes;
+    LoadActivationStage<kRows, kVec, kThreads>(p, origins, stage, kb, tid);
+    LoadWeightStage<kCols, kThreads>(p, stage + kStageA, col0 / 8, kb, tid);
+  };
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_blocks) load(s);
+    CopyAsyncCommit();
+  }
+  typename Engine::Accumulators acc = {};
+  int row_popc = 0;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    CopyAsyncWait<kStages - 2>();
+    __syncthreads();  // stage kb landed for all threads; stage kb - 1 is free
+    if (kb + kStages - 1 < k_blocks) load(kb + kStages - 1);
+    CopyAsyncCommit();
+    const int s = kb % kStages;
+    Engine::Compute(acc, smem + s * kStageBytes, base + s * kStageBytes, tid);
+    row_popc += StageRowPopcount<kRows, kThreads>(smem + s * kStageBytes, tid);
+  }
+  CopyAsyncWait<0>();
+  row_popc = CombineRowPopcount<kRows, kThreads>(row_popc);
+  __syncthreads();
+  int* acc_tile = reinterpret_cast<int*>(smem);
+  Engine::Store(acc, acc_tile, kLd, tid);
+  if (tid % (kThreads / kRows) == 0) popc_a[tid / (kThreads / kRows)] = row_popc;
+  __syncthreads();
+  StoreTile<kRows, kCols, kLd, kThreads>(p, acc_tile, popc_a, popc_b, origins, tile_m, col0, tid);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// wgmma engine (sm_90a): warp-specialized, mbarrier pipeline.
+
+constexpr int kWgRows = 128, kWgCols = 256, kWgStages = 4, kWgThreads = 384;
+[[maybe_unused]] constexpr int kWgStageA = kWgRows * 128;
+constexpr int kWgStageBytes = (kWgRows + kWgCols) * 128;
+constexpr int kWgLd = kWgCols + 4;
+constexpr int kWgSmemBytes = kWgStages * kWgStageBytes + kWgRows * 16 + kWgRows * 4 + kWgCols * 4 + 2 * kWgStages * 8;
+static_assert(kWgRows * kWgLd * 4 <= kWgStages * kWgStageBytes, "the epilogue tile reuses the stages");
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void BarrierInit(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void BarrierWait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void BarrierArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrives on `bar` once all of this thread's earlier cp.async copies have landed.
+__device__ __forceinline__ void BarrierArriveOnCopies(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// No-swizzle K-major descriptor: LBO 128 bytes between core matrices along K, SBO 1024 between row groups.
+__device__ __forceinline__ uint64_t OperandDescriptor(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(128 >> 4) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32);
+}
+#endif
+
+__global__ void __launch_bounds__(kWgThreads, 1) WgmmaKernel(const BinaryGemmProblem p, int m_tiles, int n_tiles) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) uint8_t smem[];
+  int4* origins = reinterpret_cast<int4*>(smem + kWgStages * kWgStageBytes);
+  int* popc_a = reinterpret_cast<int*>(origins + kWgRows);
+  int* popc_b = popc_a + kWgRows;
+  const uint32_t full0 = SmemAddress(popc_b + kWgCols);  // kWgStages "stage landed" barriers
+  const uint32_t empty0 = full0 + kWgStages * 8;         // kWgStages "stage consumed" barriers
+  const int tid = threadIdx.x;
+  int tile_m, tile_n;
+  TileCoordinates(m_tiles, n_tiles, tile_m, tile_n);
+  const int col0 = tile_n * kWgCols;
+  if (tid < kWgRows) origins[tid] = RowOrigin(p, tile_m, kWgRows, tid);
+  if (tid >= kWgThreads - kWgCols) popc_b[tid - (kWgThreads - kWgCols)] = ColumnPopcount(p, col0 + tid - (kWgThreads - kWgCols));
+  if (tid == 0) {
+    for (int s = 0; s < kWgStages; ++s) {
+      BarrierInit(full0 + 8 * s, 128);  // one arrival per producer thread, when its copies land
+      BarrierInit(empty0 + 8 * s, 256);  // one arrival per consumer thread, when its reads are done
+    }
+  }
+  __syncthreads();
+
+  const uint32_t base = SmemAddress(smem);
+  const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
+  const int warpgroup = tid / 128;
+  if (warpgroup == 0) {  // producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      const int s = kb % kWgStages;
+      if (kb >= kWgStages) BarrierWait(empty0 + 8 * s, ((kb / kWgStages) - 1) & 1);
+      const uint32_t stage = base + s * kWgStageBytes;
+      LoadActivationStage<kWgRows, 4, 128>(p, origins, stage, kb, tid);
+      LoadWeightStage<kWgCols, 128>(p, stage + kWgStageA, col0 / 8, kb, tid);
+      BarrierArriveOnCopies(full0 + 8 * s);
+    }
+    CopyAsyncWait<0>();
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+  const int ctid = tid - 128;           // 0..255 over both consumer warpgroups
+  const int half = warpgroup - 1;       // rows 64 * half ... of the tile
+  const int wtid = ctid % 128;          // thread in its warpgroup
+  int acc[128];
+  int row_popc = 0;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    const int s = kb % kWgStages;
+    BarrierWait(full0 + 8 * s, (kb / kWgStages) & 1);
+    // cp.async wrote the stage through the generic proxy; the tensor cores read it through the async one.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    const uint32_t stage_a = base + s * kWgStageBytes + half * 8 * kRowGroupBytes;
+    const uint32_t stage_b = base + s * kWgStageBytes + kWgStageA;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      wgmma_m64n256k256_and_popc(acc, OperandDescriptor(stage_a + ks * 256), OperandDescriptor(stage_b + ks * 256),
+                                 (kb | ks) != 0);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    // While the tensor cores run: popc(a) of this warpgroup's 64 rows, two threads per row.
+    row_popc += StageRowPopcount<64, 128>(smem + s * kWgStageBytes + half * 8 * kRowGroupBytes, wtid);
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    if (kb > 0) BarrierArrive(empty0 + 8 * ((kb - 1) % kWgStages));
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  row_popc = CombineRowPopcount<64, 128>(row_popc);
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");  // every consumer is done reading the stages
+  int* acc_tile = reinterpret_cast<int*>(smem);
+  {
+    const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < 128; i += 2) {
+      const int row = 64 * half + 16 * w + g + 8 * ((i >> 1) & 1);
+      const int col = 8 * (i >> 2) + 2 * t;
+      *reinterpret_cast<int2*>(acc_tile + row * kWgLd + col) = make_int2(acc[i], acc[i + 1]);
+    }
+  }
+  if (wtid % 2 == 0) popc_a[64 * half + wtid / 2] = row_popc;
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  StoreTile<kWgRows, kWgCols, kWgLd, 256>(p, acc_tile, popc_a, popc_b, origins, tile_m, col0, ctid);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Host side.
+
+struct DeviceInfo {
+  bool known = false;
+  int major = 0, minor = 0;
+};
+
+DeviceInfo& InfoFor(int device) {
+  static DeviceInfo infos[64];
+  return infos[device & 63];
+}
+
+template <class Kernel>
+cudaError_t Launch(Kernel kernel, int smem, int threads, int m_tiles, int n_tiles, const BinaryGemmProblem& p,
+                   cudaStream_t stream) {
+  // Raising the dynamic shared memory limit is idempotent and cheap; no launch-time allocation.
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  const long long blocks = static_cast<long long>(m_tiles) * n_tiles;
+  if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
+  kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(p, m_tiles, n_tiles);
+  return cudaGetLastError();
+}
+
+int TilesOfRows(const BinaryGemmProblem& p, int rows) {
+  const int pooled_per_tile = rows / (p.pool_h * p.pool_w);
+  return (p.pooled_rows + pooled_per_tile - 1) / pooled_per_tile;
+}
+
+}  // namespace
+
+cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& p, KernelPath path, cudaStream_t stream, KernelPath* chosen) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  DeviceInfo& info = InfoFor(device);
+  if (!info.known) {
+    if ((err = cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess) {
+      return err;
+    }
+    if ((err = cudaDeviceGetAttribute(&info.minor, cudaDevAttrComputeCapabilityMinor, device)) != cudaSuccess) {
+      return err;
+    }
+    info.known = true;
+  }
+  // 16-byte copies need every tap's words 16-byte aligned.
+  const bool aligned = p.cw % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+  const bool can_wgmma = info.major == 9 && info.minor == 0 && aligned;
+  const bool can_mma = info.major >= 8;
+  KernelPath run = can_wgmma ? KernelPath::kWgmma : can_mma ? KernelPath::kMmaSync : KernelPath::kSimt;
+  if (path == KernelPath::kSimt || (path == KernelPath::kMmaSync && can_mma) ||
+      (path == KernelPath::kWgmma && can_wgmma)) {
+    run = path;
+  }
+  if (chosen != nullptr) *chosen = run;
+  switch (run) {
+    case KernelPath::kWgmma:
+      return Launch(WgmmaKernel, kWgSmemBytes, kWgThreads, TilesOfRows(p, kWgRows), (p.n + kWgCols - 1) / kWgCols,
+                    p, stream);
+    case KernelPath::kMmaSync: {
+      constexpr int smem = ClassicSmemBytes<MmaSyncEngine>();
+      const int m = TilesOfRows(p, MmaSyncEngine::kRows), n = (p.n + MmaSyncEngine::kCols - 1) / MmaSyncEngine::kCols;
+      return aligned ? Launch(ClassicKernel<MmaSyncEngine, 4>, smem, MmaSyncEngine::kThreads, m, n, p, stream)
+                     : Launch(ClassicKernel<MmaSyncEngine, 1>, smem, MmaSyncEngine::kThreads, m, n, p, stream);
+    }
+    default: {
+      constexpr int smem = ClassicSmemBytes<SimtEngine>();
+      const int m = TilesOfRows(p, SimtEngine::kRows), n = (p.n + SimtEngine::kCols - 1) / SimtEngine::kCols;
+      return aligned ? Launch(ClassicKernel<SimtEngine, 4>, smem, SimtEngine::kThreads, m, n, p, stream)
+                     : Launch(ClassicKernel<SimtEngine, 1>, smem, SimtEngine::kThreads, m, n, p, stream);
+    }
+  }
+}
+
+}  // namespace jaxbnn::cuda

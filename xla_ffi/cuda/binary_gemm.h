@@ -1,0 +1,56 @@
+// One problem description for every CUDA kernel of jaxbnn: a binary convolution as an implicit GEMM.
+// A bmm is the 1x1 convolution of a (M, 1, 1, Kw) image, so both ops share loaders, kernels and epilogues.
+//
+// GEMM view: row m = one (pre-pool) output pixel, column = output channel, reduction = taps x channel words
+// (the weight matrix layout of docs/formats.md). Every dot product is computed with AND-popc:
+//   a.b = K - 2 popc(a) - 2 popc(b) + 4 popc(a AND b),
+// popc(a) per row from the A tiles in shared memory, popc(b) per column from the tap popcounts.
+#ifndef JAXBNN_XLA_FFI_CUDA_BINARY_GEMM_H_
+#define JAXBNN_XLA_FFI_CUDA_BINARY_GEMM_H_
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace jaxbnn::cuda {
+
+enum class Epilogue : int { kInt32 = 0, kAffine = 1, kBits = 2 };
+
+// Which kernel runs a problem. kAuto: wgmma on sm_90 when the rows are 16-byte aligned, else mma.sync
+// (sm_80+), else the CUDA-core popcount kernel.
+enum class KernelPath : int { kAuto = 0, kWgmma = 1, kMmaSync = 2, kSimt = 3 };
+
+struct BinaryGemmProblem {
+  const uint32_t* x = nullptr;         // packed NHWC input (batch, in_h, in_w, cw)
+  const uint32_t* w = nullptr;         // FSB tiles (w_row_tiles, w_k_tiles, 8, 4)
+  const int32_t* tap_popc = nullptr;   // (kh * kw, n): +1 count of each tap of each output channel
+  int batch = 0, in_h = 0, in_w = 0, cw = 0, c = 0;
+  int kh = 1, kw = 1, stride_h = 1, stride_w = 1, pad_top = 0, pad_left = 0;
+  bool pad_one = false;                // out-of-frame taps are -1 inputs (else they are excluded)
+  int pool_h = 1, pool_w = 1;
+  int out_h = 0, out_w = 0;            // pooled output size
+  int n = 0;                           // output channels (GEMM columns)
+  int w_row_tiles = 0, w_k_tiles = 0;  // FSB grid: ceil(n / 8), ceil(k_words / 4)
+  int k_words = 0;                     // kh * kw * cw
+  int k_real = 0;                      // kh * kw * c: the number of real ±1 products of a dot
+  int pooled_rows = 0;                 // batch * out_h * out_w
+  Epilogue epilogue = Epilogue::kInt32;
+  const float* scale = nullptr;
+  const float* bias = nullptr;
+  const int32_t* threshold = nullptr;
+  const uint8_t* flip = nullptr;
+  void* out = nullptr;                 // int32 / float32 (pooled_rows, n) or uint32 (pooled_rows, ceil(n/32))
+};
+
+// The largest pool window (pool_h * pool_w) the kernels take: a window must fit in one CTA's rows.
+inline constexpr int kMaxPoolWindow = 64;
+
+// Launches the kernel for `problem` on `stream`; returns the launch error, if any. `path` forces a kernel
+// when it can run the problem (falls back to kAuto's choice otherwise). `chosen` (may be null) receives
+// the kernel that ran.
+cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, cudaStream_t stream,
+                             KernelPath* chosen);
+
+}  // namespace jaxbnn::cuda
+
+#endif  // JAXBNN_XLA_FFI_CUDA_BINARY_GEMM_H_

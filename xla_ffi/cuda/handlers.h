@@ -1,0 +1,24 @@
+// The CUDA FFI handler symbols (docs/ops.md) and the kernel-path switch used by tests and benchmarks.
+#ifndef JAXBNN_XLA_FFI_CUDA_HANDLERS_H_
+#define JAXBNN_XLA_FFI_CUDA_HANDLERS_H_
+
+#include "binary_gemm.h"
+#include "xla/ffi/api/ffi.h"
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCudaBmmI32);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCudaBmmF32);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCudaBmmBits);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCudaBConvI32);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCudaBConvF32);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCudaBConvBits);
+
+namespace jaxbnn::cuda {
+
+// Makes later calls run `path` where it can run the problem (kAuto restores the default choice).
+void SetForcedKernelPath(KernelPath path);
+// The kernel the latest launch ran.
+KernelPath LastKernelPath();
+
+}  // namespace jaxbnn::cuda
+
+#endif  // JAXBNN_XLA_FFI_CUDA_HANDLERS_H_

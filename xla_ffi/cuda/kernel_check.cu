@@ -1,0 +1,308 @@
+// Host-side correctness harness of the CUDA kernels (no JAX): random problems of every op, epilogue,
+// padding mode, stride, pool and odd shape, run on each engine into poisoned outputs and compared word
+// for word with a direct CPU convolution (XOR-popc, independent of the kernels' AND-popc algebra).
+// Also the workload of the compute-sanitizer runs (`--small`). Exit status 0 only if every case matches.
+//
+//   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
+//        -Ixla_ffi xla_ffi/cuda/kernel_check.cu xla_ffi/cuda/binary_gemm.cu -o kernel_check && ./kernel_check
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "binary_gemm.h"
+
+using jaxbnn::cuda::BinaryGemmProblem;
+using jaxbnn::cuda::Epilogue;
+using jaxbnn::cuda::KernelPath;
+
+#define CHECK_CUDA(x)                                                                    \
+  do {                                                                                   \
+    cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                             \
+      std::printf("CUDA error %s at %s:%d: %s\n", #x, __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+namespace {
+
+struct ConvCase {
+  int batch, h, w, c, o, kh, kw, sh, sw, pt, pb, pl, pr, ph, pw;
+  bool pad_one;
+};
+
+std::mt19937_64 rng(12345);
+
+uint32_t RandomWord() { return static_cast<uint32_t>(rng()); }
+
+// Random packed words with zero padding bits past `bits` in each group of `words` words.
+std::vector<uint32_t> RandomPacked(size_t groups, int words, int bits) {
+  std::vector<uint32_t> v(groups * words);
+  for (size_t g = 0; g < groups; ++g) {
+    for (int i = 0; i < words; ++i) {
+      uint32_t x = RandomWord();
+      const int valid = bits - 32 * i;
+      if (valid < 32) x = valid <= 0 ? 0 : x & ((1u << valid) - 1);
+      v[g * words + i] = x;
+    }
+  }
+  return v;
+}
+
+template <class T>
+T* ToDevice(const std::vector<T>& v) {
+  T* d = nullptr;
+  CHECK_CUDA(cudaMalloc(&d, std::max<size_t>(v.size(), 1) * sizeof(T)));
+  if (!v.empty()) CHECK_CUDA(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+const char* PathName(KernelPath p) {
+  switch (p) {
+    case KernelPath::kWgmma: return "wgmma";
+    case KernelPath::kMmaSync: return "mma_sync";
+    case KernelPath::kSimt: return "simt";
+    default: return "auto";
+  }
+}
+
+// Runs one case on one engine; returns the number of wrong output words.
+long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose) {
+  const int cw = (cc.c + 31) / 32, taps = cc.kh * cc.kw, k_words = taps * cw;
+  const int conv_h = (cc.h + cc.pt + cc.pb - cc.kh) / cc.sh + 1, conv_w = (cc.w + cc.pl + cc.pr - cc.kw) / cc.sw + 1;
+  const int out_h = conv_h / cc.ph, out_w = conv_w / cc.pw;
+  const std::vector<uint32_t> x = RandomPacked(static_cast<size_t>(cc.batch) * cc.h * cc.w, cw, cc.c);
+  // Weight rows: o rows of taps x cw words, each tap padded to whole words.
+  const std::vector<uint32_t> wrows = RandomPacked(static_cast<size_t>(cc.o) * taps, cw, cc.c);
+  const int row_tiles = (cc.o + 7) / 8, k_tiles = (k_words + 3) / 4;
+  std::vector<uint32_t> fsb(static_cast<size_t>(row_tiles) * k_tiles * 32, 0);
+  for (int r = 0; r < cc.o; ++r) {
+    for (int k = 0; k < k_words; ++k) {
+      fsb[((static_cast<size_t>(r / 8) * k_tiles + k / 4) * 8 + r % 8) * 4 + k % 4] = wrows[static_cast<size_t>(r) * k_words + k];
+    }
+  }
+  std::vector<int32_t> tap_popc(static_cast<size_t>(taps) * cc.o, 0);
+  for (int r = 0; r < cc.o; ++r) {
+    for (int t = 0; t < taps; ++t) {
+      for (int i = 0; i < cw; ++i) tap_popc[t * cc.o + r] += __builtin_popcount(wrows[(static_cast<size_t>(r) * taps + t) * cw + i]);
+    }
+  }
+  std::vector<float> scale(cc.o), bias(cc.o);
+  std::vector<int32_t> threshold(cc.o);
+  std::vector<uint8_t> flip(cc.o);
+  std::uniform_real_distribution<float> uni(-2.f, 2.f);
+  std::uniform_int_distribution<int> thr(-cc.c / 4 - 2, cc.c / 4 + 2);
+  for (int i = 0; i < cc.o; ++i) {
+    scale[i] = uni(rng);
+    bias[i] = uni(rng);
+    threshold[i] = thr(rng);
+    flip[i] = rng() & 1;
+  }
+
+  // CPU reference: direct convolution, XOR-popc per in-frame tap.
+  const size_t pooled = static_cast<size_t>(cc.batch) * out_h * out_w;
+  const int out_cols = ep == Epilogue::kBits ? (cc.o + 31) / 32 : cc.o;
+  std::vector<uint32_t> want(pooled * out_cols, 0);
+  for (int b = 0; b < cc.batch; ++b) {
+    for (int ohp = 0; ohp < out_h; ++ohp) {
+      for (int owp = 0; owp < out_w; ++owp) {
+        const size_t pix = (static_cast<size_t>(b) * out_h + ohp) * out_w + owp;
+        for (int o = 0; o < cc.o; ++o) {
+          int best = INT32_MIN;
+          for (int e = 0; e < cc.ph * cc.pw; ++e) {
+            const int oh = ohp * cc.ph + e / cc.pw, ow = owp * cc.pw + e % cc.pw;
+            int dot = 0;
+            for (int i = 0; i < cc.kh; ++i) {
+              for (int j = 0; j < cc.kw; ++j) {
+                const int ih = oh * cc.sh - cc.pt + i, iw = ow * cc.sw - cc.pl + j, t = i * cc.kw + j;
+                if (ih >= 0 && ih < cc.h && iw >= 0 && iw < cc.w) {
+                  int mismatches = 0;
+                  for (int q = 0; q < cw; ++q) {
+                    mismatches += __builtin_popcount(x[((static_cast<size_t>(b) * cc.h + ih) * cc.w + iw) * cw + q] ^
+                                                     wrows[(static_cast<size_t>(o) * taps + t) * cw + q]);
+                  }
+                  dot += cc.c - 2 * mismatches;
+                } else if (cc.pad_one) {
+                  dot += cc.c - 2 * tap_popc[t * cc.o + o];  // every input -1: minus the sum of the weights
+                }
+              }
+            }
+            best = std::max(best, dot);
+          }
+          if (ep == Epilogue::kInt32) {
+            want[pix * out_cols + o] = static_cast<uint32_t>(best);
+          } else if (ep == Epilogue::kAffine) {
+            volatile float prod = static_cast<float>(best) * scale[o];
+            const float v = prod + bias[o];
+            std::memcpy(&want[pix * out_cols + o], &v, 4);
+          } else {
+            const bool bit = flip[o] ? best <= threshold[o] : best >= threshold[o];
+            want[pix * out_cols + o / 32] |= static_cast<uint32_t>(bit) << (o % 32);
+          }
+        }
+      }
+    }
+  }
+
+  uint32_t* d_x = ToDevice(x);
+  uint32_t* d_w = ToDevice(fsb);
+  int32_t* d_tp = ToDevice(tap_popc);
+  float* d_scale = ToDevice(scale);
+  float* d_bias = ToDevice(bias);
+  int32_t* d_thr = ToDevice(threshold);
+  uint8_t* d_flip = ToDevice(flip);
+  uint32_t* d_out = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_out, std::max<size_t>(want.size(), 1) * 4));
+  CHECK_CUDA(cudaMemset(d_out, 0xA5, std::max<size_t>(want.size(), 1) * 4));  // poison: unwritten words show
+
+  BinaryGemmProblem p;
+  p.x = d_x;
+  p.w = d_w;
+  p.tap_popc = d_tp;
+  p.batch = cc.batch;
+  p.in_h = cc.h;
+  p.in_w = cc.w;
+  p.cw = cw;
+  p.c = cc.c;
+  p.kh = cc.kh;
+  p.kw = cc.kw;
+  p.stride_h = cc.sh;
+  p.stride_w = cc.sw;
+  p.pad_top = cc.pt;
+  p.pad_left = cc.pl;
+  p.pad_one = cc.pad_one;
+  p.pool_h = cc.ph;
+  p.pool_w = cc.pw;
+  p.out_h = out_h;
+  p.out_w = out_w;
+  p.n = cc.o;
+  p.w_row_tiles = row_tiles;
+  p.w_k_tiles = k_tiles;
+  p.k_words = k_words;
+  p.k_real = taps * cc.c;
+  p.pooled_rows = static_cast<int>(pooled);
+  p.epilogue = ep;
+  p.scale = d_scale;
+  p.bias = d_bias;
+  p.threshold = d_thr;
+  p.flip = d_flip;
+  p.out = d_out;
+  KernelPath ran;
+  CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, &ran));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<uint32_t> got(want.size());
+  if (!got.empty()) CHECK_CUDA(cudaMemcpy(got.data(), d_out, got.size() * 4, cudaMemcpyDeviceToHost));
+  long bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) {
+      if (bad < 3 && verbose) std::printf("    word %zu: got %08x want %08x\n", i, got[i], want[i]);
+      ++bad;
+    }
+  }
+  const char* ep_name = ep == Epilogue::kInt32 ? "i32" : ep == Epilogue::kAffine ? "f32" : "bits";
+  std::printf("%-8s %-4s B%d %dx%d c%d o%d k%dx%d s%d,%d pad(%d,%d,%d,%d)%s pool%dx%d: %ld / %zu wrong%s\n",
+              PathName(ran), ep_name, cc.batch, cc.h, cc.w, cc.c, cc.o, cc.kh, cc.kw, cc.sh, cc.sw, cc.pt, cc.pb,
+              cc.pl, cc.pr, cc.pad_one ? " one" : " zero", cc.ph, cc.pw, bad, got.size(),
+              ran != path ? " (requested engine cannot run it)" : "");
+  for (void* ptr : {static_cast<void*>(d_x), static_cast<void*>(d_w), static_cast<void*>(d_tp),
+                    static_cast<void*>(d_scale), static_cast<void*>(d_bias), static_cast<void*>(d_thr),
+                    static_cast<void*>(d_flip), static_cast<void*>(d_out)}) {
+    CHECK_CUDA(cudaFree(ptr));
+  }
+  return bad;
+}
+
+ConvCase Bmm(int m, int n, int k) { return ConvCase{m, 1, 1, k, n, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, true}; }
+
+// Times the packed-in -> packed-out bmm of size s^3 on one engine with CUDA events (median of 9).
+void TimeBmm(int s, KernelPath path) {
+  const int kw = (s + 31) / 32;
+  std::vector<uint32_t> a = RandomPacked(static_cast<size_t>(s), kw, s);
+  std::vector<uint32_t> w = RandomPacked(static_cast<size_t>(s), kw, s);  // already a valid FSB array: any bits
+  std::vector<int32_t> popc(s, s / 2), thr(s, 0);
+  std::vector<uint8_t> flip(s, 0);
+  BinaryGemmProblem p;
+  p.x = ToDevice(a);
+  p.w = ToDevice(w);
+  p.tap_popc = ToDevice(popc);
+  p.batch = s;
+  p.in_h = p.in_w = p.out_h = p.out_w = 1;
+  p.cw = p.k_words = kw;
+  p.c = p.k_real = s;
+  p.n = s;
+  p.w_row_tiles = (s + 7) / 8;
+  p.w_k_tiles = (kw + 3) / 4;
+  p.pooled_rows = s;
+  p.epilogue = Epilogue::kBits;
+  p.threshold = ToDevice(thr);
+  p.flip = ToDevice(flip);
+  uint32_t* out = nullptr;
+  CHECK_CUDA(cudaMalloc(&out, static_cast<size_t>(s) * ((s + 31) / 32) * 4));
+  p.out = out;
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  KernelPath ran;
+  std::vector<float> ms;
+  for (int i = 0; i < 11; ++i) {
+    CHECK_CUDA(cudaEventRecord(e0));
+    CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, &ran));
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float t;
+    CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+    if (i >= 2) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  const double t = ms[ms.size() / 2];
+  std::printf("time bmm %5d^3 %-8s %9.3f ms %9.1f TOPS\n", s, PathName(ran), t, 2.0 * s * s * s / (t * 1e-3) / 1e12);
+  for (const void* ptr : {static_cast<const void*>(p.x), static_cast<const void*>(p.w), static_cast<const void*>(p.tap_popc),
+                          static_cast<const void*>(p.threshold), static_cast<const void*>(p.flip), static_cast<const void*>(out)}) {
+    CHECK_CUDA(cudaFree(const_cast<void*>(ptr)));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--time") {
+    for (int s : {1024, 4096, 8192, 16384}) {
+      for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) TimeBmm(s, path);
+    }
+    return 0;
+  }
+  const bool small = argc > 1 && std::string(argv[1]) == "--small";
+  std::vector<ConvCase> cases;
+  // bmm: M, N, K including non-multiples of every tile, M = 1, K = 1.
+  const int bmm_shapes[][3] = {{1, 3, 100},      {5, 33, 31},    {1, 1, 1},      {129, 257, 1000}, {64, 64, 128},
+                               {300, 520, 2144}, {130, 40, 4096}, {257, 300, 3000}, {16, 8, 256}};
+  for (const auto& s : bmm_shapes) cases.push_back(Bmm(s[0], s[1], s[2]));
+  // bconv: kernel sizes 1, 3, 5, 7, 11; stride 1 and 2; both paddings; channels aligned and not; pools.
+  cases.push_back({2, 9, 7, 128, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({2, 9, 7, 128, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true});
+  cases.push_back({3, 8, 8, 64, 70, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({1, 11, 10, 100, 33, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, false});
+  cases.push_back({2, 13, 12, 256, 64, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1, false});
+  cases.push_back({1, 20, 19, 3, 16, 11, 11, 4, 4, 2, 2, 2, 2, 1, 1, false});
+  cases.push_back({2, 6, 6, 512, 130, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, false});
+  cases.push_back({2, 8, 8, 128, 96, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, false});
+  cases.push_back({2, 9, 9, 128, 64, 3, 3, 1, 1, 1, 1, 1, 1, 3, 3, true});
+  cases.push_back({2, 7, 9, 32, 50, 2, 3, 1, 2, 0, 1, 2, 0, 2, 1, false});
+  if (small) cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[9], cases[11], cases[16]};
+  long failures = 0;
+  for (const ConvCase& cc : cases) {
+    for (Epilogue ep : {Epilogue::kInt32, Epilogue::kAffine, Epilogue::kBits}) {
+      for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
+        failures += RunCase(cc, ep, path, true) != 0;
+      }
+    }
+  }
+  std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,53 @@
+// jaxbnn._cuda: the CUDA FFI targets as PyCapsules for jax.ffi.register_ffi_target(platform="CUDA"), and the
+// kernel-path switch that lets tests and benchmarks run each engine (wgmma, mma.sync, CUDA cores).
+#include <stdexcept>
+#include <string>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include "handlers.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+template <class Fn>
+nb::capsule Capsule(Fn* fn) {
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+constexpr const char* kPathNames[] = {"auto", "wgmma", "mma_sync", "simt"};
+
+}  // namespace
+
+NB_MODULE(_cuda, m) {
+  m.doc() = "jaxbnn CUDA kernels (XLA FFI targets)";
+  m.def("registrations", [] {
+    nb::dict d;
+    d["jaxbnn_bmm_i32"] = Capsule(JaxbnnCudaBmmI32);
+    d["jaxbnn_bmm_f32"] = Capsule(JaxbnnCudaBmmF32);
+    d["jaxbnn_bmm_bits"] = Capsule(JaxbnnCudaBmmBits);
+    d["jaxbnn_bconv2d_i32"] = Capsule(JaxbnnCudaBConvI32);
+    d["jaxbnn_bconv2d_f32"] = Capsule(JaxbnnCudaBConvF32);
+    d["jaxbnn_bconv2d_bits"] = Capsule(JaxbnnCudaBConvBits);
+    return d;
+  });
+  m.def(
+      "set_kernel_path",
+      [](const std::string& name) {
+        for (int i = 0; i < 4; ++i) {
+          if (name == kPathNames[i]) {
+            jaxbnn::cuda::SetForcedKernelPath(static_cast<jaxbnn::cuda::KernelPath>(i));
+            return;
+          }
+        }
+        throw std::invalid_argument("kernel path must be one of auto, wgmma, mma_sync, simt; got " + name);
+      },
+      nb::arg("name"),
+      "Run later calls on one engine ('wgmma', 'mma_sync', 'simt') where it can run the problem; 'auto' "
+      "restores the default choice.");
+  m.def(
+      "last_kernel_path", [] { return std::string(kPathNames[static_cast<int>(jaxbnn::cuda::LastKernelPath())]); },
+      "The engine of the latest launch.");
+}
