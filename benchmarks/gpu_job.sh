@@ -80,9 +80,15 @@ if has time; then
 fi
 
 if has ncu; then
-  log "ncu of the 16384^3 wgmma bmm"
-  timeout 200 ncu --clock-control none -k regex:Wgmma -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
-    --section WarpStateStats "$BUILD-kernel_check" --time 2>&1 | grep -vE "^==PROF==" | tail -80 | tee -a "$LOG"
+  for kernel in Wgmma MmaSync; do
+    log "ncu of the 16384^3 $kernel bmm (harness --time, launch 34 of that kernel)"
+    timeout 240 ncu --clock-control none -k regex:$kernel --launch-skip 33 -c 1 --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy "$BUILD-kernel_check" --time \
+      > "$OUT/ncu_$kernel.txt" 2>&1
+    grep -E "Throughput|Duration|Bank|Stall|Warp Cycles|Issued|Executed Ipc|Registers|L2 Hit|Mem Busy|Max Bandwidth|Shared" \
+      "$OUT/ncu_$kernel.txt" | head -60 | tee -a "$LOG"
+  done
 fi
 
 for mode in bench bench-quick; do

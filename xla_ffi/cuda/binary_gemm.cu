@@ -80,13 +80,15 @@ __device__ __forceinline__ int ColumnPopcount(const BinaryGemmProblem& p, int co
 
 // Copies K block `kb` of the activation rows of a tile into a stage. kVec words per copy (4 when every
 // tap's words are 16-byte aligned, else 1). Each thread keeps one word position, so the tap division runs
-// once per stage.
+// once per stage; 8 consecutive threads take 8 consecutive rows of one chunk, so their shared-memory
+// writes fill one 128-byte core matrix row block without bank conflicts.
 template <int kRows, int kVec, int kThreads>
 __device__ __forceinline__ void LoadActivationStage(const BinaryGemmProblem& p, const int4* origins,
                                                     uint32_t stage, int kb, int tid) {
   constexpr int kCopiesPerRow = kKBlockWords / kVec;
-  static_assert(kThreads % kCopiesPerRow == 0, "a thread must keep its word position");
-  const int part = tid % kCopiesPerRow;
+  constexpr int kGroups = kThreads / (8 * kCopiesPerRow);  // row groups of 8 covered at once
+  static_assert(kGroups >= 1 && kThreads % (8 * kCopiesPerRow) == 0, "a thread must keep its word position");
+  const int part = (tid / 8) % kCopiesPerRow;
   const int kword = kb * kKBlockWords + part * kVec;
   const bool k_valid = kword < p.k_words;
   const int tap = kword / p.cw;
@@ -95,7 +97,7 @@ __device__ __forceinline__ void LoadActivationStage(const BinaryGemmProblem& p, 
   const int tap_offset = (fkh * p.in_w + fkw) * p.cw + cword;
   const uint32_t dst0 = stage + (part * kVec / 4) * 128 + (part * kVec % 4) * 4;
 #pragma unroll 4
-  for (int r = tid / kCopiesPerRow; r < kRows; r += kThreads / kCopiesPerRow) {
+  for (int r = tid % 8 + 8 * (tid / (8 * kCopiesPerRow)); r < kRows; r += 8 * kGroups) {
     const int4 o = origins[r];
     const int ih = o.y + fkh, iw = o.z + fkw;
     const bool valid = k_valid && o.w && static_cast<unsigned>(ih) < static_cast<unsigned>(p.in_h) &&
@@ -120,11 +122,14 @@ __device__ __forceinline__ void LoadWeightStage(const BinaryGemmProblem& p, uint
 }
 
 // popc of the activation rows of a stage, kThreads / kRows threads per row; returns this thread's part.
+// Thread t reads row (t / (8 * parts)) * 8 + t % 8: 8 consecutive threads, 8 rows of one chunk, no bank
+// conflicts; the parts of a row sit 8 lanes apart in one warp.
 template <int kRows, int kThreads>
 __device__ __forceinline__ int StageRowPopcount(const uint8_t* stage, int tid) {
-  constexpr int kThreadsPerRow = kThreads / kRows;
-  constexpr int kChunks = 8 / kThreadsPerRow;
-  const int row = tid / kThreadsPerRow, part = tid % kThreadsPerRow;
+  constexpr int kParts = kThreads / kRows;
+  constexpr int kChunks = 8 / kParts;
+  static_assert(8 * kParts <= 32, "the parts of a row must share a warp");
+  const int row = (tid / (8 * kParts)) * 8 + tid % 8, part = (tid / 8) % kParts;
   int total = 0;
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
@@ -134,12 +139,20 @@ __device__ __forceinline__ int StageRowPopcount(const uint8_t* stage, int tid) {
   return total;
 }
 
+// Sums the parts of StageRowPopcount; returns the row's popcount in every part's thread.
 template <int kRows, int kThreads>
 __device__ __forceinline__ int CombineRowPopcount(int part) {
-  constexpr int kThreadsPerRow = kThreads / kRows;
+  constexpr int kParts = kThreads / kRows;
 #pragma unroll
-  for (int s = 1; s < kThreadsPerRow; s *= 2) part += __shfl_xor_sync(0xffffffffu, part, s);
+  for (int s = 8; s < 8 * kParts; s *= 2) part += __shfl_xor_sync(0xffffffffu, part, s);
   return part;
+}
+
+// The row whose popcount thread `tid` holds after CombineRowPopcount, or -1 for the duplicate parts.
+template <int kRows, int kThreads>
+__device__ __forceinline__ int RowOfPopcount(int tid) {
+  constexpr int kParts = kThreads / kRows;
+  return (tid / 8) % kParts == 0 ? (tid / (8 * kParts)) * 8 + tid % 8 : -1;
 }
 
 // What "zero" padding takes back from a "one"-padded dot: sum over out-of-frame taps of C - 2 popc_tap.
@@ -383,7 +396,7 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   __syncthreads();
   int* acc_tile = reinterpret_cast<int*>(smem);
   Engine::Store(acc, acc_tile, kLd, tid);
-  if (tid % (kThreads / kRows) == 0) popc_a[tid / (kThreads / kRows)] = row_popc;
+  if (const int row = RowOfPopcount<kRows, kThreads>(tid); row >= 0) popc_a[row] = row_popc;
   __syncthreads();
   StoreTile<kRows, kCols, kLd, kThreads>(p, acc_tile, popc_a, popc_b, origins, tile_m, col0, tid);
 }
@@ -418,6 +431,15 @@ __device__ __forceinline__ void BarrierArrive(uint32_t bar) {
 __device__ __forceinline__ void BarrierArriveOnCopies(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
+__device__ __forceinline__ void BarrierArriveExpectBytes(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// One bulk (copy-engine) copy of `bytes` contiguous bytes; completes its bytes on `bar`.
+__device__ __forceinline__ void BulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
 // No-swizzle K-major descriptor: LBO 128 bytes between core matrices along K, SBO 1024 between row groups.
 __device__ __forceinline__ uint64_t OperandDescriptor(uint32_t addr) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(128 >> 4) << 16) |
@@ -441,7 +463,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaKernel(const BinaryGemmPro
   if (tid >= kWgThreads - kWgCols) popc_b[tid - (kWgThreads - kWgCols)] = ColumnPopcount(p, col0 + tid - (kWgThreads - kWgCols));
   if (tid == 0) {
     for (int s = 0; s < kWgStages; ++s) {
-      BarrierInit(full0 + 8 * s, 128);  // one arrival per producer thread, when its copies land
+      // one arrival per producer thread when its cp.async copies land, one for the weights' byte count
+      BarrierInit(full0 + 8 * s, 129);
       BarrierInit(empty0 + 8 * s, 256);  // one arrival per consumer thread, when its reads are done
     }
   }
@@ -457,7 +480,19 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaKernel(const BinaryGemmPro
       if (kb >= kWgStages) BarrierWait(empty0 + 8 * s, ((kb / kWgStages) - 1) & 1);
       const uint32_t stage = base + s * kWgStageBytes;
       LoadActivationStage<kWgRows, 4, 128>(p, origins, stage, kb, tid);
-      LoadWeightStage<kWgCols, 128>(p, stage + kWgStageA, col0 / 8, kb, tid);
+      if (tid < 32) {
+        // Weights: one bulk copy per 8-row tile row (up to 8 FSB tiles = 1 KB, contiguous in global memory).
+        // Tiles past K or rows past N are not copied: what stays there meets zero-filled activation words
+        // (K) or lands in columns that are never stored (N).
+        const int kt0 = kb * 8, tiles = min(8, p.w_k_tiles - kt0);
+        const int row_tiles = min(kWgCols / 8, p.w_row_tiles - col0 / 8);
+        if (tid == 0) BarrierArriveExpectBytes(full0 + 8 * s, row_tiles * tiles * 128);
+        __syncwarp();
+        if (tid < row_tiles) {
+          BulkCopy(stage + kWgStageA + tid * kRowGroupBytes,
+                   p.w + (static_cast<size_t>(col0 / 8 + tid) * p.w_k_tiles + kt0) * 32, tiles * 128, full0 + 8 * s);
+        }
+      }
       BarrierArriveOnCopies(full0 + 8 * s);
     }
     CopyAsyncWait<0>();
@@ -501,7 +536,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaKernel(const BinaryGemmPro
       *reinterpret_cast<int2*>(acc_tile + row * kWgLd + col) = make_int2(acc[i], acc[i + 1]);
     }
   }
-  if (wtid % 2 == 0) popc_a[64 * half + wtid / 2] = row_popc;
+  if (const int row = RowOfPopcount<64, 128>(wtid); row >= 0) popc_a[64 * half + row] = row_popc;
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
   StoreTile<kWgRows, kWgCols, kWgLd, 256>(p, acc_tile, popc_a, popc_b, origins, tile_m, col0, ctid);
 #endif
