@@ -70,12 +70,32 @@ __device__ __forceinline__ int4 RowOrigin(const BinaryGemmProblem& p, int tile_m
   return origin;
 }
 
-// Sum over taps of the +1 count of column `col`: popc(b) of the AND-popc formula.
-__device__ __forceinline__ int ColumnPopcount(const BinaryGemmProblem& p, int col) {
-  if (col >= p.n) return 0;
+// What the epilogue needs of each column of a tile, staged in shared memory once per tile so that the
+// epilogue reads no global memory: popc(b) (summed over taps) and the epilogue parameters.
+template <int kCols>
+struct TileColumns {
+  int popc_b[kCols];
+  int threshold[kCols];
+  int flip[kCols];
+  float scale[kCols];
+  float bias[kCols];
+};
+
+template <int kCols>
+__device__ __forceinline__ void FillTileColumn(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0, int lc) {
+  const int col = col0 + lc;
   int total = 0;
-  for (int t = 0; t < p.kh * p.kw; ++t) total += p.tap_popc[t * p.n + col];
-  return total;
+  if (col < p.n) {
+    for (int t = 0; t < p.kh * p.kw; ++t) total += p.tap_popc[t * p.n + col];
+  }
+  cols.popc_b[lc] = total;
+  if (p.epilogue == Epilogue::kBits) {
+    cols.threshold[lc] = col < p.n ? p.threshold[col] : 0;
+    cols.flip[lc] = col < p.n ? p.flip[col] : 0;
+  } else if (p.epilogue == Epilogue::kAffine) {
+    cols.scale[lc] = col < p.n ? p.scale[col] : 0.f;
+    cols.bias[lc] = col < p.n ? p.bias[col] : 0.f;
+  }
 }
 
 // Copies K block `kb` of the activation rows of a tile into a stage. kVec words per copy (4 when every
@@ -171,14 +191,14 @@ __device__ __forceinline__ int ExcludedTaps(const BinaryGemmProblem& p, int4 o, 
 }
 
 // Max over the pool window (rows pr * window ...) of the exact ±1 dot products of local column lc.
-template <int kLd>
+template <int kLd, int kCols>
 __device__ __forceinline__ int PooledDot(const BinaryGemmProblem& p, const int* acc, const int* popc_a,
-                                         const int* popc_b, const int4* origins, int window, int pr, int lc,
-                                         int col) {
+                                         const TileColumns<kCols>& cols, const int4* origins, int window, int pr,
+                                         int lc, int col) {
   int best = INT_MIN;
   for (int e = 0; e < window; ++e) {
     const int r = pr * window + e;
-    int dot = p.k_real - 2 * popc_a[r] - 2 * popc_b[lc] + 4 * acc[r * kLd + lc];
+    int dot = p.k_real - 2 * popc_a[r] - 2 * cols.popc_b[lc] + 4 * acc[r * kLd + lc];
     if (!p.pad_one) dot -= ExcludedTaps(p, origins[r], col);
     best = max(best, dot);
   }
@@ -187,8 +207,8 @@ __device__ __forceinline__ int PooledDot(const BinaryGemmProblem& p, const int* 
 
 // The fused epilogue over a finished tile in shared memory, run by kThreads threads (tid 0..kThreads-1).
 template <int kRows, int kCols, int kLd, int kThreads>
-__device__ void StoreTile(const BinaryGemmProblem& p, const int* acc, const int* popc_a, const int* popc_b,
-                          const int4* origins, int tile_m, int col0, int tid) {
+__device__ void StoreTile(const BinaryGemmProblem& p, const int* acc, const int* popc_a,
+                          const TileColumns<kCols>& cols, const int4* origins, int tile_m, int col0, int tid) {
   const int window = p.pool_h * p.pool_w;
   const int pooled_per_tile = kRows / window;
   const long long pooled0 = static_cast<long long>(tile_m) * pooled_per_tile;
@@ -204,8 +224,8 @@ __device__ void StoreTile(const BinaryGemmProblem& p, const int* acc, const int*
       const int lc = word * 32 + lane, col = col0 + lc;
       bool bit = false;
       if (col < p.n) {
-        const int dot = PooledDot<kLd>(p, acc, popc_a, popc_b, origins, window, pr, lc, col);
-        bit = p.flip[col] ? dot <= p.threshold[col] : dot >= p.threshold[col];
+        const int dot = PooledDot<kLd, kCols>(p, acc, popc_a, cols, origins, window, pr, lc, col);
+        bit = cols.flip[lc] ? dot <= cols.threshold[lc] : dot >= cols.threshold[lc];
       }
       const uint32_t bits = __ballot_sync(0xffffffffu, bit);
       if (lane == 0) out[pooled * out_words + col0 / 32 + word] = bits;
@@ -216,20 +236,19 @@ __device__ void StoreTile(const BinaryGemmProblem& p, const int* acc, const int*
     const int pr = i / kCols, lc = i % kCols, col = col0 + lc;
     const long long pooled = pooled0 + pr;
     if (pooled >= p.pooled_rows || col >= p.n) continue;
-    const int dot = PooledDot<kLd>(p, acc, popc_a, popc_b, origins, window, pr, lc, col);
+    const int dot = PooledDot<kLd, kCols>(p, acc, popc_a, cols, origins, window, pr, lc, col);
     if (p.epilogue == Epilogue::kInt32) {
       static_cast<int32_t*>(p.out)[pooled * p.n + col] = dot;
     } else {  // no contraction into an FMA: the same two roundings as the reference
       static_cast<float*>(p.out)[pooled * p.n + col] =
-          __fadd_rn(__fmul_rn(static_cast<float>(dot), p.scale[col]), p.bias[col]);
+          __fadd_rn(__fmul_rn(static_cast<float>(dot), cols.scale[lc]), cols.bias[lc]);
     }
   }
 }
 
 // Grouped raster over (row tiles, column tiles): 8 row tiles share a band of column tiles for L2 reuse.
-__device__ __forceinline__ void TileCoordinates(int m_tiles, int n_tiles, int& tile_m, int& tile_n) {
+__device__ __forceinline__ void TileCoordinates(int pid, int m_tiles, int n_tiles, int& tile_m, int& tile_n) {
   constexpr int kGroup = 8;
-  const int pid = blockIdx.x;
   const int group = pid / (kGroup * n_tiles);
   const int first_m = group * kGroup;
   const int group_size = min(m_tiles - first_m, kGroup);
@@ -347,7 +366,7 @@ struct SimtEngine {
 template <class Engine>
 constexpr int ClassicSmemBytes() {
   constexpr int stage = (Engine::kRows + Engine::kCols) * 128;
-  return Engine::kStages * stage + Engine::kRows * 16 + Engine::kRows * 4 + Engine::kCols * 4;
+  return Engine::kStages * stage + Engine::kRows * 16 + Engine::kRows * 4 + sizeof(TileColumns<Engine::kCols>);
 }
 
 template <class Engine, int kVec>
@@ -360,13 +379,13 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   extern __shared__ __align__(1024) uint8_t smem[];
   int4* origins = reinterpret_cast<int4*>(smem + kStages * kStageBytes);
   int* popc_a = reinterpret_cast<int*>(origins + kRows);
-  int* popc_b = popc_a + kRows;
+  auto& cols = *reinterpret_cast<TileColumns<kCols>*>(popc_a + kRows);
   const int tid = threadIdx.x;
   int tile_m, tile_n;
-  TileCoordinates(m_tiles, n_tiles, tile_m, tile_n);
+  TileCoordinates(blockIdx.x, m_tiles, n_tiles, tile_m, tile_n);
   const int col0 = tile_n * kCols;
   for (int r = tid; r < kRows; r += kThreads) origins[r] = RowOrigin(p, tile_m, kRows, r);
-  for (int c = tid; c < kCols; c += kThreads) popc_b[c] = ColumnPopcount(p, col0 + c);
+  for (int c = tid; c < kCols; c += kThreads) FillTileColumn<kCols>(p, cols, col0, c);
   __syncthreads();
 
   const uint32_t base = SmemAddress(smem);
@@ -398,7 +417,7 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   Engine::Store(acc, acc_tile, kLd, tid);
   if (const int row = RowOfPopcount<kRows, kThreads>(tid); row >= 0) popc_a[row] = row_popc;
   __syncthreads();
-  StoreTile<kRows, kCols, kLd, kThreads>(p, acc_tile, popc_a, popc_b, origins, tile_m, col0, tid);
+  StoreTile<kRows, kCols, kLd, kThreads>(p, acc_tile, popc_a, cols, origins, tile_m, col0, tid);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -408,8 +427,9 @@ constexpr int kWgRows = 128, kWgCols = 256, kWgStages = 4, kWgThreads = 384;
 [[maybe_unused]] constexpr int kWgStageA = kWgRows * 128;
 constexpr int kWgStageBytes = (kWgRows + kWgCols) * 128;
 constexpr int kWgLd = kWgCols + 4;
-constexpr int kWgSmemBytes = kWgStages * kWgStageBytes + kWgRows * 16 + kWgRows * 4 + kWgCols * 4 + 2 * kWgStages * 8;
-static_assert(kWgRows * kWgLd * 4 <= kWgStages * kWgStageBytes, "the epilogue tile reuses the stages");
+constexpr int kWgSmemBytes = kWgStages * kWgStageBytes + kWgRows * 16 + kWgRows * 4 +
+                             static_cast<int>(sizeof(TileColumns<kWgCols>)) + 2 * kWgStages * 8;
+static_assert(kWgRows * kWgLd * 4 <= kWgStages * kWgStageBytes, "the staged epilogue tile reuses the stages");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void BarrierInit(uint32_t bar, int count) {
@@ -445,22 +465,99 @@ __device__ __forceinline__ uint64_t OperandDescriptor(uint32_t addr) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(128 >> 4) << 16) |
          (static_cast<uint64_t>(1024 >> 4) << 32);
 }
+
+// The epilogue straight from the wgmma accumulators (no pool): thread (warp w, lane g*4+t) of consumer
+// half `half` holds rows 64 half + 16 w + g (+8) and columns 8 j + 2 t (+1). Threshold bits are packed in
+// registers and OR-reduced over the 4 lanes of a quad: one 32-column word per row and quad.
+__device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, const int (&acc)[128],
+                                                  const int* popc_a, const TileColumns<kWgCols>& cols, int tile_m,
+                                                  int col0, int half, int wtid) {
+  const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
+  const int out_words = (p.n + 31) / 32;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = 64 * half + 16 * w + g + 8 * h;
+    const long long row = static_cast<long long>(tile_m) * kWgRows + r;
+    const bool row_valid = row < p.pooled_rows;
+    const int base = p.k_real - 2 * popc_a[r];
+    int4 origin = make_int4(0, 0, 0, 0);
+    bool border = false;
+    if (!p.pad_one && row_valid) {
+      origin = RowOrigin(p, tile_m, kWgRows, r);
+      border = !(origin.y >= 0 && origin.y + p.kh <= p.in_h && origin.z >= 0 && origin.z + p.kw <= p.in_w);
+    }
+    if (p.epilogue == Epilogue::kBits) {
+      uint32_t words[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int lc = 8 * j + 2 * t + e;
+          int dot = base - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h + e];
+          if (border) dot -= ExcludedTaps(p, origin, col0 + lc);
+          const bool bit = col0 + lc < p.n && (cols.flip[lc] ? dot <= cols.threshold[lc] : dot >= cols.threshold[lc]);
+          words[j / 4] |= static_cast<uint32_t>(bit) << (8 * (j % 4) + 2 * t + e);
+        }
+      }
+      uint32_t* out = static_cast<uint32_t*>(p.out);
+#pragma unroll
+      for (int wd = 0; wd < 8; ++wd) {
+        uint32_t v = words[wd];
+        v |= __shfl_xor_sync(0xffffffffu, v, 1);
+        v |= __shfl_xor_sync(0xffffffffu, v, 2);
+        if (t == (wd & 3) && row_valid && col0 + 32 * wd < p.n) out[row * out_words + col0 / 32 + wd] = v;
+      }
+    } else if (row_valid) {
+      const bool pairs = p.n % 2 == 0;  // 8-byte stores of two columns when rows keep 8-byte alignment
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const int lc = 8 * j + 2 * t, col = col0 + lc;
+        if (col >= p.n) continue;
+        int d0 = base - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h];
+        int d1 = base - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1];
+        if (border) {
+          d0 -= ExcludedTaps(p, origin, col);
+          if (col + 1 < p.n) d1 -= ExcludedTaps(p, origin, col + 1);
+        }
+        if (p.epilogue == Epilogue::kInt32) {
+          int32_t* out = static_cast<int32_t*>(p.out) + row * p.n + col;
+          if (pairs) {
+            *reinterpret_cast<int2*>(out) = make_int2(d0, d1);
+          } else {
+            out[0] = d0;
+            if (col + 1 < p.n) out[1] = d1;
+          }
+        } else {
+          const float f0 = __fadd_rn(__fmul_rn(static_cast<float>(d0), cols.scale[lc]), cols.bias[lc]);
+          const float f1 = __fadd_rn(__fmul_rn(static_cast<float>(d1), cols.scale[lc + 1]), cols.bias[lc + 1]);
+          float* out = static_cast<float*>(p.out) + row * p.n + col;
+          if (pairs) {
+            *reinterpret_cast<float2*>(out) = make_float2(f0, f1);
+          } else {
+            out[0] = f0;
+            if (col + 1 < p.n) out[1] = f1;
+          }
+        }
+      }
+    }
+  }
+}
 #endif
 
+// Persistent over tiles (grid <= SMs) unless the epilogue pools, which stages the tile in the pipeline's
+// shared memory and so runs one tile per CTA. The producer warpgroup runs ahead into the next tile while
+// the consumers finish the previous one's epilogue.
 __global__ void __launch_bounds__(kWgThreads, 1) WgmmaKernel(const BinaryGemmProblem p, int m_tiles, int n_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) uint8_t smem[];
   int4* origins = reinterpret_cast<int4*>(smem + kWgStages * kWgStageBytes);
   int* popc_a = reinterpret_cast<int*>(origins + kWgRows);
-  int* popc_b = popc_a + kWgRows;
-  const uint32_t full0 = SmemAddress(popc_b + kWgCols);  // kWgStages "stage landed" barriers
-  const uint32_t empty0 = full0 + kWgStages * 8;         // kWgStages "stage consumed" barriers
+  auto& cols = *reinterpret_cast<TileColumns<kWgCols>*>(popc_a + kWgRows);
+  const uint32_t full0 = SmemAddress(&cols + 1);  // kWgStages "stage landed" barriers
+  const uint32_t empty0 = full0 + kWgStages * 8;  // kWgStages "stage consumed" barriers
   const int tid = threadIdx.x;
-  int tile_m, tile_n;
-  TileCoordinates(m_tiles, n_tiles, tile_m, tile_n);
-  const int col0 = tile_n * kWgCols;
-  if (tid < kWgRows) origins[tid] = RowOrigin(p, tile_m, kWgRows, tid);
-  if (tid >= kWgThreads - kWgCols) popc_b[tid - (kWgThreads - kWgCols)] = ColumnPopcount(p, col0 + tid - (kWgThreads - kWgCols));
+  const int tiles = m_tiles * n_tiles;
+  const bool staged = p.pool_h * p.pool_w > 1;
   if (tid == 0) {
     for (int s = 0; s < kWgStages; ++s) {
       // one arrival per producer thread when its cp.async copies land, one for the weights' byte count
@@ -475,70 +572,97 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaKernel(const BinaryGemmPro
   const int warpgroup = tid / 128;
   if (warpgroup == 0) {  // producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
-    for (int kb = 0; kb < k_blocks; ++kb) {
-      const int s = kb % kWgStages;
-      if (kb >= kWgStages) BarrierWait(empty0 + 8 * s, ((kb / kWgStages) - 1) & 1);
-      const uint32_t stage = base + s * kWgStageBytes;
-      LoadActivationStage<kWgRows, 4, 128>(p, origins, stage, kb, tid);
-      if (tid < 32) {
-        // Weights: one bulk copy per 8-row tile row (up to 8 FSB tiles = 1 KB, contiguous in global memory).
-        // Tiles past K or rows past N are not copied: what stays there meets zero-filled activation words
-        // (K) or lands in columns that are never stored (N).
-        const int kt0 = kb * 8, tiles = min(8, p.w_k_tiles - kt0);
-        const int row_tiles = min(kWgCols / 8, p.w_row_tiles - col0 / 8);
-        if (tid == 0) BarrierArriveExpectBytes(full0 + 8 * s, row_tiles * tiles * 128);
-        __syncwarp();
-        if (tid < row_tiles) {
-          BulkCopy(stage + kWgStageA + tid * kRowGroupBytes,
-                   p.w + (static_cast<size_t>(col0 / 8 + tid) * p.w_k_tiles + kt0) * 32, tiles * 128, full0 + 8 * s);
+    int it = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      int tile_m, tile_n;
+      TileCoordinates(tile, m_tiles, n_tiles, tile_m, tile_n);
+      const int col0 = tile_n * kWgCols;
+      asm volatile("bar.sync 2, 128;\n" ::: "memory");  // the previous tile's copies are all issued
+      origins[tid] = RowOrigin(p, tile_m, kWgRows, tid);
+      asm volatile("bar.sync 2, 128;\n" ::: "memory");
+      for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+        const int s = it % kWgStages;
+        if (it >= kWgStages) BarrierWait(empty0 + 8 * s, ((it / kWgStages) - 1) & 1);
+        const uint32_t stage = base + s * kWgStageBytes;
+        LoadActivationStage<kWgRows, 4, 128>(p, origins, stage, kb, tid);
+        if (tid < 32) {
+          // Weights: one bulk copy per 8-row tile row (up to 8 FSB tiles = 1 KB, contiguous in global memory).
+          // Tiles past K or rows past N are not copied: what stays there meets zero-filled activation words
+          // (K) or lands in columns that are never stored (N).
+          const int kt0 = kb * 8, k_tiles = min(8, p.w_k_tiles - kt0);
+          const int row_tiles = min(kWgCols / 8, p.w_row_tiles - col0 / 8);
+          if (tid == 0) BarrierArriveExpectBytes(full0 + 8 * s, row_tiles * k_tiles * 128);
+          __syncwarp();
+          if (tid < row_tiles) {
+            BulkCopy(stage + kWgStageA + tid * kRowGroupBytes,
+                     p.w + (static_cast<size_t>(col0 / 8 + tid) * p.w_k_tiles + kt0) * 32, k_tiles * 128,
+                     full0 + 8 * s);
+          }
         }
+        BarrierArriveOnCopies(full0 + 8 * s);
       }
-      BarrierArriveOnCopies(full0 + 8 * s);
     }
     CopyAsyncWait<0>();
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
-  const int ctid = tid - 128;           // 0..255 over both consumer warpgroups
-  const int half = warpgroup - 1;       // rows 64 * half ... of the tile
-  const int wtid = ctid % 128;          // thread in its warpgroup
-  int acc[128];
-  int row_popc = 0;
-  for (int kb = 0; kb < k_blocks; ++kb) {
-    const int s = kb % kWgStages;
-    BarrierWait(full0 + 8 * s, (kb / kWgStages) & 1);
-    // cp.async wrote the stage through the generic proxy; the tensor cores read it through the async one.
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-    const uint32_t stage_a = base + s * kWgStageBytes + half * 8 * kRowGroupBytes;
-    const uint32_t stage_b = base + s * kWgStageBytes + kWgStageA;
+  const int ctid = tid - 128;      // 0..255 over both consumer warpgroups
+  const int half = warpgroup - 1;  // rows 64 * half ... of the tile
+  const int wtid = ctid % 128;     // thread in its warpgroup
+  int it = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    int tile_m, tile_n;
+    TileCoordinates(tile, m_tiles, n_tiles, tile_m, tile_n);
+    const int col0 = tile_n * kWgCols;
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the previous epilogue is done with cols and popc_a
+    FillTileColumn<kWgCols>(p, cols, col0, ctid);
+    int acc[128];
+    int row_popc = 0;
+    for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+      const int s = it % kWgStages;
+      BarrierWait(full0 + 8 * s, (it / kWgStages) & 1);
+      // cp.async wrote the activations through the generic proxy; the tensor cores read through the async one.
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+      const uint32_t stage_a = base + s * kWgStageBytes + half * 8 * kRowGroupBytes;
+      const uint32_t stage_b = base + s * kWgStageBytes + kWgStageA;
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      wgmma_m64n256k256_and_popc(acc, OperandDescriptor(stage_a + ks * 256), OperandDescriptor(stage_b + ks * 256),
-                                 (kb | ks) != 0);
+      for (int ks = 0; ks < 4; ++ks) {
+        wgmma_m64n256k256_and_popc(acc, OperandDescriptor(stage_a + ks * 256),
+                                   OperandDescriptor(stage_b + ks * 256), (kb | ks) != 0);
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      // While the tensor cores run: popc(a) of this warpgroup's 64 rows, two threads per row.
+      row_popc += StageRowPopcount<64, 128>(smem + s * kWgStageBytes + half * 8 * kRowGroupBytes, wtid);
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+      if (kb > 0) BarrierArrive(empty0 + 8 * ((it - 1) % kWgStages));
     }
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    // While the tensor cores run: popc(a) of this warpgroup's 64 rows, two threads per row.
-    row_popc += StageRowPopcount<64, 128>(smem + s * kWgStageBytes + half * 8 * kRowGroupBytes, wtid);
-    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-    if (kb > 0) BarrierArrive(empty0 + 8 * ((kb - 1) % kWgStages));
-  }
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-  row_popc = CombineRowPopcount<64, 128>(row_popc);
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");  // every consumer is done reading the stages
-  int* acc_tile = reinterpret_cast<int*>(smem);
-  {
-    const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    BarrierArrive(empty0 + 8 * ((it - 1) % kWgStages));
+    row_popc = CombineRowPopcount<64, 128>(row_popc);
+    if (const int row = RowOfPopcount<64, 128>(wtid); row >= 0) popc_a[64 * half + row] = row_popc;
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // popc_a and cols complete; every wgmma of the tile done
+    if (!staged) {
+      StoreAccumulators(p, acc, popc_a, cols, tile_m, col0, half, wtid);
+      continue;
+    }
+    // Pooled: one tile per CTA, so the producer is done and the stages are free for the int32 tile.
+    int* acc_tile = reinterpret_cast<int*>(smem);
+    {
+      const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
-    for (int i = 0; i < 128; i += 2) {
-      const int row = 64 * half + 16 * w + g + 8 * ((i >> 1) & 1);
-      const int col = 8 * (i >> 2) + 2 * t;
-      *reinterpret_cast<int2*>(acc_tile + row * kWgLd + col) = make_int2(acc[i], acc[i + 1]);
+      for (int i = 0; i < 128; i += 2) {
+        const int row = 64 * half + 16 * w + g + 8 * ((i >> 1) & 1);
+        const int col = 8 * (i >> 2) + 2 * t;
+        *reinterpret_cast<int2*>(acc_tile + row * kWgLd + col) = make_int2(acc[i], acc[i + 1]);
+      }
     }
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    // The staged epilogue needs every row's receptive-field origin (the producer's table is for its rows).
+    if (ctid < kWgRows) origins[ctid] = RowOrigin(p, tile_m, kWgRows, ctid);
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    StoreTile<kWgRows, kWgCols, kWgLd, 256>(p, acc_tile, popc_a, cols, origins, tile_m, col0, ctid);
   }
-  if (const int row = RowOfPopcount<64, 128>(wtid); row >= 0) popc_a[64 * half + row] = row_popc;
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");
-  StoreTile<kWgRows, kWgCols, kWgLd, 256>(p, acc_tile, popc_a, popc_b, origins, tile_m, col0, ctid);
 #endif
 }
 
@@ -547,7 +671,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaKernel(const BinaryGemmPro
 
 struct DeviceInfo {
   bool known = false;
-  int major = 0, minor = 0;
+  int major = 0, minor = 0, sms = 0;
 };
 
 DeviceInfo& InfoFor(int device) {
@@ -557,12 +681,13 @@ DeviceInfo& InfoFor(int device) {
 
 template <class Kernel>
 cudaError_t Launch(Kernel kernel, int smem, int threads, int m_tiles, int n_tiles, const BinaryGemmProblem& p,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, long long max_blocks = INT_MAX) {
   // Raising the dynamic shared memory limit is idempotent and cheap; no launch-time allocation.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  const long long blocks = static_cast<long long>(m_tiles) * n_tiles;
-  if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
+  const long long tiles = static_cast<long long>(m_tiles) * n_tiles;
+  if (tiles > INT_MAX) return cudaErrorInvalidConfiguration;
+  const long long blocks = tiles < max_blocks ? tiles : max_blocks;
   kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(p, m_tiles, n_tiles);
   return cudaGetLastError();
 }
@@ -586,6 +711,9 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& p, KernelPath path, cudaSt
     if ((err = cudaDeviceGetAttribute(&info.minor, cudaDevAttrComputeCapabilityMinor, device)) != cudaSuccess) {
       return err;
     }
+    if ((err = cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) {
+      return err;
+    }
     info.known = true;
   }
   // 16-byte copies need every tap's words 16-byte aligned.
@@ -600,8 +728,9 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& p, KernelPath path, cudaSt
   if (chosen != nullptr) *chosen = run;
   switch (run) {
     case KernelPath::kWgmma:
+      // persistent (one CTA per SM) unless the pooled epilogue needs one tile per CTA
       return Launch(WgmmaKernel, kWgSmemBytes, kWgThreads, TilesOfRows(p, kWgRows), (p.n + kWgCols - 1) / kWgCols,
-                    p, stream);
+                    p, stream, p.pool_h * p.pool_w > 1 ? INT_MAX : info.sms);
     case KernelPath::kMmaSync: {
       constexpr int smem = ClassicSmemBytes<MmaSyncEngine>();
       const int m = TilesOfRows(p, MmaSyncEngine::kRows), n = (p.n + MmaSyncEngine::kCols - 1) / MmaSyncEngine::kCols;
