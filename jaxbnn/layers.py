@@ -129,30 +129,31 @@ class _QuantizedOperands(nnx.Module):
         self.kernel = nnx.Param(kernel)
         self.bias = nnx.Param(jnp.zeros((out_features,), jnp.float32)) if use_bias else None
 
-        self.kernel_threshold = None
-        self.kernel_delta = None
-        self.kernel_alpha = self.kernel_beta = None
+        # Threshold settings exist only for ternary operands (None otherwise); learned thresholds are
+        # Params of shape (out_features,) for kernels and (in_features,) for inputs.
+        kernel_alpha = kernel_beta = input_alpha = input_beta = None
         if weight_domain == "ternary":
             if kernel_threshold not in _KERNEL_THRESHOLDS:
                 raise ValueError(f"kernel_threshold must be one of {_KERNEL_THRESHOLDS}, got {kernel_threshold!r}")
-            self.kernel_threshold = kernel_threshold
-            self.kernel_delta = float(kernel_delta)
             if kernel_threshold == "learned":
                 alpha, _ = q.twn_thresholds(kernel, kernel_delta, per_channel=True)
-                self.kernel_alpha = nnx.Param(alpha)
-                self.kernel_beta = nnx.Param(-alpha)
-
-        self.input_threshold = None
-        self.input_delta = None
-        self.input_alpha = self.input_beta = None
+                kernel_alpha, kernel_beta = nnx.Param(alpha), nnx.Param(-alpha)
+        else:
+            kernel_threshold = kernel_delta = None
         if act_domain == "ternary":
             if input_threshold not in _INPUT_THRESHOLDS:
                 raise ValueError(f"input_threshold must be one of {_INPUT_THRESHOLDS}, got {input_threshold!r}")
-            self.input_threshold = input_threshold
-            self.input_delta = float(input_delta)
             if input_threshold == "learned":
-                self.input_alpha = nnx.Param(jnp.full((in_features,), input_delta, jnp.float32))
-                self.input_beta = nnx.Param(jnp.full((in_features,), -input_delta, jnp.float32))
+                input_alpha = nnx.Param(jnp.full((in_features,), input_delta, jnp.float32))
+                input_beta = nnx.Param(jnp.full((in_features,), -input_delta, jnp.float32))
+        else:
+            input_threshold = input_delta = None
+        self.kernel_threshold = kernel_threshold
+        self.kernel_delta = None if kernel_delta is None else float(kernel_delta)
+        self.kernel_alpha, self.kernel_beta = kernel_alpha, kernel_beta
+        self.input_threshold = input_threshold
+        self.input_delta = None if input_delta is None else float(input_delta)
+        self.input_alpha, self.input_beta = input_alpha, input_beta
 
     # -- thresholds -----------------------------------------------------------------------------------
 
@@ -358,7 +359,7 @@ def clip_latent_weights(model: nnx.Module) -> None:
 
     Run after each optimizer step (BinaryConnect): latent weights far outside [-1, 1] could never flip.
     """
-    for _, module in model.iter_modules():
+    for _, module in nnx.iter_modules(model):
         if isinstance(module, _QuantizedOperands) and module.kernel_clip is not None:
             if module.kernel_quantizer is not None:
                 c = module.kernel_clip

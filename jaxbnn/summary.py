@@ -49,7 +49,7 @@ def _packed_kernel_bytes(layer, planes: int) -> int:
 def _count(module) -> tuple[int, int, int]:
     """(quantized params, float params, packed bytes) of all layers under module."""
     quantized = floats = packed = 0
-    for _, sub in module.iter_modules():
+    for _, sub in nnx.iter_modules(module):
         if isinstance(sub, (BinaryLinear, BinaryConv)):
             weight_domain = MODES[sub.mode][1]
             n = math.prod(sub.kernel.shape)
@@ -67,7 +67,7 @@ def _count(module) -> tuple[int, int, int]:
 
 
 def _bits_per_quantized(module) -> int:
-    for _, sub in module.iter_modules():
+    for _, sub in nnx.iter_modules(module):
         if isinstance(sub, (BinaryLinear, BinaryConv)):
             return _BITS.get(MODES[sub.mode][1], 32)
     return 0
@@ -84,7 +84,7 @@ def model_summary(model: BinaryNet, batch_size: int = 1) -> list[LayerSummary]:
         quantized, floats, packed = _count(block)
         kind = type(block).__name__
         mode = ""
-        for _, sub in block.iter_modules():
+        for _, sub in nnx.iter_modules(block):
             if isinstance(sub, (BinaryLinear, BinaryConv)):
                 mode = sub.mode
                 break

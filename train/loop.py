@@ -83,23 +83,20 @@ def eval_step(model: BinaryNet, images, labels, valid):
 
 
 def evaluate(model: BinaryNet, dataset: data_lib.Dataset, batch_size: int = 500) -> dict:
-    """Test loss and accuracy with batch-norm running statistics. The last batch is padded (and masked)
-    so every batch has one shape and eval_step compiles once."""
+    """Test loss and accuracy with batch-norm running statistics (leaves the model in eval mode). The last
+    batch is padded (and masked) so every batch has one shape and eval_step compiles once."""
     model.eval()
     total_loss, total_correct, n = 0.0, 0, len(dataset.labels)
-    try:
-        for images, labels in data_lib.batches(dataset, batch_size, seed=0, epoch=0, shuffle=False,
-                                               drop_remainder=False):
-            count = len(labels)
-            valid = np.arange(batch_size) < count
-            if count < batch_size:
-                images = np.concatenate([images, np.zeros((batch_size - count, *images.shape[1:]), images.dtype)])
-                labels = np.concatenate([labels, np.zeros(batch_size - count, labels.dtype)])
-            loss, correct = eval_step(model, images, labels, valid)
-            total_loss += float(loss)
-            total_correct += int(correct)
-    finally:
-        model.train()
+    for images, labels in data_lib.batches(dataset, batch_size, seed=0, epoch=0, shuffle=False,
+                                           drop_remainder=False):
+        count = len(labels)
+        valid = np.arange(batch_size) < count
+        if count < batch_size:
+            images = np.concatenate([images, np.zeros((batch_size - count, *images.shape[1:]), images.dtype)])
+            labels = np.concatenate([labels, np.zeros(batch_size - count, labels.dtype)])
+        loss, correct = eval_step(model, images, labels, valid)
+        total_loss += float(loss)
+        total_correct += int(correct)
     return {"loss": total_loss / n, "accuracy": total_correct / n}
 
 
@@ -210,6 +207,7 @@ def fit(config: TrainConfig, out_dir: str | os.PathLike, *, progress: bool = Tru
 
     for epoch in range(start_epoch + 1, config.epochs + 1):
         started = time.perf_counter()
+        model.train()
         losses, accuracies = [], []
         batches = data_lib.batches(train_set, config.batch_size, seed=config.seed, epoch=epoch, augment=augment)
         bar = tqdm(batches, total=steps_per_epoch, desc=f"epoch {epoch}/{config.epochs}", disable=not progress,

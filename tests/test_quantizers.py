@@ -1,0 +1,149 @@
+"""Quantizers: forward values (sign(0) = +1, TAB eq. 1) and their surrogate gradients."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxbnn import quantizers as q
+
+# Values on both sides of every boundary of interest (0, ±1, ±0.3), plus random ones.
+EDGES = np.array([-2.0, -1.0001, -1.0, -0.9999, -0.3, -1e-7, 0.0, 1e-7, 0.3, 0.9999, 1.0, 1.0001, 2.0], np.float32)
+
+
+def _points(seed=0, n=200):
+    rng = np.random.default_rng(seed)
+    return jnp.asarray(np.concatenate([EDGES, rng.normal(0, 1.2, n).astype(np.float32)]))
+
+
+def _grad(fn, x):
+    return jax.grad(lambda v: jnp.sum(fn(v) * jnp.arange(1, v.size + 1, dtype=v.dtype)))(x)
+
+
+@pytest.mark.parametrize("name", ["sign_ste", "approx_sign", "swish_sign"])
+def test_binary_forward_is_sign_with_zero_to_plus_one(name):
+    x = _points()
+    y = q.get_quantizer(name).fn(x)
+    np.testing.assert_array_equal(np.asarray(y), np.where(np.asarray(x) >= 0, 1.0, -1.0))
+    assert float(q.get_quantizer(name).fn(jnp.float32(0.0))) == 1.0
+
+
+def test_sign_ste_gradient_is_clipped_identity():
+    x = _points()
+    weights = np.arange(1, x.size + 1, dtype=np.float32)
+    expected = np.where(np.abs(np.asarray(x)) <= 1.0, weights, 0.0)
+    np.testing.assert_array_equal(np.asarray(_grad(q.sign_ste, x)), expected)
+
+
+def test_sign_ste_clip_value():
+    x = jnp.array([-3.0, -2.0, -1.5, 0.5, 2.5], jnp.float32)
+    g = jax.grad(lambda v: jnp.sum(q.sign_ste(v, 2.0)))(x)
+    np.testing.assert_array_equal(np.asarray(g), [0, 1, 1, 1, 0])
+
+
+def test_approx_sign_gradient_is_bireal_triangle():
+    x = _points()
+    xs = np.asarray(x)
+    weights = np.arange(1, x.size + 1, dtype=np.float32)
+    expected = weights * np.where(np.abs(xs) <= 1.0, 2.0 - 2.0 * np.abs(xs), 0.0)
+    np.testing.assert_allclose(np.asarray(_grad(q.approx_sign, x)), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_swish_sign_gradient_is_derivative_of_its_smooth_surrogate():
+    beta = 5.0
+
+    def surrogate(v):  # BNN+'s SignSwish: 2 sigmoid(beta x)(1 + beta x (1 - sigmoid(beta x))) - 1
+        s = jax.nn.sigmoid(beta * v)
+        return 2 * s * (1 + beta * v * (1 - s)) - 1
+
+    x = _points()
+    # autodiff of the surrogate cancels large terms in float32: compare to 1e-3 of the largest slope
+    np.testing.assert_allclose(_grad(q.swish_sign, x), _grad(surrogate, x), rtol=1e-3, atol=1e-3 * beta)
+
+
+def test_ste_heaviside():
+    x = _points()
+    np.testing.assert_array_equal(np.asarray(q.ste_heaviside(x)), (np.asarray(x) >= 0).astype(np.float32))
+    g = jax.grad(lambda v: jnp.sum(q.ste_heaviside(v)))(x)
+    np.testing.assert_array_equal(np.asarray(g), (np.abs(np.asarray(x)) <= 1).astype(np.float32))
+
+
+def test_hard_tanh_values_and_mask():
+    x = _points()
+    np.testing.assert_array_equal(np.asarray(q.hard_tanh(x)), np.clip(np.asarray(x), -1, 1))
+    g = jax.grad(lambda v: jnp.sum(q.hard_tanh(v)))(x)
+    inside = np.abs(np.asarray(x)) < 1
+    np.testing.assert_array_equal(np.asarray(g)[inside], 1.0)
+    np.testing.assert_array_equal(np.asarray(g)[np.abs(np.asarray(x)) > 1], 0.0)
+
+
+def test_ternarize_follows_tab_equation_1_with_asymmetric_thresholds():
+    alpha, beta = 0.3, -0.5
+    x = jnp.array([-0.6, -0.5, -0.4999, 0.0, 0.2999, 0.3, 0.3001, 1.5], jnp.float32)
+    # strict comparisons: x == alpha and x == beta give 0
+    np.testing.assert_array_equal(np.asarray(q.ternarize_ste(x, alpha, beta)), [-1, 0, 0, 0, 0, 0, 1, 1])
+
+
+def test_ternarize_gradients_wrt_input_and_thresholds():
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(0, 1.2, (16, 5)).astype(np.float32))
+    alpha = jnp.asarray(rng.uniform(0.1, 0.6, 5).astype(np.float32))  # per channel (last axis)
+    beta = jnp.float32(-0.4)  # scalar
+    g_out = jnp.asarray(rng.normal(size=(16, 5)).astype(np.float32))
+    gx, ga, gb = jax.grad(lambda a, b, c: jnp.sum(q.ternarize_ste(a, b, c) * g_out), argnums=(0, 1, 2))(x, alpha, beta)
+    xs, al, go = np.asarray(x), np.asarray(alpha), np.asarray(g_out)
+    near_a = (np.abs(xs - al) <= 1).astype(np.float32)
+    near_b = (np.abs(xs - -0.4) <= 1).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(gx), 0.5 * go * (near_a + near_b), rtol=1e-6)
+    assert ga.shape == (5,) and gb.shape == ()
+    np.testing.assert_allclose(np.asarray(ga), (-0.5 * go * near_a).sum(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(gb), float((-0.5 * go * near_b).sum()), rtol=1e-5)
+
+
+def test_twn_thresholds_per_tensor_and_per_channel():
+    rng = np.random.default_rng(2)
+    w = rng.normal(size=(3, 3, 4, 6)).astype(np.float32)
+    a, b = q.twn_thresholds(jnp.asarray(w))
+    np.testing.assert_allclose(float(a), 0.7 * np.abs(w).mean(), rtol=1e-6)
+    assert float(b) == -float(a)
+    a, b = q.twn_thresholds(jnp.asarray(w), 0.5, per_channel=True)
+    np.testing.assert_allclose(np.asarray(a), 0.5 * np.abs(w).reshape(-1, 6).mean(0), rtol=1e-6)
+    # thresholds follow the weights but do not train through them
+    g = jax.grad(lambda v: jnp.sum(q.twn_thresholds(v)[0]))(jnp.asarray(w))
+    assert not np.any(np.asarray(g))
+
+
+def test_xnor_weight_scale_is_the_least_squares_optimum():
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(50, 7)).astype(np.float32)
+    alpha = np.asarray(q.xnor_weight_scale(jnp.asarray(w)))
+    np.testing.assert_allclose(alpha, np.abs(w).mean(0), rtol=1e-6)
+    b = np.where(w >= 0, 1.0, -1.0)
+    err = lambda s: ((w - s * b) ** 2).sum(0)  # noqa: E731
+    assert np.all(err(alpha) < err(alpha * 1.05)) and np.all(err(alpha) < err(alpha * 0.95))
+
+
+def test_ternary_weight_scale_averages_the_kept_weights():
+    w = jnp.array([[0.9, -0.05], [-0.5, 0.02], [0.01, -0.7]], jnp.float32)
+    t = q.ternarize(w, 0.1, -0.1)
+    np.testing.assert_allclose(np.asarray(q.ternary_weight_scale(w, t)), [(0.9 + 0.5) / 2, 0.7], rtol=1e-6)
+
+
+def test_xnor_input_scale_conv_matches_a_box_filter_of_the_channel_mean():
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(2, 7, 6, 3)).astype(np.float32)
+    k = np.asarray(q.xnor_input_scale_conv(jnp.asarray(x), (3, 3), (2, 2), ((1, 1), (1, 1))))
+    a = np.pad(np.abs(x).mean(-1), ((0, 0), (1, 1), (1, 1)))
+    expected = np.array([[[a[n, i:i + 3, j:j + 3].mean() for j in range(0, 6, 2)] for i in range(0, 7, 2)]
+                         for n in range(2)])
+    np.testing.assert_allclose(k[..., 0], expected, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(q.xnor_input_scale_dense(jnp.asarray(x[0, 0]))),
+                               np.abs(x[0, 0]).mean(-1, keepdims=True), rtol=1e-6)
+
+
+def test_quantizers_work_under_jit_and_registry_rejects_unknown_names():
+    x = _points()
+    np.testing.assert_array_equal(np.asarray(jax.jit(q.sign_ste)(x)), np.asarray(q.binarize(x)))
+    assert q.get_quantizer("ternarize_ste").domain == "ternary"
+    with pytest.raises(ValueError, match="unknown quantizer"):
+        q.get_quantizer("sign")
