@@ -21,10 +21,13 @@ has() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; nvcc --version | tail -1; } 2>&1 | tee -a "$LOG"
 
-if has build; then
-  log "build: kernel harness and jaxbnn._cuda (cmake, target _cuda)"
+if has build || has harness; then
+  log "build: kernel harness"
   nvcc -O2 -std=c++17 $GENCODE -lineinfo -Ixla_ffi xla_ffi/cuda/kernel_check.cu xla_ffi/cuda/binary_gemm.cu \
     -o "$BUILD-kernel_check" 2>&1 | tee -a "$LOG" || status=1
+fi
+if has build; then
+  log "build: jaxbnn._cuda (cmake, target _cuda)"
   cmake -S . -B "$BUILD" -DPython_EXECUTABLE="$(command -v $PY)" -DJAXBNN_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
     >>"$LOG" 2>&1 && cmake --build "$BUILD" --target _cuda -j 16 >>"$LOG" 2>&1 || { echo "cmake build failed" | tee -a "$LOG"; status=1; }
   cp "$BUILD"/xla_ffi/cuda/_cuda*.so jaxbnn/ 2>>"$LOG" && log "installed $(ls jaxbnn/_cuda*.so)"
@@ -79,12 +82,23 @@ if has time; then
   timeout 200 "$BUILD-kernel_check" --time 2>&1 | tee -a "$LOG"
 fi
 
+if has variants; then
+  log "wgmma mainloop variants (JAXBNN_VARIANT: 1 no row popc, 2 no proxy fence, 3 no A loads, 4 no B loads, 5 no wgmma, 6 no loads)"
+  for v in 0 1 2 3 4 5 6; do
+    nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DJAXBNN_VARIANT=$v -Ixla_ffi xla_ffi/cuda/kernel_check.cu \
+      xla_ffi/cuda/binary_gemm.cu -o "$BUILD-variant$v" &
+  done
+  wait
+  for v in 0 1 2 3 4 5 6; do echo "variant $v: $("$BUILD-variant$v" --time-wgmma 2>&1 | tr '\n' ' ')" | tee -a "$LOG"; done
+fi
+
 if has ncu; then
-  for kernel in Wgmma MmaSync; do
+  for kernel in ${NCU_KERNELS:-Wgmma MmaSync}; do
     log "ncu of the 16384^3 $kernel bmm (harness --time, launch 34 of that kernel)"
     timeout 240 ncu --clock-control none -k regex:$kernel --launch-skip 33 -c 1 --section SpeedOfLight \
       --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section WarpStateStats \
-      --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy "$BUILD-kernel_check" --time \
+      --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy --print-details all \
+      "$BUILD-kernel_check" --time \
       > "$OUT/ncu_$kernel.txt" 2>&1
     grep -E "Throughput|Duration|Bank|Stall|Warp Cycles|Issued|Executed Ipc|Registers|L2 Hit|Mem Busy|Max Bandwidth|Shared" \
       "$OUT/ncu_$kernel.txt" | head -60 | tee -a "$LOG"

@@ -22,6 +22,12 @@
 
 #include "wgmma_b1.cuh"
 
+// Experiment knob (benchmarks/NOTES.md): JAXBNN_VARIANT=n leaves one stage of the wgmma mainloop out, to
+// find where its time goes. Production builds never set it.
+#ifndef JAXBNN_VARIANT
+#define JAXBNN_VARIANT 0
+#endif
+
 namespace jaxbnn::cuda {
 namespace {
 
@@ -584,8 +590,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaKernel(const BinaryGemmPro
         const int s = it % kWgStages;
         if (it >= kWgStages) BarrierWait(empty0 + 8 * s, ((it / kWgStages) - 1) & 1);
         const uint32_t stage = base + s * kWgStageBytes;
-        LoadActivationStage<kWgRows, 4, 128>(p, origins, stage, kb, tid);
-        if (tid < 32) {
+        if (JAXBNN_VARIANT != 3 && JAXBNN_VARIANT != 6) LoadActivationStage<kWgRows, 4, 128>(p, origins, stage, kb, tid);
+        if (tid < 32 && JAXBNN_VARIANT != 4 && JAXBNN_VARIANT != 6) {
           // Weights: one bulk copy per 8-row tile row (up to 8 FSB tiles = 1 KB, contiguous in global memory).
           // Tiles past K or rows past N are not copied: what stays there meets zero-filled activation words
           // (K) or lands in columns that are never stored (N).
@@ -622,18 +628,18 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaKernel(const BinaryGemmPro
       const int s = it % kWgStages;
       BarrierWait(full0 + 8 * s, (it / kWgStages) & 1);
       // cp.async wrote the activations through the generic proxy; the tensor cores read through the async one.
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      if (JAXBNN_VARIANT != 2) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
       const uint32_t stage_a = base + s * kWgStageBytes + half * 8 * kRowGroupBytes;
       const uint32_t stage_b = base + s * kWgStageBytes + kWgStageA;
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
+      for (int ks = 0; ks < (JAXBNN_VARIANT == 5 ? 0 : 4); ++ks) {
         wgmma_m64n256k256_and_popc(acc, OperandDescriptor(stage_a + ks * 256),
                                    OperandDescriptor(stage_b + ks * 256), (kb | ks) != 0);
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       // While the tensor cores run: popc(a) of this warpgroup's 64 rows, two threads per row.
-      row_popc += StageRowPopcount<64, 128>(smem + s * kWgStageBytes + half * 8 * kRowGroupBytes, wtid);
+      if (JAXBNN_VARIANT != 1) row_popc += StageRowPopcount<64, 128>(smem + s * kWgStageBytes + half * 8 * kRowGroupBytes, wtid);
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
       if (kb > 0) BarrierArrive(empty0 + 8 * ((it - 1) % kWgStages));
     }

@@ -271,6 +271,10 @@ void TimeBmm(int s, KernelPath path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--time-wgmma") {
+    for (int s : {4096, 16384}) TimeBmm(s, KernelPath::kWgmma);
+    return 0;
+  }
   if (argc > 1 && std::string(argv[1]) == "--time") {
     for (int s : {1024, 4096, 8192, 16384}) {
       for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) TimeBmm(s, path);
