@@ -1,0 +1,438 @@
+"""The packed checkpoint file (`.jbnn`): one safetensors file whose metadata holds a versioned JSON header.
+
+One definition, used by the exporter (writes) and the runtime (reads). The header carries the format
+version, the target and its FSB tile, the inference graph (node kinds, shapes, attributes) and a content
+hash; the graph alone determines which tensors the file must hold, with which shapes and dtypes
+(`expected_tensors`), so a reader refuses any file whose tensors, header or hash disagree. Layout of
+the graph and of every tensor: docs/export.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import struct
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from jaxbnn import formats
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "TARGETS",
+    "PackedModelError",
+    "PackedModel",
+    "expected_tensors",
+    "validate_graph",
+    "content_hash",
+    "save",
+    "load",
+]
+
+FORMAT_NAME = "jaxbnn-packed"
+FORMAT_VERSION = 1
+METADATA_KEY = "jaxbnn"
+# Target -> FSB tile (BH rows, BW bits) its kernels read. All current targets use the TCBNN tile, which is
+# also one Hopper wgmma core matrix; the tile is recorded per file so a target may change it later.
+TARGETS: dict[str, tuple[int, int]] = {"cpu": formats.FSB_TILE, "sm90": formats.FSB_TILE, "sm80": formats.FSB_TILE}
+
+DOMAINS = ("float", "binary", "ternary")
+LINEAR_OUTPUTS = ("binary", "ternary", "affine", "float")
+
+
+class PackedModelError(ValueError):
+    """A packed checkpoint (or a graph about to be written) that does not follow the format."""
+
+
+@dataclasses.dataclass
+class PackedModel:
+    """The content of a `.jbnn` file: the graph (JSON-able dict), its tensors (numpy), target and tile."""
+
+    graph: dict
+    tensors: dict[str, np.ndarray]
+    target: str = "cpu"
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return TARGETS[self.target]
+
+    def nbytes(self) -> int:
+        """Bytes of all tensors (the packed parameters)."""
+        return sum(int(t.nbytes) for t in self.tensors.values())
+
+
+# --- graph schema ------------------------------------------------------------------------------------
+
+
+def _fail(where: str, message: str):
+    raise PackedModelError(f"{where}: {message}")
+
+
+def _ints(where, node, key, length=None, minimum=1):
+    value = node.get(key)
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        _fail(where, f"attribute {key!r} must be a list of integers, got {value!r}")
+    if length is not None and len(value) != length:
+        _fail(where, f"attribute {key!r} must have {length} entries, got {value!r}")
+    if any(v < minimum for v in value):
+        _fail(where, f"attribute {key!r} entries must be >= {minimum}, got {value!r}")
+    return tuple(value)
+
+
+def _choice(where, node, key, choices):
+    value = node.get(key)
+    if value not in choices:
+        _fail(where, f"attribute {key!r} must be one of {choices}, got {value!r}")
+    return value
+
+
+def _int(where, node, key, minimum=1):
+    value = node.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        _fail(where, f"attribute {key!r} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def uses_conv_layout(node: dict) -> bool:
+    """Whether a linear node's weights are stored as a conv bit matrix (taps padded to whole words).
+
+    Binary convolutions, and dense layers reading a packed image (run as a VALID convolution covering
+    it, so the activations stay packed). Float-operand layers (the first layer, computed in float from
+    unpacked weights) keep the compact dense layout: one row of kh*kw*c bits per output channel.
+    """
+    return node["operand"] != "float" and (node["kind"] == "conv" or len(node["in_shape"]) == 3)
+
+
+def weight_geometry(node: dict) -> tuple[int, int, tuple[int, int], int]:
+    """(rows, reduction bits of the bit matrix, kernel (kh, kw), input channels c) of a linear node."""
+    n = node["out_channels"]
+    c = node["in_shape"][-1]
+    if node["kind"] == "conv":
+        kh, kw = node["kernel_size"]
+    elif len(node["in_shape"]) == 3:
+        kh, kw = node["in_shape"][:2]
+    else:
+        kh, kw = 1, 1
+    if uses_conv_layout(node):
+        return n, kh * kw * formats.num_words(c) * formats.WORD_BITS, (kh, kw), c
+    return n, kh * kw * c, (kh, kw), c
+
+
+def conv_output_hw(node: dict) -> tuple[int, int]:
+    """(OH, OW) of a conv node after its optional pool."""
+    h, w, _ = node["in_shape"]
+    (pt, pb), (pl, pr) = node["padding"]
+    kh, kw = node["kernel_size"]
+    sh, sw = node["stride"]
+    oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+    ph, pw = node["pool"] or (1, 1)
+    return oh // ph, ow // pw
+
+
+def _validate_linear(where: str, node: dict) -> None:
+    kind = node["kind"]
+    wire = _choice(where, node, "input", DOMAINS)
+    operand = _choice(where, node, "operand", DOMAINS)
+    _choice(where, node, "weights", ("binary", "ternary"))
+    output = _choice(where, node, "output", LINEAR_OUTPUTS)
+    if wire != "float" and wire != operand:
+        _fail(where, f"a {wire} input cannot feed a {operand} operand")
+    in_shape = _ints(where, node, "in_shape")
+    n = _int(where, node, "out_channels")
+    if kind == "conv":
+        if len(in_shape) != 3:
+            _fail(where, f"conv in_shape must be [H, W, C], got {list(in_shape)}")
+        kh, kw = _ints(where, node, "kernel_size", 2)
+        _ints(where, node, "stride", 2)
+        padding = node.get("padding")
+        if (not isinstance(padding, list) or len(padding) != 2
+                or not all(isinstance(p, list) and len(p) == 2 for p in padding)
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for p in padding for v in p)):
+            _fail(where, f"attribute 'padding' must be [[top, bottom], [left, right]], got {padding!r}")
+        _choice(where, node, "pad_value", ("zero", "one"))
+        if node.get("pool") is not None:
+            _ints(where, node, "pool", 2)
+        h, w, _ = in_shape
+        (pt, pb), (pl, pr) = padding
+        if h + pt + pb < kh or w + pl + pr < kw:
+            _fail(where, f"a {kh}x{kw} kernel does not fit the padded input {list(in_shape)}")
+        oh, ow = conv_output_hw(node)
+        if oh < 1 or ow < 1:
+            _fail(where, "the pool is larger than the convolution output")
+        out_shape = [oh, ow, n]
+    else:
+        if len(in_shape) not in (1, 3):
+            _fail(where, f"dense in_shape must be [K] or [H, W, C], got {list(in_shape)}")
+        out_shape = [n]
+    if node.get("out_shape") != out_shape:
+        _fail(where, f"out_shape must be {out_shape} for these attributes, got {node.get('out_shape')!r}")
+    if output == "ternary":
+        level = _ints(where, node, "level_shape")
+        if level[-1] != n or tuple(out_shape[-len(level):]) != level:
+            _fail(where, f"level_shape {list(level)} does not broadcast to the output {out_shape}")
+    if wire == "float" and operand == "ternary":
+        level = _ints(where, node, "input_level_shape")
+        if tuple(in_shape[-len(level):]) != level:
+            _fail(where, f"input_level_shape {list(level)} does not broadcast to the input {list(in_shape)}")
+    if output == "float":
+        for key in ("kernel_scale", "bias"):
+            if not isinstance(node.get(key), bool):
+                _fail(where, f"attribute {key!r} must be true or false, got {node.get(key)!r}")
+
+
+def _node_output(node: dict) -> tuple[str, list[int]]:
+    """(domain, per-sample shape) of what a node puts on the wire."""
+    if node["kind"] in ("dense", "conv"):
+        domain = {"affine": "float", "float": "float"}.get(node["output"], node["output"])
+        return domain, node["out_shape"]
+    return "float", node["out_shape"]  # residual blocks and global pooling keep the real-valued stream
+
+
+def validate_graph(graph: dict) -> None:
+    """Check a graph's structure: known node kinds, complete attributes, consistent shapes between nodes."""
+    if not isinstance(graph, dict):
+        raise PackedModelError(f"graph must be a JSON object, got {type(graph).__name__}")
+    for key, kind in (("name", str), ("mode", str), ("nodes", list)):
+        if not isinstance(graph.get(key), kind):
+            raise PackedModelError(f"graph attribute {key!r} missing or not a {kind.__name__}")
+    input_shape = _ints("graph", graph, "input_shape")
+    num_classes = _int("graph", graph, "num_classes")
+    if not graph["nodes"]:
+        raise PackedModelError("graph has no nodes")
+    wire, shape = "float", list(input_shape)
+    for index, node in enumerate(graph["nodes"]):
+        where = f"node {index}"
+        if not isinstance(node, dict):
+            _fail(where, "must be a JSON object")
+        kind = _choice(where, node, "kind", ("dense", "conv", "residual", "global_avg_pool"))
+        where = f"node {index} ({node.get('name', kind)})"
+        in_shape = node.get("in_shape")
+        if in_shape != shape:
+            _fail(where, f"in_shape {in_shape!r} differs from the previous output shape {shape}")
+        if kind in ("dense", "conv"):
+            _validate_linear(where, node)
+            if node["input"] != wire:
+                _fail(where, f"input is {node['input']!r} but the previous node outputs {wire!r}")
+        elif kind == "residual":
+            _validate_residual(where, node)
+            if wire != "float":
+                _fail(where, "a residual block takes the real-valued stream")
+        else:
+            if wire != "float" or len(shape) != 3 or node.get("out_shape") != shape[-1:]:
+                _fail(where, f"global_avg_pool takes a float image and outputs [C], got in {shape}, "
+                             f"out {node.get('out_shape')!r}")
+        wire, shape = _node_output(node)
+    if wire != "float" or shape != [num_classes]:
+        raise PackedModelError(f"the last node must output float logits [{num_classes}], got {wire} {shape}")
+
+
+def _validate_residual(where: str, node: dict) -> None:
+    in_shape = _ints(where, node, "in_shape", 3)
+    stride = _int(where, node, "shortcut_stride")
+    for key in ("conv1", "conv2"):
+        if not isinstance(node.get(key), dict) or node[key].get("kind") != "conv":
+            _fail(where, f"{key} must be a conv node")
+        _validate_linear(f"{where}.{key}", node[key])
+    conv1, conv2 = node["conv1"], node["conv2"]
+    if conv1["in_shape"] != list(in_shape) or conv1["input"] != "float":
+        _fail(where, "conv1 must read the block's float input")
+    if conv2["in_shape"] != conv1["out_shape"] or conv2["input"] != _node_output(conv1)[0]:
+        _fail(where, "conv2 must read conv1's output")
+    if conv2["output"] != "float":
+        _fail(where, "conv2 must output float (it is added to the shortcut)")
+    h, w, c = in_shape
+    out_shape = conv2["out_shape"]
+    if out_shape != [-(-h // stride), -(-w // stride), out_shape[-1]] or out_shape[-1] < c:
+        _fail(where, f"the type-A shortcut of {list(in_shape)} at stride {stride} cannot reach {out_shape}")
+    if node.get("out_shape") != out_shape:
+        _fail(where, f"out_shape must be conv2's {out_shape}, got {node.get('out_shape')!r}")
+
+
+# --- tensors ---------------------------------------------------------------------------------------------
+
+
+def _linear_tensors(prefix: str, node: dict, tile) -> dict[str, tuple[tuple[int, ...], str]]:
+    specs: dict[str, tuple[tuple[int, ...], str]] = {}
+    rows, k_bits, (kh, kw), _ = weight_geometry(node)
+    fsb = formats.fsb_shape(rows, k_bits, tile)
+    n = node["out_channels"]
+    if node["weights"] == "binary":
+        specs["weight"] = (fsb, "uint32")
+        if uses_conv_layout(node):
+            specs["weight_tap_popcount"] = ((kh * kw, n), "int32")
+        else:
+            specs["weight_popcount"] = ((n,), "int32")
+    else:
+        specs["weight_sign"] = (fsb, "uint32")
+        specs["weight_nonzero"] = (fsb, "uint32")
+    if node["input"] == "float" and node["operand"] == "ternary":
+        level = tuple(node["input_level_shape"])
+        specs["input_threshold_nonneg"] = (level, "float32")
+        specs["input_threshold_pos"] = (level, "float32")
+    threshold_dtype = "float32" if node["operand"] == "float" else "int32"
+    output = node["output"]
+    if output == "binary":
+        specs["threshold"] = ((n,), threshold_dtype)
+        specs["flip"] = ((n,), "bool")
+    elif output == "ternary":
+        level = tuple(node["level_shape"])
+        for plane in ("nonneg", "pos"):
+            specs[f"threshold_{plane}"] = (level, threshold_dtype)
+            specs[f"flip_{plane}"] = (level, "bool")
+    elif output == "affine":
+        specs["scale"] = ((n,), "float32")
+        specs["bias"] = ((n,), "float32")
+    else:
+        for name in ("bn_mean", "bn_mul", "bn_bias"):
+            specs[name] = ((n,), "float32")
+        if node["kernel_scale"]:
+            specs["kernel_scale"] = ((n,), "float32")
+        if node["bias"]:
+            specs["bias"] = ((n,), "float32")
+    return {f"{prefix}{name}": spec for name, spec in specs.items()}
+
+
+def expected_tensors(graph: dict, tile) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Name -> (shape, dtype) of every tensor a (validated) graph needs, and nothing else."""
+    specs = {}
+    for index, node in enumerate(graph["nodes"]):
+        prefix = f"nodes.{index}."
+        if node["kind"] in ("dense", "conv"):
+            specs.update(_linear_tensors(prefix, node, tile))
+        elif node["kind"] == "residual":
+            specs.update(_linear_tensors(prefix + "conv1.", node["conv1"], tile))
+            specs.update(_linear_tensors(prefix + "conv2.", node["conv2"], tile))
+    return specs
+
+
+def _check_tensors(tensors: dict[str, np.ndarray], graph: dict, tile) -> None:
+    expected = expected_tensors(graph, tile)
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing:
+        raise PackedModelError(f"tensors missing for this graph: {missing}")
+    if extra:
+        raise PackedModelError(f"tensors not used by this graph: {extra}")
+    for name, (shape, dtype) in expected.items():
+        array = tensors[name]
+        if str(array.dtype) != dtype:
+            raise PackedModelError(f"tensor {name!r} has dtype {array.dtype}, the graph needs {dtype}")
+        if tuple(array.shape) != tuple(shape):
+            raise PackedModelError(f"tensor {name!r} has shape {tuple(array.shape)}, the graph needs {tuple(shape)}")
+
+
+def content_hash(header_core: dict, tensors: dict[str, np.ndarray]) -> str:
+    """sha256 over the canonical JSON of the header (without its hash) and every tensor's name, dtype,
+    shape and bytes, in name order."""
+    digest = hashlib.sha256(json.dumps(header_core, sort_keys=True, separators=(",", ":")).encode())
+    for name in sorted(tensors):
+        array = np.ascontiguousarray(tensors[name])
+        digest.update(json.dumps([name, str(array.dtype), list(array.shape)]).encode())
+        digest.update(array.tobytes())
+    return "sha256:" + digest.hexdigest()
+
+
+def _header_core(model: PackedModel) -> dict:
+    return {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "target": model.target,
+        "tile": list(model.tile),
+        "graph": model.graph,
+    }
+
+
+# --- files -------------------------------------------------------------------------------------------------
+
+
+def save(path: str | os.PathLike, model: PackedModel) -> int:
+    """Validate `model` and write it to `path` atomically (a temporary file renamed over it); returns the
+    file size in bytes."""
+    from safetensors.numpy import save as save_safetensors
+
+    if model.target not in TARGETS:
+        raise PackedModelError(f"unknown target {model.target!r}; known: {sorted(TARGETS)}")
+    validate_graph(model.graph)
+    tensors = {name: np.ascontiguousarray(array) for name, array in model.tensors.items()}
+    _check_tensors(tensors, model.graph, model.tile)
+    core = _header_core(model)
+    header = dict(core, content_hash=content_hash(core, tensors))
+    blob = save_safetensors(tensors, metadata={METADATA_KEY: json.dumps(header, sort_keys=True)})
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return len(blob)
+
+
+def _read_header(blob: bytes, where: str) -> dict:
+    if len(blob) < 8:
+        raise PackedModelError(f"{where}: file too short ({len(blob)} bytes) for a safetensors header")
+    (size,) = struct.unpack("<Q", blob[:8])
+    if size > len(blob) - 8:
+        raise PackedModelError(f"{where}: safetensors header of {size} bytes overruns the {len(blob)}-byte file")
+    try:
+        table = json.loads(blob[8 : 8 + size])
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise PackedModelError(f"{where}: safetensors header is not valid JSON ({error})") from None
+    metadata = table.get("__metadata__") if isinstance(table, dict) else None
+    if not isinstance(metadata, dict) or METADATA_KEY not in metadata:
+        raise PackedModelError(f"{where}: not a jaxbnn packed checkpoint (no {METADATA_KEY!r} header)")
+    try:
+        header = json.loads(metadata[METADATA_KEY])
+    except (TypeError, json.JSONDecodeError) as error:
+        raise PackedModelError(f"{where}: jaxbnn header is not valid JSON ({error})") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+        raise PackedModelError(f"{where}: header does not declare format {FORMAT_NAME!r}")
+    version = header.get("format_version")
+    if version != FORMAT_VERSION:
+        raise PackedModelError(f"{where}: format version {version!r} is not supported (this jaxbnn reads "
+                               f"version {FORMAT_VERSION}); re-export the model")
+    return header
+
+
+def load(path: str | os.PathLike) -> PackedModel:
+    """Read and validate a packed checkpoint: format and version, graph, tensor names, shapes, dtypes and
+    the content hash. Raises PackedModelError naming the problem."""
+    from safetensors.numpy import load as load_safetensors
+
+    path = Path(path)
+    where = str(path)
+    blob = path.read_bytes()
+    header = _read_header(blob, where)
+    target = header.get("target")
+    if target not in TARGETS:
+        raise PackedModelError(f"{where}: unknown target {target!r}; known: {sorted(TARGETS)}")
+    if header.get("tile") != list(TARGETS[target]):
+        raise PackedModelError(f"{where}: tile {header.get('tile')!r} is not the {target} tile {list(TARGETS[target])}")
+    try:
+        tensors = load_safetensors(blob)
+    except Exception as error:  # safetensors raises its own SafetensorError for any malformed payload
+        raise PackedModelError(f"{where}: corrupted tensor data ({error})") from None
+    graph = header.get("graph")
+    try:
+        validate_graph(graph)
+        _check_tensors(tensors, graph, TARGETS[target])
+    except PackedModelError as error:
+        raise PackedModelError(f"{where}: {error}") from None
+    model = PackedModel(graph=graph, tensors=tensors, target=target)
+    stored = header.get("content_hash")
+    actual = content_hash(_header_core(model), tensors)
+    if stored != actual:
+        raise PackedModelError(f"{where}: content hash mismatch (header {stored!r}, content {actual!r}): "
+                               "the file is corrupted or was modified")
+    return model
