@@ -1,0 +1,42 @@
+"""Shared test configuration: the `gpu` marker.
+
+Tests marked `@pytest.mark.gpu` need a CUDA device and the `jaxbnn._cuda` module. Without them they are
+skipped, unless JAXBNN_REQUIRE_GPU=1: then they fail, so a run on a GPU machine cannot pass by skipping.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+
+import pytest
+
+
+@functools.cache
+def gpu_unavailable_reason() -> str | None:
+    """Why the GPU tests cannot run here, or None when they can."""
+    import jax
+
+    try:
+        devices = jax.devices("cuda")
+    except RuntimeError as err:  # jax raises when the platform has no backend
+        return f"no CUDA device ({err})"
+    if not devices:
+        return "no CUDA device"
+    try:
+        importlib.import_module("jaxbnn._cuda")
+    except ImportError as err:
+        return f"the CUDA module jaxbnn._cuda is not importable ({err})"
+    return None
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") is None:
+        return
+    reason = gpu_unavailable_reason()
+    if reason is None:
+        return
+    if os.environ.get("JAXBNN_REQUIRE_GPU") == "1":
+        pytest.fail(f"JAXBNN_REQUIRE_GPU=1 but {reason}", pytrace=False)
+    pytest.skip(reason)

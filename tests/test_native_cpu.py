@@ -1,0 +1,356 @@
+"""The native CPU module jaxbnn._cpu: its format constants, every kernel ISA tier against the reference
+(odd shapes, parallel sizes, other FSB tiles, garbage in padding bits), exact epilogues, and the FFI
+handlers' own validation, exercised by calling jax.ffi.ffi_call directly with bad operands."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxbnn import formats, ops, reference
+
+_cpu = pytest.importorskip("jaxbnn._cpu", reason="the CPU module is part of every build; is jaxbnn installed?")
+
+
+# --- format constants -------------------------------------------------------------------------------
+
+
+def test_native_format_constants_equal_jaxbnn_formats():
+    native = _cpu.format_constants()
+    assert native["word_bits"] == formats.WORD_BITS
+    assert tuple(native["fsb_tile"]) == tuple(formats.FSB_TILE)
+    first_element_only = formats.pack_bits(jnp.arange(formats.WORD_BITS) == 0)
+    assert native["lsb_first"] == (int(first_element_only[0]) == 1)
+    assert native["bit_plus_one"] == int(formats.binarize(jnp.float32(1.0)))
+    assert native["bit_minus_one"] == int(formats.binarize(jnp.float32(-1.0)))
+    values = jnp.array([1, 0, -1])
+    sign, nonzero = formats.ternary_planes(values)
+    assert native["ternary_sign_bit"] == {int(v): int(s) for v, s in zip(values, sign)}
+    assert native["ternary_nonzero_bit"] == {int(v): int(z) for v, z in zip(values, nonzero)}
+
+
+def test_isa_tiers_best_first_and_unknown_tier_refused():
+    tiers = _cpu.supported_isas()
+    assert tiers[-1] == "generic" and _cpu.active_isa() in tiers
+    with pytest.raises(ValueError, match="unsupported kernel ISA tier 'sse9'"):
+        _cpu.set_isa("sse9")
+
+
+@pytest.fixture(params=_cpu.supported_isas())
+def isa(request):
+    """Runs the test once per kernel tier this CPU supports (AVX-512, AVX2, popcnt, generic)."""
+    previous = _cpu.active_isa()
+    _cpu.set_isa(request.param)
+    yield request.param
+    _cpu.set_isa(previous)
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+
+def signs(rng, shape):
+    return rng.choice(np.array([-1.0, 1.0], np.float32), shape)
+
+
+def poison_row_padding(words, bits_per_row):
+    """Set every padding bit of row-packed words (..., ceil(bits/32)) to 1."""
+    words = np.array(words, np.uint32)
+    if bits_per_row % 32:
+        words[..., -1] |= np.uint32(~((1 << (bits_per_row % 32)) - 1) & 0xFFFFFFFF)
+    return words
+
+
+def poison_fsb_padding(tiles, rows, k_words):
+    """Set every word of FSB tiles outside the rows x k_words matrix to all ones."""
+    tiles = np.array(tiles, np.uint32)
+    rt, kt, bh, ww = tiles.shape
+    matrix = tiles.transpose(0, 2, 1, 3).reshape(rt * bh, kt * ww)
+    matrix[rows:, :] = 0xFFFFFFFF
+    matrix[:, k_words:] = 0xFFFFFFFF
+    return matrix.reshape(rt, bh, kt, ww).transpose(0, 2, 1, 3).copy()
+
+
+def epilogue_operands(rng, dots):
+    """Random scale/bias, and thresholds that hit actual dot values so that ties (dot == threshold) occur."""
+    n = dots.shape[-1]
+    flat = np.asarray(dots).reshape(-1, n)
+    threshold = np.where(rng.random(n) < 0.5, flat[rng.integers(0, flat.shape[0], n), np.arange(n)],
+                         rng.integers(-50, 51, n)).astype(np.int32)  # fmt: skip
+    return dict(
+        scale=rng.standard_normal(n).astype(np.float32),
+        bias=rng.standard_normal(n).astype(np.float32),
+        threshold=threshold,
+        flip=rng.random(n) < 0.5,
+    )
+
+
+def assert_all_epilogues(run, want_dots, epi):
+    """`run(**epilogue)` equals the reference epilogue of `want_dots` for int32, affine and threshold."""
+    dots = np.asarray(run())
+    np.testing.assert_array_equal(dots, want_dots)
+    affine = np.asarray(run(scale=epi["scale"], bias=epi["bias"]))
+    # Exactly float(dot) * scale + bias in float32, two roundings (numpy does not fuse multiply-add).
+    np.testing.assert_array_equal(affine, want_dots.astype(np.float32) * epi["scale"] + epi["bias"])
+    bits = np.asarray(run(threshold=epi["threshold"], flip=epi["flip"]))
+    want_bits = reference.epilogue(jnp.asarray(want_dots), threshold=epi["threshold"], flip=epi["flip"])
+    np.testing.assert_array_equal(bits, np.asarray(want_bits))
+
+
+# --- every tier against the reference ---------------------------------------------------------------
+
+BMM_CASES = [
+    # m, k, n, FSB tile: odd sizes, M = 1, K below one word, sizes that run on several threads
+    (1, 1, 1, (8, 128)),
+    (3, 31, 33, (8, 128)),
+    (17, 200, 40, (8, 128)),
+    (70, 257, 70, (16, 64)),
+    (5, 1000, 9, (4, 256)),
+    (300, 1500, 200, (8, 128)),
+    (64, 4096, 96, (8, 32)),
+    (40, 700, 65, (1, 32)),
+]
+
+
+@pytest.mark.parametrize("m,k,n,tile", BMM_CASES)
+def test_bmm_every_tier_matches_reference(isa, m, k, n, tile):
+    rng = np.random.default_rng(m * 7919 + k * 31 + n)
+    a_signs, w_signs = signs(rng, (m, k)), signs(rng, (n, k))
+    a = ops.pack_bits(a_signs)
+    rows = ops.pack_bits(w_signs)
+    b = formats.to_fsb(rows, tile)
+    want = (a_signs @ w_signs.T).astype(np.int32)
+    np.testing.assert_array_equal(np.asarray(reference.bmm(a, b, k, n)), want)  # the spec agrees with numpy
+    popcount = formats.popcount(rows)
+    run = lambda **epi: jax.jit(lambda a, b: ops.bmm(a, b, k, n=n, b_popcount=popcount, **epi))(a, b)  # noqa: E731
+    assert_all_epilogues(run, want, epilogue_operands(rng, want))
+
+
+def test_bmm_ignores_garbage_in_padding_bits(isa):
+    """Padding bits are 0 by the format; the kernels mask them anyway, so garbage cannot leak in."""
+    rng = np.random.default_rng(11)
+    m, k, n = 9, 165, 13
+    a_signs, w_signs = signs(rng, (m, k)), signs(rng, (n, k))
+    rows = ops.pack_bits(w_signs)
+    a = poison_row_padding(ops.pack_bits(a_signs), k)
+    b = poison_fsb_padding(formats.to_fsb(poison_row_padding(rows, k)), n, formats.num_words(k))
+    got = jax.jit(lambda a, b: ops.bmm(a, b, k, n=n, b_popcount=formats.popcount(rows)))(a, b)
+    np.testing.assert_array_equal(np.asarray(got), (a_signs @ w_signs.T).astype(np.int32))
+
+
+CONV_CASES = [
+    # b, h, w, c, o, kernel, stride, padding, pad_value, pool, FSB tile
+    (2, 20, 20, 70, 50, (3, 3), 1, "SAME", "zero", None, (8, 128)),
+    (1, 9, 7, 33, 17, (3, 3), 2, ((2, 0), (1, 3)), "one", (2, 2), (8, 128)),
+    (3, 11, 13, 100, 40, (5, 5), 1, "SAME", "zero", (2, 2), (8, 128)),
+    (2, 8, 8, 256, 64, (3, 3), 1, "SAME", "one", (1, 2), (16, 64)),
+    (1, 5, 4, 31, 9, (1, 1), 1, "VALID", "zero", None, (8, 128)),
+    (1, 6, 6, 3, 5, (7, 7), 1, "SAME", "zero", (3, 3), (4, 256)),
+    (2, 10, 9, 64, 33, (3, 1), (2, 1), ((1, 1), (0, 0)), "zero", (2, 1), (1, 32)),
+]
+
+
+def numpy_conv(x, w, stride, padding, pad_value):
+    """Float convolution of ±1 NHWC x with HWIO w, tap by tap; "one" pads with -1, "zero" with 0."""
+    (pt, pb), (pl, pr) = padding
+    x = np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)), constant_values=-1.0 if pad_value == "one" else 0.0)
+    kh, kw, _, o = w.shape
+    sh, sw = stride
+    oh, ow = (x.shape[1] - kh) // sh + 1, (x.shape[2] - kw) // sw + 1
+    out = np.zeros((x.shape[0], oh, ow, o), np.float64)
+    for i in range(kh):
+        for j in range(kw):
+            out += x[:, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw, :] @ w[i, j]
+    return out.astype(np.int32)
+
+
+def numpy_max_pool(dots, pool):
+    if pool is None:
+        return dots
+    ph, pw = pool
+    b, h, w, o = dots.shape
+    oh, ow = h // ph, w // pw
+    return dots[:, : oh * ph, : ow * pw].reshape(b, oh, ph, ow, pw, o).max(axis=(2, 4))
+
+
+@pytest.mark.parametrize("b,h,w,c,o,kernel,stride,padding,pad_value,pool,tile", CONV_CASES)
+def test_bconv2d_every_tier_matches_reference(isa, b, h, w, c, o, kernel, stride, padding, pad_value, pool, tile):
+    rng = np.random.default_rng(b * 1009 + h * 101 + c * 7 + o)
+    x_signs, w_signs = signs(rng, (b, h, w, c)), signs(rng, kernel + (c, o))
+    stride = (stride, stride) if isinstance(stride, int) else stride
+    pads = ops._conv_padding(padding, (h, w), kernel, stride)
+    want = numpy_max_pool(numpy_conv(x_signs, w_signs, stride, pads, pad_value), pool)
+    x = ops.pack_bits(x_signs)
+    weights = formats.pack_conv_weights(w_signs, tile)
+    spec = reference.bconv2d(x, weights.bits, in_channels=c, out_channels=o, kernel_size=kernel, stride=stride,
+                             padding=pads, pad_value=pad_value, pool=pool)  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(spec), want)  # the spec agrees with numpy
+
+    def run(**epi):
+        conv = lambda x: ops.bconv2d(x, weights, stride=stride, padding=padding, pad_value=pad_value, pool=pool, **epi)  # noqa: E731
+        return jax.jit(conv)(x)
+
+    assert_all_epilogues(run, want, epilogue_operands(rng, want))
+
+
+@pytest.mark.parametrize("pad_value", ["zero", "one"])
+def test_bconv2d_ignores_garbage_in_channel_padding_bits(isa, pad_value):
+    rng = np.random.default_rng(5)
+    b, h, w, c, o, kernel = 2, 7, 6, 45, 11, (3, 3)
+    x_signs, w_signs = signs(rng, (b, h, w, c)), signs(rng, kernel + (c, o))
+    weights = formats.pack_conv_weights(w_signs)
+    k_words = kernel[0] * kernel[1] * formats.num_words(c)
+    taps = formats.from_fsb(weights.bits, o, k_words * 32).reshape(o, *kernel, formats.num_words(c))
+    poisoned_w = poison_fsb_padding(formats.to_fsb(poison_row_padding(taps, c).reshape(o, k_words)), o, k_words)
+    x = poison_row_padding(ops.pack_bits(x_signs), c)
+    got = jax.jit(
+        lambda x, w: ops.bconv2d(x, w, in_channels=c, kernel_size=kernel, out_channels=o, pad_value=pad_value,
+                                 w_tap_popcount=weights.tap_popcount)  # fmt: skip
+    )(x, poisoned_w)
+    want = numpy_conv(x_signs, w_signs, (1, 1), ((1, 1), (1, 1)), pad_value)
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_repeated_parallel_calls_are_identical():
+    """Work is split over XLA's thread pool; the split must not change a single bit."""
+    rng = np.random.default_rng(3)
+    a = ops.pack_bits(signs(rng, (257, 2000)))
+    w = formats.pack_dense_weights(rng.standard_normal((2000, 300)).astype(np.float32))
+    f = jax.jit(lambda a: ops.bmm(a, w))
+    first = np.asarray(f(a))
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(f(a)), first)
+
+
+# --- the handlers' own validation -------------------------------------------------------------------
+
+
+def ffi(target, out_shape, out_dtype, *operands, **attrs):
+    """Call a native target directly (bypassing jaxbnn.ops and its Python-side checks)."""
+    call = lambda *xs: jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(out_shape, out_dtype))(*xs, **attrs)  # noqa: E731
+    return jax.block_until_ready(jax.jit(call)(*operands))
+
+
+def u32(*shape):
+    return jnp.asarray(np.random.default_rng(0).integers(0, 2**32, shape, dtype=np.uint64).astype(np.uint32))
+
+
+I64 = np.int64
+# A valid bmm call: M=4, k=100 (4 words), n=10 (FSB tiles (2, 1, 8, 4)).
+BMM = dict(a=u32(4, 4), b=u32(2, 1, 8, 4), popc=jnp.zeros(10, jnp.int32), k=I64(100), n=I64(10))
+
+
+def bmm_call(target="jaxbnn_bmm_i32", out=((4, 10), jnp.int32), extra=(), **change):
+    args = {**BMM, **change}
+    return ffi(target, *out, args["a"], args["b"], args["popc"], *extra, k=args["k"], n=args["n"])
+
+
+def test_valid_direct_calls_run():
+    assert bmm_call().shape == (4, 10)
+    scale_bias = (jnp.ones(10, jnp.float32), jnp.zeros(10, jnp.float32))
+    assert bmm_call("jaxbnn_bmm_f32", ((4, 10), jnp.float32), scale_bias).dtype == jnp.float32
+    threshold_flip = (jnp.zeros(10, jnp.int32), jnp.zeros(10, jnp.uint8))
+    assert bmm_call("jaxbnn_bmm_bits", ((4, 1), jnp.uint32), threshold_flip).shape == (4, 1)
+    assert conv_call().shape == (1, 5, 5, 9)
+
+
+BMM_ERRORS = [
+    ("a float32", dict(a=jnp.zeros((4, 4), jnp.float32)), r"operand `a` must be uint32 of rank 2 .*got float32"),
+    ("a rank 3", dict(a=u32(1, 4, 4)), r"operand `a` must be uint32 of rank 2"),
+    ("a words != ceil(k/32)", dict(a=u32(4, 3)), r"operand `a` has shape \(4, 3\) but k = 100 requires \(4, 4\)"),
+    ("b too few reduction tiles", dict(k=I64(200), a=u32(4, 7)), r"operand `b` has shape \(2, 1, 8, 4\)"),
+    ("b too few row tiles", dict(n=I64(17), popc=jnp.zeros(17, jnp.int32)), r"operand `b` has shape"),
+    ("b empty tile", dict(b=u32(2, 1, 8, 0)), r"operand `b` has an empty tile"),
+    ("b rank 2", dict(b=u32(10, 4)), r"operand `b` must be uint32 of rank 4"),
+    ("b_popcount length", dict(popc=jnp.zeros(9, jnp.int32)), r"operand `b_popcount` has shape \(9,\)"),
+    ("b_popcount dtype", dict(popc=jnp.zeros(10, jnp.float32)), r"operand `b_popcount` must be int32"),
+    ("negative k", dict(k=I64(-1)), r"attribute k = -1 is out of range"),
+    ("k beyond int32", dict(k=I64(2**31)), r"attribute k = 2147483648 is out of range"),
+    ("negative n", dict(n=I64(-3)), r"attribute n = -3 is out of range"),
+]
+
+
+@pytest.mark.parametrize("what,change,message", BMM_ERRORS, ids=[e[0] for e in BMM_ERRORS])
+def test_bmm_handler_refuses_bad_operands(what, change, message):
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bmm_i32: " + message):
+        bmm_call(**change)
+
+
+def test_bmm_handler_refuses_bad_results_and_epilogue_operands():
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bmm_i32: result has shape \(4, 11\)"):
+        bmm_call(out=((4, 11), jnp.int32))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bmm_i32: result must be int32, got float32"):
+        bmm_call(out=((4, 10), jnp.float32))
+    good_scale, good_bias = jnp.ones(10, jnp.float32), jnp.zeros(10, jnp.float32)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bmm_f32: operand `scale` must be float32"):
+        bmm_call("jaxbnn_bmm_f32", ((4, 10), jnp.float32), (jnp.ones(10, jnp.int32), good_bias))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bmm_f32: operand `bias` has shape \(9,\)"):
+        bmm_call("jaxbnn_bmm_f32", ((4, 10), jnp.float32), (good_scale, jnp.zeros(9, jnp.float32)))
+    threshold, flip = jnp.zeros(10, jnp.int32), jnp.zeros(10, jnp.uint8)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bmm_bits: operand `flip` must be uint8.*bool"):
+        bmm_call("jaxbnn_bmm_bits", ((4, 1), jnp.uint32), (threshold, jnp.zeros(10, bool)))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bmm_bits: operand `threshold` must be int32"):
+        bmm_call("jaxbnn_bmm_bits", ((4, 1), jnp.uint32), (jnp.zeros(10, jnp.float32), flip))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bmm_bits: result has shape \(4, 10\)"):
+        bmm_call("jaxbnn_bmm_bits", ((4, 10), jnp.uint32), (threshold, flip))
+
+
+def test_handler_refuses_wrongly_typed_or_missing_attributes():
+    """Decoding errors come from XLA's FFI layer itself: still an error, not a crash."""
+    with pytest.raises(jax.errors.JaxRuntimeError, match="expected S64 but got S32"):
+        bmm_call(k=np.int32(100))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="Wrong number of attributes"):
+        ffi("jaxbnn_bmm_i32", (4, 10), jnp.int32, BMM["a"], BMM["b"], BMM["popc"], n=I64(10))
+
+
+# A valid bconv2d call: 1x5x5 image, c=40 (2 words), o=9, 3x3 kernel, stride 1, padding 1.
+CONV_ATTRS = dict(c=I64(40), o=I64(9), kh=I64(3), kw=I64(3), stride_h=I64(1), stride_w=I64(1), pad_top=I64(1),
+                  pad_bottom=I64(1), pad_left=I64(1), pad_right=I64(1), pad_one=False, pool_h=I64(1),
+                  pool_w=I64(1))  # fmt: skip
+CONV = dict(x=u32(1, 5, 5, 2), w=u32(2, 5, 8, 4), taps=jnp.zeros((9, 9), jnp.int32))
+
+
+def conv_call(target="jaxbnn_bconv2d_i32", out=((1, 5, 5, 9), jnp.int32), extra=(), **change):
+    operands = {k: change.pop(k) if k in change else v for k, v in CONV.items()}
+    attrs = {**CONV_ATTRS, **change}
+    return ffi(target, *out, operands["x"], operands["w"], operands["taps"], *extra, **attrs)
+
+
+CONV_ERRORS = [
+    ("x float32", dict(x=jnp.zeros((1, 5, 5, 2), jnp.float32)), r"operand `x` must be uint32 of rank 4"),
+    ("x channel words", dict(x=u32(1, 5, 5, 3)), r"operand `x` has shape \(1, 5, 5, 3\) but c = 40 requires"),
+    ("w reduction tiles", dict(w=u32(2, 4, 8, 4)), r"operand `w` has shape \(2, 4, 8, 4\)"),
+    ("w output tiles", dict(w=u32(1, 5, 8, 4)), r"operand `w` has shape \(1, 5, 8, 4\)"),
+    ("tap popcount shape", dict(taps=jnp.zeros((9, 8), jnp.int32)), r"operand `w_tap_popcount` has shape \(9, 8\)"),
+    ("tap popcount dtype", dict(taps=jnp.zeros((9, 9), jnp.uint8)), r"operand `w_tap_popcount` must be int32"),
+    ("zero stride", dict(stride_h=I64(0)), r"attribute stride_h = 0 is out of range"),
+    ("negative padding", dict(pad_left=I64(-1)), r"attribute pad_left = -1 is out of range"),
+    ("zero pool", dict(pool_w=I64(0)), r"attribute pool_w = 0 is out of range"),
+    ("zero channels", dict(c=I64(0)), r"attribute c = 0 is out of range"),
+    ("kernel larger than input", dict(kh=I64(9)), r"the kernel 9 x 3 is larger than the padded input 7 x 7"),
+    ("reduction beyond int32", dict(c=I64(2**30)), r"the reduction kh \* kw \* c = 3 \* 3 \* 1073741824 does not fit int32"),
+]
+
+
+@pytest.mark.parametrize("what,change,message", CONV_ERRORS, ids=[e[0] for e in CONV_ERRORS])
+def test_bconv2d_handler_refuses_bad_operands(what, change, message):
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bconv2d_i32: " + message):
+        conv_call(**change)
+
+
+def test_bconv2d_handler_refuses_bad_results():
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bconv2d_i32: result has shape \(1, 5, 5, 8\)"):
+        conv_call(out=((1, 5, 5, 8), jnp.int32))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"result has shape \(1, 4, 4, 9\)"):
+        conv_call(out=((1, 4, 4, 9), jnp.int32), pad_top=I64(0))  # OH = 4 but OW = 5
+    threshold, flip = jnp.zeros(9, jnp.int32), jnp.zeros(9, jnp.uint8)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bconv2d_bits: result has shape \(1, 5, 5, 9\)"):
+        conv_call("jaxbnn_bconv2d_bits", ((1, 5, 5, 9), jnp.uint32), (threshold, flip))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bconv2d_f32: operand `scale` has shape \(8,\)"):
+        conv_call("jaxbnn_bconv2d_f32", ((1, 5, 5, 9), jnp.float32),
+                  (jnp.ones(8, jnp.float32), jnp.zeros(9, jnp.float32)))  # fmt: skip
+
+
+def test_handlers_accept_empty_outputs():
+    """Zero rows, or a pool window larger than the conv output, give empty results (nothing to compute)."""
+    assert bmm_call(a=u32(0, 4), out=((0, 10), jnp.int32)).shape == (0, 10)
+    assert conv_call(pool_h=I64(6), out=((1, 0, 5, 9), jnp.int32)).shape == (1, 0, 5, 9)

@@ -1,0 +1,330 @@
+// Validation of the FFI calls of docs/ops.md ("Native contract"), shared by the CPU and CUDA handlers so
+// that both backends accept and refuse exactly the same calls with the same messages.
+// Header-only; needs only the XLA FFI headers (no CUDA).
+#ifndef JAXBNN_XLA_FFI_COMMON_CHECKS_H_
+#define JAXBNN_XLA_FFI_COMMON_CHECKS_H_
+
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "common/formats.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxbnn {
+
+namespace ffi = xla::ffi;
+
+enum class Epilogue { kInt32, kAffine, kThreshold };
+
+// The per-output-column operands of an epilogue: (scale, bias) for kAffine, (threshold, flip) for
+// kThreshold, both null for kInt32.
+struct EpilogueOperands {
+  const ffi::AnyBuffer* first = nullptr;
+  const ffi::AnyBuffer* second = nullptr;
+};
+
+// A validated bmm call: a (m, k_words) x FSB tiles (n_tiles, k_tiles, tile_rows, tile_words).
+struct BmmProblem {
+  int64_t m, k, n, k_words;
+  int64_t n_tiles, k_tiles, tile_rows, tile_words;
+  Epilogue epilogue;
+};
+
+// A validated bconv2d call on a packed NHWC image (batch, height, width, c_words).
+struct Bconv2dProblem {
+  int64_t batch, height, width, c, c_words, o;
+  int64_t kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right;
+  bool pad_one;
+  int64_t pool_h, pool_w;
+  int64_t conv_h, conv_w;  // before pooling
+  int64_t out_h, out_w;    // after pooling
+  int64_t k_words;         // kh * kw * c_words: the words of one reduction row
+  int64_t o_tiles, k_tiles, tile_rows, tile_words;
+  Epilogue epilogue;
+};
+
+namespace checks {
+
+// Largest reduction length: dot products must fit int32.
+inline constexpr int64_t kMaxReduction = std::numeric_limits<int32_t>::max();
+// Bound on every size attribute, so that products of a few of them cannot overflow int64.
+inline constexpr int64_t kMaxAttr = int64_t{1} << 31;
+
+inline const char* DtypeName(ffi::DataType dtype) {
+  switch (dtype) {
+    case ffi::DataType::PRED: return "bool";
+    case ffi::DataType::S8: return "int8";
+    case ffi::DataType::S16: return "int16";
+    case ffi::DataType::S32: return "int32";
+    case ffi::DataType::S64: return "int64";
+    case ffi::DataType::U8: return "uint8";
+    case ffi::DataType::U16: return "uint16";
+    case ffi::DataType::U32: return "uint32";
+    case ffi::DataType::U64: return "uint64";
+    case ffi::DataType::F16: return "float16";
+    case ffi::DataType::BF16: return "bfloat16";
+    case ffi::DataType::F32: return "float32";
+    case ffi::DataType::F64: return "float64";
+    default: return "an unsupported dtype";
+  }
+}
+
+inline std::string ShapeString(ffi::AnyBuffer::Dimensions dims) {
+  std::ostringstream s;
+  s << "(";
+  for (size_t i = 0; i < dims.size(); ++i) s << (i ? ", " : "") << dims[i];
+  s << (dims.size() == 1 ? ",)" : ")");
+  return s.str();
+}
+
+inline std::string ShapeString(std::initializer_list<int64_t> dims) {
+  std::ostringstream s;
+  s << "(";
+  size_t i = 0;
+  for (int64_t d : dims) s << (i++ ? ", " : "") << d;
+  s << (dims.size() == 1 ? ",)" : ")");
+  return s.str();
+}
+
+inline ffi::Error Invalid(std::string_view target, const std::string& message) {
+  return ffi::Error::InvalidArgument(std::string(target) + ": " + message);
+}
+
+// `what` ("operand `a`") must have dtype `dtype` and rank `rank`.
+inline ffi::Error CheckDtypeRank(std::string_view target, const char* what, const ffi::AnyBuffer& buffer,
+                                 ffi::DataType dtype, size_t rank, const char* layout) {
+  if (buffer.element_type() != dtype || buffer.dimensions().size() != rank) {
+    std::ostringstream s;
+    s << what << " must be " << DtypeName(dtype) << " of rank " << rank << " " << layout << ", got "
+      << DtypeName(buffer.element_type()) << " of shape " << ShapeString(buffer.dimensions());
+    return Invalid(target, s.str());
+  }
+  return ffi::Error::Success();
+}
+
+// `what` must have exactly the shape `expected` (dtype and rank already checked).
+inline ffi::Error CheckShape(std::string_view target, const char* what, const ffi::AnyBuffer& buffer,
+                             std::initializer_list<int64_t> expected, const char* why) {
+  auto dims = buffer.dimensions();
+  bool same = dims.size() == expected.size();
+  size_t i = 0;
+  for (int64_t d : expected) same = same && dims[i++] == d;
+  if (!same) {
+    std::ostringstream s;
+    s << what << " has shape " << ShapeString(dims) << " but " << why << " requires "
+      << ShapeString(expected);
+    return Invalid(target, s.str());
+  }
+  return ffi::Error::Success();
+}
+
+inline ffi::Error CheckAttrRange(std::string_view target, const char* name, int64_t value, int64_t lo,
+                                 int64_t hi) {
+  if (value < lo || value > hi) {
+    std::ostringstream s;
+    s << "attribute " << name << " = " << value << " is out of range [" << lo << ", " << hi << "]";
+    return Invalid(target, s.str());
+  }
+  return ffi::Error::Success();
+}
+
+// The tile geometry of FSB weights (n_tiles, k_tiles, tile_rows, tile_words) must be able to hold a bit
+// matrix of `rows` rows and `bits` reduction bits; see docs/formats.md "FSB tiles".
+inline ffi::Error CheckFsbGeometry(std::string_view target, const char* what, const ffi::AnyBuffer& w,
+                                   int64_t rows, int64_t bits, const char* rows_name) {
+  auto dims = w.dimensions();
+  int64_t tile_rows = dims[2], tile_words = dims[3];
+  if (tile_rows < 1 || tile_words < 1) {
+    return Invalid(target, std::string(what) + " has an empty tile " + ShapeString(dims) +
+                               "; FSB tiles are (row tiles, reduction tiles, tile rows, tile words)");
+  }
+  int64_t tile_bits = tile_words * formats::kWordBits;
+  std::string why = std::string("(") + rows_name + " = " + std::to_string(rows) + ", " +
+                    std::to_string(bits) + " reduction bits, tile " + std::to_string(tile_rows) + " x " +
+                    std::to_string(tile_bits) + " bits)";
+  return CheckShape(target, what, w,
+                    {formats::CeilDiv(rows, tile_rows), formats::CeilDiv(bits, tile_bits), tile_rows,
+                     tile_words},
+                    why.c_str());
+}
+
+inline ffi::Error CheckEpilogueOperands(std::string_view target, Epilogue epilogue,
+                                        const EpilogueOperands& operands, int64_t columns,
+                                        const char* columns_name) {
+  if (epilogue == Epilogue::kInt32) return ffi::Error::Success();
+  bool affine = epilogue == Epilogue::kAffine;
+  const char* first = affine ? "operand `scale`" : "operand `threshold`";
+  const char* second = affine ? "operand `bias`" : "operand `flip`";
+  ffi::DataType first_dtype = affine ? ffi::DataType::F32 : ffi::DataType::S32;
+  ffi::DataType second_dtype = affine ? ffi::DataType::F32 : ffi::DataType::U8;
+  std::string why = std::string("one value per output column (") + columns_name + " = " +
+                    std::to_string(columns) + ")";
+  if (auto e = CheckDtypeRank(target, first, *operands.first, first_dtype, 1, "(N,)"); e.failure()) return e;
+  if (auto e = CheckShape(target, first, *operands.first, {columns}, why.c_str()); e.failure()) return e;
+  if (auto e = CheckDtypeRank(target, second, *operands.second, second_dtype, 1, "(N,)"); e.failure()) {
+    return e;
+  }
+  return CheckShape(target, second, *operands.second, {columns}, why.c_str());
+}
+
+// The result buffer: int32 / float32 (..., columns) or packed uint32 (..., ceil(columns / 32)).
+inline ffi::Error CheckResult(std::string_view target, Epilogue epilogue, const ffi::AnyBuffer& out,
+                              std::initializer_list<int64_t> leading, int64_t columns) {
+  ffi::DataType dtype = epilogue == Epilogue::kInt32    ? ffi::DataType::S32
+                        : epilogue == Epilogue::kAffine ? ffi::DataType::F32
+                                                        : ffi::DataType::U32;
+  int64_t last = epilogue == Epilogue::kThreshold ? formats::WordsForBits(columns) : columns;
+  if (out.element_type() != dtype) {
+    return Invalid(target, std::string("result must be ") + DtypeName(dtype) + ", got " +
+                               DtypeName(out.element_type()));
+  }
+  auto dims = out.dimensions();
+  bool same = dims.size() == leading.size() + 1 && dims[dims.size() - 1] == last;
+  size_t i = 0;
+  for (int64_t d : leading) same = same && dims[i++] == d;
+  if (!same) {
+    std::ostringstream s;
+    s << "result has shape " << ShapeString(dims) << ", expected leading dims " << ShapeString(leading)
+      << " and a last dim of " << last;
+    return Invalid(target, s.str());
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace checks
+
+// Validates a jaxbnn_bmm_{i32,f32,bits} call; on success fills `problem`.
+inline ffi::Error CheckBmm(std::string_view target, Epilogue epilogue, const ffi::AnyBuffer& a,
+                           const ffi::AnyBuffer& b, const ffi::AnyBuffer& b_popcount,
+                           const EpilogueOperands& epilogue_operands, int64_t k, int64_t n,
+                           const ffi::AnyBuffer& out, BmmProblem* problem) {
+  using namespace checks;
+  if (auto e = CheckAttrRange(target, "k", k, 0, kMaxReduction); e.failure()) return e;
+  if (auto e = CheckAttrRange(target, "n", n, 0, kMaxAttr); e.failure()) return e;
+  if (auto e = CheckDtypeRank(target, "operand `a`", a, ffi::DataType::U32, 2, "(M, ceil(k/32))");
+      e.failure()) {
+    return e;
+  }
+  int64_t m = a.dimensions()[0];
+  int64_t k_words = formats::WordsForBits(k);
+  std::string why_a = "k = " + std::to_string(k);
+  if (auto e = CheckShape(target, "operand `a`", a, {m, k_words}, why_a.c_str()); e.failure()) return e;
+  if (auto e = CheckDtypeRank(target, "operand `b`", b, ffi::DataType::U32, 4,
+                              "(NT, KT, BH, BW/32) of FSB tiles");
+      e.failure()) {
+    return e;
+  }
+  if (auto e = CheckFsbGeometry(target, "operand `b`", b, n, k, "n"); e.failure()) return e;
+  if (auto e = CheckDtypeRank(target, "operand `b_popcount`", b_popcount, ffi::DataType::S32, 1, "(N,)");
+      e.failure()) {
+    return e;
+  }
+  std::string why_n = "n = " + std::to_string(n);
+  if (auto e = CheckShape(target, "operand `b_popcount`", b_popcount, {n}, why_n.c_str()); e.failure()) {
+    return e;
+  }
+  if (auto e = CheckEpilogueOperands(target, epilogue, epilogue_operands, n, "n"); e.failure()) return e;
+  if (auto e = CheckResult(target, epilogue, out, {m}, n); e.failure()) return e;
+  auto b_dims = b.dimensions();
+  *problem = BmmProblem{m, k, n, k_words, b_dims[0], b_dims[1], b_dims[2], b_dims[3], epilogue};
+  return ffi::Error::Success();
+}
+
+// The attributes of a jaxbnn_bconv2d_* call, as named in docs/ops.md.
+struct Bconv2dAttrs {
+  int64_t c, o, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right;
+  bool pad_one;
+  int64_t pool_h, pool_w;
+};
+
+// Validates a jaxbnn_bconv2d_{i32,f32,bits} call; on success fills `problem`.
+inline ffi::Error CheckBconv2d(std::string_view target, Epilogue epilogue, const ffi::AnyBuffer& x,
+                               const ffi::AnyBuffer& w, const ffi::AnyBuffer& w_tap_popcount,
+                               const EpilogueOperands& epilogue_operands, const Bconv2dAttrs& attrs,
+                               const ffi::AnyBuffer& out, Bconv2dProblem* problem) {
+  using namespace checks;
+  const std::pair<const char*, int64_t> positive[] = {
+      {"c", attrs.c}, {"o", attrs.o}, {"kh", attrs.kh}, {"kw", attrs.kw}, {"stride_h", attrs.stride_h},
+      {"stride_w", attrs.stride_w}, {"pool_h", attrs.pool_h}, {"pool_w", attrs.pool_w}};
+  for (const auto& [name, value] : positive) {
+    if (auto e = CheckAttrRange(target, name, value, 1, kMaxAttr); e.failure()) return e;
+  }
+  const std::pair<const char*, int64_t> paddings[] = {{"pad_top", attrs.pad_top},
+                                                      {"pad_bottom", attrs.pad_bottom},
+                                                      {"pad_left", attrs.pad_left},
+                                                      {"pad_right", attrs.pad_right}};
+  for (const auto& [name, value] : paddings) {
+    if (auto e = CheckAttrRange(target, name, value, 0, kMaxAttr); e.failure()) return e;
+  }
+  int64_t c_words = formats::WordsForBits(attrs.c);
+  if (attrs.kh * attrs.kw > kMaxReduction / attrs.c) {
+    return Invalid(target, "the reduction kh * kw * c = " + std::to_string(attrs.kh) + " * " +
+                               std::to_string(attrs.kw) + " * " + std::to_string(attrs.c) +
+                               " does not fit int32");
+  }
+  int64_t k_words = attrs.kh * attrs.kw * c_words;
+  int64_t k_bits = k_words * formats::kWordBits;
+
+  if (auto e = CheckDtypeRank(target, "operand `x`", x, ffi::DataType::U32, 4, "(B, H, W, ceil(c/32))");
+      e.failure()) {
+    return e;
+  }
+  auto x_dims = x.dimensions();
+  int64_t batch = x_dims[0], height = x_dims[1], width = x_dims[2];
+  std::string why_x = "c = " + std::to_string(attrs.c);
+  if (auto e = CheckShape(target, "operand `x`", x, {batch, height, width, c_words}, why_x.c_str());
+      e.failure()) {
+    return e;
+  }
+  int64_t padded_h = height + attrs.pad_top + attrs.pad_bottom;
+  int64_t padded_w = width + attrs.pad_left + attrs.pad_right;
+  if (padded_h < attrs.kh || padded_w < attrs.kw) {
+    std::ostringstream s;
+    s << "the kernel " << attrs.kh << " x " << attrs.kw << " is larger than the padded input " << padded_h
+      << " x " << padded_w;
+    return Invalid(target, s.str());
+  }
+  int64_t conv_h = (padded_h - attrs.kh) / attrs.stride_h + 1;
+  int64_t conv_w = (padded_w - attrs.kw) / attrs.stride_w + 1;
+  int64_t out_h = conv_h / attrs.pool_h, out_w = conv_w / attrs.pool_w;
+
+  if (auto e = CheckDtypeRank(target, "operand `w`", w, ffi::DataType::U32, 4,
+                              "(OT, KT, BH, BW/32) of FSB tiles");
+      e.failure()) {
+    return e;
+  }
+  if (auto e = CheckFsbGeometry(target, "operand `w`", w, attrs.o, k_bits, "o"); e.failure()) return e;
+  if (auto e = CheckDtypeRank(target, "operand `w_tap_popcount`", w_tap_popcount, ffi::DataType::S32, 2,
+                              "(kh*kw, o)");
+      e.failure()) {
+    return e;
+  }
+  std::string why_taps = "kh * kw = " + std::to_string(attrs.kh * attrs.kw) + " taps and o = " +
+                         std::to_string(attrs.o);
+  if (auto e = CheckShape(target, "operand `w_tap_popcount`", w_tap_popcount, {attrs.kh * attrs.kw, attrs.o},
+                          why_taps.c_str());
+      e.failure()) {
+    return e;
+  }
+  if (auto e = CheckEpilogueOperands(target, epilogue, epilogue_operands, attrs.o, "o"); e.failure()) {
+    return e;
+  }
+  if (auto e = CheckResult(target, epilogue, out, {batch, out_h, out_w}, attrs.o); e.failure()) return e;
+  auto w_dims = w.dimensions();
+  *problem = Bconv2dProblem{batch,         height,      width,         attrs.c,        c_words,
+                            attrs.o,       attrs.kh,    attrs.kw,      attrs.stride_h, attrs.stride_w,
+                            attrs.pad_top, attrs.pad_bottom, attrs.pad_left, attrs.pad_right,
+                            attrs.pad_one, attrs.pool_h, attrs.pool_w, conv_h,        conv_w,
+                            out_h,         out_w,       k_words,       w_dims[0],      w_dims[1],
+                            w_dims[2],     w_dims[3],   epilogue};
+  return ffi::Error::Success();
+}
+
+}  // namespace jaxbnn
+
+#endif  // JAXBNN_XLA_FFI_COMMON_CHECKS_H_

@@ -1,0 +1,193 @@
+// XLA FFI handlers of docs/ops.md on the CPU: validate (common/checks.h, shared with CUDA), then run.
+#include "cpu/handlers.h"
+
+#include <exception>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "common/checks.h"
+#include "cpu/bit_kernels.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxbnn::cpu {
+namespace {
+
+EpilogueData EpilogueDataOf(Epilogue kind, const EpilogueOperands& operands) {
+  EpilogueData data{kind, nullptr, nullptr, nullptr, nullptr};
+  if (kind == Epilogue::kAffine) {
+    data.scale = static_cast<const float*>(operands.first->untyped_data());
+    data.bias = static_cast<const float*>(operands.second->untyped_data());
+  } else if (kind == Epilogue::kThreshold) {
+    data.threshold = static_cast<const int32_t*>(operands.first->untyped_data());
+    data.flip = static_cast<const uint8_t*>(operands.second->untyped_data());
+  }
+  return data;
+}
+
+template <class Run>
+ffi::Error Guarded(std::string_view target, Run run) {
+  try {
+    run();
+  } catch (const std::exception& e) {
+    return ffi::Error::Internal(std::string(target) + ": " + e.what());
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error Bmm(std::string_view target, Epilogue kind, ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
+               ffi::AnyBuffer b_popcount, EpilogueOperands epilogue, int64_t k, int64_t n, ffi::AnyBuffer out) {
+  BmmProblem problem;
+  if (auto error = CheckBmm(target, kind, a, b, b_popcount, epilogue, k, n, out, &problem); error.failure()) {
+    return error;
+  }
+  return Guarded(target, [&] {
+    RunBmm(problem, static_cast<const uint32_t*>(a.untyped_data()), static_cast<const uint32_t*>(b.untyped_data()),
+           EpilogueDataOf(kind, epilogue), out.untyped_data(), &pool);
+  });
+}
+
+ffi::Error BmmI32(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer b_popcount, int64_t k,
+                  int64_t n, ffi::Result<ffi::AnyBuffer> out) {
+  return Bmm("jaxbnn_bmm_i32", Epilogue::kInt32, pool, a, b, b_popcount, {}, k, n, *out);
+}
+
+ffi::Error BmmF32(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer b_popcount,
+                  ffi::AnyBuffer scale, ffi::AnyBuffer bias, int64_t k, int64_t n, ffi::Result<ffi::AnyBuffer> out) {
+  return Bmm("jaxbnn_bmm_f32", Epilogue::kAffine, pool, a, b, b_popcount, {&scale, &bias}, k, n, *out);
+}
+
+ffi::Error BmmBits(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer b_popcount,
+                   ffi::AnyBuffer threshold, ffi::AnyBuffer flip, int64_t k, int64_t n,
+                   ffi::Result<ffi::AnyBuffer> out) {
+  return Bmm("jaxbnn_bmm_bits", Epilogue::kThreshold, pool, a, b, b_popcount, {&threshold, &flip}, k, n, *out);
+}
+
+ffi::Error Bconv2d(std::string_view target, Epilogue kind, ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                   ffi::AnyBuffer w_tap_popcount, EpilogueOperands epilogue, const Bconv2dAttrs& attrs,
+                   ffi::AnyBuffer out) {
+  Bconv2dProblem problem;
+  if (auto error = CheckBconv2d(target, kind, x, w, w_tap_popcount, epilogue, attrs, out, &problem);
+      error.failure()) {
+    return error;
+  }
+  return Guarded(target, [&] {
+    RunBconv2d(problem, static_cast<const uint32_t*>(x.untyped_data()),
+               static_cast<const uint32_t*>(w.untyped_data()), EpilogueDataOf(kind, epilogue), out.untyped_data(),
+               &pool);
+  });
+}
+
+#define JAXBNN_BCONV2D_ATTR_PARAMS                                                                        \
+  int64_t c, int64_t o, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t pad_top,       \
+      int64_t pad_bottom, int64_t pad_left, int64_t pad_right, bool pad_one, int64_t pool_h, int64_t pool_w
+#define JAXBNN_BCONV2D_ATTRS \
+  Bconv2dAttrs { c, o, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, pad_one, pool_h, pool_w }
+
+ffi::Error Bconv2dI32(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer w_tap_popcount,
+                      JAXBNN_BCONV2D_ATTR_PARAMS, ffi::Result<ffi::AnyBuffer> out) {
+  return Bconv2d("jaxbnn_bconv2d_i32", Epilogue::kInt32, pool, x, w, w_tap_popcount, {}, JAXBNN_BCONV2D_ATTRS, *out);
+}
+
+ffi::Error Bconv2dF32(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer w_tap_popcount,
+                      ffi::AnyBuffer scale, ffi::AnyBuffer bias, JAXBNN_BCONV2D_ATTR_PARAMS,
+                      ffi::Result<ffi::AnyBuffer> out) {
+  return Bconv2d("jaxbnn_bconv2d_f32", Epilogue::kAffine, pool, x, w, w_tap_popcount, {&scale, &bias},
+                 JAXBNN_BCONV2D_ATTRS, *out);
+}
+
+ffi::Error Bconv2dBits(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer w_tap_popcount,
+                       ffi::AnyBuffer threshold, ffi::AnyBuffer flip, JAXBNN_BCONV2D_ATTR_PARAMS,
+                       ffi::Result<ffi::AnyBuffer> out) {
+  return Bconv2d("jaxbnn_bconv2d_bits", Epilogue::kThreshold, pool, x, w, w_tap_popcount, {&threshold, &flip},
+                 JAXBNN_BCONV2D_ATTRS, *out);
+}
+
+#undef JAXBNN_BCONV2D_ATTRS
+#undef JAXBNN_BCONV2D_ATTR_PARAMS
+
+// Binds the attributes of docs/ops.md in order.
+template <class Binding>
+auto BindBconv2dAttrs(Binding binding) {
+  return std::move(binding).template Attr<int64_t>("c")
+      .template Attr<int64_t>("o")
+      .template Attr<int64_t>("kh")
+      .template Attr<int64_t>("kw")
+      .template Attr<int64_t>("stride_h")
+      .template Attr<int64_t>("stride_w")
+      .template Attr<int64_t>("pad_top")
+      .template Attr<int64_t>("pad_bottom")
+      .template Attr<int64_t>("pad_left")
+      .template Attr<int64_t>("pad_right")
+      .template Attr<bool>("pad_one")
+      .template Attr<int64_t>("pool_h")
+      .template Attr<int64_t>("pool_w");
+}
+
+}  // namespace
+}  // namespace jaxbnn::cpu
+
+namespace ffi = xla::ffi;
+using ffi::AnyBuffer;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBmmI32, jaxbnn::cpu::BmmI32,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<AnyBuffer>()  // a
+                                  .Arg<AnyBuffer>()  // b
+                                  .Arg<AnyBuffer>()  // b_popcount
+                                  .Attr<int64_t>("k")
+                                  .Attr<int64_t>("n")
+                                  .Ret<AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBmmF32, jaxbnn::cpu::BmmF32,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<AnyBuffer>()  // a
+                                  .Arg<AnyBuffer>()  // b
+                                  .Arg<AnyBuffer>()  // b_popcount
+                                  .Arg<AnyBuffer>()  // scale
+                                  .Arg<AnyBuffer>()  // bias
+                                  .Attr<int64_t>("k")
+                                  .Attr<int64_t>("n")
+                                  .Ret<AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBmmBits, jaxbnn::cpu::BmmBits,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<AnyBuffer>()  // a
+                                  .Arg<AnyBuffer>()  // b
+                                  .Arg<AnyBuffer>()  // b_popcount
+                                  .Arg<AnyBuffer>()  // threshold
+                                  .Arg<AnyBuffer>()  // flip
+                                  .Attr<int64_t>("k")
+                                  .Attr<int64_t>("n")
+                                  .Ret<AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dI32, jaxbnn::cpu::Bconv2dI32,
+                              jaxbnn::cpu::BindBconv2dAttrs(ffi::Ffi::Bind()
+                                                                .Ctx<ffi::ThreadPool>()
+                                                                .Arg<AnyBuffer>()   // x
+                                                                .Arg<AnyBuffer>()   // w
+                                                                .Arg<AnyBuffer>())  // w_tap_popcount
+                                  .Ret<AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dF32, jaxbnn::cpu::Bconv2dF32,
+                              jaxbnn::cpu::BindBconv2dAttrs(ffi::Ffi::Bind()
+                                                                .Ctx<ffi::ThreadPool>()
+                                                                .Arg<AnyBuffer>()   // x
+                                                                .Arg<AnyBuffer>()   // w
+                                                                .Arg<AnyBuffer>()   // w_tap_popcount
+                                                                .Arg<AnyBuffer>()   // scale
+                                                                .Arg<AnyBuffer>())  // bias
+                                  .Ret<AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dBits, jaxbnn::cpu::Bconv2dBits,
+                              jaxbnn::cpu::BindBconv2dAttrs(ffi::Ffi::Bind()
+                                                                .Ctx<ffi::ThreadPool>()
+                                                                .Arg<AnyBuffer>()   // x
+                                                                .Arg<AnyBuffer>()   // w
+                                                                .Arg<AnyBuffer>()   // w_tap_popcount
+                                                                .Arg<AnyBuffer>()   // threshold
+                                                                .Arg<AnyBuffer>())  // flip
+                                  .Ret<AnyBuffer>());

@@ -1,0 +1,14 @@
+// The six CPU FFI handlers of docs/ops.md ("Native contract").
+#ifndef JAXBNN_XLA_FFI_CPU_HANDLERS_H_
+#define JAXBNN_XLA_FFI_CPU_HANDLERS_H_
+
+#include "xla/ffi/api/api.h"
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBmmI32);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBmmF32);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBmmBits);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBconv2dI32);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBconv2dF32);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBconv2dBits);
+
+#endif  // JAXBNN_XLA_FFI_CPU_HANDLERS_H_

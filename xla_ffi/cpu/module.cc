@@ -1,0 +1,79 @@
+// jaxbnn._cpu: the CPU FFI handlers as capsules for jax.ffi.register_ffi_target (see jaxbnn/_ffi.py), the
+// native format constants (checked against jaxbnn.formats by the tests) and the kernel ISA tier.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+#include <vector>
+
+#include "common/formats.h"
+#include "cpu/handlers.h"
+#include "cpu/popcount_kernels.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+template <class Handler>
+nb::capsule HandlerCapsule(Handler* handler) {
+  return nb::capsule(reinterpret_cast<void*>(handler));
+}
+
+nb::dict Registrations() {
+  nb::dict targets;
+  targets["jaxbnn_bmm_i32"] = HandlerCapsule(JaxbnnCpuBmmI32);
+  targets["jaxbnn_bmm_f32"] = HandlerCapsule(JaxbnnCpuBmmF32);
+  targets["jaxbnn_bmm_bits"] = HandlerCapsule(JaxbnnCpuBmmBits);
+  targets["jaxbnn_bconv2d_i32"] = HandlerCapsule(JaxbnnCpuBconv2dI32);
+  targets["jaxbnn_bconv2d_f32"] = HandlerCapsule(JaxbnnCpuBconv2dF32);
+  targets["jaxbnn_bconv2d_bits"] = HandlerCapsule(JaxbnnCpuBconv2dBits);
+  return targets;
+}
+
+nb::dict FormatConstants() {
+  namespace f = jaxbnn::formats;
+  nb::dict constants;
+  constants["word_bits"] = f::kWordBits;
+  constants["lsb_first"] = f::kLsbFirst;
+  constants["bit_plus_one"] = f::kBitPlusOne;
+  constants["bit_minus_one"] = f::kBitMinusOne;
+  constants["fsb_tile"] = nb::make_tuple(f::kFsbTileRows, f::kFsbTileBits);
+  nb::dict sign, nonzero;
+  const int values[3] = {1, 0, -1};
+  for (int i = 0; i < 3; ++i) {
+    sign[nb::int_(values[i])] = f::kTernarySignBit[i];
+    nonzero[nb::int_(values[i])] = f::kTernaryNonzeroBit[i];
+  }
+  constants["ternary_sign_bit"] = sign;
+  constants["ternary_nonzero_bit"] = nonzero;
+  return constants;
+}
+
+std::vector<std::string> SupportedIsaNames() {
+  std::vector<std::string> names;
+  for (auto isa : jaxbnn::cpu::SupportedIsas()) names.emplace_back(jaxbnn::cpu::IsaName(isa));
+  return names;
+}
+
+}  // namespace
+
+NB_MODULE(_cpu, m) {
+  m.doc() = "jaxbnn CPU kernels: XLA FFI handlers for bit-packed bmm and bconv2d";
+  m.def("registrations", &Registrations,
+        "Dict of FFI target name -> PyCapsule of its XLA FFI handler (platform 'cpu').");
+  m.def("format_constants", &FormatConstants, "The native mirror of the jaxbnn.formats constants.");
+  m.def("supported_isas", &SupportedIsaNames, "Kernel instruction-set tiers this CPU runs, best first.");
+  m.def("active_isa", [] { return std::string(jaxbnn::cpu::IsaName(jaxbnn::cpu::ActiveIsa())); },
+        "The tier the kernels use now.");
+  m.def(
+      "set_isa",
+      [](const std::string& name) {
+        if (!jaxbnn::cpu::ForceIsa(name)) {
+          throw nb::value_error(("unsupported kernel ISA tier '" + name + "'; this CPU supports: " +
+                                 nb::str(nb::cast(SupportedIsaNames())).c_str())
+                                    .c_str());
+        }
+      },
+      nb::arg("name"), "Forces a kernel tier (for tests that compare tiers); see supported_isas().");
+}
