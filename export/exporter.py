@@ -80,13 +80,19 @@ def _layer_reader(layer) -> tuple[str, object]:
 def _input_levels(layer, shape) -> tuple[np.ndarray, np.ndarray]:
     """The ternary input quantizer of `layer` as the two float thresholds of its planes, broadcast to
     (C,) or the full per-sample `shape`: nonneg = x >= beta, pos = x > alpha = x >= next float after alpha."""
-    alpha, beta = (np.asarray(v, np.float32) for v in layer.input_thresholds())
+    alpha, beta = (np.asarray(v, np.float32).reshape(-1) for v in layer.input_thresholds())
     shape = tuple(shape)
-    target = shape[-1:] if alpha.size == 1 and beta.size == 1 else shape
-    if alpha.size not in (1, math.prod(target)) or beta.size not in (1, math.prod(target)):
-        raise ExportError(f"ternary input thresholds of sizes {alpha.size}, {beta.size} do not fit {shape}")
-    alpha = np.broadcast_to(alpha.reshape(-1), (math.prod(target),)).reshape(target)
-    beta = np.broadcast_to(beta.reshape(-1), (math.prod(target),)).reshape(target)
+
+    def spread(values):  # a scalar or one value per channel -> (C,); one per feature -> the full shape
+        if values.size in (1, shape[-1]):
+            return np.broadcast_to(values, shape[-1:]).copy()
+        if values.size == math.prod(shape):
+            return values.reshape(shape)
+        raise ExportError(f"{values.size} ternary input thresholds do not fit an input of shape {shape}")
+
+    alpha, beta = spread(alpha), spread(beta)
+    if alpha.shape != beta.shape:
+        alpha, beta = np.broadcast_arrays(alpha, beta)
     return beta, np.nextafter(alpha, np.float32(np.inf))
 
 

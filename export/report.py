@@ -158,10 +158,9 @@ def _compare_bits(name, packed, reference, reader) -> NodeFidelity:
     if MODES[reader.mode][0] == "binary":
         planes = [(packed, reference >= 0, np.abs(reference))]
     else:
-        alpha, beta = (np.asarray(v, np.float32) for v in reader.input_thresholds())
-        flat = reference.reshape(reference.shape[0], -1)
-        alpha = np.broadcast_to(alpha.reshape(-1), flat.shape[1:]).reshape(reference.shape[1:]) if alpha.size > 1 else alpha
-        beta = np.broadcast_to(beta.reshape(-1), flat.shape[1:]).reshape(reference.shape[1:]) if beta.size > 1 else beta
+        # One threshold for all, per channel (broadcast along the last axis) or per feature (reshaped).
+        alpha, beta = (np.asarray(v, np.float32).reshape(-1) for v in reader.input_thresholds())
+        alpha, beta = (v if v.size in (1, channels) else v.reshape(reference.shape[1:]) for v in (alpha, beta))
         scale = np.maximum(1.0, np.maximum(np.abs(alpha), np.abs(beta)))
         planes = [(packed[0], reference >= beta, np.abs(reference - beta) / scale),
                   (packed[1], reference > alpha, np.abs(reference - alpha) / scale)]

@@ -82,8 +82,131 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- export / predict / demo ----------------------------------------------------------------------------
+
+
+def import_export_package():
+    """``jaxbnn.export`` from an installed wheel, or ``export`` in a source checkout."""
+    try:
+        return importlib.import_module("jaxbnn.export")
+    except ModuleNotFoundError as error:
+        if error.name != "jaxbnn.export":
+            raise
+        return importlib.import_module("export")
+
+
+def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint_dir", help="training run directory (config.json + Orbax checkpoints)")
+    parser.add_argument("output", help="packed checkpoint to write (.jbnn), atomically")
+    parser.add_argument("--target", default="cpu", choices=("cpu", "sm90", "sm80"),
+                        help="kernel target whose FSB tile the weights are packed for (default cpu)")
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from jaxbnn import packed_model
+
+    loop = import_train_module("loop")
+    export = import_export_package()
+    model = loop.load_trained(args.checkpoint_dir)
+    packed = export.export_model(model, target=args.target)
+    size = packed_model.save(args.output, packed)
+    print(f"{model.name} ({model.mode}) -> {args.output} (target {args.target}, tile {packed.tile[0]}x{packed.tile[1]})")
+    print(export.format_size_report(export.size_report(model, packed), file_bytes=size))
+    return 0
+
+
+def _add_predict_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("packed", help="packed checkpoint (.jbnn) written by `jaxbnn export`")
+    parser.add_argument("--data", default="mnist5k", help="mnist5k (offline), mnist or cifar10 (default mnist5k)")
+    parser.add_argument("--data-dir", help="directory holding the mnist IDX / cifar10 binary files")
+    parser.add_argument("--batch-size", type=int, default=500, help="images per jitted call (default 500)")
+
+
+def _run_predict(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    import jaxbnn
+    from jaxbnn import runtime
+
+    data = import_train_module("data")
+    if args.batch_size < 1:
+        raise ValueError("--batch-size must be positive")
+    net = runtime.load(args.packed)
+    _, test = data.load_dataset(args.data, args.data_dir)
+    if tuple(test.images.shape[1:]) != net.input_shape:
+        raise ValueError(f"{args.packed} takes images of shape {net.input_shape}; {args.data} has "
+                         f"{tuple(test.images.shape[1:])}")
+    images = data.to_float(test.images)
+    predictions = net.predict(images, args.batch_size)
+    accuracy = float(np.mean(predictions == test.labels))
+    batch = images[: min(args.batch_size, len(images))]
+    print(f"{net.graph['name']} ({net.graph['mode']}, target {net.target}) on {args.data} test: "
+          f"accuracy {accuracy:.4f} ({len(images)} images)")
+    print(f"throughput {net.throughput(batch):,.0f} images/s (batch {len(batch)}, jitted; "
+          f"native kernels: {jaxbnn.native_status().get('cpu', 'none')})")
+    return 0
+
+
+def _add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", help="run directory (default: a new temporary directory)")
+    parser.add_argument("--epochs", type=int, default=5, help="training epochs on MNIST-5k (default 5)")
+    parser.add_argument("--width", type=float, default=1.0, help="width multiplier of the MLP (default 1)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    import tempfile
+    import time
+    from pathlib import Path
+
+    import numpy as np
+
+    import jaxbnn
+    from jaxbnn import packed_model, runtime
+
+    loop = import_train_module("loop")
+    data = import_train_module("data")
+    export = import_export_package()
+    if args.epochs < 1:
+        raise ValueError("--epochs must be positive")
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="jaxbnn-demo-"))
+    started = time.perf_counter()
+    print(f"1/4 train mnist-mlp (bnn) on MNIST-5k for {args.epochs} epochs -> {out}")
+    config = loop.TrainConfig(model="mnist-mlp", mode="bnn", data="mnist5k", epochs=args.epochs,
+                              width=args.width, seed=args.seed)
+    loop.fit(config, out, progress=False)
+    model = loop.load_trained(out)
+    _, test = data.load_dataset("mnist5k")
+    flax_accuracy = loop.evaluate(model, test)["accuracy"]
+
+    print("2/4 export: batch norm + sign folded into integer thresholds, weights packed into FSB tiles")
+    path = out / "mnist-mlp.jbnn"
+    packed = export.export_model(model, target="cpu")
+    file_bytes = packed_model.save(path, packed)
+    print(export.format_size_report(export.size_report(model, packed), file_bytes=file_bytes))
+
+    print(f"3/4 load {path.name} and run jitted inference through the jaxbnn custom calls")
+    net = runtime.load(path)
+    images = data.to_float(test.images)
+    packed_accuracy = float(np.mean(net.predict(images) == test.labels))
+
+    print("4/4 compare with the Flax model (eval mode) on all test images")
+    fidelity = export.fidelity_report(model, net, images)
+    batch = images[:500]
+    print(f"  Flax model accuracy     {flax_accuracy:.4f}")
+    print(f"  packed model accuracy   {packed_accuracy:.4f}")
+    print(f"  {fidelity.summary()}")
+    print(f"  packed throughput {net.throughput(batch):,.0f} images/s (batch {len(batch)}); native kernels: "
+          f"{jaxbnn.native_status().get('cpu', 'none')}")
+    print(f"done in {time.perf_counter() - started:.0f} s")
+    return 0 if fidelity.exact else 1
+
+
 COMMANDS: dict[str, Command] = {
     "train": Command("train a zoo model (resumes when --out holds a run)", _add_train_arguments, _run_train),
+    "export": Command("export a trained run to a packed checkpoint (.jbnn)", _add_export_arguments, _run_export),
+    "predict": Command("accuracy and throughput of a packed checkpoint", _add_predict_arguments, _run_predict),
+    "demo": Command("train MNIST-MLP on MNIST-5k, export, load, infer, compare", _add_demo_arguments, _run_demo),
 }
 
 
