@@ -591,12 +591,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaKernel(const BinaryGemmPro
         if (it >= kWgStages) BarrierWait(empty0 + 8 * s, ((it / kWgStages) - 1) & 1);
         const uint32_t stage = base + s * kWgStageBytes;
         if (JAXBNN_VARIANT != 3 && JAXBNN_VARIANT != 6) LoadActivationStage<kWgRows, 4, 128>(p, origins, stage, kb, tid);
-        if (tid < 32 && JAXBNN_VARIANT != 4 && JAXBNN_VARIANT != 6) {
+        if (tid < 32) {
           // Weights: one bulk copy per 8-row tile row (up to 8 FSB tiles = 1 KB, contiguous in global memory).
           // Tiles past K or rows past N are not copied: what stays there meets zero-filled activation words
           // (K) or lands in columns that are never stored (N).
           const int kt0 = kb * 8, k_tiles = min(8, p.w_k_tiles - kt0);
-          const int row_tiles = min(kWgCols / 8, p.w_row_tiles - col0 / 8);
+          const int row_tiles = (JAXBNN_VARIANT == 4 || JAXBNN_VARIANT == 6) ? 0 : min(kWgCols / 8, p.w_row_tiles - col0 / 8);
           if (tid == 0) BarrierArriveExpectBytes(full0 + 8 * s, row_tiles * k_tiles * 128);
           __syncwarp();
           if (tid < row_tiles) {
@@ -649,7 +649,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaKernel(const BinaryGemmPro
     if (const int row = RowOfPopcount<64, 128>(wtid); row >= 0) popc_a[64 * half + row] = row_popc;
     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // popc_a and cols complete; every wgmma of the tile done
     if (!staged) {
-      StoreAccumulators(p, acc, popc_a, cols, tile_m, col0, half, wtid);
+      if (JAXBNN_VARIANT != 7) StoreAccumulators(p, acc, popc_a, cols, tile_m, col0, half, wtid);
       continue;
     }
     // Pooled: one tile per CTA, so the producer is done and the stages are free for the int32 tile.
