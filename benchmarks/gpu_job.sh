@@ -94,11 +94,12 @@ fi
 
 if has ncu; then
   for kernel in ${NCU_KERNELS:-Wgmma MmaSync}; do
-    log "ncu of the 16384^3 $kernel bmm (harness --time, launch 34 of that kernel)"
-    timeout 240 ncu --clock-control none -k regex:$kernel --launch-skip 33 -c 1 --section SpeedOfLight \
+    log "ncu of the 16384^3 $kernel bmm"
+    mode=--time; skip=33; [ $kernel = Wgmma ] && { mode=--time-wgmma; skip=11; }
+    timeout 240 ncu --clock-control none -k regex:$kernel --launch-skip $skip -c 1 --section SpeedOfLight \
       --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section WarpStateStats \
       --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy --print-details all \
-      "$BUILD-kernel_check" --time \
+      "$BUILD-kernel_check" $mode \
       > "$OUT/ncu_$kernel.txt" 2>&1
     grep -E "Throughput|Duration|Bank|Stall|Warp Cycles|Issued|Executed Ipc|Registers|L2 Hit|Mem Busy|Max Bandwidth|Shared" \
       "$OUT/ncu_$kernel.txt" | head -60 | tee -a "$LOG"
