@@ -111,6 +111,14 @@ JAXBNN_TARGET_AVX2 void TileRowAvx2(const PanelView& panel, int rows, const uint
   }
 }
 
+// GCC 12 reports its own _mm512_undefined_* placeholders (inside the broadcast intrinsics) as maybe
+// uninitialized (in the broadcast and narrowing intrinsics); they are do-not-care lanes by design.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
 // AVX-512 VPOPCNTDQ: a tile chunk is two 512-bit registers (tile rows 0-3 and 4-7, two 64-bit lanes per
 // row); a panel chunk is broadcast to the four 128-bit lanes. One ternary-logic op computes
 // (x XOR w) AND mask. kRows panel rows share each tile load (register blocking).
@@ -189,6 +197,10 @@ void TileRowAvx512(const PanelView& panel, int rows, const uint32_t* tile_row, i
     TileRowAvx512Masked<false>(panel, rows, tile_row, chunks, popcounts);
   }
 }
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 #endif  // JAXBNN_X86
 
