@@ -39,6 +39,7 @@ __all__ = [
     "GlobalAvgPool",
     "MODEL_BUILDERS",
     "build_model",
+    "default_rngs",
     "mnist_mlp",
     "mnist_conv",
     "cifar10_vgg",
@@ -216,8 +217,14 @@ class _Builder:
         self.shape = (out,)
 
 
+def default_rngs(seed: int = 0) -> nnx.Rngs:
+    """Rngs on an RBG key: XLA compiles threefry sampling once per kernel shape, which makes building a
+    large model take a minute on a CPU; RBG initial weights are as good and build in seconds."""
+    return nnx.Rngs(jax.random.key(seed, impl="rbg"))
+
+
 def _net(name, mode, input_shape, num_classes, width, rngs, layer_options, body: Callable[[_Builder], None]):
-    rngs = rngs if rngs is not None else nnx.Rngs(0)
+    rngs = rngs if rngs is not None else default_rngs()
     b = _Builder(mode, input_shape, width, rngs, layer_options or {})
     body(b)
     b.dense(num_classes, scale=False)

@@ -26,7 +26,7 @@ import optax
 from flax import nnx
 
 from jaxbnn.layers import clip_latent_weights
-from jaxbnn.models import BinaryNet, build_model
+from jaxbnn.models import BinaryNet, build_model, default_rngs
 
 from . import data as data_lib
 
@@ -150,7 +150,7 @@ def _checkpoint_manager(out_dir: Path):
 
 def _build(config: TrainConfig, input_shape, num_classes) -> BinaryNet:
     return build_model(config.model, config.mode, input_shape=tuple(input_shape), num_classes=num_classes,
-                       width=config.width, rngs=nnx.Rngs(config.seed))
+                       width=config.width, rngs=default_rngs(config.seed))
 
 
 def _restore(manager, model, optimizer) -> int:
