@@ -83,6 +83,9 @@ struct TileColumns {
   int popc_b[kCols];
   int threshold[kCols];
   int flip[kCols];
+  // bit = sign * (4 acc + k_real - 2 popc_a) >= sign * (threshold + 2 popc_b), sign = -1 where flip:
+  // one 8-byte shared load per column in the accumulator epilogue.
+  int2 sign_bound[kCols];
   float scale[kCols];
   float bias[kCols];
 };
@@ -96,8 +99,13 @@ __device__ __forceinline__ void FillTileColumn(const BinaryGemmProblem& p, TileC
   }
   cols.popc_b[lc] = total;
   if (p.epilogue == Epilogue::kBits) {
-    cols.threshold[lc] = col < p.n ? p.threshold[col] : 0;
-    cols.flip[lc] = col < p.n ? p.flip[col] : 0;
+    const int threshold = col < p.n ? p.threshold[col] : 0;
+    const int flip = col < p.n ? p.flip[col] : 0;
+    cols.threshold[lc] = threshold;
+    cols.flip[lc] = flip;
+    const int sign = flip ? -1 : 1;
+    // columns past N get an unreachable bound: their bits stay 0 (the padding bits of the last word)
+    cols.sign_bound[lc] = col < p.n ? make_int2(sign, sign * (threshold + 2 * total)) : make_int2(0, 1);
   } else if (p.epilogue == Epilogue::kAffine) {
     cols.scale[lc] = col < p.n ? p.scale[col] : 0.f;
     cols.bias[lc] = col < p.n ? p.bias[col] : 0.f;
@@ -252,6 +260,40 @@ __device__ void StoreTile(const BinaryGemmProblem& p, const int* acc, const int*
   }
 }
 
+// For the epilogues straight from accumulators: whether tile row `r` needs the "zero"-padding correction
+// (an output pixel whose receptive field leaves the frame), and its origin for ExcludedTaps.
+__device__ __forceinline__ bool BorderRow(const BinaryGemmProblem& p, int tile_m, int rows_per_tile, int r,
+                                          int4& origin) {
+  if (p.pad_one) return false;
+  origin = RowOrigin(p, tile_m, rows_per_tile, r);
+  return origin.w && !(origin.y >= 0 && origin.y + p.kh <= p.in_h && origin.z >= 0 && origin.z + p.kw <= p.in_w);
+}
+
+// Stores the int32 / affine values of two adjacent columns (col, col + 1) of one output row.
+__device__ __forceinline__ void StorePair(const BinaryGemmProblem& p, long long row, int col, int d0, int d1, float s0,
+                                          float b0, float s1, float b1) {
+  const bool pairs = p.n % 2 == 0;  // 8-byte stores keep their alignment when rows have an even length
+  if (p.epilogue == Epilogue::kInt32) {
+    int32_t* out = static_cast<int32_t*>(p.out) + row * p.n + col;
+    if (pairs) {
+      *reinterpret_cast<int2*>(out) = make_int2(d0, d1);
+    } else {
+      out[0] = d0;
+      if (col + 1 < p.n) out[1] = d1;
+    }
+  } else {
+    const float f0 = __fadd_rn(__fmul_rn(static_cast<float>(d0), s0), b0);
+    const float f1 = __fadd_rn(__fmul_rn(static_cast<float>(d1), s1), b1);
+    float* out = static_cast<float*>(p.out) + row * p.n + col;
+    if (pairs) {
+      *reinterpret_cast<float2*>(out) = make_float2(f0, f1);
+    } else {
+      out[0] = f0;
+      if (col + 1 < p.n) out[1] = f1;
+    }
+  }
+}
+
 // Grouped raster over (row tiles, column tiles): 8 row tiles share a band of column tiles for L2 reuse.
 __device__ __forceinline__ void TileCoordinates(int pid, int m_tiles, int n_tiles, int& tile_m, int& tile_n) {
   constexpr int kGroup = 8;
@@ -268,6 +310,7 @@ __device__ __forceinline__ void TileCoordinates(int pid, int m_tiles, int n_tile
 
 struct MmaSyncEngine {
   static constexpr int kRows = 128, kCols = 128, kStages = 4, kThreads = 256;
+  static constexpr bool kDirectStore = true;  // StoreDirect: the epilogue without the shared int32 tile
   struct Accumulators {
     int v[4][4][4];  // [16-row fragment][8-column fragment][register]
   };
@@ -314,6 +357,60 @@ struct MmaSyncEngine {
 #endif
   }
 
+  // The epilogue straight from the fragments (no pool): lane (g, t) holds rows g, g + 8 of each 16-row
+  // fragment and columns 2 t, 2 t + 1 of each 8-column fragment; a warp's 32 columns are one output word.
+  __device__ static void StoreDirect(const Accumulators& acc, const BinaryGemmProblem& p, const int* popc_a,
+                                     const TileColumns<kCols>& cols, int tile_m, int col0, int tid) {
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int warp_row = (warp / 4) * 64, warp_col = (warp % 4) * 32;
+    const int out_words = (p.n + 31) / 32;
+#pragma unroll
+    for (int mf = 0; mf < 4; ++mf) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = warp_row + mf * 16 + g + 8 * h;
+        const long long row = static_cast<long long>(tile_m) * kRows + r;
+        const bool row_valid = row < p.pooled_rows;
+        int4 origin;
+        const bool border = row_valid && BorderRow(p, tile_m, kRows, r, origin);
+        const int v0 = p.k_real - 2 * popc_a[r];
+        if (p.epilogue == Epilogue::kBits) {
+          uint32_t word = 0;
+#pragma unroll
+          for (int nf = 0; nf < 4; ++nf) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int lc = warp_col + nf * 8 + 2 * t + e;
+              const int2 sb = cols.sign_bound[lc];
+              int v = 4 * acc.v[mf][nf][2 * h + e] + v0;
+              if (border) v -= ExcludedTaps(p, origin, col0 + lc);
+              word |= static_cast<uint32_t>(sb.x * v >= sb.y) << (8 * nf + e);
+            }
+          }
+          word <<= 2 * t;
+          word |= __shfl_xor_sync(0xffffffffu, word, 1);
+          word |= __shfl_xor_sync(0xffffffffu, word, 2);
+          if (t == 0 && row_valid && col0 + warp_col < p.n) {
+            static_cast<uint32_t*>(p.out)[row * out_words + (col0 + warp_col) / 32] = word;
+          }
+        } else if (row_valid) {
+#pragma unroll
+          for (int nf = 0; nf < 4; ++nf) {
+            const int lc = warp_col + nf * 8 + 2 * t, col = col0 + lc;
+            if (col >= p.n) continue;
+            int d0 = 4 * acc.v[mf][nf][2 * h] + v0 - 2 * cols.popc_b[lc];
+            int d1 = 4 * acc.v[mf][nf][2 * h + 1] + v0 - 2 * cols.popc_b[lc + 1];
+            if (border) {
+              d0 -= ExcludedTaps(p, origin, col);
+              if (col + 1 < p.n) d1 -= ExcludedTaps(p, origin, col + 1);
+            }
+            StorePair(p, row, col, d0, d1, cols.scale[lc], cols.bias[lc], cols.scale[lc + 1], cols.bias[lc + 1]);
+          }
+        }
+      }
+    }
+  }
+
   __device__ static void Store(const Accumulators& acc, int* tile, int ld, int tid) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int warp_row = (warp / 4) * 64, warp_col = (warp % 4) * 32;
@@ -333,6 +430,7 @@ struct MmaSyncEngine {
 
 struct SimtEngine {
   static constexpr int kRows = 64, kCols = 64, kStages = 3, kThreads = 256;
+  static constexpr bool kDirectStore = false;
   struct Accumulators {
     int v[4][4];  // rows ty + 16 i, columns tx + 16 j: conflict-free 16-byte shared loads
   };
@@ -418,10 +516,17 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   }
   CopyAsyncWait<0>();
   row_popc = CombineRowPopcount<kRows, kThreads>(row_popc);
+  if (const int row = RowOfPopcount<kRows, kThreads>(tid); row >= 0) popc_a[row] = row_popc;
+  if constexpr (Engine::kDirectStore) {
+    if (p.pool_h * p.pool_w == 1) {
+      __syncthreads();
+      Engine::StoreDirect(acc, p, popc_a, cols, tile_m, col0, tid);
+      return;
+    }
+  }
   __syncthreads();
   int* acc_tile = reinterpret_cast<int*>(smem);
   Engine::Store(acc, acc_tile, kLd, tid);
-  if (const int row = RowOfPopcount<kRows, kThreads>(tid); row >= 0) popc_a[row] = row_popc;
   __syncthreads();
   StoreTile<kRows, kCols, kLd, kThreads>(p, acc_tile, popc_a, cols, origins, tile_m, col0, tid);
 }
@@ -486,35 +591,33 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
     const long long row = static_cast<long long>(tile_m) * kWgRows + r;
     const bool row_valid = row < p.pooled_rows;
     const int base = p.k_real - 2 * popc_a[r];
-    int4 origin = make_int4(0, 0, 0, 0);
-    bool border = false;
-    if (!p.pad_one && row_valid) {
-      origin = RowOrigin(p, tile_m, kWgRows, r);
-      border = !(origin.y >= 0 && origin.y + p.kh <= p.in_h && origin.z >= 0 && origin.z + p.kw <= p.in_w);
-    }
+    int4 origin;
+    const bool border = row_valid && BorderRow(p, tile_m, kWgRows, r, origin);
     if (p.epilogue == Epilogue::kBits) {
+      // Bits of columns 8 j + e land at bit 8 (j % 4) + e of word j / 4; the quad's lanes (t) fill the
+      // other positions after a shift by 2 t, then an OR over the quad completes each 32-column word.
       uint32_t words[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      const int v0 = base;
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int lc = 8 * j + 2 * t + e;
-          int dot = base - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h + e];
-          if (border) dot -= ExcludedTaps(p, origin, col0 + lc);
-          const bool bit = col0 + lc < p.n && (cols.flip[lc] ? dot <= cols.threshold[lc] : dot >= cols.threshold[lc]);
-          words[j / 4] |= static_cast<uint32_t>(bit) << (8 * (j % 4) + 2 * t + e);
+          const int2 sb = cols.sign_bound[lc];
+          int v = 4 * acc[4 * j + 2 * h + e] + v0;
+          if (border) v -= ExcludedTaps(p, origin, col0 + lc);
+          words[j / 4] |= static_cast<uint32_t>(sb.x * v >= sb.y) << (8 * (j % 4) + e);
         }
       }
       uint32_t* out = static_cast<uint32_t*>(p.out);
 #pragma unroll
       for (int wd = 0; wd < 8; ++wd) {
-        uint32_t v = words[wd];
+        uint32_t v = words[wd] << (2 * t);
         v |= __shfl_xor_sync(0xffffffffu, v, 1);
         v |= __shfl_xor_sync(0xffffffffu, v, 2);
         if (t == (wd & 3) && row_valid && col0 + 32 * wd < p.n) out[row * out_words + col0 / 32 + wd] = v;
       }
     } else if (row_valid) {
-      const bool pairs = p.n % 2 == 0;  // 8-byte stores of two columns when rows keep 8-byte alignment
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
         const int lc = 8 * j + 2 * t, col = col0 + lc;
@@ -525,25 +628,7 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
           d0 -= ExcludedTaps(p, origin, col);
           if (col + 1 < p.n) d1 -= ExcludedTaps(p, origin, col + 1);
         }
-        if (p.epilogue == Epilogue::kInt32) {
-          int32_t* out = static_cast<int32_t*>(p.out) + row * p.n + col;
-          if (pairs) {
-            *reinterpret_cast<int2*>(out) = make_int2(d0, d1);
-          } else {
-            out[0] = d0;
-            if (col + 1 < p.n) out[1] = d1;
-          }
-        } else {
-          const float f0 = __fadd_rn(__fmul_rn(static_cast<float>(d0), cols.scale[lc]), cols.bias[lc]);
-          const float f1 = __fadd_rn(__fmul_rn(static_cast<float>(d1), cols.scale[lc + 1]), cols.bias[lc + 1]);
-          float* out = static_cast<float*>(p.out) + row * p.n + col;
-          if (pairs) {
-            *reinterpret_cast<float2*>(out) = make_float2(f0, f1);
-          } else {
-            out[0] = f0;
-            if (col + 1 < p.n) out[1] = f1;
-          }
-        }
+        StorePair(p, row, col, d0, d1, cols.scale[lc], cols.bias[lc], cols.scale[lc + 1], cols.bias[lc + 1]);
       }
     }
   }
