@@ -12,6 +12,7 @@ export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 BUILD=${BUILD:-/tmp/jaxbnn_build}
 STEPS=("$@")
+JOB_END=$(( $(date +%s) + ${JOB_SECONDS:-560} ))  # the benchmark starts no new layer after this
 [ ${#STEPS[@]} -eq 0 ] && STEPS=(build check sass sanitize pytest ceiling bench)
 GENCODE="-gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80"
 status=0
@@ -59,14 +60,14 @@ fi
 if has sanitize; then
   for tool in memcheck racecheck initcheck; do
     log "compute-sanitizer --tool $tool (kernel harness --small)"
-    timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD-kernel_check" --small 2>&1 \
+    timeout 100 compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD-kernel_check" --small 2>&1 \
       | grep -vE " 0 / |^(wgmma|mma_sync|simt) " | tail -15 | tee -a "$LOG" || status=1
   done
 fi
 
 if has pytest; then
   log "pytest -m gpu"
-  JAXBNN_REQUIRE_GPU=1 timeout 400 $PY -m pytest -q -m gpu -x tests/test_gpu_kernels.py -p no:cacheprovider 2>&1 \
+  JAXBNN_REQUIRE_GPU=1 timeout 240 $PY -m pytest -q -m gpu -x tests/test_gpu_kernels.py -p no:cacheprovider 2>&1 \
     | tail -25 | tee -a "$LOG" || status=1
 fi
 
@@ -110,8 +111,9 @@ for mode in bench bench-quick; do
   if has $mode; then
     log "benchmark ($mode)"
     extra=""; [ $mode = bench-quick ] && extra="--quick"
-    timeout 540 $PY benchmarks/gpu_bench.py $extra --ceiling-log "$OUT/ceiling.log" --out "$OUT/gpu_results.md" \
-      --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" 2>&1 | tail -80 | tee -a "$LOG" || status=1
+    timeout $((JOB_END - $(date +%s))) $PY benchmarks/gpu_bench.py $extra --ceiling-log "$OUT/ceiling.log" --out "$OUT/gpu_results.md" \
+      --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" --deadline $((JOB_END - 30)) 2>&1 | tail -80 \
+      | tee -a "$LOG" || status=1
   fi
 done
 log "job status $status"

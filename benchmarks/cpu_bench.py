@@ -1,0 +1,157 @@
+"""CPU benchmark: jaxbnn's packed bmm / bconv2d against XLA's own float32 dot / convolution on the same
+±1 data, in one process, under jax.jit.
+
+Ours takes packed activations and packed weights (the inference layout) and returns int32 dot products;
+XLA takes the float32 ±1 tensors and returns float32 (the same numbers, checked before timing). Timings
+are medians of interleaved repetitions (ours, XLA, ours, ...) after warm-up, each ending in
+block_until_ready, so background load on the machine hits both sides alike.
+
+    python benchmarks/cpu_bench.py                       # print the table
+    python benchmarks/cpu_bench.py --write benchmarks/cpu_results.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxbnn import _cpu, formats, ops
+
+BMM_SIZES = [128, 256, 512, 1024, 2048, 4096]  # TCBNN's square BMM sizes: M = N = K
+# ResNet-18 3x3 convolutions (stride 1, SAME): (batch, height/width, in channels, out channels)
+CONV_LAYERS = [(b, hw, c, c) for b in (1, 8) for hw, c in ((56, 64), (28, 128), (14, 256), (7, 512))]
+
+
+def signs(rng, shape):
+    return rng.choice(np.array([-1.0, 1.0], np.float32), shape)
+
+
+def interleaved_medians(ours, xla, min_reps=5, budget_s=3.0):
+    """Median seconds of `ours()` and `xla()` (each returns a jax array), alternating calls."""
+    for _ in range(3):
+        jax.block_until_ready(ours())
+        jax.block_until_ready(xla())
+    times = {"ours": [], "xla": []}
+    start = time.perf_counter()
+    while len(times["ours"]) < min_reps or (time.perf_counter() - start < budget_s and len(times["ours"]) < 200):
+        for name, fn in (("ours", ours), ("xla", xla)):
+            t = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[name].append(time.perf_counter() - t)
+    return float(np.median(times["ours"])), float(np.median(times["xla"]))
+
+
+def bench_bmm(size, rng):
+    a_signs, w_signs = signs(rng, (size, size)), signs(rng, (size, size))  # y = a @ w
+    a_packed = ops.pack_bits(a_signs)
+    weights = formats.pack_dense_weights(w_signs)
+    ours = jax.jit(lambda a: ops.bmm(a, weights))
+    xla = jax.jit(lambda a, w: a @ w)
+    a_f32, w_f32 = jnp.asarray(a_signs), jnp.asarray(w_signs)
+    np.testing.assert_array_equal(np.asarray(ours(a_packed)), np.asarray(xla(a_f32, w_f32)).astype(np.int32))
+    t_ours, t_xla = interleaved_medians(lambda: ours(a_packed), lambda: xla(a_f32, w_f32))
+    return dict(layer=f"{size} x {size} x {size}", k=size, ops=2.0 * size**3, ours=t_ours, xla=t_xla)
+
+
+def bench_conv(batch, hw, c, o, rng):
+    x_signs, w_signs = signs(rng, (batch, hw, hw, c)), signs(rng, (3, 3, c, o))
+    x_packed = ops.pack_bits(x_signs)
+    weights = formats.pack_conv_weights(w_signs)
+    ours = jax.jit(lambda x: ops.bconv2d(x, weights, padding="SAME", pad_value="zero"))
+    xla = jax.jit(
+        lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    )
+    x_f32, w_f32 = jnp.asarray(x_signs), jnp.asarray(w_signs)
+    np.testing.assert_array_equal(np.asarray(ours(x_packed)), np.asarray(xla(x_f32, w_f32)).astype(np.int32))
+    t_ours, t_xla = interleaved_medians(lambda: ours(x_packed), lambda: xla(x_f32, w_f32))
+    k = 9 * c
+    return dict(layer=f"b{batch} {hw}x{hw}x{c} -> {o}, 3x3", k=k, ops=2.0 * batch * hw * hw * o * k, ours=t_ours,
+                xla=t_xla)  # fmt: skip
+
+
+def machine_description():
+    model = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{model}, {os.cpu_count()} cores, kernel tier {_cpu.active_isa()}, jax {jax.__version__}"
+
+
+def git_commit():
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                                check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "xla_ffi", "jaxbnn"], cwd=here,
+                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + (" (with uncommitted changes under xla_ffi/ or jaxbnn/)" if dirty else "")
+
+
+def table(rows):
+    lines = [
+        "| layer | K | jaxbnn (ms) | jaxbnn (GOPS) | XLA f32 (ms) | XLA f32 (GFLOPS) | speed-up |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['layer']} | {r['k']} | {r['ours'] * 1e3:.3f} | {r['ops'] / r['ours'] / 1e9:.0f} | "
+            f"{r['xla'] * 1e3:.3f} | {r['ops'] / r['xla'] / 1e9:.1f} | {r['xla'] / r['ours']:.1f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", metavar="PATH", help="also write the results as markdown to PATH")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    bmm_rows = []
+    for size in BMM_SIZES:
+        bmm_rows.append(bench_bmm(size, rng))
+        print(table(bmm_rows[-1:]).splitlines()[-1], flush=True)
+    conv_rows = []
+    for layer in CONV_LAYERS:
+        conv_rows.append(bench_conv(*layer, rng))
+        print(table(conv_rows[-1:]).splitlines()[-1], flush=True)
+
+    report = "\n".join([
+        "# CPU kernels against XLA float32",
+        "",
+        f"- machine: {machine_description()}",
+        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- commit: {git_commit()}",
+        "- method: `benchmarks/cpu_bench.py`, one process; both sides under `jax.jit`, medians of interleaved",
+        "  repetitions after warm-up, each ending in `block_until_ready`. jaxbnn: packed uint32 activations and",
+        "  FSB weights in, int32 dot products out. XLA: float32 ±1 tensors in, float32 out (checked equal).",
+        "  GOPS counts 2 ops (multiply, add) per ±1 multiply-accumulate on both sides.",
+        "",
+        "## bmm (M = N = K), `ops.bmm` vs `a @ w`",
+        "",
+        table(bmm_rows),
+        "",
+        "## ResNet-18 3x3 convolutions (stride 1, SAME, zero padding), `ops.bconv2d` vs `lax.conv_general_dilated`",
+        "",
+        table(conv_rows),
+        "",
+    ])  # fmt: skip
+    if args.write:
+        with open(args.write, "w") as f:
+            f.write(report)
+    print()
+    print(report)
+
+
+if __name__ == "__main__":
+    main()
