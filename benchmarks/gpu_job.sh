@@ -83,16 +83,6 @@ if has time; then
   timeout 200 "$BUILD-kernel_check" --time 2>&1 | tee -a "$LOG"
 fi
 
-if has variants; then
-  log "wgmma mainloop variants (JAXBNN_VARIANT: 1 no row popc, 2 no proxy fence, 3 no A loads, 4 no B loads, 5 no wgmma, 6 no loads, 7 no epilogue)"
-  for v in ${VARIANTS:-0 1 2 3 4 5 6 7}; do
-    nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DJAXBNN_VARIANT=$v -Ixla_ffi xla_ffi/cuda/kernel_check.cu \
-      xla_ffi/cuda/binary_gemm.cu -o "$BUILD-variant$v" &
-  done
-  wait
-  for v in ${VARIANTS:-0 1 2 3 4 5 6 7}; do echo "variant $v: $(timeout 20 "$BUILD-variant$v" --time-wgmma 2>&1 | tr '\n' ' ')" | tee -a "$LOG"; done
-fi
-
 if has ncu; then
   for kernel in ${NCU_KERNELS:-Wgmma MmaSync}; do
     log "ncu of the 16384^3 $kernel bmm"

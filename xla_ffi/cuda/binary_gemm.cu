@@ -22,12 +22,6 @@
 
 #include "wgmma_b1.cuh"
 
-// Experiment knob (benchmarks/NOTES.md): JAXBNN_VARIANT=n leaves one stage of the wgmma mainloop out, to
-// find where its time goes. Production builds never set it.
-#ifndef JAXBNN_VARIANT
-#define JAXBNN_VARIANT 0
-#endif
-
 namespace jaxbnn::cuda {
 namespace {
 
@@ -675,13 +669,13 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaKernel(const BinaryGemmPro
         const int s = it % kWgStages;
         if (it >= kWgStages) BarrierWait(empty0 + 8 * s, ((it / kWgStages) - 1) & 1);
         const uint32_t stage = base + s * kWgStageBytes;
-        if (JAXBNN_VARIANT != 3 && JAXBNN_VARIANT != 6) LoadActivationStage<kWgRows, 4, 128>(p, origins, stage, kb, tid);
+        LoadActivationStage<kWgRows, 4, 128>(p, origins, stage, kb, tid);
         if (tid < 32) {
           // Weights: one bulk copy per 8-row tile row (up to 8 FSB tiles = 1 KB, contiguous in global memory).
           // Tiles past K or rows past N are not copied: what stays there meets zero-filled activation words
           // (K) or lands in columns that are never stored (N).
           const int kt0 = kb * 8, k_tiles = min(8, p.w_k_tiles - kt0);
-          const int row_tiles = (JAXBNN_VARIANT == 4 || JAXBNN_VARIANT == 6) ? 0 : min(kWgCols / 8, p.w_row_tiles - col0 / 8);
+          const int row_tiles = min(kWgCols / 8, p.w_row_tiles - col0 / 8);
           if (tid == 0) BarrierArriveExpectBytes(full0 + 8 * s, row_tiles * k_tiles * 128);
           __syncwarp();
           if (tid < row_tiles) {
@@ -713,18 +707,18 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaKernel(const BinaryGemmPro
       const int s = it % kWgStages;
       BarrierWait(full0 + 8 * s, (it / kWgStages) & 1);
       // cp.async wrote the activations through the generic proxy; the tensor cores read through the async one.
-      if (JAXBNN_VARIANT != 2) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
       const uint32_t stage_a = base + s * kWgStageBytes + half * 8 * kRowGroupBytes;
       const uint32_t stage_b = base + s * kWgStageBytes + kWgStageA;
 #pragma unroll
-      for (int ks = 0; ks < (JAXBNN_VARIANT == 5 ? 0 : 4); ++ks) {
+      for (int ks = 0; ks < 4; ++ks) {
         wgmma_m64n256k256_and_popc(acc, OperandDescriptor(stage_a + ks * 256),
                                    OperandDescriptor(stage_b + ks * 256), (kb | ks) != 0);
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       // While the tensor cores run: popc(a) of this warpgroup's 64 rows, two threads per row.
-      if (JAXBNN_VARIANT != 1) row_popc += StageRowPopcount<64, 128>(smem + s * kWgStageBytes + half * 8 * kRowGroupBytes, wtid);
+      row_popc += StageRowPopcount<64, 128>(smem + s * kWgStageBytes + half * 8 * kRowGroupBytes, wtid);
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
       if (kb > 0) BarrierArrive(empty0 + 8 * ((it - 1) % kWgStages));
     }
@@ -734,7 +728,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaKernel(const BinaryGemmPro
     if (const int row = RowOfPopcount<64, 128>(wtid); row >= 0) popc_a[64 * half + row] = row_popc;
     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // popc_a and cols complete; every wgmma of the tile done
     if (!staged) {
-      if (JAXBNN_VARIANT != 7) StoreAccumulators(p, acc, popc_a, cols, tile_m, col0, half, wtid);
+      StoreAccumulators(p, acc, popc_a, cols, tile_m, col0, half, wtid);
       continue;
     }
     // Pooled: one tile per CTA, so the producer is done and the stages are free for the int32 tile.
