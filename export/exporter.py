@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -26,6 +27,11 @@ from jaxbnn.models import BinaryNet, ConvBlock, DenseBlock, GlobalAvgPool, Resid
 from .folding import BnChain, float_thresholds, integer_thresholds
 
 __all__ = ["ExportError", "export_model", "bn_chain"]
+
+
+# Packing runs once per layer: one compiled function each instead of a compile per eager op.
+_pack_conv_weights = jax.jit(formats.pack_conv_weights, static_argnames="tile")
+_pack_dense_weights = jax.jit(formats.pack_dense_weights, static_argnames="tile")
 
 
 class ExportError(ValueError):
@@ -101,18 +107,18 @@ def _pack_weights(layer, node: dict, tile) -> dict[str, np.ndarray]:
     if packed_model.uses_conv_layout(node):
         _, _, (kh, kw), c = packed_model.weight_geometry(node)
         w = w.reshape(kh, kw, c, w.shape[-1])  # a dense kernel over a flattened (H, W, C) image
-        pack = lambda values: formats.pack_conv_weights(values, tile)  # noqa: E731
+        pack = lambda values: _pack_conv_weights(values, tile=tile)  # noqa: E731
     else:
         w = w.reshape(-1, w.shape[-1])  # (kh * kw * c, n): rows in the (kh, kw, c) order of HWIO
-        pack = lambda values: formats.pack_dense_weights(values, tile)  # noqa: E731
+        pack = lambda values: _pack_dense_weights(values, tile=tile)  # noqa: E731
     if node["weights"] == "binary":
         packed = pack(w)
         popcount_name = "weight_tap_popcount" if packed_model.uses_conv_layout(node) else "weight_popcount"
         popcount = packed.tap_popcount if packed_model.uses_conv_layout(node) else packed.popcount
         return {"weight": np.asarray(packed.bits), popcount_name: np.asarray(popcount, np.int32)}
     # Ternary: each plane packed as a ±1 matrix whose +1 entries are the plane's set bits.
-    sign, nonzero = formats.ternary_planes(w)
-    plane = lambda bits: np.asarray(pack(jnp.where(bits, 1.0, -1.0)).bits)  # noqa: E731
+    sign, nonzero = w < 0, w != 0  # formats.ternary_planes
+    plane = lambda bits: np.asarray(pack(np.where(bits, 1.0, -1.0).astype(np.float32)).bits)  # noqa: E731
     return {"weight_sign": plane(sign), "weight_nonzero": plane(nonzero)}
 
 

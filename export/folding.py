@@ -174,16 +174,17 @@ def float_thresholds(chain: BnChain, level=0.0, strict: bool = False):
 
 
 def _check_float_step(cond, threshold, flip) -> None:
-    """Probe the response at values spread over the float range: it must agree with the threshold."""
+    """Probe the response at values spread over the float range and right around each threshold: it must
+    agree with the threshold everywhere."""
     magnitudes = np.float32(10.0) ** np.arange(-30, 31, 0.5, dtype=np.float32)
-    probes = np.concatenate([-magnitudes[::-1], [0.0], magnitudes]).astype(np.float32)
-    nearby = np.stack([np.nextafter(threshold, np.float32(-np.inf)), threshold,
-                       np.nextafter(threshold, np.float32(np.inf))])
-    for y in list(probes) + list(nearby):
-        y = np.broadcast_to(np.asarray(y, np.float32), threshold.shape)
-        finite = np.isfinite(y)
-        expected = np.where(flip, y <= threshold, y >= threshold)
-        bad = finite & (cond(_to_key(y)) != expected)
-        if bad.any():
-            p, ch = np.argwhere(bad)[0]
-            raise NonMonotoneError(f"channel {ch}: the float response is not a single step (at y={y[p, ch]})")
+    spread = np.concatenate([-magnitudes[::-1], [0.0], magnitudes]).astype(np.float32)
+    probes = np.concatenate([
+        np.broadcast_to(spread[:, None, None], (len(spread),) + threshold.shape),
+        np.stack([np.nextafter(threshold, np.float32(-np.inf)), threshold,
+                  np.nextafter(threshold, np.float32(np.inf))]),
+    ])  # (probes, P, C)
+    expected = np.where(flip, probes <= threshold, probes >= threshold)
+    bad = np.isfinite(probes) & (cond(_to_key(probes)) != expected)
+    if bad.any():
+        _, _, ch = np.argwhere(bad)[0]
+        raise NonMonotoneError(f"channel {ch}: the float response is not a single step")

@@ -147,6 +147,9 @@ def _apply(module, x):
     return jax.jit(lambda s, v: nnx.merge(graphdef, s)(v))(state, x)
 
 
+_unpack_bits = jax.jit(formats.unpack_bits, static_argnums=1)
+
+
 def _reader_layer(block):
     return block.conv if isinstance(block, ConvBlock) else block.linear if isinstance(block, DenseBlock) else None
 
@@ -166,7 +169,7 @@ def _compare_bits(name, packed, reference, reader) -> NodeFidelity:
                   (packed[1], reference > alpha, np.abs(reference - alpha) / scale)]
     mismatches = ties = 0
     for words, expected, distance in planes:
-        got = np.asarray(formats.unpack_bits(jnp.asarray(words), channels)).reshape(expected.shape)
+        got = np.asarray(_unpack_bits(jnp.asarray(words), channels)).reshape(expected.shape)
         differ = got != expected
         mismatches += int(differ.sum())
         ties += int((differ & (distance <= TIE_TOLERANCE)).sum())

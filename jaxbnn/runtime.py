@@ -16,6 +16,7 @@ This module never imports the exporter or the training code.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -116,15 +117,27 @@ def _prepare_node(node: dict, tensors: dict, tile) -> dict:
     return {}
 
 
+@functools.partial(jax.jit, static_argnames=("rows", "k_bits", "kernel", "c", "conv_layout"))
+def _unpack_weight_bits(tiles, *, rows, k_bits, kernel, c, conv_layout):
+    """Bits (rows, kh, kw, c) of FSB-tiled weights (one compiled function per layer, run at load)."""
+    kh, kw = kernel
+    matrix = formats.from_fsb(tiles, rows, k_bits)
+    if conv_layout:
+        return formats.unpack_bits(matrix.reshape(rows, kh, kw, formats.num_words(c)), c)
+    return formats.unpack_bits(matrix, k_bits).reshape(rows, kh, kw, c)
+
+
+_pack_conv_weights = jax.jit(formats.pack_conv_weights, static_argnames="tile")
+_pack_dense_weights = jax.jit(formats.pack_dense_weights, static_argnames="tile")
+
+
 def _weight_values(node: dict, tensors: dict) -> np.ndarray:
     """The ±1 / ternary weight values (rows, kh, kw, c) of a node, unpacked from its FSB tiles."""
-    rows, k_bits, (kh, kw), c = weight_geometry(node)
+    rows, k_bits, kernel, c = weight_geometry(node)
 
     def unpack_rows(tiles):
-        matrix = formats.from_fsb(tiles, rows, k_bits)
-        if uses_conv_layout(node):
-            return formats.unpack_bits(matrix.reshape(rows, kh, kw, formats.num_words(c)), c)
-        return formats.unpack_bits(matrix, k_bits).reshape(rows, kh, kw, c)
+        return _unpack_weight_bits(jnp.asarray(tiles), rows=rows, k_bits=k_bits, kernel=tuple(kernel), c=c,
+                                   conv_layout=uses_conv_layout(node))
 
     if node["weights"] == "binary":
         return np.where(np.asarray(unpack_rows(tensors["weight"])), 1.0, -1.0).astype(np.float32)
@@ -137,8 +150,8 @@ def _weight_values(node: dict, tensors: dict) -> np.ndarray:
 def _pack_values(node: dict, values: np.ndarray, tile):
     """±1 values (rows, kh, kw, c) as the packed weights the op takes (ConvBits or DenseBits)."""
     if uses_conv_layout(node):
-        return formats.pack_conv_weights(np.transpose(values, (1, 2, 3, 0)), tile)
-    return formats.pack_dense_weights(values.reshape(values.shape[0], -1).T, tile)
+        return _pack_conv_weights(np.transpose(values, (1, 2, 3, 0)), tile=tuple(tile))
+    return _pack_dense_weights(values.reshape(values.shape[0], -1).T, tile=tuple(tile))
 
 
 def _prepare_linear(node: dict, tensors: dict, tile) -> dict:

@@ -1,0 +1,137 @@
+"""Fidelity of the exporter + runtime against the Flax model, over the zoo and every network mode.
+
+For each model: batch norms get random statistics and affine parameters (negative and zero gammas
+included), the exported graph runs under jit through jaxbnn.ops, and
+
+- class predictions equal the Flax model's eval-mode predictions on every sample,
+- logits match to float32 rounding,
+- every intermediate bit equals sign(bn(x)) (or the next layer's ternary quantizer) of the Flax model,
+  with no ties, and the real-valued residual stream is equal bit for bit.
+
+Models run at small input sizes / widths (the layer sequence is the architecture's).
+"""
+
+import numpy as np
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from export import ExportError, export_model, fidelity_report, format_size_report, size_report
+from jaxbnn import packed_model, runtime
+from jaxbnn.models import build_model
+
+SMALL = {
+    "mnist-mlp": dict(input_shape=(28, 28, 1), width=0.125),
+    "mnist-conv": dict(input_shape=(14, 14, 1), width=0.25),
+    "cifar10-vgg": dict(input_shape=(8, 8, 3), width=0.0625),
+    "cifar10-resnet14": dict(input_shape=(8, 8, 3), width=0.0625),
+    "imagenet-alexnet": dict(input_shape=(67, 67, 3), width=0.03125),
+    "imagenet-vgg16": dict(input_shape=(32, 32, 3), width=0.0625),
+    "imagenet-resnet18": dict(input_shape=(32, 32, 3), width=0.0625),
+}
+
+CASES = [
+    ("mnist-mlp", "bnn", {}),
+    ("mnist-mlp", "tnn", {}),
+    ("mnist-mlp", "tbn", {"input_threshold": "learned"}),
+    ("mnist-mlp", "btn", {"kernel_threshold": "twn_channel", "xnor_scaling": True}),
+    ("mnist-conv", "bnn", {"xnor_scaling": True, "use_bias": True}),
+    ("mnist-conv", "bnn", {"padding_value": "one"}),
+    ("mnist-conv", "tnn", {"input_threshold": "learned", "kernel_threshold": "learned", "padding_value": "one"}),
+    ("cifar10-vgg", "tbn", {}),
+    ("cifar10-vgg", "btn", {}),
+    ("cifar10-resnet14", "bnn", {}),
+    ("cifar10-resnet14", "tnn", {"xnor_scaling": True}),
+    ("imagenet-alexnet", "bnn", {}),
+    ("imagenet-vgg16", "bnn", {}),
+    ("imagenet-resnet18", "btn", {"padding_value": "one"}),
+]
+
+
+def randomize(model, seed):
+    """Random batch-norm statistics and affine parameters; random biases and learned thresholds."""
+    rng = np.random.default_rng(seed)
+    for _, module in nnx.iter_modules(model):
+        if isinstance(module, nnx.BatchNorm):
+            c = module.num_features
+            gamma = rng.normal(size=c)
+            gamma[rng.random(c) < 0.1] = 0.0
+            module.mean[...] = jnp.asarray(rng.normal(size=c) * 3, jnp.float32)
+            module.var[...] = jnp.asarray(rng.uniform(0.05, 4, size=c), jnp.float32)
+            module.scale[...] = jnp.asarray(gamma, jnp.float32)
+            module.bias[...] = jnp.asarray(rng.normal(size=c), jnp.float32)
+            continue
+        for name, centre in (("bias", 0.0), ("input_alpha", 0.3), ("input_beta", -0.3),
+                             ("kernel_alpha", 0.3), ("kernel_beta", -0.3)):
+            param = getattr(module, name, None)
+            if isinstance(param, nnx.Param):
+                param[...] = jnp.asarray(centre + 0.2 * rng.normal(size=param[...].shape), jnp.float32)
+    model.eval()
+    return model
+
+
+def zoo_model(name, mode, options, seed=0):
+    spec = SMALL[name]
+    model = build_model(name, mode, num_classes=10, input_shape=spec["input_shape"], width=spec["width"],
+                        rngs=nnx.Rngs(seed), layer_options=options)
+    return randomize(model, seed + 1)
+
+
+def images_for(model, count, seed):
+    rng = np.random.default_rng(seed)
+    return rng.uniform(-1.0, 1.0, size=(count, *model.input_shape)).astype(np.float32)
+
+
+@pytest.mark.parametrize("name, mode, options", CASES, ids=[f"{n}-{m}-{i}" for i, (n, m, _) in enumerate(CASES)])
+def test_exported_model_reproduces_the_flax_model(name, mode, options):
+    model = zoo_model(name, mode, options)
+    net = runtime.from_packed(export_model(model))
+    report = fidelity_report(model, net, images_for(model, 6, seed=2))
+    assert report.predictions_equal == report.samples, report.summary()
+    assert report.bit_mismatches == 0 and report.ties == 0, [n for n in report.nodes if n.mismatches]
+    assert report.logits_max_rel_diff <= 4e-6, report.summary()
+    # The float stream of residual networks is computed in the model's order: equal, not just close.
+    assert all(n.max_abs_diff == 0.0 for n in report.nodes[:-1]), [n for n in report.nodes if n.max_abs_diff]
+    assert {n.kind for n in report.nodes[:-1]} <= {"binary", "ternary", "float"}
+    assert report.nodes[-1].kind == "float"
+
+
+def test_round_trip_through_the_file_runs_the_same(tmp_path):
+    model = zoo_model("cifar10-resnet14", "tbn", {})
+    packed = export_model(model, target="sm90")
+    path = tmp_path / "resnet.jbnn"
+    packed_model.save(path, packed)
+    loaded = runtime.load(path)
+    images = images_for(model, 3, seed=4)
+    np.testing.assert_array_equal(np.asarray(loaded(images)), np.asarray(runtime.from_packed(packed)(images)))
+    assert loaded.target == "sm90" and loaded.tile == (8, 128)
+
+
+def test_binary_layers_are_about_32x_smaller():
+    model = build_model("mnist-mlp", "bnn", input_shape=(28, 28, 1), num_classes=10, width=0.5, rngs=nnx.Rngs(0))
+    randomize(model, 0)
+    rows = size_report(model, export_model(model))
+    hidden = [r for r in rows if r.domains == "binary x binary -> binary"]
+    assert len(hidden) == 3
+    for row in hidden:
+        # 512 x 512 float32 kernel + bn state against bits + popcounts + thresholds
+        assert 28 < row.float_weight_bytes / row.packed_weight_bytes <= 32
+        assert 25 < row.float_bytes / row.packed_bytes <= 32
+    assert "smaller" in format_size_report(rows)
+
+
+@pytest.mark.parametrize("mode, options, message", [
+    ("float", {}, "float weights"),
+    ("bnn", {"input_scaling": True}, "input scaling"),
+])
+def test_unexportable_models_are_refused(mode, options, message):
+    model = build_model("mnist-mlp", mode, input_shape=(28, 28, 1), num_classes=10, width=0.0625,
+                        rngs=nnx.Rngs(0), layer_options=options)
+    with pytest.raises(ExportError, match=message):
+        export_model(model)
+
+
+def test_unknown_target_is_refused():
+    model = build_model("mnist-mlp", "bnn", input_shape=(28, 28, 1), num_classes=10, width=0.0625, rngs=nnx.Rngs(0))
+    with pytest.raises(ExportError, match="target"):
+        export_model(model, target="tpu")

@@ -1,0 +1,99 @@
+"""The inference runtime: one jitted function over the packed parameters, packed activations between
+layers, the custom calls in the compiled program, clear errors, and no dependency on export/ or train/."""
+
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from export import export_model
+from jaxbnn import _ffi, formats, packed_model, runtime
+from jaxbnn.models import build_model
+
+
+@pytest.fixture(scope="module")
+def conv_model():
+    model = build_model("mnist-conv", "bnn", input_shape=(12, 12, 1), num_classes=10, width=0.25, rngs=nnx.Rngs(3))
+    rng = np.random.default_rng(3)
+    for _, module in nnx.iter_modules(model):
+        if isinstance(module, nnx.BatchNorm):
+            module.mean[...] = jnp.asarray(rng.normal(size=module.num_features), jnp.float32)
+            module.scale[...] = jnp.asarray(rng.normal(size=module.num_features), jnp.float32)
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="module")
+def net(conv_model, tmp_path_factory):
+    path = tmp_path_factory.mktemp("packed") / "conv.jbnn"
+    packed_model.save(path, export_model(conv_model))
+    return runtime.load(path)
+
+
+def images(count, seed=0, shape=(12, 12, 1)):
+    return np.random.default_rng(seed).uniform(-1, 1, size=(count, *shape)).astype(np.float32)
+
+
+def test_logits_and_predictions(net, conv_model):
+    x = images(7, seed=1)
+    logits = np.asarray(net(x))
+    assert logits.shape == (7, 10) and logits.dtype == np.float32
+    np.testing.assert_allclose(logits, np.asarray(conv_model(jnp.asarray(x))), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(net.predict(x, batch_size=3), np.argmax(logits, axis=-1))
+
+
+def test_activations_stay_packed_between_binary_layers(net):
+    trace = net.trace(images(2))
+    nodes = net.graph["nodes"]
+    for node, out in zip(nodes[:-1], trace[:-1]):
+        assert node["output"] == "binary"
+        assert out.dtype == jnp.uint32, node["name"]
+        assert out.shape == (2, *node["out_shape"][:-1], formats.num_words(node["out_channels"])), node["name"]
+    assert trace[-1].dtype == jnp.float32
+
+
+def test_one_batch_row_at_a_time_gives_the_same_logits(net):
+    x = images(5, seed=2)
+    whole = np.asarray(net(x))
+    for i in range(len(x)):
+        np.testing.assert_array_equal(np.asarray(net(x[i:i + 1]))[0], whole[i])
+
+
+def test_the_compiled_program_calls_the_native_targets_where_registered(net):
+    text = net._forward.lower(net.params, jnp.zeros((2, 12, 12, 1), jnp.float32)).as_text()
+    for target in ("jaxbnn_bconv2d_bits", "jaxbnn_bmm_bits", "jaxbnn_bmm_f32"):
+        assert (target in text) == _ffi.has_target("cpu", target), target
+
+
+def test_bad_input_is_refused_before_lowering(net):
+    with pytest.raises(ValueError, match=r"shape \(batch, 12, 12, 1\)"):
+        net(np.zeros((2, 28, 28, 1), np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        net(np.zeros((12, 12, 1), np.float32))
+    with pytest.raises(TypeError, match="floating point"):
+        net(np.zeros((2, 12, 12, 1), np.int32))
+
+
+def test_a_corrupted_file_is_refused(tmp_path, conv_model):
+    path = tmp_path / "m.jbnn"
+    packed_model.save(path, export_model(conv_model))
+    blob = bytearray(path.read_bytes())
+    blob[len(blob) // 2 + 40] ^= 1
+    path.write_bytes(bytes(blob))
+    with pytest.raises(packed_model.PackedModelError):
+        runtime.load(path)
+
+
+def test_runtime_imports_neither_export_nor_training_code():
+    code = (
+        "import sys, jaxbnn.runtime\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('export', 'train', 'flax', 'optax')"
+        " or m.startswith(('jaxbnn.export', 'jaxbnn.train', 'jaxbnn.models', 'jaxbnn.layers'))]\n"
+        "assert not bad, bad\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={"PYTHONPATH": ":".join(p for p in sys.path if p)})
+    assert result.returncode == 0, result.stderr
