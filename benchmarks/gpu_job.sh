@@ -58,7 +58,7 @@ if has sass; then
 fi
 
 if has sanitize; then
-  for tool in memcheck racecheck initcheck; do
+  for tool in ${SANITIZERS:-memcheck racecheck initcheck}; do
     log "compute-sanitizer --tool $tool (kernel harness --small)"
     timeout 100 compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD-kernel_check" --small 2>&1 \
       | grep -vE " 0 / |^(wgmma|mma_sync|simt) " | tail -15 | tee -a "$LOG" || status=1
@@ -101,7 +101,7 @@ for mode in bench bench-quick; do
   if has $mode; then
     log "benchmark ($mode)"
     extra=""; [ $mode = bench-quick ] && extra="--quick"
-    timeout $((JOB_END - $(date +%s))) $PY benchmarks/gpu_bench.py $extra --ceiling-log "$OUT/ceiling.log" --out "$OUT/gpu_results.md" \
+    timeout $((JOB_END - $(date +%s))) $PY benchmarks/gpu_bench.py $extra ${BENCH_ARGS:-} --ceiling-log "$OUT/ceiling.log" --out "$OUT/gpu_results.md" \
       --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" --deadline $((JOB_END - 30)) 2>&1 | tail -80 \
       | tee -a "$LOG" || status=1
   fi
