@@ -49,6 +49,8 @@ def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="random crop + flip (default: on for cifar10 only)")
     parser.add_argument("--out", required=True, help="run directory: checkpoints, metrics.jsonl, curves.png; "
                                                       "rerunning with the same directory resumes")
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                        help="also checkpoint every STEPS steps inside an epoch (default: after each epoch only)")
     parser.add_argument("--summary", action="store_true", help="print the model summary before training")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -76,7 +78,7 @@ def _run_train(args: argparse.Namespace) -> int:
         model = nnx.eval_shape(lambda: build_model(args.model, args.mode, input_shape=spec["input_shape"],
                                                    num_classes=spec["num_classes"], width=args.width))
         print(format_summary(model))
-    rows = loop.fit(config, args.out, progress=not args.no_progress)
+    rows = loop.fit(config, args.out, progress=not args.no_progress, checkpoint_every=args.checkpoint_every)
     if rows:
         print(f"final test accuracy {rows[-1]['test_accuracy']:.4f} after epoch {rows[-1]['epoch']}")
     return 0

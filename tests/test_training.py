@@ -36,16 +36,19 @@ def test_short_bnn_run_beats_chance_and_resumes_exactly(tmp_path):
     straight = loop.fit(config, tmp_path / "straight", progress=False, log=lambda _: None)
     assert straight[-1]["test_accuracy"] > 0.75  # chance is 0.10
 
-    def interrupt_after_first_epoch(message):
-        if message.startswith("epoch 1:"):
+    def interrupt_inside_the_second_epoch(message):  # 40 steps per epoch: step 55 is batch 15 of epoch 2
+        if message == "checkpoint at step 55":
             raise _Interrupt
 
     with pytest.raises(_Interrupt):
-        loop.fit(config, tmp_path / "resumed", progress=False, log=interrupt_after_first_epoch)
+        loop.fit(config, tmp_path / "resumed", progress=False, checkpoint_every=5,
+                 log=interrupt_inside_the_second_epoch)
     messages = []
-    resumed = loop.fit(config, tmp_path / "resumed", progress=False, log=messages.append)
-    assert messages[0].startswith("resumed from epoch 1")
+    resumed = loop.fit(config, tmp_path / "resumed", progress=False, checkpoint_every=5, log=messages.append)
+    assert messages[0].startswith("resumed from step 55 (epoch 2, batch 15)")
     assert [r["epoch"] for r in resumed] == [1, 2]
+    metrics = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in metrics] == [1, 2]
     for a, b in zip(straight, resumed):
         for key in ("train_loss", "train_accuracy", "test_loss", "test_accuracy"):
             assert a[key] == pytest.approx(b[key], rel=1e-5), key
@@ -76,7 +79,7 @@ def test_cli_train_writes_metrics_plot_and_checkpoint(tmp_path, capsys):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["epoch"] == 1 and 0 <= rows[0]["test_accuracy"] <= 1
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (out / "checkpoints" / "1").is_dir()
+    assert (out / "checkpoints" / "40").is_dir()  # named by global step: 4,000 images / 100 per batch
     assert json.loads((out / "config.json").read_text())["model"] == "mnist-mlp"
 
 

@@ -5,7 +5,8 @@ as JSON lines and a PNG of the training curves.
 Files in the output directory:
 
 - ``config.json``: the run's TrainConfig (a resumed run must match it),
-- ``checkpoints/<epoch>/``: Orbax checkpoints of {model, optimizer} state, the last two kept,
+- ``checkpoints/<global step>/``: Orbax checkpoints (model and optimizer state, metrics so far), the
+  last two kept,
 - ``metrics.jsonl``: one JSON object per finished epoch,
 - ``curves.png``: loss and accuracy per epoch.
 """
@@ -109,13 +110,6 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _read_metrics(path: Path, upto_epoch: int) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r["epoch"] <= upto_epoch]
-
-
 def _plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
@@ -153,19 +147,32 @@ def _build(config: TrainConfig, input_shape, num_classes) -> BinaryNet:
                        width=config.width, rngs=default_rngs(config.seed))
 
 
-def _restore(manager, model, optimizer) -> int:
-    """Load the latest checkpoint into model and optimizer; returns its epoch, 0 when there is none."""
+def _save(manager, step: int, model, optimizer, progress: dict) -> None:
+    """One checkpoint: model + optimizer state, and (as JSON) the metrics rows and the running sums of
+    the epoch in progress. Orbax writes it to a temporary directory and renames it when complete."""
+    import orbax.checkpoint as ocp
+
+    state = {"model": nnx.to_pure_dict(nnx.state(model)), "optimizer": nnx.to_pure_dict(nnx.state(optimizer))}
+    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                               progress=ocp.args.JsonSave(progress)))
+    manager.wait_until_finished()
+
+
+def _restore(manager, model, optimizer) -> tuple[int, dict]:
+    """Load the latest checkpoint into model and optimizer; returns (global step, progress), (0, {}) when
+    there is none."""
     import orbax.checkpoint as ocp
 
     step = manager.latest_step()
     if step is None:
-        return 0
+        return 0, {}
     target = {"model": nnx.to_pure_dict(nnx.state(model)), "optimizer": nnx.to_pure_dict(nnx.state(optimizer))}
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.asarray(a).dtype), target)
-    restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
-    nnx.update(model, _as_state(model, restored["model"]))
-    nnx.update(optimizer, _as_state(optimizer, restored["optimizer"]))
-    return int(step)
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                             progress=ocp.args.JsonRestore()))
+    nnx.update(model, _as_state(model, restored.state["model"]))
+    nnx.update(optimizer, _as_state(optimizer, restored.state["optimizer"]))
+    return int(step), dict(restored.progress)
 
 
 def _as_state(module, pure):
@@ -174,8 +181,14 @@ def _as_state(module, pure):
     return state
 
 
-def fit(config: TrainConfig, out_dir: str | os.PathLike, *, progress: bool = True, log=print) -> list[dict]:
-    """Train (or resume) a run in ``out_dir``; returns the metrics of every epoch so far."""
+def fit(config: TrainConfig, out_dir: str | os.PathLike, *, progress: bool = True, checkpoint_every: int = 0,
+        log=print) -> list[dict]:
+    """Train (or resume) a run in ``out_dir``; returns the metrics of every epoch so far.
+
+    A checkpoint is written after every epoch and, with ``checkpoint_every`` > 0, every that many steps
+    inside an epoch; a rerun continues from the last one at the exact batch where it stopped (batch order
+    depends only on seed and epoch), with the same metrics as an uninterrupted run.
+    """
     from tqdm.auto import tqdm
 
     out_dir = Path(out_dir)
@@ -198,45 +211,52 @@ def fit(config: TrainConfig, out_dir: str | os.PathLike, *, progress: bool = Tru
     optimizer = make_optimizer(model, config.learning_rate, steps_per_epoch * config.epochs, config.weight_decay)
 
     manager = _checkpoint_manager(out_dir)
-    start_epoch = _restore(manager, model, optimizer)
+    global_step, saved = _restore(manager, model, optimizer)
+    rows = saved.get("rows", [])
+    partial = saved.get("partial", {"loss_sum": 0.0, "accuracy_sum": 0.0, "seconds": 0.0})
     metrics_path = out_dir / "metrics.jsonl"
-    rows = _read_metrics(metrics_path, start_epoch)
     _write_atomic(metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
-    if start_epoch:
-        log(f"resumed from epoch {start_epoch} in {out_dir}")
+    first_epoch, skip = divmod(global_step, steps_per_epoch)
+    if global_step:
+        log(f"resumed from step {global_step} (epoch {first_epoch + 1}, batch {skip}) in {out_dir}")
 
-    for epoch in range(start_epoch + 1, config.epochs + 1):
-        started = time.perf_counter()
+    for epoch in range(first_epoch + 1, config.epochs + 1):
+        started = time.perf_counter() - partial["seconds"]
         model.train()
-        losses, accuracies = [], []
+        loss_sum, accuracy_sum = jnp.float32(partial["loss_sum"]), jnp.float32(partial["accuracy_sum"])
         batches = data_lib.batches(train_set, config.batch_size, seed=config.seed, epoch=epoch, augment=augment)
-        bar = tqdm(batches, total=steps_per_epoch, desc=f"epoch {epoch}/{config.epochs}", disable=not progress,
-                   leave=False)
-        for images, labels in bar:
+        bar = tqdm(batches, total=steps_per_epoch, initial=skip, desc=f"epoch {epoch}/{config.epochs}",
+                   disable=not progress, leave=False)
+        for index, (images, labels) in enumerate(bar):
+            if index < skip:
+                continue  # done before the interruption; iterated so augmentation draws stay in step
             loss, accuracy = train_step(model, optimizer, images, labels)
-            losses.append(loss)
-            accuracies.append(accuracy)
-            if progress and len(losses) % 10 == 0:
+            loss_sum, accuracy_sum = loss_sum + loss, accuracy_sum + accuracy
+            global_step += 1
+            if progress and index % 10 == 0:
                 bar.set_postfix(loss=f"{float(loss):.3f}")
-        train_loss = float(jnp.mean(jnp.stack(losses)))
+            if checkpoint_every and global_step % checkpoint_every == 0 and index + 1 < steps_per_epoch:
+                partial = {"loss_sum": float(loss_sum), "accuracy_sum": float(accuracy_sum),
+                           "seconds": time.perf_counter() - started}
+                _save(manager, global_step, model, optimizer, {"rows": rows, "partial": partial})
+                log(f"checkpoint at step {global_step}")
+        skip = 0
+        partial = {"loss_sum": 0.0, "accuracy_sum": 0.0, "seconds": 0.0}
+        train_loss = float(loss_sum) / steps_per_epoch
         if not math.isfinite(train_loss):
             raise FloatingPointError(f"training diverged at epoch {epoch} (loss {train_loss})")
         test = evaluate(model, test_set)
         row = {
             "epoch": epoch,
             "train_loss": train_loss,
-            "train_accuracy": float(jnp.mean(jnp.stack(accuracies))),
+            "train_accuracy": float(accuracy_sum) / steps_per_epoch,
             "test_loss": test["loss"],
             "test_accuracy": test["accuracy"],
             "seconds": round(time.perf_counter() - started, 3),
         }
-        # Checkpoint first, then metrics: a crash in between replays this epoch's row on resume.
-        import orbax.checkpoint as ocp
-
-        state = {"model": nnx.to_pure_dict(nnx.state(model)), "optimizer": nnx.to_pure_dict(nnx.state(optimizer))}
-        manager.save(epoch, args=ocp.args.StandardSave(state))
-        manager.wait_until_finished()
         rows.append(row)
+        # The checkpoint holds the rows too, so metrics.jsonl can always be rebuilt from it on resume.
+        _save(manager, global_step, model, optimizer, {"rows": rows, "partial": partial})
         with metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         _plot(rows, out_dir / "curves.png", f"{config.model} ({config.mode}) on {config.data}")
@@ -258,7 +278,7 @@ def load_trained(out_dir: str | os.PathLike) -> BinaryNet:
     optimizer = make_optimizer(model, config.learning_rate, 1, config.weight_decay)
     manager = _checkpoint_manager(out_dir)
     try:
-        if _restore(manager, model, optimizer) == 0:
+        if _restore(manager, model, optimizer)[0] == 0:
             raise FileNotFoundError(f"{out_dir} has no checkpoint")
     finally:
         manager.close()
