@@ -3,7 +3,7 @@
 Quantized parameters are the latent kernels of binary (1 bit each) and ternary (2 bits each) layers;
 everything else (batch norm scale/bias/statistics, biases, learned thresholds, float kernels) counts as
 float32. Packed bytes are what the exporter stores for a kernel: FSB tiles of 8 rows x 128 bits, one
-plane per bit (docs/formats.md), conv taps padded to whole 32-bit words.
+plane per bit (``formats.fsb_shape``, docs/formats.md), conv taps padded to whole 32-bit words.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxbnn.formats import fsb_shape
 from jaxbnn.layers import MODES, BinaryConv, BinaryLinear
 from jaxbnn.models import BinaryNet
 
 __all__ = ["LayerSummary", "model_summary", "format_summary", "print_summary"]
 
-_TILE_ROWS, _TILE_BITS = 8, 128  # the FSB tile of docs/formats.md
 _BITS = {"binary": 1, "ternary": 2}
 
 
@@ -41,9 +41,7 @@ def _packed_kernel_bytes(layer, planes: int) -> int:
         k_bits = kh * kw * (-(-layer.in_features // 32) * 32)
     else:
         k_bits = layer.in_features
-    rows = layer.out_features
-    tiles = -(-rows // _TILE_ROWS) * -(-k_bits // _TILE_BITS)
-    return planes * tiles * _TILE_ROWS * _TILE_BITS // 8
+    return planes * 4 * math.prod(fsb_shape(layer.out_features, k_bits))
 
 
 def _count(module) -> tuple[int, int, int]:

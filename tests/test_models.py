@@ -70,6 +70,8 @@ def test_mlp_summary_counts_parameters_and_bits():
     bn_floats = 4 * (4 * 1024 + 10)  # scale, bias, mean, var
     assert sum(r.float_params for r in rows) == bn_floats
     assert sum(r.memory_bits for r in rows) == quantized + 32 * bn_floats
+    # first layer: 1024 rows of 784 bits in 8 x 128-bit FSB tiles (7 tile columns), plus 2 words per channel
+    assert rows[0].packed_bytes == (1024 // 8) * 7 * 8 * 16 + 8 * 1024
     text = format_summary(model)
     assert "total" in text and f"{quantized:,}" in text
 
