@@ -19,7 +19,8 @@ Exactness: quantized operands are exact small integers in float32, and the dot/c
 What an exporter reads from a layer: ``mode``, ``input_quantizer`` / ``kernel_quantizer`` (names or
 None), ``padding`` / ``padding_value`` / ``strides`` / ``kernel_size`` (conv), ``xnor_scaling``,
 ``input_scaling``, ``use_bias``, and the methods ``quantized_kernel()``, ``kernel_scale()``,
-``input_thresholds()`` (ternary activations), ``explicit_padding(h, w)`` (conv).
+``input_thresholds()`` / ``kernel_thresholds()`` (ternary operands: (alpha, beta), scalars or vectors),
+``explicit_padding(h, w)`` (conv).
 """
 
 from __future__ import annotations
