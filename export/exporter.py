@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
