@@ -377,7 +377,7 @@ struct MmaSyncEngine {
               const int lc = warp_col + nf * 8 + 2 * t + e;
               const int2 sb = cols.sign_bound[lc];
               int v = 4 * acc.v[mf][nf][2 * h + e] + v0;
-              if (border) v -= ExcludedTaps(p, origin, col0 + lc);
+              if (border && col0 + lc < p.n) v -= ExcludedTaps(p, origin, col0 + lc);  // past N: no taps to read
               word |= static_cast<uint32_t>(sb.x * v >= sb.y) << (8 * nf + e);
             }
           }
@@ -599,7 +599,7 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
           const int lc = 8 * j + 2 * t + e;
           const int2 sb = cols.sign_bound[lc];
           int v = 4 * acc[4 * j + 2 * h + e] + v0;
-          if (border) v -= ExcludedTaps(p, origin, col0 + lc);
+          if (border && col0 + lc < p.n) v -= ExcludedTaps(p, origin, col0 + lc);  // past N: no taps to read
           words[j / 4] |= static_cast<uint32_t>(sb.x * v >= sb.y) << (8 * (j % 4) + e);
         }
       }
