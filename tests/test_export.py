@@ -11,8 +11,9 @@ included), the exported graph runs under jit through jaxbnn.ops, and
 Models run at small input sizes / widths (the layer sequence is the architecture's).
 """
 
-import numpy as np
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -90,8 +91,10 @@ def test_exported_model_reproduces_the_flax_model(name, mode, options):
     assert report.predictions_equal == report.samples, report.summary()
     assert report.bit_mismatches == 0 and report.ties == 0, [n for n in report.nodes if n.mismatches]
     assert report.logits_max_rel_diff <= 4e-6, report.summary()
-    # The float stream of residual networks is computed in the model's order: equal, not just close.
-    assert all(n.max_abs_diff == 0.0 for n in report.nodes[:-1]), [n for n in report.nodes if n.max_abs_diff]
+    # The float stream of residual networks is computed in the model's order: equal on the CPU; a GPU
+    # compilation may contract a multiply-add differently in the two programs (one float32 rounding).
+    tolerance = 0.0 if jax.default_backend() == "cpu" else 1e-5
+    assert all(n.max_abs_diff <= tolerance for n in report.nodes[:-1]), [n for n in report.nodes if n.max_abs_diff]
     assert {n.kind for n in report.nodes[:-1]} <= {"binary", "ternary", "float"}
     assert report.nodes[-1].kind == "float"
 
