@@ -41,10 +41,10 @@ def test_short_bnn_run_beats_chance_and_resumes_exactly(tmp_path):
             raise _Interrupt
 
     with pytest.raises(_Interrupt):
-        loop.fit(config, tmp_path / "resumed", progress=False, checkpoint_every=5,
+        loop.fit(config, tmp_path / "resumed", progress=False, checkpoint_every=11,
                  log=interrupt_inside_the_second_epoch)
     messages = []
-    resumed = loop.fit(config, tmp_path / "resumed", progress=False, checkpoint_every=5, log=messages.append)
+    resumed = loop.fit(config, tmp_path / "resumed", progress=False, checkpoint_every=11, log=messages.append)
     assert messages[0].startswith("resumed from step 55 (epoch 2, batch 15)")
     assert [r["epoch"] for r in resumed] == [1, 2]
     metrics = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
