@@ -72,14 +72,21 @@ def bench_bmm(sizes, engines, rows):
         one = jnp.ones((n,), jnp.float32)
         zero = jnp.zeros((n,), jnp.float32)
         attrs = dict(k=np.int64(k), n=np.int64(n))
-        # operands are arguments, never closed-over constants (XLA would embed them in the program)
-        bits_fn = jax.jit(lambda wb, wp, t_, f_, *a: [bmm_call("bits", m, n, k)(x, wb, wp, t_, f_, **attrs) for x in a])
-        general_fn = jax.jit(
-            lambda wb, wp, s_, b_, *a: [bmm_call("f32", m, n, k)(formats.pack_bits(x >= 0), wb, wp, s_, b_, **attrs)
-                                        for x in a])
+        # Operands are arguments, never closed-over constants (XLA would embed them in the program).
+        def bits_program(wb, wp, t_, f_, *a):
+            return [bmm_call("bits", m, n, k)(x, wb, wp, t_, f_, **attrs) for x in a]
+
+        def general_program(wb, wp, s_, b_, *a):
+            return [bmm_call("f32", m, n, k)(formats.pack_bits(x >= 0), wb, wp, s_, b_, **attrs) for x in a]
+
         row = {"size": s}
         for engine in engines:
             _cuda.set_kernel_path(engine)
+            # A fresh executable per engine: XLA may replay a captured CUDA graph (command buffer), in which
+            # the handler, and so its engine choice, ran once at capture.
+            # (a new function object: jax caches executables per function)
+            bits_fn = jax.jit(lambda *a: bits_program(*a))
+            general_fn = jax.jit(lambda *a: general_program(*a))
             t = timed(bits_fn, [w.bits, w.popcount, thr, flip, *packed], reps)
             row[f"{engine} packed"] = ops / t / 1e12
             row[f"{engine} ran"] = _cuda.last_kernel_path()
@@ -134,11 +141,14 @@ def bench_conv(layers, engines, rows, deadline=float("inf")):
                      pool_h=i64(1), pool_w=i64(1))
         call = jax.ffi.ffi_call("jaxbnn_bconv2d_bits",
                                 jax.ShapeDtypeStruct((batch, oh, oh, formats.num_words(o)), jnp.uint32))
-        ours = jax.jit(lambda wb, wp, t_, f_, *a: [call(x, wb, wp, t_, f_, **attrs) for x in a])
+        def program(wb, wp, t_, f_, *a):
+            return [call(x, wb, wp, t_, f_, **attrs) for x in a]
+
         row = {"layer": name, "batch": batch}
         scale = COPIES / copies
         for engine in engines:
             _cuda.set_kernel_path(engine)
+            ours = jax.jit(lambda *a: program(*a))  # a fresh executable per engine (see bench_bmm)
             row[f"{engine} packed"] = ops / (timed(ours, [w.bits, w.tap_popcount, thr, flip, *packed], reps) * scale) / 1e12
             row[f"{engine} ran"] = _cuda.last_kernel_path()
         _cuda.set_kernel_path("auto")
