@@ -1,7 +1,11 @@
-"""Shared test configuration: the `gpu` marker.
+"""Shared test configuration: the `gpu` and `slow` markers.
 
 Tests marked `@pytest.mark.gpu` need a CUDA device and the `jaxbnn._cuda` module. Without them they are
 skipped, unless JAXBNN_REQUIRE_GPU=1: then they fail, so a run on a GPU machine cannot pass by skipping.
+
+Tests marked `@pytest.mark.slow` (real training runs, tens of minutes on a 2-core CPU) run only when asked:
+`pytest --run-slow`, JAXBNN_RUN_SLOW=1, or a `-m` expression naming `slow`. The plain `pytest` of the
+README and of CI stays within CI's time budget.
 """
 
 from __future__ import annotations
@@ -29,6 +33,24 @@ def gpu_unavailable_reason() -> str | None:
     except ImportError as err:
         return f"the CUDA module jaxbnn._cuda is not importable ({err})"
     return None
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", help="also run the tests marked slow (real training runs)")
+
+
+def pytest_collection_modifyitems(config, items):
+    asked = (
+        config.getoption("--run-slow")
+        or os.environ.get("JAXBNN_RUN_SLOW") == "1"
+        or "slow" in (config.getoption("markexpr") or "")
+    )
+    if asked:
+        return
+    skip = pytest.mark.skip(reason="slow: run with --run-slow or JAXBNN_RUN_SLOW=1")
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(skip)
 
 
 def pytest_runtest_setup(item):

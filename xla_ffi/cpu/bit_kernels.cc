@@ -36,6 +36,12 @@ constexpr int64_t kPanelRows = 32;                   // reduction rows held at o
 constexpr int64_t kWeightBlockBytes = 256 * 1024;    // weights swept by one task (fits L2)
 constexpr int64_t kMinParallelWork = int64_t{1} << 15;  // chunk x tile-row products worth a thread hop
 
+#if defined(__GNUC__)
+#define JAXBNN_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define JAXBNN_ALWAYS_INLINE inline
+#endif
+
 int64_t RoundUp(int64_t value, int64_t multiple) { return CeilDiv(value, multiple) * multiple; }
 
 // Runs body(task) for every task in [0, tasks) on the calling thread and XLA's intra-op thread pool. The
@@ -139,7 +145,7 @@ struct GemmShape {
 };
 
 // dot >= threshold, or dot <= threshold where flip (branch-free).
-inline uint32_t ThresholdBit(int32_t dot, int32_t threshold, uint8_t flip) {
+JAXBNN_ALWAYS_INLINE uint32_t ThresholdBit(int32_t dot, int32_t threshold, uint8_t flip) {
   const uint32_t at_least = dot >= threshold, at_most = dot <= threshold;
   return flip ? at_most : at_least;
 }
@@ -152,7 +158,8 @@ struct OutputWriter {
 
   // Writes the dots of columns [col, col + width) (width <= 8, col a multiple of 8) of output `row`.
   // `bits` is the row's packed word under construction, stored once it is full or the task's columns end.
-  void Write(int64_t row, int64_t col, int64_t width, const int32_t* dots, uint32_t& bits, int64_t task_end) const {
+  JAXBNN_ALWAYS_INLINE void Write(int64_t row, int64_t col, int64_t width, const int32_t* dots, uint32_t& bits,
+                                  int64_t task_end) const {
     if constexpr (kEpilogue == Epilogue::kInt32) {
       std::memcpy(static_cast<int32_t*>(out) + row * n + col, dots, width * sizeof(int32_t));
     } else if constexpr (kEpilogue == Epilogue::kAffine) {
@@ -232,7 +239,7 @@ void RunGemm(const Source& source, const GemmShape& shape, const EpilogueData& e
         const int32_t* valid = k_valid + o * window;
         int32_t dots[kTileRows];
         for (int64_t i = 0; i < kTileRows; ++i) dots[i] = valid[0] - 2 * popcounts[i];
-        for (int64_t r = 1; r < window; ++r) {
+        for (int64_t r = 1; r < window; ++r) {  // no-op without pooling (window 1)
           for (int64_t i = 0; i < kTileRows; ++i) {
             dots[i] = std::max(dots[i], valid[r] - 2 * popcounts[r * kTileRows + i]);
           }
