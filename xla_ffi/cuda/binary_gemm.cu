@@ -263,6 +263,20 @@ __device__ __forceinline__ bool BorderRow(const BinaryGemmProblem& p, int tile_m
   return origin.w && !(origin.y >= 0 && origin.y + p.kh <= p.in_h && origin.z >= 0 && origin.z + p.kw <= p.in_w);
 }
 
+// The "zero"-padding corrections of one border row for the columns an accumulator thread holds:
+// value k at column first_col + 8 (k / 2) + k % 2. A runtime loop, so that ExcludedTaps is not inlined
+// into every site of the unrolled epilogues (that made the kernels ~700 KB of straight-line code, slow to
+// fetch); `excl` lives in local memory and is touched only for border rows.
+template <int kValues>
+__device__ __forceinline__ void BorderCorrections(const BinaryGemmProblem& p, int4 origin, int first_col,
+                                                  int (&excl)[kValues]) {
+#pragma unroll 1
+  for (int k = 0; k < kValues; ++k) {
+    const int col = first_col + 8 * (k >> 1) + (k & 1);
+    excl[k] = col < p.n ? ExcludedTaps(p, origin, col) : 0;
+  }
+}
+
 // Stores the int32 / affine values of two adjacent columns (col, col + 1) of one output row.
 __device__ __forceinline__ void StorePair(const BinaryGemmProblem& p, long long row, int col, int d0, int d1, float s0,
                                           float b0, float s1, float b1) {
@@ -368,6 +382,8 @@ struct MmaSyncEngine {
         int4 origin;
         const bool border = row_valid && BorderRow(p, tile_m, kRows, r, origin);
         const int v0 = p.k_real - 2 * popc_a[r];
+        int excl[8];
+        if (border) BorderCorrections(p, origin, col0 + warp_col + 2 * t, excl);
         if (p.epilogue == Epilogue::kBits) {
           uint32_t word = 0;
 #pragma unroll
@@ -377,7 +393,7 @@ struct MmaSyncEngine {
               const int lc = warp_col + nf * 8 + 2 * t + e;
               const int2 sb = cols.sign_bound[lc];
               int v = 4 * acc.v[mf][nf][2 * h + e] + v0;
-              if (border && col0 + lc < p.n) v -= ExcludedTaps(p, origin, col0 + lc);  // past N: no taps to read
+              if (border) v -= excl[2 * nf + e];
               word |= static_cast<uint32_t>(sb.x * v >= sb.y) << (8 * nf + e);
             }
           }
@@ -395,8 +411,8 @@ struct MmaSyncEngine {
             int d0 = 4 * acc.v[mf][nf][2 * h] + v0 - 2 * cols.popc_b[lc];
             int d1 = 4 * acc.v[mf][nf][2 * h + 1] + v0 - 2 * cols.popc_b[lc + 1];
             if (border) {
-              d0 -= ExcludedTaps(p, origin, col);
-              if (col + 1 < p.n) d1 -= ExcludedTaps(p, origin, col + 1);
+              d0 -= excl[2 * nf];
+              d1 -= excl[2 * nf + 1];
             }
             StorePair(p, row, col, d0, d1, cols.scale[lc], cols.bias[lc], cols.scale[lc + 1], cols.bias[lc + 1]);
           }
@@ -587,6 +603,8 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
     const int base = p.k_real - 2 * popc_a[r];
     int4 origin;
     const bool border = row_valid && BorderRow(p, tile_m, kWgRows, r, origin);
+    int excl[64];
+    if (border) BorderCorrections(p, origin, col0 + 2 * t, excl);
     if (p.epilogue == Epilogue::kBits) {
       // Bits of columns 8 j + e land at bit 8 (j % 4) + e of word j / 4; the quad's lanes (t) fill the
       // other positions after a shift by 2 t, then an OR over the quad completes each 32-column word.
@@ -599,7 +617,7 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
           const int lc = 8 * j + 2 * t + e;
           const int2 sb = cols.sign_bound[lc];
           int v = 4 * acc[4 * j + 2 * h + e] + v0;
-          if (border && col0 + lc < p.n) v -= ExcludedTaps(p, origin, col0 + lc);  // past N: no taps to read
+          if (border) v -= excl[2 * j + e];
           words[j / 4] |= static_cast<uint32_t>(sb.x * v >= sb.y) << (8 * (j % 4) + e);
         }
       }
@@ -619,8 +637,8 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
         int d0 = base - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h];
         int d1 = base - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1];
         if (border) {
-          d0 -= ExcludedTaps(p, origin, col);
-          if (col + 1 < p.n) d1 -= ExcludedTaps(p, origin, col + 1);
+          d0 -= excl[2 * j];
+          d1 -= excl[2 * j + 1];
         }
         StorePair(p, row, col, d0, d1, cols.scale[lc], cols.bias[lc], cols.scale[lc + 1], cols.bias[lc + 1]);
       }
