@@ -138,3 +138,14 @@ def test_unknown_target_is_refused():
     model = build_model("mnist-mlp", "bnn", input_shape=(28, 28, 1), num_classes=10, width=0.0625, rngs=nnx.Rngs(0))
     with pytest.raises(ExportError, match="target"):
         export_model(model, target="tpu")
+
+
+def test_the_fidelity_check_catches_a_wrong_threshold():
+    model = zoo_model("mnist-mlp", "bnn", {})
+    packed = export_model(model)
+    images = images_for(model, 6, seed=5)
+    assert fidelity_report(model, runtime.from_packed(packed), images).exact
+    packed.tensors["nodes.1.threshold"] = packed.tensors["nodes.1.threshold"] + 3
+    report = fidelity_report(model, runtime.from_packed(packed), images)
+    assert not report.exact
+    assert report.nodes[1].mismatches > report.nodes[1].ties == 0
