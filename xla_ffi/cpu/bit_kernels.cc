@@ -42,6 +42,16 @@ constexpr int64_t kMinParallelWork = int64_t{1} << 15;  // chunk x tile-row prod
 #define JAXBNN_ALWAYS_INLINE inline
 #endif
 
+// Short copies and fills as plain loops: GCC expands short variable-size memcpy / fill into `rep movsb` /
+// `rep stos`, whose start-up cost on AMD exceeds the copy itself.
+JAXBNN_ALWAYS_INLINE void CopyWords(uint32_t* dst, const uint32_t* src, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = src[i];
+}
+
+JAXBNN_ALWAYS_INLINE void ZeroWords(uint32_t* dst, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = 0;
+}
+
 int64_t RoundUp(int64_t value, int64_t multiple) { return CeilDiv(value, multiple) * multiple; }
 
 // Runs body(task) for every task in [0, tasks) on the calling thread and XLA's intra-op thread pool. The
@@ -161,7 +171,12 @@ struct OutputWriter {
   JAXBNN_ALWAYS_INLINE void Write(int64_t row, int64_t col, int64_t width, const int32_t* dots, uint32_t& bits,
                                   int64_t task_end) const {
     if constexpr (kEpilogue == Epilogue::kInt32) {
-      std::memcpy(static_cast<int32_t*>(out) + row * n + col, dots, width * sizeof(int32_t));
+      int32_t* dst = static_cast<int32_t*>(out) + row * n + col;
+      if (width == kTileRows) {
+        for (int64_t i = 0; i < kTileRows; ++i) dst[i] = dots[i];
+      } else {
+        for (int64_t i = 0; i < width; ++i) dst[i] = dots[i];
+      }
     } else if constexpr (kEpilogue == Epilogue::kAffine) {
       // Exactly float(dot) * scale + bias: the module is built with -ffp-contract=off (no fused multiply-add).
       float* dst = static_cast<float*>(out) + row * n + col;
@@ -274,8 +289,8 @@ struct BmmRows {
     scratch.data.resize(count * row_words);
     for (int64_t r = 0; r < count; ++r) {
       uint32_t* dst = scratch.data.data() + r * row_words;
-      std::memcpy(dst, a + (first + r) * k_words, k_words * sizeof(uint32_t));
-      std::fill(dst + k_words, dst + row_words, 0u);
+      CopyWords(dst, a + (first + r) * k_words, k_words);
+      ZeroWords(dst + k_words, row_words - k_words);
     }
     return PanelView{scratch.data.data(), mask, row_words, 0};
   }
@@ -311,22 +326,22 @@ struct ConvRows {
         uint32_t* tap_row = dst + dy * p.kw * p.c_words;
         if (iy >= 0 && iy < p.height && x0 >= 0 && x0 + p.kw <= p.width) {
           // The kw taps of this kernel row are contiguous in both the image and the panel.
-          std::memcpy(tap_row, Pixel(b, iy, x0), p.kw * p.c_words * sizeof(uint32_t));
+          CopyWords(tap_row, Pixel(b, iy, x0), p.kw * p.c_words);
           in_frame += p.kw;
           continue;
         }
         for (int64_t dx = 0; dx < p.kw; ++dx) {
           uint32_t* tap = tap_row + dx * p.c_words;
           if (InFrame(iy, x0 + dx)) {
-            std::memcpy(tap, Pixel(b, iy, x0 + dx), p.c_words * sizeof(uint32_t));
+            CopyWords(tap, Pixel(b, iy, x0 + dx), p.c_words);
             ++in_frame;
           } else {
             // Out of frame: bits 0 (-1 inputs). With pad_value "one" they count; with "zero" the mask drops them.
-            std::fill(tap, tap + p.c_words, 0u);
+            ZeroWords(tap, p.c_words);
           }
         }
       }
-      std::fill(dst + p.k_words, dst + row_words, 0u);
+      ZeroWords(dst + p.k_words, row_words - p.k_words);
       const int64_t counted = p.pad_one ? taps : in_frame;
       scratch.k_valid[row] = static_cast<int32_t>(counted * p.c);
       any_excluded |= counted < taps;
@@ -339,12 +354,12 @@ struct ConvRows {
       int64_t b, y0, x0;
       Origin(first, row, &b, &y0, &x0);
       uint32_t* row_mask = scratch.mask.data() + row * row_words;
-      std::memcpy(row_mask, mask, row_words * sizeof(uint32_t));
+      CopyWords(row_mask, mask, row_words);
       for (int64_t dy = 0; dy < p.kh; ++dy) {
         for (int64_t dx = 0; dx < p.kw; ++dx) {
           if (!InFrame(y0 + dy, x0 + dx)) {
             uint32_t* tap = row_mask + (dy * p.kw + dx) * p.c_words;
-            std::fill(tap, tap + p.c_words, 0u);
+            ZeroWords(tap, p.c_words);
           }
         }
       }
