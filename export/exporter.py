@@ -112,9 +112,8 @@ def _pack_weights(layer, node: dict, tile) -> dict[str, np.ndarray]:
         pack = lambda values: _pack_dense_weights(values, tile=tile)  # noqa: E731
     if node["weights"] == "binary":
         packed = pack(w)
-        popcount_name = "weight_tap_popcount" if packed_model.uses_conv_layout(node) else "weight_popcount"
-        popcount = packed.tap_popcount if packed_model.uses_conv_layout(node) else packed.popcount
-        return {"weight": np.asarray(packed.bits), popcount_name: np.asarray(popcount, np.int32)}
+        popcount = packed.tap_popcount.sum(axis=0) if packed_model.uses_conv_layout(node) else packed.popcount
+        return {"weight": np.asarray(packed.bits), "weight_popcount": np.asarray(popcount, np.int32)}
     # Ternary: each plane packed as a ±1 matrix whose +1 entries are the plane's set bits.
     sign, nonzero = w < 0, w != 0  # formats.ternary_planes
     plane = lambda bits: np.asarray(pack(np.where(bits, 1.0, -1.0).astype(np.float32)).bits)  # noqa: E731

@@ -258,15 +258,13 @@ def _validate_residual(where: str, node: dict) -> None:
 
 def _linear_tensors(prefix: str, node: dict, tile) -> dict[str, tuple[tuple[int, ...], str]]:
     specs: dict[str, tuple[tuple[int, ...], str]] = {}
-    rows, k_bits, (kh, kw), _ = weight_geometry(node)
+    rows, k_bits, _, _ = weight_geometry(node)
     fsb = formats.fsb_shape(rows, k_bits, tile)
     n = node["out_channels"]
     if node["weights"] == "binary":
         specs["weight"] = (fsb, "uint32")
-        if uses_conv_layout(node):
-            specs["weight_tap_popcount"] = ((kh * kw, n), "int32")
-        else:
-            specs["weight_popcount"] = ((n,), "int32")
+        # +1 entries per output column; the per-tap counts convs need are derived from the bits at load.
+        specs["weight_popcount"] = ((n,), "int32")
     else:
         specs["weight_sign"] = (fsb, "uint32")
         specs["weight_nonzero"] = (fsb, "uint32")

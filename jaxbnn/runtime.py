@@ -127,6 +127,12 @@ def _unpack_weight_bits(tiles, *, rows, k_bits, kernel, c, conv_layout):
     return formats.unpack_bits(matrix, k_bits).reshape(rows, kh, kw, c)
 
 
+@functools.partial(jax.jit, static_argnames=("rows", "k_bits", "taps"))
+def _tap_popcount(tiles, *, rows, k_bits, taps):
+    """Per-tap popcounts (taps, rows) of FSB-tiled conv-layout weights."""
+    return formats.popcount(formats.from_fsb(tiles, rows, k_bits).reshape(rows, taps, -1)).T
+
+
 _pack_conv_weights = jax.jit(formats.pack_conv_weights, static_argnames="tile")
 _pack_dense_weights = jax.jit(formats.pack_dense_weights, static_argnames="tile")
 
@@ -167,8 +173,12 @@ def _prepare_linear(node: dict, tensors: dict, tile) -> dict:
         rows, k_bits, kernel, c = weight_geometry(node)
         bits = jnp.asarray(tensors["weight"])
         if uses_conv_layout(node):
-            params["weight"] = formats.ConvBits(bits, jnp.asarray(tensors["weight_tap_popcount"]), kernel_size=kernel,
-                                                in_channels=c, out_channels=rows)
+            # The file stores popcounts per output column; the op takes them per tap (derived, then checked).
+            tap_popcount = _tap_popcount(bits, rows=rows, k_bits=k_bits, taps=kernel[0] * kernel[1])
+            if not np.array_equal(np.asarray(tap_popcount).sum(axis=0), tensors["weight_popcount"]):
+                raise packed_model.PackedModelError(f"{node['name']}: weight_popcount does not match the weights")
+            params["weight"] = formats.ConvBits(bits, tap_popcount, kernel_size=kernel, in_channels=c,
+                                                out_channels=rows)
         else:
             params["weight"] = formats.DenseBits(bits, jnp.asarray(tensors["weight_popcount"]), k=k_bits, n=rows)
         return params

@@ -27,7 +27,7 @@ def tiny_model(seed: int = 0) -> PackedModel:
     tensors = {
         "nodes.0.weight": np.asarray(first.bits), "nodes.0.weight_popcount": np.asarray(first.popcount),
         "nodes.0.threshold": rng.normal(size=5).astype(np.float32), "nodes.0.flip": rng.random(5) < 0.5,
-        "nodes.1.weight": np.asarray(second.bits), "nodes.1.weight_tap_popcount": np.asarray(second.tap_popcount),
+        "nodes.1.weight": np.asarray(second.bits), "nodes.1.weight_popcount": np.asarray(second.tap_popcount).sum(axis=0, dtype=np.int32),
         "nodes.1.scale": rng.normal(size=3).astype(np.float32), "nodes.1.bias": rng.normal(size=3).astype(np.float32),
     }
     graph = {"name": "tiny", "mode": "bnn", "input_shape": [4, 4, 3], "num_classes": 3, "nodes": [conv, dense]}
