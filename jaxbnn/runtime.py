@@ -38,6 +38,7 @@ def load(path: str | os.PathLike) -> "PackedNet":
 
 
 def from_packed(packed: PackedModel) -> "PackedNet":
+    """The inference model of an in-memory packed model (what `load` reads; the exporter returns one)."""
     return PackedNet(packed)
 
 
