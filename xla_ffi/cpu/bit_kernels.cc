@@ -119,8 +119,7 @@ void ParallelFor(ffi::ThreadPool* pool, int64_t tasks, bool parallel, std::funct
 // Per-thread scratch, reused across calls.
 struct Scratch {
   std::vector<uint32_t> data, mask;
-  std::vector<int32_t> k_valid, popcounts;
-  std::vector<uint32_t> bits;
+  std::vector<int32_t> k_valid, popcounts, dots;
 };
 
 Scratch& ThreadScratch() {
@@ -166,41 +165,31 @@ struct OutputWriter {
   void* out;
   int64_t n;
 
-  // Writes the dots of columns [col, col + width) (width <= 8, col a multiple of 8) of output `row`.
-  // `bits` is the row's packed word under construction, stored once it is full or the task's columns end.
-  JAXBNN_ALWAYS_INLINE void Write(int64_t row, int64_t col, int64_t width, const int32_t* dots, uint32_t& bits,
-                                  int64_t task_end) const {
+  // Writes the dots of columns [col_begin, col_end) (col_begin a multiple of 32) of output `row`: one
+  // contiguous run per row, so rows whose stride is a multiple of 4 KiB do not thrash one L1 set.
+  JAXBNN_ALWAYS_INLINE void WriteRow(int64_t row, int64_t col_begin, int64_t col_end, const int32_t* dots) const {
+    const int64_t width = col_end - col_begin;
     if constexpr (kEpilogue == Epilogue::kInt32) {
-      int32_t* dst = static_cast<int32_t*>(out) + row * n + col;
-      if (width == kTileRows) {
-        for (int64_t i = 0; i < kTileRows; ++i) dst[i] = dots[i];
-      } else {
-        for (int64_t i = 0; i < width; ++i) dst[i] = dots[i];
-      }
+      int32_t* dst = static_cast<int32_t*>(out) + row * n + col_begin;
+      for (int64_t i = 0; i < width; ++i) dst[i] = dots[i];
     } else if constexpr (kEpilogue == Epilogue::kAffine) {
       // Exactly float(dot) * scale + bias: the module is built with -ffp-contract=off (no fused multiply-add).
-      float* dst = static_cast<float*>(out) + row * n + col;
-      const float* scale = epilogue.scale + col;
-      const float* bias = epilogue.bias + col;
-      if (width == kTileRows) {
-        for (int64_t i = 0; i < kTileRows; ++i) dst[i] = static_cast<float>(dots[i]) * scale[i] + bias[i];
-      } else {
-        for (int64_t i = 0; i < width; ++i) dst[i] = static_cast<float>(dots[i]) * scale[i] + bias[i];
-      }
+      float* dst = static_cast<float*>(out) + row * n + col_begin;
+      const float* scale = epilogue.scale + col_begin;
+      const float* bias = epilogue.bias + col_begin;
+      for (int64_t i = 0; i < width; ++i) dst[i] = static_cast<float>(dots[i]) * scale[i] + bias[i];
     } else {
-      const int32_t* threshold = epilogue.threshold + col;
-      const uint8_t* flip = epilogue.flip + col;
-      uint32_t byte = 0;
-      if (width == kTileRows) {
-        for (int64_t i = 0; i < kTileRows; ++i) byte |= ThresholdBit(dots[i], threshold[i], flip[i]) << i;
-      } else {
-        for (int64_t i = 0; i < width; ++i) byte |= ThresholdBit(dots[i], threshold[i], flip[i]) << i;
-      }
-      bits |= byte << (col % kWordBits);
-      const int64_t end = col + width;
-      if (end % kWordBits == 0 || end == task_end) {
-        static_cast<uint32_t*>(out)[row * CeilDiv(n, kWordBits) + col / kWordBits] = bits;
-        bits = 0;
+      uint32_t* dst = static_cast<uint32_t*>(out) + row * CeilDiv(n, kWordBits) + col_begin / kWordBits;
+      const int32_t* threshold = epilogue.threshold + col_begin;
+      const uint8_t* flip = epilogue.flip + col_begin;
+      for (int64_t word = 0; word * kWordBits < width; ++word) {
+        const int64_t bits_in_word = std::min(kWordBits, width - word * kWordBits);
+        uint32_t bits = 0;  // padding bits past n stay 0
+        for (int64_t i = 0; i < bits_in_word; ++i) {
+          const int64_t c = word * kWordBits + i;
+          bits |= ThresholdBit(dots[c], threshold[c], flip[c]) << i;
+        }
+        dst[word] = bits;
       }
     }
   }
@@ -241,26 +230,28 @@ void RunGemm(const Source& source, const GemmShape& shape, const EpilogueData& e
     const PanelView panel = source.Fill(first, count, scratch);
     const int rows = static_cast<int>(count * window);
     scratch.popcounts.resize(rows * kTileRows);
-    scratch.bits.assign(count, 0);
+    // Dots of the task's columns, one padded row per output (padding keeps rows off the same L1 set).
+    const int64_t dots_stride = RoundUp(col_end - col_begin, kTileRows) + 16;
+    scratch.dots.resize(count * dots_stride);
     const int32_t* k_valid = scratch.k_valid.data();
     for (int64_t tile = col_begin / kTileRows; tile * kTileRows < col_end; ++tile) {
       tile_row_popcount(panel, rows, shape.tiles + tile * shape.chunks * kTileChunkWords, shape.chunks,
                         scratch.popcounts.data());
-      const int64_t col = tile * kTileRows;
-      const int64_t width = std::min(kTileRows, col_end - col);
       for (int64_t o = 0; o < count; ++o) {
         // Max-pool: the max over the window's rows of dot = k_valid - 2 popcount.
         const int32_t* popcounts = scratch.popcounts.data() + o * window * kTileRows;
         const int32_t* valid = k_valid + o * window;
-        int32_t dots[kTileRows];
+        int32_t* dots = scratch.dots.data() + o * dots_stride + (tile * kTileRows - col_begin);
         for (int64_t i = 0; i < kTileRows; ++i) dots[i] = valid[0] - 2 * popcounts[i];
         for (int64_t r = 1; r < window; ++r) {  // no-op without pooling (window 1)
           for (int64_t i = 0; i < kTileRows; ++i) {
             dots[i] = std::max(dots[i], valid[r] - 2 * popcounts[r * kTileRows + i]);
           }
         }
-        writer.Write(first + o, col, width, dots, scratch.bits[o], col_end);
       }
+    }
+    for (int64_t o = 0; o < count; ++o) {
+      writer.WriteRow(first + o, col_begin, col_end, scratch.dots.data() + o * dots_stride);
     }
   };
   ParallelFor(pool, panels * column_blocks, parallel, task);
