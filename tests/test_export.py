@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from export import ExportError, export_model, fidelity_report, format_size_report, size_report
+from jaxbnn.export import ExportError, export_model, fidelity_report, format_size_report, size_report
 from jaxbnn import packed_model, runtime
 from jaxbnn.models import build_model
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from export.folding import BnChain, NonMonotoneError, float_thresholds, integer_thresholds
+from jaxbnn.export.folding import BnChain, NonMonotoneError, float_thresholds, integer_thresholds
 
 GAMMAS = [1.0, -1.0, 0.0, -0.0, 1e-30, -1e-30, 1e-42, 1e30, -1e30, 3e38, 0.37, -2.5]
 

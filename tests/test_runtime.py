@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from export import export_model
+from jaxbnn.export import export_model
 from jaxbnn import _ffi, formats, packed_model, runtime
 from jaxbnn.models import build_model
 
