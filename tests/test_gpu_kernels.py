@@ -29,11 +29,13 @@ def _gpus():
         return []
 
 
-if not _gpus() and os.environ.get("JAXBNN_REQUIRE_GPU") != "1":
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
-
-_cuda = pytest.importorskip("jaxbnn._cuda")
-from jaxbnn import _ffi  # noqa: E402  (registers the targets of the built modules)
+# Without a GPU or the CUDA module, conftest.py skips every test here (marker `gpu`), or fails them when
+# JAXBNN_REQUIRE_GPU=1: the module must still import.
+try:
+    import jaxbnn._cuda as _cuda
+except ImportError:
+    _cuda = None
+from jaxbnn import _ffi  # noqa: E402, F401  (registers the targets of the built modules)
 
 GPU = _gpus()[0] if _gpus() else None
 CPU = jax.devices("cpu")[0]
