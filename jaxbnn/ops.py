@@ -64,8 +64,7 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
     b_popcount = _popcount_or_derive("b_popcount", b_popcount, b, (n,))
     kind, epi = _epilogue(n, scale, bias, threshold, flip)
 
-    out_cols = formats.num_words(n) if kind == "bits" else n
-    out_dtype = {"i32": jnp.int32, "f32": jnp.float32, "bits": jnp.uint32}[kind]
+    out_cols, out_dtype = _epilogue_output(kind, n)
     rows = a.reshape(-1, a.shape[-1])  # batch dims fold into M: one kernel call
     if rows.shape[0] == 0:
         return jnp.zeros(a.shape[:-1] + (out_cols,), out_dtype)
@@ -154,8 +153,7 @@ def bconv2d(
     w_tap_popcount = _int32_array("w_tap_popcount", w_tap_popcount, (kh * kw, o))
     kind, epi = _epilogue(o, scale, bias, threshold, flip)
 
-    out_ch = formats.num_words(o) if kind == "bits" else o
-    out_dtype = {"i32": jnp.int32, "f32": jnp.float32, "bits": jnp.uint32}[kind]
+    out_ch, out_dtype = _epilogue_output(kind, o)
     attrs = dict(
         c=np.int64(c), o=np.int64(o), kh=np.int64(kh), kw=np.int64(kw),
         stride_h=np.int64(sh), stride_w=np.int64(sw),
@@ -312,6 +310,13 @@ def _epilogue(n, scale, bias, threshold, flip):
         bias = jnp.zeros((n,), jnp.float32) if bias is None else _float_vector("bias", bias, n)
         return "f32", {"scale": scale, "bias": bias}
     return "i32", {}
+
+
+def _epilogue_output(kind, n):
+    """(last-axis length, dtype) of an epilogue's output for n output channels."""
+    if kind == "bits":
+        return formats.num_words(n), jnp.uint32
+    return n, {"i32": jnp.int32, "f32": jnp.float32}[kind]
 
 
 def _float_vector(name, value, n):

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxbnn import _ffi, formats, ops, reference
+from numpy_spec import numpy_conv
 
 SETTINGS = settings(max_examples=15, deadline=None)
 QUICK = settings(max_examples=10, deadline=None)
@@ -17,22 +18,6 @@ TARGETS = [f"jaxbnn_{op}_{kind}" for op in ("bmm", "bconv2d") for kind in ("i32"
 
 def signs(rng, shape):
     return rng.choice(np.array([-1.0, 1.0], np.float32), shape)
-
-
-def numpy_conv(x, w, stride, padding, pad_value):
-    """Direct float convolution of ±1 NHWC x with HWIO w: the definition, written out tap by tap."""
-    (pt, pb), (pl, pr) = padding
-    fill = -1.0 if pad_value == "one" else 0.0
-    x = np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)), constant_values=fill)
-    kh, kw, _, o = w.shape
-    sh, sw = stride
-    oh, ow = (x.shape[1] - kh) // sh + 1, (x.shape[2] - kw) // sw + 1
-    out = np.zeros((x.shape[0], oh, ow, o), np.float64)
-    for i in range(kh):
-        for j in range(kw):
-            patch = x[:, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw, :]
-            out += patch @ w[i, j]
-    return out.astype(np.int64)
 
 
 def random_epilogue(rng, kind, n, k):
