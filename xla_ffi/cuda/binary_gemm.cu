@@ -19,6 +19,10 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstring>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include "wgmma_b1.cuh"
 
@@ -77,13 +81,15 @@ struct TileColumns {
   int popc_b[kCols];
   int threshold[kCols];
   int flip[kCols];
-  // bit = sign * (4 acc + k_real - 2 popc_a) >= sign * (threshold + 2 popc_b), sign = -1 where flip:
-  // one 8-byte shared load per column in the accumulator epilogue.
-  int2 sign_bound[kCols];
+  // The accumulator epilogues' form of the threshold: bit = (4 acc + k_real - 2 popc_a >= bound) XOR flip,
+  // bound = threshold + 2 popc_b, plus 1 where flipped (dot <= t is the negation of dot >= t + 1).
+  int bound[kCols];
+  uint32_t flip_word[kCols / 32];  // the flip flags of 32 columns, bit c % 32 for column c
   float scale[kCols];
   float bias[kCols];
 };
 
+// Fills local column `lc`. Called by whole warps for 32 consecutive columns (the flip words are ballots).
 template <int kCols>
 __device__ __forceinline__ void FillTileColumn(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0, int lc) {
   const int col = col0 + lc;
@@ -97,9 +103,10 @@ __device__ __forceinline__ void FillTileColumn(const BinaryGemmProblem& p, TileC
     const int flip = col < p.n ? p.flip[col] : 0;
     cols.threshold[lc] = threshold;
     cols.flip[lc] = flip;
-    const int sign = flip ? -1 : 1;
     // columns past N get an unreachable bound: their bits stay 0 (the padding bits of the last word)
-    cols.sign_bound[lc] = col < p.n ? make_int2(sign, sign * (threshold + 2 * total)) : make_int2(0, 1);
+    cols.bound[lc] = col < p.n ? threshold + 2 * total + (flip ? 1 : 0) : INT_MAX;
+    const uint32_t flips = __ballot_sync(0xffffffffu, flip != 0);
+    if (lc % 32 == 0) cols.flip_word[lc / 32] = flips;
   } else if (p.epilogue == Epilogue::kAffine) {
     cols.scale[lc] = col < p.n ? p.scale[col] : 0.f;
     cols.bias[lc] = col < p.n ? p.bias[col] : 0.f;
@@ -149,10 +156,15 @@ __device__ __forceinline__ void LoadWeightStage(const BinaryGemmProblem& p, uint
   }
 }
 
+// Chunk c of row r in a 128B-swizzled stage, as a TMA tensor copy writes it: rows of 128 bytes, the
+// 16-byte chunk index XORed with row % 8.
+__device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) { return row * 128 + ((chunk ^ (row % 8)) * 16); }
+
 // popc of the activation rows of a stage, kThreads / kRows threads per row; returns this thread's part.
-// Thread t reads row (t / (8 * parts)) * 8 + t % 8: 8 consecutive threads, 8 rows of one chunk, no bank
-// conflicts; the parts of a row sit 8 lanes apart in one warp.
-template <int kRows, int kThreads>
+// Thread t reads row (t / (8 * parts)) * 8 + t % 8: 8 consecutive threads, 8 rows of one chunk (in the
+// swizzled layout: 8 different physical chunks), so no bank conflicts; the parts of a row sit 8 lanes
+// apart in one warp.
+template <int kRows, int kThreads, bool kSwizzled = false>
 __device__ __forceinline__ int StageRowPopcount(const uint8_t* stage, int tid) {
   constexpr int kParts = kThreads / kRows;
   constexpr int kChunks = 8 / kParts;
@@ -161,7 +173,9 @@ __device__ __forceinline__ int StageRowPopcount(const uint8_t* stage, int tid) {
   int total = 0;
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
-    const uint4 v = *reinterpret_cast<const uint4*>(stage + StageOffset(row, part * kChunks + i));
+    const int chunk = part * kChunks + i;
+    const uint32_t offset = kSwizzled ? SwizzledOffset(row, chunk) : StageOffset(row, chunk);
+    const uint4 v = *reinterpret_cast<const uint4*>(stage + offset);
     total += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
   }
   return total;
@@ -391,17 +405,16 @@ struct MmaSyncEngine {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int lc = warp_col + nf * 8 + 2 * t + e;
-              const int2 sb = cols.sign_bound[lc];
               int v = 4 * acc.v[mf][nf][2 * h + e] + v0;
               if (border) v -= excl[2 * nf + e];
-              word |= static_cast<uint32_t>(sb.x * v >= sb.y) << (8 * nf + e);
+              word |= static_cast<uint32_t>(v >= cols.bound[lc]) << (8 * nf + e);
             }
           }
           word <<= 2 * t;
           word |= __shfl_xor_sync(0xffffffffu, word, 1);
           word |= __shfl_xor_sync(0xffffffffu, word, 2);
           if (t == 0 && row_valid && col0 + warp_col < p.n) {
-            static_cast<uint32_t*>(p.out)[row * out_words + (col0 + warp_col) / 32] = word;
+            static_cast<uint32_t*>(p.out)[row * out_words + (col0 + warp_col) / 32] = word ^ cols.flip_word[warp_col / 32];
           }
         } else if (row_valid) {
 #pragma unroll
@@ -542,13 +555,24 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
 }
 
 // ---------------------------------------------------------------------------------------------------
-// wgmma engine (sm_90a): warp-specialized, mbarrier pipeline.
+// wgmma engine (sm_90a): warp-specialized, mbarrier pipeline, clusters of two CTAs along M.
+//
+// The two CTAs of a cluster take row tiles 2i and 2i + 1 of one column tile, so they need the same weight
+// stages: each copies half of a stage's weight rows and multicasts it into both CTAs' shared memory,
+// which halves the L2 -> SM weight traffic. A stage is refilled only after the consumers of both CTAs
+// released it (the "empty" barriers count the consumer warps of the whole cluster).
+// Activations: one TMA tensor copy per stage (128B swizzle) when the rows of A are rows of a matrix
+// (bmm, 1x1 stride-1 convolutions), else cp.async by the producer warpgroup with the implicit-GEMM
+// addressing (zero fill of out-of-frame taps).
 
 constexpr int kWgRows = 128, kWgCols = 256, kWgStages = 4, kWgThreads = 384;
+constexpr int kWgCluster = 2;
+[[maybe_unused]] constexpr int kWgConsumerWarps = 8;
 [[maybe_unused]] constexpr int kWgStageA = kWgRows * 128;
 constexpr int kWgStageBytes = (kWgRows + kWgCols) * 128;
 constexpr int kWgLd = kWgCols + 4;
-constexpr int kWgSmemBytes = kWgStages * kWgStageBytes + kWgRows * 16 + kWgRows * 4 +
+// 1024 bytes of slack: swizzled TMA destinations must be 1024-byte aligned.
+constexpr int kWgSmemBytes = 1024 + kWgStages * kWgStageBytes + kWgRows * 16 + kWgRows * 4 +
                              static_cast<int>(sizeof(TileColumns<kWgCols>)) + 2 * kWgStages * 8;
 static_assert(kWgRows * kWgLd * 4 <= kWgStages * kWgStageBytes, "the staged epilogue tile reuses the stages");
 
@@ -565,8 +589,18 @@ __device__ __forceinline__ void BarrierWait(uint32_t bar, int parity) {
       "r"(parity)
       : "memory");
 }
-__device__ __forceinline__ void BarrierArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+// Arrives on the barrier at the same shared-memory offset in every CTA of the cluster. Default (.cta)
+// release semantics, as CUTLASS's cluster barriers: .release.cluster costs a GPU-wide memory barrier.
+__device__ __forceinline__ void BarrierArriveCluster(uint32_t bar) {
+#pragma unroll
+  for (uint32_t rank = 0; rank < kWgCluster; ++rank) {
+    asm volatile(
+        "{\n.reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+        "r"(rank)
+        : "memory");
+  }
 }
 // Arrives on `bar` once all of this thread's earlier cp.async copies have landed.
 __device__ __forceinline__ void BarrierArriveOnCopies(uint32_t bar) {
@@ -575,173 +609,275 @@ __device__ __forceinline__ void BarrierArriveOnCopies(uint32_t bar) {
 __device__ __forceinline__ void BarrierArriveExpectBytes(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
-// One bulk (copy-engine) copy of `bytes` contiguous bytes; completes its bytes on `bar`.
-__device__ __forceinline__ void BulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
+// One bulk copy of `bytes` contiguous bytes into the same offset of every CTA of the cluster; completes
+// its bytes on the barrier at `bar`'s offset in each of them.
+__device__ __forceinline__ void BulkCopyMulticast(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  const uint16_t every_cta = (1u << kWgCluster) - 1;
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "h"(every_cta)
+      : "memory");
+}
+// One TMA copy of the (128 bytes x 128 rows) box at (byte x, row y) of `map`; rows and bytes outside the
+// matrix arrive as zeros and still count towards the box's bytes.
+__device__ __forceinline__ void TensorCopy(uint32_t dst, const CUtensorMap& map, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t ClusterRank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t ClusterId() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t ClusterCount() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
+  return r;
 }
 // No-swizzle K-major descriptor: LBO 128 bytes between core matrices along K, SBO 1024 between row groups.
 __device__ __forceinline__ uint64_t OperandDescriptor(uint32_t addr) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(128 >> 4) << 16) |
          (static_cast<uint64_t>(1024 >> 4) << 32);
 }
+// 128B-swizzle K-major descriptor: rows of 128 bytes, SBO 1024 between 8-row groups (LBO unused); a k256
+// step advances the start address by 32 bytes.
+__device__ __forceinline__ uint64_t SwizzledOperandDescriptor(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (1ull << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
+         (1ull << 62);
+}
+
+// Threshold bits of a thread's two accumulator rows (h = 0, 1). Bits of columns 8 j + 2 t + e land at bit
+// 8 (j % 4) + e of word j / 4; the quad's lanes (t) fill the other positions after a shift by 2 t, then an
+// OR over the quad completes each 32-column word. kBorder: subtract the rows' "zero"-padding corrections
+// excl[h][2 j + e] (border rows of a convolution); without it the loop is 3-4 instructions per value.
+template <bool kBorder>
+__device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const int (&acc)[128],
+                                              const TileColumns<kWgCols>& cols, const int (&v0)[2],
+                                              const long long (&row)[2], const bool (&row_valid)[2],
+                                              const int (*excl)[64], int col0, int t) {
+  uint32_t words[2][8] = {};
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const int2 bound = *reinterpret_cast<const int2*>(&cols.bound[8 * j + 2 * t]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int x0 = 4 * acc[4 * j + 2 * h] + v0[h], x1 = 4 * acc[4 * j + 2 * h + 1] + v0[h];
+      if constexpr (kBorder) {
+        x0 -= excl[h][2 * j];
+        x1 -= excl[h][2 * j + 1];
+      }
+      const uint32_t bit0 = 1u << (8 * (j % 4));  // constant positions: a select and a 3-input OR per pair
+      words[h][j / 4] |= (x0 >= bound.x ? bit0 : 0u) | (x1 >= bound.y ? bit0 << 1 : 0u);
+    }
+  }
+  uint32_t* out = static_cast<uint32_t*>(p.out);
+  const int out_words = (p.n + 31) / 32;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int wd = 0; wd < 8; ++wd) {
+      uint32_t v = words[h][wd] << (2 * t);
+      v |= __shfl_xor_sync(0xffffffffu, v, 1);
+      v |= __shfl_xor_sync(0xffffffffu, v, 2);
+      if (t == (wd & 3) && row_valid[h] && col0 + 32 * wd < p.n) {
+        out[row[h] * out_words + col0 / 32 + wd] = v ^ cols.flip_word[wd];
+      }
+    }
+  }
+}
 
 // The epilogue straight from the wgmma accumulators (no pool): thread (warp w, lane g*4+t) of consumer
-// half `half` holds rows 64 half + 16 w + g (+8) and columns 8 j + 2 t (+1). Threshold bits are packed in
-// registers and OR-reduced over the 4 lanes of a quad: one 32-column word per row and quad.
+// half `half` holds rows 64 half + 16 w + g (+8) and columns 8 j + 2 t (+1).
 __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, const int (&acc)[128],
                                                   const int* popc_a, const TileColumns<kWgCols>& cols, int tile_m,
                                                   int col0, int half, int wtid) {
   const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
-  const int out_words = (p.n + 31) / 32;
+  int v0[2];
+  long long row[2];
+  bool row_valid[2], border[2];
+  int4 origin[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = 64 * half + 16 * w + g + 8 * h;
-    const long long row = static_cast<long long>(tile_m) * kWgRows + r;
-    const bool row_valid = row < p.pooled_rows;
-    const int base = p.k_real - 2 * popc_a[r];
-    int4 origin;
-    const bool border = row_valid && BorderRow(p, tile_m, kWgRows, r, origin);
+    row[h] = static_cast<long long>(tile_m) * kWgRows + r;
+    row_valid[h] = row[h] < p.pooled_rows;
+    v0[h] = p.k_real - 2 * popc_a[r];
+    border[h] = row_valid[h] && BorderRow(p, tile_m, kWgRows, r, origin[h]);
+  }
+  if (p.epilogue == Epilogue::kBits) {
+    if (border[0] || border[1]) {
+      int excl[2][64];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (border[h]) {
+          BorderCorrections(p, origin[h], col0 + 2 * t, excl[h]);
+        } else {
+#pragma unroll 1
+          for (int k = 0; k < 64; ++k) excl[h][k] = 0;
+        }
+      }
+      StoreBitsRows<true>(p, acc, cols, v0, row, row_valid, excl, col0, t);
+    } else {
+      StoreBitsRows<false>(p, acc, cols, v0, row, row_valid, nullptr, col0, t);
+    }
+    return;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (!row_valid[h]) continue;
     int excl[64];
-    if (border) BorderCorrections(p, origin, col0 + 2 * t, excl);
-    if (p.epilogue == Epilogue::kBits) {
-      // Bits of columns 8 j + e land at bit 8 (j % 4) + e of word j / 4; the quad's lanes (t) fill the
-      // other positions after a shift by 2 t, then an OR over the quad completes each 32-column word.
-      uint32_t words[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      const int v0 = base;
+    if (border[h]) BorderCorrections(p, origin[h], col0 + 2 * t, excl);
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int lc = 8 * j + 2 * t + e;
-          const int2 sb = cols.sign_bound[lc];
-          int v = 4 * acc[4 * j + 2 * h + e] + v0;
-          if (border) v -= excl[2 * j + e];
-          words[j / 4] |= static_cast<uint32_t>(sb.x * v >= sb.y) << (8 * (j % 4) + e);
-        }
+    for (int j = 0; j < 32; ++j) {
+      const int lc = 8 * j + 2 * t, col = col0 + lc;
+      if (col >= p.n) continue;
+      int d0 = v0[h] - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h];
+      int d1 = v0[h] - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1];
+      if (border[h]) {
+        d0 -= excl[2 * j];
+        d1 -= excl[2 * j + 1];
       }
-      uint32_t* out = static_cast<uint32_t*>(p.out);
-#pragma unroll
-      for (int wd = 0; wd < 8; ++wd) {
-        uint32_t v = words[wd] << (2 * t);
-        v |= __shfl_xor_sync(0xffffffffu, v, 1);
-        v |= __shfl_xor_sync(0xffffffffu, v, 2);
-        if (t == (wd & 3) && row_valid && col0 + 32 * wd < p.n) out[row * out_words + col0 / 32 + wd] = v;
-      }
-    } else if (row_valid) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int lc = 8 * j + 2 * t, col = col0 + lc;
-        if (col >= p.n) continue;
-        int d0 = base - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h];
-        int d1 = base - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1];
-        if (border) {
-          d0 -= excl[2 * j];
-          d1 -= excl[2 * j + 1];
-        }
-        StorePair(p, row, col, d0, d1, cols.scale[lc], cols.bias[lc], cols.scale[lc + 1], cols.bias[lc + 1]);
-      }
+      StorePair(p, row[h], col, d0, d1, cols.scale[lc], cols.bias[lc], cols.scale[lc + 1], cols.bias[lc + 1]);
     }
   }
 }
 #endif
 
-// Persistent over tiles (grid <= SMs) unless the epilogue pools, which stages the tile in the pipeline's
-// shared memory and so runs one tile per CTA. The producer warpgroup runs ahead into the next tile while
-// the consumers finish the previous one's epilogue.
-__global__ void __launch_bounds__(kWgThreads, 1) WgmmaKernel(const BinaryGemmProblem p, int m_tiles, int n_tiles) {
+// Persistent over tile pairs (one pair per cluster and step) unless the epilogue pools, which stages the
+// tile in the pipeline's shared memory and so runs one pair per cluster. The producer runs ahead into the
+// next tile while the consumers finish the previous one's epilogue. kTensorA: activations by TMA.
+// Launched with a cluster dimension of kWgCluster (LaunchWgmma).
+template <bool kTensorA>
+__global__ void __launch_bounds__(kWgThreads, 1)
+    WgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map, int m_pairs, int n_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ __align__(1024) uint8_t smem[];
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + (1024 - SmemAddress(smem_raw) % 1024) % 1024;
   int4* origins = reinterpret_cast<int4*>(smem + kWgStages * kWgStageBytes);
   int* popc_a = reinterpret_cast<int*>(origins + kWgRows);
   auto& cols = *reinterpret_cast<TileColumns<kWgCols>*>(popc_a + kWgRows);
   const uint32_t full0 = SmemAddress(&cols + 1);  // kWgStages "stage landed" barriers
-  const uint32_t empty0 = full0 + kWgStages * 8;  // kWgStages "stage consumed" barriers
+  const uint32_t empty0 = full0 + kWgStages * 8;  // kWgStages "stage consumed by the cluster" barriers
   const int tid = threadIdx.x;
-  const int tiles = m_tiles * n_tiles;
+  const int pairs = m_pairs * n_tiles;
+  const int rank = static_cast<int>(ClusterRank());
   const bool staged = p.pool_h * p.pool_w > 1;
   if (tid == 0) {
     for (int s = 0; s < kWgStages; ++s) {
-      // one arrival per producer thread when its cp.async copies land, one for the weights' byte count
-      BarrierInit(full0 + 8 * s, 129);
-      BarrierInit(empty0 + 8 * s, 256);  // one arrival per consumer thread, when its reads are done
+      // TMA: one arrival (with the stage's byte count). cp.async: one per producer thread when its copies
+      // land, plus the one that brings the weights' byte count.
+      BarrierInit(full0 + 8 * s, kTensorA ? 1 : 129);
+      BarrierInit(empty0 + 8 * s, kWgCluster * kWgConsumerWarps);
     }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  ClusterSync();  // the partner's barriers exist before any multicast copy or remote arrival reaches them
 
   const uint32_t base = SmemAddress(smem);
   const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
   const int warpgroup = tid / 128;
   if (warpgroup == 0) {  // producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+    if (kTensorA && tid >= 32) return;  // one warp issues the copies
     int it = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      int tile_m, tile_n;
-      TileCoordinates(tile, m_tiles, n_tiles, tile_m, tile_n);
+    for (int pair = ClusterId(); pair < pairs; pair += ClusterCount()) {
+      int pair_m, tile_n;
+      TileCoordinates(pair, m_pairs, n_tiles, pair_m, tile_n);
+      const int tile_m = pair_m * kWgCluster + rank;
       const int col0 = tile_n * kWgCols;
-      asm volatile("bar.sync 2, 128;\n" ::: "memory");  // the previous tile's copies are all issued
-      origins[tid] = RowOrigin(p, tile_m, kWgRows, tid);
-      asm volatile("bar.sync 2, 128;\n" ::: "memory");
+      // Weight rows of this column tile: FSB row tiles past N are not copied; what stays in their place
+      // lands in columns that are never stored.
+      const int row_tiles = min(kWgCols / 8, p.w_row_tiles - col0 / 8);
+      if (!kTensorA) {
+        asm volatile("bar.sync 2, 128;\n" ::: "memory");  // the previous tile's copies are all issued
+        origins[tid] = RowOrigin(p, tile_m, kWgRows, tid);
+        asm volatile("bar.sync 2, 128;\n" ::: "memory");
+      }
       for (int kb = 0; kb < k_blocks; ++kb, ++it) {
         const int s = it % kWgStages;
+        const uint32_t full = full0 + 8 * s;
         if (it >= kWgStages) BarrierWait(empty0 + 8 * s, ((it / kWgStages) - 1) & 1);
         const uint32_t stage = base + s * kWgStageBytes;
-        LoadActivationStage<kWgRows, 4, 128>(p, origins, stage, kb, tid);
-        if (tid < 32) {
-          // Weights: one bulk copy per 8-row tile row (up to 8 FSB tiles = 1 KB, contiguous in global memory).
-          // Tiles past K or rows past N are not copied: what stays there meets zero-filled activation words
-          // (K) or lands in columns that are never stored (N).
-          const int kt0 = kb * 8, k_tiles = min(8, p.w_k_tiles - kt0);
-          const int row_tiles = min(kWgCols / 8, p.w_row_tiles - col0 / 8);
-          if (tid == 0) BarrierArriveExpectBytes(full0 + 8 * s, row_tiles * k_tiles * 128);
-          __syncwarp();
-          if (tid < row_tiles) {
-            BulkCopy(stage + kWgStageA + tid * kRowGroupBytes,
-                     p.w + (static_cast<size_t>(col0 / 8 + tid) * p.w_k_tiles + kt0) * 32, k_tiles * 128,
-                     full0 + 8 * s);
+        // FSB tiles past K are not copied either: what stays there meets zero-filled activation words.
+        const int kt0 = kb * 8, k_tiles = min(8, p.w_k_tiles - kt0);
+        const uint32_t weight_bytes = row_tiles * k_tiles * 128;
+        if constexpr (kTensorA) {
+          if (tid == 0) {
+            BarrierArriveExpectBytes(full, kWgStageA + weight_bytes);
+            TensorCopy(stage, a_map, kb * 128, tile_m * kWgRows, full);
           }
+        } else {
+          LoadActivationStage<kWgRows, 4, 128>(p, origins, stage, kb, tid);
+          if (tid == 0) BarrierArriveExpectBytes(full, weight_bytes);
         }
-        BarrierArriveOnCopies(full0 + 8 * s);
+        // This CTA's half of the weight rows, 1 KB (8 FSB tiles) per 8-row tile row, into both CTAs.
+        constexpr int kRowTilesPerCta = kWgCols / 8 / kWgCluster;
+        const int j = rank * kRowTilesPerCta + tid;
+        if (tid < kRowTilesPerCta && j < row_tiles) {
+          BulkCopyMulticast(stage + kWgStageA + j * kRowGroupBytes,
+                            p.w + (static_cast<size_t>(col0 / 8 + j) * p.w_k_tiles + kt0) * 32, k_tiles * 128, full);
+        }
+        if (!kTensorA) BarrierArriveOnCopies(full);
       }
     }
-    CopyAsyncWait<0>();
+    if (!kTensorA) CopyAsyncWait<0>();
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
   const int ctid = tid - 128;      // 0..255 over both consumer warpgroups
   const int half = warpgroup - 1;  // rows 64 * half ... of the tile
   const int wtid = ctid % 128;     // thread in its warpgroup
+  // One arrival per consumer warp on the stage's "empty" barrier in every CTA of the cluster, after all
+  // of the warp's reads (wgmma and row popcounts) of it are done.
+  auto release = [&](int s) {
+    __syncwarp();
+    if (wtid % 32 == 0) BarrierArriveCluster(empty0 + 8 * s);
+  };
   int it = 0;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    int tile_m, tile_n;
-    TileCoordinates(tile, m_tiles, n_tiles, tile_m, tile_n);
+  for (int pair = ClusterId(); pair < pairs; pair += ClusterCount()) {
+    int pair_m, tile_n;
+    TileCoordinates(pair, m_pairs, n_tiles, pair_m, tile_n);
+    const int tile_m = pair_m * kWgCluster + rank;
     const int col0 = tile_n * kWgCols;
     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the previous epilogue is done with cols and popc_a
-    FillTileColumn<kWgCols>(p, cols, col0, ctid);
     int acc[128];
     int row_popc = 0;
     for (int kb = 0; kb < k_blocks; ++kb, ++it) {
       const int s = it % kWgStages;
       BarrierWait(full0 + 8 * s, (it / kWgStages) & 1);
       // cp.async wrote the activations through the generic proxy; the tensor cores read through the async one.
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      if (!kTensorA) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-      const uint32_t stage_a = base + s * kWgStageBytes + half * 8 * kRowGroupBytes;
+      const uint32_t stage_a = base + s * kWgStageBytes + half * 64 * 128;  // 64 rows in either layout
       const uint32_t stage_b = base + s * kWgStageBytes + kWgStageA;
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
-        wgmma_m64n256k256_and_popc(acc, OperandDescriptor(stage_a + ks * 256),
-                                   OperandDescriptor(stage_b + ks * 256), (kb | ks) != 0);
+        const uint64_t desc_a =
+            kTensorA ? SwizzledOperandDescriptor(stage_a + ks * 32) : OperandDescriptor(stage_a + ks * 256);
+        wgmma_m64n256k256_and_popc(acc, desc_a, OperandDescriptor(stage_b + ks * 256), (kb | ks) != 0);
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      // The column parameters' global loads wait while the first k block runs, not before it.
+      if (kb == 0) FillTileColumn<kWgCols>(p, cols, col0, ctid);
       // While the tensor cores run: popc(a) of this warpgroup's 64 rows, two threads per row.
-      row_popc += StageRowPopcount<64, 128>(smem + s * kWgStageBytes + half * 8 * kRowGroupBytes, wtid);
+      row_popc += StageRowPopcount<64, 128, kTensorA>(smem + s * kWgStageBytes + half * 64 * 128, wtid);
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-      if (kb > 0) BarrierArrive(empty0 + 8 * ((it - 1) % kWgStages));
+      if (kb > 0) release((it - 1) % kWgStages);
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    BarrierArrive(empty0 + 8 * ((it - 1) % kWgStages));
+    release((it - 1) % kWgStages);
     row_popc = CombineRowPopcount<64, 128>(row_popc);
     if (const int row = RowOfPopcount<64, 128>(wtid); row >= 0) popc_a[64 * half + row] = row_popc;
     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // popc_a and cols complete; every wgmma of the tile done
@@ -749,7 +885,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaKernel(const BinaryGemmPro
       StoreAccumulators(p, acc, popc_a, cols, tile_m, col0, half, wtid);
       continue;
     }
-    // Pooled: one tile per CTA, so the producer is done and the stages are free for the int32 tile.
+    // Pooled: one tile per CTA; every copy into this CTA has landed (the consumers waited for all of
+    // them), so the stages are free for the int32 tile.
     int* acc_tile = reinterpret_cast<int*>(smem);
     {
       const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
@@ -766,6 +903,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaKernel(const BinaryGemmPro
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
     StoreTile<kWgRows, kWgCols, kWgLd, 256>(p, acc_tile, popc_a, cols, origins, tile_m, col0, ctid);
   }
+  // The partner may still arrive on this CTA's barriers: neither CTA leaves before both are done.
+  ClusterSync();
 #endif
 }
 
@@ -784,20 +923,83 @@ DeviceInfo& InfoFor(int device) {
 
 template <class Kernel>
 cudaError_t Launch(Kernel kernel, int smem, int threads, int m_tiles, int n_tiles, const BinaryGemmProblem& p,
-                   cudaStream_t stream, long long max_blocks = INT_MAX) {
+                   cudaStream_t stream) {
   // Raising the dynamic shared memory limit is idempotent and cheap; no launch-time allocation.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const long long tiles = static_cast<long long>(m_tiles) * n_tiles;
   if (tiles > INT_MAX) return cudaErrorInvalidConfiguration;
-  const long long blocks = tiles < max_blocks ? tiles : max_blocks;
-  kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(p, m_tiles, n_tiles);
+  kernel<<<static_cast<unsigned>(tiles), threads, smem, stream>>>(p, m_tiles, n_tiles);
   return cudaGetLastError();
 }
 
 int TilesOfRows(const BinaryGemmProblem& p, int rows) {
   const int pooled_per_tile = rows / (p.pool_h * p.pool_w);
   return (p.pooled_rows + pooled_per_tile - 1) / pooled_per_tile;
+}
+
+// cuTensorMapEncodeTiled from the driver, through the runtime (no link-time dependency on libcuda);
+// null if the driver lacks it, and then the activations go by cp.async.
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+    return err == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
+               : nullptr;
+  }();
+  return encode;
+}
+
+// The activation rows of `p` as a TMA tensor map when they are the rows of a plain matrix (bmm, 1x1
+// stride-1 unpadded convolutions without pooling): bytes x rows, 128 x 128 boxes, 128B swizzle.
+bool ActivationTensorMap(const BinaryGemmProblem& p, CUtensorMap& map) {
+  const bool plain_rows = p.kh == 1 && p.kw == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_top == 0 &&
+                          p.pad_left == 0 && p.pool_h * p.pool_w == 1 && p.out_h == p.in_h && p.out_w == p.in_w;
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (!plain_rows || encode == nullptr) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.cw) * 4, static_cast<cuuint64_t>(p.pooled_rows)};
+  const cuuint64_t row_stride[1] = {static_cast<cuuint64_t>(p.cw) * 4};
+  const cuuint32_t box[2] = {128, kWgRows}, element_strides[2] = {1, 1};
+  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint32_t*>(p.x), dims, row_stride, box,
+                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Clusters of two CTAs over pairs of row tiles: persistent (one CTA per SM) unless the pooled epilogue
+// needs one tile per CTA.
+cudaError_t LaunchWgmma(const BinaryGemmProblem& p, int sms, cudaStream_t stream) {
+  const long long m_pairs = (TilesOfRows(p, kWgRows) + kWgCluster - 1) / kWgCluster;
+  const long long n_tiles = (p.n + kWgCols - 1) / kWgCols;
+  const long long pairs = m_pairs * n_tiles;
+  const long long max_clusters = p.pool_h * p.pool_w > 1 ? pairs : sms / kWgCluster;
+  const long long clusters = pairs < max_clusters ? pairs : max_clusters;
+  if (pairs > INT_MAX || clusters * kWgCluster > INT_MAX) return cudaErrorInvalidConfiguration;
+  CUtensorMap a_map;
+  std::memset(&a_map, 0, sizeof(a_map));
+  const bool tensor_a = ActivationTensorMap(p, a_map);
+  const auto kernel = tensor_a ? WgmmaKernel<true> : WgmmaKernel<false>;
+  // Raising the dynamic shared memory limit is idempotent and cheap; no launch-time allocation.
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmemBytes);
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(clusters * kWgCluster));
+  config.blockDim = dim3(kWgThreads);
+  config.dynamicSmemBytes = kWgSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kWgCluster;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  const cudaError_t launch = cudaLaunchKernelEx(&config, kernel, p, a_map, static_cast<int>(m_pairs),
+                                                static_cast<int>(n_tiles));
+  if (launch != cudaSuccess) return launch;
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -819,6 +1021,7 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& p, KernelPath path, cudaSt
     }
     info.known = true;
   }
+  if (p.k_words < 1) return cudaErrorInvalidValue;  // the kernels fill their column tables in the first K block
   // 16-byte copies need every tap's words 16-byte aligned.
   const bool aligned = p.cw % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   const bool can_wgmma = info.major == 9 && info.minor == 0 && aligned;
@@ -831,9 +1034,7 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& p, KernelPath path, cudaSt
   if (chosen != nullptr) *chosen = run;
   switch (run) {
     case KernelPath::kWgmma:
-      // persistent (one CTA per SM) unless the pooled epilogue needs one tile per CTA
-      return Launch(WgmmaKernel, kWgSmemBytes, kWgThreads, TilesOfRows(p, kWgRows), (p.n + kWgCols - 1) / kWgCols,
-                    p, stream, p.pool_h * p.pool_w > 1 ? INT_MAX : info.sms);
+      return LaunchWgmma(p, info.sms, stream);
     case KernelPath::kMmaSync: {
       constexpr int smem = ClassicSmemBytes<MmaSyncEngine>();
       const int m = TilesOfRows(p, MmaSyncEngine::kRows), n = (p.n + MmaSyncEngine::kCols - 1) / MmaSyncEngine::kCols;

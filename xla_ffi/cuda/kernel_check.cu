@@ -220,30 +220,45 @@ long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose) {
 
 ConvCase Bmm(int m, int n, int k) { return ConvCase{m, 1, 1, k, n, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, true}; }
 
-// Times the packed-in -> packed-out bmm of size s^3 on one engine with CUDA events (median of 9).
-void TimeBmm(int s, KernelPath path) {
-  const int kw = (s + 31) / 32;
-  std::vector<uint32_t> a = RandomPacked(static_cast<size_t>(s), kw, s);
-  std::vector<uint32_t> w = RandomPacked(static_cast<size_t>(s), kw, s);  // already a valid FSB array: any bits
-  std::vector<int32_t> popc(s, s / 2), thr(s, 0);
-  std::vector<uint8_t> flip(s, 0);
+// Times the packed-in -> packed-out (threshold bits) op of a case on one engine with CUDA events: the
+// median of 9 launches after 2 warm-ups. Operands are random bits (any bits make valid FSB weights).
+void TimeCase(const char* name, const ConvCase& cc, KernelPath path) {
+  const int cw = (cc.c + 31) / 32, taps = cc.kh * cc.kw, k_words = taps * cw;
+  const int out_h = (cc.h + cc.pt + cc.pb - cc.kh) / cc.sh + 1, out_w = (cc.w + cc.pl + cc.pr - cc.kw) / cc.sw + 1;
+  const int row_tiles = (cc.o + 7) / 8, k_tiles = (k_words + 3) / 4;
+  const std::vector<uint32_t> x = RandomPacked(static_cast<size_t>(cc.batch) * cc.h * cc.w, cw, cc.c);
+  const std::vector<uint32_t> w = RandomPacked(static_cast<size_t>(row_tiles) * k_tiles * 8, 4, 128);
+  const std::vector<int32_t> tap_popc(static_cast<size_t>(taps) * cc.o, cc.c / 2), thr(cc.o, 0);
+  const std::vector<uint8_t> flip(cc.o, 0);
   BinaryGemmProblem p;
-  p.x = ToDevice(a);
+  p.x = ToDevice(x);
   p.w = ToDevice(w);
-  p.tap_popc = ToDevice(popc);
-  p.batch = s;
-  p.in_h = p.in_w = p.out_h = p.out_w = 1;
-  p.cw = p.k_words = kw;
-  p.c = p.k_real = s;
-  p.n = s;
-  p.w_row_tiles = (s + 7) / 8;
-  p.w_k_tiles = (kw + 3) / 4;
-  p.pooled_rows = s;
+  p.tap_popc = ToDevice(tap_popc);
+  p.batch = cc.batch;
+  p.in_h = cc.h;
+  p.in_w = cc.w;
+  p.cw = cw;
+  p.c = cc.c;
+  p.kh = cc.kh;
+  p.kw = cc.kw;
+  p.stride_h = cc.sh;
+  p.stride_w = cc.sw;
+  p.pad_top = cc.pt;
+  p.pad_left = cc.pl;
+  p.pad_one = cc.pad_one;
+  p.out_h = out_h;
+  p.out_w = out_w;
+  p.n = cc.o;
+  p.w_row_tiles = row_tiles;
+  p.w_k_tiles = k_tiles;
+  p.k_words = k_words;
+  p.k_real = taps * cc.c;
+  p.pooled_rows = cc.batch * out_h * out_w;
   p.epilogue = Epilogue::kBits;
   p.threshold = ToDevice(thr);
   p.flip = ToDevice(flip);
   uint32_t* out = nullptr;
-  CHECK_CUDA(cudaMalloc(&out, static_cast<size_t>(s) * ((s + 31) / 32) * 4));
+  CHECK_CUDA(cudaMalloc(&out, static_cast<size_t>(p.pooled_rows) * ((cc.o + 31) / 32) * 4));
   p.out = out;
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
@@ -261,31 +276,44 @@ void TimeBmm(int s, KernelPath path) {
   }
   std::sort(ms.begin(), ms.end());
   const double t = ms[ms.size() / 2];
-  std::printf("time bmm %5d^3 %-8s %9.3f ms %9.1f TOPS\n", s, PathName(ran), t, 2.0 * s * s * s / (t * 1e-3) / 1e12);
+  const double ops = 2.0 * p.pooled_rows * cc.o * taps * cc.c;
+  std::printf("time %-22s %-8s %9.4f ms %9.1f TOPS\n", name, PathName(ran), t, ops / (t * 1e-3) / 1e12);
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
   for (const void* ptr : {static_cast<const void*>(p.x), static_cast<const void*>(p.w), static_cast<const void*>(p.tap_popc),
                           static_cast<const void*>(p.threshold), static_cast<const void*>(p.flip), static_cast<const void*>(out)}) {
     CHECK_CUDA(cudaFree(const_cast<void*>(ptr)));
   }
 }
 
+// --time: the BMM sweep and the TCBNN BConv sweep (batch 16, 64x64, 3x3, stride 1, "zero" padding);
+// --time-wgmma: the wgmma engine only.
+void TimeAll(bool wgmma_only) {
+  std::vector<KernelPath> paths = {KernelPath::kWgmma};
+  if (!wgmma_only) paths = {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt};
+  for (int s : {1024, 2048, 4096, 8192, 16384}) {
+    const std::string name = "bmm " + std::to_string(s) + "^3";
+    for (KernelPath path : paths) TimeCase(name.c_str(), Bmm(s, s, s), path);
+  }
+  for (int c : {128, 256, 512, 1024, 2048}) {
+    const std::string name = "bconv C=O=" + std::to_string(c);
+    for (KernelPath path : paths) TimeCase(name.c_str(), ConvCase{16, 64, 64, c, c, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, path);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1 && std::string(argv[1]) == "--time-wgmma") {
-    for (int s : {4096, 16384}) TimeBmm(s, KernelPath::kWgmma);
-    return 0;
-  }
-  if (argc > 1 && std::string(argv[1]) == "--time") {
-    for (int s : {1024, 4096, 8192, 16384}) {
-      for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) TimeBmm(s, path);
-    }
+  if (argc > 1 && (std::string(argv[1]) == "--time" || std::string(argv[1]) == "--time-wgmma")) {
+    TimeAll(std::string(argv[1]) == "--time-wgmma");
     return 0;
   }
   const bool small = argc > 1 && std::string(argv[1]) == "--small";
   std::vector<ConvCase> cases;
   // bmm: M, N, K including non-multiples of every tile, M = 1, K = 1.
   const int bmm_shapes[][3] = {{1, 3, 100},      {5, 33, 31},    {1, 1, 1},      {129, 257, 1000}, {64, 64, 128},
-                               {300, 520, 2144}, {130, 40, 4096}, {257, 300, 3000}, {16, 8, 256}};
+                               {300, 520, 2144}, {130, 40, 4096}, {257, 300, 3000}, {16, 8, 256},
+                               {9000, 1100, 384}};  // more tile pairs than clusters: persistent CTAs
   for (const auto& s : bmm_shapes) cases.push_back(Bmm(s[0], s[1], s[2]));
   // bconv: kernel sizes 1, 3, 5, 7, 11; stride 1 and 2; both paddings; channels aligned and not; pools.
   cases.push_back({2, 9, 7, 128, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
@@ -298,7 +326,8 @@ int main(int argc, char** argv) {
   cases.push_back({2, 8, 8, 128, 96, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, false});
   cases.push_back({2, 9, 9, 128, 64, 3, 3, 1, 1, 1, 1, 1, 1, 3, 3, true});
   cases.push_back({2, 7, 9, 32, 50, 2, 3, 1, 2, 0, 1, 2, 0, 2, 1, false});
-  if (small) cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[9], cases[11], cases[16]};
+  cases.push_back({8, 40, 40, 128, 520, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});  // more tile pairs than clusters
+  if (small) cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[17]};
   long failures = 0;
   for (const ConvCase& cc : cases) {
     for (Epilogue ep : {Epilogue::kInt32, Epilogue::kAffine, Epilogue::kBits}) {
