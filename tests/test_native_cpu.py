@@ -107,6 +107,11 @@ BMM_CASES = [
     (300, 1500, 200, (8, 128)),
     (64, 4096, 96, (8, 32)),
     (40, 700, 65, (1, 32)),
+    # K a multiple of 128 (the kernels' unmasked path): row groups with remainders, an odd number of 8-column
+    # tile rows, one tile row, columns split over tasks (M = 100, K = 4096 runs as 4 panels x 2 column blocks)
+    (45, 384, 40, (8, 128)),
+    (33, 128, 8, (8, 128)),
+    (100, 4096, 136, (8, 128)),
 ]
 
 
@@ -124,10 +129,11 @@ def test_bmm_every_tier_matches_reference(isa, m, k, n, tile):
     assert_all_epilogues(run, want, epilogue_operands(rng, want))
 
 
-def test_bmm_ignores_garbage_in_padding_bits(isa):
+@pytest.mark.parametrize("k", [165, 96])  # padding bits in the last word; whole padding words in the last chunk
+def test_bmm_ignores_garbage_in_padding_bits(isa, k):
     """Padding bits are 0 by the format; the kernels mask them anyway, so garbage cannot leak in."""
     rng = np.random.default_rng(11)
-    m, k, n = 9, 165, 13
+    m, n = 9, 13
     a_signs, w_signs = signs(rng, (m, k)), signs(rng, (n, k))
     rows = ops.pack_bits(w_signs)
     a = poison_row_padding(ops.pack_bits(a_signs), k)
@@ -145,6 +151,10 @@ CONV_CASES = [
     (1, 5, 4, 31, 9, (1, 1), 1, "VALID", "zero", None, (8, 128)),
     (1, 6, 6, 3, 5, (7, 7), 1, "SAME", "zero", (3, 3), (4, 256)),
     (2, 10, 9, 64, 33, (3, 1), (2, 1), ((1, 1), (0, 0)), "zero", (2, 1), (1, 32)),
+    # whole 128-bit chunks per tap (the kernels' unmasked path) with excluded taps, with and without pooling
+    (2, 9, 11, 128, 24, (3, 3), 1, "SAME", "zero", (2, 2), (8, 128)),
+    (1, 7, 7, 512, 40, (3, 3), 1, "SAME", "zero", None, (8, 128)),
+    (3, 6, 5, 128, 8, (3, 3), 1, "SAME", "one", None, (8, 128)),
 ]
 
 
@@ -178,9 +188,10 @@ def test_bconv2d_every_tier_matches_reference(isa, b, h, w, c, o, kernel, stride
 
 
 @pytest.mark.parametrize("pad_value", ["zero", "one"])
-def test_bconv2d_ignores_garbage_in_channel_padding_bits(isa, pad_value):
+@pytest.mark.parametrize("c", [45, 64])  # padding bits in each tap; whole padding words in the last chunk
+def test_bconv2d_ignores_garbage_in_channel_padding_bits(isa, pad_value, c):
     rng = np.random.default_rng(5)
-    b, h, w, c, o, kernel = 2, 7, 6, 45, 11, (3, 3)
+    b, h, w, o, kernel = 2, 7, 6, 11, (3, 3)
     x_signs, w_signs = signs(rng, (b, h, w, c)), signs(rng, kernel + (c, o))
     weights = formats.pack_conv_weights(w_signs)
     k_words = kernel[0] * kernel[1] * formats.num_words(c)

@@ -2,10 +2,11 @@
 //
 // Both ops are one implicit GEMM: a "panel" of up to kPanelRows reduction rows (rows of `a`, or for
 // bconv2d the receptive fields of a few output pixels gathered straight from the NHWC image: no im2col
-// tensor is ever materialized) is reduced against the weights, 8 output columns (one FSB tile row) at a
-// time, with dot = k_valid - 2 popc((x XOR w) AND mask). The mask zeroes padding bits of both operands and,
-// for pad_value "zero", whole out-of-frame taps, whose k_valid then excludes them. Fused max-pool takes the
-// max of the dots of a window's rows before the epilogue.
+// tensor is ever materialized) is packed for the kernels (popcount_kernels.h: groups of 8 rows, chunk-major,
+// padding bits cleared) and reduced against the weights, with dot = k_valid - 2 popc(x XOR w). Bits of
+// out-of-frame taps are 0 in the panel; for pad_value "zero" such a tap adds popc(w_tap) = the tap popcount
+// of the column to every popcount, which the dots take back. Fused max-pool takes the max of the dots of a
+// window's rows before the epilogue.
 #include "cpu/bit_kernels.h"
 
 #include <algorithm>
@@ -32,7 +33,7 @@ constexpr int64_t kTileRows = 8;         // the kernels' tile: 8 rows x 128 bits
 constexpr int64_t kChunkWords = 4;       // 128 bits
 constexpr int64_t kTileChunkWords = 32;  // one 8 x 128-bit tile
 constexpr int64_t kWordBits = formats::kWordBits;
-constexpr int64_t kPanelRows = 32;                   // reduction rows held at once (fits L1 with the tile row)
+constexpr int64_t kPanelRows = 32;                   // reduction rows held at once (fit L1)
 constexpr int64_t kWeightBlockBytes = 256 * 1024;    // weights swept by one task (fits L2)
 constexpr int64_t kMinParallelWork = int64_t{1} << 15;  // chunk x tile-row products worth a thread hop
 
@@ -41,16 +42,6 @@ constexpr int64_t kMinParallelWork = int64_t{1} << 15;  // chunk x tile-row prod
 #else
 #define JAXBNN_ALWAYS_INLINE inline
 #endif
-
-// Short copies and fills as plain loops: GCC expands short variable-size memcpy / fill into `rep movsb` /
-// `rep stos`, whose start-up cost on AMD exceeds the copy itself.
-JAXBNN_ALWAYS_INLINE void CopyWords(uint32_t* dst, const uint32_t* src, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) dst[i] = src[i];
-}
-
-JAXBNN_ALWAYS_INLINE void ZeroWords(uint32_t* dst, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) dst[i] = 0;
-}
 
 int64_t RoundUp(int64_t value, int64_t multiple) { return CeilDiv(value, multiple) * multiple; }
 
@@ -118,8 +109,11 @@ void ParallelFor(ffi::ThreadPool* pool, int64_t tasks, bool parallel, std::funct
 
 // Per-thread scratch, reused across calls.
 struct Scratch {
-  std::vector<uint32_t> data, mask;
-  std::vector<int32_t> k_valid, popcounts, dots;
+  std::vector<uint32_t> panel;     // PackedPanel words
+  std::vector<int32_t> k_valid;    // per panel row: the reduction elements that count
+  std::vector<uint8_t> excluded;   // per panel row: some taps are out of frame and excluded ("zero" padding)
+  std::vector<int32_t> popcounts;  // panel rows x the task's columns
+  std::vector<int32_t> dots, window_dots;
 };
 
 Scratch& ThreadScratch() {
@@ -143,6 +137,50 @@ const uint32_t* KernelTiles(const uint32_t* tiles, int64_t rows, int64_t k_words
     }
   }
   return storage.data();
+}
+
+// One reduction row of a packed panel being filled: word w lies at base[(w / 4) * 32 + w % 4].
+class PanelRow {
+ public:
+  PanelRow(uint32_t* panel, int64_t chunks, int64_t row)
+      : base_(panel + ((row / kGroupRows) * chunks * kGroupRows + row % kGroupRows) * kChunkWords) {}
+
+  // Words [word, word + count) from src; the last word of every `run` words is ANDed with last_mask
+  // (clears the padding bits of each packed run, e.g. of each tap's channels).
+  JAXBNN_ALWAYS_INLINE void Put(int64_t word, const uint32_t* src, int64_t count, int64_t run,
+                                uint32_t last_mask) const {
+    if (last_mask == ~0u && word % kChunkWords == 0 && count % kChunkWords == 0) {
+      for (int64_t i = 0; i < count; i += kChunkWords) std::memcpy(At(word + i), src + i, kChunkWords * 4);
+      return;
+    }
+    for (int64_t i = 0; i < count; ++i) *At(word + i) = (i + 1) % run == 0 ? src[i] & last_mask : src[i];
+  }
+
+  JAXBNN_ALWAYS_INLINE void Zero(int64_t word, int64_t count) const {
+    for (int64_t i = 0; i < count; ++i) *At(word + i) = 0;
+  }
+
+ private:
+  JAXBNN_ALWAYS_INLINE uint32_t* At(int64_t word) const {
+    return base_ + (word / kChunkWords) * kGroupRows * kChunkWords + word % kChunkWords;
+  }
+
+  uint32_t* base_;
+};
+
+// Mask of the bits of a chunked row that belong to the reduction, or empty when that is every bit: the
+// weights may hold anything in the others.
+std::vector<uint32_t> WeightMask(int64_t chunks, int64_t runs, int64_t run_words, int64_t run_bits) {
+  std::vector<uint32_t> mask(chunks * kChunkWords, 0u);
+  for (int64_t run = 0; run < runs; ++run) {
+    for (int64_t word = 0; word < run_words; ++word) {
+      mask[run * run_words + word] = word + 1 == run_words ? formats::LastWordMask(run_bits) : ~0u;
+    }
+  }
+  for (uint32_t word : mask) {
+    if (word != ~0u) return mask;
+  }
+  return {};
 }
 
 struct GemmShape {
@@ -195,8 +233,8 @@ struct OutputWriter {
   }
 };
 
-// Source: fills the panel for output rows [first, first + count) and returns its view; see BmmRows,
-// ConvRows.
+// Source: packs the panel for output rows [first, first + count) (setting k_valid and excluded per panel
+// row) and adds the excluded taps back into a row's dots; see BmmRows, ConvRows.
 template <Epilogue kEpilogue, class Source>
 void RunGemm(const Source& source, const GemmShape& shape, const EpilogueData& epilogue, void* out,
              ffi::ThreadPool* pool) {
@@ -204,8 +242,8 @@ void RunGemm(const Source& source, const GemmShape& shape, const EpilogueData& e
   const int64_t window = shape.rows_per_output;
   const int64_t outputs_per_panel = std::max<int64_t>(1, kPanelRows / window);
   const int64_t panels = CeilDiv(shape.outputs, outputs_per_panel);
-  const int64_t tile_rows_total = CeilDiv(shape.n, kTileRows);
   const int64_t threads = PoolThreads(pool);
+  const int64_t tile_rows_total = CeilDiv(shape.n, kTileRows);
   const bool parallel =
       threads > 1 && shape.outputs * window * tile_rows_total * std::max<int64_t>(1, shape.chunks) >= kMinParallelWork;
 
@@ -218,7 +256,7 @@ void RunGemm(const Source& source, const GemmShape& shape, const EpilogueData& e
   }
   block = std::min(block, RoundUp(shape.n, kWordBits));
   const int64_t column_blocks = CeilDiv(shape.n, block);
-  const TileRowPopcountFn tile_row_popcount = TileRowPopcountFor(ActiveIsa());
+  const PanelPopcountFn panel_popcount = PanelPopcountFor(ActiveIsa());
   const OutputWriter<kEpilogue> writer{epilogue, out, shape.n};
 
   auto task = [&](int64_t index) {
@@ -226,32 +264,33 @@ void RunGemm(const Source& source, const GemmShape& shape, const EpilogueData& e
     const int64_t count = std::min(outputs_per_panel, shape.outputs - first);
     const int64_t col_begin = (index / panels) * block;
     const int64_t col_end = std::min(shape.n, col_begin + block);
+    const int64_t width = col_end - col_begin;
     Scratch& scratch = ThreadScratch();
-    const PanelView panel = source.Fill(first, count, scratch);
-    const int rows = static_cast<int>(count * window);
-    scratch.popcounts.resize(rows * kTileRows);
-    // Dots of the task's columns, one padded row per output (padding keeps rows off the same L1 set).
-    const int64_t dots_stride = RoundUp(col_end - col_begin, kTileRows) + 16;
-    scratch.dots.resize(count * dots_stride);
-    const int32_t* k_valid = scratch.k_valid.data();
-    for (int64_t tile = col_begin / kTileRows; tile * kTileRows < col_end; ++tile) {
-      tile_row_popcount(panel, rows, shape.tiles + tile * shape.chunks * kTileChunkWords, shape.chunks,
-                        scratch.popcounts.data());
-      for (int64_t o = 0; o < count; ++o) {
-        // Max-pool: the max over the window's rows of dot = k_valid - 2 popcount.
-        const int32_t* popcounts = scratch.popcounts.data() + o * window * kTileRows;
-        const int32_t* valid = k_valid + o * window;
-        int32_t* dots = scratch.dots.data() + o * dots_stride + (tile * kTileRows - col_begin);
-        for (int64_t i = 0; i < kTileRows; ++i) dots[i] = valid[0] - 2 * popcounts[i];
-        for (int64_t r = 1; r < window; ++r) {  // no-op without pooling (window 1)
-          for (int64_t i = 0; i < kTileRows; ++i) {
-            dots[i] = std::max(dots[i], valid[r] - 2 * popcounts[r * kTileRows + i]);
-          }
-        }
-      }
-    }
+    const PackedPanel panel = source.Fill(first, count, scratch);
+    const int64_t tiles = CeilDiv(width, kTileRows);
+    // One padded row of popcounts per panel row (padding keeps rows off the same L1 set).
+    const int64_t stride = tiles * kTileRows + 16;
+    scratch.popcounts.resize(panel.rows * stride);
+    panel_popcount(panel, shape.tiles + (col_begin / kTileRows) * shape.chunks * kTileChunkWords, tiles,
+                   scratch.popcounts.data(), stride);
+    scratch.dots.resize(width);
+    scratch.window_dots.resize(width);
+    // dot = k_valid - 2 popcount, plus twice the popcounts of excluded taps.
+    auto row_dots = [&](int64_t row, int32_t* dots) {
+      const int32_t k_valid = scratch.k_valid[row];
+      const int32_t* popcounts = scratch.popcounts.data() + row * stride;
+      for (int64_t i = 0; i < width; ++i) dots[i] = k_valid - 2 * popcounts[i];
+      if (scratch.excluded[row]) source.AddExcludedTaps(first, row, col_begin, width, dots);
+    };
+    int32_t* dots = scratch.dots.data();
+    int32_t* other = scratch.window_dots.data();
     for (int64_t o = 0; o < count; ++o) {
-      writer.WriteRow(first + o, col_begin, col_end, scratch.dots.data() + o * dots_stride);
+      row_dots(o * window, dots);
+      for (int64_t r = 1; r < window; ++r) {  // max-pool; no-op without pooling (window 1)
+        row_dots(o * window + r, other);
+        for (int64_t i = 0; i < width; ++i) dots[i] = std::max(dots[i], other[i]);
+      }
+      writer.WriteRow(first + o, col_begin, col_end, dots);
     }
   };
   ParallelFor(pool, panels * column_blocks, parallel, task);
@@ -267,24 +306,27 @@ void DispatchEpilogue(const Source& source, const GemmShape& shape, const Epilog
   }
 }
 
-// Rows of `a`, read in place when they already span whole chunks, else copied and zero-extended.
+// Rows of `a`, packed with their padding bits cleared.
 struct BmmRows {
   const uint32_t* a;
-  int64_t k_words, row_words;
+  int64_t k_words, chunks;
   int32_t k;
-  const uint32_t* mask;  // one row: the first k bits set
+  const uint32_t* weight_mask;
 
-  PanelView Fill(int64_t first, int64_t count, Scratch& scratch) const {
+  PackedPanel Fill(int64_t first, int64_t count, Scratch& scratch) const {
     scratch.k_valid.assign(count, k);
-    if (k_words == row_words) return PanelView{a + first * k_words, mask, row_words, 0};
-    scratch.data.resize(count * row_words);
+    scratch.excluded.assign(count, 0);
+    scratch.panel.resize(RoundUp(count, kGroupRows) * chunks * kChunkWords);
+    const uint32_t last_mask = formats::LastWordMask(k);
     for (int64_t r = 0; r < count; ++r) {
-      uint32_t* dst = scratch.data.data() + r * row_words;
-      CopyWords(dst, a + (first + r) * k_words, k_words);
-      ZeroWords(dst + k_words, row_words - k_words);
+      const PanelRow row(scratch.panel.data(), chunks, r);
+      row.Put(0, a + (first + r) * k_words, k_words, k_words, last_mask);
+      row.Zero(k_words, chunks * kChunkWords - k_words);
     }
-    return PanelView{scratch.data.data(), mask, row_words, 0};
+    return PackedPanel{scratch.panel.data(), count, chunks, weight_mask};
   }
+
+  void AddExcludedTaps(int64_t, int64_t, int64_t, int64_t, int32_t*) const {}  // bmm excludes nothing
 };
 
 // Receptive fields of pooled output pixels, gathered from the NHWC image: panel row (o * window + wy *
@@ -293,69 +335,66 @@ struct BmmRows {
 struct ConvRows {
   const Bconv2dProblem& p;
   const uint32_t* x;
-  int64_t row_words;
-  const uint32_t* mask;  // one row: the first c bits of every tap set
+  const int32_t* tap_popcount;  // (kh * kw, o)
+  int64_t chunks;
+  const uint32_t* weight_mask;
 
   bool InFrame(int64_t iy, int64_t ix) const { return iy >= 0 && iy < p.height && ix >= 0 && ix < p.width; }
   const uint32_t* Pixel(int64_t b, int64_t iy, int64_t ix) const {
     return x + ((b * p.height + iy) * p.width + ix) * p.c_words;
   }
 
-  PanelView Fill(int64_t first, int64_t count, Scratch& scratch) const {
+  PackedPanel Fill(int64_t first, int64_t count, Scratch& scratch) const {
     const int64_t window = p.pool_h * p.pool_w, taps = p.kh * p.kw;
     const int64_t rows = count * window;
-    scratch.data.resize(rows * row_words);
+    const int64_t row_words = chunks * kChunkWords;
+    const uint32_t last_mask = formats::LastWordMask(p.c);
+    scratch.panel.resize(RoundUp(rows, kGroupRows) * row_words);
     scratch.k_valid.resize(rows);
-    bool any_excluded = false;
-    for (int64_t row = 0; row < rows; ++row) {
+    scratch.excluded.resize(rows);
+    for (int64_t r = 0; r < rows; ++r) {
       int64_t b, y0, x0;
-      Origin(first, row, &b, &y0, &x0);
-      uint32_t* dst = scratch.data.data() + row * row_words;
+      Origin(first, r, &b, &y0, &x0);
+      const PanelRow row(scratch.panel.data(), chunks, r);
       int64_t in_frame = 0;
       for (int64_t dy = 0; dy < p.kh; ++dy) {
-        const int64_t iy = y0 + dy;
-        uint32_t* tap_row = dst + dy * p.kw * p.c_words;
+        const int64_t iy = y0 + dy, word = dy * p.kw * p.c_words;
         if (iy >= 0 && iy < p.height && x0 >= 0 && x0 + p.kw <= p.width) {
           // The kw taps of this kernel row are contiguous in both the image and the panel.
-          CopyWords(tap_row, Pixel(b, iy, x0), p.kw * p.c_words);
+          row.Put(word, Pixel(b, iy, x0), p.kw * p.c_words, p.c_words, last_mask);
           in_frame += p.kw;
           continue;
         }
         for (int64_t dx = 0; dx < p.kw; ++dx) {
-          uint32_t* tap = tap_row + dx * p.c_words;
           if (InFrame(iy, x0 + dx)) {
-            CopyWords(tap, Pixel(b, iy, x0 + dx), p.c_words);
+            row.Put(word + dx * p.c_words, Pixel(b, iy, x0 + dx), p.c_words, p.c_words, last_mask);
             ++in_frame;
           } else {
-            // Out of frame: bits 0 (-1 inputs). With pad_value "one" they count; with "zero" the mask drops them.
-            ZeroWords(tap, p.c_words);
+            // Out of frame: bits 0 (-1 inputs). With pad_value "one" they count; with "zero" the dots drop them.
+            row.Zero(word + dx * p.c_words, p.c_words);
           }
         }
       }
-      ZeroWords(dst + p.k_words, row_words - p.k_words);
+      row.Zero(p.k_words, row_words - p.k_words);
       const int64_t counted = p.pad_one ? taps : in_frame;
-      scratch.k_valid[row] = static_cast<int32_t>(counted * p.c);
-      any_excluded |= counted < taps;
+      scratch.k_valid[r] = static_cast<int32_t>(counted * p.c);
+      scratch.excluded[r] = counted < taps;
     }
-    if (!any_excluded) return PanelView{scratch.data.data(), mask, row_words, 0};
+    return PackedPanel{scratch.panel.data(), rows, chunks, weight_mask};
+  }
 
-    // Some rows skip taps: give every row its own mask.
-    scratch.mask.resize(rows * row_words);
-    for (int64_t row = 0; row < rows; ++row) {
-      int64_t b, y0, x0;
-      Origin(first, row, &b, &y0, &x0);
-      uint32_t* row_mask = scratch.mask.data() + row * row_words;
-      CopyWords(row_mask, mask, row_words);
-      for (int64_t dy = 0; dy < p.kh; ++dy) {
-        for (int64_t dx = 0; dx < p.kw; ++dx) {
-          if (!InFrame(y0 + dy, x0 + dx)) {
-            uint32_t* tap = row_mask + (dy * p.kw + dx) * p.c_words;
-            ZeroWords(tap, p.c_words);
-          }
-        }
+  // An excluded tap t read as 0 bits added popc(w_t) = tap_popcount[t, col] to the popcount of every
+  // column: take it back.
+  void AddExcludedTaps(int64_t first, int64_t row, int64_t col_begin, int64_t width, int32_t* dots) const {
+    int64_t b, y0, x0;
+    Origin(first, row, &b, &y0, &x0);
+    for (int64_t dy = 0; dy < p.kh; ++dy) {
+      for (int64_t dx = 0; dx < p.kw; ++dx) {
+        if (InFrame(y0 + dy, x0 + dx)) continue;
+        const int32_t* tap = tap_popcount + (dy * p.kw + dx) * p.o + col_begin;
+        for (int64_t i = 0; i < width; ++i) dots[i] += 2 * tap[i];
       }
     }
-    return PanelView{scratch.data.data(), scratch.mask.data(), row_words, row_words};
   }
 
   // Image b and the top-left input coordinate (y0, x0) of the receptive field of panel row `row`.
@@ -376,32 +415,24 @@ struct ConvRows {
 void RunBmm(const BmmProblem& problem, const uint32_t* a, const uint32_t* b_tiles, const EpilogueData& epilogue,
             void* out, ffi::ThreadPool* pool) {
   const int64_t chunks = CeilDiv(problem.k_words, kChunkWords);
-  const int64_t row_words = chunks * kChunkWords;
-  std::vector<uint32_t> mask(row_words, 0u);
-  for (int64_t word = 0; word < problem.k_words; ++word) {
-    mask[word] = word + 1 == problem.k_words ? formats::LastWordMask(problem.k) : ~0u;
-  }
+  const std::vector<uint32_t> weight_mask = WeightMask(chunks, 1, problem.k_words, problem.k);
   std::vector<uint32_t> tile_storage;
   const uint32_t* tiles = KernelTiles(b_tiles, problem.n, problem.k_words, problem.tile_rows, problem.tile_words,
                                       problem.k_tiles, tile_storage);
-  BmmRows rows{a, problem.k_words, row_words, static_cast<int32_t>(problem.k), mask.data()};
+  BmmRows rows{a, problem.k_words, chunks, static_cast<int32_t>(problem.k),
+               weight_mask.empty() ? nullptr : weight_mask.data()};
   DispatchEpilogue(rows, GemmShape{problem.m, 1, problem.n, chunks, tiles}, epilogue, out, pool);
 }
 
 void RunBconv2d(const Bconv2dProblem& problem, const uint32_t* x, const uint32_t* w_tiles,
-                const EpilogueData& epilogue, void* out, ffi::ThreadPool* pool) {
+                const int32_t* w_tap_popcount, const EpilogueData& epilogue, void* out, ffi::ThreadPool* pool) {
   const int64_t chunks = CeilDiv(problem.k_words, kChunkWords);
-  const int64_t row_words = chunks * kChunkWords;
-  std::vector<uint32_t> mask(row_words, 0u);
-  for (int64_t tap = 0; tap < problem.kh * problem.kw; ++tap) {
-    for (int64_t word = 0; word < problem.c_words; ++word) {
-      mask[tap * problem.c_words + word] = word + 1 == problem.c_words ? formats::LastWordMask(problem.c) : ~0u;
-    }
-  }
+  const std::vector<uint32_t> weight_mask =
+      WeightMask(chunks, problem.kh * problem.kw, problem.c_words, problem.c);
   std::vector<uint32_t> tile_storage;
   const uint32_t* tiles = KernelTiles(w_tiles, problem.o, problem.k_words, problem.tile_rows, problem.tile_words,
                                       problem.k_tiles, tile_storage);
-  ConvRows rows{problem, x, row_words, mask.data()};
+  ConvRows rows{problem, x, w_tap_popcount, chunks, weight_mask.empty() ? nullptr : weight_mask.data()};
   const int64_t outputs = problem.batch * problem.out_h * problem.out_w;
   DispatchEpilogue(rows, GemmShape{outputs, problem.pool_h * problem.pool_w, problem.o, chunks, tiles}, epilogue,
                    out, pool);

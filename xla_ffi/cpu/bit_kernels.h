@@ -22,8 +22,9 @@ struct EpilogueData {
 void RunBmm(const BmmProblem& problem, const uint32_t* a, const uint32_t* b_tiles, const EpilogueData& epilogue,
             void* out, ffi::ThreadPool* pool);
 
+// w_tap_popcount: int32 (kh * kw, o), the "zero" padding correction (docs/formats.md).
 void RunBconv2d(const Bconv2dProblem& problem, const uint32_t* x, const uint32_t* w_tiles,
-                const EpilogueData& epilogue, void* out, ffi::ThreadPool* pool);
+                const int32_t* w_tap_popcount, const EpilogueData& epilogue, void* out, ffi::ThreadPool* pool);
 
 }  // namespace jaxbnn::cpu
 

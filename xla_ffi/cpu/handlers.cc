@@ -73,8 +73,9 @@ ffi::Error Bconv2d(std::string_view target, Epilogue kind, ffi::ThreadPool pool,
   }
   return Guarded(target, [&] {
     RunBconv2d(problem, static_cast<const uint32_t*>(x.untyped_data()),
-               static_cast<const uint32_t*>(w.untyped_data()), EpilogueDataOf(kind, epilogue), out.untyped_data(),
-               &pool);
+               static_cast<const uint32_t*>(w.untyped_data()),
+               static_cast<const int32_t*>(w_tap_popcount.untyped_data()), EpilogueDataOf(kind, epilogue),
+               out.untyped_data(), &pool);
   });
 }
 

@@ -1,8 +1,9 @@
-// Instruction-set tiers of the tile-row popcount kernel. Each tier is compiled for its ISA with
+// Instruction-set tiers of the panel popcount kernel. Each tier is compiled for its ISA with
 // __attribute__((target(...))) on its own functions only (not per-file flags), so no shared inline code is
 // ever emitted with instructions the running CPU lacks; the tier is picked with __builtin_cpu_supports.
 #include "cpu/popcount_kernels.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -19,7 +20,8 @@ namespace {
 
 constexpr int kTileRows = 8;
 constexpr int kChunkWords = 4;
-constexpr int kTileChunkWords = kTileRows * kChunkWords;  // 32 words = one 8 x 128-bit tile
+constexpr int kTileChunkWords = kTileRows * kChunkWords;   // 32 words = one 8 x 128-bit tile
+constexpr int kGroupChunkWords = kGroupRows * kChunkWords;  // one chunk of every row of a panel group
 
 inline uint64_t Load64(const uint32_t* p) {
   uint64_t v;
@@ -27,47 +29,53 @@ inline uint64_t Load64(const uint32_t* p) {
   return v;
 }
 
-// Scalar tiers: the same code with and without the popcnt instruction. Loops run tile row by tile row so
-// that only kRows accumulators stay live.
-#define JAXBNN_SCALAR_TILE_ROW(NAME, ATTR)                                                           \
-  template <int kRows>                                                                              \
-  ATTR void NAME##Rows(const PanelView& panel, const uint32_t* tile_row, int64_t chunks,            \
-                       int32_t* popcounts) {                                                        \
-    for (int i = 0; i < kTileRows; ++i) {                                                           \
-      uint64_t acc[kRows] = {};                                                                     \
-      for (int64_t j = 0; j < chunks; ++j) {                                                        \
-        const uint32_t* w = tile_row + j * kTileChunkWords + i * kChunkWords;                      \
-        uint64_t w0 = Load64(w), w1 = Load64(w + 2);                                                \
-        for (int r = 0; r < kRows; ++r) {                                                           \
-          const uint32_t* x = panel.data + r * panel.row_words + j * kChunkWords;                   \
-          const uint32_t* m = panel.mask + r * panel.mask_stride + j * kChunkWords;                 \
-          acc[r] += __builtin_popcountll((Load64(x) ^ w0) & Load64(m)) +                            \
-                    __builtin_popcountll((Load64(x + 2) ^ w1) & Load64(m + 2));                     \
-        }                                                                                           \
-      }                                                                                             \
-      for (int r = 0; r < kRows; ++r) popcounts[r * kTileRows + i] = static_cast<int32_t>(acc[r]);  \
-    }                                                                                               \
-  }                                                                                                 \
-  ATTR void NAME(const PanelView& panel, int rows, const uint32_t* tile_row, int64_t chunks,         \
-                 int32_t* popcounts) {                                                              \
-    int r = 0;                                                                                      \
-    for (; r + 4 <= rows; r += 4) {                                                                 \
-      PanelView sub{panel.data + r * panel.row_words, panel.mask + r * panel.mask_stride,           \
-                    panel.row_words, panel.mask_stride};                                            \
-      NAME##Rows<4>(sub, tile_row, chunks, popcounts + r * kTileRows);                              \
-    }                                                                                               \
-    for (; r < rows; ++r) {                                                                         \
-      PanelView sub{panel.data + r * panel.row_words, panel.mask + r * panel.mask_stride,           \
-                    panel.row_words, panel.mask_stride};                                            \
-      NAME##Rows<1>(sub, tile_row, chunks, popcounts + r * kTileRows);                              \
-    }                                                                                               \
+// Chunk 0 of panel row r; chunk j follows at + j * kGroupChunkWords.
+inline const uint32_t* PanelRow(const PackedPanel& panel, int64_t r) {
+  return panel.data + ((r / kGroupRows) * panel.chunks * kGroupRows + r % kGroupRows) * kChunkWords;
+}
+
+// Scalar tiers: the same code with and without the popcnt instruction.
+#define JAXBNN_SCALAR_PANEL(NAME, ATTR)                                                                   \
+  template <bool kMask>                                                                                   \
+  ATTR void NAME##Masked(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles,              \
+                         int32_t* popcounts, int64_t stride) {                                            \
+    const int64_t chunks = panel.chunks;                                                                  \
+    for (int64_t r = 0; r < panel.rows; ++r) {                                                            \
+      const uint32_t* x = PanelRow(panel, r);                                                             \
+      for (int64_t t = 0; t < tiles; ++t) {                                                               \
+        const uint32_t* tile_row = tile_rows + t * chunks * kTileChunkWords;                              \
+        for (int i = 0; i < kTileRows; ++i) {                                                             \
+          uint64_t acc = 0;                                                                               \
+          for (int64_t j = 0; j < chunks; ++j) {                                                          \
+            const uint32_t* xj = x + j * kGroupChunkWords;                                                \
+            const uint32_t* w = tile_row + j * kTileChunkWords + i * kChunkWords;                         \
+            uint64_t m0 = ~uint64_t{0}, m1 = ~uint64_t{0};                                                \
+            if constexpr (kMask) {                                                                        \
+              m0 = Load64(panel.weight_mask + j * kChunkWords);                                           \
+              m1 = Load64(panel.weight_mask + j * kChunkWords + 2);                                       \
+            }                                                                                             \
+            acc += __builtin_popcountll((Load64(xj) ^ Load64(w)) & m0) +                                  \
+                   __builtin_popcountll((Load64(xj + 2) ^ Load64(w + 2)) & m1);                           \
+          }                                                                                               \
+          popcounts[r * stride + t * kTileRows + i] = static_cast<int32_t>(acc);                          \
+        }                                                                                                 \
+      }                                                                                                   \
+    }                                                                                                     \
+  }                                                                                                       \
+  ATTR void NAME(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* popcounts,  \
+                 int64_t stride) {                                                                        \
+    if (panel.weight_mask != nullptr) {                                                                   \
+      NAME##Masked<true>(panel, tile_rows, tiles, popcounts, stride);                                     \
+    } else {                                                                                              \
+      NAME##Masked<false>(panel, tile_rows, tiles, popcounts, stride);                                    \
+    }                                                                                                     \
   }
 
-JAXBNN_SCALAR_TILE_ROW(TileRowGeneric, )
+JAXBNN_SCALAR_PANEL(PanelGeneric, )
 #ifdef JAXBNN_X86
-JAXBNN_SCALAR_TILE_ROW(TileRowPopcnt, JAXBNN_TARGET_POPCNT)
+JAXBNN_SCALAR_PANEL(PanelPopcnt, JAXBNN_TARGET_POPCNT)
 #endif
-#undef JAXBNN_SCALAR_TILE_ROW
+#undef JAXBNN_SCALAR_PANEL
 
 #ifdef JAXBNN_X86
 
@@ -83,118 +91,143 @@ JAXBNN_TARGET_AVX2 inline __m256i ByteCountsAvx2(__m256i v) {
   return _mm256_add_epi8(_mm256_shuffle_epi8(table, low), _mm256_shuffle_epi8(table, high));
 }
 
-JAXBNN_TARGET_AVX2 void TileRowAvx2(const PanelView& panel, int rows, const uint32_t* tile_row,
-                                    int64_t chunks, int32_t* popcounts) {
+JAXBNN_TARGET_AVX2 void PanelAvx2(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles,
+                                  int32_t* popcounts, int64_t stride) {
   const __m256i zero = _mm256_setzero_si256();
-  for (int r = 0; r < rows; ++r) {
-    const uint32_t* x = panel.data + r * panel.row_words;
-    const uint32_t* m = panel.mask + r * panel.mask_stride;
-    __m256i acc[4] = {zero, zero, zero, zero};
-    for (int64_t j = 0; j < chunks; ++j) {
-      const uint32_t* w = tile_row + j * kTileChunkWords;
-      __m256i xj = _mm256_broadcastsi128_si256(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j * kChunkWords)));
-      __m256i mj = _mm256_broadcastsi128_si256(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(m + j * kChunkWords)));
-      for (int q = 0; q < 4; ++q) {
-        __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * q));
-        __m256i bits = _mm256_and_si256(_mm256_xor_si256(xj, wq), mj);
-        acc[q] = _mm256_add_epi64(acc[q], _mm256_sad_epu8(ByteCountsAvx2(bits), zero));
+  const __m256i all_ones = _mm256_set1_epi32(-1);
+  const int64_t chunks = panel.chunks;
+  for (int64_t r = 0; r < panel.rows; ++r) {
+    const uint32_t* x = PanelRow(panel, r);
+    for (int64_t t = 0; t < tiles; ++t) {
+      const uint32_t* tile_row = tile_rows + t * chunks * kTileChunkWords;
+      __m256i acc[4] = {zero, zero, zero, zero};
+      for (int64_t j = 0; j < chunks; ++j) {
+        const uint32_t* w = tile_row + j * kTileChunkWords;
+        const __m256i xj = _mm256_broadcastsi128_si256(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j * kGroupChunkWords)));
+        const __m256i mj = panel.weight_mask == nullptr
+                               ? all_ones
+                               : _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                                     reinterpret_cast<const __m128i*>(panel.weight_mask + j * kChunkWords)));
+        for (int q = 0; q < 4; ++q) {
+          const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * q));
+          const __m256i bits = _mm256_and_si256(_mm256_xor_si256(xj, wq), mj);
+          acc[q] = _mm256_add_epi64(acc[q], _mm256_sad_epu8(ByteCountsAvx2(bits), zero));
+        }
       }
-    }
-    for (int q = 0; q < 4; ++q) {
-      alignas(32) uint64_t lanes[4];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[q]);
-      popcounts[r * kTileRows + 2 * q] = static_cast<int32_t>(lanes[0] + lanes[1]);
-      popcounts[r * kTileRows + 2 * q + 1] = static_cast<int32_t>(lanes[2] + lanes[3]);
+      for (int q = 0; q < 4; ++q) {
+        alignas(32) uint64_t lanes[4];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[q]);
+        popcounts[r * stride + t * kTileRows + 2 * q] = static_cast<int32_t>(lanes[0] + lanes[1]);
+        popcounts[r * stride + t * kTileRows + 2 * q + 1] = static_cast<int32_t>(lanes[2] + lanes[3]);
+      }
     }
   }
 }
 
-// GCC 12 reports its own _mm512_undefined_* placeholders (inside the broadcast intrinsics) as maybe
-// uninitialized (in the broadcast and narrowing intrinsics); they are do-not-care lanes by design.
+// GCC 12 reports its own _mm512_undefined_* placeholders (inside the narrowing intrinsics) as maybe
+// uninitialized; they are do-not-care lanes by design.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
-// AVX-512 VPOPCNTDQ: a tile chunk is two 512-bit registers (tile rows 0-3 and 4-7, two 64-bit lanes per
-// row); a panel chunk is broadcast to the four 128-bit lanes. One ternary-logic op computes
-// (x XOR w) AND mask. kRows panel rows share each tile load (register blocking).
-template <int kRows, bool kSharedMask>
-JAXBNN_TARGET_AVX512 void TileRowAvx512Rows(const PanelView& panel, const uint32_t* tile_row, int64_t chunks,
-                                            int32_t* popcounts) {
-  constexpr int kXorAnd = 0x28;  // (A ^ B) & C for the ternary-logic truth table A=0xf0, B=0xcc, C=0xaa
-  __m512i acc_low[kRows], acc_high[kRows];
-#pragma GCC unroll 8
-  for (int r = 0; r < kRows; ++r) acc_low[r] = acc_high[r] = _mm512_setzero_si512();
-  for (int64_t j = 0; j < chunks; ++j) {
-    const __m512i w_low = _mm512_loadu_si512(tile_row + j * kTileChunkWords);
-    const __m512i w_high = _mm512_loadu_si512(tile_row + j * kTileChunkWords + 16);
-    __m512i shared_mask;
-    if constexpr (kSharedMask) {
-      shared_mask = _mm512_broadcast_i32x4(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(panel.mask + j * kChunkWords)));
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < kRows; ++r) {
-      const __m512i xj = _mm512_broadcast_i32x4(_mm_loadu_si128(
-          reinterpret_cast<const __m128i*>(panel.data + r * panel.row_words + j * kChunkWords)));
-      __m512i mj;
-      if constexpr (kSharedMask) {
-        mj = shared_mask;
-      } else {
-        mj = _mm512_broadcast_i32x4(_mm_loadu_si128(
-            reinterpret_cast<const __m128i*>(panel.mask + r * panel.mask_stride + j * kChunkWords)));
-      }
-      acc_low[r] = _mm512_add_epi64(acc_low[r], _mm512_popcnt_epi64(_mm512_ternarylogic_epi64(xj, w_low, mj, kXorAnd)));
-      acc_high[r] =
-          _mm512_add_epi64(acc_high[r], _mm512_popcnt_epi64(_mm512_ternarylogic_epi64(xj, w_high, mj, kXorAnd)));
-    }
-  }
-  // Tile row i owns 64-bit lanes 2i, 2i+1 of (low, high): add the even lanes to the odd ones.
-  const __m512i even_lanes = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
-  const __m512i odd_lanes = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
+// AVX-512 VPOPCNTDQ, one register block: kRows panel rows x kTiles tile rows (8 output columns each). The
+// two 64-bit halves of a tile chunk are regrouped into one register per half (8 columns x 64 bits), so
+// that each 64-bit panel word is broadcast from memory into the XOR itself and every accumulator lane is
+// one output column: per 64 x 8 ±1 products one XOR, one VPOPCNTQ and one add, nothing else.
+template <int kRows, int kTiles, bool kMask>
+JAXBNN_TARGET_AVX512 void PanelBlockAvx512(const uint32_t* group, const uint32_t* tile_row, int64_t chunks,
+                                           const uint32_t* mask, int32_t* popcounts, int64_t stride) {
+  const __m512i first_halves = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+  const __m512i second_halves = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
+  const int64_t tile_row_words = chunks * kTileChunkWords;
+  __m512i acc[kRows][kTiles];
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
-    const __m512i sums = _mm512_add_epi64(_mm512_permutex2var_epi64(acc_low[r], even_lanes, acc_high[r]),
-                                          _mm512_permutex2var_epi64(acc_low[r], odd_lanes, acc_high[r]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(popcounts + r * kTileRows), _mm512_cvtepi64_epi32(sums));
+#pragma GCC unroll 2
+    for (int t = 0; t < kTiles; ++t) acc[r][t] = _mm512_setzero_si512();
+  }
+  for (int64_t j = 0; j < chunks; ++j) {
+    __m512i w[kTiles][2];
+#pragma GCC unroll 2
+    for (int t = 0; t < kTiles; ++t) {
+      const uint32_t* chunk = tile_row + t * tile_row_words + j * kTileChunkWords;
+      const __m512i rows_0_3 = _mm512_loadu_si512(chunk);
+      const __m512i rows_4_7 = _mm512_loadu_si512(chunk + 16);
+      w[t][0] = _mm512_permutex2var_epi64(rows_0_3, first_halves, rows_4_7);
+      w[t][1] = _mm512_permutex2var_epi64(rows_0_3, second_halves, rows_4_7);
+      if constexpr (kMask) {
+        w[t][0] = _mm512_and_si512(w[t][0], _mm512_set1_epi64(static_cast<long long>(Load64(mask + j * kChunkWords))));
+        w[t][1] =
+            _mm512_and_si512(w[t][1], _mm512_set1_epi64(static_cast<long long>(Load64(mask + j * kChunkWords + 2))));
+      }
+    }
+    const uint32_t* x = group + j * kGroupChunkWords;
+#pragma GCC unroll 2
+    for (int half = 0; half < 2; ++half) {
+#pragma GCC unroll 8
+      for (int r = 0; r < kRows; ++r) {
+        const __m512i xr = _mm512_set1_epi64(static_cast<long long>(Load64(x + r * kChunkWords + 2 * half)));
+#pragma GCC unroll 2
+        for (int t = 0; t < kTiles; ++t) {
+          acc[r][t] = _mm512_add_epi64(acc[r][t], _mm512_popcnt_epi64(_mm512_xor_si512(w[t][half], xr)));
+        }
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 2
+    for (int t = 0; t < kTiles; ++t) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(popcounts + r * stride + t * kTileRows),
+                          _mm512_cvtepi64_epi32(acc[r][t]));
+    }
   }
 }
 
-template <bool kSharedMask>
-JAXBNN_TARGET_AVX512 void TileRowAvx512Masked(const PanelView& panel, int rows, const uint32_t* tile_row,
-                                              int64_t chunks, int32_t* popcounts) {
-  constexpr int kBlock = 8;
-  int r = 0;
-  for (; r + kBlock <= rows; r += kBlock) {
-    PanelView sub{panel.data + r * panel.row_words, panel.mask + r * panel.mask_stride, panel.row_words,
-                  panel.mask_stride};
-    TileRowAvx512Rows<kBlock, kSharedMask>(sub, tile_row, chunks, popcounts + r * kTileRows);
-  }
-  PanelView sub{panel.data + r * panel.row_words, panel.mask + r * panel.mask_stride, panel.row_words,
-                panel.mask_stride};
-  int32_t* out = popcounts + r * kTileRows;
-  switch (rows - r) {
-    case 7: TileRowAvx512Rows<7, kSharedMask>(sub, tile_row, chunks, out); break;
-    case 6: TileRowAvx512Rows<6, kSharedMask>(sub, tile_row, chunks, out); break;
-    case 5: TileRowAvx512Rows<5, kSharedMask>(sub, tile_row, chunks, out); break;
-    case 4: TileRowAvx512Rows<4, kSharedMask>(sub, tile_row, chunks, out); break;
-    case 3: TileRowAvx512Rows<3, kSharedMask>(sub, tile_row, chunks, out); break;
-    case 2: TileRowAvx512Rows<2, kSharedMask>(sub, tile_row, chunks, out); break;
-    case 1: TileRowAvx512Rows<1, kSharedMask>(sub, tile_row, chunks, out); break;
-    default: break;
+template <int kTiles, bool kMask>
+void PanelGroupsAvx512(const PackedPanel& panel, const uint32_t* tile_row, int32_t* popcounts, int64_t stride) {
+  const int64_t group_words = panel.chunks * kGroupChunkWords;
+  for (int64_t first = 0; first < panel.rows; first += kGroupRows) {
+    const uint32_t* group = panel.data + (first / kGroupRows) * group_words;
+    int32_t* out = popcounts + first * stride;
+    const uint32_t* mask = panel.weight_mask;
+    const int64_t chunks = panel.chunks;
+    switch (std::min<int64_t>(kGroupRows, panel.rows - first)) {
+      case 8: PanelBlockAvx512<8, kTiles, kMask>(group, tile_row, chunks, mask, out, stride); break;
+      case 7: PanelBlockAvx512<7, kTiles, kMask>(group, tile_row, chunks, mask, out, stride); break;
+      case 6: PanelBlockAvx512<6, kTiles, kMask>(group, tile_row, chunks, mask, out, stride); break;
+      case 5: PanelBlockAvx512<5, kTiles, kMask>(group, tile_row, chunks, mask, out, stride); break;
+      case 4: PanelBlockAvx512<4, kTiles, kMask>(group, tile_row, chunks, mask, out, stride); break;
+      case 3: PanelBlockAvx512<3, kTiles, kMask>(group, tile_row, chunks, mask, out, stride); break;
+      case 2: PanelBlockAvx512<2, kTiles, kMask>(group, tile_row, chunks, mask, out, stride); break;
+      case 1: PanelBlockAvx512<1, kTiles, kMask>(group, tile_row, chunks, mask, out, stride); break;
+      default: break;
+    }
   }
 }
 
-void TileRowAvx512(const PanelView& panel, int rows, const uint32_t* tile_row, int64_t chunks,
-                   int32_t* popcounts) {
-  if (panel.mask_stride == 0) {
-    TileRowAvx512Masked<true>(panel, rows, tile_row, chunks, popcounts);
+// Two tile rows (16 output columns) at a time, each pair swept over every row group of the panel while its
+// weights are hot in L1.
+template <bool kMask>
+void PanelAvx512Masked(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* popcounts,
+                       int64_t stride) {
+  const int64_t tile_row_words = panel.chunks * kTileChunkWords;
+  int64_t t = 0;
+  for (; t + 2 <= tiles; t += 2) {
+    PanelGroupsAvx512<2, kMask>(panel, tile_rows + t * tile_row_words, popcounts + t * kTileRows, stride);
+  }
+  if (t < tiles) PanelGroupsAvx512<1, kMask>(panel, tile_rows + t * tile_row_words, popcounts + t * kTileRows, stride);
+}
+
+void PanelAvx512(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* popcounts,
+                 int64_t stride) {
+  if (panel.weight_mask != nullptr) {
+    PanelAvx512Masked<true>(panel, tile_rows, tiles, popcounts, stride);
   } else {
-    TileRowAvx512Masked<false>(panel, rows, tile_row, chunks, popcounts);
+    PanelAvx512Masked<false>(panel, tile_rows, tiles, popcounts, stride);
   }
 }
 
@@ -252,14 +285,14 @@ bool ForceIsa(const std::string& name) {
   return false;
 }
 
-TileRowPopcountFn TileRowPopcountFor(Isa isa) {
+PanelPopcountFn PanelPopcountFor(Isa isa) {
   switch (isa) {
 #ifdef JAXBNN_X86
-    case Isa::kAvx512: return TileRowAvx512;
-    case Isa::kAvx2: return TileRowAvx2;
-    case Isa::kPopcnt: return TileRowPopcnt;
+    case Isa::kAvx512: return PanelAvx512;
+    case Isa::kAvx2: return PanelAvx2;
+    case Isa::kPopcnt: return PanelPopcnt;
 #endif
-    default: return TileRowGeneric;
+    default: return PanelGeneric;
   }
 }
 

@@ -1,5 +1,6 @@
-// The innermost CPU kernel: popcounts of (x XOR w) AND mask between panel rows and one 8-row FSB tile row,
-// in several instruction-set tiers chosen at run time, so one binary runs on any x86-64 (or other CPU).
+// The innermost CPU kernel: popcounts of (x XOR w) AND mask between a packed panel of reduction rows and a
+// run of 8-row FSB tile rows, in several instruction-set tiers chosen at run time, so one binary runs on any
+// x86-64 (or other CPU).
 #ifndef JAXBNN_XLA_FFI_CPU_POPCOUNT_KERNELS_H_
 #define JAXBNN_XLA_FFI_CPU_POPCOUNT_KERNELS_H_
 
@@ -9,19 +10,26 @@
 
 namespace jaxbnn::cpu {
 
-// Rows of 128-bit chunks (4 words each) to be reduced against weights in the default FSB tile.
-struct PanelView {
-  const uint32_t* data;  // rows x row_words
-  const uint32_t* mask;  // rows x row_words, or a single row shared by all rows when mask_stride == 0
-  int64_t row_words;     // chunks * 4
-  int64_t mask_stride;   // row_words or 0
+// Rows per group of a packed panel: the kernels' register block.
+inline constexpr int64_t kGroupRows = 8;
+
+// Reduction rows packed group by group, each group chunk-major, so that a kernel walks one pointer:
+// word w (0..3) of 128-bit chunk j of row r is data[((r / 8 * chunks + j) * 8 + r % 8) * 4 + w].
+// Bits that are not part of the reduction (padding bits, words past the row) must be 0 in the panel; the
+// weights may hold anything there, so where the reduction does not fill whole chunks the kernels AND the
+// weights with `weight_mask` (one row of chunks * 4 words).
+struct PackedPanel {
+  const uint32_t* data;
+  int64_t rows;
+  int64_t chunks;
+  const uint32_t* weight_mask;  // null when every bit of every chunk counts
 };
 
-// For each of the first `rows` panel rows r and each tile row i in [0, 8):
-//   popcounts[r * 8 + i] = sum over chunks j of popc((x[r, j] XOR w[i, j]) AND mask[r, j])
-// where `tile_row` points at the (chunks, 8, 4) words of one row of default FSB tiles.
-using TileRowPopcountFn = void (*)(const PanelView& panel, int rows, const uint32_t* tile_row,
-                                   int64_t chunks, int32_t* popcounts);
+// For every panel row r < rows, tile row t < tiles and row i < 8 of that tile row:
+//   popcounts[r * stride + t * 8 + i] = sum over chunks j of popc((x[r, j] XOR w[t, i, j]) AND mask[j])
+// where tile row t is the (chunks, 8, 4) words at tile_rows + t * chunks * 32 (default FSB tiles).
+using PanelPopcountFn = void (*)(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles,
+                                 int32_t* popcounts, int64_t stride);
 
 enum class Isa { kGeneric, kPopcnt, kAvx2, kAvx512 };
 
@@ -32,7 +40,7 @@ std::vector<Isa> SupportedIsas();
 Isa ActiveIsa();
 // Returns false (and changes nothing) when `name` is not a supported tier.
 bool ForceIsa(const std::string& name);
-TileRowPopcountFn TileRowPopcountFor(Isa isa);
+PanelPopcountFn PanelPopcountFor(Isa isa);
 
 }  // namespace jaxbnn::cpu
 
