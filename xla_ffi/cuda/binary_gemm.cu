@@ -74,10 +74,49 @@ __device__ __forceinline__ int4 RowOrigin(const BinaryGemmProblem& p, int tile_m
   return origin;
 }
 
+// "zero" padding: a pixel whose receptive field leaves the frame gets, per column, the correction
+// sum over its out-of-frame taps of (C - 2 popc_tap). Which taps are out depends only on how far the field
+// sticks out at each side (its FrameExcess), so a tile keeps one correction per column for every excess
+// (a "border class") when the problem has few: at most kTableClasses classes (3x3 with padding 1 has 16)
+// and at most kTableTaps taps (read once into registers). Other problems sum tap popcounts per value.
+inline constexpr int kTableClasses = 25;
+inline constexpr int kTableTaps = 16;
+
+// Rows above / below and columns left / right of the frame covered by a receptive field (origin o).
+struct FrameExcess {
+  int top, bottom, left, right;
+};
+__device__ __forceinline__ FrameExcess ExcessOf(const BinaryGemmProblem& p, int oy, int oz) {
+  return {min(p.kh, max(0, -oy)), min(p.kh, max(0, oy + p.kh - p.in_h)), min(p.kw, max(0, -oz)),
+          min(p.kw, max(0, oz + p.kw - p.in_w))};
+}
+// The largest excess at each side: the first computed output row / column sticks out most at the top /
+// left, the last at the bottom / right.
+__device__ __forceinline__ FrameExcess MaxExcess(const BinaryGemmProblem& p) {
+  const FrameExcess first = ExcessOf(p, -p.pad_top, -p.pad_left);
+  const FrameExcess last = ExcessOf(p, (p.out_h * p.pool_h - 1) * p.stride_h - p.pad_top,
+                                    (p.out_w * p.pool_w - 1) * p.stride_w - p.pad_left);
+  return {first.top, last.bottom, first.left, last.right};
+}
+__device__ __forceinline__ int BorderClasses(const BinaryGemmProblem& p) {
+  const FrameExcess m = MaxExcess(p);
+  return (m.top + 1) * (m.bottom + 1) * (m.left + 1) * (m.right + 1);
+}
+// Whether the tiles of `p` keep the per-class correction table.
+__device__ __forceinline__ bool HasCorrectionTable(const BinaryGemmProblem& p) {
+  return !p.pad_one && p.kh * p.kw <= kTableTaps && BorderClasses(p) <= kTableClasses;
+}
+__device__ __forceinline__ int BorderClass(const BinaryGemmProblem& p, FrameExcess e) {
+  const FrameExcess m = MaxExcess(p);
+  return ((e.top * (m.bottom + 1) + e.bottom) * (m.left + 1) + e.left) * (m.right + 1) + e.right;
+}
+
 // What the epilogue needs of each column of a tile, staged in shared memory once per tile so that the
-// epilogue reads no global memory: popc(b) (summed over taps) and the epilogue parameters.
+// epilogue reads no global memory: popc(b) (summed over taps), the border-class corrections and the
+// epilogue parameters.
 template <int kCols>
 struct TileColumns {
+  int correction[kTableClasses][kCols];  // [BorderClass][column], when HasCorrectionTable
   int popc_b[kCols];
   int threshold[kCols];
   int flip[kCols];
@@ -92,10 +131,34 @@ struct TileColumns {
 // Fills local column `lc`. Called by whole warps for 32 consecutive columns (the flip words are ballots).
 template <int kCols>
 __device__ __forceinline__ void FillTileColumn(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0, int lc) {
-  const int col = col0 + lc;
+  const int col = col0 + lc, taps = p.kh * p.kw;
   int total = 0;
-  if (col < p.n) {
-    for (int t = 0; t < p.kh * p.kw; ++t) total += p.tap_popc[t * p.n + col];
+  if (HasCorrectionTable(p)) {
+    int tap_popc[kTableTaps];
+#pragma unroll
+    for (int t = 0; t < kTableTaps; ++t) {
+      tap_popc[t] = t < taps && col < p.n ? p.tap_popc[t * p.n + col] : 0;
+      total += tap_popc[t];
+    }
+    const FrameExcess m = MaxExcess(p);
+    for (int top = 0; top <= m.top; ++top) {
+      for (int bottom = 0; bottom <= m.bottom; ++bottom) {
+        for (int left = 0; left <= m.left; ++left) {
+          for (int right = 0; right <= m.right; ++right) {
+            int correction = 0;
+#pragma unroll
+            for (int t = 0; t < kTableTaps; ++t) {
+              const int i = t / p.kw, j = t % p.kw;
+              const bool out = i < top || i >= p.kh - bottom || j < left || j >= p.kw - right;
+              if (t < taps && out) correction += p.c - 2 * tap_popc[t];
+            }
+            cols.correction[BorderClass(p, {top, bottom, left, right})][lc] = correction;
+          }
+        }
+      }
+    }
+  } else {
+    for (int t = 0; t < taps; ++t) total += col < p.n ? p.tap_popc[t * p.n + col] : 0;
   }
   cols.popc_b[lc] = total;
   if (p.epilogue == Epilogue::kBits) {
@@ -156,15 +219,25 @@ __device__ __forceinline__ void LoadWeightStage(const BinaryGemmProblem& p, uint
   }
 }
 
-// Chunk c of row r in a 128B-swizzled stage, as a TMA tensor copy writes it: rows of 128 bytes, the
-// 16-byte chunk index XORed with row % 8.
-__device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) { return row * 128 + ((chunk ^ (row % 8)) * 16); }
+// How the activation rows of a stage lie in shared memory (chunk = 16 bytes = 128 bits of K):
+//   kCoreMatrices: chunk c of row r at StageOffset(r, c) (cp.async, and every weight stage);
+//   kSwizzledRows: rows of 128 bytes, the chunk index XORed with row % 8 (one 2-D TMA box, 128B swizzle);
+//   kChunkSlabs:   chunk c of all rows in a slab of rows x 16 bytes, at c * kRows * 16 + r * 16
+//                  (one 4-D TMA box per chunk: a convolution tap's channel words over a block of pixels).
+enum class ALayout : int { kCoreMatrices, kSwizzledRows, kChunkSlabs };
 
-// popc of the activation rows of a stage, kThreads / kRows threads per row; returns this thread's part.
-// Thread t reads row (t / (8 * parts)) * 8 + t % 8: 8 consecutive threads, 8 rows of one chunk (in the
-// swizzled layout: 8 different physical chunks), so no bank conflicts; the parts of a row sit 8 lanes
-// apart in one warp.
-template <int kRows, int kThreads, bool kSwizzled = false>
+template <ALayout kLayout, int kRows>
+__device__ __forceinline__ uint32_t ChunkOffset(int row, int chunk) {
+  if constexpr (kLayout == ALayout::kSwizzledRows) return row * 128 + ((chunk ^ (row % 8)) * 16);
+  if constexpr (kLayout == ALayout::kChunkSlabs) return chunk * kRows * 16 + row * 16;
+  return StageOffset(row, chunk);
+}
+
+// popc of `kRows` activation rows of a stage whose rows are `kStageRows` apart in the slab layout,
+// kThreads / kRows threads per row; returns this thread's part. Thread t reads row (t / (8 * parts)) * 8
+// + t % 8: 8 consecutive threads, 8 rows of one chunk (in the swizzled layout: 8 different physical
+// chunks), so no bank conflicts; the parts of a row sit 8 lanes apart in one warp.
+template <int kRows, int kThreads, ALayout kLayout = ALayout::kCoreMatrices, int kStageRows = kRows>
 __device__ __forceinline__ int StageRowPopcount(const uint8_t* stage, int tid) {
   constexpr int kParts = kThreads / kRows;
   constexpr int kChunks = 8 / kParts;
@@ -174,7 +247,7 @@ __device__ __forceinline__ int StageRowPopcount(const uint8_t* stage, int tid) {
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
     const int chunk = part * kChunks + i;
-    const uint32_t offset = kSwizzled ? SwizzledOffset(row, chunk) : StageOffset(row, chunk);
+    const uint32_t offset = ChunkOffset<kLayout, kStageRows>(row, chunk);
     const uint4 v = *reinterpret_cast<const uint4*>(stage + offset);
     total += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
   }
@@ -198,13 +271,16 @@ __device__ __forceinline__ int RowOfPopcount(int tid) {
 }
 
 // What "zero" padding takes back from a "one"-padded dot: sum over out-of-frame taps of C - 2 popc_tap.
-__device__ __forceinline__ int ExcludedTaps(const BinaryGemmProblem& p, int4 o, int col) {
-  if (o.y >= 0 && o.y + p.kh <= p.in_h && o.z >= 0 && o.z + p.kw <= p.in_w) return 0;
+template <int kCols>
+__device__ __forceinline__ int ExcludedTaps(const BinaryGemmProblem& p, const TileColumns<kCols>& cols, int4 o,
+                                            int lc, int col) {
+  const FrameExcess e = ExcessOf(p, o.y, o.z);
+  if (e.top + e.bottom + e.left + e.right == 0) return 0;
+  if (HasCorrectionTable(p)) return cols.correction[BorderClass(p, e)][lc];
   int correction = 0;
   for (int i = 0; i < p.kh; ++i) {
-    const bool row_out = static_cast<unsigned>(o.y + i) >= static_cast<unsigned>(p.in_h);
     for (int j = 0; j < p.kw; ++j) {
-      if (row_out || static_cast<unsigned>(o.z + j) >= static_cast<unsigned>(p.in_w)) {
+      if (i < e.top || i >= p.kh - e.bottom || j < e.left || j >= p.kw - e.right) {
         correction += p.c - 2 * p.tap_popc[(i * p.kw + j) * p.n + col];
       }
     }
@@ -221,7 +297,7 @@ __device__ __forceinline__ int PooledDot(const BinaryGemmProblem& p, const int* 
   for (int e = 0; e < window; ++e) {
     const int r = pr * window + e;
     int dot = p.k_real - 2 * popc_a[r] - 2 * cols.popc_b[lc] + 4 * acc[r * kLd + lc];
-    if (!p.pad_one) dot -= ExcludedTaps(p, origins[r], col);
+    if (!p.pad_one) dot -= ExcludedTaps(p, cols, origins[r], lc, col);
     best = max(best, dot);
   }
   return best;
@@ -278,16 +354,17 @@ __device__ __forceinline__ bool BorderRow(const BinaryGemmProblem& p, int tile_m
 }
 
 // The "zero"-padding corrections of one border row for the columns an accumulator thread holds:
-// value k at column first_col + 8 (k / 2) + k % 2. A runtime loop, so that ExcludedTaps is not inlined
-// into every site of the unrolled epilogues (that made the kernels ~700 KB of straight-line code, slow to
-// fetch); `excl` lives in local memory and is touched only for border rows.
-template <int kValues>
-__device__ __forceinline__ void BorderCorrections(const BinaryGemmProblem& p, int4 origin, int first_col,
-                                                  int (&excl)[kValues]) {
+// value k at local column first_lc + 8 (k / 2) + k % 2. A runtime loop, so that the corrections are not
+// inlined into every site of the unrolled epilogues (that once made the kernels ~700 KB of straight-line
+// code, slow to fetch) and `excl` lives in local memory instead of competing with the accumulators for
+// registers; it is touched only for border rows. Values of columns past N are not meaningful.
+template <int kCols, int kValues>
+__device__ __forceinline__ void BorderCorrections(const BinaryGemmProblem& p, const TileColumns<kCols>& cols,
+                                                  int4 origin, int col0, int first_lc, int (&excl)[kValues]) {
 #pragma unroll 1
   for (int k = 0; k < kValues; ++k) {
-    const int col = first_col + 8 * (k >> 1) + (k & 1);
-    excl[k] = col < p.n ? ExcludedTaps(p, origin, col) : 0;
+    const int lc = first_lc + 8 * (k >> 1) + (k & 1), col = col0 + lc;
+    excl[k] = col < p.n ? ExcludedTaps(p, cols, origin, lc, col) : 0;
   }
 }
 
@@ -397,7 +474,7 @@ struct MmaSyncEngine {
         const bool border = row_valid && BorderRow(p, tile_m, kRows, r, origin);
         const int v0 = p.k_real - 2 * popc_a[r];
         int excl[8];
-        if (border) BorderCorrections(p, origin, col0 + warp_col + 2 * t, excl);
+        if (border) BorderCorrections(p, cols, origin, col0, warp_col + 2 * t, excl);
         if (p.epilogue == Epilogue::kBits) {
           uint32_t word = 0;
 #pragma unroll
@@ -628,6 +705,15 @@ __device__ __forceinline__ void TensorCopy(uint32_t dst, const CUtensorMap& map,
       "l"(reinterpret_cast<uint64_t>(&map)), "r"(x), "r"(y), "r"(bar)
       : "memory");
 }
+// One TMA copy of the (16 bytes, w, h, 1) box at (byte, x, y, image) of a 4-D `map` (NHWC bytes).
+__device__ __forceinline__ void TensorCopy4d(uint32_t dst, const CUtensorMap& map, int byte, int x, int y, int image,
+                                             uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(byte), "r"(x), "r"(y), "r"(image), "r"(bar)
+      : "memory");
+}
 __device__ __forceinline__ void ClusterSync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
@@ -646,10 +732,12 @@ __device__ __forceinline__ uint32_t ClusterCount() {
   asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
   return r;
 }
-// No-swizzle K-major descriptor: LBO 128 bytes between core matrices along K, SBO 1024 between row groups.
-__device__ __forceinline__ uint64_t OperandDescriptor(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(128 >> 4) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32);
+// No-swizzle K-major descriptor: `along_k` bytes between core matrices along K (LBO), `between_groups`
+// bytes between 8-row groups (SBO); the defaults are the kCoreMatrices layout.
+__device__ __forceinline__ uint64_t OperandDescriptor(uint32_t addr, uint32_t along_k = 128,
+                                                      uint32_t between_groups = 1024) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(along_k >> 4) << 16) |
+         (static_cast<uint64_t>(between_groups >> 4) << 32);
 }
 // 128B-swizzle K-major descriptor: rows of 128 bytes, SBO 1024 between 8-row groups (LBO unused); a k256
 // step advances the start address by 32 bytes.
@@ -658,27 +746,28 @@ __device__ __forceinline__ uint64_t SwizzledOperandDescriptor(uint32_t addr) {
          (1ull << 62);
 }
 
-// Threshold bits of a thread's two accumulator rows (h = 0, 1). Bits of columns 8 j + 2 t + e land at bit
-// 8 (j % 4) + e of word j / 4; the quad's lanes (t) fill the other positions after a shift by 2 t, then an
-// OR over the quad completes each 32-column word. kBorder: subtract the rows' "zero"-padding corrections
-// excl[h][2 j + e] (border rows of a convolution); without it the loop is 3-4 instructions per value.
-template <bool kBorder>
+// Threshold bits of a thread's two accumulator rows (h = 0, 1). Bits of columns 8 j + 2 t + e land at
+// bit 8 (j % 4) + e of word j / 4; the quad's lanes (t) fill the other positions after a shift by 2 t, then
+// an OR over the quad completes each 32-column word: 3-4 instructions per value. kCorrected: subtract the
+// rows' "zero"-padding corrections, corr[h][column] (a row of the tile's border-class table).
+template <bool kCorrected>
 __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const int (&acc)[128],
                                               const TileColumns<kWgCols>& cols, const int (&v0)[2],
                                               const long long (&row)[2], const bool (&row_valid)[2],
-                                              const int (*excl)[64], int col0, int t) {
+                                              const int* const (&corr)[2], int col0, int t) {
   uint32_t words[2][8] = {};
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
     const int2 bound = *reinterpret_cast<const int2*>(&cols.bound[8 * j + 2 * t]);
+    const uint32_t bit0 = 1u << (8 * (j % 4));  // constant positions: a select and a 3-input OR per pair
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       int x0 = 4 * acc[4 * j + 2 * h] + v0[h], x1 = 4 * acc[4 * j + 2 * h + 1] + v0[h];
-      if constexpr (kBorder) {
-        x0 -= excl[h][2 * j];
-        x1 -= excl[h][2 * j + 1];
+      if constexpr (kCorrected) {
+        const int2 c = *reinterpret_cast<const int2*>(&corr[h][8 * j + 2 * t]);
+        x0 -= c.x;
+        x1 -= c.y;
       }
-      const uint32_t bit0 = 1u << (8 * (j % 4));  // constant positions: a select and a 3-input OR per pair
       words[h][j / 4] |= (x0 >= bound.x ? bit0 : 0u) | (x1 >= bound.y ? bit0 << 1 : 0u);
     }
   }
@@ -695,6 +784,37 @@ __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const 
         out[row[h] * out_words + col0 / 32 + wd] = v ^ cols.flip_word[wd];
       }
     }
+  }
+}
+
+// The same for one row (h) whose receptive field may leave the frame, for problems without the border-class
+// table: corrections summed per value.
+__device__ __forceinline__ void StoreBitsBorderRow(const BinaryGemmProblem& p, const int (&acc)[128],
+                                                   const TileColumns<kWgCols>& cols, int v0, long long row,
+                                                   bool row_valid, bool border, int4 origin, int h, int col0, int t) {
+  int excl[64];
+  if (border) {
+    BorderCorrections(p, cols, origin, col0, 2 * t, excl);
+  } else {
+#pragma unroll 1
+    for (int k = 0; k < 64; ++k) excl[k] = 0;
+  }
+  uint32_t words[8] = {};
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const int2 bound = *reinterpret_cast<const int2*>(&cols.bound[8 * j + 2 * t]);
+    const int x0 = 4 * acc[4 * j + 2 * h] + v0 - excl[2 * j], x1 = 4 * acc[4 * j + 2 * h + 1] + v0 - excl[2 * j + 1];
+    words[j / 4] |= static_cast<uint32_t>(x0 >= bound.x) << (8 * (j % 4)) |
+                    static_cast<uint32_t>(x1 >= bound.y) << (8 * (j % 4) + 1);
+  }
+  uint32_t* out = static_cast<uint32_t*>(p.out);
+  const int out_words = (p.n + 31) / 32;
+#pragma unroll
+  for (int wd = 0; wd < 8; ++wd) {
+    uint32_t v = words[wd] << (2 * t);
+    v |= __shfl_xor_sync(0xffffffffu, v, 1);
+    v |= __shfl_xor_sync(0xffffffffu, v, 2);
+    if (t == (wd & 3) && row_valid && col0 + 32 * wd < p.n) out[row * out_words + col0 / 32 + wd] = v ^ cols.flip_word[wd];
   }
 }
 
@@ -717,20 +837,20 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
     border[h] = row_valid[h] && BorderRow(p, tile_m, kWgRows, r, origin[h]);
   }
   if (p.epilogue == Epilogue::kBits) {
-    if (border[0] || border[1]) {
-      int excl[2][64];
+    if (!border[0] && !border[1]) {
+      const int* const none[2] = {nullptr, nullptr};
+      StoreBitsRows<false>(p, acc, cols, v0, row, row_valid, none, col0, t);
+    } else if (HasCorrectionTable(p)) {
+      // class 0 (no excess) has correction 0: rows inside the frame take it
+      const int* const corr[2] = {
+          cols.correction[border[0] ? BorderClass(p, ExcessOf(p, origin[0].y, origin[0].z)) : 0],
+          cols.correction[border[1] ? BorderClass(p, ExcessOf(p, origin[1].y, origin[1].z)) : 0]};
+      StoreBitsRows<true>(p, acc, cols, v0, row, row_valid, corr, col0, t);
+    } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (border[h]) {
-          BorderCorrections(p, origin[h], col0 + 2 * t, excl[h]);
-        } else {
-#pragma unroll 1
-          for (int k = 0; k < 64; ++k) excl[h][k] = 0;
-        }
+        StoreBitsBorderRow(p, acc, cols, v0[h], row[h], row_valid[h], border[h], origin[h], h, col0, t);
       }
-      StoreBitsRows<true>(p, acc, cols, v0, row, row_valid, excl, col0, t);
-    } else {
-      StoreBitsRows<false>(p, acc, cols, v0, row, row_valid, nullptr, col0, t);
     }
     return;
   }
@@ -738,7 +858,7 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
   for (int h = 0; h < 2; ++h) {
     if (!row_valid[h]) continue;
     int excl[64];
-    if (border[h]) BorderCorrections(p, origin[h], col0 + 2 * t, excl);
+    if (border[h]) BorderCorrections(p, cols, origin[h], col0, 2 * t, excl);
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
       const int lc = 8 * j + 2 * t, col = col0 + lc;
@@ -757,11 +877,13 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
 
 // Persistent over tile pairs (one pair per cluster and step) unless the epilogue pools, which stages the
 // tile in the pipeline's shared memory and so runs one pair per cluster. The producer runs ahead into the
-// next tile while the consumers finish the previous one's epilogue. kTensorA: activations by TMA.
+// next tile while the consumers finish the previous one's epilogue. kLayout: how the activations arrive
+// (kCoreMatrices: cp.async by the producer warpgroup; else TMA boxes issued by one producer warp).
 // Launched with a cluster dimension of kWgCluster (LaunchWgmma).
-template <bool kTensorA>
+template <ALayout kLayout>
 __global__ void __launch_bounds__(kWgThreads, 1)
     WgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map, int m_pairs, int n_tiles) {
+  [[maybe_unused]] constexpr bool kTensorA = kLayout != ALayout::kCoreMatrices;  // unused in the sm_80 pass
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + (1024 - SmemAddress(smem_raw) % 1024) % 1024;
@@ -814,9 +936,21 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         const int kt0 = kb * 8, k_tiles = min(8, p.w_k_tiles - kt0);
         const uint32_t weight_bytes = row_tiles * k_tiles * 128;
         if constexpr (kTensorA) {
-          if (tid == 0) {
-            BarrierArriveExpectBytes(full, kWgStageA + weight_bytes);
-            TensorCopy(stage, a_map, kb * 128, tile_m * kWgRows, full);
+          if (tid == 0) BarrierArriveExpectBytes(full, kWgStageA + weight_bytes);
+          if constexpr (kLayout == ALayout::kSwizzledRows) {
+            if (tid == 0) TensorCopy(stage, a_map, kb * 128, tile_m * kWgRows, full);
+          } else if (tid < 8) {
+            // Chunk `tid` of the K block: 4 channel words of one tap over the tile's block of output pixels
+            // (whole output rows, or a 128-pixel run of one), shifted by the tap. Chunks past K and pixels
+            // out of the frame or past the batch arrive as zeros.
+            const int word = (kb * 8 + tid) * 4;
+            const int tap = word / p.cw;
+            const int first = tile_m * kWgRows, per_image = p.out_h * p.out_w;
+            const int b = first / per_image, oh0 = (first % per_image) / p.out_w, ow0 = first % p.out_w;
+            const int fkh = tap / p.kw, fkw = tap % p.kw;
+            const int channel_byte = word < p.k_words ? (word - tap * p.cw) * 4 : p.cw * 4;
+            TensorCopy4d(stage + tid * kWgRows * 16, a_map, channel_byte, ow0 + fkw - p.pad_left,
+                         oh0 + fkh - p.pad_top, b, full);
           }
         } else {
           LoadActivationStage<kWgRows, 4, 128>(p, origins, stage, kb, tid);
@@ -860,19 +994,27 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       // cp.async wrote the activations through the generic proxy; the tensor cores read through the async one.
       if (!kTensorA) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-      const uint32_t stage_a = base + s * kWgStageBytes + half * 64 * 128;  // 64 rows in either layout
+      // this warpgroup's 64 rows: the second half starts 64 rows in (64 x 16 bytes in the chunk slabs)
+      const int half_offset = kLayout == ALayout::kChunkSlabs ? half * 64 * 16 : half * 64 * 128;
+      const uint32_t stage_a = base + s * kWgStageBytes + half_offset;
       const uint32_t stage_b = base + s * kWgStageBytes + kWgStageA;
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
-        const uint64_t desc_a =
-            kTensorA ? SwizzledOperandDescriptor(stage_a + ks * 32) : OperandDescriptor(stage_a + ks * 256);
+        uint64_t desc_a;
+        if constexpr (kLayout == ALayout::kSwizzledRows) {
+          desc_a = SwizzledOperandDescriptor(stage_a + ks * 32);
+        } else if constexpr (kLayout == ALayout::kChunkSlabs) {
+          desc_a = OperandDescriptor(stage_a + ks * 2 * kWgRows * 16, kWgRows * 16, 128);
+        } else {
+          desc_a = OperandDescriptor(stage_a + ks * 256);
+        }
         wgmma_m64n256k256_and_popc(acc, desc_a, OperandDescriptor(stage_b + ks * 256), (kb | ks) != 0);
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       // The column parameters' global loads wait while the first k block runs, not before it.
       if (kb == 0) FillTileColumn<kWgCols>(p, cols, col0, ctid);
       // While the tensor cores run: popc(a) of this warpgroup's 64 rows, two threads per row.
-      row_popc += StageRowPopcount<64, 128, kTensorA>(smem + s * kWgStageBytes + half * 64 * 128, wtid);
+      row_popc += StageRowPopcount<64, 128, kLayout, kWgRows>(smem + s * kWgStageBytes + half_offset, wtid);
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
       if (kb > 0) release((it - 1) % kWgStages);
     }
@@ -953,19 +1095,40 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   return encode;
 }
 
-// The activation rows of `p` as a TMA tensor map when they are the rows of a plain matrix (bmm, 1x1
-// stride-1 unpadded convolutions without pooling): bytes x rows, 128 x 128 boxes, 128B swizzle.
-bool ActivationTensorMap(const BinaryGemmProblem& p, CUtensorMap& map) {
-  const bool plain_rows = p.kh == 1 && p.kw == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_top == 0 &&
-                          p.pad_left == 0 && p.pool_h * p.pool_w == 1 && p.out_h == p.in_h && p.out_w == p.in_w;
+// How the wgmma kernel takes the activations of `p`, with the TMA tensor map it needs:
+//   rows of a plain matrix (bmm, 1x1 stride-1 unpadded convolutions): bytes x rows, 128 x 128 boxes,
+//   128B swizzle (kSwizzledRows);
+//   stride-1 convolutions whose 128-row tiles are whole output rows (128 % out_w == 0, tiles inside an
+//   image) or 128-pixel runs of one (out_w % 128 == 0): NHWC bytes, one (16 bytes, pixels) box per
+//   16-byte chunk of K, out-of-frame taps zero-filled by the TMA unit (kChunkSlabs);
+//   anything else, or a driver without cuTensorMapEncodeTiled: cp.async (kCoreMatrices).
+ALayout ActivationTensorMap(const BinaryGemmProblem& p, CUtensorMap& map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
-  if (!plain_rows || encode == nullptr) return false;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.cw) * 4, static_cast<cuuint64_t>(p.pooled_rows)};
-  const cuuint64_t row_stride[1] = {static_cast<cuuint64_t>(p.cw) * 4};
-  const cuuint32_t box[2] = {128, kWgRows}, element_strides[2] = {1, 1};
-  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint32_t*>(p.x), dims, row_stride, box,
-                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  if (encode == nullptr || p.pool_h * p.pool_w != 1 || p.stride_h != 1 || p.stride_w != 1) {
+    return ALayout::kCoreMatrices;
+  }
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(p.cw) * 4;
+  const cuuint32_t unit_strides[4] = {1, 1, 1, 1};
+  if (p.kh == 1 && p.kw == 1 && p.pad_top == 0 && p.pad_left == 0 && p.out_h == p.in_h && p.out_w == p.in_w) {
+    const cuuint64_t dims[2] = {row_bytes, static_cast<cuuint64_t>(p.pooled_rows)};
+    const cuuint64_t strides[1] = {row_bytes};
+    const cuuint32_t box[2] = {128, kWgRows};
+    const CUresult made = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint32_t*>(p.x), dims, strides,
+                                 box, unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return made == CUDA_SUCCESS ? ALayout::kSwizzledRows : ALayout::kCoreMatrices;
+  }
+  const int box_w = p.out_w < kWgRows ? p.out_w : kWgRows, box_h = kWgRows / box_w;
+  const bool whole_rows = kWgRows % p.out_w == 0 && p.out_h % box_h == 0;
+  if (!(whole_rows || p.out_w % kWgRows == 0)) return ALayout::kCoreMatrices;
+  const cuuint64_t dims[4] = {row_bytes, static_cast<cuuint64_t>(p.in_w), static_cast<cuuint64_t>(p.in_h),
+                              static_cast<cuuint64_t>(p.batch)};
+  const cuuint64_t strides[3] = {row_bytes, row_bytes * p.in_w, row_bytes * p.in_w * p.in_h};
+  const cuuint32_t box[4] = {16, static_cast<cuuint32_t>(box_w), static_cast<cuuint32_t>(box_h), 1};
+  const CUresult made = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<uint32_t*>(p.x), dims, strides, box,
+                               unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return made == CUDA_SUCCESS ? ALayout::kChunkSlabs : ALayout::kCoreMatrices;
 }
 
 // Clusters of two CTAs over pairs of row tiles: persistent (one CTA per SM) unless the pooled epilogue
@@ -979,8 +1142,10 @@ cudaError_t LaunchWgmma(const BinaryGemmProblem& p, int sms, cudaStream_t stream
   if (pairs > INT_MAX || clusters * kWgCluster > INT_MAX) return cudaErrorInvalidConfiguration;
   CUtensorMap a_map;
   std::memset(&a_map, 0, sizeof(a_map));
-  const bool tensor_a = ActivationTensorMap(p, a_map);
-  const auto kernel = tensor_a ? WgmmaKernel<true> : WgmmaKernel<false>;
+  const ALayout layout = ActivationTensorMap(p, a_map);
+  const auto kernel = layout == ALayout::kSwizzledRows ? WgmmaKernel<ALayout::kSwizzledRows>
+                      : layout == ALayout::kChunkSlabs ? WgmmaKernel<ALayout::kChunkSlabs>
+                                                       : WgmmaKernel<ALayout::kCoreMatrices>;
   // Raising the dynamic shared memory limit is idempotent and cheap; no launch-time allocation.
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmemBytes);
   if (err != cudaSuccess) return err;

@@ -299,6 +299,10 @@ void TimeAll(bool wgmma_only) {
     const std::string name = "bconv C=O=" + std::to_string(c);
     for (KernelPath path : paths) TimeCase(name.c_str(), ConvCase{16, 64, 64, c, c, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, path);
   }
+  for (int c : {128, 512}) {  // the same with "one" padding: no border-row corrections
+    const std::string name = "bconv one C=O=" + std::to_string(c);
+    for (KernelPath path : paths) TimeCase(name.c_str(), ConvCase{16, 64, 64, c, c, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true}, path);
+  }
 }
 
 }  // namespace
@@ -327,7 +331,14 @@ int main(int argc, char** argv) {
   cases.push_back({2, 9, 9, 128, 64, 3, 3, 1, 1, 1, 1, 1, 1, 3, 3, true});
   cases.push_back({2, 7, 9, 32, 50, 2, 3, 1, 2, 0, 1, 2, 0, 2, 1, false});
   cases.push_back({8, 40, 40, 128, 520, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});  // more tile pairs than clusters
-  if (small) cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[17]};
+  // stride 1 with 128-row tiles of whole output rows or 128-pixel runs: the wgmma engine's TMA tap boxes
+  cases.push_back({2, 8, 16, 128, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({2, 8, 16, 128, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true});
+  cases.push_back({2, 4, 32, 256, 33, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, false});
+  cases.push_back({1, 4, 32, 384, 20, 3, 5, 1, 1, 0, 2, 1, 3, 1, 1, false});  // asymmetric padding, 4 x 32 out
+  cases.push_back({1, 3, 256, 128, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({16, 32, 32, 128, 300, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});  // more tile pairs than clusters
+  if (small) cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[17], cases[21], cases[23]};
   long failures = 0;
   for (const ConvCase& cc : cases) {
     for (Epilogue ep : {Epilogue::kInt32, Epilogue::kAffine, Epilogue::kBits}) {
