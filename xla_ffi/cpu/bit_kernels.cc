@@ -107,14 +107,27 @@ void ParallelFor(ffi::ThreadPool* pool, int64_t tasks, bool parallel, std::funct
   if (!error.empty()) throw std::runtime_error(error);
 }
 
+// Where a conv panel row reads the image: image b, top-left input coordinate (y0, x0) of its receptive field.
+struct RowOrigin {
+  int64_t b, y0, x0;
+};
+
 // Per-thread scratch, reused across calls.
 struct Scratch {
   std::vector<uint32_t> panel;     // PackedPanel words
   std::vector<int32_t> k_valid;    // per panel row: the reduction elements that count
   std::vector<uint8_t> excluded;   // per panel row: some taps are out of frame and excluded ("zero" padding)
+  std::vector<RowOrigin> origins;  // per conv panel row
   std::vector<int32_t> popcounts;  // panel rows x the task's columns
   std::vector<int32_t> dots, window_dots;
 };
+
+// At least `size` elements; never shrinks, so that alternating task sizes do not re-initialize memory.
+template <class T>
+T* Grow(std::vector<T>& vector, int64_t size) {
+  if (static_cast<int64_t>(vector.size()) < size) vector.resize(size);
+  return vector.data();
+}
 
 Scratch& ThreadScratch() {
   thread_local Scratch scratch;
@@ -270,20 +283,22 @@ void RunGemm(const Source& source, const GemmShape& shape, const EpilogueData& e
     const int64_t tiles = CeilDiv(width, kTileRows);
     // One padded row of popcounts per panel row (padding keeps rows off the same L1 set).
     const int64_t stride = tiles * kTileRows + 16;
-    scratch.popcounts.resize(panel.rows * stride);
-    panel_popcount(panel, shape.tiles + (col_begin / kTileRows) * shape.chunks * kTileChunkWords, tiles,
-                   scratch.popcounts.data(), stride);
-    scratch.dots.resize(width);
-    scratch.window_dots.resize(width);
+    int32_t* const popcounts = Grow(scratch.popcounts, panel.rows * stride);
+    panel_popcount(panel, shape.tiles + (col_begin / kTileRows) * shape.chunks * kTileChunkWords, tiles, popcounts,
+                   stride);
     // dot = k_valid - 2 popcount, plus twice the popcounts of excluded taps.
     auto row_dots = [&](int64_t row, int32_t* dots) {
       const int32_t k_valid = scratch.k_valid[row];
-      const int32_t* popcounts = scratch.popcounts.data() + row * stride;
-      for (int64_t i = 0; i < width; ++i) dots[i] = k_valid - 2 * popcounts[i];
-      if (scratch.excluded[row]) source.AddExcludedTaps(first, row, col_begin, width, dots);
+      const int32_t* row_popcounts = popcounts + row * stride;
+      for (int64_t i = 0; i < width; ++i) dots[i] = k_valid - 2 * row_popcounts[i];
+      if (scratch.excluded[row]) source.AddExcludedTaps(scratch, row, col_begin, width, dots);
     };
-    int32_t* dots = scratch.dots.data();
-    int32_t* other = scratch.window_dots.data();
+    if (kEpilogue == Epilogue::kInt32 && window == 1) {  // the dots are the output: write them in place
+      for (int64_t o = 0; o < count; ++o) row_dots(o, static_cast<int32_t*>(out) + (first + o) * shape.n + col_begin);
+      return;
+    }
+    int32_t* dots = Grow(scratch.dots, width);
+    int32_t* other = Grow(scratch.window_dots, width);
     for (int64_t o = 0; o < count; ++o) {
       row_dots(o * window, dots);
       for (int64_t r = 1; r < window; ++r) {  // max-pool; no-op without pooling (window 1)
@@ -314,19 +329,21 @@ struct BmmRows {
   const uint32_t* weight_mask;
 
   PackedPanel Fill(int64_t first, int64_t count, Scratch& scratch) const {
-    scratch.k_valid.assign(count, k);
-    scratch.excluded.assign(count, 0);
-    scratch.panel.resize(RoundUp(count, kGroupRows) * chunks * kChunkWords);
+    int32_t* k_valid = Grow(scratch.k_valid, count);
+    uint8_t* excluded = Grow(scratch.excluded, count);
+    uint32_t* panel = Grow(scratch.panel, RoundUp(count, kGroupRows) * chunks * kChunkWords);
     const uint32_t last_mask = formats::LastWordMask(k);
     for (int64_t r = 0; r < count; ++r) {
-      const PanelRow row(scratch.panel.data(), chunks, r);
+      k_valid[r] = k;
+      excluded[r] = 0;
+      const PanelRow row(panel, chunks, r);
       row.Put(0, a + (first + r) * k_words, k_words, k_words, last_mask);
       row.Zero(k_words, chunks * kChunkWords - k_words);
     }
-    return PackedPanel{scratch.panel.data(), count, chunks, weight_mask};
+    return PackedPanel{panel, count, chunks, weight_mask};
   }
 
-  void AddExcludedTaps(int64_t, int64_t, int64_t, int64_t, int32_t*) const {}  // bmm excludes nothing
+  void AddExcludedTaps(const Scratch&, int64_t, int64_t, int64_t, int32_t*) const {}  // bmm excludes nothing
 };
 
 // Receptive fields of pooled output pixels, gathered from the NHWC image: panel row (o * window + wy *
@@ -349,13 +366,14 @@ struct ConvRows {
     const int64_t rows = count * window;
     const int64_t row_words = chunks * kChunkWords;
     const uint32_t last_mask = formats::LastWordMask(p.c);
-    scratch.panel.resize(RoundUp(rows, kGroupRows) * row_words);
-    scratch.k_valid.resize(rows);
-    scratch.excluded.resize(rows);
+    uint32_t* panel = Grow(scratch.panel, RoundUp(rows, kGroupRows) * row_words);
+    int32_t* k_valid = Grow(scratch.k_valid, rows);
+    uint8_t* excluded = Grow(scratch.excluded, rows);
+    RowOrigin* origins = Grow(scratch.origins, rows);
+    Origins(first, count, origins);
     for (int64_t r = 0; r < rows; ++r) {
-      int64_t b, y0, x0;
-      Origin(first, r, &b, &y0, &x0);
-      const PanelRow row(scratch.panel.data(), chunks, r);
+      const auto [b, y0, x0] = origins[r];
+      const PanelRow row(panel, chunks, r);
       int64_t in_frame = 0;
       for (int64_t dy = 0; dy < p.kh; ++dy) {
         const int64_t iy = y0 + dy, word = dy * p.kw * p.c_words;
@@ -377,17 +395,16 @@ struct ConvRows {
       }
       row.Zero(p.k_words, row_words - p.k_words);
       const int64_t counted = p.pad_one ? taps : in_frame;
-      scratch.k_valid[r] = static_cast<int32_t>(counted * p.c);
-      scratch.excluded[r] = counted < taps;
+      k_valid[r] = static_cast<int32_t>(counted * p.c);
+      excluded[r] = counted < taps;
     }
-    return PackedPanel{scratch.panel.data(), rows, chunks, weight_mask};
+    return PackedPanel{panel, rows, chunks, weight_mask};
   }
 
   // An excluded tap t read as 0 bits added popc(w_t) = tap_popcount[t, col] to the popcount of every
   // column: take it back.
-  void AddExcludedTaps(int64_t first, int64_t row, int64_t col_begin, int64_t width, int32_t* dots) const {
-    int64_t b, y0, x0;
-    Origin(first, row, &b, &y0, &x0);
+  void AddExcludedTaps(const Scratch& scratch, int64_t row, int64_t col_begin, int64_t width, int32_t* dots) const {
+    const auto [b, y0, x0] = scratch.origins[row];
     for (int64_t dy = 0; dy < p.kh; ++dy) {
       for (int64_t dx = 0; dx < p.kw; ++dx) {
         if (InFrame(y0 + dy, x0 + dx)) continue;
@@ -397,16 +414,23 @@ struct ConvRows {
     }
   }
 
-  // Image b and the top-left input coordinate (y0, x0) of the receptive field of panel row `row`.
-  void Origin(int64_t first, int64_t row, int64_t* b, int64_t* y0, int64_t* x0) const {
-    const int64_t window = p.pool_h * p.pool_w;
-    const int64_t output = first + row / window, in_window = row % window;
-    *b = output / (p.out_h * p.out_w);
-    const int64_t pixel = output % (p.out_h * p.out_w);
-    const int64_t conv_y = (pixel / p.out_w) * p.pool_h + in_window / p.pool_w;
-    const int64_t conv_x = (pixel % p.out_w) * p.pool_w + in_window % p.pool_w;
-    *y0 = conv_y * p.stride_h - p.pad_top;
-    *x0 = conv_x * p.stride_w - p.pad_left;
+  // Origins of the panel rows of outputs [first, first + count), stepping through the pixels (divisions
+  // only for the first one: they would cost more than gathering a row).
+  void Origins(int64_t first, int64_t count, RowOrigin* origins) const {
+    int64_t b = first / (p.out_h * p.out_w);
+    int64_t oy = first % (p.out_h * p.out_w) / p.out_w, ox = first % p.out_w;
+    for (int64_t o = 0; o < count; ++o) {
+      for (int64_t wy = 0; wy < p.pool_h; ++wy) {
+        for (int64_t wx = 0; wx < p.pool_w; ++wx) {
+          *origins++ = RowOrigin{b, (oy * p.pool_h + wy) * p.stride_h - p.pad_top,
+                                 (ox * p.pool_w + wx) * p.stride_w - p.pad_left};
+        }
+      }
+      if (++ox == p.out_w) {
+        ox = 0;
+        if (++oy == p.out_h) oy = 0, ++b;
+      }
+    }
   }
 };
 
