@@ -33,7 +33,7 @@ constexpr int64_t kTileRows = 8;         // the kernels' tile: 8 rows x 128 bits
 constexpr int64_t kChunkWords = 4;       // 128 bits
 constexpr int64_t kTileChunkWords = 32;  // one 8 x 128-bit tile
 constexpr int64_t kWordBits = formats::kWordBits;
-constexpr int64_t kPanelRows = 32;                   // reduction rows held at once (fit L1)
+constexpr int64_t kPanelRows = 16;                   // reduction rows held at once (fit L1)
 constexpr int64_t kWeightBlockBytes = 256 * 1024;    // weights swept by one task (fits L2)
 constexpr int64_t kMinParallelWork = int64_t{1} << 15;  // chunk x tile-row products worth a thread hop
 
