@@ -140,8 +140,6 @@ JAXBNN_TARGET_AVX2 void PanelAvx2(const PackedPanel& panel, const uint32_t* tile
 template <int kRows, int kTiles, bool kMask>
 JAXBNN_TARGET_AVX512 void PanelBlockAvx512(const uint32_t* group, const uint32_t* tile_row, int64_t chunks,
                                            const uint32_t* mask, int32_t* popcounts, int64_t stride) {
-  const __m512i first_halves = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
-  const __m512i second_halves = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
   const int64_t tile_row_words = chunks * kTileChunkWords;
   __m512i acc[kRows][kTiles];
 #pragma GCC unroll 8
@@ -156,8 +154,9 @@ JAXBNN_TARGET_AVX512 void PanelBlockAvx512(const uint32_t* group, const uint32_t
       const uint32_t* chunk = tile_row + t * tile_row_words + j * kTileChunkWords;
       const __m512i rows_0_3 = _mm512_loadu_si512(chunk);
       const __m512i rows_4_7 = _mm512_loadu_si512(chunk + 16);
-      w[t][0] = _mm512_permutex2var_epi64(rows_0_3, first_halves, rows_4_7);
-      w[t][1] = _mm512_permutex2var_epi64(rows_0_3, second_halves, rows_4_7);
+      // Columns in the order 0, 4, 1, 5, 2, 6, 3, 7 (in-lane unpacks need no index registers).
+      w[t][0] = _mm512_unpacklo_epi64(rows_0_3, rows_4_7);
+      w[t][1] = _mm512_unpackhi_epi64(rows_0_3, rows_4_7);
       if constexpr (kMask) {
         w[t][0] = _mm512_and_si512(w[t][0], _mm512_set1_epi64(static_cast<long long>(Load64(mask + j * kChunkWords))));
         w[t][1] =
@@ -177,12 +176,13 @@ JAXBNN_TARGET_AVX512 void PanelBlockAvx512(const uint32_t* group, const uint32_t
       }
     }
   }
+  const __m256i column_order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
 #pragma GCC unroll 2
     for (int t = 0; t < kTiles; ++t) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(popcounts + r * stride + t * kTileRows),
-                          _mm512_cvtepi64_epi32(acc[r][t]));
+                          _mm256_permutevar8x32_epi32(_mm512_cvtepi64_epi32(acc[r][t]), column_order));
     }
   }
 }
