@@ -118,8 +118,8 @@ struct Scratch {
   std::vector<int32_t> k_valid;    // per panel row: the reduction elements that count
   std::vector<uint8_t> excluded;   // per panel row: some taps are out of frame and excluded ("zero" padding)
   std::vector<RowOrigin> origins;  // per conv panel row
-  std::vector<int32_t> popcounts;  // panel rows x the task's columns
-  std::vector<int32_t> dots, window_dots;
+  std::vector<int32_t> dots;       // panel rows x the task's columns
+  std::vector<int32_t> pooled;     // one output row
 };
 
 // At least `size` elements; never shrinks, so that alternating task sizes do not re-initialize memory.
@@ -269,7 +269,7 @@ void RunGemm(const Source& source, const GemmShape& shape, const EpilogueData& e
   }
   block = std::min(block, RoundUp(shape.n, kWordBits));
   const int64_t column_blocks = CeilDiv(shape.n, block);
-  const PanelPopcountFn panel_popcount = PanelPopcountFor(ActiveIsa());
+  const PanelDotsFn panel_dots = PanelDotsFor(ActiveIsa());
   const OutputWriter<kEpilogue> writer{epilogue, out, shape.n};
 
   auto task = [&](int64_t index) {
@@ -281,31 +281,28 @@ void RunGemm(const Source& source, const GemmShape& shape, const EpilogueData& e
     Scratch& scratch = ThreadScratch();
     const PackedPanel panel = source.Fill(first, count, scratch);
     const int64_t tiles = CeilDiv(width, kTileRows);
-    // One padded row of popcounts per panel row (padding keeps rows off the same L1 set).
-    const int64_t stride = tiles * kTileRows + 16;
-    int32_t* const popcounts = Grow(scratch.popcounts, panel.rows * stride);
-    panel_popcount(panel, shape.tiles + (col_begin / kTileRows) * shape.chunks * kTileChunkWords, tiles, popcounts,
-                   stride);
-    // dot = k_valid - 2 popcount, plus twice the popcounts of excluded taps.
-    auto row_dots = [&](int64_t row, int32_t* dots) {
-      const int32_t k_valid = scratch.k_valid[row];
-      const int32_t* row_popcounts = popcounts + row * stride;
-      for (int64_t i = 0; i < width; ++i) dots[i] = k_valid - 2 * row_popcounts[i];
-      if (scratch.excluded[row]) source.AddExcludedTaps(scratch, row, col_begin, width, dots);
-    };
-    if (kEpilogue == Epilogue::kInt32 && window == 1) {  // the dots are the output: write them in place
-      for (int64_t o = 0; o < count; ++o) row_dots(o, static_cast<int32_t*>(out) + (first + o) * shape.n + col_begin);
-      return;
+    // The kernels write whole 8-column tiles: int32 dots go straight into the output when the task's columns
+    // are whole tiles; else into scratch rows (padded so that they do not share L1 sets).
+    const bool in_place = kEpilogue == Epilogue::kInt32 && window == 1 && width % kTileRows == 0;
+    const int64_t stride = in_place ? shape.n : tiles * kTileRows + 16;
+    int32_t* const dots = in_place ? static_cast<int32_t*>(out) + first * shape.n + col_begin
+                                   : Grow(scratch.dots, panel.rows * stride);
+    panel_dots(panel, shape.tiles + (col_begin / kTileRows) * shape.chunks * kTileChunkWords, tiles, dots, stride);
+    for (int64_t row = 0; row < panel.rows; ++row) {
+      if (scratch.excluded[row]) source.AddExcludedTaps(scratch, row, col_begin, width, dots + row * stride);
     }
-    int32_t* dots = Grow(scratch.dots, width);
-    int32_t* other = Grow(scratch.window_dots, width);
+    if (in_place) return;
+    int32_t* const pooled = Grow(scratch.pooled, width);
     for (int64_t o = 0; o < count; ++o) {
-      row_dots(o * window, dots);
-      for (int64_t r = 1; r < window; ++r) {  // max-pool; no-op without pooling (window 1)
-        row_dots(o * window + r, other);
-        for (int64_t i = 0; i < width; ++i) dots[i] = std::max(dots[i], other[i]);
+      const int32_t* row_dots = dots + o * window * stride;
+      if (window > 1) {  // max-pool
+        for (int64_t i = 0; i < width; ++i) pooled[i] = row_dots[i];
+        for (int64_t r = 1; r < window; ++r) {
+          for (int64_t i = 0; i < width; ++i) pooled[i] = std::max(pooled[i], row_dots[r * stride + i]);
+        }
+        row_dots = pooled;
       }
-      writer.WriteRow(first + o, col_begin, col_end, dots);
+      writer.WriteRow(first + o, col_begin, col_end, row_dots);
     }
   };
   ParallelFor(pool, panels * column_blocks, parallel, task);
@@ -340,7 +337,7 @@ struct BmmRows {
       row.Put(0, a + (first + r) * k_words, k_words, k_words, last_mask);
       row.Zero(k_words, chunks * kChunkWords - k_words);
     }
-    return PackedPanel{panel, count, chunks, weight_mask};
+    return PackedPanel{panel, count, chunks, k_valid, weight_mask};
   }
 
   void AddExcludedTaps(const Scratch&, int64_t, int64_t, int64_t, int32_t*) const {}  // bmm excludes nothing
@@ -398,7 +395,7 @@ struct ConvRows {
       k_valid[r] = static_cast<int32_t>(counted * p.c);
       excluded[r] = counted < taps;
     }
-    return PackedPanel{panel, rows, chunks, weight_mask};
+    return PackedPanel{panel, rows, chunks, k_valid, weight_mask};
   }
 
   // An excluded tap t read as 0 bits added popc(w_t) = tap_popcount[t, col] to the popcount of every

@@ -1,4 +1,4 @@
-// Instruction-set tiers of the panel popcount kernel. Each tier is compiled for its ISA with
+// Instruction-set tiers of the panel dot-product kernel. Each tier is compiled for its ISA with
 // __attribute__((target(...))) on its own functions only (not per-file flags), so no shared inline code is
 // ever emitted with instructions the running CPU lacks; the tier is picked with __builtin_cpu_supports.
 #include "cpu/popcount_kernels.h"
@@ -38,7 +38,7 @@ inline const uint32_t* PanelRow(const PackedPanel& panel, int64_t r) {
 #define JAXBNN_SCALAR_PANEL(NAME, ATTR)                                                                   \
   template <bool kMask>                                                                                   \
   ATTR void NAME##Masked(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles,              \
-                         int32_t* popcounts, int64_t stride) {                                            \
+                         int32_t* dots, int64_t stride) {                                            \
     const int64_t chunks = panel.chunks;                                                                  \
     for (int64_t r = 0; r < panel.rows; ++r) {                                                            \
       const uint32_t* x = PanelRow(panel, r);                                                             \
@@ -57,17 +57,17 @@ inline const uint32_t* PanelRow(const PackedPanel& panel, int64_t r) {
             acc += __builtin_popcountll((Load64(xj) ^ Load64(w)) & m0) +                                  \
                    __builtin_popcountll((Load64(xj + 2) ^ Load64(w + 2)) & m1);                           \
           }                                                                                               \
-          popcounts[r * stride + t * kTileRows + i] = static_cast<int32_t>(acc);                          \
+          dots[r * stride + t * kTileRows + i] = panel.k_valid[r] - 2 * static_cast<int32_t>(acc);        \
         }                                                                                                 \
       }                                                                                                   \
     }                                                                                                     \
   }                                                                                                       \
-  ATTR void NAME(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* popcounts,  \
+  ATTR void NAME(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* dots,  \
                  int64_t stride) {                                                                        \
     if (panel.weight_mask != nullptr) {                                                                   \
-      NAME##Masked<true>(panel, tile_rows, tiles, popcounts, stride);                                     \
+      NAME##Masked<true>(panel, tile_rows, tiles, dots, stride);                                     \
     } else {                                                                                              \
-      NAME##Masked<false>(panel, tile_rows, tiles, popcounts, stride);                                    \
+      NAME##Masked<false>(panel, tile_rows, tiles, dots, stride);                                    \
     }                                                                                                     \
   }
 
@@ -92,7 +92,7 @@ JAXBNN_TARGET_AVX2 inline __m256i ByteCountsAvx2(__m256i v) {
 }
 
 JAXBNN_TARGET_AVX2 void PanelAvx2(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles,
-                                  int32_t* popcounts, int64_t stride) {
+                                  int32_t* dots, int64_t stride) {
   const __m256i zero = _mm256_setzero_si256();
   const __m256i all_ones = _mm256_set1_epi32(-1);
   const int64_t chunks = panel.chunks;
@@ -118,8 +118,9 @@ JAXBNN_TARGET_AVX2 void PanelAvx2(const PackedPanel& panel, const uint32_t* tile
       for (int q = 0; q < 4; ++q) {
         alignas(32) uint64_t lanes[4];
         _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[q]);
-        popcounts[r * stride + t * kTileRows + 2 * q] = static_cast<int32_t>(lanes[0] + lanes[1]);
-        popcounts[r * stride + t * kTileRows + 2 * q + 1] = static_cast<int32_t>(lanes[2] + lanes[3]);
+        dots[r * stride + t * kTileRows + 2 * q] = panel.k_valid[r] - 2 * static_cast<int32_t>(lanes[0] + lanes[1]);
+        dots[r * stride + t * kTileRows + 2 * q + 1] =
+            panel.k_valid[r] - 2 * static_cast<int32_t>(lanes[2] + lanes[3]);
       }
     }
   }
@@ -139,7 +140,8 @@ JAXBNN_TARGET_AVX2 void PanelAvx2(const PackedPanel& panel, const uint32_t* tile
 // one output column: per 64 x 8 ±1 products one XOR, one VPOPCNTQ and one add, nothing else.
 template <int kRows, int kTiles, bool kMask>
 JAXBNN_TARGET_AVX512 void PanelBlockAvx512(const uint32_t* group, const uint32_t* tile_row, int64_t chunks,
-                                           const uint32_t* mask, int32_t* popcounts, int64_t stride) {
+                                           const uint32_t* mask, const int32_t* k_valid, int32_t* dots,
+                                           int64_t stride) {
   const int64_t tile_row_words = chunks * kTileChunkWords;
   __m512i acc[kRows][kTiles];
 #pragma GCC unroll 8
@@ -181,29 +183,31 @@ JAXBNN_TARGET_AVX512 void PanelBlockAvx512(const uint32_t* group, const uint32_t
   for (int r = 0; r < kRows; ++r) {
 #pragma GCC unroll 2
     for (int t = 0; t < kTiles; ++t) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(popcounts + r * stride + t * kTileRows),
-                          _mm256_permutevar8x32_epi32(_mm512_cvtepi64_epi32(acc[r][t]), column_order));
+      const __m256i popcounts = _mm256_permutevar8x32_epi32(_mm512_cvtepi64_epi32(acc[r][t]), column_order);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dots + r * stride + t * kTileRows),
+                          _mm256_sub_epi32(_mm256_set1_epi32(k_valid[r]), _mm256_slli_epi32(popcounts, 1)));
     }
   }
 }
 
 template <int kTiles, bool kMask>
-void PanelGroupsAvx512(const PackedPanel& panel, const uint32_t* tile_row, int32_t* popcounts, int64_t stride) {
+void PanelGroupsAvx512(const PackedPanel& panel, const uint32_t* tile_row, int32_t* dots, int64_t stride) {
   const int64_t group_words = panel.chunks * kGroupChunkWords;
   for (int64_t first = 0; first < panel.rows; first += kGroupRows) {
     const uint32_t* group = panel.data + (first / kGroupRows) * group_words;
-    int32_t* out = popcounts + first * stride;
+    const int32_t* k_valid = panel.k_valid + first;
+    int32_t* out = dots + first * stride;
     const uint32_t* mask = panel.weight_mask;
     const int64_t chunks = panel.chunks;
     switch (std::min<int64_t>(kGroupRows, panel.rows - first)) {
-      case 8: PanelBlockAvx512<8, kTiles, kMask>(group, tile_row, chunks, mask, out, stride); break;
-      case 7: PanelBlockAvx512<7, kTiles, kMask>(group, tile_row, chunks, mask, out, stride); break;
-      case 6: PanelBlockAvx512<6, kTiles, kMask>(group, tile_row, chunks, mask, out, stride); break;
-      case 5: PanelBlockAvx512<5, kTiles, kMask>(group, tile_row, chunks, mask, out, stride); break;
-      case 4: PanelBlockAvx512<4, kTiles, kMask>(group, tile_row, chunks, mask, out, stride); break;
-      case 3: PanelBlockAvx512<3, kTiles, kMask>(group, tile_row, chunks, mask, out, stride); break;
-      case 2: PanelBlockAvx512<2, kTiles, kMask>(group, tile_row, chunks, mask, out, stride); break;
-      case 1: PanelBlockAvx512<1, kTiles, kMask>(group, tile_row, chunks, mask, out, stride); break;
+      case 8: PanelBlockAvx512<8, kTiles, kMask>(group, tile_row, chunks, mask, k_valid, out, stride); break;
+      case 7: PanelBlockAvx512<7, kTiles, kMask>(group, tile_row, chunks, mask, k_valid, out, stride); break;
+      case 6: PanelBlockAvx512<6, kTiles, kMask>(group, tile_row, chunks, mask, k_valid, out, stride); break;
+      case 5: PanelBlockAvx512<5, kTiles, kMask>(group, tile_row, chunks, mask, k_valid, out, stride); break;
+      case 4: PanelBlockAvx512<4, kTiles, kMask>(group, tile_row, chunks, mask, k_valid, out, stride); break;
+      case 3: PanelBlockAvx512<3, kTiles, kMask>(group, tile_row, chunks, mask, k_valid, out, stride); break;
+      case 2: PanelBlockAvx512<2, kTiles, kMask>(group, tile_row, chunks, mask, k_valid, out, stride); break;
+      case 1: PanelBlockAvx512<1, kTiles, kMask>(group, tile_row, chunks, mask, k_valid, out, stride); break;
       default: break;
     }
   }
@@ -212,22 +216,22 @@ void PanelGroupsAvx512(const PackedPanel& panel, const uint32_t* tile_row, int32
 // Two tile rows (16 output columns) at a time, each pair swept over every row group of the panel while its
 // weights are hot in L1.
 template <bool kMask>
-void PanelAvx512Masked(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* popcounts,
+void PanelAvx512Masked(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* dots,
                        int64_t stride) {
   const int64_t tile_row_words = panel.chunks * kTileChunkWords;
   int64_t t = 0;
   for (; t + 2 <= tiles; t += 2) {
-    PanelGroupsAvx512<2, kMask>(panel, tile_rows + t * tile_row_words, popcounts + t * kTileRows, stride);
+    PanelGroupsAvx512<2, kMask>(panel, tile_rows + t * tile_row_words, dots + t * kTileRows, stride);
   }
-  if (t < tiles) PanelGroupsAvx512<1, kMask>(panel, tile_rows + t * tile_row_words, popcounts + t * kTileRows, stride);
+  if (t < tiles) PanelGroupsAvx512<1, kMask>(panel, tile_rows + t * tile_row_words, dots + t * kTileRows, stride);
 }
 
-void PanelAvx512(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* popcounts,
+void PanelAvx512(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* dots,
                  int64_t stride) {
   if (panel.weight_mask != nullptr) {
-    PanelAvx512Masked<true>(panel, tile_rows, tiles, popcounts, stride);
+    PanelAvx512Masked<true>(panel, tile_rows, tiles, dots, stride);
   } else {
-    PanelAvx512Masked<false>(panel, tile_rows, tiles, popcounts, stride);
+    PanelAvx512Masked<false>(panel, tile_rows, tiles, dots, stride);
   }
 }
 
@@ -285,7 +289,7 @@ bool ForceIsa(const std::string& name) {
   return false;
 }
 
-PanelPopcountFn PanelPopcountFor(Isa isa) {
+PanelDotsFn PanelDotsFor(Isa isa) {
   switch (isa) {
 #ifdef JAXBNN_X86
     case Isa::kAvx512: return PanelAvx512;

@@ -1,6 +1,6 @@
-// The innermost CPU kernel: popcounts of (x XOR w) AND mask between a packed panel of reduction rows and a
-// run of 8-row FSB tile rows, in several instruction-set tiers chosen at run time, so one binary runs on any
-// x86-64 (or other CPU).
+// The innermost CPU kernel: ±1 dot products, from popcounts of (x XOR w) AND mask, between a packed panel of
+// reduction rows and a run of 8-row FSB tile rows, in several instruction-set tiers chosen at run time, so one
+// binary runs on any x86-64 (or other CPU).
 #ifndef JAXBNN_XLA_FFI_CPU_POPCOUNT_KERNELS_H_
 #define JAXBNN_XLA_FFI_CPU_POPCOUNT_KERNELS_H_
 
@@ -22,14 +22,15 @@ struct PackedPanel {
   const uint32_t* data;
   int64_t rows;
   int64_t chunks;
+  const int32_t* k_valid;       // per row: the reduction elements that count
   const uint32_t* weight_mask;  // null when every bit of every chunk counts
 };
 
 // For every panel row r < rows, tile row t < tiles and row i < 8 of that tile row:
-//   popcounts[r * stride + t * 8 + i] = sum over chunks j of popc((x[r, j] XOR w[t, i, j]) AND mask[j])
+//   dots[r * stride + t * 8 + i] = k_valid[r] - 2 * sum over chunks j of popc((x[r, j] XOR w[t, i, j]) AND mask[j])
 // where tile row t is the (chunks, 8, 4) words at tile_rows + t * chunks * 32 (default FSB tiles).
-using PanelPopcountFn = void (*)(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles,
-                                 int32_t* popcounts, int64_t stride);
+using PanelDotsFn = void (*)(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* dots,
+                             int64_t stride);
 
 enum class Isa { kGeneric, kPopcnt, kAvx2, kAvx512 };
 
@@ -40,7 +41,7 @@ std::vector<Isa> SupportedIsas();
 Isa ActiveIsa();
 // Returns false (and changes nothing) when `name` is not a supported tier.
 bool ForceIsa(const std::string& name);
-PanelPopcountFn PanelPopcountFor(Isa isa);
+PanelDotsFn PanelDotsFor(Isa isa);
 
 }  // namespace jaxbnn::cpu
 
