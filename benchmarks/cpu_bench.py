@@ -11,7 +11,10 @@ are medians after warm-up, each call ending in block_until_ready, taken two ways
 Both alternate between the sides, so background load on the machine hits both alike.
 
     python benchmarks/cpu_bench.py                       # print the table
-    python benchmarks/cpu_bench.py --write benchmarks/cpu_results.md
+    python benchmarks/cpu_bench.py --runs 3 --write benchmarks/cpu_results.md
+
+With --runs N the whole sweep is repeated N times and every cell of the table is the median over the runs
+(a shared 2-core machine varies by tens of percent from run to run).
 """
 
 from __future__ import annotations
@@ -117,11 +120,11 @@ def git_commit():
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
                                 check=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "xla_ffi", "jaxbnn"], cwd=here,
-                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "xla_ffi/cpu", "xla_ffi/common", "jaxbnn"],
+                               cwd=here, capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return commit + (" (with uncommitted changes under xla_ffi/ or jaxbnn/)" if dirty else "")
+    return commit + (" (with uncommitted changes under xla_ffi/cpu, xla_ffi/common or jaxbnn/)" if dirty else "")
 
 
 def table(rows):
@@ -139,10 +142,13 @@ def table(rows):
     return "\n".join(lines)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write", metavar="PATH", help="also write the results as markdown to PATH")
-    args = parser.parse_args()
+def median_rows(runs):
+    """Per layer, the median of every timing over the runs (runs: lists of rows in the same layer order)."""
+    keys = ("ours", "xla", "ours_warm", "xla_warm")
+    return [{**rows[0], **{k: float(np.median([r[k] for r in rows])) for k in keys}} for rows in zip(*runs)]
+
+
+def sweep():
     rng = np.random.default_rng(0)
     bmm_rows = []
     for size in BMM_SIZES:
@@ -152,6 +158,17 @@ def main():
     for layer in CONV_LAYERS:
         conv_rows.append(bench_conv(*layer, rng))
         print(table(conv_rows[-1:]).splitlines()[-1], flush=True)
+    return bmm_rows, conv_rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", metavar="PATH", help="also write the results as markdown to PATH")
+    parser.add_argument("--runs", type=int, default=1, help="repeat the sweep; report per-cell medians")
+    args = parser.parse_args()
+    runs = [sweep() for _ in range(args.runs)]
+    bmm_rows = median_rows([bmm for bmm, _ in runs])
+    conv_rows = median_rows([conv for _, conv in runs])
 
     report = "\n".join([
         "# CPU kernels against XLA float32",
@@ -164,6 +181,7 @@ def main():
         "  left) and back-to-back blocks (each side warm). jaxbnn: packed uint32 activations and",
         "  FSB weights in, int32 dot products out. XLA: float32 ±1 tensors in, float32 out (checked equal).",
         "  GOPS counts 2 ops (multiply, add) per ±1 multiply-accumulate on both sides.",
+        f"- runs: {args.runs} full sweep(s) in one process; every cell is the median over the runs.",
         "",
         "## bmm (M = N = K), `ops.bmm` vs `a @ w`",
         "",
