@@ -78,9 +78,10 @@ __device__ __forceinline__ int4 RowOrigin(const BinaryGemmProblem& p, int tile_m
 // sum over its out-of-frame taps of (C - 2 popc_tap). Which taps are out depends only on how far the field
 // sticks out at each side (its FrameExcess), so a tile keeps one correction per column for every excess
 // (a "border class") when the problem has few: at most kTableClasses classes (3x3 with padding 1 has 16)
-// and at most kTableTaps taps (read once into registers). Other problems sum tap popcounts per value.
+// and filters of at most kTableSide x kTableSide taps (their popcounts fit in registers). Other problems
+// sum tap popcounts per value.
 inline constexpr int kTableClasses = 25;
-inline constexpr int kTableTaps = 16;
+inline constexpr int kTableSide = 4;
 
 // Rows above / below and columns left / right of the frame covered by a receptive field (origin o).
 struct FrameExcess {
@@ -104,7 +105,7 @@ __device__ __forceinline__ int BorderClasses(const BinaryGemmProblem& p) {
 }
 // Whether the tiles of `p` keep the per-class correction table.
 __device__ __forceinline__ bool HasCorrectionTable(const BinaryGemmProblem& p) {
-  return !p.pad_one && p.kh * p.kw <= kTableTaps && BorderClasses(p) <= kTableClasses;
+  return !p.pad_one && p.kh <= kTableSide && p.kw <= kTableSide && BorderClasses(p) <= kTableClasses;
 }
 __device__ __forceinline__ int BorderClass(const BinaryGemmProblem& p, FrameExcess e) {
   const FrameExcess m = MaxExcess(p);
@@ -134,25 +135,30 @@ __device__ __forceinline__ void FillTileColumn(const BinaryGemmProblem& p, TileC
   const int col = col0 + lc, taps = p.kh * p.kw;
   int total = 0;
   if (HasCorrectionTable(p)) {
-    int tap_popc[kTableTaps];
+    // prefix[i][j]: sum of C - 2 popc over the taps above and left of (i, j); a class's correction is the
+    // whole filter's sum minus that of the rectangle of taps inside the frame.
+    int prefix[kTableSide + 1][kTableSide + 1] = {};
 #pragma unroll
-    for (int t = 0; t < kTableTaps; ++t) {
-      tap_popc[t] = t < taps && col < p.n ? p.tap_popc[t * p.n + col] : 0;
-      total += tap_popc[t];
+    for (int i = 0; i < kTableSide; ++i) {
+#pragma unroll
+      for (int j = 0; j < kTableSide; ++j) {
+        const bool real = i < p.kh && j < p.kw;
+        const int popc = real && col < p.n ? p.tap_popc[(i * p.kw + j) * p.n + col] : 0;
+        total += popc;
+        prefix[i + 1][j + 1] = (real ? p.c - 2 * popc : 0) + prefix[i][j + 1] + prefix[i + 1][j] - prefix[i][j];
+      }
     }
     const FrameExcess m = MaxExcess(p);
+    const int whole = prefix[p.kh][p.kw];
     for (int top = 0; top <= m.top; ++top) {
       for (int bottom = 0; bottom <= m.bottom; ++bottom) {
         for (int left = 0; left <= m.left; ++left) {
           for (int right = 0; right <= m.right; ++right) {
-            int correction = 0;
-#pragma unroll
-            for (int t = 0; t < kTableTaps; ++t) {
-              const int i = t / p.kw, j = t % p.kw;
-              const bool out = i < top || i >= p.kh - bottom || j < left || j >= p.kw - right;
-              if (t < taps && out) correction += p.c - 2 * tap_popc[t];
-            }
-            cols.correction[BorderClass(p, {top, bottom, left, right})][lc] = correction;
+            const int i1 = p.kh - bottom, j1 = p.kw - right;
+            const int inside = top < i1 && left < j1
+                                   ? prefix[i1][j1] - prefix[top][j1] - prefix[i1][left] + prefix[top][left]
+                                   : 0;
+            cols.correction[BorderClass(p, {top, bottom, left, right})][lc] = whole - inside;
           }
         }
       }

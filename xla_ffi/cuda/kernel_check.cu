@@ -336,6 +336,7 @@ int main(int argc, char** argv) {
   cases.push_back({2, 8, 16, 128, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true});
   cases.push_back({2, 4, 32, 256, 33, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, false});
   cases.push_back({1, 4, 32, 384, 20, 3, 5, 1, 1, 0, 2, 1, 3, 1, 1, false});  // asymmetric padding, 4 x 32 out
+  cases.push_back({1, 4, 32, 256, 20, 3, 4, 1, 1, 1, 0, 2, 1, 1, 1, false});  // 3 x 4 filter, asymmetric padding
   cases.push_back({1, 3, 256, 128, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   cases.push_back({16, 32, 32, 128, 300, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});  // more tile pairs than clusters
   if (small) cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[17], cases[21], cases[23]};
