@@ -9,6 +9,7 @@ M = 1, borders with both padding modes, strides, pools).
 from __future__ import annotations
 
 import os
+import re
 import zlib
 
 import numpy as np
@@ -163,8 +164,9 @@ def test_handler_rejects_inconsistent_shapes():
     rng = np.random.default_rng(1)
     a = np.asarray(formats.pack_bits(_random_signs(rng, (4, 64)) >= 0))
     w = formats.pack_dense_weights(_random_signs(rng, (64, 8)))
-    with pytest.raises(Exception, match="words per row"):
-        # k = 100 needs 4 words per row, a has 2
+    # k = 100 needs 4 words per row, a has 2 (the message of common/checks.h, shared with the CPU handlers)
+    message = r"jaxbnn_bmm_i32: operand `a` has shape \(4, 2\) but k = 100 requires \(4, 4\)"
+    with pytest.raises(jax.errors.JaxRuntimeError, match=message):
         _call("jaxbnn_bmm_i32", GPU, _result("i32", (4,), 8), [a, w.bits, w.popcount], dict(k=np.int64(100), n=np.int64(8)))
 
 
@@ -218,3 +220,180 @@ def test_ops_dispatch_to_cuda_matches_reference():
         want = np.asarray(ops.bconv2d(x, cw.bits, in_channels=128, kernel_size=(3, 3), out_channels=48,
                                       stride=(2, 2), padding="SAME", w_tap_popcount=cw.tap_popcount))
     np.testing.assert_array_equal(got, want)
+
+
+# --- the handlers' own validation: the CPU handlers' error paths (tests/test_native_cpu.py) on the GPU ---
+# Both backends validate with xla_ffi/common/checks.h, so a bad call is refused on the GPU with the message
+# the CPU handler gives for it, word for word; each test checks the expected text and compares with the CPU.
+
+
+def _u32(*shape):
+    return np.random.default_rng(0).integers(0, 2**32, shape, dtype=np.uint64).astype(np.uint32)
+
+
+def _refusal(target, device, result, operands, attrs):
+    """The handler's message (from the target name to the end of its line) for a call it must refuse."""
+    with pytest.raises(jax.errors.JaxRuntimeError) as refused:
+        _call(target, device, result, operands, attrs)
+    message = str(refused.value)
+    assert f"{target}: " in message, message
+    return message[message.index(f"{target}: "):].splitlines()[0]
+
+
+def _assert_refused_like_cpu(target, result, operands, attrs, message):
+    on_gpu = _refusal(target, GPU, result, operands, attrs)
+    assert re.match(re.escape(target) + ": " + message, on_gpu), on_gpu
+    if _ffi.has_target("cpu", target):
+        assert on_gpu == _refusal(target, CPU, result, operands, attrs)
+
+
+I64 = np.int64
+# A valid bmm call: M=4, k=100 (4 words), n=10 (FSB tiles (2, 1, 8, 4)).
+BMM_CALL = dict(a=_u32(4, 4), b=_u32(2, 1, 8, 4), popc=np.zeros(10, np.int32), k=I64(100), n=I64(10))
+
+
+def _bmm_refused(message, target="jaxbnn_bmm_i32", out=((4, 10), jnp.int32), extra=(), **change):
+    call = {**BMM_CALL, **change}
+    _assert_refused_like_cpu(target, jax.ShapeDtypeStruct(*out), [call["a"], call["b"], call["popc"], *extra],
+                             dict(k=call["k"], n=call["n"]), message)
+
+
+BMM_ERRORS = [
+    ("a float32", dict(a=np.zeros((4, 4), np.float32)), r"operand `a` must be uint32 of rank 2 .*got float32"),
+    ("a rank 3", dict(a=_u32(1, 4, 4)), r"operand `a` must be uint32 of rank 2"),
+    ("a words != ceil(k/32)", dict(a=_u32(4, 3)), r"operand `a` has shape \(4, 3\) but k = 100 requires \(4, 4\)"),
+    ("b too few reduction tiles", dict(k=I64(200), a=_u32(4, 7)), r"operand `b` has shape \(2, 1, 8, 4\)"),
+    ("b too few row tiles", dict(n=I64(17), popc=np.zeros(17, np.int32)), r"operand `b` has shape"),
+    ("b empty tile", dict(b=_u32(2, 1, 8, 0)), r"operand `b` has an empty tile"),
+    ("b rank 2", dict(b=_u32(10, 4)), r"operand `b` must be uint32 of rank 4"),
+    ("b_popcount length", dict(popc=np.zeros(9, np.int32)), r"operand `b_popcount` has shape \(9,\)"),
+    ("b_popcount dtype", dict(popc=np.zeros(10, np.float32)), r"operand `b_popcount` must be int32"),
+    ("negative k", dict(k=I64(-1)), r"attribute k = -1 is out of range"),
+    ("k beyond int32", dict(k=I64(2**31)), r"attribute k = 2147483648 is out of range"),
+    ("negative n", dict(n=I64(-3)), r"attribute n = -3 is out of range"),
+]
+
+
+@pytest.mark.parametrize("what,change,message", BMM_ERRORS, ids=[e[0] for e in BMM_ERRORS])
+def test_bmm_handler_refuses_bad_operands_like_cpu(what, change, message):
+    _bmm_refused(message, **change)
+
+
+def test_bmm_handler_refuses_bad_results_and_epilogue_operands_like_cpu():
+    _bmm_refused(r"result has shape \(4, 11\)", out=((4, 11), jnp.int32))
+    _bmm_refused(r"result must be int32, got float32", out=((4, 10), jnp.float32))
+    scale, bias = np.ones(10, np.float32), np.zeros(10, np.float32)
+    f32 = dict(target="jaxbnn_bmm_f32", out=((4, 10), jnp.float32))
+    _bmm_refused(r"operand `scale` must be float32", extra=(np.ones(10, np.int32), bias), **f32)
+    _bmm_refused(r"operand `bias` has shape \(9,\)", extra=(scale, np.zeros(9, np.float32)), **f32)
+    threshold, flip = np.zeros(10, np.int32), np.zeros(10, np.uint8)
+    bits = dict(target="jaxbnn_bmm_bits", out=((4, 1), jnp.uint32))
+    _bmm_refused(r"operand `flip` must be uint8.*bool", extra=(threshold, np.zeros(10, bool)), **bits)
+    _bmm_refused(r"operand `threshold` must be int32", extra=(np.zeros(10, np.float32), flip), **bits)
+    _bmm_refused(r"result has shape \(4, 10\)", target="jaxbnn_bmm_bits", out=((4, 10), jnp.uint32),
+                 extra=(threshold, flip))  # fmt: skip
+
+
+def test_handler_refuses_wrongly_typed_or_missing_attributes():
+    """Decoding errors come from XLA's FFI layer itself: still an error, not a crash."""
+    operands = [jax.device_put(BMM_CALL[name], GPU) for name in ("a", "b", "popc")]
+
+    def call_under_jit(**attrs):
+        call = jax.ffi.ffi_call("jaxbnn_bmm_i32", jax.ShapeDtypeStruct((4, 10), jnp.int32))
+        return jax.block_until_ready(jax.jit(lambda *xs: call(*xs, **attrs))(*operands))
+
+    with pytest.raises(jax.errors.JaxRuntimeError, match="expected S64 but got S32"):
+        call_under_jit(k=np.int32(100), n=I64(10))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="Wrong number of attributes"):
+        call_under_jit(n=I64(10))
+
+
+# A valid bconv2d call: 1x5x5 image, c=40 (2 words), o=9, 3x3 kernel, stride 1, padding 1.
+CONV_CALL_ATTRS = _conv_attrs(40, 9, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", None)
+CONV_CALL = dict(x=_u32(1, 5, 5, 2), w=_u32(2, 5, 8, 4), taps=np.zeros((9, 9), np.int32))
+
+
+def _conv_operands_attrs(extra, change):
+    operands = {name: change.pop(name) if name in change else value for name, value in CONV_CALL.items()}
+    return [operands["x"], operands["w"], operands["taps"], *extra], {**CONV_CALL_ATTRS, **change}
+
+
+def _conv_refused(message, target="jaxbnn_bconv2d_i32", out=((1, 5, 5, 9), jnp.int32), extra=(), **change):
+    operands, attrs = _conv_operands_attrs(extra, change)
+    _assert_refused_like_cpu(target, jax.ShapeDtypeStruct(*out), operands, attrs, message)
+
+
+CONV_ERRORS = [
+    ("x float32", dict(x=np.zeros((1, 5, 5, 2), np.float32)), r"operand `x` must be uint32 of rank 4"),
+    ("x channel words", dict(x=_u32(1, 5, 5, 3)), r"operand `x` has shape \(1, 5, 5, 3\) but c = 40 requires"),
+    ("w reduction tiles", dict(w=_u32(2, 4, 8, 4)), r"operand `w` has shape \(2, 4, 8, 4\)"),
+    ("w output tiles", dict(w=_u32(1, 5, 8, 4)), r"operand `w` has shape \(1, 5, 8, 4\)"),
+    ("tap popcount shape", dict(taps=np.zeros((9, 8), np.int32)), r"operand `w_tap_popcount` has shape \(9, 8\)"),
+    ("tap popcount dtype", dict(taps=np.zeros((9, 9), np.uint8)), r"operand `w_tap_popcount` must be int32"),
+    ("zero stride", dict(stride_h=I64(0)), r"attribute stride_h = 0 is out of range"),
+    ("negative padding", dict(pad_left=I64(-1)), r"attribute pad_left = -1 is out of range"),
+    ("zero pool", dict(pool_w=I64(0)), r"attribute pool_w = 0 is out of range"),
+    ("zero channels", dict(c=I64(0)), r"attribute c = 0 is out of range"),
+    ("kernel larger than input", dict(kh=I64(9)), r"the kernel 9 x 3 is larger than the padded input 7 x 7"),
+    ("reduction beyond int32", dict(c=I64(2**30)), r"the reduction kh \* kw \* c = 3 \* 3 \* 1073741824 does not fit int32"),
+]
+
+
+@pytest.mark.parametrize("what,change,message", CONV_ERRORS, ids=[e[0] for e in CONV_ERRORS])
+def test_bconv2d_handler_refuses_bad_operands_like_cpu(what, change, message):
+    _conv_refused(message, **change)
+
+
+def test_bconv2d_handler_refuses_bad_results_like_cpu():
+    _conv_refused(r"result has shape \(1, 5, 5, 8\)", out=((1, 5, 5, 8), jnp.int32))
+    _conv_refused(r"result has shape \(1, 4, 4, 9\)", out=((1, 4, 4, 9), jnp.int32), pad_top=I64(0))  # OW = 5
+    threshold, flip = np.zeros(9, np.int32), np.zeros(9, np.uint8)
+    _conv_refused(r"result has shape \(1, 5, 5, 9\)", target="jaxbnn_bconv2d_bits", out=((1, 5, 5, 9), jnp.uint32),
+                  extra=(threshold, flip))  # fmt: skip
+    _conv_refused(r"operand `scale` has shape \(8,\)", target="jaxbnn_bconv2d_f32", out=((1, 5, 5, 9), jnp.float32),
+                  extra=(np.ones(8, np.float32), np.zeros(9, np.float32)))  # fmt: skip
+
+
+def test_handlers_accept_empty_outputs():
+    """Zero rows, or a pool window larger than the conv output, give empty results (nothing to launch)."""
+    operands, attrs = [_u32(0, 4), BMM_CALL["b"], BMM_CALL["popc"]], dict(k=BMM_CALL["k"], n=BMM_CALL["n"])
+    assert _call("jaxbnn_bmm_i32", GPU, jax.ShapeDtypeStruct((0, 10), jnp.int32), operands, attrs).shape == (0, 10)
+    operands, attrs = _conv_operands_attrs((), dict(pool_h=I64(6)))
+    empty = jax.ShapeDtypeStruct((1, 0, 5, 9), jnp.int32)
+    assert _call("jaxbnn_bconv2d_i32", GPU, empty, operands, attrs).shape == (1, 0, 5, 9)
+
+
+# --- what only the CUDA kernels refuse (the CPU kernels run these calls) ---
+
+
+def _refused_on_gpu_only(target, result, operands, attrs, message):
+    assert re.match(re.escape(target) + ": " + message, _refusal(target, GPU, result, operands, attrs))
+    if _ffi.has_target("cpu", target):
+        assert _call(target, CPU, result, operands, attrs).shape == result.shape
+
+
+CUDA_ONLY_BMM_ERRORS = [
+    ("16-row tiles", dict(b=_u32(1, 1, 16, 4)),
+     r"operand `b` has FSB tiles of 16 rows x 128 bits; the CUDA kernels take tiles of 8 rows x 128 bits"),
+    ("256-bit tiles", dict(b=_u32(2, 1, 8, 8)), r"operand `b` has FSB tiles of 8 rows x 256 bits"),
+    ("k = 0", dict(k=I64(0), a=_u32(4, 0), b=_u32(2, 0, 8, 4)), r"the CUDA kernels need a reduction of at least one bit"),
+]
+
+
+@pytest.mark.parametrize("what,change,message", CUDA_ONLY_BMM_ERRORS, ids=[e[0] for e in CUDA_ONLY_BMM_ERRORS])
+def test_bmm_handler_refuses_what_the_cuda_kernels_cannot_run(what, change, message):
+    call = {**BMM_CALL, **change}
+    _refused_on_gpu_only("jaxbnn_bmm_i32", jax.ShapeDtypeStruct((4, 10), jnp.int32), [call["a"], call["b"], call["popc"]],
+                         dict(k=call["k"], n=call["n"]), message)  # fmt: skip
+
+
+def test_bconv2d_handler_refuses_what_the_cuda_kernels_cannot_run():
+    # 64-bit tiles: the 3 x 3 x 2 words = 576 reduction bits take 9 of them
+    operands, attrs = _conv_operands_attrs((), dict(w=_u32(2, 9, 8, 2)))
+    _refused_on_gpu_only("jaxbnn_bconv2d_i32", jax.ShapeDtypeStruct((1, 5, 5, 9), jnp.int32), operands, attrs,
+                         r"operand `w` has FSB tiles of 8 rows x 64 bits")  # fmt: skip
+    # a 9 x 9 pool window over a 9 x 9 conv output (1 x 1 kernel, no padding): 81 rows per pooled pixel
+    attrs = _conv_attrs(40, 9, (1, 1), (1, 1), ((0, 0), (0, 0)), "zero", (9, 9))
+    operands = [_u32(1, 9, 9, 2), _u32(2, 1, 8, 4), np.zeros((1, 9), np.int32)]
+    _refused_on_gpu_only("jaxbnn_bconv2d_i32", jax.ShapeDtypeStruct((1, 1, 1, 9), jnp.int32), operands, attrs,
+                         r"the pool window 9 x 9 is larger than the CUDA kernels take \(64 elements\)")  # fmt: skip
