@@ -99,11 +99,14 @@ fi
 
 for mode in bench bench-quick; do
   if has $mode; then
-    log "benchmark ($mode)"
+    log "benchmark ($mode); SM clock, power and temperature every 0.5 s in clocks.csv"
+    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 500 > "$OUT/clocks.csv" 2>&1 &
+    clock_logger=$!
     extra=""; [ $mode = bench-quick ] && extra="--quick"
     timeout $((JOB_END - $(date +%s))) $PY benchmarks/gpu_bench.py $extra ${BENCH_ARGS:-} --ceiling-log "$OUT/ceiling.log" --out "$OUT/gpu_results.md" \
       --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" --deadline $((JOB_END - 30)) 2>&1 | tail -80 \
       | tee -a "$LOG" || status=1
+    kill $clock_logger 2>/dev/null
   fi
 done
 log "job status $status"
