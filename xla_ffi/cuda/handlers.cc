@@ -1,18 +1,15 @@
-// XLA FFI handlers of the CUDA targets (docs/ops.md, "Native contract"). Each handler validates the call with
-// common/checks.h, exactly as the CPU handlers do (both backends refuse the same calls with the same messages),
-// then checks the limits of the CUDA kernels, fills a BinaryGemmProblem and launches on XLA's stream. Nothing
-// is allocated at run time, so the handlers are command-buffer (CUDA graph) compatible.
+// XLA FFI handlers of the CUDA targets (docs/ops.md, "Native contract"). Each handler validates ranks,
+// shapes and attributes, fills a BinaryGemmProblem and launches on XLA's stream. Nothing is allocated at
+// run time, so the handlers are command-buffer (CUDA graph) compatible.
 #include "handlers.h"
 
 #include <atomic>
 #include <cstdint>
-#include <initializer_list>
 #include <limits>
+#include <optional>
 #include <string>
-#include <string_view>
 
 #include "binary_gemm.h"
-#include "common/checks.h"
 #include "common/formats.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -24,208 +21,245 @@ namespace {
 std::atomic<int> g_forced_path{static_cast<int>(KernelPath::kAuto)};
 std::atomic<int> g_last_path{static_cast<int>(KernelPath::kAuto)};
 
-// The shared checks' epilogue kind; the unqualified name in this namespace is the kernels' one.
-using CheckedEpilogue = ::jaxbnn::Epilogue;
+using formats::CeilDiv;
 
-// The kernels index with int: true when the product of the non-negative `factors` fits int32.
-bool ProductFitsInt32(std::initializer_list<int64_t> factors) {
-  constexpr int64_t kLimit = std::numeric_limits<int32_t>::max();
-  int64_t product = 1;
-  for (int64_t factor : factors) {
-    if (factor < 0 || (factor != 0 && product > kLimit / factor)) return false;
-    product *= factor;
+std::string Dims(ffi::Span<const int64_t> dims) {
+  std::string s = "(";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + (dims.size() == 1 ? ",)" : ")");
+}
+
+template <class Buffer>
+std::optional<ffi::Error> ExpectShape(const char* what, const Buffer& buffer, std::initializer_list<int64_t> want) {
+  const auto dims = buffer.dimensions();
+  bool same = dims.size() == want.size();
+  size_t i = 0;
+  for (int64_t w : want) {
+    if (!same) break;
+    same = dims[i++] == w;
   }
-  return true;
+  if (same) return std::nullopt;
+  std::string expected = "(";
+  i = 0;
+  for (int64_t w : want) expected += (i++ ? ", " : "") + std::to_string(w);
+  expected += want.size() == 1 ? ",)" : ")";
+  return ffi::Error::InvalidArgument(std::string("jaxbnn CUDA: ") + what + " has shape " + Dims(dims) +
+                                     ", expected " + expected);
 }
 
-ffi::Error TooLargeForInt32(std::string_view target) {
-  return checks::Invalid(target, "the operands are too large for the CUDA kernels (int32 indexing)");
-}
+ffi::Error Invalid(const std::string& message) { return ffi::Error::InvalidArgument("jaxbnn CUDA: " + message); }
 
-// The limits of the CUDA kernels on top of the shared checks: they take only the default FSB tile
-// (8 rows x 128 bits) and need at least one reduction word (they fill their column tables in the first
-// K block).
-ffi::Error CheckKernelTilesAndReduction(std::string_view target, const char* weights, int64_t tile_rows,
-                                        int64_t tile_words, int64_t k_words) {
-  if (tile_rows != formats::kFsbTileRows || tile_words != formats::kFsbTileWords) {
-    return checks::Invalid(target, std::string(weights) + " has FSB tiles of " + std::to_string(tile_rows) +
-                                       " rows x " + std::to_string(tile_words * formats::kWordBits) +
-                                       " bits; the CUDA kernels take tiles of " +
-                                       std::to_string(formats::kFsbTileRows) + " rows x " +
-                                       std::to_string(formats::kFsbTileBits) + " bits");
+bool FitsInt(int64_t v) { return v >= 0 && v <= std::numeric_limits<int32_t>::max(); }
+
+// Checks the FSB weight operand of `rows` weight rows and `k_words` reduction words.
+std::optional<ffi::Error> CheckWeights(const ffi::Buffer<ffi::U32>& w, int64_t rows, int64_t k_words) {
+  const auto dims = w.dimensions();
+  if (dims.size() != 4) return Invalid("weights must be FSB tiles of rank 4, got shape " + Dims(dims));
+  if (dims[2] != formats::kFsbTileRows || dims[3] != formats::kFsbTileWords) {
+    return Invalid("the CUDA kernels take FSB tiles of 8 rows x 128 bits (tile dims (8, 4)), got " + Dims(dims));
   }
-  if (k_words < 1) return checks::Invalid(target, "the CUDA kernels need a reduction of at least one bit, got 0");
-  return ffi::Error::Success();
+  return ExpectShape("weights", w, {CeilDiv(rows, formats::kFsbTileRows), CeilDiv(k_words, formats::kFsbTileWords),
+                                    formats::kFsbTileRows, formats::kFsbTileWords});
 }
 
-void SetEpilogue(CheckedEpilogue kind, const EpilogueOperands& operands, BinaryGemmProblem& p) {
-  switch (kind) {
-    case CheckedEpilogue::kInt32:
-      p.epilogue = Epilogue::kInt32;
-      break;
-    case CheckedEpilogue::kAffine:
-      p.epilogue = Epilogue::kAffine;
-      p.scale = static_cast<const float*>(operands.first->untyped_data());
-      p.bias = static_cast<const float*>(operands.second->untyped_data());
-      break;
-    case CheckedEpilogue::kThreshold:
-      p.epilogue = Epilogue::kBits;
-      p.threshold = static_cast<const int32_t*>(operands.first->untyped_data());
-      p.flip = static_cast<const uint8_t*>(operands.second->untyped_data());
-      break;
-  }
-}
-
-ffi::Error Launch(std::string_view target, const BinaryGemmProblem& p, cudaStream_t stream) {
+ffi::Error Run(BinaryGemmProblem& p, cudaStream_t stream) {
+  if (p.pooled_rows == 0 || p.n == 0) return ffi::Error::Success();  // empty result, nothing to launch
   KernelPath chosen;
   const cudaError_t err = LaunchBinaryGemm(p, static_cast<KernelPath>(g_forced_path.load()), stream, &chosen);
   if (err != cudaSuccess) {
-    return ffi::Error::Internal(std::string(target) + ": CUDA kernel launch failed: " + cudaGetErrorString(err));
+    return ffi::Error::Internal(std::string("jaxbnn CUDA kernel launch failed: ") + cudaGetErrorString(err));
   }
   g_last_path.store(static_cast<int>(chosen));
   return ffi::Error::Success();
 }
 
-// bmm is the 1x1 convolution of an (M, 1, 1, Kw) image (binary_gemm.h).
-ffi::Error Bmm(std::string_view target, CheckedEpilogue kind, cudaStream_t stream, ffi::AnyBuffer a,
-               ffi::AnyBuffer b, ffi::AnyBuffer b_popcount, EpilogueOperands epilogue, int64_t k, int64_t n,
-               ffi::AnyBuffer out) {
-  BmmProblem problem;
-  if (auto error = CheckBmm(target, kind, a, b, b_popcount, epilogue, k, n, out, &problem); error.failure()) {
-    return error;
+// The epilogue operands, absent ones as null.
+struct EpilogueArgs {
+  Epilogue kind = Epilogue::kInt32;
+  const ffi::Buffer<ffi::F32>* scale = nullptr;
+  const ffi::Buffer<ffi::F32>* bias = nullptr;
+  const ffi::Buffer<ffi::S32>* threshold = nullptr;
+  const ffi::Buffer<ffi::U8>* flip = nullptr;
+};
+
+std::optional<ffi::Error> SetEpilogue(BinaryGemmProblem& p, const EpilogueArgs& e, int64_t n) {
+  p.epilogue = e.kind;
+  if (e.kind == Epilogue::kAffine) {
+    if (auto err = ExpectShape("scale", *e.scale, {n})) return err;
+    if (auto err = ExpectShape("bias", *e.bias, {n})) return err;
+    p.scale = e.scale->typed_data();
+    p.bias = e.bias->typed_data();
+  } else if (e.kind == Epilogue::kBits) {
+    if (auto err = ExpectShape("threshold", *e.threshold, {n})) return err;
+    if (auto err = ExpectShape("flip", *e.flip, {n})) return err;
+    p.threshold = e.threshold->typed_data();
+    p.flip = e.flip->typed_data();
   }
-  if (problem.m == 0 || problem.n == 0) return ffi::Error::Success();  // empty result: no kernel to run
-  if (auto error = CheckKernelTilesAndReduction(target, "operand `b`", problem.tile_rows, problem.tile_words,
-                                                problem.k_words);
-      error.failure()) {
-    return error;
-  }
-  if (!ProductFitsInt32({problem.m, problem.k_words}) || !ProductFitsInt32({problem.m, problem.n})) {
-    return TooLargeForInt32(target);
-  }
-  BinaryGemmProblem p;
-  p.x = static_cast<const uint32_t*>(a.untyped_data());
-  p.w = static_cast<const uint32_t*>(b.untyped_data());
-  p.tap_popc = static_cast<const int32_t*>(b_popcount.untyped_data());
-  p.batch = static_cast<int>(problem.m);
-  p.in_h = p.in_w = 1;
-  p.cw = static_cast<int>(problem.k_words);
-  p.c = static_cast<int>(problem.k);
-  p.out_h = p.out_w = 1;
-  p.n = static_cast<int>(problem.n);
-  p.w_row_tiles = static_cast<int>(problem.n_tiles);
-  p.w_k_tiles = static_cast<int>(problem.k_tiles);
-  p.k_words = p.cw;
-  p.k_real = p.c;
-  p.pooled_rows = p.batch;
-  p.out = out.untyped_data();
-  SetEpilogue(kind, epilogue, p);
-  return Launch(target, p, stream);
+  return std::nullopt;
 }
 
-ffi::Error Bconv2d(std::string_view target, CheckedEpilogue kind, cudaStream_t stream, ffi::AnyBuffer x,
-                   ffi::AnyBuffer w, ffi::AnyBuffer w_tap_popcount, EpilogueOperands epilogue,
-                   const Bconv2dAttrs& attrs, ffi::AnyBuffer out) {
-  Bconv2dProblem q;
-  if (auto error = CheckBconv2d(target, kind, x, w, w_tap_popcount, epilogue, attrs, out, &q); error.failure()) {
-    return error;
+int64_t OutputColumns(Epilogue kind, int64_t n) { return kind == Epilogue::kBits ? CeilDiv(n, 32) : n; }
+
+ffi::Error Bmm(cudaStream_t stream, const ffi::Buffer<ffi::U32>& a, const ffi::Buffer<ffi::U32>& b,
+               const ffi::Buffer<ffi::S32>& b_popc, int64_t k, int64_t n, const EpilogueArgs& e,
+               ffi::Span<const int64_t> out_dims, void* out) {
+  if (k < 1 || n < 1) return Invalid("bmm needs k >= 1 and n >= 1, got k=" + std::to_string(k) + ", n=" + std::to_string(n));
+  const auto a_dims = a.dimensions();
+  if (a_dims.size() != 2) return Invalid("bmm activations must be (M, ceil(k/32)), got " + Dims(a_dims));
+  const int64_t m = a_dims[0], k_words = formats::WordsForBits(k);
+  if (a_dims[1] != k_words) {
+    return Invalid("bmm activations have " + std::to_string(a_dims[1]) + " words per row, k=" + std::to_string(k) +
+                   " needs " + std::to_string(k_words));
   }
-  if (q.batch == 0 || q.out_h == 0 || q.out_w == 0) return ffi::Error::Success();  // empty result
-  if (auto error = CheckKernelTilesAndReduction(target, "operand `w`", q.tile_rows, q.tile_words, q.k_words);
-      error.failure()) {
-    return error;
+  if (auto err = CheckWeights(b, n, k_words)) return *err;
+  if (auto err = ExpectShape("b_popc", b_popc, {n})) return *err;
+  const int64_t out_cols = OutputColumns(e.kind, n);
+  if (out_dims.size() != 2 || out_dims[0] != m || out_dims[1] != out_cols) {
+    return Invalid("bmm result has shape " + Dims(out_dims) + ", expected (" + std::to_string(m) + ", " +
+                   std::to_string(out_cols) + ")");
   }
-  if (q.pool_h * q.pool_w > kMaxPoolWindow) {
-    return checks::Invalid(target, "the pool window " + std::to_string(q.pool_h) + " x " + std::to_string(q.pool_w) +
-                                       " is larger than the CUDA kernels take (" + std::to_string(kMaxPoolWindow) +
-                                       " elements)");
-  }
-  // Row origins are word offsets into the padded frame, negative at the top-left border: the whole padded
-  // batch, twice over, must stay within int32. The shared checks already bound kh * kw * c by int32.
-  const int64_t padded_h = q.height + q.pad_top + q.pad_bottom, padded_w = q.width + q.pad_left + q.pad_right;
-  if (!ProductFitsInt32({2, q.batch, padded_h, padded_w, q.c_words}) ||
-      !ProductFitsInt32({q.batch, q.out_h, q.out_w, q.o}) || !ProductFitsInt32({q.stride_h}) ||
-      !ProductFitsInt32({q.stride_w})) {
-    return TooLargeForInt32(target);
+  if (!FitsInt(m * k_words) || !FitsInt(k) || !FitsInt(m * std::max<int64_t>(n, 1))) {
+    return Invalid("bmm operands too large for the CUDA kernels (int32 indexing)");
   }
   BinaryGemmProblem p;
-  p.x = static_cast<const uint32_t*>(x.untyped_data());
-  p.w = static_cast<const uint32_t*>(w.untyped_data());
-  p.tap_popc = static_cast<const int32_t*>(w_tap_popcount.untyped_data());
-  p.batch = static_cast<int>(q.batch);
-  p.in_h = static_cast<int>(q.height);
-  p.in_w = static_cast<int>(q.width);
-  p.cw = static_cast<int>(q.c_words);
-  p.c = static_cast<int>(q.c);
-  p.kh = static_cast<int>(q.kh);
-  p.kw = static_cast<int>(q.kw);
-  p.stride_h = static_cast<int>(q.stride_h);
-  p.stride_w = static_cast<int>(q.stride_w);
-  p.pad_top = static_cast<int>(q.pad_top);
-  p.pad_left = static_cast<int>(q.pad_left);
-  p.pad_one = q.pad_one;
-  p.pool_h = static_cast<int>(q.pool_h);
-  p.pool_w = static_cast<int>(q.pool_w);
-  p.out_h = static_cast<int>(q.out_h);
-  p.out_w = static_cast<int>(q.out_w);
-  p.n = static_cast<int>(q.o);
-  p.w_row_tiles = static_cast<int>(q.o_tiles);
-  p.w_k_tiles = static_cast<int>(q.k_tiles);
-  p.k_words = static_cast<int>(q.k_words);
-  p.k_real = static_cast<int>(q.kh * q.kw * q.c);
-  p.pooled_rows = static_cast<int>(q.batch * q.out_h * q.out_w);
-  p.out = out.untyped_data();
-  SetEpilogue(kind, epilogue, p);
-  return Launch(target, p, stream);
+  p.x = a.typed_data();
+  p.w = b.typed_data();
+  p.tap_popc = b_popc.typed_data();
+  p.batch = static_cast<int>(m);
+  p.in_h = p.in_w = 1;
+  p.cw = static_cast<int>(k_words);
+  p.c = static_cast<int>(k);
+  p.out_h = p.out_w = 1;
+  p.n = static_cast<int>(n);
+  p.w_row_tiles = static_cast<int>(CeilDiv(n, formats::kFsbTileRows));
+  p.w_k_tiles = static_cast<int>(CeilDiv(k_words, formats::kFsbTileWords));
+  p.k_words = p.cw;
+  p.k_real = p.c;
+  p.pooled_rows = static_cast<int>(m);
+  p.out = out;
+  if (auto err = SetEpilogue(p, e, n)) return *err;
+  return Run(p, stream);
+}
+
+struct ConvAttrs {
+  int64_t c, o, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right;
+  bool pad_one;
+  int64_t pool_h, pool_w;
+};
+
+ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi::Buffer<ffi::U32>& w,
+                 const ffi::Buffer<ffi::S32>& tap_popc, const ConvAttrs& at, const EpilogueArgs& e,
+                 ffi::Span<const int64_t> out_dims, void* out) {
+  if (at.c < 1 || at.o < 1 || at.kh < 1 || at.kw < 1 || at.stride_h < 1 || at.stride_w < 1 || at.pool_h < 1 ||
+      at.pool_w < 1 || at.pad_top < 0 || at.pad_bottom < 0 || at.pad_left < 0 || at.pad_right < 0) {
+    return Invalid("bconv2d needs c, o, kernel, stride, pool >= 1 and padding >= 0");
+  }
+  if (at.pool_h * at.pool_w > kMaxPoolWindow) {
+    return Invalid("bconv2d pool window " + std::to_string(at.pool_h) + "x" + std::to_string(at.pool_w) +
+                   " is larger than the CUDA kernels take (" + std::to_string(kMaxPoolWindow) + " elements)");
+  }
+  const auto x_dims = x.dimensions();
+  if (x_dims.size() != 4) return Invalid("bconv2d input must be packed NHWC (B, H, W, ceil(C/32)), got " + Dims(x_dims));
+  const int64_t batch = x_dims[0], h = x_dims[1], wd = x_dims[2], cw = formats::WordsForBits(at.c);
+  if (x_dims[3] != cw) {
+    return Invalid("bconv2d input has " + std::to_string(x_dims[3]) + " words per pixel, c=" + std::to_string(at.c) +
+                   " needs " + std::to_string(cw));
+  }
+  const int64_t conv_h = (h + at.pad_top + at.pad_bottom - at.kh) / at.stride_h + 1;
+  const int64_t conv_w = (wd + at.pad_left + at.pad_right - at.kw) / at.stride_w + 1;
+  if (h + at.pad_top + at.pad_bottom < at.kh || wd + at.pad_left + at.pad_right < at.kw) {
+    return Invalid("bconv2d kernel larger than the padded input");
+  }
+  const int64_t out_h = conv_h / at.pool_h, out_w = conv_w / at.pool_w;
+  const int64_t taps = at.kh * at.kw, k_words = taps * cw;
+  if (auto err = CheckWeights(w, at.o, k_words)) return *err;
+  if (auto err = ExpectShape("w_tap_popc", tap_popc, {taps, at.o})) return *err;
+  const int64_t out_c = OutputColumns(e.kind, at.o);
+  if (out_dims.size() != 4 || out_dims[0] != batch || out_dims[1] != out_h || out_dims[2] != out_w ||
+      out_dims[3] != out_c) {
+    return Invalid("bconv2d result has shape " + Dims(out_dims) + ", expected (" + std::to_string(batch) + ", " +
+                   std::to_string(out_h) + ", " + std::to_string(out_w) + ", " + std::to_string(out_c) + ")");
+  }
+  if (!FitsInt(batch * h * wd * cw) || !FitsInt(taps * at.c) || !FitsInt(batch * out_h * out_w * at.o) ||
+      !FitsInt(k_words) || !FitsInt((h + at.pad_top) * (wd + at.pad_left) * cw * 2)) {
+    return Invalid("bconv2d operands too large for the CUDA kernels (int32 indexing)");
+  }
+  BinaryGemmProblem p;
+  p.x = x.typed_data();
+  p.w = w.typed_data();
+  p.tap_popc = tap_popc.typed_data();
+  p.batch = static_cast<int>(batch);
+  p.in_h = static_cast<int>(h);
+  p.in_w = static_cast<int>(wd);
+  p.cw = static_cast<int>(cw);
+  p.c = static_cast<int>(at.c);
+  p.kh = static_cast<int>(at.kh);
+  p.kw = static_cast<int>(at.kw);
+  p.stride_h = static_cast<int>(at.stride_h);
+  p.stride_w = static_cast<int>(at.stride_w);
+  p.pad_top = static_cast<int>(at.pad_top);
+  p.pad_left = static_cast<int>(at.pad_left);
+  p.pad_one = at.pad_one;
+  p.pool_h = static_cast<int>(at.pool_h);
+  p.pool_w = static_cast<int>(at.pool_w);
+  p.out_h = static_cast<int>(out_h);
+  p.out_w = static_cast<int>(out_w);
+  p.n = static_cast<int>(at.o);
+  p.w_row_tiles = static_cast<int>(CeilDiv(at.o, formats::kFsbTileRows));
+  p.w_k_tiles = static_cast<int>(CeilDiv(k_words, formats::kFsbTileWords));
+  p.k_words = static_cast<int>(k_words);
+  p.k_real = static_cast<int>(taps * at.c);
+  p.pooled_rows = static_cast<int>(batch * out_h * out_w);
+  p.out = out;
+  if (auto err = SetEpilogue(p, e, at.o)) return *err;
+  return Run(p, stream);
 }
 
 // ---- the six handlers ----
 
-ffi::Error BmmI32(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer b_popcount, int64_t k,
-                  int64_t n, ffi::Result<ffi::AnyBuffer> out) {
-  return Bmm("jaxbnn_bmm_i32", CheckedEpilogue::kInt32, stream, a, b, b_popcount, {}, k, n, *out);
+ffi::Error BmmI32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> a, ffi::Buffer<ffi::U32> b,
+                      ffi::Buffer<ffi::S32> b_popc, int64_t k, int64_t n, ffi::ResultBuffer<ffi::S32> out) {
+  return Bmm(stream, a, b, b_popc, k, n, EpilogueArgs{}, out->dimensions(), out->untyped_data());
 }
 
-ffi::Error BmmF32(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer b_popcount,
-                  ffi::AnyBuffer scale, ffi::AnyBuffer bias, int64_t k, int64_t n, ffi::Result<ffi::AnyBuffer> out) {
-  return Bmm("jaxbnn_bmm_f32", CheckedEpilogue::kAffine, stream, a, b, b_popcount, {&scale, &bias}, k, n, *out);
+ffi::Error BmmF32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> a, ffi::Buffer<ffi::U32> b,
+                      ffi::Buffer<ffi::S32> b_popc, ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> bias, int64_t k,
+                      int64_t n, ffi::ResultBuffer<ffi::F32> out) {
+  EpilogueArgs e{Epilogue::kAffine, &scale, &bias, nullptr, nullptr};
+  return Bmm(stream, a, b, b_popc, k, n, e, out->dimensions(), out->untyped_data());
 }
 
-ffi::Error BmmBits(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer b_popcount,
-                   ffi::AnyBuffer threshold, ffi::AnyBuffer flip, int64_t k, int64_t n,
-                   ffi::Result<ffi::AnyBuffer> out) {
-  return Bmm("jaxbnn_bmm_bits", CheckedEpilogue::kThreshold, stream, a, b, b_popcount, {&threshold, &flip}, k, n,
-             *out);
+ffi::Error BmmBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> a, ffi::Buffer<ffi::U32> b,
+                       ffi::Buffer<ffi::S32> b_popc, ffi::Buffer<ffi::S32> threshold, ffi::Buffer<ffi::U8> flip,
+                       int64_t k, int64_t n, ffi::ResultBuffer<ffi::U32> out) {
+  EpilogueArgs e{Epilogue::kBits, nullptr, nullptr, &threshold, &flip};
+  return Bmm(stream, a, b, b_popc, k, n, e, out->dimensions(), out->untyped_data());
 }
 
-#define JAXBNN_BCONV2D_ATTR_PARAMS                                                                        \
+#define JAXBNN_CONV_ATTR_PARAMS                                                                             \
   int64_t c, int64_t o, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t pad_top,       \
       int64_t pad_bottom, int64_t pad_left, int64_t pad_right, bool pad_one, int64_t pool_h, int64_t pool_w
-#define JAXBNN_BCONV2D_ATTRS \
-  Bconv2dAttrs { c, o, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, pad_one, pool_h, pool_w }
+#define JAXBNN_CONV_ATTRS \
+  ConvAttrs { c, o, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, pad_one, pool_h, pool_w }
 
-ffi::Error Bconv2dI32(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer w_tap_popcount,
-                      JAXBNN_BCONV2D_ATTR_PARAMS, ffi::Result<ffi::AnyBuffer> out) {
-  return Bconv2d("jaxbnn_bconv2d_i32", CheckedEpilogue::kInt32, stream, x, w, w_tap_popcount, {},
-                 JAXBNN_BCONV2D_ATTRS, *out);
+ffi::Error BConvI32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buffer<ffi::U32> w,
+                        ffi::Buffer<ffi::S32> tap_popc, JAXBNN_CONV_ATTR_PARAMS, ffi::ResultBuffer<ffi::S32> out) {
+  return BConv(stream, x, w, tap_popc, JAXBNN_CONV_ATTRS, EpilogueArgs{}, out->dimensions(), out->untyped_data());
 }
 
-ffi::Error Bconv2dF32(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer w_tap_popcount,
-                      ffi::AnyBuffer scale, ffi::AnyBuffer bias, JAXBNN_BCONV2D_ATTR_PARAMS,
-                      ffi::Result<ffi::AnyBuffer> out) {
-  return Bconv2d("jaxbnn_bconv2d_f32", CheckedEpilogue::kAffine, stream, x, w, w_tap_popcount, {&scale, &bias},
-                 JAXBNN_BCONV2D_ATTRS, *out);
+ffi::Error BConvF32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buffer<ffi::U32> w,
+                        ffi::Buffer<ffi::S32> tap_popc, ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> bias,
+                        JAXBNN_CONV_ATTR_PARAMS, ffi::ResultBuffer<ffi::F32> out) {
+  EpilogueArgs e{Epilogue::kAffine, &scale, &bias, nullptr, nullptr};
+  return BConv(stream, x, w, tap_popc, JAXBNN_CONV_ATTRS, e, out->dimensions(), out->untyped_data());
 }
 
-ffi::Error Bconv2dBits(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer w_tap_popcount,
-                       ffi::AnyBuffer threshold, ffi::AnyBuffer flip, JAXBNN_BCONV2D_ATTR_PARAMS,
-                       ffi::Result<ffi::AnyBuffer> out) {
-  return Bconv2d("jaxbnn_bconv2d_bits", CheckedEpilogue::kThreshold, stream, x, w, w_tap_popcount,
-                 {&threshold, &flip}, JAXBNN_BCONV2D_ATTRS, *out);
+ffi::Error BConvBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buffer<ffi::U32> w,
+                         ffi::Buffer<ffi::S32> tap_popc, ffi::Buffer<ffi::S32> threshold, ffi::Buffer<ffi::U8> flip,
+                         JAXBNN_CONV_ATTR_PARAMS, ffi::ResultBuffer<ffi::U32> out) {
+  EpilogueArgs e{Epilogue::kBits, nullptr, nullptr, &threshold, &flip};
+  return BConv(stream, x, w, tap_popc, JAXBNN_CONV_ATTRS, e, out->dimensions(), out->untyped_data());
 }
-
-#undef JAXBNN_BCONV2D_ATTRS
-#undef JAXBNN_BCONV2D_ATTR_PARAMS
 
 }  // namespace
 
@@ -234,65 +268,61 @@ KernelPath LastKernelPath() { return static_cast<KernelPath>(g_last_path.load())
 
 }  // namespace jaxbnn::cuda
 
-// Operands and attributes in the order of docs/ops.md.
 #define JAXBNN_BIND_STREAM ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()
 #define JAXBNN_BIND_CONV_ATTRS                                                                                     \
   .Attr<int64_t>("c").Attr<int64_t>("o").Attr<int64_t>("kh").Attr<int64_t>("kw").Attr<int64_t>("stride_h")     \
       .Attr<int64_t>("stride_w").Attr<int64_t>("pad_top").Attr<int64_t>("pad_bottom").Attr<int64_t>("pad_left") \
       .Attr<int64_t>("pad_right").Attr<bool>("pad_one").Attr<int64_t>("pool_h").Attr<int64_t>("pool_w")
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBmmI32, jaxbnn::cuda::BmmI32,
-                              JAXBNN_BIND_STREAM.Arg<ffi::AnyBuffer>()  // a
-                                  .Arg<ffi::AnyBuffer>()                // b
-                                  .Arg<ffi::AnyBuffer>()                // b_popcount
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBmmI32, jaxbnn::cuda::BmmI32Impl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Attr<int64_t>("k")
                                   .Attr<int64_t>("n")
-                                  .Ret<ffi::AnyBuffer>(),
+                                  .Ret<ffi::Buffer<ffi::S32>>(),
                               {ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBmmF32, jaxbnn::cuda::BmmF32,
-                              JAXBNN_BIND_STREAM.Arg<ffi::AnyBuffer>()  // a
-                                  .Arg<ffi::AnyBuffer>()                // b
-                                  .Arg<ffi::AnyBuffer>()                // b_popcount
-                                  .Arg<ffi::AnyBuffer>()                // scale
-                                  .Arg<ffi::AnyBuffer>()                // bias
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBmmF32, jaxbnn::cuda::BmmF32Impl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("k")
                                   .Attr<int64_t>("n")
-                                  .Ret<ffi::AnyBuffer>(),
+                                  .Ret<ffi::Buffer<ffi::F32>>(),
                               {ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBmmBits, jaxbnn::cuda::BmmBits,
-                              JAXBNN_BIND_STREAM.Arg<ffi::AnyBuffer>()  // a
-                                  .Arg<ffi::AnyBuffer>()                // b
-                                  .Arg<ffi::AnyBuffer>()                // b_popcount
-                                  .Arg<ffi::AnyBuffer>()                // threshold
-                                  .Arg<ffi::AnyBuffer>()                // flip
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBmmBits, jaxbnn::cuda::BmmBitsImpl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
                                   .Attr<int64_t>("k")
                                   .Attr<int64_t>("n")
-                                  .Ret<ffi::AnyBuffer>(),
+                                  .Ret<ffi::Buffer<ffi::U32>>(),
                               {ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvI32, jaxbnn::cuda::Bconv2dI32,
-                              JAXBNN_BIND_STREAM.Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()                // w
-                                  .Arg<ffi::AnyBuffer>()                // w_tap_popcount
-                                      JAXBNN_BIND_CONV_ATTRS.Ret<ffi::AnyBuffer>(),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvI32, jaxbnn::cuda::BConvI32Impl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>() JAXBNN_BIND_CONV_ATTRS.Ret<ffi::Buffer<ffi::S32>>(),
                               {ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvF32, jaxbnn::cuda::Bconv2dF32,
-                              JAXBNN_BIND_STREAM.Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()                // w
-                                  .Arg<ffi::AnyBuffer>()                // w_tap_popcount
-                                  .Arg<ffi::AnyBuffer>()                // scale
-                                  .Arg<ffi::AnyBuffer>()                // bias
-                                      JAXBNN_BIND_CONV_ATTRS.Ret<ffi::AnyBuffer>(),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvF32, jaxbnn::cuda::BConvF32Impl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>() JAXBNN_BIND_CONV_ATTRS.Ret<ffi::Buffer<ffi::F32>>(),
                               {ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvBits, jaxbnn::cuda::Bconv2dBits,
-                              JAXBNN_BIND_STREAM.Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()                // w
-                                  .Arg<ffi::AnyBuffer>()                // w_tap_popcount
-                                  .Arg<ffi::AnyBuffer>()                // threshold
-                                  .Arg<ffi::AnyBuffer>()                // flip
-                                      JAXBNN_BIND_CONV_ATTRS.Ret<ffi::AnyBuffer>(),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvBits, jaxbnn::cuda::BConvBitsImpl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>() JAXBNN_BIND_CONV_ATTRS.Ret<ffi::Buffer<ffi::U32>>(),
                               {ffi::Traits::kCmdBufferCompatible});
