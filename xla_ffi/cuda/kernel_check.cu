@@ -72,6 +72,35 @@ const char* PathName(KernelPath p) {
   }
 }
 
+// The geometry of a case as a problem (operands and epilogue left to the caller).
+BinaryGemmProblem ProblemShape(const ConvCase& cc) {
+  const int cw = (cc.c + 31) / 32, taps = cc.kh * cc.kw;
+  BinaryGemmProblem p;
+  p.batch = cc.batch;
+  p.in_h = cc.h;
+  p.in_w = cc.w;
+  p.cw = cw;
+  p.c = cc.c;
+  p.kh = cc.kh;
+  p.kw = cc.kw;
+  p.stride_h = cc.sh;
+  p.stride_w = cc.sw;
+  p.pad_top = cc.pt;
+  p.pad_left = cc.pl;
+  p.pad_one = cc.pad_one;
+  p.pool_h = cc.ph;
+  p.pool_w = cc.pw;
+  p.out_h = ((cc.h + cc.pt + cc.pb - cc.kh) / cc.sh + 1) / cc.ph;
+  p.out_w = ((cc.w + cc.pl + cc.pr - cc.kw) / cc.sw + 1) / cc.pw;
+  p.n = cc.o;
+  p.k_words = taps * cw;
+  p.w_row_tiles = (cc.o + 7) / 8;
+  p.w_k_tiles = (p.k_words + 3) / 4;
+  p.k_real = taps * cc.c;
+  p.pooled_rows = cc.batch * p.out_h * p.out_w;
+  return p;
+}
+
 // Runs one case on one engine; returns the number of wrong output words.
 long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose) {
   const int cw = (cc.c + 31) / 32, taps = cc.kh * cc.kw, k_words = taps * cw;
@@ -161,32 +190,10 @@ long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose) {
   CHECK_CUDA(cudaMalloc(&d_out, std::max<size_t>(want.size(), 1) * 4));
   CHECK_CUDA(cudaMemset(d_out, 0xA5, std::max<size_t>(want.size(), 1) * 4));  // poison: unwritten words show
 
-  BinaryGemmProblem p;
+  BinaryGemmProblem p = ProblemShape(cc);
   p.x = d_x;
   p.w = d_w;
   p.tap_popc = d_tp;
-  p.batch = cc.batch;
-  p.in_h = cc.h;
-  p.in_w = cc.w;
-  p.cw = cw;
-  p.c = cc.c;
-  p.kh = cc.kh;
-  p.kw = cc.kw;
-  p.stride_h = cc.sh;
-  p.stride_w = cc.sw;
-  p.pad_top = cc.pt;
-  p.pad_left = cc.pl;
-  p.pad_one = cc.pad_one;
-  p.pool_h = cc.ph;
-  p.pool_w = cc.pw;
-  p.out_h = out_h;
-  p.out_w = out_w;
-  p.n = cc.o;
-  p.w_row_tiles = row_tiles;
-  p.w_k_tiles = k_tiles;
-  p.k_words = k_words;
-  p.k_real = taps * cc.c;
-  p.pooled_rows = static_cast<int>(pooled);
   p.epilogue = ep;
   p.scale = d_scale;
   p.bias = d_bias;
@@ -224,36 +231,15 @@ ConvCase Bmm(int m, int n, int k) { return ConvCase{m, 1, 1, k, n, 1, 1, 1, 1, 0
 // median of 9 launches after 2 warm-ups. Operands are random bits (any bits make valid FSB weights).
 void TimeCase(const char* name, const ConvCase& cc, KernelPath path) {
   const int cw = (cc.c + 31) / 32, taps = cc.kh * cc.kw, k_words = taps * cw;
-  const int out_h = (cc.h + cc.pt + cc.pb - cc.kh) / cc.sh + 1, out_w = (cc.w + cc.pl + cc.pr - cc.kw) / cc.sw + 1;
   const int row_tiles = (cc.o + 7) / 8, k_tiles = (k_words + 3) / 4;
   const std::vector<uint32_t> x = RandomPacked(static_cast<size_t>(cc.batch) * cc.h * cc.w, cw, cc.c);
   const std::vector<uint32_t> w = RandomPacked(static_cast<size_t>(row_tiles) * k_tiles * 8, 4, 128);
   const std::vector<int32_t> tap_popc(static_cast<size_t>(taps) * cc.o, cc.c / 2), thr(cc.o, 0);
   const std::vector<uint8_t> flip(cc.o, 0);
-  BinaryGemmProblem p;
+  BinaryGemmProblem p = ProblemShape(cc);
   p.x = ToDevice(x);
   p.w = ToDevice(w);
   p.tap_popc = ToDevice(tap_popc);
-  p.batch = cc.batch;
-  p.in_h = cc.h;
-  p.in_w = cc.w;
-  p.cw = cw;
-  p.c = cc.c;
-  p.kh = cc.kh;
-  p.kw = cc.kw;
-  p.stride_h = cc.sh;
-  p.stride_w = cc.sw;
-  p.pad_top = cc.pt;
-  p.pad_left = cc.pl;
-  p.pad_one = cc.pad_one;
-  p.out_h = out_h;
-  p.out_w = out_w;
-  p.n = cc.o;
-  p.w_row_tiles = row_tiles;
-  p.w_k_tiles = k_tiles;
-  p.k_words = k_words;
-  p.k_real = taps * cc.c;
-  p.pooled_rows = cc.batch * out_h * out_w;
   p.epilogue = Epilogue::kBits;
   p.threshold = ToDevice(thr);
   p.flip = ToDevice(flip);
