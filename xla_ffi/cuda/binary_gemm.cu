@@ -129,43 +129,46 @@ struct TileColumns {
   float bias[kCols];
 };
 
-// Fills local column `lc`. Called by whole warps for 32 consecutive columns (the flip words are ballots).
+// Fills the border-class corrections of local column `lc` (HasCorrectionTable problems): prefix[i][j] is
+// the sum of C - 2 popc over the taps above and left of (i, j); a class's correction is the whole filter's
+// sum minus that of the rectangle of taps inside the frame. Depends on the column tile only.
+template <int kCols>
+__device__ __forceinline__ void FillCorrectionTable(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
+                                                    int lc) {
+  const int col = col0 + lc;
+  int prefix[kTableSide + 1][kTableSide + 1] = {};
+#pragma unroll
+  for (int i = 0; i < kTableSide; ++i) {
+#pragma unroll
+    for (int j = 0; j < kTableSide; ++j) {
+      const bool real = i < p.kh && j < p.kw;
+      const int popc = real && col < p.n ? p.tap_popc[(i * p.kw + j) * p.n + col] : 0;
+      prefix[i + 1][j + 1] = (real ? p.c - 2 * popc : 0) + prefix[i][j + 1] + prefix[i + 1][j] - prefix[i][j];
+    }
+  }
+  const FrameExcess m = MaxExcess(p);
+  const int whole = prefix[p.kh][p.kw];
+  for (int top = 0; top <= m.top; ++top) {
+    for (int bottom = 0; bottom <= m.bottom; ++bottom) {
+      for (int left = 0; left <= m.left; ++left) {
+        for (int right = 0; right <= m.right; ++right) {
+          const int i1 = p.kh - bottom, j1 = p.kw - right;
+          const int inside =
+              top < i1 && left < j1 ? prefix[i1][j1] - prefix[top][j1] - prefix[i1][left] + prefix[top][left] : 0;
+          cols.correction[BorderClass(p, {top, bottom, left, right})][lc] = whole - inside;
+        }
+      }
+    }
+  }
+}
+
+// Fills the epilogue parameters of local column `lc` (all but the correction table). Called by whole warps
+// for 32 consecutive columns (the flip words are ballots).
 template <int kCols>
 __device__ __forceinline__ void FillTileColumn(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0, int lc) {
   const int col = col0 + lc, taps = p.kh * p.kw;
   int total = 0;
-  if (HasCorrectionTable(p)) {
-    // prefix[i][j]: sum of C - 2 popc over the taps above and left of (i, j); a class's correction is the
-    // whole filter's sum minus that of the rectangle of taps inside the frame.
-    int prefix[kTableSide + 1][kTableSide + 1] = {};
-#pragma unroll
-    for (int i = 0; i < kTableSide; ++i) {
-#pragma unroll
-      for (int j = 0; j < kTableSide; ++j) {
-        const bool real = i < p.kh && j < p.kw;
-        const int popc = real && col < p.n ? p.tap_popc[(i * p.kw + j) * p.n + col] : 0;
-        total += popc;
-        prefix[i + 1][j + 1] = (real ? p.c - 2 * popc : 0) + prefix[i][j + 1] + prefix[i + 1][j] - prefix[i][j];
-      }
-    }
-    const FrameExcess m = MaxExcess(p);
-    const int whole = prefix[p.kh][p.kw];
-    for (int top = 0; top <= m.top; ++top) {
-      for (int bottom = 0; bottom <= m.bottom; ++bottom) {
-        for (int left = 0; left <= m.left; ++left) {
-          for (int right = 0; right <= m.right; ++right) {
-            const int i1 = p.kh - bottom, j1 = p.kw - right;
-            const int inside = top < i1 && left < j1
-                                   ? prefix[i1][j1] - prefix[top][j1] - prefix[i1][left] + prefix[top][left]
-                                   : 0;
-            cols.correction[BorderClass(p, {top, bottom, left, right})][lc] = whole - inside;
-          }
-        }
-      }
-    }
-  } else {
-    for (int t = 0; t < taps; ++t) total += col < p.n ? p.tap_popc[t * p.n + col] : 0;
-  }
+  for (int t = 0; t < taps; ++t) total += col < p.n ? p.tap_popc[t * p.n + col] : 0;
   cols.popc_b[lc] = total;
   if (p.epilogue == Epilogue::kBits) {
     const int threshold = col < p.n ? p.threshold[col] : 0;
@@ -410,6 +413,29 @@ __device__ __forceinline__ void TileCoordinates(int pid, int m_tiles, int n_tile
   tile_n = in_group / group_size;
 }
 
+// The tile pairs of one cluster of the persistent wgmma kernel, in order: pairs first, first + step, ...
+// below end. `runs`: a contiguous run of pairs in column-tile-major order (problems whose operands sit in
+// L2 together), so that a CTA keeps its column tile, and the column table staged for it, over most of its
+// tiles; otherwise every ClusterCount-th pair of the grouped raster, so that the clusters working at one
+// time share row and column tiles in L2.
+struct PairRange {
+  int first, end, step;
+};
+__device__ __forceinline__ PairRange PairsOfCluster(int cluster, int clusters, int m_pairs, int n_tiles, bool runs) {
+  const long long pairs = static_cast<long long>(m_pairs) * n_tiles;
+  if (!runs) return {cluster, static_cast<int>(pairs), clusters};
+  return {static_cast<int>(cluster * pairs / clusters), static_cast<int>((cluster + 1) * pairs / clusters), 1};
+}
+__device__ __forceinline__ void PairCoordinates(int pair, int m_pairs, int n_tiles, bool runs, int& pair_m,
+                                                int& tile_n) {
+  if (runs) {
+    tile_n = pair / m_pairs;
+    pair_m = pair - tile_n * m_pairs;
+  } else {
+    TileCoordinates(pair, m_pairs, n_tiles, pair_m, tile_n);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // mma.sync and CUDA-core engines: classic multistage cp.async pipeline, all threads load and compute.
 
@@ -595,7 +621,10 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   TileCoordinates(blockIdx.x, m_tiles, n_tiles, tile_m, tile_n);
   const int col0 = tile_n * kCols;
   for (int r = tid; r < kRows; r += kThreads) origins[r] = RowOrigin(p, tile_m, kRows, r);
-  for (int c = tid; c < kCols; c += kThreads) FillTileColumn<kCols>(p, cols, col0, c);
+  for (int c = tid; c < kCols; c += kThreads) {
+    FillTileColumn<kCols>(p, cols, col0, c);
+    if (HasCorrectionTable(p)) FillCorrectionTable<kCols>(p, cols, col0, c);
+  }
   __syncthreads();
 
   const uint32_t base = SmemAddress(smem);
@@ -756,14 +785,21 @@ __device__ __forceinline__ uint64_t SwizzledOperandDescriptor(uint32_t addr) {
 // bit 8 (j % 4) + e of word j / 4; the quad's lanes (t) fill the other positions after a shift by 2 t, then
 // an OR over the quad completes each 32-column word: 3-4 instructions per value. kCorrected: subtract the
 // rows' "zero"-padding corrections, corr[h][column] (a row of the tile's border-class table).
-template <bool kCorrected>
+// kWords: output words per row (8: a 256-column tile; 4: a narrow tile of at most 128 columns, whose
+// accumulators are the first 64).
+// The four lanes of this thread's quad. The quads of a warp hold different rows and may take different
+// epilogue paths (border rows or not) with different numbers of shuffles, so the shuffles that assemble a
+// quad's words name only the quad: a full-warp mask would pair shuffles of different paths, or wait forever.
+__device__ __forceinline__ unsigned QuadLanes() { return 0xfu << (threadIdx.x % 32 & ~3u); }
+
+template <bool kCorrected, int kWords>
 __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const int (&acc)[128],
                                               const TileColumns<kWgCols>& cols, const int (&v0)[2],
                                               const long long (&row)[2], const bool (&row_valid)[2],
                                               const int* const (&corr)[2], int col0, int t) {
-  uint32_t words[2][8] = {};
+  uint32_t words[2][kWords] = {};
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
+  for (int j = 0; j < 4 * kWords; ++j) {
     const int2 bound = *reinterpret_cast<const int2*>(&cols.bound[8 * j + 2 * t]);
     const uint32_t bit0 = 1u << (8 * (j % 4));  // constant positions: a select and a 3-input OR per pair
 #pragma unroll
@@ -782,10 +818,10 @@ __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
-    for (int wd = 0; wd < 8; ++wd) {
+    for (int wd = 0; wd < kWords; ++wd) {
       uint32_t v = words[h][wd] << (2 * t);
-      v |= __shfl_xor_sync(0xffffffffu, v, 1);
-      v |= __shfl_xor_sync(0xffffffffu, v, 2);
+      v |= __shfl_xor_sync(QuadLanes(), v, 1);
+      v |= __shfl_xor_sync(QuadLanes(), v, 2);
       if (t == (wd & 3) && row_valid[h] && col0 + 32 * wd < p.n) {
         out[row[h] * out_words + col0 / 32 + wd] = v ^ cols.flip_word[wd];
       }
@@ -818,17 +854,18 @@ __device__ __forceinline__ void StoreBitsBorderRow(const BinaryGemmProblem& p, c
 #pragma unroll
   for (int wd = 0; wd < 8; ++wd) {
     uint32_t v = words[wd] << (2 * t);
-    v |= __shfl_xor_sync(0xffffffffu, v, 1);
-    v |= __shfl_xor_sync(0xffffffffu, v, 2);
+    v |= __shfl_xor_sync(QuadLanes(), v, 1);
+    v |= __shfl_xor_sync(QuadLanes(), v, 2);
     if (t == (wd & 3) && row_valid && col0 + 32 * wd < p.n) out[row * out_words + col0 / 32 + wd] = v ^ cols.flip_word[wd];
   }
 }
 
 // The epilogue straight from the wgmma accumulators (no pool): thread (warp w, lane g*4+t) of consumer
 // half `half` holds rows 64 half + 16 w + g (+8) and columns 8 j + 2 t (+1).
+// narrow: the tile has at most 128 columns (only the first 64 accumulators were computed).
 __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, const int (&acc)[128],
                                                   const int* popc_a, const TileColumns<kWgCols>& cols, int tile_m,
-                                                  int col0, int half, int wtid) {
+                                                  int col0, int half, int wtid, bool narrow) {
   const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
   int v0[2];
   long long row[2];
@@ -845,13 +882,21 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
   if (p.epilogue == Epilogue::kBits) {
     if (!border[0] && !border[1]) {
       const int* const none[2] = {nullptr, nullptr};
-      StoreBitsRows<false>(p, acc, cols, v0, row, row_valid, none, col0, t);
+      if (narrow) {
+        StoreBitsRows<false, 4>(p, acc, cols, v0, row, row_valid, none, col0, t);
+      } else {
+        StoreBitsRows<false, 8>(p, acc, cols, v0, row, row_valid, none, col0, t);
+      }
     } else if (HasCorrectionTable(p)) {
       // class 0 (no excess) has correction 0: rows inside the frame take it
       const int* const corr[2] = {
           cols.correction[border[0] ? BorderClass(p, ExcessOf(p, origin[0].y, origin[0].z)) : 0],
           cols.correction[border[1] ? BorderClass(p, ExcessOf(p, origin[1].y, origin[1].z)) : 0]};
-      StoreBitsRows<true>(p, acc, cols, v0, row, row_valid, corr, col0, t);
+      if (narrow) {
+        StoreBitsRows<true, 4>(p, acc, cols, v0, row, row_valid, corr, col0, t);
+      } else {
+        StoreBitsRows<true, 8>(p, acc, cols, v0, row, row_valid, corr, col0, t);
+      }
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -888,7 +933,8 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
 // Launched with a cluster dimension of kWgCluster (LaunchWgmma).
 template <ALayout kLayout>
 __global__ void __launch_bounds__(kWgThreads, 1)
-    WgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map, int m_pairs, int n_tiles) {
+    WgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map, int m_pairs, int n_tiles,
+                bool runs) {
   [[maybe_unused]] constexpr bool kTensorA = kLayout != ALayout::kCoreMatrices;  // unused in the sm_80 pass
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
@@ -899,7 +945,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const uint32_t full0 = SmemAddress(&cols + 1);  // kWgStages "stage landed" barriers
   const uint32_t empty0 = full0 + kWgStages * 8;  // kWgStages "stage consumed by the cluster" barriers
   const int tid = threadIdx.x;
-  const int pairs = m_pairs * n_tiles;
+  const PairRange schedule =
+      PairsOfCluster(static_cast<int>(ClusterId()), static_cast<int>(ClusterCount()), m_pairs, n_tiles, runs);
   const int rank = static_cast<int>(ClusterRank());
   const bool staged = p.pool_h * p.pool_w > 1;
   if (tid == 0) {
@@ -917,12 +964,14 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
   const int warpgroup = tid / 128;
   if (warpgroup == 0) {  // producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+    // 40 + 2 x 232 registers per thread fill the register file; at 224 the consumers spilled k_blocks
+    // and reloaded it from local memory on every k block.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (kTensorA && tid >= 32) return;  // one warp issues the copies
     int it = 0;
-    for (int pair = ClusterId(); pair < pairs; pair += ClusterCount()) {
+    for (int pair = schedule.first; pair < schedule.end; pair += schedule.step) {
       int pair_m, tile_n;
-      TileCoordinates(pair, m_pairs, n_tiles, pair_m, tile_n);
+      PairCoordinates(pair, m_pairs, n_tiles, runs, pair_m, tile_n);
       const int tile_m = pair_m * kWgCluster + rank;
       const int col0 = tile_n * kWgCols;
       // Weight rows of this column tile: FSB row tiles past N are not copied; what stays in their place
@@ -975,7 +1024,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     if (!kTensorA) CopyAsyncWait<0>();
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   const int ctid = tid - 128;      // 0..255 over both consumer warpgroups
   const int half = warpgroup - 1;  // rows 64 * half ... of the tile
   const int wtid = ctid % 128;     // thread in its warpgroup
@@ -986,12 +1035,17 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     if (wtid % 32 == 0) BarrierArriveCluster(empty0 + 8 * s);
   };
   int it = 0;
-  for (int pair = ClusterId(); pair < pairs; pair += ClusterCount()) {
+  int staged_tile_n = -1;  // the column tile whose parameters `cols` holds
+  for (int pair = schedule.first; pair < schedule.end; pair += schedule.step) {
     int pair_m, tile_n;
-    TileCoordinates(pair, m_pairs, n_tiles, pair_m, tile_n);
+    PairCoordinates(pair, m_pairs, n_tiles, runs, pair_m, tile_n);
     const int tile_m = pair_m * kWgCluster + rank;
     const int col0 = tile_n * kWgCols;
     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the previous epilogue is done with cols and popc_a
+    // The border-class corrections stay while the column tile does (runs of pairs change it rarely);
+    // filled before the accumulators are live.
+    if (tile_n != staged_tile_n && HasCorrectionTable(p)) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
+    staged_tile_n = tile_n;
     int acc[128];
     int row_popc = 0;
     for (int kb = 0; kb < k_blocks; ++kb, ++it) {
@@ -1030,7 +1084,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     if (const int row = RowOfPopcount<64, 128>(wtid); row >= 0) popc_a[64 * half + row] = row_popc;
     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // popc_a and cols complete; every wgmma of the tile done
     if (!staged) {
-      StoreAccumulators(p, acc, popc_a, cols, tile_m, col0, half, wtid);
+      // tiles of at most 128 columns (N <= 128, or the last column tile) store half the accumulators
+      StoreAccumulators(p, acc, popc_a, cols, tile_m, col0, half, wtid, p.n - col0 <= kWgCols / 2);
       continue;
     }
     // Pooled: one tile per CTA; every copy into this CTA has landed (the consumers waited for all of
@@ -1149,6 +1204,10 @@ cudaError_t LaunchWgmma(const BinaryGemmProblem& p, int sms, cudaStream_t stream
   CUtensorMap a_map;
   std::memset(&a_map, 0, sizeof(a_map));
   const ALayout layout = ActivationTensorMap(p, a_map);
+  // Runs of pairs per cluster when activations and weights together take at most 24 MiB of the 50 MiB L2.
+  const long long operand_bytes = static_cast<long long>(p.batch) * p.in_h * p.in_w * p.cw * 4 +
+                                  static_cast<long long>(p.w_row_tiles) * p.w_k_tiles * 128;
+  const bool runs = operand_bytes <= (24ll << 20);
   const auto kernel = layout == ALayout::kSwizzledRows ? WgmmaKernel<ALayout::kSwizzledRows>
                       : layout == ALayout::kChunkSlabs ? WgmmaKernel<ALayout::kChunkSlabs>
                                                        : WgmmaKernel<ALayout::kCoreMatrices>;
@@ -1168,7 +1227,7 @@ cudaError_t LaunchWgmma(const BinaryGemmProblem& p, int sms, cudaStream_t stream
   config.attrs = &cluster;
   config.numAttrs = 1;
   const cudaError_t launch = cudaLaunchKernelEx(&config, kernel, p, a_map, static_cast<int>(m_pairs),
-                                                static_cast<int>(n_tiles));
+                                                static_cast<int>(n_tiles), runs);
   if (launch != cudaSuccess) return launch;
   return cudaGetLastError();
 }
