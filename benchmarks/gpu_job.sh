@@ -1,7 +1,7 @@
 #!/bin/bash
 # One GPU job: build, kernel harness, SASS check, sanitizers, pytest -m gpu, ceiling probe, benchmark.
 # Logs go to $OUT (default /tmp/jaxbnn_gpu_out): job.log (everything), gpu_results.md, sass.txt.
-#   benchmarks/gpu_job.sh [steps...]   steps: build check sass sanitize pytest ceiling time bench bench-quick ncu
+#   benchmarks/gpu_job.sh [steps...]   steps: build check sass sanitize pytest ceiling time bench bench-quick ncu ncu-cases
 #   (no steps = build check sass sanitize pytest ceiling bench)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -67,8 +67,10 @@ fi
 
 if has pytest; then
   log "pytest -m gpu"
-  JAXBNN_REQUIRE_GPU=1 timeout 240 $PY -m pytest -q -m gpu -x tests/test_gpu_kernels.py -p no:cacheprovider 2>&1 \
-    | tail -25 | tee -a "$LOG" || status=1
+  # the whole log in pytest.log (a crash's first lines name the test), the summary in job.log
+  JAXBNN_REQUIRE_GPU=1 timeout 300 $PY -m pytest -q -rfE -m gpu tests/test_gpu_kernels.py -p no:cacheprovider \
+    > "$OUT/pytest.log" 2>&1 || status=1
+  tail -25 "$OUT/pytest.log" | tee -a "$LOG"
 fi
 
 if has ceiling; then
@@ -94,6 +96,19 @@ if has ncu; then
       > "$OUT/ncu_$kernel.txt" 2>&1
     grep -E "Throughput|Duration|Bank|Stall|Warp Cycles|Issued|Executed Ipc|Registers|L2 Hit|Mem Busy|Max Bandwidth|Shared" \
       "$OUT/ncu_$kernel.txt" | head -60 | tee -a "$LOG"
+  done
+fi
+
+if has ncu-cases; then
+  # one launch of each named harness case (NCU_CASES, ';'-separated), full ncu set, into ncu_cases.txt
+  IFS=';' read -r -a cases <<< "${NCU_CASES:-bconv C=O=128;bconv one C=O=512;bconv C=O=512;bmm 4096^3}"
+  for c in "${cases[@]}"; do
+    log "ncu --set full: $c"
+    echo "##### $c" >> "$OUT/ncu_cases.txt"
+    timeout 120 ncu --clock-control none -k regex:Wgmma --launch-skip 2 -c 1 --set full --print-details all \
+      "$BUILD-kernel_check" --time-wgmma "$c" >> "$OUT/ncu_cases.txt" 2>&1
+    grep -E "^    (Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Hit|Issue Slots Busy|Executed Ipc A)" \
+      "$OUT/ncu_cases.txt" | tail -6 | tee -a "$LOG"
   done
 fi
 
