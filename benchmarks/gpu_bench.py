@@ -8,7 +8,7 @@ on the same ±1 data. BConv: the TCBNN sweep (batch 16, 64x64, 3x3, stride 1, C 
 VGG-16 layers at batch 8 and 256, ours (packed in -> packed out) against XLA bf16 convolution.
 Binary TOPS count 2 operations per multiply-accumulate. Each timing: a jitted program runs the op on 4
 distinct input sets; after a 0.1 s warm-up, the median over 5 batches of calls queued back to back (wall
-clock around the batch, ending in block_until_ready).
+clock around the batch, ending in block_until_ready), each batch about 50 ms of work (2 to 50 calls).
 """
 
 from __future__ import annotations
@@ -32,15 +32,19 @@ import jaxbnn._cuda as _cuda
 COPIES = 4  # distinct input sets per timed call: no common-subexpression elimination, less dispatch per op
 
 
-def timed(fn, args, reps):
+def timed(fn, args):
     """Median seconds per op of fn(*args), fn running the op COPIES times.
 
     Warms up for 0.1 s (clocks and caches settle; a GPU found idle starts at low clocks), then times 5
-    batches of `reps` calls queued back to back (no host synchronisation between them)."""
+    batches of calls queued back to back (no host synchronisation between them), as many calls per batch
+    as make about 50 ms by the warm-up's pace (2 to 50)."""
     jax.block_until_ready(fn(*args))
-    warm_until = time.perf_counter() + 0.1
-    while time.perf_counter() < warm_until:
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() < start + 0.1:
         jax.block_until_ready(fn(*args))
+        calls += 1
+    per_call = (time.perf_counter() - start) / calls
+    reps = max(2, min(50, int(0.05 / per_call)))
     samples = []
     for _ in range(5):
         t0 = time.perf_counter()
@@ -49,10 +53,6 @@ def timed(fn, args, reps):
         jax.block_until_ready(out)
         samples.append((time.perf_counter() - t0) / (reps * COPIES))
     return statistics.median(samples)
-
-
-def reps_for(ops):
-    return max(5, min(50, int(2e15 / max(ops, 1))))
 
 
 def signs(key, shape, dtype=jnp.float32):
@@ -70,7 +70,6 @@ def bench_bmm(sizes, engines, rows):
     for s in sizes:
         m = n = k = s
         ops = 2.0 * m * n * k
-        reps = reps_for(ops)
         keys = jax.random.split(key, COPIES + 1)
         w = formats.pack_dense_weights(signs(keys[0], (k, n)))
         xs = [signs(kk, (m, k)) for kk in keys[1:]]
@@ -95,10 +94,10 @@ def bench_bmm(sizes, engines, rows):
             # (a new function object: jax caches executables per function)
             bits_fn = jax.jit(lambda *a: bits_program(*a))
             general_fn = jax.jit(lambda *a: general_program(*a))
-            t = timed(bits_fn, [w.bits, w.popcount, thr, flip, *packed], reps)
+            t = timed(bits_fn, [w.bits, w.popcount, thr, flip, *packed])
             row[f"{engine} packed"] = ops / t / 1e12
             row[f"{engine} ran"] = _cuda.last_kernel_path()
-            t = timed(general_fn, [w.bits, w.popcount, one, zero, *xs], reps)
+            t = timed(general_fn, [w.bits, w.popcount, one, zero, *xs])
             row[f"{engine} general"] = ops / t / 1e12
         _cuda.set_kernel_path("auto")
         wt = signs(keys[0], (k, n))
@@ -108,7 +107,7 @@ def bench_bmm(sizes, engines, rows):
             aa = [x.astype(dt) for x in xs]
             fn = jax.jit(lambda b_, *a, acc=acc: [jnp.dot(x, b_, preferred_element_type=acc) for x in a])
             try:
-                row[name] = ops / timed(fn, [b, *aa], reps) / 1e12
+                row[name] = ops / timed(fn, [b, *aa]) / 1e12
             except Exception as err:  # an XLA that refuses a dtype: record it, keep going
                 row[name] = float("nan")
                 print(f"{name} at {s}: {err}", file=sys.stderr)
@@ -134,7 +133,6 @@ def bench_conv(layers, engines, rows, deadline=float("inf")):
         pad = kernel // 2
         oh = conv_out(hw, kernel, stride)
         ops = 2.0 * batch * oh * oh * o * kernel * kernel * c
-        reps = reps_for(ops)
         keys = jax.random.split(key, COPIES + 1)
         wf = signs(keys[0], (kernel, kernel, c, o))
         w = formats.pack_conv_weights(wf)
@@ -157,14 +155,14 @@ def bench_conv(layers, engines, rows, deadline=float("inf")):
         for engine in engines:
             _cuda.set_kernel_path(engine)
             ours = jax.jit(lambda *a: program(*a))  # a fresh executable per engine (see bench_bmm)
-            row[f"{engine} packed"] = ops / (timed(ours, [w.bits, w.tap_popcount, thr, flip, *packed], reps) * scale) / 1e12
+            row[f"{engine} packed"] = ops / (timed(ours, [w.bits, w.tap_popcount, thr, flip, *packed]) * scale) / 1e12
             row[f"{engine} ran"] = _cuda.last_kernel_path()
         _cuda.set_kernel_path("auto")
         wb = wf.astype(jnp.bfloat16)
         xla = jax.jit(lambda w_, *a: [jax.lax.conv_general_dilated(x, w_, (stride, stride), ((pad, pad), (pad, pad)),
                                                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))
                                       for x in a])
-        row["xla bf16"] = ops / (timed(xla, [wb, *xs], reps) * scale) / 1e12
+        row["xla bf16"] = ops / (timed(xla, [wb, *xs]) * scale) / 1e12
         del xs, packed
         rows.append(row)
         print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
