@@ -182,6 +182,8 @@ VGG16 = [
 
 
 def table(rows, keys=None):
+    if not rows:
+        return "(not run in this job)"
     if keys is None:  # every key, in order of first appearance
         keys = list(dict.fromkeys(k for r in rows for k in r))
     out = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
@@ -214,8 +216,8 @@ def main():
     parser.add_argument("--out", default="gpu_results.md")
     parser.add_argument("--quick", action="store_true", help="a few sizes only")
     parser.add_argument("--commit", default="")
-    parser.add_argument("--bmm-sizes", type=int, nargs="*", help="override the BMM sizes")
-    parser.add_argument("--conv-channels", type=int, nargs="*", help="override the BConv sweep's C = O")
+    parser.add_argument("--bmm-sizes", type=int, nargs="*", help="override the BMM sizes (none: no BMM)")
+    parser.add_argument("--conv-channels", type=int, nargs="*", help="override the BConv sweep's C = O (none: no sweep)")
     parser.add_argument("--no-models", action="store_true", help="skip the ResNet-18 / VGG-16 layers")
     parser.add_argument("--deadline", type=float, default=float("inf"), help="unix time after which no new layer starts")
     args = parser.parse_args()
@@ -224,8 +226,8 @@ def main():
     sweep = [128, 256, 512, 1024, 2048]
     if args.quick:
         sizes, sweep = [1024, 4096, 16384], [128, 512]
-    sizes = args.bmm_sizes or sizes
-    sweep = args.conv_channels or sweep
+    sizes = sizes if args.bmm_sizes is None else args.bmm_sizes
+    sweep = sweep if args.conv_channels is None else args.conv_channels
     bmm_rows, conv_rows = [], []
     bench_bmm(sizes, engines, bmm_rows)
     layers = [(f"tcbnn C=O={c}", 16, 64, c, c, 3, 1) for c in sweep]
