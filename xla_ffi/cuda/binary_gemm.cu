@@ -862,7 +862,8 @@ __device__ __forceinline__ void StoreBitsBorderRow(const BinaryGemmProblem& p, c
 
 // The epilogue straight from the wgmma accumulators (no pool): thread (warp w, lane g*4+t) of consumer
 // half `half` holds rows 64 half + 16 w + g (+8) and columns 8 j + 2 t (+1).
-// narrow: the tile has at most 128 columns (only the first 64 accumulators were computed).
+// narrow: the tile has at most 128 columns, so only the first 64 accumulators hold real columns (the
+// wgmma still computes all 256).
 __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, const int (&acc)[128],
                                                   const int* popc_a, const TileColumns<kWgCols>& cols, int tile_m,
                                                   int col0, int half, int wtid, bool narrow) {
