@@ -1,0 +1,57 @@
+#!/bin/bash
+# A/B of kernel versions in one GPU job (METHOD: old and new side by side, same GPU, same process kind).
+#   benchmarks/ab_job.sh DIR...        each DIR holds a version's binary_gemm.cu (+ .h, wgmma_b1.cuh),
+#                                      e.g. xla_ffi/cuda, or a revision exported with
+#                                      mkdir -p .ab/v8.2 && git archive REV xla_ffi/cuda | tar -x -C .ab/v8.2 --strip-components=2
+#                                      (.ab/ is git-ignored: a device job needs it carried)
+# Builds the kernel harness (xla_ffi/cuda/kernel_check.cu) against each version, runs the full harness check
+# on each, compute-sanitizer (memcheck, racecheck, initcheck; harness --small) on the last one, then ROUNDS
+# rounds (default 3) of `--time-wgmma` over every version in turn (CASES: ';'-separated harness case names;
+# default all). Logs in $OUT (default /tmp/jaxbnn_ab_out): ab.log, check_N.log, build_N.txt.
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/jaxbnn_ab_out}
+mkdir -p "$OUT"
+LOG="$OUT/ab.log"
+GENCODE="-gencode=arch=compute_90a,code=sm_90a"
+[ $# -ge 1 ] || { echo "usage: $0 DIR..." >&2; exit 2; }
+VERSIONS=("$@")
+status=0
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv 2>&1 | tee "$LOG"
+for i in "${!VERSIONS[@]}"; do
+  dir=${VERSIONS[$i]}
+  [ -f "$dir/binary_gemm.cu" ] || { echo "$dir: no binary_gemm.cu" | tee -a "$LOG"; exit 2; }
+  ( nvcc -O2 -std=c++17 $GENCODE -lineinfo -Xptxas=-warn-spills -Ixla_ffi -I"$dir" xla_ffi/cuda/kernel_check.cu \
+      "$dir/binary_gemm.cu" -o "/tmp/ab_kernel_check_$i" > "$OUT/build_$i.txt" 2>&1 ) &
+done
+wait
+for i in "${!VERSIONS[@]}"; do
+  echo "=== version $i: ${VERSIONS[$i]}: $(grep -c spilled "$OUT/build_$i.txt") spill warnings" | tee -a "$LOG"
+  [ -x "/tmp/ab_kernel_check_$i" ] || { tail -5 "$OUT/build_$i.txt" | tee -a "$LOG"; status=1; continue; }
+  timeout ${CHECK_SECONDS:-200} stdbuf -oL "/tmp/ab_kernel_check_$i" > "$OUT/check_$i.log" 2>&1
+  echo "check rc=$? ($(date -u +%T))" | tee -a "$LOG"
+  grep -v " 0 / " "$OUT/check_$i.log" | tail -6 | tee -a "$LOG"
+  grep -q "ALL OK" "$OUT/check_$i.log" || status=1
+done
+last=$(( ${#VERSIONS[@]} - 1 ))
+if [ "${SANITIZE:-1}" = 1 ] && [ -x "/tmp/ab_kernel_check_$last" ]; then
+  for tool in memcheck racecheck initcheck; do
+    echo "=== compute-sanitizer $tool, version $last ($(date -u +%T))" | tee -a "$LOG"
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "/tmp/ab_kernel_check_$last" --small 2>&1 \
+      | grep -vE " 0 / |^(wgmma|mma_sync|simt) " | tail -6 | tee -a "$LOG" || status=1
+  done
+fi
+IFS=';' read -r -a cases <<< "${CASES:-}"
+[ ${#cases[@]} -eq 0 ] && cases=("")
+for round in $(seq 1 "${ROUNDS:-3}"); do
+  for i in "${!VERSIONS[@]}"; do
+    [ -x "/tmp/ab_kernel_check_$i" ] || continue
+    echo "=== time: version $i, round $round ($(date -u +%T))" | tee -a "$LOG"
+    for c in "${cases[@]}"; do
+      args=(--time-wgmma); [ -n "$c" ] && args+=("$c")
+      timeout 120 "/tmp/ab_kernel_check_$i" "${args[@]}" 2>&1 | sed "s/^/v$i /" | tee -a "$LOG"
+    done
+  done
+done
+echo "ab status $status" | tee -a "$LOG"
+exit $status
