@@ -4,10 +4,11 @@
 #                                      e.g. xla_ffi/cuda, or a revision exported with
 #                                      mkdir -p .ab/v8.2 && git archive REV xla_ffi/cuda | tar -x -C .ab/v8.2 --strip-components=2
 #                                      (.ab/ is git-ignored: a device job needs it carried)
-# Builds the kernel harness (xla_ffi/cuda/kernel_check.cu) against each version, runs the full harness check
-# on each, compute-sanitizer (memcheck, racecheck, initcheck; harness --small) on the last one, then ROUNDS
-# rounds (default 3) of `--time-wgmma` over every version in turn (CASES: ';'-separated harness case names;
-# default all). Logs in $OUT (default /tmp/jaxbnn_ab_out): ab.log, check_N.log, build_N.txt.
+# Builds the kernel harness (the version's own kernel_check.cu, else the tree's) against each version, runs
+# the full harness check on each, compute-sanitizer (memcheck, racecheck, initcheck; harness --small) on
+# the last one, then ROUNDS rounds (default 3) of `--time-wgmma` over every version in turn (CASES:
+# ';'-separated harness case names; default all). Logs in $OUT (default /tmp/jaxbnn_ab_out): ab.log,
+# check_N.log, build_N.txt.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/jaxbnn_ab_out}
@@ -21,7 +22,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv 2>&1 | tee "$L
 for i in "${!VERSIONS[@]}"; do
   dir=${VERSIONS[$i]}
   [ -f "$dir/binary_gemm.cu" ] || { echo "$dir: no binary_gemm.cu" | tee -a "$LOG"; exit 2; }
-  ( nvcc -O2 -std=c++17 $GENCODE -lineinfo -Xptxas=-warn-spills -Ixla_ffi -I"$dir" xla_ffi/cuda/kernel_check.cu \
+  harness=xla_ffi/cuda/kernel_check.cu; [ -f "$dir/kernel_check.cu" ] && harness="$dir/kernel_check.cu"
+  ( nvcc -O2 -std=c++17 $GENCODE -lineinfo -Xptxas=-warn-spills -Ixla_ffi -I"$dir" "$harness" \
       "$dir/binary_gemm.cu" -o "/tmp/ab_kernel_check_$i" > "$OUT/build_$i.txt" 2>&1 ) &
 done
 wait
