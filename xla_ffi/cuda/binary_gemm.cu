@@ -781,17 +781,17 @@ __device__ __forceinline__ uint64_t SwizzledOperandDescriptor(uint32_t addr) {
          (1ull << 62);
 }
 
+// The four lanes of this thread's quad. The quads of a warp hold different rows and may take different
+// epilogue paths (border rows or not) with different numbers of shuffles, so the shuffles that assemble a
+// quad's words name only the quad: a full-warp mask would pair shuffles of different paths, or wait forever.
+__device__ __forceinline__ unsigned QuadLanes() { return 0xfu << (threadIdx.x % 32 & ~3u); }
+
 // Threshold bits of a thread's two accumulator rows (h = 0, 1). Bits of columns 8 j + 2 t + e land at
 // bit 8 (j % 4) + e of word j / 4; the quad's lanes (t) fill the other positions after a shift by 2 t, then
 // an OR over the quad completes each 32-column word: 3-4 instructions per value. kCorrected: subtract the
 // rows' "zero"-padding corrections, corr[h][column] (a row of the tile's border-class table).
 // kWords: output words per row (8: a 256-column tile; 4: a narrow tile of at most 128 columns, whose
 // accumulators are the first 64).
-// The four lanes of this thread's quad. The quads of a warp hold different rows and may take different
-// epilogue paths (border rows or not) with different numbers of shuffles, so the shuffles that assemble a
-// quad's words name only the quad: a full-warp mask would pair shuffles of different paths, or wait forever.
-__device__ __forceinline__ unsigned QuadLanes() { return 0xfu << (threadIdx.x % 32 & ~3u); }
-
 template <bool kCorrected, int kWords>
 __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const int (&acc)[128],
                                               const TileColumns<kWgCols>& cols, const int (&v0)[2],
