@@ -82,6 +82,7 @@ __device__ __forceinline__ int4 RowOrigin(const BinaryGemmProblem& p, int tile_m
 // sum tap popcounts per value.
 inline constexpr int kTableClasses = 25;
 inline constexpr int kTableSide = 4;
+static_assert(kTableClasses <= 127, "border classes are staged as int8 per tile row (RowCorrection)");
 
 // Rows above / below and columns left / right of the frame covered by a receptive field (origin o).
 struct FrameExcess {
@@ -360,6 +361,17 @@ __device__ __forceinline__ bool BorderRow(const BinaryGemmProblem& p, int tile_m
   if (p.pad_one) return false;
   origin = RowOrigin(p, tile_m, rows_per_tile, r);
   return origin.w && !(origin.y >= 0 && origin.y + p.kh <= p.in_h && origin.z >= 0 && origin.z + p.kw <= p.in_w);
+}
+
+// What the accumulator epilogues subtract from tile row `r`: 0 for nothing (a pixel whose receptive field
+// stays inside the frame, "one" padding, or no pixel), else the row's border class (HasCorrectionTable
+// problems: never 0 for a border row) or 1 (others, whose epilogue sums the excluded taps per value).
+// Computed once per row and tile, while the tensor cores run, instead of in every thread of the epilogue
+// (RowOrigin's divisions were a fifth of the instructions of a 3x3 C=128 convolution).
+__device__ __forceinline__ int8_t RowCorrection(const BinaryGemmProblem& p, int tile_m, int rows_per_tile, int r) {
+  int4 origin;
+  if (!BorderRow(p, tile_m, rows_per_tile, r, origin)) return 0;
+  return static_cast<int8_t>(HasCorrectionTable(p) ? BorderClass(p, ExcessOf(p, origin.y, origin.z)) : 1);
 }
 
 // The "zero"-padding corrections of one border row for the columns an accumulator thread holds:
@@ -685,7 +697,7 @@ constexpr int kWgStageBytes = (kWgRows + kWgCols) * 128;
 constexpr int kWgLd = kWgCols + 4;
 // 1024 bytes of slack: swizzled TMA destinations must be 1024-byte aligned.
 constexpr int kWgSmemBytes = 1024 + kWgStages * kWgStageBytes + kWgRows * 16 + kWgRows * 4 +
-                             static_cast<int>(sizeof(TileColumns<kWgCols>)) + 2 * kWgStages * 8;
+                             static_cast<int>(sizeof(TileColumns<kWgCols>)) + 2 * kWgStages * 8 + kWgRows;
 static_assert(kWgRows * kWgLd * 4 <= kWgStages * kWgStageBytes, "the staged epilogue tile reuses the stages");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -829,14 +841,15 @@ __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const 
   }
 }
 
-// The same for one row (h) whose receptive field may leave the frame, for problems without the border-class
-// table: corrections summed per value.
+// The same for one row (h, tile row r) whose receptive field may leave the frame, for problems without the
+// border-class table: corrections summed per value.
 __device__ __forceinline__ void StoreBitsBorderRow(const BinaryGemmProblem& p, const int (&acc)[128],
                                                    const TileColumns<kWgCols>& cols, int v0, long long row,
-                                                   bool row_valid, bool border, int4 origin, int h, int col0, int t) {
+                                                   bool row_valid, bool border, int tile_m, int r, int h, int col0,
+                                                   int t) {
   int excl[64];
   if (border) {
-    BorderCorrections(p, cols, origin, col0, 2 * t, excl);
+    BorderCorrections(p, cols, RowOrigin(p, tile_m, kWgRows, r), col0, 2 * t, excl);
   } else {
 #pragma unroll 1
     for (int k = 0; k < 64; ++k) excl[k] = 0;
@@ -861,27 +874,31 @@ __device__ __forceinline__ void StoreBitsBorderRow(const BinaryGemmProblem& p, c
 }
 
 // The epilogue straight from the wgmma accumulators (no pool): thread (warp w, lane g*4+t) of consumer
-// half `half` holds rows 64 half + 16 w + g (+8) and columns 8 j + 2 t (+1).
+// half `half` holds rows 64 half + 16 w + g (+8) and columns 8 j + 2 t (+1). row_correction: RowCorrection
+// of every tile row.
 // narrow: the tile has at most 128 columns, so only the first 64 accumulators hold real columns (the
 // wgmma still computes all 256).
 __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, const int (&acc)[128],
-                                                  const int* popc_a, const TileColumns<kWgCols>& cols, int tile_m,
-                                                  int col0, int half, int wtid, bool narrow) {
+                                                  const int* popc_a, const int8_t* row_correction,
+                                                  const TileColumns<kWgCols>& cols, int tile_m, int col0, int half,
+                                                  int wtid, bool narrow) {
   const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
-  int v0[2];
+  int v0[2], r[2], correction[2];
   long long row[2];
   bool row_valid[2], border[2];
-  int4 origin[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = 64 * half + 16 * w + g + 8 * h;
-    row[h] = static_cast<long long>(tile_m) * kWgRows + r;
+    r[h] = 64 * half + 16 * w + g + 8 * h;
+    row[h] = static_cast<long long>(tile_m) * kWgRows + r[h];
     row_valid[h] = row[h] < p.pooled_rows;
-    v0[h] = p.k_real - 2 * popc_a[r];
-    border[h] = row_valid[h] && BorderRow(p, tile_m, kWgRows, r, origin[h]);
+    v0[h] = p.k_real - 2 * popc_a[r[h]];
+    correction[h] = p.pad_one ? 0 : row_correction[r[h]];  // filled for "zero" padding only
+    border[h] = row_valid[h] && correction[h] != 0;
   }
   if (p.epilogue == Epilogue::kBits) {
-    if (!border[0] && !border[1]) {
+    // One path per warp: a warp whose quads took both paths would run both (rows inside the frame take the
+    // corrected path with class 0, whose corrections are 0).
+    if (!__any_sync(0xffffffffu, border[0] || border[1])) {
       const int* const none[2] = {nullptr, nullptr};
       if (narrow) {
         StoreBitsRows<false, 4>(p, acc, cols, v0, row, row_valid, none, col0, t);
@@ -890,9 +907,8 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
       }
     } else if (HasCorrectionTable(p)) {
       // class 0 (no excess) has correction 0: rows inside the frame take it
-      const int* const corr[2] = {
-          cols.correction[border[0] ? BorderClass(p, ExcessOf(p, origin[0].y, origin[0].z)) : 0],
-          cols.correction[border[1] ? BorderClass(p, ExcessOf(p, origin[1].y, origin[1].z)) : 0]};
+      const int* const corr[2] = {cols.correction[border[0] ? correction[0] : 0],
+                                  cols.correction[border[1] ? correction[1] : 0]};
       if (narrow) {
         StoreBitsRows<true, 4>(p, acc, cols, v0, row, row_valid, corr, col0, t);
       } else {
@@ -901,7 +917,7 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        StoreBitsBorderRow(p, acc, cols, v0[h], row[h], row_valid[h], border[h], origin[h], h, col0, t);
+        StoreBitsBorderRow(p, acc, cols, v0[h], row[h], row_valid[h], border[h], tile_m, r[h], h, col0, t);
       }
     }
     return;
@@ -910,7 +926,7 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
   for (int h = 0; h < 2; ++h) {
     if (!row_valid[h]) continue;
     int excl[64];
-    if (border[h]) BorderCorrections(p, cols, origin[h], col0, 2 * t, excl);
+    if (border[h]) BorderCorrections(p, cols, RowOrigin(p, tile_m, kWgRows, r[h]), col0, 2 * t, excl);
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
       const int lc = 8 * j + 2 * t, col = col0 + lc;
@@ -943,8 +959,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   int4* origins = reinterpret_cast<int4*>(smem + kWgStages * kWgStageBytes);
   int* popc_a = reinterpret_cast<int*>(origins + kWgRows);
   auto& cols = *reinterpret_cast<TileColumns<kWgCols>*>(popc_a + kWgRows);
-  const uint32_t full0 = SmemAddress(&cols + 1);  // kWgStages "stage landed" barriers
+  auto* barriers = reinterpret_cast<uint64_t*>(&cols + 1);
+  const uint32_t full0 = SmemAddress(barriers);   // kWgStages "stage landed" barriers
   const uint32_t empty0 = full0 + kWgStages * 8;  // kWgStages "stage consumed by the cluster" barriers
+  int8_t* row_correction = reinterpret_cast<int8_t*>(barriers + 2 * kWgStages);  // RowCorrection per tile row
   const int tid = threadIdx.x;
   const PairRange schedule =
       PairsOfCluster(static_cast<int>(ClusterId()), static_cast<int>(ClusterCount()), m_pairs, n_tiles, runs);
@@ -1037,6 +1055,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   };
   int it = 0;
   int staged_tile_n = -1;  // the column tile whose parameters `cols` holds
+  // The column parameters' global loads take a while: they are issued after the second k block's wgmmas
+  // (the first one's when there is one k block), when the tensor cores have two k blocks queued.
+  const int fill_kb = min(1, k_blocks - 1);
   for (int pair = schedule.first; pair < schedule.end; pair += schedule.step) {
     int pair_m, tile_n;
     PairCoordinates(pair, m_pairs, n_tiles, runs, pair_m, tile_n);
@@ -1045,7 +1066,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the previous epilogue is done with cols and popc_a
     // The border-class corrections stay while the column tile does (runs of pairs change it rarely);
     // filled before the accumulators are live.
-    if (tile_n != staged_tile_n && HasCorrectionTable(p)) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
+    const bool new_columns = tile_n != staged_tile_n;
+    if (new_columns && HasCorrectionTable(p)) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
     staged_tile_n = tile_n;
     int acc[128];
     int row_popc = 0;
@@ -1072,8 +1094,11 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         wgmma_m64n256k256_and_popc(acc, desc_a, OperandDescriptor(stage_b + ks * 256), (kb | ks) != 0);
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      // The column parameters' global loads wait while the first k block runs, not before it.
-      if (kb == 0) FillTileColumn<kWgCols>(p, cols, col0, ctid);
+      if (kb == fill_kb && new_columns) FillTileColumn<kWgCols>(p, cols, col0, ctid);
+      // each warpgroup its own 64 rows' corrections ("zero" padding)
+      if (kb == 0 && !p.pad_one && wtid < 64) {
+        row_correction[64 * half + wtid] = RowCorrection(p, tile_m, kWgRows, 64 * half + wtid);
+      }
       // While the tensor cores run: popc(a) of this warpgroup's 64 rows, two threads per row.
       row_popc += StageRowPopcount<64, 128, kLayout, kWgRows>(smem + s * kWgStageBytes + half_offset, wtid);
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
@@ -1083,10 +1108,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     release((it - 1) % kWgStages);
     row_popc = CombineRowPopcount<64, 128>(row_popc);
     if (const int row = RowOfPopcount<64, 128>(wtid); row >= 0) popc_a[64 * half + row] = row_popc;
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // popc_a and cols complete; every wgmma of the tile done
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // popc_a, row_correction, cols complete; all wgmmas done
     if (!staged) {
       // tiles of at most 128 columns (N <= 128, or the last column tile) store half the accumulators
-      StoreAccumulators(p, acc, popc_a, cols, tile_m, col0, half, wtid, p.n - col0 <= kWgCols / 2);
+      StoreAccumulators(p, acc, popc_a, row_correction, cols, tile_m, col0, half, wtid, p.n - col0 <= kWgCols / 2);
       continue;
     }
     // Pooled: one tile per CTA; every copy into this CTA has landed (the consumers waited for all of
