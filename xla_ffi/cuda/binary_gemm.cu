@@ -1049,11 +1049,11 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int wtid = ctid % 128;     // thread in its warpgroup
   // One arrival per consumer warp on the stage's "empty" barrier in every CTA of the cluster, after all
   // of the warp's reads (wgmma and row popcounts) of it are done.
-  auto release = [&](int s) {
+  auto release = [&](uint32_t s) {
     __syncwarp();
     if (wtid % 32 == 0) BarrierArriveCluster(empty0 + 8 * s);
   };
-  int it = 0;
+  uint32_t it = 0;  // k blocks consumed so far: stage it % kWgStages, phase (it / kWgStages) % 2
   int staged_tile_n = -1;  // the column tile whose parameters `cols` holds
   // The column parameters' global loads take a while: they are issued after the second k block's wgmmas
   // (the first one's when there is one k block), when the tensor cores have two k blocks queued.
@@ -1072,7 +1072,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     int acc[128];
     int row_popc = 0;
     for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-      const int s = it % kWgStages;
+      const uint32_t s = it % kWgStages;
       BarrierWait(full0 + 8 * s, (it / kWgStages) & 1);
       // cp.async wrote the activations through the generic proxy; the tensor cores read through the async one.
       if (!kTensorA) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
