@@ -233,13 +233,30 @@ __device__ __forceinline__ void LoadWeightStage(const BinaryGemmProblem& p, uint
 //   kCoreMatrices: chunk c of row r at StageOffset(r, c) (cp.async, and every weight stage);
 //   kSwizzledRows: rows of 128 bytes, the chunk index XORed with row % 8 (one 2-D TMA box, 128B swizzle);
 //   kChunkSlabs:   chunk c of all rows in a slab of rows x 16 bytes, at c * kRows * 16 + r * 16
-//                  (one 4-D TMA box per chunk: a convolution tap's channel words over a block of pixels).
-enum class ALayout : int { kCoreMatrices, kSwizzledRows, kChunkSlabs };
+//                  (one 4-D TMA box per chunk: a convolution tap's channel words over a block of pixels);
+//   kTapRows:      128 / W slabs of rows x W bytes, W = TapRowBytes (32, 64 or 128) with the W-byte swizzle:
+//                  one 4-D TMA box per slab, a whole tap's channel words (or 128 bytes of them) per pixel,
+//                  i.e. 2-4x fewer and wider boxes than kChunkSlabs and no half-used 32-byte sectors.
+enum class ALayout : int { kCoreMatrices, kSwizzledRows, kChunkSlabs, kTapRows };
 
+// The slab width of kTapRows for a convolution with `cw` channel words per tap, or 0 where a tap's bytes
+// are not 32, 64 or a multiple of 128 (a box never straddles two taps).
+__host__ __device__ __forceinline__ int TapRowBytes(int cw) {
+  const int bytes = cw * 4;
+  return bytes == 32 || bytes == 64 ? bytes : bytes % 128 == 0 ? 128 : 0;
+}
+
+// Where chunk `chunk` of row `row` lies (kTapRows: `row_bytes` = W). In the swizzled layouts this is the
+// physical chunk of that index: the swizzle permutes chunks within a row, so a row's chunks over all
+// indices are its bytes, and 8 consecutive rows at one index hit 8 different bank groups.
 template <ALayout kLayout, int kRows>
-__device__ __forceinline__ uint32_t ChunkOffset(int row, int chunk) {
+__device__ __forceinline__ uint32_t ChunkOffset(int row, int chunk, int row_bytes) {
   if constexpr (kLayout == ALayout::kSwizzledRows) return row * 128 + ((chunk ^ (row % 8)) * 16);
   if constexpr (kLayout == ALayout::kChunkSlabs) return chunk * kRows * 16 + row * 16;
+  if constexpr (kLayout == ALayout::kTapRows) {
+    const int per_row = row_bytes / 16, slab = chunk / per_row, c = chunk % per_row;
+    return slab * kRows * row_bytes + row * row_bytes + ((c ^ ((row / (8 / per_row)) % per_row)) * 16);
+  }
   return StageOffset(row, chunk);
 }
 
@@ -248,7 +265,7 @@ __device__ __forceinline__ uint32_t ChunkOffset(int row, int chunk) {
 // + t % 8: 8 consecutive threads, 8 rows of one chunk (in the swizzled layout: 8 different physical
 // chunks), so no bank conflicts; the parts of a row sit 8 lanes apart in one warp.
 template <int kRows, int kThreads, ALayout kLayout = ALayout::kCoreMatrices, int kStageRows = kRows>
-__device__ __forceinline__ int StageRowPopcount(const uint8_t* stage, int tid) {
+__device__ __forceinline__ int StageRowPopcount(const uint8_t* stage, int tid, int row_bytes = 128) {
   constexpr int kParts = kThreads / kRows;
   constexpr int kChunks = 8 / kParts;
   static_assert(8 * kParts <= 32, "the parts of a row must share a warp");
@@ -257,7 +274,7 @@ __device__ __forceinline__ int StageRowPopcount(const uint8_t* stage, int tid) {
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
     const int chunk = part * kChunks + i;
-    const uint32_t offset = ChunkOffset<kLayout, kStageRows>(row, chunk);
+    const uint32_t offset = ChunkOffset<kLayout, kStageRows>(row, chunk, row_bytes);
     const uint4 v = *reinterpret_cast<const uint4*>(stage + offset);
     total += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
   }
@@ -786,11 +803,13 @@ __device__ __forceinline__ uint64_t OperandDescriptor(uint32_t addr, uint32_t al
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(along_k >> 4) << 16) |
          (static_cast<uint64_t>(between_groups >> 4) << 32);
 }
-// 128B-swizzle K-major descriptor: rows of 128 bytes, SBO 1024 between 8-row groups (LBO unused); a k256
-// step advances the start address by 32 bytes.
-__device__ __forceinline__ uint64_t SwizzledOperandDescriptor(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (1ull << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
-         (1ull << 62);
+// Swizzled K-major descriptor: rows of `row_bytes` (128, 64 or 32) with that swizzle (mode 1, 2 or 3 in
+// bits 62-63), SBO = 8 rows between 8-row groups (LBO unused); a k256 step advances the start address by 32
+// bytes within a row.
+__device__ __forceinline__ uint64_t SwizzledOperandDescriptor(uint32_t addr, uint32_t row_bytes = 128) {
+  const uint64_t mode = row_bytes == 128 ? 1 : row_bytes == 64 ? 2 : 3;
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (1ull << 16) | (static_cast<uint64_t>(8 * row_bytes >> 4) << 32) |
+         (mode << 62);
 }
 
 // The four lanes of this thread's quad. The quads of a warp hold different rows and may take different
@@ -968,6 +987,17 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       PairsOfCluster(static_cast<int>(ClusterId()), static_cast<int>(ClusterCount()), m_pairs, n_tiles, runs);
   const int rank = static_cast<int>(ClusterRank());
   const bool staged = p.pool_h * p.pool_w > 1;
+  // Bytes of K per row of one activation slab (one TMA box): 16 in the chunk slabs, W in the tap rows;
+  // 128 (a whole stage row) in the other layouts.
+  const int a_box_bytes = kLayout == ALayout::kChunkSlabs ? 16 : kLayout == ALayout::kTapRows ? TapRowBytes(p.cw) : 128;
+  const int a_box_log2 = __ffs(a_box_bytes) - 1;  // a power of two: shifts, not divisions
+  const int a_boxes = 128 >> a_box_log2;           // per stage
+  // kTapRows: where k256 step ks (32 bytes of K) starts: in slab ks * 32 / W, ks * 32 % W bytes into a row.
+  uint32_t tap_row_step[4];
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    tap_row_step[ks] = ((ks * 32) >> a_box_log2) * kWgRows * a_box_bytes + ((ks * 32) & (a_box_bytes - 1));
+  }
   if (tid == 0) {
     for (int s = 0; s < kWgStages; ++s) {
       // TMA: one arrival (with the stage's byte count). cp.async: one per producer thread when its copies
@@ -1013,17 +1043,17 @@ __global__ void __launch_bounds__(kWgThreads, 1)
           if (tid == 0) BarrierArriveExpectBytes(full, kWgStageA + weight_bytes);
           if constexpr (kLayout == ALayout::kSwizzledRows) {
             if (tid == 0) TensorCopy(stage, a_map, kb * 128, tile_m * kWgRows, full);
-          } else if (tid < 8) {
-            // Chunk `tid` of the K block: 4 channel words of one tap over the tile's block of output pixels
-            // (whole output rows, or a 128-pixel run of one), shifted by the tap. Chunks past K and pixels
-            // out of the frame or past the batch arrive as zeros.
-            const int word = (kb * 8 + tid) * 4;
-            const int tap = word / p.cw;
+          } else if (tid < a_boxes) {
+            // Box `tid` of the K block: a_box_bytes of one tap's channel bytes (16: one chunk) over the
+            // tile's block of output pixels (whole output rows, or a 128-pixel run of one), shifted by the
+            // tap. Boxes past K and pixels out of the frame or past the batch arrive as zeros.
+            const int k_byte = kb * 128 + tid * a_box_bytes, tap_bytes = p.cw * 4;
+            const int tap = k_byte / tap_bytes;
             const int first = tile_m * kWgRows, per_image = p.out_h * p.out_w;
             const int b = first / per_image, oh0 = (first % per_image) / p.out_w, ow0 = first % p.out_w;
             const int fkh = tap / p.kw, fkw = tap % p.kw;
-            const int channel_byte = word < p.k_words ? (word - tap * p.cw) * 4 : p.cw * 4;
-            TensorCopy4d(stage + tid * kWgRows * 16, a_map, channel_byte, ow0 + fkw - p.pad_left,
+            const int channel_byte = k_byte < p.k_words * 4 ? k_byte - tap * tap_bytes : tap_bytes;
+            TensorCopy4d(stage + tid * kWgRows * a_box_bytes, a_map, channel_byte, ow0 + fkw - p.pad_left,
                          oh0 + fkh - p.pad_top, b, full);
           }
         } else {
@@ -1077,8 +1107,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       // cp.async wrote the activations through the generic proxy; the tensor cores read through the async one.
       if (!kTensorA) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-      // this warpgroup's 64 rows: the second half starts 64 rows in (64 x 16 bytes in the chunk slabs)
-      const int half_offset = kLayout == ALayout::kChunkSlabs ? half * 64 * 16 : half * 64 * 128;
+      // this warpgroup's 64 rows: the second half starts 64 rows in (64 x a_box_bytes in the slab layouts)
+      const int half_offset = half * 64 * a_box_bytes;
       const uint32_t stage_a = base + s * kWgStageBytes + half_offset;
       const uint32_t stage_b = base + s * kWgStageBytes + kWgStageA;
 #pragma unroll
@@ -1088,6 +1118,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
           desc_a = SwizzledOperandDescriptor(stage_a + ks * 32);
         } else if constexpr (kLayout == ALayout::kChunkSlabs) {
           desc_a = OperandDescriptor(stage_a + ks * 2 * kWgRows * 16, kWgRows * 16, 128);
+        } else if constexpr (kLayout == ALayout::kTapRows) {
+          desc_a = SwizzledOperandDescriptor(stage_a + tap_row_step[ks], a_box_bytes);
         } else {
           desc_a = OperandDescriptor(stage_a + ks * 256);
         }
@@ -1100,7 +1132,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         row_correction[64 * half + wtid] = RowCorrection(p, tile_m, kWgRows, 64 * half + wtid);
       }
       // While the tensor cores run: popc(a) of this warpgroup's 64 rows, two threads per row.
-      row_popc += StageRowPopcount<64, 128, kLayout, kWgRows>(smem + s * kWgStageBytes + half_offset, wtid);
+      row_popc += StageRowPopcount<64, 128, kLayout, kWgRows>(smem + s * kWgStageBytes + half_offset, wtid, a_box_bytes);
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
       if (kb > 0) release((it - 1) % kWgStages);
     }
@@ -1186,8 +1218,10 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 //   rows of a plain matrix (bmm, 1x1 stride-1 unpadded convolutions): bytes x rows, 128 x 128 boxes,
 //   128B swizzle (kSwizzledRows);
 //   stride-1 convolutions whose 128-row tiles are whole output rows (128 % out_w == 0, tiles inside an
-//   image) or 128-pixel runs of one (out_w % 128 == 0): NHWC bytes, one (16 bytes, pixels) box per
-//   16-byte chunk of K, out-of-frame taps zero-filled by the TMA unit (kChunkSlabs);
+//   image) or 128-pixel runs of one (out_w % 128 == 0): NHWC bytes, out-of-frame taps zero-filled by the
+//   TMA unit; one (W bytes, pixels) box per W bytes of K with the W-byte swizzle where a tap's channel
+//   bytes are 32, 64 or a multiple of 128 (kTapRows), else one (16 bytes, pixels) box per 16-byte chunk
+//   (kChunkSlabs);
 //   anything else, or a driver without cuTensorMapEncodeTiled: cp.async (kCoreMatrices).
 ALayout ActivationTensorMap(const BinaryGemmProblem& p, CUtensorMap& map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
@@ -1211,11 +1245,19 @@ ALayout ActivationTensorMap(const BinaryGemmProblem& p, CUtensorMap& map) {
   const cuuint64_t dims[4] = {row_bytes, static_cast<cuuint64_t>(p.in_w), static_cast<cuuint64_t>(p.in_h),
                               static_cast<cuuint64_t>(p.batch)};
   const cuuint64_t strides[3] = {row_bytes, row_bytes * p.in_w, row_bytes * p.in_w * p.in_h};
-  const cuuint32_t box[4] = {16, static_cast<cuuint32_t>(box_w), static_cast<cuuint32_t>(box_h), 1};
+  // Tap rows where a tap's bytes allow (W-byte boxes with the W-byte swizzle), else 16-byte chunk boxes.
+  const int tap_row_bytes = TapRowBytes(p.cw);
+  const CUtensorMapSwizzle swizzle = tap_row_bytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                                     : tap_row_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                     : tap_row_bytes == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                                           : CU_TENSOR_MAP_SWIZZLE_NONE;
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(tap_row_bytes ? tap_row_bytes : 16),
+                             static_cast<cuuint32_t>(box_w), static_cast<cuuint32_t>(box_h), 1};
   const CUresult made = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<uint32_t*>(p.x), dims, strides, box,
-                               unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                               unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return made == CUDA_SUCCESS ? ALayout::kChunkSlabs : ALayout::kCoreMatrices;
+  if (made != CUDA_SUCCESS) return ALayout::kCoreMatrices;
+  return tap_row_bytes ? ALayout::kTapRows : ALayout::kChunkSlabs;
 }
 
 // Clusters of two CTAs over pairs of row tiles: persistent (one CTA per SM) unless the pooled epilogue
@@ -1236,6 +1278,7 @@ cudaError_t LaunchWgmma(const BinaryGemmProblem& p, int sms, cudaStream_t stream
   const bool runs = operand_bytes <= (24ll << 20);
   const auto kernel = layout == ALayout::kSwizzledRows ? WgmmaKernel<ALayout::kSwizzledRows>
                       : layout == ALayout::kChunkSlabs ? WgmmaKernel<ALayout::kChunkSlabs>
+                      : layout == ALayout::kTapRows    ? WgmmaKernel<ALayout::kTapRows>
                                                        : WgmmaKernel<ALayout::kCoreMatrices>;
   // Raising the dynamic shared memory limit is idempotent and cheap; no launch-time allocation.
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmemBytes);

@@ -335,7 +335,18 @@ int main(int argc, char** argv) {
   cases.push_back({1, 4, 32, 256, 20, 3, 4, 1, 1, 1, 0, 2, 1, 1, 1, false});  // 3 x 4 filter, asymmetric padding
   cases.push_back({1, 3, 256, 128, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   cases.push_back({16, 32, 32, 128, 300, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});  // more tile pairs than clusters
-  if (small) cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[17], cases[21], cases[23]};
+  // the same with W-byte tap rows: C = 512 (64-byte rows), 1024 (128), 2048 (two boxes per tap), 256 in
+  // 128-pixel runs (32-byte rows; the cases with C = 256 above take them too), a 5x5 filter
+  cases.push_back({2, 8, 16, 512, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({2, 8, 16, 512, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true});
+  cases.push_back({1, 4, 32, 1024, 24, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({1, 4, 32, 2048, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({1, 2, 128, 256, 36, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({1, 4, 32, 512, 33, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, false});
+  if (small) {
+    cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[17], cases[21], cases[23], cases[28],
+             cases[31]};
+  }
   long failures = 0;
   for (const ConvCase& cc : cases) {
     for (Epilogue ep : {Epilogue::kInt32, Epilogue::kAffine, Epilogue::kBits}) {
