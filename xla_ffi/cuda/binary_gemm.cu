@@ -246,16 +246,20 @@ __host__ __device__ __forceinline__ int TapRowBytes(int cw) {
   return bytes == 32 || bytes == 64 ? bytes : bytes % 128 == 0 ? 128 : 0;
 }
 
-// Where chunk `chunk` of row `row` lies (kTapRows: `row_bytes` = W). In the swizzled layouts this is the
-// physical chunk of that index: the swizzle permutes chunks within a row, so a row's chunks over all
-// indices are its bytes, and 8 consecutive rows at one index hit 8 different bank groups.
+// Where chunk `chunk` of row `row` lies (kTapRows: W = 1 << `row_bytes_log2`). In the swizzled layouts
+// this is the physical chunk of that index: the swizzle permutes chunks within a row, so a row's chunks
+// over all indices are its bytes, and 8 consecutive rows at one index hit 8 different bank groups.
+// W is a runtime power of two: shifts and masks, since this runs in the consumers' k loop (the divisions
+// it had were ~45% of a C = 2048 convolution's instructions).
 template <ALayout kLayout, int kRows>
-__device__ __forceinline__ uint32_t ChunkOffset(int row, int chunk, int row_bytes) {
+__device__ __forceinline__ uint32_t ChunkOffset(int row, int chunk, int row_bytes_log2) {
   if constexpr (kLayout == ALayout::kSwizzledRows) return row * 128 + ((chunk ^ (row % 8)) * 16);
   if constexpr (kLayout == ALayout::kChunkSlabs) return chunk * kRows * 16 + row * 16;
   if constexpr (kLayout == ALayout::kTapRows) {
-    const int per_row = row_bytes / 16, slab = chunk / per_row, c = chunk % per_row;
-    return slab * kRows * row_bytes + row * row_bytes + ((c ^ ((row / (8 / per_row)) % per_row)) * 16);
+    const int per_row_log2 = row_bytes_log2 - 4, per_row_mask = (1 << per_row_log2) - 1;
+    const int slab = chunk >> per_row_log2, c = chunk & per_row_mask;
+    const int swizzle = (row >> (3 - per_row_log2)) & per_row_mask;  // the W-byte swizzle's chunk XOR
+    return ((slab * kRows + row) << row_bytes_log2) + ((c ^ swizzle) * 16);
   }
   return StageOffset(row, chunk);
 }
@@ -265,7 +269,7 @@ __device__ __forceinline__ uint32_t ChunkOffset(int row, int chunk, int row_byte
 // + t % 8: 8 consecutive threads, 8 rows of one chunk (in the swizzled layout: 8 different physical
 // chunks), so no bank conflicts; the parts of a row sit 8 lanes apart in one warp.
 template <int kRows, int kThreads, ALayout kLayout = ALayout::kCoreMatrices, int kStageRows = kRows>
-__device__ __forceinline__ int StageRowPopcount(const uint8_t* stage, int tid, int row_bytes = 128) {
+__device__ __forceinline__ int StageRowPopcount(const uint8_t* stage, int tid, int row_bytes_log2 = 7) {
   constexpr int kParts = kThreads / kRows;
   constexpr int kChunks = 8 / kParts;
   static_assert(8 * kParts <= 32, "the parts of a row must share a warp");
@@ -274,7 +278,7 @@ __device__ __forceinline__ int StageRowPopcount(const uint8_t* stage, int tid, i
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
     const int chunk = part * kChunks + i;
-    const uint32_t offset = ChunkOffset<kLayout, kStageRows>(row, chunk, row_bytes);
+    const uint32_t offset = ChunkOffset<kLayout, kStageRows>(row, chunk, row_bytes_log2);
     const uint4 v = *reinterpret_cast<const uint4*>(stage + offset);
     total += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
   }
@@ -1132,7 +1136,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         row_correction[64 * half + wtid] = RowCorrection(p, tile_m, kWgRows, 64 * half + wtid);
       }
       // While the tensor cores run: popc(a) of this warpgroup's 64 rows, two threads per row.
-      row_popc += StageRowPopcount<64, 128, kLayout, kWgRows>(smem + s * kWgStageBytes + half_offset, wtid, a_box_bytes);
+      row_popc += StageRowPopcount<64, 128, kLayout, kWgRows>(smem + s * kWgStageBytes + half_offset, wtid, a_box_log2);
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
       if (kb > 0) release((it - 1) % kWgStages);
     }
