@@ -384,16 +384,6 @@ __device__ __forceinline__ bool BorderRow(const BinaryGemmProblem& p, int tile_m
   return origin.w && !(origin.y >= 0 && origin.y + p.kh <= p.in_h && origin.z >= 0 && origin.z + p.kw <= p.in_w);
 }
 
-// What the accumulator epilogues subtract from tile row `r`: 0 for nothing (a pixel whose receptive field
-// stays inside the frame, "one" padding, or no pixel), else the row's border class (HasCorrectionTable
-// problems: never 0 for a border row) or 1 (others, whose epilogue sums the excluded taps per value).
-// Computed once per row and tile, while the tensor cores run, instead of in every thread of the epilogue
-// (RowOrigin's divisions were a fifth of the instructions of a 3x3 C=128 convolution).
-__device__ __forceinline__ int8_t RowCorrection(const BinaryGemmProblem& p, int tile_m, int rows_per_tile, int r) {
-  int4 origin;
-  if (!BorderRow(p, tile_m, rows_per_tile, r, origin)) return 0;
-  return static_cast<int8_t>(HasCorrectionTable(p) ? BorderClass(p, ExcessOf(p, origin.y, origin.z)) : 1);
-}
 
 // The "zero"-padding corrections of one border row for the columns an accumulator thread holds:
 // value k at local column first_lc + 8 (k / 2) + k % 2. A runtime loop, so that the corrections are not
@@ -444,29 +434,6 @@ __device__ __forceinline__ void TileCoordinates(int pid, int m_tiles, int n_tile
   const int in_group = pid % (kGroup * n_tiles);
   tile_m = first_m + in_group % group_size;
   tile_n = in_group / group_size;
-}
-
-// The tile pairs of one cluster of the persistent wgmma kernel, in order: pairs first, first + step, ...
-// below end. `runs`: a contiguous run of pairs in column-tile-major order (problems whose operands sit in
-// L2 together), so that a CTA keeps its column tile, and the column table staged for it, over most of its
-// tiles; otherwise every ClusterCount-th pair of the grouped raster, so that the clusters working at one
-// time share row and column tiles in L2.
-struct PairRange {
-  int first, end, step;
-};
-__device__ __forceinline__ PairRange PairsOfCluster(int cluster, int clusters, int m_pairs, int n_tiles, bool runs) {
-  const long long pairs = static_cast<long long>(m_pairs) * n_tiles;
-  if (!runs) return {cluster, static_cast<int>(pairs), clusters};
-  return {static_cast<int>(cluster * pairs / clusters), static_cast<int>((cluster + 1) * pairs / clusters), 1};
-}
-__device__ __forceinline__ void PairCoordinates(int pair, int m_pairs, int n_tiles, bool runs, int& pair_m,
-                                                int& tile_n) {
-  if (runs) {
-    tile_n = pair / m_pairs;
-    pair_m = pair - tile_n * m_pairs;
-  } else {
-    TileCoordinates(pair, m_pairs, n_tiles, pair_m, tile_n);
-  }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -722,6 +689,40 @@ constexpr int kWgSmemBytes = 1024 + kWgStages * kWgStageBytes + kWgRows * 16 + k
 static_assert(kWgRows * kWgLd * 4 <= kWgStages * kWgStageBytes, "the staged epilogue tile reuses the stages");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// What the accumulator epilogues subtract from tile row `r`: 0 for nothing (a pixel whose receptive field
+// stays inside the frame, "one" padding, or no pixel), else the row's border class (HasCorrectionTable
+// problems: never 0 for a border row) or 1 (others, whose epilogue sums the excluded taps per value).
+// Computed once per row and tile, while the tensor cores run, instead of in every thread of the epilogue
+// (RowOrigin's divisions were a fifth of the instructions of a 3x3 C=128 convolution).
+__device__ __forceinline__ int8_t RowCorrection(const BinaryGemmProblem& p, int tile_m, int rows_per_tile, int r) {
+  int4 origin;
+  if (!BorderRow(p, tile_m, rows_per_tile, r, origin)) return 0;
+  return static_cast<int8_t>(HasCorrectionTable(p) ? BorderClass(p, ExcessOf(p, origin.y, origin.z)) : 1);
+}
+
+// The tile pairs of one cluster of the persistent wgmma kernel, in order: pairs first, first + step, ...
+// below end. `runs`: a contiguous run of pairs in column-tile-major order (problems whose operands sit in
+// L2 together), so that a CTA keeps its column tile, and the column table staged for it, over most of its
+// tiles; otherwise every ClusterCount-th pair of the grouped raster, so that the clusters working at one
+// time share row and column tiles in L2.
+struct PairRange {
+  int first, end, step;
+};
+__device__ __forceinline__ PairRange PairsOfCluster(int cluster, int clusters, int m_pairs, int n_tiles, bool runs) {
+  const long long pairs = static_cast<long long>(m_pairs) * n_tiles;
+  if (!runs) return {cluster, static_cast<int>(pairs), clusters};
+  return {static_cast<int>(cluster * pairs / clusters), static_cast<int>((cluster + 1) * pairs / clusters), 1};
+}
+__device__ __forceinline__ void PairCoordinates(int pair, int m_pairs, int n_tiles, bool runs, int& pair_m,
+                                                int& tile_n) {
+  if (runs) {
+    tile_n = pair / m_pairs;
+    pair_m = pair - tile_n * m_pairs;
+  } else {
+    TileCoordinates(pair, m_pairs, n_tiles, pair_m, tile_n);
+  }
+}
+
 __device__ __forceinline__ void BarrierInit(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
 }
