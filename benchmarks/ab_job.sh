@@ -7,11 +7,12 @@
 # Builds the kernel harness (the version's own kernel_check.cu, else the tree's) against each version, runs
 # the full harness check on each, compute-sanitizer (memcheck, racecheck, initcheck; harness --small) on
 # the last one, then ROUNDS rounds (default 3) of `--time-wgmma` over every version in turn (CASES:
-# ';'-separated harness case names; default all). Logs in $OUT (default /tmp/jaxbnn_ab_out): ab.log,
-# check_N.log, build_N.txt.
+# ';'-separated harness case names; default all). Writes two files to $OUT (default /tmp/jaxbnn_ab_out; the
+# device returns at most 8): ab.log, and versions.tar.gz with each version's build_N.txt and check_N.log.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/jaxbnn_ab_out}
+LOGS=$(mktemp -d)  # per-version logs, packed into one file at the end
 mkdir -p "$OUT"
 LOG="$OUT/ab.log"
 GENCODE="-gencode=arch=compute_90a,code=sm_90a"
@@ -24,16 +25,16 @@ for i in "${!VERSIONS[@]}"; do
   [ -f "$dir/binary_gemm.cu" ] || { echo "$dir: no binary_gemm.cu" | tee -a "$LOG"; exit 2; }
   harness=xla_ffi/cuda/kernel_check.cu; [ -f "$dir/kernel_check.cu" ] && harness="$dir/kernel_check.cu"
   ( nvcc -O2 -std=c++17 $GENCODE -lineinfo -Xptxas=-warn-spills -Ixla_ffi -I"$dir" "$harness" \
-      "$dir/binary_gemm.cu" -o "/tmp/ab_kernel_check_$i" > "$OUT/build_$i.txt" 2>&1 ) &
+      "$dir/binary_gemm.cu" -o "/tmp/ab_kernel_check_$i" > "$LOGS/build_$i.txt" 2>&1 ) &
 done
 wait
 for i in "${!VERSIONS[@]}"; do
-  echo "=== version $i: ${VERSIONS[$i]}: $(grep -c spilled "$OUT/build_$i.txt") spill warnings" | tee -a "$LOG"
-  [ -x "/tmp/ab_kernel_check_$i" ] || { tail -5 "$OUT/build_$i.txt" | tee -a "$LOG"; status=1; continue; }
-  timeout ${CHECK_SECONDS:-200} stdbuf -oL "/tmp/ab_kernel_check_$i" > "$OUT/check_$i.log" 2>&1
+  echo "=== version $i: ${VERSIONS[$i]}: $(grep -c spilled "$LOGS/build_$i.txt") spill warnings" | tee -a "$LOG"
+  [ -x "/tmp/ab_kernel_check_$i" ] || { tail -5 "$LOGS/build_$i.txt" | tee -a "$LOG"; status=1; continue; }
+  timeout ${CHECK_SECONDS:-200} stdbuf -oL "/tmp/ab_kernel_check_$i" > "$LOGS/check_$i.log" 2>&1
   echo "check rc=$? ($(date -u +%T))" | tee -a "$LOG"
-  grep -v " 0 / " "$OUT/check_$i.log" | tail -6 | tee -a "$LOG"
-  grep -q "ALL OK" "$OUT/check_$i.log" || status=1
+  grep -v " 0 / " "$LOGS/check_$i.log" | tail -6 | tee -a "$LOG"
+  grep -q "ALL OK" "$LOGS/check_$i.log" || status=1
 done
 last=$(( ${#VERSIONS[@]} - 1 ))
 if [ "${SANITIZE:-1}" = 1 ] && [ -x "/tmp/ab_kernel_check_$last" ]; then
@@ -55,5 +56,6 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
     done
   done
 done
+tar -czf "$OUT/versions.tar.gz" -C "$LOGS" . && rm -rf "$LOGS"
 echo "ab status $status" | tee -a "$LOG"
 exit $status
