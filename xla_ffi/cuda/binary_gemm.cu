@@ -384,7 +384,6 @@ __device__ __forceinline__ bool BorderRow(const BinaryGemmProblem& p, int tile_m
   return origin.w && !(origin.y >= 0 && origin.y + p.kh <= p.in_h && origin.z >= 0 && origin.z + p.kw <= p.in_w);
 }
 
-
 // The "zero"-padding corrections of one border row for the columns an accumulator thread holds:
 // value k at local column first_lc + 8 (k / 2) + k % 2. A runtime loop, so that the corrections are not
 // inlined into every site of the unrolled epilogues (that once made the kernels ~700 KB of straight-line
