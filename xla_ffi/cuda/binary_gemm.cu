@@ -36,6 +36,23 @@ __device__ __forceinline__ uint32_t SmemAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// A divisor d >= 1 fixed at launch, for Quotient (n / d by a multiply-high and a shift: the round-up method
+// of Granlund and Montgomery, magic = ceil(2^(31 + l) / d), l = ceil(log2 d), exact for 0 <= n < 2^31)
+// instead of a ~20-instruction integer division. Built on the host; kernels take it as a parameter, so
+// the magic number is a constant-bank operand.
+struct FastDivisor {
+  int divisor = 1;
+  uint32_t magic = 0, shift = 0;
+  FastDivisor() = default;
+  explicit FastDivisor(int d) : divisor(d > 1 ? d : 1) {
+    if (divisor == 1) return;
+    int log2_ceil = 0;
+    while ((1ll << log2_ceil) < divisor) ++log2_ceil;
+    magic = static_cast<uint32_t>(((1ull << (31 + log2_ceil)) + divisor - 1) / divisor);
+    shift = static_cast<uint32_t>(log2_ceil - 1);
+  }
+};
+
 __device__ __forceinline__ uint32_t StageOffset(int row, int chunk) {
   return (row / 8) * kRowGroupBytes + chunk * 128 + (row % 8) * 16;
 }
@@ -687,7 +704,18 @@ constexpr int kWgSmemBytes = 1024 + kWgStages * kWgStageBytes + kWgRows * 16 + k
                              static_cast<int>(sizeof(TileColumns<kWgCols>)) + 2 * kWgStages * 8 + kWgRows;
 static_assert(kWgRows * kWgLd * 4 <= kWgStages * kWgStageBytes, "the staged epilogue tile reuses the stages");
 
+// What the producer divides by to place a convolution's TMA boxes (kChunkSlabs, kTapRows): built once per
+// launch, so that the producer's few instructions per stage between "stage free" and its copies are not
+// integer divisions.
+struct TapBoxDivisors {
+  FastDivisor tap_bytes, kw, image_pixels, out_w;
+};
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ int Quotient(int n, const FastDivisor& d) {
+  return d.divisor == 1 ? n : static_cast<int>(__umulhi(static_cast<uint32_t>(n), d.magic) >> d.shift);
+}
+
 // What the accumulator epilogues subtract from tile row `r`: 0 for nothing (a pixel whose receptive field
 // stays inside the frame, "one" padding, or no pixel), else the row's border class (HasCorrectionTable
 // problems: never 0 for a border row) or 1 (others, whose epilogue sums the excluded taps per value).
@@ -973,8 +1001,8 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
 // Launched with a cluster dimension of kWgCluster (LaunchWgmma).
 template <ALayout kLayout>
 __global__ void __launch_bounds__(kWgThreads, 1)
-    WgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map, int m_pairs, int n_tiles,
-                bool runs) {
+    WgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map, const TapBoxDivisors box_div,
+                int m_pairs, int n_tiles, bool runs) {
   [[maybe_unused]] constexpr bool kTensorA = kLayout != ALayout::kCoreMatrices;  // unused in the sm_80 pass
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
@@ -1035,9 +1063,20 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         origins[tid] = RowOrigin(p, tile_m, kWgRows, tid);
         asm volatile("bar.sync 2, 128;\n" ::: "memory");
       }
+      // The tap boxes' origin: the tile's first output pixel (whole output rows, or a 128-pixel run of one).
+      const int first = tile_m * kWgRows;
+      const int image = Quotient(first, box_div.image_pixels), in_image = first - image * box_div.image_pixels.divisor;
+      const int oh0 = Quotient(in_image, box_div.out_w), ow0 = in_image - oh0 * p.out_w;
       for (int kb = 0; kb < k_blocks; ++kb, ++it) {
         const int s = it % kWgStages;
         const uint32_t full = full0 + 8 * s;
+        // Box `tid` of the K block (box layouts): a_box_bytes of one tap's channel bytes (16: one chunk),
+        // placed before the wait so that only the copies follow the stage's release. Boxes past K start
+        // past the channel bytes: they arrive as zeros.
+        const int k_byte = kb * 128 + tid * a_box_bytes, tap_bytes = p.cw * 4;
+        const int tap = Quotient(k_byte, box_div.tap_bytes);
+        const int fkh = Quotient(tap, box_div.kw), fkw = tap - fkh * p.kw;
+        const int channel_byte = k_byte < p.k_words * 4 ? k_byte - tap * tap_bytes : tap_bytes;
         if (it >= kWgStages) BarrierWait(empty0 + 8 * s, ((it / kWgStages) - 1) & 1);
         const uint32_t stage = base + s * kWgStageBytes;
         // FSB tiles past K are not copied either: what stays there meets zero-filled activation words.
@@ -1048,17 +1087,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
           if constexpr (kLayout == ALayout::kSwizzledRows) {
             if (tid == 0) TensorCopy(stage, a_map, kb * 128, tile_m * kWgRows, full);
           } else if (tid < a_boxes) {
-            // Box `tid` of the K block: a_box_bytes of one tap's channel bytes (16: one chunk) over the
-            // tile's block of output pixels (whole output rows, or a 128-pixel run of one), shifted by the
-            // tap. Boxes past K and pixels out of the frame or past the batch arrive as zeros.
-            const int k_byte = kb * 128 + tid * a_box_bytes, tap_bytes = p.cw * 4;
-            const int tap = k_byte / tap_bytes;
-            const int first = tile_m * kWgRows, per_image = p.out_h * p.out_w;
-            const int b = first / per_image, oh0 = (first % per_image) / p.out_w, ow0 = first % p.out_w;
-            const int fkh = tap / p.kw, fkw = tap % p.kw;
-            const int channel_byte = k_byte < p.k_words * 4 ? k_byte - tap * tap_bytes : tap_bytes;
+            // the tile's block of output pixels shifted by the tap; pixels out of the frame or past the
+            // batch arrive as zeros
             TensorCopy4d(stage + tid * kWgRows * a_box_bytes, a_map, channel_byte, ow0 + fkw - p.pad_left,
-                         oh0 + fkh - p.pad_top, b, full);
+                         oh0 + fkh - p.pad_top, image, full);
           }
         } else {
           LoadActivationStage<kWgRows, 4, 128>(p, origins, stage, kb, tid);
@@ -1299,7 +1331,9 @@ cudaError_t LaunchWgmma(const BinaryGemmProblem& p, int sms, cudaStream_t stream
   cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  const cudaError_t launch = cudaLaunchKernelEx(&config, kernel, p, a_map, static_cast<int>(m_pairs),
+  const TapBoxDivisors box_div{FastDivisor(p.cw * 4), FastDivisor(p.kw), FastDivisor(p.out_h * p.out_w),
+                               FastDivisor(p.out_w)};
+  const cudaError_t launch = cudaLaunchKernelEx(&config, kernel, p, a_map, box_div, static_cast<int>(m_pairs),
                                                 static_cast<int>(n_tiles), runs);
   if (launch != cudaSuccess) return launch;
   return cudaGetLastError();
