@@ -52,6 +52,14 @@ struct FastDivisor {
     shift = static_cast<uint32_t>(log2_ceil - 1);
   }
 };
+__device__ __forceinline__ int Quotient(int n, const FastDivisor& d) {
+  return d.divisor == 1 ? n : static_cast<int>(__umulhi(static_cast<uint32_t>(n), d.magic) >> d.shift);
+}
+
+// The divisors of a problem that the loaders use once per K block, built once per launch (DivisorsOf).
+struct LaunchDivisors {
+  FastDivisor cw, kw, tap_bytes, image_pixels, out_w;
+};
 
 __device__ __forceinline__ uint32_t StageOffset(int row, int chunk) {
   return (row / 8) * kRowGroupBytes + chunk * 128 + (row % 8) * 16;
@@ -208,17 +216,17 @@ __device__ __forceinline__ void FillTileColumn(const BinaryGemmProblem& p, TileC
 // once per stage; 8 consecutive threads take 8 consecutive rows of one chunk, so their shared-memory
 // writes fill one 128-byte core matrix row block without bank conflicts.
 template <int kRows, int kVec, int kThreads>
-__device__ __forceinline__ void LoadActivationStage(const BinaryGemmProblem& p, const int4* origins,
-                                                    uint32_t stage, int kb, int tid) {
+__device__ __forceinline__ void LoadActivationStage(const BinaryGemmProblem& p, const LaunchDivisors& div,
+                                                    const int4* origins, uint32_t stage, int kb, int tid) {
   constexpr int kCopiesPerRow = kKBlockWords / kVec;
   constexpr int kGroups = kThreads / (8 * kCopiesPerRow);  // row groups of 8 covered at once
   static_assert(kGroups >= 1 && kThreads % (8 * kCopiesPerRow) == 0, "a thread must keep its word position");
   const int part = (tid / 8) % kCopiesPerRow;
   const int kword = kb * kKBlockWords + part * kVec;
   const bool k_valid = kword < p.k_words;
-  const int tap = kword / p.cw;
+  const int tap = Quotient(kword, div.cw);
   const int cword = kword - tap * p.cw;
-  const int fkh = tap / p.kw, fkw = tap - fkh * p.kw;
+  const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
   const int tap_offset = (fkh * p.in_w + fkw) * p.cw + cword;
   const uint32_t dst0 = stage + (part * kVec / 4) * 128 + (part * kVec % 4) * 4;
 #pragma unroll 4
@@ -622,7 +630,8 @@ constexpr int ClassicSmemBytes() {
 }
 
 template <class Engine, int kVec>
-__global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const BinaryGemmProblem p, int m_tiles,
+__global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const BinaryGemmProblem p,
+                                                                      const LaunchDivisors div, int m_tiles,
                                                                       int n_tiles) {
   constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kStages = Engine::kStages;
   constexpr int kThreads = Engine::kThreads, kLd = kCols + 4;
@@ -647,7 +656,7 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
   auto load = [&](int kb) {
     const uint32_t stage = base + (kb % kStages) * kStageBytes;
-    LoadActivationStage<kRows, kVec, kThreads>(p, origins, stage, kb, tid);
+    LoadActivationStage<kRows, kVec, kThreads>(p, div, origins, stage, kb, tid);
     LoadWeightStage<kCols, kThreads>(p, stage + kStageA, col0 / 8, kb, tid);
   };
   for (int s = 0; s < kStages - 1; ++s) {
@@ -704,18 +713,7 @@ constexpr int kWgSmemBytes = 1024 + kWgStages * kWgStageBytes + kWgRows * 16 + k
                              static_cast<int>(sizeof(TileColumns<kWgCols>)) + 2 * kWgStages * 8 + kWgRows;
 static_assert(kWgRows * kWgLd * 4 <= kWgStages * kWgStageBytes, "the staged epilogue tile reuses the stages");
 
-// What the producer divides by to place a convolution's TMA boxes (kChunkSlabs, kTapRows): built once per
-// launch, so that the producer's few instructions per stage between "stage free" and its copies are not
-// integer divisions.
-struct TapBoxDivisors {
-  FastDivisor tap_bytes, kw, image_pixels, out_w;
-};
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ int Quotient(int n, const FastDivisor& d) {
-  return d.divisor == 1 ? n : static_cast<int>(__umulhi(static_cast<uint32_t>(n), d.magic) >> d.shift);
-}
-
 // What the accumulator epilogues subtract from tile row `r`: 0 for nothing (a pixel whose receptive field
 // stays inside the frame, "one" padding, or no pixel), else the row's border class (HasCorrectionTable
 // problems: never 0 for a border row) or 1 (others, whose epilogue sums the excluded taps per value).
@@ -1001,7 +999,7 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
 // Launched with a cluster dimension of kWgCluster (LaunchWgmma).
 template <ALayout kLayout>
 __global__ void __launch_bounds__(kWgThreads, 1)
-    WgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map, const TapBoxDivisors box_div,
+    WgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map, const LaunchDivisors div,
                 int m_pairs, int n_tiles, bool runs) {
   [[maybe_unused]] constexpr bool kTensorA = kLayout != ALayout::kCoreMatrices;  // unused in the sm_80 pass
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1065,8 +1063,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       }
       // The tap boxes' origin: the tile's first output pixel (whole output rows, or a 128-pixel run of one).
       const int first = tile_m * kWgRows;
-      const int image = Quotient(first, box_div.image_pixels), in_image = first - image * box_div.image_pixels.divisor;
-      const int oh0 = Quotient(in_image, box_div.out_w), ow0 = in_image - oh0 * p.out_w;
+      const int image = Quotient(first, div.image_pixels), in_image = first - image * div.image_pixels.divisor;
+      const int oh0 = Quotient(in_image, div.out_w), ow0 = in_image - oh0 * p.out_w;
       for (int kb = 0; kb < k_blocks; ++kb, ++it) {
         const int s = it % kWgStages;
         const uint32_t full = full0 + 8 * s;
@@ -1074,8 +1072,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         // placed before the wait so that only the copies follow the stage's release. Boxes past K start
         // past the channel bytes: they arrive as zeros.
         const int k_byte = kb * 128 + tid * a_box_bytes, tap_bytes = p.cw * 4;
-        const int tap = Quotient(k_byte, box_div.tap_bytes);
-        const int fkh = Quotient(tap, box_div.kw), fkw = tap - fkh * p.kw;
+        const int tap = Quotient(k_byte, div.tap_bytes);
+        const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
         const int channel_byte = k_byte < p.k_words * 4 ? k_byte - tap * tap_bytes : tap_bytes;
         if (it >= kWgStages) BarrierWait(empty0 + 8 * s, ((it / kWgStages) - 1) & 1);
         const uint32_t stage = base + s * kWgStageBytes;
@@ -1093,7 +1091,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                          oh0 + fkh - p.pad_top, image, full);
           }
         } else {
-          LoadActivationStage<kWgRows, 4, 128>(p, origins, stage, kb, tid);
+          LoadActivationStage<kWgRows, 4, 128>(p, div, origins, stage, kb, tid);
           if (tid == 0) BarrierArriveExpectBytes(full, weight_bytes);
         }
         // This CTA's half of the weight rows, 1 KB (8 FSB tiles) per 8-row tile row, into both CTAs.
@@ -1218,6 +1216,11 @@ DeviceInfo& InfoFor(int device) {
   return infos[device & 63];
 }
 
+LaunchDivisors DivisorsOf(const BinaryGemmProblem& p) {
+  return {FastDivisor(p.cw), FastDivisor(p.kw), FastDivisor(p.cw * 4), FastDivisor(p.out_h * p.out_w),
+          FastDivisor(p.out_w)};
+}
+
 template <class Kernel>
 cudaError_t Launch(Kernel kernel, int smem, int threads, int m_tiles, int n_tiles, const BinaryGemmProblem& p,
                    cudaStream_t stream) {
@@ -1226,7 +1229,7 @@ cudaError_t Launch(Kernel kernel, int smem, int threads, int m_tiles, int n_tile
   if (err != cudaSuccess) return err;
   const long long tiles = static_cast<long long>(m_tiles) * n_tiles;
   if (tiles > INT_MAX) return cudaErrorInvalidConfiguration;
-  kernel<<<static_cast<unsigned>(tiles), threads, smem, stream>>>(p, m_tiles, n_tiles);
+  kernel<<<static_cast<unsigned>(tiles), threads, smem, stream>>>(p, DivisorsOf(p), m_tiles, n_tiles);
   return cudaGetLastError();
 }
 
@@ -1331,9 +1334,7 @@ cudaError_t LaunchWgmma(const BinaryGemmProblem& p, int sms, cudaStream_t stream
   cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  const TapBoxDivisors box_div{FastDivisor(p.cw * 4), FastDivisor(p.kw), FastDivisor(p.out_h * p.out_w),
-                               FastDivisor(p.out_w)};
-  const cudaError_t launch = cudaLaunchKernelEx(&config, kernel, p, a_map, box_div, static_cast<int>(m_pairs),
+  const cudaError_t launch = cudaLaunchKernelEx(&config, kernel, p, a_map, DivisorsOf(p), static_cast<int>(m_pairs),
                                                 static_cast<int>(n_tiles), runs);
   if (launch != cudaSuccess) return launch;
   return cudaGetLastError();
