@@ -790,6 +790,17 @@ __device__ __forceinline__ void BulkCopyMulticast(uint32_t dst, const void* src,
       "l"(src), "r"(bytes), "r"(bar), "h"(every_cta)
       : "memory");
 }
+// One TMA copy of the weight box (128 bytes = one FSB tile, 8 FSB tiles of K, kWgCols / 8 / kWgCluster row
+// tiles) at (FSB tile k, row tile j) of `map`, into the same offset of every CTA of the cluster; tiles past
+// K or N arrive as zeros and still count towards the box's bytes.
+__device__ __forceinline__ void WeightCopyMulticast(uint32_t dst, const CUtensorMap& map, int k, int j, uint32_t bar) {
+  const uint16_t every_cta = (1u << kWgCluster) - 1;
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(0), "r"(k), "r"(j), "r"(bar), "h"(every_cta)
+      : "memory");
+}
 // One TMA copy of the (128 bytes x 128 rows) box at (byte x, row y) of `map`; rows and bytes outside the
 // matrix arrive as zeros and still count towards the box's bytes.
 __device__ __forceinline__ void TensorCopy(uint32_t dst, const CUtensorMap& map, int x, int y, uint32_t bar) {
@@ -999,7 +1010,8 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
 // Launched with a cluster dimension of kWgCluster (LaunchWgmma).
 template <ALayout kLayout>
 __global__ void __launch_bounds__(kWgThreads, 1)
-    WgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map, const LaunchDivisors div,
+    WgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map,
+                const __grid_constant__ CUtensorMap w_map, bool weights_by_tma, const LaunchDivisors div,
                 int m_pairs, int n_tiles, bool runs) {
   [[maybe_unused]] constexpr bool kTensorA = kLayout != ALayout::kCoreMatrices;  // unused in the sm_80 pass
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1079,7 +1091,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         const uint32_t stage = base + s * kWgStageBytes;
         // FSB tiles past K are not copied either: what stays there meets zero-filled activation words.
         const int kt0 = kb * 8, k_tiles = min(8, p.w_k_tiles - kt0);
-        const uint32_t weight_bytes = row_tiles * k_tiles * 128;
+        // by TMA: whole boxes, zeros included; by bulk copies: the FSB tiles that exist
+        const uint32_t weight_bytes = weights_by_tma ? kWgCols * 128 : row_tiles * k_tiles * 128;
         if constexpr (kTensorA) {
           if (tid == 0) BarrierArriveExpectBytes(full, kWgStageA + weight_bytes);
           if constexpr (kLayout == ALayout::kSwizzledRows) {
@@ -1094,10 +1107,15 @@ __global__ void __launch_bounds__(kWgThreads, 1)
           LoadActivationStage<kWgRows, 4, 128>(p, div, origins, stage, kb, tid);
           if (tid == 0) BarrierArriveExpectBytes(full, weight_bytes);
         }
-        // This CTA's half of the weight rows, 1 KB (8 FSB tiles) per 8-row tile row, into both CTAs.
+        // This CTA's half of the weight rows, 1 KB (8 FSB tiles) per 8-row tile row, into both CTAs: one TMA
+        // box, or one bulk copy per row tile (each a serialized trip through the uniform datapath).
         constexpr int kRowTilesPerCta = kWgCols / 8 / kWgCluster;
-        const int j = rank * kRowTilesPerCta + tid;
-        if (tid < kRowTilesPerCta && j < row_tiles) {
+        if (weights_by_tma) {
+          if (tid == 0) {
+            WeightCopyMulticast(stage + kWgStageA + rank * kRowTilesPerCta * kRowGroupBytes, w_map, kt0,
+                                col0 / 8 + rank * kRowTilesPerCta, full);
+          }
+        } else if (const int j = rank * kRowTilesPerCta + tid; tid < kRowTilesPerCta && j < row_tiles) {
           BulkCopyMulticast(stage + kWgStageA + j * kRowGroupBytes,
                             p.w + (static_cast<size_t>(col0 / 8 + j) * p.w_k_tiles + kt0) * 32, k_tiles * 128, full);
         }
@@ -1299,6 +1317,20 @@ ALayout ActivationTensorMap(const BinaryGemmProblem& p, CUtensorMap& map) {
   return tap_row_bytes ? ALayout::kTapRows : ALayout::kChunkSlabs;
 }
 
+// The weights as a 3-D tensor of FSB tiles for WeightCopyMulticast: (128 bytes, w_k_tiles, w_row_tiles),
+// boxes of 8 x 16 tiles. False where it cannot be made (no encoder, a misaligned buffer): bulk copies then.
+bool WeightTensorMap(const BinaryGemmProblem& p, CUtensorMap& map) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(p.w_k_tiles), static_cast<cuuint64_t>(p.w_row_tiles)};
+  const cuuint64_t strides[2] = {128, static_cast<cuuint64_t>(p.w_k_tiles) * 128};
+  const cuuint32_t box[3] = {128, kKBlockWords / 4, kWgCols / 8 / kWgCluster};
+  const cuuint32_t unit_strides[3] = {1, 1, 1};
+  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint32_t*>(p.w), dims, strides, box, unit_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 // Clusters of two CTAs over pairs of row tiles: persistent (one CTA per SM) unless the pooled epilogue
 // needs one tile per CTA.
 cudaError_t LaunchWgmma(const BinaryGemmProblem& p, int sms, cudaStream_t stream) {
@@ -1311,6 +1343,9 @@ cudaError_t LaunchWgmma(const BinaryGemmProblem& p, int sms, cudaStream_t stream
   CUtensorMap a_map;
   std::memset(&a_map, 0, sizeof(a_map));
   const ALayout layout = ActivationTensorMap(p, a_map);
+  CUtensorMap w_map;
+  std::memset(&w_map, 0, sizeof(w_map));
+  const bool weights_by_tma = WeightTensorMap(p, w_map);
   // Runs of pairs per cluster when activations and weights together take at most 24 MiB of the 50 MiB L2.
   const long long operand_bytes = static_cast<long long>(p.batch) * p.in_h * p.in_w * p.cw * 4 +
                                   static_cast<long long>(p.w_row_tiles) * p.w_k_tiles * 128;
@@ -1334,8 +1369,8 @@ cudaError_t LaunchWgmma(const BinaryGemmProblem& p, int sms, cudaStream_t stream
   cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  const cudaError_t launch = cudaLaunchKernelEx(&config, kernel, p, a_map, DivisorsOf(p), static_cast<int>(m_pairs),
-                                                static_cast<int>(n_tiles), runs);
+  const cudaError_t launch = cudaLaunchKernelEx(&config, kernel, p, a_map, w_map, weights_by_tma, DivisorsOf(p),
+                                                static_cast<int>(m_pairs), static_cast<int>(n_tiles), runs);
   if (launch != cudaSuccess) return launch;
   return cudaGetLastError();
 }
