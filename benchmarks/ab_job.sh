@@ -6,8 +6,9 @@
 #                                      (.ab/ is git-ignored: a device job needs it carried)
 # Builds the kernel harness (the version's own kernel_check.cu, else the tree's) against each version, runs
 # the full harness check on each, compute-sanitizer (memcheck, racecheck, initcheck; harness --small) on
-# the last one, then ROUNDS rounds (default 3) of `--time-wgmma` over every version in turn (CASES:
-# ';'-separated harness case names; default all). Writes two files to $OUT (default /tmp/jaxbnn_ab_out; the
+# the last one, then ROUNDS rounds (default 3) of each harness timing mode in TIME_MODES (default
+# `--time-wgmma`; `--time-mma` times the mma.sync engine) over every version in turn (CASES: ';'-separated
+# harness case names; default all). Writes two files to $OUT (default /tmp/jaxbnn_ab_out; the
 # device returns at most 8): ab.log, and versions.tar.gz with each version's build_N.txt and check_N.log.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -50,9 +51,11 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
   for i in "${!VERSIONS[@]}"; do
     [ -x "/tmp/ab_kernel_check_$i" ] || continue
     echo "=== time: version $i, round $round ($(date -u +%T))" | tee -a "$LOG"
-    for c in "${cases[@]}"; do
-      args=(--time-wgmma); [ -n "$c" ] && args+=("$c")
-      timeout 120 "/tmp/ab_kernel_check_$i" "${args[@]}" 2>&1 | sed "s/^/v$i /" | tee -a "$LOG"
+    for mode in ${TIME_MODES:---time-wgmma}; do
+      for c in "${cases[@]}"; do
+        args=("$mode"); [ -n "$c" ] && args+=("$c")
+        timeout 120 "/tmp/ab_kernel_check_$i" "${args[@]}" 2>&1 | sed "s/^/v$i /" | tee -a "$LOG"
+      done
     done
   done
 done

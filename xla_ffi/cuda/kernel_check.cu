@@ -283,11 +283,9 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path) {
 }
 
 // --time: the BMM sweep and the TCBNN BConv sweep (batch 16, 64x64, 3x3, stride 1, "zero" padding);
-// --time-wgmma: the wgmma engine only. An optional second argument times only the cases of that name
-// (e.g. "bconv C=O=512", for ncu).
-void TimeAll(bool wgmma_only, const std::string& only) {
-  std::vector<KernelPath> paths = {KernelPath::kWgmma};
-  if (!wgmma_only) paths = {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt};
+// --time-wgmma / --time-mma: one engine only. An optional second argument times only the cases of that
+// name (e.g. "bconv C=O=512", for ncu).
+void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
   auto time = [&](const std::string& name, const ConvCase& cc) {
     if (!only.empty() && name != only) return;
     for (KernelPath path : paths) TimeCase(name.c_str(), cc, path);
@@ -304,8 +302,14 @@ void TimeAll(bool wgmma_only, const std::string& only) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1 && (std::string(argv[1]) == "--time" || std::string(argv[1]) == "--time-wgmma")) {
-    TimeAll(std::string(argv[1]) == "--time-wgmma", argc > 2 ? argv[2] : "");
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "--time" || mode == "--time-wgmma" || mode == "--time-mma") {
+    const std::vector<KernelPath> paths = mode == "--time-wgmma" ? std::vector<KernelPath>{KernelPath::kWgmma}
+                                          : mode == "--time-mma"
+                                              ? std::vector<KernelPath>{KernelPath::kMmaSync}
+                                              : std::vector<KernelPath>{KernelPath::kWgmma, KernelPath::kMmaSync,
+                                                                        KernelPath::kSimt};
+    TimeAll(paths, argc > 2 ? argv[2] : "");
     return 0;
   }
   const bool small = argc > 1 && std::string(argv[1]) == "--small";
