@@ -303,13 +303,12 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode == "--time" || mode == "--time-wgmma" || mode == "--time-mma") {
-    const std::vector<KernelPath> paths = mode == "--time-wgmma" ? std::vector<KernelPath>{KernelPath::kWgmma}
-                                          : mode == "--time-mma"
-                                              ? std::vector<KernelPath>{KernelPath::kMmaSync}
-                                              : std::vector<KernelPath>{KernelPath::kWgmma, KernelPath::kMmaSync,
-                                                                        KernelPath::kSimt};
-    TimeAll(paths, argc > 2 ? argv[2] : "");
+  std::vector<KernelPath> timed;  // the engines a timing mode times
+  if (mode == "--time") timed = {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt};
+  if (mode == "--time-wgmma") timed = {KernelPath::kWgmma};
+  if (mode == "--time-mma") timed = {KernelPath::kMmaSync};
+  if (!timed.empty()) {
+    TimeAll(timed, argc > 2 ? argv[2] : "");
     return 0;
   }
   const bool small = argc > 1 && std::string(argv[1]) == "--small";
