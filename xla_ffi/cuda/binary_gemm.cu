@@ -143,7 +143,9 @@ __device__ __forceinline__ int BorderClass(const BinaryGemmProblem& p, FrameExce
 // epilogue parameters.
 template <int kCols>
 struct TileColumns {
-  int correction[kTableClasses][kCols];  // [BorderClass][column], when HasCorrectionTable
+  // [BorderClass][column], when HasCorrectionTable; in the wgmma kernel's unpooled threshold epilogue, the
+  // class's bound instead (bound + correction, AddBoundsToClasses)
+  int correction[kTableClasses][kCols];
   int popc_b[kCols];
   int threshold[kCols];
   int flip[kCols];
@@ -725,6 +727,18 @@ __device__ __forceinline__ int8_t RowCorrection(const BinaryGemmProblem& p, int 
   return static_cast<int8_t>(HasCorrectionTable(p) ? BorderClass(p, ExcessOf(p, origin.y, origin.z)) : 1);
 }
 
+// Turns the border-class corrections of local column `lc` into the class's bounds (bound + correction),
+// so that the threshold epilogue compares every row with one table row (StoreBitsRows<true, ...>). For the
+// unpooled threshold epilogue only: every other reader of the table wants corrections (ExcludedTaps).
+// Called by the thread that filled column `lc` of both the table and cols.bound.
+__device__ __forceinline__ void AddBoundsToClasses(const BinaryGemmProblem& p, TileColumns<kWgCols>& cols, int lc) {
+  const int bound = cols.bound[lc], classes = BorderClasses(p);
+  for (int c = 0; c < classes; ++c) {
+    // columns past N keep their unreachable bound
+    cols.correction[c][lc] = bound == INT_MAX ? INT_MAX : cols.correction[c][lc] + bound;
+  }
+}
+
 // The tile pairs of one cluster of the persistent wgmma kernel, in order: pairs first, first + step, ...
 // below end. `runs`: a contiguous run of pairs in column-tile-major order (problems whose operands sit in
 // L2 together), so that a CTA keeps its column tile, and the column table staged for it, over most of its
@@ -860,28 +874,24 @@ __device__ __forceinline__ unsigned QuadLanes() { return 0xfu << (threadIdx.x % 
 
 // Threshold bits of a thread's two accumulator rows (h = 0, 1). Bits of columns 8 j + 2 t + e land at
 // bit 8 (j % 4) + e of word j / 4; the quad's lanes (t) fill the other positions after a shift by 2 t, then
-// an OR over the quad completes each 32-column word: 3-4 instructions per value. kCorrected: subtract the
-// rows' "zero"-padding corrections, corr[h][column] (a row of the tile's border-class table).
+// an OR over the quad completes each 32-column word: 3-4 instructions per value. bounds[h]: the bounds
+// row h compares with: cols.bound, or the row of its border class in the class-bound table
+// (kClassBounds: then the two rows' bounds are loaded separately).
 // kWords: output words per row (8: a 256-column tile; 4: a narrow tile of at most 128 columns, whose
 // accumulators are the first 64).
-template <bool kCorrected, int kWords>
+template <bool kClassBounds, int kWords>
 __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const int (&acc)[128],
                                               const TileColumns<kWgCols>& cols, const int (&v0)[2],
                                               const long long (&row)[2], const bool (&row_valid)[2],
-                                              const int* const (&corr)[2], int col0, int t) {
+                                              const int* const (&bounds)[2], int col0, int t) {
   uint32_t words[2][kWords] = {};
 #pragma unroll
   for (int j = 0; j < 4 * kWords; ++j) {
-    const int2 bound = *reinterpret_cast<const int2*>(&cols.bound[8 * j + 2 * t]);
     const uint32_t bit0 = 1u << (8 * (j % 4));  // constant positions: a select and a 3-input OR per pair
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      int x0 = 4 * acc[4 * j + 2 * h] + v0[h], x1 = 4 * acc[4 * j + 2 * h + 1] + v0[h];
-      if constexpr (kCorrected) {
-        const int2 c = *reinterpret_cast<const int2*>(&corr[h][8 * j + 2 * t]);
-        x0 -= c.x;
-        x1 -= c.y;
-      }
+      const int2 bound = *reinterpret_cast<const int2*>(&bounds[kClassBounds ? h : 0][8 * j + 2 * t]);
+      const int x0 = 4 * acc[4 * j + 2 * h] + v0[h], x1 = 4 * acc[4 * j + 2 * h + 1] + v0[h];
       words[h][j / 4] |= (x0 >= bound.x ? bit0 : 0u) | (x1 >= bound.y ? bit0 << 1 : 0u);
     }
   }
@@ -956,23 +966,24 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
     border[h] = row_valid[h] && correction[h] != 0;
   }
   if (p.epilogue == Epilogue::kBits) {
-    // One path per warp: a warp whose quads took both paths would run both (rows inside the frame take the
-    // corrected path with class 0, whose corrections are 0).
-    if (!__any_sync(0xffffffffu, border[0] || border[1])) {
-      const int* const none[2] = {nullptr, nullptr};
+    // One code path per problem where possible: the epilogue is fetch-bound (ncu: "no instruction" was
+    // the first stall reason), and warps of one CTA in two variants fetch twice the code.
+    if (HasCorrectionTable(p)) {
+      // every row compares with its border class's bounds; class 0 (inside the frame) holds the plain ones
+      const int* const bounds[2] = {cols.correction[border[0] ? correction[0] : 0],
+                                    cols.correction[border[1] ? correction[1] : 0]};
       if (narrow) {
-        StoreBitsRows<false, 4>(p, acc, cols, v0, row, row_valid, none, col0, t);
+        StoreBitsRows<true, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
       } else {
-        StoreBitsRows<false, 8>(p, acc, cols, v0, row, row_valid, none, col0, t);
+        StoreBitsRows<true, 8>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
       }
-    } else if (HasCorrectionTable(p)) {
-      // class 0 (no excess) has correction 0: rows inside the frame take it
-      const int* const corr[2] = {cols.correction[border[0] ? correction[0] : 0],
-                                  cols.correction[border[1] ? correction[1] : 0]};
+    } else if (!__any_sync(0xffffffffu, border[0] || border[1])) {
+      // one path per warp: a warp whose quads took both paths would run both
+      const int* const bounds[2] = {cols.bound, cols.bound};
       if (narrow) {
-        StoreBitsRows<true, 4>(p, acc, cols, v0, row, row_valid, corr, col0, t);
+        StoreBitsRows<false, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
       } else {
-        StoreBitsRows<true, 8>(p, acc, cols, v0, row, row_valid, corr, col0, t);
+        StoreBitsRows<false, 8>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
       }
     } else {
 #pragma unroll
@@ -1140,6 +1151,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // The column parameters' global loads take a while: they are issued after the second k block's wgmmas
   // (the first one's when there is one k block), when the tensor cores have two k blocks queued.
   const int fill_kb = min(1, k_blocks - 1);
+  // the threshold epilogue's class-bound table (StoreAccumulators): unpooled threshold problems with a table
+  const bool class_bounds = p.epilogue == Epilogue::kBits && !staged && HasCorrectionTable(p);
   for (int pair = schedule.first; pair < schedule.end; pair += schedule.step) {
     int pair_m, tile_n;
     PairCoordinates(pair, m_pairs, n_tiles, runs, pair_m, tile_n);
@@ -1178,7 +1191,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         wgmma_m64n256k256_and_popc(acc, desc_a, OperandDescriptor(stage_b + ks * 256), (kb | ks) != 0);
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      if (kb == fill_kb && new_columns) FillTileColumn<kWgCols>(p, cols, col0, ctid);
+      if (kb == fill_kb && new_columns) {
+        FillTileColumn<kWgCols>(p, cols, col0, ctid);
+        if (class_bounds) AddBoundsToClasses(p, cols, ctid);
+      }
       // each warpgroup its own 64 rows' corrections ("zero" padding)
       if (kb == 0 && !p.pad_one && wtid < 64) {
         row_correction[64 * half + wtid] = RowCorrection(p, tile_m, kWgRows, 64 * half + wtid);
