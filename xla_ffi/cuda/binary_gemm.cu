@@ -157,32 +157,43 @@ struct TileColumns {
   float bias[kCols];
 };
 
-// Fills the border-class corrections of local column `lc` (HasCorrectionTable problems): prefix[i][j] is
-// the sum of C - 2 popc over the taps above and left of (i, j); a class's correction is the whole filter's
-// sum minus that of the rectangle of taps inside the frame. Depends on the column tile only.
+// Fills the border-class corrections of local column `lc` (HasCorrectionTable problems): a class's
+// correction is the sum of C - 2 popc over the filter's taps minus that over the rectangle of taps inside
+// the frame. Every tap index is a compile-time one (kTableSide x kTableSide taps, masked by runtime
+// bounds), so the taps' terms stay in registers: a prefix-sum array indexed by runtime bounds lived in
+// local memory (ncu: its loads stalled the CTA at the start of every column tile). Depends on the column
+// tile only.
 template <int kCols>
 __device__ __forceinline__ void FillCorrectionTable(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
                                                     int lc) {
   const int col = col0 + lc;
-  int prefix[kTableSide + 1][kTableSide + 1] = {};
+  int term[kTableSide][kTableSide];
+  int whole = 0;
 #pragma unroll
   for (int i = 0; i < kTableSide; ++i) {
 #pragma unroll
     for (int j = 0; j < kTableSide; ++j) {
       const bool real = i < p.kh && j < p.kw;
       const int popc = real && col < p.n ? p.tap_popc[(i * p.kw + j) * p.n + col] : 0;
-      prefix[i + 1][j + 1] = (real ? p.c - 2 * popc : 0) + prefix[i][j + 1] + prefix[i + 1][j] - prefix[i][j];
+      term[i][j] = real ? p.c - 2 * popc : 0;
+      whole += term[i][j];
     }
   }
   const FrameExcess m = MaxExcess(p);
-  const int whole = prefix[p.kh][p.kw];
-  for (int top = 0; top <= m.top; ++top) {
-    for (int bottom = 0; bottom <= m.bottom; ++bottom) {
-      for (int left = 0; left <= m.left; ++left) {
-        for (int right = 0; right <= m.right; ++right) {
-          const int i1 = p.kh - bottom, j1 = p.kw - right;
-          const int inside =
-              top < i1 && left < j1 ? prefix[i1][j1] - prefix[top][j1] - prefix[i1][left] + prefix[top][left] : 0;
+  for (int left = 0; left <= m.left; ++left) {
+    for (int right = 0; right <= m.right; ++right) {
+      int row_inside[kTableSide];  // per filter row: the sum over its taps inside [left, kw - right)
+#pragma unroll
+      for (int i = 0; i < kTableSide; ++i) {
+        row_inside[i] = 0;
+#pragma unroll
+        for (int j = 0; j < kTableSide; ++j) row_inside[i] += j >= left && j < p.kw - right ? term[i][j] : 0;
+      }
+      for (int top = 0; top <= m.top; ++top) {
+        for (int bottom = 0; bottom <= m.bottom; ++bottom) {
+          int inside = 0;
+#pragma unroll
+          for (int i = 0; i < kTableSide; ++i) inside += i >= top && i < p.kh - bottom ? row_inside[i] : 0;
           cols.correction[BorderClass(p, {top, bottom, left, right})][lc] = whole - inside;
         }
       }
@@ -720,11 +731,18 @@ static_assert(kWgRows * kWgLd * 4 <= kWgStages * kWgStageBytes, "the staged epil
 // stays inside the frame, "one" padding, or no pixel), else the row's border class (HasCorrectionTable
 // problems: never 0 for a border row) or 1 (others, whose epilogue sums the excluded taps per value).
 // Computed once per row and tile, while the tensor cores run, instead of in every thread of the epilogue
-// (RowOrigin's divisions were a fifth of the instructions of a 3x3 C=128 convolution).
-__device__ __forceinline__ int8_t RowCorrection(const BinaryGemmProblem& p, int tile_m, int rows_per_tile, int r) {
-  int4 origin;
-  if (!BorderRow(p, tile_m, rows_per_tile, r, origin)) return 0;
-  return static_cast<int8_t>(HasCorrectionTable(p) ? BorderClass(p, ExcessOf(p, origin.y, origin.z)) : 1);
+// (RowOrigin's divisions were a fifth of the instructions of a 3x3 C=128 convolution). Unpooled problems
+// only (one output pixel per row), with the launch's divisors: RowOrigin's four runtime divisions took
+// ~200 instructions in the k loop of two warps per warpgroup (ncu, C = 128).
+__device__ __forceinline__ int8_t RowCorrection(const BinaryGemmProblem& p, const LaunchDivisors& div, int tile_m,
+                                                int r) {
+  const int pixel = tile_m * kWgRows + r;
+  if (pixel >= p.pooled_rows) return 0;
+  const int image = Quotient(pixel, div.image_pixels), in_image = pixel - image * div.image_pixels.divisor;
+  const int oh = Quotient(in_image, div.out_w), ow = in_image - oh * div.out_w.divisor;
+  const int ih0 = oh * p.stride_h - p.pad_top, iw0 = ow * p.stride_w - p.pad_left;
+  if (ih0 >= 0 && ih0 + p.kh <= p.in_h && iw0 >= 0 && iw0 + p.kw <= p.in_w) return 0;
+  return static_cast<int8_t>(HasCorrectionTable(p) ? BorderClass(p, ExcessOf(p, ih0, iw0)) : 1);
 }
 
 // Turns the border-class corrections of local column `lc` into the class's bounds (bound + correction),
@@ -1195,9 +1213,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         FillTileColumn<kWgCols>(p, cols, col0, ctid);
         if (class_bounds) AddBoundsToClasses(p, cols, ctid);
       }
-      // each warpgroup its own 64 rows' corrections ("zero" padding)
-      if (kb == 0 && !p.pad_one && wtid < 64) {
-        row_correction[64 * half + wtid] = RowCorrection(p, tile_m, kWgRows, 64 * half + wtid);
+      // each warpgroup its own 64 rows' corrections ("zero" padding; read by the unpooled epilogue only)
+      if (kb == 0 && !p.pad_one && !staged && wtid < 64) {
+        row_correction[64 * half + wtid] = RowCorrection(p, div, tile_m, 64 * half + wtid);
       }
       // While the tensor cores run: popc(a) of this warpgroup's 64 rows, two threads per row.
       row_popc += StageRowPopcount<64, 128, kLayout, kWgRows>(smem + s * kWgStageBytes + half_offset, wtid, a_box_log2);
