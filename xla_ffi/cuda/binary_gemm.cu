@@ -476,11 +476,15 @@ __device__ __forceinline__ void TileCoordinates(int pid, int m_tiles, int n_tile
 // ---------------------------------------------------------------------------------------------------
 // mma.sync and CUDA-core engines: classic multistage cp.async pipeline, all threads load and compute.
 
+template <int kColsT, int kStagesT>
 struct MmaSyncEngine {
-  static constexpr int kRows = 128, kCols = 128, kStages = 4, kThreads = 256;
+  static constexpr int kRows = 128, kCols = kColsT, kStages = kStagesT, kThreads = 256;
+  // 2 x 4 warps, each 64 rows x kWarpCols: with 64 x 64 warp tiles (kCols = 256) a k256 step loads 8
+  // ldmatrix.x4 for 32 mma (128 shared-memory bytes per mma) instead of 6 for 16 (192 bytes)
+  static constexpr int kWarpCols = kCols / 4, kFrags = kWarpCols / 8, kWarpWords = kWarpCols / 32;
   static constexpr bool kDirectStore = true;  // StoreDirect: the epilogue without the shared int32 tile
   struct Accumulators {
-    int v[4][4][4];  // [16-row fragment][8-column fragment][register]
+    int v[4][kFrags][4];  // [16-row fragment][8-column fragment][register]
   };
 
   // stage: the stage (A rows, then B rows) as a generic pointer and as a shared-window address.
@@ -488,10 +492,10 @@ struct MmaSyncEngine {
 #if __CUDA_ARCH__ >= 800
     const uint32_t stage_a = stage_addr, stage_b = stage_addr + kRows * 128;
     const int warp = tid / 32, lane = tid % 32;
-    const int warp_row = (warp / 4) * 64, warp_col = (warp % 4) * 32;
+    const int warp_row = (warp / 4) * 64, warp_col = (warp % 4) * kWarpCols;
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
-      uint32_t a[4][4], b[4][2];
+      uint32_t a[4][4], b[kFrags][2];
 #pragma unroll
       for (int mf = 0; mf < 4; ++mf) {
         const int row = warp_row + mf * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
@@ -501,7 +505,7 @@ struct MmaSyncEngine {
                      : "r"(addr));
       }
 #pragma unroll
-      for (int np = 0; np < 2; ++np) {
+      for (int np = 0; np < kFrags / 2; ++np) {
         const int m = lane / 8;
         const int col = warp_col + (2 * np + m / 2) * 8 + lane % 8;
         const uint32_t addr = stage_b + StageOffset(col, 2 * ks + m % 2);
@@ -512,7 +516,7 @@ struct MmaSyncEngine {
 #pragma unroll
       for (int mf = 0; mf < 4; ++mf) {
 #pragma unroll
-        for (int nf = 0; nf < 4; ++nf) {
+        for (int nf = 0; nf < kFrags; ++nf) {
           int* d = acc.v[mf][nf];
           asm volatile(
               "mma.sync.aligned.m16n8k256.row.col.s32.b1.b1.s32.and.popc "
@@ -526,11 +530,12 @@ struct MmaSyncEngine {
   }
 
   // The epilogue straight from the fragments (no pool): lane (g, t) holds rows g, g + 8 of each 16-row
-  // fragment and columns 2 t, 2 t + 1 of each 8-column fragment; a warp's 32 columns are one output word.
+  // fragment and columns 2 t, 2 t + 1 of each 8-column fragment; four fragments (32 columns) make one
+  // output word.
   __device__ static void StoreDirect(const Accumulators& acc, const BinaryGemmProblem& p, const int* popc_a,
                                      const TileColumns<kCols>& cols, int tile_m, int col0, int tid) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int warp_row = (warp / 4) * 64, warp_col = (warp % 4) * 32;
+    const int warp_row = (warp / 4) * 64, warp_col = (warp % 4) * kWarpCols;
     const int out_words = (p.n + 31) / 32;
 #pragma unroll
     for (int mf = 0; mf < 4; ++mf) {
@@ -542,29 +547,35 @@ struct MmaSyncEngine {
         int4 origin;
         const bool border = row_valid && BorderRow(p, tile_m, kRows, r, origin);
         const int v0 = p.k_real - 2 * popc_a[r];
-        int excl[8];
+        int excl[2 * kFrags];
         if (border) BorderCorrections(p, cols, origin, col0, warp_col + 2 * t, excl);
         if (p.epilogue == Epilogue::kBits) {
-          uint32_t word = 0;
 #pragma unroll
-          for (int nf = 0; nf < 4; ++nf) {
+          for (int w = 0; w < kWarpWords; ++w) {
+            uint32_t word = 0;
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int lc = warp_col + nf * 8 + 2 * t + e;
-              int v = 4 * acc.v[mf][nf][2 * h + e] + v0;
-              if (border) v -= excl[2 * nf + e];
-              word |= static_cast<uint32_t>(v >= cols.bound[lc]) << (8 * nf + e);
+            for (int f = 0; f < 4; ++f) {
+              const int nf = 4 * w + f;
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int lc = warp_col + nf * 8 + 2 * t + e;
+                int v = 4 * acc.v[mf][nf][2 * h + e] + v0;
+                if (border) v -= excl[2 * nf + e];
+                word |= static_cast<uint32_t>(v >= cols.bound[lc]) << (8 * f + e);
+              }
             }
-          }
-          word <<= 2 * t;
-          word |= __shfl_xor_sync(0xffffffffu, word, 1);
-          word |= __shfl_xor_sync(0xffffffffu, word, 2);
-          if (t == 0 && row_valid && col0 + warp_col < p.n) {
-            static_cast<uint32_t*>(p.out)[row * out_words + (col0 + warp_col) / 32] = word ^ cols.flip_word[warp_col / 32];
+            word <<= 2 * t;
+            word |= __shfl_xor_sync(0xffffffffu, word, 1);
+            word |= __shfl_xor_sync(0xffffffffu, word, 2);
+            const int word_col = warp_col + 32 * w;
+            if (t == 0 && row_valid && col0 + word_col < p.n) {
+              static_cast<uint32_t*>(p.out)[row * out_words + (col0 + word_col) / 32] =
+                  word ^ cols.flip_word[word_col / 32];
+            }
           }
         } else if (row_valid) {
 #pragma unroll
-          for (int nf = 0; nf < 4; ++nf) {
+          for (int nf = 0; nf < kFrags; ++nf) {
             const int lc = warp_col + nf * 8 + 2 * t, col = col0 + lc;
             if (col >= p.n) continue;
             int d0 = 4 * acc.v[mf][nf][2 * h] + v0 - 2 * cols.popc_b[lc];
@@ -582,11 +593,11 @@ struct MmaSyncEngine {
 
   __device__ static void Store(const Accumulators& acc, int* tile, int ld, int tid) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int warp_row = (warp / 4) * 64, warp_col = (warp % 4) * 32;
+    const int warp_row = (warp / 4) * 64, warp_col = (warp % 4) * kWarpCols;
 #pragma unroll
     for (int mf = 0; mf < 4; ++mf) {
 #pragma unroll
-      for (int nf = 0; nf < 4; ++nf) {
+      for (int nf = 0; nf < kFrags; ++nf) {
         const int row = warp_row + mf * 16 + g, col = warp_col + nf * 8 + 2 * t;
         tile[row * ld + col] = acc.v[mf][nf][0];
         tile[row * ld + col + 1] = acc.v[mf][nf][1];
@@ -596,6 +607,10 @@ struct MmaSyncEngine {
     }
   }
 };
+// 128 x 128 tiles in 4 stages fit an A100's 163 KB of shared memory; 128 x 256 tiles in 3 stages (178 KB)
+// need an H100's (LaunchBinaryGemm picks by the device's opt-in limit).
+using MmaSyncNarrow = MmaSyncEngine<128, 4>;
+using MmaSyncWide = MmaSyncEngine<256, 3>;
 
 struct SimtEngine {
   static constexpr int kRows = 64, kCols = 64, kStages = 3, kThreads = 256;
@@ -1260,7 +1275,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
 struct DeviceInfo {
   bool known = false;
-  int major = 0, minor = 0, sms = 0;
+  int major = 0, minor = 0, sms = 0, smem_optin = 0;  // smem_optin: bytes of shared memory a block may take
 };
 
 DeviceInfo& InfoFor(int device) {
@@ -1288,6 +1303,15 @@ cudaError_t Launch(Kernel kernel, int smem, int threads, int m_tiles, int n_tile
 int TilesOfRows(const BinaryGemmProblem& p, int rows) {
   const int pooled_per_tile = rows / (p.pool_h * p.pool_w);
   return (p.pooled_rows + pooled_per_tile - 1) / pooled_per_tile;
+}
+
+// One tile per CTA of ClassicKernel<Engine>; 16-byte activation copies where every tap's words are aligned.
+template <class Engine>
+cudaError_t LaunchClassic(const BinaryGemmProblem& p, bool aligned, cudaStream_t stream) {
+  constexpr int smem = ClassicSmemBytes<Engine>();
+  const int m = TilesOfRows(p, Engine::kRows), n = (p.n + Engine::kCols - 1) / Engine::kCols;
+  return aligned ? Launch(ClassicKernel<Engine, 4>, smem, Engine::kThreads, m, n, p, stream)
+                 : Launch(ClassicKernel<Engine, 1>, smem, Engine::kThreads, m, n, p, stream);
 }
 
 // cuTensorMapEncodeTiled from the driver, through the runtime (no link-time dependency on libcuda);
@@ -1432,6 +1456,10 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
     if ((err = cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) {
       return err;
     }
+    if ((err = cudaDeviceGetAttribute(&info.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) !=
+        cudaSuccess) {
+      return err;
+    }
     info.known = true;
   }
   if (p.k_words < 1) return cudaErrorInvalidValue;  // the kernels fill their column tables in the first K block
@@ -1448,18 +1476,14 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
   switch (run) {
     case KernelPath::kWgmma:
       return LaunchWgmma(p, info.sms, stream);
-    case KernelPath::kMmaSync: {
-      constexpr int smem = ClassicSmemBytes<MmaSyncEngine>();
-      const int m = TilesOfRows(p, MmaSyncEngine::kRows), n = (p.n + MmaSyncEngine::kCols - 1) / MmaSyncEngine::kCols;
-      return aligned ? Launch(ClassicKernel<MmaSyncEngine, 4>, smem, MmaSyncEngine::kThreads, m, n, p, stream)
-                     : Launch(ClassicKernel<MmaSyncEngine, 1>, smem, MmaSyncEngine::kThreads, m, n, p, stream);
-    }
-    default: {
-      constexpr int smem = ClassicSmemBytes<SimtEngine>();
-      const int m = TilesOfRows(p, SimtEngine::kRows), n = (p.n + SimtEngine::kCols - 1) / SimtEngine::kCols;
-      return aligned ? Launch(ClassicKernel<SimtEngine, 4>, smem, SimtEngine::kThreads, m, n, p, stream)
-                     : Launch(ClassicKernel<SimtEngine, 1>, smem, SimtEngine::kThreads, m, n, p, stream);
-    }
+    case KernelPath::kMmaSync:
+      // wide tiles where N needs them and the device's shared memory takes them
+      if (p.n > MmaSyncNarrow::kCols && info.smem_optin >= ClassicSmemBytes<MmaSyncWide>()) {
+        return LaunchClassic<MmaSyncWide>(p, aligned, stream);
+      }
+      return LaunchClassic<MmaSyncNarrow>(p, aligned, stream);
+    default:
+      return LaunchClassic<SimtEngine>(p, aligned, stream);
   }
 }
 

@@ -346,6 +346,8 @@ int main(int argc, char** argv) {
   cases.push_back({1, 4, 32, 2048, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   cases.push_back({1, 2, 128, 256, 36, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   cases.push_back({1, 4, 32, 512, 33, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, false});
+  // a pool over more than 128 columns: the wide mma.sync tiles' staged epilogue
+  cases.push_back({2, 8, 8, 64, 200, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, false});
   if (small) {
     cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[17], cases[21], cases[23], cases[28],
              cases[31]};
