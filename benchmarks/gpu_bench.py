@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import re
 import statistics
 import subprocess
@@ -65,9 +66,14 @@ def bmm_call(kind, m, n, k):
     return jax.ffi.ffi_call(f"jaxbnn_bmm_{kind}", jax.ShapeDtypeStruct((m, cols), dtype))
 
 
-def bench_bmm(sizes, engines, rows):
+def bench_bmm(sizes, engines, rows, save, deadline=float("inf")):
     key = jax.random.PRNGKey(0)
     for s in sizes:
+        if time.time() > deadline:
+            print(f"deadline reached: BMM {s}^3 and later sizes not measured", flush=True)
+            rows.append({"size": f"{s} and later: not measured (job time limit)"})
+            save()
+            return
         m = n = k = s
         ops = 2.0 * m * n * k
         keys = jax.random.split(key, COPIES + 1)
@@ -115,6 +121,7 @@ def bench_bmm(sizes, engines, rows):
         best = max(row[f"{e} packed"] for e in engines)
         row["best packed / xla int8"] = best / row["xla int8"]
         rows.append(row)
+        save()
         print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
 
 
@@ -123,12 +130,13 @@ def conv_out(size, kernel, stride):
     return (size + 2 * pad - kernel) // stride + 1
 
 
-def bench_conv(layers, engines, rows, deadline=float("inf")):
+def bench_conv(layers, engines, rows, save, deadline=float("inf")):
     key = jax.random.PRNGKey(1)
     for name, batch, hw, c, o, kernel, stride in layers:
         if time.time() > deadline:
             print(f"deadline reached: {name} batch {batch} and later layers not measured", flush=True)
             rows.append({"layer": f"{name} batch {batch} and later: not measured (job time limit)"})
+            save()
             return
         pad = kernel // 2
         oh = conv_out(hw, kernel, stride)
@@ -165,6 +173,7 @@ def bench_conv(layers, engines, rows, deadline=float("inf")):
         row["xla bf16"] = ops / (timed(xla, [wb, *xs]) * scale) / 1e12
         del xs, packed
         rows.append(row)
+        save()
         print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
 
 
@@ -229,20 +238,30 @@ def main():
     sizes = sizes if args.bmm_sizes is None else args.bmm_sizes
     sweep = sweep if args.conv_channels is None else args.conv_channels
     bmm_rows, conv_rows = [], []
-    bench_bmm(sizes, engines, bmm_rows)
-    layers = [(f"tcbnn C=O={c}", 16, 64, c, c, 3, 1) for c in sweep]
-    bench_conv(layers, engines, conv_rows)
-    if not (args.quick or args.no_models):
-        model_layers = [(n, b, hw, c, o, k, s) for b in (8, 256) for (n, hw, c, o, k, s) in RESNET18 + VGG16]
-        bench_conv(model_layers, ["auto"], conv_rows, args.deadline)  # the engine the op would pick
-
     device = jax.devices()[0]
     ceiling = ceiling_numbers(args.ceiling_log)
+
+    def save():
+        # after every row, so that a job cut short keeps what it measured
+        write_results(args.out, device, args.commit, ceiling, engines, bmm_rows, conv_rows)
+
+    bench_bmm(sizes, engines, bmm_rows, save, args.deadline)
+    layers = [(f"tcbnn C=O={c}", 16, 64, c, c, 3, 1) for c in sweep]
+    bench_conv(layers, engines, conv_rows, save, args.deadline)
+    if not (args.quick or args.no_models):
+        model_layers = [(n, b, hw, c, o, k, s) for b in (8, 256) for (n, hw, c, o, k, s) in RESNET18 + VGG16]
+        bench_conv(model_layers, ["auto"], conv_rows, save, args.deadline)  # the engine the op would pick
+    save()
+    print(open(args.out).read())
+
+
+def write_results(path, device, commit, ceiling, engines, bmm_rows, conv_rows):
+    """The results as markdown, written atomically (a temporary file renamed over `path`)."""
     lines = [
         "# GPU benchmark results (benchmarks/gpu_bench.py)",
         "",
         f"- GPU: {device.device_kind}; date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}; "
-        f"commit: {args.commit or 'unknown'}; jax {jax.__version__}",
+        f"commit: {commit or 'unknown'}; jax {jax.__version__}",
         "- Binary TOPS = 2 x M x N x K / time. `packed`: packed in -> packed out (threshold epilogue); "
         "`general`: float32 in -> pack -> BMM -> float32 out. `ran`: the engine that ran (wgmma needs K words % 4 == 0).",
         "- Ceiling probe (shared/tools/ceiling.cu, same job): "
@@ -252,13 +271,10 @@ def main():
         "",
         table(bmm_rows),
         "",
-        "## BConv (TOPS)",
-        "",
-        table(conv_rows),
-        "",
     ]
-    if bmm_rows:
-        big = bmm_rows[-1]
+    measured = [r for r in bmm_rows if "xla int8" in r]
+    if measured:
+        big = measured[-1]
         best = max(big.get(f"{e} packed", 0.0) for e in engines)
         lines += [f"Largest BMM ({big['size']}^3): best packed {best:,.0f} TOPS = "
                   f"{best / big['xla int8']:.1f}x XLA int8"
@@ -267,11 +283,11 @@ def main():
     for r in conv_rows:
         if "xla bf16" in r:
             r["best / xla bf16"] = max(v for k, v in r.items() if k.endswith("packed")) / r["xla bf16"]
-    lines[lines.index("## BConv (TOPS)") + 2] = table(conv_rows)
-    with open(args.out, "w") as f:
+    lines += ["## BConv (TOPS)", "", table(conv_rows), ""]
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
         f.write("\n".join(lines))
-    print("\n".join(lines))
-
+    os.replace(tmp, path)
 
 if __name__ == "__main__":
     main()

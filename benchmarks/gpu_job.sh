@@ -1,8 +1,8 @@
 #!/bin/bash
 # One GPU job: build, kernel harness, SASS check, sanitizers, pytest -m gpu, ceiling probe, benchmark.
 # Logs go to $OUT (default /tmp/jaxbnn_gpu_out): job.log (everything), gpu_results.md, sass.txt.
-#   benchmarks/gpu_job.sh [steps...]   steps: build check sass sanitize pytest ceiling time bench bench-quick ncu ncu-cases
-#   (no steps = build check sass sanitize pytest ceiling bench)
+#   benchmarks/gpu_job.sh [steps...]   steps: build harness check sass sanitize pytest ceiling time bench bench-quick ncu ncu-cases
+#   (no steps = build check sass sanitize pytest ceiling bench; the kernel harness is built for the steps that run it)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/jaxbnn_gpu_out}
@@ -22,7 +22,7 @@ has() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; nvcc --version | tail -1; } 2>&1 | tee -a "$LOG"
 
-if has build || has harness; then
+if has harness || has check || has sanitize || has time || has ncu || has ncu-cases; then
   log "build: kernel harness"
   nvcc -O2 -std=c++17 $GENCODE -lineinfo -Ixla_ffi xla_ffi/cuda/kernel_check.cu xla_ffi/cuda/binary_gemm.cu \
     -o "$BUILD-kernel_check" 2>&1 | tee -a "$LOG" || status=1
