@@ -332,6 +332,14 @@ __device__ __forceinline__ int CombineRowPopcount(int part) {
   return part;
 }
 
+// The thread's index, read by a volatile instruction that the compiler cannot hoist out of a loop: what
+// is derived from it is then recomputed in the loop instead of being kept live (or spilled) across it.
+__device__ __forceinline__ int FreshThreadIndex() {
+  int tid;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+  return tid;
+}
+
 // The row whose popcount thread `tid` holds after CombineRowPopcount, or -1 for the duplicate parts.
 template <int kRows, int kThreads>
 __device__ __forceinline__ int RowOfPopcount(int tid) {
@@ -1240,11 +1248,15 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     release((it - 1) % kWgStages);
     row_popc = CombineRowPopcount<64, 128>(row_popc);
-    if (const int row = RowOfPopcount<64, 128>(wtid); row >= 0) popc_a[64 * half + row] = row_popc;
+    // the thread index read afresh: ptxas hoisted what the epilogue derives from it out of the tile loop and
+    // spilled it (ncu, 16384^3 BMM: local-memory reloads at every tile end)
+    const int epilogue_wtid = FreshThreadIndex() % 128;
+    if (const int row = RowOfPopcount<64, 128>(epilogue_wtid); row >= 0) popc_a[64 * half + row] = row_popc;
     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // popc_a, row_correction, cols complete; all wgmmas done
     if (!staged) {
       // tiles of at most 128 columns (N <= 128, or the last column tile) store half the accumulators
-      StoreAccumulators(p, acc, popc_a, row_correction, cols, tile_m, col0, half, wtid, p.n - col0 <= kWgCols / 2);
+      StoreAccumulators(p, acc, popc_a, row_correction, cols, tile_m, col0, half, epilogue_wtid,
+                        p.n - col0 <= kWgCols / 2);
       continue;
     }
     // Pooled: one tile per CTA; every copy into this CTA has landed (the consumers waited for all of
