@@ -1248,9 +1248,11 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     release((it - 1) % kWgStages);
     row_popc = CombineRowPopcount<64, 128>(row_popc);
-    // the thread index read afresh: ptxas hoisted what the epilogue derives from it out of the tile loop and
-    // spilled it (ncu, 16384^3 BMM: local-memory reloads at every tile end)
-    const int epilogue_wtid = FreshThreadIndex() % 128;
+    // Plain GEMMs (kSwizzledRows) read the thread index afresh: ptxas hoisted what the epilogue derives
+    // from it out of the tile loop and spilled it (ncu, 16384^3 BMM: local-memory reloads at every tile
+    // end; +6% with the re-read). The convolution layouts keep wtid: the re-read moved their register
+    // allocation, and they ran 3-5% slower with it (benchmarks/NOTES.md, session 7).
+    const int epilogue_wtid = kLayout == ALayout::kSwizzledRows ? FreshThreadIndex() % 128 : wtid;
     if (const int row = RowOfPopcount<64, 128>(epilogue_wtid); row >= 0) popc_a[64 * half + row] = row_popc;
     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // popc_a, row_correction, cols complete; all wgmmas done
     if (!staged) {
