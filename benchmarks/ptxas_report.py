@@ -1,0 +1,65 @@
+"""Registers, stack and spills of every kernel in xla_ffi/cuda/binary_gemm.cu, per template instance.
+
+    python benchmarks/ptxas_report.py [--arch sm_90a] [SOURCE_DIR]
+
+Compiles SOURCE_DIR/binary_gemm.cu (default xla_ffi/cuda) to a cubin with `nvcc -Xptxas=-v` (no GPU
+needed; about a minute per architecture) and prints one line per kernel. At the wgmma kernels' register
+budget, a change to code that one kernel instance never runs can still move its allocation into spills
+(benchmarks/NOTES.md, session 7): compare this report before and after any kernel change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+ENTRY = re.compile(
+    r"Compiling entry function '(?P<name>\S+)' for '(?P<arch>\w+)'.*?"
+    r"(?P<stack>\d+) bytes stack frame, (?P<stores>\d+) bytes spill stores, (?P<loads>\d+) bytes spill loads.*?"
+    r"Used (?P<regs>\d+) registers",
+    re.S,
+)
+
+
+def short_name(mangled: str) -> str:
+    """WgmmaKernel<ALayout 1>, ClassicKernel<MmaSyncEngine<256,3>> ... from the mangled name."""
+    kernel = re.search(r"(WgmmaKernel|ClassicKernel)", mangled)
+    if not kernel:
+        return mangled
+    if kernel.group(1) == "WgmmaKernel":
+        layouts = ["kCoreMatrices", "kSwizzledRows", "kChunkSlabs", "kTapRows"]
+        layout = int(re.search(r"ALayoutE(\d)", mangled).group(1))
+        return f"WgmmaKernel<{layouts[layout]}>"
+    engine = re.search(r"(SimtEngine|MmaSyncEngine)(?:ILi(\d+)ELi(\d+)E)?E*Li(\d+)", mangled)
+    if engine and engine.group(1) == "MmaSyncEngine":
+        return f"ClassicKernel<MmaSyncEngine<{engine.group(2)},{engine.group(3)}>, {engine.group(4)}>"
+    return f"ClassicKernel<{engine.group(1)}, {engine.group(4)}>" if engine else "ClassicKernel"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source_dir", nargs="?", default="xla_ffi/cuda")
+    parser.add_argument("--arch", default="sm_90a")
+    args = parser.parse_args()
+    source = pathlib.Path(args.source_dir) / "binary_gemm.cu"
+    compute = args.arch.replace("sm_", "compute_")
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = ["nvcc", "-cubin", "-O3", "-std=c++17", f"-gencode=arch={compute},code={args.arch}", "-Xptxas=-v",
+               f"-I{args.source_dir}", "-Ixla_ffi", "-o", f"{tmp}/kernels.cubin", str(source)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(done.stderr, file=sys.stderr)
+        return done.returncode
+    print(f"{'kernel':48s} {'registers':>9s} {'stack B':>8s} {'spill st/ld B':>14s}")
+    for m in ENTRY.finditer(done.stderr):
+        spills = f"{m['stores']}/{m['loads']}"
+        print(f"{short_name(m['name']):48s} {m['regs']:>9s} {m['stack']:>8s} {spills:>14s}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
