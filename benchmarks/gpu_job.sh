@@ -100,16 +100,25 @@ if has ncu; then
 fi
 
 if has ncu-cases; then
-  # one launch of each named harness case (NCU_CASES, ';'-separated), full ncu set, into ncu_cases.txt
+  # one launch of each named harness case (NCU_CASES, ';'-separated) on one engine (NCU_ENGINE: wgmma or
+  # mma), full ncu set with source: details in ncu_cases.txt, per-instruction counters and stall samples
+  # (`ncu --page source --csv`) of every case in ncu_sources.tar.gz
   IFS=';' read -r -a cases <<< "${NCU_CASES:-bconv C=O=128;bconv one C=O=512;bconv C=O=512;bmm 4096^3}"
+  kernel=Wgmma; mode=--time-wgmma
+  [ "${NCU_ENGINE:-wgmma}" = mma ] && { kernel=MmaSync; mode=--time-mma; }
+  sources=$(mktemp -d)
   for c in "${cases[@]}"; do
-    log "ncu --set full: $c"
-    echo "##### $c" >> "$OUT/ncu_cases.txt"
-    timeout 120 ncu --clock-control none -k regex:Wgmma --launch-skip 2 -c 1 --set full --print-details all \
-      "$BUILD-kernel_check" --time-wgmma "$c" >> "$OUT/ncu_cases.txt" 2>&1
+    log "ncu --set full: $c ($kernel)"
+    name=$(echo "$c" | tr -c 'a-zA-Z0-9\n' '_')
+    echo "##### $c ($kernel)" >> "$OUT/ncu_cases.txt"
+    timeout 120 ncu --clock-control none -k regex:$kernel --launch-skip 2 -c 1 --set full --import-source yes \
+      -o "$sources/$name" "$BUILD-kernel_check" $mode "$c" > "$sources/$name.log" 2>&1
+    ncu -i "$sources/$name.ncu-rep" --page details --print-details all >> "$OUT/ncu_cases.txt" 2>&1
+    ncu -i "$sources/$name.ncu-rep" --page source --csv --print-source sass > "$sources/$name.sass.csv" 2>&1
     grep -E "^    (Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Hit|Issue Slots Busy|Executed Ipc A)" \
       "$OUT/ncu_cases.txt" | tail -6 | tee -a "$LOG"
   done
+  tar -czf "$OUT/ncu_sources.tar.gz" -C "$sources" $(cd "$sources" && ls *.sass.csv *.log 2>/dev/null)
 fi
 
 for mode in bench bench-quick; do
