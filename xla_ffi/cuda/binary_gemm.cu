@@ -332,14 +332,6 @@ __device__ __forceinline__ int CombineRowPopcount(int part) {
   return part;
 }
 
-// The thread's index, read by a volatile instruction that the compiler cannot hoist out of a loop: what
-// is derived from it is then recomputed in the loop instead of being kept live (or spilled) across it.
-__device__ __forceinline__ int FreshThreadIndex() {
-  int tid;
-  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
-  return tid;
-}
-
 // The row whose popcount thread `tid` holds after CombineRowPopcount, or -1 for the duplicate parts.
 template <int kRows, int kThreads>
 __device__ __forceinline__ int RowOfPopcount(int tid) {
@@ -750,6 +742,14 @@ constexpr int kWgSmemBytes = 1024 + kWgStages * kWgStageBytes + kWgRows * 16 + k
 static_assert(kWgRows * kWgLd * 4 <= kWgStages * kWgStageBytes, "the staged epilogue tile reuses the stages");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The thread's index, read by a volatile instruction that the compiler cannot hoist out of a loop: what
+// is derived from it is then recomputed in the loop instead of being kept live (or spilled) across it.
+__device__ __forceinline__ int FreshThreadIndex() {
+  int tid;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+  return tid;
+}
+
 // What the accumulator epilogues subtract from tile row `r`: 0 for nothing (a pixel whose receptive field
 // stays inside the frame, "one" padding, or no pixel), else the row's border class (HasCorrectionTable
 // problems: never 0 for a border row) or 1 (others, whose epilogue sums the excluded taps per value).
