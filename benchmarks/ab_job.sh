@@ -6,7 +6,7 @@
 #                                      (.ab/ is git-ignored: a device job needs it carried)
 # Builds the kernel harness (the version's own kernel_check.cu, else the tree's) against each version, runs
 # the full harness check on each, compute-sanitizer (memcheck, racecheck, initcheck; harness --small) on
-# the last one, then ROUNDS rounds (default 3) of each harness timing mode in TIME_MODES (default
+# the last one, then ROUNDS rounds (default 3; even rounds in reverse order) of each harness timing mode in TIME_MODES (default
 # `--time-wgmma`; `--time-mma` times the mma.sync engine) over every version in turn (CASES: ';'-separated
 # harness case names; default all). Writes two files to $OUT (default /tmp/jaxbnn_ab_out; the
 # device returns at most 8): ab.log, and versions.tar.gz with each version's build_N.txt and check_N.log.
@@ -48,7 +48,11 @@ fi
 IFS=';' read -r -a cases <<< "${CASES:-}"
 [ ${#cases[@]} -eq 0 ] && cases=("")
 for round in $(seq 1 "${ROUNDS:-3}"); do
-  for i in "${!VERSIONS[@]}"; do
+  # odd rounds in the given order, even rounds reversed: a version that always ran first on a GPU found idle
+  # (or last on a hot one) would carry that in its numbers (session 7, job O)
+  order=("${!VERSIONS[@]}")
+  [ $((round % 2)) -eq 0 ] && order=($(printf '%s\n' "${order[@]}" | sort -rn))
+  for i in "${order[@]}"; do
     [ -x "/tmp/ab_kernel_check_$i" ] || continue
     echo "=== time: version $i, round $round ($(date -u +%T))" | tee -a "$LOG"
     for mode in ${TIME_MODES:---time-wgmma}; do
