@@ -6,10 +6,11 @@
 #                                      (.ab/ is git-ignored: a device job needs it carried)
 # Builds the kernel harness (the version's own kernel_check.cu, else the tree's) against each version, runs
 # the full harness check on each, compute-sanitizer (memcheck, racecheck, initcheck; harness --small) on
-# the last one, then ROUNDS rounds (default 3; even rounds in reverse order) of each harness timing mode in TIME_MODES (default
-# `--time-wgmma`; `--time-mma` times the mma.sync engine) over every version in turn (CASES: ';'-separated
-# harness case names; default all). Writes two files to $OUT (default /tmp/jaxbnn_ab_out; the
-# device returns at most 8): ab.log, and versions.tar.gz with each version's build_N.txt and check_N.log.
+# every version but the first, then ROUNDS rounds (default 3; even rounds in reverse order) of each
+# harness timing mode in TIME_MODES (default `--time-wgmma`; `--time-mma` times the mma.sync engine) over
+# every version (CASES: ';'-separated harness case names; default all). Writes two files to $OUT (default
+# /tmp/jaxbnn_ab_out; the device returns at most 8): ab.log, and versions.tar.gz with each version's
+# build_N.txt and check_N.log.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/jaxbnn_ab_out}
@@ -37,14 +38,15 @@ for i in "${!VERSIONS[@]}"; do
   grep -v " 0 / " "$LOGS/check_$i.log" | tail -6 | tee -a "$LOG"
   grep -q "ALL OK" "$LOGS/check_$i.log" || status=1
 done
-last=$(( ${#VERSIONS[@]} - 1 ))
-if [ "${SANITIZE:-1}" = 1 ] && [ -x "/tmp/ab_kernel_check_$last" ]; then
+# every version but the first (the baseline, already checked where it was merged)
+for i in "${!VERSIONS[@]}"; do
+  { [ "${SANITIZE:-1}" = 1 ] && [ "$i" -gt 0 ] && [ -x "/tmp/ab_kernel_check_$i" ]; } || continue
   for tool in memcheck racecheck initcheck; do
-    echo "=== compute-sanitizer $tool, version $last ($(date -u +%T))" | tee -a "$LOG"
-    timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "/tmp/ab_kernel_check_$last" --small 2>&1 \
+    echo "=== compute-sanitizer $tool, version $i ($(date -u +%T))" | tee -a "$LOG"
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "/tmp/ab_kernel_check_$i" --small 2>&1 \
       | grep -vE " 0 / |^(wgmma|mma_sync|simt) " | tail -6 | tee -a "$LOG" || status=1
   done
-fi
+done
 IFS=';' read -r -a cases <<< "${CASES:-}"
 [ ${#cases[@]} -eq 0 ] && cases=("")
 for round in $(seq 1 "${ROUNDS:-3}"); do
