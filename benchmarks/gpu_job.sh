@@ -105,7 +105,7 @@ if has ncu-cases; then
   # (`ncu --page source --csv`) of every case in ncu_sources.tar.gz
   IFS=';' read -r -a cases <<< "${NCU_CASES:-bconv C=O=128;bconv one C=O=512;bconv C=O=512;bmm 4096^3}"
   kernel=Wgmma; mode=--time-wgmma
-  [ "${NCU_ENGINE:-wgmma}" = mma ] && { kernel=MmaSync; mode=--time-mma; }
+  [ "${NCU_ENGINE:-wgmma}" = mma ] && { kernel=ClassicKernel; mode=--time-mma; }
   sources=$(mktemp -d)
   for c in "${cases[@]}"; do
     log "ncu --set full: $c ($kernel)"
