@@ -253,19 +253,47 @@ __device__ __forceinline__ void LoadActivationStage(const BinaryGemmProblem& p, 
   }
 }
 
-// Copies K block `kb` of `kCols` weight rows (FSB tiles, 128 contiguous bytes each) into a stage.
+// Copies K blocks of `kCols` weight rows (FSB tiles, 128 contiguous bytes each) into stages. Thread t
+// always copies piece t % 8 of K tile (t / 8) % 8 of the same row tiles (t / 64 + j * kThreads / 64); only
+// the K block moves, so the sources are made once per tile and Load adds the K block's offset (no
+// divisions or 64-bit products per copy).
 template <int kCols, int kThreads>
-__device__ __forceinline__ void LoadWeightStage(const BinaryGemmProblem& p, uint32_t stage, int row_tile0, int kb,
-                                                int tid) {
-#pragma unroll 4
-  for (int i = tid; i < kCols * 8; i += kThreads) {
-    const int piece = i % 8, chunk = (i / 8) % 8, local_tile = i / 64;
-    const int nt = row_tile0 + local_tile, kt = kb * 8 + chunk;
-    const bool valid = nt < p.w_row_tiles && kt < p.w_k_tiles;
-    const uint32_t* src = valid ? p.w + (static_cast<size_t>(nt) * p.w_k_tiles + kt) * 32 + piece * 4 : p.w;
-    CopyAsync<16>(stage + local_tile * kRowGroupBytes + chunk * 128 + piece * 16, src, valid);
+struct WeightStageLoader {
+  static constexpr int kCopies = kCols * 8 / kThreads;  // 16-byte copies per thread and K block
+  static constexpr int kTileStep = kThreads / 64;       // row tiles between a thread's copies
+  static_assert(kThreads % 64 == 0 && kCols * 8 % kThreads == 0, "a thread must keep its piece and K tile");
+  // The copies' sources in K block 0, or p.w where the row tile is past N or the K tile past K (see Load).
+  const uint32_t* src[kCopies];
+  bool row_valid[kCopies];
+  int k_tile, w_k_tiles;
+  uint32_t dst;  // the first copy's offset in a stage
+
+  __device__ WeightStageLoader(const BinaryGemmProblem& p, int row_tile0, int tid)
+      : k_tile((tid / 8) % 8), w_k_tiles(p.w_k_tiles) {
+    const int piece = tid % 8, local_tile = tid / 64;
+    dst = local_tile * kRowGroupBytes + k_tile * 128 + piece * 16;
+#pragma unroll
+    for (int j = 0; j < kCopies; ++j) {
+      const int nt = row_tile0 + local_tile + j * kTileStep;
+      row_valid[j] = nt < p.w_row_tiles;
+      src[j] = row_valid[j] && k_tile < p.w_k_tiles
+                   ? p.w + (static_cast<size_t>(nt) * p.w_k_tiles + k_tile) * 32 + piece * 4
+                   : p.w;
+    }
   }
-}
+
+  // Copies K block `kb` into `stage`. The zero-filled copies read nothing, but their addresses stay inside
+  // the weights: where K tile kb * 8 + k_tile is past K, K block 0's sources; else a row tile past N reads
+  // at K tile kb * 8 of row tile 0, which exists.
+  __device__ __forceinline__ void Load(uint32_t stage, int kb) const {
+    const bool k_valid = kb * 8 + k_tile < w_k_tiles;
+    const size_t k_offset = static_cast<uint32_t>(k_valid ? kb : 0) * size_t{8 * 32};  // words
+#pragma unroll
+    for (int j = 0; j < kCopies; ++j) {
+      CopyAsync<16>(stage + dst + j * kTileStep * kRowGroupBytes, src[j] + k_offset, k_valid && row_valid[j]);
+    }
+  }
+};
 
 // How the activation rows of a stage lie in shared memory (chunk = 16 bytes = 128 bits of K):
 //   kCoreMatrices: chunk c of row r at StageOffset(r, c) (cp.async, and every weight stage);
@@ -682,10 +710,11 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
 
   const uint32_t base = SmemAddress(smem);
   const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
+  const WeightStageLoader<kCols, kThreads> weights(p, col0 / 8, tid);
   auto load = [&](int kb) {
     const uint32_t stage = base + (kb % kStages) * kStageBytes;
     LoadActivationStage<kRows, kVec, kThreads>(p, div, origins, stage, kb, tid);
-    LoadWeightStage<kCols, kThreads>(p, stage + kStageA, col0 / 8, kb, tid);
+    weights.Load(stage + kStageA, kb);
   };
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < k_blocks) load(s);
