@@ -227,13 +227,16 @@ __device__ __forceinline__ void FillTileColumn(const BinaryGemmProblem& p, TileC
 // Copies K block `kb` of the activation rows of a tile into a stage. kVec words per copy (4 when every
 // tap's words are 16-byte aligned, else 1). Each thread keeps one word position, so the tap division runs
 // once per stage; 8 consecutive threads take 8 consecutive rows of one chunk, so their shared-memory
-// writes fill one 128-byte core matrix row block without bank conflicts.
+// writes fill one 128-byte core matrix row block without bank conflicts. Every thread copies the same
+// compile-time number of rows, kGroups row groups apart: an unrolled loop with constant stage offsets.
 template <int kRows, int kVec, int kThreads>
 __device__ __forceinline__ void LoadActivationStage(const BinaryGemmProblem& p, const LaunchDivisors& div,
                                                     const int4* origins, uint32_t stage, int kb, int tid) {
   constexpr int kCopiesPerRow = kKBlockWords / kVec;
   constexpr int kGroups = kThreads / (8 * kCopiesPerRow);  // row groups of 8 covered at once
   static_assert(kGroups >= 1 && kThreads % (8 * kCopiesPerRow) == 0, "a thread must keep its word position");
+  constexpr int kRowsPerThread = kRows / (8 * kGroups);
+  static_assert(kRows % (8 * kGroups) == 0, "every thread must copy the same number of rows");
   const int part = (tid / 8) % kCopiesPerRow;
   const int kword = kb * kKBlockWords + part * kVec;
   const bool k_valid = kword < p.k_words;
@@ -241,15 +244,18 @@ __device__ __forceinline__ void LoadActivationStage(const BinaryGemmProblem& p, 
   const int cword = kword - tap * p.cw;
   const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
   const int tap_offset = (fkh * p.in_w + fkw) * p.cw + cword;
-  const uint32_t dst0 = stage + (part * kVec / 4) * 128 + (part * kVec % 4) * 4;
-#pragma unroll 4
-  for (int r = tid % 8 + 8 * (tid / (8 * kCopiesPerRow)); r < kRows; r += 8 * kGroups) {
-    const int4 o = origins[r];
+  const int row0 = tid % 8 + 8 * (tid / (8 * kCopiesPerRow));  // row i of this thread: row0 + 8 kGroups i
+  const uint32_t dst0 = stage + StageOffset(row0, 0) + (part * kVec / 4) * 128 + (part * kVec % 4) * 4;
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int4 o = origins[row0 + 8 * kGroups * i];
     const int ih = o.y + fkh, iw = o.z + fkw;
     const bool valid = k_valid && o.w && static_cast<unsigned>(ih) < static_cast<unsigned>(p.in_h) &&
                        static_cast<unsigned>(iw) < static_cast<unsigned>(p.in_w);
-    const uint32_t* src = valid ? p.x + (o.x + tap_offset) : p.x;
-    CopyAsync<kVec * 4>(dst0 + StageOffset(r, 0), src, valid);
+    // a valid copy's word ((b * in_h + ih) * in_w + iw) * cw + cword is >= 0: unsigned, no sign extension;
+    // the zero-filled copies point at p.x
+    const uint32_t word = valid ? static_cast<uint32_t>(o.x + tap_offset) : 0u;
+    CopyAsync<kVec * 4>(dst0 + kGroups * i * kRowGroupBytes, p.x + word, valid);
   }
 }
 
