@@ -6,15 +6,18 @@ BMM (square sizes): each engine of jaxbnn._cuda, "BNN-specific" (packed in -> pa
 epilogue) and "general" (float in -> pack -> BMM -> float out), against XLA bf16 / int8 / fp8 e4m3 `dot`
 on the same ±1 data. BConv: the TCBNN sweep (batch 16, 64x64, 3x3, stride 1, C = O) and the ResNet-18 /
 VGG-16 layers at batch 8 and 256, ours (packed in -> packed out) against XLA bf16 convolution.
-Binary TOPS count 2 operations per multiply-accumulate. Each timing: a jitted program runs the op on 4
-distinct input sets; after a 0.1 s warm-up, the median over 5 batches of calls queued back to back (wall
-clock around the batch, ending in block_until_ready), each batch about 50 ms of work (2 to 50 calls).
+Binary TOPS count 2 operations per multiply-accumulate. Each timing: a jitted program runs the op on
+`copies` distinct input sets (copies_for: enough for ~1 ms of our kernels' work, 4 to 32; host dispatch of
+a program took ~45 us plus ~15-25 us per call on the H100 machine, so programs of 4 small ops left the
+GPU waiting); after a 0.1 s warm-up, the median over 5 batches of calls queued back to back (wall clock
+around the batch, ending in block_until_ready), each batch about 50 ms of work (2 to 50 calls).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import re
 import statistics
@@ -30,11 +33,19 @@ import jax.numpy as jnp
 from jaxbnn import _ffi, formats  # noqa: F401  (_ffi registers the native targets)
 import jaxbnn._cuda as _cuda
 
-COPIES = 4  # distinct input sets per timed call: no common-subexpression elimination, less dispatch per op
+PROGRAM_OPS = 1e13  # binary ops per timed program: ~1 ms at 10 POPS
 
 
-def timed(fn, args):
-    """Median seconds per op of fn(*args), fn running the op COPIES times.
+def copies_for(ops, bytes_per_copy):
+    """Distinct input sets per timed program (no common-subexpression elimination): enough that a program
+    holds ~PROGRAM_OPS (host dispatch of small ops does not starve the GPU; at 4096^3 BMM, 4 calls per
+    program measured 4,549-5,179 TOPS and 16-32 calls 5,542-5,708 in one job), 4 to 32, and at most 8 GB
+    of inputs."""
+    return max(1, min(32, max(4, math.ceil(PROGRAM_OPS / ops)), int(8e9 // bytes_per_copy)))
+
+
+def timed(fn, args, copies):
+    """Median seconds per op of fn(*args), fn running the op `copies` times.
 
     Warms up for 0.1 s (clocks and caches settle; a GPU found idle starts at low clocks), then times 5
     batches of calls queued back to back (no host synchronisation between them), as many calls per batch
@@ -52,7 +63,7 @@ def timed(fn, args):
         for _ in range(reps):
             out = fn(*args)  # earlier results are released as they are replaced; the stream keeps order
         jax.block_until_ready(out)
-        samples.append((time.perf_counter() - t0) / (reps * COPIES))
+        samples.append((time.perf_counter() - t0) / (reps * copies))
     return statistics.median(samples)
 
 
@@ -76,7 +87,8 @@ def bench_bmm(sizes, engines, rows, save, deadline=float("inf")):
             return
         m = n = k = s
         ops = 2.0 * m * n * k
-        keys = jax.random.split(key, COPIES + 1)
+        copies = copies_for(ops, m * k * 4)  # the largest inputs: the general path's float32 activations
+        keys = jax.random.split(key, copies + 1)
         w = formats.pack_dense_weights(signs(keys[0], (k, n)))
         xs = [signs(kk, (m, k)) for kk in keys[1:]]
         packed = [formats.pack_bits(x >= 0) for x in xs]
@@ -100,10 +112,10 @@ def bench_bmm(sizes, engines, rows, save, deadline=float("inf")):
             # (a new function object: jax caches executables per function)
             bits_fn = jax.jit(lambda *a: bits_program(*a))
             general_fn = jax.jit(lambda *a: general_program(*a))
-            t = timed(bits_fn, [w.bits, w.popcount, thr, flip, *packed])
+            t = timed(bits_fn, [w.bits, w.popcount, thr, flip, *packed], copies)
             row[f"{engine} packed"] = ops / t / 1e12
             row[f"{engine} ran"] = _cuda.last_kernel_path()
-            t = timed(general_fn, [w.bits, w.popcount, one, zero, *xs])
+            t = timed(general_fn, [w.bits, w.popcount, one, zero, *xs], copies)
             row[f"{engine} general"] = ops / t / 1e12
         _cuda.set_kernel_path("auto")
         wt = signs(keys[0], (k, n))
@@ -113,7 +125,7 @@ def bench_bmm(sizes, engines, rows, save, deadline=float("inf")):
             aa = [x.astype(dt) for x in xs]
             fn = jax.jit(lambda b_, *a, acc=acc: [jnp.dot(x, b_, preferred_element_type=acc) for x in a])
             try:
-                row[name] = ops / timed(fn, [b, *aa]) / 1e12
+                row[name] = ops / timed(fn, [b, *aa], copies) / 1e12
             except Exception as err:  # an XLA that refuses a dtype: record it, keep going
                 row[name] = float("nan")
                 print(f"{name} at {s}: {err}", file=sys.stderr)
@@ -141,10 +153,10 @@ def bench_conv(layers, engines, rows, save, deadline=float("inf")):
         pad = kernel // 2
         oh = conv_out(hw, kernel, stride)
         ops = 2.0 * batch * oh * oh * o * kernel * kernel * c
-        keys = jax.random.split(key, COPIES + 1)
+        copies = copies_for(ops, batch * hw * hw * c * 2)  # the largest inputs: XLA's bfloat16 activations
+        keys = jax.random.split(key, copies + 1)
         wf = signs(keys[0], (kernel, kernel, c, o))
         w = formats.pack_conv_weights(wf)
-        copies = COPIES if batch * hw * hw * c * 2 * COPIES < 8e9 else 1
         xs = [signs(kk, (batch, hw, hw, c), jnp.bfloat16) for kk in keys[1:1 + copies]]
         packed = [formats.pack_bits(x >= 0) for x in xs]
         thr = jnp.zeros((o,), jnp.int32)
@@ -159,18 +171,17 @@ def bench_conv(layers, engines, rows, save, deadline=float("inf")):
             return [call(x, wb, wp, t_, f_, **attrs) for x in a]
 
         row = {"layer": name, "batch": batch}
-        scale = COPIES / copies
         for engine in engines:
             _cuda.set_kernel_path(engine)
             ours = jax.jit(lambda *a: program(*a))  # a fresh executable per engine (see bench_bmm)
-            row[f"{engine} packed"] = ops / (timed(ours, [w.bits, w.tap_popcount, thr, flip, *packed]) * scale) / 1e12
+            row[f"{engine} packed"] = ops / timed(ours, [w.bits, w.tap_popcount, thr, flip, *packed], copies) / 1e12
             row[f"{engine} ran"] = _cuda.last_kernel_path()
         _cuda.set_kernel_path("auto")
         wb = wf.astype(jnp.bfloat16)
         xla = jax.jit(lambda w_, *a: [jax.lax.conv_general_dilated(x, w_, (stride, stride), ((pad, pad), (pad, pad)),
                                                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))
                                       for x in a])
-        row["xla bf16"] = ops / (timed(xla, [wb, *xs]) * scale) / 1e12
+        row["xla bf16"] = ops / timed(xla, [wb, *xs], copies) / 1e12
         del xs, packed
         rows.append(row)
         save()
