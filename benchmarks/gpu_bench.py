@@ -39,9 +39,10 @@ PROGRAM_OPS = 1e13  # binary ops per timed program: ~1 ms at 10 POPS
 def copies_for(ops, bytes_per_copy):
     """Distinct input sets per timed program (no common-subexpression elimination): enough that a program
     holds ~PROGRAM_OPS (host dispatch of small ops does not starve the GPU; at 4096^3 BMM, 4 calls per
-    program measured 4,549-5,179 TOPS and 16-32 calls 5,542-5,708 in one job), 4 to 32, and at most 8 GB
-    of inputs."""
-    return max(1, min(32, max(4, math.ceil(PROGRAM_OPS / ops)), int(8e9 // bytes_per_copy)))
+    program measured 4,549-5,179 TOPS and 16-32 calls 5,542-5,708 in one job), 4 to 32, and inputs and
+    outputs of at most 3 GB per program (queued programs each hold theirs; at 8 GB of inputs alone, XLA's
+    VGG-16 conv 1_1 at batch 256 ran out of memory after the 32-copy layers)."""
+    return max(1, min(32, max(4, math.ceil(PROGRAM_OPS / ops)), int(3e9 // bytes_per_copy)))
 
 
 def timed(fn, args, copies):
@@ -87,7 +88,7 @@ def bench_bmm(sizes, engines, rows, save, deadline=float("inf")):
             return
         m = n = k = s
         ops = 2.0 * m * n * k
-        copies = copies_for(ops, m * k * 4)  # the largest inputs: the general path's float32 activations
+        copies = copies_for(ops, m * (k + n) * 4)  # the largest operands: float32 in (general path) and out
         keys = jax.random.split(key, copies + 1)
         w = formats.pack_dense_weights(signs(keys[0], (k, n)))
         xs = [signs(kk, (m, k)) for kk in keys[1:]]
@@ -153,7 +154,7 @@ def bench_conv(layers, engines, rows, save, deadline=float("inf")):
         pad = kernel // 2
         oh = conv_out(hw, kernel, stride)
         ops = 2.0 * batch * oh * oh * o * kernel * kernel * c
-        copies = copies_for(ops, batch * hw * hw * c * 2)  # the largest inputs: XLA's bfloat16 activations
+        copies = copies_for(ops, (batch * hw * hw * c + batch * oh * oh * o) * 2)  # XLA's bfloat16 in and out
         keys = jax.random.split(key, copies + 1)
         wf = signs(keys[0], (kernel, kernel, c, o))
         w = formats.pack_conv_weights(wf)
