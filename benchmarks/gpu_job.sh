@@ -3,6 +3,8 @@
 # Logs go to $OUT (default /tmp/jaxbnn_gpu_out): job.log (everything), gpu_results.md, sass.txt.
 #   benchmarks/gpu_job.sh [steps...]   steps: build harness check sass sanitize pytest ceiling time bench bench-quick ncu ncu-cases
 #   (no steps = build check sass sanitize pytest ceiling bench; the kernel harness is built for the steps that run it)
+#   COMMIT: the commit the results name; pass it from the session's checkout (the device's copy of the tree
+#   keeps a stale git HEAD: jobs L and S-Z2 recorded one).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/jaxbnn_gpu_out}
@@ -128,7 +130,7 @@ for mode in bench bench-quick; do
     clock_logger=$!
     extra=""; [ $mode = bench-quick ] && extra="--quick"
     timeout $((JOB_END - $(date +%s))) $PY benchmarks/gpu_bench.py $extra ${BENCH_ARGS:-} --ceiling-log "$OUT/ceiling.log" --out "$OUT/gpu_results.md" \
-      --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" --deadline $((JOB_END - 30)) 2>&1 | tail -80 \
+      --commit "${COMMIT:-unknown (COMMIT not set)}" --deadline $((JOB_END - 30)) 2>&1 | tail -80 \
       | tee -a "$LOG" || status=1
     kill $clock_logger 2>/dev/null
   fi
