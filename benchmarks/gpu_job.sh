@@ -1,7 +1,7 @@
 #!/bin/bash
 # One GPU job: build, kernel harness, SASS check, sanitizers, pytest -m gpu, ceiling probe, benchmark.
 # Logs go to $OUT (default /tmp/jaxbnn_gpu_out): job.log (everything), gpu_results.md, sass.txt.
-#   benchmarks/gpu_job.sh [steps...]   steps: build harness check sass sanitize pytest ceiling time bench bench-quick ncu ncu-cases
+#   benchmarks/gpu_job.sh [steps...]   steps: build harness check sass sanitize pytest ceiling time trace bench bench-quick ncu ncu-cases
 #   (no steps = build check sass sanitize pytest ceiling bench; the kernel harness is built for the steps that run it)
 #   COMMIT: the commit the results name; pass it from the session's checkout (the device's copy of the tree
 #   keeps a stale git HEAD: jobs L and S-Z2 recorded one).
@@ -87,6 +87,18 @@ if has time; then
   timeout 200 "$BUILD-kernel_check" --time 2>&1 | tee -a "$LOG"
 fi
 
+if has trace; then
+  # where a tile's time goes in the wgmma kernel (binary_gemm.h, JAXBNN_TILE_TRACE: a diagnostic build of the
+  # harness; production builds have no stamps): TRACE_CASES, ';'-separated harness case names
+  log "tile trace (harness built with -DJAXBNN_TILE_TRACE)"
+  nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DJAXBNN_TILE_TRACE -Ixla_ffi xla_ffi/cuda/kernel_check.cu \
+    xla_ffi/cuda/binary_gemm.cu -o "$BUILD-kernel_trace" 2>&1 | tee -a "$LOG" || status=1
+  IFS=';' read -r -a trace_cases <<< "${TRACE_CASES:-bconv C=O=128;bconv C=O=512;bmm 4096^3;bmm 16384^3}"
+  for c in "${trace_cases[@]}"; do
+    timeout 60 "$BUILD-kernel_trace" --time-wgmma "$c" 2>&1 | tee -a "$OUT/trace.txt" | tee -a "$LOG"
+  done
+fi
+
 if has ncu; then
   for kernel in ${NCU_KERNELS:-Wgmma MmaSync}; do
     log "ncu of the 16384^3 $kernel bmm"
@@ -104,7 +116,8 @@ fi
 if has ncu-cases; then
   # one launch of each named harness case (NCU_CASES, ';'-separated) on one engine (NCU_ENGINE: wgmma or
   # mma), full ncu set with source: details in ncu_cases.txt, per-instruction counters and stall samples
-  # (`ncu --page source --csv`) of every case in ncu_sources.tar.gz
+  # (`ncu --page source --csv`) of every case in ncu_sources.tar.gz; NCU_FLAGS: more ncu options (e.g.
+  # `--cache-control none`: ncu flushes the caches before each profiled launch by default)
   IFS=';' read -r -a cases <<< "${NCU_CASES:-bconv C=O=128;bconv one C=O=512;bconv C=O=512;bmm 4096^3}"
   kernel=Wgmma; mode=--time-wgmma
   [ "${NCU_ENGINE:-wgmma}" = mma ] && { kernel=ClassicKernel; mode=--time-mma; }
@@ -113,7 +126,7 @@ if has ncu-cases; then
     log "ncu --set full: $c ($kernel)"
     name=$(echo "$c" | tr -c 'a-zA-Z0-9\n' '_')
     echo "##### $c ($kernel)" >> "$OUT/ncu_cases.txt"
-    timeout 120 ncu --clock-control none -k regex:$kernel --launch-skip 2 -c 1 --set full --import-source yes \
+    timeout 120 ncu --clock-control none ${NCU_FLAGS:-} -k regex:$kernel --launch-skip 2 -c 1 --set full --import-source yes \
       -o "$sources/$name" "$BUILD-kernel_check" $mode "$c" > "$sources/$name.log" 2>&1
     ncu -i "$sources/$name.ncu-rep" --page details --print-details all >> "$OUT/ncu_cases.txt" 2>&1
     ncu -i "$sources/$name.ncu-rep" --page source --csv --print-source sass > "$sources/$name.sass.csv" 2>&1

@@ -1090,6 +1090,24 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
 }
 #endif
 
+#ifdef JAXBNN_TILE_TRACE
+__device__ unsigned long long* g_tile_trace = nullptr;  // SetTileTrace
+
+// Stamp `event` of this warpgroup's tile `tile` (thread 0 of the warpgroup; tiles past the slots are not
+// recorded).
+__device__ __forceinline__ void TraceTile(int half, int tile, int event, int wtid) {
+  unsigned long long* trace = g_tile_trace;
+  if (trace == nullptr || wtid != 0 || tile >= kTraceTiles) return;
+  unsigned long long now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  trace[static_cast<size_t>(blockIdx.x) * kTraceWordsPerCta + 1 + (half * kTraceTiles + tile) * kTraceEvents + event] =
+      now;
+}
+#define JAXBNN_TRACE_TILE(half, tile, event, wtid) TraceTile(half, tile, event, wtid)
+#else
+#define JAXBNN_TRACE_TILE(half, tile, event, wtid) static_cast<void>(0)
+#endif
+
 // Persistent over tile pairs (one pair per cluster and step) unless the epilogue pools, which stages the
 // tile in the pipeline's shared memory and so runs one pair per cluster. The producer runs ahead into the
 // next tile while the consumers finish the previous one's epilogue. kLayout: how the activations arrive
@@ -1112,6 +1130,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const uint32_t empty0 = full0 + kWgStages * 8;  // kWgStages "stage consumed by the cluster" barriers
   int8_t* row_correction = reinterpret_cast<int8_t*>(barriers + 2 * kWgStages);  // RowCorrection per tile row
   const int tid = threadIdx.x;
+#ifdef JAXBNN_TILE_TRACE
+  if (tid == 0 && g_tile_trace != nullptr) {
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    g_tile_trace[static_cast<size_t>(blockIdx.x) * kTraceWordsPerCta] = now;
+  }
+#endif
   const PairRange schedule =
       PairsOfCluster(static_cast<int>(ClusterId()), static_cast<int>(ClusterCount()), m_pairs, n_tiles, runs);
   const int rank = static_cast<int>(ClusterRank());
@@ -1229,12 +1254,19 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int fill_kb = min(1, k_blocks - 1);
   // the threshold epilogue's class-bound table (StoreAccumulators): unpooled threshold problems with a table
   const bool class_bounds = p.epilogue == Epilogue::kBits && !staged && HasCorrectionTable(p);
+#ifdef JAXBNN_TILE_TRACE
+  int traced_tile = -1;
+#endif
   for (int pair = schedule.first; pair < schedule.end; pair += schedule.step) {
     int pair_m, tile_n;
     PairCoordinates(pair, m_pairs, n_tiles, runs, pair_m, tile_n);
     const int tile_m = pair_m * kWgCluster + rank;
     const int col0 = tile_n * kWgCols;
     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the previous epilogue is done with cols and popc_a
+#ifdef JAXBNN_TILE_TRACE
+    ++traced_tile;
+#endif
+    JAXBNN_TRACE_TILE(half, traced_tile, 0, wtid);
     // The border-class corrections stay while the column tile does (runs of pairs change it rarely);
     // filled before the accumulators are live.
     const bool new_columns = tile_n != staged_tile_n;
@@ -1245,6 +1277,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     for (int kb = 0; kb < k_blocks; ++kb, ++it) {
       const uint32_t s = it % kWgStages;
       BarrierWait(full0 + 8 * s, (it / kWgStages) & 1);
+      if (kb == 0) JAXBNN_TRACE_TILE(half, traced_tile, 1, wtid);
       // cp.async wrote the activations through the generic proxy; the tensor cores read through the async one.
       if (!kTensorA) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -1281,6 +1314,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       if (kb > 0) release((it - 1) % kWgStages);
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    JAXBNN_TRACE_TILE(half, traced_tile, 2, wtid);
     release((it - 1) % kWgStages);
     row_popc = CombineRowPopcount<64, 128>(row_popc);
     // Plain GEMMs (kSwizzledRows) read the thread index afresh: ptxas hoisted what the epilogue derives
@@ -1294,6 +1328,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       // tiles of at most 128 columns (N <= 128, or the last column tile) store half the accumulators
       StoreAccumulators(p, acc, popc_a, row_correction, cols, tile_m, col0, half, epilogue_wtid,
                         p.n - col0 <= kWgCols / 2);
+      JAXBNN_TRACE_TILE(half, traced_tile, 3, wtid);
       continue;
     }
     // Pooled: one tile per CTA; every copy into this CTA has landed (the consumers waited for all of
@@ -1483,6 +1518,12 @@ cudaError_t LaunchWgmma(const BinaryGemmProblem& p, int sms, cudaStream_t stream
 }
 
 }  // namespace
+
+#ifdef JAXBNN_TILE_TRACE
+cudaError_t SetTileTrace(unsigned long long* buffer) {
+  return cudaMemcpyToSymbol(g_tile_trace, &buffer, sizeof(buffer));
+}
+#endif
 
 cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, cudaStream_t stream,
                              KernelPath* chosen) {

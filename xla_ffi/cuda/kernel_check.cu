@@ -227,6 +227,72 @@ long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose) {
 
 ConvCase Bmm(int m, int n, int k) { return ConvCase{m, 1, 1, k, n, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, true}; }
 
+#ifdef JAXBNN_TILE_TRACE
+// One more launch of a timed case with the wgmma kernel's tile stamps (binary_gemm.h, SetTileTrace), and
+// where its time goes, in microseconds, averaged over CTAs and consumer warpgroups: the first tile (from
+// the CTA's start) and the later ones (from the previous tile's epilogue end) separately.
+void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
+  using jaxbnn::cuda::kTraceEvents;
+  using jaxbnn::cuda::kTraceTiles;
+  using jaxbnn::cuda::kTraceWordsPerCta;
+  const size_t ctas = static_cast<size_t>((p.pooled_rows + 127) / 128 + 1) * ((p.n + 255) / 256);  // >= grid
+  const size_t words = ctas * kTraceWordsPerCta;
+  unsigned long long* d_trace = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_trace, words * 8));
+  CHECK_CUDA(cudaMemset(d_trace, 0, words * 8));
+  CHECK_CUDA(jaxbnn::cuda::SetTileTrace(d_trace));
+  CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(jaxbnn::cuda::SetTileTrace(nullptr));
+  std::vector<unsigned long long> t(words);
+  CHECK_CUDA(cudaMemcpy(t.data(), d_trace, words * 8, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaFree(d_trace));
+  unsigned long long first_start = ~0ull, last_start = 0, last_end = 0;
+  // [first tile, later tiles] x [to tile start, to first full, k loop, epilogue]
+  double sum[2][4] = {}, count[2] = {}, tiles = 0, busy_sum = 0;
+  int traced_ctas = 0;
+  for (size_t c = 0; c < ctas; ++c) {
+    const unsigned long long* cta = &t[c * kTraceWordsPerCta];
+    if (cta[0] == 0) continue;
+    ++traced_ctas;
+    first_start = std::min(first_start, cta[0]);
+    last_start = std::max(last_start, cta[0]);
+    for (int wg = 0; wg < 2; ++wg) {
+      unsigned long long previous_end = cta[0];
+      for (int tile = 0; tile < kTraceTiles; ++tile) {
+        const unsigned long long* e = cta + 1 + (wg * kTraceTiles + tile) * kTraceEvents;
+        if (e[3] == 0) break;
+        const int later = tile > 0;
+        sum[later][0] += (e[0] - previous_end) * 1e-3;
+        sum[later][1] += (e[1] - e[0]) * 1e-3;
+        sum[later][2] += (e[2] - e[1]) * 1e-3;
+        sum[later][3] += (e[3] - e[2]) * 1e-3;
+        busy_sum += (e[2] - e[1]) * 1e-3;
+        count[later] += 1;
+        tiles += 1;
+        previous_end = e[3];
+        last_end = std::max(last_end, e[3]);
+      }
+    }
+  }
+  if (traced_ctas == 0) {
+    std::printf("trace: no CTA recorded\n");
+    return;
+  }
+  std::printf("trace: %d CTAs, %.1f tiles per warpgroup; CTA starts spread %.2f us; first start to last "
+              "epilogue end %.2f us; k loops %.0f%% of it\n",
+              traced_ctas, tiles / (2.0 * traced_ctas), (last_start - first_start) * 1e-3, (last_end - first_start) * 1e-3,
+              100.0 * busy_sum / (2.0 * traced_ctas) / ((last_end - first_start) * 1e-3));
+  const char* names[2] = {"first tile ", "later tiles"};
+  for (int later = 0; later < 2; ++later) {
+    if (count[later] == 0) continue;
+    const double n = count[later];
+    std::printf("trace: %s (%5.0f): to tile start %6.2f us, to first full stage %6.2f, k loop %6.2f, epilogue %6.2f\n",
+                names[later], n, sum[later][0] / n, sum[later][1] / n, sum[later][2] / n, sum[later][3] / n);
+  }
+}
+#endif
+
 // Times the packed-in -> packed-out (threshold bits) op of a case on one engine with CUDA events: the
 // median of 9 single launches after 2 warm-ups, then the mean of 30 launches queued back to back (as XLA
 // runs them). Operands are random bits (any bits make valid FSB weights).
@@ -276,6 +342,9 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path) {
               ops / (t * 1e-3) / 1e12, tq, ops / (tq * 1e-3) / 1e12);
   CHECK_CUDA(cudaEventDestroy(e0));
   CHECK_CUDA(cudaEventDestroy(e1));
+#ifdef JAXBNN_TILE_TRACE
+  if (ran == KernelPath::kWgmma) PrintTileTrace(p, path);
+#endif
   for (const void* ptr : {static_cast<const void*>(p.x), static_cast<const void*>(p.w), static_cast<const void*>(p.tap_popc),
                           static_cast<const void*>(p.threshold), static_cast<const void*>(p.flip), static_cast<const void*>(out)}) {
     CHECK_CUDA(cudaFree(const_cast<void*>(ptr)));
