@@ -1093,18 +1093,25 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
 #ifdef JAXBNN_TILE_TRACE
 __device__ unsigned long long* g_tile_trace = nullptr;  // SetTileTrace
 
+__device__ __forceinline__ void TraceWord(int word) {
+  unsigned long long now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  g_tile_trace[static_cast<size_t>(blockIdx.x) * kTraceWordsPerCta + word] = now;
+}
+// Start-up stamp `word` (< kTraceStartWords), by the one thread for which `stamping` holds.
+__device__ __forceinline__ void TraceStart(int word, bool stamping) {
+  if (g_tile_trace != nullptr && stamping) TraceWord(word);
+}
 // Stamp `event` of this warpgroup's tile `tile` (thread 0 of the warpgroup; tiles past the slots are not
 // recorded).
 __device__ __forceinline__ void TraceTile(int half, int tile, int event, int wtid) {
-  unsigned long long* trace = g_tile_trace;
-  if (trace == nullptr || wtid != 0 || tile >= kTraceTiles) return;
-  unsigned long long now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  trace[static_cast<size_t>(blockIdx.x) * kTraceWordsPerCta + 1 + (half * kTraceTiles + tile) * kTraceEvents + event] =
-      now;
+  if (g_tile_trace == nullptr || wtid != 0 || tile >= kTraceTiles) return;
+  TraceWord(kTraceStartWords + (half * kTraceTiles + tile) * kTraceEvents + event);
 }
+#define JAXBNN_TRACE_START(word, stamping) TraceStart(word, stamping)
 #define JAXBNN_TRACE_TILE(half, tile, event, wtid) TraceTile(half, tile, event, wtid)
 #else
+#define JAXBNN_TRACE_START(word, stamping) static_cast<void>(0)
 #define JAXBNN_TRACE_TILE(half, tile, event, wtid) static_cast<void>(0)
 #endif
 
@@ -1130,13 +1137,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const uint32_t empty0 = full0 + kWgStages * 8;  // kWgStages "stage consumed by the cluster" barriers
   int8_t* row_correction = reinterpret_cast<int8_t*>(barriers + 2 * kWgStages);  // RowCorrection per tile row
   const int tid = threadIdx.x;
-#ifdef JAXBNN_TILE_TRACE
-  if (tid == 0 && g_tile_trace != nullptr) {
-    unsigned long long now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    g_tile_trace[static_cast<size_t>(blockIdx.x) * kTraceWordsPerCta] = now;
-  }
-#endif
+  JAXBNN_TRACE_START(0, tid == 0);
   const PairRange schedule =
       PairsOfCluster(static_cast<int>(ClusterId()), static_cast<int>(ClusterCount()), m_pairs, n_tiles, runs);
   const int rank = static_cast<int>(ClusterRank());
@@ -1162,6 +1163,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   ClusterSync();  // the partner's barriers exist before any multicast copy or remote arrival reaches them
+  JAXBNN_TRACE_START(1, tid == 0);
 
   const uint32_t base = SmemAddress(smem);
   const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
@@ -1200,6 +1202,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
         const int channel_byte = k_byte < p.k_words * 4 ? k_byte - tap * tap_bytes : tap_bytes;
         if (it >= kWgStages) BarrierWait(empty0 + 8 * s, ((it / kWgStages) - 1) & 1);
+        JAXBNN_TRACE_START(3, it == 0 && tid == 0);
         const uint32_t stage = base + s * kWgStageBytes;
         // FSB tiles past K are not copied either: what stays there meets zero-filled activation words.
         const int kt0 = kb * 8, k_tiles = min(8, p.w_k_tiles - kt0);
@@ -1238,6 +1241,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  JAXBNN_TRACE_START(2, tid == 128);
   const int ctid = tid - 128;      // 0..255 over both consumer warpgroups
   const int half = warpgroup - 1;  // rows 64 * half ... of the tile
   const int wtid = ctid % 128;     // thread in its warpgroup

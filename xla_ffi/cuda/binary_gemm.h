@@ -53,11 +53,13 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
 
 #ifdef JAXBNN_TILE_TRACE
 // Diagnostic builds only (the kernel harness's `--trace`): the wgmma kernel's consumer warpgroups write
-// %globaltimer stamps of each tile into `buffer` (null: no trace), kTraceWordsPerCta words per CTA: word 0
-// the CTA's start, then per warpgroup (2) and tile slot (kTraceTiles) kTraceEvents stamps: tile start,
-// first "full" barrier passed, k loop done (all wgmmas retired), epilogue done.
-inline constexpr int kTraceTiles = 64, kTraceEvents = 4;
-inline constexpr int kTraceWordsPerCta = 1 + 2 * kTraceTiles * kTraceEvents;
+// %globaltimer stamps of each tile into `buffer` (null: no trace), kTraceWordsPerCta words per CTA: the
+// kTraceStartWords start-up stamps (the CTA's first instruction, the cluster sync passed, the consumers'
+// registers reallocated, the producer's first copy issued), then per warpgroup (2) and tile slot
+// (kTraceTiles) kTraceEvents stamps: tile start, first "full" barrier passed, k loop done (all wgmmas
+// retired), epilogue done.
+inline constexpr int kTraceStartWords = 4, kTraceTiles = 64, kTraceEvents = 4;
+inline constexpr int kTraceWordsPerCta = kTraceStartWords + 2 * kTraceTiles * kTraceEvents;
 cudaError_t SetTileTrace(unsigned long long* buffer);
 #endif
 

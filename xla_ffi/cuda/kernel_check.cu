@@ -233,6 +233,7 @@ ConvCase Bmm(int m, int n, int k) { return ConvCase{m, 1, 1, k, n, 1, 1, 1, 1, 0
 // the CTA's start) and the later ones (from the previous tile's epilogue end) separately.
 void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
   using jaxbnn::cuda::kTraceEvents;
+  using jaxbnn::cuda::kTraceStartWords;
   using jaxbnn::cuda::kTraceTiles;
   using jaxbnn::cuda::kTraceWordsPerCta;
   const size_t ctas = static_cast<size_t>((p.pooled_rows + 127) / 128 + 1) * ((p.n + 255) / 256);  // >= grid
@@ -250,6 +251,7 @@ void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
   unsigned long long first_start = ~0ull, last_start = 0, last_end = 0;
   // [first tile, later tiles] x [to tile start, to first full, k loop, epilogue]
   double sum[2][4] = {}, count[2] = {}, tiles = 0, busy_sum = 0;
+  double start_sum[kTraceStartWords] = {};  // each start-up stamp after the CTA's first instruction
   int traced_ctas = 0;
   for (size_t c = 0; c < ctas; ++c) {
     const unsigned long long* cta = &t[c * kTraceWordsPerCta];
@@ -257,10 +259,11 @@ void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
     ++traced_ctas;
     first_start = std::min(first_start, cta[0]);
     last_start = std::max(last_start, cta[0]);
+    for (int i = 1; i < kTraceStartWords; ++i) start_sum[i] += (cta[i] - cta[0]) * 1e-3;
     for (int wg = 0; wg < 2; ++wg) {
       unsigned long long previous_end = cta[0];
       for (int tile = 0; tile < kTraceTiles; ++tile) {
-        const unsigned long long* e = cta + 1 + (wg * kTraceTiles + tile) * kTraceEvents;
+        const unsigned long long* e = cta + kTraceStartWords + (wg * kTraceTiles + tile) * kTraceEvents;
         if (e[3] == 0) break;
         const int later = tile > 0;
         sum[later][0] += (e[0] - previous_end) * 1e-3;
@@ -283,6 +286,9 @@ void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
               "epilogue end %.2f us; k loops %.0f%% of it\n",
               traced_ctas, tiles / (2.0 * traced_ctas), (last_start - first_start) * 1e-3, (last_end - first_start) * 1e-3,
               100.0 * busy_sum / (2.0 * traced_ctas) / ((last_end - first_start) * 1e-3));
+  std::printf("trace: start-up, from the CTA's first instruction: cluster sync passed %.2f us, consumers' registers "
+              "%.2f, producer's first copy %.2f\n",
+              start_sum[1] / traced_ctas, start_sum[2] / traced_ctas, start_sum[3] / traced_ctas);
   const char* names[2] = {"first tile ", "later tiles"};
   for (int later = 0; later < 2; ++later) {
     if (count[later] == 0) continue;
