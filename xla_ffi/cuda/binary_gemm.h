@@ -52,9 +52,9 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
                              KernelPath* chosen);
 
 #ifdef JAXBNN_TILE_TRACE
-// Diagnostic builds only (the kernel harness's `--trace`): the wgmma kernel's consumer warpgroups write
-// %globaltimer stamps of each tile into `buffer` (null: no trace), kTraceWordsPerCta words per CTA: the
-// kTraceStartWords start-up stamps (the CTA's first instruction, the cluster sync passed, the consumers'
+// Diagnostic builds only (the kernel harness built with -DJAXBNN_TILE_TRACE, `gpu_job.sh trace`): the
+// wgmma kernel writes %globaltimer stamps into `buffer` (null: no trace), kTraceWordsPerCta words per CTA:
+// the kTraceStartWords start-up stamps (the CTA's first instruction, the cluster sync passed, the consumers'
 // registers reallocated, the producer's first copy issued), then per warpgroup (2) and tile slot
 // (kTraceTiles) kTraceEvents stamps: tile start, first "full" barrier passed, k loop done (all wgmmas
 // retired), epilogue done.

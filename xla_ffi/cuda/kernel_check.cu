@@ -250,7 +250,7 @@ void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
   CHECK_CUDA(cudaFree(d_trace));
   unsigned long long first_start = ~0ull, last_start = 0, last_end = 0;
   // [first tile, later tiles] x [to tile start, to first full, k loop, epilogue]
-  double sum[2][4] = {}, count[2] = {}, tiles = 0, busy_sum = 0;
+  double sum[2][4] = {}, count[2] = {};
   double start_sum[kTraceStartWords] = {};  // each start-up stamp after the CTA's first instruction
   int traced_ctas = 0;
   for (size_t c = 0; c < ctas; ++c) {
@@ -270,9 +270,7 @@ void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
         sum[later][1] += (e[1] - e[0]) * 1e-3;
         sum[later][2] += (e[2] - e[1]) * 1e-3;
         sum[later][3] += (e[3] - e[2]) * 1e-3;
-        busy_sum += (e[2] - e[1]) * 1e-3;
         count[later] += 1;
-        tiles += 1;
         previous_end = e[3];
         last_end = std::max(last_end, e[3]);
       }
@@ -282,10 +280,11 @@ void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
     std::printf("trace: no CTA recorded\n");
     return;
   }
+  const double tiles = count[0] + count[1], span_us = (last_end - first_start) * 1e-3;
   std::printf("trace: %d CTAs, %.1f tiles per warpgroup; CTA starts spread %.2f us; first start to last "
               "epilogue end %.2f us; k loops %.0f%% of it\n",
-              traced_ctas, tiles / (2.0 * traced_ctas), (last_start - first_start) * 1e-3, (last_end - first_start) * 1e-3,
-              100.0 * busy_sum / (2.0 * traced_ctas) / ((last_end - first_start) * 1e-3));
+              traced_ctas, tiles / (2.0 * traced_ctas), (last_start - first_start) * 1e-3, span_us,
+              100.0 * (sum[0][2] + sum[1][2]) / (2.0 * traced_ctas) / span_us);
   std::printf("trace: start-up, from the CTA's first instruction: cluster sync passed %.2f us, consumers' registers "
               "%.2f, producer's first copy %.2f\n",
               start_sum[1] / traced_ctas, start_sum[2] / traced_ctas, start_sum[3] / traced_ctas);
