@@ -43,8 +43,12 @@ for i in "${!VERSIONS[@]}"; do
   { [ "${SANITIZE:-1}" = 1 ] && [ "$i" -gt 0 ] && [ -x "/tmp/ab_kernel_check_$i" ]; } || continue
   for tool in memcheck racecheck initcheck; do
     echo "=== compute-sanitizer $tool, version $i ($(date -u +%T))" | tee -a "$LOG"
-    timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "/tmp/ab_kernel_check_$i" --small 2>&1 \
-      | grep -vE " 0 / |^(wgmma|mma_sync|simt) " | tail -6 | tee -a "$LOG" || status=1
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "/tmp/ab_kernel_check_$i" --small \
+      > "$LOGS/${tool}_$i.log" 2>&1 || status=1
+    # the first report (what and where), then the summary
+    grep -m 8 -E "^========= +(Invalid|Error|Race|Uninitialized|at |by thread|Address|Program hit)" \
+      "$LOGS/${tool}_$i.log" | tee -a "$LOG"
+    grep -vE " 0 / |^(wgmma|mma_sync|simt) " "$LOGS/${tool}_$i.log" | tail -4 | tee -a "$LOG"
   done
 done
 IFS=';' read -r -a cases <<< "${CASES:-}"
