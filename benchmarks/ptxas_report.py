@@ -26,7 +26,7 @@ ENTRY = re.compile(
 
 
 def short_name(mangled: str) -> str:
-    """WgmmaKernel<ALayout 1>, ClassicKernel<MmaSyncEngine<256,3>> ... from the mangled name."""
+    """WgmmaKernel<ALayout 1>, ClassicKernel<MmaSyncEngine<256,3,16>, 4> ... from the mangled name."""
     kernel = re.search(r"(WgmmaKernel|ClassicKernel)", mangled)
     if not kernel:
         return mangled
@@ -34,10 +34,11 @@ def short_name(mangled: str) -> str:
         layouts = ["kCoreMatrices", "kSwizzledRows", "kChunkSlabs", "kTapRows"]
         layout = int(re.search(r"ALayoutE(\d)", mangled).group(1))
         return f"WgmmaKernel<{layouts[layout]}>"
-    engine = re.search(r"(SimtEngine|MmaSyncEngine)(?:ILi(\d+)ELi(\d+)E)?E*Li(\d+)", mangled)
+    engine = re.search(r"(SimtEngine|MmaSyncEngine)(?:ILi(\d+)ELi(\d+)ELi(\d+)E)?E*Li(\d+)", mangled)
     if engine and engine.group(1) == "MmaSyncEngine":
-        return f"ClassicKernel<MmaSyncEngine<{engine.group(2)},{engine.group(3)}>, {engine.group(4)}>"
-    return f"ClassicKernel<{engine.group(1)}, {engine.group(4)}>" if engine else "ClassicKernel"
+        cols, stages, warps, vec = engine.group(2, 3, 4, 5)
+        return f"ClassicKernel<MmaSyncEngine<{cols},{stages},{warps}>, {vec}>"
+    return f"ClassicKernel<{engine.group(1)}, {engine.group(5)}>" if engine else "ClassicKernel"
 
 
 def main() -> int:

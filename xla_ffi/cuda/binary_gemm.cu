@@ -1,7 +1,8 @@
 // The CUDA kernels of jaxbnn: one implicit-GEMM binary convolution (bmm = 1x1 convolution), three engines.
 //   wgmma    (sm_90a): BGMMA m64n256k256 AND-popc, 128x256 CTA tile, a producer warpgroup filling a 4-stage
 //            mbarrier pipeline, two consumer warpgroups.
-//   mma.sync (sm_80+): BMMA m16n8k256 AND-popc, 128x128 CTA tile, 4-stage cp.async pipeline.
+//   mma.sync (sm_80+): BMMA m16n8k256 AND-popc, cp.async pipeline: 128x128 CTA tiles of 8 warps in 4 stages,
+//            or, where shared memory allows (H100), 128x256 tiles of 16 warps in 3 stages.
 //   simt     (any):    CUDA-core AND + POPC, 64x64 CTA tile, 3-stage cp.async pipeline (fallback/baseline).
 //
 // Shared memory layout of every operand stage: K blocks of 1024 bits (32 words = 8 chunks of 16 bytes);
@@ -510,12 +511,15 @@ __device__ __forceinline__ void TileCoordinates(int pid, int m_tiles, int n_tile
 // ---------------------------------------------------------------------------------------------------
 // mma.sync and CUDA-core engines: classic multistage cp.async pipeline, all threads load and compute.
 
-template <int kColsT, int kStagesT>
+template <int kColsT, int kStagesT, int kWarpsT>
 struct MmaSyncEngine {
-  static constexpr int kRows = 128, kCols = kColsT, kStages = kStagesT, kThreads = 256;
-  // 2 x 4 warps, each 64 rows x kWarpCols: with 64 x 64 warp tiles (kCols = 256) a k256 step loads 8
-  // ldmatrix.x4 for 32 mma (128 shared-memory bytes per mma) instead of 6 for 16 (192 bytes)
-  static constexpr int kWarpCols = kCols / 4, kFrags = kWarpCols / 8, kWarpWords = kWarpCols / 32;
+  static constexpr int kRows = 128, kCols = kColsT, kStages = kStagesT, kThreads = 32 * kWarpsT;
+  // 2 x kColWarps warps, each 64 rows x kWarpCols. 64 x 64 warp tiles load 8 ldmatrix.x4 per k256 step for
+  // 32 mma (128 shared-memory bytes per mma), 64 x 32 tiles 6 for 16 (192 bytes) but need half the
+  // accumulator registers, so a CTA can have twice the warps to hide the ldmatrix and mma latencies.
+  static constexpr int kColWarps = kWarpsT / 2;
+  static constexpr int kWarpCols = kCols / kColWarps, kFrags = kWarpCols / 8, kWarpWords = kWarpCols / 32;
+  static_assert(kWarpCols % 32 == 0, "a warp's columns make whole output words");
   static constexpr bool kDirectStore = true;  // StoreDirect: the epilogue without the shared int32 tile
   struct Accumulators {
     int v[4][kFrags][4];  // [16-row fragment][8-column fragment][register]
@@ -526,7 +530,7 @@ struct MmaSyncEngine {
 #if __CUDA_ARCH__ >= 800
     const uint32_t stage_a = stage_addr, stage_b = stage_addr + kRows * 128;
     const int warp = tid / 32, lane = tid % 32;
-    const int warp_row = (warp / 4) * 64, warp_col = (warp % 4) * kWarpCols;
+    const int warp_row = (warp / kColWarps) * 64, warp_col = (warp % kColWarps) * kWarpCols;
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       uint32_t a[4][4], b[kFrags][2];
@@ -569,7 +573,7 @@ struct MmaSyncEngine {
   __device__ static void StoreDirect(const Accumulators& acc, const BinaryGemmProblem& p, const int* popc_a,
                                      const TileColumns<kCols>& cols, int tile_m, int col0, int tid) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int warp_row = (warp / 4) * 64, warp_col = (warp % 4) * kWarpCols;
+    const int warp_row = (warp / kColWarps) * 64, warp_col = (warp % kColWarps) * kWarpCols;
     const int out_words = (p.n + 31) / 32;
 #pragma unroll
     for (int mf = 0; mf < 4; ++mf) {
@@ -627,7 +631,7 @@ struct MmaSyncEngine {
 
   __device__ static void Store(const Accumulators& acc, int* tile, int ld, int tid) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int warp_row = (warp / 4) * 64, warp_col = (warp % 4) * kWarpCols;
+    const int warp_row = (warp / kColWarps) * 64, warp_col = (warp % kColWarps) * kWarpCols;
 #pragma unroll
     for (int mf = 0; mf < 4; ++mf) {
 #pragma unroll
@@ -643,8 +647,8 @@ struct MmaSyncEngine {
 };
 // 128 x 128 tiles in 4 stages fit an A100's 163 KB of shared memory; 128 x 256 tiles in 3 stages (178 KB)
 // need an H100's (LaunchBinaryGemm picks by the device's opt-in limit).
-using MmaSyncNarrow = MmaSyncEngine<128, 4>;
-using MmaSyncWide = MmaSyncEngine<256, 3>;
+using MmaSyncNarrow = MmaSyncEngine<128, 4, 8>;
+using MmaSyncWide = MmaSyncEngine<256, 3, 16>;
 
 struct SimtEngine {
   static constexpr int kRows = 64, kCols = 64, kStages = 3, kThreads = 256;
