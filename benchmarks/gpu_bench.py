@@ -275,7 +275,7 @@ def write_results(path, device, commit, ceiling, engines, bmm_rows, conv_rows):
         f"- GPU: {device.device_kind}; date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}; "
         f"commit: {commit or 'unknown'}; jax {jax.__version__}",
         "- Binary TOPS = 2 x M x N x K / time. `packed`: packed in -> packed out (threshold epilogue); "
-        "`general`: float32 in -> pack -> BMM -> float32 out. `ran`: the engine that ran (wgmma needs K words % 4 == 0).",
+        "`general`: float32 in -> pack -> BMM -> float32 out. `ran`: the engine that ran (wgmma needs an even number of words per tap).",
         "- Ceiling probe (shared/tools/ceiling.cu, same job): "
         + (", ".join(f"{k} {v:,.0f} TOPS" for k, v in ceiling.items()) or "not run"),
         "",

@@ -152,7 +152,7 @@ def test_bconv2d_matches_reference(engine, case, kind):
 
 
 def test_engine_choice_on_aligned_rows():
-    """K words a multiple of 4 on Hopper run on wgmma; other GPUs and unaligned rows on mma.sync or CUDA cores."""
+    """Aligned rows on Hopper run on wgmma; other GPUs on mma.sync."""
     rng = np.random.default_rng(0)
     m, n, k = 200, 300, 1024
     a = np.asarray(formats.pack_bits(_random_signs(rng, (m, k)) >= 0))

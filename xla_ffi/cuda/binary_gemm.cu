@@ -70,6 +70,8 @@ template <int kBytes>
 __device__ __forceinline__ void CopyAsync(uint32_t dst, const void* src, bool valid) {
   if constexpr (kBytes == 16) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+  } else if constexpr (kBytes == 8) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 8 : 0));
   } else {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
   }
@@ -1226,7 +1228,12 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                          oh0 + fkh - p.pad_top, image, full);
           }
         } else {
-          LoadActivationStage<kWgRows, 4, 128>(p, div, origins, stage, kb, tid);
+          // 8-byte copies where a tap has an even but not a multiple-of-4 number of words (C = 64: 2)
+          if (p.cw % 4 == 0) {
+            LoadActivationStage<kWgRows, 4, 128>(p, div, origins, stage, kb, tid);
+          } else {
+            LoadActivationStage<kWgRows, 2, 128>(p, div, origins, stage, kb, tid);
+          }
           if (tid == 0) BarrierArriveExpectBytes(full, weight_bytes);
         }
         // This CTA's half of the weight rows, 1 KB (8 FSB tiles) per 8-row tile row, into both CTAs: one TMA
@@ -1437,7 +1444,8 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 //   anything else, or a driver without cuTensorMapEncodeTiled: cp.async (kCoreMatrices).
 ALayout ActivationTensorMap(const BinaryGemmProblem& p, CUtensorMap& map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
-  if (encode == nullptr || p.pool_h * p.pool_w != 1 || p.stride_h != 1 || p.stride_w != 1) {
+  // the boxes take 16 bytes (4 words) of a tap at least
+  if (encode == nullptr || p.pool_h * p.pool_w != 1 || p.stride_h != 1 || p.stride_w != 1 || p.cw % 4 != 0) {
     return ALayout::kCoreMatrices;
   }
   const cuuint64_t row_bytes = static_cast<cuuint64_t>(p.cw) * 4;
@@ -1571,9 +1579,11 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
     info.known = true;
   }
   if (p.k_words < 1) return cudaErrorInvalidValue;  // the kernels fill their column tables in the first K block
-  // 16-byte copies need every tap's words 16-byte aligned.
+  // 16-byte copies need every tap's words 16-byte aligned (the classic kernels' kVec, the wgmma TMA boxes).
   const bool aligned = p.cw % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
-  const bool can_wgmma = info.major == 9 && info.minor == 0 && aligned;
+  // the wgmma kernel's cp.async producer also copies 8 bytes at a time (a tap of 2 words: C = 64)
+  const bool half_aligned = p.cw % 2 == 0 && reinterpret_cast<uintptr_t>(p.x) % 8 == 0;
+  const bool can_wgmma = info.major == 9 && info.minor == 0 && (aligned || half_aligned);
   const bool can_mma = info.major >= 8;
   KernelPath run = can_wgmma ? KernelPath::kWgmma : can_mma ? KernelPath::kMmaSync : KernelPath::kSimt;
   if (path == KernelPath::kSimt || (path == KernelPath::kMmaSync && can_mma) ||

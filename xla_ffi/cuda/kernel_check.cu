@@ -365,7 +365,7 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
     for (KernelPath path : paths) TimeCase(name.c_str(), cc, path);
   };
   for (int s : {1024, 2048, 4096, 8192, 16384}) time("bmm " + std::to_string(s) + "^3", Bmm(s, s, s));
-  for (int c : {128, 256, 512, 1024, 2048}) {
+  for (int c : {64, 128, 256, 512, 1024, 2048}) {
     time("bconv C=O=" + std::to_string(c), ConvCase{16, 64, 64, c, c, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   }
   for (int c : {128, 512}) {  // the same with "one" padding: no border-row corrections
@@ -422,9 +422,13 @@ int main(int argc, char** argv) {
   cases.push_back({1, 4, 32, 512, 33, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, false});
   // a pool over more than 128 columns: the wide mma.sync tiles' staged epilogue
   cases.push_back({2, 8, 8, 64, 200, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, false});
+  // an even number of words per tap that is not a multiple of 4 (C = 64: 2, C = 192: 6): the wgmma
+  // engine's 8-byte cp.async copies
+  cases.push_back({2, 9, 11, 64, 72, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({1, 7, 9, 192, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true});
   if (small) {
     cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[17], cases[21], cases[23], cases[28],
-             cases[31]};
+             cases[31], cases[32], cases[35]};
   }
   long failures = 0;
   for (const ConvCase& cc : cases) {
