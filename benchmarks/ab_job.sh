@@ -5,7 +5,8 @@
 #                                      mkdir -p .ab/v8.2 && git archive REV xla_ffi/cuda | tar -x -C .ab/v8.2 --strip-components=2
 #                                      (.ab/ is git-ignored: a device job needs it carried)
 # Builds the kernel harness (the version's own kernel_check.cu, else the tree's) against each version, runs
-# the full harness check on each, compute-sanitizer (memcheck, racecheck, initcheck; harness --small) on
+# the full harness check on each (a version that fails it goes no further), compute-sanitizer (memcheck,
+# racecheck, initcheck; harness --small) on
 # every version but the first, then ROUNDS rounds (default 3; even rounds in reverse order) of each
 # harness timing mode in TIME_MODES (default `--time-wgmma`; `--time-mma` times the mma.sync engine) over
 # every version (CASES: ';'-separated harness case names; default all). Writes two files to $OUT (default
@@ -36,7 +37,8 @@ for i in "${!VERSIONS[@]}"; do
   timeout ${CHECK_SECONDS:-200} stdbuf -oL "/tmp/ab_kernel_check_$i" > "$LOGS/check_$i.log" 2>&1
   echo "check rc=$? ($(date -u +%T))" | tee -a "$LOG"
   grep -v " 0 / " "$LOGS/check_$i.log" | tail -6 | tee -a "$LOG"
-  grep -q "ALL OK" "$LOGS/check_$i.log" || status=1
+  # a version that fails its check (or hangs) is neither sanitized nor timed
+  grep -q "ALL OK" "$LOGS/check_$i.log" || { status=1; rm -f "/tmp/ab_kernel_check_$i"; }
 done
 # every version but the first (the baseline, already checked where it was merged)
 for i in "${!VERSIONS[@]}"; do
