@@ -121,9 +121,6 @@ if has ncu-cases; then
   IFS=';' read -r -a cases <<< "${NCU_CASES:-bconv C=O=128;bconv one C=O=512;bconv C=O=512;bmm 4096^3}"
   kernel=Wgmma; mode=--time-wgmma
   [ "${NCU_ENGINE:-wgmma}" = mma ] && { kernel=ClassicKernel; mode=--time-mma; }
-  # one wgmma tile shape: NCU_ENGINE=wide or narrow (with `wgmma`, the wide tiles' launches come first)
-  [ "${NCU_ENGINE:-wgmma}" = wide ] && mode=--time-wide
-  [ "${NCU_ENGINE:-wgmma}" = narrow ] && mode=--time-narrow
   sources=$(mktemp -d)
   for c in "${cases[@]}"; do
     log "ncu --set full: $c ($kernel)"

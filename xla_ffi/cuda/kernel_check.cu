@@ -359,8 +359,7 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path) {
 }
 
 // --time: the BMM sweep and the TCBNN BConv sweep (batch 16, 64x64, 3x3, stride 1, "zero" padding);
-// --time-wgmma: both wgmma tile shapes (each case twice); --time-wide / --time-narrow: one of them;
-// --time-mma: the mma.sync engine only. An optional second argument times only the cases of that
+// --time-wgmma: both wgmma tile shapes (each case twice); --time-mma: the mma.sync engine only. An optional second argument times only the cases of that
 // name (e.g. "bconv C=O=512", for ncu).
 void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
   auto time = [&](const std::string& name, const ConvCase& cc) {
@@ -385,8 +384,6 @@ int main(int argc, char** argv) {
     timed = {KernelPath::kWgmmaWide, KernelPath::kWgmmaNarrow, KernelPath::kMmaSync, KernelPath::kSimt};
   }
   if (mode == "--time-wgmma") timed = {KernelPath::kWgmmaWide, KernelPath::kWgmmaNarrow};
-  if (mode == "--time-wide") timed = {KernelPath::kWgmmaWide};
-  if (mode == "--time-narrow") timed = {KernelPath::kWgmmaNarrow};
   if (mode == "--time-mma") timed = {KernelPath::kMmaSync};
   if (!timed.empty()) {
     TimeAll(timed, argc > 2 ? argv[2] : "");
