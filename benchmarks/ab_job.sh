@@ -50,7 +50,7 @@ for i in "${!VERSIONS[@]}"; do
     # the first report (what and where), then the summary
     grep -m 8 -E "^========= +(Invalid|Error|Race|Uninitialized|at |by thread|Address|Program hit)" \
       "$LOGS/${tool}_$i.log" | tee -a "$LOG"
-    grep -vE " 0 / |^(wgmma\w*|mma_sync|simt) " "$LOGS/${tool}_$i.log" | tail -4 | tee -a "$LOG"
+    grep -vE " 0 / |^(wgmma|mma_sync|simt) " "$LOGS/${tool}_$i.log" | tail -4 | tee -a "$LOG"
   done
 done
 IFS=';' read -r -a cases <<< "${CASES:-}"

@@ -1,7 +1,7 @@
 """The CUDA FFI targets (jaxbnn._cuda) held bit for bit to the pure-JAX reference, on every engine.
 
 Each test calls the native targets of docs/ops.md directly through `jax.ffi.ffi_call` on the GPU, once per
-kernel (the wgmma engine's wide and narrow tiles, mma.sync, CUDA cores), and compares with `jaxbnn.reference` evaluated on the CPU (and with
+engine (wgmma, mma.sync, CUDA cores), and compares with `jaxbnn.reference` evaluated on the CPU (and with
 the CPU handlers where they are built). Inputs are random, shapes odd (K not a multiple of 32/128/256,
 M = 1, borders with both padding modes, strides, pools).
 """
@@ -39,8 +39,7 @@ from jaxbnn import _ffi  # noqa: E402, F401  (registers the targets of the built
 
 GPU = _gpus()[0] if _gpus() else None
 CPU = jax.devices("cpu")[0]
-# a kernel that cannot run a problem falls back to the default choice (docs/ops.md)
-ENGINES = ["wgmma_wide", "wgmma_narrow", "mma_sync", "simt"]
+ENGINES = ["wgmma", "mma_sync", "simt"]
 EPILOGUES = ["i32", "f32", "bits"]
 
 
@@ -83,9 +82,7 @@ def _check_against_cpu_handler(target, result, operands, attrs, got):
         np.testing.assert_array_equal(got, _call(target, CPU, result, operands, attrs))
 
 
-BMM_SHAPES = [(1, 3, 100), (5, 33, 31), (1, 1, 1), (129, 257, 1000), (64, 64, 128), (300, 520, 2144), (17, 300, 4096),
-              # more tile pairs than the wgmma engine's clusters: several tiles per CTA, epilogues one tile late
-              (9000, 300, 384)]
+BMM_SHAPES = [(1, 3, 100), (5, 33, 31), (1, 1, 1), (129, 257, 1000), (64, 64, 128), (300, 520, 2144), (17, 300, 4096)]
 
 
 @pytest.mark.parametrize("kind", EPILOGUES)
@@ -121,8 +118,6 @@ CONV_CASES = [
     (2, 8, 16, 128, 40, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", None),
     (2, 8, 16, 512, 40, (3, 3), (1, 1), ((1, 1), (1, 1)), "one", None),
     (1, 4, 32, 1024, 24, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", None),
-    # more tile pairs than clusters, three narrow column tiles: column tables refilled within a CTA's run
-    (4, 40, 40, 128, 300, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", None),
 ]
 
 
@@ -156,38 +151,16 @@ def test_bconv2d_matches_reference(engine, case, kind):
     _check_against_cpu_handler(target, result, operands, attrs, got)
 
 
-def _hopper():
-    return GPU.compute_capability == "9.0" if hasattr(GPU, "compute_capability") else False
-
-
 def test_engine_choice_on_aligned_rows():
-    """Aligned rows on Hopper run on wgmma (int32 out: the wide tiles); other GPUs on mma.sync."""
+    """Aligned rows on Hopper run on wgmma; other GPUs on mma.sync."""
     rng = np.random.default_rng(0)
     m, n, k = 200, 300, 1024
     a = np.asarray(formats.pack_bits(_random_signs(rng, (m, k)) >= 0))
     w = formats.pack_dense_weights(_random_signs(rng, (k, n)))
     _cuda.set_kernel_path("auto")
     _call("jaxbnn_bmm_i32", GPU, _result("i32", (m,), n), [a, w.bits, w.popcount], dict(k=np.int64(k), n=np.int64(n)))
-    assert _cuda.last_kernel_path() == ("wgmma_wide" if _hopper() else "mma_sync")
-
-
-@pytest.mark.parametrize("n,k,shape", [(128, 16384, "wgmma_narrow"), (300, 1024, "wgmma_narrow"),
-                                       (300, 16384, "wgmma_wide")])
-def test_wgmma_tile_shape_choice(n, k, shape):
-    """Threshold epilogues on Hopper: narrow tiles where N fits one (any K) or K is short; wide tiles else."""
-    if not _hopper():
-        pytest.skip("the wgmma engine needs sm_90")
-    rng = np.random.default_rng(4)
-    m = 64
-    a = np.asarray(formats.pack_bits(_random_signs(rng, (m, k)) >= 0))
-    w = formats.pack_dense_weights(_random_signs(rng, (k, n)))
-    epi_kwargs, epi_operands = _epilogue_operands(rng, n, k, "bits")
-    _cuda.set_kernel_path("auto")
-    got = _call("jaxbnn_bmm_bits", GPU, _result("bits", (m,), n), [a, w.bits, w.popcount, *epi_operands],
-                dict(k=np.int64(k), n=np.int64(n)))
-    assert _cuda.last_kernel_path() == shape
-    with jax.default_device(CPU):
-        np.testing.assert_array_equal(got, np.asarray(reference.bmm(a, w.bits, k, n, **epi_kwargs)))
+    hopper = GPU.compute_capability == "9.0" if hasattr(GPU, "compute_capability") else False
+    assert _cuda.last_kernel_path() == ("wgmma" if hopper else "mma_sync")
 
 
 def test_handler_rejects_inconsistent_shapes():

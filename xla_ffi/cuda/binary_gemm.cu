@@ -133,7 +133,7 @@ __host__ __device__ __forceinline__ int BorderClasses(const BinaryGemmProblem& p
   return (m.top + 1) * (m.bottom + 1) * (m.left + 1) * (m.right + 1);
 }
 // Whether the tiles of `p` keep the per-class correction table.
-__host__ __device__ __forceinline__ bool HasCorrectionTable(const BinaryGemmProblem& p) {
+__device__ __forceinline__ bool HasCorrectionTable(const BinaryGemmProblem& p) {
   return !p.pad_one && p.kh <= kTableSide && p.kw <= kTableSide && BorderClasses(p) <= kTableClasses;
 }
 __device__ __forceinline__ int BorderClass(const BinaryGemmProblem& p, FrameExcess e) {
@@ -160,15 +160,16 @@ struct TileColumns {
   float bias[kCols];
 };
 
-// Calls emit(class, correction) for the border classes of column `col` whose left excess is first_left,
-// first_left + left_step, ... (HasCorrectionTable problems): a class's correction is the sum of C - 2 popc
-// over the filter's taps minus that over the rectangle of taps inside the frame. Every tap index is a
-// compile-time one (kTableSide x kTableSide taps, masked by runtime bounds), so the taps' terms stay in
-// registers: a prefix-sum array indexed by runtime bounds lived in local memory (ncu: its loads stalled the
-// CTA at the start of every column tile). Depends on the column only.
-template <class Emit>
-__device__ __forceinline__ void ForEachBorderClass(const BinaryGemmProblem& p, int col, int first_left, int left_step,
-                                                   Emit emit) {
+// Fills the border-class corrections of local column `lc` (HasCorrectionTable problems): a class's
+// correction is the sum of C - 2 popc over the filter's taps minus that over the rectangle of taps inside
+// the frame. Every tap index is a compile-time one (kTableSide x kTableSide taps, masked by runtime
+// bounds), so the taps' terms stay in registers: a prefix-sum array indexed by runtime bounds lived in
+// local memory (ncu: its loads stalled the CTA at the start of every column tile). Depends on the column
+// tile only.
+template <int kCols>
+__device__ __forceinline__ void FillCorrectionTable(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
+                                                    int lc) {
+  const int col = col0 + lc;
   int term[kTableSide][kTableSide];
   int whole = 0;
 #pragma unroll
@@ -182,7 +183,7 @@ __device__ __forceinline__ void ForEachBorderClass(const BinaryGemmProblem& p, i
     }
   }
   const FrameExcess m = MaxExcess(p);
-  for (int left = first_left; left <= m.left; left += left_step) {
+  for (int left = 0; left <= m.left; ++left) {
     for (int right = 0; right <= m.right; ++right) {
       int row_inside[kTableSide];  // per filter row: the sum over its taps inside [left, kw - right)
 #pragma unroll
@@ -196,26 +197,11 @@ __device__ __forceinline__ void ForEachBorderClass(const BinaryGemmProblem& p, i
           int inside = 0;
 #pragma unroll
           for (int i = 0; i < kTableSide; ++i) inside += i >= top && i < p.kh - bottom ? row_inside[i] : 0;
-          emit(BorderClass(p, {top, bottom, left, right}), whole - inside);
+          cols.correction[BorderClass(p, {top, bottom, left, right})][lc] = whole - inside;
         }
       }
     }
   }
-}
-
-// Fills the border-class corrections of local column `lc` (HasCorrectionTable problems).
-template <int kCols>
-__device__ __forceinline__ void FillCorrectionTable(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
-                                                    int lc) {
-  ForEachBorderClass(p, col0 + lc, 0, 1, [&](int border_class, int correction) {
-    cols.correction[border_class][lc] = correction;
-  });
-}
-
-// The threshold epilogues' bound of a column (TileColumns::bound): columns past N get an unreachable one, so
-// their bits stay 0 (the padding bits of the last word).
-__device__ __forceinline__ int ColumnBound(const BinaryGemmProblem& p, int col, int threshold, int popc_b, int flip) {
-  return col < p.n ? threshold + 2 * popc_b + (flip ? 1 : 0) : INT_MAX;
 }
 
 // Fills the epilogue parameters of local column `lc` (all but the correction table). Called by whole warps
@@ -231,7 +217,8 @@ __device__ __forceinline__ void FillTileColumn(const BinaryGemmProblem& p, TileC
     const int flip = col < p.n ? p.flip[col] : 0;
     cols.threshold[lc] = threshold;
     cols.flip[lc] = flip;
-    cols.bound[lc] = ColumnBound(p, col, threshold, total, flip);
+    // columns past N get an unreachable bound: their bits stay 0 (the padding bits of the last word)
+    cols.bound[lc] = col < p.n ? threshold + 2 * total + (flip ? 1 : 0) : INT_MAX;
     const uint32_t flips = __ballot_sync(0xffffffffu, flip != 0);
     if (lc % 32 == 0) cols.flip_word[lc / 32] = flips;
   } else if (p.epilogue == Epilogue::kAffine) {
@@ -784,28 +771,16 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
 // (bmm, 1x1 stride-1 convolutions), else cp.async by the producer warpgroup with the implicit-GEMM
 // addressing (zero fill of out-of-frame taps).
 
-constexpr int kWgRows = 128, kWgThreads = 384;
-constexpr int kWgCols = 256, kWgNarrowCols = 128;  // the two tile widths (KernelPath: wide, narrow)
+constexpr int kWgRows = 128, kWgCols = 256, kWgStages = 4, kWgThreads = 384;
 constexpr int kWgCluster = 2;
 [[maybe_unused]] constexpr int kWgConsumerWarps = 8;
 [[maybe_unused]] constexpr int kWgStageA = kWgRows * 128;
-// A tile shape of the wgmma kernel: 128 x kCols CTA tiles, kStages stages of (128 + kCols) rows of 1024 bits.
-// The narrow kernel's epilogue runs one tile late, so it keeps two sets (by tile parity) of the per-row
-// data: popc_a and the row corrections.
-template <int kCols>
-struct WgmmaShape {
-  static constexpr int kStages = kCols == kWgCols ? 4 : 6;
-  static constexpr int kStageBytes = (kWgRows + kCols) * 128;
-  static constexpr int kRowSets = kCols == kWgCols ? 1 : 2;
-  // 1024 bytes of slack: swizzled TMA destinations must be 1024-byte aligned.
-  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kWgRows * 16 + kRowSets * kWgRows * 4 +
-                                    static_cast<int>(sizeof(TileColumns<kCols>)) + 2 * kStages * 8 +
-                                    kRowSets * kWgRows;
-};
-static_assert(WgmmaShape<kWgNarrowCols>::kSmemBytes <= 227 * 1024, "an H100's shared memory per block");
-constexpr int kWgLd = kWgCols + 4;  // the pooled epilogue's int32 tile (wide tiles only)
-static_assert(kWgRows * kWgLd * 4 <= WgmmaShape<kWgCols>::kStages * WgmmaShape<kWgCols>::kStageBytes,
-              "the staged epilogue tile reuses the stages");
+constexpr int kWgStageBytes = (kWgRows + kWgCols) * 128;
+constexpr int kWgLd = kWgCols + 4;
+// 1024 bytes of slack: swizzled TMA destinations must be 1024-byte aligned.
+constexpr int kWgSmemBytes = 1024 + kWgStages * kWgStageBytes + kWgRows * 16 + kWgRows * 4 +
+                             static_cast<int>(sizeof(TileColumns<kWgCols>)) + 2 * kWgStages * 8 + kWgRows;
+static_assert(kWgRows * kWgLd * 4 <= kWgStages * kWgStageBytes, "the staged epilogue tile reuses the stages");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // The thread's index, read by a volatile instruction that the compiler cannot hoist out of a loop: what
@@ -984,14 +959,13 @@ __device__ __forceinline__ unsigned QuadLanes() { return 0xfu << (threadIdx.x % 
 // an OR over the quad completes each 32-column word: 3-4 instructions per value. bounds[h]: the bounds
 // row h compares with: cols.bound, or the row of its border class in the class-bound table
 // (kClassBounds: then the two rows' bounds are loaded separately).
-// kWords: output words per row (8: a 256-column tile; 4: a tile of at most 128 columns, whose accumulators
-// are the first 64 of a wide tile's, or all of a narrow tile's).
-template <bool kClassBounds, int kWords, int kCols, int kAccumulators>
-__device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const int (&acc)[kAccumulators],
-                                              const TileColumns<kCols>& cols, const int (&v0)[2],
+// kWords: output words per row (8: a 256-column tile; 4: a narrow tile of at most 128 columns, whose
+// accumulators are the first 64).
+template <bool kClassBounds, int kWords>
+__device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const int (&acc)[128],
+                                              const TileColumns<kWgCols>& cols, const int (&v0)[2],
                                               const long long (&row)[2], const bool (&row_valid)[2],
                                               const int* const (&bounds)[2], int col0, int t) {
-  static_assert(16 * kWords <= kAccumulators && 32 * kWords <= kCols, "a word per 32 columns of accumulators");
   uint32_t words[2][kWords] = {};
 #pragma unroll
   for (int j = 0; j < 4 * kWords; ++j) {
@@ -1120,60 +1094,6 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
     }
   }
 }
-
-// The narrow kernel's column parameters of local column `lc`, two threads per column (part 0 and 1, each
-// whole warps): the bounds and flip words (part 0) and, with a border-class table, the class bounds (bound
-// + correction: the epilogue compares every row with one table row) of the classes of left excess part,
-// part + 2, ...: half of the table's ~700 instructions per column each. Reads nothing another thread writes.
-__device__ __forceinline__ void FillNarrowColumns(const BinaryGemmProblem& p, TileColumns<kWgNarrowCols>& cols,
-                                                  int col0, int lc, int part) {
-  const bool table = HasCorrectionTable(p);
-  if (part != 0 && !table) return;
-  const int col = col0 + lc, taps = p.kh * p.kw;
-  int total = 0;
-  for (int t = 0; t < taps; ++t) total += col < p.n ? p.tap_popc[t * p.n + col] : 0;
-  const int flip = col < p.n ? p.flip[col] : 0;
-  const int bound = ColumnBound(p, col, col < p.n ? p.threshold[col] : 0, total, flip);
-  if (part == 0) {
-    cols.bound[lc] = bound;
-    const uint32_t flips = __ballot_sync(0xffffffffu, flip != 0);
-    if (lc % 32 == 0) cols.flip_word[lc / 32] = flips;
-  }
-  if (table) {
-    ForEachBorderClass(p, col, part, 2, [&](int border_class, int correction) {
-      cols.correction[border_class][lc] = bound == INT_MAX ? INT_MAX : bound + correction;
-    });
-  }
-}
-
-// The narrow kernel's threshold epilogue over a finished tile's accumulators (64 rows x 128 columns of
-// warpgroup `half`; thread (warp w, lane g*4+t) holds rows 16 w + g (+8), columns 8 j + 2 t (+1)). popc_a,
-// row_correction: that tile's set.
-__device__ __forceinline__ void StoreNarrowBits(const BinaryGemmProblem& p, const int (&acc)[64], const int* popc_a,
-                                                const int8_t* row_correction,
-                                                const TileColumns<kWgNarrowCols>& cols, int tile_m, int col0,
-                                                int half, int wtid, bool table) {
-  const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
-  int v0[2];
-  long long row[2];
-  bool row_valid[2];
-  const int* bounds[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = 64 * half + 16 * w + g + 8 * h;
-    row[h] = static_cast<long long>(tile_m) * kWgRows + r;
-    row_valid[h] = row[h] < p.pooled_rows;
-    v0[h] = p.k_real - 2 * popc_a[r];
-    // class 0 (inside the frame, or past the rows) holds the plain bounds
-    bounds[h] = table ? cols.correction[row_correction[r]] : cols.bound;
-  }
-  const int* const row_bounds[2] = {bounds[0], bounds[1]};
-  if (table) {
-    StoreBitsRows<true, 4>(p, acc, cols, v0, row, row_valid, row_bounds, col0, t);
-  } else {
-    StoreBitsRows<false, 4>(p, acc, cols, v0, row, row_valid, row_bounds, col0, t);
-  }
-}
 #endif
 
 #ifdef JAXBNN_TILE_TRACE
@@ -1201,118 +1121,27 @@ __device__ __forceinline__ void TraceTile(int half, int tile, int event, int wti
 #define JAXBNN_TRACE_TILE(half, tile, event, wtid) static_cast<void>(0)
 #endif
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// The producer warpgroup: fills the stages for every tile of the cluster's schedule, in order. Activations by
-// TMA boxes issued by one warp (kTensorA layouts), else by cp.async from all 128 threads with the
-// implicit-GEMM addressing; this CTA's half of a stage's weight rows multicast into both CTAs of the cluster.
-template <ALayout kLayout, int kCols>
-__device__ __forceinline__ void ProduceStages(const BinaryGemmProblem& p, const CUtensorMap& a_map,
-                                              const CUtensorMap& w_map, bool weights_by_tma,
-                                              const LaunchDivisors& div, PairRange schedule, int m_pairs,
-                                              int n_tiles, bool runs, int rank, int4* origins, uint32_t base,
-                                              uint32_t full0, uint32_t empty0, int a_box_bytes, int a_boxes,
-                                              int k_blocks, int tid) {
-  using Shape = WgmmaShape<kCols>;
-  constexpr bool kTensorA = kLayout != ALayout::kCoreMatrices;
-  int it = 0;
-  for (int pair = schedule.first; pair < schedule.end; pair += schedule.step) {
-    int pair_m, tile_n;
-    PairCoordinates(pair, m_pairs, n_tiles, runs, pair_m, tile_n);
-    const int tile_m = pair_m * kWgCluster + rank;
-    const int col0 = tile_n * kCols;
-    // Weight rows of this column tile: FSB row tiles past N are not copied; what stays in their place
-    // lands in columns that are never stored.
-    const int row_tiles = min(kCols / 8, p.w_row_tiles - col0 / 8);
-    if (!kTensorA) {
-      asm volatile("bar.sync 2, 128;\n" ::: "memory");  // the previous tile's copies are all issued
-      origins[tid] = RowOrigin(p, tile_m, kWgRows, tid);
-      asm volatile("bar.sync 2, 128;\n" ::: "memory");
-    }
-    // The tap boxes' origin: the tile's first output pixel (whole output rows, or a 128-pixel run of one).
-    const int first = tile_m * kWgRows;
-    const int image = Quotient(first, div.image_pixels), in_image = first - image * div.image_pixels.divisor;
-    const int oh0 = Quotient(in_image, div.out_w), ow0 = in_image - oh0 * p.out_w;
-    for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-      const int s = it % Shape::kStages;
-      const uint32_t full = full0 + 8 * s;
-      // Box `tid` of the K block (box layouts): a_box_bytes of one tap's channel bytes (16: one chunk),
-      // placed before the wait so that only the copies follow the stage's release. Boxes past K start
-      // past the channel bytes: they arrive as zeros.
-      const int k_byte = kb * 128 + tid * a_box_bytes, tap_bytes = p.cw * 4;
-      const int tap = Quotient(k_byte, div.tap_bytes);
-      const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
-      const int channel_byte = k_byte < p.k_words * 4 ? k_byte - tap * tap_bytes : tap_bytes;
-      if (it >= Shape::kStages) BarrierWait(empty0 + 8 * s, ((it / Shape::kStages) - 1) & 1);
-      JAXBNN_TRACE_START(3, it == 0 && tid == 0);
-      const uint32_t stage = base + s * Shape::kStageBytes;
-      // FSB tiles past K are not copied either: what stays there meets zero-filled activation words.
-      const int kt0 = kb * 8, k_tiles = min(8, p.w_k_tiles - kt0);
-      // by TMA: whole boxes, zeros included; by bulk copies: the FSB tiles that exist
-      const uint32_t weight_bytes = weights_by_tma ? kCols * 128 : row_tiles * k_tiles * 128;
-      if constexpr (kTensorA) {
-        if (tid == 0) BarrierArriveExpectBytes(full, kWgStageA + weight_bytes);
-        if constexpr (kLayout == ALayout::kSwizzledRows) {
-          if (tid == 0) TensorCopy(stage, a_map, kb * 128, tile_m * kWgRows, full);
-        } else if (tid < a_boxes) {
-          // the tile's block of output pixels shifted by the tap; pixels out of the frame or past the
-          // batch arrive as zeros
-          TensorCopy4d(stage + tid * kWgRows * a_box_bytes, a_map, channel_byte, ow0 + fkw - p.pad_left,
-                       oh0 + fkh - p.pad_top, image, full);
-        }
-      } else {
-        // 8-byte copies where a tap has an even but not a multiple-of-4 number of words (C = 64: 2)
-        if (p.cw % 4 == 0) {
-          LoadActivationStage<kWgRows, 4, 128>(p, div, origins, stage, kb, tid);
-        } else {
-          LoadActivationStage<kWgRows, 2, 128>(p, div, origins, stage, kb, tid);
-        }
-        if (tid == 0) BarrierArriveExpectBytes(full, weight_bytes);
-      }
-      // This CTA's half of the weight rows, 1 KB (8 FSB tiles) per 8-row tile row, into both CTAs: one TMA
-      // box, or one bulk copy per row tile (each a serialized trip through the uniform datapath).
-      constexpr int kRowTilesPerCta = kCols / 8 / kWgCluster;
-      if (weights_by_tma) {
-        if (tid == 0) {
-          WeightCopyMulticast(stage + kWgStageA + rank * kRowTilesPerCta * kRowGroupBytes, w_map, kt0,
-                              col0 / 8 + rank * kRowTilesPerCta, full);
-        }
-      } else if (const int j = rank * kRowTilesPerCta + tid; tid < kRowTilesPerCta && j < row_tiles) {
-        BulkCopyMulticast(stage + kWgStageA + j * kRowGroupBytes,
-                          p.w + (static_cast<size_t>(col0 / 8 + j) * p.w_k_tiles + kt0) * 32, k_tiles * 128, full);
-      }
-      if (!kTensorA) BarrierArriveOnCopies(full);
-    }
-  }
-  // Every copy is issued: the next kernel in the stream may start its CTAs' prologue as SMs free up.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  if (!kTensorA) CopyAsyncWait<0>();
-}
-#endif
-
 // Persistent over tile pairs (one pair per cluster and step) unless the epilogue pools, which stages the
 // tile in the pipeline's shared memory and so runs one pair per cluster. The producer runs ahead into the
 // next tile while the consumers finish the previous one's epilogue. kLayout: how the activations arrive
-// (kCoreMatrices: cp.async by the producer warpgroup; else TMA boxes issued by one producer warp). kCols:
-// the tile width (kWgCols: wide, every epilogue; kWgNarrowCols: narrow, the threshold epilogue one tile
-// late, NarrowTilesFit). Launched with a cluster dimension of kWgCluster (LaunchWgmma).
-template <ALayout kLayout, int kCols>
+// (kCoreMatrices: cp.async by the producer warpgroup; else TMA boxes issued by one producer warp).
+// Launched with a cluster dimension of kWgCluster (LaunchWgmma).
+template <ALayout kLayout>
 __global__ void __launch_bounds__(kWgThreads, 1)
     WgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map,
                 const __grid_constant__ CUtensorMap w_map, bool weights_by_tma, const LaunchDivisors div,
                 int m_pairs, int n_tiles, bool runs) {
   [[maybe_unused]] constexpr bool kTensorA = kLayout != ALayout::kCoreMatrices;  // unused in the sm_80 pass
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Shape = WgmmaShape<kCols>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + (1024 - SmemAddress(smem_raw) % 1024) % 1024;
-  int4* origins = reinterpret_cast<int4*>(smem + Shape::kStages * Shape::kStageBytes);
-  int* popc_a = reinterpret_cast<int*>(origins + kWgRows);  // Shape::kRowSets sets of kWgRows
-  auto& cols = *reinterpret_cast<TileColumns<kCols>*>(popc_a + Shape::kRowSets * kWgRows);
+  int4* origins = reinterpret_cast<int4*>(smem + kWgStages * kWgStageBytes);
+  int* popc_a = reinterpret_cast<int*>(origins + kWgRows);
+  auto& cols = *reinterpret_cast<TileColumns<kWgCols>*>(popc_a + kWgRows);
   auto* barriers = reinterpret_cast<uint64_t*>(&cols + 1);
-  const uint32_t full0 = SmemAddress(barriers);           // kStages "stage landed" barriers
-  const uint32_t empty0 = full0 + Shape::kStages * 8;     // kStages "stage consumed by the cluster" barriers
-  // RowCorrection per tile row, Shape::kRowSets sets
-  int8_t* row_correction = reinterpret_cast<int8_t*>(barriers + 2 * Shape::kStages);
+  const uint32_t full0 = SmemAddress(barriers);   // kWgStages "stage landed" barriers
+  const uint32_t empty0 = full0 + kWgStages * 8;  // kWgStages "stage consumed by the cluster" barriers
+  int8_t* row_correction = reinterpret_cast<int8_t*>(barriers + 2 * kWgStages);  // RowCorrection per tile row
   const int tid = threadIdx.x;
   JAXBNN_TRACE_START(0, tid == 0);
   const PairRange schedule =
@@ -1331,7 +1160,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     tap_row_step[ks] = ((ks * 32) >> a_box_log2) * kWgRows * a_box_bytes + ((ks * 32) & (a_box_bytes - 1));
   }
   if (tid == 0) {
-    for (int s = 0; s < Shape::kStages; ++s) {
+    for (int s = 0; s < kWgStages; ++s) {
       // TMA: one arrival (with the stage's byte count). cp.async: one per producer thread when its copies
       // land, plus the one that brings the weights' byte count.
       BarrierInit(full0 + 8 * s, kTensorA ? 1 : 129);
@@ -1353,8 +1182,78 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     // and reloaded it from local memory on every k block.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (kTensorA && tid >= 32) return;  // one warp issues the copies
-    ProduceStages<kLayout, kCols>(p, a_map, w_map, weights_by_tma, div, schedule, m_pairs, n_tiles, runs, rank,
-                                  origins, base, full0, empty0, a_box_bytes, a_boxes, k_blocks, tid);
+    int it = 0;
+    for (int pair = schedule.first; pair < schedule.end; pair += schedule.step) {
+      int pair_m, tile_n;
+      PairCoordinates(pair, m_pairs, n_tiles, runs, pair_m, tile_n);
+      const int tile_m = pair_m * kWgCluster + rank;
+      const int col0 = tile_n * kWgCols;
+      // Weight rows of this column tile: FSB row tiles past N are not copied; what stays in their place
+      // lands in columns that are never stored.
+      const int row_tiles = min(kWgCols / 8, p.w_row_tiles - col0 / 8);
+      if (!kTensorA) {
+        asm volatile("bar.sync 2, 128;\n" ::: "memory");  // the previous tile's copies are all issued
+        origins[tid] = RowOrigin(p, tile_m, kWgRows, tid);
+        asm volatile("bar.sync 2, 128;\n" ::: "memory");
+      }
+      // The tap boxes' origin: the tile's first output pixel (whole output rows, or a 128-pixel run of one).
+      const int first = tile_m * kWgRows;
+      const int image = Quotient(first, div.image_pixels), in_image = first - image * div.image_pixels.divisor;
+      const int oh0 = Quotient(in_image, div.out_w), ow0 = in_image - oh0 * p.out_w;
+      for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+        const int s = it % kWgStages;
+        const uint32_t full = full0 + 8 * s;
+        // Box `tid` of the K block (box layouts): a_box_bytes of one tap's channel bytes (16: one chunk),
+        // placed before the wait so that only the copies follow the stage's release. Boxes past K start
+        // past the channel bytes: they arrive as zeros.
+        const int k_byte = kb * 128 + tid * a_box_bytes, tap_bytes = p.cw * 4;
+        const int tap = Quotient(k_byte, div.tap_bytes);
+        const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
+        const int channel_byte = k_byte < p.k_words * 4 ? k_byte - tap * tap_bytes : tap_bytes;
+        if (it >= kWgStages) BarrierWait(empty0 + 8 * s, ((it / kWgStages) - 1) & 1);
+        JAXBNN_TRACE_START(3, it == 0 && tid == 0);
+        const uint32_t stage = base + s * kWgStageBytes;
+        // FSB tiles past K are not copied either: what stays there meets zero-filled activation words.
+        const int kt0 = kb * 8, k_tiles = min(8, p.w_k_tiles - kt0);
+        // by TMA: whole boxes, zeros included; by bulk copies: the FSB tiles that exist
+        const uint32_t weight_bytes = weights_by_tma ? kWgCols * 128 : row_tiles * k_tiles * 128;
+        if constexpr (kTensorA) {
+          if (tid == 0) BarrierArriveExpectBytes(full, kWgStageA + weight_bytes);
+          if constexpr (kLayout == ALayout::kSwizzledRows) {
+            if (tid == 0) TensorCopy(stage, a_map, kb * 128, tile_m * kWgRows, full);
+          } else if (tid < a_boxes) {
+            // the tile's block of output pixels shifted by the tap; pixels out of the frame or past the
+            // batch arrive as zeros
+            TensorCopy4d(stage + tid * kWgRows * a_box_bytes, a_map, channel_byte, ow0 + fkw - p.pad_left,
+                         oh0 + fkh - p.pad_top, image, full);
+          }
+        } else {
+          // 8-byte copies where a tap has an even but not a multiple-of-4 number of words (C = 64: 2)
+          if (p.cw % 4 == 0) {
+            LoadActivationStage<kWgRows, 4, 128>(p, div, origins, stage, kb, tid);
+          } else {
+            LoadActivationStage<kWgRows, 2, 128>(p, div, origins, stage, kb, tid);
+          }
+          if (tid == 0) BarrierArriveExpectBytes(full, weight_bytes);
+        }
+        // This CTA's half of the weight rows, 1 KB (8 FSB tiles) per 8-row tile row, into both CTAs: one TMA
+        // box, or one bulk copy per row tile (each a serialized trip through the uniform datapath).
+        constexpr int kRowTilesPerCta = kWgCols / 8 / kWgCluster;
+        if (weights_by_tma) {
+          if (tid == 0) {
+            WeightCopyMulticast(stage + kWgStageA + rank * kRowTilesPerCta * kRowGroupBytes, w_map, kt0,
+                                col0 / 8 + rank * kRowTilesPerCta, full);
+          }
+        } else if (const int j = rank * kRowTilesPerCta + tid; tid < kRowTilesPerCta && j < row_tiles) {
+          BulkCopyMulticast(stage + kWgStageA + j * kRowGroupBytes,
+                            p.w + (static_cast<size_t>(col0 / 8 + j) * p.w_k_tiles + kt0) * 32, k_tiles * 128, full);
+        }
+        if (!kTensorA) BarrierArriveOnCopies(full);
+      }
+    }
+    // Every copy is issued: the next kernel in the stream may start its CTAs' prologue as SMs free up.
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    if (!kTensorA) CopyAsyncWait<0>();
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
@@ -1368,191 +1267,107 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     __syncwarp();
     if (wtid % 32 == 0) BarrierArriveCluster(empty0 + 8 * s);
   };
-  // this warpgroup's 64 rows of a stage's activations: the second half starts 64 rows in (64 x a_box_bytes
-  // in the slab layouts)
-  const int half_offset = half * 64 * a_box_bytes;
-  // The activation descriptor of k256 step ks of a stage's A rows.
-  auto a_descriptor = [&](uint32_t stage_a, int ks) {
-    if constexpr (kLayout == ALayout::kSwizzledRows) {
-      return SwizzledOperandDescriptor(stage_a + ks * 32);
-    } else if constexpr (kLayout == ALayout::kChunkSlabs) {
-      return OperandDescriptor(stage_a + ks * 2 * kWgRows * 16, kWgRows * 16, 128);
-    } else if constexpr (kLayout == ALayout::kTapRows) {
-      return SwizzledOperandDescriptor(stage_a + tap_row_step[ks], a_box_bytes);
-    } else {
-      return OperandDescriptor(stage_a + ks * 256);
-    }
-  };
-  uint32_t it = 0;  // k blocks consumed so far: stage it % kStages, phase (it / kStages) % 2
+  uint32_t it = 0;  // k blocks consumed so far: stage it % kWgStages, phase (it / kWgStages) % 2
   int staged_tile_n = -1;  // the column tile whose parameters `cols` holds
+  // The column parameters' global loads take a while: they are issued after the second k block's wgmmas
+  // (the first one's when there is one k block), when the tensor cores have two k blocks queued.
+  const int fill_kb = min(1, k_blocks - 1);
+  // the threshold epilogue's class-bound table (StoreAccumulators): unpooled threshold problems with a table
+  const bool class_bounds = p.epilogue == Epilogue::kBits && !staged && HasCorrectionTable(p);
 #ifdef JAXBNN_TILE_TRACE
   int traced_tile = -1;
 #endif
-  if constexpr (kCols == kWgCols) {
-    // The column parameters' global loads take a while: they are issued after the second k block's wgmmas
-    // (the first one's when there is one k block), when the tensor cores have two k blocks queued.
-    const int fill_kb = min(1, k_blocks - 1);
-    // the threshold epilogue's class-bound table (StoreAccumulators): unpooled threshold problems with a table
-    const bool class_bounds = p.epilogue == Epilogue::kBits && !staged && HasCorrectionTable(p);
-    for (int pair = schedule.first; pair < schedule.end; pair += schedule.step) {
-      int pair_m, tile_n;
-      PairCoordinates(pair, m_pairs, n_tiles, runs, pair_m, tile_n);
-      const int tile_m = pair_m * kWgCluster + rank;
-      const int col0 = tile_n * kCols;
-      asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the previous epilogue is done with cols and popc_a
+  for (int pair = schedule.first; pair < schedule.end; pair += schedule.step) {
+    int pair_m, tile_n;
+    PairCoordinates(pair, m_pairs, n_tiles, runs, pair_m, tile_n);
+    const int tile_m = pair_m * kWgCluster + rank;
+    const int col0 = tile_n * kWgCols;
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the previous epilogue is done with cols and popc_a
 #ifdef JAXBNN_TILE_TRACE
-      ++traced_tile;
+    ++traced_tile;
 #endif
-      JAXBNN_TRACE_TILE(half, traced_tile, 0, wtid);
-      // The border-class corrections stay while the column tile does (runs of pairs change it rarely);
-      // filled before the accumulators are live.
-      const bool new_columns = tile_n != staged_tile_n;
-      if (new_columns && HasCorrectionTable(p)) FillCorrectionTable<kCols>(p, cols, col0, ctid);
-      staged_tile_n = tile_n;
-      int acc[128];
-      int row_popc = 0;
-      for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-        const uint32_t s = it % Shape::kStages;
-        BarrierWait(full0 + 8 * s, (it / Shape::kStages) & 1);
-        if (kb == 0) JAXBNN_TRACE_TILE(half, traced_tile, 1, wtid);
-        // cp.async wrote the activations through the generic proxy; the tensor cores read through the async one.
-        if (!kTensorA) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-        const uint32_t stage_a = base + s * Shape::kStageBytes + half_offset;
-        const uint32_t stage_b = base + s * Shape::kStageBytes + kWgStageA;
+    JAXBNN_TRACE_TILE(half, traced_tile, 0, wtid);
+    // The border-class corrections stay while the column tile does (runs of pairs change it rarely);
+    // filled before the accumulators are live.
+    const bool new_columns = tile_n != staged_tile_n;
+    if (new_columns && HasCorrectionTable(p)) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
+    staged_tile_n = tile_n;
+    int acc[128];
+    int row_popc = 0;
+    for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+      const uint32_t s = it % kWgStages;
+      BarrierWait(full0 + 8 * s, (it / kWgStages) & 1);
+      if (kb == 0) JAXBNN_TRACE_TILE(half, traced_tile, 1, wtid);
+      // cp.async wrote the activations through the generic proxy; the tensor cores read through the async one.
+      if (!kTensorA) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+      // this warpgroup's 64 rows: the second half starts 64 rows in (64 x a_box_bytes in the slab layouts)
+      const int half_offset = half * 64 * a_box_bytes;
+      const uint32_t stage_a = base + s * kWgStageBytes + half_offset;
+      const uint32_t stage_b = base + s * kWgStageBytes + kWgStageA;
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          wgmma_m64n256k256_and_popc(acc, a_descriptor(stage_a, ks), OperandDescriptor(stage_b + ks * 256),
-                                     (kb | ks) != 0);
+      for (int ks = 0; ks < 4; ++ks) {
+        uint64_t desc_a;
+        if constexpr (kLayout == ALayout::kSwizzledRows) {
+          desc_a = SwizzledOperandDescriptor(stage_a + ks * 32);
+        } else if constexpr (kLayout == ALayout::kChunkSlabs) {
+          desc_a = OperandDescriptor(stage_a + ks * 2 * kWgRows * 16, kWgRows * 16, 128);
+        } else if constexpr (kLayout == ALayout::kTapRows) {
+          desc_a = SwizzledOperandDescriptor(stage_a + tap_row_step[ks], a_box_bytes);
+        } else {
+          desc_a = OperandDescriptor(stage_a + ks * 256);
         }
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        if (kb == fill_kb && new_columns) {
-          FillTileColumn<kCols>(p, cols, col0, ctid);
-          if (class_bounds) AddBoundsToClasses(p, cols, ctid);
-        }
-        // each warpgroup its own 64 rows' corrections ("zero" padding; read by the unpooled epilogue only)
-        if (kb == 0 && !p.pad_one && !staged && wtid < 64) {
-          row_correction[64 * half + wtid] = RowCorrection(p, div, tile_m, 64 * half + wtid);
-        }
-        // While the tensor cores run: popc(a) of this warpgroup's 64 rows, two threads per row.
-        row_popc += StageRowPopcount<64, 128, kLayout, kWgRows>(smem + s * Shape::kStageBytes + half_offset, wtid,
-                                                                a_box_log2);
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        if (kb > 0) release((it - 1) % Shape::kStages);
+        wgmma_m64n256k256_and_popc(acc, desc_a, OperandDescriptor(stage_b + ks * 256), (kb | ks) != 0);
       }
-      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-      JAXBNN_TRACE_TILE(half, traced_tile, 2, wtid);
-      release((it - 1) % Shape::kStages);
-      row_popc = CombineRowPopcount<64, 128>(row_popc);
-      // Plain GEMMs (kSwizzledRows) read the thread index afresh: ptxas hoisted what the epilogue derives
-      // from it out of the tile loop and spilled it (ncu, 16384^3 BMM: local-memory reloads at every tile
-      // end; +6% with the re-read). The convolution layouts keep wtid: the re-read moved their register
-      // allocation, and they ran 3-5% slower with it (benchmarks/NOTES.md, session 7).
-      const int epilogue_wtid = kLayout == ALayout::kSwizzledRows ? FreshThreadIndex() % 128 : wtid;
-      if (const int row = RowOfPopcount<64, 128>(epilogue_wtid); row >= 0) popc_a[64 * half + row] = row_popc;
-      asm volatile("bar.sync 1, 256;\n" ::: "memory");  // popc_a, row_correction, cols complete; all wgmmas done
-      if (!staged) {
-        // tiles of at most 128 columns (N <= 128, or the last column tile) store half the accumulators
-        StoreAccumulators(p, acc, popc_a, row_correction, cols, tile_m, col0, half, epilogue_wtid,
-                          p.n - col0 <= kCols / 2);
-        JAXBNN_TRACE_TILE(half, traced_tile, 3, wtid);
-        continue;
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      if (kb == fill_kb && new_columns) {
+        FillTileColumn<kWgCols>(p, cols, col0, ctid);
+        if (class_bounds) AddBoundsToClasses(p, cols, ctid);
       }
-      // Pooled: one tile per CTA; every copy into this CTA has landed (the consumers waited for all of
-      // them), so the stages are free for the int32 tile.
-      int* acc_tile = reinterpret_cast<int*>(smem);
-      {
-        const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
-#pragma unroll
-        for (int i = 0; i < 128; i += 2) {
-          const int row = 64 * half + 16 * w + g + 8 * ((i >> 1) & 1);
-          const int col = 8 * (i >> 2) + 2 * t;
-          *reinterpret_cast<int2*>(acc_tile + row * kWgLd + col) = make_int2(acc[i], acc[i + 1]);
-        }
+      // each warpgroup its own 64 rows' corrections ("zero" padding; read by the unpooled epilogue only)
+      if (kb == 0 && !p.pad_one && !staged && wtid < 64) {
+        row_correction[64 * half + wtid] = RowCorrection(p, div, tile_m, 64 * half + wtid);
       }
-      asm volatile("bar.sync 1, 256;\n" ::: "memory");
-      // The staged epilogue needs every row's receptive-field origin (the producer's table is for its rows).
-      if (ctid < kWgRows) origins[ctid] = RowOrigin(p, tile_m, kWgRows, ctid);
-      asm volatile("bar.sync 1, 256;\n" ::: "memory");
-      StoreTile<kWgRows, kCols, kWgLd, 256>(p, acc_tile, popc_a, cols, origins, tile_m, col0, ctid);
+      // While the tensor cores run: popc(a) of this warpgroup's 64 rows, two threads per row.
+      row_popc += StageRowPopcount<64, 128, kLayout, kWgRows>(smem + s * kWgStageBytes + half_offset, wtid, a_box_log2);
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+      if (kb > 0) release((it - 1) % kWgStages);
     }
-  } else {
-    // Narrow tiles: a warpgroup's 64 x 128 accumulators of a finished tile move to `done`, and that tile's
-    // epilogue runs in the next tile's k loop once two K blocks of wgmmas are queued, so that the tensor
-    // cores keep working while the bits are packed (the wide tiles' epilogue left them idle: at C = 512,
-    // 2.1 us of epilogue per 3.2 us k loop). popc_a and row_correction of a tile are in set (tile count % 2);
-    // `cols` holds one column tile, so a pending epilogue runs before it is refilled.
-    const bool table = HasCorrectionTable(p);
-    const int epilogue_kb = min(1, k_blocks - 1);
-    int acc[64], done[64];
-    bool pending = false;  // `done` holds a tile whose epilogue has not run
-    int done_tile_m = 0, done_col0 = 0, done_set = 0, set = 0;
-    auto store_done = [&] {
-      StoreNarrowBits(p, done, popc_a + done_set * kWgRows, row_correction + done_set * kWgRows, cols, done_tile_m,
-                      done_col0, half, wtid, table);
-      pending = false;
-    };
-    for (int pair = schedule.first; pair < schedule.end; pair += schedule.step) {
-      int pair_m, tile_n;
-      PairCoordinates(pair, m_pairs, n_tiles, runs, pair_m, tile_n);
-      const int tile_m = pair_m * kWgCluster + rank;
-      const int col0 = tile_n * kCols;
-#ifdef JAXBNN_TILE_TRACE
-      ++traced_tile;
-#endif
-      JAXBNN_TRACE_TILE(half, traced_tile, 0, wtid);
-      if (tile_n != staged_tile_n) {
-        if (pending) store_done();
-        asm volatile("bar.sync 1, 256;\n" ::: "memory");  // no consumer reads the old column tile's `cols` any more
-        FillNarrowColumns(p, cols, col0, ctid % kCols, ctid / kCols);
-        staged_tile_n = tile_n;
-      }
-      int row_popc = 0;
-      for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-        const uint32_t s = it % Shape::kStages;
-        BarrierWait(full0 + 8 * s, (it / Shape::kStages) & 1);
-        if (kb == 0) JAXBNN_TRACE_TILE(half, traced_tile, 1, wtid);
-        if (!kTensorA) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-        const uint32_t stage_a = base + s * Shape::kStageBytes + half_offset;
-        const uint32_t stage_b = base + s * Shape::kStageBytes + kWgStageA;
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          wgmma_m64n128k256_and_popc(acc, a_descriptor(stage_a, ks), OperandDescriptor(stage_b + ks * 256),
-                                     (kb | ks) != 0);
-        }
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        if (kb == 0 && !p.pad_one && wtid < 64) {
-          row_correction[set * kWgRows + 64 * half + wtid] = RowCorrection(p, div, tile_m, 64 * half + wtid);
-        }
-        row_popc += StageRowPopcount<64, 128, kLayout, kWgRows>(smem + s * Shape::kStageBytes + half_offset, wtid,
-                                                                a_box_log2);
-        // the previous tile's epilogue, under this tile's queued wgmmas
-        if (kb == epilogue_kb && pending) store_done();
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        if (kb > 0) release((it - 1) % Shape::kStages);
-      }
-      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-      JAXBNN_TRACE_TILE(half, traced_tile, 2, wtid);
-      release((it - 1) % Shape::kStages);
-      row_popc = CombineRowPopcount<64, 128>(row_popc);
-      if (const int row = RowOfPopcount<64, 128>(wtid); row >= 0) popc_a[set * kWgRows + 64 * half + row] = row_popc;
-      // This tile's popc_a, row corrections and (after a refill) cols are complete for its epilogue; both
-      // warpgroups are done with the previous tile's set, which the next tile rewrites.
-      asm volatile("bar.sync 1, 256;\n" ::: "memory");
-#pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        asm volatile("" : "+r"(acc[i])::"memory");  // after the wait: no copy is hoisted above it
-        done[i] = acc[i];
-      }
-      pending = true;
-      done_tile_m = tile_m;
-      done_col0 = col0;
-      done_set = set;
-      set ^= 1;
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    JAXBNN_TRACE_TILE(half, traced_tile, 2, wtid);
+    release((it - 1) % kWgStages);
+    row_popc = CombineRowPopcount<64, 128>(row_popc);
+    // Plain GEMMs (kSwizzledRows) read the thread index afresh: ptxas hoisted what the epilogue derives
+    // from it out of the tile loop and spilled it (ncu, 16384^3 BMM: local-memory reloads at every tile
+    // end; +6% with the re-read). The convolution layouts keep wtid: the re-read moved their register
+    // allocation, and they ran 3-5% slower with it (benchmarks/NOTES.md, session 7).
+    const int epilogue_wtid = kLayout == ALayout::kSwizzledRows ? FreshThreadIndex() % 128 : wtid;
+    if (const int row = RowOfPopcount<64, 128>(epilogue_wtid); row >= 0) popc_a[64 * half + row] = row_popc;
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // popc_a, row_correction, cols complete; all wgmmas done
+    if (!staged) {
+      // tiles of at most 128 columns (N <= 128, or the last column tile) store half the accumulators
+      StoreAccumulators(p, acc, popc_a, row_correction, cols, tile_m, col0, half, epilogue_wtid,
+                        p.n - col0 <= kWgCols / 2);
       JAXBNN_TRACE_TILE(half, traced_tile, 3, wtid);
+      continue;
     }
-    if (pending) store_done();
+    // Pooled: one tile per CTA; every copy into this CTA has landed (the consumers waited for all of
+    // them), so the stages are free for the int32 tile.
+    int* acc_tile = reinterpret_cast<int*>(smem);
+    {
+      const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+      for (int i = 0; i < 128; i += 2) {
+        const int row = 64 * half + 16 * w + g + 8 * ((i >> 1) & 1);
+        const int col = 8 * (i >> 2) + 2 * t;
+        *reinterpret_cast<int2*>(acc_tile + row * kWgLd + col) = make_int2(acc[i], acc[i + 1]);
+      }
+    }
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    // The staged epilogue needs every row's receptive-field origin (the producer's table is for its rows).
+    if (ctid < kWgRows) origins[ctid] = RowOrigin(p, tile_m, kWgRows, ctid);
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    StoreTile<kWgRows, kWgCols, kWgLd, 256>(p, acc_tile, popc_a, cols, origins, tile_m, col0, ctid);
   }
   // The partner may still arrive on this CTA's barriers: neither CTA leaves before both are done.
   ClusterSync();
@@ -1666,26 +1481,24 @@ ALayout ActivationTensorMap(const BinaryGemmProblem& p, CUtensorMap& map) {
 }
 
 // The weights as a 3-D tensor of FSB tiles for WeightCopyMulticast: (128 bytes, w_k_tiles, w_row_tiles),
-// boxes of 8 K tiles x (a CTA's half of a tile's `cols` columns) row tiles. False where it cannot be made
-// (no encoder, a misaligned buffer): bulk copies then.
-bool WeightTensorMap(const BinaryGemmProblem& p, int cols, CUtensorMap& map) {
+// boxes of 8 x 16 tiles. False where it cannot be made (no encoder, a misaligned buffer): bulk copies then.
+bool WeightTensorMap(const BinaryGemmProblem& p, CUtensorMap& map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr) return false;
   const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(p.w_k_tiles), static_cast<cuuint64_t>(p.w_row_tiles)};
   const cuuint64_t strides[2] = {128, static_cast<cuuint64_t>(p.w_k_tiles) * 128};
-  const cuuint32_t box[3] = {128, kKBlockWords / 4, static_cast<cuuint32_t>(cols / 8 / kWgCluster)};
+  const cuuint32_t box[3] = {128, kKBlockWords / 4, kWgCols / 8 / kWgCluster};
   const cuuint32_t unit_strides[3] = {1, 1, 1};
   return encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint32_t*>(p.w), dims, strides, box, unit_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// Clusters of two CTAs over pairs of 128 x kCols row tiles: persistent (one CTA per SM) unless the pooled
-// epilogue needs one tile per CTA.
-template <int kCols>
+// Clusters of two CTAs over pairs of row tiles: persistent (one CTA per SM) unless the pooled epilogue
+// needs one tile per CTA.
 cudaError_t LaunchWgmma(const BinaryGemmProblem& p, int sms, cudaStream_t stream) {
   const long long m_pairs = (TilesOfRows(p, kWgRows) + kWgCluster - 1) / kWgCluster;
-  const long long n_tiles = (p.n + kCols - 1) / kCols;
+  const long long n_tiles = (p.n + kWgCols - 1) / kWgCols;
   const long long pairs = m_pairs * n_tiles;
   const long long max_clusters = p.pool_h * p.pool_w > 1 ? pairs : sms / kWgCluster;
   const long long clusters = pairs < max_clusters ? pairs : max_clusters;
@@ -1695,23 +1508,22 @@ cudaError_t LaunchWgmma(const BinaryGemmProblem& p, int sms, cudaStream_t stream
   const ALayout layout = ActivationTensorMap(p, a_map);
   CUtensorMap w_map;
   std::memset(&w_map, 0, sizeof(w_map));
-  const bool weights_by_tma = WeightTensorMap(p, kCols, w_map);
+  const bool weights_by_tma = WeightTensorMap(p, w_map);
   // Runs of pairs per cluster when activations and weights together take at most 24 MiB of the 50 MiB L2.
   const long long operand_bytes = static_cast<long long>(p.batch) * p.in_h * p.in_w * p.cw * 4 +
                                   static_cast<long long>(p.w_row_tiles) * p.w_k_tiles * 128;
   const bool runs = operand_bytes <= (24ll << 20);
-  const auto kernel = layout == ALayout::kSwizzledRows ? WgmmaKernel<ALayout::kSwizzledRows, kCols>
-                      : layout == ALayout::kChunkSlabs ? WgmmaKernel<ALayout::kChunkSlabs, kCols>
-                      : layout == ALayout::kTapRows    ? WgmmaKernel<ALayout::kTapRows, kCols>
-                                                       : WgmmaKernel<ALayout::kCoreMatrices, kCols>;
-  constexpr int smem = WgmmaShape<kCols>::kSmemBytes;
+  const auto kernel = layout == ALayout::kSwizzledRows ? WgmmaKernel<ALayout::kSwizzledRows>
+                      : layout == ALayout::kChunkSlabs ? WgmmaKernel<ALayout::kChunkSlabs>
+                      : layout == ALayout::kTapRows    ? WgmmaKernel<ALayout::kTapRows>
+                                                       : WgmmaKernel<ALayout::kCoreMatrices>;
   // Raising the dynamic shared memory limit is idempotent and cheap; no launch-time allocation.
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmemBytes);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(clusters * kWgCluster));
   config.blockDim = dim3(kWgThreads);
-  config.dynamicSmemBytes = smem;
+  config.dynamicSmemBytes = kWgSmemBytes;
   config.stream = stream;
   cudaLaunchAttribute attrs[2];
   attrs[0].id = cudaLaunchAttributeClusterDimension;
@@ -1729,21 +1541,6 @@ cudaError_t LaunchWgmma(const BinaryGemmProblem& p, int sms, cudaStream_t stream
                                                 static_cast<int>(m_pairs), static_cast<int>(n_tiles), runs);
   if (launch != cudaSuccess) return launch;
   return cudaGetLastError();
-}
-
-// Whether the narrow wgmma tiles can run `p`: their consumers have only the unpooled threshold epilogue, and
-// for "zero" padding only the border-class table's corrections.
-bool NarrowTilesFit(const BinaryGemmProblem& p) {
-  return p.pool_h * p.pool_w == 1 && p.epilogue == Epilogue::kBits && (p.pad_one || HasCorrectionTable(p));
-}
-
-// kWgmma's tile shape for a problem that both shapes fit: narrow where N fits one narrow tile (the wide
-// tiles would compute as many columns again for nothing), and for short K, where the wide tiles' epilogue
-// is a large share of a tile.
-constexpr int kNarrowMaxKBlocks = 8;
-bool NarrowTilesPreferred(const BinaryGemmProblem& p) {
-  const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
-  return p.n <= kWgNarrowCols || k_blocks <= kNarrowMaxKBlocks;
 }
 
 }  // namespace
@@ -1787,21 +1584,16 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
   // the wgmma kernel's cp.async producer also copies 8 bytes at a time (a tap of 2 words: C = 64)
   const bool half_aligned = p.cw % 2 == 0 && reinterpret_cast<uintptr_t>(p.x) % 8 == 0;
   const bool can_wgmma = info.major == 9 && info.minor == 0 && (aligned || half_aligned);
-  const bool can_narrow = can_wgmma && NarrowTilesFit(p);
   const bool can_mma = info.major >= 8;
-  const KernelPath wgmma_shape =
-      can_narrow && NarrowTilesPreferred(p) ? KernelPath::kWgmmaNarrow : KernelPath::kWgmmaWide;
-  KernelPath run = can_wgmma ? wgmma_shape : can_mma ? KernelPath::kMmaSync : KernelPath::kSimt;
+  KernelPath run = can_wgmma ? KernelPath::kWgmma : can_mma ? KernelPath::kMmaSync : KernelPath::kSimt;
   if (path == KernelPath::kSimt || (path == KernelPath::kMmaSync && can_mma) ||
-      (path == KernelPath::kWgmmaWide && can_wgmma) || (path == KernelPath::kWgmmaNarrow && can_narrow)) {
+      (path == KernelPath::kWgmma && can_wgmma)) {
     run = path;
   }
   if (chosen != nullptr) *chosen = run;
   switch (run) {
-    case KernelPath::kWgmmaWide:
-      return LaunchWgmma<kWgCols>(p, info.sms, stream);
-    case KernelPath::kWgmmaNarrow:
-      return LaunchWgmma<kWgNarrowCols>(p, info.sms, stream);
+    case KernelPath::kWgmma:
+      return LaunchWgmma(p, info.sms, stream);
     case KernelPath::kMmaSync:
       // wide tiles where N needs them and the device's shared memory takes them
       if (p.n > MmaSyncNarrow::kCols && info.smem_optin >= ClassicSmemBytes<MmaSyncWide>()) {

@@ -16,13 +16,9 @@ namespace jaxbnn::cuda {
 
 enum class Epilogue : int { kInt32 = 0, kAffine = 1, kBits = 2 };
 
-// Which kernel runs a problem. kAuto: wgmma on sm_90 when every tap's words are 8-byte aligned, else
-// mma.sync (sm_80+), else the CUDA-core popcount kernel. The wgmma engine has two tile shapes: kWgmma picks
-// one (LaunchBinaryGemm), kWgmmaWide / kWgmmaNarrow force one; `chosen` always names the shape that ran.
-//   wide:   128 x 256 tiles, one accumulator set per consumer warpgroup; every op, epilogue and pool;
-//   narrow: 128 x 128 tiles, two accumulator sets, each tile's epilogue under the next tile's wgmmas;
-//           unpooled threshold (bits) epilogues whose "zero" padding has a border-class table, or none.
-enum class KernelPath : int { kAuto = 0, kWgmma = 1, kMmaSync = 2, kSimt = 3, kWgmmaWide = 4, kWgmmaNarrow = 5 };
+// Which kernel runs a problem. kAuto: wgmma on sm_90 when the rows are 16-byte aligned, else mma.sync
+// (sm_80+), else the CUDA-core popcount kernel.
+enum class KernelPath : int { kAuto = 0, kWgmma = 1, kMmaSync = 2, kSimt = 3 };
 
 struct BinaryGemmProblem {
   const uint32_t* x = nullptr;         // packed NHWC input (batch, in_h, in_w, cw)

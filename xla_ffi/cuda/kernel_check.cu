@@ -66,8 +66,6 @@ T* ToDevice(const std::vector<T>& v) {
 const char* PathName(KernelPath p) {
   switch (p) {
     case KernelPath::kWgmma: return "wgmma";
-    case KernelPath::kWgmmaWide: return "wgmma_wide";
-    case KernelPath::kWgmmaNarrow: return "wgmma_narrow";
     case KernelPath::kMmaSync: return "mma_sync";
     case KernelPath::kSimt: return "simt";
     default: return "auto";
@@ -238,7 +236,7 @@ void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
   using jaxbnn::cuda::kTraceStartWords;
   using jaxbnn::cuda::kTraceTiles;
   using jaxbnn::cuda::kTraceWordsPerCta;
-  const size_t ctas = static_cast<size_t>((p.pooled_rows + 127) / 128 + 1) * ((p.n + 127) / 128);  // >= grid
+  const size_t ctas = static_cast<size_t>((p.pooled_rows + 127) / 128 + 1) * ((p.n + 255) / 256);  // >= grid
   const size_t words = ctas * kTraceWordsPerCta;
   unsigned long long* d_trace = nullptr;
   CHECK_CUDA(cudaMalloc(&d_trace, words * 8));
@@ -350,7 +348,7 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path) {
   CHECK_CUDA(cudaEventDestroy(e0));
   CHECK_CUDA(cudaEventDestroy(e1));
 #ifdef JAXBNN_TILE_TRACE
-  if (ran == KernelPath::kWgmmaWide || ran == KernelPath::kWgmmaNarrow) PrintTileTrace(p, path);
+  if (ran == KernelPath::kWgmma) PrintTileTrace(p, path);
 #endif
   for (const void* ptr : {static_cast<const void*>(p.x), static_cast<const void*>(p.w), static_cast<const void*>(p.tap_popc),
                           static_cast<const void*>(p.threshold), static_cast<const void*>(p.flip), static_cast<const void*>(out)}) {
@@ -359,7 +357,7 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path) {
 }
 
 // --time: the BMM sweep and the TCBNN BConv sweep (batch 16, 64x64, 3x3, stride 1, "zero" padding);
-// --time-wgmma: both wgmma tile shapes (each case twice); --time-mma: the mma.sync engine only. An optional second argument times only the cases of that
+// --time-wgmma / --time-mma: one engine only. An optional second argument times only the cases of that
 // name (e.g. "bconv C=O=512", for ncu).
 void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
   auto time = [&](const std::string& name, const ConvCase& cc) {
@@ -380,10 +378,8 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   std::vector<KernelPath> timed;  // the engines a timing mode times
-  if (mode == "--time") {
-    timed = {KernelPath::kWgmmaWide, KernelPath::kWgmmaNarrow, KernelPath::kMmaSync, KernelPath::kSimt};
-  }
-  if (mode == "--time-wgmma") timed = {KernelPath::kWgmmaWide, KernelPath::kWgmmaNarrow};
+  if (mode == "--time") timed = {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt};
+  if (mode == "--time-wgmma") timed = {KernelPath::kWgmma};
   if (mode == "--time-mma") timed = {KernelPath::kMmaSync};
   if (!timed.empty()) {
     TimeAll(timed, argc > 2 ? argv[2] : "");
@@ -437,19 +433,14 @@ int main(int argc, char** argv) {
   long failures = 0;
   for (const ConvCase& cc : cases) {
     for (Epilogue ep : {Epilogue::kInt32, Epilogue::kAffine, Epilogue::kBits}) {
-      for (KernelPath path : {KernelPath::kWgmmaWide, KernelPath::kWgmmaNarrow, KernelPath::kMmaSync, KernelPath::kSimt}) {
+      for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
         failures += RunCase(cc, ep, path, true) != 0;
       }
     }
   }
   // Operands over 24 MiB: the wgmma engine's grouped raster (other problems take runs of tile pairs),
-  // with a last column tile of 8 columns (narrow tiles) or 264 - 256 (wide). Large, so only the wgmma
-  // engine and the bits epilogue.
-  if (!small) {
-    for (KernelPath path : {KernelPath::kWgmmaWide, KernelPath::kWgmmaNarrow}) {
-      failures += RunCase(Bmm(100000, 264, 2048), Epilogue::kBits, path, true) != 0;
-    }
-  }
+  // with a narrow last column tile. Large, so only the wgmma engine and the bits epilogue.
+  if (!small) failures += RunCase(Bmm(100000, 264, 2048), Epilogue::kBits, KernelPath::kWgmma, true) != 0;
   std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
   return failures ? 1 : 0;
 }

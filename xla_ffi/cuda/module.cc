@@ -17,9 +17,7 @@ nb::capsule Capsule(Fn* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
 }
 
-// KernelPath's values, in order
-constexpr const char* kPathNames[] = {"auto", "wgmma", "mma_sync", "simt", "wgmma_wide", "wgmma_narrow"};
-constexpr int kPaths = sizeof(kPathNames) / sizeof(kPathNames[0]);
+constexpr const char* kPathNames[] = {"auto", "wgmma", "mma_sync", "simt"};
 
 }  // namespace
 
@@ -38,20 +36,18 @@ NB_MODULE(_cuda, m) {
   m.def(
       "set_kernel_path",
       [](const std::string& name) {
-        for (int i = 0; i < kPaths; ++i) {
+        for (int i = 0; i < 4; ++i) {
           if (name == kPathNames[i]) {
             jaxbnn::cuda::SetForcedKernelPath(static_cast<jaxbnn::cuda::KernelPath>(i));
             return;
           }
         }
-        throw std::invalid_argument(
-            "kernel path must be one of auto, wgmma, mma_sync, simt, wgmma_wide, wgmma_narrow; got " + name);
+        throw std::invalid_argument("kernel path must be one of auto, wgmma, mma_sync, simt; got " + name);
       },
       nb::arg("name"),
-      "Run later calls on one engine ('wgmma', 'mma_sync', 'simt') where it can run the problem, or on one "
-      "wgmma tile shape ('wgmma_wide', 'wgmma_narrow'); 'auto' restores the default choice.");
+      "Run later calls on one engine ('wgmma', 'mma_sync', 'simt') where it can run the problem; 'auto' "
+      "restores the default choice.");
   m.def(
       "last_kernel_path", [] { return std::string(kPathNames[static_cast<int>(jaxbnn::cuda::LastKernelPath())]); },
-      "The kernel of the latest launch: 'wgmma_wide' or 'wgmma_narrow' (the wgmma tile shape that ran), "
-      "'mma_sync' or 'simt'.");
+      "The engine of the latest launch.");
 }
