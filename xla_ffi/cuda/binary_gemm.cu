@@ -204,27 +204,13 @@ __device__ __forceinline__ void FillCorrectionTable(const BinaryGemmProblem& p, 
   }
 }
 
-// popc(b) of column `col` (0 past N): the sum of its tap popcounts, loaded 8 at a time. One load per loop
-// iteration made a chain of dependent L2 round trips: ~2.5 us for a 3x3 filter at the start of every
-// CTA's first tile (tile trace, sessions 8-10: the first k loop 2.5 us longer than the later ones at C = 128).
-__device__ __forceinline__ int ColumnPopcount(const BinaryGemmProblem& p, int col) {
-  const int taps = p.kh * p.kw;
-  int total = 0;
-  for (int t0 = 0; t0 < taps; t0 += 8) {
-    int popc[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) popc[i] = col < p.n && t0 + i < taps ? p.tap_popc[(t0 + i) * p.n + col] : 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) total += popc[i];
-  }
-  return total;
-}
-
 // Fills the epilogue parameters of local column `lc` (all but the correction table). Called by whole warps
 // for 32 consecutive columns (the flip words are ballots).
 template <int kCols>
 __device__ __forceinline__ void FillTileColumn(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0, int lc) {
-  const int col = col0 + lc, total = ColumnPopcount(p, col);
+  const int col = col0 + lc, taps = p.kh * p.kw;
+  int total = 0;
+  for (int t = 0; t < taps; ++t) total += col < p.n ? p.tap_popc[t * p.n + col] : 0;
   cols.popc_b[lc] = total;
   if (p.epilogue == Epilogue::kBits) {
     const int threshold = col < p.n ? p.threshold[col] : 0;
