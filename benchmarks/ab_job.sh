@@ -9,7 +9,11 @@
 # racecheck, initcheck; harness --small) on
 # every version but the first, then ROUNDS rounds (default 3; even rounds in reverse order) of each
 # harness timing mode in TIME_MODES (default `--time-wgmma`; `--time-mma` times the mma.sync engine) over
-# every version (CASES: ';'-separated harness case names; default all). Writes two files to $OUT (default
+# every version (CASES: ';'-separated harness case names; default all). A version's own `time_modes` file
+# replaces TIME_MODES for it; a version holding a file `diagnostic` (a timing-only variant whose results are
+# wrong by design, e.g. with a stage left out) is neither checked nor sanitized. TRACE=1 builds every harness
+# with the wgmma tile trace (-DJAXBNN_TILE_TRACE: each timed case then prints where a tile's time goes; the
+# stamps slow the kernel by ~10%, so compare traced builds only with traced builds). Writes two files to $OUT (default
 # /tmp/jaxbnn_ab_out; the device returns at most 8): ab.log, and versions.tar.gz with each version's
 # build_N.txt and check_N.log.
 set -u -o pipefail
@@ -19,6 +23,7 @@ LOGS=$(mktemp -d)  # per-version logs, packed into one file at the end
 mkdir -p "$OUT"
 LOG="$OUT/ab.log"
 GENCODE="-gencode=arch=compute_90a,code=sm_90a"
+[ "${TRACE:-0}" = 1 ] && GENCODE="$GENCODE -DJAXBNN_TILE_TRACE"
 [ $# -ge 1 ] || { echo "usage: $0 DIR..." >&2; exit 2; }
 VERSIONS=("$@")
 status=0
@@ -34,6 +39,7 @@ wait
 for i in "${!VERSIONS[@]}"; do
   echo "=== version $i: ${VERSIONS[$i]}: $(grep -c spilled "$LOGS/build_$i.txt") spill warnings" | tee -a "$LOG"
   [ -x "/tmp/ab_kernel_check_$i" ] || { tail -5 "$LOGS/build_$i.txt" | tee -a "$LOG"; status=1; continue; }
+  if [ -f "${VERSIONS[$i]}/diagnostic" ]; then echo "diagnostic version, not checked: $(cat "${VERSIONS[$i]}/diagnostic")" | tee -a "$LOG"; continue; fi
   timeout ${CHECK_SECONDS:-200} stdbuf -oL "/tmp/ab_kernel_check_$i" > "$LOGS/check_$i.log" 2>&1
   echo "check rc=$? ($(date -u +%T))" | tee -a "$LOG"
   grep -v " 0 / " "$LOGS/check_$i.log" | tail -6 | tee -a "$LOG"
@@ -42,7 +48,7 @@ for i in "${!VERSIONS[@]}"; do
 done
 # every version but the first (the baseline, already checked where it was merged)
 for i in "${!VERSIONS[@]}"; do
-  { [ "${SANITIZE:-1}" = 1 ] && [ "$i" -gt 0 ] && [ -x "/tmp/ab_kernel_check_$i" ]; } || continue
+  { [ "${SANITIZE:-1}" = 1 ] && [ "$i" -gt 0 ] && [ -x "/tmp/ab_kernel_check_$i" ] && [ ! -f "${VERSIONS[$i]}/diagnostic" ]; } || continue
   for tool in memcheck racecheck initcheck; do
     echo "=== compute-sanitizer $tool, version $i ($(date -u +%T))" | tee -a "$LOG"
     timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "/tmp/ab_kernel_check_$i" --small \
@@ -63,7 +69,8 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
   for i in "${order[@]}"; do
     [ -x "/tmp/ab_kernel_check_$i" ] || continue
     echo "=== time: version $i, round $round ($(date -u +%T))" | tee -a "$LOG"
-    for mode in ${TIME_MODES:---time-wgmma}; do
+    modes=${TIME_MODES:---time-wgmma}; [ -f "${VERSIONS[$i]}/time_modes" ] && modes=$(cat "${VERSIONS[$i]}/time_modes")
+    for mode in $modes; do
       for c in "${cases[@]}"; do
         args=("$mode"); [ -n "$c" ] && args+=("$c")
         timeout 120 "/tmp/ab_kernel_check_$i" "${args[@]}" 2>&1 | sed "s/^/v$i /" | tee -a "$LOG"
