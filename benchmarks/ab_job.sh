@@ -6,8 +6,7 @@
 #                                      (.ab/ is git-ignored: a device job needs it carried)
 # Builds the kernel harness (the version's own kernel_check.cu, else the tree's) against each version, runs
 # the full harness check on each (a version that fails it goes no further), compute-sanitizer (memcheck,
-# racecheck, initcheck; harness --small) on
-# every version but the first, then ROUNDS rounds (default 3; even rounds in reverse order) of each
+# racecheck, initcheck; harness --small) on every version but the first, then ROUNDS rounds (default 3; even rounds in reverse order) of each
 # harness timing mode in TIME_MODES (default `--time-wgmma`; `--time-mma` times the mma.sync engine) over
 # every version (CASES: ';'-separated harness case names; default all). A version's own `time_modes` file
 # replaces TIME_MODES for it; a version holding a file `diagnostic` (a timing-only variant whose results are

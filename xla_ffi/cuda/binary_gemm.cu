@@ -1578,7 +1578,8 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
     }
     info.known = true;
   }
-  if (p.k_words < 1) return cudaErrorInvalidValue;  // the kernels fill their column tables in the first K block
+  // every kernel needs a K block: the wgmma consumers fill the column parameters inside their k loop
+  if (p.k_words < 1) return cudaErrorInvalidValue;
   // 16-byte copies need every tap's words 16-byte aligned (the classic kernels' kVec, the wgmma TMA boxes).
   const bool aligned = p.cw % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   // the wgmma kernel's cp.async producer also copies 8 bytes at a time (a tap of 2 words: C = 64)
