@@ -1,6 +1,7 @@
 // The CUDA kernels of jaxbnn: one implicit-GEMM binary convolution (bmm = 1x1 convolution), three engines.
 //   wgmma    (sm_90a): BGMMA m64n256k256 AND-popc, 128x256 CTA tile, a producer warpgroup filling a 4-stage
-//            mbarrier pipeline, two consumer warpgroups.
+//            mbarrier pipeline, two consumer warpgroups; where a column tile's weights fit in shared memory
+//            (K <= 4608 on H100), a variant that keeps them there and runs its consumer warpgroups apart.
 //   mma.sync (sm_80+): BMMA m16n8k256 AND-popc, cp.async pipeline: 128x128 CTA tiles of 8 warps in 4 stages,
 //            or, where shared memory allows (H100), 128x256 tiles of 16 warps in 3 stages.
 //   simt     (any):    CUDA-core AND + POPC, 64x64 CTA tile, 3-stage cp.async pipeline (fallback/baseline).
@@ -18,6 +19,7 @@
 // threshold bits (warp ballot, written as words of the next layer's packed layout).
 #include "binary_gemm.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -1375,6 +1377,226 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 }
 
 // ---------------------------------------------------------------------------------------------------
+// Resident-weight wgmma kernel (sm_90a): for problems whose column tile's weights fit in shared memory
+// whole (ResidentWeightBytes; a 3x3 convolution up to C = 512, a GEMM up to K = 4608 on H100).
+//
+// The tensor cores idle while both consumer warpgroups of WgmmaKernel run their threshold epilogue at once
+// (2.1 us per C = 512 tile against a 3.2 us k loop): they share every stage, so they run in step. Here a CTA
+// keeps one column tile for its whole life and loads its weights once; each consumer warpgroup then takes
+// its 64 rows of the CTA's row tiles through its own ring of 64-row activation stages, fed by its own
+// producer warp, and never waits for the other, so one warpgroup's epilogue can run under the other's
+// wgmmas. Unlike the ping-pong schedule tried before (v11), no weight byte is loaded twice.
+// Measured (benchmarks/NOTES.md, session 11): +8-10% at C = 128 and 512 and for the 4096^3 BMM, but a
+// warpgroup alone runs its k loop at about half the tensor cores' rate, so most of the overlap is lost.
+constexpr int kResidentStageBytes = 64 * 128;  // 64 rows x one K block
+constexpr int kResidentMaxStages = 8;          // per warpgroup
+// Everything but the weights and the rings: alignment slack, the column table, popc_a, the barriers, the
+// row corrections.
+constexpr int kResidentFixedBytes = 1024 + static_cast<int>(sizeof(TileColumns<kWgCols>)) + kWgRows * 4 +
+                                    (4 * kResidentMaxStages + 1) * 8 + kWgRows;
+__host__ __device__ __forceinline__ int ResidentWeightBytes(int w_k_tiles) { return kWgCols / 8 * w_k_tiles * 128; }
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// One bulk copy of `bytes` contiguous bytes into this CTA's shared memory, completing on `bar`.
+__device__ __forceinline__ void BulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+// A position in a ring of `stages` stages: the stage and the parity of its current fill.
+struct RingPosition {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void Advance(int stages) {
+    if (++stage == stages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+#endif
+
+// grid: n_tiles x ctas_per_column CTAs; CTA b takes column tile b / ctas_per_column and row tiles
+// b % ctas_per_column, + ctas_per_column, ... a_map: the activations in 64-row boxes (ActivationTensorMap).
+// `stages`: per warpgroup ring, at most kResidentMaxStages (as many as the shared memory takes).
+template <ALayout kLayout>
+__global__ void __launch_bounds__(kWgThreads, 1)
+    ResidentWgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map,
+                        const LaunchDivisors div, int m_tiles, int ctas_per_column, int stages) {
+  static_assert(kLayout != ALayout::kCoreMatrices, "activations by TMA only");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + (1024 - SmemAddress(smem_raw) % 1024) % 1024;
+  // rings (1024-aligned: the swizzled boxes), the weights, then the rest; the last K block's k256 steps
+  // past K read weight bytes past the last row tile, which land in `cols` (their activations are zeros)
+  const int rings_bytes = 2 * stages * kResidentStageBytes, weight_bytes = ResidentWeightBytes(p.w_k_tiles);
+  auto& cols = *reinterpret_cast<TileColumns<kWgCols>*>(smem + rings_bytes + weight_bytes);
+  int* popc_a = reinterpret_cast<int*>(&cols + 1);
+  auto* barriers = reinterpret_cast<uint64_t*>(popc_a + kWgRows);
+  int8_t* row_correction = reinterpret_cast<int8_t*>(barriers + 4 * kResidentMaxStages + 1);
+  const uint32_t base = SmemAddress(smem), weights = base + rings_bytes;
+  const uint32_t full0 = SmemAddress(barriers);                  // [half][stage]: the stage landed
+  const uint32_t empty0 = full0 + 2 * kResidentMaxStages * 8;    // [half][stage]: its 4 warps read it
+  const uint32_t weights_full = empty0 + 2 * kResidentMaxStages * 8;
+  auto ring = [stages](int half, int s) { return (half * stages + s) * kResidentStageBytes; };
+  auto bar = [](uint32_t bar0, int half, int s) { return bar0 + 8 * (half * kResidentMaxStages + s); };
+  const int tid = threadIdx.x;
+  JAXBNN_TRACE_START(0, tid == 0);
+  const int tile_n = blockIdx.x / ctas_per_column, first_tile = blockIdx.x % ctas_per_column;
+  const int col0 = tile_n * kWgCols;
+  const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
+  const int a_box_bytes = kLayout == ALayout::kChunkSlabs ? 16 : kLayout == ALayout::kTapRows ? TapRowBytes(p.cw) : 128;
+  const int a_box_log2 = __ffs(a_box_bytes) - 1;
+  if (tid == 0) {
+    for (int half = 0; half < 2; ++half) {
+      for (int s = 0; s < stages; ++s) {
+        BarrierInit(bar(full0, half, s), 1);
+        BarrierInit(bar(empty0, half, s), 4);
+      }
+    }
+    BarrierInit(weights_full, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  JAXBNN_TRACE_START(1, tid == 0);
+  // a programmatic dependent launch, as WgmmaKernel: no global access before this
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+
+  if (tid < 128) {  // producer warps: 0 and 1 feed the rings of consumer warpgroups 0 and 1, 2 the weights
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    const int warp = tid / 32, lane = tid % 32;
+    if (warp == 3) return;
+    if (warp == 2) {
+      const int row_tiles = min(kWgCols / 8, p.w_row_tiles - col0 / 8);
+      const uint32_t row_bytes = p.w_k_tiles * 128;
+      if (lane == 0) BarrierArriveExpectBytes(weights_full, row_tiles * row_bytes);
+      __syncwarp();
+      for (int j = lane; j < row_tiles; j += 32) {
+        BulkCopy(weights + j * row_bytes, p.w + static_cast<size_t>(col0 / 8 + j) * p.w_k_tiles * 32, row_bytes,
+                 weights_full);
+      }
+    } else {
+      const int half = warp, a_boxes = 128 >> a_box_log2, tap_bytes = p.cw * 4;
+      RingPosition at;
+      bool first_round = true;  // the ring's stages have not been filled yet
+      for (int tile_m = first_tile; tile_m < m_tiles; tile_m += ctas_per_column) {
+        const int first = tile_m * kWgRows + 64 * half;  // the half's first output pixel
+        const int image = Quotient(first, div.image_pixels), in_image = first - image * div.image_pixels.divisor;
+        const int oh0 = Quotient(in_image, div.out_w), ow0 = in_image - oh0 * p.out_w;
+        for (int kb = 0; kb < k_blocks; ++kb) {
+          // box `lane`: a_box_bytes of one tap's channel bytes; boxes past K start past them (zeros)
+          const int k_byte = kb * 128 + lane * a_box_bytes;
+          const int tap = Quotient(k_byte, div.tap_bytes);
+          const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
+          const int channel_byte = k_byte < p.k_words * 4 ? k_byte - tap * tap_bytes : tap_bytes;
+          if (!first_round) BarrierWait(bar(empty0, half, at.stage), at.phase ^ 1);
+          JAXBNN_TRACE_START(3, first_round && at.stage == 0 && tid == 0);
+          const uint32_t stage = base + ring(half, at.stage), full = bar(full0, half, at.stage);
+          if (lane == 0) BarrierArriveExpectBytes(full, kResidentStageBytes);
+          if constexpr (kLayout == ALayout::kSwizzledRows) {
+            if (lane == 0) TensorCopy(stage, a_map, kb * 128, first, full);
+          } else if (lane < a_boxes) {
+            TensorCopy4d(stage + lane * 64 * a_box_bytes, a_map, channel_byte, ow0 + fkw - p.pad_left,
+                         oh0 + fkh - p.pad_top, image, full);
+          }
+          at.Advance(stages);
+          if (at.stage == 0) first_round = false;
+        }
+      }
+    }
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  JAXBNN_TRACE_START(2, tid == 128);
+  const int ctid = tid - 128, half = ctid / 128, wtid = ctid % 128;
+  const uint32_t tile_bar = 2 + half;  // named barrier of this warpgroup alone
+  uint32_t tap_row_step[4];            // kTapRows: where k256 step ks starts in a 64-row stage
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    tap_row_step[ks] = ((ks * 32) >> a_box_log2) * 64 * a_box_bytes + ((ks * 32) & (a_box_bytes - 1));
+  }
+  const bool class_bounds = p.epilogue == Epilogue::kBits && HasCorrectionTable(p);
+  // Each thread fills column ctid of the table and of the parameters. Warpgroup 1 starts one k loop late
+  // and stays about that far behind (neither waits for the other afterwards), so that each one's epilogue
+  // runs while the other's wgmmas do: started together, they would keep sharing the tensor cores in their
+  // k loops and leave them idle in their epilogues. It fills its columns before it waits (barrier 1);
+  // warpgroup 0 fills its own behind its first queued wgmmas and lets warpgroup 1 go when its first k loop
+  // is done (barrier 4).
+  if (HasCorrectionTable(p)) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
+  const int fill_kb = half == 0 ? min(1, k_blocks - 1) : -1;
+  if (half == 1 && first_tile < m_tiles) {  // (a CTA without tiles: nothing to wait for)
+    FillTileColumn<kWgCols>(p, cols, col0, ctid);
+    if (class_bounds) AddBoundsToClasses(p, cols, ctid);
+    asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+    asm volatile("bar.sync 4, 256;\n" ::: "memory");
+  }
+  BarrierWait(weights_full, 0);
+  RingPosition at;
+  int traced_tile = 0;
+  for (int tile_m = first_tile; tile_m < m_tiles; tile_m += ctas_per_column, ++traced_tile) {
+    const bool first_tile_of_cta = tile_m == first_tile;
+    // the previous epilogue is done with this warpgroup's popc_a and row corrections
+    asm volatile("bar.sync %0, 128;\n" ::"r"(tile_bar) : "memory");
+    JAXBNN_TRACE_TILE(half, traced_tile, 0, wtid);
+    int acc[128];
+    int row_popc = 0, previous_stage = 0;
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      BarrierWait(bar(full0, half, at.stage), at.phase);
+      if (kb == 0) JAXBNN_TRACE_TILE(half, traced_tile, 1, wtid);
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+      const uint32_t stage_a = base + ring(half, at.stage);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        uint64_t desc_a;
+        if constexpr (kLayout == ALayout::kSwizzledRows) {
+          desc_a = SwizzledOperandDescriptor(stage_a + ks * 32);
+        } else if constexpr (kLayout == ALayout::kChunkSlabs) {
+          desc_a = OperandDescriptor(stage_a + ks * 2 * 64 * 16, 64 * 16, 128);
+        } else {
+          desc_a = SwizzledOperandDescriptor(stage_a + tap_row_step[ks], a_box_bytes);
+        }
+        // the weights: FSB tiles as they lie in global memory, a row tile's K tiles contiguous
+        const uint64_t desc_b = OperandDescriptor(weights + (kb * 8 + 2 * ks) * 128, 128, p.w_k_tiles * 128);
+        wgmma_m64n256k256_and_popc(acc, desc_a, desc_b, (kb | ks) != 0);
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      if (first_tile_of_cta && kb == fill_kb) {
+        FillTileColumn<kWgCols>(p, cols, col0, ctid);
+        if (class_bounds) AddBoundsToClasses(p, cols, ctid);
+      }
+      if (kb == 0 && !p.pad_one && wtid < 64) {
+        row_correction[64 * half + wtid] = RowCorrection(p, div, tile_m, 64 * half + wtid);
+      }
+      row_popc += StageRowPopcount<64, 128, kLayout, 64>(smem + ring(half, at.stage), wtid, a_box_log2);
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+      if (kb > 0 && wtid % 32 == 0) {
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar(empty0, half, previous_stage)) : "memory");
+      }
+      previous_stage = at.stage;
+      at.Advance(stages);
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    JAXBNN_TRACE_TILE(half, traced_tile, 2, wtid);
+    if (wtid % 32 == 0) {
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar(empty0, half, previous_stage)) : "memory");
+    }
+    if (first_tile_of_cta && half == 0) asm volatile("bar.arrive 4, 256;\n" ::: "memory");
+    row_popc = CombineRowPopcount<64, 128>(row_popc);
+    if (const int row = RowOfPopcount<64, 128>(wtid); row >= 0) popc_a[64 * half + row] = row_popc;
+    if (first_tile_of_cta && half == 0) {
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");  // warpgroup 1's columns are staged too
+    } else {
+      asm volatile("bar.sync %0, 128;\n" ::"r"(tile_bar) : "memory");
+    }
+    StoreAccumulators(p, acc, popc_a, row_correction, cols, tile_m, col0, half, wtid, p.n - col0 <= kWgCols / 2);
+    JAXBNN_TRACE_TILE(half, traced_tile, 3, wtid);
+  }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------------
 // Host side.
 
 struct DeviceInfo {
@@ -1442,7 +1664,8 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 //   bytes are 32, 64 or a multiple of 128 (kTapRows), else one (16 bytes, pixels) box per 16-byte chunk
 //   (kChunkSlabs);
 //   anything else, or a driver without cuTensorMapEncodeTiled: cp.async (kCoreMatrices).
-ALayout ActivationTensorMap(const BinaryGemmProblem& p, CUtensorMap& map) {
+// `rows`: the rows of a box (128: WgmmaKernel's tiles; 64: ResidentWgmmaKernel's halves).
+ALayout ActivationTensorMap(const BinaryGemmProblem& p, CUtensorMap& map, int rows = kWgRows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   // the boxes take 16 bytes (4 words) of a tap at least
   if (encode == nullptr || p.pool_h * p.pool_w != 1 || p.stride_h != 1 || p.stride_w != 1 || p.cw % 4 != 0) {
@@ -1453,15 +1676,15 @@ ALayout ActivationTensorMap(const BinaryGemmProblem& p, CUtensorMap& map) {
   if (p.kh == 1 && p.kw == 1 && p.pad_top == 0 && p.pad_left == 0 && p.out_h == p.in_h && p.out_w == p.in_w) {
     const cuuint64_t dims[2] = {row_bytes, static_cast<cuuint64_t>(p.pooled_rows)};
     const cuuint64_t strides[1] = {row_bytes};
-    const cuuint32_t box[2] = {128, kWgRows};
+    const cuuint32_t box[2] = {128, static_cast<cuuint32_t>(rows)};
     const CUresult made = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint32_t*>(p.x), dims, strides,
                                  box, unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return made == CUDA_SUCCESS ? ALayout::kSwizzledRows : ALayout::kCoreMatrices;
   }
-  const int box_w = p.out_w < kWgRows ? p.out_w : kWgRows, box_h = kWgRows / box_w;
-  const bool whole_rows = kWgRows % p.out_w == 0 && p.out_h % box_h == 0;
-  if (!(whole_rows || p.out_w % kWgRows == 0)) return ALayout::kCoreMatrices;
+  const int box_w = p.out_w < rows ? p.out_w : rows, box_h = rows / box_w;
+  const bool whole_rows = rows % p.out_w == 0 && p.out_h % box_h == 0;
+  if (!(whole_rows || p.out_w % rows == 0)) return ALayout::kCoreMatrices;
   const cuuint64_t dims[4] = {row_bytes, static_cast<cuuint64_t>(p.in_w), static_cast<cuuint64_t>(p.in_h),
                               static_cast<cuuint64_t>(p.batch)};
   const cuuint64_t strides[3] = {row_bytes, row_bytes * p.in_w, row_bytes * p.in_w * p.in_h};
@@ -1492,6 +1715,44 @@ bool WeightTensorMap(const BinaryGemmProblem& p, CUtensorMap& map) {
   return encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint32_t*>(p.w), dims, strides, box, unit_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// ResidentWgmmaKernel where it can run `p`: unpooled, activations by TMA in 64-row boxes, the column tile's
+// weights within the shared memory left by the rest, at least one CTA per column tile. Returns false
+// (nothing launched) otherwise; else the launch's error in `err`.
+bool LaunchResidentWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cudaStream_t stream, cudaError_t& err) {
+  const int m_tiles = TilesOfRows(p, kWgRows), n_tiles = (p.n + kWgCols - 1) / kWgCols;
+  // as many stages per warpgroup as the shared memory takes, at least 3
+  const int stages = std::min(kResidentMaxStages, (smem_optin - kResidentFixedBytes - ResidentWeightBytes(p.w_k_tiles)) /
+                                                      (2 * kResidentStageBytes));
+  if (p.pool_h * p.pool_w != 1 || stages < 3 || n_tiles > sms || reinterpret_cast<uintptr_t>(p.w) % 16 != 0) {
+    return false;
+  }
+  const int smem = kResidentFixedBytes + ResidentWeightBytes(p.w_k_tiles) + 2 * stages * kResidentStageBytes;
+  CUtensorMap a_map;
+  std::memset(&a_map, 0, sizeof(a_map));
+  const ALayout layout = ActivationTensorMap(p, a_map, 64);
+  if (layout == ALayout::kCoreMatrices) return false;
+  const auto kernel = layout == ALayout::kSwizzledRows ? ResidentWgmmaKernel<ALayout::kSwizzledRows>
+                      : layout == ALayout::kChunkSlabs ? ResidentWgmmaKernel<ALayout::kChunkSlabs>
+                                                       : ResidentWgmmaKernel<ALayout::kTapRows>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return true;
+  // every SM a CTA, the column tiles shared out evenly; each CTA at least one row tile
+  const int ctas_per_column = std::max(1, std::min(m_tiles, sms / n_tiles));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(n_tiles * ctas_per_column));
+  config.blockDim = dim3(kWgThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attrs[1];
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attrs;
+  config.numAttrs = 1;
+  err = cudaLaunchKernelEx(&config, kernel, p, a_map, DivisorsOf(p), m_tiles, ctas_per_column, stages);
+  if (err == cudaSuccess) err = cudaGetLastError();
+  return true;
 }
 
 // Clusters of two CTAs over pairs of row tiles: persistent (one CTA per SM) unless the pooled epilogue
@@ -1594,6 +1855,7 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
   if (chosen != nullptr) *chosen = run;
   switch (run) {
     case KernelPath::kWgmma:
+      if (cudaError_t resident; LaunchResidentWgmma(p, info.sms, info.smem_optin, stream, resident)) return resident;
       return LaunchWgmma(p, info.sms, stream);
     case KernelPath::kMmaSync:
       // wide tiles where N needs them and the device's shared memory takes them

@@ -280,6 +280,26 @@ void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
     std::printf("trace: no CTA recorded\n");
     return;
   }
+  // How the two warpgroups' k loops sit in time: the share of warpgroup 0's k-loop time during which
+  // warpgroup 1 is in a k loop too (100%: in step; ~0%: one's epilogue under the other's wgmmas).
+  double k_time = 0, k_overlap = 0;
+  for (size_t c = 0; c < ctas; ++c) {
+    const unsigned long long* cta = &t[c * kTraceWordsPerCta];
+    if (cta[0] == 0) continue;
+    auto event = [&](int wg, int tile, int e) {
+      return cta[kTraceStartWords + (wg * kTraceTiles + tile) * kTraceEvents + e];
+    };
+    for (int a = 0; a < kTraceTiles && event(0, a, 3) != 0; ++a) {
+      k_time += (event(0, a, 2) - event(0, a, 1)) * 1e-3;
+      for (int b = 0; b < kTraceTiles && event(1, b, 3) != 0; ++b) {
+        const unsigned long long lo = std::max(event(0, a, 1), event(1, b, 1));
+        const unsigned long long hi = std::min(event(0, a, 2), event(1, b, 2));
+        if (hi > lo) k_overlap += (hi - lo) * 1e-3;
+      }
+    }
+  }
+  std::printf("trace: warpgroup 1 in a k loop during %.0f%% of warpgroup 0's k-loop time\n",
+              k_time > 0 ? 100.0 * k_overlap / k_time : 0.0);
   const double tiles = count[0] + count[1], span_us = (last_end - first_start) * 1e-3;
   std::printf("trace: %d CTAs, %.1f tiles per warpgroup; CTA starts spread %.2f us; first start to last "
               "epilogue end %.2f us; k loops %.0f%% of it\n",
