@@ -1389,11 +1389,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 // Measured (benchmarks/NOTES.md, session 11): +8-10% at C = 128 and 512 and for the 4096^3 BMM, but a
 // warpgroup alone runs its k loop at about half the tensor cores' rate, so most of the overlap is lost.
 constexpr int kResidentStageBytes = 64 * 128;  // 64 rows x one K block
-constexpr int kResidentMaxStages = 8;          // per warpgroup
-// Everything but the weights and the rings: alignment slack, the column table, popc_a, the barriers, the
-// row corrections.
-constexpr int kResidentFixedBytes = 1024 + static_cast<int>(sizeof(TileColumns<kWgCols>)) + kWgRows * 4 +
-                                    (4 * kResidentMaxStages + 1) * 8 + kWgRows;
+// per warpgroup: deeper rings measured slower (C = 256: 3 stages +8% against main, 7 stages -3%; jobs BE, BF)
+constexpr int kResidentStages = 3;
+// Everything but the weights: alignment slack, the rings, the column table, popc_a, the barriers, the row
+// corrections.
+constexpr int kResidentRingBytes = 2 * kResidentStages * kResidentStageBytes;
+constexpr int kResidentFixedBytes = 1024 + kResidentRingBytes + static_cast<int>(sizeof(TileColumns<kWgCols>)) +
+                                    kWgRows * 4 + (4 * kResidentStages + 1) * 8 + kWgRows;
 __host__ __device__ __forceinline__ int ResidentWeightBytes(int w_k_tiles) { return kWgCols / 8 * w_k_tiles * 128; }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1404,12 +1406,12 @@ __device__ __forceinline__ void BulkCopy(uint32_t dst, const void* src, uint32_t
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
 }
-// A position in a ring of `stages` stages: the stage and the parity of its current fill.
+// A position in a ring of kResidentStages stages: the stage and the parity of its current fill.
 struct RingPosition {
   int stage = 0;
   uint32_t phase = 0;
-  __device__ __forceinline__ void Advance(int stages) {
-    if (++stage == stages) {
+  __device__ __forceinline__ void Advance() {
+    if (++stage == kResidentStages) {
       stage = 0;
       phase ^= 1;
     }
@@ -1419,28 +1421,27 @@ struct RingPosition {
 
 // grid: n_tiles x ctas_per_column CTAs; CTA b takes column tile b / ctas_per_column and row tiles
 // b % ctas_per_column, + ctas_per_column, ... a_map: the activations in 64-row boxes (ActivationTensorMap).
-// `stages`: per warpgroup ring, at most kResidentMaxStages (as many as the shared memory takes).
 template <ALayout kLayout>
 __global__ void __launch_bounds__(kWgThreads, 1)
     ResidentWgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map,
-                        const LaunchDivisors div, int m_tiles, int ctas_per_column, int stages) {
+                        const LaunchDivisors div, int m_tiles, int ctas_per_column) {
   static_assert(kLayout != ALayout::kCoreMatrices, "activations by TMA only");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + (1024 - SmemAddress(smem_raw) % 1024) % 1024;
   // rings (1024-aligned: the swizzled boxes), the weights, then the rest; the last K block's k256 steps
   // past K read weight bytes past the last row tile, which land in `cols` (their activations are zeros)
-  const int rings_bytes = 2 * stages * kResidentStageBytes, weight_bytes = ResidentWeightBytes(p.w_k_tiles);
-  auto& cols = *reinterpret_cast<TileColumns<kWgCols>*>(smem + rings_bytes + weight_bytes);
+  const int weight_bytes = ResidentWeightBytes(p.w_k_tiles);
+  auto& cols = *reinterpret_cast<TileColumns<kWgCols>*>(smem + kResidentRingBytes + weight_bytes);
   int* popc_a = reinterpret_cast<int*>(&cols + 1);
   auto* barriers = reinterpret_cast<uint64_t*>(popc_a + kWgRows);
-  int8_t* row_correction = reinterpret_cast<int8_t*>(barriers + 4 * kResidentMaxStages + 1);
-  const uint32_t base = SmemAddress(smem), weights = base + rings_bytes;
+  int8_t* row_correction = reinterpret_cast<int8_t*>(barriers + 4 * kResidentStages + 1);
+  const uint32_t base = SmemAddress(smem), weights = base + kResidentRingBytes;
   const uint32_t full0 = SmemAddress(barriers);                  // [half][stage]: the stage landed
-  const uint32_t empty0 = full0 + 2 * kResidentMaxStages * 8;    // [half][stage]: its 4 warps read it
-  const uint32_t weights_full = empty0 + 2 * kResidentMaxStages * 8;
-  auto ring = [stages](int half, int s) { return (half * stages + s) * kResidentStageBytes; };
-  auto bar = [](uint32_t bar0, int half, int s) { return bar0 + 8 * (half * kResidentMaxStages + s); };
+  const uint32_t empty0 = full0 + 2 * kResidentStages * 8;    // [half][stage]: its 4 warps read it
+  const uint32_t weights_full = empty0 + 2 * kResidentStages * 8;
+  auto ring = [](int half, int s) { return (half * kResidentStages + s) * kResidentStageBytes; };
+  auto bar = [](uint32_t bar0, int half, int s) { return bar0 + 8 * (half * kResidentStages + s); };
   const int tid = threadIdx.x;
   JAXBNN_TRACE_START(0, tid == 0);
   const int tile_n = blockIdx.x / ctas_per_column, first_tile = blockIdx.x % ctas_per_column;
@@ -1450,7 +1451,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int a_box_log2 = __ffs(a_box_bytes) - 1;
   if (tid == 0) {
     for (int half = 0; half < 2; ++half) {
-      for (int s = 0; s < stages; ++s) {
+      for (int s = 0; s < kResidentStages; ++s) {
         BarrierInit(bar(full0, half, s), 1);
         BarrierInit(bar(empty0, half, s), 4);
       }
@@ -1500,7 +1501,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             TensorCopy4d(stage + lane * 64 * a_box_bytes, a_map, channel_byte, ow0 + fkw - p.pad_left,
                          oh0 + fkh - p.pad_top, image, full);
           }
-          at.Advance(stages);
+          at.Advance();
           if (at.stage == 0) first_round = false;
         }
       }
@@ -1575,7 +1576,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar(empty0, half, previous_stage)) : "memory");
       }
       previous_stage = at.stage;
-      at.Advance(stages);
+      at.Advance();
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     JAXBNN_TRACE_TILE(half, traced_tile, 2, wtid);
@@ -1722,13 +1723,10 @@ bool WeightTensorMap(const BinaryGemmProblem& p, CUtensorMap& map) {
 // (nothing launched) otherwise; else the launch's error in `err`.
 bool LaunchResidentWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cudaStream_t stream, cudaError_t& err) {
   const int m_tiles = TilesOfRows(p, kWgRows), n_tiles = (p.n + kWgCols - 1) / kWgCols;
-  // as many stages per warpgroup as the shared memory takes, at least 3
-  const int stages = std::min(kResidentMaxStages, (smem_optin - kResidentFixedBytes - ResidentWeightBytes(p.w_k_tiles)) /
-                                                      (2 * kResidentStageBytes));
-  if (p.pool_h * p.pool_w != 1 || stages < 3 || n_tiles > sms || reinterpret_cast<uintptr_t>(p.w) % 16 != 0) {
+  const int smem = kResidentFixedBytes + ResidentWeightBytes(p.w_k_tiles);
+  if (p.pool_h * p.pool_w != 1 || smem > smem_optin || n_tiles > sms || reinterpret_cast<uintptr_t>(p.w) % 16 != 0) {
     return false;
   }
-  const int smem = kResidentFixedBytes + ResidentWeightBytes(p.w_k_tiles) + 2 * stages * kResidentStageBytes;
   CUtensorMap a_map;
   std::memset(&a_map, 0, sizeof(a_map));
   const ALayout layout = ActivationTensorMap(p, a_map, 64);
@@ -1750,7 +1748,7 @@ bool LaunchResidentWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cu
   attrs[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attrs;
   config.numAttrs = 1;
-  err = cudaLaunchKernelEx(&config, kernel, p, a_map, DivisorsOf(p), m_tiles, ctas_per_column, stages);
+  err = cudaLaunchKernelEx(&config, kernel, p, a_map, DivisorsOf(p), m_tiles, ctas_per_column);
   if (err == cudaSuccess) err = cudaGetLastError();
   return true;
 }
