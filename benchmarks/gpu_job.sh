@@ -77,7 +77,8 @@ fi
 
 if has ceiling; then
   log "ceiling probe (shared/tools/ceiling.cu)"
-  CEIL_SRC=../shared/tools; [ -f .carry/ceiling/ceiling.cu ] && CEIL_SRC=.carry/ceiling  # ../shared does not travel
+  # ../shared does not travel: copy ceiling.cu and its wgmma_gen.h into .carry/ceiling (untracked) first
+  CEIL_SRC=../shared/tools; [ -f .carry/ceiling/ceiling.cu ] && CEIL_SRC=.carry/ceiling
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a $CEIL_SRC/ceiling.cu -o "$BUILD-ceiling" 2>&1 | tail -3
   timeout 120 "$BUILD-ceiling" 2>&1 | tee "$OUT/ceiling.log" | tee -a "$LOG"
 fi
