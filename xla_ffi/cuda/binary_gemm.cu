@@ -1085,7 +1085,7 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
       const int lc = 8 * j + 2 * t, col = col0 + lc;
-      if (col >= p.n || (narrow && j >= 16)) continue;  // a narrow tile's other columns are another tile's
+      if (col >= p.n) continue;
       int d0 = v0[h] - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h];
       int d1 = v0[h] - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1];
       if (border[h]) {
@@ -1391,19 +1391,12 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 constexpr int kResidentStageBytes = 64 * 128;  // 64 rows x one K block
 // per warpgroup: deeper rings measured slower (C = 256: 3 stages +8% against main, 7 stages -3%; jobs BE, BF)
 constexpr int kResidentStages = 3;
-// kConsumers consumer warpgroups: 2 on m64n256 (256-column tiles) or 3 on m64n128 (128-column tiles).
-template <int kConsumers>
-struct ResidentShape {
-  static constexpr int kCols = kConsumers == 2 ? 256 : 128;
-  static constexpr int kThreads = 128 * (kConsumers + 1);
-  static constexpr int kConsumerRegisters = kConsumers == 2 ? 232 : 152;
-  static constexpr int kRingBytes = kConsumers * kResidentStages * kResidentStageBytes;
-  // Everything but the weights: alignment slack, the rings, the column table, popc_a, the barriers, the row
-  // corrections.
-  static constexpr int kFixedBytes = 1024 + kRingBytes + static_cast<int>(sizeof(TileColumns<kWgCols>)) +
-                                     kConsumers * 64 * 4 + (2 * kConsumers * kResidentStages + 1) * 8 + kConsumers * 64;
-  static __host__ __device__ __forceinline__ int WeightBytes(int w_k_tiles) { return kCols / 8 * w_k_tiles * 128; }
-};
+// Everything but the weights: alignment slack, the rings, the column table, popc_a, the barriers, the row
+// corrections.
+constexpr int kResidentRingBytes = 2 * kResidentStages * kResidentStageBytes;
+constexpr int kResidentFixedBytes = 1024 + kResidentRingBytes + static_cast<int>(sizeof(TileColumns<kWgCols>)) +
+                                    kWgRows * 4 + (4 * kResidentStages + 1) * 8 + kWgRows;
+__host__ __device__ __forceinline__ int ResidentWeightBytes(int w_k_tiles) { return kWgCols / 8 * w_k_tiles * 128; }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // One bulk copy of `bytes` contiguous bytes into this CTA's shared memory, completing on `bar`.
@@ -1426,56 +1419,57 @@ struct RingPosition {
 };
 #endif
 
-// grid: n_tiles x ctas_per_column CTAs; CTA b takes column tile b / ctas_per_column and the 64-row units of
-// row tiles b % ctas_per_column, + ctas_per_column, ... in order; consumer warpgroup w takes units w, w +
-// kConsumers, ... of that sequence. a_map: the activations in 64-row boxes (ActivationTensorMap).
-template <ALayout kLayout, int kConsumers>
-__global__ void __launch_bounds__(ResidentShape<kConsumers>::kThreads, 1)
+// grid: n_tiles x ctas_per_column CTAs; CTA b takes column tile b / ctas_per_column and row tiles
+// b % ctas_per_column, + ctas_per_column, ... a_map: the activations in 64-row boxes (ActivationTensorMap).
+template <ALayout kLayout>
+__global__ void __launch_bounds__(kWgThreads, 1)
     ResidentWgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map,
                         const LaunchDivisors div, int m_tiles, int ctas_per_column) {
   static_assert(kLayout != ALayout::kCoreMatrices, "activations by TMA only");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Shape = ResidentShape<kConsumers>;
-  constexpr int kCols = Shape::kCols;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + (1024 - SmemAddress(smem_raw) % 1024) % 1024;
-  const int weight_bytes = Shape::WeightBytes(p.w_k_tiles);
-  auto& cols = *reinterpret_cast<TileColumns<kWgCols>*>(smem + Shape::kRingBytes + weight_bytes);
-  int* popc_a0 = reinterpret_cast<int*>(&cols + 1);  // [warpgroup][64]
-  auto* barriers = reinterpret_cast<uint64_t*>(popc_a0 + kConsumers * 64);
-  int8_t* row_correction0 = reinterpret_cast<int8_t*>(barriers + 2 * kConsumers * kResidentStages + 1);
-  const uint32_t base = SmemAddress(smem), weights = base + Shape::kRingBytes;
-  const uint32_t full0 = SmemAddress(barriers);
-  const uint32_t empty0 = full0 + kConsumers * kResidentStages * 8;
-  const uint32_t weights_full = empty0 + kConsumers * kResidentStages * 8;
-  auto ring = [](int wg, int s) { return (wg * kResidentStages + s) * kResidentStageBytes; };
-  auto bar = [](uint32_t bar0, int wg, int s) { return bar0 + 8 * (wg * kResidentStages + s); };
+  // rings (1024-aligned: the swizzled boxes), the weights, then the rest; the last K block's k256 steps
+  // past K read weight bytes past the last row tile, which land in `cols` (their activations are zeros)
+  const int weight_bytes = ResidentWeightBytes(p.w_k_tiles);
+  auto& cols = *reinterpret_cast<TileColumns<kWgCols>*>(smem + kResidentRingBytes + weight_bytes);
+  int* popc_a = reinterpret_cast<int*>(&cols + 1);
+  auto* barriers = reinterpret_cast<uint64_t*>(popc_a + kWgRows);
+  int8_t* row_correction = reinterpret_cast<int8_t*>(barriers + 4 * kResidentStages + 1);
+  const uint32_t base = SmemAddress(smem), weights = base + kResidentRingBytes;
+  const uint32_t full0 = SmemAddress(barriers);                  // [half][stage]: the stage landed
+  const uint32_t empty0 = full0 + 2 * kResidentStages * 8;    // [half][stage]: its 4 warps read it
+  const uint32_t weights_full = empty0 + 2 * kResidentStages * 8;
+  auto ring = [](int half, int s) { return (half * kResidentStages + s) * kResidentStageBytes; };
+  auto bar = [](uint32_t bar0, int half, int s) { return bar0 + 8 * (half * kResidentStages + s); };
   const int tid = threadIdx.x;
+  JAXBNN_TRACE_START(0, tid == 0);
   const int tile_n = blockIdx.x / ctas_per_column, first_tile = blockIdx.x % ctas_per_column;
-  const int col0 = tile_n * kCols;
+  const int col0 = tile_n * kWgCols;
   const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
   const int a_box_bytes = kLayout == ALayout::kChunkSlabs ? 16 : kLayout == ALayout::kTapRows ? TapRowBytes(p.cw) : 128;
   const int a_box_log2 = __ffs(a_box_bytes) - 1;
-  // the CTA's 64-row units: 2 per row tile
-  const int units = 2 * ((m_tiles - first_tile + ctas_per_column - 1) / ctas_per_column);
-  auto unit_tile = [&](int i) { return first_tile + (i / 2) * ctas_per_column; };
   if (tid == 0) {
-    for (int i = 0; i < kConsumers * kResidentStages; ++i) {
-      BarrierInit(full0 + 8 * i, 1);
-      BarrierInit(empty0 + 8 * i, 4);
+    for (int half = 0; half < 2; ++half) {
+      for (int s = 0; s < kResidentStages; ++s) {
+        BarrierInit(bar(full0, half, s), 1);
+        BarrierInit(bar(empty0, half, s), 4);
+      }
     }
     BarrierInit(weights_full, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
+  JAXBNN_TRACE_START(1, tid == 0);
+  // a programmatic dependent launch, as WgmmaKernel: no global access before this
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 
-  if (tid < 128) {  // producer warps: w < kConsumers feeds consumer warpgroup w's ring, kConsumers the weights
+  if (tid < 128) {  // producer warps: 0 and 1 feed the rings of consumer warpgroups 0 and 1, 2 the weights
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     const int warp = tid / 32, lane = tid % 32;
-    if (warp > kConsumers) return;
-    if (warp == kConsumers) {
-      const int row_tiles = min(kCols / 8, p.w_row_tiles - col0 / 8);
+    if (warp == 3) return;
+    if (warp == 2) {
+      const int row_tiles = min(kWgCols / 8, p.w_row_tiles - col0 / 8);
       const uint32_t row_bytes = p.w_k_tiles * 128;
       if (lane == 0) BarrierArriveExpectBytes(weights_full, row_tiles * row_bytes);
       __syncwarp();
@@ -1484,20 +1478,22 @@ __global__ void __launch_bounds__(ResidentShape<kConsumers>::kThreads, 1)
                  weights_full);
       }
     } else {
-      const int wg = warp, a_boxes = 128 >> a_box_log2, tap_bytes = p.cw * 4;
+      const int half = warp, a_boxes = 128 >> a_box_log2, tap_bytes = p.cw * 4;
       RingPosition at;
       bool first_round = true;  // the ring's stages have not been filled yet
-      for (int i = wg; i < units; i += kConsumers) {
-        const int first = unit_tile(i) * kWgRows + 64 * (i % 2);  // the unit's first output pixel
+      for (int tile_m = first_tile; tile_m < m_tiles; tile_m += ctas_per_column) {
+        const int first = tile_m * kWgRows + 64 * half;  // the half's first output pixel
         const int image = Quotient(first, div.image_pixels), in_image = first - image * div.image_pixels.divisor;
         const int oh0 = Quotient(in_image, div.out_w), ow0 = in_image - oh0 * p.out_w;
         for (int kb = 0; kb < k_blocks; ++kb) {
+          // box `lane`: a_box_bytes of one tap's channel bytes; boxes past K start past them (zeros)
           const int k_byte = kb * 128 + lane * a_box_bytes;
           const int tap = Quotient(k_byte, div.tap_bytes);
           const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
           const int channel_byte = k_byte < p.k_words * 4 ? k_byte - tap * tap_bytes : tap_bytes;
-          if (!first_round) BarrierWait(bar(empty0, wg, at.stage), at.phase ^ 1);
-          const uint32_t stage = base + ring(wg, at.stage), full = bar(full0, wg, at.stage);
+          if (!first_round) BarrierWait(bar(empty0, half, at.stage), at.phase ^ 1);
+          JAXBNN_TRACE_START(3, first_round && at.stage == 0 && tid == 0);
+          const uint32_t stage = base + ring(half, at.stage), full = bar(full0, half, at.stage);
           if (lane == 0) BarrierArriveExpectBytes(full, kResidentStageBytes);
           if constexpr (kLayout == ALayout::kSwizzledRows) {
             if (lane == 0) TensorCopy(stage, a_map, kb * 128, first, full);
@@ -1513,44 +1509,45 @@ __global__ void __launch_bounds__(ResidentShape<kConsumers>::kThreads, 1)
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Shape::kConsumerRegisters));
-  const int ctid = tid - 128, wg = ctid / 128, wtid = ctid % 128;
-  const uint32_t unit_bar = 1 + wg;  // named barriers 1..kConsumers: one warpgroup's own
-  uint32_t tap_row_step[4];
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  JAXBNN_TRACE_START(2, tid == 128);
+  const int ctid = tid - 128, half = ctid / 128, wtid = ctid % 128;
+  const uint32_t tile_bar = 2 + half;  // named barrier of this warpgroup alone
+  uint32_t tap_row_step[4];            // kTapRows: where k256 step ks starts in a 64-row stage
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
     tap_row_step[ks] = ((ks * 32) >> a_box_log2) * 64 * a_box_bytes + ((ks * 32) & (a_box_bytes - 1));
   }
   const bool class_bounds = p.epilogue == Epilogue::kBits && HasCorrectionTable(p);
-  // Columns: warpgroup w fills [128 w, 128 w + 128) of the tile (warpgroup 0 behind its first wgmmas, the
-  // others before they wait). Warpgroup w > 0 starts when warpgroup w - 1's first k loop is done (named
-  // barrier 6 + w), so the warpgroups keep apart; with two, warpgroup 0 meets warpgroup 1's columns on
-  // barrier 5 before its first epilogue.
-  const bool fills = 128 * wg < kCols;
-  if (fills && HasCorrectionTable(p)) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
-  const int fill_kb = wg == 0 ? min(1, k_blocks - 1) : -1;
-  if (wg > 0 && wg < units) {
-    if (fills) {
-      FillTileColumn<kWgCols>(p, cols, col0, ctid);
-      if (class_bounds) AddBoundsToClasses(p, cols, ctid);
-      asm volatile("bar.arrive 5, 256;\n" ::: "memory");
-    }
-    asm volatile("bar.sync %0, 256;\n" ::"r"(6 + wg) : "memory");
+  // Each thread fills column ctid of the table and of the parameters. Warpgroup 1 starts one k loop late
+  // and stays about that far behind (neither waits for the other afterwards), so that each one's epilogue
+  // runs while the other's wgmmas do: started together, they would keep sharing the tensor cores in their
+  // k loops and leave them idle in their epilogues. It fills its columns before it waits (barrier 1);
+  // warpgroup 0 fills its own behind its first queued wgmmas and lets warpgroup 1 go when its first k loop
+  // is done (barrier 4).
+  if (HasCorrectionTable(p)) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
+  const int fill_kb = half == 0 ? min(1, k_blocks - 1) : -1;
+  if (half == 1 && first_tile < m_tiles) {  // (a CTA without tiles: nothing to wait for)
+    FillTileColumn<kWgCols>(p, cols, col0, ctid);
+    if (class_bounds) AddBoundsToClasses(p, cols, ctid);
+    asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+    asm volatile("bar.sync 4, 256;\n" ::: "memory");
   }
   BarrierWait(weights_full, 0);
-  int* popc_a = popc_a0 + 64 * wg;
-  int8_t* row_correction = row_correction0 + 64 * wg;
   RingPosition at;
-  for (int i = wg; i < units; i += kConsumers) {
-    const bool first_unit = i == wg;
-    const int tile_m = unit_tile(i), half = i % 2;
-    asm volatile("bar.sync %0, 128;\n" ::"r"(unit_bar) : "memory");
+  int traced_tile = 0;
+  for (int tile_m = first_tile; tile_m < m_tiles; tile_m += ctas_per_column, ++traced_tile) {
+    const bool first_tile_of_cta = tile_m == first_tile;
+    // the previous epilogue is done with this warpgroup's popc_a and row corrections
+    asm volatile("bar.sync %0, 128;\n" ::"r"(tile_bar) : "memory");
+    JAXBNN_TRACE_TILE(half, traced_tile, 0, wtid);
     int acc[128];
     int row_popc = 0, previous_stage = 0;
     for (int kb = 0; kb < k_blocks; ++kb) {
-      BarrierWait(bar(full0, wg, at.stage), at.phase);
+      BarrierWait(bar(full0, half, at.stage), at.phase);
+      if (kb == 0) JAXBNN_TRACE_TILE(half, traced_tile, 1, wtid);
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-      const uint32_t stage_a = base + ring(wg, at.stage);
+      const uint32_t stage_a = base + ring(half, at.stage);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         uint64_t desc_a;
@@ -1561,44 +1558,41 @@ __global__ void __launch_bounds__(ResidentShape<kConsumers>::kThreads, 1)
         } else {
           desc_a = SwizzledOperandDescriptor(stage_a + tap_row_step[ks], a_box_bytes);
         }
+        // the weights: FSB tiles as they lie in global memory, a row tile's K tiles contiguous
         const uint64_t desc_b = OperandDescriptor(weights + (kb * 8 + 2 * ks) * 128, 128, p.w_k_tiles * 128);
-        if constexpr (kConsumers == 2) {
-          wgmma_m64n256k256_and_popc(acc, desc_a, desc_b, (kb | ks) != 0);
-        } else {
-          wgmma_m64n128k256_and_popc(acc, desc_a, desc_b, (kb | ks) != 0);
-        }
+        wgmma_m64n256k256_and_popc(acc, desc_a, desc_b, (kb | ks) != 0);
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      if (first_unit && kb == fill_kb) {
+      if (first_tile_of_cta && kb == fill_kb) {
         FillTileColumn<kWgCols>(p, cols, col0, ctid);
         if (class_bounds) AddBoundsToClasses(p, cols, ctid);
       }
-      if (kb == 0 && !p.pad_one && wtid < 64) row_correction[wtid] = RowCorrection(p, div, tile_m, 64 * half + wtid);
-      row_popc += StageRowPopcount<64, 128, kLayout, 64>(smem + ring(wg, at.stage), wtid, a_box_log2);
+      if (kb == 0 && !p.pad_one && wtid < 64) {
+        row_correction[64 * half + wtid] = RowCorrection(p, div, tile_m, 64 * half + wtid);
+      }
+      row_popc += StageRowPopcount<64, 128, kLayout, 64>(smem + ring(half, at.stage), wtid, a_box_log2);
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
       if (kb > 0 && wtid % 32 == 0) {
-        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar(empty0, wg, previous_stage)) : "memory");
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar(empty0, half, previous_stage)) : "memory");
       }
       previous_stage = at.stage;
       at.Advance();
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    JAXBNN_TRACE_TILE(half, traced_tile, 2, wtid);
     if (wtid % 32 == 0) {
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar(empty0, wg, previous_stage)) : "memory");
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar(empty0, half, previous_stage)) : "memory");
     }
-    if (first_unit && wg + 1 < kConsumers && wg + 1 < units) {
-      asm volatile("bar.arrive %0, 256;\n" ::"r"(7 + wg) : "memory");
-    }
+    if (first_tile_of_cta && half == 0) asm volatile("bar.arrive 4, 256;\n" ::: "memory");
     row_popc = CombineRowPopcount<64, 128>(row_popc);
-    if (const int row = RowOfPopcount<64, 128>(wtid); row >= 0) popc_a[row] = row_popc;
-    if (first_unit && wg == 0 && kCols > 128 && units > 1) {
-      asm volatile("bar.sync 5, 256;\n" ::: "memory");  // warpgroup 1's columns are staged too
+    if (const int row = RowOfPopcount<64, 128>(wtid); row >= 0) popc_a[64 * half + row] = row_popc;
+    if (first_tile_of_cta && half == 0) {
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");  // warpgroup 1's columns are staged too
     } else {
-      asm volatile("bar.sync %0, 128;\n" ::"r"(unit_bar) : "memory");
+      asm volatile("bar.sync %0, 128;\n" ::"r"(tile_bar) : "memory");
     }
-    // StoreAccumulators indexes popc_a and the corrections by tile row (64 half + ...)
-    StoreAccumulators(p, acc, popc_a - 64 * half, row_correction - 64 * half, cols, tile_m, col0, half, wtid,
-                      kCols == 128 || p.n - col0 <= kWgCols / 2);
+    StoreAccumulators(p, acc, popc_a, row_correction, cols, tile_m, col0, half, wtid, p.n - col0 <= kWgCols / 2);
+    JAXBNN_TRACE_TILE(half, traced_tile, 3, wtid);
   }
 #endif
 }
@@ -1727,11 +1721,9 @@ bool WeightTensorMap(const BinaryGemmProblem& p, CUtensorMap& map) {
 // ResidentWgmmaKernel where it can run `p`: unpooled, activations by TMA in 64-row boxes, the column tile's
 // weights within the shared memory left by the rest, at least one CTA per column tile. Returns false
 // (nothing launched) otherwise; else the launch's error in `err`.
-template <int kConsumers>
 bool LaunchResidentWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cudaStream_t stream, cudaError_t& err) {
-  using Shape = ResidentShape<kConsumers>;
-  const int m_tiles = TilesOfRows(p, kWgRows), n_tiles = (p.n + Shape::kCols - 1) / Shape::kCols;
-  const int smem = Shape::kFixedBytes + Shape::WeightBytes(p.w_k_tiles);
+  const int m_tiles = TilesOfRows(p, kWgRows), n_tiles = (p.n + kWgCols - 1) / kWgCols;
+  const int smem = kResidentFixedBytes + ResidentWeightBytes(p.w_k_tiles);
   if (p.pool_h * p.pool_w != 1 || smem > smem_optin || n_tiles > sms || reinterpret_cast<uintptr_t>(p.w) % 16 != 0) {
     return false;
   }
@@ -1739,15 +1731,16 @@ bool LaunchResidentWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cu
   std::memset(&a_map, 0, sizeof(a_map));
   const ALayout layout = ActivationTensorMap(p, a_map, 64);
   if (layout == ALayout::kCoreMatrices) return false;
-  const auto kernel = layout == ALayout::kSwizzledRows ? ResidentWgmmaKernel<ALayout::kSwizzledRows, kConsumers>
-                      : layout == ALayout::kChunkSlabs ? ResidentWgmmaKernel<ALayout::kChunkSlabs, kConsumers>
-                                                       : ResidentWgmmaKernel<ALayout::kTapRows, kConsumers>;
+  const auto kernel = layout == ALayout::kSwizzledRows ? ResidentWgmmaKernel<ALayout::kSwizzledRows>
+                      : layout == ALayout::kChunkSlabs ? ResidentWgmmaKernel<ALayout::kChunkSlabs>
+                                                       : ResidentWgmmaKernel<ALayout::kTapRows>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return true;
+  // every SM a CTA, the column tiles shared out evenly; each CTA at least one row tile
   const int ctas_per_column = std::max(1, std::min(m_tiles, sms / n_tiles));
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(n_tiles * ctas_per_column));
-  config.blockDim = dim3(Shape::kThreads);
+  config.blockDim = dim3(kWgThreads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   cudaLaunchAttribute attrs[1];
@@ -1860,7 +1853,7 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
   if (chosen != nullptr) *chosen = run;
   switch (run) {
     case KernelPath::kWgmma:
-      if (cudaError_t resident; LaunchResidentWgmma<3>(p, info.sms, info.smem_optin, stream, resident)) return resident;
+      if (cudaError_t resident; LaunchResidentWgmma(p, info.sms, info.smem_optin, stream, resident)) return resident;
       return LaunchWgmma(p, info.sms, stream);
     case KernelPath::kMmaSync:
       // wide tiles where N needs them and the device's shared memory takes them
