@@ -341,25 +341,42 @@ __device__ __forceinline__ uint32_t ChunkOffset(int row, int chunk, int row_byte
   return StageOffset(row, chunk);
 }
 
-// popc of `kRows` activation rows of a stage whose rows are `kStageRows` apart in the slab layout,
-// kThreads / kRows threads per row; returns this thread's part. Thread t reads row (t / (8 * parts)) * 8
-// + t % 8: 8 consecutive threads, 8 rows of one chunk (in the swizzled layout: 8 different physical
-// chunks), so no bank conflicts; the parts of a row sit 8 lanes apart in one warp.
+// This thread's share of the words of `kRows` activation rows of a stage (rows `kStageRows` apart in the slab
+// layout), for the rows' popcounts: kThreads / kRows threads per row. Thread t reads row
+// (t / (8 * parts)) * 8 + t % 8: 8 consecutive threads, 8 rows of one chunk (in the swizzled layout: 8
+// different physical chunks), so no bank conflicts; the parts of a row sit 8 lanes apart in one warp.
+template <int kChunks>
+struct RowWords {
+  uint4 v[kChunks];
+};
 template <int kRows, int kThreads, ALayout kLayout = ALayout::kCoreMatrices, int kStageRows = kRows>
-__device__ __forceinline__ int StageRowPopcount(const uint8_t* stage, int tid, int row_bytes_log2 = 7) {
+__device__ __forceinline__ RowWords<8 / (kThreads / kRows)> LoadRowWords(const uint8_t* stage, int tid,
+                                                                         int row_bytes_log2 = 7) {
   constexpr int kParts = kThreads / kRows;
   constexpr int kChunks = 8 / kParts;
   static_assert(8 * kParts <= 32, "the parts of a row must share a warp");
   const int row = (tid / (8 * kParts)) * 8 + tid % 8, part = (tid / 8) % kParts;
-  int total = 0;
+  RowWords<kChunks> words;
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
     const int chunk = part * kChunks + i;
-    const uint32_t offset = ChunkOffset<kLayout, kStageRows>(row, chunk, row_bytes_log2);
-    const uint4 v = *reinterpret_cast<const uint4*>(stage + offset);
-    total += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
+    words.v[i] = *reinterpret_cast<const uint4*>(stage + ChunkOffset<kLayout, kStageRows>(row, chunk, row_bytes_log2));
+  }
+  return words;
+}
+template <int kChunks>
+__device__ __forceinline__ int RowWordsPopcount(const RowWords<kChunks>& words) {
+  int total = 0;
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    total += __popc(words.v[i].x) + __popc(words.v[i].y) + __popc(words.v[i].z) + __popc(words.v[i].w);
   }
   return total;
+}
+// popc of a stage's rows: this thread's part (LoadRowWords).
+template <int kRows, int kThreads, ALayout kLayout = ALayout::kCoreMatrices, int kStageRows = kRows>
+__device__ __forceinline__ int StageRowPopcount(const uint8_t* stage, int tid, int row_bytes_log2 = 7) {
+  return RowWordsPopcount(LoadRowWords<kRows, kThreads, kLayout, kStageRows>(stage, tid, row_bytes_log2));
 }
 
 // Sums the parts of StageRowPopcount; returns the row's popcount in every part's thread.
@@ -1543,6 +1560,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     JAXBNN_TRACE_TILE(half, traced_tile, 0, wtid);
     int acc[128];
     int row_popc = 0, previous_stage = 0;
+    // The previous K block's words of this warpgroup's rows, counted once this block's wgmmas are issued:
+    // counted at once, their loads held up the next block's issue (benchmarks/kloop_probe.cu: a lone
+    // warpgroup's k loop 112 -> 92 ns per wgmma; harness: C = 512 +2%, BMM 4096^3 +6%, NOTES session 12).
+    RowWords<4> pending = {};
     for (int kb = 0; kb < k_blocks; ++kb) {
       BarrierWait(bar(full0, half, at.stage), at.phase);
       if (kb == 0) JAXBNN_TRACE_TILE(half, traced_tile, 1, wtid);
@@ -1570,7 +1591,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       if (kb == 0 && !p.pad_one && wtid < 64) {
         row_correction[64 * half + wtid] = RowCorrection(p, div, tile_m, 64 * half + wtid);
       }
-      row_popc += StageRowPopcount<64, 128, kLayout, 64>(smem + ring(half, at.stage), wtid, a_box_log2);
+      row_popc += RowWordsPopcount(pending);
+      pending = LoadRowWords<64, 128, kLayout, 64>(smem + ring(half, at.stage), wtid, a_box_log2);
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
       if (kb > 0 && wtid % 32 == 0) {
         asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar(empty0, half, previous_stage)) : "memory");
@@ -1580,6 +1602,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     JAXBNN_TRACE_TILE(half, traced_tile, 2, wtid);
+    row_popc += RowWordsPopcount(pending);  // before the stage is released
     if (wtid % 32 == 0) {
       asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar(empty0, half, previous_stage)) : "memory");
     }
