@@ -979,12 +979,13 @@ __device__ __forceinline__ unsigned QuadLanes() { return 0xfu << (threadIdx.x % 
 // row h compares with: cols.bound, or the row of its border class in the class-bound table
 // (kClassBounds: then the two rows' bounds are loaded separately).
 // kWords: output words per row (8: a 256-column tile; 4: a narrow tile of at most 128 columns, whose
-// accumulators are the first 64).
-template <bool kClassBounds, int kWords>
-__device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const int (&acc)[128],
+// accumulators are the first 64). kAcc: the accumulators a thread holds (128 for m64n256, 64 for m64n128).
+template <bool kClassBounds, int kWords, int kAcc>
+__device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const int (&acc)[kAcc],
                                               const TileColumns<kWgCols>& cols, const int (&v0)[2],
                                               const long long (&row)[2], const bool (&row_valid)[2],
                                               const int* const (&bounds)[2], int col0, int t) {
+  static_assert(16 * kWords <= kAcc, "a word of 32 columns takes 16 accumulators of each thread");
   uint32_t words[2][kWords] = {};
 #pragma unroll
   for (int j = 0; j < 4 * kWords; ++j) {
@@ -1014,20 +1015,22 @@ __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const 
 
 // The same for one row (h, tile row r) whose receptive field may leave the frame, for problems without the
 // border-class table: corrections summed per value.
-__device__ __forceinline__ void StoreBitsBorderRow(const BinaryGemmProblem& p, const int (&acc)[128],
+template <int kAcc>
+__device__ __forceinline__ void StoreBitsBorderRow(const BinaryGemmProblem& p, const int (&acc)[kAcc],
                                                    const TileColumns<kWgCols>& cols, int v0, long long row,
                                                    bool row_valid, bool border, int tile_m, int r, int h, int col0,
                                                    int t) {
-  int excl[64];
+  constexpr int kWords = kAcc / 16;
+  int excl[kAcc / 2];
   if (border) {
     BorderCorrections(p, cols, RowOrigin(p, tile_m, kWgRows, r), col0, 2 * t, excl);
   } else {
 #pragma unroll 1
-    for (int k = 0; k < 64; ++k) excl[k] = 0;
+    for (int k = 0; k < kAcc / 2; ++k) excl[k] = 0;
   }
-  uint32_t words[8] = {};
+  uint32_t words[kWords] = {};
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
+  for (int j = 0; j < 4 * kWords; ++j) {
     const int2 bound = *reinterpret_cast<const int2*>(&cols.bound[8 * j + 2 * t]);
     const int x0 = 4 * acc[4 * j + 2 * h] + v0 - excl[2 * j], x1 = 4 * acc[4 * j + 2 * h + 1] + v0 - excl[2 * j + 1];
     words[j / 4] |= static_cast<uint32_t>(x0 >= bound.x) << (8 * (j % 4)) |
@@ -1036,7 +1039,7 @@ __device__ __forceinline__ void StoreBitsBorderRow(const BinaryGemmProblem& p, c
   uint32_t* out = static_cast<uint32_t*>(p.out);
   const int out_words = (p.n + 31) / 32;
 #pragma unroll
-  for (int wd = 0; wd < 8; ++wd) {
+  for (int wd = 0; wd < kWords; ++wd) {
     uint32_t v = words[wd] << (2 * t);
     v |= __shfl_xor_sync(QuadLanes(), v, 1);
     v |= __shfl_xor_sync(QuadLanes(), v, 2);
@@ -1047,9 +1050,10 @@ __device__ __forceinline__ void StoreBitsBorderRow(const BinaryGemmProblem& p, c
 // The epilogue straight from the wgmma accumulators (no pool): thread (warp w, lane g*4+t) of consumer
 // half `half` holds rows 64 half + 16 w + g (+8) and columns 8 j + 2 t (+1). row_correction: RowCorrection
 // of every tile row.
-// narrow: the tile has at most 128 columns, so only the first 64 accumulators hold real columns (the
-// wgmma still computes all 256).
-__device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, const int (&acc)[128],
+// narrow: the tile has at most 128 columns, so only the first 64 accumulators hold real columns (an m64n256
+// wgmma still computes all 256). kAcc: 128 (m64n256 accumulators) or 64 (m64n128: always narrow).
+template <int kAcc>
+__device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, const int (&acc)[kAcc],
                                                   const int* popc_a, const int8_t* row_correction,
                                                   const TileColumns<kWgCols>& cols, int tile_m, int col0, int half,
                                                   int wtid, bool narrow) {
@@ -1073,18 +1077,18 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
       // every row compares with its border class's bounds; class 0 (inside the frame) holds the plain ones
       const int* const bounds[2] = {cols.correction[border[0] ? correction[0] : 0],
                                     cols.correction[border[1] ? correction[1] : 0]};
-      if (narrow) {
+      if (kAcc == 64 || narrow) {
         StoreBitsRows<true, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
       } else {
-        StoreBitsRows<true, 8>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+        StoreBitsRows<true, kAcc / 16>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
       }
     } else if (!__any_sync(0xffffffffu, border[0] || border[1])) {
       // one path per warp: a warp whose quads took both paths would run both
       const int* const bounds[2] = {cols.bound, cols.bound};
-      if (narrow) {
+      if (kAcc == 64 || narrow) {
         StoreBitsRows<false, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
       } else {
-        StoreBitsRows<false, 8>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+        StoreBitsRows<false, kAcc / 16>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
       }
     } else {
 #pragma unroll
@@ -1097,10 +1101,10 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (!row_valid[h]) continue;
-    int excl[64];
+    int excl[kAcc / 2];
     if (border[h]) BorderCorrections(p, cols, RowOrigin(p, tile_m, kWgRows, r[h]), col0, 2 * t, excl);
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < kAcc / 4; ++j) {
       const int lc = 8 * j + 2 * t, col = col0 + lc;
       if (col >= p.n) continue;
       int d0 = v0[h] - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h];
@@ -1395,7 +1399,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
 // ---------------------------------------------------------------------------------------------------
 // Resident-weight wgmma kernel (sm_90a): for problems whose column tile's weights fit in shared memory
-// whole (ResidentWeightBytes; a 3x3 convolution up to C = 512, a GEMM up to K = 4608 on H100).
+// whole (ResidentWeightBytes; a 3x3 convolution up to C = 512, a GEMM up to K = 4608 on H100, twice that K
+// for N <= 128).
 //
 // The tensor cores idle while both consumer warpgroups of WgmmaKernel run their threshold epilogue at once
 // (2.1 us per C = 512 tile against a 3.2 us k loop): they share every stage, so they run in step. Here a CTA
@@ -1403,8 +1408,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 // its 64 rows of the CTA's row tiles through its own ring of 64-row activation stages, fed by its own
 // producer warp, and never waits for the other, so one warpgroup's epilogue can run under the other's
 // wgmmas. Unlike the ping-pong schedule tried before (v11), no weight byte is loaded twice.
-// Measured (benchmarks/NOTES.md, session 11): +8-10% at C = 128 and 512 and for the 4096^3 BMM, but a
-// warpgroup alone runs its k loop at about half the tensor cores' rate, so most of the overlap is lost.
+// Measured (benchmarks/NOTES.md, sessions 11-12): +8-10% at C = 128 and 512 and for the 4096^3 BMM, but a
+// warpgroup alone runs its k loop well below the tensor cores' rate (benchmarks/kloop_probe.cu), so most of
+// the overlap is lost. kCols: the columns of a CTA's tile, 256, or 128 where N <= 128 (m64n128 wgmmas:
+// half the tensor work of an m64n256 whose upper half would be discarded, and half the weight bytes).
 constexpr int kResidentStageBytes = 64 * 128;  // 64 rows x one K block
 // per warpgroup: deeper rings measured slower (C = 256: 3 stages +8% against main, 7 stages -3%; jobs BE, BF)
 constexpr int kResidentStages = 3;
@@ -1413,7 +1420,7 @@ constexpr int kResidentStages = 3;
 constexpr int kResidentRingBytes = 2 * kResidentStages * kResidentStageBytes;
 constexpr int kResidentFixedBytes = 1024 + kResidentRingBytes + static_cast<int>(sizeof(TileColumns<kWgCols>)) +
                                     kWgRows * 4 + (4 * kResidentStages + 1) * 8 + kWgRows;
-__host__ __device__ __forceinline__ int ResidentWeightBytes(int w_k_tiles) { return kWgCols / 8 * w_k_tiles * 128; }
+__host__ __device__ __forceinline__ int ResidentWeightBytes(int w_k_tiles, int cols) { return cols / 8 * w_k_tiles * 128; }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // One bulk copy of `bytes` contiguous bytes into this CTA's shared memory, completing on `bar`.
@@ -1438,17 +1445,18 @@ struct RingPosition {
 
 // grid: n_tiles x ctas_per_column CTAs; CTA b takes column tile b / ctas_per_column and row tiles
 // b % ctas_per_column, + ctas_per_column, ... a_map: the activations in 64-row boxes (ActivationTensorMap).
-template <ALayout kLayout>
+template <ALayout kLayout, int kCols>
 __global__ void __launch_bounds__(kWgThreads, 1)
     ResidentWgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map,
                         const LaunchDivisors div, int m_tiles, int ctas_per_column) {
   static_assert(kLayout != ALayout::kCoreMatrices, "activations by TMA only");
+  static_assert(kCols == kWgCols || kCols == kWgCols / 2, "m64n256 or m64n128 wgmmas");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + (1024 - SmemAddress(smem_raw) % 1024) % 1024;
   // rings (1024-aligned: the swizzled boxes), the weights, then the rest; the last K block's k256 steps
   // past K read weight bytes past the last row tile, which land in `cols` (their activations are zeros)
-  const int weight_bytes = ResidentWeightBytes(p.w_k_tiles);
+  const int weight_bytes = ResidentWeightBytes(p.w_k_tiles, kCols);
   auto& cols = *reinterpret_cast<TileColumns<kWgCols>*>(smem + kResidentRingBytes + weight_bytes);
   int* popc_a = reinterpret_cast<int*>(&cols + 1);
   auto* barriers = reinterpret_cast<uint64_t*>(popc_a + kWgRows);
@@ -1486,7 +1494,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const int warp = tid / 32, lane = tid % 32;
     if (warp == 3) return;
     if (warp == 2) {
-      const int row_tiles = min(kWgCols / 8, p.w_row_tiles - col0 / 8);
+      const int row_tiles = min(kCols / 8, p.w_row_tiles - col0 / 8);
       const uint32_t row_bytes = p.w_k_tiles * 128;
       if (lane == 0) BarrierArriveExpectBytes(weights_full, row_tiles * row_bytes);
       __syncwarp();
@@ -1558,7 +1566,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     // the previous epilogue is done with this warpgroup's popc_a and row corrections
     asm volatile("bar.sync %0, 128;\n" ::"r"(tile_bar) : "memory");
     JAXBNN_TRACE_TILE(half, traced_tile, 0, wtid);
-    int acc[128];
+    int acc[kCols / 2];
     int row_popc = 0, previous_stage = 0;
     // The previous K block's words of this warpgroup's rows, counted once this block's wgmmas are issued:
     // counted at once, their loads held up the next block's issue (benchmarks/kloop_probe.cu: a lone
@@ -1581,7 +1589,11 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         }
         // the weights: FSB tiles as they lie in global memory, a row tile's K tiles contiguous
         const uint64_t desc_b = OperandDescriptor(weights + (kb * 8 + 2 * ks) * 128, 128, p.w_k_tiles * 128);
-        wgmma_m64n256k256_and_popc(acc, desc_a, desc_b, (kb | ks) != 0);
+        if constexpr (kCols == kWgCols) {
+          wgmma_m64n256k256_and_popc(acc, desc_a, desc_b, (kb | ks) != 0);
+        } else {
+          wgmma_m64n128k256_and_popc(acc, desc_a, desc_b, (kb | ks) != 0);
+        }
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       if (first_tile_of_cta && kb == fill_kb) {
@@ -1746,7 +1758,8 @@ bool WeightTensorMap(const BinaryGemmProblem& p, CUtensorMap& map) {
 // (nothing launched) otherwise; else the launch's error in `err`.
 bool LaunchResidentWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cudaStream_t stream, cudaError_t& err) {
   const int m_tiles = TilesOfRows(p, kWgRows), n_tiles = (p.n + kWgCols - 1) / kWgCols;
-  const int smem = kResidentFixedBytes + ResidentWeightBytes(p.w_k_tiles);
+  const bool narrow = p.n <= kWgCols / 2;  // one tile of at most 128 columns: m64n128 wgmmas
+  const int smem = kResidentFixedBytes + ResidentWeightBytes(p.w_k_tiles, narrow ? kWgCols / 2 : kWgCols);
   if (p.pool_h * p.pool_w != 1 || smem > smem_optin || n_tiles > sms || reinterpret_cast<uintptr_t>(p.w) % 16 != 0) {
     return false;
   }
@@ -1754,9 +1767,12 @@ bool LaunchResidentWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cu
   std::memset(&a_map, 0, sizeof(a_map));
   const ALayout layout = ActivationTensorMap(p, a_map, 64);
   if (layout == ALayout::kCoreMatrices) return false;
-  const auto kernel = layout == ALayout::kSwizzledRows ? ResidentWgmmaKernel<ALayout::kSwizzledRows>
-                      : layout == ALayout::kChunkSlabs ? ResidentWgmmaKernel<ALayout::kChunkSlabs>
-                                                       : ResidentWgmmaKernel<ALayout::kTapRows>;
+  const auto kernel =
+      layout == ALayout::kSwizzledRows
+          ? (narrow ? ResidentWgmmaKernel<ALayout::kSwizzledRows, kWgCols / 2> : ResidentWgmmaKernel<ALayout::kSwizzledRows, kWgCols>)
+      : layout == ALayout::kChunkSlabs
+          ? (narrow ? ResidentWgmmaKernel<ALayout::kChunkSlabs, kWgCols / 2> : ResidentWgmmaKernel<ALayout::kChunkSlabs, kWgCols>)
+          : (narrow ? ResidentWgmmaKernel<ALayout::kTapRows, kWgCols / 2> : ResidentWgmmaKernel<ALayout::kTapRows, kWgCols>);
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return true;
   // every SM a CTA, the column tiles shared out evenly; each CTA at least one row tile
