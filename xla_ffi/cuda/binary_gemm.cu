@@ -997,17 +997,36 @@ __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const 
       words[h][j / 4] |= (x0 >= bound.x ? bit0 : 0u) | (x1 >= bound.y ? bit0 << 1 : 0u);
     }
   }
+  // The OR over the quad as a reduce-scatter: after two exchanges lane t holds the finished words
+  // kPerLane t .. kPerLane t + kPerLane - 1 of each row (3 shuffles per row and 8 words, not 16), which
+  // it stores together (one 8-byte store where the rows are 8-byte aligned; stores were 3-8% of the
+  // resident kernel's time: benchmarks/NOTES.md, session 12).
+  constexpr int kPerLane = kWords / 4;
   uint32_t* out = static_cast<uint32_t*>(p.out);
-  const int out_words = (p.n + 31) / 32;
+  const int out_words = (p.n + 31) / 32, first = kPerLane * t;
+  const bool pairs = kPerLane == 2 && out_words % 2 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
+    uint32_t half[kWords / 2], mine[kPerLane];
 #pragma unroll
-    for (int wd = 0; wd < kWords; ++wd) {
-      uint32_t v = words[h][wd] << (2 * t);
-      v |= __shfl_xor_sync(QuadLanes(), v, 1);
-      v |= __shfl_xor_sync(QuadLanes(), v, 2);
-      if (t == (wd & 3) && row_valid[h] && col0 + 32 * wd < p.n) {
-        out[row[h] * out_words + col0 / 32 + wd] = v ^ cols.flip_word[wd];
+    for (int i = 0; i < kWords / 2; ++i) {  // lanes 0, 1 keep the first half, lanes 2, 3 the second
+      const uint32_t lo = words[h][i] << (2 * t), hi = words[h][kWords / 2 + i] << (2 * t);
+      half[i] = ((t & 2) ? hi : lo) | __shfl_xor_sync(QuadLanes(), (t & 2) ? lo : hi, 2);
+    }
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {  // then lanes 0, 2 the first quarter, lanes 1, 3 the second
+      const uint32_t lo = half[i], hi = half[kPerLane + i];
+      mine[i] = ((t & 1) ? hi : lo) | __shfl_xor_sync(QuadLanes(), (t & 1) ? lo : hi, 1);
+      mine[i] ^= cols.flip_word[first + i];
+    }
+    if (!row_valid[h]) continue;
+    uint32_t* dst = out + row[h] * out_words + col0 / 32 + first;
+    if (pairs && col0 + 32 * (first + 1) < p.n) {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(mine[0], mine[kPerLane - 1]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        if (col0 + 32 * (first + i) < p.n) dst[i] = mine[i];
       }
     }
   }
