@@ -1032,17 +1032,21 @@ __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const 
   }
 }
 
-// The same for one row (h, tile row r) whose receptive field may leave the frame, for problems without the
+// RowOrigin of output pixel `pixel` of an unpooled problem.
+__device__ __forceinline__ int4 PixelOrigin(const BinaryGemmProblem& p, long long pixel) {
+  return RowOrigin(p, static_cast<int>(pixel), 1, 0);
+}
+
+// The same for one row (h) whose receptive field may leave the frame, for problems without the
 // border-class table: corrections summed per value.
 template <int kAcc>
 __device__ __forceinline__ void StoreBitsBorderRow(const BinaryGemmProblem& p, const int (&acc)[kAcc],
                                                    const TileColumns<kWgCols>& cols, int v0, long long row,
-                                                   bool row_valid, bool border, int tile_m, int r, int h, int col0,
-                                                   int t) {
+                                                   bool row_valid, bool border, int h, int col0, int t) {
   constexpr int kWords = kAcc / 16;
   int excl[kAcc / 2];
   if (border) {
-    BorderCorrections(p, cols, RowOrigin(p, tile_m, kWgRows, r), col0, 2 * t, excl);
+    BorderCorrections(p, cols, PixelOrigin(p, row), col0, 2 * t, excl);
   } else {
 #pragma unroll 1
     for (int k = 0; k < kAcc / 2; ++k) excl[k] = 0;
@@ -1066,29 +1070,30 @@ __device__ __forceinline__ void StoreBitsBorderRow(const BinaryGemmProblem& p, c
   }
 }
 
-// The epilogue straight from the wgmma accumulators (no pool): thread (warp w, lane g*4+t) of consumer
-// half `half` holds rows 64 half + 16 w + g (+8) and columns 8 j + 2 t (+1). row_correction: RowCorrection
-// of every tile row.
+// The two output rows (h = 0, 1) of an accumulator thread: the output pixel, whether it is real, k_real -
+// 2 popc(a), and its RowCorrection (0: no "zero"-padding correction).
+struct AccumulatorRows {
+  long long row[2];
+  bool valid[2];
+  int v0[2];
+  int correction[2];
+};
+
+// The epilogue straight from the wgmma accumulators (no pool) of thread (warp w, lane g*4+t) of a consumer
+// warpgroup, which holds rows 16 w + g (+8) of the warpgroup's 64 and columns 8 j + 2 t (+1).
 // narrow: the tile has at most 128 columns, so only the first 64 accumulators hold real columns (an m64n256
 // wgmma still computes all 256). kAcc: 128 (m64n256 accumulators) or 64 (m64n128: always narrow).
 template <int kAcc>
-__device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, const int (&acc)[kAcc],
-                                                  const int* popc_a, const int8_t* row_correction,
-                                                  const TileColumns<kWgCols>& cols, int tile_m, int col0, int half,
-                                                  int wtid, bool narrow) {
-  const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
-  int v0[2], r[2], correction[2];
-  long long row[2];
-  bool row_valid[2], border[2];
+__device__ __forceinline__ void StoreAccumulatorRows(const BinaryGemmProblem& p, const int (&acc)[kAcc],
+                                                     const AccumulatorRows& rows, const TileColumns<kWgCols>& cols,
+                                                     int col0, int t, bool narrow) {
+  const int(&v0)[2] = rows.v0;
+  const int(&correction)[2] = rows.correction;
+  const long long(&row)[2] = rows.row;
+  const bool(&row_valid)[2] = rows.valid;
+  bool border[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    r[h] = 64 * half + 16 * w + g + 8 * h;
-    row[h] = static_cast<long long>(tile_m) * kWgRows + r[h];
-    row_valid[h] = row[h] < p.pooled_rows;
-    v0[h] = p.k_real - 2 * popc_a[r[h]];
-    correction[h] = p.pad_one ? 0 : row_correction[r[h]];  // filled for "zero" padding only
-    border[h] = row_valid[h] && correction[h] != 0;
-  }
+  for (int h = 0; h < 2; ++h) border[h] = row_valid[h] && correction[h] != 0;
   if (p.epilogue == Epilogue::kBits) {
     // One code path per problem where possible: the epilogue is fetch-bound (ncu: "no instruction" was
     // the first stall reason), and warps of one CTA in two variants fetch twice the code.
@@ -1112,7 +1117,7 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        StoreBitsBorderRow(p, acc, cols, v0[h], row[h], row_valid[h], border[h], tile_m, r[h], h, col0, t);
+        StoreBitsBorderRow(p, acc, cols, v0[h], row[h], row_valid[h], border[h], h, col0, t);
       }
     }
     return;
@@ -1121,7 +1126,7 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
   for (int h = 0; h < 2; ++h) {
     if (!row_valid[h]) continue;
     int excl[kAcc / 2];
-    if (border[h]) BorderCorrections(p, cols, RowOrigin(p, tile_m, kWgRows, r[h]), col0, 2 * t, excl);
+    if (border[h]) BorderCorrections(p, cols, PixelOrigin(p, row[h]), col0, 2 * t, excl);
 #pragma unroll
     for (int j = 0; j < kAcc / 4; ++j) {
       const int lc = 8 * j + 2 * t, col = col0 + lc;
@@ -1135,6 +1140,26 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
       StorePair(p, row[h], col, d0, d1, cols.scale[lc], cols.bias[lc], cols.scale[lc + 1], cols.bias[lc + 1]);
     }
   }
+}
+
+// StoreAccumulatorRows for consumer half `half` of a 128-row tile of consecutive output pixels: rows
+// 64 half + 16 w + g (+8). row_correction: RowCorrection of every tile row.
+template <int kAcc>
+__device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, const int (&acc)[kAcc],
+                                                  const int* popc_a, const int8_t* row_correction,
+                                                  const TileColumns<kWgCols>& cols, int tile_m, int col0, int half,
+                                                  int wtid, bool narrow) {
+  const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
+  AccumulatorRows rows;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = 64 * half + 16 * w + g + 8 * h;
+    rows.row[h] = static_cast<long long>(tile_m) * kWgRows + r;
+    rows.valid[h] = rows.row[h] < p.pooled_rows;
+    rows.v0[h] = p.k_real - 2 * popc_a[r];
+    rows.correction[h] = p.pad_one ? 0 : row_correction[r];  // filled for "zero" padding only
+  }
+  StoreAccumulatorRows(p, acc, rows, cols, col0, t, narrow);
 }
 #endif
 
@@ -1652,6 +1677,215 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 }
 
 // ---------------------------------------------------------------------------------------------------
+// Image-band wgmma kernel (sm_90a): stride-1 convolutions of at most 128 output channels whose taps are
+// whole 16-byte chunks of channels (C a multiple of 128, one chunk per tap or an even number of them),
+// unpooled.
+//
+// A CTA keeps its column tile's weights and a band of input rows of one image in shared memory. In the
+// band, the zero-padded frame (the TMA unit fills out-of-frame pixels with zeros) lies row after row,
+// Wp = out_w + kw - 1 positions per row, 16 bytes per position in each of the P = cw / 4 channel planes.
+// Output position q = oy Wp + ox takes tap (i, j) of chunk c from position q + i Wp + j of plane c: 64
+// consecutive positions are 64 rows of 16 contiguous bytes, a no-swizzle wgmma operand (8-row groups 128
+// bytes apart) whatever the tap. So each k256 step's A operand is the band itself at a shifted start, and
+// the implicit GEMM runs without a gather, a ring of stages or a producer: the resident kernel's k loop
+// (barriers, TMA boxes per K block, row-popcount loads) is gone, and C = 128 was bound by exactly that
+// (benchmarks/NOTES.md, session 12). A k256 step takes two consecutive chunks of K, as the FSB weights hold
+// them; their distance in the band (the descriptor's LBO) is positive where P = 1 (taps t and t + 1) or P
+// is even (planes 2c and 2c + 1 of one tap). Positions with ox >= out_w are computed and dropped: (kw - 1)
+// / Wp of the rows. popc(a) comes from per-position popcounts summed over the taps (out-of-frame positions
+// are zeros, as for the other kernels; "zero" padding takes its correction in the epilogue).
+//
+// m64n128 wgmmas over four consumer warpgroups of 64 accumulators (the register file holds no more): where
+// the tile's columns were 256 wide (two warpgroups of m64n256) or N > 128 (column tiles of 128), the band
+// lost to the resident kernel (session 13, jobs 1-2).
+//
+// A work item is a run of 64-position tiles of one image; its band is every input row those tiles read.
+// CTA b takes items b, b + ctas, ... into two band buffers (the next item's
+// band loads while the current one's tiles run); its warpgroups take the item's tiles in turn.
+inline constexpr int kBandCols = 128, kBandWarpgroups = 4, kBandThreads = 128 * kBandWarpgroups;
+
+struct BandLayout {
+  FastDivisor padded_w;  // Wp
+  int tiles_per_image;   // 64-position tiles: ceil(out_h Wp / 64)
+  int tiles_per_item, items, ctas;
+  int band_rows;         // input rows of a band (the TMA box's height)
+  int plane_bytes;       // one channel plane of a band buffer, 128-byte aligned
+  int steps;             // k256 steps: ceil(chunks / 2)
+  int k_tiles;           // K chunks of a weight row tile in shared memory: 2 steps (an odd last one's partner:
+                         // zeros)
+};
+
+// Shared memory of BandWgmmaKernel, from a 1024-aligned base: two band buffers of P planes, slack for the
+// reads of dropped rows past the band, the weights, the column table, the position popcounts of each
+// buffer, the steps' A descriptors, the taps' position offsets, three barriers.
+struct BandSmem {
+  int buffer_bytes, weights, cols, popc, steps, taps, barriers, total;
+};
+__host__ __device__ __forceinline__ BandSmem BandSmemOf(const BinaryGemmProblem& p, const BandLayout& b) {
+  BandSmem s;
+  const int positions = b.band_rows * b.padded_w.divisor;
+  s.buffer_bytes = p.cw / 4 * b.plane_bytes;
+  const int slack = (16 * (p.kw + 64) + 127) / 128 * 128;
+  s.weights = 2 * s.buffer_bytes + slack;
+  s.cols = s.weights + kBandCols / 8 * b.k_tiles * 128;
+  s.popc = s.cols + static_cast<int>(sizeof(TileColumns<kWgCols>));
+  s.steps = (s.popc + 2 * positions * 4 + 7) / 8 * 8;
+  s.taps = s.steps + 8 * b.steps;
+  s.barriers = (s.taps + 4 * p.kh * p.kw + 7) / 8 * 8;
+  s.total = 1024 + s.barriers + 3 * 8;
+  return s;
+}
+
+__global__ void __launch_bounds__(kBandThreads, 1)
+    BandWgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap band_map, const BandLayout band) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + (1024 - SmemAddress(smem_raw) % 1024) % 1024;
+  const BandSmem at = BandSmemOf(p, band);
+  auto& cols = *reinterpret_cast<TileColumns<kWgCols>*>(smem + at.cols);
+  int* position_popc = reinterpret_cast<int*>(smem + at.popc);  // [buffer][position]
+  uint64_t* step_desc = reinterpret_cast<uint64_t*>(smem + at.steps);
+  int* tap_offset = reinterpret_cast<int*>(smem + at.taps);
+  const uint32_t base = SmemAddress(smem), weights = base + at.weights;
+  const uint32_t band_full = base + at.barriers;  // [buffer]: the band landed
+  const uint32_t weights_full = band_full + 16;
+  const int tid = threadIdx.x, wp = band.padded_w.divisor, planes = p.cw / 4;
+  const int positions = band.band_rows * wp, taps = p.kh * p.kw;
+  JAXBNN_TRACE_START(0, tid == 0);
+  constexpr int col0 = 0;  // N <= 128: one column tile
+  const int items_per_image = (band.tiles_per_image + band.tiles_per_item - 1) / band.tiles_per_item;
+  // the first output row of an item's band
+  auto first_row = [&](int item) {
+    return Quotient(64 * (item % items_per_image) * band.tiles_per_item, band.padded_w);
+  };
+  auto load_band = [&](int item, int buffer) {  // one thread
+    const int image = item / items_per_image, y0 = first_row(item);
+    const uint32_t full = band_full + 8 * buffer, dst = base + buffer * at.buffer_bytes;
+    BarrierArriveExpectBytes(full, planes * positions * 16);
+    for (int c = 0; c < planes; ++c) {
+      TensorCopy4d(dst + c * band.plane_bytes, band_map, 16 * c, -p.pad_left, y0 - p.pad_top, image, full);
+    }
+  };
+  if (tid == 0) {
+    BarrierInit(band_full, 1);
+    BarrierInit(band_full + 8, 1);
+    BarrierInit(weights_full, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  // a programmatic dependent launch, as the other wgmma kernels: no global access before this
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  if (tid < 32) {
+    const int row_tiles = p.w_row_tiles;
+    const uint32_t row_bytes = p.w_k_tiles * 128;
+    if (tid == 0) {
+      load_band(blockIdx.x, 0);  // every CTA has an item
+      JAXBNN_TRACE_START(3, true);
+      BarrierArriveExpectBytes(weights_full, row_tiles * row_bytes);
+    }
+    __syncwarp();
+    for (int j = tid; j < row_tiles; j += 32) {
+      BulkCopy(weights + j * band.k_tiles * 128, p.w + static_cast<size_t>(j) * p.w_k_tiles * 32, row_bytes,
+               weights_full);
+    }
+  }
+  // The odd last chunk's partner (P = 1, an odd number of taps): zero weights, so its A bytes count nothing.
+  const int chunks = taps * planes;
+  if (band.k_tiles > chunks) {
+    for (int i = tid; i < kBandCols / 8 * 8; i += kBandThreads) {
+      *reinterpret_cast<uint4*>(smem + at.weights + (i / 8 * band.k_tiles + chunks) * 128 + i % 8 * 16) =
+          make_uint4(0, 0, 0, 0);
+    }
+  }
+  // Step s takes chunks 2s, 2s + 1 of K: chunk k is plane k % P of tap k / P, at plane_bytes (k % P) +
+  // 16 (i Wp + j) from the band's start for tile position 0 (the partner of an odd last chunk: 16 bytes on).
+  auto chunk_offset = [&](int k) {
+    const int tap = k / planes, c = k % planes;
+    return c * band.plane_bytes + 16 * ((tap / p.kw) * wp + tap % p.kw);
+  };
+  for (int s = tid; s < band.steps; s += kBandThreads) {
+    const int first = chunk_offset(2 * s);
+    const int along_k = 2 * s + 1 < chunks ? chunk_offset(2 * s + 1) - first : 16;
+    step_desc[s] = OperandDescriptor(base + first, along_k, 128);
+  }
+  if (tid < kBandCols) {  // the column table, a column per thread of warpgroup 0
+    if (HasCorrectionTable(p)) FillCorrectionTable<kWgCols>(p, cols, col0, tid);
+    FillTileColumn<kWgCols>(p, cols, col0, tid);
+    if (p.epilogue == Epilogue::kBits && HasCorrectionTable(p)) AddBoundsToClasses(p, cols, tid);
+  }
+  for (int tap = tid; tap < taps; tap += kBandThreads) tap_offset[tap] = (tap / p.kw) * wp + tap % p.kw;
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the zeroed chunks, for the wgmmas
+  __syncthreads();
+  BarrierWait(weights_full, 0);
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  JAXBNN_TRACE_START(1, tid == 0);
+
+  const int wg = tid / 128, wtid = tid % 128, w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
+  int round = 0, traced_tile = 0;
+  for (int item = blockIdx.x; item < band.items; item += band.ctas, ++round) {
+    const int buffer = round & 1, next = item + band.ctas;
+    // the other buffer's last reader finished before the previous round's closing barrier
+    if (tid == 0 && next < band.items) load_band(next, buffer ^ 1);
+    BarrierWait(band_full + 8 * buffer, (round >> 1) & 1);
+    int* counts = position_popc + buffer * positions;
+    for (int i = tid; i < positions; i += kBandThreads) {
+      int count = 0;
+      for (int c = 0; c < planes; ++c) {
+        const uint4 v = *reinterpret_cast<const uint4*>(smem + buffer * at.buffer_bytes + c * band.plane_bytes + 16 * i);
+        count += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
+      }
+      counts[i] = count;
+    }
+    __syncthreads();
+    if (round == 0) JAXBNN_TRACE_START(2, tid == 0);
+    const int image = item / items_per_image, y0 = first_row(item);
+    const int first_tile = item % items_per_image * band.tiles_per_item;
+    const int tiles = min(band.tiles_per_item, band.tiles_per_image - first_tile);
+    for (int i = wg; i < tiles; i += kBandWarpgroups, ++traced_tile) {
+      // traced: the first two warpgroups (the harness's trace has two)
+      if (wg < 2) JAXBNN_TRACE_TILE(wg, traced_tile, 0, wtid);
+      const int q0 = 64 * (first_tile + i), local0 = q0 - y0 * wp;  // the tile's first position
+      int acc[kBandCols / 2];
+      // step_desc is relative to buffer 0 at tile position 0: the start address field moves by 16 bytes per
+      // position
+      const uint32_t a_shift = (buffer * at.buffer_bytes >> 4) + local0;
+      if (wg < 2) JAXBNN_TRACE_TILE(wg, traced_tile, 1, wtid);
+      // a fence per step, as ptxas would inject one in a loop of runtime length (C7519); issuing the steps
+      // in pairs (padded with zero weights) did not shorten the k loop (session 13, job 3)
+#pragma unroll 1
+      for (int s = 0; s < band.steps; ++s) {
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        wgmma_m64n128k256_and_popc(acc, step_desc[s] + a_shift,
+                                   OperandDescriptor(weights + s * 256, 128, band.k_tiles * 128), s != 0);
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      AccumulatorRows rows;  // while the wgmmas run
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = 16 * w + g + 8 * h, q = q0 + r;
+        const int oy = Quotient(q, band.padded_w), ox = q - oy * wp;
+        rows.valid[h] = oy < p.out_h && ox < p.out_w;
+        rows.row[h] = (static_cast<long long>(image) * p.out_h + oy) * p.out_w + ox;
+        int count = 0;
+        if (rows.valid[h]) {
+          for (int tap = 0; tap < taps; ++tap) count += counts[local0 + r + tap_offset[tap]];
+        }
+        rows.v0[h] = p.k_real - 2 * count;
+        const FrameExcess e = ExcessOf(p, oy - p.pad_top, ox - p.pad_left);
+        const bool border = !p.pad_one && rows.valid[h] && e.top + e.bottom + e.left + e.right > 0;
+        rows.correction[h] = border ? (HasCorrectionTable(p) ? BorderClass(p, e) : 1) : 0;
+      }
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      if (wg < 2) JAXBNN_TRACE_TILE(wg, traced_tile, 2, wtid);
+      StoreAccumulatorRows(p, acc, rows, cols, col0, t, true);
+      if (wg < 2) JAXBNN_TRACE_TILE(wg, traced_tile, 3, wtid);
+    }
+    __syncthreads();  // this buffer and its popcounts are free for the item after next
+  }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------------
 // Host side.
 
 struct DeviceInfo {
@@ -1811,6 +2045,83 @@ bool LaunchResidentWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cu
   return true;
 }
 
+// BandWgmmaKernel where it can run `p`: an unpooled stride-1 convolution with taps (not a GEMM: the resident
+// kernel's rows need no band) of at most 128 output channels, 16-byte channel chunks in planes it can pair
+// (P = 1 or even), a padded row of at most 256 positions (a TMA box side), and a band of a tile per
+// warpgroup in the shared memory left by the weights. Returns false (nothing launched) otherwise; else the
+// launch's error in `err`.
+bool LaunchBandWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cudaStream_t stream, cudaError_t& err) {
+  const int planes = p.cw / 4, wp = p.out_w + p.kw - 1;
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr || p.n > kBandCols || p.pool_h * p.pool_w != 1 || p.stride_h != 1 || p.stride_w != 1 ||
+      p.kh * p.kw == 1 ||
+      p.cw % 4 != 0 || (planes != 1 && planes % 2 != 0) || wp > 256 || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(p.w) % 16 != 0) {
+    return false;
+  }
+  BandLayout band;
+  band.padded_w = FastDivisor(wp);
+  band.steps = (p.kh * p.kw * planes + 1) / 2;
+  band.k_tiles = 2 * band.steps;
+  band.tiles_per_image = (p.out_h * wp + 63) / 64;
+  // The most tiles an item may take: its band (two buffers) in what the rest leaves, at most 256 rows. T
+  // tiles span at most (64 T - 1) / Wp + 2 output rows, so kh - 1 more input rows.
+  band.band_rows = 1;
+  band.plane_bytes = 0;
+  const int fixed = BandSmemOf(p, band).total;
+  const int row_bytes = 2 * planes * wp * 16 + 2 * wp * 4;  // two buffers and their position popcounts
+  const int max_rows = std::min(256, (smem_optin - fixed - 2 * planes * 128) / row_bytes);
+  if (max_rows < p.kh + 1) return false;
+  // bands of fewer tiles than warpgroups would leave warpgroups idle
+  const int smem_tiles = ((max_rows - p.kh - 1) * wp + 1) / 64;
+  if (smem_tiles < kBandWarpgroups) return false;
+  // As many items as fill the SMs once (every CTA one item) where the images allow, else whole images.
+  const int wanted_per_image = std::max(1, sms / p.batch);
+  const int balanced_tiles = (band.tiles_per_image + wanted_per_image - 1) / wanted_per_image;
+  band.tiles_per_item = std::min(balanced_tiles, smem_tiles);
+  const int items_per_image = (band.tiles_per_image + band.tiles_per_item - 1) / band.tiles_per_item;
+  if (static_cast<long long>(items_per_image) * p.batch > INT_MAX / 2) return false;
+  band.items = items_per_image * p.batch;
+  band.ctas = std::min(band.items, sms);
+  band.band_rows = 0;
+  for (int item = 0; item < items_per_image; ++item) {
+    const int t0 = item * band.tiles_per_item, t1 = std::min(band.tiles_per_image, t0 + band.tiles_per_item);
+    band.band_rows = std::max(band.band_rows, (64 * t1 - 1) / wp - 64 * t0 / wp + p.kh);
+  }
+  band.plane_bytes = (band.band_rows * wp * 16 + 127) / 128 * 128;
+  const int smem = BandSmemOf(p, band).total;
+  if (smem > smem_optin || band.band_rows > 256) return false;
+
+  CUtensorMap map;
+  std::memset(&map, 0, sizeof(map));
+  const cuuint64_t pixel_bytes = static_cast<cuuint64_t>(p.cw) * 4;
+  const cuuint64_t dims[4] = {pixel_bytes, static_cast<cuuint64_t>(p.in_w), static_cast<cuuint64_t>(p.in_h),
+                              static_cast<cuuint64_t>(p.batch)};
+  const cuuint64_t strides[3] = {pixel_bytes, pixel_bytes * p.in_w, pixel_bytes * p.in_w * p.in_h};
+  const cuuint32_t box[4] = {16, static_cast<cuuint32_t>(wp), static_cast<cuuint32_t>(band.band_rows), 1};
+  const cuuint32_t unit_strides[4] = {1, 1, 1, 1};
+  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<uint32_t*>(p.x), dims, strides, box, unit_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+    return false;
+  }
+  err = cudaFuncSetAttribute(BandWgmmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return true;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(band.ctas));
+  config.blockDim = dim3(kBandThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attrs[1];
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attrs;
+  config.numAttrs = 1;
+  err = cudaLaunchKernelEx(&config, BandWgmmaKernel, p, map, band);
+  if (err == cudaSuccess) err = cudaGetLastError();
+  return true;
+}
+
 // Clusters of two CTAs over pairs of row tiles: persistent (one CTA per SM) unless the pooled epilogue
 // needs one tile per CTA.
 cudaError_t LaunchWgmma(const BinaryGemmProblem& p, int sms, cudaStream_t stream) {
@@ -1911,6 +2222,7 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
   if (chosen != nullptr) *chosen = run;
   switch (run) {
     case KernelPath::kWgmma:
+      if (cudaError_t band; LaunchBandWgmma(p, info.sms, info.smem_optin, stream, band)) return band;
       if (cudaError_t resident; LaunchResidentWgmma(p, info.sms, info.smem_optin, stream, resident)) return resident;
       return LaunchWgmma(p, info.sms, stream);
     case KernelPath::kMmaSync:

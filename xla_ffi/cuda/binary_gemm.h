@@ -57,7 +57,9 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
 // the kTraceStartWords start-up stamps (the CTA's first instruction, the cluster sync passed, the consumers'
 // registers reallocated, the producer's first copy issued), then per warpgroup (2) and tile slot
 // (kTraceTiles) kTraceEvents stamps: tile start, first "full" barrier passed, k loop done (all wgmmas
-// retired), epilogue done.
+// retired), epilogue done. The image-band kernel stamps the same slots: start-up words 0-3 = the CTA's
+// first instruction, weights landed (setup done), the first band's popcounts done, the first band's copy
+// issued; the tiles of its first two warpgroups (event 1: the first wgmma issued).
 inline constexpr int kTraceStartWords = 4, kTraceTiles = 64, kTraceEvents = 4;
 inline constexpr int kTraceWordsPerCta = kTraceStartWords + 2 * kTraceTiles * kTraceEvents;
 cudaError_t SetTileTrace(unsigned long long* buffer);

@@ -446,9 +446,24 @@ int main(int argc, char** argv) {
   // engine's 8-byte cp.async copies
   cases.push_back({2, 9, 11, 64, 72, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   cases.push_back({1, 7, 9, 192, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true});
+  // The image-band kernel (stride 1, N <= 128, C = 128 or a multiple of 256): rows that are not whole
+  // tiles, both paddings, one and two channel planes, filters with and without the border-class table,
+  // asymmetric padding, a 256-position padded row, more images than CTAs (items through both band
+  // buffers), bands cut by shared memory, and the TCBNN sweep's geometry; N > 128 (the resident kernel).
+  cases.push_back({3, 17, 23, 128, 100, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({3, 17, 23, 128, 100, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true});
+  cases.push_back({2, 30, 50, 256, 120, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({1, 9, 200, 128, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({2, 30, 50, 256, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({2, 12, 15, 128, 40, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, false});
+  cases.push_back({1, 7, 8, 512, 24, 3, 2, 1, 1, 1, 0, 0, 1, 1, 1, false});
+  cases.push_back({1, 5, 254, 128, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({200, 6, 6, 128, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({140, 40, 40, 512, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true});
+  cases.push_back({16, 64, 64, 128, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   if (small) {
     cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[17], cases[21], cases[23], cases[28],
-             cases[31], cases[32], cases[35]};
+             cases[31], cases[32], cases[35], cases[38], cases[42], cases[43], cases[46]};
   }
   long failures = 0;
   for (const ConvCase& cc : cases) {
