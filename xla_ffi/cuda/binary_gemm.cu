@@ -1697,7 +1697,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 //
 // m64n128 wgmmas over four consumer warpgroups of 64 accumulators (the register file holds no more): where
 // the tile's columns were 256 wide (two warpgroups of m64n256) or N > 128 (column tiles of 128), the band
-// lost to the resident kernel (session 13, jobs 1-2).
+// lost to the resident kernel (session 13, jobs DA-DB).
 //
 // A work item is a run of 64-position tiles of one image; its band is every input row those tiles read.
 // CTA b takes items b, b + ctas, ... into two band buffers (the next item's
@@ -1851,7 +1851,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       const uint32_t a_shift = (buffer * at.buffer_bytes >> 4) + local0;
       if (wg < 2) JAXBNN_TRACE_TILE(wg, traced_tile, 1, wtid);
       // a fence per step, as ptxas would inject one in a loop of runtime length (C7519); issuing the steps
-      // in pairs (padded with zero weights) did not shorten the k loop (session 13, job 3)
+      // in pairs (padded with zero weights) did not shorten the k loop (session 13, job DC)
 #pragma unroll 1
       for (int s = 0; s < band.steps; ++s) {
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
