@@ -167,10 +167,12 @@ struct TileColumns {
 // the frame. Every tap index is a compile-time one (kTableSide x kTableSide taps, masked by runtime
 // bounds), so the taps' terms stay in registers: a prefix-sum array indexed by runtime bounds lived in
 // local memory (ncu: its loads stalled the CTA at the start of every column tile). Depends on the column
-// tile only.
+// tile only. `parts` threads may share a column: part `part` fills every parts-th (left, right) excess pair's
+// classes (the per-class sums are a latency-bound chain: one warp per scheduler took ~1.8 us over the 16
+// classes of a 3x3 filter, session 14).
 template <int kCols>
 __device__ __forceinline__ void FillCorrectionTable(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
-                                                    int lc) {
+                                                    int lc, int part = 0, int parts = 1) {
   const int col = col0 + lc;
   int term[kTableSide][kTableSide];
   int whole = 0;
@@ -185,22 +187,21 @@ __device__ __forceinline__ void FillCorrectionTable(const BinaryGemmProblem& p, 
     }
   }
   const FrameExcess m = MaxExcess(p);
-  for (int left = 0; left <= m.left; ++left) {
-    for (int right = 0; right <= m.right; ++right) {
-      int row_inside[kTableSide];  // per filter row: the sum over its taps inside [left, kw - right)
+  for (int pair = part; pair < (m.left + 1) * (m.right + 1); pair += parts) {
+    const int left = pair / (m.right + 1), right = pair % (m.right + 1);
+    int row_inside[kTableSide];  // per filter row: the sum over its taps inside [left, kw - right)
 #pragma unroll
-      for (int i = 0; i < kTableSide; ++i) {
-        row_inside[i] = 0;
+    for (int i = 0; i < kTableSide; ++i) {
+      row_inside[i] = 0;
 #pragma unroll
-        for (int j = 0; j < kTableSide; ++j) row_inside[i] += j >= left && j < p.kw - right ? term[i][j] : 0;
-      }
-      for (int top = 0; top <= m.top; ++top) {
-        for (int bottom = 0; bottom <= m.bottom; ++bottom) {
-          int inside = 0;
+      for (int j = 0; j < kTableSide; ++j) row_inside[i] += j >= left && j < p.kw - right ? term[i][j] : 0;
+    }
+    for (int top = 0; top <= m.top; ++top) {
+      for (int bottom = 0; bottom <= m.bottom; ++bottom) {
+        int inside = 0;
 #pragma unroll
-          for (int i = 0; i < kTableSide; ++i) inside += i >= top && i < p.kh - bottom ? row_inside[i] : 0;
-          cols.correction[BorderClass(p, {top, bottom, left, right})][lc] = whole - inside;
-        }
+        for (int i = 0; i < kTableSide; ++i) inside += i >= top && i < p.kh - bottom ? row_inside[i] : 0;
+        cols.correction[BorderClass(p, {top, bottom, left, right})][lc] = whole - inside;
       }
     }
   }
@@ -212,6 +213,7 @@ template <int kCols>
 __device__ __forceinline__ void FillTileColumn(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0, int lc) {
   const int col = col0 + lc, taps = p.kh * p.kw;
   int total = 0;
+#pragma unroll 8
   for (int t = 0; t < taps; ++t) total += col < p.n ? p.tap_popc[t * p.n + col] : 0;
   cols.popc_b[lc] = total;
   if (p.epilogue == Epilogue::kBits) {
@@ -832,9 +834,11 @@ __device__ __forceinline__ int8_t RowCorrection(const BinaryGemmProblem& p, cons
 // so that the threshold epilogue compares every row with one table row (StoreBitsRows<true, ...>). For the
 // unpooled threshold epilogue only: every other reader of the table wants corrections (ExcludedTaps).
 // Called by the thread that filled column `lc` of both the table and cols.bound.
-__device__ __forceinline__ void AddBoundsToClasses(const BinaryGemmProblem& p, TileColumns<kWgCols>& cols, int lc) {
+// `parts` threads may share a column, as in FillCorrectionTable.
+__device__ __forceinline__ void AddBoundsToClasses(const BinaryGemmProblem& p, TileColumns<kWgCols>& cols, int lc,
+                                                   int part = 0, int parts = 1) {
   const int bound = cols.bound[lc], classes = BorderClasses(p);
-  for (int c = 0; c < classes; ++c) {
+  for (int c = part; c < classes; c += parts) {
     // columns past N keep their unreachable bound
     cols.correction[c][lc] = bound == INT_MAX ? INT_MAX : cols.correction[c][lc] + bound;
   }
@@ -1736,6 +1740,12 @@ __host__ __device__ __forceinline__ BandSmem BandSmemOf(const BinaryGemmProblem&
   return s;
 }
 
+// kUnrolledSteps > 0: at most that many k256 steps, issued by a fully unrolled loop; 0: any number, by a loop
+// of runtime length. ptxas serializes the wgmmas of every runtime-length form it was given (remark C7520,
+// "compiler-inserted WG.AR in divergent path": a fence per step, per pair, per block of 8 with or without a
+// commit in the loop, session 14), and of no fully unrolled one.
+inline constexpr int kBandUnrolledSteps = 16;
+template <int kUnrolledSteps>
 __global__ void __launch_bounds__(kBandThreads, 1)
     BandWgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap band_map, const BandLayout band) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1808,14 +1818,21 @@ __global__ void __launch_bounds__(kBandThreads, 1)
     const int along_k = 2 * s + 1 < chunks ? chunk_offset(2 * s + 1) - first : 16;
     step_desc[s] = OperandDescriptor(base + first, along_k, 128);
   }
-  if (tid < kBandCols) {  // the column table, a column per thread of warpgroup 0
-    if (HasCorrectionTable(p)) FillCorrectionTable<kWgCols>(p, cols, col0, tid);
-    FillTileColumn<kWgCols>(p, cols, col0, tid);
-    if (p.epilogue == Epilogue::kBits && HasCorrectionTable(p)) AddBoundsToClasses(p, cols, tid);
-  }
+  // The column table, a column per thread of each warpgroup: the last one also fills the other parameters,
+  // and every one a quarter of the border classes, so that their global loads overlap and the classes'
+  // sums run 4 chains a column (one warpgroup filling all took 4.6 us from the CTA's start, session 13;
+  // the parameters by another warpgroup, 4.0 us, session 14 job EA).
+  const bool class_bounds = p.epilogue == Epilogue::kBits && HasCorrectionTable(p);
+  const int part = tid / kBandCols, lc = tid % kBandCols;
+  if (part == kBandWarpgroups - 1) FillTileColumn<kWgCols>(p, cols, col0, lc);
+  if (HasCorrectionTable(p)) FillCorrectionTable<kWgCols>(p, cols, col0, lc, part, kBandWarpgroups);
   for (int tap = tid; tap < taps; tap += kBandThreads) tap_offset[tap] = (tap / p.kw) * wp + tap % p.kw;
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the zeroed chunks, for the wgmmas
   __syncthreads();
+  if (class_bounds) {
+    AddBoundsToClasses(p, cols, lc, part, kBandWarpgroups);
+    __syncthreads();
+  }
   BarrierWait(weights_full, 0);
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   JAXBNN_TRACE_START(1, tid == 0);
@@ -1850,13 +1867,24 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       // position
       const uint32_t a_shift = (buffer * at.buffer_bytes >> 4) + local0;
       if (wg < 2) JAXBNN_TRACE_TILE(wg, traced_tile, 1, wtid);
-      // a fence per step, as ptxas would inject one in a loop of runtime length (C7519); issuing the steps
-      // in pairs (padded with zero weights) did not shorten the k loop (session 13, job DC)
-#pragma unroll 1
-      for (int s = 0; s < band.steps; ++s) {
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+      auto step = [&](int s) {
         wgmma_m64n128k256_and_popc(acc, step_desc[s] + a_shift,
                                    OperandDescriptor(weights + s * 256, 128, band.k_tiles * 128), s != 0);
+      };
+      if constexpr (kUnrolledSteps > 0) {
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int s = 0; s < kUnrolledSteps; ++s) {
+          if (s == band.steps) break;
+          step(s);
+        }
+      } else {
+        // a fence per step, as ptxas would inject one in a loop of runtime length (C7519)
+#pragma unroll 1
+        for (int s = 0; s < band.steps; ++s) {
+          asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+          step(s);
+        }
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       AccumulatorRows rows;  // while the wgmmas run
@@ -2105,7 +2133,8 @@ bool LaunchBandWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cudaSt
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
     return false;
   }
-  err = cudaFuncSetAttribute(BandWgmmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  auto* kernel = band.steps <= kBandUnrolledSteps ? BandWgmmaKernel<kBandUnrolledSteps> : BandWgmmaKernel<0>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return true;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(band.ctas));
@@ -2117,7 +2146,7 @@ bool LaunchBandWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cudaSt
   attrs[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attrs;
   config.numAttrs = 1;
-  err = cudaLaunchKernelEx(&config, BandWgmmaKernel, p, map, band);
+  err = cudaLaunchKernelEx(&config, kernel, p, map, band);
   if (err == cudaSuccess) err = cudaGetLastError();
   return true;
 }
