@@ -168,8 +168,7 @@ struct TileColumns {
 // bounds), so the taps' terms stay in registers: a prefix-sum array indexed by runtime bounds lived in
 // local memory (ncu: its loads stalled the CTA at the start of every column tile). Depends on the column
 // tile only. `parts` threads may share a column: part `part` fills every parts-th (left, right) excess pair's
-// classes (the per-class sums are a latency-bound chain: one warp per scheduler took ~1.8 us over the 16
-// classes of a 3x3 filter, session 14).
+// classes (the band kernel's four warpgroups: its "zero"-padding set-up 4.0 -> 3.5 us, session 14).
 template <int kCols>
 __device__ __forceinline__ void FillCorrectionTable(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
                                                     int lc, int part = 0, int parts = 1) {
@@ -1820,8 +1819,9 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   }
   // The column table, a column per thread of each warpgroup: the last one also fills the other parameters,
   // and every one a quarter of the border classes, so that their global loads overlap and the classes'
-  // sums run 4 chains a column (one warpgroup filling all took 4.6 us from the CTA's start, session 13;
-  // the parameters by another warpgroup, 4.0 us, session 14 job EA).
+  // sums run 4 chains a column. "Zero" padding's set-up, from the CTA's start: one warpgroup filling all,
+  // 4.2 us; the parameters by another warpgroup, 4.0; this form, 3.5. "One" padding's: 2.1; what the 1.4
+  // us between them are is not yet known (session 14, jobs EA-EB).
   const bool class_bounds = p.epilogue == Epilogue::kBits && HasCorrectionTable(p);
   const int part = tid / kBandCols, lc = tid % kBandCols;
   if (part == kBandWarpgroups - 1) FillTileColumn<kWgCols>(p, cols, col0, lc);
