@@ -118,6 +118,11 @@ CONV_CASES = [
     (2, 8, 16, 128, 40, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", None),
     (2, 8, 16, 512, 40, (3, 3), (1, 1), ((1, 1), (1, 1)), "one", None),
     (1, 4, 32, 1024, 24, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", None),
+    # more 64-position tiles than SMs, not a multiple of them per image: the band kernel's items run from one
+    # image into the next
+    (40, 20, 20, 128, 72, (5, 5), (1, 1), ((2, 2), (2, 2)), "zero", None),
+    (30, 17, 23, 256, 100, (3, 3), (1, 1), ((1, 1), (1, 1)), "one", None),
+    (60, 15, 21, 128, 128, (3, 3), (1, 1), ((1, 0), (0, 1)), "zero", None),
 ]
 
 

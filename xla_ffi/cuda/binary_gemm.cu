@@ -23,6 +23,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -1702,21 +1703,48 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 // the tile's columns were 256 wide (two warpgroups of m64n256) or N > 128 (column tiles of 128), the band
 // lost to the resident kernel (session 13, jobs DA-DB).
 //
-// A work item is a run of 64-position tiles of one image; its band is every input row those tiles read.
-// CTA b takes items b, b + ctas, ... into two band buffers (the next item's
-// band loads while the current one's tiles run); its warpgroups take the item's tiles in turn.
+// A work item is a run of consecutive 64-position tiles; its band is every input row those tiles read. The
+// tiles of image b are b * image_tiles .. + tiles_per_image - 1 (image_tiles >= tiles_per_image: the slots
+// past an image's tiles are empty). Where image_tiles is a multiple of tiles_per_item, items stay within
+// an image; else an item may run from the end of one image into the start of the next, and its band is
+// two segments, one per image, each in its own slot of the band buffer: so that every SM takes an equal
+// share where images do not divide evenly (16 images of 66 tiles: 8 tiles on each of 132 SMs, not 9 on
+// 128: two rounds of tiles over the four warpgroups instead of three).
+// CTA b takes items b, b + ctas, ... into two band buffers (the next item's band loads while the current
+// one's tiles run); its warpgroups take the item's tiles in turn.
 inline constexpr int kBandCols = 128, kBandWarpgroups = 4, kBandThreads = 128 * kBandWarpgroups;
 
 struct BandLayout {
   FastDivisor padded_w;  // Wp
   int tiles_per_image;   // 64-position tiles: ceil(out_h Wp / 64)
+  int image_tiles;       // tile slots per image: tiles_per_image, or a multiple of tiles_per_item
   int tiles_per_item, items, ctas;
-  int band_rows;         // input rows of a band (the TMA box's height)
-  int plane_bytes;       // one channel plane of a band buffer, 128-byte aligned
+  int band_rows;         // input rows of a band segment (the TMA box's height)
+  int slot_positions;    // positions of a segment's slot: band_rows Wp, rounded up to 8 (128 bytes)
+  int slots;             // segments a band buffer holds: 2 where items cross images, else 1
+  int plane_bytes;       // one channel plane of a band buffer: slots * slot_positions * 16
   int steps;             // k256 steps: ceil(chunks / 2)
   int k_tiles;           // K chunks of a weight row tile in shared memory: 2 steps (an odd last one's partner:
                          // zeros)
 };
+
+// The segments of an item: tiles [first_tile, first_tile + tiles[0]) of `image`, then (where it runs past
+// its image) tiles [0, tiles[1]) of image + 1.
+struct BandItem {
+  int image, first_tile, tiles[2];
+};
+__host__ __device__ __forceinline__ BandItem BandItemOf(const BinaryGemmProblem& p, const BandLayout& b, int item) {
+  const int g0 = item * b.tiles_per_item;
+  BandItem it;
+  it.image = g0 / b.image_tiles;
+  it.first_tile = g0 - it.image * b.image_tiles;
+  const int left_in_image = b.tiles_per_image - it.first_tile;
+  it.tiles[0] = b.tiles_per_item < left_in_image ? b.tiles_per_item : left_in_image;
+  // tiles_per_item <= tiles_per_image where items cross images
+  const int into_next = b.tiles_per_item - (b.image_tiles - it.first_tile);
+  it.tiles[1] = it.image + 1 < p.batch && into_next > 0 ? into_next : 0;
+  return it;
+}
 
 // Shared memory of BandWgmmaKernel, from a 1024-aligned base: two band buffers of P planes, slack for the
 // reads of dropped rows past the band, the weights, the column table, the position popcounts of each
@@ -1726,7 +1754,7 @@ struct BandSmem {
 };
 __host__ __device__ __forceinline__ BandSmem BandSmemOf(const BinaryGemmProblem& p, const BandLayout& b) {
   BandSmem s;
-  const int positions = b.band_rows * b.padded_w.divisor;
+  const int positions = b.slots * b.slot_positions;
   s.buffer_bytes = p.cw / 4 * b.plane_bytes;
   const int slack = (16 * (p.kw + 64) + 127) / 128 * 128;
   s.weights = 2 * s.buffer_bytes + slack;
@@ -1758,21 +1786,22 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   const uint32_t base = SmemAddress(smem), weights = base + at.weights;
   const uint32_t band_full = base + at.barriers;  // [buffer]: the band landed
   const uint32_t weights_full = band_full + 16;
-  const int tid = threadIdx.x, wp = band.padded_w.divisor, planes = p.cw / 4;
-  const int positions = band.band_rows * wp, taps = p.kh * p.kw;
+  const int tid = threadIdx.x, wp = band.padded_w.divisor, planes = p.cw / 4, taps = p.kh * p.kw;
+  const int wg = tid / 128, wtid = tid % 128, w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
   JAXBNN_TRACE_START(0, tid == 0);
   constexpr int col0 = 0;  // N <= 128: one column tile
-  const int items_per_image = (band.tiles_per_image + band.tiles_per_item - 1) / band.tiles_per_item;
-  // the first output row of an item's band
-  auto first_row = [&](int item) {
-    return Quotient(64 * (item % items_per_image) * band.tiles_per_item, band.padded_w);
-  };
+  // the first output row of segment s's band (the second segment starts its image)
+  auto first_row = [&](const BandItem& it, int s) { return s == 0 ? Quotient(64 * it.first_tile, band.padded_w) : 0; };
   auto load_band = [&](int item, int buffer) {  // one thread
-    const int image = item / items_per_image, y0 = first_row(item);
+    const BandItem it = BandItemOf(p, band, item);
+    const int segments = it.tiles[1] > 0 ? 2 : 1;
     const uint32_t full = band_full + 8 * buffer, dst = base + buffer * at.buffer_bytes;
-    BarrierArriveExpectBytes(full, planes * positions * 16);
-    for (int c = 0; c < planes; ++c) {
-      TensorCopy4d(dst + c * band.plane_bytes, band_map, 16 * c, -p.pad_left, y0 - p.pad_top, image, full);
+    BarrierArriveExpectBytes(full, segments * planes * band.band_rows * wp * 16);
+    for (int s = 0; s < segments; ++s) {
+      for (int c = 0; c < planes; ++c) {
+        TensorCopy4d(dst + c * band.plane_bytes + s * band.slot_positions * 16, band_map, 16 * c, -p.pad_left,
+                     first_row(it, s) - p.pad_top, it.image + s, full);
+      }
     }
   };
   if (tid == 0) {
@@ -1823,45 +1852,49 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   // 4.2 us; the parameters by another warpgroup, 4.0; this form, 3.5. "One" padding's: 2.1; what the 1.4
   // us between them are is not yet known (session 14, jobs EA-EB).
   const bool class_bounds = p.epilogue == Epilogue::kBits && HasCorrectionTable(p);
-  const int part = tid / kBandCols, lc = tid % kBandCols;
-  if (part == kBandWarpgroups - 1) FillTileColumn<kWgCols>(p, cols, col0, lc);
-  if (HasCorrectionTable(p)) FillCorrectionTable<kWgCols>(p, cols, col0, lc, part, kBandWarpgroups);
+  static_assert(kBandCols == 128, "a column per thread of each warpgroup");
+  if (wg == kBandWarpgroups - 1) FillTileColumn<kWgCols>(p, cols, col0, wtid);
+  if (HasCorrectionTable(p)) FillCorrectionTable<kWgCols>(p, cols, col0, wtid, wg, kBandWarpgroups);
   for (int tap = tid; tap < taps; tap += kBandThreads) tap_offset[tap] = (tap / p.kw) * wp + tap % p.kw;
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the zeroed chunks, for the wgmmas
   __syncthreads();
   if (class_bounds) {
-    AddBoundsToClasses(p, cols, lc, part, kBandWarpgroups);
+    AddBoundsToClasses(p, cols, wtid, wg, kBandWarpgroups);
     __syncthreads();
   }
   BarrierWait(weights_full, 0);
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   JAXBNN_TRACE_START(1, tid == 0);
 
-  const int wg = tid / 128, wtid = tid % 128, w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
   int round = 0, traced_tile = 0;
   for (int item = blockIdx.x; item < band.items; item += band.ctas, ++round) {
     const int buffer = round & 1, next = item + band.ctas;
     // the other buffer's last reader finished before the previous round's closing barrier
     if (tid == 0 && next < band.items) load_band(next, buffer ^ 1);
+    const BandItem item_tiles = BandItemOf(p, band, item);
+    const int tiles = item_tiles.tiles[0] + item_tiles.tiles[1];
     BarrierWait(band_full + 8 * buffer, (round >> 1) & 1);
-    int* counts = position_popc + buffer * positions;
-    for (int i = tid; i < positions; i += kBandThreads) {
-      int count = 0;
-      for (int c = 0; c < planes; ++c) {
-        const uint4 v = *reinterpret_cast<const uint4*>(smem + buffer * at.buffer_bytes + c * band.plane_bytes + 16 * i);
-        count += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
+    int* counts = position_popc + buffer * band.slots * band.slot_positions;
+    for (int s = 0; s < (item_tiles.tiles[1] > 0 ? 2 : 1); ++s) {
+      for (int i = s * band.slot_positions + tid; i < s * band.slot_positions + band.band_rows * wp; i += kBandThreads) {
+        int count = 0;
+        for (int c = 0; c < planes; ++c) {
+          const uint4 v = *reinterpret_cast<const uint4*>(smem + buffer * at.buffer_bytes + c * band.plane_bytes + 16 * i);
+          count += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
+        }
+        counts[i] = count;
       }
-      counts[i] = count;
     }
     __syncthreads();
     if (round == 0) JAXBNN_TRACE_START(2, tid == 0);
-    const int image = item / items_per_image, y0 = first_row(item);
-    const int first_tile = item % items_per_image * band.tiles_per_item;
-    const int tiles = min(band.tiles_per_item, band.tiles_per_image - first_tile);
     for (int i = wg; i < tiles; i += kBandWarpgroups, ++traced_tile) {
       // traced: the first two warpgroups (the harness's trace has two)
       if (wg < 2) JAXBNN_TRACE_TILE(wg, traced_tile, 0, wtid);
-      const int q0 = 64 * (first_tile + i), local0 = q0 - y0 * wp;  // the tile's first position
+      const BandItem it = BandItemOf(p, band, item);  // again: fewer registers live through the tile loop
+      const int seg = i >= it.tiles[0] ? 1 : 0, image = it.image + seg;
+      // the tile's first position in its image, and in the band buffer
+      const int q0 = 64 * (seg == 0 ? it.first_tile + i : i - it.tiles[0]);
+      const int local0 = q0 - first_row(it, seg) * wp + seg * band.slot_positions;
       int acc[kBandCols / 2];
       // step_desc is relative to buffer 0 at tile position 0: the start address field moves by 16 bytes per
       // position
@@ -2034,6 +2067,28 @@ bool WeightTensorMap(const BinaryGemmProblem& p, CUtensorMap& map) {
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// Launches `kernel` with `smem` bytes of dynamic shared memory as a programmatic dependent launch: it may
+// start while the stream's previous kernel finishes (its `griddepcontrol.wait` keeps its global accesses
+// after that kernel's), and the next kernel may start at its `griddepcontrol.launch_dependents`.
+template <class... Params, class... Args>
+cudaError_t LaunchProgrammatic(void (*kernel)(Params...), int ctas, int threads, int smem, cudaStream_t stream,
+                               Args&&... args) {
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(ctas));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attrs[1];
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attrs;
+  config.numAttrs = 1;
+  err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  return err == cudaSuccess ? cudaGetLastError() : err;
+}
+
 // ResidentWgmmaKernel where it can run `p`: unpooled, activations by TMA in 64-row boxes, the column tile's
 // weights within the shared memory left by the rest, at least one CTA per column tile. Returns false
 // (nothing launched) otherwise; else the launch's error in `err`.
@@ -2054,22 +2109,10 @@ bool LaunchResidentWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cu
       : layout == ALayout::kChunkSlabs
           ? (narrow ? ResidentWgmmaKernel<ALayout::kChunkSlabs, kWgCols / 2> : ResidentWgmmaKernel<ALayout::kChunkSlabs, kWgCols>)
           : (narrow ? ResidentWgmmaKernel<ALayout::kTapRows, kWgCols / 2> : ResidentWgmmaKernel<ALayout::kTapRows, kWgCols>);
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return true;
   // every SM a CTA, the column tiles shared out evenly; each CTA at least one row tile
   const int ctas_per_column = std::max(1, std::min(m_tiles, sms / n_tiles));
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(n_tiles * ctas_per_column));
-  config.blockDim = dim3(kWgThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attrs[1];
-  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attrs;
-  config.numAttrs = 1;
-  err = cudaLaunchKernelEx(&config, kernel, p, a_map, DivisorsOf(p), m_tiles, ctas_per_column);
-  if (err == cudaSuccess) err = cudaGetLastError();
+  err = LaunchProgrammatic(kernel, n_tiles * ctas_per_column, kWgThreads, smem, stream, p, a_map, DivisorsOf(p),
+                           m_tiles, ctas_per_column);
   return true;
 }
 
@@ -2092,33 +2135,58 @@ bool LaunchBandWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cudaSt
   band.steps = (p.kh * p.kw * planes + 1) / 2;
   band.k_tiles = 2 * band.steps;
   band.tiles_per_image = (p.out_h * wp + 63) / 64;
-  // The most tiles an item may take: its band (two buffers) in what the rest leaves, at most 256 rows. T
-  // tiles span at most (64 T - 1) / Wp + 2 output rows, so kh - 1 more input rows.
-  band.band_rows = 1;
-  band.plane_bytes = 0;
-  const int fixed = BandSmemOf(p, band).total;
-  const int row_bytes = 2 * planes * wp * 16 + 2 * wp * 4;  // two buffers and their position popcounts
-  const int max_rows = std::min(256, (smem_optin - fixed - 2 * planes * 128) / row_bytes);
-  if (max_rows < p.kh + 1) return false;
-  // bands of fewer tiles than warpgroups would leave warpgroups idle
-  const int smem_tiles = ((max_rows - p.kh - 1) * wp + 1) / 64;
-  if (smem_tiles < kBandWarpgroups) return false;
-  // As many items as fill the SMs once (every CTA one item) where the images allow, else whole images.
-  const int wanted_per_image = std::max(1, sms / p.batch);
-  const int balanced_tiles = (band.tiles_per_image + wanted_per_image - 1) / wanted_per_image;
-  band.tiles_per_item = std::min(balanced_tiles, smem_tiles);
-  const int items_per_image = (band.tiles_per_image + band.tiles_per_item - 1) / band.tiles_per_item;
-  if (static_cast<long long>(items_per_image) * p.batch > INT_MAX / 2) return false;
-  band.items = items_per_image * p.batch;
-  band.ctas = std::min(band.items, sms);
-  band.band_rows = 0;
-  for (int item = 0; item < items_per_image; ++item) {
-    const int t0 = item * band.tiles_per_item, t1 = std::min(band.tiles_per_image, t0 + band.tiles_per_item);
-    band.band_rows = std::max(band.band_rows, (64 * t1 - 1) / wp - 64 * t0 / wp + p.kh);
+  // Input rows of a band segment of tiles [t0, t0 + tiles) of an image: T tiles span at most (64 T - 1) / Wp + 2
+  // output rows, so kh - 1 more input rows.
+  auto segment_rows = [&](int t0, int tiles) { return (64 * (t0 + tiles) - 1) / wp - 64 * t0 / wp + p.kh; };
+  // Sets the band's rows (the most any segment of an item needs) and slots; false where the band does not fit.
+  auto fit_band = [&](int slots) {
+    band.slots = slots;
+    band.items = static_cast<int>((static_cast<long long>(p.batch) * band.image_tiles + band.tiles_per_item - 1) /
+                                  band.tiles_per_item);
+    band.ctas = std::min(band.items, sms);
+    band.band_rows = 0;
+    // items crossing images: one item per CTA, each looked at; else the items of one image (all images alike)
+    const int looked_at = slots == 2 ? band.items : band.image_tiles / band.tiles_per_item;
+    for (int item = 0; item < looked_at; ++item) {
+      const BandItem it = BandItemOf(p, band, item);
+      band.band_rows = std::max(band.band_rows, segment_rows(it.first_tile, it.tiles[0]));
+      if (it.tiles[1] > 0) band.band_rows = std::max(band.band_rows, segment_rows(0, it.tiles[1]));
+    }
+    band.slot_positions = (band.band_rows * wp + 7) / 8 * 8;
+    band.plane_bytes = band.slots * band.slot_positions * 16;
+    return band.band_rows <= 256 && BandSmemOf(p, band).total <= smem_optin;
+  };
+  // Every CTA one item of an equal share of all tiles, crossing images where they do not divide evenly;
+  // where that band does not fit (or a share is more than an image), items within images, as many as fill
+  // the SMs once where the images allow, else bands as large as fit.
+  const long long total_tiles = static_cast<long long>(p.batch) * band.tiles_per_image;
+  const long long share = (total_tiles + sms - 1) / sms;
+  bool fits = false;
+  if (share <= band.tiles_per_image) {
+    band.tiles_per_item = static_cast<int>(share);
+    band.image_tiles = band.tiles_per_image;
+    fits = fit_band(band.tiles_per_image % band.tiles_per_item != 0 ? 2 : 1);
   }
-  band.plane_bytes = (band.band_rows * wp * 16 + 127) / 128 * 128;
-  const int smem = BandSmemOf(p, band).total;
-  if (smem > smem_optin || band.band_rows > 256) return false;
+  if (!fits) {
+    band.slots = 1;
+    band.band_rows = 1;
+    band.slot_positions = 0;
+    band.plane_bytes = 0;
+    const int fixed = BandSmemOf(p, band).total;
+    const int row_bytes = 2 * planes * wp * 16 + 2 * wp * 4;  // two buffers and their position popcounts
+    const int max_rows = std::min(256, (smem_optin - fixed - 2 * planes * 128) / row_bytes);
+    if (max_rows < p.kh + 1) return false;
+    // bands of fewer tiles than warpgroups would leave warpgroups idle
+    const int smem_tiles = ((max_rows - p.kh - 1) * wp + 1) / 64;
+    if (smem_tiles < kBandWarpgroups) return false;
+    const int wanted_per_image = std::max(1, sms / p.batch);
+    const int balanced_tiles = (band.tiles_per_image + wanted_per_image - 1) / wanted_per_image;
+    band.tiles_per_item = std::min(balanced_tiles, smem_tiles);
+    const long long items_per_image = (band.tiles_per_image + band.tiles_per_item - 1) / band.tiles_per_item;
+    if (items_per_image * band.tiles_per_item * p.batch > INT_MAX / 2) return false;
+    band.image_tiles = static_cast<int>(items_per_image) * band.tiles_per_item;
+    if (!fit_band(1)) return false;
+  }
 
   CUtensorMap map;
   std::memset(&map, 0, sizeof(map));
@@ -2134,20 +2202,7 @@ bool LaunchBandWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cudaSt
     return false;
   }
   auto* kernel = band.steps <= kBandUnrolledSteps ? BandWgmmaKernel<kBandUnrolledSteps> : BandWgmmaKernel<0>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return true;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(band.ctas));
-  config.blockDim = dim3(kBandThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attrs[1];
-  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attrs;
-  config.numAttrs = 1;
-  err = cudaLaunchKernelEx(&config, kernel, p, map, band);
-  if (err == cudaSuccess) err = cudaGetLastError();
+  err = LaunchProgrammatic(kernel, band.ctas, kBandThreads, BandSmemOf(p, band).total, stream, p, map, band);
   return true;
 }
 

@@ -464,9 +464,14 @@ int main(int argc, char** argv) {
   // 16 k256 steps (C = 256, 4x4 taps): the most the band kernel's unrolled k loop takes; C = 512 3x3
   // above (18 steps) takes the loop of runtime length
   cases.push_back({2, 9, 13, 256, 72, 4, 4, 1, 1, 2, 1, 2, 1, 1, 1, false});
+  // band items that run from one image into the next (tiles per image not a multiple of the per-CTA share):
+  // no border-class table (5x5), two channel planes with "one" padding, asymmetric padding with the table
+  cases.push_back({40, 20, 20, 128, 72, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, false});
+  cases.push_back({30, 17, 23, 256, 100, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true});
+  cases.push_back({60, 15, 21, 128, 128, 3, 3, 1, 1, 1, 0, 0, 1, 1, 1, false});
   if (small) {
     cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[17], cases[21], cases[23], cases[28],
-             cases[31], cases[32], cases[35], cases[38], cases[42], cases[43], cases[46]};
+             cases[31], cases[32], cases[35], cases[38], cases[42], cases[43], cases[46], cases[49]};
   }
   long failures = 0;
   for (const ConvCase& cc : cases) {
