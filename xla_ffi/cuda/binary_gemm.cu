@@ -163,6 +163,21 @@ struct TileColumns {
   float bias[kCols];
 };
 
+// The threshold epilogue's bound of column `col` (TileColumns::bound) from its threshold, flip and popc(b).
+// Columns past N get an unreachable bound: their bits stay 0 (the padding bits of the last word).
+__device__ __forceinline__ int ColumnBound(const BinaryGemmProblem& p, int col, int threshold, int flip, int popc_b) {
+  return col < p.n ? threshold + 2 * popc_b + (flip ? 1 : 0) : INT_MAX;
+}
+
+// A column's threshold and flip (0 past N or for other epilogues).
+struct ColumnThreshold {
+  int threshold, flip;
+};
+__device__ __forceinline__ ColumnThreshold LoadColumnThreshold(const BinaryGemmProblem& p, int col) {
+  const bool real = p.epilogue == Epilogue::kBits && col < p.n;
+  return {real ? p.threshold[col] : 0, real ? p.flip[col] : 0};
+}
+
 // Fills the border-class corrections of local column `lc` (HasCorrectionTable problems): a class's
 // correction is the sum of C - 2 popc over the filter's taps minus that over the rectangle of taps inside
 // the frame. Every tap index is a compile-time one (kTableSide x kTableSide taps, masked by runtime
@@ -170,12 +185,16 @@ struct TileColumns {
 // local memory (ncu: its loads stalled the CTA at the start of every column tile). Depends on the column
 // tile only. `parts` threads may share a column: part `part` fills every parts-th (left, right) excess pair's
 // classes (the band kernel's four warpgroups: its "zero"-padding set-up 4.0 -> 3.5 us, session 14).
+// add_bounds: the column's ColumnBound (from `th`) is added to every class (AddBoundsToClasses' work, done
+// by a thread that knows the bound without waiting for another's). Returns the column's popc(b), summed
+// over taps.
 template <int kCols>
-__device__ __forceinline__ void FillCorrectionTable(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
-                                                    int lc, int part = 0, int parts = 1) {
+__device__ __forceinline__ int FillCorrectionTable(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
+                                                   int lc, int part = 0, int parts = 1, bool add_bounds = false,
+                                                   ColumnThreshold th = {}) {
   const int col = col0 + lc;
   int term[kTableSide][kTableSide];
-  int whole = 0;
+  int whole = 0, total = 0;
 #pragma unroll
   for (int i = 0; i < kTableSide; ++i) {
 #pragma unroll
@@ -184,8 +203,10 @@ __device__ __forceinline__ void FillCorrectionTable(const BinaryGemmProblem& p, 
       const int popc = real && col < p.n ? p.tap_popc[(i * p.kw + j) * p.n + col] : 0;
       term[i][j] = real ? p.c - 2 * popc : 0;
       whole += term[i][j];
+      total += popc;
     }
   }
+  const int bound = add_bounds ? ColumnBound(p, col, th.threshold, th.flip, total) : 0;
   const FrameExcess m = MaxExcess(p);
   for (int pair = part; pair < (m.left + 1) * (m.right + 1); pair += parts) {
     const int left = pair / (m.right + 1), right = pair % (m.right + 1);
@@ -201,34 +222,40 @@ __device__ __forceinline__ void FillCorrectionTable(const BinaryGemmProblem& p, 
         int inside = 0;
 #pragma unroll
         for (int i = 0; i < kTableSide; ++i) inside += i >= top && i < p.kh - bottom ? row_inside[i] : 0;
-        cols.correction[BorderClass(p, {top, bottom, left, right})][lc] = whole - inside;
+        // columns past N keep their unreachable bound
+        const int value = bound == INT_MAX ? INT_MAX : whole - inside + bound;
+        cols.correction[BorderClass(p, {top, bottom, left, right})][lc] = value;
       }
     }
   }
+  return total;
 }
 
-// Fills the epilogue parameters of local column `lc` (all but the correction table). Called by whole warps
-// for 32 consecutive columns (the flip words are ballots).
+// Fills the epilogue parameters of local column `lc` (all but the correction table) from its popc(b) summed
+// over taps and its threshold. Called by whole warps for 32 consecutive columns (the flip words are ballots).
+template <int kCols>
+__device__ __forceinline__ void FillColumnParameters(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
+                                                     int lc, int popc_b, ColumnThreshold th) {
+  const int col = col0 + lc;
+  cols.popc_b[lc] = popc_b;
+  if (p.epilogue == Epilogue::kBits) {
+    cols.threshold[lc] = th.threshold;
+    cols.flip[lc] = th.flip;
+    cols.bound[lc] = ColumnBound(p, col, th.threshold, th.flip, popc_b);
+    const uint32_t flips = __ballot_sync(0xffffffffu, th.flip != 0);
+    if (lc % 32 == 0) cols.flip_word[lc / 32] = flips;
+  } else if (p.epilogue == Epilogue::kAffine) {
+    cols.scale[lc] = col < p.n ? p.scale[col] : 0.f;
+    cols.bias[lc] = col < p.n ? p.bias[col] : 0.f;
+  }
+}
 template <int kCols>
 __device__ __forceinline__ void FillTileColumn(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0, int lc) {
   const int col = col0 + lc, taps = p.kh * p.kw;
   int total = 0;
 #pragma unroll 8
   for (int t = 0; t < taps; ++t) total += col < p.n ? p.tap_popc[t * p.n + col] : 0;
-  cols.popc_b[lc] = total;
-  if (p.epilogue == Epilogue::kBits) {
-    const int threshold = col < p.n ? p.threshold[col] : 0;
-    const int flip = col < p.n ? p.flip[col] : 0;
-    cols.threshold[lc] = threshold;
-    cols.flip[lc] = flip;
-    // columns past N get an unreachable bound: their bits stay 0 (the padding bits of the last word)
-    cols.bound[lc] = col < p.n ? threshold + 2 * total + (flip ? 1 : 0) : INT_MAX;
-    const uint32_t flips = __ballot_sync(0xffffffffu, flip != 0);
-    if (lc % 32 == 0) cols.flip_word[lc / 32] = flips;
-  } else if (p.epilogue == Epilogue::kAffine) {
-    cols.scale[lc] = col < p.n ? p.scale[col] : 0.f;
-    cols.bias[lc] = col < p.n ? p.bias[col] : 0.f;
-  }
+  FillColumnParameters(p, cols, col0, lc, total, LoadColumnThreshold(p, col));
 }
 
 // Copies K block `kb` of the activation rows of a tile into a stage. kVec words per copy (4 when every
@@ -834,11 +861,9 @@ __device__ __forceinline__ int8_t RowCorrection(const BinaryGemmProblem& p, cons
 // so that the threshold epilogue compares every row with one table row (StoreBitsRows<true, ...>). For the
 // unpooled threshold epilogue only: every other reader of the table wants corrections (ExcludedTaps).
 // Called by the thread that filled column `lc` of both the table and cols.bound.
-// `parts` threads may share a column, as in FillCorrectionTable.
-__device__ __forceinline__ void AddBoundsToClasses(const BinaryGemmProblem& p, TileColumns<kWgCols>& cols, int lc,
-                                                   int part = 0, int parts = 1) {
+__device__ __forceinline__ void AddBoundsToClasses(const BinaryGemmProblem& p, TileColumns<kWgCols>& cols, int lc) {
   const int bound = cols.bound[lc], classes = BorderClasses(p);
-  for (int c = part; c < classes; c += parts) {
+  for (int c = 0; c < classes; ++c) {
     // columns past N keep their unreachable bound
     cols.correction[c][lc] = bound == INT_MAX ? INT_MAX : cols.correction[c][lc] + bound;
   }
@@ -1847,21 +1872,23 @@ __global__ void __launch_bounds__(kBandThreads, 1)
     step_desc[s] = OperandDescriptor(base + first, along_k, 128);
   }
   // The column table, a column per thread of each warpgroup: the last one also fills the other parameters,
-  // and every one a quarter of the border classes, so that their global loads overlap and the classes'
-  // sums run 4 chains a column. "Zero" padding's set-up, from the CTA's start: one warpgroup filling all,
-  // 4.2 us; the parameters by another warpgroup, 4.0; this form, 3.5. "One" padding's: 2.1; what the 1.4
-  // us between them are is not yet known (session 14, jobs EA-EB).
-  const bool class_bounds = p.epilogue == Epilogue::kBits && HasCorrectionTable(p);
+  // and every one a quarter of the border classes (so that the classes' sums run 4 chains a column), each
+  // class already holding its bound (the thread computes the bound itself: no second barrier). A column's
+  // tap popcounts and threshold are loaded together, one round trip to L2. "Zero" padding's set-up, from
+  // the CTA's start: one warpgroup filling all, 4.2 us; the parameters by another warpgroup, 4.0; the table
+  // over four, 3.5 (session 14, jobs EA-EB).
   static_assert(kBandCols == 128, "a column per thread of each warpgroup");
-  if (wg == kBandWarpgroups - 1) FillTileColumn<kWgCols>(p, cols, col0, wtid);
-  if (HasCorrectionTable(p)) FillCorrectionTable<kWgCols>(p, cols, col0, wtid, wg, kBandWarpgroups);
+  if (HasCorrectionTable(p)) {
+    const ColumnThreshold th = LoadColumnThreshold(p, col0 + wtid);
+    const bool class_bounds = p.epilogue == Epilogue::kBits;
+    const int popc_b = FillCorrectionTable<kWgCols>(p, cols, col0, wtid, wg, kBandWarpgroups, class_bounds, th);
+    if (wg == kBandWarpgroups - 1) FillColumnParameters<kWgCols>(p, cols, col0, wtid, popc_b, th);
+  } else if (wg == kBandWarpgroups - 1) {
+    FillTileColumn<kWgCols>(p, cols, col0, wtid);
+  }
   for (int tap = tid; tap < taps; tap += kBandThreads) tap_offset[tap] = (tap / p.kw) * wp + tap % p.kw;
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the zeroed chunks, for the wgmmas
   __syncthreads();
-  if (class_bounds) {
-    AddBoundsToClasses(p, cols, wtid, wg, kBandWarpgroups);
-    __syncthreads();
-  }
   BarrierWait(weights_full, 0);
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   JAXBNN_TRACE_START(1, tid == 0);
