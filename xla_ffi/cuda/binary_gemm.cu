@@ -1792,6 +1792,21 @@ __host__ __device__ __forceinline__ BandSmem BandSmemOf(const BinaryGemmProblem&
   return s;
 }
 
+// The popcount of a row's receptive field: the band's position popcounts over a kKh x kKw window of rows
+// Wp positions apart. The taps' loads are independent and their offsets constants or one product per
+// filter row (ncu, session 15: the runtime tap loop, a load of the tap's offset and then of its count per
+// tap, was as many instructions as the threshold compares and one dependent chain in the wgmmas' window).
+template <int kKh, int kKw>
+__device__ __forceinline__ int WindowPopcount(const int* window, int wp) {
+  int count = 0;
+#pragma unroll
+  for (int i = 0; i < kKh; ++i) {
+#pragma unroll
+    for (int j = 0; j < kKw; ++j) count += window[i * wp + j];
+  }
+  return count;
+}
+
 // kUnrolledSteps > 0: at most that many k256 steps, issued by a fully unrolled loop; 0: any number, by a loop
 // of runtime length. ptxas serializes the wgmmas of every runtime-length form it was given (remark C7520,
 // "compiler-inserted WG.AR in divergent path": a fence per step, per pair, per block of 8 with or without a
@@ -1956,7 +1971,12 @@ __global__ void __launch_bounds__(kBandThreads, 1)
         rows.row[h] = (static_cast<long long>(image) * p.out_h + oy) * p.out_w + ox;
         int count = 0;
         if (rows.valid[h]) {
-          for (int tap = 0; tap < taps; ++tap) count += counts[local0 + r + tap_offset[tap]];
+          const int* window = counts + local0 + r;  // the row's receptive field starts here
+          if (p.kh == 3 && p.kw == 3) {
+            count = WindowPopcount<3, 3>(window, wp);
+          } else {
+            for (int tap = 0; tap < taps; ++tap) count += window[tap_offset[tap]];
+          }
         }
         rows.v0[h] = p.k_real - 2 * count;
         const FrameExcess e = ExcessOf(p, oy - p.pad_top, ox - p.pad_left);
