@@ -1891,7 +1891,8 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   // class already holding its bound (the thread computes the bound itself: no second barrier). A column's
   // tap popcounts and threshold are loaded together, one round trip to L2. "Zero" padding's set-up, from
   // the CTA's start: one warpgroup filling all, 4.2 us; the parameters by another warpgroup, 4.0; the table
-  // over four, 3.5 (session 14, jobs EA-EB).
+  // over four, 3.5 (session 14, jobs EA-EB); this form, 3.3 (session 15, job FB: the loads were not what
+  // "zero" spends over "one").
   static_assert(kBandCols == 128, "a column per thread of each warpgroup");
   if (HasCorrectionTable(p)) {
     const ColumnThreshold th = LoadColumnThreshold(p, col0 + wtid);
