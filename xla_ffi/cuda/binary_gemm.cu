@@ -56,8 +56,13 @@ struct FastDivisor {
     shift = static_cast<uint32_t>(log2_ceil - 1);
   }
 };
-__device__ __forceinline__ int Quotient(int n, const FastDivisor& d) {
-  return d.divisor == 1 ? n : static_cast<int>(__umulhi(static_cast<uint32_t>(n), d.magic) >> d.shift);
+__host__ __device__ __forceinline__ int Quotient(int n, const FastDivisor& d) {
+#ifdef __CUDA_ARCH__
+  const uint32_t high = __umulhi(static_cast<uint32_t>(n), d.magic);
+#else
+  const uint32_t high = static_cast<uint32_t>(uint64_t{static_cast<uint32_t>(n)} * d.magic >> 32);
+#endif
+  return d.divisor == 1 ? n : static_cast<int>(high >> d.shift);
 }
 
 // The divisors of a problem that the loaders use once per K block, built once per launch (DivisorsOf).
@@ -963,6 +968,12 @@ __device__ __forceinline__ void TensorCopy4d(uint32_t dst, const CUtensorMap& ma
       "l"(reinterpret_cast<uint64_t>(&map)), "r"(byte), "r"(x), "r"(y), "r"(image), "r"(bar)
       : "memory");
 }
+// Fetches a TMA descriptor (a __grid_constant__ parameter) into the TMA unit's cache ahead of its first
+// copy. It depends on no buffer of the problem, so kernels issue it before `griddepcontrol.wait`, under the
+// previous kernel's tail.
+__device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap& map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
+}
 __device__ __forceinline__ void ClusterSync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
@@ -1195,19 +1206,21 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
 #ifdef JAXBNN_TILE_TRACE
 __device__ unsigned long long* g_tile_trace = nullptr;  // SetTileTrace
 
+// SM cycles (clock64): fine enough to place sub-microsecond steps within a CTA (%globaltimer ticks
+// coarsely), but not comparable between SMs.
 __device__ __forceinline__ void TraceWord(int word) {
-  unsigned long long now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  const unsigned long long now = clock64();
   g_tile_trace[static_cast<size_t>(blockIdx.x) * kTraceWordsPerCta + word] = now;
 }
-// Start-up stamp `word` (< kTraceStartWords), by the one thread for which `stamping` holds.
+// Start-up stamp `word` (< kTraceStartWords), by the one thread for which `stamping` holds. The other
+// threads do not read the trace pointer: a load per thread and stamp site slowed what was traced.
 __device__ __forceinline__ void TraceStart(int word, bool stamping) {
-  if (g_tile_trace != nullptr && stamping) TraceWord(word);
+  if (stamping && g_tile_trace != nullptr) TraceWord(word);
 }
 // Stamp `event` of this warpgroup's tile `tile` (thread 0 of the warpgroup; tiles past the slots are not
 // recorded).
 __device__ __forceinline__ void TraceTile(int half, int tile, int event, int wtid) {
-  if (g_tile_trace == nullptr || wtid != 0 || tile >= kTraceTiles) return;
+  if (wtid != 0 || tile >= kTraceTiles || g_tile_trace == nullptr) return;
   TraceWord(kTraceStartWords + (half * kTraceTiles + tile) * kTraceEvents + event);
 }
 #define JAXBNN_TRACE_START(word, stamping) TraceStart(word, stamping)
@@ -1256,6 +1269,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     tap_row_step[ks] = ((ks * 32) >> a_box_log2) * kWgRows * a_box_bytes + ((ks * 32) & (a_box_bytes - 1));
   }
   if (tid == 0) {
+    if (kTensorA) PrefetchTensorMap(a_map);
+    if (weights_by_tma) PrefetchTensorMap(w_map);
     for (int s = 0; s < kWgStages; ++s) {
       // TMA: one arrival (with the stage's byte count). cp.async: one per producer thread when its copies
       // land, plus the one that brings the weights' byte count.
@@ -1548,6 +1563,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int a_box_bytes = kLayout == ALayout::kChunkSlabs ? 16 : kLayout == ALayout::kTapRows ? TapRowBytes(p.cw) : 128;
   const int a_box_log2 = __ffs(a_box_bytes) - 1;
   if (tid == 0) {
+    PrefetchTensorMap(a_map);
     for (int half = 0; half < 2; ++half) {
       for (int s = 0; s < kResidentStages; ++s) {
         BarrierInit(bar(full0, half, s), 1);
@@ -1739,10 +1755,14 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 // one's tiles run); its warpgroups take the item's tiles in turn.
 inline constexpr int kBandCols = 128, kBandWarpgroups = 4, kBandThreads = 128 * kBandWarpgroups;
 
+// Its divisors are fast ones: the set-up's runtime divisions (the first item's, the steps' chunk offsets)
+// were single-thread dependent chains on the way to the first tile (clock64 trace, session 16).
 struct BandLayout {
   FastDivisor padded_w;  // Wp
+  FastDivisor planes;    // P
+  FastDivisor kw;        // the filter's width
   int tiles_per_image;   // 64-position tiles: ceil(out_h Wp / 64)
-  int image_tiles;       // tile slots per image: tiles_per_image, or a multiple of tiles_per_item
+  FastDivisor image_tiles;  // tile slots per image: tiles_per_image, or a multiple of tiles_per_item
   int tiles_per_item, items, ctas;
   int band_rows;         // input rows of a band segment (the TMA box's height)
   int slot_positions;    // positions of a segment's slot: band_rows Wp, rounded up to 8 (128 bytes)
@@ -1761,12 +1781,12 @@ struct BandItem {
 __host__ __device__ __forceinline__ BandItem BandItemOf(const BinaryGemmProblem& p, const BandLayout& b, int item) {
   const int g0 = item * b.tiles_per_item;
   BandItem it;
-  it.image = g0 / b.image_tiles;
-  it.first_tile = g0 - it.image * b.image_tiles;
+  it.image = Quotient(g0, b.image_tiles);
+  it.first_tile = g0 - it.image * b.image_tiles.divisor;
   const int left_in_image = b.tiles_per_image - it.first_tile;
   it.tiles[0] = b.tiles_per_item < left_in_image ? b.tiles_per_item : left_in_image;
   // tiles_per_item <= tiles_per_image where items cross images
-  const int into_next = b.tiles_per_item - (b.image_tiles - it.first_tile);
+  const int into_next = b.tiles_per_item - (b.image_tiles.divisor - it.first_tile);
   it.tiles[1] = it.image + 1 < p.batch && into_next > 0 ? into_next : 0;
   return it;
 }
@@ -1826,14 +1846,13 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   const uint32_t base = SmemAddress(smem), weights = base + at.weights;
   const uint32_t band_full = base + at.barriers;  // [buffer]: the band landed
   const uint32_t weights_full = band_full + 16;
-  const int tid = threadIdx.x, wp = band.padded_w.divisor, planes = p.cw / 4, taps = p.kh * p.kw;
+  const int tid = threadIdx.x, wp = band.padded_w.divisor, planes = band.planes.divisor, taps = p.kh * p.kw;
   const int wg = tid / 128, wtid = tid % 128, w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
   JAXBNN_TRACE_START(0, tid == 0);
   constexpr int col0 = 0;  // N <= 128: one column tile
   // the first output row of segment s's band (the second segment starts its image)
   auto first_row = [&](const BandItem& it, int s) { return s == 0 ? Quotient(64 * it.first_tile, band.padded_w) : 0; };
-  auto load_band = [&](int item, int buffer) {  // one thread
-    const BandItem it = BandItemOf(p, band, item);
+  auto load_band = [&](const BandItem& it, int buffer) {  // one thread
     const int segments = it.tiles[1] > 0 ? 2 : 1;
     const uint32_t full = band_full + 8 * buffer, dst = base + buffer * at.buffer_bytes;
     BarrierArriveExpectBytes(full, segments * planes * band.band_rows * wp * 16);
@@ -1845,46 +1864,63 @@ __global__ void __launch_bounds__(kBandThreads, 1)
     }
   };
   if (tid == 0) {
+    PrefetchTensorMap(band_map);
     BarrierInit(band_full, 1);
     BarrierInit(band_full + 8, 1);
     BarrierInit(weights_full, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
-  // a programmatic dependent launch, as the other wgmma kernels: no global access before this
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  if (tid < 32) {
-    const int row_tiles = p.w_row_tiles;
-    const uint32_t row_bytes = p.w_k_tiles * 128;
-    if (tid == 0) {
-      load_band(blockIdx.x, 0);  // every CTA has an item
-      JAXBNN_TRACE_START(3, true);
-      BarrierArriveExpectBytes(weights_full, row_tiles * row_bytes);
-    }
-    __syncwarp();
-    for (int j = tid; j < row_tiles; j += 32) {
-      BulkCopy(weights + j * band.k_tiles * 128, p.w + static_cast<size_t>(j) * p.w_k_tiles * 32, row_bytes,
-               weights_full);
-    }
-  }
+  // What depends on the parameters only (no buffer of the problem) comes before `griddepcontrol.wait`, under
+  // the previous kernel's tail: the first item, the zeroed chunks, the steps' descriptors, the taps' offsets.
+  // Each piece of the set-up was a chain of dependent reads of the parameters, ~0.7 us from the wait even
+  // for a few instructions (clock64 trace, session 16, job GC); the small jobs go to the last warps
+  // (`from_last`), away from the warps that issue the copies.
+  const BandItem first_item = BandItemOf(p, band, blockIdx.x);  // every CTA has an item
+  const int from_last = kBandThreads - 1 - tid;
   // The odd last chunk's partner (P = 1, an odd number of taps): zero weights, so its A bytes count nothing.
   const int chunks = taps * planes;
   if (band.k_tiles > chunks) {
-    for (int i = tid; i < kBandCols / 8 * 8; i += kBandThreads) {
+    for (int i = from_last; i < kBandCols / 8 * 8; i += kBandThreads) {
       *reinterpret_cast<uint4*>(smem + at.weights + (i / 8 * band.k_tiles + chunks) * 128 + i % 8 * 16) =
           make_uint4(0, 0, 0, 0);
     }
   }
   // Step s takes chunks 2s, 2s + 1 of K: chunk k is plane k % P of tap k / P, at plane_bytes (k % P) +
   // 16 (i Wp + j) from the band's start for tile position 0 (the partner of an odd last chunk: 16 bytes on).
-  auto chunk_offset = [&](int k) {
-    const int tap = k / planes, c = k % planes;
-    return c * band.plane_bytes + 16 * ((tap / p.kw) * wp + tap % p.kw);
+  auto tap_position = [&](int tap) {  // i Wp + j
+    const int i = Quotient(tap, band.kw);
+    return i * wp + tap - i * p.kw;
   };
-  for (int s = tid; s < band.steps; s += kBandThreads) {
+  auto chunk_offset = [&](int k) {
+    const int tap = Quotient(k, band.planes), c = k - tap * planes;
+    return c * band.plane_bytes + 16 * tap_position(tap);
+  };
+  for (int s = from_last; s < band.steps; s += kBandThreads) {
     const int first = chunk_offset(2 * s);
     const int along_k = 2 * s + 1 < chunks ? chunk_offset(2 * s + 1) - first : 16;
     step_desc[s] = OperandDescriptor(base + first, along_k, 128);
+  }
+  for (int tap = from_last; tap < taps; tap += kBandThreads) tap_offset[tap] = tap_position(tap);
+  __syncthreads();
+  // a programmatic dependent launch, as the other wgmma kernels: no global access before this
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  JAXBNN_TRACE_START(4, tid == 0);
+  // The rest of the set-up is three latency chains, each started right here in its own warps: the band's
+  // copy (thread 0), the weights' copies (warp 1), each column's loads and sums (every thread). Thread 0
+  // issuing the copies and the small jobs in turn reached its share of the column table 1.9 us after the
+  // wait (session 16, job GB).
+  if (tid == 0) {
+    load_band(first_item, 0);
+    JAXBNN_TRACE_START(3, true);
+  } else if (tid / 32 == 1) {
+    const int row_tiles = p.w_row_tiles, lane_1 = tid % 32;
+    const uint32_t row_bytes = p.w_k_tiles * 128;
+    if (lane_1 == 0) BarrierArriveExpectBytes(weights_full, row_tiles * row_bytes);
+    __syncwarp();
+    for (int j = lane_1; j < row_tiles; j += 32) {
+      BulkCopy(weights + j * band.k_tiles * 128, p.w + static_cast<size_t>(j) * p.w_k_tiles * 32, row_bytes,
+               weights_full);
+    }
   }
   // The column table, a column per thread of each warpgroup: the last one also fills the other parameters,
   // and every one a quarter of the border classes (so that the classes' sums run 4 chains a column), each
@@ -1902,9 +1938,10 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   } else if (wg == kBandWarpgroups - 1) {
     FillTileColumn<kWgCols>(p, cols, col0, wtid);
   }
-  for (int tap = tid; tap < taps; tap += kBandThreads) tap_offset[tap] = (tap / p.kw) * wp + tap % p.kw;
+  JAXBNN_TRACE_START(5, tid == 0);
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the zeroed chunks, for the wgmmas
   __syncthreads();
+  JAXBNN_TRACE_START(6, tid == 0);
   BarrierWait(weights_full, 0);
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   JAXBNN_TRACE_START(1, tid == 0);
@@ -1913,10 +1950,11 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   for (int item = blockIdx.x; item < band.items; item += band.ctas, ++round) {
     const int buffer = round & 1, next = item + band.ctas;
     // the other buffer's last reader finished before the previous round's closing barrier
-    if (tid == 0 && next < band.items) load_band(next, buffer ^ 1);
+    if (tid == 0 && next < band.items) load_band(BandItemOf(p, band, next), buffer ^ 1);
     const BandItem item_tiles = BandItemOf(p, band, item);
     const int tiles = item_tiles.tiles[0] + item_tiles.tiles[1];
     BarrierWait(band_full + 8 * buffer, (round >> 1) & 1);
+    if (round == 0) JAXBNN_TRACE_START(7, tid == 0);
     int* counts = position_popc + buffer * band.slots * band.slot_positions;
     for (int s = 0; s < (item_tiles.tiles[1] > 0 ? 2 : 1); ++s) {
       for (int i = s * band.slot_positions + tid; i < s * band.slot_positions + band.band_rows * wp; i += kBandThreads) {
@@ -1944,7 +1982,6 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       // step_desc is relative to buffer 0 at tile position 0: the start address field moves by 16 bytes per
       // position
       const uint32_t a_shift = (buffer * at.buffer_bytes >> 4) + local0;
-      if (wg < 2) JAXBNN_TRACE_TILE(wg, traced_tile, 1, wtid);
       auto step = [&](int s) {
         wgmma_m64n128k256_and_popc(acc, step_desc[s] + a_shift,
                                    OperandDescriptor(weights + s * 256, 128, band.k_tiles * 128), s != 0);
@@ -1986,6 +2023,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
         const bool border = !p.pad_one && rows.valid[h] && e.top + e.bottom + e.left + e.right > 0;
         rows.correction[h] = border ? (HasCorrectionTable(p) ? BorderClass(p, e) : 1) : 0;
       }
+      if (wg < 2) JAXBNN_TRACE_TILE(wg, traced_tile, 1, wtid);
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
       if (wg < 2) JAXBNN_TRACE_TILE(wg, traced_tile, 2, wtid);
       StoreAccumulatorRows(p, acc, rows, cols, col0, t, true);
@@ -2182,6 +2220,8 @@ bool LaunchBandWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cudaSt
   }
   BandLayout band;
   band.padded_w = FastDivisor(wp);
+  band.planes = FastDivisor(planes);
+  band.kw = FastDivisor(p.kw);
   band.steps = (p.kh * p.kw * planes + 1) / 2;
   band.k_tiles = 2 * band.steps;
   band.tiles_per_image = (p.out_h * wp + 63) / 64;
@@ -2190,13 +2230,15 @@ bool LaunchBandWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cudaSt
   auto segment_rows = [&](int t0, int tiles) { return (64 * (t0 + tiles) - 1) / wp - 64 * t0 / wp + p.kh; };
   // Sets the band's rows (the most any segment of an item needs) and slots; false where the band does not fit.
   auto fit_band = [&](int slots) {
+    // tile indices over the batch stay below 2^30: ints, and exact fast divisions (Quotient)
+    if (static_cast<long long>(p.batch) * band.image_tiles.divisor > INT_MAX / 2) return false;
     band.slots = slots;
-    band.items = static_cast<int>((static_cast<long long>(p.batch) * band.image_tiles + band.tiles_per_item - 1) /
-                                  band.tiles_per_item);
+    band.items = static_cast<int>(
+        (static_cast<long long>(p.batch) * band.image_tiles.divisor + band.tiles_per_item - 1) / band.tiles_per_item);
     band.ctas = std::min(band.items, sms);
     band.band_rows = 0;
     // items crossing images: one item per CTA, each looked at; else the items of one image (all images alike)
-    const int looked_at = slots == 2 ? band.items : band.image_tiles / band.tiles_per_item;
+    const int looked_at = slots == 2 ? band.items : band.image_tiles.divisor / band.tiles_per_item;
     for (int item = 0; item < looked_at; ++item) {
       const BandItem it = BandItemOf(p, band, item);
       band.band_rows = std::max(band.band_rows, segment_rows(it.first_tile, it.tiles[0]));
@@ -2214,7 +2256,7 @@ bool LaunchBandWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cudaSt
   bool fits = false;
   if (share <= band.tiles_per_image) {
     band.tiles_per_item = static_cast<int>(share);
-    band.image_tiles = band.tiles_per_image;
+    band.image_tiles = FastDivisor(band.tiles_per_image);
     fits = fit_band(band.tiles_per_image % band.tiles_per_item != 0 ? 2 : 1);
   }
   if (!fits) {
@@ -2234,7 +2276,7 @@ bool LaunchBandWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cudaSt
     band.tiles_per_item = std::min(balanced_tiles, smem_tiles);
     const long long items_per_image = (band.tiles_per_image + band.tiles_per_item - 1) / band.tiles_per_item;
     if (items_per_image * band.tiles_per_item * p.batch > INT_MAX / 2) return false;
-    band.image_tiles = static_cast<int>(items_per_image) * band.tiles_per_item;
+    band.image_tiles = FastDivisor(static_cast<int>(items_per_image) * band.tiles_per_item);
     if (!fit_band(1)) return false;
   }
 

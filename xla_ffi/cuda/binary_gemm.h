@@ -53,14 +53,17 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
 
 #ifdef JAXBNN_TILE_TRACE
 // Diagnostic builds only (the kernel harness built with -DJAXBNN_TILE_TRACE, `gpu_job.sh trace`): the
-// wgmma kernel writes %globaltimer stamps into `buffer` (null: no trace), kTraceWordsPerCta words per CTA:
-// the kTraceStartWords start-up stamps (the CTA's first instruction, the cluster sync passed, the consumers'
-// registers reallocated, the producer's first copy issued), then per warpgroup (2) and tile slot
-// (kTraceTiles) kTraceEvents stamps: tile start, first "full" barrier passed, k loop done (all wgmmas
-// retired), epilogue done. The image-band kernel stamps the same slots: start-up words 0-3 = the CTA's
-// first instruction, weights landed (setup done), the first band's popcounts done, the first band's copy
-// issued; the tiles of its first two warpgroups (event 1: the first wgmma issued).
-inline constexpr int kTraceStartWords = 4, kTraceTiles = 64, kTraceEvents = 4;
+// wgmma kernels write clock64 stamps (SM cycles: comparable within a CTA only) into `buffer` (null: no
+// trace), kTraceWordsPerCta words per CTA: kTraceStartWords start-up stamps, then per warpgroup (2) and tile
+// slot (kTraceTiles) kTraceEvents stamps: tile start, first "full" barrier passed, k loop done (all wgmmas
+// retired), epilogue done. Start-up words of the persistent and resident kernels: 0 the CTA's first
+// instruction, 1 the cluster sync passed, 2 the consumers' registers reallocated, 3 the producer's first
+// copy issued. The image-band kernel: 0 first instruction, 1 weights landed (set-up done), 2 the first
+// band's popcounts done, 3 the first band's copy issued, 4 `griddepcontrol.wait` passed, 5 thread 0's share
+// of the column table filled, 6 every warpgroup's set-up done (the barrier passed), 7 the first band landed;
+// its tiles are those of its first two warpgroups, event 1 marking the rows' bookkeeping done (the wgmmas
+// issued, not yet waited for).
+inline constexpr int kTraceStartWords = 8, kTraceTiles = 64, kTraceEvents = 4;
 inline constexpr int kTraceWordsPerCta = kTraceStartWords + 2 * kTraceTiles * kTraceEvents;
 cudaError_t SetTileTrace(unsigned long long* buffer);
 #endif

@@ -229,8 +229,9 @@ ConvCase Bmm(int m, int n, int k) { return ConvCase{m, 1, 1, k, n, 1, 1, 1, 1, 0
 
 #ifdef JAXBNN_TILE_TRACE
 // One more launch of a timed case with the wgmma kernel's tile stamps (binary_gemm.h, SetTileTrace), and
-// where its time goes, in microseconds, averaged over CTAs and consumer warpgroups: the first tile (from
-// the CTA's start) and the later ones (from the previous tile's epilogue end) separately.
+// where its time goes, in microseconds (SM cycles at the device's clock rate), averaged over CTAs and
+// consumer warpgroups: the first tile (from the CTA's start) and the later ones (from the previous tile's
+// epilogue end) separately. The stamps are per-SM cycle counts: every figure is a difference within a CTA.
 void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
   using jaxbnn::cuda::kTraceEvents;
   using jaxbnn::cuda::kTraceStartWords;
@@ -248,7 +249,11 @@ void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
   std::vector<unsigned long long> t(words);
   CHECK_CUDA(cudaMemcpy(t.data(), d_trace, words * 8, cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaFree(d_trace));
-  unsigned long long first_start = ~0ull, last_start = 0, last_end = 0;
+  int device = 0, clock_khz = 0;
+  CHECK_CUDA(cudaGetDevice(&device));
+  CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
+  const double us_per_cycle = 1e3 / clock_khz;
+  double span_sum = 0;  // per CTA: its first instruction to its last traced epilogue end
   // [first tile, later tiles] x [to tile start, to first full, k loop, epilogue]
   double sum[2][4] = {}, count[2] = {};
   double start_sum[kTraceStartWords] = {};  // each start-up stamp after the CTA's first instruction
@@ -257,24 +262,24 @@ void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
     const unsigned long long* cta = &t[c * kTraceWordsPerCta];
     if (cta[0] == 0) continue;
     ++traced_ctas;
-    first_start = std::min(first_start, cta[0]);
-    last_start = std::max(last_start, cta[0]);
-    for (int i = 1; i < kTraceStartWords; ++i) start_sum[i] += (cta[i] - cta[0]) * 1e-3;
+    for (int i = 1; i < kTraceStartWords; ++i) start_sum[i] += cta[i] ? (cta[i] - cta[0]) * us_per_cycle : 0.0;
+    unsigned long long last_end = cta[0];
     for (int wg = 0; wg < 2; ++wg) {
       unsigned long long previous_end = cta[0];
       for (int tile = 0; tile < kTraceTiles; ++tile) {
         const unsigned long long* e = cta + kTraceStartWords + (wg * kTraceTiles + tile) * kTraceEvents;
         if (e[3] == 0) break;
         const int later = tile > 0;
-        sum[later][0] += (e[0] - previous_end) * 1e-3;
-        sum[later][1] += (e[1] - e[0]) * 1e-3;
-        sum[later][2] += (e[2] - e[1]) * 1e-3;
-        sum[later][3] += (e[3] - e[2]) * 1e-3;
+        sum[later][0] += (e[0] - previous_end) * us_per_cycle;
+        sum[later][1] += (e[1] - e[0]) * us_per_cycle;
+        sum[later][2] += (e[2] - e[1]) * us_per_cycle;
+        sum[later][3] += (e[3] - e[2]) * us_per_cycle;
         count[later] += 1;
         previous_end = e[3];
         last_end = std::max(last_end, e[3]);
       }
     }
+    span_sum += (last_end - cta[0]) * us_per_cycle;
   }
   if (traced_ctas == 0) {
     std::printf("trace: no CTA recorded\n");
@@ -290,24 +295,24 @@ void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
       return cta[kTraceStartWords + (wg * kTraceTiles + tile) * kTraceEvents + e];
     };
     for (int a = 0; a < kTraceTiles && event(0, a, 3) != 0; ++a) {
-      k_time += (event(0, a, 2) - event(0, a, 1)) * 1e-3;
+      k_time += (event(0, a, 2) - event(0, a, 1)) * us_per_cycle;
       for (int b = 0; b < kTraceTiles && event(1, b, 3) != 0; ++b) {
         const unsigned long long lo = std::max(event(0, a, 1), event(1, b, 1));
         const unsigned long long hi = std::min(event(0, a, 2), event(1, b, 2));
-        if (hi > lo) k_overlap += (hi - lo) * 1e-3;
+        if (hi > lo) k_overlap += (hi - lo) * us_per_cycle;
       }
     }
   }
   std::printf("trace: warpgroup 1 in a k loop during %.0f%% of warpgroup 0's k-loop time\n",
               k_time > 0 ? 100.0 * k_overlap / k_time : 0.0);
-  const double tiles = count[0] + count[1], span_us = (last_end - first_start) * 1e-3;
-  std::printf("trace: %d CTAs, %.1f tiles per warpgroup; CTA starts spread %.2f us; first start to last "
-              "epilogue end %.2f us; k loops %.0f%% of it\n",
-              traced_ctas, tiles / (2.0 * traced_ctas), (last_start - first_start) * 1e-3, span_us,
+  const double tiles = count[0] + count[1], span_us = span_sum / traced_ctas;
+  std::printf("trace: %d CTAs, %.1f tiles per warpgroup; a CTA's first instruction to its last epilogue end %.2f us "
+              "(mean); k loops %.0f%% of it\n",
+              traced_ctas, tiles / (2.0 * traced_ctas), span_us,
               100.0 * (sum[0][2] + sum[1][2]) / (2.0 * traced_ctas) / span_us);
-  std::printf("trace: start-up, from the CTA's first instruction: cluster sync passed %.2f us, consumers' registers "
-              "%.2f, producer's first copy %.2f\n",
-              start_sum[1] / traced_ctas, start_sum[2] / traced_ctas, start_sum[3] / traced_ctas);
+  std::printf("trace: start-up stamps 1-%d, us from the CTA's first instruction (binary_gemm.h):", kTraceStartWords - 1);
+  for (int i = 1; i < kTraceStartWords; ++i) std::printf(" %.2f", start_sum[i] / traced_ctas);
+  std::printf("\n");
   const char* names[2] = {"first tile ", "later tiles"};
   for (int later = 0; later < 2; ++later) {
     if (count[later] == 0) continue;
