@@ -1872,8 +1872,8 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   }
   // What depends on the parameters only (no buffer of the problem) comes before `griddepcontrol.wait`, under
   // the previous kernel's tail: the first item, the zeroed chunks, the steps' descriptors, the taps' offsets.
-  // Each piece of the set-up was a chain of dependent reads of the parameters, ~0.7 us from the wait even
-  // for a few instructions (clock64 trace, session 16, job GC); the small jobs go to the last warps
+  // Each piece of the set-up was one thread's short dependent chain of ~0.5-0.7 us, however few its
+  // instructions (clock64 trace, session 16, jobs GB-GC); the small jobs go to the last warps
   // (`from_last`), away from the warps that issue the copies.
   const BandItem first_item = BandItemOf(p, band, blockIdx.x);  // every CTA has an item
   const int from_last = kBandThreads - 1 - tid;
