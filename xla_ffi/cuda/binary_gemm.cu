@@ -1777,6 +1777,7 @@ struct BandLayout {
 // its image) tiles [0, tiles[1]) of image + 1.
 struct BandItem {
   int image, first_tile, tiles[2];
+  __host__ __device__ int segments() const { return tiles[1] > 0 ? 2 : 1; }
 };
 __host__ __device__ __forceinline__ BandItem BandItemOf(const BinaryGemmProblem& p, const BandLayout& b, int item) {
   const int g0 = item * b.tiles_per_item;
@@ -1853,7 +1854,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   // the first output row of segment s's band (the second segment starts its image)
   auto first_row = [&](const BandItem& it, int s) { return s == 0 ? Quotient(64 * it.first_tile, band.padded_w) : 0; };
   auto load_band = [&](const BandItem& it, int buffer) {  // one thread
-    const int segments = it.tiles[1] > 0 ? 2 : 1;
+    const int segments = it.segments();
     const uint32_t full = band_full + 8 * buffer, dst = base + buffer * at.buffer_bytes;
     BarrierArriveExpectBytes(full, segments * planes * band.band_rows * wp * 16);
     for (int s = 0; s < segments; ++s) {
@@ -1956,7 +1957,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
     BarrierWait(band_full + 8 * buffer, (round >> 1) & 1);
     if (round == 0) JAXBNN_TRACE_START(7, tid == 0);
     int* counts = position_popc + buffer * band.slots * band.slot_positions;
-    for (int s = 0; s < (item_tiles.tiles[1] > 0 ? 2 : 1); ++s) {
+    for (int s = 0; s < item_tiles.segments(); ++s) {
       for (int i = s * band.slot_positions + tid; i < s * band.slot_positions + band.band_rows * wp; i += kBandThreads) {
         int count = 0;
         for (int c = 0; c < planes; ++c) {
