@@ -1972,8 +1972,8 @@ __global__ void __launch_bounds__(kBandThreads, 1)
     for (int i = wg; i < tiles; i += kBandWarpgroups, ++traced_tile) {
       // traced: the first two warpgroups (the harness's trace has two)
       if (wg < 2) JAXBNN_TRACE_TILE(wg, traced_tile, 0, wtid);
-      // recomputed per tile (a division), not kept from the item: ptxas reported the same spills both ways,
-      // and no timing compared them (session 15)
+      // recomputed per tile (a fast division since v32), not kept from `item_tiles`: ptxas reported the same
+      // spills both ways, and no timing compared them (session 15)
       const BandItem it = BandItemOf(p, band, item);
       const int seg = i >= it.tiles[0] ? 1 : 0, image = it.image + seg;
       // the tile's first position in its image, and in the band buffer
