@@ -185,27 +185,31 @@ __device__ __forceinline__ ColumnThreshold LoadColumnThreshold(const BinaryGemmP
 
 // Fills the border-class corrections of local column `lc` (HasCorrectionTable problems): a class's
 // correction is the sum of C - 2 popc over the filter's taps minus that over the rectangle of taps inside
-// the frame. Every tap index is a compile-time one (kTableSide x kTableSide taps, masked by runtime
-// bounds), so the taps' terms stay in registers: a prefix-sum array indexed by runtime bounds lived in
-// local memory (ncu: its loads stalled the CTA at the start of every column tile). Depends on the column
-// tile only. `parts` threads may share a column: part `part` fills every parts-th (left, right) excess pair's
-// classes (the band kernel's four warpgroups: its "zero"-padding set-up 4.0 -> 3.5 us, session 14).
-// add_bounds: the column's ColumnBound (from `th`) is added to every class (AddBoundsToClasses' work, done
-// by a thread that knows the bound without waiting for another's). Returns the column's popc(b), summed
-// over taps.
-template <int kCols>
-__device__ __forceinline__ int FillCorrectionTable(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
-                                                   int lc, int part = 0, int parts = 1, bool add_bounds = false,
-                                                   ColumnThreshold th = {}) {
-  const int col = col0 + lc;
-  int term[kTableSide][kTableSide];
+// the frame. Every tap index is a compile-time one (kSide x kSide taps), so the taps' terms stay in
+// registers: a prefix-sum array indexed by runtime bounds lived in local memory (ncu: its loads stalled the
+// CTA at the start of every column tile). kSide < kTableSide: a kSide x kSide filter (FillCorrectionTable
+// takes 3x3 filters so); kTableSide: any filter of at most that many taps a side, masked by runtime bounds,
+// about four times the instructions (ncu, session 17: 516 a warp for a 3x3 filter in the band kernel,
+// where all 16 warps fill the table before the first tile). Depends on the column tile only. `parts`
+// threads may share a column: part `part` fills every parts-th (left, right) excess pair's classes (the
+// band kernel's four warpgroups: its "zero"-padding set-up 4.0 -> 3.5 us, session 14). add_bounds: the
+// column's ColumnBound (from `th`) is added to every class (AddBoundsToClasses' work, done by a thread that
+// knows the bound without waiting for another's). Returns the column's popc(b), summed over taps.
+template <int kCols, int kSide>
+__device__ __forceinline__ int FillCorrectionTableOf(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
+                                                     int lc, int part, int parts, bool add_bounds,
+                                                     ColumnThreshold th) {
+  static_assert(kSide <= kTableSide, "the table's filters");
+  constexpr bool kExact = kSide < kTableSide;
+  const int col = col0 + lc, kh = kExact ? kSide : p.kh, kw = kExact ? kSide : p.kw;
+  int term[kSide][kSide];
   int whole = 0, total = 0;
 #pragma unroll
-  for (int i = 0; i < kTableSide; ++i) {
+  for (int i = 0; i < kSide; ++i) {
 #pragma unroll
-    for (int j = 0; j < kTableSide; ++j) {
-      const bool real = i < p.kh && j < p.kw;
-      const int popc = real && col < p.n ? p.tap_popc[(i * p.kw + j) * p.n + col] : 0;
+    for (int j = 0; j < kSide; ++j) {
+      const bool real = kExact || (i < kh && j < kw);
+      const int popc = real && col < p.n ? p.tap_popc[(i * kw + j) * p.n + col] : 0;
       term[i][j] = real ? p.c - 2 * popc : 0;
       whole += term[i][j];
       total += popc;
@@ -213,27 +217,44 @@ __device__ __forceinline__ int FillCorrectionTable(const BinaryGemmProblem& p, T
   }
   const int bound = add_bounds ? ColumnBound(p, col, th.threshold, th.flip, total) : 0;
   const FrameExcess m = MaxExcess(p);
-  for (int pair = part; pair < (m.left + 1) * (m.right + 1); pair += parts) {
-    const int left = pair / (m.right + 1), right = pair % (m.right + 1);
-    int row_inside[kTableSide];  // per filter row: the sum over its taps inside [left, kw - right)
+  // BorderClass's strides, and the pairs in turn: no division per class
+  const int right_stride = 1, left_stride = m.right + 1, bottom_stride = (m.left + 1) * left_stride,
+            top_stride = (m.bottom + 1) * bottom_stride;
+  int pair = 0, mine = part;
+  for (int left = 0; left <= m.left; ++left) {
+    for (int right = 0; right <= m.right; ++right, ++pair) {
+      if (pair != mine) continue;
+      mine += parts;
+      int row_inside[kSide];  // per filter row: the sum over its taps inside [left, kw - right)
 #pragma unroll
-    for (int i = 0; i < kTableSide; ++i) {
-      row_inside[i] = 0;
+      for (int i = 0; i < kSide; ++i) row_inside[i] = 0;
 #pragma unroll
-      for (int j = 0; j < kTableSide; ++j) row_inside[i] += j >= left && j < p.kw - right ? term[i][j] : 0;
-    }
-    for (int top = 0; top <= m.top; ++top) {
-      for (int bottom = 0; bottom <= m.bottom; ++bottom) {
-        int inside = 0;
+      for (int j = 0; j < kSide; ++j) {
+        const bool inside_frame = j >= left && j < kw - right;
 #pragma unroll
-        for (int i = 0; i < kTableSide; ++i) inside += i >= top && i < p.kh - bottom ? row_inside[i] : 0;
-        // columns past N keep their unreachable bound
-        const int value = bound == INT_MAX ? INT_MAX : whole - inside + bound;
-        cols.correction[BorderClass(p, {top, bottom, left, right})][lc] = value;
+        for (int i = 0; i < kSide; ++i) row_inside[i] += inside_frame ? term[i][j] : 0;
+      }
+      for (int top = 0; top <= m.top; ++top) {
+        for (int bottom = 0; bottom <= m.bottom; ++bottom) {
+          int inside = 0;
+#pragma unroll
+          for (int i = 0; i < kSide; ++i) inside += i >= top && i < kh - bottom ? row_inside[i] : 0;
+          // columns past N keep their unreachable bound
+          const int value = bound == INT_MAX ? INT_MAX : whole - inside + bound;
+          const int cls = top * top_stride + bottom * bottom_stride + left * left_stride + right * right_stride;
+          cols.correction[cls][lc] = value;
+        }
       }
     }
   }
   return total;
+}
+template <int kCols>
+__device__ __forceinline__ int FillCorrectionTable(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
+                                                   int lc, int part = 0, int parts = 1, bool add_bounds = false,
+                                                   ColumnThreshold th = {}) {
+  return p.kh == 3 && p.kw == 3 ? FillCorrectionTableOf<kCols, 3>(p, cols, col0, lc, part, parts, add_bounds, th)
+                                : FillCorrectionTableOf<kCols, kTableSide>(p, cols, col0, lc, part, parts, add_bounds, th);
 }
 
 // Fills the epilogue parameters of local column `lc` (all but the correction table) from its popc(b) summed
@@ -1737,8 +1758,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 // (benchmarks/NOTES.md, session 12). A k256 step takes two consecutive chunks of K, as the FSB weights hold
 // them; their distance in the band (the descriptor's LBO) is positive where P = 1 (taps t and t + 1) or P
 // is even (planes 2c and 2c + 1 of one tap). Positions with ox >= out_w are computed and dropped: (kw - 1)
-// / Wp of the rows. popc(a) comes from per-position popcounts summed over the taps (out-of-frame positions
-// are zeros, as for the other kernels; "zero" padding takes its correction in the epilogue).
+// / Wp of the rows. popc(a) comes from the tensor cores: an m64n8 wgmma per step with a B of all ones,
+// whose AND-popc with a row is its receptive field's popcount (out-of-frame positions are zeros, as for the
+// other kernels; "zero" padding takes its correction in the epilogue).
 //
 // m64n128 wgmmas over four consumer warpgroups of 64 accumulators (the register file holds no more): where
 // the tile's columns were 256 wide (two warpgroups of m64n256) or N > 128 (column tiles of 128), the band
@@ -1793,39 +1815,22 @@ __host__ __device__ __forceinline__ BandItem BandItemOf(const BinaryGemmProblem&
 }
 
 // Shared memory of BandWgmmaKernel, from a 1024-aligned base: two band buffers of P planes, slack for the
-// reads of dropped rows past the band, the weights, the column table, the position popcounts of each
-// buffer, the steps' A descriptors, the taps' position offsets, three barriers.
+// reads of dropped rows past the band, the weights, the all-ones row group (B of an m64n8 wgmma: each row's
+// popc(A)), the column table, the steps' A descriptors, three barriers.
 struct BandSmem {
-  int buffer_bytes, weights, cols, popc, steps, taps, barriers, total;
+  int buffer_bytes, weights, ones, cols, steps, barriers, total;
 };
 __host__ __device__ __forceinline__ BandSmem BandSmemOf(const BinaryGemmProblem& p, const BandLayout& b) {
   BandSmem s;
-  const int positions = b.slots * b.slot_positions;
   s.buffer_bytes = p.cw / 4 * b.plane_bytes;
   const int slack = (16 * (p.kw + 64) + 127) / 128 * 128;
   s.weights = 2 * s.buffer_bytes + slack;
-  s.cols = s.weights + kBandCols / 8 * b.k_tiles * 128;
-  s.popc = s.cols + static_cast<int>(sizeof(TileColumns<kWgCols>));
-  s.steps = (s.popc + 2 * positions * 4 + 7) / 8 * 8;
-  s.taps = s.steps + 8 * b.steps;
-  s.barriers = (s.taps + 4 * p.kh * p.kw + 7) / 8 * 8;
+  s.ones = s.weights + kBandCols / 8 * b.k_tiles * 128;
+  s.cols = s.ones + b.k_tiles * 128;
+  s.steps = (s.cols + static_cast<int>(sizeof(TileColumns<kWgCols>)) + 7) / 8 * 8;
+  s.barriers = s.steps + 8 * b.steps;
   s.total = 1024 + s.barriers + 3 * 8;
   return s;
-}
-
-// The popcount of a row's receptive field: the band's position popcounts over a kKh x kKw window of rows
-// Wp positions apart. The taps' loads are independent and their offsets constants or one product per
-// filter row (ncu, session 15: the runtime tap loop, a load of the tap's offset and then of its count per
-// tap, was as many instructions as the threshold compares and one dependent chain in the wgmmas' window).
-template <int kKh, int kKw>
-__device__ __forceinline__ int WindowPopcount(const int* window, int wp) {
-  int count = 0;
-#pragma unroll
-  for (int i = 0; i < kKh; ++i) {
-#pragma unroll
-    for (int j = 0; j < kKw; ++j) count += window[i * wp + j];
-  }
-  return count;
 }
 
 // kUnrolledSteps > 0: at most that many k256 steps, issued by a fully unrolled loop; 0: any number, by a loop
@@ -1841,9 +1846,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   uint8_t* smem = smem_raw + (1024 - SmemAddress(smem_raw) % 1024) % 1024;
   const BandSmem at = BandSmemOf(p, band);
   auto& cols = *reinterpret_cast<TileColumns<kWgCols>*>(smem + at.cols);
-  int* position_popc = reinterpret_cast<int*>(smem + at.popc);  // [buffer][position]
   uint64_t* step_desc = reinterpret_cast<uint64_t*>(smem + at.steps);
-  int* tap_offset = reinterpret_cast<int*>(smem + at.taps);
   const uint32_t base = SmemAddress(smem), weights = base + at.weights;
   const uint32_t band_full = base + at.barriers;  // [buffer]: the band landed
   const uint32_t weights_full = band_full + 16;
@@ -1872,7 +1875,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   // What depends on the parameters only (no buffer of the problem) comes before `griddepcontrol.wait`, under
-  // the previous kernel's tail: the first item, the zeroed chunks, the steps' descriptors, the taps' offsets.
+  // the previous kernel's tail: the first item, the zeroed chunks, the all-ones block, the steps' descriptors.
   // Each piece of the set-up was one thread's short dependent chain of ~0.5-0.7 us, however few its
   // instructions (clock64 trace, session 16, jobs GB-GC); the small jobs go to the last warps
   // (`from_last`), away from the warps that issue the copies.
@@ -1885,6 +1888,14 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       *reinterpret_cast<uint4*>(smem + at.weights + (i / 8 * band.k_tiles + chunks) * 128 + i % 8 * 16) =
           make_uint4(0, 0, 0, 0);
     }
+  }
+  // The all-ones row group: ones over the real chunks, zeros over the odd partner. AND-popc with it is
+  // popc(A) of the row's receptive field, computed with the tile's dot products (the position popcounts
+  // of each band, a pass over it before its first tile, and their window sums per row took ~0.4 us of the
+  // first tile's start, session 17).
+  for (int i = from_last; i < band.k_tiles * 8; i += kBandThreads) {
+    const uint32_t bits = i / 8 < chunks ? 0xffffffffu : 0u;
+    *reinterpret_cast<uint4*>(smem + at.ones + 16 * i) = make_uint4(bits, bits, bits, bits);
   }
   // Step s takes chunks 2s, 2s + 1 of K: chunk k is plane k % P of tap k / P, at plane_bytes (k % P) +
   // 16 (i Wp + j) from the band's start for tile position 0 (the partner of an odd last chunk: 16 bytes on).
@@ -1901,7 +1912,6 @@ __global__ void __launch_bounds__(kBandThreads, 1)
     const int along_k = 2 * s + 1 < chunks ? chunk_offset(2 * s + 1) - first : 16;
     step_desc[s] = OperandDescriptor(base + first, along_k, 128);
   }
-  for (int tap = from_last; tap < taps; tap += kBandThreads) tap_offset[tap] = tap_position(tap);
   __syncthreads();
   // a programmatic dependent launch, as the other wgmma kernels: no global access before this
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -1940,7 +1950,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
     FillTileColumn<kWgCols>(p, cols, col0, wtid);
   }
   JAXBNN_TRACE_START(5, tid == 0);
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the zeroed chunks, for the wgmmas
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the zeroed chunks and ones, for the wgmmas
   __syncthreads();
   JAXBNN_TRACE_START(6, tid == 0);
   BarrierWait(weights_full, 0);
@@ -1954,20 +1964,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
     if (tid == 0 && next < band.items) load_band(BandItemOf(p, band, next), buffer ^ 1);
     const BandItem item_tiles = BandItemOf(p, band, item);
     const int tiles = item_tiles.tiles[0] + item_tiles.tiles[1];
-    BarrierWait(band_full + 8 * buffer, (round >> 1) & 1);
-    if (round == 0) JAXBNN_TRACE_START(7, tid == 0);
-    int* counts = position_popc + buffer * band.slots * band.slot_positions;
-    for (int s = 0; s < item_tiles.segments(); ++s) {
-      for (int i = s * band.slot_positions + tid; i < s * band.slot_positions + band.band_rows * wp; i += kBandThreads) {
-        int count = 0;
-        for (int c = 0; c < planes; ++c) {
-          const uint4 v = *reinterpret_cast<const uint4*>(smem + buffer * at.buffer_bytes + c * band.plane_bytes + 16 * i);
-          count += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
-        }
-        counts[i] = count;
-      }
-    }
-    __syncthreads();
+    BarrierWait(band_full + 8 * buffer, (round >> 1) & 1);  // every thread: no barrier needed after it
     if (round == 0) JAXBNN_TRACE_START(2, tid == 0);
     for (int i = wg; i < tiles; i += kBandWarpgroups, ++traced_tile) {
       // traced: the first two warpgroups (the harness's trace has two)
@@ -1979,13 +1976,16 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       // the tile's first position in its image, and in the band buffer
       const int q0 = 64 * (seg == 0 ? it.first_tile + i : i - it.tiles[0]);
       const int local0 = q0 - first_row(it, seg) * wp + seg * band.slot_positions;
-      int acc[kBandCols / 2];
+      int acc[kBandCols / 2], popc_a[4];  // popc_a: rows g, g + 8 (twice each) against the all-ones B
       // step_desc is relative to buffer 0 at tile position 0: the start address field moves by 16 bytes per
       // position
       const uint32_t a_shift = (buffer * at.buffer_bytes >> 4) + local0;
+      const uint64_t ones_desc = OperandDescriptor(base + at.ones, 128, 128);
       auto step = [&](int s) {
-        wgmma_m64n128k256_and_popc(acc, step_desc[s] + a_shift,
-                                   OperandDescriptor(weights + s * 256, 128, band.k_tiles * 128), s != 0);
+        const uint64_t a = step_desc[s] + a_shift;
+        wgmma_m64n128k256_and_popc(acc, a, OperandDescriptor(weights + s * 256, 128, band.k_tiles * 128), s != 0);
+        // (its start address field moves by 16 per step)
+        wgmma_m64n8k256_and_popc(popc_a, a, ones_desc + 16 * s, s != 0);
       };
       if constexpr (kUnrolledSteps > 0) {
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -2010,16 +2010,6 @@ __global__ void __launch_bounds__(kBandThreads, 1)
         const int oy = Quotient(q, band.padded_w), ox = q - oy * wp;
         rows.valid[h] = oy < p.out_h && ox < p.out_w;
         rows.row[h] = (static_cast<long long>(image) * p.out_h + oy) * p.out_w + ox;
-        int count = 0;
-        if (rows.valid[h]) {
-          const int* window = counts + local0 + r;  // the row's receptive field starts here
-          if (p.kh == 3 && p.kw == 3) {
-            count = WindowPopcount<3, 3>(window, wp);
-          } else {
-            for (int tap = 0; tap < taps; ++tap) count += window[tap_offset[tap]];
-          }
-        }
-        rows.v0[h] = p.k_real - 2 * count;
         const FrameExcess e = ExcessOf(p, oy - p.pad_top, ox - p.pad_left);
         const bool border = !p.pad_one && rows.valid[h] && e.top + e.bottom + e.left + e.right > 0;
         rows.correction[h] = border ? (HasCorrectionTable(p) ? BorderClass(p, e) : 1) : 0;
@@ -2027,10 +2017,12 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       if (wg < 2) JAXBNN_TRACE_TILE(wg, traced_tile, 1, wtid);
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
       if (wg < 2) JAXBNN_TRACE_TILE(wg, traced_tile, 2, wtid);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) rows.v0[h] = p.k_real - 2 * popc_a[2 * h];
       StoreAccumulatorRows(p, acc, rows, cols, col0, t, true);
       if (wg < 2) JAXBNN_TRACE_TILE(wg, traced_tile, 3, wtid);
     }
-    __syncthreads();  // this buffer and its popcounts are free for the item after next
+    __syncthreads();  // this buffer is free for the item after next
   }
 #endif
 }
@@ -2266,7 +2258,7 @@ bool LaunchBandWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cudaSt
     band.slot_positions = 0;
     band.plane_bytes = 0;
     const int fixed = BandSmemOf(p, band).total;
-    const int row_bytes = 2 * planes * wp * 16 + 2 * wp * 4;  // two buffers and their position popcounts
+    const int row_bytes = 2 * planes * wp * 16;  // two buffers
     const int max_rows = std::min(256, (smem_optin - fixed - 2 * planes * 128) / row_bytes);
     if (max_rows < p.kh + 1) return false;
     // bands of fewer tiles than warpgroups would leave warpgroups idle
