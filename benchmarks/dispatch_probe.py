@@ -1,11 +1,16 @@
 """How many calls a timed program needs before host dispatch stops limiting a small op through XLA.
 
     python benchmarks/dispatch_probe.py [SIZE]      (default 4096; run on the GPU machine)
+    python benchmarks/dispatch_probe.py conv        (the per-call floor of a binary convolution)
 
 Times the packed-in -> packed-out BMM (wgmma engine) of SIZE^3 in jitted programs of 1, 4, 16 and 32 calls
 on distinct inputs, in batches of 5, 50 and 400 programs queued back to back (median of 5 batches), and the
 host time to dispatch one program. Set XLA_FLAGS=--xla_gpu_enable_command_buffer= to compare without
 XLA's command buffers. Session 8 (benchmarks/gpu_results.md, job X) chose gpu_bench's copies_for from it.
+`conv`: microseconds per call of the TCBNN sweep's C = O = 128 convolution (batch 16, 64x64, 3x3, the band
+kernel, ~9 us in the harness) and of a tiny one (batch 1, 8x8, C = O = 128: almost no GPU work), 32 calls
+per program as gpu_bench runs them: where both take the same time per call, the host's per-call work, not
+the kernel, sets the pace (session 17).
 """
 
 import statistics
@@ -56,5 +61,39 @@ def main():
                   flush=True)
 
 
+def conv_floor():
+    from gpu_bench import conv_out
+    calls, programs = 32, 50
+    for name, batch, hw in (("tcbnn C=O=128", 16, 64), ("tiny 8x8 C=O=128", 1, 8)):
+        c = o = 128
+        keys = jax.random.split(jax.random.PRNGKey(1), calls + 1)
+        w = formats.pack_conv_weights(signs(keys[0], (3, 3, c, o)))
+        packed = [formats.pack_bits(signs(k, (batch, hw, hw, c)) >= 0) for k in keys[1:]]
+        thr, flip = jnp.zeros((o,), jnp.int32), jnp.zeros((o,), jnp.uint8)
+        i64 = np.int64
+        attrs = dict(c=i64(c), o=i64(o), kh=i64(3), kw=i64(3), stride_h=i64(1), stride_w=i64(1), pad_top=i64(1),
+                     pad_bottom=i64(1), pad_left=i64(1), pad_right=i64(1), pad_one=False, pool_h=i64(1), pool_w=i64(1))
+        oh = conv_out(hw, 3, 1)
+        call = jax.ffi.ffi_call("jaxbnn_bconv2d_bits", jax.ShapeDtypeStruct((batch, oh, oh, formats.num_words(o)), jnp.uint32))
+        fn = jax.jit(lambda wb, wp, t_, f_, *a: [call(x, wb, wp, t_, f_, **attrs) for x in a])
+        args = [w.bits, w.tap_popcount, thr, flip, *packed]
+        jax.block_until_ready(fn(*args))
+        samples = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(programs):
+                out = fn(*args)
+            jax.block_until_ready(out)
+            samples.append((time.perf_counter() - t0) / (programs * calls))
+        t0 = time.perf_counter()
+        for _ in range(programs):
+            out = fn(*args)
+        host = (time.perf_counter() - t0) / programs
+        jax.block_until_ready(out)
+        print(f"{name}: {statistics.median(samples) * 1e6:6.2f} us per call ({calls} calls per program, {programs} "
+              f"programs per batch); host dispatch {host * 1e6:7.1f} us per program; ran {_cuda.last_kernel_path()}",
+              flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    conv_floor() if sys.argv[1:] == ["conv"] else main()
