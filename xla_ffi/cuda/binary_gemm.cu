@@ -253,8 +253,8 @@ template <int kCols>
 __device__ __forceinline__ int FillCorrectionTable(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
                                                    int lc, int part = 0, int parts = 1, bool add_bounds = false,
                                                    ColumnThreshold th = {}) {
-  return p.kh == 3 && p.kw == 3 ? FillCorrectionTableOf<kCols, 3>(p, cols, col0, lc, part, parts, add_bounds, th)
-                                : FillCorrectionTableOf<kCols, kTableSide>(p, cols, col0, lc, part, parts, add_bounds, th);
+  if (p.kh == 3 && p.kw == 3) return FillCorrectionTableOf<kCols, 3>(p, cols, col0, lc, part, parts, add_bounds, th);
+  return FillCorrectionTableOf<kCols, kTableSide>(p, cols, col0, lc, part, parts, add_bounds, th);
 }
 
 // Fills the epilogue parameters of local column `lc` (all but the correction table) from its popc(b) summed

@@ -60,9 +60,8 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
 // instruction, 1 the cluster sync passed, 2 the consumers' registers reallocated, 3 the producer's first
 // copy issued. The image-band kernel: 0 first instruction, 1 weights landed (set-up done), 2 the first band
 // landed, 3 the first band's copy issued, 4 `griddepcontrol.wait` passed, 5 thread 0's share of the column
-// table filled, 6 every warpgroup's set-up done (the barrier passed), 7 unused (until session 17: the first
-// band landed, when 2 was its position popcounts done); its tiles are those of its first two warpgroups, event 1 marking the rows' bookkeeping done (the wgmmas
-// issued, not yet waited for).
+// table filled, 6 every warpgroup's set-up done (the barrier passed), 7 unused; its tiles are those of its
+// first two warpgroups, event 1 marking the rows' bookkeeping done (the wgmmas issued, not yet waited for).
 inline constexpr int kTraceStartWords = 8, kTraceTiles = 64, kTraceEvents = 4;
 inline constexpr int kTraceWordsPerCta = kTraceStartWords + 2 * kTraceTiles * kTraceEvents;
 cudaError_t SetTileTrace(unsigned long long* buffer);
