@@ -6,6 +6,7 @@
 //   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
 //        -Ixla_ffi xla_ffi/cuda/kernel_check.cu xla_ffi/cuda/binary_gemm.cu -o kernel_check && ./kernel_check
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -361,15 +362,19 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path) {
   const double t = ms[ms.size() / 2];
   constexpr int kQueued = 30;
   CHECK_CUDA(cudaEventRecord(e0));
+  const auto host0 = std::chrono::steady_clock::now();
   for (int i = 0; i < kQueued; ++i) CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, &ran));
+  // the launcher's host time per call (what a caller such as an XLA handler pays before the kernel is queued)
+  const double host_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - host0).count() / kQueued;
   CHECK_CUDA(cudaEventRecord(e1));
   CHECK_CUDA(cudaEventSynchronize(e1));
   float queued_ms;
   CHECK_CUDA(cudaEventElapsedTime(&queued_ms, e0, e1));
   const double tq = queued_ms / kQueued;
   const double ops = 2.0 * p.pooled_rows * cc.o * taps * cc.c;
-  std::printf("time %-22s %-8s %9.4f ms %9.1f TOPS   queued %9.4f ms %9.1f TOPS\n", name, PathName(ran), t,
-              ops / (t * 1e-3) / 1e12, tq, ops / (tq * 1e-3) / 1e12);
+  std::printf("time %-22s %-8s %9.4f ms %9.1f TOPS   queued %9.4f ms %9.1f TOPS   host %6.2f us a launch\n", name,
+              PathName(ran), t, ops / (t * 1e-3) / 1e12, tq, ops / (tq * 1e-3) / 1e12, host_us);
   CHECK_CUDA(cudaEventDestroy(e0));
   CHECK_CUDA(cudaEventDestroy(e1));
 #ifdef JAXBNN_TILE_TRACE
