@@ -24,10 +24,28 @@ import jax.numpy as jnp
 
 from jaxbnn import _ffi, formats  # noqa: F401  (_ffi registers the native targets)
 import jaxbnn._cuda as _cuda
-from gpu_bench import bmm_call, signs
+from gpu_bench import bmm_call, conv_out, signs
 
 CALLS = (1, 4, 16, 32)
 PROGRAMS_PER_BATCH = (5, 50, 400)
+
+
+def time_programs(fn, args, calls, programs):
+    """(median seconds per call over 5 batches of `programs` programs queued back to back, host seconds to
+    dispatch one program); fn runs `calls` calls."""
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(programs):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - t0) / (programs * calls))
+    t0 = time.perf_counter()
+    for _ in range(programs):
+        out = fn(*args)
+    host = (time.perf_counter() - t0) / programs
+    jax.block_until_ready(out)
+    return statistics.median(samples), host
 
 
 def main():
@@ -44,25 +62,13 @@ def main():
         args = [w.bits, w.popcount, thr, flip, *packed[:calls]]
         jax.block_until_ready(fn(*args))
         for programs in PROGRAMS_PER_BATCH:
-            samples = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                for _ in range(programs):
-                    out = fn(*args)
-                jax.block_until_ready(out)
-                samples.append((time.perf_counter() - t0) / (programs * calls))
-            t0 = time.perf_counter()
-            for _ in range(programs):
-                out = fn(*args)
-            host = (time.perf_counter() - t0) / programs
-            jax.block_until_ready(out)
+            per_call, host = time_programs(fn, args, calls, programs)
             print(f"{s}^3, {calls:2d} calls per program, {programs:3d} programs per batch: "
-                  f"{ops / statistics.median(samples) / 1e12:8.1f} TOPS; host dispatch {host * 1e6:7.1f} us per program",
+                  f"{ops / per_call / 1e12:8.1f} TOPS; host dispatch {host * 1e6:7.1f} us per program",
                   flush=True)
 
 
 def conv_floor():
-    from gpu_bench import conv_out
     calls, programs = 32, 50
     for name, batch, hw in (("tcbnn C=O=128", 16, 64), ("tiny 8x8 C=O=128", 1, 8)):
         c = o = 128
@@ -78,19 +84,8 @@ def conv_floor():
         fn = jax.jit(lambda wb, wp, t_, f_, *a: [call(x, wb, wp, t_, f_, **attrs) for x in a])
         args = [w.bits, w.tap_popcount, thr, flip, *packed]
         jax.block_until_ready(fn(*args))
-        samples = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(programs):
-                out = fn(*args)
-            jax.block_until_ready(out)
-            samples.append((time.perf_counter() - t0) / (programs * calls))
-        t0 = time.perf_counter()
-        for _ in range(programs):
-            out = fn(*args)
-        host = (time.perf_counter() - t0) / programs
-        jax.block_until_ready(out)
-        print(f"{name}: {statistics.median(samples) * 1e6:6.2f} us per call ({calls} calls per program, {programs} "
+        per_call, host = time_programs(fn, args, calls, programs)
+        print(f"{name}: {per_call * 1e6:6.2f} us per call ({calls} calls per program, {programs} "
               f"programs per batch); host dispatch {host * 1e6:7.1f} us per program; ran {_cuda.last_kernel_path()}",
               flush=True)
 
