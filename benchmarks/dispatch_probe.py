@@ -9,8 +9,11 @@ host time to dispatch one program. Set XLA_FLAGS=--xla_gpu_enable_command_buffer
 XLA's command buffers. Session 8 (benchmarks/gpu_results.md, job X) chose gpu_bench's copies_for from it.
 `conv`: microseconds per call of the TCBNN sweep's C = O = 128 convolution (batch 16, 64x64, 3x3, the band
 kernel, ~9 us in the harness) and of a tiny one (batch 1, 8x8, C = O = 128: almost no GPU work), 32 calls
-per program as gpu_bench runs them: where both take the same time per call, the host's per-call work, not
-the kernel, sets the pace (session 17).
+per program as gpu_bench runs them (distinct inputs, every output a result of the program) and chained as
+in a network (each output the next call's input: the intermediates are XLA's temporaries): where both
+sizes take the same time per call, the host's per-call work, not the kernel, sets the pace (session 17).
+Every line says how often our handlers ran per call (0 where XLA replayed its command buffer) and their
+host time per run.
 """
 
 import statistics
@@ -32,8 +35,10 @@ PROGRAMS_PER_BATCH = (5, 50, 400)
 
 def time_programs(fn, args, calls, programs):
     """(median seconds per call over 5 batches of `programs` programs queued back to back, host seconds to
-    dispatch one program); fn runs `calls` calls."""
+    dispatch one program, our handlers' runs per call, their host seconds per run); fn runs `calls` calls.
+    Where XLA replays a captured command buffer, a call runs no handler (jaxbnn._cuda.handler_stats)."""
     samples = []
+    before = _cuda.handler_stats()
     for _ in range(5):
         t0 = time.perf_counter()
         for _ in range(programs):
@@ -45,7 +50,15 @@ def time_programs(fn, args, calls, programs):
         out = fn(*args)
     host = (time.perf_counter() - t0) / programs
     jax.block_until_ready(out)
-    return statistics.median(samples), host
+    after = _cuda.handler_stats()
+    runs = after["calls"] - before["calls"]
+    handler_host = (after["host_seconds"] - before["host_seconds"]) / runs if runs else 0.0
+    return statistics.median(samples), host, runs / (6 * programs * calls), handler_host
+
+
+def report(per_call, host, handler_runs, handler_host):
+    return (f"host dispatch {host * 1e6:7.1f} us per program; handlers ran {handler_runs:.2f} times per call, "
+            f"{handler_host * 1e6:5.2f} us each")
 
 
 def main():
@@ -62,10 +75,9 @@ def main():
         args = [w.bits, w.popcount, thr, flip, *packed[:calls]]
         jax.block_until_ready(fn(*args))
         for programs in PROGRAMS_PER_BATCH:
-            per_call, host = time_programs(fn, args, calls, programs)
+            timing = time_programs(fn, args, calls, programs)
             print(f"{s}^3, {calls:2d} calls per program, {programs:3d} programs per batch: "
-                  f"{ops / per_call / 1e12:8.1f} TOPS; host dispatch {host * 1e6:7.1f} us per program",
-                  flush=True)
+                  f"{ops / timing[0] / 1e12:8.1f} TOPS; {report(*timing)}", flush=True)
 
 
 def conv_floor():
@@ -81,13 +93,22 @@ def conv_floor():
                      pad_bottom=i64(1), pad_left=i64(1), pad_right=i64(1), pad_one=False, pool_h=i64(1), pool_w=i64(1))
         oh = conv_out(hw, 3, 1)
         call = jax.ffi.ffi_call("jaxbnn_bconv2d_bits", jax.ShapeDtypeStruct((batch, oh, oh, formats.num_words(o)), jnp.uint32))
-        fn = jax.jit(lambda wb, wp, t_, f_, *a: [call(x, wb, wp, t_, f_, **attrs) for x in a])
-        args = [w.bits, w.tap_popcount, thr, flip, *packed]
-        jax.block_until_ready(fn(*args))
-        per_call, host = time_programs(fn, args, calls, programs)
-        print(f"{name}: {per_call * 1e6:6.2f} us per call ({calls} calls per program, {programs} "
-              f"programs per batch); host dispatch {host * 1e6:7.1f} us per program; ran {_cuda.last_kernel_path()}",
-              flush=True)
+        def chained(wb, wp, t_, f_, x):
+            for _ in range(calls):  # each call's packed output is the next one's input, as in a network
+                x = call(x, wb, wp, t_, f_, **attrs)
+            return x
+
+        programs_of = {
+            "distinct inputs, every output returned": (
+                jax.jit(lambda wb, wp, t_, f_, *a: [call(x, wb, wp, t_, f_, **attrs) for x in a]), packed),
+            "chained, one output returned": (jax.jit(chained), packed[:1]),
+        }
+        for form, (fn, inputs) in programs_of.items():
+            args = [w.bits, w.tap_popcount, thr, flip, *inputs]
+            jax.block_until_ready(fn(*args))
+            timing = time_programs(fn, args, calls, programs)
+            print(f"{name}, {form}: {timing[0] * 1e6:6.2f} us per call ({calls} calls per program, {programs} "
+                  f"programs per batch); {report(*timing)}; ran {_cuda.last_kernel_path()}", flush=True)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,11 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <array>
 #include <cstring>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -1302,7 +1305,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   }
   ClusterSync();  // the partner's barriers exist before any multicast copy or remote arrival reaches them
   JAXBNN_TRACE_START(1, tid == 0);
-  // Launched as a programmatic dependent (LaunchWgmma): everything above overlaps the previous kernel's
+  // Launched as a programmatic dependent (PlanPersistent): everything above overlaps the previous kernel's
   // last tiles; every global read and write of the problem's buffers comes after this wait.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 
@@ -2028,16 +2031,26 @@ __global__ void __launch_bounds__(kBandThreads, 1)
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Host side.
+// Host side: a launch is planned once per problem shape and replayed from a cache.
+//
+// Planning (which kernel, its grid and shared memory, the band layout, the tensor maps) took the launcher
+// 4.3-6.2 us of host time per call (kernel harness, session 17, job HK): about half the ~9 us a C = 128
+// convolution takes on the GPU, paid again whenever XLA calls the handler. A plan depends on the problem's
+// shape, the operands' alignment and the device alone; only its tensor maps hold operand addresses, so a
+// cached plan is re-pointed (its maps re-encoded from their recipes) when a call brings other buffers.
 
 struct DeviceInfo {
-  bool known = false;
   int major = 0, minor = 0, sms = 0, smem_optin = 0;  // smem_optin: bytes of shared memory a block may take
 };
 
-DeviceInfo& InfoFor(int device) {
-  static DeviceInfo infos[64];
-  return infos[device & 63];
+cudaError_t QueryDevice(int device, DeviceInfo& info) {
+  cudaError_t err;
+  if ((err = cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&info.minor, cudaDevAttrComputeCapabilityMinor, device)) != cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) {
+    return err;
+  }
+  return cudaDeviceGetAttribute(&info.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
 }
 
 LaunchDivisors DivisorsOf(const BinaryGemmProblem& p) {
@@ -2045,30 +2058,9 @@ LaunchDivisors DivisorsOf(const BinaryGemmProblem& p) {
           FastDivisor(p.out_w)};
 }
 
-template <class Kernel>
-cudaError_t Launch(Kernel kernel, int smem, int threads, int m_tiles, int n_tiles, const BinaryGemmProblem& p,
-                   cudaStream_t stream) {
-  // Raising the dynamic shared memory limit is idempotent and cheap; no launch-time allocation.
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  const long long tiles = static_cast<long long>(m_tiles) * n_tiles;
-  if (tiles > INT_MAX) return cudaErrorInvalidConfiguration;
-  kernel<<<static_cast<unsigned>(tiles), threads, smem, stream>>>(p, DivisorsOf(p), m_tiles, n_tiles);
-  return cudaGetLastError();
-}
-
 int TilesOfRows(const BinaryGemmProblem& p, int rows) {
   const int pooled_per_tile = rows / (p.pool_h * p.pool_w);
   return (p.pooled_rows + pooled_per_tile - 1) / pooled_per_tile;
-}
-
-// One tile per CTA of ClassicKernel<Engine>; 16-byte activation copies where every tap's words are aligned.
-template <class Engine>
-cudaError_t LaunchClassic(const BinaryGemmProblem& p, bool aligned, cudaStream_t stream) {
-  constexpr int smem = ClassicSmemBytes<Engine>();
-  const int m = TilesOfRows(p, Engine::kRows), n = (p.n + Engine::kCols - 1) / Engine::kCols;
-  return aligned ? Launch(ClassicKernel<Engine, 4>, smem, Engine::kThreads, m, n, p, stream)
-                 : Launch(ClassicKernel<Engine, 1>, smem, Engine::kThreads, m, n, p, stream);
 }
 
 // cuTensorMapEncodeTiled from the driver, through the runtime (no link-time dependency on libcuda);
@@ -2086,7 +2078,27 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   return encode;
 }
 
-// How the wgmma kernel takes the activations of `p`, with the TMA tensor map it needs:
+// A byte tensor map without its address: what cuTensorMapEncodeTiled takes besides the operand's pointer.
+struct TensorMapRecipe {
+  cuuint32_t rank = 0;  // 0: no map
+  cuuint64_t dims[4] = {};
+  cuuint64_t strides[3] = {};  // rank - 1 of them
+  cuuint32_t box[4] = {};
+  CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_NONE;
+};
+
+bool Encode(const TensorMapRecipe& r, const void* address, CUtensorMap& map) {
+  std::memset(&map, 0, sizeof(map));
+  if (r.rank == 0) return true;
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  const cuuint32_t unit_strides[4] = {1, 1, 1, 1};
+  return encode != nullptr &&
+         encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, r.rank, const_cast<void*>(address), r.dims, r.strides, r.box,
+                unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, r.swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// How the wgmma kernel takes the activations of `p`, with the recipe of the TMA tensor map it needs:
 //   rows of a plain matrix (bmm, 1x1 stride-1 unpadded convolutions): bytes x rows, 128 x 128 boxes,
 //   128B swizzle (kSwizzledRows);
 //   stride-1 convolutions whose 128-row tiles are whole output rows (128 % out_w == 0, tiles inside an
@@ -2094,121 +2106,154 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 //   TMA unit; one (W bytes, pixels) box per W bytes of K with the W-byte swizzle where a tap's channel
 //   bytes are 32, 64 or a multiple of 128 (kTapRows), else one (16 bytes, pixels) box per 16-byte chunk
 //   (kChunkSlabs);
-//   anything else, or a driver without cuTensorMapEncodeTiled: cp.async (kCoreMatrices).
+//   anything else: cp.async (kCoreMatrices, no map).
 // `rows`: the rows of a box (128: WgmmaKernel's tiles; 64: ResidentWgmmaKernel's halves).
-ALayout ActivationTensorMap(const BinaryGemmProblem& p, CUtensorMap& map, int rows = kWgRows) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+ALayout ActivationLayout(const BinaryGemmProblem& p, TensorMapRecipe& r, int rows = kWgRows) {
+  r = TensorMapRecipe{};
   // the boxes take 16 bytes (4 words) of a tap at least
-  if (encode == nullptr || p.pool_h * p.pool_w != 1 || p.stride_h != 1 || p.stride_w != 1 || p.cw % 4 != 0) {
-    return ALayout::kCoreMatrices;
-  }
+  if (p.pool_h * p.pool_w != 1 || p.stride_h != 1 || p.stride_w != 1 || p.cw % 4 != 0) return ALayout::kCoreMatrices;
   const cuuint64_t row_bytes = static_cast<cuuint64_t>(p.cw) * 4;
-  const cuuint32_t unit_strides[4] = {1, 1, 1, 1};
   if (p.kh == 1 && p.kw == 1 && p.pad_top == 0 && p.pad_left == 0 && p.out_h == p.in_h && p.out_w == p.in_w) {
-    const cuuint64_t dims[2] = {row_bytes, static_cast<cuuint64_t>(p.pooled_rows)};
-    const cuuint64_t strides[1] = {row_bytes};
-    const cuuint32_t box[2] = {128, static_cast<cuuint32_t>(rows)};
-    const CUresult made = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint32_t*>(p.x), dims, strides,
-                                 box, unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return made == CUDA_SUCCESS ? ALayout::kSwizzledRows : ALayout::kCoreMatrices;
+    r.rank = 2;
+    r.dims[0] = row_bytes;
+    r.dims[1] = static_cast<cuuint64_t>(p.pooled_rows);
+    r.strides[0] = row_bytes;
+    r.box[0] = 128;
+    r.box[1] = static_cast<cuuint32_t>(rows);
+    r.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+    return ALayout::kSwizzledRows;
   }
   const int box_w = p.out_w < rows ? p.out_w : rows, box_h = rows / box_w;
   const bool whole_rows = rows % p.out_w == 0 && p.out_h % box_h == 0;
   if (!(whole_rows || p.out_w % rows == 0)) return ALayout::kCoreMatrices;
-  const cuuint64_t dims[4] = {row_bytes, static_cast<cuuint64_t>(p.in_w), static_cast<cuuint64_t>(p.in_h),
-                              static_cast<cuuint64_t>(p.batch)};
-  const cuuint64_t strides[3] = {row_bytes, row_bytes * p.in_w, row_bytes * p.in_w * p.in_h};
   // Tap rows where a tap's bytes allow (W-byte boxes with the W-byte swizzle), else 16-byte chunk boxes.
   const int tap_row_bytes = TapRowBytes(p.cw);
-  const CUtensorMapSwizzle swizzle = tap_row_bytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
-                                     : tap_row_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
-                                     : tap_row_bytes == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
-                                                           : CU_TENSOR_MAP_SWIZZLE_NONE;
-  const cuuint32_t box[4] = {static_cast<cuuint32_t>(tap_row_bytes ? tap_row_bytes : 16),
-                             static_cast<cuuint32_t>(box_w), static_cast<cuuint32_t>(box_h), 1};
-  const CUresult made = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<uint32_t*>(p.x), dims, strides, box,
-                               unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (made != CUDA_SUCCESS) return ALayout::kCoreMatrices;
+  r.rank = 4;
+  r.dims[0] = row_bytes;
+  r.dims[1] = static_cast<cuuint64_t>(p.in_w);
+  r.dims[2] = static_cast<cuuint64_t>(p.in_h);
+  r.dims[3] = static_cast<cuuint64_t>(p.batch);
+  r.strides[0] = row_bytes;
+  r.strides[1] = row_bytes * p.in_w;
+  r.strides[2] = row_bytes * p.in_w * p.in_h;
+  r.box[0] = static_cast<cuuint32_t>(tap_row_bytes ? tap_row_bytes : 16);
+  r.box[1] = static_cast<cuuint32_t>(box_w);
+  r.box[2] = static_cast<cuuint32_t>(box_h);
+  r.box[3] = 1;
+  r.swizzle = tap_row_bytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+              : tap_row_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+              : tap_row_bytes == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                    : CU_TENSOR_MAP_SWIZZLE_NONE;
   return tap_row_bytes ? ALayout::kTapRows : ALayout::kChunkSlabs;
 }
 
 // The weights as a 3-D tensor of FSB tiles for WeightCopyMulticast: (128 bytes, w_k_tiles, w_row_tiles),
-// boxes of 8 x 16 tiles. False where it cannot be made (no encoder, a misaligned buffer): bulk copies then.
-bool WeightTensorMap(const BinaryGemmProblem& p, CUtensorMap& map) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
-  if (encode == nullptr) return false;
-  const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(p.w_k_tiles), static_cast<cuuint64_t>(p.w_row_tiles)};
-  const cuuint64_t strides[2] = {128, static_cast<cuuint64_t>(p.w_k_tiles) * 128};
-  const cuuint32_t box[3] = {128, kKBlockWords / 4, kWgCols / 8 / kWgCluster};
-  const cuuint32_t unit_strides[3] = {1, 1, 1};
-  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint32_t*>(p.w), dims, strides, box, unit_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+// boxes of 8 x 16 tiles.
+TensorMapRecipe WeightRecipe(const BinaryGemmProblem& p) {
+  TensorMapRecipe r;
+  r.rank = 3;
+  r.dims[0] = 128;
+  r.dims[1] = static_cast<cuuint64_t>(p.w_k_tiles);
+  r.dims[2] = static_cast<cuuint64_t>(p.w_row_tiles);
+  r.strides[0] = 128;
+  r.strides[1] = static_cast<cuuint64_t>(p.w_k_tiles) * 128;
+  r.box[0] = 128;
+  r.box[1] = kKBlockWords / 4;
+  r.box[2] = kWgCols / 8 / kWgCluster;
+  return r;
 }
 
-// Launches `kernel` with `smem` bytes of dynamic shared memory as a programmatic dependent launch: it may
-// start while the stream's previous kernel finishes (its `griddepcontrol.wait` keeps its global accesses
-// after that kernel's), and the next kernel may start at its `griddepcontrol.launch_dependents`.
-template <class... Params, class... Args>
-cudaError_t LaunchProgrammatic(void (*kernel)(Params...), int ctas, int threads, int smem, cudaStream_t stream,
-                               Args&&... args) {
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(ctas));
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attrs[1];
-  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attrs;
-  config.numAttrs = 1;
-  err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-  return err == cudaSuccess ? cudaGetLastError() : err;
+// A launch of one problem: the kernel, its grid, and the values of its parameters. The kernels take some of
+// these in the order `kind` names (LaunchArgs).
+struct LaunchPlan {
+  enum class Kind { kClassic, kPersistent, kResident, kBand } kind = Kind::kClassic;
+  const void* kernel = nullptr;
+  KernelPath path = KernelPath::kSimt;  // the engine that runs
+  unsigned ctas = 0, threads = 0;
+  int smem = 0;
+  int cluster = 1;
+  bool programmatic = false;  // a programmatic dependent launch (the wgmma kernels)
+  BinaryGemmProblem p;
+  LaunchDivisors div;
+  TensorMapRecipe a_recipe, w_recipe;  // a: the activations (p.x), w: the weights (p.w)
+  CUtensorMap a_map, w_map;
+  BandLayout band;
+  int m_tiles = 0, n_tiles = 0, m_pairs = 0, ctas_per_column = 0;
+  bool weights_by_tma = false, runs = false;
+};
+
+// Points the plan at the operands of `p` (same shape): its problem, and its tensor maps re-encoded where an
+// address moved. False where a map cannot be made for the new address.
+bool Repoint(LaunchPlan& plan, const BinaryGemmProblem& p) {
+  const bool x_moved = plan.p.x != p.x, w_moved = plan.p.w != p.w;
+  const bool pad_one = plan.p.pad_one;  // the plan's (LaunchBinaryGemm may have set it)
+  plan.p = p;
+  plan.p.pad_one = pad_one;
+  return (!x_moved || Encode(plan.a_recipe, p.x, plan.a_map)) && (!w_moved || Encode(plan.w_recipe, p.w, plan.w_map));
+}
+
+// One tile per CTA of ClassicKernel<Engine>; 16-byte activation copies where every tap's words are aligned.
+template <class Engine>
+LaunchPlan PlanClassic(const BinaryGemmProblem& p, bool aligned, KernelPath path) {
+  LaunchPlan plan;
+  plan.kind = LaunchPlan::Kind::kClassic;
+  plan.path = path;
+  plan.kernel = reinterpret_cast<const void*>(aligned ? ClassicKernel<Engine, 4> : ClassicKernel<Engine, 1>);
+  plan.threads = Engine::kThreads;
+  plan.smem = ClassicSmemBytes<Engine>();
+  plan.p = p;
+  plan.div = DivisorsOf(p);
+  plan.m_tiles = TilesOfRows(p, Engine::kRows);
+  plan.n_tiles = (p.n + Engine::kCols - 1) / Engine::kCols;
+  const long long tiles = static_cast<long long>(plan.m_tiles) * plan.n_tiles;
+  plan.ctas = tiles > INT_MAX ? 0 : static_cast<unsigned>(tiles);  // 0: too many tiles (refused at launch)
+  return plan;
 }
 
 // ResidentWgmmaKernel where it can run `p`: unpooled, activations by TMA in 64-row boxes, the column tile's
-// weights within the shared memory left by the rest, at least one CTA per column tile. Returns false
-// (nothing launched) otherwise; else the launch's error in `err`.
-bool LaunchResidentWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cudaStream_t stream, cudaError_t& err) {
+// weights within the shared memory left by the rest, at least one CTA per column tile. False (nothing
+// planned) otherwise.
+bool PlanResident(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& plan) {
   const int m_tiles = TilesOfRows(p, kWgRows), n_tiles = (p.n + kWgCols - 1) / kWgCols;
   const bool narrow = p.n <= kWgCols / 2;  // one tile of at most 128 columns: m64n128 wgmmas
   const int smem = kResidentFixedBytes + ResidentWeightBytes(p.w_k_tiles, narrow ? kWgCols / 2 : kWgCols);
-  if (p.pool_h * p.pool_w != 1 || smem > smem_optin || n_tiles > sms || reinterpret_cast<uintptr_t>(p.w) % 16 != 0) {
+  if (p.pool_h * p.pool_w != 1 || smem > info.smem_optin || n_tiles > info.sms ||
+      reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || TensorMapEncoder() == nullptr) {
     return false;
   }
-  CUtensorMap a_map;
-  std::memset(&a_map, 0, sizeof(a_map));
-  const ALayout layout = ActivationTensorMap(p, a_map, 64);
-  if (layout == ALayout::kCoreMatrices) return false;
+  const ALayout layout = ActivationLayout(p, plan.a_recipe, 64);
+  if (layout == ALayout::kCoreMatrices || !Encode(plan.a_recipe, p.x, plan.a_map)) return false;
   const auto kernel =
       layout == ALayout::kSwizzledRows
           ? (narrow ? ResidentWgmmaKernel<ALayout::kSwizzledRows, kWgCols / 2> : ResidentWgmmaKernel<ALayout::kSwizzledRows, kWgCols>)
       : layout == ALayout::kChunkSlabs
           ? (narrow ? ResidentWgmmaKernel<ALayout::kChunkSlabs, kWgCols / 2> : ResidentWgmmaKernel<ALayout::kChunkSlabs, kWgCols>)
           : (narrow ? ResidentWgmmaKernel<ALayout::kTapRows, kWgCols / 2> : ResidentWgmmaKernel<ALayout::kTapRows, kWgCols>);
+  plan.kind = LaunchPlan::Kind::kResident;
+  plan.path = KernelPath::kWgmma;
+  plan.kernel = reinterpret_cast<const void*>(kernel);
+  plan.threads = kWgThreads;
+  plan.smem = smem;
+  plan.programmatic = true;
+  plan.p = p;
+  plan.div = DivisorsOf(p);
+  plan.m_tiles = m_tiles;
   // every SM a CTA, the column tiles shared out evenly; each CTA at least one row tile
-  const int ctas_per_column = std::max(1, std::min(m_tiles, sms / n_tiles));
-  err = LaunchProgrammatic(kernel, n_tiles * ctas_per_column, kWgThreads, smem, stream, p, a_map, DivisorsOf(p),
-                           m_tiles, ctas_per_column);
+  plan.ctas_per_column = std::max(1, std::min(m_tiles, info.sms / n_tiles));
+  plan.ctas = static_cast<unsigned>(n_tiles * plan.ctas_per_column);
   return true;
 }
 
 // BandWgmmaKernel where it can run `p`: an unpooled stride-1 convolution with taps (not a GEMM: the resident
 // kernel's rows need no band) of at most 128 output channels, 16-byte channel chunks in planes it can pair
 // (P = 1 or even), a padded row of at most 256 positions (a TMA box side), and a band of a tile per
-// warpgroup in the shared memory left by the weights. Returns false (nothing launched) otherwise; else the
-// launch's error in `err`.
-bool LaunchBandWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cudaStream_t stream, cudaError_t& err) {
+// warpgroup in the shared memory left by the weights. False (nothing planned) otherwise.
+bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& plan) {
+  const int sms = info.sms, smem_optin = info.smem_optin;
   const int planes = p.cw / 4, wp = p.out_w + p.kw - 1;
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
-  if (encode == nullptr || p.n > kBandCols || p.pool_h * p.pool_w != 1 || p.stride_h != 1 || p.stride_w != 1 ||
-      p.kh * p.kw == 1 ||
-      p.cw % 4 != 0 || (planes != 1 && planes % 2 != 0) || wp > 256 || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(p.w) % 16 != 0) {
+  if (TensorMapEncoder() == nullptr || p.n > kBandCols || p.pool_h * p.pool_w != 1 || p.stride_h != 1 ||
+      p.stride_w != 1 || p.kh * p.kw == 1 || p.cw % 4 != 0 || (planes != 1 && planes % 2 != 0) || wp > 256 ||
+      reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || reinterpret_cast<uintptr_t>(p.w) % 16 != 0) {
     return false;
   }
   BandLayout band;
@@ -2272,111 +2317,85 @@ bool LaunchBandWgmma(const BinaryGemmProblem& p, int sms, int smem_optin, cudaSt
     band.image_tiles = FastDivisor(static_cast<int>(items_per_image) * band.tiles_per_item);
     if (!fit_band(1)) return false;
   }
-
-  CUtensorMap map;
-  std::memset(&map, 0, sizeof(map));
+  // one (16 bytes, Wp, band rows) box of NHWC bytes per plane and segment; out-of-frame pixels arrive as zeros
+  TensorMapRecipe& r = plan.a_recipe;
   const cuuint64_t pixel_bytes = static_cast<cuuint64_t>(p.cw) * 4;
-  const cuuint64_t dims[4] = {pixel_bytes, static_cast<cuuint64_t>(p.in_w), static_cast<cuuint64_t>(p.in_h),
-                              static_cast<cuuint64_t>(p.batch)};
-  const cuuint64_t strides[3] = {pixel_bytes, pixel_bytes * p.in_w, pixel_bytes * p.in_w * p.in_h};
-  const cuuint32_t box[4] = {16, static_cast<cuuint32_t>(wp), static_cast<cuuint32_t>(band.band_rows), 1};
-  const cuuint32_t unit_strides[4] = {1, 1, 1, 1};
-  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<uint32_t*>(p.x), dims, strides, box, unit_strides,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
-    return false;
-  }
-  auto* kernel = band.steps <= kBandUnrolledSteps ? BandWgmmaKernel<kBandUnrolledSteps> : BandWgmmaKernel<0>;
-  err = LaunchProgrammatic(kernel, band.ctas, kBandThreads, BandSmemOf(p, band).total, stream, p, map, band);
+  r.rank = 4;
+  r.dims[0] = pixel_bytes;
+  r.dims[1] = static_cast<cuuint64_t>(p.in_w);
+  r.dims[2] = static_cast<cuuint64_t>(p.in_h);
+  r.dims[3] = static_cast<cuuint64_t>(p.batch);
+  r.strides[0] = pixel_bytes;
+  r.strides[1] = pixel_bytes * p.in_w;
+  r.strides[2] = pixel_bytes * p.in_w * p.in_h;
+  r.box[0] = 16;
+  r.box[1] = static_cast<cuuint32_t>(wp);
+  r.box[2] = static_cast<cuuint32_t>(band.band_rows);
+  r.box[3] = 1;
+  if (!Encode(r, p.x, plan.a_map)) return false;
+  plan.kind = LaunchPlan::Kind::kBand;
+  plan.path = KernelPath::kWgmma;
+  plan.kernel = reinterpret_cast<const void*>(band.steps <= kBandUnrolledSteps ? BandWgmmaKernel<kBandUnrolledSteps>
+                                                                                : BandWgmmaKernel<0>);
+  plan.ctas = static_cast<unsigned>(band.ctas);
+  plan.threads = kBandThreads;
+  plan.smem = BandSmemOf(p, band).total;
+  plan.programmatic = true;
+  plan.p = p;
+  plan.band = band;
   return true;
 }
 
 // Clusters of two CTAs over pairs of row tiles: persistent (one CTA per SM) unless the pooled epilogue
 // needs one tile per CTA.
-cudaError_t LaunchWgmma(const BinaryGemmProblem& p, int sms, cudaStream_t stream) {
+LaunchPlan PlanPersistent(const BinaryGemmProblem& p, const DeviceInfo& info) {
+  LaunchPlan plan;
+  plan.kind = LaunchPlan::Kind::kPersistent;
+  plan.path = KernelPath::kWgmma;
   const long long m_pairs = (TilesOfRows(p, kWgRows) + kWgCluster - 1) / kWgCluster;
   const long long n_tiles = (p.n + kWgCols - 1) / kWgCols;
   const long long pairs = m_pairs * n_tiles;
-  const long long max_clusters = p.pool_h * p.pool_w > 1 ? pairs : sms / kWgCluster;
+  const long long max_clusters = p.pool_h * p.pool_w > 1 ? pairs : info.sms / kWgCluster;
   const long long clusters = pairs < max_clusters ? pairs : max_clusters;
-  if (pairs > INT_MAX || clusters * kWgCluster > INT_MAX) return cudaErrorInvalidConfiguration;
-  CUtensorMap a_map;
-  std::memset(&a_map, 0, sizeof(a_map));
-  const ALayout layout = ActivationTensorMap(p, a_map);
-  CUtensorMap w_map;
-  std::memset(&w_map, 0, sizeof(w_map));
-  const bool weights_by_tma = WeightTensorMap(p, w_map);
+  // ctas 0: too many tiles (refused at launch)
+  plan.ctas = pairs > INT_MAX || clusters * kWgCluster > INT_MAX ? 0 : static_cast<unsigned>(clusters * kWgCluster);
+  ALayout layout = ActivationLayout(p, plan.a_recipe);
+  if (layout != ALayout::kCoreMatrices && !Encode(plan.a_recipe, p.x, plan.a_map)) {
+    layout = ALayout::kCoreMatrices;  // the driver cannot encode it: cp.async
+    plan.a_recipe = TensorMapRecipe{};
+  }
+  plan.w_recipe = WeightRecipe(p);
+  plan.weights_by_tma = Encode(plan.w_recipe, p.w, plan.w_map);  // else bulk copies
+  if (!plan.weights_by_tma) plan.w_recipe = TensorMapRecipe{};
   // Runs of pairs per cluster when activations and weights together take at most 24 MiB of the 50 MiB L2.
   const long long operand_bytes = static_cast<long long>(p.batch) * p.in_h * p.in_w * p.cw * 4 +
                                   static_cast<long long>(p.w_row_tiles) * p.w_k_tiles * 128;
-  const bool runs = operand_bytes <= (24ll << 20);
+  plan.runs = operand_bytes <= (24ll << 20);
   const auto kernel = layout == ALayout::kSwizzledRows ? WgmmaKernel<ALayout::kSwizzledRows>
                       : layout == ALayout::kChunkSlabs ? WgmmaKernel<ALayout::kChunkSlabs>
                       : layout == ALayout::kTapRows    ? WgmmaKernel<ALayout::kTapRows>
                                                        : WgmmaKernel<ALayout::kCoreMatrices>;
-  // Raising the dynamic shared memory limit is idempotent and cheap; no launch-time allocation.
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmemBytes);
-  if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(clusters * kWgCluster));
-  config.blockDim = dim3(kWgThreads);
-  config.dynamicSmemBytes = kWgSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attrs[2];
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = kWgCluster;
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
+  plan.kernel = reinterpret_cast<const void*>(kernel);
+  plan.threads = kWgThreads;
+  plan.smem = kWgSmemBytes;
   // Programmatic dependent launch: the CTAs' start-up (barrier init, cluster sync: ~1.3 us, tile trace of
   // session 8) runs while the previous kernel's last CTAs finish; the kernel waits (griddepcontrol.wait)
   // before touching memory. A previous kernel that never triggers simply completes first.
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attrs;
-  config.numAttrs = 2;
-  const cudaError_t launch = cudaLaunchKernelEx(&config, kernel, p, a_map, w_map, weights_by_tma, DivisorsOf(p),
-                                                static_cast<int>(m_pairs), static_cast<int>(n_tiles), runs);
-  if (launch != cudaSuccess) return launch;
-  return cudaGetLastError();
+  plan.programmatic = true;
+  plan.cluster = kWgCluster;
+  plan.p = p;
+  plan.div = DivisorsOf(p);
+  plan.m_pairs = static_cast<int>(m_pairs);
+  plan.n_tiles = static_cast<int>(n_tiles);
+  return plan;
 }
 
-}  // namespace
-
-#ifdef JAXBNN_TILE_TRACE
-cudaError_t SetTileTrace(unsigned long long* buffer) {
-  return cudaMemcpyToSymbol(g_tile_trace, &buffer, sizeof(buffer));
-}
-#endif
-
-cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, cudaStream_t stream,
-                             KernelPath* chosen) {
-  // When no receptive field reaches past the frame (a BMM, a convolution without padding) both paddings
-  // give the same result; as "one" padding the kernels skip the per-row border tests and the correction
-  // table (through XLA, a BMM as "zero" padding ran 17% longer).
-  BinaryGemmProblem p = problem;
+// The plan for `p` on `path` (kAuto: the default choice; a forced engine that cannot run `p` falls back to
+// it). `p.pad_one` is set where no receptive field reaches past the frame (a BMM, a convolution without
+// padding): both paddings then agree, and as "one" padding the kernels skip the per-row border tests and
+// the correction table (through XLA, a BMM as "zero" padding ran 17% longer).
+LaunchPlan Plan(BinaryGemmProblem p, KernelPath path, const DeviceInfo& info) {
   if (!p.pad_one && BorderClasses(p) == 1) p.pad_one = true;
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  DeviceInfo& info = InfoFor(device);
-  if (!info.known) {
-    if ((err = cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess) {
-      return err;
-    }
-    if ((err = cudaDeviceGetAttribute(&info.minor, cudaDevAttrComputeCapabilityMinor, device)) != cudaSuccess) {
-      return err;
-    }
-    if ((err = cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) {
-      return err;
-    }
-    if ((err = cudaDeviceGetAttribute(&info.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) !=
-        cudaSuccess) {
-      return err;
-    }
-    info.known = true;
-  }
-  // every kernel needs a K block: the wgmma consumers fill the column parameters inside their k loop
-  if (p.k_words < 1) return cudaErrorInvalidValue;
   // 16-byte copies need every tap's words 16-byte aligned (the classic kernels' kVec, the wgmma TMA boxes).
   const bool aligned = p.cw % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   // the wgmma kernel's cp.async producer also copies 8 bytes at a time (a tap of 2 words: C = 64)
@@ -2388,21 +2407,160 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
       (path == KernelPath::kWgmma && can_wgmma)) {
     run = path;
   }
-  if (chosen != nullptr) *chosen = run;
   switch (run) {
-    case KernelPath::kWgmma:
-      if (cudaError_t band; LaunchBandWgmma(p, info.sms, info.smem_optin, stream, band)) return band;
-      if (cudaError_t resident; LaunchResidentWgmma(p, info.sms, info.smem_optin, stream, resident)) return resident;
-      return LaunchWgmma(p, info.sms, stream);
+    case KernelPath::kWgmma: {
+      if (LaunchPlan plan; PlanBand(p, info, plan)) return plan;
+      if (LaunchPlan plan; PlanResident(p, info, plan)) return plan;
+      return PlanPersistent(p, info);
+    }
     case KernelPath::kMmaSync:
       // wide tiles where N needs them and the device's shared memory takes them
       if (p.n > MmaSyncNarrow::kCols && info.smem_optin >= ClassicSmemBytes<MmaSyncWide>()) {
-        return LaunchClassic<MmaSyncWide>(p, aligned, stream);
+        return PlanClassic<MmaSyncWide>(p, aligned, run);
       }
-      return LaunchClassic<MmaSyncNarrow>(p, aligned, stream);
+      return PlanClassic<MmaSyncNarrow>(p, aligned, run);
     default:
-      return LaunchClassic<SimtEngine>(p, aligned, stream);
+      return PlanClassic<SimtEngine>(p, aligned, run);
   }
+}
+
+// Raises a kernel's dynamic shared-memory limit to `smem` once per device and kernel (cudaFuncSetAttribute
+// on every launch was part of the launcher's host time); the limit only grows, so every cached plan of the
+// kernel stays within it.
+cudaError_t AllowSharedMemory(int device, const void* kernel, int smem) {
+  struct Allowed {
+    int device;
+    const void* kernel;
+    int smem;
+  };
+  static std::mutex mutex;
+  static std::vector<Allowed> allowed;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = std::find_if(allowed.begin(), allowed.end(),
+                         [&](const Allowed& a) { return a.device == device && a.kernel == kernel; });
+  if (it != allowed.end() && it->smem >= smem) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  if (it != allowed.end()) {
+    it->smem = smem;
+  } else {
+    allowed.push_back({device, kernel, smem});
+  }
+  return cudaSuccess;
+}
+
+cudaError_t Launch(LaunchPlan& plan, cudaStream_t stream) {
+  if (plan.ctas == 0) return cudaErrorInvalidConfiguration;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(plan.ctas);
+  config.blockDim = dim3(plan.threads);
+  config.dynamicSmemBytes = plan.smem;
+  config.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  config.attrs = attrs;
+  if (plan.cluster > 1) {
+    attrs[config.numAttrs].id = cudaLaunchAttributeClusterDimension;
+    attrs[config.numAttrs].val.clusterDim.x = plan.cluster;
+    attrs[config.numAttrs].val.clusterDim.y = 1;
+    attrs[config.numAttrs].val.clusterDim.z = 1;
+    ++config.numAttrs;
+  }
+  // a programmatic dependent launch: it may start while the stream's previous kernel finishes (its
+  // `griddepcontrol.wait` keeps its global accesses after that kernel's), and the next kernel may start at
+  // its `griddepcontrol.launch_dependents`
+  if (plan.programmatic) {
+    attrs[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[config.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+    ++config.numAttrs;
+  }
+  // the kernels' parameters, in their order
+  void* classic[] = {&plan.p, &plan.div, &plan.m_tiles, &plan.n_tiles};
+  void* persistent[] = {&plan.p, &plan.a_map, &plan.w_map, &plan.weights_by_tma, &plan.div,
+                        &plan.m_pairs, &plan.n_tiles, &plan.runs};
+  void* resident[] = {&plan.p, &plan.a_map, &plan.div, &plan.m_tiles, &plan.ctas_per_column};
+  void* band[] = {&plan.p, &plan.a_map, &plan.band};
+  void** args = plan.kind == LaunchPlan::Kind::kClassic      ? classic
+                : plan.kind == LaunchPlan::Kind::kPersistent ? persistent
+                : plan.kind == LaunchPlan::Kind::kResident   ? resident
+                                                             : band;
+  const cudaError_t err = cudaLaunchKernelExC(&config, plan.kernel, args);
+  return err == cudaSuccess ? cudaGetLastError() : err;
+}
+
+// The plans of the latest problem shapes, most recent first. The key is everything a plan depends on: the
+// device, the engine asked for, the problem without its addresses, and the operands' alignment (it picks
+// kernels).
+class PlanCache {
+ public:
+  // The plan for `p`, pointed at its operands: from the cache, else planned (and cached).
+  LaunchPlan Get(const BinaryGemmProblem& p, KernelPath path, int device, const DeviceInfo& info) {
+    const Key key = KeyOf(p, path, device);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (size_t i = 0; i < entries_.size(); ++i) {
+        if (entries_[i].key != key) continue;
+        LaunchPlan plan = entries_[i].plan;
+        if (!Repoint(plan, p)) {  // a map the new address does not take: plan afresh
+          entries_.erase(entries_.begin() + i);
+          break;
+        }
+        entries_[i].plan = plan;       // keeps the maps of the latest addresses (replays with the same buffers)
+        std::rotate(entries_.begin(), entries_.begin() + i, entries_.begin() + i + 1);
+        return plan;
+      }
+    }
+    LaunchPlan plan = Plan(p, path, info);
+    std::lock_guard<std::mutex> lock(mutex_);
+    entries_.insert(entries_.begin(), Entry{key, plan});
+    if (entries_.size() > kEntries) entries_.pop_back();
+    return plan;
+  }
+
+ private:
+  static constexpr size_t kEntries = 64;
+  using Key = std::array<int64_t, 27>;
+  struct Entry {
+    Key key;
+    LaunchPlan plan;
+  };
+  static_assert(sizeof(BinaryGemmProblem) == 160, "a field was added to BinaryGemmProblem: add it to KeyOf");
+  static Key KeyOf(const BinaryGemmProblem& p, KernelPath path, int device) {
+    const auto x = reinterpret_cast<uintptr_t>(p.x), w = reinterpret_cast<uintptr_t>(p.w);
+    return {device, static_cast<int>(path), static_cast<int64_t>(x % 16), static_cast<int64_t>(w % 16),
+            p.batch, p.in_h, p.in_w, p.cw, p.c, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_top, p.pad_left,
+            p.pad_one, p.pool_h, p.pool_w, p.out_h, p.out_w, p.n, p.w_row_tiles, p.w_k_tiles, p.k_words,
+            p.k_real, p.pooled_rows, static_cast<int>(p.epilogue)};
+  }
+  std::mutex mutex_;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace
+
+#ifdef JAXBNN_TILE_TRACE
+cudaError_t SetTileTrace(unsigned long long* buffer) {
+  return cudaMemcpyToSymbol(g_tile_trace, &buffer, sizeof(buffer));
+}
+#endif
+
+cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, cudaStream_t stream,
+                             KernelPath* chosen) {
+  // every kernel needs a K block: the wgmma consumers fill the column parameters inside their k loop
+  if (problem.k_words < 1) return cudaErrorInvalidValue;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  static DeviceInfo infos[64];
+  static cudaError_t query_errors[64];
+  static std::once_flag queried[64];
+  if (device < 0 || device >= 64) return cudaErrorInvalidDevice;
+  std::call_once(queried[device], [&] { query_errors[device] = QueryDevice(device, infos[device]); });
+  if ((err = query_errors[device]) != cudaSuccess) return err;
+  static PlanCache cache;
+  LaunchPlan plan = cache.Get(problem, path, device, infos[device]);
+  if (chosen != nullptr) *chosen = plan.path;
+  if ((err = AllowSharedMemory(device, plan.kernel, plan.smem)) != cudaSuccess) return err;
+  return Launch(plan, stream);
 }
 
 }  // namespace jaxbnn::cuda

@@ -4,6 +4,7 @@
 #include "handlers.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -20,6 +21,21 @@ namespace {
 
 std::atomic<int> g_forced_path{static_cast<int>(KernelPath::kAuto)};
 std::atomic<int> g_last_path{static_cast<int>(KernelPath::kAuto)};
+std::atomic<uint64_t> g_handler_calls{0}, g_handler_nanoseconds{0};
+
+// Counts a handler's call and its host time (HandlerStats), from its construction to the end of its scope.
+class HandlerTimer {
+ public:
+  HandlerTimer() : start_(std::chrono::steady_clock::now()) {}
+  ~HandlerTimer() {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_);
+    g_handler_calls.fetch_add(1, std::memory_order_relaxed);
+    g_handler_nanoseconds.fetch_add(static_cast<uint64_t>(ns.count()), std::memory_order_relaxed);
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
 
 using formats::CeilDiv;
 
@@ -103,6 +119,7 @@ int64_t OutputColumns(Epilogue kind, int64_t n) { return kind == Epilogue::kBits
 ffi::Error Bmm(cudaStream_t stream, const ffi::Buffer<ffi::U32>& a, const ffi::Buffer<ffi::U32>& b,
                const ffi::Buffer<ffi::S32>& b_popc, int64_t k, int64_t n, const EpilogueArgs& e,
                ffi::Span<const int64_t> out_dims, void* out) {
+  const HandlerTimer timer;
   if (k < 1 || n < 1) return Invalid("bmm needs k >= 1 and n >= 1, got k=" + std::to_string(k) + ", n=" + std::to_string(n));
   const auto a_dims = a.dimensions();
   if (a_dims.size() != 2) return Invalid("bmm activations must be (M, ceil(k/32)), got " + Dims(a_dims));
@@ -150,6 +167,7 @@ struct ConvAttrs {
 ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi::Buffer<ffi::U32>& w,
                  const ffi::Buffer<ffi::S32>& tap_popc, const ConvAttrs& at, const EpilogueArgs& e,
                  ffi::Span<const int64_t> out_dims, void* out) {
+  const HandlerTimer timer;
   if (at.c < 1 || at.o < 1 || at.kh < 1 || at.kw < 1 || at.stride_h < 1 || at.stride_w < 1 || at.pool_h < 1 ||
       at.pool_w < 1 || at.pad_top < 0 || at.pad_bottom < 0 || at.pad_left < 0 || at.pad_right < 0) {
     return Invalid("bconv2d needs c, o, kernel, stride, pool >= 1 and padding >= 0");
@@ -265,6 +283,7 @@ ffi::Error BConvBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buff
 
 void SetForcedKernelPath(KernelPath path) { g_forced_path.store(static_cast<int>(path)); }
 KernelPath LastKernelPath() { return static_cast<KernelPath>(g_last_path.load()); }
+HandlerStats GetHandlerStats() { return {g_handler_calls.load(), g_handler_nanoseconds.load()}; }
 
 }  // namespace jaxbnn::cuda
 

@@ -2,6 +2,8 @@
 #ifndef JAXBNN_XLA_FFI_CUDA_HANDLERS_H_
 #define JAXBNN_XLA_FFI_CUDA_HANDLERS_H_
 
+#include <cstdint>
+
 #include "binary_gemm.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -18,6 +20,12 @@ namespace jaxbnn::cuda {
 void SetForcedKernelPath(KernelPath path);
 // The kernel the latest launch ran.
 KernelPath LastKernelPath();
+// How often the handlers ran and the host time they took, since the module was loaded: where XLA replays a
+// captured command buffer (CUDA graph), a call runs the recorded kernel without its handler.
+struct HandlerStats {
+  uint64_t calls = 0, host_nanoseconds = 0;
+};
+HandlerStats GetHandlerStats();
 
 }  // namespace jaxbnn::cuda
 

@@ -50,4 +50,15 @@ NB_MODULE(_cuda, m) {
   m.def(
       "last_kernel_path", [] { return std::string(kPathNames[static_cast<int>(jaxbnn::cuda::LastKernelPath())]); },
       "The engine of the latest launch.");
+  m.def(
+      "handler_stats",
+      [] {
+        const jaxbnn::cuda::HandlerStats stats = jaxbnn::cuda::GetHandlerStats();
+        nb::dict d;
+        d["calls"] = stats.calls;
+        d["host_seconds"] = static_cast<double>(stats.host_nanoseconds) * 1e-9;
+        return d;
+      },
+      "How often the CUDA handlers ran since the module was loaded, and their host time in seconds (a call "
+      "that XLA replays from a captured command buffer runs no handler).");
 }
