@@ -5,7 +5,8 @@
 BMM (square sizes): each engine of jaxbnn._cuda, "BNN-specific" (packed in -> packed out, threshold
 epilogue) and "general" (float in -> pack -> BMM -> float out), against XLA bf16 / int8 / fp8 e4m3 `dot`
 on the same ±1 data. BConv: the TCBNN sweep (batch 16, 64x64, 3x3, stride 1, C = O) and the ResNet-18 /
-VGG-16 layers at batch 8 and 256, ours (packed in -> packed out) against XLA bf16 convolution.
+VGG-16 layers at batch 8 and 256, ours (packed in -> packed out) against XLA bf16 convolution; where a
+layer's output can be its input (C = O, stride 1), also both chained, each call's output the next's input.
 Binary TOPS count 2 operations per multiply-accumulate. Each timing: a jitted program runs the op on
 `copies` distinct input sets (copies_for: enough for ~1 ms of our kernels' work, 4 to 32; host dispatch of
 a program took ~45 us plus ~15-25 us per call on the H100 machine, so programs of 4 small ops left the
@@ -171,18 +172,38 @@ def bench_conv(layers, engines, rows, save, deadline=float("inf")):
         def program(wb, wp, t_, f_, *a):
             return [call(x, wb, wp, t_, f_, **attrs) for x in a]
 
+        def chained_program(wb, wp, t_, f_, x):
+            for _ in range(copies):  # each packed output is the next call's input, as in a network
+                x = call(x, wb, wp, t_, f_, **attrs)
+            return x
+
+        def xla_conv(x, w_):
+            return jax.lax.conv_general_dilated(x, w_, (stride, stride), ((pad, pad), (pad, pad)),
+                                                dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+        def xla_chained(w_, x):
+            for _ in range(copies):
+                x = xla_conv(x, w_)
+            return x
+
         row = {"layer": name, "batch": batch}
+        operands = [w.bits, w.tap_popcount, thr, flip]
         for engine in engines:
             _cuda.set_kernel_path(engine)
             ours = jax.jit(lambda *a: program(*a))  # a fresh executable per engine (see bench_bmm)
-            row[f"{engine} packed"] = ops / timed(ours, [w.bits, w.tap_popcount, thr, flip, *packed], copies) / 1e12
+            row[f"{engine} packed"] = ops / timed(ours, [*operands, *packed], copies) / 1e12
             row[f"{engine} ran"] = _cuda.last_kernel_path()
         _cuda.set_kernel_path("auto")
         wb = wf.astype(jnp.bfloat16)
-        xla = jax.jit(lambda w_, *a: [jax.lax.conv_general_dilated(x, w_, (stride, stride), ((pad, pad), (pad, pad)),
-                                                                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
-                                      for x in a])
-        row["xla bf16"] = ops / timed(xla, [wb, *xs], copies) / 1e12
+        row["xla bf16"] = ops / timed(jax.jit(lambda w_, *a: [xla_conv(x, w_) for x in a]), [wb, *xs], copies) / 1e12
+        # Chained (where a layer's output can be its input): the intermediates are XLA's temporaries and one
+        # output leaves the program, whose dispatch then stops limiting a short op (a program returning 32
+        # outputs took 160-330 us of host dispatch on the H200, session 18). XLA's weights are scaled by a
+        # power of two near 1 / sqrt(K) so that the values stay finite along the chain.
+        if c == o and stride == 1:
+            row["auto chained"] = ops / timed(jax.jit(chained_program), [*operands, packed[0]], copies) / 1e12
+            scaled = (wf * 2.0 ** -round(math.log2(math.sqrt(kernel * kernel * c)))).astype(jnp.bfloat16)
+            row["xla bf16 chained"] = ops / timed(jax.jit(xla_chained), [scaled, xs[0]], copies) / 1e12
         del xs, packed
         rows.append(row)
         save()
@@ -295,6 +316,8 @@ def write_results(path, device, commit, ceiling, engines, bmm_rows, conv_rows):
     for r in conv_rows:
         if "xla bf16" in r:
             r["best / xla bf16"] = max(v for k, v in r.items() if k.endswith("packed")) / r["xla bf16"]
+        if "xla bf16 chained" in r:
+            r["chained / xla bf16 chained"] = r["auto chained"] / r["xla bf16 chained"]
     lines += ["## BConv (TOPS)", "", table(conv_rows), ""]
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:

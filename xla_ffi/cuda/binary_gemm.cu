@@ -1969,6 +1969,13 @@ __global__ void __launch_bounds__(kBandThreads, 1)
     const int tiles = item_tiles.tiles[0] + item_tiles.tiles[1];
     BarrierWait(band_full + 8 * buffer, (round >> 1) & 1);  // every thread: no barrier needed after it
     if (round == 0) JAXBNN_TRACE_START(2, tid == 0);
+    // The first tiles in two halves: the second half of the warpgroups issues its wgmmas only once the first
+    // half has issued its own, so that the tensor cores finish the first half's tiles first and their
+    // epilogues run under the second half's wgmmas; the halves then stay apart. Issued all at once, the four
+    // tiles finished together and four epilogues ran at once with the tensor cores idle (session 17).
+    const bool leading_half = wg < kBandWarpgroups / 2;
+    if (round == 0 && !leading_half) asm volatile("bar.sync 1, %0;\n" ::"n"(kBandThreads) : "memory");
+    if (round == 0 && leading_half && wg >= tiles) asm volatile("bar.arrive 1, %0;\n" ::"n"(kBandThreads) : "memory");
     for (int i = wg; i < tiles; i += kBandWarpgroups, ++traced_tile) {
       // traced: the first two warpgroups (the harness's trace has two)
       if (wg < 2) JAXBNN_TRACE_TILE(wg, traced_tile, 0, wtid);
@@ -2006,6 +2013,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
         }
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      if (round == 0 && leading_half && i == wg) asm volatile("bar.arrive 1, %0;\n" ::"n"(kBandThreads) : "memory");
       AccumulatorRows rows;  // while the wgmmas run
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
