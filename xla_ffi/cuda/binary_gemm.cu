@@ -992,6 +992,15 @@ __device__ __forceinline__ void TensorCopy4d(uint32_t dst, const CUtensorMap& ma
       "l"(reinterpret_cast<uint64_t>(&map)), "r"(byte), "r"(x), "r"(y), "r"(image), "r"(bar)
       : "memory");
 }
+// One TMA copy of the (w, h, 1) box at (x, y, image) of a 3-D `map`.
+__device__ __forceinline__ void TensorCopy3d(uint32_t dst, const CUtensorMap& map, int x, int y, int image,
+                                             uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(x), "r"(y), "r"(image), "r"(bar)
+      : "memory");
+}
 // Fetches a TMA descriptor (a __grid_constant__ parameter) into the TMA unit's cache ahead of its first
 // copy. It depends on no buffer of the problem, so kernels issue it before `griddepcontrol.wait`, under the
 // previous kernel's tail.
@@ -1796,6 +1805,8 @@ struct BandLayout {
   int steps;             // k256 steps: ceil(chunks / 2)
   int k_tiles;           // K chunks of a weight row tile in shared memory: 2 steps (an odd last one's partner:
                          // zeros)
+  bool whole_rows = false;  // one plane (C = 128) and 2 Wp <= 256: the band map's boxes are whole padded rows
+                            // of 8-byte elements, not a box row of 16 bytes per position (v38)
 };
 
 // The segments of an item: tiles [first_tile, first_tile + tiles[0]) of `image`, then (where it runs past
@@ -1864,6 +1875,11 @@ __global__ void __launch_bounds__(kBandThreads, 1)
     const uint32_t full = band_full + 8 * buffer, dst = base + buffer * at.buffer_bytes;
     BarrierArriveExpectBytes(full, segments * planes * band.band_rows * wp * 16);
     for (int s = 0; s < segments; ++s) {
+      if (band.whole_rows) {
+        TensorCopy3d(dst + s * band.slot_positions * 16, band_map, -2 * p.pad_left, first_row(it, s) - p.pad_top,
+                     it.image + s, full);
+        continue;
+      }
       for (int c = 0; c < planes; ++c) {
         TensorCopy4d(dst + c * band.plane_bytes + s * band.slot_positions * 16, band_map, 16 * c, -p.pad_left,
                      first_row(it, s) - p.pad_top, it.image + s, full);
@@ -2086,8 +2102,9 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   return encode;
 }
 
-// A byte tensor map without its address: what cuTensorMapEncodeTiled takes besides the operand's pointer.
+// A tensor map without its address: what cuTensorMapEncodeTiled takes besides the operand's pointer.
 struct TensorMapRecipe {
+  CUtensorMapDataType data_type = CU_TENSOR_MAP_DATA_TYPE_UINT8;
   cuuint32_t rank = 0;  // 0: no map
   cuuint64_t dims[4] = {};
   cuuint64_t strides[3] = {};  // rank - 1 of them
@@ -2101,7 +2118,7 @@ bool Encode(const TensorMapRecipe& r, const void* address, CUtensorMap& map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   const cuuint32_t unit_strides[4] = {1, 1, 1, 1};
   return encode != nullptr &&
-         encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, r.rank, const_cast<void*>(address), r.dims, r.strides, r.box,
+         encode(&map, r.data_type, r.rank, const_cast<void*>(address), r.dims, r.strides, r.box,
                 unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, r.swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
@@ -2325,21 +2342,37 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
     band.image_tiles = FastDivisor(static_cast<int>(items_per_image) * band.tiles_per_item);
     if (!fit_band(1)) return false;
   }
-  // one (16 bytes, Wp, band rows) box of NHWC bytes per plane and segment; out-of-frame pixels arrive as zeros
+  // Out-of-frame pixels arrive as zeros. One plane: one (2 Wp 8-byte elements, band rows) box of image rows
+  // per segment where it fits a box side; else one (16 bytes, Wp, band rows) box of NHWC bytes per plane and
+  // segment.
   TensorMapRecipe& r = plan.a_recipe;
   const cuuint64_t pixel_bytes = static_cast<cuuint64_t>(p.cw) * 4;
-  r.rank = 4;
-  r.dims[0] = pixel_bytes;
-  r.dims[1] = static_cast<cuuint64_t>(p.in_w);
-  r.dims[2] = static_cast<cuuint64_t>(p.in_h);
-  r.dims[3] = static_cast<cuuint64_t>(p.batch);
-  r.strides[0] = pixel_bytes;
-  r.strides[1] = pixel_bytes * p.in_w;
-  r.strides[2] = pixel_bytes * p.in_w * p.in_h;
-  r.box[0] = 16;
-  r.box[1] = static_cast<cuuint32_t>(wp);
-  r.box[2] = static_cast<cuuint32_t>(band.band_rows);
-  r.box[3] = 1;
+  band.whole_rows = planes == 1 && 2 * wp <= 256;
+  if (band.whole_rows) {
+    r.data_type = CU_TENSOR_MAP_DATA_TYPE_UINT64;
+    r.rank = 3;
+    r.dims[0] = 2 * static_cast<cuuint64_t>(p.in_w);
+    r.dims[1] = static_cast<cuuint64_t>(p.in_h);
+    r.dims[2] = static_cast<cuuint64_t>(p.batch);
+    r.strides[0] = pixel_bytes * p.in_w;
+    r.strides[1] = pixel_bytes * p.in_w * p.in_h;
+    r.box[0] = static_cast<cuuint32_t>(2 * wp);
+    r.box[1] = static_cast<cuuint32_t>(band.band_rows);
+    r.box[2] = 1;
+  } else {
+    r.rank = 4;
+    r.dims[0] = pixel_bytes;
+    r.dims[1] = static_cast<cuuint64_t>(p.in_w);
+    r.dims[2] = static_cast<cuuint64_t>(p.in_h);
+    r.dims[3] = static_cast<cuuint64_t>(p.batch);
+    r.strides[0] = pixel_bytes;
+    r.strides[1] = pixel_bytes * p.in_w;
+    r.strides[2] = pixel_bytes * p.in_w * p.in_h;
+    r.box[0] = 16;
+    r.box[1] = static_cast<cuuint32_t>(wp);
+    r.box[2] = static_cast<cuuint32_t>(band.band_rows);
+    r.box[3] = 1;
+  }
   if (!Encode(r, p.x, plan.a_map)) return false;
   plan.kind = LaunchPlan::Kind::kBand;
   plan.path = KernelPath::kWgmma;
