@@ -2123,6 +2123,28 @@ bool Encode(const TensorMapRecipe& r, const void* address, CUtensorMap& map) {
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The activations as a 4-D tensor of NHWC bytes, (channel bytes, W, H, images), in (box_bytes, box_w,
+// box_h, 1) boxes; coordinates outside the image (padding) arrive as zeros.
+TensorMapRecipe NhwcBytes(const BinaryGemmProblem& p, int box_bytes, int box_w, int box_h,
+                          CUtensorMapSwizzle swizzle) {
+  const cuuint64_t pixel_bytes = static_cast<cuuint64_t>(p.cw) * 4;
+  TensorMapRecipe r;
+  r.rank = 4;
+  r.dims[0] = pixel_bytes;
+  r.dims[1] = static_cast<cuuint64_t>(p.in_w);
+  r.dims[2] = static_cast<cuuint64_t>(p.in_h);
+  r.dims[3] = static_cast<cuuint64_t>(p.batch);
+  r.strides[0] = pixel_bytes;
+  r.strides[1] = pixel_bytes * p.in_w;
+  r.strides[2] = pixel_bytes * p.in_w * p.in_h;
+  r.box[0] = static_cast<cuuint32_t>(box_bytes);
+  r.box[1] = static_cast<cuuint32_t>(box_w);
+  r.box[2] = static_cast<cuuint32_t>(box_h);
+  r.box[3] = 1;
+  r.swizzle = swizzle;
+  return r;
+}
+
 // How the wgmma kernel takes the activations of `p`, with the recipe of the TMA tensor map it needs:
 //   rows of a plain matrix (bmm, 1x1 stride-1 unpadded convolutions): bytes x rows, 128 x 128 boxes,
 //   128B swizzle (kSwizzledRows);
@@ -2153,22 +2175,11 @@ ALayout ActivationLayout(const BinaryGemmProblem& p, TensorMapRecipe& r, int row
   if (!(whole_rows || p.out_w % rows == 0)) return ALayout::kCoreMatrices;
   // Tap rows where a tap's bytes allow (W-byte boxes with the W-byte swizzle), else 16-byte chunk boxes.
   const int tap_row_bytes = TapRowBytes(p.cw);
-  r.rank = 4;
-  r.dims[0] = row_bytes;
-  r.dims[1] = static_cast<cuuint64_t>(p.in_w);
-  r.dims[2] = static_cast<cuuint64_t>(p.in_h);
-  r.dims[3] = static_cast<cuuint64_t>(p.batch);
-  r.strides[0] = row_bytes;
-  r.strides[1] = row_bytes * p.in_w;
-  r.strides[2] = row_bytes * p.in_w * p.in_h;
-  r.box[0] = static_cast<cuuint32_t>(tap_row_bytes ? tap_row_bytes : 16);
-  r.box[1] = static_cast<cuuint32_t>(box_w);
-  r.box[2] = static_cast<cuuint32_t>(box_h);
-  r.box[3] = 1;
-  r.swizzle = tap_row_bytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
-              : tap_row_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
-              : tap_row_bytes == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
-                                    : CU_TENSOR_MAP_SWIZZLE_NONE;
+  r = NhwcBytes(p, tap_row_bytes ? tap_row_bytes : 16, box_w, box_h,
+                tap_row_bytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                : tap_row_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                : tap_row_bytes == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                      : CU_TENSOR_MAP_SWIZZLE_NONE);
   return tap_row_bytes ? ALayout::kTapRows : ALayout::kChunkSlabs;
 }
 
@@ -2360,18 +2371,7 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
     r.box[1] = static_cast<cuuint32_t>(band.band_rows);
     r.box[2] = 1;
   } else {
-    r.rank = 4;
-    r.dims[0] = pixel_bytes;
-    r.dims[1] = static_cast<cuuint64_t>(p.in_w);
-    r.dims[2] = static_cast<cuuint64_t>(p.in_h);
-    r.dims[3] = static_cast<cuuint64_t>(p.batch);
-    r.strides[0] = pixel_bytes;
-    r.strides[1] = pixel_bytes * p.in_w;
-    r.strides[2] = pixel_bytes * p.in_w * p.in_h;
-    r.box[0] = 16;
-    r.box[1] = static_cast<cuuint32_t>(wp);
-    r.box[2] = static_cast<cuuint32_t>(band.band_rows);
-    r.box[3] = 1;
+    r = NhwcBytes(p, 16, wp, band.band_rows, CU_TENSOR_MAP_SWIZZLE_NONE);
   }
   if (!Encode(r, p.x, plan.a_map)) return false;
   plan.kind = LaunchPlan::Kind::kBand;
