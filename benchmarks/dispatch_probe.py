@@ -56,7 +56,7 @@ def time_programs(fn, args, calls, programs):
     return statistics.median(samples), host, runs / (6 * programs * calls), handler_host
 
 
-def report(per_call, host, handler_runs, handler_host):
+def report(host, handler_runs, handler_host):
     return (f"host dispatch {host * 1e6:7.1f} us per program; handlers ran {handler_runs:.2f} times per call, "
             f"{handler_host * 1e6:5.2f} us each")
 
@@ -77,7 +77,7 @@ def main():
         for programs in PROGRAMS_PER_BATCH:
             timing = time_programs(fn, args, calls, programs)
             print(f"{s}^3, {calls:2d} calls per program, {programs:3d} programs per batch: "
-                  f"{ops / timing[0] / 1e12:8.1f} TOPS; {report(*timing)}", flush=True)
+                  f"{ops / timing[0] / 1e12:8.1f} TOPS; {report(*timing[1:])}", flush=True)
 
 
 def conv_floor():
@@ -108,7 +108,7 @@ def conv_floor():
             jax.block_until_ready(fn(*args))
             timing = time_programs(fn, args, calls, programs)
             print(f"{name}, {form}: {timing[0] * 1e6:6.2f} us per call ({calls} calls per program, {programs} "
-                  f"programs per batch); {report(*timing)}; ran {_cuda.last_kernel_path()}", flush=True)
+                  f"programs per batch); {report(*timing[1:])}; ran {_cuda.last_kernel_path()}", flush=True)
 
 
 if __name__ == "__main__":

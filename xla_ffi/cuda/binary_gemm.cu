@@ -20,9 +20,9 @@
 #include "binary_gemm.h"
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdint>
-#include <array>
 #include <cstring>
 #include <mutex>
 #include <utility>
@@ -2200,7 +2200,7 @@ TensorMapRecipe WeightRecipe(const BinaryGemmProblem& p) {
 }
 
 // A launch of one problem: the kernel, its grid, and the values of its parameters. The kernels take some of
-// these in the order `kind` names (LaunchArgs).
+// these in the order `kind` names (Launch lists them).
 struct LaunchPlan {
   enum class Kind { kClassic, kPersistent, kResident, kBand } kind = Kind::kClassic;
   const void* kernel = nullptr;
@@ -2222,7 +2222,7 @@ struct LaunchPlan {
 // address moved. False where a map cannot be made for the new address.
 bool Repoint(LaunchPlan& plan, const BinaryGemmProblem& p) {
   const bool x_moved = plan.p.x != p.x, w_moved = plan.p.w != p.w;
-  const bool pad_one = plan.p.pad_one;  // the plan's (LaunchBinaryGemm may have set it)
+  const bool pad_one = plan.p.pad_one;  // the plan's (Plan may have set it)
   plan.p = p;
   plan.p.pad_one = pad_one;
   return (!x_moved || Encode(plan.a_recipe, p.x, plan.a_map)) && (!w_moved || Encode(plan.w_recipe, p.w, plan.w_map));
