@@ -1770,9 +1770,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 // (benchmarks/NOTES.md, session 12). A k256 step takes two consecutive chunks of K, as the FSB weights hold
 // them; their distance in the band (the descriptor's LBO) is positive where P = 1 (taps t and t + 1) or P
 // is even (planes 2c and 2c + 1 of one tap). Positions with ox >= out_w are computed and dropped: (kw - 1)
-// / Wp of the rows. popc(a) comes from the tensor cores: an m64n8 wgmma per step with a B of all ones,
-// whose AND-popc with a row is its receptive field's popcount (out-of-frame positions are zeros, as for the
-// other kernels; "zero" padding takes its correction in the epilogue).
+// / Wp of the rows. popc(a) comes from the tensor cores: 16 columns of all ones after B's 128 (an m64n144
+// wgmma per step), whose AND-popc with a row is its receptive field's popcount (out-of-frame positions are
+// zeros, as for the other kernels; "zero" padding takes its correction in the epilogue).
 //
 // m64n128 wgmmas over four consumer warpgroups of 64 accumulators (the register file holds no more): where
 // the tile's columns were 256 wide (two warpgroups of m64n256) or N > 128 (column tiles of 128), the band
@@ -1829,18 +1829,20 @@ __host__ __device__ __forceinline__ BandItem BandItemOf(const BinaryGemmProblem&
 }
 
 // Shared memory of BandWgmmaKernel, from a 1024-aligned base: two band buffers of P planes, slack for the
-// reads of dropped rows past the band, the weights, the all-ones row group (B of an m64n8 wgmma: each row's
-// popc(A)), the column table, the steps' A descriptors, three barriers.
+// reads of dropped rows past the band, the weights, two all-ones row groups (B's columns 128-143 of the
+// m64n144 wgmma: each row's popc(A)), the column table, the steps' A descriptors, three barriers.
 struct BandSmem {
   int buffer_bytes, weights, ones, cols, steps, barriers, total;
 };
+// The all-ones row groups after the weights' kBandCols rows: B's last 16 columns, the step's wgmma N = 144.
+inline constexpr int kOnesGroups = 2;
 __host__ __device__ __forceinline__ BandSmem BandSmemOf(const BinaryGemmProblem& p, const BandLayout& b) {
   BandSmem s;
   s.buffer_bytes = p.cw / 4 * b.plane_bytes;
   const int slack = (16 * (p.kw + 64) + 127) / 128 * 128;
   s.weights = 2 * s.buffer_bytes + slack;
   s.ones = s.weights + kBandCols / 8 * b.k_tiles * 128;
-  s.cols = s.ones + b.k_tiles * 128;
+  s.cols = s.ones + kOnesGroups * b.k_tiles * 128;
   s.steps = (s.cols + static_cast<int>(sizeof(TileColumns<kWgCols>)) + 7) / 8 * 8;
   s.barriers = s.steps + 8 * b.steps;
   s.total = 1024 + s.barriers + 3 * 8;
@@ -1908,12 +1910,13 @@ __global__ void __launch_bounds__(kBandThreads, 1)
           make_uint4(0, 0, 0, 0);
     }
   }
-  // The all-ones row group: ones over the real chunks, zeros over the odd partner. AND-popc with it is
+  // The all-ones row groups: ones over the real chunks, zeros over the odd partner. AND-popc with them is
   // popc(A) of the row's receptive field, computed with the tile's dot products (the position popcounts
   // of each band, a pass over it before its first tile, and their window sums per row took ~0.4 us of the
-  // first tile's start, session 17).
-  for (int i = from_last; i < band.k_tiles * 8; i += kBandThreads) {
-    const uint32_t bits = i / 8 < chunks ? 0xffffffffu : 0u;
+  // first tile's start, session 17), by the same wgmma as the weights' columns (v41: an m64n128 and an
+  // m64n8 wgmma per step before).
+  for (int i = from_last; i < kOnesGroups * band.k_tiles * 8; i += kBandThreads) {
+    const uint32_t bits = i / 8 % band.k_tiles < chunks ? 0xffffffffu : 0u;
     *reinterpret_cast<uint4*>(smem + at.ones + 16 * i) = make_uint4(bits, bits, bits, bits);
   }
   // Step s takes chunks 2s, 2s + 1 of K: chunk k is plane k % P of tap k / P, at plane_bytes (k % P) +
@@ -2002,16 +2005,13 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       // the tile's first position in its image, and in the band buffer
       const int q0 = 64 * (seg == 0 ? it.first_tile + i : i - it.tiles[0]);
       const int local0 = q0 - first_row(it, seg) * wp + seg * band.slot_positions;
-      int acc[kBandCols / 2], popc_a[4];  // popc_a: rows g, g + 8 (twice each) against the all-ones B
+      int acc[kBandCols / 2], popc_a[8];  // popc_a: rows g, g + 8 (each four times) against the all-ones B
       // step_desc is relative to buffer 0 at tile position 0: the start address field moves by 16 bytes per
       // position
       const uint32_t a_shift = (buffer * at.buffer_bytes >> 4) + local0;
-      const uint64_t ones_desc = OperandDescriptor(base + at.ones, 128, 128);
       auto step = [&](int s) {
-        const uint64_t a = step_desc[s] + a_shift;
-        wgmma_m64n128k256_and_popc(acc, a, OperandDescriptor(weights + s * 256, 128, band.k_tiles * 128), s != 0);
-        // (its start address field moves by 16 per step)
-        wgmma_m64n8k256_and_popc(popc_a, a, ones_desc + 16 * s, s != 0);
+        wgmma_m64n144k256_and_popc(acc, popc_a, step_desc[s] + a_shift,
+                                   OperandDescriptor(weights + s * 256, 128, band.k_tiles * 128), s != 0);
       };
       if constexpr (kUnrolledSteps > 0) {
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
