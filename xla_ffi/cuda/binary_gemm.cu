@@ -1834,7 +1834,8 @@ __host__ __device__ __forceinline__ BandItem BandItemOf(const BinaryGemmProblem&
 struct BandSmem {
   int buffer_bytes, weights, ones, cols, steps, barriers, total;
 };
-// The all-ones row groups after the weights' kBandCols rows: B's last 16 columns, the step's wgmma N = 144.
+// The all-ones row groups right after the weights' kBandCols rows, at the same row-group stride: the step's
+// m64n144 wgmma reads them as B's columns 128-143 through the weights' descriptor.
 inline constexpr int kOnesGroups = 2;
 __host__ __device__ __forceinline__ BandSmem BandSmemOf(const BinaryGemmProblem& p, const BandLayout& b) {
   BandSmem s;

@@ -25,7 +25,7 @@ __device__ __forceinline__ void wgmma_m64n128k256_and_popc(int (&d)[64], uint64_
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 // The same over 144 columns, the first 128 into `d` (as m64n128), the last 16 into `extra` (rows g and g + 8,
-// columns 128 + 8 i / 4 + 2t (+1)): the band kernel's B of 128 weight columns and 16 all-ones ones, whose
+// columns 128 + 8 i / 4 + 2t (+1)): the band kernel's B of 128 weight columns and 16 columns of ones, whose
 // AND-popc with a row of A is popc(A). (b1 wgmmas take N = 8, 16, 24, 32, 48, ..., 256: not 136.)
 __device__ __forceinline__ void wgmma_m64n144k256_and_popc(int (&d)[64], int (&extra)[8], uint64_t desc_a,
                                                            uint64_t desc_b, int accumulate) {
