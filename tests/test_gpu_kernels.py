@@ -177,6 +177,58 @@ def test_handler_rejects_inconsistent_shapes():
         _call("jaxbnn_bmm_i32", GPU, _result("i32", (4,), 8), [a, w.bits, w.popcount], dict(k=np.int64(100), n=np.int64(8)))
 
 
+def _extreme_thresholds(rng, n, k_real):
+    """Thresholds past every dot, at the ends of [-K, K] and at the int32 limits, each with and without flip,
+    among random ones."""
+    ends = [-2**31, -2**31 + 1, -k_real - 2, -k_real - 1, -k_real, -k_real + 1, k_real - 1, k_real, k_real + 1,
+            k_real + 2, 2**31 - 2, 2**31 - 1]
+    threshold = rng.integers(-(k_real // 4), k_real // 4 + 1, n)
+    flip = rng.integers(0, 2, n).astype(bool)
+    picks = rng.permutation(n)[:2 * len(ends)]
+    threshold[picks] = ends * 2
+    flip[picks] = [False] * len(ends) + [True] * len(ends)
+    return threshold.astype(np.int32), flip
+
+
+@pytest.mark.parametrize("case", [None, CONV_CASES[0], CONV_CASES[11]],
+                         ids=["bmm", "band_c128_zero", "resident_c512_one"])
+def test_threshold_bits_at_int32_extremes(engine, case):
+    """Any int32 threshold, with either flip, gives the reference's bits (no overflow of the bounds)."""
+    rng = np.random.default_rng(zlib.crc32(repr(("extremes", case)).encode()))
+    if case is None:
+        m, n, k = 70, 100, 999
+        a = np.asarray(formats.pack_bits(_random_signs(rng, (m, k)) >= 0))
+        w = formats.pack_dense_weights(_random_signs(rng, (k, n)))
+        threshold, flip = _extreme_thresholds(rng, n, k)
+        with jax.default_device(CPU):
+            want = np.asarray(reference.bmm(a, w.bits, k, n, threshold=threshold, flip=flip))
+        got = _call("jaxbnn_bmm_bits", GPU, _result("bits", (m,), n), [a, w.bits, w.popcount, threshold, flip.astype(np.uint8)],
+                    dict(k=np.int64(k), n=np.int64(n)))
+    else:
+        batch, h, w_, c, o, kernel, stride, padding, pad_value, pool = case
+        x = np.asarray(formats.pack_bits(_random_signs(rng, (batch, h, w_, c)) >= 0))
+        w = formats.pack_conv_weights(_random_signs(rng, (*kernel, c, o)))
+        threshold, flip = _extreme_thresholds(rng, o, kernel[0] * kernel[1] * c)
+        with jax.default_device(CPU):
+            want = np.asarray(reference.bconv2d(x, w.bits, in_channels=c, out_channels=o, kernel_size=kernel,
+                                                stride=stride, padding=padding, pad_value=pad_value, pool=pool,
+                                                threshold=threshold, flip=flip))
+        got = _call("jaxbnn_bconv2d_bits", GPU, _result("bits", want.shape[:3], o),
+                    [x, w.bits, w.tap_popcount, threshold, flip.astype(np.uint8)],
+                    _conv_attrs(c, o, kernel, stride, padding, pad_value, pool))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_handler_rejects_reductions_past_the_kernels_limit():
+    """More than 65,536 words per dot product: an InvalidArgument naming the limit, not a wrong answer."""
+    k_words, n = 65537, 8
+    a = np.zeros((1, k_words), np.uint32)
+    b = np.zeros((1, (k_words + 3) // 4, 8, 4), np.uint32)  # one FSB row tile
+    with pytest.raises(Exception, match="at most 65536"):
+        _call("jaxbnn_bmm_i32", GPU, _result("i32", (1,), n), [a, b, np.zeros(n, np.int32)],
+              dict(k=np.int64(32 * k_words), n=np.int64(n)))
+
+
 def test_bmm_inside_jit_and_graph_matches_reference():
     """Two chained calls under jit (XLA may capture them in a command buffer): the same bits as eager."""
     rng = np.random.default_rng(2)

@@ -172,9 +172,16 @@ struct TileColumns {
 };
 
 // The threshold epilogue's bound of column `col` (TileColumns::bound) from its threshold, flip and popc(b).
-// Columns past N get an unreachable bound: their bits stay 0 (the padding bits of the last word).
+// The threshold is clamped to [-k_real - 1, k_real + 1], which changes no bit (every dot lies in [-k_real,
+// k_real]) and keeps the bounds, the class bounds and the epilogue's differences far inside int32 (any
+// threshold overflowed threshold + 2 popc_b before): below 2^25 in magnitude, as StoreBitsRows needs, for
+// reductions of at most kMaxReductionWords words. Columns past N get kUnreachableBound, above every value:
+// their bits stay 0 (the padding bits of the last word).
+inline constexpr int kUnreachableBound = 1 << 24;
+static_assert(kUnreachableBound > 5 * 32 * kMaxReductionWords, "above every 4 acc + k_real - 2 popc_a");
 __device__ __forceinline__ int ColumnBound(const BinaryGemmProblem& p, int col, int threshold, int flip, int popc_b) {
-  return col < p.n ? threshold + 2 * popc_b + (flip ? 1 : 0) : INT_MAX;
+  const int clamped = min(max(threshold, -p.k_real - 1), p.k_real + 1);
+  return col < p.n ? clamped + 2 * popc_b + (flip ? 1 : 0) : kUnreachableBound;
 }
 
 // A column's threshold and flip (0 past N or for other epilogues).
@@ -197,12 +204,15 @@ __device__ __forceinline__ ColumnThreshold LoadColumnThreshold(const BinaryGemmP
 // threads may share a column: part `part` fills every parts-th (left, right) excess pair's classes (the
 // band kernel's four warpgroups: its "zero"-padding set-up 4.0 -> 3.5 us, session 14). add_bounds: the
 // column's ColumnBound (from `th`) is added to every class (AddBoundsToClasses' work, done by a thread that
-// knows the bound without waiting for another's). Returns the column's popc(b), summed over taps.
-template <int kCols, int kSide>
+// knows the bound without waiting for another's). kSideExcess > 0: no side's excess is larger, and the
+// class loops run to it unrolled (their runtime form was 297 instructions a warp of the band kernel's 3x3
+// "zero" set-up, much of it loop control: ncu, session 19). Returns the column's popc(b), summed over taps.
+template <int kCols, int kSide, int kSideExcess>
 __device__ __forceinline__ int FillCorrectionTableOf(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
                                                      int lc, int part, int parts, bool add_bounds,
                                                      ColumnThreshold th) {
   static_assert(kSide <= kTableSide, "the table's filters");
+  static_assert(kSideExcess == 0 || kSide < kTableSide, "unrolled classes of an exact filter size only");
   constexpr bool kExact = kSide < kTableSide;
   const int col = col0 + lc, kh = kExact ? kSide : p.kh, kw = kExact ? kSide : p.kw;
   int term[kSide][kSide];
@@ -220,14 +230,17 @@ __device__ __forceinline__ int FillCorrectionTableOf(const BinaryGemmProblem& p,
   }
   const int bound = add_bounds ? ColumnBound(p, col, th.threshold, th.flip, total) : 0;
   const FrameExcess m = MaxExcess(p);
-  // BorderClass's strides, and the pairs in turn: no division per class
+  // BorderClass's strides
   const int right_stride = 1, left_stride = m.right + 1, bottom_stride = (m.left + 1) * left_stride,
             top_stride = (m.bottom + 1) * bottom_stride;
-  int pair = 0, mine = part;
-  for (int left = 0; left <= m.left; ++left) {
-    for (int right = 0; right <= m.right; ++right, ++pair) {
-      if (pair != mine) continue;
-      mine += parts;
+  // the classes past the problem's excess skipped where the loops run to kSideExcess
+  const int left_end = kSideExcess > 0 ? kSideExcess : m.left, right_end = kSideExcess > 0 ? kSideExcess : m.right;
+  const int top_end = kSideExcess > 0 ? kSideExcess : m.top, bottom_end = kSideExcess > 0 ? kSideExcess : m.bottom;
+#pragma unroll
+  for (int left = 0; left <= left_end; ++left) {
+#pragma unroll
+    for (int right = 0; right <= right_end; ++right) {
+      if (left > m.left || right > m.right || (left * (m.right + 1) + right) % parts != part) continue;
       int row_inside[kSide];  // per filter row: the sum over its taps inside [left, kw - right)
 #pragma unroll
       for (int i = 0; i < kSide; ++i) row_inside[i] = 0;
@@ -237,13 +250,16 @@ __device__ __forceinline__ int FillCorrectionTableOf(const BinaryGemmProblem& p,
 #pragma unroll
         for (int i = 0; i < kSide; ++i) row_inside[i] += inside_frame ? term[i][j] : 0;
       }
-      for (int top = 0; top <= m.top; ++top) {
-        for (int bottom = 0; bottom <= m.bottom; ++bottom) {
+#pragma unroll
+      for (int top = 0; top <= top_end; ++top) {
+#pragma unroll
+        for (int bottom = 0; bottom <= bottom_end; ++bottom) {
+          if (top > m.top || bottom > m.bottom) continue;
           int inside = 0;
 #pragma unroll
           for (int i = 0; i < kSide; ++i) inside += i >= top && i < kh - bottom ? row_inside[i] : 0;
           // columns past N keep their unreachable bound
-          const int value = bound == INT_MAX ? INT_MAX : whole - inside + bound;
+          const int value = bound == kUnreachableBound ? bound : whole - inside + bound;
           const int cls = top * top_stride + bottom * bottom_stride + left * left_stride + right * right_stride;
           cols.correction[cls][lc] = value;
         }
@@ -256,8 +272,14 @@ template <int kCols>
 __device__ __forceinline__ int FillCorrectionTable(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
                                                    int lc, int part = 0, int parts = 1, bool add_bounds = false,
                                                    ColumnThreshold th = {}) {
-  if (p.kh == 3 && p.kw == 3) return FillCorrectionTableOf<kCols, 3>(p, cols, col0, lc, part, parts, add_bounds, th);
-  return FillCorrectionTableOf<kCols, kTableSide>(p, cols, col0, lc, part, parts, add_bounds, th);
+  if (p.kh == 3 && p.kw == 3) {
+    const FrameExcess m = MaxExcess(p);
+    if (max(max(m.top, m.bottom), max(m.left, m.right)) <= 1) {  // padding of at most 1: 16 classes or fewer
+      return FillCorrectionTableOf<kCols, 3, 1>(p, cols, col0, lc, part, parts, add_bounds, th);
+    }
+    return FillCorrectionTableOf<kCols, 3, 0>(p, cols, col0, lc, part, parts, add_bounds, th);
+  }
+  return FillCorrectionTableOf<kCols, kTableSide, 0>(p, cols, col0, lc, part, parts, add_bounds, th);
 }
 
 // Fills the epilogue parameters of local column `lc` (all but the correction table) from its popc(b) summed
@@ -894,7 +916,7 @@ __device__ __forceinline__ void AddBoundsToClasses(const BinaryGemmProblem& p, T
   const int bound = cols.bound[lc], classes = BorderClasses(p);
   for (int c = 0; c < classes; ++c) {
     // columns past N keep their unreachable bound
-    cols.correction[c][lc] = bound == INT_MAX ? INT_MAX : cols.correction[c][lc] + bound;
+    cols.correction[c][lc] = bound == kUnreachableBound ? bound : cols.correction[c][lc] + bound;
   }
 }
 
@@ -1048,26 +1070,36 @@ __device__ __forceinline__ unsigned QuadLanes() { return 0xfu << (threadIdx.x % 
 
 // Threshold bits of a thread's two accumulator rows (h = 0, 1). Bits of columns 8 j + 2 t + e land at
 // bit 8 (j % 4) + e of word j / 4; the quad's lanes (t) fill the other positions after a shift by 2 t, then
-// an OR over the quad completes each 32-column word: 3-4 instructions per value. bounds[h]: the bounds
-// row h compares with: cols.bound, or the row of its border class in the class-bound table
-// (kClassBounds: then the two rows' bounds are loaded separately).
-// kWords: output words per row (8: a 256-column tile; 4: a narrow tile of at most 128 columns, whose
-// accumulators are the first 64). kAcc: the accumulators a thread holds (128 for m64n256, 64 for m64n128).
+// an OR over the quad completes each 32-column word. bounds[h]: the bounds row h compares with: cols.bound,
+// or the row of its border class in the class-bound table (kClassBounds: then the two rows' bounds are
+// loaded separately). kWords: output words per row (8: a 256-column tile; 4: a narrow tile of at most 128
+// columns, whose accumulators are the first 64). kAcc: the accumulators a thread holds (128 for m64n256, 64
+// for m64n128).
 template <bool kClassBounds, int kWords, int kAcc>
 __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const int (&acc)[kAcc],
                                               const TileColumns<kWgCols>& cols, const int (&v0)[2],
                                               const long long (&row)[2], const bool (&row_valid)[2],
                                               const int* const (&bounds)[2], int col0, int t) {
   static_assert(16 * kWords <= kAcc, "a word of 32 columns takes 16 accumulators of each thread");
-  uint32_t words[2][kWords] = {};
+  // Each value's bit is the sign of its difference from the bound (set: below it), shifted into the word
+  // by a funnel shift: 3 instructions a value (multiply-add, subtract, shift), where a compare, a select
+  // and half of a 3-input OR took 4.5 with their bookkeeping (ncu, session 19). A word's 8 values go in
+  // from its highest position down, even columns by 1 bit (their sign), odd ones by 7 (bits 25-31: the sign
+  // and, where |difference| < 2^25 (ColumnBound), six copies of it that fill the gap to the next pair).
+  uint32_t words[2][kWords];
 #pragma unroll
-  for (int j = 0; j < 4 * kWords; ++j) {
-    const uint32_t bit0 = 1u << (8 * (j % 4));  // constant positions: a select and a 3-input OR per pair
+  for (int wd = 0; wd < kWords; ++wd) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int2 bound = *reinterpret_cast<const int2*>(&bounds[kClassBounds ? h : 0][8 * j + 2 * t]);
-      const int x0 = 4 * acc[4 * j + 2 * h] + v0[h], x1 = 4 * acc[4 * j + 2 * h + 1] + v0[h];
-      words[h][j / 4] |= (x0 >= bound.x ? bit0 : 0u) | (x1 >= bound.y ? bit0 << 1 : 0u);
+      uint32_t below = 0;
+#pragma unroll
+      for (int j = 4 * wd + 3; j >= 4 * wd; --j) {
+        const int2 bound = *reinterpret_cast<const int2*>(&bounds[kClassBounds ? h : 0][8 * j + 2 * t]);
+        const int x0 = 4 * acc[4 * j + 2 * h] + v0[h], x1 = 4 * acc[4 * j + 2 * h + 1] + v0[h];
+        below = __funnelshift_l(static_cast<uint32_t>(x1 - bound.y), below, 7);
+        below = __funnelshift_l(static_cast<uint32_t>(x0 - bound.x), below, 1);
+      }
+      words[h][wd] = ~below & 0x03030303u;  // the bits themselves, the filler gone
     }
   }
   // The OR over the quad as a reduce-scatter: after two exchanges lane t holds the finished words
@@ -2588,7 +2620,7 @@ cudaError_t SetTileTrace(unsigned long long* buffer) {
 cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, cudaStream_t stream,
                              KernelPath* chosen) {
   // every kernel needs a K block: the wgmma consumers fill the column parameters inside their k loop
-  if (problem.k_words < 1) return cudaErrorInvalidValue;
+  if (problem.k_words < 1 || problem.k_words > kMaxReductionWords) return cudaErrorInvalidValue;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;

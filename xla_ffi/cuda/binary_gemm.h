@@ -44,6 +44,9 @@ struct BinaryGemmProblem {
 
 // The largest pool window (pool_h * pool_w) the kernels take: a window must fit in one CTA's rows.
 inline constexpr int kMaxPoolWindow = 64;
+// The longest reduction the kernels take, in 32-bit words (k_words; 2^21 bits): the threshold epilogue
+// keeps its integers below 2^25 in magnitude (ColumnBound, StoreBitsRows).
+inline constexpr int kMaxReductionWords = 1 << 16;
 
 // Launches the kernel for `problem` on `stream`; returns the launch error, if any. `path` forces a kernel
 // when it can run the problem (falls back to kAuto's choice otherwise). `chosen` (may be null) receives

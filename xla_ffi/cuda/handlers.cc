@@ -78,6 +78,14 @@ std::optional<ffi::Error> CheckWeights(const ffi::Buffer<ffi::U32>& w, int64_t r
                                     formats::kFsbTileRows, formats::kFsbTileWords});
 }
 
+// Refuses reductions longer than the kernels take (kMaxReductionWords).
+std::optional<ffi::Error> CheckReduction(const char* op, int64_t k_words) {
+  if (k_words <= kMaxReductionWords) return std::nullopt;
+  return Invalid(std::string(op) + " reduces over " + std::to_string(k_words) + " words per dot product; the CUDA " +
+                 "kernels take at most " + std::to_string(kMaxReductionWords) + " (" +
+                 std::to_string(32 * kMaxReductionWords) + " bits)");
+}
+
 ffi::Error Run(BinaryGemmProblem& p, cudaStream_t stream) {
   if (p.pooled_rows == 0 || p.n == 0) return ffi::Error::Success();  // empty result, nothing to launch
   KernelPath chosen;
@@ -138,6 +146,7 @@ ffi::Error Bmm(cudaStream_t stream, const ffi::Buffer<ffi::U32>& a, const ffi::B
   if (!FitsInt(m * k_words) || !FitsInt(k) || !FitsInt(m * std::max<int64_t>(n, 1))) {
     return Invalid("bmm operands too large for the CUDA kernels (int32 indexing)");
   }
+  if (auto err = CheckReduction("bmm", k_words)) return *err;
   BinaryGemmProblem p;
   p.x = a.typed_data();
   p.w = b.typed_data();
@@ -202,6 +211,7 @@ ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi:
       !FitsInt(k_words) || !FitsInt((h + at.pad_top) * (wd + at.pad_left) * cw * 2)) {
     return Invalid("bconv2d operands too large for the CUDA kernels (int32 indexing)");
   }
+  if (auto err = CheckReduction("bconv2d", k_words)) return *err;
   BinaryGemmProblem p;
   p.x = x.typed_data();
   p.w = w.typed_data();
