@@ -191,7 +191,7 @@ def _extreme_thresholds(rng, n, k_real):
 
 
 @pytest.mark.parametrize("case", [None, CONV_CASES[0], CONV_CASES[11]],
-                         ids=["bmm", "band_c128_zero", "resident_c512_one"])
+                         ids=["bmm", "c128_o40_zero", "c512_o40_one"])
 def test_threshold_bits_at_int32_extremes(engine, case):
     """Any int32 threshold, with either flip, gives the reference's bits (no overflow of the bounds)."""
     rng = np.random.default_rng(zlib.crc32(repr(("extremes", case)).encode()))
@@ -202,8 +202,8 @@ def test_threshold_bits_at_int32_extremes(engine, case):
         threshold, flip = _extreme_thresholds(rng, n, k)
         with jax.default_device(CPU):
             want = np.asarray(reference.bmm(a, w.bits, k, n, threshold=threshold, flip=flip))
-        got = _call("jaxbnn_bmm_bits", GPU, _result("bits", (m,), n), [a, w.bits, w.popcount, threshold, flip.astype(np.uint8)],
-                    dict(k=np.int64(k), n=np.int64(n)))
+        got = _call("jaxbnn_bmm_bits", GPU, _result("bits", (m,), n),
+                    [a, w.bits, w.popcount, threshold, flip.astype(np.uint8)], dict(k=np.int64(k), n=np.int64(n)))
     else:
         batch, h, w_, c, o, kernel, stride, padding, pad_value, pool = case
         x = np.asarray(formats.pack_bits(_random_signs(rng, (batch, h, w_, c)) >= 0))

@@ -173,10 +173,10 @@ struct TileColumns {
 
 // The threshold epilogue's bound of column `col` (TileColumns::bound) from its threshold, flip and popc(b).
 // The threshold is clamped to [-k_real - 1, k_real + 1], which changes no bit (every dot lies in [-k_real,
-// k_real]) and keeps the bounds, the class bounds and the epilogue's differences far inside int32 (any
-// threshold overflowed threshold + 2 popc_b before): below 2^25 in magnitude, as StoreBitsRows needs, for
-// reductions of at most kMaxReductionWords words. Columns past N get kUnreachableBound, above every value:
-// their bits stay 0 (the padding bits of the last word).
+// k_real]) and keeps the bounds, the class bounds and the epilogue's differences far inside int32 (a
+// threshold near INT32_MAX overflowed threshold + 2 popc_b before): below 2^25 in magnitude, as
+// StoreBitsRows needs, for reductions of at most kMaxReductionWords words. Columns past N get
+// kUnreachableBound, above every value: their bits stay 0 (the padding bits of the last word).
 inline constexpr int kUnreachableBound = 1 << 24;
 static_assert(kUnreachableBound > 5 * 32 * kMaxReductionWords, "above every 4 acc + k_real - 2 popc_a");
 __device__ __forceinline__ int ColumnBound(const BinaryGemmProblem& p, int col, int threshold, int flip, int popc_b) {
@@ -1082,10 +1082,11 @@ __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const 
                                               const int* const (&bounds)[2], int col0, int t) {
   static_assert(16 * kWords <= kAcc, "a word of 32 columns takes 16 accumulators of each thread");
   // Each value's bit is the sign of its difference from the bound (set: below it), shifted into the word
-  // by a funnel shift: 3 instructions a value (multiply-add, subtract, shift), where a compare, a select
-  // and half of a 3-input OR took 4.5 with their bookkeeping (ncu, session 19). A word's 8 values go in
-  // from its highest position down, even columns by 1 bit (their sign), odd ones by 7 (bits 25-31: the sign
-  // and, where |difference| < 2^25 (ColumnBound), six copies of it that fill the gap to the next pair).
+  // by a funnel shift: 3 instructions a value (multiply-add, subtract, shift), where the multiply-add, a
+  // compare, a select and half of a 3-input OR took 4.5 with their bookkeeping (ncu, session 19). A word's
+  // 8 values go in from its highest position down, even columns by 1 bit (their sign), odd ones by 7 (bits
+  // 25-31: the sign and, where |difference| < 2^25 (ColumnBound), six copies of it that fill the gap to the
+  // next pair).
   uint32_t words[2][kWords];
 #pragma unroll
   for (int wd = 0; wd < kWords; ++wd) {
