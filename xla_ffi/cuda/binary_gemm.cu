@@ -1082,11 +1082,10 @@ __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const 
                                               const int* const (&bounds)[2], int col0, int t) {
   static_assert(16 * kWords <= kAcc, "a word of 32 columns takes 16 accumulators of each thread");
   // Each value's bit is the sign of its difference from the bound (set: below it), shifted into the word
-  // by a funnel shift: 3 instructions a value (multiply-add, subtract, shift), where the multiply-add, a
-  // compare, a select and half of a 3-input OR took 4.5 with their bookkeeping (ncu, session 19). A word's
-  // 8 values go in from its highest position down, even columns by 1 bit (their sign), odd ones by 7 (bits
-  // 25-31: the sign and, where |difference| < 2^25 (ColumnBound), six copies of it that fill the gap to the
-  // next pair).
+  // by a funnel shift after a multiply-add and a subtraction: the epilogue 5.4 warp instructions a value,
+  // 5.7 with a compare, a select and an OR per value instead (ncu, sessions 19-20). A word's 8 values go in
+  // from its highest position down, even columns by 1 bit (their sign), odd ones by 7 (bits 25-31: the sign
+  // and, where |difference| < 2^25 (ColumnBound), six copies of it that fill the gap to the next pair).
   uint32_t words[2][kWords];
 #pragma unroll
   for (int wd = 0; wd < kWords; ++wd) {
