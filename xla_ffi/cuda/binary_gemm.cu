@@ -233,13 +233,13 @@ __device__ __forceinline__ int FillCorrectionTableOf(const BinaryGemmProblem& p,
   // BorderClass's strides
   const int right_stride = 1, left_stride = m.right + 1, bottom_stride = (m.left + 1) * left_stride,
             top_stride = (m.bottom + 1) * bottom_stride;
-  // the classes past the problem's excess skipped where the loops run to kSideExcess
-  const int left_end = kSideExcess > 0 ? kSideExcess : m.left, right_end = kSideExcess > 0 ? kSideExcess : m.right;
-  const int top_end = kSideExcess > 0 ? kSideExcess : m.top, bottom_end = kSideExcess > 0 ? kSideExcess : m.bottom;
+  // where the loops run to kSideExcess, the classes past the problem's excess are skipped
+  constexpr FrameExcess kUnrolled = {kSideExcess, kSideExcess, kSideExcess, kSideExcess};
+  const FrameExcess end = kSideExcess > 0 ? kUnrolled : m;
 #pragma unroll
-  for (int left = 0; left <= left_end; ++left) {
+  for (int left = 0; left <= end.left; ++left) {
 #pragma unroll
-    for (int right = 0; right <= right_end; ++right) {
+    for (int right = 0; right <= end.right; ++right) {
       if (left > m.left || right > m.right || (left * (m.right + 1) + right) % parts != part) continue;
       int row_inside[kSide];  // per filter row: the sum over its taps inside [left, kw - right)
 #pragma unroll
@@ -251,9 +251,9 @@ __device__ __forceinline__ int FillCorrectionTableOf(const BinaryGemmProblem& p,
         for (int i = 0; i < kSide; ++i) row_inside[i] += inside_frame ? term[i][j] : 0;
       }
 #pragma unroll
-      for (int top = 0; top <= top_end; ++top) {
+      for (int top = 0; top <= end.top; ++top) {
 #pragma unroll
-        for (int bottom = 0; bottom <= bottom_end; ++bottom) {
+        for (int bottom = 0; bottom <= end.bottom; ++bottom) {
           if (top > m.top || bottom > m.bottom) continue;
           int inside = 0;
 #pragma unroll
