@@ -123,32 +123,30 @@ inline constexpr int kTableClasses = 25;
 inline constexpr int kTableSide = 4;
 static_assert(kTableClasses <= 127, "border classes are staged as int8 per tile row (RowCorrection)");
 
-// Rows above / below and columns left / right of the frame covered by a receptive field (origin o).
-struct FrameExcess {
-  int top, bottom, left, right;
-};
+// The excess of a receptive field whose tap (0, 0) is at input row oy, column oz.
 __host__ __device__ __forceinline__ FrameExcess ExcessOf(const BinaryGemmProblem& p, int oy, int oz) {
   return {min(p.kh, max(0, -oy)), min(p.kh, max(0, oy + p.kh - p.in_h)), min(p.kw, max(0, -oz)),
           min(p.kw, max(0, oz + p.kw - p.in_w))};
 }
-// The largest excess at each side: the first computed output row / column sticks out most at the top /
-// left, the last at the bottom / right.
-__host__ __device__ __forceinline__ FrameExcess MaxExcess(const BinaryGemmProblem& p) {
+// The largest excess at each side (the launcher's BinaryGemmProblem::max_excess): the first computed output
+// row / column sticks out most at the top / left, the last at the bottom / right.
+FrameExcess MaxExcessOf(const BinaryGemmProblem& p) {
   const FrameExcess first = ExcessOf(p, -p.pad_top, -p.pad_left);
   const FrameExcess last = ExcessOf(p, (p.out_h * p.pool_h - 1) * p.stride_h - p.pad_top,
                                     (p.out_w * p.pool_w - 1) * p.stride_w - p.pad_left);
   return {first.top, last.bottom, first.left, last.right};
 }
 __host__ __device__ __forceinline__ int BorderClasses(const BinaryGemmProblem& p) {
-  const FrameExcess m = MaxExcess(p);
+  const FrameExcess m = p.max_excess;
   return (m.top + 1) * (m.bottom + 1) * (m.left + 1) * (m.right + 1);
 }
-// Whether the tiles of `p` keep the per-class correction table.
-__device__ __forceinline__ bool HasCorrectionTable(const BinaryGemmProblem& p) {
+// Whether the tiles of `p` keep the per-class correction table (the launcher's
+// BinaryGemmProblem::correction_table).
+bool KeepsCorrectionTable(const BinaryGemmProblem& p) {
   return !p.pad_one && p.kh <= kTableSide && p.kw <= kTableSide && BorderClasses(p) <= kTableClasses;
 }
 __device__ __forceinline__ int BorderClass(const BinaryGemmProblem& p, FrameExcess e) {
-  const FrameExcess m = MaxExcess(p);
+  const FrameExcess m = p.max_excess;
   return ((e.top * (m.bottom + 1) + e.bottom) * (m.left + 1) + e.left) * (m.right + 1) + e.right;
 }
 
@@ -157,7 +155,7 @@ __device__ __forceinline__ int BorderClass(const BinaryGemmProblem& p, FrameExce
 // epilogue parameters.
 template <int kCols>
 struct TileColumns {
-  // [BorderClass][column], when HasCorrectionTable; in the wgmma kernel's unpooled threshold epilogue, the
+  // [BorderClass][column], when p.correction_table; in the wgmma kernel's unpooled threshold epilogue, the
   // class's bound instead (bound + correction, AddBoundsToClasses)
   int correction[kTableClasses][kCols];
   int popc_b[kCols];
@@ -193,7 +191,7 @@ __device__ __forceinline__ ColumnThreshold LoadColumnThreshold(const BinaryGemmP
   return {real ? p.threshold[col] : 0, real ? p.flip[col] : 0};
 }
 
-// Fills the border-class corrections of local column `lc` (HasCorrectionTable problems): a class's
+// Fills the border-class corrections of local column `lc` (p.correction_table): a class's
 // correction is the sum of C - 2 popc over the filter's taps minus that over the rectangle of taps inside
 // the frame. Every tap index is a compile-time one (kSide x kSide taps), so the taps' terms stay in
 // registers: a prefix-sum array indexed by runtime bounds lived in local memory (ncu: its loads stalled the
@@ -229,7 +227,7 @@ __device__ __forceinline__ int FillCorrectionTableOf(const BinaryGemmProblem& p,
     }
   }
   const int bound = add_bounds ? ColumnBound(p, col, th.threshold, th.flip, total) : 0;
-  const FrameExcess m = MaxExcess(p);
+  const FrameExcess m = p.max_excess;
   // BorderClass's strides
   const int right_stride = 1, left_stride = m.right + 1, bottom_stride = (m.left + 1) * left_stride,
             top_stride = (m.bottom + 1) * bottom_stride;
@@ -273,7 +271,7 @@ __device__ __forceinline__ int FillCorrectionTable(const BinaryGemmProblem& p, T
                                                    int lc, int part = 0, int parts = 1, bool add_bounds = false,
                                                    ColumnThreshold th = {}) {
   if (p.kh == 3 && p.kw == 3) {
-    const FrameExcess m = MaxExcess(p);
+    const FrameExcess m = p.max_excess;
     if (max(max(m.top, m.bottom), max(m.left, m.right)) <= 1) {  // padding of at most 1: 16 classes or fewer
       return FillCorrectionTableOf<kCols, 3, 1>(p, cols, col0, lc, part, parts, add_bounds, th);
     }
@@ -481,7 +479,7 @@ __device__ __forceinline__ int ExcludedTaps(const BinaryGemmProblem& p, const Ti
                                             int lc, int col) {
   const FrameExcess e = ExcessOf(p, o.y, o.z);
   if (e.top + e.bottom + e.left + e.right == 0) return 0;
-  if (HasCorrectionTable(p)) return cols.correction[BorderClass(p, e)][lc];
+  if (p.correction_table) return cols.correction[BorderClass(p, e)][lc];
   int correction = 0;
   for (int i = 0; i < p.kh; ++i) {
     for (int j = 0; j < p.kw; ++j) {
@@ -815,7 +813,7 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   for (int r = tid; r < kRows; r += kThreads) origins[r] = RowOrigin(p, tile_m, kRows, r);
   for (int c = tid; c < kCols; c += kThreads) {
     FillTileColumn<kCols>(p, cols, col0, c);
-    if (HasCorrectionTable(p)) FillCorrectionTable<kCols>(p, cols, col0, c);
+    if (p.correction_table) FillCorrectionTable<kCols>(p, cols, col0, c);
   }
   __syncthreads();
 
@@ -891,7 +889,7 @@ __device__ __forceinline__ int FreshThreadIndex() {
 }
 
 // What the accumulator epilogues subtract from tile row `r`: 0 for nothing (a pixel whose receptive field
-// stays inside the frame, "one" padding, or no pixel), else the row's border class (HasCorrectionTable
+// stays inside the frame, "one" padding, or no pixel), else the row's border class (p.correction_table
 // problems: never 0 for a border row) or 1 (others, whose epilogue sums the excluded taps per value).
 // Computed once per row and tile, while the tensor cores run, instead of in every thread of the epilogue
 // (RowOrigin's divisions were a fifth of the instructions of a 3x3 C=128 convolution). Unpooled problems
@@ -905,7 +903,7 @@ __device__ __forceinline__ int8_t RowCorrection(const BinaryGemmProblem& p, cons
   const int oh = Quotient(in_image, div.out_w), ow = in_image - oh * div.out_w.divisor;
   const int ih0 = oh * p.stride_h - p.pad_top, iw0 = ow * p.stride_w - p.pad_left;
   if (ih0 >= 0 && ih0 + p.kh <= p.in_h && iw0 >= 0 && iw0 + p.kw <= p.in_w) return 0;
-  return static_cast<int8_t>(HasCorrectionTable(p) ? BorderClass(p, ExcessOf(p, ih0, iw0)) : 1);
+  return static_cast<int8_t>(p.correction_table ? BorderClass(p, ExcessOf(p, ih0, iw0)) : 1);
 }
 
 // Turns the border-class corrections of local column `lc` into the class's bounds (bound + correction),
@@ -1202,7 +1200,7 @@ __device__ __forceinline__ void StoreAccumulatorRows(const BinaryGemmProblem& p,
   if (p.epilogue == Epilogue::kBits) {
     // One code path per problem where possible: the epilogue is fetch-bound (ncu: "no instruction" was
     // the first stall reason), and warps of one CTA in two variants fetch twice the code.
-    if (HasCorrectionTable(p)) {
+    if (p.correction_table) {
       // every row compares with its border class's bounds; class 0 (inside the frame) holds the plain ones
       const int* const bounds[2] = {cols.correction[border[0] ? correction[0] : 0],
                                     cols.correction[border[1] ? correction[1] : 0]};
@@ -1449,7 +1447,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // (the first one's when there is one k block), when the tensor cores have two k blocks queued.
   const int fill_kb = min(1, k_blocks - 1);
   // the threshold epilogue's class-bound table (StoreAccumulators): unpooled threshold problems with a table
-  const bool class_bounds = p.epilogue == Epilogue::kBits && !staged && HasCorrectionTable(p);
+  const bool class_bounds = p.epilogue == Epilogue::kBits && !staged && p.correction_table;
 #ifdef JAXBNN_TILE_TRACE
   int traced_tile = -1;
 #endif
@@ -1466,7 +1464,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     // The border-class corrections stay while the column tile does (runs of pairs change it rarely);
     // filled before the accumulators are live.
     const bool new_columns = tile_n != staged_tile_n;
-    if (new_columns && HasCorrectionTable(p)) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
+    if (new_columns && p.correction_table) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
     staged_tile_n = tile_n;
     int acc[128];
     int row_popc = 0;
@@ -1697,14 +1695,14 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   for (int ks = 0; ks < 4; ++ks) {
     tap_row_step[ks] = ((ks * 32) >> a_box_log2) * 64 * a_box_bytes + ((ks * 32) & (a_box_bytes - 1));
   }
-  const bool class_bounds = p.epilogue == Epilogue::kBits && HasCorrectionTable(p);
+  const bool class_bounds = p.epilogue == Epilogue::kBits && p.correction_table;
   // Each thread fills column ctid of the table and of the parameters. Warpgroup 1 starts one k loop late
   // and stays about that far behind (neither waits for the other afterwards), so that each one's epilogue
   // runs while the other's wgmmas do: started together, they would keep sharing the tensor cores in their
   // k loops and leave them idle in their epilogues. It fills its columns before it waits (barrier 1);
   // warpgroup 0 fills its own behind its first queued wgmmas and lets warpgroup 1 go when its first k loop
   // is done (barrier 4).
-  if (HasCorrectionTable(p)) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
+  if (p.correction_table) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
   const int fill_kb = half == 0 ? min(1, k_blocks - 1) : -1;
   if (half == 1 && first_tile < m_tiles) {  // (a CTA without tiles: nothing to wait for)
     FillTileColumn<kWgCols>(p, cols, col0, ctid);
@@ -1996,7 +1994,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   // over four, 3.5 (session 14, jobs EA-EB); this form, 3.3 (session 15, job FB: the loads were not what
   // "zero" spends over "one").
   static_assert(kBandCols == 128, "a column per thread of each warpgroup");
-  if (HasCorrectionTable(p)) {
+  if (p.correction_table) {
     const ColumnThreshold th = LoadColumnThreshold(p, col0 + wtid);
     const bool class_bounds = p.epilogue == Epilogue::kBits;
     const int popc_b = FillCorrectionTable<kWgCols>(p, cols, col0, wtid, wg, kBandWarpgroups, class_bounds, th);
@@ -2072,7 +2070,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
         rows.row[h] = (static_cast<long long>(image) * p.out_h + oy) * p.out_w + ox;
         const FrameExcess e = ExcessOf(p, oy - p.pad_top, ox - p.pad_left);
         const bool border = !p.pad_one && rows.valid[h] && e.top + e.bottom + e.left + e.right > 0;
-        rows.correction[h] = border ? (HasCorrectionTable(p) ? BorderClass(p, e) : 1) : 0;
+        rows.correction[h] = border ? (p.correction_table ? BorderClass(p, e) : 1) : 0;
       }
       if (wg < 2) JAXBNN_TRACE_TILE(wg, traced_tile, 1, wtid);
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
@@ -2255,9 +2253,12 @@ struct LaunchPlan {
 // address moved. False where a map cannot be made for the new address.
 bool Repoint(LaunchPlan& plan, const BinaryGemmProblem& p) {
   const bool x_moved = plan.p.x != p.x, w_moved = plan.p.w != p.w;
-  const bool pad_one = plan.p.pad_one;  // the plan's (Plan may have set it)
+  const BinaryGemmProblem planned = plan.p;
   plan.p = p;
-  plan.p.pad_one = pad_one;
+  // what Plan derived from the shape
+  plan.p.pad_one = planned.pad_one;
+  plan.p.max_excess = planned.max_excess;
+  plan.p.correction_table = planned.correction_table;
   return (!x_moved || Encode(plan.a_recipe, p.x, plan.a_map)) && (!w_moved || Encode(plan.w_recipe, p.w, plan.w_map));
 }
 
@@ -2469,7 +2470,9 @@ LaunchPlan PlanPersistent(const BinaryGemmProblem& p, const DeviceInfo& info) {
 // padding): both paddings then agree, and as "one" padding the kernels skip the per-row border tests and
 // the correction table (through XLA, a BMM as "zero" padding ran 17% longer).
 LaunchPlan Plan(BinaryGemmProblem p, KernelPath path, const DeviceInfo& info) {
+  p.max_excess = MaxExcessOf(p);
   if (!p.pad_one && BorderClasses(p) == 1) p.pad_one = true;
+  p.correction_table = KeepsCorrectionTable(p);
   // 16-byte copies need every tap's words 16-byte aligned (the classic kernels' kVec, the wgmma TMA boxes).
   const bool aligned = p.cw % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   // the wgmma kernel's cp.async producer also copies 8 bytes at a time (a tap of 2 words: C = 64)
@@ -2597,7 +2600,8 @@ class PlanCache {
     Key key;
     LaunchPlan plan;
   };
-  static_assert(sizeof(BinaryGemmProblem) == 160, "a field was added to BinaryGemmProblem: add it to KeyOf");
+  // (max_excess and correction_table are Plan's, derived from the key's fields)
+  static_assert(sizeof(BinaryGemmProblem) == 184, "a field was added to BinaryGemmProblem: add it to KeyOf");
   static Key KeyOf(const BinaryGemmProblem& p, KernelPath path, int device) {
     const auto x = reinterpret_cast<uintptr_t>(p.x), w = reinterpret_cast<uintptr_t>(p.w);
     return {device, static_cast<int>(path), static_cast<int64_t>(x % 16), static_cast<int64_t>(w % 16),
