@@ -2269,16 +2269,22 @@ struct LaunchPlan {
   bool weights_by_tma = false, runs = false;
 };
 
+// The fields the launcher derives from the shape: the frame's largest excess, "one" padding where no
+// receptive field reaches past the frame (a BMM, a convolution without padding: both paddings then agree,
+// and as "one" padding the kernels skip the per-row border tests and the correction table; through XLA, a
+// BMM as "zero" padding ran 17% longer), and whether the tiles keep the correction table.
+void DeriveFromShape(BinaryGemmProblem& p) {
+  p.max_excess = MaxExcessOf(p);
+  if (!p.pad_one && BorderClasses(p) == 1) p.pad_one = true;
+  p.correction_table = KeepsCorrectionTable(p);
+}
+
 // Points the plan at the operands of `p` (same shape): its problem, and its tensor maps re-encoded where an
 // address moved. False where a map cannot be made for the new address.
 bool Repoint(LaunchPlan& plan, const BinaryGemmProblem& p) {
   const bool x_moved = plan.p.x != p.x, w_moved = plan.p.w != p.w;
-  const BinaryGemmProblem planned = plan.p;
   plan.p = p;
-  // what Plan derived from the shape
-  plan.p.pad_one = planned.pad_one;
-  plan.p.max_excess = planned.max_excess;
-  plan.p.correction_table = planned.correction_table;
+  DeriveFromShape(plan.p);
   return (!x_moved || Encode(plan.a_recipe, p.x, plan.a_map)) && (!w_moved || Encode(plan.w_recipe, p.w, plan.w_map));
 }
 
@@ -2490,13 +2496,9 @@ LaunchPlan PlanPersistent(const BinaryGemmProblem& p, const DeviceInfo& info) {
 }
 
 // The plan for `p` on `path` (kAuto: the default choice; a forced engine that cannot run `p` falls back to
-// it). `p.pad_one` is set where no receptive field reaches past the frame (a BMM, a convolution without
-// padding): both paddings then agree, and as "one" padding the kernels skip the per-row border tests and
-// the correction table (through XLA, a BMM as "zero" padding ran 17% longer).
+// it), with the fields derived from the shape (DeriveFromShape).
 LaunchPlan Plan(BinaryGemmProblem p, KernelPath path, const DeviceInfo& info) {
-  p.max_excess = MaxExcessOf(p);
-  if (!p.pad_one && BorderClasses(p) == 1) p.pad_one = true;
-  p.correction_table = KeepsCorrectionTable(p);
+  DeriveFromShape(p);
   // 16-byte copies need every tap's words 16-byte aligned (the classic kernels' kVec, the wgmma TMA boxes).
   const bool aligned = p.cw % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   // the wgmma kernel's cp.async producer also copies 8 bytes at a time (a tap of 2 words: C = 64)
