@@ -1707,14 +1707,14 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     tap_row_step[ks] = ((ks * 32) >> a_box_log2) * 64 * a_box_bytes + ((ks * 32) & (a_box_bytes - 1));
   }
   const bool class_bounds = p.epilogue == Epilogue::kBits && p.correction_table;
-  // Each thread fills column ctid of the table and of the parameters. Warpgroup 1 starts one k loop late
-  // and stays about that far behind (neither waits for the other afterwards), so that each one's epilogue
-  // runs while the other's wgmmas do: started together, they would keep sharing the tensor cores in their
-  // k loops and leave them idle in their epilogues. It fills its columns before it waits (barrier 1);
-  // warpgroup 0 fills its own behind its first queued wgmmas and lets warpgroup 1 go when its first k loop
-  // is done (barrier 4).
+  // Each thread fills column ctid of the table and of the parameters. Warpgroup 1 fills its columns
+  // before it waits (barrier 1); warpgroup 0 fills its own behind its first K block's wgmmas and lets
+  // warpgroup 1 go then (barrier 4), so warpgroup 1 starts one K block late. Started a whole k loop late
+  // (so that each one's epilogue would run under the other's wgmmas), warpgroup 1 idled ~3 us at every
+  // CTA's start, and the stagger did not last (C = 512: the k loops overlapped 60%); one K block late:
+  // C = 256 +4%, C = 512 +1% (v56, benchmarks/NOTES.md session 24).
   if (p.correction_table) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
-  const int fill_kb = half == 0 ? min(1, k_blocks - 1) : -1;
+  const int fill_kb = half == 0 ? 0 : -1;
   if (half == 1 && first_tile < m_tiles) {  // (a CTA without tiles: nothing to wait for)
     FillTileColumn<kWgCols>(p, cols, col0, ctid);
     if (class_bounds) AddBoundsToClasses(p, cols, ctid);
@@ -1762,6 +1762,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       if (first_tile_of_cta && kb == fill_kb) {
         FillTileColumn<kWgCols>(p, cols, col0, ctid);
         if (class_bounds) AddBoundsToClasses(p, cols, ctid);
+        asm volatile("bar.arrive 4, 256;\n" ::: "memory");
       }
       if (kb == 0 && !p.pad_one && wtid < 64) {
         row_correction[64 * half + wtid] = RowCorrection(p, div, tile_m, 64 * half + wtid);
@@ -1781,7 +1782,6 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     if (wtid % 32 == 0) {
       asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar(empty0, half, previous_stage)) : "memory");
     }
-    if (first_tile_of_cta && half == 0) asm volatile("bar.arrive 4, 256;\n" ::: "memory");
     row_popc = CombineRowPopcount<64, 128>(row_popc);
     if (const int row = RowOfPopcount<64, 128>(wtid); row >= 0) popc_a[64 * half + row] = row_popc;
     if (first_tile_of_cta && half == 0) {

@@ -231,8 +231,9 @@ ConvCase Bmm(int m, int n, int k) { return ConvCase{m, 1, 1, k, n, 1, 1, 1, 1, 0
 #ifdef JAXBNN_TILE_TRACE
 // One more launch of a timed case with the wgmma kernel's tile stamps (binary_gemm.h, SetTileTrace), and
 // where its time goes, in microseconds (SM cycles at the device's clock rate), averaged over CTAs and
-// consumer warpgroups: the first tile (from the CTA's start) and the later ones (from the previous tile's
-// epilogue end) separately. The stamps are per-SM cycle counts: every figure is a difference within a CTA.
+// consumer warpgroups: each warpgroup's first tile (from the CTA's start) and the later tiles (from the
+// previous tile's epilogue end) separately. The stamps are per-SM cycle counts: every figure is a
+// difference within a CTA.
 void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
   using jaxbnn::cuda::kTraceEvents;
   using jaxbnn::cuda::kTraceStartWords;
@@ -255,8 +256,8 @@ void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
   CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
   const double us_per_cycle = 1e3 / clock_khz;
   double span_sum = 0;  // per CTA: its first instruction to its last traced epilogue end
-  // [first tile, later tiles] x [to tile start, to first full, k loop, epilogue]
-  double sum[2][4] = {}, count[2] = {};
+  // [warpgroup 0's first tile, warpgroup 1's, later tiles] x [to tile start, to first full, k loop, epilogue]
+  double sum[3][4] = {}, count[3] = {};
   double start_sum[kTraceStartWords] = {};  // each start-up stamp after the CTA's first instruction
   int traced_ctas = 0;
   for (size_t c = 0; c < ctas; ++c) {
@@ -270,7 +271,7 @@ void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
       for (int tile = 0; tile < kTraceTiles; ++tile) {
         const unsigned long long* e = cta + kTraceStartWords + (wg * kTraceTiles + tile) * kTraceEvents;
         if (e[3] == 0) break;
-        const int later = tile > 0;
+        const int later = tile > 0 ? 2 : wg;
         sum[later][0] += (e[0] - previous_end) * us_per_cycle;
         sum[later][1] += (e[1] - e[0]) * us_per_cycle;
         sum[later][2] += (e[2] - e[1]) * us_per_cycle;
@@ -306,16 +307,16 @@ void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
   }
   std::printf("trace: warpgroup 1 in a k loop during %.0f%% of warpgroup 0's k-loop time\n",
               k_time > 0 ? 100.0 * k_overlap / k_time : 0.0);
-  const double tiles = count[0] + count[1], span_us = span_sum / traced_ctas;
+  const double tiles = count[0] + count[1] + count[2], span_us = span_sum / traced_ctas;
   std::printf("trace: %d CTAs, %.1f tiles per warpgroup; a CTA's first instruction to its last epilogue end %.2f us "
               "(mean); k loops %.0f%% of it\n",
               traced_ctas, tiles / (2.0 * traced_ctas), span_us,
-              100.0 * (sum[0][2] + sum[1][2]) / (2.0 * traced_ctas) / span_us);
+              100.0 * (sum[0][2] + sum[1][2] + sum[2][2]) / (2.0 * traced_ctas) / span_us);
   std::printf("trace: start-up stamps 1-%d, us from the CTA's first instruction (binary_gemm.h):", kTraceStartWords - 1);
   for (int i = 1; i < kTraceStartWords; ++i) std::printf(" %.2f", start_sum[i] / traced_ctas);
   std::printf("\n");
-  const char* names[2] = {"first tile ", "later tiles"};
-  for (int later = 0; later < 2; ++later) {
+  const char* names[3] = {"first tile, warpgroup 0", "first tile, warpgroup 1", "later tiles            "};
+  for (int later = 0; later < 3; ++later) {
     if (count[later] == 0) continue;
     const double n = count[later];
     std::printf("trace: %s (%5.0f): to tile start %6.2f us, to first full stage %6.2f, k loop %6.2f, epilogue %6.2f\n",
