@@ -271,12 +271,12 @@ void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
       for (int tile = 0; tile < kTraceTiles; ++tile) {
         const unsigned long long* e = cta + kTraceStartWords + (wg * kTraceTiles + tile) * kTraceEvents;
         if (e[3] == 0) break;
-        const int later = tile > 0 ? 2 : wg;
-        sum[later][0] += (e[0] - previous_end) * us_per_cycle;
-        sum[later][1] += (e[1] - e[0]) * us_per_cycle;
-        sum[later][2] += (e[2] - e[1]) * us_per_cycle;
-        sum[later][3] += (e[3] - e[2]) * us_per_cycle;
-        count[later] += 1;
+        const int group = tile > 0 ? 2 : wg;  // the row of sum and count
+        sum[group][0] += (e[0] - previous_end) * us_per_cycle;
+        sum[group][1] += (e[1] - e[0]) * us_per_cycle;
+        sum[group][2] += (e[2] - e[1]) * us_per_cycle;
+        sum[group][3] += (e[3] - e[2]) * us_per_cycle;
+        count[group] += 1;
         previous_end = e[3];
         last_end = std::max(last_end, e[3]);
       }
@@ -316,11 +316,11 @@ void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
   for (int i = 1; i < kTraceStartWords; ++i) std::printf(" %.2f", start_sum[i] / traced_ctas);
   std::printf("\n");
   const char* names[3] = {"first tile, warpgroup 0", "first tile, warpgroup 1", "later tiles            "};
-  for (int later = 0; later < 3; ++later) {
-    if (count[later] == 0) continue;
-    const double n = count[later];
+  for (int group = 0; group < 3; ++group) {
+    if (count[group] == 0) continue;
+    const double n = count[group];
     std::printf("trace: %s (%5.0f): to tile start %6.2f us, to first full stage %6.2f, k loop %6.2f, epilogue %6.2f\n",
-                names[later], n, sum[later][0] / n, sum[later][1] / n, sum[later][2] / n, sum[later][3] / n);
+                names[group], n, sum[group][0] / n, sum[group][1] / n, sum[group][2] / n, sum[group][3] / n);
   }
 }
 #endif
