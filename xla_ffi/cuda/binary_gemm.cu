@@ -1599,8 +1599,8 @@ struct RingPosition {
 template <ALayout kLayout, int kCols>
 __global__ void __launch_bounds__(kWgThreads, 1)
     ResidentWgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map,
-                        const __grid_constant__ CUtensorMap w_map, bool weights_by_tma, const LaunchDivisors div,
-                        int m_tiles, int ctas_per_column) {
+                        const __grid_constant__ CUtensorMap w_map, const LaunchDivisors div, int m_tiles,
+                        int ctas_per_column) {
   static_assert(kLayout != ALayout::kCoreMatrices, "activations by TMA only");
   static_assert(kCols == kWgCols || kCols == kWgCols / 2, "m64n256 or m64n128 wgmmas");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1628,7 +1628,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int a_box_log2 = __ffs(a_box_bytes) - 1;
   if (tid == 0) {
     PrefetchTensorMap(a_map);
-    if (weights_by_tma) PrefetchTensorMap(w_map);
+    PrefetchTensorMap(w_map);
     for (int half = 0; half < 2; ++half) {
       for (int s = 0; s < kResidentStages; ++s) {
         BarrierInit(bar(full0, half, s), 1);
@@ -1648,22 +1648,11 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const int warp = tid / 32, lane = tid % 32;
     if (warp == 3) return;
     if (warp == 2) {
-      const int row_tiles = min(kCols / 8, p.w_row_tiles - col0 / 8);
-      const uint32_t row_bytes = p.w_k_tiles * 128;
-      if (weights_by_tma) {
-        // one TMA box of the column tile's kCols / 8 row tiles (zeros past N), as they lie in shared memory:
-        // the first tile waits for the weights, which bulk copies of one row tile each brought later (v54)
-        if (lane == 0) {
-          BarrierArriveExpectBytes(weights_full, kCols / 8 * row_bytes);
-          TensorCopy3d(weights, w_map, 0, 0, col0 / 8, weights_full);
-        }
-      } else {
-        if (lane == 0) BarrierArriveExpectBytes(weights_full, row_tiles * row_bytes);
-        __syncwarp();
-        for (int j = lane; j < row_tiles; j += 32) {
-          BulkCopy(weights + j * row_bytes, p.w + static_cast<size_t>(col0 / 8 + j) * p.w_k_tiles * 32, row_bytes,
-                   weights_full);
-        }
+      // one TMA box of the column tile's kCols / 8 row tiles (zeros past N), as they lie in shared memory:
+      // the first tile waits for the weights, which bulk copies of one row tile each brought later (v54)
+      if (lane == 0) {
+        BarrierArriveExpectBytes(weights_full, kCols / 8 * p.w_k_tiles * 128);
+        TensorCopy3d(weights, w_map, 0, 0, col0 / 8, weights_full);
       }
     } else {
       const int half = warp, a_boxes = 128 >> a_box_log2, tap_bytes = p.cw * 4;
@@ -2319,6 +2308,9 @@ bool PlanResident(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan
   }
   const ALayout layout = ActivationLayout(p, plan.a_recipe, 64);
   if (layout == ALayout::kCoreMatrices || !Encode(plan.a_recipe, p.x, plan.a_map)) return false;
+  // the weights by one TMA box (where the driver cannot encode its map, the persistent kernel runs `p`)
+  plan.w_recipe = ResidentWeightRecipe(p, narrow ? kWgCols / 2 : kWgCols);
+  if (!Encode(plan.w_recipe, p.w, plan.w_map)) return false;
   const auto kernel =
       layout == ALayout::kSwizzledRows
           ? (narrow ? ResidentWgmmaKernel<ALayout::kSwizzledRows, kWgCols / 2> : ResidentWgmmaKernel<ALayout::kSwizzledRows, kWgCols>)
@@ -2337,10 +2329,6 @@ bool PlanResident(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan
   // every SM a CTA, the column tiles shared out evenly; each CTA at least one row tile
   plan.ctas_per_column = std::max(1, std::min(m_tiles, info.sms / n_tiles));
   plan.ctas = static_cast<unsigned>(n_tiles * plan.ctas_per_column);
-  // the weights by one TMA box, else (the driver cannot encode the map) bulk copies
-  plan.w_recipe = ResidentWeightRecipe(p, narrow ? kWgCols / 2 : kWgCols);
-  plan.weights_by_tma = Encode(plan.w_recipe, p.w, plan.w_map);
-  if (!plan.weights_by_tma) plan.w_recipe = TensorMapRecipe{};
   return true;
 }
 
@@ -2580,8 +2568,7 @@ cudaError_t Launch(LaunchPlan& plan, cudaStream_t stream) {
   void* classic[] = {&plan.p, &plan.div, &plan.m_tiles, &plan.n_tiles};
   void* persistent[] = {&plan.p, &plan.a_map, &plan.w_map, &plan.weights_by_tma, &plan.div,
                         &plan.m_pairs, &plan.n_tiles, &plan.runs};
-  void* resident[] = {&plan.p, &plan.a_map, &plan.w_map, &plan.weights_by_tma, &plan.div, &plan.m_tiles,
-                      &plan.ctas_per_column};
+  void* resident[] = {&plan.p, &plan.a_map, &plan.w_map, &plan.div, &plan.m_tiles, &plan.ctas_per_column};
   void* band[] = {&plan.p, &plan.a_map, &plan.band};
   void** args = plan.kind == LaunchPlan::Kind::kClassic      ? classic
                 : plan.kind == LaunchPlan::Kind::kPersistent ? persistent
