@@ -156,7 +156,9 @@ __device__ __forceinline__ int BorderClass(const BinaryGemmProblem& p, FrameExce
 template <int kCols>
 struct TileColumns {
   // [BorderClass][column], when p.correction_table; in the wgmma kernel's unpooled threshold epilogue, the
-  // class's bound instead (bound + correction, AddBoundsToClasses)
+  // class's bound instead (bound + correction, AddBoundsToClasses). Where PairsBounds, each even column's
+  // slot holds the PairedBounds of it and the next column: of the class bounds, or without the table, of
+  // the plain bounds in row 0 (no other reader then; the persistent kernel has no room for another row).
   int correction[kTableClasses][kCols];
   int popc_b[kCols];
   int threshold[kCols];
@@ -180,6 +182,27 @@ static_assert(kUnreachableBound > 5 * 32 * kMaxReductionWords, "above every 4 ac
 __device__ __forceinline__ int ColumnBound(const BinaryGemmProblem& p, int col, int threshold, int flip, int popc_b) {
   const int clamped = min(max(threshold, -p.k_real - 1), p.k_real + 1);
   return col < p.n ? clamped + 2 * popc_b + (flip ? 1 : 0) : kUnreachableBound;
+}
+
+// The threshold epilogue compares two columns' values with their bounds in one 32-bit addition where
+// k_real <= kPairedBoundsMaxK (PairsBounds): with y = 4 (acc_0 + 2^16 acc_1) + v0 (1 + 2^16) + PairedBounds,
+// the 16-bit half of column e is x_e - bound_e + 2^15 (x = 4 acc + v0), whose bit 15 is the column's bit.
+// Every x lies in [-k, 3k] and every bound (classes included; kUnreachableBound taken as 3k + 1) in
+// [-2k - 1, 4k + 3], so the low half stays within [0, 2^16) and never carries into the high one.
+inline constexpr int kPairedBoundsMaxK = 6400;
+static_assert(5 * kPairedBoundsMaxK + 3 < (1 << 15), "a half's x - bound + 2^15 stays within 16 bits");
+__device__ __forceinline__ bool PairsBounds(const BinaryGemmProblem& p) {
+  return p.epilogue == Epilogue::kBits && p.k_real <= kPairedBoundsMaxK;
+}
+__device__ __forceinline__ uint32_t PairedBounds(const BinaryGemmProblem& p, int bound_0, int bound_1) {
+  auto half = [&](int bound) { return 32768 - (bound == kUnreachableBound ? 3 * p.k_real + 1 : bound); };
+  return static_cast<uint32_t>(half(bound_0)) + (static_cast<uint32_t>(half(bound_1)) << 16);
+}
+// Where PairsBounds: `bound` of local column lc (each thread of a whole warp its column) paired with the next
+// column's in `*pair` by the even column's thread.
+__device__ __forceinline__ void StorePairedBounds(const BinaryGemmProblem& p, int bound, int lc, uint32_t* pair) {
+  const int next = __shfl_xor_sync(0xffffffffu, bound, 1);
+  if (lc % 2 == 0) *pair = PairedBounds(p, bound, next);
 }
 
 // A column's threshold and flip (0 past N or for other epilogues).
@@ -259,7 +282,11 @@ __device__ __forceinline__ int FillCorrectionTableOf(const BinaryGemmProblem& p,
           // columns past N keep their unreachable bound
           const int value = bound == kUnreachableBound ? bound : whole - inside + bound;
           const int cls = top * top_stride + bottom * bottom_stride + left * left_stride + right * right_stride;
-          cols.correction[cls][lc] = value;
+          if (add_bounds && PairsBounds(p)) {
+            StorePairedBounds(p, value, lc, reinterpret_cast<uint32_t*>(&cols.correction[cls][lc]));
+          } else {
+            cols.correction[cls][lc] = value;
+          }
         }
       }
     }
@@ -291,6 +318,9 @@ __device__ __forceinline__ void FillColumnParameters(const BinaryGemmProblem& p,
     cols.threshold[lc] = th.threshold;
     cols.flip[lc] = th.flip;
     cols.bound[lc] = ColumnBound(p, col, th.threshold, th.flip, popc_b);
+    if (PairsBounds(p) && !p.correction_table) {
+      StorePairedBounds(p, cols.bound[lc], lc, reinterpret_cast<uint32_t*>(&cols.correction[0][lc]));
+    }
     const uint32_t flips = __ballot_sync(0xffffffffu, th.flip != 0);
     if (lc % 32 == 0) cols.flip_word[lc / 32] = flips;
   } else if (p.epilogue == Epilogue::kAffine) {
@@ -909,12 +939,18 @@ __device__ __forceinline__ int8_t RowCorrection(const BinaryGemmProblem& p, cons
 // Turns the border-class corrections of local column `lc` into the class's bounds (bound + correction),
 // so that the threshold epilogue compares every row with one table row (StoreBitsRows<true, ...>). For the
 // unpooled threshold epilogue only: every other reader of the table wants corrections (ExcludedTaps).
-// Called by the thread that filled column `lc` of both the table and cols.bound.
+// Called by whole warps, each thread for the column `lc` it filled of both the table and cols.bound.
 __device__ __forceinline__ void AddBoundsToClasses(const BinaryGemmProblem& p, TileColumns<kWgCols>& cols, int lc) {
   const int bound = cols.bound[lc], classes = BorderClasses(p);
+  const bool paired = PairsBounds(p);
   for (int c = 0; c < classes; ++c) {
     // columns past N keep their unreachable bound
-    cols.correction[c][lc] = bound == kUnreachableBound ? bound : cols.correction[c][lc] + bound;
+    const int value = bound == kUnreachableBound ? bound : cols.correction[c][lc] + bound;
+    if (paired) {
+      StorePairedBounds(p, value, lc, reinterpret_cast<uint32_t*>(&cols.correction[c][lc]));
+    } else {
+      cols.correction[c][lc] = value;
+    }
   }
 }
 
@@ -1061,6 +1097,14 @@ __device__ __forceinline__ uint64_t SwizzledOperandDescriptor(uint32_t addr, uin
          (mode << 62);
 }
 
+// prmt.b32: byte i of the result is byte (s >> 4 i) & 7 of (b:a), or where bit 3 of that nibble is set, that
+// byte's top bit copied over all 8 bits (the sign mode, which __byte_perm does not offer).
+__device__ __forceinline__ uint32_t BytePermute(uint32_t a, uint32_t b, uint32_t s) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+  return d;
+}
+
 // The four lanes of this thread's quad. The quads of a warp hold different rows and may take different
 // epilogue paths (border rows or not) with different numbers of shuffles, so the shuffles that assemble a
 // quad's words name only the quad: a full-warp mask would pair shuffles of different paths, or wait forever.
@@ -1070,34 +1114,59 @@ __device__ __forceinline__ unsigned QuadLanes() { return 0xfu << (threadIdx.x % 
 // bit 8 (j % 4) + e of word j / 4; the quad's lanes (t) fill the other positions after a shift by 2 t, then
 // an OR over the quad completes each 32-column word. bounds[h]: the bounds row h compares with: cols.bound,
 // or the row of its border class in the class-bound table (kClassBounds: then the two rows' bounds are
-// loaded separately). kWords: output words per row (8: a 256-column tile; 4: a narrow tile of at most 128
-// columns, whose accumulators are the first 64). kAcc: the accumulators a thread holds (128 for m64n256, 64
-// for m64n128).
-template <bool kClassBounds, int kWords, int kAcc>
+// loaded separately); kPaired: their PairedBounds (in the even slots of a table row, TileColumns). kWords:
+// output words per row (8: a 256-column tile; 4: a narrow tile of at most 128 columns, whose accumulators
+// are the first 64). kAcc: the accumulators a thread holds (128 for m64n256, 64 for m64n128).
+template <bool kClassBounds, bool kPaired, int kWords, int kAcc>
 __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const int (&acc)[kAcc],
                                               const TileColumns<kWgCols>& cols, const int (&v0)[2],
                                               const long long (&row)[2], const bool (&row_valid)[2],
                                               const int* const (&bounds)[2], int col0, int t) {
   static_assert(16 * kWords <= kAcc, "a word of 32 columns takes 16 accumulators of each thread");
-  // Each value's bit is the sign of its difference from the bound (set: below it), shifted into the word
-  // by a funnel shift after a multiply-add and a subtraction: the epilogue 5.4 warp instructions a value,
-  // 5.7 with a compare, a select and an OR per value instead (ncu, sessions 19-20). A word's 8 values go in
-  // from its highest position down, even columns by 1 bit (their sign), odd ones by 7 (bits 25-31: the sign
-  // and, where |difference| < 2^25 (ColumnBound), six copies of it that fill the gap to the next pair).
   uint32_t words[2][kWords];
-#pragma unroll
-  for (int wd = 0; wd < kWords; ++wd) {
+  if constexpr (kPaired) {
+    // Two columns per 32-bit addition (PairedBounds); bits 15 and 31 of y are their bits, gathered by byte
+    // permutes that copy a byte's top bit over the byte: 2.1 instructions a value against 3 below.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      uint32_t below = 0;
+      const uint32_t v0_pair = static_cast<uint32_t>(v0[h]) * 0x10001u;
 #pragma unroll
-      for (int j = 4 * wd + 3; j >= 4 * wd; --j) {
-        const int2 bound = *reinterpret_cast<const int2*>(&bounds[kClassBounds ? h : 0][8 * j + 2 * t]);
-        const int x0 = 4 * acc[4 * j + 2 * h] + v0[h], x1 = 4 * acc[4 * j + 2 * h + 1] + v0[h];
-        below = __funnelshift_l(static_cast<uint32_t>(x1 - bound.y), below, 7);
-        below = __funnelshift_l(static_cast<uint32_t>(x0 - bound.x), below, 1);
+      for (int wd = 0; wd < kWords; ++wd) {
+        uint32_t y[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int j = 4 * wd + q;
+          const uint32_t bound = static_cast<uint32_t>(bounds[kClassBounds ? h : 0][8 * j + 2 * t]);
+          const uint32_t pair = static_cast<uint32_t>(acc[4 * j + 2 * h]) + (static_cast<uint32_t>(acc[4 * j + 2 * h + 1]) << 16);
+          y[q] = (pair << 2) + v0_pair + bound;
+        }
+        // bytes (bit 15 of y[0], bit 31 of y[0], bit 15 of y[1], bit 31 of y[1]), each 0 or 0xff; then the
+        // even columns' bytes and the odd columns' in the order of their pairs
+        const uint32_t first = BytePermute(y[0], y[1], 0xFDB9), second = BytePermute(y[2], y[3], 0xFDB9);
+        const uint32_t even = BytePermute(first, second, 0x6420), odd = BytePermute(first, second, 0x7531);
+        words[h][wd] = (even & 0x01010101u) | (odd & 0x02020202u);
       }
-      words[h][wd] = ~below & 0x03030303u;  // the bits themselves, the filler gone
+    }
+  } else {
+    // Each value's bit is the sign of its difference from the bound (set: below it), shifted into the word
+    // by a funnel shift after a multiply-add and a subtraction: the epilogue 5.4 warp instructions a value,
+    // 5.7 with a compare, a select and an OR per value instead (ncu, sessions 19-20). A word's 8 values go in
+    // from its highest position down, even columns by 1 bit (their sign), odd ones by 7 (bits 25-31: the sign
+    // and, where |difference| < 2^25 (ColumnBound), six copies of it that fill the gap to the next pair).
+#pragma unroll
+    for (int wd = 0; wd < kWords; ++wd) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t below = 0;
+#pragma unroll
+        for (int j = 4 * wd + 3; j >= 4 * wd; --j) {
+          const int2 bound = *reinterpret_cast<const int2*>(&bounds[kClassBounds ? h : 0][8 * j + 2 * t]);
+          const int x0 = 4 * acc[4 * j + 2 * h] + v0[h], x1 = 4 * acc[4 * j + 2 * h + 1] + v0[h];
+          below = __funnelshift_l(static_cast<uint32_t>(x1 - bound.y), below, 7);
+          below = __funnelshift_l(static_cast<uint32_t>(x0 - bound.x), below, 1);
+        }
+        words[h][wd] = ~below & 0x03030303u;  // the bits themselves, the filler gone
+      }
     }
   }
   // The OR over the quad as a reduce-scatter: after two exchanges lane t holds the finished words
@@ -1200,22 +1269,37 @@ __device__ __forceinline__ void StoreAccumulatorRows(const BinaryGemmProblem& p,
   if (p.epilogue == Epilogue::kBits) {
     // One code path per problem where possible: the epilogue is fetch-bound (ncu: "no instruction" was
     // the first stall reason), and warps of one CTA in two variants fetch twice the code.
+    // (a problem takes one of the paired and unpaired forms in all its tiles)
+    const bool paired = PairsBounds(p);
     if (p.correction_table) {
       // every row compares with its border class's bounds; class 0 (inside the frame) holds the plain ones
       const int* const bounds[2] = {cols.correction[border[0] ? correction[0] : 0],
                                     cols.correction[border[1] ? correction[1] : 0]};
       if (kAcc == 64 || narrow) {
-        StoreBitsRows<true, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+        if (paired) {
+          StoreBitsRows<true, true, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+        } else {
+          StoreBitsRows<true, false, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+        }
+      } else if (paired) {
+        StoreBitsRows<true, true, kAcc / 16>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
       } else {
-        StoreBitsRows<true, kAcc / 16>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+        StoreBitsRows<true, false, kAcc / 16>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
       }
     } else if (!__any_sync(0xffffffffu, border[0] || border[1])) {
       // one path per warp: a warp whose quads took both paths would run both
-      const int* const bounds[2] = {cols.bound, cols.bound};
+      const int* const plain = paired ? cols.correction[0] : cols.bound;
+      const int* const bounds[2] = {plain, plain};
       if (kAcc == 64 || narrow) {
-        StoreBitsRows<false, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+        if (paired) {
+          StoreBitsRows<false, true, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+        } else {
+          StoreBitsRows<false, false, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+        }
+      } else if (paired) {
+        StoreBitsRows<false, true, kAcc / 16>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
       } else {
-        StoreBitsRows<false, kAcc / 16>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+        StoreBitsRows<false, false, kAcc / 16>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
       }
     } else {
 #pragma unroll
