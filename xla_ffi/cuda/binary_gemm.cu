@@ -941,15 +941,24 @@ __device__ __forceinline__ int8_t RowCorrection(const BinaryGemmProblem& p, cons
 // unpooled threshold epilogue only: every other reader of the table wants corrections (ExcludedTaps).
 // Called by whole warps, each thread for the column `lc` it filled of both the table and cols.bound.
 __device__ __forceinline__ void AddBoundsToClasses(const BinaryGemmProblem& p, TileColumns<kWgCols>& cols, int lc) {
-  const int bound = cols.bound[lc], classes = BorderClasses(p);
-  const bool paired = PairsBounds(p);
-  for (int c = 0; c < classes; ++c) {
-    // columns past N keep their unreachable bound
-    const int value = bound == kUnreachableBound ? bound : cols.correction[c][lc] + bound;
-    if (paired) {
-      StorePairedBounds(p, value, lc, reinterpret_cast<uint32_t*>(&cols.correction[c][lc]));
-    } else {
-      cols.correction[c][lc] = value;
+  const int classes = BorderClasses(p);
+  // columns past N keep their unreachable bound
+  auto class_bound = [](int bound, int correction) { return bound == kUnreachableBound ? bound : correction + bound; };
+  if (!PairsBounds(p)) {
+    const int bound = cols.bound[lc];
+    for (int c = 0; c < classes; ++c) cols.correction[c][lc] = class_bound(bound, cols.correction[c][lc]);
+    return;
+  }
+  // The even column's thread reads both columns' corrections and stores their PairedBounds: a shuffle
+  // between each class's load and store, in turn, held the first tiles of every resident CTA back ~1 us
+  // (trace, benchmarks/NOTES.md session 25).
+  __syncwarp();  // the odd column's entries, written by its own thread
+  if (lc % 2 == 0) {
+    const int2 bound = *reinterpret_cast<const int2*>(&cols.bound[lc]);
+    for (int c = 0; c < classes; ++c) {
+      const int2 correction = *reinterpret_cast<const int2*>(&cols.correction[c][lc]);
+      cols.correction[c][lc] =
+          static_cast<int>(PairedBounds(p, class_bound(bound.x, correction.x), class_bound(bound.y, correction.y)));
     }
   }
 }
@@ -1781,13 +1790,14 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   }
   const bool class_bounds = p.epilogue == Epilogue::kBits && p.correction_table;
   // Each thread fills column ctid of the table and of the parameters. Warpgroup 1 fills its columns
-  // before it waits (barrier 1); warpgroup 0 fills its own behind its first K block's wgmmas and lets
-  // warpgroup 1 go then (barrier 4), so warpgroup 1 starts one K block late. Started a whole k loop late
+  // before it waits (barrier 1); warpgroup 0 fills its own behind its second K block's wgmmas and lets
+  // warpgroup 1 go then (barrier 4), so warpgroup 1 starts two K blocks late. Started a whole k loop late
   // (so that each one's epilogue would run under the other's wgmmas), warpgroup 1 idled ~3 us at every
   // CTA's start, and the stagger did not last (C = 512: the k loops overlapped 60%); one K block late:
-  // C = 256 +4%, C = 512 +1% (v56, benchmarks/NOTES.md session 24).
+  // C = 256 +4%, C = 512 +1% (v56, benchmarks/NOTES.md session 24); two: C = 512, BMM 4096^3 +1-2% more
+  // (v62, session 25).
   if (p.correction_table) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
-  const int fill_kb = half == 0 ? 0 : -1;
+  const int fill_kb = half == 0 ? min(1, k_blocks - 1) : -1;
   if (half == 1 && first_tile < m_tiles) {  // (a CTA without tiles: nothing to wait for)
     FillTileColumn<kWgCols>(p, cols, col0, ctid);
     if (class_bounds) AddBoundsToClasses(p, cols, ctid);
