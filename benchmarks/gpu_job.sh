@@ -62,7 +62,7 @@ fi
 if has sanitize; then
   for tool in ${SANITIZERS:-memcheck racecheck initcheck}; do
     log "compute-sanitizer --tool $tool (kernel harness --small)"
-    timeout 100 compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD-kernel_check" --small 2>&1 \
+    timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD-kernel_check" --small 2>&1 \
       | grep -vE " 0 / |^(wgmma|mma_sync|simt) " | tail -15 | tee -a "$LOG" || status=1
   done
 fi
