@@ -6,7 +6,10 @@ BMM (square sizes): each engine of jaxbnn._cuda, "BNN-specific" (packed in -> pa
 epilogue) and "general" (float in -> pack -> BMM -> float out), against XLA bf16 / int8 / fp8 e4m3 `dot`
 on the same ±1 data. BConv: the TCBNN sweep (batch 16, 64x64, 3x3, stride 1, C = O) and the ResNet-18 /
 VGG-16 layers at batch 8 and 256, ours (packed in -> packed out) against XLA bf16 convolution; where a
-layer's output can be its input (C = O, stride 1), also both chained, each call's output the next's input.
+layer's output can be its input (C = O, stride 1), also both chained, each call's output the next's input,
+and both as a digest: the same calls on distinct inputs, the program returning one element of each output
+(one small array leaves the program instead of `copies` outputs, whose host dispatch alone took 245-390 us
+per 32-output program on the H200 machine in session 26, more than the 32 C = 128 calls' ~260 us on the GPU).
 Binary TOPS count 2 operations per multiply-accumulate. Each timing: a jitted program runs the op on
 `copies` distinct input sets (copies_for: enough for ~1 ms of our kernels' work, 4 to 32; host dispatch of
 a program took ~45 us plus ~15-25 us per call on the H100 machine, so programs of 4 small ops left the
@@ -172,6 +175,9 @@ def bench_conv(layers, engines, rows, save, deadline=float("inf")):
         def program(wb, wp, t_, f_, *a):
             return [call(x, wb, wp, t_, f_, **attrs) for x in a]
 
+        def digest(outputs):  # one element of each output: one small array leaves the program
+            return jnp.stack([y[0, 0, 0, 0] for y in outputs])
+
         def chained_program(wb, wp, t_, f_, x):
             for _ in range(copies):  # each packed output is the next call's input, as in a network
                 x = call(x, wb, wp, t_, f_, **attrs)
@@ -204,6 +210,9 @@ def bench_conv(layers, engines, rows, save, deadline=float("inf")):
             row["auto chained"] = ops / timed(jax.jit(chained_program), [*operands, packed[0]], copies) / 1e12
             scaled = (wf * 2.0 ** -round(math.log2(math.sqrt(kernel * kernel * c)))).astype(jnp.bfloat16)
             row["xla bf16 chained"] = ops / timed(jax.jit(xla_chained), [scaled, xs[0]], copies) / 1e12
+            row["auto digest"] = ops / timed(jax.jit(lambda *a: digest(program(*a))), [*operands, *packed], copies) / 1e12
+            row["xla bf16 digest"] = ops / timed(jax.jit(lambda w_, *a: digest([xla_conv(x, w_) for x in a])),
+                                                 [wb, *xs], copies) / 1e12
         del xs, packed
         rows.append(row)
         save()
@@ -318,6 +327,8 @@ def write_results(path, device, commit, ceiling, engines, bmm_rows, conv_rows):
             r["best / xla bf16"] = max(v for k, v in r.items() if k.endswith("packed")) / r["xla bf16"]
         if "xla bf16 chained" in r:
             r["chained / xla bf16 chained"] = r["auto chained"] / r["xla bf16 chained"]
+        if "xla bf16 digest" in r:
+            r["digest / xla bf16 digest"] = r["auto digest"] / r["xla bf16 digest"]
     lines += ["## BConv (TOPS)", "", table(conv_rows), ""]
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
