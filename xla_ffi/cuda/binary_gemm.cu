@@ -1251,6 +1251,27 @@ __device__ __forceinline__ void StoreBitsBorderRow(const BinaryGemmProblem& p, c
   }
 }
 
+// StoreBitsRows in the form of the problem: paired bounds or not (PairsBounds), the tile's 256 columns or
+// (narrow, or m64n128 accumulators) its first 128.
+template <bool kClassBounds, int kAcc>
+__device__ __forceinline__ void StoreBitsRowsOfProblem(const BinaryGemmProblem& p, const int (&acc)[kAcc],
+                                                       const TileColumns<kWgCols>& cols, const int (&v0)[2],
+                                                       const long long (&row)[2], const bool (&row_valid)[2],
+                                                       const int* const (&bounds)[2], int col0, int t, bool paired,
+                                                       bool narrow) {
+  if (kAcc == 64 || narrow) {
+    if (paired) {
+      StoreBitsRows<kClassBounds, true, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+    } else {
+      StoreBitsRows<kClassBounds, false, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+    }
+  } else if (paired) {
+    StoreBitsRows<kClassBounds, true, kAcc / 16>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+  } else {
+    StoreBitsRows<kClassBounds, false, kAcc / 16>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+  }
+}
+
 // The two output rows (h = 0, 1) of an accumulator thread: the output pixel, whether it is real, k_real -
 // 2 popc(a), and its RowCorrection (0: no "zero"-padding correction).
 struct AccumulatorRows {
@@ -1284,32 +1305,12 @@ __device__ __forceinline__ void StoreAccumulatorRows(const BinaryGemmProblem& p,
       // every row compares with its border class's bounds; class 0 (inside the frame) holds the plain ones
       const int* const bounds[2] = {cols.correction[border[0] ? correction[0] : 0],
                                     cols.correction[border[1] ? correction[1] : 0]};
-      if (kAcc == 64 || narrow) {
-        if (paired) {
-          StoreBitsRows<true, true, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
-        } else {
-          StoreBitsRows<true, false, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
-        }
-      } else if (paired) {
-        StoreBitsRows<true, true, kAcc / 16>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
-      } else {
-        StoreBitsRows<true, false, kAcc / 16>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
-      }
+      StoreBitsRowsOfProblem<true>(p, acc, cols, v0, row, row_valid, bounds, col0, t, paired, narrow);
     } else if (!__any_sync(0xffffffffu, border[0] || border[1])) {
       // one path per warp: a warp whose quads took both paths would run both
       const int* const plain = paired ? cols.correction[0] : cols.bound;
       const int* const bounds[2] = {plain, plain};
-      if (kAcc == 64 || narrow) {
-        if (paired) {
-          StoreBitsRows<false, true, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
-        } else {
-          StoreBitsRows<false, false, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
-        }
-      } else if (paired) {
-        StoreBitsRows<false, true, kAcc / 16>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
-      } else {
-        StoreBitsRows<false, false, kAcc / 16>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
-      }
+      StoreBitsRowsOfProblem<false>(p, acc, cols, v0, row, row_valid, bounds, col0, t, paired, narrow);
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
