@@ -13,7 +13,8 @@ per program as gpu_bench runs them (distinct inputs, every output a result of th
 in a network (each output the next call's input: the intermediates are XLA's temporaries): where both
 sizes take the same time per call, the host's per-call work, not the kernel, sets the pace (session 17).
 Every line says how often our handlers ran per call (0 where XLA replayed its command buffer) and their
-host time per run.
+host time per run. `conv` also times a pure-Python loop before and after (the host's speed: on the H200
+machine it moved 2x within seconds in session 26, and the 32-output program's dispatch with it).
 """
 
 import statistics
@@ -80,8 +81,18 @@ def main():
                   f"{ops / timing[0] / 1e12:8.1f} TOPS; {report(*timing[1:])}", flush=True)
 
 
+def host_speed_ms():
+    """Milliseconds of a fixed pure-Python loop (300,000 dict updates): the host thread's speed."""
+    t0 = time.perf_counter()
+    counts = {}
+    for i in range(300_000):
+        counts[i % 1000] = counts.get(i % 1000, 0) + i
+    return (time.perf_counter() - t0) * 1e3
+
+
 def conv_floor():
     calls, programs = 32, 50
+    print(f"host speed: the Python loop took {host_speed_ms():.1f} ms", flush=True)
     for name, batch, hw in (("tcbnn C=O=128", 16, 64), ("tiny 8x8 C=O=128", 1, 8)):
         c = o = 128
         keys = jax.random.split(jax.random.PRNGKey(1), calls + 1)
@@ -109,6 +120,7 @@ def conv_floor():
             timing = time_programs(fn, args, calls, programs)
             print(f"{name}, {form}: {timing[0] * 1e6:6.2f} us per call ({calls} calls per program, {programs} "
                   f"programs per batch); {report(*timing[1:])}; ran {_cuda.last_kernel_path()}", flush=True)
+    print(f"host speed: the Python loop took {host_speed_ms():.1f} ms", flush=True)
 
 
 if __name__ == "__main__":
