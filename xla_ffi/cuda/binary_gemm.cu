@@ -1937,8 +1937,7 @@ struct BandLayout {
 // The segments of an item: tiles [first_tile, first_tile + tiles[0]) of `image`, then (where it runs past
 // its image) tiles [0, tiles[1]) of image + 1.
 struct BandItem {
-  int image, first_tile, tiles[2];
-  __host__ __device__ int segments() const { return tiles[1] > 0 ? 2 : 1; }
+  int image, first_tile, tiles[2];  // tiles[1] > 0: two segments
 };
 __host__ __device__ __forceinline__ BandItem BandItemOf(const BinaryGemmProblem& p, const BandLayout& b, int item) {
   const int g0 = item * b.tiles_per_item;
@@ -1999,7 +1998,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   // the first output row of segment s's band (the second segment starts its image)
   auto first_row = [&](const BandItem& it, int s) { return s == 0 ? Quotient(64 * it.first_tile, band.padded_w) : 0; };
   auto load_band = [&](const BandItem& it, int buffer) {  // one thread
-    const int segments = it.segments();
+    const int segments = it.tiles[1] > 0 ? 2 : 1;
     const uint32_t full = band_full + 8 * buffer, dst = base + buffer * at.buffer_bytes;
     BarrierArriveExpectBytes(full, segments * planes * band.band_rows * wp * 16);
     for (int s = 0; s < segments; ++s) {
