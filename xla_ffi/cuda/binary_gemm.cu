@@ -1743,7 +1743,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     if (warp == 3) return;
     if (warp == 2) {
       // one TMA box of the column tile's kCols / 8 row tiles (zeros past N), as they lie in shared memory:
-      // the first tile waits for the weights, which bulk copies of one row tile each brought later (v54)
+      // the first tile waits for the weights, and one box brings them sooner than a bulk copy per row tile (v54)
       if (lane == 0) {
         BarrierArriveExpectBytes(weights_full, kCols / 8 * p.w_k_tiles * 128);
         TensorCopy3d(weights, w_map, 0, 0, col0 / 8, weights_full);
