@@ -404,11 +404,12 @@ struct WeightStageLoader {
   // Copies K block `kb` into `stage`. The zero-filled copies read nothing, but their addresses stay inside
   // the weights: where K tile kb * 8 + k_tile is past K, K block 0's sources; else a row tile past N reads
   // at K tile kb * 8 of row tile 0, which exists.
+  template <int kFirst = 0, int kLast = kCopies>
   __device__ __forceinline__ void Load(uint32_t stage, int kb) const {
     const bool k_valid = kb * 8 + k_tile < w_k_tiles;
     const size_t k_offset = static_cast<uint32_t>(k_valid ? kb : 0) * size_t{8 * 32};  // words
 #pragma unroll
-    for (int j = 0; j < kCopies; ++j) {
+    for (int j = kFirst; j < kLast; ++j) {
       CopyAsync<16>(stage + dst + j * kTileStep * kRowGroupBytes, src[j] + k_offset, k_valid && row_valid[j]);
     }
   }
@@ -655,7 +656,10 @@ struct MmaSyncEngine {
   };
 
   // stage: the stage (A rows, then B rows) as a generic pointer and as a shared-window address.
-  __device__ static void Compute(Accumulators& acc, const uint8_t*, uint32_t stage_addr, int tid) {
+  // after_step(ks) runs once step ks's mma are issued: the caller's share of the next stage's copies.
+  template <class AfterStep>
+  __device__ static void Compute(Accumulators& acc, const uint8_t*, uint32_t stage_addr, int tid,
+                                 AfterStep&& after_step) {
 #if __CUDA_ARCH__ >= 800
     const uint32_t stage_a = stage_addr, stage_b = stage_addr + kRows * 128;
     const int warp = tid / 32, lane = tid % 32;
@@ -692,6 +696,7 @@ struct MmaSyncEngine {
               : "r"(a[mf][0]), "r"(a[mf][1]), "r"(a[mf][2]), "r"(a[mf][3]), "r"(b[nf][0]), "r"(b[nf][1]));
         }
       }
+      after_step(ks);
     }
 #endif
   }
@@ -786,7 +791,12 @@ struct SimtEngine {
     int v[4][4];  // rows ty + 16 i, columns tx + 16 j: conflict-free 16-byte shared loads
   };
 
-  __device__ static void Compute(Accumulators& acc, const uint8_t* stage, uint32_t, int tid) {
+  // after_step as in MmaSyncEngine, every step's call ahead of the popcounts: a CUDA-core k loop has no
+  // tensor work to issue the copies behind.
+  template <class AfterStep>
+  __device__ static void Compute(Accumulators& acc, const uint8_t* stage, uint32_t, int tid, AfterStep&& after_step) {
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) after_step(ks);
     const int ty = tid / 16, tx = tid % 16;
     const uint8_t* sa = stage;
     const uint8_t* sb = stage + kRows * 128;
@@ -864,10 +874,21 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   for (int kb = 0; kb < k_blocks; ++kb) {
     CopyAsyncWait<kStages - 2>();
     __syncthreads();  // stage kb landed for all threads; stage kb - 1 is free
-    if (kb + kStages - 1 < k_blocks) load(kb + kStages - 1);
-    CopyAsyncCommit();
+    // K block kb + kStages - 1's copies, spread behind this block's first three k256 steps of mma (the
+    // activations, then each half of the weights). mma.sync at 16384^3 ran 8% slower with all of them at
+    // once ahead of the steps (the loop before session 27), 9% with one copy behind each 16-row band of
+    // mma, 14% with each share between its step's ldmatrix and mma.
+    const bool loads = kb + kStages - 1 < k_blocks;
+    const uint32_t next = base + ((kb + kStages - 1) % kStages) * kStageBytes;
+    constexpr int kHalf = WeightStageLoader<kCols, kThreads>::kCopies / 2;
     const int s = kb % kStages;
-    Engine::Compute(acc, smem + s * kStageBytes, base + s * kStageBytes, tid);
+    Engine::Compute(acc, smem + s * kStageBytes, base + s * kStageBytes, tid, [&](int ks) {
+      if (!loads) return;
+      if (ks == 0) LoadActivationStage<kRows, kVec, kThreads>(p, div, origins, next, kb + kStages - 1, tid);
+      if (ks == 1) weights.template Load<0, kHalf>(next + kStageA, kb + kStages - 1);
+      if (ks == 2) weights.template Load<kHalf, 2 * kHalf>(next + kStageA, kb + kStages - 1);
+    });
+    CopyAsyncCommit();
     row_popc += StageRowPopcount<kRows, kThreads>(smem + s * kStageBytes, tid);
   }
   CopyAsyncWait<0>();

@@ -396,6 +396,7 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
     for (KernelPath path : paths) TimeCase(name.c_str(), cc, path);
   };
   for (int s : {1024, 2048, 4096, 8192, 16384}) time("bmm " + std::to_string(s) + "^3", Bmm(s, s, s));
+  time("bmm long K", Bmm(128 * 33, 1024, 262144));  // a 128 x 256 mma.sync tile per H100/H200 SM, 256 K blocks
   for (int c : {64, 128, 256, 512, 1024, 2048}) {
     time("bconv C=O=" + std::to_string(c), ConvCase{16, 64, 64, c, c, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   }
