@@ -2,6 +2,7 @@
 
     python benchmarks/dispatch_probe.py [SIZE]      (default 4096; run on the GPU machine)
     python benchmarks/dispatch_probe.py conv        (the per-call floor of a binary convolution)
+    python benchmarks/dispatch_probe.py conv-trace [DIR]  (where the C = 128 forms' host time goes)
 
 Times the packed-in -> packed-out BMM (wgmma engine) of SIZE^3 in jitted programs of 1, 4, 16 and 32 calls
 on distinct inputs, in batches of 5, 50 and 400 programs queued back to back (median of 5 batches), and the
@@ -17,6 +18,10 @@ host time per run. `conv` also times a pure-Python loop before and after (the ho
 machine it moved 2x within seconds in session 26, and the 32-output program's dispatch with it).
 """
 
+import collections
+import glob
+import os
+import re
 import statistics
 import sys
 import time
@@ -25,6 +30,7 @@ import numpy as np
 
 import jax
 import jax.numpy as jnp
+from jax.profiler import ProfileData
 
 from jaxbnn import _ffi, formats  # noqa: F401  (_ffi registers the native targets)
 import jaxbnn._cuda as _cuda
@@ -90,32 +96,48 @@ def host_speed_ms():
     return (time.perf_counter() - t0) * 1e3
 
 
+def conv_programs(batch, hw, calls):
+    """The C = O = 128 3x3 convolution's timed forms: {form: (jitted program, its arguments)}: ours with
+    distinct inputs and every output returned (gpu_bench's packed row), ours chained as in a network (each
+    output the next call's input, one output returned), and XLA bf16 in the packed row's form."""
+    c = o = 128
+    keys = jax.random.split(jax.random.PRNGKey(1), calls + 1)
+    wf = signs(keys[0], (3, 3, c, o))
+    w = formats.pack_conv_weights(wf)
+    xs = [signs(k, (batch, hw, hw, c), jnp.bfloat16) for k in keys[1:]]
+    packed = [formats.pack_bits(x >= 0) for x in xs]
+    thr, flip = jnp.zeros((o,), jnp.int32), jnp.zeros((o,), jnp.uint8)
+    i64 = np.int64
+    attrs = dict(c=i64(c), o=i64(o), kh=i64(3), kw=i64(3), stride_h=i64(1), stride_w=i64(1), pad_top=i64(1),
+                 pad_bottom=i64(1), pad_left=i64(1), pad_right=i64(1), pad_one=False, pool_h=i64(1), pool_w=i64(1))
+    oh = conv_out(hw, 3, 1)
+    call = jax.ffi.ffi_call("jaxbnn_bconv2d_bits", jax.ShapeDtypeStruct((batch, oh, oh, formats.num_words(o)), jnp.uint32))
+
+    def chained(wb, wp, t_, f_, x):
+        for _ in range(calls):  # each call's packed output is the next one's input, as in a network
+            x = call(x, wb, wp, t_, f_, **attrs)
+        return x
+
+    def xla_conv(x, w_):
+        return jax.lax.conv_general_dilated(x, w_, (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    weights = [w.bits, w.tap_popcount, thr, flip]
+    return {
+        "distinct inputs, every output returned": (
+            jax.jit(lambda wb, wp, t_, f_, *a: [call(x, wb, wp, t_, f_, **attrs) for x in a]), [*weights, *packed]),
+        "chained, one output returned": (jax.jit(chained), [*weights, packed[0]]),
+        "XLA bf16, distinct inputs, every output returned": (
+            jax.jit(lambda w_, *a: [xla_conv(x, w_) for x in a]), [wf.astype(jnp.bfloat16), *xs]),
+    }
+
+
 def conv_floor():
     calls, programs = 32, 50
     print(f"host speed: the Python loop took {host_speed_ms():.1f} ms", flush=True)
     for name, batch, hw in (("tcbnn C=O=128", 16, 64), ("tiny 8x8 C=O=128", 1, 8)):
-        c = o = 128
-        keys = jax.random.split(jax.random.PRNGKey(1), calls + 1)
-        w = formats.pack_conv_weights(signs(keys[0], (3, 3, c, o)))
-        packed = [formats.pack_bits(signs(k, (batch, hw, hw, c)) >= 0) for k in keys[1:]]
-        thr, flip = jnp.zeros((o,), jnp.int32), jnp.zeros((o,), jnp.uint8)
-        i64 = np.int64
-        attrs = dict(c=i64(c), o=i64(o), kh=i64(3), kw=i64(3), stride_h=i64(1), stride_w=i64(1), pad_top=i64(1),
-                     pad_bottom=i64(1), pad_left=i64(1), pad_right=i64(1), pad_one=False, pool_h=i64(1), pool_w=i64(1))
-        oh = conv_out(hw, 3, 1)
-        call = jax.ffi.ffi_call("jaxbnn_bconv2d_bits", jax.ShapeDtypeStruct((batch, oh, oh, formats.num_words(o)), jnp.uint32))
-        def chained(wb, wp, t_, f_, x):
-            for _ in range(calls):  # each call's packed output is the next one's input, as in a network
-                x = call(x, wb, wp, t_, f_, **attrs)
-            return x
-
-        programs_of = {
-            "distinct inputs, every output returned": (
-                jax.jit(lambda wb, wp, t_, f_, *a: [call(x, wb, wp, t_, f_, **attrs) for x in a]), packed),
-            "chained, one output returned": (jax.jit(chained), packed[:1]),
-        }
-        for form, (fn, inputs) in programs_of.items():
-            args = [w.bits, w.tap_popcount, thr, flip, *inputs]
+        for form, (fn, args) in conv_programs(batch, hw, calls).items():
+            if form.startswith("XLA"):
+                continue
             jax.block_until_ready(fn(*args))
             timing = time_programs(fn, args, calls, programs)
             print(f"{name}, {form}: {timing[0] * 1e6:6.2f} us per call ({calls} calls per program, {programs} "
@@ -123,5 +145,70 @@ def conv_floor():
     print(f"host speed: the Python loop took {host_speed_ms():.1f} ms", flush=True)
 
 
+def self_times(events):
+    """{name: (inclusive ns, self ns, count)} of one thread's events, names without their instruction
+    number (ffi_call.7 -> ffi_call); an event's self time excludes the events nested in it (TraceMe scopes
+    on one thread nest or follow each other)."""
+    totals = collections.defaultdict(lambda: [0, 0, 0])
+    stack = []  # [end ns, name, nested ns, duration ns]
+
+    def close(entry):
+        end, name, children, duration = entry
+        totals[name][1] += duration - children
+        if stack:
+            stack[-1][2] += duration
+
+    for ev in sorted(events, key=lambda e: (e.start_ns, -e.duration_ns)):
+        while stack and stack[-1][0] <= ev.start_ns:
+            close(stack.pop())
+        name = re.sub(r"\.\d+$", "", ev.name)
+        totals[name][0] += ev.duration_ns
+        totals[name][2] += 1
+        stack.append([ev.start_ns + ev.duration_ns, name, 0, ev.duration_ns])
+    while stack:
+        close(stack.pop())
+    return totals
+
+
+def conv_trace(trace_dir, programs=50, shown=18):
+    """Where the host time of each C = 128 form goes: `programs` programs queued back to back under
+    jax.profiler.trace, then the host threads' TraceMe scopes (jax, PjRt, XLA's thunks and command
+    buffers), by self time per program."""
+    calls = 32
+    print(f"host speed: the Python loop took {host_speed_ms():.1f} ms", flush=True)
+    for form, (fn, args) in conv_programs(16, 64, calls).items():
+        for _ in range(3):
+            jax.block_until_ready(fn(*args))
+        out_dir = os.path.join(trace_dir, form.split(",")[0].replace(" ", "_"))
+        options = jax.profiler.ProfileOptions()
+        options.python_tracer_level = 0  # C++ scopes only: Python frames would add their own host time
+        with jax.profiler.trace(out_dir, profiler_options=options):
+            t0 = time.perf_counter()
+            for _ in range(programs):
+                out = fn(*args)
+            host = (time.perf_counter() - t0) / programs
+            jax.block_until_ready(out)
+            wall = (time.perf_counter() - t0) / programs
+        path = sorted(glob.glob(os.path.join(out_dir, "**", "*.xplane.pb"), recursive=True))[-1]
+        plane = ProfileData.from_file(path).find_plane_with_name("/host:CPU")
+        print(f"\n{form}: host dispatch {host * 1e6:.1f} us per program, {wall * 1e6:.1f} us per program "
+              f"until the last finished (traced)", flush=True)
+        for line in plane.lines:
+            totals = self_times(line.events)
+            busy = sum(v[1] for v in totals.values()) / programs / 1e3
+            if busy < 1.0:
+                continue
+            print(f"  thread {line.name}: {busy:.1f} us per program in traced scopes; by self time:")
+            for name, (incl, own, count) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:shown]:
+                print(f"    {own / programs / 1e3:8.1f} us self {incl / programs / 1e3:8.1f} us incl "
+                      f"{count / programs:6.1f} per program  {name[:110]}")
+    print(f"host speed: the Python loop took {host_speed_ms():.1f} ms", flush=True)
+
+
 if __name__ == "__main__":
-    conv_floor() if sys.argv[1:] == ["conv"] else main()
+    if sys.argv[1:2] == ["conv"]:
+        conv_floor()
+    elif sys.argv[1:2] == ["conv-trace"]:
+        conv_trace(sys.argv[2] if len(sys.argv) > 2 else "/tmp/jaxbnn_conv_trace")
+    else:
+        main()
