@@ -153,7 +153,7 @@ def self_times(events):
     stack = []  # [end ns, name, nested ns, duration ns]
 
     def close(entry):
-        end, name, children, duration = entry
+        _, name, children, duration = entry
         totals[name][1] += duration - children
         if stack:
             stack[-1][2] += duration
