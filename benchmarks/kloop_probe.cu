@@ -16,15 +16,7 @@
 #include <utility>
 
 #include "cuda/wgmma_b1.cuh"
-
-#define CHECK_CUDA(x)                                                                    \
-  do {                                                                                   \
-    cudaError_t e = (x);                                                                 \
-    if (e != cudaSuccess) {                                                              \
-      printf("CUDA error %s at line %d: %s\n", #x, __LINE__, cudaGetErrorString(e)); \
-      exit(1);                                                                           \
-    }                                                                                    \
-  } while (0)
+#include "probe_check.cuh"
 
 constexpr int kStageBytes = 64 * 128;         // 64 rows x one K block of 1024 bits
 constexpr int kRingStages = 6;                // consumers x stages at most

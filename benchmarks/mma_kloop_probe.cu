@@ -12,14 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CHECK_CUDA(x)                                                                    \
-  do {                                                                                   \
-    cudaError_t e = (x);                                                                 \
-    if (e != cudaSuccess) {                                                              \
-      printf("CUDA error %s at line %d: %s\n", #x, __LINE__, cudaGetErrorString(e)); \
-      exit(1);                                                                           \
-    }                                                                                    \
-  } while (0)
+#include "probe_check.cuh"
 
 constexpr int kStages = 3;
 constexpr int kRowGroupBytes = 8 * 128;  // 8 rows x one 1024-bit K block, as binary_gemm.cu's stages
