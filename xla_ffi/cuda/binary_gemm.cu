@@ -860,22 +860,13 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   const uint32_t base = SmemAddress(smem);
   const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
   const WeightStageLoader<kCols, kThreads> weights(p, col0 / 8, tid);
-  // K block kb's copies in three shares: the activations, then each half of the weights. The k loop issues
-  // share ks behind step ks's mma; mma.sync at 16384^3 ran 8% slower with all of them at once ahead of the
-  // steps (the loop before session 27), 9% with one copy behind each 16-row band of mma, 14% with each share
-  // between its step's ldmatrix and mma.
-  constexpr int kShares = 3, kHalf = WeightStageLoader<kCols, kThreads>::kCopies / 2;
-  auto load_share = [&](int kb, int share) {
+  auto load = [&](int kb) {
     const uint32_t stage = base + (kb % kStages) * kStageBytes;
-    if (share == 0) LoadActivationStage<kRows, kVec, kThreads>(p, div, origins, stage, kb, tid);
-    if (share == 1) weights.template Load<0, kHalf>(stage + kStageA, kb);
-    if (share == 2) weights.template Load<kHalf, 2 * kHalf>(stage + kStageA, kb);
+    LoadActivationStage<kRows, kVec, kThreads>(p, div, origins, stage, kb, tid);
+    weights.Load(stage + kStageA, kb);
   };
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_blocks) {
-#pragma unroll
-      for (int share = 0; share < kShares; ++share) load_share(s, share);
-    }
+    if (s < k_blocks) load(s);
     CopyAsyncCommit();
   }
   typename Engine::Accumulators acc = {};
@@ -883,10 +874,19 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   for (int kb = 0; kb < k_blocks; ++kb) {
     CopyAsyncWait<kStages - 2>();
     __syncthreads();  // stage kb landed for all threads; stage kb - 1 is free
+    // K block kb + kStages - 1's copies, spread behind this block's first three k256 steps of mma (the
+    // activations, then each half of the weights). mma.sync at 16384^3 ran 8% slower with all of them at
+    // once ahead of the steps (the loop before session 27), 9% with one copy behind each 16-row band of
+    // mma, 14% with each share between its step's ldmatrix and mma.
     const bool loads = kb + kStages - 1 < k_blocks;
+    const uint32_t next = base + ((kb + kStages - 1) % kStages) * kStageBytes;
+    constexpr int kHalf = WeightStageLoader<kCols, kThreads>::kCopies / 2;
     const int s = kb % kStages;
     Engine::Compute(acc, smem + s * kStageBytes, base + s * kStageBytes, tid, [&](int ks) {
-      if (loads && ks < kShares) load_share(kb + kStages - 1, ks);
+      if (!loads) return;
+      if (ks == 0) LoadActivationStage<kRows, kVec, kThreads>(p, div, origins, next, kb + kStages - 1, tid);
+      if (ks == 1) weights.template Load<0, kHalf>(next + kStageA, kb + kStages - 1);
+      if (ks == 2) weights.template Load<kHalf, 2 * kHalf>(next + kStageA, kb + kStages - 1);
     });
     CopyAsyncCommit();
     row_popc += StageRowPopcount<kRows, kThreads>(smem + s * kStageBytes, tid);
