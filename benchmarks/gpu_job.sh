@@ -53,7 +53,7 @@ if has sass; then
     echo "BMMA AND.POPC: $(grep -c 'BMMA.*AND\.POPC' "$OUT/sass_full.txt")"
     echo "XOR.POPC: $(grep -c 'XOR\.POPC' "$OUT/sass_full.txt")"
     echo "CALL (emulation subroutines would show here): $(grep -c 'CALL' "$OUT/sass_full.txt")"
-    echo "local memory (LDL/STL; expected only for the border-row correction arrays of the epilogues): $(grep -cE '\b(LDL|STL)\b' "$OUT/sass_full.txt")"
+    echo "local memory (LDL/STL: the epilogues' border-row correction arrays, and the 4-16 bytes that ptxas spills in six wgmma kernels): $(grep -cE '\b(LDL|STL)\b' "$OUT/sass_full.txt")"
     grep -m3 'BGMMA' "$OUT/sass_full.txt"; grep -m3 'BMMA' "$OUT/sass_full.txt"
   } 2>&1 | tee "$OUT/sass.txt" | tee -a "$LOG"
   rm -f "$OUT/sass_full.txt"
