@@ -2,7 +2,8 @@
 //   wgmma    (sm_90a): BGMMA m64n256k256 AND-popc, 128x256 CTA tile, a producer warpgroup filling a 4-stage
 //            mbarrier pipeline, two consumer warpgroups; where a column tile's weights fit in shared memory
 //            (K <= 4608 on H100), a variant that keeps them there and runs its consumer warpgroups apart.
-//   mma.sync (sm_80+): BMMA m16n8k256 AND-popc, cp.async pipeline: 128x128 CTA tiles of 8 warps in 4 stages,
+//   mma.sync (sm_80+): BMMA m16n8k256 AND-popc, cp.async pipeline paced by "full" / "empty" mbarriers per
+//            stage (no CTA barrier per K block): 128x128 CTA tiles of 8 warps in 4 stages,
 //            or, where shared memory allows (H100), 128x256 tiles of 16 warps in 3 stages.
 //   simt     (any):    CUDA-core AND + POPC, 64x64 CTA tile, 3-stage cp.async pipeline (fallback/baseline).
 //
@@ -87,7 +88,6 @@ __device__ __forceinline__ void CopyAsync(uint32_t dst, const void* src, bool va
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
   }
 }
-__device__ __forceinline__ void CopyAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void CopyAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
 
@@ -404,12 +404,11 @@ struct WeightStageLoader {
   // Copies K block `kb` into `stage`. The zero-filled copies read nothing, but their addresses stay inside
   // the weights: where K tile kb * 8 + k_tile is past K, K block 0's sources; else a row tile past N reads
   // at K tile kb * 8 of row tile 0, which exists.
-  template <int kFirst = 0, int kLast = kCopies>
   __device__ __forceinline__ void Load(uint32_t stage, int kb) const {
     const bool k_valid = kb * 8 + k_tile < w_k_tiles;
     const size_t k_offset = static_cast<uint32_t>(k_valid ? kb : 0) * size_t{8 * 32};  // words
 #pragma unroll
-    for (int j = kFirst; j < kLast; ++j) {
+    for (int j = 0; j < kCopies; ++j) {
       CopyAsync<16>(stage + dst + j * kTileStep * kRowGroupBytes, src[j] + k_offset, k_valid && row_valid[j]);
     }
   }
@@ -627,6 +626,37 @@ __device__ __forceinline__ void StorePair(const BinaryGemmProblem& p, long long 
   }
 }
 
+// mbarriers of the stage pipelines (sm_80 has them and cp.async arrivals; try_wait is sm_90's).
+__device__ __forceinline__ void BarrierInit(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void BarrierWait(uint32_t bar, int parity) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#else
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void BarrierArrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Arrives on `bar` once all of this thread's earlier cp.async copies have landed.
+__device__ __forceinline__ void BarrierArriveOnCopies(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 // Grouped raster over (row tiles, column tiles): 8 row tiles share a band of column tiles for L2 reuse.
 __device__ __forceinline__ void TileCoordinates(int pid, int m_tiles, int n_tiles, int& tile_m, int& tile_n) {
   constexpr int kGroup = 8;
@@ -829,9 +859,15 @@ struct SimtEngine {
 };
 
 template <class Engine>
-constexpr int ClassicSmemBytes() {
+__host__ __device__ constexpr int ClassicBarrierOffset() {
   constexpr int stage = (Engine::kRows + Engine::kCols) * 128;
-  return Engine::kStages * stage + Engine::kRows * 16 + Engine::kRows * 4 + sizeof(TileColumns<Engine::kCols>);
+  constexpr int bytes =
+      Engine::kStages * stage + Engine::kRows * 16 + Engine::kRows * 4 + sizeof(TileColumns<Engine::kCols>);
+  return (bytes + 7) / 8 * 8;
+}
+template <class Engine>
+constexpr int ClassicSmemBytes() {
+  return ClassicBarrierOffset<Engine>() + 2 * Engine::kStages * 8;
 }
 
 template <class Engine, int kVec>
@@ -850,6 +886,13 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   int tile_m, tile_n;
   TileCoordinates(blockIdx.x, m_tiles, n_tiles, tile_m, tile_n);
   const int col0 = tile_n * kCols;
+  if (tid == 0) {
+    const uint32_t bars = SmemAddress(smem) + ClassicBarrierOffset<Engine>();
+    for (int s = 0; s < kStages; ++s) {
+      BarrierInit(bars + 8 * s, kThreads);                  // "full": every thread, once its copies landed
+      BarrierInit(bars + 8 * (kStages + s), kThreads / 32);  // "empty": every warp, once it read the stage
+    }
+  }
   for (int r = tid; r < kRows; r += kThreads) origins[r] = RowOrigin(p, tile_m, kRows, r);
   for (int c = tid; c < kCols; c += kThreads) {
     FillTileColumn<kCols>(p, cols, col0, c);
@@ -858,6 +901,7 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   __syncthreads();
 
   const uint32_t base = SmemAddress(smem);
+  const uint32_t full0 = base + ClassicBarrierOffset<Engine>(), empty0 = full0 + 8 * kStages;
   const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
   const WeightStageLoader<kCols, kThreads> weights(p, col0 / 8, tid);
   auto load = [&](int kb) {
@@ -865,33 +909,38 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
     LoadActivationStage<kRows, kVec, kThreads>(p, div, origins, stage, kb, tid);
     weights.Load(stage + kStageA, kb);
   };
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_blocks) load(s);
-    CopyAsyncCommit();
+  for (int s = 0; s < kStages - 1 && s < k_blocks; ++s) {
+    load(s);
+    BarrierArriveOnCopies(full0 + 8 * s);
   }
   typename Engine::Accumulators acc = {};
   int row_popc = 0;
   for (int kb = 0; kb < k_blocks; ++kb) {
-    CopyAsyncWait<kStages - 2>();
-    __syncthreads();  // stage kb landed for all threads; stage kb - 1 is free
-    // K block kb + kStages - 1's copies, spread behind this block's first three k256 steps of mma (the
-    // activations, then each half of the weights). mma.sync at 16384^3 ran 8% slower with all of them at
-    // once ahead of the steps (the loop before session 27), 9% with one copy behind each 16-row band of
-    // mma, 14% with each share between its step's ldmatrix and mma.
-    const bool loads = kb + kStages - 1 < k_blocks;
-    const uint32_t next = base + ((kb + kStages - 1) % kStages) * kStageBytes;
-    constexpr int kHalf = WeightStageLoader<kCols, kThreads>::kCopies / 2;
     const int s = kb % kStages;
+    BarrierWait(full0 + 8 * s, (kb / kStages) & 1);  // every thread's copies of stage kb landed
+    // K block kb + kStages - 1's copies go into the stage that K block kb - 1 used, once every warp has
+    // released it (its "empty" barrier): the activations behind step 1's mma, the weights behind step 3's.
+    // A warp thus starts a block while others finish the last one. With a CTA barrier per K block instead
+    // (and the copies behind steps 0-2), mma.sync at 16384^3 ran 14% slower; with these barriers, copies
+    // behind steps 0-2 or 1-3 cost 7% and 5%, and all of them behind step 3 spilled registers.
+    const bool loads = kb + kStages - 1 < k_blocks;
+    const int ns = (kb + kStages - 1) % kStages;
+    const uint32_t next = base + ns * kStageBytes;
     Engine::Compute(acc, smem + s * kStageBytes, base + s * kStageBytes, tid, [&](int ks) {
       if (!loads) return;
-      if (ks == 0) LoadActivationStage<kRows, kVec, kThreads>(p, div, origins, next, kb + kStages - 1, tid);
-      if (ks == 1) weights.template Load<0, kHalf>(next + kStageA, kb + kStages - 1);
-      if (ks == 2) weights.template Load<kHalf, 2 * kHalf>(next + kStageA, kb + kStages - 1);
+      if (ks == 1) {
+        if (kb >= 1) BarrierWait(empty0 + 8 * ns, ((kb - 1) / kStages) & 1);
+        LoadActivationStage<kRows, kVec, kThreads>(p, div, origins, next, kb + kStages - 1, tid);
+      }
+      if (ks == 3) {
+        weights.Load(next + kStageA, kb + kStages - 1);
+        BarrierArriveOnCopies(full0 + 8 * ns);
+      }
     });
-    CopyAsyncCommit();
     row_popc += StageRowPopcount<kRows, kThreads>(smem + s * kStageBytes, tid);
+    __syncwarp();
+    if (tid % 32 == 0) BarrierArrive(empty0 + 8 * s);
   }
-  CopyAsyncWait<0>();
   row_popc = CombineRowPopcount<kRows, kThreads>(row_popc);
   if (const int row = RowOfPopcount<kRows, kThreads>(tid); row >= 0) popc_a[row] = row_popc;
   if constexpr (Engine::kDirectStore) {
@@ -1007,18 +1056,6 @@ __device__ __forceinline__ void PairCoordinates(int pair, int m_pairs, int n_til
   }
 }
 
-__device__ __forceinline__ void BarrierInit(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void BarrierWait(uint32_t bar, int parity) {
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
 // Arrives on the barrier at the same shared-memory offset in every CTA of the cluster. Default (.cta)
 // release semantics, as CUTLASS's cluster barriers: .release.cluster costs a GPU-wide memory barrier.
 __device__ __forceinline__ void BarrierArriveCluster(uint32_t bar) {
@@ -1031,10 +1068,6 @@ __device__ __forceinline__ void BarrierArriveCluster(uint32_t bar) {
         "r"(rank)
         : "memory");
   }
-}
-// Arrives on `bar` once all of this thread's earlier cp.async copies have landed.
-__device__ __forceinline__ void BarrierArriveOnCopies(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void BarrierArriveExpectBytes(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
