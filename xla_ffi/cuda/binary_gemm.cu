@@ -890,7 +890,7 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
     const uint32_t bars = SmemAddress(smem) + ClassicBarrierOffset<Engine>();
     for (int s = 0; s < kStages; ++s) {
       BarrierInit(bars + 8 * s, kThreads);                  // "full": every thread, once its copies landed
-      BarrierInit(bars + 8 * (kStages + s), kThreads / 32);  // "empty": every warp, once it read the stage
+      BarrierInit(bars + 8 * (kStages + s), kThreads);  // "empty": every thread, once it read the stage
     }
   }
   for (int r = tid; r < kRows; r += kThreads) origins[r] = RowOrigin(p, tile_m, kRows, r);
@@ -918,7 +918,7 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   for (int kb = 0; kb < k_blocks; ++kb) {
     const int s = kb % kStages;
     BarrierWait(full0 + 8 * s, (kb / kStages) & 1);  // every thread's copies of stage kb landed
-    // K block kb + kStages - 1's copies go into the stage that K block kb - 1 used, once every warp has
+    // K block kb + kStages - 1's copies go into the stage that K block kb - 1 used, once every thread has
     // released it (its "empty" barrier): the activations behind step 1's mma, the weights behind step 3's.
     // A warp thus starts a block while others finish the last one. With a CTA barrier per K block instead
     // (and the copies behind steps 0-2), mma.sync at 16384^3 ran 14% slower; with these barriers, copies
@@ -938,8 +938,9 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
       }
     });
     row_popc += StageRowPopcount<kRows, kThreads>(smem + s * kStageBytes, tid);
-    __syncwarp();
-    if (tid % 32 == 0) BarrierArrive(empty0 + 8 * s);
+    // Every thread arrives: with one arrival per warp after __syncwarp, compute-sanitizer's racecheck
+    // reported the other lanes' reads as racing with the next fill's copies (session 28, job 5).
+    BarrierArrive(empty0 + 8 * s);
   }
   row_popc = CombineRowPopcount<kRows, kThreads>(row_popc);
   if (const int row = RowOfPopcount<kRows, kThreads>(tid); row >= 0) popc_a[row] = row_popc;
