@@ -577,12 +577,10 @@ __device__ void StoreTile(const BinaryGemmProblem& p, const int* acc, const int*
   }
 }
 
-// For the epilogues straight from accumulators: whether tile row `r` needs the "zero"-padding correction
-// (an output pixel whose receptive field leaves the frame), and its origin for ExcludedTaps.
-__device__ __forceinline__ bool BorderRow(const BinaryGemmProblem& p, int tile_m, int rows_per_tile, int r,
-                                          int4& origin) {
+// For the epilogues straight from accumulators: whether the row at `origin` (RowOrigin) needs the
+// "zero"-padding correction (an output pixel whose receptive field leaves the frame).
+__device__ __forceinline__ bool BorderRow(const BinaryGemmProblem& p, const int4& origin) {
   if (p.pad_one) return false;
-  origin = RowOrigin(p, tile_m, rows_per_tile, r);
   return origin.w && !(origin.y >= 0 && origin.y + p.kh <= p.in_h && origin.z >= 0 && origin.z + p.kw <= p.in_w);
 }
 
@@ -735,6 +733,7 @@ struct MmaSyncEngine {
   // fragment and columns 2 t, 2 t + 1 of each 8-column fragment; four fragments (32 columns) make one
   // output word.
   __device__ static void StoreDirect(const Accumulators& acc, const BinaryGemmProblem& p, const int* popc_a,
+                                     const int4* origins,
                                      const TileColumns<kCols>& cols, int tile_m, int col0, int tid) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int warp_row = (warp / kColWarps) * 64, warp_col = (warp % kColWarps) * kWarpCols;
@@ -746,8 +745,10 @@ struct MmaSyncEngine {
         const int r = warp_row + mf * 16 + g + 8 * h;
         const long long row = static_cast<long long>(tile_m) * kRows + r;
         const bool row_valid = row < p.pooled_rows;
-        int4 origin;
-        const bool border = row_valid && BorderRow(p, tile_m, kRows, r, origin);
+        // the row's origin as the prologue computed it: RowOrigin's runtime divisions for each of a thread's
+        // eight rows were most of a convolution tile's epilogue (clock64 trace, session 29)
+        const int4 origin = origins[r];
+        const bool border = row_valid && BorderRow(p, origin);
         const int v0 = p.k_real - 2 * popc_a[r];
         int excl[2 * kFrags];
         if (border) BorderCorrections(p, cols, origin, col0, warp_col + 2 * t, excl);
@@ -947,7 +948,7 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   if constexpr (Engine::kDirectStore) {
     if (p.pool_h * p.pool_w == 1) {
       __syncthreads();
-      Engine::StoreDirect(acc, p, popc_a, cols, tile_m, col0, tid);
+      Engine::StoreDirect(acc, p, popc_a, origins, cols, tile_m, col0, tid);
       return;
     }
   }
