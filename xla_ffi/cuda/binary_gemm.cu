@@ -731,54 +731,13 @@ struct MmaSyncEngine {
 
   // The epilogue straight from the fragments (no pool): lane (g, t) holds rows g, g + 8 of each 16-row
   // fragment and columns 2 t, 2 t + 1 of each 8-column fragment; four fragments (32 columns) make one
-  // output word. One branch on the epilogue kind per tile, not per row: the unrolled rows then run as one
-  // straight block of code (each tile's epilogue is fetched cold; ncu put a third of its stalls on
-  // instruction fetch, session 29).
+  // output word.
   __device__ static void StoreDirect(const Accumulators& acc, const BinaryGemmProblem& p, const int* popc_a,
-                                     const int4* origins, const TileColumns<kCols>& cols, int tile_m, int col0,
-                                     int tid) {
-    if (p.epilogue == Epilogue::kBits) {
-      StoreDirectBits(acc, p, popc_a, origins, cols, tile_m, col0, tid);
-    } else {
-      StoreDirectValues(acc, p, popc_a, origins, cols, tile_m, col0, tid);
-    }
-  }
-
-  // The threshold epilogue. What is the same for all of a thread's rows (its columns' bounds, the flip
-  // words, whether a word is inside N) is read once; the border-row corrections run only in warps that hold
-  // a border row.
-  __device__ static void StoreDirectBits(const Accumulators& acc, const BinaryGemmProblem& p, const int* popc_a,
-                                         const int4* origins, const TileColumns<kCols>& cols, int tile_m, int col0,
-                                         int tid) {
+                                     const int4* origins,
+                                     const TileColumns<kCols>& cols, int tile_m, int col0, int tid) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int warp_row = (warp / kColWarps) * 64, warp_col = (warp % kColWarps) * kWarpCols;
     const int out_words = (p.n + 31) / 32;
-    int bound[2 * kFrags];  // [2 nf + e]: local column warp_col + 8 nf + 2 t + e
-#pragma unroll
-    for (int k = 0; k < 2 * kFrags; ++k) bound[k] = cols.bound[warp_col + 8 * (k / 2) + 2 * t + k % 2];
-    uint32_t flip[kWarpWords];
-    bool inside[kWarpWords];
-#pragma unroll
-    for (int w = 0; w < kWarpWords; ++w) {
-      flip[w] = cols.flip_word[warp_col / 32 + w];
-      inside[w] = col0 + warp_col + 32 * w < p.n;
-    }
-    uint32_t* out = static_cast<uint32_t*>(p.out) + (col0 + warp_col) / 32;
-    auto word_of = [&](int mf, int h, int w, int v0, const int (&excl)[2 * kFrags]) {
-      uint32_t word = 0;
-#pragma unroll
-      for (int f = 0; f < 4; ++f) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int k = 2 * (4 * w + f) + e;
-          const int v = 4 * acc.v[mf][4 * w + f][2 * h + e] + v0 - excl[k];
-          word |= static_cast<uint32_t>(v >= bound[k]) << (8 * f + e);
-        }
-      }
-      word <<= 2 * t;
-      word |= __shfl_xor_sync(0xffffffffu, word, 1);
-      return word | __shfl_xor_sync(0xffffffffu, word, 2);
-    };
 #pragma unroll
     for (int mf = 0; mf < 4; ++mf) {
 #pragma unroll
@@ -786,53 +745,50 @@ struct MmaSyncEngine {
         const int r = warp_row + mf * 16 + g + 8 * h;
         const long long row = static_cast<long long>(tile_m) * kRows + r;
         const bool row_valid = row < p.pooled_rows;
-        const int v0 = p.k_real - 2 * popc_a[r];
         // the row's origin as the prologue computed it: RowOrigin's runtime divisions for each of a thread's
         // eight rows were most of a convolution tile's epilogue (clock64 trace, session 29)
         const int4 origin = origins[r];
         const bool border = row_valid && BorderRow(p, origin);
-        int excl[2 * kFrags] = {};
-        const bool border_warp = __any_sync(0xffffffffu, border);
-        if (border_warp && border) BorderCorrections(p, cols, origin, col0, warp_col + 2 * t, excl);
-#pragma unroll
-        for (int w = 0; w < kWarpWords; ++w) {
-          const int zero[2 * kFrags] = {};
-          const uint32_t word = border_warp ? word_of(mf, h, w, v0, excl) : word_of(mf, h, w, v0, zero);
-          if (t == 0 && row_valid && inside[w]) out[row * out_words + w] = word ^ flip[w];
-        }
-      }
-    }
-  }
-
-  // The int32 / affine epilogues.
-  __device__ static void StoreDirectValues(const Accumulators& acc, const BinaryGemmProblem& p, const int* popc_a,
-                                           const int4* origins, const TileColumns<kCols>& cols, int tile_m,
-                                           int col0, int tid) {
-    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int warp_row = (warp / kColWarps) * 64, warp_col = (warp % kColWarps) * kWarpCols;
-#pragma unroll
-    for (int mf = 0; mf < 4; ++mf) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = warp_row + mf * 16 + g + 8 * h;
-        const long long row = static_cast<long long>(tile_m) * kRows + r;
-        if (row >= p.pooled_rows) continue;
-        const int4 origin = origins[r];
-        const bool border = BorderRow(p, origin);
         const int v0 = p.k_real - 2 * popc_a[r];
         int excl[2 * kFrags];
         if (border) BorderCorrections(p, cols, origin, col0, warp_col + 2 * t, excl);
+        if (p.epilogue == Epilogue::kBits) {
 #pragma unroll
-        for (int nf = 0; nf < kFrags; ++nf) {
-          const int lc = warp_col + nf * 8 + 2 * t, col = col0 + lc;
-          if (col >= p.n) continue;
-          int d0 = 4 * acc.v[mf][nf][2 * h] + v0 - 2 * cols.popc_b[lc];
-          int d1 = 4 * acc.v[mf][nf][2 * h + 1] + v0 - 2 * cols.popc_b[lc + 1];
-          if (border) {
-            d0 -= excl[2 * nf];
-            d1 -= excl[2 * nf + 1];
+          for (int w = 0; w < kWarpWords; ++w) {
+            uint32_t word = 0;
+#pragma unroll
+            for (int f = 0; f < 4; ++f) {
+              const int nf = 4 * w + f;
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int lc = warp_col + nf * 8 + 2 * t + e;
+                int v = 4 * acc.v[mf][nf][2 * h + e] + v0;
+                if (border) v -= excl[2 * nf + e];
+                word |= static_cast<uint32_t>(v >= cols.bound[lc]) << (8 * f + e);
+              }
+            }
+            word <<= 2 * t;
+            word |= __shfl_xor_sync(0xffffffffu, word, 1);
+            word |= __shfl_xor_sync(0xffffffffu, word, 2);
+            const int word_col = warp_col + 32 * w;
+            if (t == 0 && row_valid && col0 + word_col < p.n) {
+              static_cast<uint32_t*>(p.out)[row * out_words + (col0 + word_col) / 32] =
+                  word ^ cols.flip_word[word_col / 32];
+            }
           }
-          StorePair(p, row, col, d0, d1, cols.scale[lc], cols.bias[lc], cols.scale[lc + 1], cols.bias[lc + 1]);
+        } else if (row_valid) {
+#pragma unroll
+          for (int nf = 0; nf < kFrags; ++nf) {
+            const int lc = warp_col + nf * 8 + 2 * t, col = col0 + lc;
+            if (col >= p.n) continue;
+            int d0 = 4 * acc.v[mf][nf][2 * h] + v0 - 2 * cols.popc_b[lc];
+            int d1 = 4 * acc.v[mf][nf][2 * h + 1] + v0 - 2 * cols.popc_b[lc + 1];
+            if (border) {
+              d0 -= excl[2 * nf];
+              d1 -= excl[2 * nf + 1];
+            }
+            StorePair(p, row, col, d0, d1, cols.scale[lc], cols.bias[lc], cols.scale[lc + 1], cols.bias[lc + 1]);
+          }
         }
       }
     }
