@@ -78,20 +78,8 @@ printer = r'''
 // 6 end; 8/9 %globaltimer at start/end, 10 SM + 1).
 void PrintClassicTrace(const BinaryGemmProblem& p, KernelPath path) {
   const size_t ctas = static_cast<size_t>((p.pooled_rows + 63) / 64) * ((p.n + 63) / 64), words = ctas * 16;
-  unsigned long long* d_trace = nullptr;
-  CHECK_CUDA(cudaMalloc(&d_trace, words * 8));
-  CHECK_CUDA(cudaMemset(d_trace, 0, words * 8));
-  CHECK_CUDA(jaxbnn::cuda::SetTileTrace(d_trace));
-  for (int rep = 0; rep < 2; ++rep) CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, nullptr));
-  CHECK_CUDA(cudaDeviceSynchronize());
-  CHECK_CUDA(jaxbnn::cuda::SetTileTrace(nullptr));
-  std::vector<unsigned long long> t(words);
-  CHECK_CUDA(cudaMemcpy(t.data(), d_trace, words * 8, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaFree(d_trace));
-  int device = 0, clock_khz = 0;
-  CHECK_CUDA(cudaGetDevice(&device));
-  CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
-  const double us = 1e3 / clock_khz;
+  double us = 0;
+  const std::vector<unsigned long long> t = RecordTileTrace(p, path, words, 2, us);
   double seg[6] = {}, dur = 0, drain = 0, after_drain = 0; int n = 0, drained = 0;
   std::vector<std::vector<std::pair<unsigned long long, unsigned long long>>> per_sm(256);
   unsigned long long lo = ~0ull, hi = 0;
@@ -121,7 +109,7 @@ void PrintClassicTrace(const BinaryGemmProblem& p, KernelPath path) {
   std::printf("ctrace: %d CTAs on %d SMs, %.1f per SM; us per CTA (clock64 at %d MHz): to sync %.2f, prologue %.2f, "
               "first stage %.2f, k loop %.2f, to epilogue sync %.2f, epilogue %.2f; globaltimer: CTA %.2f us, "
               "gap between CTAs on an SM %.2f us, span %.1f us, SMs busy %.1f%%\n",
-              n, sms, double(n) / sms, clock_khz / 1000, seg[0] / n, seg[1] / n, seg[2] / n, seg[3] / n, seg[4] / n,
+              n, sms, double(n) / sms, static_cast<int>(1e3 / us + 0.5), seg[0] / n, seg[1] / n, seg[2] / n, seg[3] / n, seg[4] / n,
               seg[5] / n, dur / n, gaps ? gap / gaps : 0.0, span, 100.0 * busy / (span * sms));
 }
 #endif

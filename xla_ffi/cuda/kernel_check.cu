@@ -229,7 +229,29 @@ long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose) {
 ConvCase Bmm(int m, int n, int k) { return ConvCase{m, 1, 1, k, n, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, true}; }
 
 #ifdef JAXBNN_TILE_TRACE
-// One more launch of a timed case with the wgmma kernel's tile stamps (binary_gemm.h, SetTileTrace), and
+// Launches `p` on `path` `launches` times with the tile stamps on (binary_gemm.h, SetTileTrace) into a zeroed
+// buffer of `words` words, and returns it (the last launch's stamps) with the SM cycle length in microseconds
+// at the device's clock rate. Shared by PrintTileTrace and benchmarks/classic_trace.py's printer.
+std::vector<unsigned long long> RecordTileTrace(const BinaryGemmProblem& p, KernelPath path, size_t words,
+                                                int launches, double& us_per_cycle) {
+  unsigned long long* d_trace = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_trace, words * 8));
+  CHECK_CUDA(cudaMemset(d_trace, 0, words * 8));
+  CHECK_CUDA(jaxbnn::cuda::SetTileTrace(d_trace));
+  for (int i = 0; i < launches; ++i) CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(jaxbnn::cuda::SetTileTrace(nullptr));
+  std::vector<unsigned long long> t(words);
+  CHECK_CUDA(cudaMemcpy(t.data(), d_trace, words * 8, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaFree(d_trace));
+  int device = 0, clock_khz = 0;
+  CHECK_CUDA(cudaGetDevice(&device));
+  CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
+  us_per_cycle = 1e3 / clock_khz;
+  return t;
+}
+
+// One more launch of a timed case with the wgmma kernel's tile stamps, and
 // where its time goes, in microseconds (SM cycles at the device's clock rate), averaged over CTAs and
 // consumer warpgroups: each warpgroup's first tile (from the CTA's start) and the later tiles (from the
 // previous tile's epilogue end) separately. The stamps are per-SM cycle counts: every figure is a
@@ -240,21 +262,8 @@ void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
   using jaxbnn::cuda::kTraceTiles;
   using jaxbnn::cuda::kTraceWordsPerCta;
   const size_t ctas = static_cast<size_t>((p.pooled_rows + 127) / 128 + 1) * ((p.n + 255) / 256);  // >= grid
-  const size_t words = ctas * kTraceWordsPerCta;
-  unsigned long long* d_trace = nullptr;
-  CHECK_CUDA(cudaMalloc(&d_trace, words * 8));
-  CHECK_CUDA(cudaMemset(d_trace, 0, words * 8));
-  CHECK_CUDA(jaxbnn::cuda::SetTileTrace(d_trace));
-  CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, nullptr));
-  CHECK_CUDA(cudaDeviceSynchronize());
-  CHECK_CUDA(jaxbnn::cuda::SetTileTrace(nullptr));
-  std::vector<unsigned long long> t(words);
-  CHECK_CUDA(cudaMemcpy(t.data(), d_trace, words * 8, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaFree(d_trace));
-  int device = 0, clock_khz = 0;
-  CHECK_CUDA(cudaGetDevice(&device));
-  CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
-  const double us_per_cycle = 1e3 / clock_khz;
+  double us_per_cycle = 0;
+  const std::vector<unsigned long long> t = RecordTileTrace(p, path, ctas * kTraceWordsPerCta, 1, us_per_cycle);
   double span_sum = 0;  // per CTA: its first instruction to its last traced epilogue end
   // [warpgroup 0's first tile, warpgroup 1's, later tiles] x [to tile start, to first full, k loop, epilogue]
   double sum[3][4] = {}, count[3] = {};
