@@ -18,6 +18,7 @@ Used in session 29 (benchmarks/NOTES.md).
 """
 import argparse
 import pathlib
+import re
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("dir", type=pathlib.Path, help="the version's directory (patched in place)")
@@ -61,7 +62,7 @@ sub('  typename Engine::Accumulators acc = {};\n', '  CT_STAMP(2);\n  typename E
 sub('    BarrierWait(full0 + 8 * s, (kb / kStages) & 1);  // every thread\'s copies of stage kb landed\n',
     '    BarrierWait(full0 + 8 * s, (kb / kStages) & 1);  // every thread\'s copies of stage kb landed\n    if (kb == 0) CT_STAMP(3);\n')
 sub('  row_popc = CombineRowPopcount', '  CT_STAMP(4);\n  row_popc = CombineRowPopcount')
-store = 'Engine::StoreDirect(acc, p, popc_a, origins, cols, tile_m, col0, tid);' if 'popc_a, origins, cols' in k else 'Engine::StoreDirect(acc, p, popc_a, cols, tile_m, col0, tid);'
+store = re.search(r'Engine::StoreDirect\([^;]*\);', k).group(0)  # its arguments vary between versions
 sub('      __syncthreads();\n      ' + store + '\n      return;',
     '      __syncthreads();\n      CT_STAMP(5);\n      DRAIN' + store + '\n      CT_STAMP(6);\n      CT_GT(9);\n      return;')
 drain = ('{ int ct_x = 0;\n#pragma unroll\n for (int ct_m = 0; ct_m < 4; ++ct_m)\n#pragma unroll\n for (int ct_n = 0; ct_n < Engine::kFrags; ++ct_n)\n#pragma unroll\n for (int ct_i = 0; ct_i < 4; ++ct_i) ct_x ^= acc.v[ct_m][ct_n][ct_i];\n'

@@ -198,6 +198,53 @@ __device__ __forceinline__ uint32_t PairedBounds(const BinaryGemmProblem& p, int
   auto half = [&](int bound) { return 32768 - (bound == kUnreachableBound ? 3 * p.k_real + 1 : bound); };
   return static_cast<uint32_t>(half(bound_0)) + (static_cast<uint32_t>(half(bound_1)) << 16);
 }
+// prmt.b32: byte i of the result is byte (s >> 4 i) & 7 of (b:a), or where bit 3 of that nibble is set, that
+// byte's top bit copied over all 8 bits (the sign mode, which __byte_perm does not offer).
+__device__ __forceinline__ uint32_t BytePermute(uint32_t a, uint32_t b, uint32_t s) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+  return d;
+}
+
+// The threshold bits of the 8 values of one output row that an accumulator thread (quad lane t) holds:
+// columns 8 j + 2 t + e (j < 4, e < 2) of its fragments, at bit 8 j + e of the result; the quad's other
+// lanes fill the bits in between once shifted by 2 t. a[j][e]: the values' AND-popcounts; v0: the row's
+// k_real - 2 popc(a); bounds: the row's bounds from its first column 2 t on (bounds[8 j] ...).
+// Paired (PairsBounds: PairedBounds in the even slots): two columns per 32-bit addition; bits 15 and 31 of
+// y are their bits, gathered by byte permutes that copy a byte's top bit over the byte: 2.1 instructions a
+// value against 3 unpaired.
+__device__ __forceinline__ uint32_t ThresholdBitsPaired(const int (&a)[4][2], int v0, const int* bounds) {
+  const uint32_t v0_pair = static_cast<uint32_t>(v0) * 0x10001u;
+  uint32_t y[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t bound = static_cast<uint32_t>(bounds[8 * j]);
+    const uint32_t pair = static_cast<uint32_t>(a[j][0]) + (static_cast<uint32_t>(a[j][1]) << 16);
+    y[j] = (pair << 2) + v0_pair + bound;
+  }
+  // bytes (bit 15 of y[0], bit 31 of y[0], bit 15 of y[1], bit 31 of y[1]), each 0 or 0xff; then the
+  // even columns' bytes and the odd columns' in the order of their pairs
+  const uint32_t first = BytePermute(y[0], y[1], 0xFDB9), second = BytePermute(y[2], y[3], 0xFDB9);
+  const uint32_t even = BytePermute(first, second, 0x6420), odd = BytePermute(first, second, 0x7531);
+  return (even & 0x01010101u) | (odd & 0x02020202u);
+}
+// Unpaired: each value's bit is the sign of its difference from the bound (set: below it), shifted into the
+// word by a funnel shift after a multiply-add and a subtraction: 5.4 warp instructions a value in the wgmma
+// epilogue, 5.7 with a compare, a select and an OR per value instead (ncu, sessions 19-20). The values go in
+// from the highest position down, even columns by 1 bit (their sign), odd ones by 7 (bits 25-31: the sign
+// and, where |difference| < 2^25 (ColumnBound), six copies of it that fill the gap to the next pair).
+__device__ __forceinline__ uint32_t ThresholdBitsUnpaired(const int (&a)[4][2], int v0, const int* bounds) {
+  uint32_t below = 0;
+#pragma unroll
+  for (int j = 3; j >= 0; --j) {
+    const int2 bound = *reinterpret_cast<const int2*>(&bounds[8 * j]);
+    const int x0 = 4 * a[j][0] + v0, x1 = 4 * a[j][1] + v0;
+    below = __funnelshift_l(static_cast<uint32_t>(x1 - bound.y), below, 7);
+    below = __funnelshift_l(static_cast<uint32_t>(x0 - bound.x), below, 1);
+  }
+  return ~below & 0x03030303u;  // the bits themselves, the filler gone
+}
+
 // Where PairsBounds: `bound` of local column lc (each thread of a whole warp its column) paired with the next
 // column's in `*pair` by the even column's thread.
 __device__ __forceinline__ void StorePairedBounds(const BinaryGemmProblem& p, int bound, int lc, uint32_t* pair) {
@@ -599,6 +646,68 @@ __device__ __forceinline__ void BorderCorrections(const BinaryGemmProblem& p, co
   }
 }
 
+// The row of bounds that the mma.sync threshold epilogue compares tile row `origin` (RowOrigin) with:
+// 0 (the plain bounds: inside the frame, "one" padding, or no pixel), else the row's border class where the
+// tile keeps the correction table (AddBoundsToClasses made its rows bounds), or 1 for a row of its own
+// (BorderRowBounds).
+__device__ __forceinline__ int8_t EpilogueRowClass(const BinaryGemmProblem& p, const int4& origin) {
+  if (!BorderRow(p, origin)) return 0;
+  return static_cast<int8_t>(p.correction_table ? BorderClass(p, ExcessOf(p, origin.y, origin.z)) : 1);
+}
+
+// A border row's own bounds, for problems without the table: bound + the row's excluded taps of each of an
+// accumulator thread's columns first_lc + 8 j + e (j < 4, e < 2), at the same columns of `row_bounds` and in
+// the form ThresholdBitsPaired / Unpaired read. A runtime loop: run for border rows only, its code once.
+template <int kCols>
+__device__ __forceinline__ void BorderRowBounds(const BinaryGemmProblem& p, const TileColumns<kCols>& cols,
+                                                int4 origin, int col0, int first_lc, int* row_bounds) {
+#pragma unroll 1
+  for (int j = 0; j < 4; ++j) {
+    const int lc = first_lc + 8 * j;
+    int bound[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int plain = cols.bound[lc + e];  // columns past N keep their unreachable bound
+      bound[e] = plain == kUnreachableBound ? plain : plain + ExcludedTaps(p, cols, origin, lc + e, col0 + lc + e);
+    }
+    if (PairsBounds(p)) {
+      row_bounds[lc] = static_cast<int>(PairedBounds(p, bound[0], bound[1]));
+    } else {
+      row_bounds[lc] = bound[0];
+      row_bounds[lc + 1] = bound[1];
+    }
+  }
+}
+
+// Turns the border-class corrections of local column `lc` into the class's bounds (bound + correction),
+// so that the threshold epilogues compare every row with one table row (StoreBitsRows<true, ...>,
+// MmaSyncEngine::StoreDirectBits). For the unpooled threshold epilogues only: every other reader of the
+// table wants corrections (ExcludedTaps).
+// Called by whole warps, each thread for the column `lc` it filled of both the table and cols.bound.
+template <int kCols>
+__device__ __forceinline__ void AddBoundsToClasses(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int lc) {
+  const int classes = BorderClasses(p);
+  // columns past N keep their unreachable bound
+  auto class_bound = [](int bound, int correction) { return bound == kUnreachableBound ? bound : correction + bound; };
+  if (!PairsBounds(p)) {
+    const int bound = cols.bound[lc];
+    for (int c = 0; c < classes; ++c) cols.correction[c][lc] = class_bound(bound, cols.correction[c][lc]);
+    return;
+  }
+  // The even column's thread reads both columns' corrections and stores their PairedBounds: a shuffle
+  // between each class's load and store, in turn, held the first tiles of every resident CTA back ~1 us
+  // (trace, benchmarks/NOTES.md session 25).
+  __syncwarp();  // the odd column's entries, written by its own thread
+  if (lc % 2 == 0) {
+    const int2 bound = *reinterpret_cast<const int2*>(&cols.bound[lc]);
+    for (int c = 0; c < classes; ++c) {
+      const int2 correction = *reinterpret_cast<const int2*>(&cols.correction[c][lc]);
+      cols.correction[c][lc] =
+          static_cast<int>(PairedBounds(p, class_bound(bound.x, correction.x), class_bound(bound.y, correction.y)));
+    }
+  }
+}
+
 // Stores the int32 / affine values of two adjacent columns (col, col + 1) of one output row.
 __device__ __forceinline__ void StorePair(const BinaryGemmProblem& p, long long row, int col, int d0, int d1, float s0,
                                           float b0, float s1, float b1) {
@@ -731,64 +840,106 @@ struct MmaSyncEngine {
 
   // The epilogue straight from the fragments (no pool): lane (g, t) holds rows g, g + 8 of each 16-row
   // fragment and columns 2 t, 2 t + 1 of each 8-column fragment; four fragments (32 columns) make one
-  // output word.
+  // output word. One branch on the epilogue's form per tile: each form's rows are one straight block of
+  // code (a tile's epilogue is fetched cold: ncu put a third of its stalls on instruction fetch, session 29).
+  // row_class: EpilogueRowClass of every tile row; scratch: the stages, free once every warp left the k loop.
   __device__ static void StoreDirect(const Accumulators& acc, const BinaryGemmProblem& p, const int* popc_a,
-                                     const int4* origins,
+                                     const int4* origins, const int8_t* row_class, int* scratch,
                                      const TileColumns<kCols>& cols, int tile_m, int col0, int tid) {
+    if (p.epilogue != Epilogue::kBits) {
+      StoreDirectValues(acc, p, popc_a, origins, cols, tile_m, col0, tid);
+    } else if (PairsBounds(p)) {
+      StoreDirectBits<true>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
+    } else {
+      StoreDirectBits<false>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
+    }
+  }
+
+  // The threshold epilogue. A thread's rows warp_row + 8 i + g (i = 2 mf + h) each compare with one row of
+  // bounds: cols.correction[class] (class 0: the plain bounds), or for a border row of a problem without
+  // the table, its own row in `scratch`. The quad's words are completed by a reduce-scatter, after which
+  // lane t stores rows 4 q + t: 6 shuffles and 2 stores a thread for 8 rows, not 16 and 8.
+  template <bool kPaired>
+  __device__ static void StoreDirectBits(const Accumulators& acc, const BinaryGemmProblem& p, const int* popc_a,
+                                         const int4* origins, const int8_t* row_class, int* scratch,
+                                         const TileColumns<kCols>& cols, int tile_m, int col0, int tid) {
+    static_assert(kWarpWords == 1, "a warp's columns make one output word per row");
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int warp_row = (warp / kColWarps) * 64, warp_col = (warp % kColWarps) * kWarpCols;
+    const int first_lc = warp_col + 2 * t;
+    if (!p.pad_one && !p.correction_table) {
+#pragma unroll 1
+      for (int i = 0; i < 8; ++i) {
+        const int r = warp_row + 8 * i + g;
+        if (row_class[r] != 0) BorderRowBounds(p, cols, origins[r], col0, first_lc, scratch + r * kCols);
+      }
+    }
+    uint32_t words[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int r = warp_row + 8 * i + g, mf = i / 2, h = i % 2;
+      const int cls = row_class[r];
+      const int* bounds = (cls != 0 && !p.correction_table ? scratch + r * kCols : cols.correction[cls]) + first_lc;
+      int a[4][2];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        a[j][0] = acc.v[mf][j][2 * h];
+        a[j][1] = acc.v[mf][j][2 * h + 1];
+      }
+      const int v0 = p.k_real - 2 * popc_a[r];
+      words[i] = (kPaired ? ThresholdBitsPaired(a, v0, bounds) : ThresholdBitsUnpaired(a, v0, bounds)) << (2 * t);
+    }
+    const long long row0 = static_cast<long long>(tile_m) * kRows + warp_row + g;
     const int out_words = (p.n + 31) / 32;
+    const bool inside = col0 + warp_col < p.n;
+    uint32_t* out = static_cast<uint32_t*>(p.out) + (col0 + warp_col) / 32;
+    const uint32_t flip = cols.flip_word[warp_col / 32];
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      uint32_t half[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {  // lanes 0, 1 keep rows 4 q + j, lanes 2, 3 rows 4 q + 2 + j
+        const uint32_t lo = words[4 * q + j], hi = words[4 * q + 2 + j];
+        half[j] = ((t & 2) ? hi : lo) | __shfl_xor_sync(0xffffffffu, (t & 2) ? lo : hi, 2);
+      }
+      const uint32_t mine =
+          ((t & 1) ? half[1] : half[0]) | __shfl_xor_sync(0xffffffffu, (t & 1) ? half[0] : half[1], 1);
+      const long long row = row0 + 8 * (4 * q + t);
+      if (inside && row < p.pooled_rows) out[row * out_words] = mine ^ flip;
+    }
+  }
+
+  // The int32 / affine epilogues.
+  __device__ static void StoreDirectValues(const Accumulators& acc, const BinaryGemmProblem& p, const int* popc_a,
+                                           const int4* origins, const TileColumns<kCols>& cols, int tile_m,
+                                           int col0, int tid) {
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int warp_row = (warp / kColWarps) * 64, warp_col = (warp % kColWarps) * kWarpCols;
 #pragma unroll
     for (int mf = 0; mf < 4; ++mf) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = warp_row + mf * 16 + g + 8 * h;
         const long long row = static_cast<long long>(tile_m) * kRows + r;
-        const bool row_valid = row < p.pooled_rows;
+        if (row >= p.pooled_rows) continue;
         // the row's origin as the prologue computed it: RowOrigin's runtime divisions for each of a thread's
         // eight rows took 3.6 us of a C = 512 tile's 8.3 us epilogue (clock64 trace, session 29)
         const int4 origin = origins[r];
-        const bool border = row_valid && BorderRow(p, origin);
+        const bool border = BorderRow(p, origin);
         const int v0 = p.k_real - 2 * popc_a[r];
         int excl[2 * kFrags];
         if (border) BorderCorrections(p, cols, origin, col0, warp_col + 2 * t, excl);
-        if (p.epilogue == Epilogue::kBits) {
 #pragma unroll
-          for (int w = 0; w < kWarpWords; ++w) {
-            uint32_t word = 0;
-#pragma unroll
-            for (int f = 0; f < 4; ++f) {
-              const int nf = 4 * w + f;
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int lc = warp_col + nf * 8 + 2 * t + e;
-                int v = 4 * acc.v[mf][nf][2 * h + e] + v0;
-                if (border) v -= excl[2 * nf + e];
-                word |= static_cast<uint32_t>(v >= cols.bound[lc]) << (8 * f + e);
-              }
-            }
-            word <<= 2 * t;
-            word |= __shfl_xor_sync(0xffffffffu, word, 1);
-            word |= __shfl_xor_sync(0xffffffffu, word, 2);
-            const int word_col = warp_col + 32 * w;
-            if (t == 0 && row_valid && col0 + word_col < p.n) {
-              static_cast<uint32_t*>(p.out)[row * out_words + (col0 + word_col) / 32] =
-                  word ^ cols.flip_word[word_col / 32];
-            }
+        for (int nf = 0; nf < kFrags; ++nf) {
+          const int lc = warp_col + nf * 8 + 2 * t, col = col0 + lc;
+          if (col >= p.n) continue;
+          int d0 = 4 * acc.v[mf][nf][2 * h] + v0 - 2 * cols.popc_b[lc];
+          int d1 = 4 * acc.v[mf][nf][2 * h + 1] + v0 - 2 * cols.popc_b[lc + 1];
+          if (border) {
+            d0 -= excl[2 * nf];
+            d1 -= excl[2 * nf + 1];
           }
-        } else if (row_valid) {
-#pragma unroll
-          for (int nf = 0; nf < kFrags; ++nf) {
-            const int lc = warp_col + nf * 8 + 2 * t, col = col0 + lc;
-            if (col >= p.n) continue;
-            int d0 = 4 * acc.v[mf][nf][2 * h] + v0 - 2 * cols.popc_b[lc];
-            int d1 = 4 * acc.v[mf][nf][2 * h + 1] + v0 - 2 * cols.popc_b[lc + 1];
-            if (border) {
-              d0 -= excl[2 * nf];
-              d1 -= excl[2 * nf + 1];
-            }
-            StorePair(p, row, col, d0, d1, cols.scale[lc], cols.bias[lc], cols.scale[lc + 1], cols.bias[lc + 1]);
-          }
+          StorePair(p, row, col, d0, d1, cols.scale[lc], cols.bias[lc], cols.scale[lc + 1], cols.bias[lc + 1]);
         }
       }
     }
@@ -862,8 +1013,9 @@ struct SimtEngine {
 template <class Engine>
 __host__ __device__ constexpr int ClassicBarrierOffset() {
   constexpr int stage = (Engine::kRows + Engine::kCols) * 128;
-  constexpr int bytes =
-      Engine::kStages * stage + Engine::kRows * 16 + Engine::kRows * 4 + sizeof(TileColumns<Engine::kCols>);
+  // the stages, origins, popc_a, cols, and (StoreDirect) row_class
+  constexpr int bytes = Engine::kStages * stage + Engine::kRows * 16 + Engine::kRows * 4 +
+                        sizeof(TileColumns<Engine::kCols>) + (Engine::kDirectStore ? Engine::kRows : 0);
   return (bytes + 7) / 8 * 8;
 }
 template <class Engine>
@@ -878,11 +1030,12 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kStages = Engine::kStages;
   constexpr int kThreads = Engine::kThreads, kLd = kCols + 4;
   constexpr int kStageA = kRows * 128, kStageBytes = (kRows + kCols) * 128;
-  static_assert(kRows * kLd * 4 <= kStages * kStageBytes, "the epilogue tile reuses the stages");
+  static_assert(kRows * kLd * 4 <= kStages * kStageBytes, "the epilogue tile (StoreDirect: its scratch) reuses the stages");
   extern __shared__ __align__(1024) uint8_t smem[];
   int4* origins = reinterpret_cast<int4*>(smem + kStages * kStageBytes);
   int* popc_a = reinterpret_cast<int*>(origins + kRows);
   auto& cols = *reinterpret_cast<TileColumns<kCols>*>(popc_a + kRows);
+  int8_t* row_class = reinterpret_cast<int8_t*>(&cols + 1);  // EpilogueRowClass (StoreDirect)
   const int tid = threadIdx.x;
   int tile_m, tile_n;
   TileCoordinates(blockIdx.x, m_tiles, n_tiles, tile_m, tile_n);
@@ -894,10 +1047,24 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
       BarrierInit(bars + 8 * (kStages + s), kThreads);  // "empty": every thread, once it read the stage
     }
   }
-  for (int r = tid; r < kRows; r += kThreads) origins[r] = RowOrigin(p, tile_m, kRows, r);
-  for (int c = tid; c < kCols; c += kThreads) {
+  const bool direct_bits = Engine::kDirectStore && p.pool_h * p.pool_w == 1 && p.epilogue == Epilogue::kBits;
+  for (int r = tid; r < kRows; r += kThreads) {
+    const int4 origin = RowOrigin(p, tile_m, kRows, r);
+    origins[r] = origin;
+    if (direct_bits) row_class[r] = EpilogueRowClass(p, origin);
+  }
+  for (int c = tid; c < kCols; c += kThreads) {  // whole warps (AddBoundsToClasses)
     FillTileColumn<kCols>(p, cols, col0, c);
     if (p.correction_table) FillCorrectionTable<kCols>(p, cols, col0, c);
+    if (direct_bits) {
+      // StoreDirectBits reads every row's bounds from the table's rows: class 0 holds the plain ones
+      // (FillColumnParameters put them there where paired)
+      if (p.correction_table) {
+        AddBoundsToClasses(p, cols, c);
+      } else if (!PairsBounds(p)) {
+        cols.correction[0][c] = cols.bound[c];
+      }
+    }
   }
   __syncthreads();
 
@@ -948,7 +1115,7 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   if constexpr (Engine::kDirectStore) {
     if (p.pool_h * p.pool_w == 1) {
       __syncthreads();
-      Engine::StoreDirect(acc, p, popc_a, origins, cols, tile_m, col0, tid);
+      Engine::StoreDirect(acc, p, popc_a, origins, row_class, reinterpret_cast<int*>(smem), cols, tile_m, col0, tid);
       return;
     }
   }
@@ -1006,33 +1173,6 @@ __device__ __forceinline__ int8_t RowCorrection(const BinaryGemmProblem& p, cons
   const int ih0 = oh * p.stride_h - p.pad_top, iw0 = ow * p.stride_w - p.pad_left;
   if (ih0 >= 0 && ih0 + p.kh <= p.in_h && iw0 >= 0 && iw0 + p.kw <= p.in_w) return 0;
   return static_cast<int8_t>(p.correction_table ? BorderClass(p, ExcessOf(p, ih0, iw0)) : 1);
-}
-
-// Turns the border-class corrections of local column `lc` into the class's bounds (bound + correction),
-// so that the threshold epilogue compares every row with one table row (StoreBitsRows<true, ...>). For the
-// unpooled threshold epilogue only: every other reader of the table wants corrections (ExcludedTaps).
-// Called by whole warps, each thread for the column `lc` it filled of both the table and cols.bound.
-__device__ __forceinline__ void AddBoundsToClasses(const BinaryGemmProblem& p, TileColumns<kWgCols>& cols, int lc) {
-  const int classes = BorderClasses(p);
-  // columns past N keep their unreachable bound
-  auto class_bound = [](int bound, int correction) { return bound == kUnreachableBound ? bound : correction + bound; };
-  if (!PairsBounds(p)) {
-    const int bound = cols.bound[lc];
-    for (int c = 0; c < classes; ++c) cols.correction[c][lc] = class_bound(bound, cols.correction[c][lc]);
-    return;
-  }
-  // The even column's thread reads both columns' corrections and stores their PairedBounds: a shuffle
-  // between each class's load and store, in turn, held the first tiles of every resident CTA back ~1 us
-  // (trace, benchmarks/NOTES.md session 25).
-  __syncwarp();  // the odd column's entries, written by its own thread
-  if (lc % 2 == 0) {
-    const int2 bound = *reinterpret_cast<const int2*>(&cols.bound[lc]);
-    for (int c = 0; c < classes; ++c) {
-      const int2 correction = *reinterpret_cast<const int2*>(&cols.correction[c][lc]);
-      cols.correction[c][lc] =
-          static_cast<int>(PairedBounds(p, class_bound(bound.x, correction.x), class_bound(bound.y, correction.y)));
-    }
-  }
 }
 
 // The tile pairs of one cluster of the persistent wgmma kernel, in order: pairs first, first + step, ...
@@ -1162,14 +1302,6 @@ __device__ __forceinline__ uint64_t SwizzledOperandDescriptor(uint32_t addr, uin
          (mode << 62);
 }
 
-// prmt.b32: byte i of the result is byte (s >> 4 i) & 7 of (b:a), or where bit 3 of that nibble is set, that
-// byte's top bit copied over all 8 bits (the sign mode, which __byte_perm does not offer).
-__device__ __forceinline__ uint32_t BytePermute(uint32_t a, uint32_t b, uint32_t s) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(s));
-  return d;
-}
-
 // The four lanes of this thread's quad. The quads of a warp hold different rows and may take different
 // epilogue paths (border rows or not) with different numbers of shuffles, so the shuffles that assemble a
 // quad's words name only the quad: a full-warp mask would pair shuffles of different paths, or wait forever.
@@ -1189,49 +1321,28 @@ __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const 
                                               const int* const (&bounds)[2], int col0, int t) {
   static_assert(16 * kWords <= kAcc, "a word of 32 columns takes 16 accumulators of each thread");
   uint32_t words[2][kWords];
+  // the values of fragments 4 wd .. 4 wd + 3 of row h, and that row's bounds from the word's first column
+  auto word_bits = [&](int h, int wd) {
+    int a[4][2];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      a[q][0] = acc[4 * (4 * wd + q) + 2 * h];
+      a[q][1] = acc[4 * (4 * wd + q) + 2 * h + 1];
+    }
+    const int* row_bounds = &bounds[kClassBounds ? h : 0][32 * wd + 2 * t];
+    return kPaired ? ThresholdBitsPaired(a, v0[h], row_bounds) : ThresholdBitsUnpaired(a, v0[h], row_bounds);
+  };
   if constexpr (kPaired) {
-    // Two columns per 32-bit addition (PairedBounds); bits 15 and 31 of y are their bits, gathered by byte
-    // permutes that copy a byte's top bit over the byte: 2.1 instructions a value against 3 below.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const uint32_t v0_pair = static_cast<uint32_t>(v0[h]) * 0x10001u;
 #pragma unroll
-      for (int wd = 0; wd < kWords; ++wd) {
-        uint32_t y[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int j = 4 * wd + q;
-          const uint32_t bound = static_cast<uint32_t>(bounds[kClassBounds ? h : 0][8 * j + 2 * t]);
-          const uint32_t pair = static_cast<uint32_t>(acc[4 * j + 2 * h]) + (static_cast<uint32_t>(acc[4 * j + 2 * h + 1]) << 16);
-          y[q] = (pair << 2) + v0_pair + bound;
-        }
-        // bytes (bit 15 of y[0], bit 31 of y[0], bit 15 of y[1], bit 31 of y[1]), each 0 or 0xff; then the
-        // even columns' bytes and the odd columns' in the order of their pairs
-        const uint32_t first = BytePermute(y[0], y[1], 0xFDB9), second = BytePermute(y[2], y[3], 0xFDB9);
-        const uint32_t even = BytePermute(first, second, 0x6420), odd = BytePermute(first, second, 0x7531);
-        words[h][wd] = (even & 0x01010101u) | (odd & 0x02020202u);
-      }
+      for (int wd = 0; wd < kWords; ++wd) words[h][wd] = word_bits(h, wd);
     }
   } else {
-    // Each value's bit is the sign of its difference from the bound (set: below it), shifted into the word
-    // by a funnel shift after a multiply-add and a subtraction: the epilogue 5.4 warp instructions a value,
-    // 5.7 with a compare, a select and an OR per value instead (ncu, sessions 19-20). A word's 8 values go in
-    // from its highest position down, even columns by 1 bit (their sign), odd ones by 7 (bits 25-31: the sign
-    // and, where |difference| < 2^25 (ColumnBound), six copies of it that fill the gap to the next pair).
 #pragma unroll
     for (int wd = 0; wd < kWords; ++wd) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint32_t below = 0;
-#pragma unroll
-        for (int j = 4 * wd + 3; j >= 4 * wd; --j) {
-          const int2 bound = *reinterpret_cast<const int2*>(&bounds[kClassBounds ? h : 0][8 * j + 2 * t]);
-          const int x0 = 4 * acc[4 * j + 2 * h] + v0[h], x1 = 4 * acc[4 * j + 2 * h + 1] + v0[h];
-          below = __funnelshift_l(static_cast<uint32_t>(x1 - bound.y), below, 7);
-          below = __funnelshift_l(static_cast<uint32_t>(x0 - bound.x), below, 1);
-        }
-        words[h][wd] = ~below & 0x03030303u;  // the bits themselves, the filler gone
-      }
+      for (int h = 0; h < 2; ++h) words[h][wd] = word_bits(h, wd);
     }
   }
   // The OR over the quad as a reduce-scatter: after two exchanges lane t holds the finished words
