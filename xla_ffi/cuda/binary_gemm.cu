@@ -648,7 +648,7 @@ __device__ __forceinline__ void BorderCorrections(const BinaryGemmProblem& p, co
 
 // The row of bounds that the mma.sync threshold epilogue compares tile row `origin` (RowOrigin) with:
 // 0 (the plain bounds: inside the frame, "one" padding, or no pixel), else the row's border class where the
-// tile keeps the correction table (AddBoundsToClasses made its rows bounds), or 1 for a row of its own
+// tile keeps the correction table (whose rows ClassicKernel fills with bounds), or 1 for a row of its own
 // (BorderRowBounds).
 __device__ __forceinline__ int8_t EpilogueRowClass(const BinaryGemmProblem& p, const int4& origin) {
   if (!BorderRow(p, origin)) return 0;
@@ -675,35 +675,6 @@ __device__ __forceinline__ void BorderRowBounds(const BinaryGemmProblem& p, cons
     } else {
       row_bounds[lc] = bound[0];
       row_bounds[lc + 1] = bound[1];
-    }
-  }
-}
-
-// Turns the border-class corrections of local column `lc` into the class's bounds (bound + correction),
-// so that the threshold epilogues compare every row with one table row (StoreBitsRows<true, ...>,
-// MmaSyncEngine::StoreDirectBits). For the unpooled threshold epilogues only: every other reader of the
-// table wants corrections (ExcludedTaps).
-// Called by whole warps, each thread for the column `lc` it filled of both the table and cols.bound.
-template <int kCols>
-__device__ __forceinline__ void AddBoundsToClasses(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int lc) {
-  const int classes = BorderClasses(p);
-  // columns past N keep their unreachable bound
-  auto class_bound = [](int bound, int correction) { return bound == kUnreachableBound ? bound : correction + bound; };
-  if (!PairsBounds(p)) {
-    const int bound = cols.bound[lc];
-    for (int c = 0; c < classes; ++c) cols.correction[c][lc] = class_bound(bound, cols.correction[c][lc]);
-    return;
-  }
-  // The even column's thread reads both columns' corrections and stores their PairedBounds: a shuffle
-  // between each class's load and store, in turn, held the first tiles of every resident CTA back ~1 us
-  // (trace, benchmarks/NOTES.md session 25).
-  __syncwarp();  // the odd column's entries, written by its own thread
-  if (lc % 2 == 0) {
-    const int2 bound = *reinterpret_cast<const int2*>(&cols.bound[lc]);
-    for (int c = 0; c < classes; ++c) {
-      const int2 correction = *reinterpret_cast<const int2*>(&cols.correction[c][lc]);
-      cols.correction[c][lc] =
-          static_cast<int>(PairedBounds(p, class_bound(bound.x, correction.x), class_bound(bound.y, correction.y)));
     }
   }
 }
@@ -1053,17 +1024,16 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
     origins[r] = origin;
     if (direct_bits) row_class[r] = EpilogueRowClass(p, origin);
   }
-  for (int c = tid; c < kCols; c += kThreads) {  // whole warps (AddBoundsToClasses)
-    FillTileColumn<kCols>(p, cols, col0, c);
-    if (p.correction_table) FillCorrectionTable<kCols>(p, cols, col0, c);
-    if (direct_bits) {
-      // StoreDirectBits reads every row's bounds from the table's rows: class 0 holds the plain ones
-      // (FillColumnParameters put them there where paired)
-      if (p.correction_table) {
-        AddBoundsToClasses(p, cols, c);
-      } else if (!PairsBounds(p)) {
-        cols.correction[0][c] = cols.bound[c];
-      }
+  // StoreDirectBits reads every row's bounds from the table's rows, class 0 holding the plain ones: the
+  // table's fill adds the bound to every class (class 0's correction is 0); without the table,
+  // FillColumnParameters puts the plain bounds into row 0 where they are paired, and here where not.
+  for (int c = tid; c < kCols; c += kThreads) {  // whole warps (the paired bounds are shuffled)
+    if (p.correction_table) {
+      const ColumnThreshold th = LoadColumnThreshold(p, col0 + c);
+      FillColumnParameters<kCols>(p, cols, col0, c, FillCorrectionTable<kCols>(p, cols, col0, c, 0, 1, direct_bits, th), th);
+    } else {
+      FillTileColumn<kCols>(p, cols, col0, c);
+      if (direct_bits && !PairsBounds(p)) cols.correction[0][c] = cols.bound[c];
     }
   }
   __syncthreads();
@@ -1173,6 +1143,33 @@ __device__ __forceinline__ int8_t RowCorrection(const BinaryGemmProblem& p, cons
   const int ih0 = oh * p.stride_h - p.pad_top, iw0 = ow * p.stride_w - p.pad_left;
   if (ih0 >= 0 && ih0 + p.kh <= p.in_h && iw0 >= 0 && iw0 + p.kw <= p.in_w) return 0;
   return static_cast<int8_t>(p.correction_table ? BorderClass(p, ExcessOf(p, ih0, iw0)) : 1);
+}
+
+// Turns the border-class corrections of local column `lc` into the class's bounds (bound + correction),
+// so that the threshold epilogue compares every row with one table row (StoreBitsRows<true, ...>). For the
+// unpooled threshold epilogue only: every other reader of the table wants corrections (ExcludedTaps).
+// Called by whole warps, each thread for the column `lc` it filled of both the table and cols.bound.
+__device__ __forceinline__ void AddBoundsToClasses(const BinaryGemmProblem& p, TileColumns<kWgCols>& cols, int lc) {
+  const int classes = BorderClasses(p);
+  // columns past N keep their unreachable bound
+  auto class_bound = [](int bound, int correction) { return bound == kUnreachableBound ? bound : correction + bound; };
+  if (!PairsBounds(p)) {
+    const int bound = cols.bound[lc];
+    for (int c = 0; c < classes; ++c) cols.correction[c][lc] = class_bound(bound, cols.correction[c][lc]);
+    return;
+  }
+  // The even column's thread reads both columns' corrections and stores their PairedBounds: a shuffle
+  // between each class's load and store, in turn, held the first tiles of every resident CTA back ~1 us
+  // (trace, benchmarks/NOTES.md session 25).
+  __syncwarp();  // the odd column's entries, written by its own thread
+  if (lc % 2 == 0) {
+    const int2 bound = *reinterpret_cast<const int2*>(&cols.bound[lc]);
+    for (int c = 0; c < classes; ++c) {
+      const int2 correction = *reinterpret_cast<const int2*>(&cols.correction[c][lc]);
+      cols.correction[c][lc] =
+          static_cast<int>(PairedBounds(p, class_bound(bound.x, correction.x), class_bound(bound.y, correction.y)));
+    }
+  }
 }
 
 // The tile pairs of one cluster of the persistent wgmma kernel, in order: pairs first, first + step, ...
