@@ -16,8 +16,10 @@
 // add nothing to AND-popc, and an out-of-frame tap read as zeros is exactly a -1 input ("one" padding).
 // "zero" padding subtracts, per excluded tap, its (C - 2 popc_tap) in the epilogue.
 //
-// Epilogue: accumulators -> shared int32 tile -> (max-pool over a window's rows) -> int32 / affine /
-// threshold bits (warp ballot, written as words of the next layer's packed layout).
+// Epilogue, fused: int32 / affine / threshold bits written as words of the next layer's packed layout.
+// Unpooled tiles store straight from the accumulators, each row's threshold bits against one row of bounds
+// (its border class's: the "zero"-padding correction folded into the bounds); pooled tiles go through a
+// shared int32 tile and a max over each window's rows (warp ballots for the bits).
 #include "binary_gemm.h"
 
 #include <algorithm>
@@ -155,10 +157,11 @@ __device__ __forceinline__ int BorderClass(const BinaryGemmProblem& p, FrameExce
 // epilogue parameters.
 template <int kCols>
 struct TileColumns {
-  // [BorderClass][column], when p.correction_table; in the wgmma kernel's unpooled threshold epilogue, the
-  // class's bound instead (bound + correction, AddBoundsToClasses). Where PairsBounds, each even column's
-  // slot holds the PairedBounds of it and the next column: of the class bounds, or without the table, of
-  // the plain bounds in row 0 (no other reader then; the persistent kernel has no room for another row).
+  // [BorderClass][column], when p.correction_table; in the unpooled threshold epilogues (wgmma kernels,
+  // mma.sync StoreDirectBits), the class's bound instead (bound + correction). Where PairsBounds, each even
+  // column's slot holds the PairedBounds of it and the next column: of the class bounds, or without the
+  // table, of the plain bounds in row 0 (no other reader then; the persistent kernel has no room for another
+  // row). StoreDirectBits also reads the plain bounds unpaired from row 0 of a problem without the table.
   int correction[kTableClasses][kCols];
   int popc_b[kCols];
   int threshold[kCols];
@@ -993,6 +996,7 @@ template <class Engine>
 constexpr int ClassicSmemBytes() {
   return ClassicBarrierOffset<Engine>() + 2 * Engine::kStages * 8;
 }
+static_assert(ClassicSmemBytes<MmaSyncNarrow>() <= 163 * 1024, "the narrow mma.sync engine runs on an A100");
 
 template <class Engine, int kVec>
 __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const BinaryGemmProblem p,
