@@ -14,7 +14,7 @@ fails an assertion here rather than tracing the wrong place.
     nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DJAXBNN_TILE_TRACE -Ixla_ffi -I.ab/t \\
         .ab/t/kernel_check.cu .ab/t/binary_gemm.cu -o kc_trace && ./kc_trace --time-mma "bmm 16384^3"
 
-Used in session 29 (benchmarks/NOTES.md).
+Used in sessions 29 and 30 (benchmarks/NOTES.md).
 """
 import argparse
 import pathlib
