@@ -848,9 +848,8 @@ struct MmaSyncEngine {
         if (row_class[r] != 0) BorderRowBounds(p, cols, origins[r], col0, first_lc, scratch + r * kCols);
       }
     }
-    uint32_t words[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    // row i's word of this thread's pairs of columns
+    auto row_word = [&](int i) {
       const int r = warp_row + 8 * i + g, mf = i / 2, h = i % 2;
       const int cls = row_class[r];
       const int* bounds = (cls != 0 && !p.correction_table ? scratch + r * kCols : cols.correction[cls]) + first_lc;
@@ -861,26 +860,25 @@ struct MmaSyncEngine {
         a[j][1] = acc.v[mf][j][2 * h + 1];
       }
       const int v0 = p.k_real - 2 * popc_a[r];
-      words[i] = (kPaired ? ThresholdBitsPaired(a, v0, bounds) : ThresholdBitsUnpaired(a, v0, bounds)) << (2 * t);
-    }
+      return (kPaired ? ThresholdBitsPaired(a, v0, bounds) : ThresholdBitsUnpaired(a, v0, bounds)) << (2 * t);
+    };
     const long long row0 = static_cast<long long>(tile_m) * kRows + warp_row + g;
     const int out_words = (p.n + 31) / 32;
     const bool inside = col0 + warp_col < p.n;
     uint32_t* out = static_cast<uint32_t*>(p.out) + (col0 + warp_col) / 32;
     const uint32_t flip = cols.flip_word[warp_col / 32];
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      uint32_t half[2];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {  // lanes 0, 1 keep rows 4 q + j, lanes 2, 3 rows 4 q + 2 + j
-        const uint32_t lo = words[4 * q + j], hi = words[4 * q + 2 + j];
-        half[j] = ((t & 2) ? hi : lo) | __shfl_xor_sync(0xffffffffu, (t & 2) ? lo : hi, 2);
-      }
-      const uint32_t mine =
-          ((t & 1) ? half[1] : half[0]) | __shfl_xor_sync(0xffffffffu, (t & 1) ? half[0] : half[1], 1);
+    // The quad's words of rows 4 q .. 4 q + 3 in, lane t's row 4 q + t out. Lanes 0, 1 first keep rows 4 q + j,
+    // lanes 2, 3 rows 4 q + 2 + j. Four words a call, not an array of eight indexed by q: with the array,
+    // nvcc kept all eight in local memory as dead stores (8 STL a thread and tile; ncu at 16384^3, session 31).
+    auto store_rows = [&](int q, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+      const uint32_t half0 = ((t & 2) ? w2 : w0) | __shfl_xor_sync(0xffffffffu, (t & 2) ? w0 : w2, 2);
+      const uint32_t half1 = ((t & 2) ? w3 : w1) | __shfl_xor_sync(0xffffffffu, (t & 2) ? w1 : w3, 2);
+      const uint32_t mine = ((t & 1) ? half1 : half0) | __shfl_xor_sync(0xffffffffu, (t & 1) ? half0 : half1, 1);
       const long long row = row0 + 8 * (4 * q + t);
       if (inside && row < p.pooled_rows) out[row * out_words] = mine ^ flip;
-    }
+    };
+    store_rows(0, row_word(0), row_word(1), row_word(2), row_word(3));
+    store_rows(1, row_word(4), row_word(5), row_word(6), row_word(7));
   }
 
   // The int32 / affine epilogues.
