@@ -10,7 +10,8 @@
 // Shared memory layout of every operand stage: K blocks of 1024 bits (32 words = 8 chunks of 16 bytes);
 // chunk c of row r lies at (r / 8) * 1024 + c * 128 + (r % 8) * 16. Each 8-row x 16-byte block is one
 // wgmma "core matrix" (LBO 128 along K, SBO 1024 between row groups), one ldmatrix 8x8 b16 matrix, and
-// one FSB weight tile, so weights are copied as they lie in global memory.
+// one FSB weight tile, so weights are copied as they lie in global memory. Activation stages may lie
+// otherwise (ALayout: TMA boxes, and the mma.sync engine's rows of 128 bytes).
 //
 // Rows past the problem, words past K and out-of-frame taps are zero-filled by the loaders: zero bits
 // add nothing to AND-popc, and an out-of-frame tap read as zeros is exactly a -1 input ("one" padding).
@@ -387,38 +388,82 @@ __device__ __forceinline__ void FillTileColumn(const BinaryGemmProblem& p, TileC
   FillColumnParameters(p, cols, col0, lc, total, LoadColumnThreshold(p, col));
 }
 
+// How the activation rows of a stage lie in shared memory (chunk = 16 bytes = 128 bits of K):
+//   kCoreMatrices: chunk c of row r at StageOffset(r, c) (cp.async, and every weight stage);
+//   kSwizzledRows: rows of 128 bytes, the chunk index XORed with row % 8 (one 2-D TMA box, 128B swizzle;
+//                  the mma.sync engine's cp.async);
+//   kChunkSlabs:   chunk c of all rows in a slab of rows x 16 bytes, at c * kRows * 16 + r * 16
+//                  (one 4-D TMA box per chunk: a convolution tap's channel words over a block of pixels);
+//   kTapRows:      128 / W slabs of rows x W bytes, W = TapRowBytes (32, 64 or 128) with the W-byte swizzle:
+//                  one 4-D TMA box per slab, a whole tap's channel words (or 128 bytes of them) per pixel,
+//                  i.e. 2-4x fewer and wider boxes than kChunkSlabs and no half-used 32-byte sectors.
+enum class ALayout : int { kCoreMatrices, kSwizzledRows, kChunkSlabs, kTapRows };
+
+// The slab width of kTapRows for a convolution with `cw` channel words per tap, or 0 where a tap's bytes
+// are not 32, 64 or a multiple of 128 (a box never straddles two taps).
+__host__ __device__ __forceinline__ int TapRowBytes(int cw) {
+  const int bytes = cw * 4;
+  return bytes == 32 || bytes == 64 ? bytes : bytes % 128 == 0 ? 128 : 0;
+}
+
+// Where chunk `chunk` of row `row` lies (kTapRows: W = 1 << `row_bytes_log2`). In the swizzled layouts
+// this is the physical chunk of that index: the swizzle permutes chunks within a row, so a row's chunks
+// over all indices are its bytes, and 8 consecutive rows at one index hit 8 different bank groups.
+// W is a runtime power of two: shifts and masks, since this runs in the consumers' k loop (the divisions
+// it had were ~45% of a C = 2048 convolution's instructions).
+template <ALayout kLayout, int kRows>
+__device__ __forceinline__ uint32_t ChunkOffset(int row, int chunk, int row_bytes_log2) {
+  if constexpr (kLayout == ALayout::kSwizzledRows) return row * 128 + ((chunk ^ (row % 8)) * 16);
+  if constexpr (kLayout == ALayout::kChunkSlabs) return chunk * kRows * 16 + row * 16;
+  if constexpr (kLayout == ALayout::kTapRows) {
+    const int per_row_log2 = row_bytes_log2 - 4, per_row_mask = (1 << per_row_log2) - 1;
+    const int slab = chunk >> per_row_log2, c = chunk & per_row_mask;
+    const int swizzle = (row >> (3 - per_row_log2)) & per_row_mask;  // the W-byte swizzle's chunk XOR
+    return ((slab * kRows + row) << row_bytes_log2) + ((c ^ swizzle) * 16);
+  }
+  return StageOffset(row, chunk);
+}
+
 // Copies K block `kb` of the activation rows of a tile into a stage. kVec words per copy (4 when every
 // tap's words are 16-byte aligned, else 1). Each thread keeps one word position, so the tap division runs
-// once per stage; 8 consecutive threads take 8 consecutive rows of one chunk, so their shared-memory
-// writes fill one 128-byte core matrix row block without bank conflicts. Every thread copies the same
-// compile-time number of rows, kGroups row groups apart: an unrolled loop with constant stage offsets.
-template <int kRows, int kVec, int kThreads>
+// once per stage, and copies the same compile-time number of rows, kThreads / kCopiesPerRow apart: an
+// unrolled loop with constant stage offsets. Which copies share a quarter-warp (8 lanes, one request):
+//   along rows: 8 consecutive rows at one word position. For a tap of 16 bytes (C <= 128) these are 8
+//     consecutive pixels, 128 contiguous bytes; in the core-matrix layout their shared-memory writes fill one
+//     128-byte row block. Where a tap has more bytes (and in a bmm) the 8 rows lie apart: 8 half-used 32-byte
+//     sectors per quarter, twice the bytes' L2 sectors (ncu, mma.sync bmm 16384^3 in the core-matrix layout:
+//     27% of its L2 sectors excess, and 8-way conflicting shared-memory writes).
+//   along a row (kSwizzledRows, where a tap has >= 32 bytes): one row's 128 contiguous bytes of the K block,
+//     which that layout keeps in one 128-byte line of shared memory: no excess sectors, no conflicts.
+template <int kRows, int kVec, int kThreads, ALayout kLayout = ALayout::kCoreMatrices>
 __device__ __forceinline__ void LoadActivationStage(const BinaryGemmProblem& p, const LaunchDivisors& div,
                                                     const int4* origins, uint32_t stage, int kb, int tid) {
+  static_assert(kLayout == ALayout::kCoreMatrices || kLayout == ALayout::kSwizzledRows, "a cp.async layout");
   constexpr int kCopiesPerRow = kKBlockWords / kVec;
-  constexpr int kGroups = kThreads / (8 * kCopiesPerRow);  // row groups of 8 covered at once
-  static_assert(kGroups >= 1 && kThreads % (8 * kCopiesPerRow) == 0, "a thread must keep its word position");
-  constexpr int kRowsPerThread = kRows / (8 * kGroups);
-  static_assert(kRows % (8 * kGroups) == 0, "every thread must copy the same number of rows");
-  const int part = (tid / 8) % kCopiesPerRow;
+  constexpr int kRowStep = kThreads / kCopiesPerRow;  // rows between a thread's copies
+  static_assert(kRowStep % 8 == 0 && kRows % kRowStep == 0, "a thread must keep its word position and row % 8");
+  constexpr int kRowsPerThread = kRows / kRowStep;
+  const bool along_row = kLayout == ALayout::kSwizzledRows && p.cw >= 8;
+  const int part = along_row ? tid % kCopiesPerRow : (tid / 8) % kCopiesPerRow;
+  const int row0 = along_row ? tid / kCopiesPerRow : tid % 8 + 8 * (tid / (8 * kCopiesPerRow));
   const int kword = kb * kKBlockWords + part * kVec;
   const bool k_valid = kword < p.k_words;
   const int tap = Quotient(kword, div.cw);
   const int cword = kword - tap * p.cw;
   const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
   const int tap_offset = (fkh * p.in_w + fkw) * p.cw + cword;
-  const int row0 = tid % 8 + 8 * (tid / (8 * kCopiesPerRow));  // row i of this thread: row0 + 8 kGroups i
-  const uint32_t dst0 = stage + StageOffset(row0, 0) + (part * kVec / 4) * 128 + (part * kVec % 4) * 4;
+  // row0 + kRowStep i lies kRowStep i 128-byte rows further in either layout (kRowStep is a multiple of 8)
+  const uint32_t dst0 = stage + ChunkOffset<kLayout, kRows>(row0, part * kVec / 4, 7) + (part * kVec % 4) * 4;
 #pragma unroll
   for (int i = 0; i < kRowsPerThread; ++i) {
-    const int4 o = origins[row0 + 8 * kGroups * i];
+    const int4 o = origins[row0 + kRowStep * i];
     const int ih = o.y + fkh, iw = o.z + fkw;
     const bool valid = k_valid && o.w && static_cast<unsigned>(ih) < static_cast<unsigned>(p.in_h) &&
                        static_cast<unsigned>(iw) < static_cast<unsigned>(p.in_w);
     // a valid copy's word ((b * in_h + ih) * in_w + iw) * cw + cword is >= 0: unsigned, no sign extension;
     // the zero-filled copies point at p.x
     const uint32_t word = valid ? static_cast<uint32_t>(o.x + tap_offset) : 0u;
-    CopyAsync<kVec * 4>(dst0 + kGroups * i * kRowGroupBytes, p.x + word, valid);
+    CopyAsync<kVec * 4>(dst0 + kRowStep * i * 128, p.x + word, valid);
   }
 }
 
@@ -463,41 +508,6 @@ struct WeightStageLoader {
     }
   }
 };
-
-// How the activation rows of a stage lie in shared memory (chunk = 16 bytes = 128 bits of K):
-//   kCoreMatrices: chunk c of row r at StageOffset(r, c) (cp.async, and every weight stage);
-//   kSwizzledRows: rows of 128 bytes, the chunk index XORed with row % 8 (one 2-D TMA box, 128B swizzle);
-//   kChunkSlabs:   chunk c of all rows in a slab of rows x 16 bytes, at c * kRows * 16 + r * 16
-//                  (one 4-D TMA box per chunk: a convolution tap's channel words over a block of pixels);
-//   kTapRows:      128 / W slabs of rows x W bytes, W = TapRowBytes (32, 64 or 128) with the W-byte swizzle:
-//                  one 4-D TMA box per slab, a whole tap's channel words (or 128 bytes of them) per pixel,
-//                  i.e. 2-4x fewer and wider boxes than kChunkSlabs and no half-used 32-byte sectors.
-enum class ALayout : int { kCoreMatrices, kSwizzledRows, kChunkSlabs, kTapRows };
-
-// The slab width of kTapRows for a convolution with `cw` channel words per tap, or 0 where a tap's bytes
-// are not 32, 64 or a multiple of 128 (a box never straddles two taps).
-__host__ __device__ __forceinline__ int TapRowBytes(int cw) {
-  const int bytes = cw * 4;
-  return bytes == 32 || bytes == 64 ? bytes : bytes % 128 == 0 ? 128 : 0;
-}
-
-// Where chunk `chunk` of row `row` lies (kTapRows: W = 1 << `row_bytes_log2`). In the swizzled layouts
-// this is the physical chunk of that index: the swizzle permutes chunks within a row, so a row's chunks
-// over all indices are its bytes, and 8 consecutive rows at one index hit 8 different bank groups.
-// W is a runtime power of two: shifts and masks, since this runs in the consumers' k loop (the divisions
-// it had were ~45% of a C = 2048 convolution's instructions).
-template <ALayout kLayout, int kRows>
-__device__ __forceinline__ uint32_t ChunkOffset(int row, int chunk, int row_bytes_log2) {
-  if constexpr (kLayout == ALayout::kSwizzledRows) return row * 128 + ((chunk ^ (row % 8)) * 16);
-  if constexpr (kLayout == ALayout::kChunkSlabs) return chunk * kRows * 16 + row * 16;
-  if constexpr (kLayout == ALayout::kTapRows) {
-    const int per_row_log2 = row_bytes_log2 - 4, per_row_mask = (1 << per_row_log2) - 1;
-    const int slab = chunk >> per_row_log2, c = chunk & per_row_mask;
-    const int swizzle = (row >> (3 - per_row_log2)) & per_row_mask;  // the W-byte swizzle's chunk XOR
-    return ((slab * kRows + row) << row_bytes_log2) + ((c ^ swizzle) * 16);
-  }
-  return StageOffset(row, chunk);
-}
 
 // This thread's share of the words of `kRows` activation rows of a stage (rows `kStageRows` apart in the slab
 // layout), for the rows' popcounts: kThreads / kRows threads per row. Thread t reads row
@@ -762,6 +772,9 @@ struct MmaSyncEngine {
   static constexpr int kWarpCols = kCols / kColWarps, kFrags = kWarpCols / 8, kWarpWords = kWarpCols / 32;
   static_assert(kWarpCols % 32 == 0, "a warp's columns make whole output words");
   static constexpr bool kDirectStore = true;  // StoreDirect: the epilogue without the shared int32 tile
+  // A's stages in 128-byte rows (the weights' in core matrices): LoadActivationStage can then copy a row's
+  // K block by one quarter-warp
+  static constexpr ALayout kALayout = ALayout::kSwizzledRows;
   struct Accumulators {
     int v[4][kFrags][4];  // [16-row fragment][8-column fragment][register]
   };
@@ -775,13 +788,17 @@ struct MmaSyncEngine {
     const uint32_t stage_a = stage_addr, stage_b = stage_addr + kRows * 128;
     const int warp = tid / 32, lane = tid % 32;
     const int warp_row = (warp / kColWarps) * 64, warp_col = (warp % kColWarps) * kWarpCols;
+    // A (kSwizzledRows): chunk c of row r at r * 128 + ((c ^ r % 8) * 16). This lane's row has r % 8 = lane % 8
+    // and step ks's chunk is 2 ks + lane / 16, so its offset is the lane's step-0 offset XOR ks * 32.
+    static_assert(kALayout == ALayout::kSwizzledRows, "A's rows are 128-byte lines");
+    const uint32_t a_lane = (warp_row + (lane % 8) + ((lane / 8) % 2) * 8) * 128 + (((lane / 16) ^ (lane % 8)) << 4);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       uint32_t a[4][4], b[kFrags][2];
+      const uint32_t a_step = stage_a + (a_lane ^ (ks << 5));
 #pragma unroll
       for (int mf = 0; mf < 4; ++mf) {
-        const int row = warp_row + mf * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-        const uint32_t addr = stage_a + StageOffset(row, 2 * ks + lane / 16);
+        const uint32_t addr = a_step + mf * 16 * 128;
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                      : "=r"(a[mf][0]), "=r"(a[mf][1]), "=r"(a[mf][2]), "=r"(a[mf][3])
                      : "r"(addr));
@@ -941,6 +958,7 @@ using MmaSyncWide = MmaSyncEngine<256, 3, 16>;
 struct SimtEngine {
   static constexpr int kRows = 64, kCols = 64, kStages = 3, kThreads = 256;
   static constexpr bool kDirectStore = false;
+  static constexpr ALayout kALayout = ALayout::kCoreMatrices;
   struct Accumulators {
     int v[4][4];  // rows ty + 16 i, columns tx + 16 j: conflict-free 16-byte shared loads
   };
@@ -1052,7 +1070,7 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   const WeightStageLoader<kCols, kThreads> weights(p, col0 / 8, tid);
   auto load = [&](int kb) {
     const uint32_t stage = base + (kb % kStages) * kStageBytes;
-    LoadActivationStage<kRows, kVec, kThreads>(p, div, origins, stage, kb, tid);
+    LoadActivationStage<kRows, kVec, kThreads, Engine::kALayout>(p, div, origins, stage, kb, tid);
     weights.Load(stage + kStageA, kb);
   };
   for (int s = 0; s < kStages - 1 && s < k_blocks; ++s) {
@@ -1076,14 +1094,14 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
       if (!loads) return;
       if (ks == 1) {
         if (kb >= 1) BarrierWait(empty0 + 8 * ns, ((kb - 1) / kStages) & 1);
-        LoadActivationStage<kRows, kVec, kThreads>(p, div, origins, next, kb + kStages - 1, tid);
+        LoadActivationStage<kRows, kVec, kThreads, Engine::kALayout>(p, div, origins, next, kb + kStages - 1, tid);
       }
       if (ks == 3) {
         weights.Load(next + kStageA, kb + kStages - 1);
         BarrierArriveOnCopies(full0 + 8 * ns);
       }
     });
-    row_popc += StageRowPopcount<kRows, kThreads>(smem + s * kStageBytes, tid);
+    row_popc += StageRowPopcount<kRows, kThreads, Engine::kALayout>(smem + s * kStageBytes, tid);
     // Every thread arrives: with one arrival per warp after __syncwarp, compute-sanitizer's racecheck
     // reported the other lanes' reads as racing with the next fill's copies (session 28, job 5).
     BarrierArrive(empty0 + 8 * s);
