@@ -15,7 +15,8 @@
 #include "probe_check.cuh"
 
 constexpr int kStages = 3;
-constexpr int kRowGroupBytes = 8 * 128;  // 8 rows x one 1024-bit K block, as binary_gemm.cu's stages
+constexpr int kRowGroupBytes = 8 * 128;  // 8 rows x one 1024-bit K block: the engine's stages until
+                                          // session 31 (its A stages are now 128-byte swizzled rows)
 
 __device__ __forceinline__ uint32_t StageOffset(int row, int chunk) {
   return (row / 8) * kRowGroupBytes + chunk * 128 + (row % 8) * 16;
