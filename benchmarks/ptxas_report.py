@@ -26,14 +26,18 @@ ENTRY = re.compile(
 
 
 def short_name(mangled: str) -> str:
-    """WgmmaKernel<ALayout 1>, ClassicKernel<MmaSyncEngine<256,3,16>, 4> ... from the mangled name."""
-    kernel = re.search(r"(WgmmaKernel|ClassicKernel)", mangled)
+    """WgmmaKernel<kSwizzledRows>, ResidentWgmmaKernel<kTapRows, 256>, BandWgmmaKernel<16>,
+    ClassicKernel<MmaSyncEngine<256,3,16>, 4> ... from the mangled name."""
+    kernel = re.search(r"\d([A-Za-z]+Kernel)I", mangled)
     if not kernel:
         return mangled
-    if kernel.group(1) == "WgmmaKernel":
+    name, args = kernel.group(1), mangled[kernel.end():]
+    if name != "ClassicKernel":
         layouts = ["kCoreMatrices", "kSwizzledRows", "kChunkSlabs", "kTapRows"]
-        layout = int(re.search(r"ALayoutE(\d)", mangled).group(1))
-        return f"WgmmaKernel<{layouts[layout]}>"
+        layout = re.match(r"LN\w*?ALayoutE(\d)E", args)
+        ints = re.findall(r"Li(\d+)E", args if not layout else args[layout.end():])
+        params = ([layouts[int(layout.group(1))]] if layout else []) + ints
+        return f"{name}<{', '.join(params)}>"
     engine = re.search(r"(SimtEngine|MmaSyncEngine)(?:ILi(\d+)ELi(\d+)ELi(\d+)E)?E*Li(\d+)", mangled)
     if engine and engine.group(1) == "MmaSyncEngine":
         cols, stages, warps, vec = engine.group(2, 3, 4, 5)
