@@ -389,9 +389,10 @@ __device__ __forceinline__ void FillTileColumn(const BinaryGemmProblem& p, TileC
 }
 
 // How the activation rows of a stage lie in shared memory (chunk = 16 bytes = 128 bits of K):
-//   kCoreMatrices: chunk c of row r at StageOffset(r, c) (cp.async, and every weight stage);
+//   kCoreMatrices: chunk c of row r at StageOffset(r, c) (the CUDA-core engine's cp.async, and every weight
+//                  stage); as WgmmaKernel's parameter: activations by cp.async, into kSwizzledRows;
 //   kSwizzledRows: rows of 128 bytes, the chunk index XORed with row % 8 (one 2-D TMA box, 128B swizzle;
-//                  the mma.sync engine's cp.async);
+//                  the mma.sync engine's and the wgmma kernel's cp.async);
 //   kChunkSlabs:   chunk c of all rows in a slab of rows x 16 bytes, at c * kRows * 16 + r * 16
 //                  (one 4-D TMA box per chunk: a convolution tap's channel words over a block of pixels);
 //   kTapRows:      128 / W slabs of rows x W bytes, W = TapRowBytes (32, 64 or 128) with the W-byte swizzle:
@@ -1588,6 +1589,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                 const __grid_constant__ CUtensorMap w_map, bool weights_by_tma, const LaunchDivisors div,
                 int m_pairs, int n_tiles, bool runs) {
   [[maybe_unused]] constexpr bool kTensorA = kLayout != ALayout::kCoreMatrices;  // unused in the sm_80 pass
+  // How the activations lie in a stage: as the TMA boxes put them, and where the producer copies them
+  // (kCoreMatrices), in 128-byte swizzled rows too, so that a quarter-warp copies one row's 128 contiguous
+  // bytes where a tap has >= 32 bytes (LoadActivationStage; the core-matrix order requested every 32-byte
+  // sector twice there, as in the mma.sync engine before session 31).
+  [[maybe_unused]] constexpr ALayout kStageLayout = kTensorA ? kLayout : ALayout::kSwizzledRows;
+  // the lanes of a consumer warp that arrive on a stage's "empty" barrier (release, below)
+  [[maybe_unused]] constexpr int kReleasingLanes = kTensorA ? 1 : 32;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + (1024 - SmemAddress(smem_raw) % 1024) % 1024;
@@ -1622,7 +1630,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       // TMA: one arrival (with the stage's byte count). cp.async: one per producer thread when its copies
       // land, plus the one that brings the weights' byte count.
       BarrierInit(full0 + 8 * s, kTensorA ? 1 : 129);
-      BarrierInit(empty0 + 8 * s, kWgCluster * kWgConsumerWarps);
+      BarrierInit(empty0 + 8 * s, kWgCluster * kWgConsumerWarps * kReleasingLanes);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -1688,9 +1696,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         } else {
           // 8-byte copies where a tap has an even but not a multiple-of-4 number of words (C = 64: 2)
           if (p.cw % 4 == 0) {
-            LoadActivationStage<kWgRows, 4, 128>(p, div, origins, stage, kb, tid);
+            LoadActivationStage<kWgRows, 4, 128, kStageLayout>(p, div, origins, stage, kb, tid);
           } else {
-            LoadActivationStage<kWgRows, 2, 128>(p, div, origins, stage, kb, tid);
+            LoadActivationStage<kWgRows, 2, 128, kStageLayout>(p, div, origins, stage, kb, tid);
           }
           if (tid == 0) BarrierArriveExpectBytes(full, weight_bytes);
         }
@@ -1719,11 +1727,16 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int ctid = tid - 128;      // 0..255 over both consumer warpgroups
   const int half = warpgroup - 1;  // rows 64 * half ... of the tile
   const int wtid = ctid % 128;     // thread in its warpgroup
-  // One arrival per consumer warp on the stage's "empty" barrier in every CTA of the cluster, after all
-  // of the warp's reads (wgmma and row popcounts) of it are done.
+  // Arrivals on the stage's "empty" barrier in every CTA of the cluster once all of a warp's reads (wgmma
+  // and row popcounts) of it are done: one per warp, or with cp.async refills, one per thread (as in the
+  // ClassicKernel: with one arrival per warp after __syncwarp, racecheck reported the other lanes' popcount
+  // reads as racing with the producer's next copies into the stage; session 32).
   auto release = [&](uint32_t s) {
-    __syncwarp();
-    if (wtid % 32 == 0) BarrierArriveCluster(empty0 + 8 * s);
+    if constexpr (kReleasingLanes == 1) {
+      __syncwarp();
+      if (wtid % 32 != 0) return;
+    }
+    BarrierArriveCluster(empty0 + 8 * s);
   };
   uint32_t it = 0;  // k blocks consumed so far: stage it % kWgStages, phase (it / kWgStages) % 2
   int staged_tile_n = -1;  // the column tile whose parameters `cols` holds
@@ -1766,14 +1779,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         uint64_t desc_a;
-        if constexpr (kLayout == ALayout::kSwizzledRows) {
+        if constexpr (kStageLayout == ALayout::kSwizzledRows) {
           desc_a = SwizzledOperandDescriptor(stage_a + ks * 32);
-        } else if constexpr (kLayout == ALayout::kChunkSlabs) {
+        } else if constexpr (kStageLayout == ALayout::kChunkSlabs) {
           desc_a = OperandDescriptor(stage_a + ks * 2 * kWgRows * 16, kWgRows * 16, 128);
-        } else if constexpr (kLayout == ALayout::kTapRows) {
-          desc_a = SwizzledOperandDescriptor(stage_a + tap_row_step[ks], a_box_bytes);
         } else {
-          desc_a = OperandDescriptor(stage_a + ks * 256);
+          static_assert(kStageLayout == ALayout::kTapRows, "a stage layout of the wgmma kernel");
+          desc_a = SwizzledOperandDescriptor(stage_a + tap_row_step[ks], a_box_bytes);
         }
         wgmma_m64n256k256_and_popc(acc, desc_a, OperandDescriptor(stage_b + ks * 256), (kb | ks) != 0);
       }
@@ -1787,7 +1799,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         row_correction[64 * half + wtid] = RowCorrection(p, div, tile_m, 64 * half + wtid);
       }
       // While the tensor cores run: popc(a) of this warpgroup's 64 rows, two threads per row.
-      row_popc += StageRowPopcount<64, 128, kLayout, kWgRows>(smem + s * kWgStageBytes + half_offset, wtid, a_box_log2);
+      row_popc += StageRowPopcount<64, 128, kStageLayout, kWgRows>(smem + s * kWgStageBytes + half_offset, wtid, a_box_log2);
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
       if (kb > 0) release((it - 1) % kWgStages);
     }
@@ -2468,7 +2480,7 @@ TensorMapRecipe NhwcBytes(const BinaryGemmProblem& p, int box_bytes, int box_w, 
 //   TMA unit; one (W bytes, pixels) box per W bytes of K with the W-byte swizzle where a tap's channel
 //   bytes are 32, 64 or a multiple of 128 (kTapRows), else one (16 bytes, pixels) box per 16-byte chunk
 //   (kChunkSlabs);
-//   anything else: cp.async (kCoreMatrices, no map).
+//   anything else: cp.async (kCoreMatrices: no map; WgmmaKernel copies into kSwizzledRows).
 // `rows`: the rows of a box (128: WgmmaKernel's tiles; 64: ResidentWgmmaKernel's halves).
 ALayout ActivationLayout(const BinaryGemmProblem& p, TensorMapRecipe& r, int rows = kWgRows) {
   r = TensorMapRecipe{};
