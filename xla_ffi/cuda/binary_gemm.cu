@@ -1356,18 +1356,11 @@ __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const 
     const int* row_bounds = &bounds[kClassBounds ? h : 0][32 * wd + 2 * t];
     return kPaired ? ThresholdBitsPaired(a, v0[h], row_bounds) : ThresholdBitsUnpaired(a, v0[h], row_bounds);
   };
-  if constexpr (kPaired) {
+  // word by word, both rows (the paired form went row by row: BandWgmmaKernel<0> spilled 8 bytes that way)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+  for (int wd = 0; wd < kWords; ++wd) {
 #pragma unroll
-      for (int wd = 0; wd < kWords; ++wd) words[h][wd] = word_bits(h, wd);
-    }
-  } else {
-#pragma unroll
-    for (int wd = 0; wd < kWords; ++wd) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) words[h][wd] = word_bits(h, wd);
-    }
+    for (int h = 0; h < 2; ++h) words[h][wd] = word_bits(h, wd);
   }
   // The OR over the quad as a reduce-scatter: after two exchanges lane t holds the finished words
   // kPerLane t .. kPerLane t + kPerLane - 1 of each row (3 shuffles per row and 8 words, not 16), which
