@@ -2076,8 +2076,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
 // ---------------------------------------------------------------------------------------------------
 // Image-band wgmma kernel (sm_90a): stride-1 convolutions of at most 128 output channels whose taps are
-// whole 16-byte chunks of channels (C a multiple of 128, one chunk per tap or an even number of them),
-// unpooled.
+// whole 16-byte chunks of channels (C a multiple of 128, one chunk per tap or an even number of them) or
+// 8-byte halves of one (C = 64: pixel pairs, below), unpooled.
 //
 // A CTA keeps its column tile's weights and a band of input rows of one image in shared memory. In the
 // band, the zero-padded frame (the TMA unit fills out-of-frame pixels with zeros) lies row after row,
@@ -2093,6 +2093,19 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 // / Wp of the rows. popc(a) comes from the tensor cores: 16 columns of all ones after B's 128 (an m64n144
 // wgmma per step), whose AND-popc with a row is its receptive field's popcount (out-of-frame positions are
 // zeros, as for the other kernels; "zero" padding takes its correction in the epilogue).
+//
+// Pixel pairs (C = 64, 8 bytes a position): a 16-byte chunk is two neighbouring positions, so a k256 step
+// takes four positions of one filter row, and the weights of a position outside the filter are zeros (the
+// all-ones columns' too: AND-popc then counts nothing there, and popc(a) covers the real taps only; 3x3:
+// 768 bits of K a filter row for 576 real). A tile's 64 rows are every other position (q0, q0 + 2, ...,
+// q0 + 126; the two tiles of a 128-position block start at its positions 0 and 1), 16 bytes apart as the
+// wgmma operand wants them. A chunk must start 16-byte aligned, so the tiles whose rows start at an even
+// band position take the filter row's columns 0 .. 3, 4 .. 7, ..., the others -1 .. 2, 3 .. 6, ...: two sets
+// of weights (and all-ones columns), one per parity, over the same band. The TMA unit reads boxes whose first
+// pixel is 16-byte aligned in global memory only, so the band starts at an even input column: one column left
+// of the padded frame where the left padding is odd (that column is never a real tap). Wp, the band's row,
+// is even and at least out_w + kw - 1 (+ 1 for that column); its spare positions are dropped columns. Tiles
+// come in pairs, so the bands, items and segments of 64-position tiles hold unchanged.
 //
 // m64n128 wgmmas over four consumer warpgroups of 64 accumulators (the register file holds no more): where
 // the tile's columns were 256 wide (two warpgroups of m64n256) or N > 128 (column tiles of 128), the band
@@ -2119,14 +2132,15 @@ struct BandLayout {
   FastDivisor image_tiles;  // tile slots per image: tiles_per_image, or a multiple of tiles_per_item
   int tiles_per_item, items, ctas;
   int band_rows;         // input rows of a band segment (the TMA box's height)
-  int slot_positions;    // positions of a segment's slot: band_rows Wp, rounded up to 8 (128 bytes)
+  int slot_positions;    // positions of a segment's slot: band_rows Wp, rounded up to 128 bytes
   int slots;             // segments a band buffer holds: 2 where items cross images, else 1
-  int plane_bytes;       // one channel plane of a band buffer: slots * slot_positions * 16
+  int plane_bytes;       // one channel plane of a band buffer: slots * slot_positions * 16 (pixel pairs: 8)
   int steps;             // k256 steps: ceil(chunks / 2)
   int k_tiles;           // K chunks of a weight row tile in shared memory: 2 steps (an odd last one's partner:
                          // zeros)
   bool whole_rows = false;  // one plane (C = 128) and 2 Wp <= 256: the band map's boxes are whole padded rows
                             // of 8-byte elements, not a box row of 16 bytes per position (v38)
+  bool pixel_pairs = false;  // C = 64: 8 bytes a position, two sets of weights (above); whole rows of pixels
 };
 
 // The segments of an item: tiles [first_tile, first_tile + tiles[0]) of `image`, then (where it runs past
@@ -2156,25 +2170,57 @@ struct BandSmem {
 // The all-ones row groups right after the weights' kBandCols rows, at the same row-group stride: the step's
 // m64n144 wgmma reads them as B's columns 128-143 through the weights' descriptor.
 inline constexpr int kOnesGroups = 2;
+// One set of weights and all-ones row groups in shared memory.
+__host__ __device__ __forceinline__ int WeightSetBytes(const BandLayout& b) {
+  return (kBandCols / 8 + kOnesGroups) * b.k_tiles * 128;
+}
 __host__ __device__ __forceinline__ BandSmem BandSmemOf(const BinaryGemmProblem& p, const BandLayout& b) {
   BandSmem s;
-  s.buffer_bytes = p.cw / 4 * b.plane_bytes;
+  s.buffer_bytes = (b.pixel_pairs ? 1 : p.cw / 4) * b.plane_bytes;
   const int slack = (16 * (p.kw + 64) + 127) / 128 * 128;
   s.weights = 2 * s.buffer_bytes + slack;
   s.ones = s.weights + kBandCols / 8 * b.k_tiles * 128;
-  s.cols = s.ones + kOnesGroups * b.k_tiles * 128;
+  s.cols = s.weights + (b.pixel_pairs ? 2 : 1) * WeightSetBytes(b);  // pixel pairs: a set per parity
   s.steps = (s.cols + static_cast<int>(sizeof(TileColumns<kWgCols>)) + 7) / 8 * 8;
   s.barriers = s.steps + 8 * b.steps;
   s.total = 1024 + s.barriers + 3 * 8;
   return s;
 }
 
+// Pixel pairs: k256 steps per filter row, ceil((kw + 1) / 4): four columns each, from column 0 or -1.
+__host__ __device__ __forceinline__ int PixelPairStepsPerRow(int kw) { return (kw + 4) / 4; }
+// The filter column of half `half` of chunk k in weight set `set` (0: from column 0, 1: from column -1).
+__device__ __forceinline__ int PixelPairColumn(const BinaryGemmProblem& p, int k, int half, int set) {
+  return 4 * (k / 2 % PixelPairStepsPerRow(p.kw)) + 2 * (k % 2) + half - set;
+}
+
+// Pixel pairs: both weight sets in shared memory as the steps read them (the FSB tiles hold K tap after tap,
+// 2 words each; chunk k holds the taps of PixelPairColumn), zeros outside the filter and past N. A gather
+// by every thread of the CTA (2 x kBandCols x k_tiles x 2 loads of 8 bytes).
+__device__ __forceinline__ void LoadPixelPairWeights(const BinaryGemmProblem& p, const BandLayout& b,
+                                                     uint8_t* weights, int tid) {
+  for (int i = tid; i < 2 * kBandCols * b.k_tiles * 2; i += kBandThreads) {
+    const int set = i / (kBandCols * b.k_tiles * 2), col = i / (2 * b.k_tiles) % kBandCols;
+    const int k = i / 2 % b.k_tiles, half = i % 2;
+    const int dy = k / 2 / PixelPairStepsPerRow(p.kw), dx = PixelPairColumn(p, k, half, set);
+    uint2 v = make_uint2(0, 0);
+    if (col < p.n && dx >= 0 && dx < p.kw) {
+      const int word = 2 * (dy * p.kw + dx);  // the tap's first K word: even, so 8-byte aligned in its tile
+      const size_t tile = static_cast<size_t>(col / 8) * p.w_k_tiles + word / 4;
+      v = __ldg(reinterpret_cast<const uint2*>(p.w + tile * 32 + col % 8 * 4 + word % 4));
+    }
+    *reinterpret_cast<uint2*>(weights + set * WeightSetBytes(b) + (col / 8 * b.k_tiles + k) * 128 + col % 8 * 16 +
+                              half * 8) = v;
+  }
+}
+
 // kUnrolledSteps > 0: at most that many k256 steps, issued by a fully unrolled loop; 0: any number, by a loop
 // of runtime length. ptxas serializes the wgmmas of every runtime-length form it was given (remark C7520,
 // "compiler-inserted WG.AR in divergent path": a fence per step, per pair, per block of 8 with or without a
-// commit in the loop, session 14), and of no fully unrolled one.
+// commit in the loop, session 14), and of no fully unrolled one. kPixelPairs: C = 64 (above), its own
+// instances so that the other channel counts keep their registers.
 inline constexpr int kBandUnrolledSteps = 16;
-template <int kUnrolledSteps>
+template <int kUnrolledSteps, bool kPixelPairs>
 __global__ void __launch_bounds__(kBandThreads, 1)
     BandWgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap band_map, const BandLayout band) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -2187,6 +2233,8 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   const uint32_t band_full = base + at.barriers;  // [buffer]: the band landed
   const uint32_t weights_full = band_full + 16;
   const int tid = threadIdx.x, wp = band.padded_w.divisor, planes = band.planes.divisor, taps = p.kh * p.kw;
+  // pixel pairs: 8 bytes a position, and the band's extra first column where the left padding is odd
+  const int position_bytes = kPixelPairs ? 8 : 16, odd_pad = kPixelPairs ? p.pad_left & 1 : 0;
   const int wg = tid / 128, wtid = tid % 128, w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
   JAXBNN_TRACE_START(0, tid == 0);
   constexpr int col0 = 0;  // N <= 128: one column tile
@@ -2195,8 +2243,13 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   auto load_band = [&](const BandItem& it, int buffer) {  // one thread
     const int segments = it.tiles[1] > 0 ? 2 : 1;
     const uint32_t full = band_full + 8 * buffer, dst = base + buffer * at.buffer_bytes;
-    BarrierArriveExpectBytes(full, segments * planes * band.band_rows * wp * 16);
+    BarrierArriveExpectBytes(full, segments * planes * band.band_rows * wp * position_bytes);
     for (int s = 0; s < segments; ++s) {
+      if (kPixelPairs) {  // from the even column at or left of the frame's first
+        TensorCopy3d(dst + s * band.slot_positions * 8, band_map, -p.pad_left - odd_pad, first_row(it, s) - p.pad_top,
+                     it.image + s, full);
+        continue;
+      }
       if (band.whole_rows) {
         TensorCopy3d(dst + s * band.slot_positions * 16, band_map, -2 * p.pad_left, first_row(it, s) - p.pad_top,
                      it.image + s, full);
@@ -2224,7 +2277,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   const int from_last = kBandThreads - 1 - tid;
   // The odd last chunk's partner (P = 1, an odd number of taps): zero weights, so its A bytes count nothing.
   const int chunks = taps * planes;
-  if (band.k_tiles > chunks) {
+  if (!kPixelPairs && band.k_tiles > chunks) {
     for (int i = from_last; i < kBandCols / 8 * 8; i += kBandThreads) {
       *reinterpret_cast<uint4*>(smem + at.weights + (i / 8 * band.k_tiles + chunks) * 128 + i % 8 * 16) =
           make_uint4(0, 0, 0, 0);
@@ -2235,9 +2288,18 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   // of each band, a pass over it before its first tile, and their window sums per row took ~0.4 us of the
   // first tile's start, session 17), by the same wgmma as the weights' columns (v41: an m64n128 and an
   // m64n8 wgmma per step before).
-  for (int i = from_last; i < kOnesGroups * band.k_tiles * 8; i += kBandThreads) {
-    const uint32_t bits = i / 8 % band.k_tiles < chunks ? 0xffffffffu : 0u;
-    *reinterpret_cast<uint4*>(smem + at.ones + 16 * i) = make_uint4(bits, bits, bits, bits);
+  // Pixel pairs: ones over the halves of real taps, in both sets.
+  const int ones_per_set = kOnesGroups * band.k_tiles * 8;  // 16-byte rows
+  for (int i = from_last; i < (kPixelPairs ? 2 : 1) * ones_per_set; i += kBandThreads) {
+    const int set = i / ones_per_set, k = i / 8 % band.k_tiles;
+    uint32_t first = k < chunks ? 0xffffffffu : 0u, second = first;
+    if (kPixelPairs) {
+      const int dx = PixelPairColumn(p, k, 0, set);
+      first = dx >= 0 && dx < p.kw ? 0xffffffffu : 0u;
+      second = dx + 1 >= 0 && dx + 1 < p.kw ? 0xffffffffu : 0u;
+    }
+    *reinterpret_cast<uint4*>(smem + at.ones + set * WeightSetBytes(band) + 16 * (i % ones_per_set)) =
+        make_uint4(first, first, second, second);
   }
   // Step s takes chunks 2s, 2s + 1 of K: chunk k is plane k % P of tap k / P, at plane_bytes (k % P) +
   // 16 (i Wp + j) from the band's start for tile position 0 (the partner of an odd last chunk: 16 bytes on).
@@ -2249,10 +2311,19 @@ __global__ void __launch_bounds__(kBandThreads, 1)
     const int tap = Quotient(k, band.planes), c = k - tap * planes;
     return c * band.plane_bytes + 16 * tap_position(tap);
   };
-  for (int s = from_last; s < band.steps; s += kBandThreads) {
-    const int first = chunk_offset(2 * s);
-    const int along_k = 2 * s + 1 < chunks ? chunk_offset(2 * s + 1) - first : 16;
-    step_desc[s] = OperandDescriptor(base + first, along_k, 128);
+  if (kPixelPairs) {
+    // Step s of filter row dy reads four positions from dy Wp + 4 (s % steps per row) on, relative to the
+    // tile's first aligned one (the tile adds it); its two 16-byte chunks lie 16 bytes apart.
+    for (int s = from_last; s < band.steps; s += kBandThreads) {
+      const int dy = s / PixelPairStepsPerRow(p.kw);
+      step_desc[s] = OperandDescriptor(base + 8 * (dy * wp + PixelPairColumn(p, 2 * s, 0, 0)), 16, 128);
+    }
+  } else {
+    for (int s = from_last; s < band.steps; s += kBandThreads) {
+      const int first = chunk_offset(2 * s);
+      const int along_k = 2 * s + 1 < chunks ? chunk_offset(2 * s + 1) - first : 16;
+      step_desc[s] = OperandDescriptor(base + first, along_k, 128);
+    }
   }
   __syncthreads();
   // a programmatic dependent launch, as the other wgmma kernels: no global access before this
@@ -2265,7 +2336,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   if (tid == 0) {
     load_band(first_item, 0);
     JAXBNN_TRACE_START(3, true);
-  } else if (tid / 32 == 1) {
+  } else if (tid / 32 == 1 && !kPixelPairs) {
     const int row_tiles = p.w_row_tiles, lane_1 = tid % 32;
     const uint32_t row_bytes = p.w_k_tiles * 128;
     if (lane_1 == 0) BarrierArriveExpectBytes(weights_full, row_tiles * row_bytes);
@@ -2291,11 +2362,13 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   } else if (wg == kBandWarpgroups - 1) {
     FillTileColumn<kWgCols>(p, cols, col0, wtid);
   }
+  if (kPixelPairs) LoadPixelPairWeights(p, band, smem + at.weights, tid);
   JAXBNN_TRACE_START(5, tid == 0);
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the zeroed chunks and ones, for the wgmmas
+  // the zeroed chunks, ones and pixel-pair weights, for the wgmmas
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
   JAXBNN_TRACE_START(6, tid == 0);
-  BarrierWait(weights_full, 0);
+  if (!kPixelPairs) BarrierWait(weights_full, 0);
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   JAXBNN_TRACE_START(1, tid == 0);
 
@@ -2322,16 +2395,22 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       // spills both ways, and no timing compared them (session 15)
       const BandItem it = BandItemOf(p, band, item);
       const int seg = i >= it.tiles[0] ? 1 : 0, image = it.image + seg;
-      // the tile's first position in its image, and in the band buffer
-      const int q0 = 64 * (seg == 0 ? it.first_tile + i : i - it.tiles[0]);
+      // the tile's first position in its image, and in the band buffer; pixel pairs: its rows every other
+      // position
+      const int tile = seg == 0 ? it.first_tile + i : i - it.tiles[0], row_step = kPixelPairs ? 2 : 1;
+      const int q0 = kPixelPairs ? 128 * (tile >> 1) + (tile & 1) : 64 * tile;
       const int local0 = q0 - first_row(it, seg) * wp + seg * band.slot_positions;
       int acc[kBandCols / 2], popc_a[8];  // popc_a: rows g, g + 8 (each four times) against the all-ones B
       // step_desc is relative to buffer 0 at tile position 0: the start address field moves by 16 bytes per
-      // position
-      const uint32_t a_shift = (buffer * at.buffer_bytes >> 4) + local0;
+      // position. Pixel pairs: the band holds position q at byte 8 (q + odd_pad); a tile whose rows start at
+      // an odd byte offset / 8 reads from one position before, with the second weight set.
+      const int parity = kPixelPairs ? (local0 + odd_pad) & 1 : 0;
+      const uint32_t a_shift =
+          (buffer * at.buffer_bytes >> 4) + (kPixelPairs ? (local0 + odd_pad - parity) >> 1 : local0);
+      const uint32_t b_set = weights + parity * WeightSetBytes(band);
       auto step = [&](int s) {
         wgmma_m64n144k256_and_popc(acc, popc_a, step_desc[s] + a_shift,
-                                   OperandDescriptor(weights + s * 256, 128, band.k_tiles * 128), s != 0);
+                                   OperandDescriptor(b_set + s * 256, 128, band.k_tiles * 128), s != 0);
       };
       if constexpr (kUnrolledSteps > 0) {
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -2353,7 +2432,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       AccumulatorRows rows;  // while the wgmmas run
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = 16 * w + g + 8 * h, q = q0 + r;
+        const int r = 16 * w + g + 8 * h, q = q0 + row_step * r;
         const int oy = Quotient(q, band.padded_w), ox = q - oy * wp;
         rows.valid[h] = oy < p.out_h && ox < p.out_w;
         rows.row[h] = (static_cast<long long>(image) * p.out_h + oy) * p.out_w + ox;
@@ -2623,23 +2702,33 @@ bool PlanResident(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan
 
 // BandWgmmaKernel where it can run `p`: an unpooled stride-1 convolution with taps (not a GEMM: the resident
 // kernel's rows need no band) of at most 128 output channels, 16-byte channel chunks in planes it can pair
-// (P = 1 or even), a padded row of at most 256 positions (a TMA box side), and a band of a tile per
-// warpgroup in the shared memory left by the weights. False (nothing planned) otherwise.
+// (P = 1 or even) or pixel pairs (C = 64, an even input width), a padded row of at most 256 positions (a
+// TMA box side), and a band of a tile per warpgroup in the shared memory left by the weights. False (nothing
+// planned) otherwise.
 bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& plan) {
   const int sms = info.sms, smem_optin = info.smem_optin;
-  const int planes = p.cw / 4, wp = p.out_w + p.kw - 1;
+  // pixel pairs: an even Wp with the extra first column of an odd left padding, and rows of an even number
+  // of pixels (a TMA row stride is a multiple of 16 bytes)
+  const bool pixel_pairs = p.cw == 2;
+  const int planes = pixel_pairs ? 1 : p.cw / 4, position_bytes = pixel_pairs ? 8 : 16;
+  const int wp = pixel_pairs ? (p.out_w + p.kw - 1 + (p.pad_left & 1) + 1) / 2 * 2 : p.out_w + p.kw - 1;
+  const bool chunks_pair = pixel_pairs ? p.in_w % 2 == 0 : p.cw % 4 == 0 && (planes == 1 || planes % 2 == 0);
   if (TensorMapEncoder() == nullptr || p.n > kBandCols || p.pool_h * p.pool_w != 1 || p.stride_h != 1 ||
-      p.stride_w != 1 || p.kh * p.kw == 1 || p.cw % 4 != 0 || (planes != 1 && planes % 2 != 0) || wp > 256 ||
+      p.stride_w != 1 || p.kh * p.kw == 1 || !chunks_pair || wp > 256 ||
       reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || reinterpret_cast<uintptr_t>(p.w) % 16 != 0) {
     return false;
   }
   BandLayout band;
+  band.pixel_pairs = pixel_pairs;
   band.padded_w = FastDivisor(wp);
   band.planes = FastDivisor(planes);
   band.kw = FastDivisor(p.kw);
-  band.steps = (p.kh * p.kw * planes + 1) / 2;
+  band.steps = pixel_pairs ? p.kh * PixelPairStepsPerRow(p.kw) : (p.kh * p.kw * planes + 1) / 2;
   band.k_tiles = 2 * band.steps;
-  band.tiles_per_image = (p.out_h * wp + 63) / 64;
+  // pixel pairs: tiles in pairs over 128-position blocks, so every count of tiles below is even
+  const int tile_step = pixel_pairs ? 2 : 1;
+  auto round_up = [&](long long tiles) { return (tiles + tile_step - 1) / tile_step * tile_step; };
+  band.tiles_per_image = static_cast<int>(round_up((p.out_h * wp + 63) / 64));
   // Input rows of a band segment of tiles [t0, t0 + tiles) of an image: T tiles span at most (64 T - 1) / Wp + 2
   // output rows, so kh - 1 more input rows.
   auto segment_rows = [&](int t0, int tiles) { return (64 * (t0 + tiles) - 1) / wp - 64 * t0 / wp + p.kh; };
@@ -2659,15 +2748,16 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
       band.band_rows = std::max(band.band_rows, segment_rows(it.first_tile, it.tiles[0]));
       if (it.tiles[1] > 0) band.band_rows = std::max(band.band_rows, segment_rows(0, it.tiles[1]));
     }
-    band.slot_positions = (band.band_rows * wp + 7) / 8 * 8;
-    band.plane_bytes = band.slots * band.slot_positions * 16;
+    // a TMA destination is 128-byte aligned: 8 positions (pixel pairs: 16)
+    band.slot_positions = static_cast<int>((band.band_rows * wp + 8 * tile_step - 1) / (8 * tile_step) * (8 * tile_step));
+    band.plane_bytes = band.slots * band.slot_positions * position_bytes;
     return band.band_rows <= 256 && BandSmemOf(p, band).total <= smem_optin;
   };
   // Every CTA one item of an equal share of all tiles, crossing images where they do not divide evenly;
   // where that band does not fit (or a share is more than an image), items within images, as many as fill
   // the SMs once where the images allow, else bands as large as fit.
   const long long total_tiles = static_cast<long long>(p.batch) * band.tiles_per_image;
-  const long long share = (total_tiles + sms - 1) / sms;
+  const long long share = round_up((total_tiles + sms - 1) / sms);
   bool fits = false;
   if (share <= band.tiles_per_image) {
     band.tiles_per_item = static_cast<int>(share);
@@ -2680,14 +2770,14 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
     band.slot_positions = 0;
     band.plane_bytes = 0;
     const int fixed = BandSmemOf(p, band).total;
-    const int row_bytes = 2 * planes * wp * 16;  // two buffers
-    const int max_rows = std::min(256, (smem_optin - fixed - 2 * planes * 128) / row_bytes);
+    const int row_bytes = 2 * planes * wp * position_bytes;  // two buffers
+    const int max_rows = std::min(256, (smem_optin - fixed - 2 * planes * 128 * tile_step) / row_bytes);
     if (max_rows < p.kh + 1) return false;
     // bands of fewer tiles than warpgroups would leave warpgroups idle
-    const int smem_tiles = ((max_rows - p.kh - 1) * wp + 1) / 64;
+    const int smem_tiles = ((max_rows - p.kh - 1) * wp + 1) / 64 / tile_step * tile_step;
     if (smem_tiles < kBandWarpgroups) return false;
     const int wanted_per_image = std::max(1, sms / p.batch);
-    const int balanced_tiles = (band.tiles_per_image + wanted_per_image - 1) / wanted_per_image;
+    const int balanced_tiles = static_cast<int>(round_up((band.tiles_per_image + wanted_per_image - 1) / wanted_per_image));
     band.tiles_per_item = std::min(balanced_tiles, smem_tiles);
     const long long items_per_image = (band.tiles_per_image + band.tiles_per_item - 1) / band.tiles_per_item;
     if (items_per_image * band.tiles_per_item * p.batch > INT_MAX / 2) return false;
@@ -2699,8 +2789,19 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
   // segment.
   TensorMapRecipe& r = plan.a_recipe;
   const cuuint64_t pixel_bytes = static_cast<cuuint64_t>(p.cw) * 4;
-  band.whole_rows = planes == 1 && 2 * wp <= 256;
-  if (band.whole_rows) {
+  band.whole_rows = !pixel_pairs && planes == 1 && 2 * wp <= 256;
+  if (pixel_pairs) {  // rows of Wp pixels (8-byte elements)
+    r.data_type = CU_TENSOR_MAP_DATA_TYPE_UINT64;
+    r.rank = 3;
+    r.dims[0] = static_cast<cuuint64_t>(p.in_w);
+    r.dims[1] = static_cast<cuuint64_t>(p.in_h);
+    r.dims[2] = static_cast<cuuint64_t>(p.batch);
+    r.strides[0] = pixel_bytes * p.in_w;
+    r.strides[1] = pixel_bytes * p.in_w * p.in_h;
+    r.box[0] = static_cast<cuuint32_t>(wp);
+    r.box[1] = static_cast<cuuint32_t>(band.band_rows);
+    r.box[2] = 1;
+  } else if (band.whole_rows) {
     r.data_type = CU_TENSOR_MAP_DATA_TYPE_UINT64;
     r.rank = 3;
     r.dims[0] = 2 * static_cast<cuuint64_t>(p.in_w);
@@ -2717,8 +2818,10 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
   if (!Encode(r, p.x, plan.a_map)) return false;
   plan.kind = LaunchPlan::Kind::kBand;
   plan.path = KernelPath::kWgmma;
-  plan.kernel = reinterpret_cast<const void*>(band.steps <= kBandUnrolledSteps ? BandWgmmaKernel<kBandUnrolledSteps>
-                                                                                : BandWgmmaKernel<0>);
+  const bool unrolled = band.steps <= kBandUnrolledSteps;
+  plan.kernel = reinterpret_cast<const void*>(
+      pixel_pairs ? (unrolled ? BandWgmmaKernel<kBandUnrolledSteps, true> : BandWgmmaKernel<0, true>)
+                  : (unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false> : BandWgmmaKernel<0, false>));
   plan.ctas = static_cast<unsigned>(band.ctas);
   plan.threads = kBandThreads;
   plan.smem = BandSmemOf(p, band).total;

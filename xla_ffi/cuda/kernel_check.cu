@@ -416,6 +416,8 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
   // wgmma kernel copies their activations with cp.async; taps of 8 (C = 64), 16, 32 and 64 bytes
   time("conv vgg.3_2 b16", ConvCase{16, 56, 56, 256, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   time("conv vgg.4_2 b64", ConvCase{64, 28, 28, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  time("conv r18.l1 b256", ConvCase{256, 56, 56, 64, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  time("conv vgg.1_2 b32", ConvCase{32, 224, 224, 64, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   time("conv r18.l2.s2 b256", ConvCase{256, 56, 56, 64, 128, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false});
   time("conv r18.l3.s2 b256", ConvCase{256, 28, 28, 128, 256, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false});
   time("conv r18.l4.s2 b256", ConvCase{256, 14, 14, 256, 512, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false});
@@ -497,9 +499,24 @@ int main(int argc, char** argv) {
   cases.push_back({40, 20, 20, 128, 72, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, false});
   cases.push_back({30, 17, 23, 256, 100, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true});
   cases.push_back({60, 15, 21, 128, 128, 3, 3, 1, 1, 1, 0, 0, 1, 1, 1, false});
+  // The band kernel's pixel pairs (C = 64, even input widths; the C = 64 case above has an odd one): both
+  // paddings, 3x3 / 5x5 / 7x7 (unrolled steps) and 11x11 (the runtime-length loop), a 256-position padded
+  // row, more images than CTAs, items crossing images (with asymmetric padding, no left column), bands cut by
+  // shared memory.
+  cases.push_back({3, 17, 24, 64, 100, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({3, 17, 24, 64, 100, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true});
+  cases.push_back({2, 12, 16, 64, 40, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, false});
+  cases.push_back({2, 10, 14, 64, 64, 7, 7, 1, 1, 3, 3, 3, 3, 1, 1, false});
+  cases.push_back({1, 9, 12, 64, 30, 11, 11, 1, 1, 5, 5, 5, 5, 1, 1, true});
+  cases.push_back({1, 5, 254, 64, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({200, 6, 6, 64, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({40, 20, 28, 64, 72, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({60, 15, 22, 64, 128, 3, 3, 1, 1, 1, 0, 0, 1, 1, 1, false});
+  cases.push_back({133, 60, 120, 64, 24, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   if (small) {
     cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[14], cases[17], cases[21], cases[23],
-             cases[28], cases[31], cases[32], cases[35], cases[38], cases[42], cases[43], cases[46], cases[49]};
+             cases[28], cases[31], cases[32], cases[35], cases[38], cases[42], cases[43], cases[46], cases[49],
+             cases[52], cases[56], cases[59], cases[60]};
   }
   long failures = 0;
   for (const ConvCase& cc : cases) {
