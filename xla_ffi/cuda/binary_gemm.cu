@@ -2189,6 +2189,7 @@ __host__ __device__ __forceinline__ BandSmem BandSmemOf(const BinaryGemmProblem&
 
 // Pixel pairs: k256 steps per filter row, ceil((kw + 1) / 4): four columns each, from column 0 or -1.
 __host__ __device__ __forceinline__ int PixelPairStepsPerRow(int kw) { return (kw + 4) / 4; }
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // The filter column of half `half` of chunk k in weight set `set` (0: from column 0, 1: from column -1).
 __device__ __forceinline__ int PixelPairColumn(const BinaryGemmProblem& p, int k, int half, int set) {
   return 4 * (k / 2 % PixelPairStepsPerRow(p.kw)) + 2 * (k % 2) + half - set;
@@ -2213,6 +2214,7 @@ __device__ __forceinline__ void LoadPixelPairWeights(const BinaryGemmProblem& p,
                               half * 8) = v;
   }
 }
+#endif
 
 // kUnrolledSteps > 0: at most that many k256 steps, issued by a fully unrolled loop; 0: any number, by a loop
 // of runtime length. ptxas serializes the wgmmas of every runtime-length form it was given (remark C7520,
