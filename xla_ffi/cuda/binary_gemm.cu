@@ -1337,7 +1337,8 @@ __device__ __forceinline__ unsigned QuadLanes() { return 0xfu << (threadIdx.x % 
 // or the row of its border class in the class-bound table (kClassBounds: then the two rows' bounds are
 // loaded separately); kPaired: their PairedBounds (in the even slots of a table row, TileColumns). kWords:
 // output words per row (8: a 256-column tile; 4: a narrow tile of at most 128 columns, whose accumulators
-// are the first 64). kAcc: the accumulators a thread holds (128 for m64n256, 64 for m64n128).
+// are the first 64; 2: at most 64 columns, the first 32). kAcc: the accumulators a thread holds (128 for
+// m64n256, 64 for m64n128).
 template <bool kClassBounds, bool kPaired, int kWords, int kAcc>
 __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const int (&acc)[kAcc],
                                               const TileColumns<kWgCols>& cols, const int (&v0)[2],
@@ -1362,12 +1363,26 @@ __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const 
 #pragma unroll
     for (int h = 0; h < 2; ++h) words[h][wd] = word_bits(h, wd);
   }
+  uint32_t* out = static_cast<uint32_t*>(p.out);
+  if constexpr (kWords == 2) {
+    // two words a row: lanes 0, 1 gather word 0 and lanes 2, 3 word 1, then lanes 0 and 2 store them
+    const int out_words = (p.n + 31) / 32, wd = t / 2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t lo = words[h][0] << (2 * t), hi = words[h][1] << (2 * t);
+      uint32_t word = ((t & 2) ? hi : lo) | __shfl_xor_sync(QuadLanes(), (t & 2) ? lo : hi, 2);
+      word |= __shfl_xor_sync(QuadLanes(), word, 1);
+      if (row_valid[h] && t % 2 == 0 && col0 + 32 * wd < p.n) {
+        out[row[h] * out_words + col0 / 32 + wd] = word ^ cols.flip_word[wd];
+      }
+    }
+    return;
+  }
   // The OR over the quad as a reduce-scatter: after two exchanges lane t holds the finished words
   // kPerLane t .. kPerLane t + kPerLane - 1 of each row (3 shuffles per row and 8 words, not 16), which
   // it stores together (one 8-byte store where the rows are 8-byte aligned; stores were 3-8% of the
   // resident kernel's time: benchmarks/NOTES.md, session 12).
-  constexpr int kPerLane = kWords / 4;
-  uint32_t* out = static_cast<uint32_t*>(p.out);
+  constexpr int kPerLane = kWords / 4 > 0 ? kWords / 4 : 1;
   const int out_words = (p.n + 31) / 32, first = kPerLane * t;
   const bool pairs = kPerLane == 2 && out_words % 2 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
 #pragma unroll
@@ -1436,14 +1451,20 @@ __device__ __forceinline__ void StoreBitsBorderRow(const BinaryGemmProblem& p, c
 }
 
 // StoreBitsRows in the form of the problem: paired bounds or not (PairsBounds), the tile's 256 columns or
-// (narrow, or m64n128 accumulators) its first 128.
-template <bool kClassBounds, int kAcc>
+// (narrow, or m64n128 accumulators) its first 128, or (kQuarter) its first 64.
+template <bool kClassBounds, bool kQuarter, int kAcc>
 __device__ __forceinline__ void StoreBitsRowsOfProblem(const BinaryGemmProblem& p, const int (&acc)[kAcc],
                                                        const TileColumns<kWgCols>& cols, const int (&v0)[2],
                                                        const long long (&row)[2], const bool (&row_valid)[2],
                                                        const int* const (&bounds)[2], int col0, int t, bool paired,
                                                        bool narrow) {
-  if (kAcc == 64 || narrow) {
+  if constexpr (kQuarter) {
+    if (paired) {
+      StoreBitsRows<kClassBounds, true, 2>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+    } else {
+      StoreBitsRows<kClassBounds, false, 2>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+    }
+  } else if (kAcc == 64 || narrow) {
     if (paired) {
       StoreBitsRows<kClassBounds, true, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
     } else {
@@ -1469,7 +1490,8 @@ struct AccumulatorRows {
 // warpgroup, which holds rows 16 w + g (+8) of the warpgroup's 64 and columns 8 j + 2 t (+1).
 // narrow: the tile has at most 128 columns, so only the first 64 accumulators hold real columns (an m64n256
 // wgmma still computes all 256). kAcc: 128 (m64n256 accumulators) or 64 (m64n128: always narrow).
-template <int kAcc>
+// kQuarter: at most 64 columns (the threshold bits of the first 32 accumulators only).
+template <int kAcc, bool kQuarter = false>
 __device__ __forceinline__ void StoreAccumulatorRows(const BinaryGemmProblem& p, const int (&acc)[kAcc],
                                                      const AccumulatorRows& rows, const TileColumns<kWgCols>& cols,
                                                      int col0, int t, bool narrow) {
@@ -1489,12 +1511,12 @@ __device__ __forceinline__ void StoreAccumulatorRows(const BinaryGemmProblem& p,
       // every row compares with its border class's bounds; class 0 (inside the frame) holds the plain ones
       const int* const bounds[2] = {cols.correction[border[0] ? correction[0] : 0],
                                     cols.correction[border[1] ? correction[1] : 0]};
-      StoreBitsRowsOfProblem<true>(p, acc, cols, v0, row, row_valid, bounds, col0, t, paired, narrow);
+      StoreBitsRowsOfProblem<true, kQuarter>(p, acc, cols, v0, row, row_valid, bounds, col0, t, paired, narrow);
     } else if (!__any_sync(0xffffffffu, border[0] || border[1])) {
       // one path per warp: a warp whose quads took both paths would run both
       const int* const plain = paired ? cols.correction[0] : cols.bound;
       const int* const bounds[2] = {plain, plain};
-      StoreBitsRowsOfProblem<false>(p, acc, cols, v0, row, row_valid, bounds, col0, t, paired, narrow);
+      StoreBitsRowsOfProblem<false, kQuarter>(p, acc, cols, v0, row, row_valid, bounds, col0, t, paired, narrow);
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -2220,9 +2242,10 @@ __device__ __forceinline__ void LoadPixelPairWeights(const BinaryGemmProblem& p,
 // of runtime length. ptxas serializes the wgmmas of every runtime-length form it was given (remark C7520,
 // "compiler-inserted WG.AR in divergent path": a fence per step, per pair, per block of 8 with or without a
 // commit in the loop, session 14), and of no fully unrolled one. kPixelPairs: C = 64 (above), its own
-// instances so that the other channel counts keep their registers.
+// instances so that the other channel counts keep their registers; kQuarter: N <= 64 (most C = 64 layers),
+// the threshold bits of the first 64 columns only (a run-time choice between the two epilogues spilled).
 inline constexpr int kBandUnrolledSteps = 16;
-template <int kUnrolledSteps, bool kPixelPairs>
+template <int kUnrolledSteps, bool kPixelPairs, bool kQuarter>
 __global__ void __launch_bounds__(kBandThreads, 1)
     BandWgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap band_map, const BandLayout band) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -2447,7 +2470,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       if (wg < 2) JAXBNN_TRACE_TILE(wg, traced_tile, 2, wtid);
 #pragma unroll
       for (int h = 0; h < 2; ++h) rows.v0[h] = p.k_real - 2 * popc_a[2 * h];
-      StoreAccumulatorRows(p, acc, rows, cols, col0, t, true);
+      StoreAccumulatorRows<kBandCols / 2, kQuarter>(p, acc, rows, cols, col0, t, true);
       if (wg < 2) JAXBNN_TRACE_TILE(wg, traced_tile, 3, wtid);
     }
     __syncthreads();  // this buffer is free for the item after next
@@ -2820,10 +2843,11 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
   if (!Encode(r, p.x, plan.a_map)) return false;
   plan.kind = LaunchPlan::Kind::kBand;
   plan.path = KernelPath::kWgmma;
-  const bool unrolled = band.steps <= kBandUnrolledSteps;
+  const bool unrolled = band.steps <= kBandUnrolledSteps, quarter = p.n <= kBandCols / 2;
   plan.kernel = reinterpret_cast<const void*>(
-      pixel_pairs ? (unrolled ? BandWgmmaKernel<kBandUnrolledSteps, true> : BandWgmmaKernel<0, true>)
-                  : (unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false> : BandWgmmaKernel<0, false>));
+      !pixel_pairs ? (unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false, false> : BandWgmmaKernel<0, false, false>)
+      : quarter    ? (unrolled ? BandWgmmaKernel<kBandUnrolledSteps, true, true> : BandWgmmaKernel<0, true, true>)
+                   : (unrolled ? BandWgmmaKernel<kBandUnrolledSteps, true, false> : BandWgmmaKernel<0, true, false>));
   plan.ctas = static_cast<unsigned>(band.ctas);
   plan.threads = kBandThreads;
   plan.smem = BandSmemOf(p, band).total;
