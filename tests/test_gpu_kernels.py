@@ -123,6 +123,12 @@ CONV_CASES = [
     (40, 20, 20, 128, 72, (5, 5), (1, 1), ((2, 2), (2, 2)), "zero", None),
     (30, 17, 23, 256, 100, (3, 3), (1, 1), ((1, 1), (1, 1)), "one", None),
     (60, 15, 21, 128, 128, (3, 3), (1, 1), ((1, 0), (0, 1)), "zero", None),
+    # C = 64 with an even input width: the band kernel's pixel pairs, N <= 64 (two output words a row) and more,
+    # items crossing images, no left padding
+    (3, 17, 24, 64, 100, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", None),
+    (2, 12, 16, 64, 40, (5, 5), (1, 1), ((2, 2), (2, 2)), "one", None),
+    (40, 20, 28, 64, 64, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", None),
+    (60, 15, 22, 64, 128, (3, 3), (1, 1), ((1, 0), (0, 1)), "zero", None),
 ]
 
 
