@@ -1,7 +1,9 @@
 // The CUDA kernels of jaxbnn: one implicit-GEMM binary convolution (bmm = 1x1 convolution), three engines.
 //   wgmma    (sm_90a): BGMMA m64n256k256 AND-popc, 128x256 CTA tile, a producer warpgroup filling a 4-stage
 //            mbarrier pipeline, two consumer warpgroups; where a column tile's weights fit in shared memory
-//            (K <= 4608 on H100), a variant that keeps them there and runs its consumer warpgroups apart.
+//            (K <= 4608 on H100), a variant that keeps them there and runs its consumer warpgroups apart;
+//            stride-1 convolutions of at most 128 output channels (C = 64 or a multiple of 128): an image-band
+//            kernel whose A operand is a band of input rows in shared memory (no gather).
 //   mma.sync (sm_80+): BMMA m16n8k256 AND-popc, cp.async pipeline paced by "full" / "empty" mbarriers per
 //            stage (no CTA barrier per K block): 128x128 CTA tiles of 8 warps in 4 stages,
 //            or, where shared memory allows (H100), 128x256 tiles of 16 warps in 3 stages.
