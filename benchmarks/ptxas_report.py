@@ -26,7 +26,7 @@ ENTRY = re.compile(
 
 
 def short_name(mangled: str) -> str:
-    """WgmmaKernel<kSwizzledRows>, ResidentWgmmaKernel<kTapRows, 256>, BandWgmmaKernel<16>,
+    """WgmmaKernel<kSwizzledRows>, ResidentWgmmaKernel<kTapRows, 256>, BandWgmmaKernel<16, 1, 0>,
     ClassicKernel<MmaSyncEngine<256,3,16>, 4> ... from the mangled name."""
     kernel = re.search(r"\d([A-Za-z]+Kernel)I", mangled)
     if not kernel:
@@ -35,7 +35,7 @@ def short_name(mangled: str) -> str:
     if name != "ClassicKernel":
         layouts = ["kCoreMatrices", "kSwizzledRows", "kChunkSlabs", "kTapRows"]
         layout = re.match(r"LN\w*?ALayoutE(\d)E", args)
-        ints = re.findall(r"Li(\d+)E", args if not layout else args[layout.end():])
+        ints = re.findall(r"L[ib](\d+)E", args if not layout else args[layout.end():])
         params = ([layouts[int(layout.group(1))]] if layout else []) + ints
         return f"{name}<{', '.join(params)}>"
     engine = re.search(r"(SimtEngine|MmaSyncEngine)(?:ILi(\d+)ELi(\d+)ELi(\d+)E)?E*Li(\d+)", mangled)

@@ -1378,37 +1378,37 @@ __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const 
         out[row[h] * out_words + col0 / 32 + wd] = word ^ cols.flip_word[wd];
       }
     }
-    return;
-  }
-  // The OR over the quad as a reduce-scatter: after two exchanges lane t holds the finished words
-  // kPerLane t .. kPerLane t + kPerLane - 1 of each row (3 shuffles per row and 8 words, not 16), which
-  // it stores together (one 8-byte store where the rows are 8-byte aligned; stores were 3-8% of the
-  // resident kernel's time: benchmarks/NOTES.md, session 12).
-  constexpr int kPerLane = kWords / 4 > 0 ? kWords / 4 : 1;
-  const int out_words = (p.n + 31) / 32, first = kPerLane * t;
-  const bool pairs = kPerLane == 2 && out_words % 2 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  } else {
+    // The OR over the quad as a reduce-scatter: after two exchanges lane t holds the finished words
+    // kPerLane t .. kPerLane t + kPerLane - 1 of each row (3 shuffles per row and 8 words, not 16), which
+    // it stores together (one 8-byte store where the rows are 8-byte aligned; stores were 3-8% of the
+    // resident kernel's time: benchmarks/NOTES.md, session 12).
+    constexpr int kPerLane = kWords / 4;
+    const int out_words = (p.n + 31) / 32, first = kPerLane * t;
+    const bool pairs = kPerLane == 2 && out_words % 2 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    uint32_t half[kWords / 2], mine[kPerLane];
+    for (int h = 0; h < 2; ++h) {
+      uint32_t half[kWords / 2], mine[kPerLane];
 #pragma unroll
-    for (int i = 0; i < kWords / 2; ++i) {  // lanes 0, 1 keep the first half, lanes 2, 3 the second
-      const uint32_t lo = words[h][i] << (2 * t), hi = words[h][kWords / 2 + i] << (2 * t);
-      half[i] = ((t & 2) ? hi : lo) | __shfl_xor_sync(QuadLanes(), (t & 2) ? lo : hi, 2);
-    }
+      for (int i = 0; i < kWords / 2; ++i) {  // lanes 0, 1 keep the first half, lanes 2, 3 the second
+        const uint32_t lo = words[h][i] << (2 * t), hi = words[h][kWords / 2 + i] << (2 * t);
+        half[i] = ((t & 2) ? hi : lo) | __shfl_xor_sync(QuadLanes(), (t & 2) ? lo : hi, 2);
+      }
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {  // then lanes 0, 2 the first quarter, lanes 1, 3 the second
-      const uint32_t lo = half[i], hi = half[kPerLane + i];
-      mine[i] = ((t & 1) ? hi : lo) | __shfl_xor_sync(QuadLanes(), (t & 1) ? lo : hi, 1);
-      mine[i] ^= cols.flip_word[first + i];
-    }
-    if (!row_valid[h]) continue;
-    uint32_t* dst = out + row[h] * out_words + col0 / 32 + first;
-    if (pairs && col0 + 32 * (first + 1) < p.n) {
-      *reinterpret_cast<uint2*>(dst) = make_uint2(mine[0], mine[kPerLane - 1]);
-    } else {
+      for (int i = 0; i < kPerLane; ++i) {  // then lanes 0, 2 the first quarter, lanes 1, 3 the second
+        const uint32_t lo = half[i], hi = half[kPerLane + i];
+        mine[i] = ((t & 1) ? hi : lo) | __shfl_xor_sync(QuadLanes(), (t & 1) ? lo : hi, 1);
+        mine[i] ^= cols.flip_word[first + i];
+      }
+      if (!row_valid[h]) continue;
+      uint32_t* dst = out + row[h] * out_words + col0 / 32 + first;
+      if (pairs && col0 + 32 * (first + 1) < p.n) {
+        *reinterpret_cast<uint2*>(dst) = make_uint2(mine[0], mine[kPerLane - 1]);
+      } else {
 #pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        if (col0 + 32 * (first + i) < p.n) dst[i] = mine[i];
+        for (int i = 0; i < kPerLane; ++i) {
+          if (col0 + 32 * (first + i) < p.n) dst[i] = mine[i];
+        }
       }
     }
   }
@@ -2162,10 +2162,12 @@ struct BandLayout {
   int steps;             // k256 steps: ceil(chunks / 2)
   int k_tiles;           // K chunks of a weight row tile in shared memory: 2 steps (an odd last one's partner:
                          // zeros)
-  bool whole_rows = false;  // one plane (C = 128) and 2 Wp <= 256: the band map's boxes are whole padded rows
-                            // of 8-byte elements, not a box row of 16 bytes per position (v38)
-  bool pixel_pairs = false;  // C = 64: 8 bytes a position, two sets of weights (above); whole rows of pixels
+  bool whole_rows = false;  // pixel pairs, or one plane (C = 128) and 2 Wp <= 256: the band map's boxes are whole
+                            // padded rows of 8-byte elements, not a box row of 16 bytes per position (v38)
 };
+
+// Whether the band kernel takes `p` as pixel pairs (C = 64: 8 bytes a position, two sets of weights; above).
+__host__ __device__ __forceinline__ bool PixelPairs(const BinaryGemmProblem& p) { return p.cw == 2; }
 
 // The segments of an item: tiles [first_tile, first_tile + tiles[0]) of `image`, then (where it runs past
 // its image) tiles [0, tiles[1]) of image + 1.
@@ -2200,11 +2202,11 @@ __host__ __device__ __forceinline__ int WeightSetBytes(const BandLayout& b) {
 }
 __host__ __device__ __forceinline__ BandSmem BandSmemOf(const BinaryGemmProblem& p, const BandLayout& b) {
   BandSmem s;
-  s.buffer_bytes = (b.pixel_pairs ? 1 : p.cw / 4) * b.plane_bytes;
+  s.buffer_bytes = (PixelPairs(p) ? 1 : p.cw / 4) * b.plane_bytes;
   const int slack = (16 * (p.kw + 64) + 127) / 128 * 128;
   s.weights = 2 * s.buffer_bytes + slack;
   s.ones = s.weights + kBandCols / 8 * b.k_tiles * 128;
-  s.cols = s.weights + (b.pixel_pairs ? 2 : 1) * WeightSetBytes(b);  // pixel pairs: a set per parity
+  s.cols = s.weights + (PixelPairs(p) ? 2 : 1) * WeightSetBytes(b);  // pixel pairs: a set per parity
   s.steps = (s.cols + static_cast<int>(sizeof(TileColumns<kWgCols>)) + 7) / 8 * 8;
   s.barriers = s.steps + 8 * b.steps;
   s.total = 1024 + s.barriers + 3 * 8;
@@ -2736,7 +2738,7 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
   const int sms = info.sms, smem_optin = info.smem_optin;
   // pixel pairs: an even Wp with the extra first column of an odd left padding, and rows of an even number
   // of pixels (a TMA row stride is a multiple of 16 bytes)
-  const bool pixel_pairs = p.cw == 2;
+  const bool pixel_pairs = PixelPairs(p);
   const int planes = pixel_pairs ? 1 : p.cw / 4, position_bytes = pixel_pairs ? 8 : 16;
   const int wp = pixel_pairs ? (p.out_w + p.kw - 1 + (p.pad_left & 1) + 1) / 2 * 2 : p.out_w + p.kw - 1;
   const bool chunks_pair = pixel_pairs ? p.in_w % 2 == 0 : p.cw % 4 == 0 && (planes == 1 || planes % 2 == 0);
@@ -2746,7 +2748,6 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
     return false;
   }
   BandLayout band;
-  band.pixel_pairs = pixel_pairs;
   band.padded_w = FastDivisor(wp);
   band.planes = FastDivisor(planes);
   band.kw = FastDivisor(p.kw);
@@ -2816,27 +2817,17 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
   // segment.
   TensorMapRecipe& r = plan.a_recipe;
   const cuuint64_t pixel_bytes = static_cast<cuuint64_t>(p.cw) * 4;
-  band.whole_rows = !pixel_pairs && planes == 1 && 2 * wp <= 256;
-  if (pixel_pairs) {  // rows of Wp pixels (8-byte elements)
+  band.whole_rows = pixel_pairs || (planes == 1 && 2 * wp <= 256);
+  if (band.whole_rows) {
+    const cuuint64_t pixel_elements = static_cast<cuuint64_t>(p.cw) / 2;  // 8-byte elements
     r.data_type = CU_TENSOR_MAP_DATA_TYPE_UINT64;
     r.rank = 3;
-    r.dims[0] = static_cast<cuuint64_t>(p.in_w);
+    r.dims[0] = pixel_elements * p.in_w;
     r.dims[1] = static_cast<cuuint64_t>(p.in_h);
     r.dims[2] = static_cast<cuuint64_t>(p.batch);
     r.strides[0] = pixel_bytes * p.in_w;
     r.strides[1] = pixel_bytes * p.in_w * p.in_h;
-    r.box[0] = static_cast<cuuint32_t>(wp);
-    r.box[1] = static_cast<cuuint32_t>(band.band_rows);
-    r.box[2] = 1;
-  } else if (band.whole_rows) {
-    r.data_type = CU_TENSOR_MAP_DATA_TYPE_UINT64;
-    r.rank = 3;
-    r.dims[0] = 2 * static_cast<cuuint64_t>(p.in_w);
-    r.dims[1] = static_cast<cuuint64_t>(p.in_h);
-    r.dims[2] = static_cast<cuuint64_t>(p.batch);
-    r.strides[0] = pixel_bytes * p.in_w;
-    r.strides[1] = pixel_bytes * p.in_w * p.in_h;
-    r.box[0] = static_cast<cuuint32_t>(2 * wp);
+    r.box[0] = static_cast<cuuint32_t>(pixel_elements * wp);
     r.box[1] = static_cast<cuuint32_t>(band.band_rows);
     r.box[2] = 1;
   } else {

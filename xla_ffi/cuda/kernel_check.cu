@@ -412,8 +412,9 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
   for (int c : {128, 512}) {  // the same with "one" padding: no border-row corrections
     time("bconv one C=O=" + std::to_string(c), ConvCase{16, 64, 64, c, c, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true});
   }
-  // VGG-16 / ResNet-18 layers whose tiles no TMA box takes (rows of 56, 28 or 14 pixels, stride 2): the
-  // wgmma kernel copies their activations with cp.async; taps of 8 (C = 64), 16, 32 and 64 bytes
+  // VGG-16 / ResNet-18 layers: rows of 56 or 28 pixels and stride 2, whose tiles no TMA box takes (the wgmma
+  // kernel copies their activations with cp.async; taps of 8, 16, 32 and 64 bytes), and C = 64 at stride 1
+  // (the band kernel's pixel pairs)
   time("conv vgg.3_2 b16", ConvCase{16, 56, 56, 256, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   time("conv vgg.4_2 b64", ConvCase{64, 28, 28, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   time("conv r18.l1 b256", ConvCase{256, 56, 56, 64, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
