@@ -2242,14 +2242,17 @@ __device__ __forceinline__ void LoadPixelPairWeights(const BinaryGemmProblem& p,
 }
 #endif
 
-// kUnrolledSteps > 0: at most that many k256 steps, issued by a fully unrolled loop; 0: any number, by a loop
-// of runtime length. ptxas serializes the wgmmas of every runtime-length form it was given (remark C7520,
-// "compiler-inserted WG.AR in divergent path": a fence per step, per pair, per block of 8 with or without a
-// commit in the loop, session 14), and of no fully unrolled one. kPixelPairs: C = 64 (above), its own
-// instances so that the other channel counts keep their registers; kQuarter: N <= 64 (most C = 64 layers),
-// the threshold bits of the first 64 columns only (a run-time choice between the two epilogues spilled).
+// kUnrolledSteps > 0: at most that many k256 steps, issued by a fully unrolled loop (kExactSteps: exactly
+// that many, the 3x3 filters of C = 64 and 128); 0: any number, by a loop of runtime length. ptxas
+// serializes the wgmmas of every runtime-length form it was given (remark C7520, "compiler-inserted WG.AR in
+// divergent path": a fence per step, per pair, per block of 8 with or without a commit in the loop, session
+// 14). The unrolled loop's exit after band.steps still costs a `warpgroup.arrive` before every wgmma and a
+// dummy HGMMA per tile (remark C7519), which the exact instances do without. kPixelPairs: C = 64 (above),
+// its own instances so that the other channel counts keep their registers; kQuarter: N <= 64 (most C = 64
+// layers), the threshold bits of the first 64 columns only (a run-time choice between the two epilogues
+// spilled).
 inline constexpr int kBandUnrolledSteps = 16;
-template <int kUnrolledSteps, bool kPixelPairs, bool kQuarter>
+template <int kUnrolledSteps, bool kExactSteps, bool kPixelPairs, bool kQuarter>
 __global__ void __launch_bounds__(kBandThreads, 1)
     BandWgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap band_map, const BandLayout band) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -2441,7 +2444,11 @@ __global__ void __launch_bounds__(kBandThreads, 1)
         wgmma_m64n144k256_and_popc(acc, popc_a, step_desc[s] + a_shift,
                                    OperandDescriptor(b_set + s * 256, 128, band.k_tiles * 128), s != 0);
       };
-      if constexpr (kUnrolledSteps > 0) {
+      if constexpr (kExactSteps) {
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int s = 0; s < kUnrolledSteps; ++s) step(s);
+      } else if constexpr (kUnrolledSteps > 0) {
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
         for (int s = 0; s < kUnrolledSteps; ++s) {
@@ -2837,10 +2844,18 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
   plan.kind = LaunchPlan::Kind::kBand;
   plan.path = KernelPath::kWgmma;
   const bool unrolled = band.steps <= kBandUnrolledSteps, quarter = p.n <= kBandCols / 2;
+  // the exact instances: 3 steps of pixel pairs (a 3x3 filter at C = 64) or 5 steps (3x3 at C = 128)
+  const bool exact = band.steps == (pixel_pairs ? 3 : 5);
   plan.kernel = reinterpret_cast<const void*>(
-      !pixel_pairs ? (unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false, false> : BandWgmmaKernel<0, false, false>)
-      : quarter    ? (unrolled ? BandWgmmaKernel<kBandUnrolledSteps, true, true> : BandWgmmaKernel<0, true, true>)
-                   : (unrolled ? BandWgmmaKernel<kBandUnrolledSteps, true, false> : BandWgmmaKernel<0, true, false>));
+      !pixel_pairs ? (exact      ? BandWgmmaKernel<5, true, false, false>
+                      : unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false, false, false>
+                                 : BandWgmmaKernel<0, false, false, false>)
+      : quarter    ? (exact      ? BandWgmmaKernel<3, true, true, true>
+                      : unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false, true, true>
+                                 : BandWgmmaKernel<0, false, true, true>)
+                   : (exact      ? BandWgmmaKernel<3, true, true, false>
+                      : unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false, true, false>
+                                 : BandWgmmaKernel<0, false, true, false>));
   plan.ctas = static_cast<unsigned>(band.ctas);
   plan.threads = kBandThreads;
   plan.smem = BandSmemOf(p, band).total;

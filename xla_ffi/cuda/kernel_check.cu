@@ -422,6 +422,10 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
   time("conv r18.l2.s2 b256", ConvCase{256, 56, 56, 64, 128, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false});
   time("conv r18.l3.s2 b256", ConvCase{256, 28, 28, 128, 256, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false});
   time("conv r18.l4.s2 b256", ConvCase{256, 14, 14, 256, 512, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false});
+  // ResNet-18's 1x1 stride-2 shortcuts: one K block of 64, 128, 256 bits
+  time("conv r18.l2.down b256", ConvCase{256, 56, 56, 64, 128, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, false});
+  time("conv r18.l3.down b256", ConvCase{256, 28, 28, 128, 256, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, false});
+  time("conv r18.l4.down b256", ConvCase{256, 14, 14, 256, 512, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, false});
 }
 
 }  // namespace
