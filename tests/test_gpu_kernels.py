@@ -129,6 +129,10 @@ CONV_CASES = [
     (2, 12, 16, 64, 40, (5, 5), (1, 1), ((2, 2), (2, 2)), "one", None),
     (40, 20, 28, 64, 64, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", None),
     (60, 15, 22, 64, 128, (3, 3), (1, 1), ((1, 0), (0, 1)), "zero", None),
+    # one short K block by cp.async (the case with C = 64 and stride 2 above has 3 steps): ResNet's 1x1 stride-2
+    # shortcuts, 2 and 4 words, the second over two column tiles
+    (3, 13, 11, 64, 70, (1, 1), (2, 2), ((0, 0), (0, 0)), "zero", None),
+    (2, 14, 14, 128, 136, (1, 1), (2, 2), ((0, 0), (0, 0)), "zero", None),
 ]
 
 

@@ -438,7 +438,9 @@ __device__ __forceinline__ uint32_t ChunkOffset(int row, int chunk, int row_byte
 //     27% of its L2 sectors excess, and 8-way conflicting shared-memory writes).
 //   along a row (kSwizzledRows, where a tap has >= 32 bytes): one row's 128 contiguous bytes of the K block,
 //     which that layout keeps in one 128-byte line of shared memory: no excess sectors, no conflicts.
-template <int kRows, int kVec, int kThreads, ALayout kLayout = ALayout::kCoreMatrices>
+// kSkipPastK: the stage's words past K are zeros already (WgmmaKernel's short-K instances), so those copies
+// are left out.
+template <int kRows, int kVec, int kThreads, ALayout kLayout = ALayout::kCoreMatrices, bool kSkipPastK = false>
 __device__ __forceinline__ void LoadActivationStage(const BinaryGemmProblem& p, const LaunchDivisors& div,
                                                     const int4* origins, uint32_t stage, int kb, int tid) {
   static_assert(kLayout == ALayout::kCoreMatrices || kLayout == ALayout::kSwizzledRows, "a cp.async layout");
@@ -451,6 +453,7 @@ __device__ __forceinline__ void LoadActivationStage(const BinaryGemmProblem& p, 
   const int row0 = along_row ? tid / kCopiesPerRow : tid % 8 + 8 * (tid / (8 * kCopiesPerRow));
   const int kword = kb * kKBlockWords + part * kVec;
   const bool k_valid = kword < p.k_words;
+  if (kSkipPastK && !k_valid) return;
   const int tap = Quotient(kword, div.cw);
   const int cword = kword - tap * p.cw;
   const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
@@ -1599,8 +1602,12 @@ __device__ __forceinline__ void TraceTile(int half, int tile, int event, int wti
 // tile in the pipeline's shared memory and so runs one pair per cluster. The producer runs ahead into the
 // next tile while the consumers finish the previous one's epilogue. kLayout: how the activations arrive
 // (kCoreMatrices: cp.async by the producer warpgroup; else TMA boxes issued by one producer warp).
+// kSteps: the k256 steps of a K block, 4, or fewer for unpooled cp.async problems of one short K block
+// (K <= 256 or <= 768 bits: ResNet's 1x1 stride-2 shortcuts, 3x3 stride-2 convolutions of C = 64), whose
+// stages hold zeros past K from the start, so that the producer copies only the words of K (a full K block
+// was 16 copies of 8 bytes per row, most of them zero fill) and the consumers issue only the steps of K.
 // Launched with a cluster dimension of kWgCluster (LaunchWgmma).
-template <ALayout kLayout>
+template <ALayout kLayout, int kSteps = 4>
 __global__ void __launch_bounds__(kWgThreads, 1)
     WgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map,
                 const __grid_constant__ CUtensorMap w_map, bool weights_by_tma, const LaunchDivisors div,
@@ -1613,6 +1620,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   [[maybe_unused]] constexpr ALayout kStageLayout = kTensorA ? kLayout : ALayout::kSwizzledRows;
   // the lanes of a consumer warp that arrive on a stage's "empty" barrier (release, below)
   [[maybe_unused]] constexpr int kReleasingLanes = kTensorA ? 1 : 32;
+  static_assert(kSteps == 4 || (kSteps > 0 && kSteps < 4 && !kTensorA), "short K blocks: cp.async instances");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + (1024 - SmemAddress(smem_raw) % 1024) % 1024;
@@ -1650,6 +1658,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       BarrierInit(empty0 + 8 * s, kWgCluster * kWgConsumerWarps * kReleasingLanes);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  if constexpr (kSteps < 4) {  // the activation words past K, for good (the producer never copies them)
+    for (int i = tid; i < kWgStages * kWgStageA / 16; i += kWgThreads) {
+      *reinterpret_cast<uint4*>(smem + i / (kWgStageA / 16) * kWgStageBytes + i % (kWgStageA / 16) * 16) =
+          make_uint4(0, 0, 0, 0);
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for the wgmmas
   }
   ClusterSync();  // the partner's barriers exist before any multicast copy or remote arrival reaches them
   JAXBNN_TRACE_START(1, tid == 0);
@@ -1713,9 +1728,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         } else {
           // 8-byte copies where a tap has an even but not a multiple-of-4 number of words (C = 64: 2)
           if (p.cw % 4 == 0) {
-            LoadActivationStage<kWgRows, 4, 128, kStageLayout>(p, div, origins, stage, kb, tid);
+            LoadActivationStage<kWgRows, 4, 128, kStageLayout, (kSteps < 4)>(p, div, origins, stage, kb, tid);
           } else {
-            LoadActivationStage<kWgRows, 2, 128, kStageLayout>(p, div, origins, stage, kb, tid);
+            LoadActivationStage<kWgRows, 2, 128, kStageLayout, (kSteps < 4)>(p, div, origins, stage, kb, tid);
           }
           if (tid == 0) BarrierArriveExpectBytes(full, weight_bytes);
         }
@@ -1794,7 +1809,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       const uint32_t stage_a = base + s * kWgStageBytes + half_offset;
       const uint32_t stage_b = base + s * kWgStageBytes + kWgStageA;
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
+      for (int ks = 0; ks < kSteps; ++ks) {
         uint64_t desc_a;
         if constexpr (kStageLayout == ALayout::kSwizzledRows) {
           desc_a = SwizzledOperandDescriptor(stage_a + ks * 32);
@@ -2890,10 +2905,14 @@ LaunchPlan PlanPersistent(const BinaryGemmProblem& p, const DeviceInfo& info) {
   const long long operand_bytes = static_cast<long long>(p.batch) * p.in_h * p.in_w * p.cw * 4 +
                                   static_cast<long long>(p.w_row_tiles) * p.w_k_tiles * 128;
   plan.runs = operand_bytes <= (24ll << 20);
+  // one short K block (unpooled, by cp.async): 1 or 3 k256 steps (K <= 8 or 24 words)
+  const bool short_k = layout == ALayout::kCoreMatrices && p.k_words <= 24 && p.pool_h * p.pool_w == 1;
   const auto kernel = layout == ALayout::kSwizzledRows ? WgmmaKernel<ALayout::kSwizzledRows>
                       : layout == ALayout::kChunkSlabs ? WgmmaKernel<ALayout::kChunkSlabs>
                       : layout == ALayout::kTapRows    ? WgmmaKernel<ALayout::kTapRows>
-                                                       : WgmmaKernel<ALayout::kCoreMatrices>;
+                      : !short_k                       ? WgmmaKernel<ALayout::kCoreMatrices>
+                      : p.k_words <= 8                 ? WgmmaKernel<ALayout::kCoreMatrices, 1>
+                                                       : WgmmaKernel<ALayout::kCoreMatrices, 3>;
   plan.kernel = reinterpret_cast<const void*>(kernel);
   plan.threads = kWgThreads;
   plan.smem = kWgSmemBytes;

@@ -518,10 +518,19 @@ int main(int argc, char** argv) {
   cases.push_back({40, 20, 28, 64, 72, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   cases.push_back({60, 15, 22, 64, 128, 3, 3, 1, 1, 1, 0, 0, 1, 1, 1, false});
   cases.push_back({133, 60, 120, 64, 24, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  // One short K block by cp.async (the wgmma kernel's 1- and 3-step instances, stages zeroed past K once):
+  // 1x1 stride-2 shortcuts of 2, 4 and 8 words (the last with "zero" padding), a 2x2 filter, a 3x3 stride-2
+  // C = 64 convolution (18 words), and more tile pairs than clusters (stages refilled).
+  cases.push_back({3, 13, 11, 64, 70, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, false});
+  cases.push_back({2, 14, 14, 128, 136, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, false});
+  cases.push_back({2, 9, 9, 256, 40, 1, 1, 2, 2, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({2, 10, 12, 64, 33, 2, 2, 2, 2, 0, 1, 0, 1, 1, 1, false});
+  cases.push_back({5, 15, 17, 64, 100, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({64, 40, 40, 64, 64, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, false});
   if (small) {
     cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[14], cases[17], cases[21], cases[23],
              cases[28], cases[31], cases[32], cases[35], cases[38], cases[42], cases[43], cases[46], cases[49],
-             cases[52], cases[56], cases[59], cases[60]};
+             cases[52], cases[56], cases[59], cases[60], cases[62], cases[66], cases[67]};
   }
   long failures = 0;
   for (const ConvCase& cc : cases) {
