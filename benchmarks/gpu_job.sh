@@ -69,8 +69,10 @@ fi
 
 if has pytest; then
   log "pytest -m gpu"
+  # the wheel maps export/ and train/ into the package (pyproject.toml); the source tree gets links for the same imports
+  for sub in export train; do [ -e jaxbnn/$sub ] || ln -s ../$sub jaxbnn/$sub; done
   # the whole log in pytest.log (a crash's first lines name the test), the summary in job.log
-  JAXBNN_REQUIRE_GPU=1 timeout 300 $PY -m pytest -q -rfE -m gpu tests/test_gpu_kernels.py -p no:cacheprovider \
+  JAXBNN_REQUIRE_GPU=1 timeout 420 $PY -m pytest -q -rfE -m gpu tests/test_gpu_kernels.py tests/test_gpu_models.py -p no:cacheprovider \
     > "$OUT/pytest.log" 2>&1 || status=1
   tail -25 "$OUT/pytest.log" | tee -a "$LOG"
 fi

@@ -1,0 +1,70 @@
+"""The model zoo as the export and GPU tests build it: every model at a small input size and width (the
+layer sequence is the architecture's), the network modes and layer options to cover, random batch-norm
+statistics and affine parameters, random images."""
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxbnn.models import build_model
+
+SMALL = {
+    "mnist-mlp": dict(input_shape=(28, 28, 1), width=0.125),
+    "mnist-conv": dict(input_shape=(14, 14, 1), width=0.25),
+    "cifar10-vgg": dict(input_shape=(8, 8, 3), width=0.0625),
+    "cifar10-resnet14": dict(input_shape=(8, 8, 3), width=0.0625),
+    "imagenet-alexnet": dict(input_shape=(67, 67, 3), width=0.03125),
+    "imagenet-vgg16": dict(input_shape=(32, 32, 3), width=0.0625),
+    "imagenet-resnet18": dict(input_shape=(32, 32, 3), width=0.0625),
+}
+
+CASES = [
+    ("mnist-mlp", "bnn", {}),
+    ("mnist-mlp", "tnn", {}),
+    ("mnist-mlp", "tbn", {"input_threshold": "learned"}),
+    ("mnist-mlp", "btn", {"kernel_threshold": "twn_channel", "xnor_scaling": True}),
+    ("mnist-conv", "bnn", {"xnor_scaling": True, "use_bias": True}),
+    ("mnist-conv", "bnn", {"padding_value": "one"}),
+    ("mnist-conv", "tnn", {"input_threshold": "learned", "kernel_threshold": "learned", "padding_value": "one"}),
+    ("cifar10-vgg", "tbn", {}),
+    ("cifar10-vgg", "btn", {}),
+    ("cifar10-resnet14", "bnn", {}),
+    ("cifar10-resnet14", "tnn", {"xnor_scaling": True}),
+    ("imagenet-alexnet", "bnn", {}),
+    ("imagenet-vgg16", "bnn", {}),
+    ("imagenet-resnet18", "btn", {"padding_value": "one"}),
+]
+
+
+def randomize(model, seed):
+    """Random batch-norm statistics and affine parameters; random biases and learned thresholds."""
+    rng = np.random.default_rng(seed)
+    for _, module in nnx.iter_modules(model):
+        if isinstance(module, nnx.BatchNorm):
+            c = module.num_features
+            gamma = rng.normal(size=c)
+            gamma[rng.random(c) < 0.1] = 0.0
+            module.mean[...] = jnp.asarray(rng.normal(size=c) * 3, jnp.float32)
+            module.var[...] = jnp.asarray(rng.uniform(0.05, 4, size=c), jnp.float32)
+            module.scale[...] = jnp.asarray(gamma, jnp.float32)
+            module.bias[...] = jnp.asarray(rng.normal(size=c), jnp.float32)
+            continue
+        for name, centre in (("bias", 0.0), ("input_alpha", 0.3), ("input_beta", -0.3),
+                             ("kernel_alpha", 0.3), ("kernel_beta", -0.3)):
+            param = getattr(module, name, None)
+            if isinstance(param, nnx.Param):
+                param[...] = jnp.asarray(centre + 0.2 * rng.normal(size=param[...].shape), jnp.float32)
+    model.eval()
+    return model
+
+
+def zoo_model(name, mode, options, seed=0):
+    spec = SMALL[name]
+    model = build_model(name, mode, num_classes=10, input_shape=spec["input_shape"], width=spec["width"],
+                        rngs=nnx.Rngs(seed), layer_options=options)
+    return randomize(model, seed + 1)
+
+
+def images_for(model, count, seed):
+    rng = np.random.default_rng(seed)
+    return rng.uniform(-1.0, 1.0, size=(count, *model.input_shape)).astype(np.float32)
