@@ -8,6 +8,8 @@ tested against. Layouts: docs/formats.md; native contract: docs/ops.md.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +17,7 @@ import numpy as np
 from jaxbnn import _ffi, formats, reference
 from jaxbnn.formats import ConvBits, DenseBits
 
-__all__ = ["pack_bits", "unpack_bits", "bmm", "bconv2d"]
+__all__ = ["pack_bits", "unpack_bits", "bmm", "bconv2d", "pool_threshold_bits"]
 
 
 def pack_bits(x, threshold=None, flip=None):
@@ -146,6 +148,7 @@ def bconv2d(
     ph, pw = (1, 1) if pool is None else _pair("pool", pool)
     if oh < ph or ow < pw:
         raise ValueError(f"pool {pool} is larger than the {oh}x{ow} convolution output")
+    conv_hw = (oh, ow)
     oh, ow = oh // ph, ow // pw
     if w_tap_popcount is None:
         rows = formats.from_fsb(w, o, k_bits).reshape(o, kh * kw, cw)
@@ -171,19 +174,58 @@ def bconv2d(
             padding=((pt, pb), (pl, pr)), pad_value=pad_value,
             pool=None if pool is None else (ph, pw), **dict(zip(epi, e)),
         )  # fmt: skip
-        return _dispatch(f"jaxbnn_bconv2d_{kind}", out_type, attrs, ref, x_, *weights)
+        target = f"jaxbnn_bconv2d_{kind}"
+        cuda = None
+        if kind == "bits" and ph * pw > 1 and _ffi.has_target("cuda", target):
+            # On CUDA, a pooled threshold convolution runs unpooled (the image-band and resident kernels take
+            # no pool; the pooled tiles' staged epilogue ran VGG-16's 1_2 ~25x slower, benchmarks/NOTES.md,
+            # session 35) and its bits are pooled after: the threshold test is monotone in the dot product,
+            # so the bit of a window's max is the OR of the window's bits, and with `flip` their AND.
+            unpooled = jax.ShapeDtypeStruct((x_.shape[0], *conv_hw, out_ch), out_dtype)
+            flat = dict(attrs, pool_h=np.int64(1), pool_w=np.int64(1))
+            cuda = lambda x_, *ws: pool_threshold_bits(  # noqa: E731
+                jax.ffi.ffi_call(target, unpooled)(x_, *ws, **flat), (ph, pw), formats.pack_bits(ws[-1] != 0))
+        return _dispatch(target, out_type, attrs, ref, x_, *weights, cuda=cuda)
 
     out = _fold_rows(single)(images, w, w_tap_popcount, *epi.values())
     return out.reshape(x.shape[:-3] + out.shape[1:])
 
 
+def pool_threshold_bits(bits, pool, flip_words):
+    """Max-pool of threshold bits over `pool` windows (window = stride, no padding; rows and columns past the
+    last whole window dropped), as `bconv2d(..., pool=pool, threshold=..., flip=...)` pools its dots before
+    the test: the threshold test is monotone in the dot, so a window's bit is the OR of its bits, or their
+    AND in the columns whose bit is set in `flip_words` (there each bit is the test's complement).
+
+    bits: uint32 `(B, H, W, words)`, an unpooled threshold output. flip_words: uint32 `(words,)`, the
+    `flip` vector packed (`pack_bits`). Returns uint32 `(B, H // PH, W // PW, words)`.
+    """
+    bits = _packed("bits", bits, min_rank=4)
+    if bits.ndim != 4:
+        raise ValueError(f"bits must be (B, H, W, words), got shape {bits.shape}")
+    ph, pw = _pair("pool", pool)
+    b, h, w, words = bits.shape
+    if h < ph or w < pw:
+        raise ValueError(f"pool {pool} is larger than the {h}x{w} bits")
+    flip_words = _packed("flip_words", flip_words, min_rank=1)
+    if flip_words.shape != (words,):
+        raise ValueError(f"flip_words must have shape ({words},), got {flip_words.shape}")
+    windows = bits[:, : h // ph * ph, : w // pw * pw].reshape(b, h // ph, ph, w // pw, pw, words)
+    parts = [windows[:, :, i, :, j] for i in range(ph) for j in range(pw)]
+    any_set, all_set = functools.reduce(jnp.bitwise_or, parts), functools.reduce(jnp.bitwise_and, parts)
+    return (any_set & ~flip_words) | (all_set & flip_words)
+
+
 # --- dispatch -------------------------------------------------------------------------------------
 
 
-def _dispatch(target, out_type, attrs, reference_fn, *operands):
-    """Lower to the native handler of the platform the computation runs on, else to the reference."""
+def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None):
+    """Lower to the native handler of the platform the computation runs on, else to the reference.
+    cuda: the CUDA branch, where it is not the handler alone."""
     native = lambda *ops: jax.ffi.ffi_call(target, out_type)(*ops, **attrs)  # noqa: E731
     branches = {p: native for p in ("cpu", "cuda") if _ffi.has_target(p, target)}
+    if cuda is not None:
+        branches["cuda"] = cuda
     if not branches:
         return reference_fn(*operands)
     return jax.lax.platform_dependent(*operands, default=reference_fn, **branches)

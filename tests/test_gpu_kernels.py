@@ -289,3 +289,22 @@ def test_ops_dispatch_to_cuda_matches_reference():
         want = np.asarray(ops.bconv2d(x, cw.bits, in_channels=128, kernel_size=(3, 3), out_channels=48,
                                       stride=(2, 2), padding="SAME", w_tap_popcount=cw.tap_popcount))
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("c, pool", [(64, (2, 2)), (128, (2, 2)), (256, (3, 2))])
+def test_pooled_threshold_bconv2d_on_cuda_matches_the_cpu(c, pool):
+    """ops.bconv2d with a pool and the threshold epilogue runs unpooled on CUDA and pools the bits after
+    (ops.pool_threshold_bits): the same bits as the CPU's fused pool, flipped columns included."""
+    from jaxbnn import ops
+
+    rng = np.random.default_rng(c)
+    x = np.asarray(formats.pack_bits(_random_signs(rng, (3, 12, 14, c)) >= 0))
+    cw = formats.pack_conv_weights(_random_signs(rng, (3, 3, c, 70)))
+    threshold = rng.integers(-c // 2, c // 2 + 1, 70).astype(np.int32)
+    flip = rng.integers(0, 2, 70).astype(bool)
+    args = dict(in_channels=c, kernel_size=(3, 3), out_channels=70, pool=pool, threshold=threshold, flip=flip)
+    got = np.asarray(ops.bconv2d(jax.device_put(x, GPU), jax.device_put(cw.bits, GPU),
+                                 w_tap_popcount=jax.device_put(cw.tap_popcount, GPU), **args))
+    with jax.default_device(CPU):
+        want = np.asarray(ops.bconv2d(x, cw.bits, w_tap_popcount=cw.tap_popcount, **args))
+    np.testing.assert_array_equal(got, want)

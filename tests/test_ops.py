@@ -80,6 +80,32 @@ def test_reference_pool_then_threshold_is_or_and_by_direction():
     np.testing.assert_array_equal(bits[..., 1], windows[..., 1].all(axis=(2, 4)))  # gamma < 0: AND
 
 
+@pytest.mark.parametrize("pool, pad_value", [((2, 2), "zero"), ((3, 2), "one"), ((2, 3), "zero")])
+def test_pooled_threshold_bits_are_the_unpooled_bits_pooled(pool, pad_value):
+    """What the CUDA path of a pooled threshold convolution computes (an unpooled convolution, then
+    pool_threshold_bits) equals the pooled op, flipped columns included; odd sizes drop the last row / column."""
+    rng = np.random.default_rng(sum(pool))
+    x = formats.pack_bits(signs(rng, (2, 9, 11, 40)) >= 0)
+    w = formats.pack_conv_weights(signs(rng, (3, 3, 40, 45)))
+    epi = random_epilogue(rng, "bits", 45, 9 * 40)
+    epi["threshold"] //= 4  # thresholds near the dots' range, so that windows mix set and clear bits
+    pooled = ops.bconv2d(x, w, pool=pool, pad_value=pad_value, **epi)
+    unpooled = ops.bconv2d(x, w, pad_value=pad_value, **epi)
+    got = ops.pool_threshold_bits(unpooled, pool, formats.pack_bits(jnp.asarray(epi["flip"])))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(pooled))
+    assert 0 < np.asarray(formats.unpack_bits(pooled, 45)).mean() < 1
+
+
+def test_pool_threshold_bits_refuses_bad_input():
+    bits = jnp.zeros((1, 4, 4, 2), jnp.uint32)
+    with pytest.raises(TypeError, match="uint32"):
+        ops.pool_threshold_bits(bits.astype(jnp.int32), (2, 2), jnp.zeros(2, jnp.uint32))
+    with pytest.raises(ValueError, match=r"flip_words must have shape \(2,\)"):
+        ops.pool_threshold_bits(bits, (2, 2), jnp.zeros(3, jnp.uint32))
+    with pytest.raises(ValueError, match="larger than"):
+        ops.pool_threshold_bits(bits, (5, 1), jnp.zeros(2, jnp.uint32))
+
+
 # --- native kernels against the reference ---------------------------------------------------------
 
 

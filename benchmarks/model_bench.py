@@ -1,0 +1,92 @@
+"""End to end on the GPU: a packed BNN zoo model through jaxbnn.runtime against the same architecture's
+float model under XLA (float32 at XLA's default precision, and bfloat16), one process, one GPU.
+
+    python benchmarks/model_bench.py [--model imagenet-resnet18] [--batches 8 256] [--size 224]
+
+The BNN is built with its default (untrained) parameters, put in eval mode and exported for sm90: the packed
+network computes the same function a trained one would at the same shapes (timing does not depend on the
+values). Its first layer takes the float image (float32 weights at HIGHEST precision, as the Flax layer
+computes it, so that the exported thresholds see the same pre-activations); every later binary layer runs
+packed through the CUDA custom calls. Each row: images per second of one jitted forward pass on a batch of
+random images (gpu_bench.timed: 0.1 s warm-up, the median of 5 batches of calls queued back to back), and the
+first layer alone, timed the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from gpu_bench import timed
+from jaxbnn import runtime
+from jaxbnn.export import export_model
+from jaxbnn.models import build_model
+
+
+def float_forward(model, dtype):
+    """The eval-mode Flax model as one jitted function of (state, images), its parameters cast to `dtype`."""
+    graphdef, state = nnx.split(model)
+    state = jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, state)
+    forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x.astype(dtype)))
+    return forward, state
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="imagenet-resnet18")
+    parser.add_argument("--batches", type=int, nargs="+", default=[8, 256])
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--commit", default="")
+    parser.add_argument("--per-node", action="store_true", help="also time each graph node alone at the largest batch")
+    args = parser.parse_args()
+    shape = (args.size, args.size, 3)
+    bnn = build_model(args.model, "bnn", num_classes=1000, input_shape=shape, rngs=nnx.Rngs(0))
+    bnn.eval()
+    net = runtime.from_packed(export_model(bnn, target="sm90"))
+    reference = build_model(args.model, "float", num_classes=1000, input_shape=shape, rngs=nnx.Rngs(0))
+    reference.eval()
+    first = jax.jit(lambda params, x: runtime._run(net.graph["nodes"][:1], params[:1], x)[-1])
+    print(f"# {args.model} at {args.size} x {args.size}: packed BNN (jaxbnn.runtime) against the float model under XLA")
+    print(f"- GPU: {jax.devices()[0].device_kind}; date (UTC): {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M}; "
+          f"commit: {args.commit or 'unknown'}; jax {jax.__version__}; packed weights {net.packed_bytes / 2**20:.1f} MiB")
+    print()
+    print("| batch | packed BNN, images/s | its first (float) layer alone, ms | XLA float32, images/s | XLA bfloat16, images/s "
+          "| BNN / float32 | BNN / bfloat16 |")
+    print("|---|---|---|---|---|---|---|")
+    for batch in args.batches:
+        images = jnp.asarray(np.random.default_rng(batch).uniform(-1, 1, (batch, *shape)), jnp.float32)
+        t_bnn = timed(net._forward, [net.params, images], 1)
+        t_first = timed(first, [net.params, images], 1)
+        row = [batch / t_bnn, t_first * 1e3]
+        for dtype in (jnp.float32, jnp.bfloat16):
+            forward, state = float_forward(reference, dtype)
+            row.append(batch / timed(forward, [state, images], 1))
+        print(f"| {batch} | {row[0]:,.0f} | {row[1]:.3f} | {row[2]:,.0f} | {row[3]:,.0f} | {row[0] / row[2]:.2f}x "
+              f"| {row[0] / row[3]:.2f}x |", flush=True)
+    if args.per_node:
+        print_per_node(net, images)
+
+
+def print_per_node(net, images):
+    """Each graph node alone, on the output the node before it gives for `images` (its own jitted call)."""
+    nodes, params = net.graph["nodes"], net.params
+    inputs = [images] + [out[-1] if isinstance(out, tuple) else out for out in net.trace(images)[:-1]]
+    print()
+    print(f"| node (batch {len(images)}) | kind | in -> out | kernel, stride, pool | input -> output | ms |")
+    print("|---|---|---|---|---|---|")
+    for i, (node, p, x) in enumerate(zip(nodes, params, inputs)):
+        one = jax.jit(lambda p_, x_, node=node: runtime._run([node], [p_], x_)[-1])
+        ms = timed(one, [p, x], 1) * 1e3
+        conv = node["conv1"] if node["kind"] == "residual" else node
+        geometry = f"{conv.get('kernel_size')}, {conv.get('stride')}, {conv.get('pool')}" if "kernel_size" in conv else ""
+        print(f"| {i} {node.get('name', '')} | {node['kind']} | {node.get('in_shape')} -> {node.get('out_shape')} "
+              f"| {geometry} | {conv.get('input')} -> {node.get('output', conv.get('output'))} | {ms:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
