@@ -3,9 +3,10 @@ equals the CPU run's (the popcount kernels, or the reference where no CPU module
 float outputs to float32 rounding.
 
 The small models of zoo_cases.py (every network mode; channel counts of a few words: mostly the mma.sync
-engine) and ResNet-18 / VGG-16 at full width on 32 x 32 images, whose layers of C = 64 to 512 the planner
-gives to the wgmma kernels: the image band (C = 64 as pixel pairs, C = 128), the persistent kernel (stride 2,
-the short-K shortcuts, rows no TMA box takes), the resident weights (VGG-16's 8 x 8 layers).
+engine) and ResNet-18 / VGG-16 at full width on 32 x 32 images, whose layers of C = 64 to 512 the planner's
+rules give to the wgmma kernels: the image band (C = 64 as pixel pairs, C = 128), the persistent kernel
+(stride 2, its 3-step short-K instance at C = 64; rows no TMA box takes), the resident weights (VGG-16's 8 x 8
+layers); VGG-16's pooled layers take the CUDA path of a pooled threshold convolution (ops.pool_threshold_bits).
 """
 
 from __future__ import annotations
