@@ -51,6 +51,7 @@ def main():
     reference = build_model(args.model, "float", num_classes=1000, input_shape=shape, rngs=nnx.Rngs(0))
     reference.eval()
     first = jax.jit(lambda params, x: runtime._run(net.graph["nodes"][:1], params[:1], x)[-1])
+    floats = [float_forward(reference, dtype) for dtype in (jnp.float32, jnp.bfloat16)]
     print(f"# {args.model} at {args.size} x {args.size}: packed BNN (jaxbnn.runtime) against the float model under XLA")
     print(f"- GPU: {jax.devices()[0].device_kind}; date (UTC): {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M}; "
           f"commit: {args.commit or 'unknown'}; jax {jax.__version__}; packed weights {net.packed_bytes / 2**20:.1f} MiB")
@@ -63,8 +64,7 @@ def main():
         t_bnn = timed(net._forward, [net.params, images], 1)
         t_first = timed(first, [net.params, images], 1)
         row = [batch / t_bnn, t_first * 1e3]
-        for dtype in (jnp.float32, jnp.bfloat16):
-            forward, state = float_forward(reference, dtype)
+        for forward, state in floats:
             row.append(batch / timed(forward, [state, images], 1))
         print(f"| {batch} | {row[0]:,.0f} | {row[1]:.3f} | {row[2]:,.0f} | {row[3]:,.0f} | {row[0] / row[2]:.2f}x "
               f"| {row[0] / row[3]:.2f}x |", flush=True)
