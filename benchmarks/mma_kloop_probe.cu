@@ -126,6 +126,100 @@ __global__ void __launch_bounds__(32 * kWarps, 1) KLoop(const uint4* source, int
   out[blockIdx.x * blockDim.x + tid] = sum;
 }
 
+// Packed accumulators (session 36): 16 warps of 64 x 64 in a 256 x 256 CTA tile at 128 registers. A warp's
+// 128 sums fit 64 registers as 16-bit halves: register [mf][q][r] holds fragment (mf, q)'s sum in one half and
+// (mf, q + 4)'s in the other. mma.sync adds only into the low half (a sum stays below 2^16 for K < 65536 bits,
+// so nothing carries), so each step runs the low half's mma, swaps the halves (one PRMT), then the other's,
+// alternating the order from step to step: one swap per register and step, 2 ALU instructions per mma.
+// kSwap = false leaves the swaps out (wrong sums, the swaps' cost).
+constexpr int kPackedRows = 256, kPackedCols = 256, kPackedStageBytes = (kPackedRows + kPackedCols) * 128;
+
+__device__ __forceinline__ void SwapHalves(int& v) {
+  asm volatile("prmt.b32 %0, %0, %0, 0x1032;\n" : "+r"(v));
+}
+
+template <int kMode, bool kBarrier, bool kSwap>
+__global__ void __launch_bounds__(512, 1) KLoopPacked(const uint4* source, int* out, int k_blocks) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  for (int i = tid; i < kStages * kPackedStageBytes / 16; i += blockDim.x) reinterpret_cast<uint4*>(smem)[i] = source[i];
+  __syncthreads();
+  uint32_t base;
+  asm("{ .reg .u64 p; cvta.to.shared.u64 p, %1; cvt.u32.u64 %0, p; }" : "=r"(base) : "l"(smem));
+  const int warp_row = (warp / 4) * 64, warp_col = (warp % 4) * 64;
+  int acc[4][4][4] = {};
+  uint32_t a[4][4], b[8][2];
+  auto load = [&](int kb, int ks) {
+    const uint32_t stage = base + (kb % kStages) * kPackedStageBytes;
+#pragma unroll
+    for (int mf = 0; mf < 4; ++mf) LoadA<8>(a[mf], stage, warp_row, mf, ks, lane);
+#pragma unroll
+    for (int np = 0; np < 4; ++np) LoadBPair(b[2 * np], b[2 * np + 1], stage + kPackedRows * 128, warp_col, np, ks, lane);
+  };
+  if (kMode == kMmaOnly) load(0, 0);
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    if (kBarrier) __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      if (kMode != kMmaOnly) load(kb, ks);
+      const int first = ks % 2 == 0 ? 0 : 4;
+#pragma unroll
+      for (int mf = 0; mf < 4; ++mf)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) Mma(acc[mf][q], a[mf], b[first + q]);
+      if (kSwap) {
+#pragma unroll
+        for (int mf = 0; mf < 4; ++mf)
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) SwapHalves(acc[mf][q][r]);
+      }
+#pragma unroll
+      for (int mf = 0; mf < 4; ++mf)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) Mma(acc[mf][q], a[mf], b[4 - first + q]);
+    }
+  }
+  int sum = 0;
+#pragma unroll
+  for (int mf = 0; mf < 4; ++mf)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) sum += acc[mf][q][0] + acc[mf][q][1] + acc[mf][q][2] + acc[mf][q][3];
+  out[blockIdx.x * blockDim.x + tid] = sum;
+}
+
+template <int kMode, bool kBarrier, bool kSwap>
+void RunPacked(const char* name, const uint4* source, int* out, int sms, double clock_hz) {
+  constexpr int kSmem = kStages * kPackedStageBytes;
+  auto kernel = KLoopPacked<kMode, kBarrier, kSwap>;
+  CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const int k_blocks = 2048;
+  kernel<<<sms, 512, kSmem>>>(source, out, 64);  // warm-up
+  CHECK_CUDA(cudaGetLastError());
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  float best_ms = 1e30f;
+  for (int rep = 0; rep < 5; ++rep) {
+    CHECK_CUDA(cudaEventRecord(start));
+    kernel<<<sms, 512, kSmem>>>(source, out, k_blocks);
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    if (ms < best_ms) best_ms = ms;
+  }
+  const double seconds = best_ms * 1e-3;
+  const double ops = 2.0 * sms * k_blocks * kPackedRows * kPackedCols * 1024.0;
+  const double ldmatrix_bytes = static_cast<double>(sms) * k_blocks * 16 * 4 * 8 * 512;
+  printf("%-44s 16 warps of 64 x 64, 256 x 256 tile, packed: %8.1f TOPS", name, ops / seconds / 1e12);
+  if (kMode != kMmaOnly) printf("; ldmatrix %6.1f bytes per SM clock", ldmatrix_bytes / seconds / sms / clock_hz);
+  printf("\n");
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+}
+
 template <int kWarps, int kWarpCols, int kMode, bool kBarrier>
 void Run(const char* name, const uint4* source, int* out, int sms, double clock_hz) {
   using T = Tile<kWarps, kWarpCols>;
@@ -167,7 +261,7 @@ int main() {
   const int sms = prop.multiProcessorCount;
   printf("device %s, %d SMs, %.0f MHz; one CTA per SM, 4096 K blocks of 1024 bits from 3 shared-memory stages\n",
          prop.name, sms, clock_khz / 1e3);
-  constexpr int kSourceBytes = kStages * Tile<16, 32>::kStageBytes;
+  constexpr int kSourceBytes = kStages * kPackedStageBytes;
   uint8_t* source;
   int* out;
   CHECK_CUDA(cudaMalloc(&source, kSourceBytes));
@@ -192,6 +286,11 @@ int main() {
   Run<8, 64, kDoubleBuffer, false>("double-buffered, no barrier", src, out, sms, hz);
   Run<8, 32, kSingleBuffer, true>("engine's schedule, barrier (MmaSyncNarrow)", src, out, sms, hz);
   Run<8, 32, kDoubleBuffer, false>("double-buffered, no barrier", src, out, sms, hz);
+  RunPacked<kMmaOnly, false, true>("mma only, swaps", src, out, sms, hz);
+  RunPacked<kMmaOnly, false, false>("mma only, no swaps", src, out, sms, hz);
+  RunPacked<kSingleBuffer, true, true>("engine's schedule, barrier, swaps", src, out, sms, hz);
+  RunPacked<kSingleBuffer, true, false>("engine's schedule, barrier, no swaps", src, out, sms, hz);
+  RunPacked<kSingleBuffer, false, true>("engine's schedule, no barrier, swaps", src, out, sms, hz);
   CHECK_CUDA(cudaFree(source));
   CHECK_CUDA(cudaFree(out));
   return 0;
