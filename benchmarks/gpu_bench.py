@@ -270,6 +270,7 @@ def main():
     parser.add_argument("--bmm-sizes", type=int, nargs="*", help="override the BMM sizes (none: no BMM)")
     parser.add_argument("--conv-channels", type=int, nargs="*", help="override the BConv sweep's C = O (none: no sweep)")
     parser.add_argument("--no-models", action="store_true", help="skip the ResNet-18 / VGG-16 layers")
+    parser.add_argument("--layers", nargs="*", help="only these ResNet-18 / VGG-16 layers (e.g. r18.conv1 vgg.1_1)")
     parser.add_argument("--deadline", type=float, default=float("inf"), help="unix time after which no new layer starts")
     args = parser.parse_args()
     engines = ["wgmma", "mma_sync", "simt"]
@@ -291,7 +292,8 @@ def main():
     layers = [(f"tcbnn C=O={c}", 16, 64, c, c, 3, 1) for c in sweep]
     bench_conv(layers, engines, conv_rows, save, args.deadline)
     if not (args.quick or args.no_models):
-        model_layers = [(n, b, hw, c, o, k, s) for b in (8, 256) for (n, hw, c, o, k, s) in RESNET18 + VGG16]
+        model_layers = [(n, b, hw, c, o, k, s) for b in (8, 256) for (n, hw, c, o, k, s) in RESNET18 + VGG16
+                        if args.layers is None or n in args.layers]
         bench_conv(model_layers, ["auto"], conv_rows, save, args.deadline)  # the engine the op would pick
     save()
     print(open(args.out).read())

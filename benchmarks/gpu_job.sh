@@ -4,7 +4,8 @@
 #   benchmarks/gpu_job.sh [steps...]   steps: build harness check sass sanitize pytest ceiling time trace bench bench-quick ncu ncu-cases
 #   (no steps = build check sass sanitize pytest ceiling bench; the kernel harness is built for the steps that run it)
 #   COMMIT: the commit the results name; pass it from the session's checkout (the device's copy of the tree
-#   keeps a stale git HEAD: jobs L and S-Z2 recorded one).
+#   keeps a stale git HEAD: jobs L and S-Z2 recorded one). PYTEST_FILES: the test files of the pytest step
+#   (default: both GPU files); SANITIZERS: the sanitize step's tools; BENCH_ARGS: gpu_bench.py's options.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/jaxbnn_gpu_out}
@@ -72,7 +73,7 @@ if has pytest; then
   # the wheel maps export/ and train/ into the package (pyproject.toml); the source tree gets links for the same imports
   for sub in export train; do [ -e jaxbnn/$sub ] || ln -s ../$sub jaxbnn/$sub; done
   # the whole log in pytest.log (a crash's first lines name the test), the summary in job.log
-  JAXBNN_REQUIRE_GPU=1 timeout 420 $PY -m pytest -q -rfE -m gpu tests/test_gpu_kernels.py tests/test_gpu_models.py -p no:cacheprovider \
+  JAXBNN_REQUIRE_GPU=1 timeout 420 $PY -m pytest -q -rfE -m gpu ${PYTEST_FILES:-tests/test_gpu_kernels.py tests/test_gpu_models.py} -p no:cacheprovider \
     > "$OUT/pytest.log" 2>&1 || status=1
   tail -25 "$OUT/pytest.log" | tee -a "$LOG"
 fi

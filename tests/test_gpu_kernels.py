@@ -133,6 +133,12 @@ CONV_CASES = [
     # shortcuts, 2 and 4 words, the second over two column tiles
     (3, 13, 11, 64, 70, (1, 1), (2, 2), ((0, 0), (0, 0)), "zero", None),
     (2, 14, 14, 128, 136, (1, 1), (2, 2), ((0, 0), (0, 0)), "zero", None),
+    # dense taps (C < 32, one channel word, at most 1024 real bits; the 11x11 C = 3 case above too): a
+    # binarized image's first layers, C = 5 pooled, C = 17 with asymmetric padding and stride, N = 3
+    (2, 20, 19, 3, 64, (7, 7), (2, 2), ((3, 3), (3, 3)), "zero", None),
+    (3, 17, 15, 3, 70, (3, 3), (1, 1), ((1, 1), (1, 1)), "one", None),
+    (2, 9, 11, 5, 33, (5, 5), (1, 1), ((2, 2), (2, 2)), "zero", (2, 2)),
+    (1, 9, 9, 17, 3, (3, 3), (2, 1), ((0, 1), (1, 0)), "zero", None),
 ]
 
 

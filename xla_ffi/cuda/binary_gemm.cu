@@ -840,15 +840,18 @@ struct MmaSyncEngine {
   // output word. One branch on the epilogue's form per tile: each form's rows are one straight block of
   // code (a tile's epilogue is fetched cold: ncu put a third of its stalls on instruction fetch, session 29).
   // row_class: EpilogueRowClass of every tile row; scratch: the stages, free once every warp left the k loop.
+  // kBorderBoundsReady: the border rows' bounds of a problem without the table are in scratch already
+  // (DenseBorderRowBounds).
+  template <bool kBorderBoundsReady = false>
   __device__ static void StoreDirect(const Accumulators& acc, const BinaryGemmProblem& p, const int* popc_a,
                                      const int4* origins, const int8_t* row_class, int* scratch,
                                      const TileColumns<kCols>& cols, int tile_m, int col0, int tid) {
     if (p.epilogue != Epilogue::kBits) {
       StoreDirectValues(acc, p, popc_a, origins, cols, tile_m, col0, tid);
     } else if (PairsBounds(p)) {
-      StoreDirectBits<true>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
+      StoreDirectBits<true, kBorderBoundsReady>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
     } else {
-      StoreDirectBits<false>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
+      StoreDirectBits<false, kBorderBoundsReady>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
     }
   }
 
@@ -856,7 +859,7 @@ struct MmaSyncEngine {
   // bounds: cols.correction[class] (class 0: the plain bounds), or for a border row of a problem without
   // the table, its own row in `scratch`. The quad's words are completed by a reduce-scatter, after which
   // lane t stores rows 4 q + t: 6 shuffles and 2 stores a thread for 8 rows, not 16 and 8.
-  template <bool kPaired>
+  template <bool kPaired, bool kBorderBoundsReady>
   __device__ static void StoreDirectBits(const Accumulators& acc, const BinaryGemmProblem& p, const int* popc_a,
                                          const int4* origins, const int8_t* row_class, int* scratch,
                                          const TileColumns<kCols>& cols, int tile_m, int col0, int tid) {
@@ -864,7 +867,7 @@ struct MmaSyncEngine {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int warp_row = (warp / kColWarps) * 64, warp_col = (warp % kColWarps) * kWarpCols;
     const int first_lc = warp_col + 2 * t;
-    if (!p.pad_one && !p.correction_table) {
+    if (!kBorderBoundsReady && !p.pad_one && !p.correction_table) {
 #pragma unroll 1
       for (int i = 0; i < 8; ++i) {
         const int r = warp_row + 8 * i + g;
@@ -960,6 +963,9 @@ struct MmaSyncEngine {
 // need an H100's (LaunchBinaryGemm picks by the device's opt-in limit).
 using MmaSyncNarrow = MmaSyncEngine<128, 4, 8>;
 using MmaSyncWide = MmaSyncEngine<256, 3, 16>;
+// The dense-tap kernel's engine (one K block, no pipeline): 128 x 64 tiles in 60 KB, three CTAs per SM, so
+// that one CTA's gather runs under the others' mma and epilogues.
+using MmaSyncDenseTaps = MmaSyncEngine<64, 2, 4>;
 
 struct SimtEngine {
   static constexpr int kRows = 64, kCols = 64, kStages = 3, kThreads = 256;
@@ -1020,8 +1026,144 @@ constexpr int ClassicSmemBytes() {
 }
 static_assert(ClassicSmemBytes<MmaSyncNarrow>() <= 163 * 1024, "the narrow mma.sync engine runs on an A100");
 
-template <class Engine, int kVec>
-__global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const BinaryGemmProblem p,
+// ---------------------------------------------------------------------------------------------------
+// Dense taps: convolutions of fewer than 32 channels (a binarized image's first layer). A tap's C real bits
+// fill one channel word, so the word layout's reduction is 32 / C times the real one (7x7 at C = 3: 49 words
+// for 147 bits, 7 k256 steps, 49 four-byte copies a row). The dense-tap kernel instead gathers every row's
+// and every column's real bits, tap after tap, into ceil(kh kw C / 32) words of one K block. Dot products,
+// row and column popcounts and the padding corrections are those of the same bits in another order, and an
+// out-of-frame tap gathers as zeros, as the word layout's zero fill.
+__host__ __device__ __forceinline__ bool UsesDenseTaps(const BinaryGemmProblem& p) {
+  return p.cw == 1 && p.c < 32 && p.kh * p.kw > 1 && p.kh * p.kw * p.c <= kKBlockWords * 32;
+}
+
+// Writes one row's dense words: the C low bits of tap_word(fkh, fkw) for every tap in order, packed least
+// significant bit first; store(j, word) receives words 0 .. ceil(kh kw C / 32) - 1.
+template <class TapWord, class Store>
+__device__ __forceinline__ void GatherDenseRow(const BinaryGemmProblem& p, TapWord&& tap_word, Store&& store) {
+  const uint32_t mask = (1u << p.c) - 1;
+  uint64_t pending = 0;  // gathered bits not yet stored, the next one at bit `bits`
+  int bits = 0, word = 0;
+  for (int fkh = 0; fkh < p.kh; ++fkh) {
+#pragma unroll 4
+    for (int fkw = 0; fkw < p.kw; ++fkw) {
+      pending |= static_cast<uint64_t>(tap_word(fkh, fkw) & mask) << bits;
+      bits += p.c;
+      if (bits >= 32) {
+        store(word++, static_cast<uint32_t>(pending));
+        pending >>= 32;
+        bits -= 32;
+      }
+    }
+  }
+  if (bits > 0) store(word, static_cast<uint32_t>(pending));
+}
+
+// Stage 0 of a dense-tap tile: zeroed, then the activation rows (thread r: row r) and weight columns
+// (thread c: column c) gathered in the engine's layouts. Lanes take consecutive rows, i.e. neighbouring
+// pixels, so a tap's loads of a warp share cache lines.
+template <class Engine>
+__device__ __forceinline__ void GatherDenseTapStage(const BinaryGemmProblem& p, const int4* origins, uint8_t* stage,
+                                                    int col0, int tid) {
+  constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kThreads = Engine::kThreads;
+  static_assert(kRows <= kThreads && kCols <= kThreads, "a thread per row and per column");
+  constexpr int kStageChunks = (kRows + kCols) * 8;
+  for (int i = tid; i < kStageChunks; i += kThreads) reinterpret_cast<uint4*>(stage)[i] = make_uint4(0, 0, 0, 0);
+  __syncthreads();
+  if (tid < kRows) {
+    const int r = tid;
+    const int4 o = origins[r];
+    GatherDenseRow(
+        p,
+        [&](int fkh, int fkw) -> uint32_t {
+          const int ih = o.y + fkh, iw = o.z + fkw;
+          const bool valid = o.w && static_cast<unsigned>(ih) < static_cast<unsigned>(p.in_h) &&
+                             static_cast<unsigned>(iw) < static_cast<unsigned>(p.in_w);
+          return valid ? __ldg(p.x + o.x + fkh * p.in_w + fkw) : 0u;
+        },
+        [&](int j, uint32_t word) {
+          *reinterpret_cast<uint32_t*>(stage + ChunkOffset<Engine::kALayout, kRows>(r, j / 4, 7) + (j % 4) * 4) = word;
+        });
+  }
+  if (tid < kCols && col0 + tid < p.n) {
+    const int c = tid, n = col0 + tid;
+    // FSB tiles: K word t (= tap t, one word per tap) of column n
+    const uint32_t* w = p.w + static_cast<size_t>(n / 8) * p.w_k_tiles * 32 + (n % 8) * 4;
+    GatherDenseRow(
+        p, [&](int fkh, int fkw) -> uint32_t {
+          const int t = fkh * p.kw + fkw;
+          return __ldg(w + (t / 4) * 32 + t % 4);
+        },
+        [&](int j, uint32_t word) {
+          *reinterpret_cast<uint32_t*>(stage + kRows * 128 + StageOffset(c, j / 4) + (j % 4) * 4) = word;
+        });
+  }
+}
+
+// The dense-tap kernel's border rows where the problem has no class table (7x7 at stride 2 has 144 excess
+// classes, the table takes 25): every border row's bounds in StoreDirectBits' scratch rows, in
+// BorderRowBounds' form, from a 2-D prefix sum of the column's tap terms C - 2 popc_tap in shared memory,
+// four reads per row and column. BorderRowBounds loads every excluded tap's popcount for every column of a
+// border row: at ResNet-18's conv1 (batch 256) that took 2.5 of the dense kernel's 3.4 ms (session 36).
+// The prefix sums take (kh + 1) (kw + 1) words a column behind the scratch rows (DenseBorderPrefixFits).
+template <class Engine>
+__host__ __device__ constexpr int DenseBorderPrefixWords() {
+  constexpr int kStageBytes = (Engine::kRows + Engine::kCols) * 128;
+  return (Engine::kStages * kStageBytes - Engine::kRows * Engine::kCols * 4) / (4 * Engine::kCols);
+}
+template <class Engine>
+__device__ __forceinline__ bool DenseBorderPrefixFits(const BinaryGemmProblem& p) {
+  return (p.kh + 1) * (p.kw + 1) <= DenseBorderPrefixWords<Engine>();
+}
+template <class Engine>
+__device__ __forceinline__ void DenseBorderRowBounds(const BinaryGemmProblem& p, const TileColumns<Engine::kCols>& cols,
+                                                     const int4* origins, const int8_t* row_class, int* scratch,
+                                                     int col0, int tid) {
+  constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kThreads = Engine::kThreads;
+  const int side = p.kw + 1;
+  // prefix[(i * side + j) * kCols + lc]: the sum of the terms of taps (i', j') with i' < i, j' < j
+  int* prefix = scratch + kRows * kCols;
+  if (tid < kCols) {
+    const int lc = tid, col = col0 + lc;
+    for (int j = 0; j <= p.kw; ++j) prefix[j * kCols + lc] = 0;
+    for (int i = 0; i < p.kh; ++i) {
+      int row_sum = 0;
+      prefix[((i + 1) * side) * kCols + lc] = 0;
+#pragma unroll 4
+      for (int j = 0; j < p.kw; ++j) {
+        row_sum += col < p.n ? p.c - 2 * p.tap_popc[(i * p.kw + j) * p.n + col] : 0;
+        prefix[((i + 1) * side + j + 1) * kCols + lc] = prefix[(i * side + j + 1) * kCols + lc] + row_sum;
+      }
+    }
+  }
+  __syncthreads();
+  auto corner = [&](int i, int j, int lc) { return prefix[(i * side + j) * kCols + lc]; };
+  for (int item = tid; item < kRows * (kCols / 2); item += kThreads) {
+    const int r = item / (kCols / 2), lc = 2 * (item % (kCols / 2));
+    if (row_class[r] == 0) continue;
+    const int4 o = origins[r];
+    const FrameExcess e = ExcessOf(p, o.y, o.z);
+    const int i0 = e.top, i1 = p.kh - e.bottom, j0 = e.left, j1 = p.kw - e.right;
+    int bound[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int whole = corner(p.kh, p.kw, lc + k);
+      const int inside = corner(i1, j1, lc + k) - corner(i0, j1, lc + k) - corner(i1, j0, lc + k) + corner(i0, j0, lc + k);
+      const int plain = cols.bound[lc + k];  // columns past N keep their unreachable bound
+      bound[k] = plain == kUnreachableBound ? plain : plain + whole - inside;
+    }
+    int* row_bounds = scratch + r * kCols;
+    if (PairsBounds(p)) {
+      row_bounds[lc] = static_cast<int>(PairedBounds(p, bound[0], bound[1]));
+    } else {
+      row_bounds[lc] = bound[0];
+      row_bounds[lc + 1] = bound[1];
+    }
+  }
+}
+
+template <class Engine, int kVec, bool kDenseTaps = false>
+__global__ void __launch_bounds__(Engine::kThreads, kDenseTaps ? 3 : 1) ClassicKernel(const BinaryGemmProblem p,
                                                                       const LaunchDivisors div, int m_tiles,
                                                                       int n_tiles) {
   constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kStages = Engine::kStages;
@@ -1037,7 +1179,7 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   int tile_m, tile_n;
   TileCoordinates(blockIdx.x, m_tiles, n_tiles, tile_m, tile_n);
   const int col0 = tile_n * kCols;
-  if (tid == 0) {
+  if (!kDenseTaps && tid == 0) {
     const uint32_t bars = SmemAddress(smem) + ClassicBarrierOffset<Engine>();
     for (int s = 0; s < kStages; ++s) {
       BarrierInit(bars + 8 * s, kThreads);                  // "full": every thread, once its copies landed
@@ -1071,53 +1213,73 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   __syncthreads();
 
   const uint32_t base = SmemAddress(smem);
-  const uint32_t full0 = base + ClassicBarrierOffset<Engine>(), empty0 = full0 + 8 * kStages;
-  const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
-  const WeightStageLoader<kCols, kThreads> weights(p, col0 / 8, tid);
-  auto load = [&](int kb) {
-    const uint32_t stage = base + (kb % kStages) * kStageBytes;
-    LoadActivationStage<kRows, kVec, kThreads, Engine::kALayout>(p, div, origins, stage, kb, tid);
-    weights.Load(stage + kStageA, kb);
-  };
-  for (int s = 0; s < kStages - 1 && s < k_blocks; ++s) {
-    load(s);
-    BarrierArriveOnCopies(full0 + 8 * s);
-  }
   typename Engine::Accumulators acc = {};
   int row_popc = 0;
-  for (int kb = 0; kb < k_blocks; ++kb) {
-    const int s = kb % kStages;
-    BarrierWait(full0 + 8 * s, (kb / kStages) & 1);  // every thread's copies of stage kb landed
-    // K block kb + kStages - 1's copies go into the stage that K block kb - 1 used, once every thread has
-    // released it (its "empty" barrier): the activations behind step 1's mma, the weights behind step 3's.
-    // A warp thus starts a block while others finish the last one. With a CTA barrier per K block instead
-    // (and the copies behind steps 0-2), mma.sync at 16384^3 ran 14% slower; with these barriers, copies
-    // behind steps 0-2 or 1-3 cost 7% and 5%, and all of them behind step 3 spilled registers.
-    const bool loads = kb + kStages - 1 < k_blocks;
-    const int ns = (kb + kStages - 1) % kStages;
-    const uint32_t next = base + ns * kStageBytes;
-    Engine::Compute(acc, smem + s * kStageBytes, base + s * kStageBytes, tid, [&](int ks) {
-      if (!loads) return;
-      if (ks == 1) {
-        if (kb >= 1) BarrierWait(empty0 + 8 * ns, ((kb - 1) / kStages) & 1);
-        LoadActivationStage<kRows, kVec, kThreads, Engine::kALayout>(p, div, origins, next, kb + kStages - 1, tid);
-      }
-      if (ks == 3) {
-        weights.Load(next + kStageA, kb + kStages - 1);
-        BarrierArriveOnCopies(full0 + 8 * ns);
-      }
-    });
-    row_popc += StageRowPopcount<kRows, kThreads, Engine::kALayout>(smem + s * kStageBytes, tid);
-    // Every thread arrives: with one arrival per warp after __syncwarp, compute-sanitizer's racecheck
-    // reported the other lanes' reads as racing with the next fill's copies (session 28, job 5).
-    BarrierArrive(empty0 + 8 * s);
+  if constexpr (kDenseTaps) {  // one K block, gathered: no pipeline
+    GatherDenseTapStage<Engine>(p, origins, smem, col0, tid);
+    __syncthreads();
+    Engine::Compute(acc, smem, base, tid, [](int) {});
+    row_popc = StageRowPopcount<kRows, kThreads, Engine::kALayout>(smem, tid);
+  } else {
+    const uint32_t full0 = base + ClassicBarrierOffset<Engine>(), empty0 = full0 + 8 * kStages;
+    const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
+    const WeightStageLoader<kCols, kThreads> weights(p, col0 / 8, tid);
+    auto load = [&](int kb) {
+      const uint32_t stage = base + (kb % kStages) * kStageBytes;
+      LoadActivationStage<kRows, kVec, kThreads, Engine::kALayout>(p, div, origins, stage, kb, tid);
+      weights.Load(stage + kStageA, kb);
+    };
+    for (int s = 0; s < kStages - 1 && s < k_blocks; ++s) {
+      load(s);
+      BarrierArriveOnCopies(full0 + 8 * s);
+    }
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      const int s = kb % kStages;
+      BarrierWait(full0 + 8 * s, (kb / kStages) & 1);  // every thread's copies of stage kb landed
+      // K block kb + kStages - 1's copies go into the stage that K block kb - 1 used, once every thread has
+      // released it (its "empty" barrier): the activations behind step 1's mma, the weights behind step 3's.
+      // A warp thus starts a block while others finish the last one. With a CTA barrier per K block instead
+      // (and the copies behind steps 0-2), mma.sync at 16384^3 ran 14% slower; with these barriers, copies
+      // behind steps 0-2 or 1-3 cost 7% and 5%, and all of them behind step 3 spilled registers.
+      const bool loads = kb + kStages - 1 < k_blocks;
+      const int ns = (kb + kStages - 1) % kStages;
+      const uint32_t next = base + ns * kStageBytes;
+      Engine::Compute(acc, smem + s * kStageBytes, base + s * kStageBytes, tid, [&](int ks) {
+        if (!loads) return;
+        if (ks == 1) {
+          if (kb >= 1) BarrierWait(empty0 + 8 * ns, ((kb - 1) / kStages) & 1);
+          LoadActivationStage<kRows, kVec, kThreads, Engine::kALayout>(p, div, origins, next, kb + kStages - 1, tid);
+        }
+        if (ks == 3) {
+          weights.Load(next + kStageA, kb + kStages - 1);
+          BarrierArriveOnCopies(full0 + 8 * ns);
+        }
+      });
+      row_popc += StageRowPopcount<kRows, kThreads, Engine::kALayout>(smem + s * kStageBytes, tid);
+      // Every thread arrives: with one arrival per warp after __syncwarp, compute-sanitizer's racecheck
+      // reported the other lanes' reads as racing with the next fill's copies (session 28, job 5).
+      BarrierArrive(empty0 + 8 * s);
+    }
   }
   row_popc = CombineRowPopcount<kRows, kThreads>(row_popc);
   if (const int row = RowOfPopcount<kRows, kThreads>(tid); row >= 0) popc_a[row] = row_popc;
   if constexpr (Engine::kDirectStore) {
     if (p.pool_h * p.pool_w == 1) {
-      __syncthreads();
-      Engine::StoreDirect(acc, p, popc_a, origins, row_class, reinterpret_cast<int*>(smem), cols, tile_m, col0, tid);
+      int* scratch = reinterpret_cast<int*>(smem);
+      if constexpr (kDenseTaps) {
+        const bool border_bounds = p.epilogue == Epilogue::kBits && !p.pad_one && !p.correction_table &&
+                                   DenseBorderPrefixFits<Engine>(p);
+        // every thread passes the barrier; the tile's border rows decide whether the prefix sums are built
+        if (__syncthreads_or(border_bounds && tid < kRows && row_class[tid] != 0)) {
+          DenseBorderRowBounds<Engine>(p, cols, origins, row_class, scratch, col0, tid);
+          __syncthreads();
+          Engine::template StoreDirect<true>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
+          return;
+        }
+      } else {
+        __syncthreads();
+      }
+      Engine::StoreDirect(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
       return;
     }
   }
@@ -2696,13 +2858,18 @@ bool Repoint(LaunchPlan& plan, const BinaryGemmProblem& p) {
   return (!x_moved || Encode(plan.a_recipe, p.x, plan.a_map)) && (!w_moved || Encode(plan.w_recipe, p.w, plan.w_map));
 }
 
-// One tile per CTA of ClassicKernel<Engine>; 16-byte activation copies where every tap's words are aligned.
-template <class Engine>
+// One tile per CTA of ClassicKernel<Engine>; 16-byte activation copies where every tap's words are aligned, or
+// the dense-tap gather (UsesDenseTaps).
+template <class Engine, bool kDenseTaps = false>
 LaunchPlan PlanClassic(const BinaryGemmProblem& p, bool aligned, KernelPath path) {
   LaunchPlan plan;
   plan.kind = LaunchPlan::Kind::kClassic;
   plan.path = path;
-  plan.kernel = reinterpret_cast<const void*>(aligned ? ClassicKernel<Engine, 4> : ClassicKernel<Engine, 1>);
+  if constexpr (kDenseTaps) {
+    plan.kernel = reinterpret_cast<const void*>(ClassicKernel<Engine, 1, true>);
+  } else {
+    plan.kernel = reinterpret_cast<const void*>(aligned ? ClassicKernel<Engine, 4> : ClassicKernel<Engine, 1>);
+  }
   plan.threads = Engine::kThreads;
   plan.smem = ClassicSmemBytes<Engine>();
   plan.p = p;
@@ -2950,6 +3117,7 @@ LaunchPlan Plan(BinaryGemmProblem p, KernelPath path, const DeviceInfo& info) {
       return PlanPersistent(p, info);
     }
     case KernelPath::kMmaSync:
+      if (UsesDenseTaps(p)) return PlanClassic<MmaSyncDenseTaps, true>(p, aligned, run);
       // wide tiles where N needs them and the device's shared memory takes them
       if (p.n > MmaSyncNarrow::kCols && info.smem_optin >= ClassicSmemBytes<MmaSyncWide>()) {
         return PlanClassic<MmaSyncWide>(p, aligned, run);

@@ -426,6 +426,11 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
   time("conv r18.l2.down b256", ConvCase{256, 56, 56, 64, 128, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, false});
   time("conv r18.l3.down b256", ConvCase{256, 28, 28, 128, 256, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, false});
   time("conv r18.l4.down b256", ConvCase{256, 14, 14, 256, 512, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, false});
+  // the first layers, binarized input (C = 3: dense taps)
+  time("conv r18.conv1 b256", ConvCase{256, 224, 224, 3, 64, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1, false});
+  time("conv vgg.1_1 b32", ConvCase{32, 224, 224, 3, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  time("conv r18.conv1 one b256", ConvCase{256, 224, 224, 3, 64, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1, true});
+  time("conv vgg.1_1 one b32", ConvCase{32, 224, 224, 3, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true});
 }
 
 }  // namespace
@@ -527,10 +532,29 @@ int main(int argc, char** argv) {
   cases.push_back({2, 10, 12, 64, 33, 2, 2, 2, 2, 0, 1, 0, 1, 1, 1, false});
   cases.push_back({5, 15, 17, 64, 100, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false});
   cases.push_back({64, 40, 40, 64, 64, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, false});
+  // Dense taps (one channel word, C < 32, at most 1024 real bits): the first layers of ResNet-18 (7x7 stride
+  // 2, no border-class table) and VGG-16 (3x3, the table) in both paddings, more tiles than the CTAs one
+  // wave holds; C = 5 pooled, C = 31 (a word of 31 real bits), C = 17 with asymmetric padding and stride,
+  // N = 3 and 70 (a partial second column tile), a single output pixel, C = 7 11x11 (847 bits); 11x11 at
+  // C = 9 (1089 bits) takes the word layout.
+  cases.push_back({2, 20, 19, 3, 64, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1, false});
+  cases.push_back({2, 20, 19, 3, 64, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1, true});
+  cases.push_back({3, 17, 15, 3, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({3, 17, 15, 3, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true});
+  cases.push_back({24, 64, 64, 3, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  cases.push_back({2, 9, 11, 5, 33, 5, 5, 1, 1, 2, 2, 2, 2, 2, 2, false});
+  cases.push_back({1, 13, 12, 31, 40, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, false});
+  cases.push_back({1, 9, 9, 17, 3, 3, 3, 2, 1, 0, 1, 1, 0, 1, 1, false});
+  cases.push_back({1, 3, 3, 3, 5, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, false});
+  cases.push_back({1, 20, 19, 7, 16, 11, 11, 4, 4, 2, 2, 2, 2, 1, 1, true});
+  cases.push_back({1, 20, 19, 9, 16, 11, 11, 4, 4, 2, 2, 2, 2, 1, 1, false});
+  // the dense kernel's border rows from prefix sums (no table): N = 70 (columns past N in the second tile)
+  cases.push_back({3, 21, 18, 3, 70, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1, false});
   if (small) {
     cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[14], cases[17], cases[21], cases[23],
              cases[28], cases[31], cases[32], cases[35], cases[38], cases[42], cases[43], cases[46], cases[49],
-             cases[52], cases[56], cases[59], cases[60], cases[62], cases[66], cases[67]};
+             cases[52], cases[56], cases[59], cases[60], cases[62], cases[66], cases[67], cases[68], cases[70],
+             cases[73], cases[74], cases[75], cases[79]};
   }
   long failures = 0;
   for (const ConvCase& cc : cases) {
