@@ -142,6 +142,10 @@ fi
 
 for mode in bench bench-quick; do
   if has $mode; then
+    # the steps before it may have used the job's time (JOB_SECONDS): a negative limit was timeout's error
+    if [ $((JOB_END - $(date +%s))) -le 30 ]; then
+      log "benchmark ($mode) not run: JOB_SECONDS spent by the steps before it"; status=1; continue
+    fi
     log "benchmark ($mode); SM clock, power and temperature every 0.5 s in clocks.csv"
     nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 500 > "$OUT/clocks.csv" 2>&1 &
     clock_logger=$!
