@@ -189,13 +189,12 @@ __global__ void __launch_bounds__(512, 1) KLoopPacked(const uint4* source, int* 
   out[blockIdx.x * blockDim.x + tid] = sum;
 }
 
-template <int kMode, bool kBarrier, bool kSwap>
-void RunPacked(const char* name, const uint4* source, int* out, int sms, double clock_hz) {
-  constexpr int kSmem = kStages * kPackedStageBytes;
-  auto kernel = KLoopPacked<kMode, kBarrier, kSwap>;
-  CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  const int k_blocks = 2048;
-  kernel<<<sms, 512, kSmem>>>(source, out, 64);  // warm-up
+// The best of five timed launches (after a short warm-up) of a k-loop kernel over `k_blocks` K blocks, one
+// CTA per SM, in ms.
+float BestOfFiveMs(void (*kernel)(const uint4*, int*, int), int threads, int smem, const uint4* source, int* out,
+                   int sms, int k_blocks) {
+  CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<sms, threads, smem>>>(source, out, 64);  // warm-up
   CHECK_CUDA(cudaGetLastError());
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
@@ -203,54 +202,42 @@ void RunPacked(const char* name, const uint4* source, int* out, int sms, double 
   float best_ms = 1e30f;
   for (int rep = 0; rep < 5; ++rep) {
     CHECK_CUDA(cudaEventRecord(start));
-    kernel<<<sms, 512, kSmem>>>(source, out, k_blocks);
+    kernel<<<sms, threads, smem>>>(source, out, k_blocks);
     CHECK_CUDA(cudaEventRecord(stop));
     CHECK_CUDA(cudaEventSynchronize(stop));
     float ms;
     CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
     if (ms < best_ms) best_ms = ms;
   }
-  const double seconds = best_ms * 1e-3;
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  return best_ms;
+}
+
+template <int kMode, bool kBarrier, bool kSwap>
+void RunPacked(const char* name, const uint4* source, int* out, int sms, double clock_hz) {
+  const int k_blocks = 2048;
+  const double seconds =
+      BestOfFiveMs(KLoopPacked<kMode, kBarrier, kSwap>, 512, kStages * kPackedStageBytes, source, out, sms, k_blocks) * 1e-3;
   const double ops = 2.0 * sms * k_blocks * kPackedRows * kPackedCols * 1024.0;
   const double ldmatrix_bytes = static_cast<double>(sms) * k_blocks * 16 * 4 * 8 * 512;
   printf("%-44s 16 warps of 64 x 64, 256 x 256 tile, packed: %8.1f TOPS", name, ops / seconds / 1e12);
   if (kMode != kMmaOnly) printf("; ldmatrix %6.1f bytes per SM clock", ldmatrix_bytes / seconds / sms / clock_hz);
   printf("\n");
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
 }
 
 template <int kWarps, int kWarpCols, int kMode, bool kBarrier>
 void Run(const char* name, const uint4* source, int* out, int sms, double clock_hz) {
   using T = Tile<kWarps, kWarpCols>;
-  constexpr int kSmem = kStages * T::kStageBytes;
-  auto kernel = KLoop<kWarps, kWarpCols, kMode, kBarrier>;
-  CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int k_blocks = 4096;
-  kernel<<<sms, 32 * kWarps, kSmem>>>(source, out, 64);  // warm-up
-  CHECK_CUDA(cudaGetLastError());
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  float best_ms = 1e30f;
-  for (int rep = 0; rep < 5; ++rep) {
-    CHECK_CUDA(cudaEventRecord(start));
-    kernel<<<sms, 32 * kWarps, kSmem>>>(source, out, k_blocks);
-    CHECK_CUDA(cudaEventRecord(stop));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    if (ms < best_ms) best_ms = ms;
-  }
-  const double seconds = best_ms * 1e-3;
+  const double seconds = BestOfFiveMs(KLoop<kWarps, kWarpCols, kMode, kBarrier>, 32 * kWarps, kStages * T::kStageBytes,
+                                      source, out, sms, k_blocks) * 1e-3;
   const double ops = 2.0 * sms * k_blocks * T::kRows * T::kCols * 1024.0;
   const double ldmatrix_bytes = static_cast<double>(sms) * k_blocks * kWarps * 4 * (4 + T::kFrags / 2) * 512;
   const bool loads = kMode != kMmaOnly;
   printf("%-44s %2d warps of 64 x %2d, %3d x %3d tile: %8.1f TOPS%s", name, kWarps, kWarpCols, T::kRows, T::kCols,
          kMode == kLdmatrixOnly ? 0.0 : ops / seconds / 1e12, loads ? "" : "\n");
   if (loads) printf("; ldmatrix %6.1f bytes per SM clock\n", ldmatrix_bytes / seconds / sms / clock_hz);
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
 }
 
 int main() {
