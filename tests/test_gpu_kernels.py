@@ -139,6 +139,8 @@ CONV_CASES = [
     (3, 17, 15, 3, 70, (3, 3), (1, 1), ((1, 1), (1, 1)), "one", None),
     (2, 9, 11, 5, 33, (5, 5), (1, 1), ((2, 2), (2, 2)), "zero", (2, 2)),
     (1, 9, 9, 17, 3, (3, 3), (2, 1), ((0, 1), (1, 0)), "zero", None),
+    # more tiles than the dense kernel's CTAs: each keeps its column tile (of two) over several row tiles
+    (64, 64, 64, 3, 70, (7, 7), (2, 2), ((3, 3), (3, 3)), "zero", None),
 ]
 
 

@@ -674,6 +674,16 @@ __device__ __forceinline__ int8_t EpilogueRowClass(const BinaryGemmProblem& p, c
   return static_cast<int8_t>(p.correction_table ? BorderClass(p, ExcessOf(p, origin.y, origin.z)) : 1);
 }
 
+// A border row's bounds of columns lc, lc + 1 in the form ThresholdBitsPaired / Unpaired read.
+__device__ __forceinline__ void StoreRowBounds(const BinaryGemmProblem& p, int* row_bounds, int lc, int bound0, int bound1) {
+  if (PairsBounds(p)) {
+    row_bounds[lc] = static_cast<int>(PairedBounds(p, bound0, bound1));
+  } else {
+    row_bounds[lc] = bound0;
+    row_bounds[lc + 1] = bound1;
+  }
+}
+
 // A border row's own bounds, for problems without the table: bound + the row's excluded taps of each of an
 // accumulator thread's columns first_lc + 8 j + e (j < 4, e < 2), at the same columns of `row_bounds` and in
 // the form ThresholdBitsPaired / Unpaired read. A runtime loop: run for border rows only, its code once.
@@ -689,12 +699,7 @@ __device__ __forceinline__ void BorderRowBounds(const BinaryGemmProblem& p, cons
       const int plain = cols.bound[lc + e];  // columns past N keep their unreachable bound
       bound[e] = plain == kUnreachableBound ? plain : plain + ExcludedTaps(p, cols, origin, lc + e, col0 + lc + e);
     }
-    if (PairsBounds(p)) {
-      row_bounds[lc] = static_cast<int>(PairedBounds(p, bound[0], bound[1]));
-    } else {
-      row_bounds[lc] = bound[0];
-      row_bounds[lc + 1] = bound[1];
-    }
+    StoreRowBounds(p, row_bounds, lc, bound[0], bound[1]);
   }
 }
 
@@ -787,9 +792,10 @@ struct MmaSyncEngine {
 
   // stage: the stage (A rows, then B rows) as a generic pointer and as a shared-window address.
   // after_step(ks) runs once step ks's mma are issued: the caller's share of the next stage's copies.
+  // steps: the k256 steps of the stage that hold K (the dense-tap kernel's; the pipelines' stages all 4).
   template <class AfterStep>
   __device__ static void Compute(Accumulators& acc, const uint8_t*, uint32_t stage_addr, int tid,
-                                 AfterStep&& after_step) {
+                                 AfterStep&& after_step, int steps = 4) {
 #if __CUDA_ARCH__ >= 800
     const uint32_t stage_a = stage_addr, stage_b = stage_addr + kRows * 128;
     const int warp = tid / 32, lane = tid % 32;
@@ -800,6 +806,7 @@ struct MmaSyncEngine {
     const uint32_t a_lane = (warp_row + (lane % 8) + ((lane / 8) % 2) * 8) * 128 + (((lane / 16) ^ (lane % 8)) << 4);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
+      if (ks == steps) break;
       uint32_t a[4][4], b[kFrags][2];
       const uint32_t a_step = stage_a + (a_lane ^ (ks << 5));
 #pragma unroll
@@ -1026,144 +1033,30 @@ constexpr int ClassicSmemBytes() {
 }
 static_assert(ClassicSmemBytes<MmaSyncNarrow>() <= 163 * 1024, "the narrow mma.sync engine runs on an A100");
 
-// ---------------------------------------------------------------------------------------------------
-// Dense taps: convolutions of fewer than 32 channels (a binarized image's first layer). A tap's C real bits
-// fill one channel word, so the word layout's reduction is 32 / C times the real one (7x7 at C = 3: 49 words
-// for 147 bits, 7 k256 steps, 49 four-byte copies a row). The dense-tap kernel instead gathers every row's
-// and every column's real bits, tap after tap, into ceil(kh kw C / 32) words of one K block. Dot products,
-// row and column popcounts and the padding corrections are those of the same bits in another order, and an
-// out-of-frame tap gathers as zeros, as the word layout's zero fill.
-__host__ __device__ __forceinline__ bool UsesDenseTaps(const BinaryGemmProblem& p) {
-  return p.cw == 1 && p.c < 32 && p.kh * p.kw > 1 && p.kh * p.kw * p.c <= kKBlockWords * 32;
-}
-
-// Writes one row's dense words: the C low bits of tap_word(fkh, fkw) for every tap in order, packed least
-// significant bit first; store(j, word) receives words 0 .. ceil(kh kw C / 32) - 1.
-template <class TapWord, class Store>
-__device__ __forceinline__ void GatherDenseRow(const BinaryGemmProblem& p, TapWord&& tap_word, Store&& store) {
-  const uint32_t mask = (1u << p.c) - 1;
-  uint64_t pending = 0;  // gathered bits not yet stored, the next one at bit `bits`
-  int bits = 0, word = 0;
-  for (int fkh = 0; fkh < p.kh; ++fkh) {
-#pragma unroll 4
-    for (int fkw = 0; fkw < p.kw; ++fkw) {
-      pending |= static_cast<uint64_t>(tap_word(fkh, fkw) & mask) << bits;
-      bits += p.c;
-      if (bits >= 32) {
-        store(word++, static_cast<uint32_t>(pending));
-        pending >>= 32;
-        bits -= 32;
-      }
-    }
-  }
-  if (bits > 0) store(word, static_cast<uint32_t>(pending));
-}
-
-// Stage 0 of a dense-tap tile: zeroed, then the activation rows (thread r: row r) and weight columns
-// (thread c: column c) gathered in the engine's layouts. Lanes take consecutive rows, i.e. neighbouring
-// pixels, so a tap's loads of a warp share cache lines.
-template <class Engine>
-__device__ __forceinline__ void GatherDenseTapStage(const BinaryGemmProblem& p, const int4* origins, uint8_t* stage,
-                                                    int col0, int tid) {
-  constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kThreads = Engine::kThreads;
-  static_assert(kRows <= kThreads && kCols <= kThreads, "a thread per row and per column");
-  constexpr int kStageChunks = (kRows + kCols) * 8;
-  for (int i = tid; i < kStageChunks; i += kThreads) reinterpret_cast<uint4*>(stage)[i] = make_uint4(0, 0, 0, 0);
-  __syncthreads();
-  if (tid < kRows) {
-    const int r = tid;
-    const int4 o = origins[r];
-    GatherDenseRow(
-        p,
-        [&](int fkh, int fkw) -> uint32_t {
-          const int ih = o.y + fkh, iw = o.z + fkw;
-          const bool valid = o.w && static_cast<unsigned>(ih) < static_cast<unsigned>(p.in_h) &&
-                             static_cast<unsigned>(iw) < static_cast<unsigned>(p.in_w);
-          return valid ? __ldg(p.x + o.x + fkh * p.in_w + fkw) : 0u;
-        },
-        [&](int j, uint32_t word) {
-          *reinterpret_cast<uint32_t*>(stage + ChunkOffset<Engine::kALayout, kRows>(r, j / 4, 7) + (j % 4) * 4) = word;
-        });
-  }
-  if (tid < kCols && col0 + tid < p.n) {
-    const int c = tid, n = col0 + tid;
-    // FSB tiles: K word t (= tap t, one word per tap) of column n
-    const uint32_t* w = p.w + static_cast<size_t>(n / 8) * p.w_k_tiles * 32 + (n % 8) * 4;
-    GatherDenseRow(
-        p, [&](int fkh, int fkw) -> uint32_t {
-          const int t = fkh * p.kw + fkw;
-          return __ldg(w + (t / 4) * 32 + t % 4);
-        },
-        [&](int j, uint32_t word) {
-          *reinterpret_cast<uint32_t*>(stage + kRows * 128 + StageOffset(c, j / 4) + (j % 4) * 4) = word;
-        });
+// The columns' set-up of a tile (ClassicKernel, DenseTapKernel): their epilogue parameters and, where the
+// problem keeps it, the border-class table. StoreDirectBits reads every row's bounds from the table's rows,
+// class 0 holding the plain ones: the table's fill adds the bound to every class (class 0's correction is 0);
+// without the table, FillColumnParameters puts the plain bounds into row 0 where they are paired, and here
+// where not.
+template <int kCols, int kThreads>
+__device__ __forceinline__ void SetUpTileColumns(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
+                                                 int tid, bool direct_bits) {
+  static_assert(kThreads % kCols == 0, "whole parts of a column's classes");
+  if (p.correction_table) {
+    // every thread: kThreads / kCols parts share a column's classes (whole warps: the paired bounds are
+    // shuffled, the flip words are ballots)
+    const int c = tid % kCols, part = tid / kCols;
+    const ColumnThreshold th = LoadColumnThreshold(p, col0 + c);
+    const int popc_b = FillCorrectionTable<kCols>(p, cols, col0, c, part, kThreads / kCols, direct_bits, th);
+    if (part == 0) FillColumnParameters<kCols>(p, cols, col0, c, popc_b, th);
+  } else if (tid < kCols) {
+    FillTileColumn<kCols>(p, cols, col0, tid);
+    if (direct_bits && !PairsBounds(p)) cols.correction[0][tid] = cols.bound[tid];
   }
 }
 
-// The dense-tap kernel's border rows where the problem has no class table (7x7 at stride 2 has 144 excess
-// classes, the table takes 25): every border row's bounds in StoreDirectBits' scratch rows, in
-// BorderRowBounds' form, from a 2-D prefix sum of the column's tap terms C - 2 popc_tap in shared memory,
-// four reads per row and column. BorderRowBounds loads every excluded tap's popcount for every column of a
-// border row: at ResNet-18's conv1 (batch 256) that took 2.5 of the dense kernel's 3.4 ms (session 36).
-// The prefix sums take (kh + 1) (kw + 1) words a column behind the scratch rows (DenseBorderPrefixFits).
-template <class Engine>
-__host__ __device__ constexpr int DenseBorderPrefixWords() {
-  constexpr int kStageBytes = (Engine::kRows + Engine::kCols) * 128;
-  return (Engine::kStages * kStageBytes - Engine::kRows * Engine::kCols * 4) / (4 * Engine::kCols);
-}
-template <class Engine>
-__device__ __forceinline__ bool DenseBorderPrefixFits(const BinaryGemmProblem& p) {
-  return (p.kh + 1) * (p.kw + 1) <= DenseBorderPrefixWords<Engine>();
-}
-template <class Engine>
-__device__ __forceinline__ void DenseBorderRowBounds(const BinaryGemmProblem& p, const TileColumns<Engine::kCols>& cols,
-                                                     const int4* origins, const int8_t* row_class, int* scratch,
-                                                     int col0, int tid) {
-  constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kThreads = Engine::kThreads;
-  const int side = p.kw + 1;
-  // prefix[(i * side + j) * kCols + lc]: the sum of the terms of taps (i', j') with i' < i, j' < j
-  int* prefix = scratch + kRows * kCols;
-  if (tid < kCols) {
-    const int lc = tid, col = col0 + lc;
-    for (int j = 0; j <= p.kw; ++j) prefix[j * kCols + lc] = 0;
-    for (int i = 0; i < p.kh; ++i) {
-      int row_sum = 0;
-      prefix[((i + 1) * side) * kCols + lc] = 0;
-#pragma unroll 4
-      for (int j = 0; j < p.kw; ++j) {
-        row_sum += col < p.n ? p.c - 2 * p.tap_popc[(i * p.kw + j) * p.n + col] : 0;
-        prefix[((i + 1) * side + j + 1) * kCols + lc] = prefix[(i * side + j + 1) * kCols + lc] + row_sum;
-      }
-    }
-  }
-  __syncthreads();
-  auto corner = [&](int i, int j, int lc) { return prefix[(i * side + j) * kCols + lc]; };
-  for (int item = tid; item < kRows * (kCols / 2); item += kThreads) {
-    const int r = item / (kCols / 2), lc = 2 * (item % (kCols / 2));
-    if (row_class[r] == 0) continue;
-    const int4 o = origins[r];
-    const FrameExcess e = ExcessOf(p, o.y, o.z);
-    const int i0 = e.top, i1 = p.kh - e.bottom, j0 = e.left, j1 = p.kw - e.right;
-    int bound[2];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int whole = corner(p.kh, p.kw, lc + k);
-      const int inside = corner(i1, j1, lc + k) - corner(i0, j1, lc + k) - corner(i1, j0, lc + k) + corner(i0, j0, lc + k);
-      const int plain = cols.bound[lc + k];  // columns past N keep their unreachable bound
-      bound[k] = plain == kUnreachableBound ? plain : plain + whole - inside;
-    }
-    int* row_bounds = scratch + r * kCols;
-    if (PairsBounds(p)) {
-      row_bounds[lc] = static_cast<int>(PairedBounds(p, bound[0], bound[1]));
-    } else {
-      row_bounds[lc] = bound[0];
-      row_bounds[lc + 1] = bound[1];
-    }
-  }
-}
-
-template <class Engine, int kVec, bool kDenseTaps = false>
-__global__ void __launch_bounds__(Engine::kThreads, kDenseTaps ? 3 : 1) ClassicKernel(const BinaryGemmProblem p,
+template <class Engine, int kVec>
+__global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const BinaryGemmProblem p,
                                                                       const LaunchDivisors div, int m_tiles,
                                                                       int n_tiles) {
   constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kStages = Engine::kStages;
@@ -1179,7 +1072,7 @@ __global__ void __launch_bounds__(Engine::kThreads, kDenseTaps ? 3 : 1) ClassicK
   int tile_m, tile_n;
   TileCoordinates(blockIdx.x, m_tiles, n_tiles, tile_m, tile_n);
   const int col0 = tile_n * kCols;
-  if (!kDenseTaps && tid == 0) {
+  if (tid == 0) {
     const uint32_t bars = SmemAddress(smem) + ClassicBarrierOffset<Engine>();
     for (int s = 0; s < kStages; ++s) {
       BarrierInit(bars + 8 * s, kThreads);                  // "full": every thread, once its copies landed
@@ -1190,96 +1083,63 @@ __global__ void __launch_bounds__(Engine::kThreads, kDenseTaps ? 3 : 1) ClassicK
   // The rows' set-up on the last threads, the columns' on the first, and a table's classes split over every
   // thread: on the same few warps, one after the other, they took 2.0 us of a C = 128 tile's 5.7 (1.3 us
   // split; 1.5 -> 1.05 us for BMM; clock64 trace, session 30).
-  static_assert(kRows <= kThreads && kThreads % kCols == 0, "rows and columns of the set-up");
+  static_assert(kRows <= kThreads, "a thread per row of the set-up");
   if (const int r = tid - (kThreads - kRows); r >= 0) {
     const int4 origin = RowOrigin(p, tile_m, kRows, r);
     origins[r] = origin;
     if (direct_bits) row_class[r] = EpilogueRowClass(p, origin);
   }
-  // StoreDirectBits reads every row's bounds from the table's rows, class 0 holding the plain ones: the
-  // table's fill adds the bound to every class (class 0's correction is 0); without the table,
-  // FillColumnParameters puts the plain bounds into row 0 where they are paired, and here where not.
-  if (p.correction_table) {
-    // every thread: kThreads / kCols parts share a column's classes (whole warps: the paired bounds are
-    // shuffled, the flip words are ballots)
-    const int c = tid % kCols, part = tid / kCols;
-    const ColumnThreshold th = LoadColumnThreshold(p, col0 + c);
-    const int popc_b = FillCorrectionTable<kCols>(p, cols, col0, c, part, kThreads / kCols, direct_bits, th);
-    if (part == 0) FillColumnParameters<kCols>(p, cols, col0, c, popc_b, th);
-  } else if (tid < kCols) {
-    FillTileColumn<kCols>(p, cols, col0, tid);
-    if (direct_bits && !PairsBounds(p)) cols.correction[0][tid] = cols.bound[tid];
-  }
+  SetUpTileColumns<kCols, kThreads>(p, cols, col0, tid, direct_bits);
   __syncthreads();
 
   const uint32_t base = SmemAddress(smem);
+  const uint32_t full0 = base + ClassicBarrierOffset<Engine>(), empty0 = full0 + 8 * kStages;
+  const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
+  const WeightStageLoader<kCols, kThreads> weights(p, col0 / 8, tid);
+  auto load = [&](int kb) {
+    const uint32_t stage = base + (kb % kStages) * kStageBytes;
+    LoadActivationStage<kRows, kVec, kThreads, Engine::kALayout>(p, div, origins, stage, kb, tid);
+    weights.Load(stage + kStageA, kb);
+  };
+  for (int s = 0; s < kStages - 1 && s < k_blocks; ++s) {
+    load(s);
+    BarrierArriveOnCopies(full0 + 8 * s);
+  }
   typename Engine::Accumulators acc = {};
   int row_popc = 0;
-  if constexpr (kDenseTaps) {  // one K block, gathered: no pipeline
-    GatherDenseTapStage<Engine>(p, origins, smem, col0, tid);
-    __syncthreads();
-    Engine::Compute(acc, smem, base, tid, [](int) {});
-    row_popc = StageRowPopcount<kRows, kThreads, Engine::kALayout>(smem, tid);
-  } else {
-    const uint32_t full0 = base + ClassicBarrierOffset<Engine>(), empty0 = full0 + 8 * kStages;
-    const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
-    const WeightStageLoader<kCols, kThreads> weights(p, col0 / 8, tid);
-    auto load = [&](int kb) {
-      const uint32_t stage = base + (kb % kStages) * kStageBytes;
-      LoadActivationStage<kRows, kVec, kThreads, Engine::kALayout>(p, div, origins, stage, kb, tid);
-      weights.Load(stage + kStageA, kb);
-    };
-    for (int s = 0; s < kStages - 1 && s < k_blocks; ++s) {
-      load(s);
-      BarrierArriveOnCopies(full0 + 8 * s);
-    }
-    for (int kb = 0; kb < k_blocks; ++kb) {
-      const int s = kb % kStages;
-      BarrierWait(full0 + 8 * s, (kb / kStages) & 1);  // every thread's copies of stage kb landed
-      // K block kb + kStages - 1's copies go into the stage that K block kb - 1 used, once every thread has
-      // released it (its "empty" barrier): the activations behind step 1's mma, the weights behind step 3's.
-      // A warp thus starts a block while others finish the last one. With a CTA barrier per K block instead
-      // (and the copies behind steps 0-2), mma.sync at 16384^3 ran 14% slower; with these barriers, copies
-      // behind steps 0-2 or 1-3 cost 7% and 5%, and all of them behind step 3 spilled registers.
-      const bool loads = kb + kStages - 1 < k_blocks;
-      const int ns = (kb + kStages - 1) % kStages;
-      const uint32_t next = base + ns * kStageBytes;
-      Engine::Compute(acc, smem + s * kStageBytes, base + s * kStageBytes, tid, [&](int ks) {
-        if (!loads) return;
-        if (ks == 1) {
-          if (kb >= 1) BarrierWait(empty0 + 8 * ns, ((kb - 1) / kStages) & 1);
-          LoadActivationStage<kRows, kVec, kThreads, Engine::kALayout>(p, div, origins, next, kb + kStages - 1, tid);
-        }
-        if (ks == 3) {
-          weights.Load(next + kStageA, kb + kStages - 1);
-          BarrierArriveOnCopies(full0 + 8 * ns);
-        }
-      });
-      row_popc += StageRowPopcount<kRows, kThreads, Engine::kALayout>(smem + s * kStageBytes, tid);
-      // Every thread arrives: with one arrival per warp after __syncwarp, compute-sanitizer's racecheck
-      // reported the other lanes' reads as racing with the next fill's copies (session 28, job 5).
-      BarrierArrive(empty0 + 8 * s);
-    }
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    const int s = kb % kStages;
+    BarrierWait(full0 + 8 * s, (kb / kStages) & 1);  // every thread's copies of stage kb landed
+    // K block kb + kStages - 1's copies go into the stage that K block kb - 1 used, once every thread has
+    // released it (its "empty" barrier): the activations behind step 1's mma, the weights behind step 3's.
+    // A warp thus starts a block while others finish the last one. With a CTA barrier per K block instead
+    // (and the copies behind steps 0-2), mma.sync at 16384^3 ran 14% slower; with these barriers, copies
+    // behind steps 0-2 or 1-3 cost 7% and 5%, and all of them behind step 3 spilled registers.
+    const bool loads = kb + kStages - 1 < k_blocks;
+    const int ns = (kb + kStages - 1) % kStages;
+    const uint32_t next = base + ns * kStageBytes;
+    Engine::Compute(acc, smem + s * kStageBytes, base + s * kStageBytes, tid, [&](int ks) {
+      if (!loads) return;
+      if (ks == 1) {
+        if (kb >= 1) BarrierWait(empty0 + 8 * ns, ((kb - 1) / kStages) & 1);
+        LoadActivationStage<kRows, kVec, kThreads, Engine::kALayout>(p, div, origins, next, kb + kStages - 1, tid);
+      }
+      if (ks == 3) {
+        weights.Load(next + kStageA, kb + kStages - 1);
+        BarrierArriveOnCopies(full0 + 8 * ns);
+      }
+    });
+    row_popc += StageRowPopcount<kRows, kThreads, Engine::kALayout>(smem + s * kStageBytes, tid);
+    // Every thread arrives: with one arrival per warp after __syncwarp, compute-sanitizer's racecheck
+    // reported the other lanes' reads as racing with the next fill's copies (session 28, job 5).
+    BarrierArrive(empty0 + 8 * s);
   }
   row_popc = CombineRowPopcount<kRows, kThreads>(row_popc);
   if (const int row = RowOfPopcount<kRows, kThreads>(tid); row >= 0) popc_a[row] = row_popc;
   if constexpr (Engine::kDirectStore) {
     if (p.pool_h * p.pool_w == 1) {
-      int* scratch = reinterpret_cast<int*>(smem);
-      if constexpr (kDenseTaps) {
-        const bool border_bounds = p.epilogue == Epilogue::kBits && !p.pad_one && !p.correction_table &&
-                                   DenseBorderPrefixFits<Engine>(p);
-        // every thread passes the barrier; the tile's border rows decide whether the prefix sums are built
-        if (__syncthreads_or(border_bounds && tid < kRows && row_class[tid] != 0)) {
-          DenseBorderRowBounds<Engine>(p, cols, origins, row_class, scratch, col0, tid);
-          __syncthreads();
-          Engine::template StoreDirect<true>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
-          return;
-        }
-      } else {
-        __syncthreads();
-      }
-      Engine::StoreDirect(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
+      __syncthreads();
+      Engine::StoreDirect(acc, p, popc_a, origins, row_class, reinterpret_cast<int*>(smem), cols, tile_m, col0, tid);
       return;
     }
   }
@@ -1288,6 +1148,199 @@ __global__ void __launch_bounds__(Engine::kThreads, kDenseTaps ? 3 : 1) ClassicK
   Engine::Store(acc, acc_tile, kLd, tid);
   __syncthreads();
   StoreTile<kRows, kCols, kLd, kThreads>(p, acc_tile, popc_a, cols, origins, tile_m, col0, tid);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Dense taps: convolutions of fewer than 32 channels (a binarized image's first layer). A tap's C real bits
+// fill one channel word, so the word layout's reduction is 32 / C times the real one (7x7 at C = 3: 49 words
+// for 147 bits, 7 k256 steps, 49 four-byte copies a row). The dense-tap kernel instead gathers every row's
+// and every column's real bits, tap after tap, into ceil(kh kw C / 32) words of one K block. Dot products,
+// row and column popcounts and the padding corrections are those of the same bits in another order, and an
+// out-of-frame tap gathers as zeros, as the word layout's zero fill.
+inline bool UsesDenseTaps(const BinaryGemmProblem& p) {
+  return p.cw == 1 && p.c < 32 && p.kh * p.kw > 1 && p.kh * p.kw * p.c <= kKBlockWords * 32;
+}
+// The k256 steps of a dense-tap K block: 8 words each.
+__device__ __forceinline__ int DenseTapSteps(const BinaryGemmProblem& p) { return (p.kh * p.kw * p.c + 255) / 256; }
+
+// Packs the C low bits of tap_word(fkh, fkw) for every tap in order, least significant bit first, then zeros:
+// store(j, word) receives words 0 .. `words` - 1. Returns the popcount of the stored words.
+template <class TapWord, class Store>
+__device__ __forceinline__ int PackDenseTaps(const BinaryGemmProblem& p, int words, TapWord&& tap_word, Store&& store) {
+  const uint32_t mask = (1u << p.c) - 1;
+  uint64_t pending = 0;  // gathered bits not yet stored, the next one at bit `bits`
+  int bits = 0, word = 0, popc = 0;
+  auto put = [&](uint32_t w) {
+    store(word++, w);
+    popc += __popc(w);
+  };
+  for (int fkh = 0; fkh < p.kh; ++fkh) {
+#pragma unroll 4
+    for (int fkw = 0; fkw < p.kw; ++fkw) {
+      pending |= static_cast<uint64_t>(tap_word(fkh, fkw) & mask) << bits;
+      bits += p.c;
+      if (bits >= 32) {
+        put(static_cast<uint32_t>(pending));
+        pending >>= 32;
+        bits -= 32;
+      }
+    }
+  }
+  if (bits > 0) put(static_cast<uint32_t>(pending));
+  while (word < words) put(0u);
+  return popc;
+}
+
+// The dense-tap kernel's shared memory: ClassicKernel's regions (two stages, origins, popc_a, the columns,
+// the row classes), the gathered K block in stage 1 (A rows, then the column tile's weights, which stay
+// there over all of a CTA's tiles), the epilogue's scratch from byte 0 (over stage 0 and A, which are free by
+// then), and in place of the barriers the border prefix sums of DenseBorderRowBounds (int16: every sum is
+// within +-kh kw C <= +-1024), (kh + 1) (kw + 1) <= kPrefixCorners a column: filters up to 7x7.
+template <class Engine>
+struct DenseTapSmem {
+  static constexpr int kStage = (Engine::kRows + Engine::kCols) * 128;
+  static constexpr int kWeights = kStage + Engine::kRows * 128;
+  static constexpr int kPrefix = ClassicBarrierOffset<Engine>();
+  static constexpr int kPrefixCorners = 64;
+  static constexpr int kBytes = kPrefix + kPrefixCorners * Engine::kCols * 2;
+  static_assert(Engine::kRows * (Engine::kCols + 4) * 4 <= kWeights, "the epilogues' scratch ends before the weights");
+  static_assert(kWeights + Engine::kCols * 128 <= 2 * kStage, "the K block lies in stage 1");
+};
+// Where the border rows' bounds come from DenseBorderRowBounds: unpooled threshold epilogues of "zero"-padded
+// problems without the class table, filters up to 7x7. Other problems keep StoreDirectBits' own path.
+template <class Engine>
+__device__ __forceinline__ bool DenseBorderBounds(const BinaryGemmProblem& p) {
+  return p.pool_h * p.pool_w == 1 && p.epilogue == Epilogue::kBits && !p.pad_one && !p.correction_table &&
+         (p.kh + 1) * (p.kw + 1) <= DenseTapSmem<Engine>::kPrefixCorners;
+}
+
+// Column c's 2-D prefix sums of its tap terms C - 2 popc_tap (0 past N), built once per CTA:
+// prefix[(i (kw + 1) + j) kCols + c] sums the taps (i', j') with i' < i, j' < j.
+template <int kCols>
+__device__ __forceinline__ void BuildDenseBorderPrefix(const BinaryGemmProblem& p, int16_t* prefix, int col0, int c) {
+  const int side = p.kw + 1, col = col0 + c;
+  for (int j = 0; j < side; ++j) prefix[j * kCols + c] = 0;
+  for (int i = 0; i < p.kh; ++i) {
+    int row_sum = 0;
+    prefix[((i + 1) * side) * kCols + c] = 0;
+#pragma unroll 4
+    for (int j = 0; j < p.kw; ++j) {
+      row_sum += col < p.n ? p.c - 2 * p.tap_popc[(i * p.kw + j) * p.n + col] : 0;
+      prefix[((i + 1) * side + j + 1) * kCols + c] = static_cast<int16_t>(prefix[(i * side + j + 1) * kCols + c] + row_sum);
+    }
+  }
+}
+
+// The dense-tap kernel's border rows (no class table: 7x7 at stride 2 has 144 excess classes, the table takes
+// 25): every border row's bounds in StoreDirectBits' scratch rows, in BorderRowBounds' form, from the prefix
+// sums, four reads per row and column. BorderRowBounds loads every excluded tap's popcount for every column of
+// a border row: at ResNet-18's conv1 (batch 256) that took 2.5 of the dense kernel's 3.4 ms (session 36).
+template <class Engine>
+__device__ __forceinline__ void DenseBorderRowBounds(const BinaryGemmProblem& p, const TileColumns<Engine::kCols>& cols,
+                                                     const int16_t* prefix, const int4* origins,
+                                                     const int8_t* row_class, int* scratch, int tid) {
+  constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kThreads = Engine::kThreads;
+  const int side = p.kw + 1;
+  auto corner = [&](int i, int j, int lc) -> int { return prefix[(i * side + j) * kCols + lc]; };
+  for (int item = tid; item < kRows * (kCols / 2); item += kThreads) {
+    const int r = item / (kCols / 2), lc = 2 * (item % (kCols / 2));
+    if (row_class[r] == 0) continue;
+    const int4 o = origins[r];
+    const FrameExcess e = ExcessOf(p, o.y, o.z);
+    const int i0 = e.top, i1 = p.kh - e.bottom, j0 = e.left, j1 = p.kw - e.right;
+    int bound[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int whole = corner(p.kh, p.kw, lc + k);
+      const int inside = corner(i1, j1, lc + k) - corner(i0, j1, lc + k) - corner(i1, j0, lc + k) + corner(i0, j0, lc + k);
+      const int plain = cols.bound[lc + k];  // columns past N keep their unreachable bound
+      bound[k] = plain == kUnreachableBound ? plain : plain + whole - inside;
+    }
+    StoreRowBounds(p, scratch + r * kCols, lc, bound[0], bound[1]);
+  }
+}
+
+// The dense-tap kernel: persistent CTAs of 4 warps (128 x 64 tiles in MmaSyncDenseTaps' engine), three an SM,
+// so that one CTA's gather runs under the others' mma and epilogues. CTA b keeps column tile b /
+// ctas_per_column: its parameters, gathered weights (thread c: column c) and border prefix sums are set up
+// once, then it takes row tiles b % ctas_per_column, + ctas_per_column, ...: thread r gathers row r into the
+// K block and counts its bits, one mma.sync pass of DenseTapSteps steps, the engine's epilogues. One tile a
+// CTA re-gathered the weights in every tile (0.27 of 0.95 ms at ResNet-18's conv1 with "one" padding) and
+// rebuilt the prefix sums (session 36).
+template <class Engine>
+__global__ void __launch_bounds__(Engine::kThreads, 3) DenseTapKernel(const BinaryGemmProblem p, int m_tiles,
+                                                                     int ctas_per_column) {
+  constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kThreads = Engine::kThreads;
+  using Smem = DenseTapSmem<Engine>;
+  static_assert(kRows == kThreads && kCols <= kThreads, "a thread per row and per column");
+  extern __shared__ __align__(1024) uint8_t smem[];
+  int4* origins = reinterpret_cast<int4*>(smem + Engine::kStages * Smem::kStage);
+  int* popc_a = reinterpret_cast<int*>(origins + kRows);
+  auto& cols = *reinterpret_cast<TileColumns<kCols>*>(popc_a + kRows);
+  int8_t* row_class = reinterpret_cast<int8_t*>(&cols + 1);
+  int16_t* prefix = reinterpret_cast<int16_t*>(smem + Smem::kPrefix);
+  uint8_t* stage = smem + Smem::kStage;
+  int* scratch = reinterpret_cast<int*>(smem);
+  const int tid = threadIdx.x;
+  const int col0 = (blockIdx.x / ctas_per_column) * kCols;
+  const int steps = DenseTapSteps(p);
+  const bool direct_bits = p.pool_h * p.pool_w == 1 && p.epilogue == Epilogue::kBits;
+  const bool border_bounds = DenseBorderBounds<Engine>(p);
+
+  SetUpTileColumns<kCols, kThreads>(p, cols, col0, tid, direct_bits);
+  if (tid < kCols) {
+    const int c = tid, n = col0 + tid;
+    // FSB tiles: K word t (= tap t, one word per tap) of column n; columns past N stay zero
+    const uint32_t* w = p.w + static_cast<size_t>(n / 8) * p.w_k_tiles * 32 + (n % 8) * 4;
+    PackDenseTaps(
+        p, 8 * steps,
+        [&](int fkh, int fkw) -> uint32_t {
+          const int t = fkh * p.kw + fkw;
+          return n < p.n ? __ldg(w + (t / 4) * 32 + t % 4) : 0u;
+        },
+        [&](int j, uint32_t word) {
+          *reinterpret_cast<uint32_t*>(smem + Smem::kWeights + StageOffset(c, j / 4) + (j % 4) * 4) = word;
+        });
+    if (border_bounds) BuildDenseBorderPrefix<kCols>(p, prefix, col0, c);
+  }
+
+  for (int tile_m = blockIdx.x % ctas_per_column; tile_m < m_tiles; tile_m += ctas_per_column) {
+    // row r: its origin, class and K block (every word the k loop reads, zeros past the taps), and its bits
+    const int r = tid;
+    const int4 o = RowOrigin(p, tile_m, kRows, r);
+    origins[r] = o;
+    if (direct_bits) row_class[r] = EpilogueRowClass(p, o);
+    popc_a[r] = PackDenseTaps(
+        p, 8 * steps,
+        [&](int fkh, int fkw) -> uint32_t {
+          const int ih = o.y + fkh, iw = o.z + fkw;
+          const bool valid = o.w && static_cast<unsigned>(ih) < static_cast<unsigned>(p.in_h) &&
+                             static_cast<unsigned>(iw) < static_cast<unsigned>(p.in_w);
+          return valid ? __ldg(p.x + o.x + fkh * p.in_w + fkw) : 0u;
+        },
+        [&](int j, uint32_t word) {
+          *reinterpret_cast<uint32_t*>(stage + ChunkOffset<Engine::kALayout, kRows>(r, j / 4, 7) + (j % 4) * 4) = word;
+        });
+    __syncthreads();
+    typename Engine::Accumulators acc = {};
+    Engine::Compute(acc, stage, SmemAddress(stage), tid, [](int) {}, steps);
+    if (p.pool_h * p.pool_w == 1) {
+      // every thread passes the barrier; the tile's border rows decide whether their bounds are filled
+      if (__syncthreads_or(border_bounds && row_class[tid] != 0)) {
+        DenseBorderRowBounds<Engine>(p, cols, prefix, origins, row_class, scratch, tid);
+        __syncthreads();
+        Engine::template StoreDirect<true>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
+      } else {
+        Engine::StoreDirect(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
+      }
+    } else {
+      __syncthreads();
+      Engine::Store(acc, scratch, kCols + 4, tid);
+      __syncthreads();
+      StoreTile<kRows, kCols, kCols + 4, kThreads>(p, scratch, popc_a, cols, origins, tile_m, col0, tid);
+    }
+    __syncthreads();  // the next tile's rows overwrite origins, popc_a and A, which the epilogue read
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -2677,6 +2730,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
 
 struct DeviceInfo {
   int major = 0, minor = 0, sms = 0, smem_optin = 0;  // smem_optin: bytes of shared memory a block may take
+  int smem_per_sm = 0, smem_reserved = 0;              // an SM's shared memory, and what each block costs it extra
 };
 
 cudaError_t QueryDevice(int device, DeviceInfo& info) {
@@ -2684,6 +2738,10 @@ cudaError_t QueryDevice(int device, DeviceInfo& info) {
   if ((err = cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess ||
       (err = cudaDeviceGetAttribute(&info.minor, cudaDevAttrComputeCapabilityMinor, device)) != cudaSuccess ||
       (err = cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) {
+    return err;
+  }
+  if ((err = cudaDeviceGetAttribute(&info.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device)) != cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&info.smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, device)) != cudaSuccess) {
     return err;
   }
   return cudaDeviceGetAttribute(&info.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
@@ -2823,7 +2881,7 @@ TensorMapRecipe ResidentWeightRecipe(const BinaryGemmProblem& p, int cols) {
 // A launch of one problem: the kernel, its grid, and the values of its parameters. The kernels take some of
 // these in the order `kind` names (Launch lists them).
 struct LaunchPlan {
-  enum class Kind { kClassic, kPersistent, kResident, kBand } kind = Kind::kClassic;
+  enum class Kind { kClassic, kPersistent, kResident, kBand, kDenseTaps } kind = Kind::kClassic;
   const void* kernel = nullptr;
   KernelPath path = KernelPath::kSimt;  // the engine that runs
   unsigned ctas = 0, threads = 0;
@@ -2858,18 +2916,13 @@ bool Repoint(LaunchPlan& plan, const BinaryGemmProblem& p) {
   return (!x_moved || Encode(plan.a_recipe, p.x, plan.a_map)) && (!w_moved || Encode(plan.w_recipe, p.w, plan.w_map));
 }
 
-// One tile per CTA of ClassicKernel<Engine>; 16-byte activation copies where every tap's words are aligned, or
-// the dense-tap gather (UsesDenseTaps).
-template <class Engine, bool kDenseTaps = false>
+// One tile per CTA of ClassicKernel<Engine>; 16-byte activation copies where every tap's words are aligned.
+template <class Engine>
 LaunchPlan PlanClassic(const BinaryGemmProblem& p, bool aligned, KernelPath path) {
   LaunchPlan plan;
   plan.kind = LaunchPlan::Kind::kClassic;
   plan.path = path;
-  if constexpr (kDenseTaps) {
-    plan.kernel = reinterpret_cast<const void*>(ClassicKernel<Engine, 1, true>);
-  } else {
-    plan.kernel = reinterpret_cast<const void*>(aligned ? ClassicKernel<Engine, 4> : ClassicKernel<Engine, 1>);
-  }
+  plan.kernel = reinterpret_cast<const void*>(aligned ? ClassicKernel<Engine, 4> : ClassicKernel<Engine, 1>);
   plan.threads = Engine::kThreads;
   plan.smem = ClassicSmemBytes<Engine>();
   plan.p = p;
@@ -2878,6 +2931,26 @@ LaunchPlan PlanClassic(const BinaryGemmProblem& p, bool aligned, KernelPath path
   plan.n_tiles = (p.n + Engine::kCols - 1) / Engine::kCols;
   const long long tiles = static_cast<long long>(plan.m_tiles) * plan.n_tiles;
   plan.ctas = tiles > INT_MAX ? 0 : static_cast<unsigned>(tiles);  // 0: too many tiles (refused at launch)
+  return plan;
+}
+
+// DenseTapKernel (UsesDenseTaps): as many CTAs as fit the SMs at once (three an SM where the shared memory
+// takes them), the column tiles shared out evenly, each CTA at least one row tile.
+LaunchPlan PlanDenseTaps(const BinaryGemmProblem& p, const DeviceInfo& info) {
+  using Engine = MmaSyncDenseTaps;
+  LaunchPlan plan;
+  plan.kind = LaunchPlan::Kind::kDenseTaps;
+  plan.path = KernelPath::kMmaSync;
+  plan.kernel = reinterpret_cast<const void*>(DenseTapKernel<Engine>);
+  plan.threads = Engine::kThreads;
+  plan.smem = DenseTapSmem<Engine>::kBytes;
+  plan.p = p;
+  plan.m_tiles = TilesOfRows(p, Engine::kRows);
+  const int n_tiles = (p.n + Engine::kCols - 1) / Engine::kCols;
+  const int per_sm = std::max(1, std::min(3, info.smem_per_sm / (plan.smem + info.smem_reserved)));
+  plan.ctas_per_column = std::max(1, std::min(plan.m_tiles, per_sm * info.sms / n_tiles));
+  const long long ctas = static_cast<long long>(n_tiles) * plan.ctas_per_column;
+  plan.ctas = ctas > INT_MAX ? 0 : static_cast<unsigned>(ctas);  // 0: too many (refused at launch)
   return plan;
 }
 
@@ -3117,7 +3190,7 @@ LaunchPlan Plan(BinaryGemmProblem p, KernelPath path, const DeviceInfo& info) {
       return PlanPersistent(p, info);
     }
     case KernelPath::kMmaSync:
-      if (UsesDenseTaps(p)) return PlanClassic<MmaSyncDenseTaps, true>(p, aligned, run);
+      if (UsesDenseTaps(p)) return PlanDenseTaps(p, info);
       // wide tiles where N needs them and the device's shared memory takes them
       if (p.n > MmaSyncNarrow::kCols && info.smem_optin >= ClassicSmemBytes<MmaSyncWide>()) {
         return PlanClassic<MmaSyncWide>(p, aligned, run);
@@ -3183,9 +3256,11 @@ cudaError_t Launch(LaunchPlan& plan, cudaStream_t stream) {
                         &plan.m_pairs, &plan.n_tiles, &plan.runs};
   void* resident[] = {&plan.p, &plan.a_map, &plan.w_map, &plan.div, &plan.m_tiles, &plan.ctas_per_column};
   void* band[] = {&plan.p, &plan.a_map, &plan.band};
+  void* dense_taps[] = {&plan.p, &plan.m_tiles, &plan.ctas_per_column};
   void** args = plan.kind == LaunchPlan::Kind::kClassic      ? classic
                 : plan.kind == LaunchPlan::Kind::kPersistent ? persistent
                 : plan.kind == LaunchPlan::Kind::kResident   ? resident
+                : plan.kind == LaunchPlan::Kind::kDenseTaps  ? dense_taps
                                                              : band;
   const cudaError_t err = cudaLaunchKernelExC(&config, plan.kernel, args);
   return err == cudaSuccess ? cudaGetLastError() : err;

@@ -550,11 +550,16 @@ int main(int argc, char** argv) {
   cases.push_back({1, 20, 19, 9, 16, 11, 11, 4, 4, 2, 2, 2, 2, 1, 1, false});
   // the dense kernel's border rows from prefix sums (no table): N = 70 (columns past N in the second tile)
   cases.push_back({3, 21, 18, 3, 70, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1, false});
+  // more tiles than the dense kernel's CTAs (three an SM): each CTA keeps its column tile over 2-3 row tiles,
+  // without the table (N = 70: two column tiles), "one" padding, and pooled
+  cases.push_back({64, 64, 64, 3, 70, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1, false});
+  cases.push_back({64, 64, 64, 3, 70, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1, true});
+  cases.push_back({48, 40, 40, 5, 33, 5, 5, 1, 1, 2, 2, 2, 2, 2, 2, false});
   if (small) {
     cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[14], cases[17], cases[21], cases[23],
              cases[28], cases[31], cases[32], cases[35], cases[38], cases[42], cases[43], cases[46], cases[49],
              cases[52], cases[56], cases[59], cases[60], cases[62], cases[66], cases[67], cases[68], cases[70],
-             cases[73], cases[74], cases[75], cases[79]};
+             cases[73], cases[74], cases[75], cases[79], cases[80]};
   }
   long failures = 0;
   for (const ConvCase& cc : cases) {
