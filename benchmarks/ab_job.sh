@@ -10,7 +10,8 @@
 # harness timing mode in TIME_MODES (default `--time-wgmma`; `--time-mma` times the mma.sync engine) over
 # every version (CASES: ';'-separated harness case names; default all). A version's own `time_modes` file
 # replaces TIME_MODES for it; a version holding a file `diagnostic` (a timing-only variant whose results are
-# wrong by design, e.g. with a stage left out) is neither checked nor sanitized. TRACE=1 builds every harness
+# wrong by design, e.g. with a stage left out) is neither checked nor sanitized. CHECK_ARGS: the check's
+# harness arguments (e.g. `--dense`: the convolutions of fewer than 32 channels only; default every case). TRACE=1 builds every harness
 # with the wgmma tile trace (-DJAXBNN_TILE_TRACE: each timed case then prints where a tile's time goes; the
 # stamps slow the kernel by ~10%, so compare traced builds only with traced builds). Writes two files to $OUT (default
 # /tmp/jaxbnn_ab_out; the device returns at most 8): ab.log, and versions.tar.gz with each version's
@@ -39,7 +40,7 @@ for i in "${!VERSIONS[@]}"; do
   echo "=== version $i: ${VERSIONS[$i]}: $(grep -c spilled "$LOGS/build_$i.txt") spill warnings" | tee -a "$LOG"
   [ -x "/tmp/ab_kernel_check_$i" ] || { tail -5 "$LOGS/build_$i.txt" | tee -a "$LOG"; status=1; continue; }
   if [ -f "${VERSIONS[$i]}/diagnostic" ]; then echo "diagnostic version, not checked: $(cat "${VERSIONS[$i]}/diagnostic")" | tee -a "$LOG"; continue; fi
-  timeout ${CHECK_SECONDS:-200} stdbuf -oL "/tmp/ab_kernel_check_$i" > "$LOGS/check_$i.log" 2>&1
+  timeout ${CHECK_SECONDS:-200} stdbuf -oL "/tmp/ab_kernel_check_$i" ${CHECK_ARGS:-} > "$LOGS/check_$i.log" 2>&1
   echo "check rc=$? ($(date -u +%T))" | tee -a "$LOG"
   grep -v " 0 / " "$LOGS/check_$i.log" | tail -6 | tee -a "$LOG"
   # a version that fails its check (or hangs) is neither sanitized nor timed

@@ -17,7 +17,7 @@ BUILD=${BUILD:-/tmp/jaxbnn_build}
 STEPS=("$@")
 JOB_END=$(( $(date +%s) + ${JOB_SECONDS:-560} ))  # the benchmark starts no new layer after this
 [ ${#STEPS[@]} -eq 0 ] && STEPS=(build check sass sanitize pytest ceiling bench)
-GENCODE="-gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80"
+GENCODE=${GENCODE:-"-gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80"}  # the harness's
 status=0
 
 log() { echo "=== $* ($(date -u +%H:%M:%S))" | tee -a "$LOG"; }
@@ -119,12 +119,14 @@ fi
 
 if has ncu-cases; then
   # one launch of each named harness case (NCU_CASES, ';'-separated) on one engine (NCU_ENGINE: wgmma or
-  # mma), full ncu set with source: details in ncu_cases.txt, per-instruction counters and stall samples
+  # mma; NCU_KERNEL: a kernel-name regex instead of the engine's, e.g. DenseTapKernel), full ncu set with
+  # source: details in ncu_cases.txt, per-instruction counters and stall samples
   # (`ncu --page source --csv`) of every case in ncu_sources.tar.gz; NCU_FLAGS: more ncu options (e.g.
   # `--cache-control none`: ncu flushes the caches before each profiled launch by default)
   IFS=';' read -r -a cases <<< "${NCU_CASES:-bconv C=O=128;bconv one C=O=512;bconv C=O=512;bmm 4096^3}"
   kernel=Wgmma; mode=--time-wgmma
   [ "${NCU_ENGINE:-wgmma}" = mma ] && { kernel=ClassicKernel; mode=--time-mma; }
+  kernel=${NCU_KERNEL:-$kernel}
   sources=$(mktemp -d)
   for c in "${cases[@]}"; do
     log "ncu --set full: $c ($kernel)"
