@@ -970,8 +970,8 @@ struct MmaSyncEngine {
 // need an H100's (LaunchBinaryGemm picks by the device's opt-in limit).
 using MmaSyncNarrow = MmaSyncEngine<128, 4, 8>;
 using MmaSyncWide = MmaSyncEngine<256, 3, 16>;
-// The dense-tap kernel's engine (one K block, no pipeline): 128 x 64 tiles in 60 KB, three CTAs per SM, so
-// that one CTA's gather runs under the others' mma and epilogues.
+// The dense-tap kernel's engine (DenseTapKernel: one gathered K block, no pipeline): 128 x 64 tiles of 4 warps,
+// whose two stages hold the K block and the epilogues' scratch.
 using MmaSyncDenseTaps = MmaSyncEngine<64, 2, 4>;
 
 struct SimtEngine {
