@@ -1262,6 +1262,9 @@ __device__ __forceinline__ void DenseBorderRowBounds(const BinaryGemmProblem& p,
   }
 }
 
+// CTAs an SM that the dense-tap kernel's registers are sized for (PlanDenseTaps also asks the shared memory).
+inline constexpr int kDenseTapCtasPerSm = 3;
+
 // The dense-tap kernel: persistent CTAs of 4 warps (128 x 64 tiles in MmaSyncDenseTaps' engine), three an SM,
 // so that one CTA's gather runs under the others' mma and epilogues. CTA b keeps column tile b /
 // ctas_per_column: its parameters, gathered weights (thread c: column c) and border prefix sums are set up
@@ -1270,8 +1273,8 @@ __device__ __forceinline__ void DenseBorderRowBounds(const BinaryGemmProblem& p,
 // CTA re-gathered the weights in every tile (0.27 of 0.95 ms at ResNet-18's conv1 with "one" padding) and
 // rebuilt the prefix sums (session 36).
 template <class Engine>
-__global__ void __launch_bounds__(Engine::kThreads, 3) DenseTapKernel(const BinaryGemmProblem p, int m_tiles,
-                                                                     int ctas_per_column) {
+__global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
+    DenseTapKernel(const BinaryGemmProblem p, int m_tiles, int ctas_per_column) {
   constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kThreads = Engine::kThreads;
   using Smem = DenseTapSmem<Engine>;
   static_assert(kRows == kThreads && kCols <= kThreads, "a thread per row and per column");
@@ -2961,7 +2964,7 @@ LaunchPlan PlanDenseTaps(const BinaryGemmProblem& p, const DeviceInfo& info) {
   plan.p = p;
   plan.m_tiles = TilesOfRows(p, Engine::kRows);
   const int n_tiles = (p.n + Engine::kCols - 1) / Engine::kCols;
-  const int per_sm = std::max(1, std::min(3, info.smem_per_sm / (plan.smem + info.smem_reserved)));
+  const int per_sm = std::max(1, std::min(kDenseTapCtasPerSm, info.smem_per_sm / (plan.smem + info.smem_reserved)));
   plan.ctas_per_column = std::max(1, std::min(plan.m_tiles, per_sm * info.sms / n_tiles));
   const long long ctas = static_cast<long long>(n_tiles) * plan.ctas_per_column;
   plan.ctas = ctas > INT_MAX ? 0 : static_cast<unsigned>(ctas);  // 0: too many (refused at launch)
