@@ -1175,8 +1175,26 @@ __device__ __forceinline__ int PackDenseTaps(const BinaryGemmProblem& p, int wor
     store(word++, w);
     popc += __popc(w);
   };
+  const int row_width = p.kw * p.c;
   for (int fkh = 0; fkh < p.kh; ++fkh) {
     const auto tap_word = filter_row(fkh);
+    if (row_width <= 32) {
+      // a filter row's bits fit one word (7x7 at C = 3: 21): its taps are gathered in 32 bits, and the word
+      // store's test and block run once a filter row instead of once a tap, where they were ~12 of ~26
+      // instructions (session 37)
+      uint32_t row_bits = 0;
+      int shift = 0;
+#pragma unroll 4
+      for (int fkw = 0; fkw < p.kw; ++fkw, shift += p.c) row_bits |= (tap_word(fkw) & mask) << shift;
+      pending |= static_cast<uint64_t>(row_bits) << bits;
+      bits += row_width;
+      if (bits >= 32) {
+        put(static_cast<uint32_t>(pending));
+        pending >>= 32;
+        bits -= 32;
+      }
+      continue;
+    }
 #pragma unroll 4
     for (int fkw = 0; fkw < p.kw; ++fkw) {
       pending |= static_cast<uint64_t>(tap_word(fkw) & mask) << bits;

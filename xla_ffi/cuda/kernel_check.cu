@@ -556,6 +556,9 @@ int main(int argc, char** argv) {
   cases.push_back({64, 64, 64, 3, 70, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1, false});
   cases.push_back({64, 64, 64, 3, 70, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1, true});
   cases.push_back({48, 40, 40, 5, 33, 5, 5, 1, 1, 2, 2, 2, 2, 2, 2, false});
+  // a filter row of exactly 32 bits (4x4 at C = 8, asymmetric padding) and of one bit a tap (C = 1)
+  cases.push_back({2, 13, 11, 8, 40, 4, 4, 1, 1, 2, 1, 2, 1, 1, 1, false});
+  cases.push_back({3, 9, 10, 1, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   if (small) {
     cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[14], cases[17], cases[21], cases[23],
              cases[28], cases[31], cases[32], cases[35], cases[38], cases[42], cases[43], cases[46], cases[49],
