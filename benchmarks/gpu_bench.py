@@ -225,6 +225,9 @@ RESNET18 = [  # (name, input size, c, o, kernel, stride): the distinct conv laye
     ("r18.l3", 14, 256, 256, 3, 1), ("r18.l3.down", 28, 128, 256, 1, 2), ("r18.l4.s2", 14, 256, 512, 3, 2),
     ("r18.l4", 7, 512, 512, 3, 1), ("r18.l4.down", 14, 256, 512, 1, 2),
 ]
+ALEXNET = [  # the zoo's AlexNet at 224 x 224: conv2 (5x5 over 28 x 28, no border-class table), conv1 binarized
+    ("alex.conv2", 28, 128, 256, 5, 1), ("alex.conv1", 224, 3, 128, 11, 4),
+]
 VGG16 = [
     ("vgg.1_1", 224, 3, 64, 3, 1), ("vgg.1_2", 224, 64, 64, 3, 1), ("vgg.2_1", 112, 64, 128, 3, 1),
     ("vgg.2_2", 112, 128, 128, 3, 1), ("vgg.3_1", 56, 128, 256, 3, 1), ("vgg.3_2", 56, 256, 256, 3, 1),
@@ -292,7 +295,7 @@ def main():
     layers = [(f"tcbnn C=O={c}", 16, 64, c, c, 3, 1) for c in sweep]
     bench_conv(layers, engines, conv_rows, save, args.deadline)
     if not (args.quick or args.no_models):
-        model_layers = [(n, b, hw, c, o, k, s) for b in (8, 256) for (n, hw, c, o, k, s) in RESNET18 + VGG16
+        model_layers = [(n, b, hw, c, o, k, s) for b in (8, 256) for (n, hw, c, o, k, s) in RESNET18 + VGG16 + ALEXNET
                         if args.layers is None or n in args.layers]
         bench_conv(model_layers, ["auto"], conv_rows, save, args.deadline)  # the engine the op would pick
     save()

@@ -155,6 +155,28 @@ __device__ __forceinline__ int BorderClass(const BinaryGemmProblem& p, FrameExce
   return ((e.top * (m.bottom + 1) + e.bottom) * (m.left + 1) + e.left) * (m.right + 1) + e.right;
 }
 
+// The edge table, for "zero"-padded problems without the class table (5x5 filters and larger, or larger
+// paddings): rows 1 .. EdgeRows of TileColumns::correction hold, per column, the sums of C - 2 popc_tap over
+// the filter's first t rows (t = 1 .. the largest top excess), its last b rows, first l columns and last r
+// columns, in that order; then, where they fit, the corner blocks (KeepsEdgeCorners). Where the filter is no
+// taller than the frame (kh <= in_h), no receptive field sticks out at both the top and the bottom, and
+// likewise for the sides, so a field's out-of-frame taps are one row strip, one column strip, or both less
+// their overlap, the corner block. Summing every out-of-frame tap's popcount per value instead made AlexNet's
+// 5x5 conv2 (28 x 28, a quarter of its rows at the border) 44x slower than with "one" padding (session 38).
+__host__ __device__ __forceinline__ int EdgeRows(const BinaryGemmProblem& p) {
+  const FrameExcess m = p.max_excess;
+  return m.top + m.bottom + m.left + m.right;
+}
+bool KeepsEdgeTable(const BinaryGemmProblem& p) {
+  return !p.pad_one && !p.correction_table && p.kh <= p.in_h && p.kw <= p.in_w && EdgeRows(p) < kTableClasses;
+}
+// Whether the edge table also holds the corner blocks (after the strips: (top + bottom) x (left + right)
+// of them, 16 at 5x5 with padding 2); where not (7x7 with padding 3), a corner field sums its taps.
+bool KeepsEdgeCorners(const BinaryGemmProblem& p) {
+  const FrameExcess m = p.max_excess;
+  return p.edge_table && EdgeRows(p) + (m.top + m.bottom) * (m.left + m.right) < kTableClasses;
+}
+
 // What the epilogue needs of each column of a tile, staged in shared memory once per tile so that the
 // epilogue reads no global memory: popc(b) (summed over taps), the border-class corrections and the
 // epilogue parameters.
@@ -165,6 +187,7 @@ struct TileColumns {
   // column's slot holds the PairedBounds of it and the next column: of the class bounds, or without the
   // table, of the plain bounds in row 0 (no other reader then; the persistent kernel has no room for another
   // row). StoreDirectBits also reads the plain bounds unpaired from row 0 of a problem without the table.
+  // Without the table, rows 1 .. may hold the edge table (p.edge_table, FillEdgeTable).
   int correction[kTableClasses][kCols];
   int popc_b[kCols];
   int threshold[kCols];
@@ -346,6 +369,57 @@ __device__ __forceinline__ int FillCorrectionTableOf(const BinaryGemmProblem& p,
   }
   return total;
 }
+// Fills local column `lc`'s edge table (p.edge_table): each strip's sum extends the previous one by a filter
+// row or column. Columns past N get zeros (their bounds stay unreachable). Set-up code, once a column tile:
+// its loops are not unrolled (unrolled, they moved the band kernel's registers into spills).
+template <int kCols>
+__device__ __forceinline__ void FillEdgeTable(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0, int lc) {
+  const int col = col0 + lc;
+  const FrameExcess m = p.max_excess;
+  auto term = [&](int i, int j) { return col < p.n ? p.c - 2 * p.tap_popc[(i * p.kw + j) * p.n + col] : 0; };
+  // `count` strips from filter row (column) `first` on, one more row (column) each, into rows row0 + 1 ...
+  auto row_strips = [&](int first, int step, int count, int row0) {
+    int sum = 0;
+#pragma unroll 1
+    for (int s = 0; s < count; ++s) {
+      #pragma unroll 1
+      for (int j = 0; j < p.kw; ++j) sum += term(first + s * step, j);
+      cols.correction[row0 + 1 + s][lc] = sum;
+    }
+  };
+  auto column_strips = [&](int first, int step, int count, int row0) {
+    int sum = 0;
+#pragma unroll 1
+    for (int s = 0; s < count; ++s) {
+      #pragma unroll 1
+      for (int i = 0; i < p.kh; ++i) sum += term(i, first + s * step);
+      cols.correction[row0 + 1 + s][lc] = sum;
+    }
+  };
+  row_strips(0, 1, m.top, 0);
+  row_strips(p.kh - 1, -1, m.bottom, m.top);
+  column_strips(0, 1, m.left, m.top + m.bottom);
+  column_strips(p.kw - 1, -1, m.right, m.top + m.bottom + m.left);
+  if (!p.edge_corners) return;
+  // the corner blocks: row strip v (top v or bottom v - m.top rows) x column strip h, after the strips
+  const int row_count = m.top + m.bottom, column_count = m.left + m.right;
+#pragma unroll 1
+  for (int v = 1; v <= row_count; ++v) {
+    const int i0 = v <= m.top ? 0 : p.kh - (v - m.top), i1 = v <= m.top ? v : p.kh;
+#pragma unroll 1
+    for (int h = 1; h <= column_count; ++h) {
+      const int j0 = h <= m.left ? 0 : p.kw - (h - m.left), j1 = h <= m.left ? h : p.kw;
+      int sum = 0;
+#pragma unroll 1
+      for (int i = i0; i < i1; ++i) {
+        #pragma unroll 1
+        for (int j = j0; j < j1; ++j) sum += term(i, j);
+      }
+      cols.correction[row_count + column_count + (v - 1) * column_count + h][lc] = sum;
+    }
+  }
+}
+
 template <int kCols>
 __device__ __forceinline__ int FillCorrectionTable(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
                                                    int lc, int part = 0, int parts = 1, bool add_bounds = false,
@@ -569,11 +643,41 @@ __device__ __forceinline__ int RowOfPopcount(int tid) {
   return (tid / 8) % kParts == 0 ? (tid / (8 * kParts)) * 8 + tid % 8 : -1;
 }
 
-// What "zero" padding takes back from a "one"-padded dot: sum over out-of-frame taps of C - 2 popc_tap.
+// The edge-table rows of a receptive field's out-of-frame taps: its row strip's, its column strip's and its
+// corner block's (0: none); `usable` is false without the edge table, and for a corner field where the table
+// holds no corner blocks.
+struct EdgeRowsOfField {
+  int row_strip = 0, column_strip = 0, corner = 0;
+  bool usable = false;
+};
+__device__ __forceinline__ EdgeRowsOfField EdgeRowsOf(const BinaryGemmProblem& p, FrameExcess e) {
+  EdgeRowsOfField r;
+  const bool rows_out = e.top + e.bottom > 0, columns_out = e.left + e.right > 0;
+  if (!p.edge_table || (rows_out && columns_out && !p.edge_corners)) return r;
+  const FrameExcess m = p.max_excess;
+  const int row_strips = m.top + m.bottom, column_strips = m.left + m.right;
+  const int v = e.top > 0 ? e.top : m.top + e.bottom, h = e.left > 0 ? e.left : m.left + e.right;
+  r.row_strip = rows_out ? v : 0;
+  r.column_strip = columns_out ? row_strips + h : 0;
+  r.corner = rows_out && columns_out ? row_strips + column_strips + (v - 1) * column_strips + h : 0;
+  r.usable = true;
+  return r;
+}
+// A field's out-of-frame sum from its edge-table rows: the corner block is in both strips.
 template <int kCols>
-__device__ __forceinline__ int ExcludedTaps(const BinaryGemmProblem& p, const TileColumns<kCols>& cols, int4 o,
-                                            int lc, int col) {
-  const FrameExcess e = ExcessOf(p, o.y, o.z);
+__device__ __forceinline__ int EdgeCorrection(const TileColumns<kCols>& cols, const EdgeRowsOfField& r, int lc) {
+  int correction = 0;
+  if (r.row_strip != 0) correction += cols.correction[r.row_strip][lc];
+  if (r.column_strip != 0) correction += cols.correction[r.column_strip][lc];
+  if (r.corner != 0) correction -= cols.correction[r.corner][lc];
+  return correction;
+}
+
+// What "zero" padding takes back from a "one"-padded dot of a field with excess e, from the class table or
+// summed over the out-of-frame taps of C - 2 popc_tap (not from the edge table).
+template <int kCols>
+__device__ __forceinline__ int ExcludedTapsOf(const BinaryGemmProblem& p, const TileColumns<kCols>& cols,
+                                              FrameExcess e, int lc, int col) {
   if (e.top + e.bottom + e.left + e.right == 0) return 0;
   if (p.correction_table) return cols.correction[BorderClass(p, e)][lc];
   int correction = 0;
@@ -585,6 +689,14 @@ __device__ __forceinline__ int ExcludedTaps(const BinaryGemmProblem& p, const Ti
     }
   }
   return correction;
+}
+// The same for the field at origin o, from whichever table the problem keeps.
+template <int kCols>
+__device__ __forceinline__ int ExcludedTaps(const BinaryGemmProblem& p, const TileColumns<kCols>& cols, int4 o,
+                                            int lc, int col) {
+  const FrameExcess e = ExcessOf(p, o.y, o.z);
+  const EdgeRowsOfField edge = EdgeRowsOf(p, e);
+  return edge.usable ? EdgeCorrection(cols, edge, lc) : ExcludedTapsOf(p, cols, e, lc, col);
 }
 
 // Max over the pool window (rows pr * window ...) of the exact ±1 dot products of local column lc.
@@ -658,10 +770,17 @@ __device__ __forceinline__ bool BorderRow(const BinaryGemmProblem& p, const int4
 template <int kCols, int kValues>
 __device__ __forceinline__ void BorderCorrections(const BinaryGemmProblem& p, const TileColumns<kCols>& cols,
                                                   int4 origin, int col0, int first_lc, int (&excl)[kValues]) {
+  const FrameExcess e = ExcessOf(p, origin.y, origin.z);
+  const EdgeRowsOfField edge = EdgeRowsOf(p, e);
+  if (edge.usable) {  // a loop of its own: one loop over both forms kept both forms' values live (ptxas)
+#pragma unroll 1
+    for (int k = 0; k < kValues; ++k) excl[k] = EdgeCorrection(cols, edge, first_lc + 8 * (k >> 1) + (k & 1));
+    return;
+  }
 #pragma unroll 1
   for (int k = 0; k < kValues; ++k) {
     const int lc = first_lc + 8 * (k >> 1) + (k & 1), col = col0 + lc;
-    excl[k] = col < p.n ? ExcludedTaps(p, cols, origin, lc, col) : 0;
+    excl[k] = col < p.n ? ExcludedTapsOf(p, cols, e, lc, col) : 0;
   }
 }
 
@@ -1052,6 +1171,7 @@ __device__ __forceinline__ void SetUpTileColumns(const BinaryGemmProblem& p, Til
   } else if (tid < kCols) {
     FillTileColumn<kCols>(p, cols, col0, tid);
     if (direct_bits && !PairsBounds(p)) cols.correction[0][tid] = cols.bound[tid];
+    if (p.edge_table) FillEdgeTable<kCols>(p, cols, col0, tid);
   }
 }
 
@@ -2044,6 +2164,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     // filled before the accumulators are live.
     const bool new_columns = tile_n != staged_tile_n;
     if (new_columns && p.correction_table) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
+    if (new_columns && p.edge_table) FillEdgeTable<kWgCols>(p, cols, col0, ctid);
     staged_tile_n = tile_n;
     int acc[128];
     int row_popc = 0;
@@ -2282,6 +2403,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // C = 256 +4%, C = 512 +1% (v56, benchmarks/NOTES.md session 24); two: C = 512, BMM 4096^3 +1-2% more
   // (v62, session 25).
   if (p.correction_table) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
+  if (p.edge_table) FillEdgeTable<kWgCols>(p, cols, col0, ctid);
   const int fill_kb = half == 0 ? min(1, k_blocks - 1) : -1;
   if (half == 1 && first_tile < m_tiles) {  // (a CTA without tiles: nothing to wait for)
     FillTileColumn<kWgCols>(p, cols, col0, ctid);
@@ -2658,6 +2780,8 @@ __global__ void __launch_bounds__(kBandThreads, 1)
     if (wg == kBandWarpgroups - 1) FillColumnParameters<kWgCols>(p, cols, col0, wtid, popc_b, th);
   } else if (wg == kBandWarpgroups - 1) {
     FillTileColumn<kWgCols>(p, cols, col0, wtid);
+  } else if (wg == 0 && p.edge_table) {
+    FillEdgeTable<kWgCols>(p, cols, col0, wtid);
   }
   if (kPixelPairs) LoadPixelPairWeights(p, band, smem + at.weights, tid);
   JAXBNN_TRACE_START(5, tid == 0);
@@ -2940,6 +3064,8 @@ void DeriveFromShape(BinaryGemmProblem& p) {
   p.max_excess = MaxExcessOf(p);
   if (!p.pad_one && BorderClasses(p) == 1) p.pad_one = true;
   p.correction_table = KeepsCorrectionTable(p);
+  p.edge_table = KeepsEdgeTable(p);
+  p.edge_corners = KeepsEdgeCorners(p);
 }
 
 // Points the plan at the operands of `p` (same shape): its problem, and its tensor maps re-encoded where an

@@ -51,6 +51,8 @@ struct BinaryGemmProblem {
   // bookkeeping and epilogue (v49, session 22: C = 128 +4%, C = 512 and the 4096^3 BMM +2.5-3%).
   FrameExcess max_excess;
   bool correction_table = false;
+  bool edge_table = false;    // without the class table: the border rows' edge-strip sums (KeepsEdgeTable),
+  bool edge_corners = false;  // and their corner blocks (KeepsEdgeCorners)
 };
 
 // The largest pool window (pool_h * pool_w) the kernels take: a window must fit in one CTA's rows.

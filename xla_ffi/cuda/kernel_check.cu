@@ -432,6 +432,12 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
   time("conv vgg.1_1 b32", ConvCase{32, 224, 224, 3, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   time("conv r18.conv1 one b256", ConvCase{256, 224, 224, 3, 64, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1, true});
   time("conv vgg.1_1 one b32", ConvCase{32, 224, 224, 3, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true});
+  // the zoo's AlexNet (224 x 224 input): conv2, 5x5 over 28 x 28 (no border-class table: a quarter of its rows
+  // are border rows), and conv1 with binarized input, 11x11 stride 4 at C = 3 (dense taps, no prefix sums)
+  time("conv alex.2 b64", ConvCase{64, 28, 28, 128, 256, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, false});
+  time("conv alex.2 one b64", ConvCase{64, 28, 28, 128, 256, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, true});
+  time("conv alex.1 b64", ConvCase{64, 224, 224, 3, 128, 11, 11, 4, 4, 3, 4, 3, 4, 1, 1, false});
+  time("conv alex.1 one b64", ConvCase{64, 224, 224, 3, 128, 11, 11, 4, 4, 3, 4, 3, 4, 1, 1, true});
 }
 
 }  // namespace
@@ -559,11 +565,21 @@ int main(int argc, char** argv) {
   // a filter row of exactly 32 bits (4x4 at C = 8, asymmetric padding) and of one bit a tap (C = 1)
   cases.push_back({2, 13, 11, 8, 40, 4, 4, 1, 1, 2, 1, 2, 1, 1, 1, false});
   cases.push_back({3, 9, 10, 1, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  // The edge table (no class table, "zero" padding): 5x5 at stride 2 with asymmetric padding over two column
+  // tiles; 3x3 with padding 3 (fields wholly outside the frame); pooled 5x5; 15x15 with padding 7 (28 edge
+  // rows: more than the table holds, every out-of-frame tap summed); AlexNet's binarized conv1 in small (11x11
+  // stride 4, C = 3: the dense kernel without prefix sums) and its conv2 (5x5, C = 128, N = 256)
+  cases.push_back({2, 13, 12, 128, 300, 5, 5, 2, 2, 2, 1, 1, 2, 1, 1, false});
+  cases.push_back({2, 6, 7, 128, 40, 3, 3, 1, 1, 3, 3, 3, 3, 1, 1, false});
+  cases.push_back({2, 12, 12, 64, 40, 5, 5, 1, 1, 2, 2, 2, 2, 2, 2, false});
+  cases.push_back({1, 16, 17, 32, 20, 15, 15, 1, 1, 7, 7, 7, 7, 1, 1, false});
+  cases.push_back({2, 40, 37, 3, 70, 11, 11, 4, 4, 3, 4, 3, 4, 1, 1, false});
+  cases.push_back({3, 14, 14, 128, 256, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, false});
   if (small) {
     cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[14], cases[17], cases[21], cases[23],
              cases[28], cases[31], cases[32], cases[35], cases[38], cases[42], cases[43], cases[46], cases[49],
              cases[52], cases[56], cases[59], cases[60], cases[62], cases[66], cases[67], cases[68], cases[70],
-             cases[73], cases[74], cases[75], cases[79], cases[80]};
+             cases[73], cases[74], cases[75], cases[79], cases[80], cases[85], cases[89]};
   }
   if (dense) {  // convolutions only (a BMM is a 1 x 1 image)
     auto other = [](const ConvCase& cc) { return cc.c >= 32 || cc.h * cc.w == 1; };
