@@ -382,7 +382,7 @@ __device__ __forceinline__ void FillEdgeTable(const BinaryGemmProblem& p, TileCo
     int sum = 0;
 #pragma unroll 1
     for (int s = 0; s < count; ++s) {
-      #pragma unroll 1
+#pragma unroll 1
       for (int j = 0; j < p.kw; ++j) sum += term(first + s * step, j);
       cols.correction[row0 + 1 + s][lc] = sum;
     }
@@ -391,7 +391,7 @@ __device__ __forceinline__ void FillEdgeTable(const BinaryGemmProblem& p, TileCo
     int sum = 0;
 #pragma unroll 1
     for (int s = 0; s < count; ++s) {
-      #pragma unroll 1
+#pragma unroll 1
       for (int i = 0; i < p.kh; ++i) sum += term(i, first + s * step);
       cols.correction[row0 + 1 + s][lc] = sum;
     }
@@ -412,7 +412,7 @@ __device__ __forceinline__ void FillEdgeTable(const BinaryGemmProblem& p, TileCo
       int sum = 0;
 #pragma unroll 1
       for (int i = i0; i < i1; ++i) {
-        #pragma unroll 1
+#pragma unroll 1
         for (int j = j0; j < j1; ++j) sum += term(i, j);
       }
       cols.correction[row_count + column_count + (v - 1) * column_count + h][lc] = sum;
