@@ -141,13 +141,17 @@ CONV_CASES = [
     (1, 9, 9, 17, 3, (3, 3), (2, 1), ((0, 1), (1, 0)), "zero", None),
     # more tiles than the dense kernel's CTAs: each keeps its column tile (of two) over several row tiles
     (64, 64, 64, 3, 70, (7, 7), (2, 2), ((3, 3), (3, 3)), "zero", None),
-    # the edge table ("zero" padding without the class table): AlexNet's conv2 in small (5x5, N = 256), 5x5 at
-    # stride 2 with asymmetric padding over two column tiles, padding 3 around a 3x3 filter (fields wholly
-    # outside the frame), AlexNet's binarized conv1 in small (11x11 stride 4, C = 3: the dense kernel)
+    # AlexNet's conv2 in small (5x5, N = 256: compact classes), 5x5 at stride 2 with asymmetric padding over two
+    # column tiles (compact classes), padding 3 around a 3x3 filter (fields wholly outside the frame: the edge
+    # table), AlexNet's binarized conv1 in small (11x11 stride 4, C = 3: the dense kernel, the edge table)
     (3, 14, 14, 128, 256, (5, 5), (1, 1), ((2, 2), (2, 2)), "zero", None),
     (2, 13, 12, 128, 300, (5, 5), (2, 2), ((2, 1), (1, 2)), "zero", None),
     (2, 6, 7, 128, 40, (3, 3), (1, 1), ((3, 3), (3, 3)), "zero", None),
     (2, 40, 37, 3, 70, (11, 11), (4, 4), ((3, 4), (3, 4)), "zero", None),
+    # the class table's compact classes (3x3 with padding 2: 25 (vertical, horizontal) pairs, not 81) and 5x5
+    # with padding 1 (16 classes), both filled class by class
+    (2, 9, 11, 128, 40, (3, 3), (1, 1), ((2, 2), (2, 2)), "zero", None),
+    (2, 10, 9, 64, 72, (5, 5), (1, 1), ((1, 1), (1, 1)), "zero", None),
 ]
 
 

@@ -122,10 +122,11 @@ __device__ __forceinline__ int4 RowOrigin(const BinaryGemmProblem& p, int tile_m
 // sum over its out-of-frame taps of (C - 2 popc_tap). Which taps are out depends only on how far the field
 // sticks out at each side (its FrameExcess), so a tile keeps one correction per column for every excess
 // (a "border class") when the problem has few: at most kTableClasses classes (3x3 with padding 1 has 16)
-// and filters of at most kTableSide x kTableSide taps (their popcounts fit in registers). Other problems
-// sum tap popcounts per value.
+// and filters of at most kTableSide x kTableSide taps, or 5x5 (their popcounts fit in registers). Other
+// problems take the edge table or sum tap popcounts per value.
 inline constexpr int kTableClasses = 25;
 inline constexpr int kTableSide = 4;
+inline constexpr int kExactTableSide = 5;  // the largest filter of an exact-size table fill (5x5: 25 taps)
 static_assert(kTableClasses <= 127, "border classes are staged as int8 per tile row (RowCorrection)");
 
 // The excess of a receptive field whose tap (0, 0) is at input row oy, column oz.
@@ -141,28 +142,52 @@ FrameExcess MaxExcessOf(const BinaryGemmProblem& p) {
                                     (p.out_w * p.pool_w - 1) * p.stride_w - p.pad_left);
   return {first.top, last.bottom, first.left, last.right};
 }
+// A class is its excess at each side, numbered as the four-way product of the sides' ranges. Where that passes
+// kTableClasses but no field sticks out at two opposite sides (kh <= in_h and kw <= in_w: a field above the
+// frame ends inside it), a class is a (vertical, horizontal) pair instead, each the excess at its one side:
+// 5x5 with padding 2 then has 5 x 5 classes instead of 81 (p.compact_classes).
 __host__ __device__ __forceinline__ int BorderClasses(const BinaryGemmProblem& p) {
   const FrameExcess m = p.max_excess;
+  if (p.compact_classes) return (m.top + m.bottom + 1) * (m.left + m.right + 1);
   return (m.top + 1) * (m.bottom + 1) * (m.left + 1) * (m.right + 1);
+}
+bool UsesCompactClasses(const BinaryGemmProblem& p) {
+  const FrameExcess m = p.max_excess;
+  return !p.pad_one && (m.top + 1) * (m.bottom + 1) * (m.left + 1) * (m.right + 1) > kTableClasses &&
+         p.kh <= p.in_h && p.kw <= p.in_w;
 }
 // Whether the tiles of `p` keep the per-class correction table (the launcher's
 // BinaryGemmProblem::correction_table).
 bool KeepsCorrectionTable(const BinaryGemmProblem& p) {
-  return !p.pad_one && p.kh <= kTableSide && p.kw <= kTableSide && BorderClasses(p) <= kTableClasses;
+  const bool table_filter = (p.kh <= kTableSide && p.kw <= kTableSide) || (p.kh == kExactTableSide && p.kw == kExactTableSide);
+  return !p.pad_one && table_filter && BorderClasses(p) <= kTableClasses;
+}
+// The launcher's BinaryGemmProblem::class_numbering: compact classes are (vertical class: top t is t, bottom b
+// is top_max + b) x horizontal classes + horizontal class.
+ClassNumbering ClassNumberingOf(const BinaryGemmProblem& p) {
+  const FrameExcess m = p.max_excess;
+  if (p.compact_classes) {
+    const int horizontal_classes = m.left + m.right + 1;
+    return {horizontal_classes, horizontal_classes, 1, 1, m.top * horizontal_classes, m.left};
+  }
+  return {(m.bottom + 1) * (m.left + 1) * (m.right + 1), (m.left + 1) * (m.right + 1), m.right + 1, 1, 0, 0};
 }
 __device__ __forceinline__ int BorderClass(const BinaryGemmProblem& p, FrameExcess e) {
-  const FrameExcess m = p.max_excess;
-  return ((e.top * (m.bottom + 1) + e.bottom) * (m.left + 1) + e.left) * (m.right + 1) + e.right;
+  const ClassNumbering& n = p.class_numbering;
+  return e.top * n.top + e.bottom * n.bottom + e.left * n.left + e.right * n.right +
+         (e.bottom > 0 ? n.bottom_offset : 0) + (e.right > 0 ? n.right_offset : 0);
 }
 
-// The edge table, for "zero"-padded problems without the class table (5x5 filters and larger, or larger
-// paddings): rows 1 .. EdgeRows of TileColumns::correction hold, per column, the sums of C - 2 popc_tap over
+// The edge table, for "zero"-padded problems without the class table (filters larger than 5x5, or more than
+// 25 classes even when compact: 3x3 with padding 3, 7x7 with padding 3, AlexNet's 11x11 conv1 at stride 4):
+// rows 1 .. EdgeRows of TileColumns::correction hold, per column, the sums of C - 2 popc_tap over
 // the filter's first t rows (t = 1 .. the largest top excess), its last b rows, first l columns and last r
 // columns, in that order; then, where they fit, the corner blocks (KeepsEdgeCorners). Where the filter is no
 // taller than the frame (kh <= in_h), no receptive field sticks out at both the top and the bottom, and
 // likewise for the sides, so a field's out-of-frame taps are one row strip, one column strip, or both less
 // their overlap, the corner block. Summing every out-of-frame tap's popcount per value instead made AlexNet's
-// 5x5 conv2 (28 x 28, a quarter of its rows at the border) 44x slower than with "one" padding (session 38).
+// 5x5 conv2 (28 x 28, a quarter of its rows at the border; compact classes now) 44x slower than with "one"
+// padding, its 11x11 conv1 15x (session 38).
 __host__ __device__ __forceinline__ int EdgeRows(const BinaryGemmProblem& p) {
   const FrameExcess m = p.max_excess;
   return m.top + m.bottom + m.left + m.right;
@@ -327,7 +352,7 @@ __device__ __forceinline__ int FillCorrectionTableOf(const BinaryGemmProblem& p,
   }
   const int bound = add_bounds ? ColumnBound(p, col, th.threshold, th.flip, total) : 0;
   const FrameExcess m = p.max_excess;
-  // BorderClass's strides
+  // BorderClass's strides (four-way product classes: compact ones take FillCorrectionTableByClass)
   const int right_stride = 1, left_stride = m.right + 1, bottom_stride = (m.left + 1) * left_stride,
             top_stride = (m.bottom + 1) * bottom_stride;
   // where the loops run to kSideExcess, the classes past the problem's excess are skipped
@@ -420,10 +445,71 @@ __device__ __forceinline__ void FillEdgeTable(const BinaryGemmProblem& p, TileCo
   }
 }
 
+// The excess of class `cls` (BorderClass's inverse).
+__device__ __forceinline__ FrameExcess ClassExcess(const BinaryGemmProblem& p, int cls) {
+  const FrameExcess m = p.max_excess;
+  if (p.compact_classes) {
+    const int horizontal_classes = m.left + m.right + 1, v = cls / horizontal_classes, h = cls % horizontal_classes;
+    return {v <= m.top ? v : 0, v > m.top ? v - m.top : 0, h <= m.left ? h : 0, h > m.left ? h - m.left : 0};
+  }
+  const int right = cls % (m.right + 1), rest = cls / (m.right + 1);
+  const int left = rest % (m.left + 1), rest2 = rest / (m.left + 1);
+  return {rest2 / (m.bottom + 1), rest2 % (m.bottom + 1), left, right};
+}
+// FillCorrectionTableOf's work for compact classes and 5x5 filters: the taps' terms in registers (up to 5 x 5,
+// masked by the filter's size), one class after another in a loop that is not unrolled (part `part` of `parts`
+// takes every parts-th class). FillCorrectionTableOf's unrolled pairs of excesses, at 5 x 5 taps, moved the
+// band and dense kernels' registers into spills (ptxas).
+template <int kCols>
+__device__ __forceinline__ int FillCorrectionTableByClass(const BinaryGemmProblem& p, TileColumns<kCols>& cols,
+                                                          int col0, int lc, int part, int parts, bool add_bounds,
+                                                          ColumnThreshold th) {
+  constexpr int kSide = kExactTableSide;
+  const int col = col0 + lc;
+  int term[kSide][kSide];
+  int whole = 0, total = 0;
+#pragma unroll
+  for (int i = 0; i < kSide; ++i) {
+#pragma unroll
+    for (int j = 0; j < kSide; ++j) {
+      const bool real = i < p.kh && j < p.kw;
+      const int popc = real && col < p.n ? p.tap_popc[(i * p.kw + j) * p.n + col] : 0;
+      term[i][j] = real ? p.c - 2 * popc : 0;
+      whole += term[i][j];
+      total += popc;
+    }
+  }
+  const int bound = add_bounds ? ColumnBound(p, col, th.threshold, th.flip, total) : 0;
+  const int classes = BorderClasses(p);
+#pragma unroll 1
+  for (int cls = part; cls < classes; cls += parts) {
+    const FrameExcess e = ClassExcess(p, cls);
+    int inside = 0;
+#pragma unroll
+    for (int i = 0; i < kSide; ++i) {
+#pragma unroll
+      for (int j = 0; j < kSide; ++j) {
+        inside += i >= e.top && i < p.kh - e.bottom && j >= e.left && j < p.kw - e.right ? term[i][j] : 0;
+      }
+    }
+    // columns past N keep their unreachable bound
+    const int value = bound == kUnreachableBound ? bound : whole - inside + bound;
+    if (add_bounds && PairsBounds(p)) {
+      StorePairedBounds(p, value, lc, reinterpret_cast<uint32_t*>(&cols.correction[cls][lc]));
+    } else {
+      cols.correction[cls][lc] = value;
+    }
+  }
+  return total;
+}
+
 template <int kCols>
 __device__ __forceinline__ int FillCorrectionTable(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
                                                    int lc, int part = 0, int parts = 1, bool add_bounds = false,
                                                    ColumnThreshold th = {}) {
+  if (p.compact_classes || p.kh > kTableSide || p.kw > kTableSide) {  // 5x5 filters, paddings past 1 at 3x3
+    return FillCorrectionTableByClass<kCols>(p, cols, col0, lc, part, parts, add_bounds, th);
+  }
   if (p.kh == 3 && p.kw == 3) {
     const FrameExcess m = p.max_excess;
     if (max(max(m.top, m.bottom), max(m.left, m.right)) <= 1) {  // padding of at most 1: 16 classes or fewer
@@ -3063,6 +3149,8 @@ struct LaunchPlan {
 void DeriveFromShape(BinaryGemmProblem& p) {
   p.max_excess = MaxExcessOf(p);
   if (!p.pad_one && BorderClasses(p) == 1) p.pad_one = true;
+  p.compact_classes = UsesCompactClasses(p);
+  p.class_numbering = ClassNumberingOf(p);
   p.correction_table = KeepsCorrectionTable(p);
   p.edge_table = KeepsEdgeTable(p);
   p.edge_corners = KeepsEdgeCorners(p);
@@ -3463,8 +3551,8 @@ class PlanCache {
     Key key;
     LaunchPlan plan;
   };
-  // (max_excess and correction_table are Plan's, derived from the key's fields)
-  static_assert(sizeof(BinaryGemmProblem) == 184, "a field was added to BinaryGemmProblem: add it to KeyOf");
+  // (max_excess, compact_classes, class_numbering and the tables' flags are Plan's, derived from the key's fields)
+  static_assert(sizeof(BinaryGemmProblem) == 208, "a field was added to BinaryGemmProblem: add it to KeyOf");
   static Key KeyOf(const BinaryGemmProblem& p, KernelPath path, int device) {
     const auto x = reinterpret_cast<uintptr_t>(p.x), w = reinterpret_cast<uintptr_t>(p.w);
     return {device, static_cast<int>(path), static_cast<int64_t>(x % 16), static_cast<int64_t>(w % 16),

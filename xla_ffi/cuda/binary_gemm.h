@@ -21,6 +21,11 @@ struct FrameExcess {
   int top = 0, bottom = 0, left = 0, right = 0;
 };
 
+// How a border class is numbered (BorderClass): top t, bottom b, left l and right r excess times their strides,
+// plus bottom_offset where b > 0 and right_offset where r > 0.
+struct ClassNumbering {
+  int top = 0, bottom = 0, left = 0, right = 0, bottom_offset = 0, right_offset = 0;
+};
 // Which kernel runs a problem. kAuto: wgmma on sm_90 when the rows are 16-byte aligned, else mma.sync
 // (sm_80+), else the CUDA-core popcount kernel.
 enum class KernelPath : int { kAuto = 0, kWgmma = 1, kMmaSync = 2, kSimt = 3 };
@@ -50,6 +55,8 @@ struct BinaryGemmProblem {
   // parameters, so that no thread recomputes them: the kernels did, in their set-up and in every tile's
   // bookkeeping and epilogue (v49, session 22: C = 128 +4%, C = 512 and the 4096^3 BMM +2.5-3%).
   FrameExcess max_excess;
+  bool compact_classes = false;  // border classes as (vertical, horizontal) excess pairs (UsesCompactClasses)
+  ClassNumbering class_numbering;  // kernel parameters: no register holds the strides
   bool correction_table = false;
   bool edge_table = false;    // without the class table: the border rows' edge-strip sums (KeepsEdgeTable),
   bool edge_corners = false;  // and their corner blocks (KeepsEdgeCorners)

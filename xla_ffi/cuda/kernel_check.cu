@@ -565,16 +565,21 @@ int main(int argc, char** argv) {
   // a filter row of exactly 32 bits (4x4 at C = 8, asymmetric padding) and of one bit a tap (C = 1)
   cases.push_back({2, 13, 11, 8, 40, 4, 4, 1, 1, 2, 1, 2, 1, 1, 1, false});
   cases.push_back({3, 9, 10, 1, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
-  // The edge table (no class table, "zero" padding): 5x5 at stride 2 with asymmetric padding over two column
-  // tiles; 3x3 with padding 3 (fields wholly outside the frame); pooled 5x5; 15x15 with padding 7 (28 edge
-  // rows: more than the table holds, every out-of-frame tap summed); AlexNet's binarized conv1 in small (11x11
-  // stride 4, C = 3: the dense kernel without prefix sums) and its conv2 (5x5, C = 128, N = 256)
+  // Larger "zero" paddings and filters: 5x5 at stride 2 with asymmetric padding over two column tiles, pooled
+  // 5x5 and AlexNet's conv2 in small (5x5, C = 128, N = 256) take the class table's compact classes; 3x3 with
+  // padding 3 (fields wholly outside the frame) and AlexNet's binarized conv1 in small (11x11 stride 4, C = 3:
+  // the dense kernel) the edge table; 15x15 with padding 7 (28 edge rows) sums every out-of-frame tap
   cases.push_back({2, 13, 12, 128, 300, 5, 5, 2, 2, 2, 1, 1, 2, 1, 1, false});
   cases.push_back({2, 6, 7, 128, 40, 3, 3, 1, 1, 3, 3, 3, 3, 1, 1, false});
   cases.push_back({2, 12, 12, 64, 40, 5, 5, 1, 1, 2, 2, 2, 2, 2, 2, false});
   cases.push_back({1, 16, 17, 32, 20, 15, 15, 1, 1, 7, 7, 7, 7, 1, 1, false});
   cases.push_back({2, 40, 37, 3, 70, 11, 11, 4, 4, 3, 4, 3, 4, 1, 1, false});
   cases.push_back({3, 14, 14, 128, 256, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, false});
+  // The class table's compact classes ((vertical, horizontal) excess pairs where the four-way product passes 25)
+  // and its fill class by class: 3x3 and 4x4 with padding 2 (25 compact classes), 5x5 with padding 1 (16 classes)
+  cases.push_back({2, 9, 11, 128, 40, 3, 3, 1, 1, 2, 2, 2, 2, 1, 1, false});
+  cases.push_back({2, 10, 12, 128, 300, 4, 4, 1, 1, 2, 2, 2, 2, 1, 1, false});
+  cases.push_back({2, 10, 9, 64, 72, 5, 5, 1, 1, 1, 1, 1, 1, 1, 1, false});
   if (small) {
     cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[14], cases[17], cases[21], cases[23],
              cases[28], cases[31], cases[32], cases[35], cases[38], cases[42], cases[43], cases[46], cases[49],
