@@ -315,6 +315,25 @@ __device__ __forceinline__ ColumnThreshold LoadColumnThreshold(const BinaryGemmP
   return {real ? p.threshold[col] : 0, real ? p.flip[col] : 0};
 }
 
+// Column `col`'s tap terms C - 2 popc_tap in registers, term[i][j] for the filter's taps (i < kh, j < kw; every
+// one where `exact`, the filter being kSide x kSide), 0 elsewhere and their popcounts 0 past N; whole: their sum,
+// total: the popcounts' sum (popc(b)). The class tables' fills start from them.
+template <int kSide>
+__device__ __forceinline__ void LoadTapTerms(const BinaryGemmProblem& p, int col, int kh, int kw, bool exact,
+                                             int (&term)[kSide][kSide], int& whole, int& total) {
+#pragma unroll
+  for (int i = 0; i < kSide; ++i) {
+#pragma unroll
+    for (int j = 0; j < kSide; ++j) {
+      const bool real = exact || (i < kh && j < kw);
+      const int popc = real && col < p.n ? p.tap_popc[(i * kw + j) * p.n + col] : 0;
+      term[i][j] = real ? p.c - 2 * popc : 0;
+      whole += term[i][j];
+      total += popc;
+    }
+  }
+}
+
 // Fills the border-class corrections of local column `lc` (p.correction_table): a class's
 // correction is the sum of C - 2 popc over the filter's taps minus that over the rectangle of taps inside
 // the frame. Every tap index is a compile-time one (kSide x kSide taps), so the taps' terms stay in
@@ -339,17 +358,7 @@ __device__ __forceinline__ int FillCorrectionTableOf(const BinaryGemmProblem& p,
   const int col = col0 + lc, kh = kExact ? kSide : p.kh, kw = kExact ? kSide : p.kw;
   int term[kSide][kSide];
   int whole = 0, total = 0;
-#pragma unroll
-  for (int i = 0; i < kSide; ++i) {
-#pragma unroll
-    for (int j = 0; j < kSide; ++j) {
-      const bool real = kExact || (i < kh && j < kw);
-      const int popc = real && col < p.n ? p.tap_popc[(i * kw + j) * p.n + col] : 0;
-      term[i][j] = real ? p.c - 2 * popc : 0;
-      whole += term[i][j];
-      total += popc;
-    }
-  }
+  LoadTapTerms(p, col, kh, kw, kExact, term, whole, total);
   const int bound = add_bounds ? ColumnBound(p, col, th.threshold, th.flip, total) : 0;
   const FrameExcess m = p.max_excess;
   // BorderClass's strides (four-way product classes: compact ones take FillCorrectionTableByClass)
@@ -468,17 +477,7 @@ __device__ __forceinline__ int FillCorrectionTableByClass(const BinaryGemmProble
   const int col = col0 + lc;
   int term[kSide][kSide];
   int whole = 0, total = 0;
-#pragma unroll
-  for (int i = 0; i < kSide; ++i) {
-#pragma unroll
-    for (int j = 0; j < kSide; ++j) {
-      const bool real = i < p.kh && j < p.kw;
-      const int popc = real && col < p.n ? p.tap_popc[(i * p.kw + j) * p.n + col] : 0;
-      term[i][j] = real ? p.c - 2 * popc : 0;
-      whole += term[i][j];
-      total += popc;
-    }
-  }
+  LoadTapTerms(p, col, p.kh, p.kw, false, term, whole, total);
   const int bound = add_bounds ? ColumnBound(p, col, th.threshold, th.flip, total) : 0;
   const int classes = BorderClasses(p);
 #pragma unroll 1
