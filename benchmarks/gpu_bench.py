@@ -226,7 +226,7 @@ RESNET18 = [  # (name, input size, c, o, kernel, stride): the distinct conv laye
     ("r18.l3", 14, 256, 256, 3, 1), ("r18.l3.down", 28, 128, 256, 1, 2), ("r18.l4.s2", 14, 256, 512, 3, 2),
     ("r18.l4", 7, 512, 512, 3, 1), ("r18.l4.down", 14, 256, 512, 1, 2),
 ]
-ALEXNET = [  # the zoo's AlexNet at 224 x 224: conv2 (5x5 over 28 x 28, no border-class table), conv1 binarized
+ALEXNET = [  # the zoo's AlexNet at 224 x 224: conv2 (5x5 over 28 x 28, compact border classes), conv1 binarized
     ("alex.conv2", 28, 128, 256, 5, 1), ("alex.conv1", 224, 3, 128, 11, 4),
 ]
 VGG16 = [
