@@ -1241,10 +1241,10 @@ static_assert(ClassicSmemBytes<MmaSyncNarrow>() <= 163 * 1024, "the narrow mma.s
 // problem keeps it, the border-class table. StoreDirectBits reads every row's bounds from the table's rows,
 // class 0 holding the plain ones: the table's fill adds the bound to every class (class 0's correction is 0);
 // without the table, FillColumnParameters puts the plain bounds into row 0 where they are paired, and here
-// where not.
+// where not. edge_table: whether to fill the edge table (the dense kernel's prefix sums make it unused).
 template <int kCols, int kThreads>
 __device__ __forceinline__ void SetUpTileColumns(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
-                                                 int tid, bool direct_bits) {
+                                                 int tid, bool direct_bits, bool edge_table) {
   static_assert(kThreads % kCols == 0, "whole parts of a column's classes");
   if (p.correction_table) {
     // every thread: kThreads / kCols parts share a column's classes (whole warps: the paired bounds are
@@ -1256,7 +1256,7 @@ __device__ __forceinline__ void SetUpTileColumns(const BinaryGemmProblem& p, Til
   } else if (tid < kCols) {
     FillTileColumn<kCols>(p, cols, col0, tid);
     if (direct_bits && !PairsBounds(p)) cols.correction[0][tid] = cols.bound[tid];
-    if (p.edge_table) FillEdgeTable<kCols>(p, cols, col0, tid);
+    if (edge_table) FillEdgeTable<kCols>(p, cols, col0, tid);
   }
 }
 
@@ -1294,7 +1294,7 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
     origins[r] = origin;
     if (direct_bits) row_class[r] = EpilogueRowClass(p, origin);
   }
-  SetUpTileColumns<kCols, kThreads>(p, cols, col0, tid, direct_bits);
+  SetUpTileColumns<kCols, kThreads>(p, cols, col0, tid, direct_bits, p.edge_table);
   __syncthreads();
 
   const uint32_t base = SmemAddress(smem);
@@ -1432,11 +1432,16 @@ struct DenseTapSmem {
   static_assert(kWeights + Engine::kCols * 128 <= 2 * kStage, "the K block lies in stage 1");
 };
 // Where the border rows' bounds come from DenseBorderRowBounds: unpooled threshold epilogues of "zero"-padded
-// problems without the class table, filters up to 7x7. Other problems keep StoreDirectBits' own path.
-template <class Engine>
+// problems without the class table. Other problems keep StoreDirectBits' own path, whose per-warp loop over
+// its border rows left AlexNet's 11x11 conv1 2.7x slower than with "one" padding: with 56-pixel image rows,
+// 31% of the warps' row steps held a border row, the other warps waited at the next barrier (ncu, session 39).
 __device__ __forceinline__ bool DenseBorderBounds(const BinaryGemmProblem& p) {
-  return p.pool_h * p.pool_w == 1 && p.epilogue == Epilogue::kBits && !p.pad_one && !p.correction_table &&
-         (p.kh + 1) * (p.kw + 1) <= DenseTapSmem<Engine>::kPrefixCorners;
+  return p.pool_h * p.pool_w == 1 && p.epilogue == Epilogue::kBits && !p.pad_one && !p.correction_table;
+}
+// Whether DenseBorderRowBounds reads prefix sums (filters up to 7x7) rather than the edge table.
+template <class Engine>
+__device__ __forceinline__ bool DensePrefixSums(const BinaryGemmProblem& p) {
+  return DenseBorderBounds(p) && (p.kh + 1) * (p.kw + 1) <= DenseTapSmem<Engine>::kPrefixCorners;
 }
 
 // Column c's 2-D prefix sums of its tap terms C - 2 popc_tap (0 past N), built once per CTA:
@@ -1456,14 +1461,39 @@ __device__ __forceinline__ void BuildDenseBorderPrefix(const BinaryGemmProblem& 
   }
 }
 
+// A field's out-of-frame sum (of C - 2 popc_tap) for DenseBorderRowBounds where it has no prefix sums: from
+// the edge table; a corner field whose block the table lacks (AlexNet's conv1: 49 corner blocks) takes its
+// row and column strips less the block, summed from at most (top + bottom) x (left + right) taps' popcounts
+// (16 there, not ExcludedTapsOf's loop over all 121); without the edge table (a filter larger than the
+// frame), ExcludedTapsOf.
+template <int kCols>
+__device__ __forceinline__ int DenseExcludedTaps(const BinaryGemmProblem& p, const TileColumns<kCols>& cols,
+                                                 FrameExcess e, int lc, int col) {
+  if (col >= p.n) return 0;  // the column's bound is unreachable
+  const EdgeRowsOfField edge = EdgeRowsOf(p, e);
+  if (edge.usable) return EdgeCorrection(cols, edge, lc);
+  if (!p.edge_table) return ExcludedTapsOf(p, cols, e, lc, col);
+  const int strips = EdgeCorrection(cols, EdgeRowsOf(p, {e.top, e.bottom, 0, 0}), lc) +
+                     EdgeCorrection(cols, EdgeRowsOf(p, {0, 0, e.left, e.right}), lc);
+  const int i0 = e.top > 0 ? 0 : p.kh - e.bottom, i1 = e.top > 0 ? e.top : p.kh;
+  const int j0 = e.left > 0 ? 0 : p.kw - e.right, j1 = e.left > 0 ? e.left : p.kw;
+  int block = 0;
+  for (int i = i0; i < i1; ++i) {
+    for (int j = j0; j < j1; ++j) block += p.c - 2 * p.tap_popc[(i * p.kw + j) * p.n + col];
+  }
+  return strips - block;
+}
+
 // The dense-tap kernel's border rows (no class table: 7x7 at stride 2 has 144 excess classes, the table takes
-// 25): every border row's bounds in StoreDirectBits' scratch rows, in BorderRowBounds' form, from the prefix
-// sums, four reads per row and column. BorderRowBounds loads every excluded tap's popcount for every column of
-// a border row: at ResNet-18's conv1 (batch 256) that took 2.5 of the dense kernel's 3.4 ms (session 36).
+// 25): every border row's bounds in StoreDirectBits' scratch rows, in BorderRowBounds' form, the work spread
+// over the CTA's threads a (row, column pair) each. Up to 7x7 from the prefix sums, four reads per row and
+// column (BorderRowBounds loaded every excluded tap's popcount for every column of a border row: at
+// ResNet-18's conv1, batch 256, that took 2.5 of the dense kernel's 3.4 ms, session 36); larger filters
+// from the edge table (DenseExcludedTaps).
 template <class Engine>
 __device__ __forceinline__ void DenseBorderRowBounds(const BinaryGemmProblem& p, const TileColumns<Engine::kCols>& cols,
-                                                     const int16_t* prefix, const int4* origins,
-                                                     const int8_t* row_class, int* scratch, int tid) {
+                                                     const int16_t* prefix, bool prefix_sums, const int4* origins,
+                                                     const int8_t* row_class, int* scratch, int col0, int tid) {
   constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kThreads = Engine::kThreads;
   const int side = p.kw + 1;
   auto corner = [&](int i, int j, int lc) -> int { return prefix[(i * side + j) * kCols + lc]; };
@@ -1476,10 +1506,15 @@ __device__ __forceinline__ void DenseBorderRowBounds(const BinaryGemmProblem& p,
     int bound[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const int whole = corner(p.kh, p.kw, lc + k);
-      const int inside = corner(i1, j1, lc + k) - corner(i0, j1, lc + k) - corner(i1, j0, lc + k) + corner(i0, j0, lc + k);
+      int excluded;
+      if (prefix_sums) {
+        const int inside = corner(i1, j1, lc + k) - corner(i0, j1, lc + k) - corner(i1, j0, lc + k) + corner(i0, j0, lc + k);
+        excluded = corner(p.kh, p.kw, lc + k) - inside;
+      } else {
+        excluded = DenseExcludedTaps(p, cols, e, lc + k, col0 + lc + k);
+      }
       const int plain = cols.bound[lc + k];  // columns past N keep their unreachable bound
-      bound[k] = plain == kUnreachableBound ? plain : plain + whole - inside;
+      bound[k] = plain == kUnreachableBound ? plain : plain + excluded;
     }
     StoreRowBounds(p, scratch + r * kCols, lc, bound[0], bound[1]);
   }
@@ -1513,9 +1548,9 @@ __global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
   const int col0 = (blockIdx.x / ctas_per_column) * kCols;
   const int steps = DenseTapSteps(p);
   const bool direct_bits = p.pool_h * p.pool_w == 1 && p.epilogue == Epilogue::kBits;
-  const bool border_bounds = DenseBorderBounds<Engine>(p);
+  const bool border_bounds = DenseBorderBounds(p), prefix_sums = DensePrefixSums<Engine>(p);
 
-  SetUpTileColumns<kCols, kThreads>(p, cols, col0, tid, direct_bits);
+  SetUpTileColumns<kCols, kThreads>(p, cols, col0, tid, direct_bits, p.edge_table && !prefix_sums);
   if (tid < kCols) {
     const int c = tid, n = col0 + tid;
     // FSB tiles: K word t (= tap t, one word per tap) of column n; columns past N stay zero
@@ -1531,7 +1566,7 @@ __global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
         [&](int j, uint32_t word) {
           *reinterpret_cast<uint32_t*>(smem + Smem::kWeights + StageOffset(c, j / 4) + (j % 4) * 4) = word;
         });
-    if (border_bounds) BuildDenseBorderPrefix<kCols>(p, prefix, col0, c);
+    if (prefix_sums) BuildDenseBorderPrefix<kCols>(p, prefix, col0, c);
   }
 
   for (int tile_m = blockIdx.x % ctas_per_column; tile_m < m_tiles; tile_m += ctas_per_column) {
@@ -1567,7 +1602,7 @@ __global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
     if (p.pool_h * p.pool_w == 1) {
       // every thread passes the barrier; the tile's border rows decide whether their bounds are filled
       if (__syncthreads_or(border_bounds && row_class[tid] != 0)) {
-        DenseBorderRowBounds<Engine>(p, cols, prefix, origins, row_class, scratch, tid);
+        DenseBorderRowBounds<Engine>(p, cols, prefix, prefix_sums, origins, row_class, scratch, col0, tid);
         __syncthreads();
         Engine::template StoreDirect<true>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
       } else {
