@@ -1435,12 +1435,13 @@ struct DenseTapSmem {
 // problems without the class table. Other problems keep StoreDirectBits' own path, whose per-warp loop over
 // its border rows left AlexNet's 11x11 conv1 2.7x slower than with "one" padding: with 56-pixel image rows,
 // 31% of the warps' row steps held a border row, the other warps waited at the next barrier (ncu, session 39).
-__device__ __forceinline__ bool DenseBorderBounds(const BinaryGemmProblem& p) {
+__host__ __device__ __forceinline__ bool DenseBorderBounds(const BinaryGemmProblem& p) {
   return p.pool_h * p.pool_w == 1 && p.epilogue == Epilogue::kBits && !p.pad_one && !p.correction_table;
 }
-// Whether DenseBorderRowBounds reads prefix sums (filters up to 7x7) rather than the edge table.
+// Whether DenseBorderRowBounds reads prefix sums (filters up to 7x7); where not, the kernel's instance with the
+// edge-table form (DenseTapKernel's kEdgeBorders, the launcher's choice) runs the problem.
 template <class Engine>
-__device__ __forceinline__ bool DensePrefixSums(const BinaryGemmProblem& p) {
+__host__ __device__ __forceinline__ bool DensePrefixSums(const BinaryGemmProblem& p) {
   return DenseBorderBounds(p) && (p.kh + 1) * (p.kw + 1) <= DenseTapSmem<Engine>::kPrefixCorners;
 }
 
@@ -1489,10 +1490,10 @@ __device__ __forceinline__ int DenseExcludedTaps(const BinaryGemmProblem& p, con
 // over the CTA's threads a (row, column pair) each. Up to 7x7 from the prefix sums, four reads per row and
 // column (BorderRowBounds loaded every excluded tap's popcount for every column of a border row: at
 // ResNet-18's conv1, batch 256, that took 2.5 of the dense kernel's 3.4 ms, session 36); larger filters
-// from the edge table (DenseExcludedTaps).
-template <class Engine>
+// from the edge table (DenseExcludedTaps; kEdgeBorders).
+template <class Engine, bool kEdgeBorders>
 __device__ __forceinline__ void DenseBorderRowBounds(const BinaryGemmProblem& p, const TileColumns<Engine::kCols>& cols,
-                                                     const int16_t* prefix, bool prefix_sums, const int4* origins,
+                                                     const int16_t* prefix, const int4* origins,
                                                      const int8_t* row_class, int* scratch, int col0, int tid) {
   constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kThreads = Engine::kThreads;
   const int side = p.kw + 1;
@@ -1507,11 +1508,11 @@ __device__ __forceinline__ void DenseBorderRowBounds(const BinaryGemmProblem& p,
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       int excluded;
-      if (prefix_sums) {
+      if constexpr (kEdgeBorders) {
+        excluded = DenseExcludedTaps(p, cols, e, lc + k, col0 + lc + k);
+      } else {
         const int inside = corner(i1, j1, lc + k) - corner(i0, j1, lc + k) - corner(i1, j0, lc + k) + corner(i0, j0, lc + k);
         excluded = corner(p.kh, p.kw, lc + k) - inside;
-      } else {
-        excluded = DenseExcludedTaps(p, cols, e, lc + k, col0 + lc + k);
       }
       const int plain = cols.bound[lc + k];  // columns past N keep their unreachable bound
       bound[k] = plain == kUnreachableBound ? plain : plain + excluded;
@@ -1529,8 +1530,10 @@ inline constexpr int kDenseTapCtasPerSm = 3;
 // once, then it takes row tiles b % ctas_per_column, + ctas_per_column, ...: thread r gathers row r into the
 // K block and counts its bits, one mma.sync pass of DenseTapSteps steps, the engine's epilogues. One tile a
 // CTA re-gathered the weights in every tile (0.27 of 0.95 ms at ResNet-18's conv1 with "one" padding) and
-// rebuilt the prefix sums (session 36).
-template <class Engine>
+// rebuilt the prefix sums (session 36). kEdgeBorders: the instance for the problems whose border rows come from
+// the edge table (DenseBorderBounds but not DensePrefixSums); the other one has none of that code, which in one
+// instance for both cost ResNet-18's conv1 1.5% (session 39).
+template <class Engine, bool kEdgeBorders>
 __global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
     DenseTapKernel(const BinaryGemmProblem p, int m_tiles, int ctas_per_column) {
   constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kThreads = Engine::kThreads;
@@ -1548,7 +1551,7 @@ __global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
   const int col0 = (blockIdx.x / ctas_per_column) * kCols;
   const int steps = DenseTapSteps(p);
   const bool direct_bits = p.pool_h * p.pool_w == 1 && p.epilogue == Epilogue::kBits;
-  const bool border_bounds = DenseBorderBounds(p), prefix_sums = DensePrefixSums<Engine>(p);
+  const bool prefix_sums = !kEdgeBorders && DensePrefixSums<Engine>(p), border_bounds = kEdgeBorders || prefix_sums;
 
   SetUpTileColumns<kCols, kThreads>(p, cols, col0, tid, direct_bits, p.edge_table && !prefix_sums);
   if (tid < kCols) {
@@ -1602,7 +1605,7 @@ __global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
     if (p.pool_h * p.pool_w == 1) {
       // every thread passes the barrier; the tile's border rows decide whether their bounds are filled
       if (__syncthreads_or(border_bounds && row_class[tid] != 0)) {
-        DenseBorderRowBounds<Engine>(p, cols, prefix, prefix_sums, origins, row_class, scratch, col0, tid);
+        DenseBorderRowBounds<Engine, kEdgeBorders>(p, cols, prefix, origins, row_class, scratch, col0, tid);
         __syncthreads();
         Engine::template StoreDirect<true>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
       } else {
@@ -3224,7 +3227,9 @@ LaunchPlan PlanDenseTaps(const BinaryGemmProblem& p, const DeviceInfo& info) {
   LaunchPlan plan;
   plan.kind = LaunchPlan::Kind::kDenseTaps;
   plan.path = KernelPath::kMmaSync;
-  plan.kernel = reinterpret_cast<const void*>(DenseTapKernel<Engine>);
+  const bool edge_borders = DenseBorderBounds(p) && !DensePrefixSums<Engine>(p);
+  plan.kernel = edge_borders ? reinterpret_cast<const void*>(DenseTapKernel<Engine, true>)
+                             : reinterpret_cast<const void*>(DenseTapKernel<Engine, false>);
   plan.threads = Engine::kThreads;
   plan.smem = DenseTapSmem<Engine>::kBytes;
   plan.p = p;
