@@ -454,21 +454,25 @@ __device__ __forceinline__ void FillEdgeTable(const BinaryGemmProblem& p, TileCo
   }
 }
 
-// The excess of class `cls` (BorderClass's inverse).
-__device__ __forceinline__ FrameExcess ClassExcess(const BinaryGemmProblem& p, int cls) {
-  const FrameExcess m = p.max_excess;
-  if (p.compact_classes) {
-    const int horizontal_classes = m.left + m.right + 1, v = cls / horizontal_classes, h = cls % horizontal_classes;
-    return {v <= m.top ? v : 0, v > m.top ? v - m.top : 0, h <= m.left ? h : 0, h > m.left ? h - m.left : 0};
+// The next (first, second) excess pair of one direction in BorderClass's order: (top, bottom) for the vertical
+// classes, (left, right) for the horizontal ones. A class is v H + h in both numberings (H horizontal classes).
+// Compact: (0, 0), then first = 1 .. first_max, then second = 1 .. second_max; four-way: second counts fastest.
+__device__ __forceinline__ void NextExcessPair(bool compact, int& first, int& second, int first_max, int second_max) {
+  if (compact ? second == 0 && first < first_max : second == second_max) {
+    ++first;
+    if (!compact) second = 0;
+  } else {
+    if (compact) first = 0;
+    ++second;
   }
-  const int right = cls % (m.right + 1), rest = cls / (m.right + 1);
-  const int left = rest % (m.left + 1), rest2 = rest / (m.left + 1);
-  return {rest2 / (m.bottom + 1), rest2 % (m.bottom + 1), left, right};
 }
 // FillCorrectionTableOf's work for compact classes and 5x5 filters: the taps' terms in registers (up to 5 x 5,
-// masked by the filter's size), one class after another in a loop that is not unrolled (part `part` of `parts`
-// takes every parts-th class). FillCorrectionTableOf's unrolled pairs of excesses, at 5 x 5 taps, moved the
-// band and dense kernels' registers into spills (ptxas).
+// masked by the filter's size); per horizontal class the column-masked sums of the filter rows, then per vertical
+// class the row-masked sum of those (loops that are not unrolled; part `part` of `parts` stores every parts-th
+// class). FillCorrectionTableOf's unrolled pairs of excesses, at 5 x 5 taps, moved the band and dense kernels'
+// registers into spills (ptxas); a loop over classes that decoded each class by a division and summed 25 masked
+// terms took 27% of AlexNet's conv2 stall samples on wgmma, every CTA filling it before its first tile (ncu,
+// session 39).
 template <int kCols>
 __device__ __forceinline__ int FillCorrectionTableByClass(const BinaryGemmProblem& p, TileColumns<kCols>& cols,
                                                           int col0, int lc, int part, int parts, bool add_bounds,
@@ -479,24 +483,38 @@ __device__ __forceinline__ int FillCorrectionTableByClass(const BinaryGemmProble
   int whole = 0, total = 0;
   LoadTapTerms(p, col, p.kh, p.kw, false, term, whole, total);
   const int bound = add_bounds ? ColumnBound(p, col, th.threshold, th.flip, total) : 0;
-  const int classes = BorderClasses(p);
+  const FrameExcess m = p.max_excess;
+  const bool compact = p.compact_classes;
+  const int vertical = compact ? m.top + m.bottom + 1 : (m.top + 1) * (m.bottom + 1);
+  const int horizontal = compact ? m.left + m.right + 1 : (m.left + 1) * (m.right + 1);
+  int left = 0, right = 0;
 #pragma unroll 1
-  for (int cls = part; cls < classes; cls += parts) {
-    const FrameExcess e = ClassExcess(p, cls);
-    int inside = 0;
+  for (int h = 0; h < horizontal; ++h, NextExcessPair(compact, left, right, m.left, m.right)) {
+    // per filter row: the sum over its taps inside [left, kw - right) (bit j of the mask: column j inside)
+    const unsigned columns_inside = ((1u << (p.kw - right)) - 1) >> left << left;
+    int row_inside[kSide];
 #pragma unroll
     for (int i = 0; i < kSide; ++i) {
+      row_inside[i] = 0;
 #pragma unroll
-      for (int j = 0; j < kSide; ++j) {
-        inside += i >= e.top && i < p.kh - e.bottom && j >= e.left && j < p.kw - e.right ? term[i][j] : 0;
-      }
+      for (int j = 0; j < kSide; ++j) row_inside[i] += columns_inside >> j & 1 ? term[i][j] : 0;
     }
-    // columns past N keep their unreachable bound
-    const int value = bound == kUnreachableBound ? bound : whole - inside + bound;
-    if (add_bounds && PairsBounds(p)) {
-      StorePairedBounds(p, value, lc, reinterpret_cast<uint32_t*>(&cols.correction[cls][lc]));
-    } else {
-      cols.correction[cls][lc] = value;
+    int top = 0, bottom = 0;
+#pragma unroll 1
+    for (int v = 0; v < vertical; ++v, NextExcessPair(compact, top, bottom, m.top, m.bottom)) {
+      const int cls = v * horizontal + h;
+      if (cls % parts != part) continue;
+      const unsigned rows_inside = ((1u << (p.kh - bottom)) - 1) >> top << top;
+      int inside = 0;
+#pragma unroll
+      for (int i = 0; i < kSide; ++i) inside += rows_inside >> i & 1 ? row_inside[i] : 0;
+      // columns past N keep their unreachable bound
+      const int value = bound == kUnreachableBound ? bound : whole - inside + bound;
+      if (add_bounds && PairsBounds(p)) {
+        StorePairedBounds(p, value, lc, reinterpret_cast<uint32_t*>(&cols.correction[cls][lc]));
+      } else {
+        cols.correction[cls][lc] = value;
+      }
     }
   }
   return total;
