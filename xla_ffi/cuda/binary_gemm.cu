@@ -454,21 +454,25 @@ __device__ __forceinline__ void FillEdgeTable(const BinaryGemmProblem& p, TileCo
   }
 }
 
-// The excess of class `cls` (BorderClass's inverse).
-__device__ __forceinline__ FrameExcess ClassExcess(const BinaryGemmProblem& p, int cls) {
-  const FrameExcess m = p.max_excess;
-  if (p.compact_classes) {
-    const int horizontal_classes = m.left + m.right + 1, v = cls / horizontal_classes, h = cls % horizontal_classes;
-    return {v <= m.top ? v : 0, v > m.top ? v - m.top : 0, h <= m.left ? h : 0, h > m.left ? h - m.left : 0};
+// The next (first, second) excess pair of one direction in BorderClass's order: (top, bottom) for the vertical
+// classes, (left, right) for the horizontal ones. A class is v H + h in both numberings (H horizontal classes).
+// Compact: (0, 0), then first = 1 .. first_max, then second = 1 .. second_max; four-way: second counts fastest.
+__device__ __forceinline__ void NextExcessPair(bool compact, int& first, int& second, int first_max, int second_max) {
+  if (compact ? second == 0 && first < first_max : second == second_max) {
+    ++first;
+    if (!compact) second = 0;
+  } else {
+    if (compact) first = 0;
+    ++second;
   }
-  const int right = cls % (m.right + 1), rest = cls / (m.right + 1);
-  const int left = rest % (m.left + 1), rest2 = rest / (m.left + 1);
-  return {rest2 / (m.bottom + 1), rest2 % (m.bottom + 1), left, right};
 }
 // FillCorrectionTableOf's work for compact classes and 5x5 filters: the taps' terms in registers (up to 5 x 5,
-// masked by the filter's size), one class after another in a loop that is not unrolled (part `part` of `parts`
-// takes every parts-th class). FillCorrectionTableOf's unrolled pairs of excesses, at 5 x 5 taps, moved the
-// band and dense kernels' registers into spills (ptxas).
+// masked by the filter's size); per horizontal class the column-masked sums of the filter rows, then per vertical
+// class the row-masked sum of those (loops that are not unrolled; part `part` of `parts` stores every parts-th
+// class). FillCorrectionTableOf's unrolled pairs of excesses, at 5 x 5 taps, moved the band and dense kernels'
+// registers into spills (ptxas); a loop over classes that decoded each class by a division and summed 25 masked
+// terms took 27% of AlexNet's conv2 stall samples on wgmma, every CTA filling it before its first tile (ncu,
+// session 39).
 template <int kCols>
 __device__ __forceinline__ int FillCorrectionTableByClass(const BinaryGemmProblem& p, TileColumns<kCols>& cols,
                                                           int col0, int lc, int part, int parts, bool add_bounds,
@@ -479,24 +483,38 @@ __device__ __forceinline__ int FillCorrectionTableByClass(const BinaryGemmProble
   int whole = 0, total = 0;
   LoadTapTerms(p, col, p.kh, p.kw, false, term, whole, total);
   const int bound = add_bounds ? ColumnBound(p, col, th.threshold, th.flip, total) : 0;
-  const int classes = BorderClasses(p);
+  const FrameExcess m = p.max_excess;
+  const bool compact = p.compact_classes;
+  const int vertical = compact ? m.top + m.bottom + 1 : (m.top + 1) * (m.bottom + 1);
+  const int horizontal = compact ? m.left + m.right + 1 : (m.left + 1) * (m.right + 1);
+  int left = 0, right = 0;
 #pragma unroll 1
-  for (int cls = part; cls < classes; cls += parts) {
-    const FrameExcess e = ClassExcess(p, cls);
-    int inside = 0;
+  for (int h = 0; h < horizontal; ++h, NextExcessPair(compact, left, right, m.left, m.right)) {
+    // per filter row: the sum over its taps inside [left, kw - right) (bit j of the mask: column j inside)
+    const unsigned columns_inside = ((1u << (p.kw - right)) - 1) >> left << left;
+    int row_inside[kSide];
 #pragma unroll
     for (int i = 0; i < kSide; ++i) {
+      row_inside[i] = 0;
 #pragma unroll
-      for (int j = 0; j < kSide; ++j) {
-        inside += i >= e.top && i < p.kh - e.bottom && j >= e.left && j < p.kw - e.right ? term[i][j] : 0;
-      }
+      for (int j = 0; j < kSide; ++j) row_inside[i] += columns_inside >> j & 1 ? term[i][j] : 0;
     }
-    // columns past N keep their unreachable bound
-    const int value = bound == kUnreachableBound ? bound : whole - inside + bound;
-    if (add_bounds && PairsBounds(p)) {
-      StorePairedBounds(p, value, lc, reinterpret_cast<uint32_t*>(&cols.correction[cls][lc]));
-    } else {
-      cols.correction[cls][lc] = value;
+    int top = 0, bottom = 0;
+#pragma unroll 1
+    for (int v = 0; v < vertical; ++v, NextExcessPair(compact, top, bottom, m.top, m.bottom)) {
+      const int cls = v * horizontal + h;
+      if (cls % parts != part) continue;
+      const unsigned rows_inside = ((1u << (p.kh - bottom)) - 1) >> top << top;
+      int inside = 0;
+#pragma unroll
+      for (int i = 0; i < kSide; ++i) inside += rows_inside >> i & 1 ? row_inside[i] : 0;
+      // columns past N keep their unreachable bound
+      const int value = bound == kUnreachableBound ? bound : whole - inside + bound;
+      if (add_bounds && PairsBounds(p)) {
+        StorePairedBounds(p, value, lc, reinterpret_cast<uint32_t*>(&cols.correction[cls][lc]));
+      } else {
+        cols.correction[cls][lc] = value;
+      }
     }
   }
   return total;
@@ -1241,10 +1259,10 @@ static_assert(ClassicSmemBytes<MmaSyncNarrow>() <= 163 * 1024, "the narrow mma.s
 // problem keeps it, the border-class table. StoreDirectBits reads every row's bounds from the table's rows,
 // class 0 holding the plain ones: the table's fill adds the bound to every class (class 0's correction is 0);
 // without the table, FillColumnParameters puts the plain bounds into row 0 where they are paired, and here
-// where not.
+// where not. edge_table: whether to fill the edge table (the dense kernel's prefix sums make it unused).
 template <int kCols, int kThreads>
 __device__ __forceinline__ void SetUpTileColumns(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
-                                                 int tid, bool direct_bits) {
+                                                 int tid, bool direct_bits, bool edge_table) {
   static_assert(kThreads % kCols == 0, "whole parts of a column's classes");
   if (p.correction_table) {
     // every thread: kThreads / kCols parts share a column's classes (whole warps: the paired bounds are
@@ -1256,7 +1274,7 @@ __device__ __forceinline__ void SetUpTileColumns(const BinaryGemmProblem& p, Til
   } else if (tid < kCols) {
     FillTileColumn<kCols>(p, cols, col0, tid);
     if (direct_bits && !PairsBounds(p)) cols.correction[0][tid] = cols.bound[tid];
-    if (p.edge_table) FillEdgeTable<kCols>(p, cols, col0, tid);
+    if (edge_table) FillEdgeTable<kCols>(p, cols, col0, tid);
   }
 }
 
@@ -1294,7 +1312,7 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
     origins[r] = origin;
     if (direct_bits) row_class[r] = EpilogueRowClass(p, origin);
   }
-  SetUpTileColumns<kCols, kThreads>(p, cols, col0, tid, direct_bits);
+  SetUpTileColumns<kCols, kThreads>(p, cols, col0, tid, direct_bits, p.edge_table);
   __syncthreads();
 
   const uint32_t base = SmemAddress(smem);
@@ -1432,11 +1450,17 @@ struct DenseTapSmem {
   static_assert(kWeights + Engine::kCols * 128 <= 2 * kStage, "the K block lies in stage 1");
 };
 // Where the border rows' bounds come from DenseBorderRowBounds: unpooled threshold epilogues of "zero"-padded
-// problems without the class table, filters up to 7x7. Other problems keep StoreDirectBits' own path.
+// problems without the class table. Other problems keep StoreDirectBits' own path, whose per-warp loop over
+// its border rows left AlexNet's 11x11 conv1 2.7x slower than with "one" padding: with 56-pixel image rows,
+// 31% of the warps' row steps held a border row, the other warps waited at the next barrier (ncu, session 39).
+__host__ __device__ __forceinline__ bool DenseBorderBounds(const BinaryGemmProblem& p) {
+  return p.pool_h * p.pool_w == 1 && p.epilogue == Epilogue::kBits && !p.pad_one && !p.correction_table;
+}
+// Whether DenseBorderRowBounds reads prefix sums (filters up to 7x7); where not, the kernel's instance with the
+// edge-table form (DenseTapKernel's kEdgeBorders, the launcher's choice) runs the problem.
 template <class Engine>
-__device__ __forceinline__ bool DenseBorderBounds(const BinaryGemmProblem& p) {
-  return p.pool_h * p.pool_w == 1 && p.epilogue == Epilogue::kBits && !p.pad_one && !p.correction_table &&
-         (p.kh + 1) * (p.kw + 1) <= DenseTapSmem<Engine>::kPrefixCorners;
+__host__ __device__ __forceinline__ bool DensePrefixSums(const BinaryGemmProblem& p) {
+  return DenseBorderBounds(p) && (p.kh + 1) * (p.kw + 1) <= DenseTapSmem<Engine>::kPrefixCorners;
 }
 
 // Column c's 2-D prefix sums of its tap terms C - 2 popc_tap (0 past N), built once per CTA:
@@ -1456,14 +1480,39 @@ __device__ __forceinline__ void BuildDenseBorderPrefix(const BinaryGemmProblem& 
   }
 }
 
+// A field's out-of-frame sum (of C - 2 popc_tap) for DenseBorderRowBounds where it has no prefix sums: from
+// the edge table; a corner field whose block the table lacks (AlexNet's conv1: 49 corner blocks) takes its
+// row and column strips less the block, summed from at most (top + bottom) x (left + right) taps' popcounts
+// (16 there, not ExcludedTapsOf's loop over all 121); without the edge table (a filter larger than the
+// frame), ExcludedTapsOf.
+template <int kCols>
+__device__ __forceinline__ int DenseExcludedTaps(const BinaryGemmProblem& p, const TileColumns<kCols>& cols,
+                                                 FrameExcess e, int lc, int col) {
+  if (col >= p.n) return 0;  // the column's bound is unreachable
+  const EdgeRowsOfField edge = EdgeRowsOf(p, e);
+  if (edge.usable) return EdgeCorrection(cols, edge, lc);
+  if (!p.edge_table) return ExcludedTapsOf(p, cols, e, lc, col);
+  const int strips = EdgeCorrection(cols, EdgeRowsOf(p, {e.top, e.bottom, 0, 0}), lc) +
+                     EdgeCorrection(cols, EdgeRowsOf(p, {0, 0, e.left, e.right}), lc);
+  const int i0 = e.top > 0 ? 0 : p.kh - e.bottom, i1 = e.top > 0 ? e.top : p.kh;
+  const int j0 = e.left > 0 ? 0 : p.kw - e.right, j1 = e.left > 0 ? e.left : p.kw;
+  int block = 0;
+  for (int i = i0; i < i1; ++i) {
+    for (int j = j0; j < j1; ++j) block += p.c - 2 * p.tap_popc[(i * p.kw + j) * p.n + col];
+  }
+  return strips - block;
+}
+
 // The dense-tap kernel's border rows (no class table: 7x7 at stride 2 has 144 excess classes, the table takes
-// 25): every border row's bounds in StoreDirectBits' scratch rows, in BorderRowBounds' form, from the prefix
-// sums, four reads per row and column. BorderRowBounds loads every excluded tap's popcount for every column of
-// a border row: at ResNet-18's conv1 (batch 256) that took 2.5 of the dense kernel's 3.4 ms (session 36).
-template <class Engine>
+// 25): every border row's bounds in StoreDirectBits' scratch rows, in BorderRowBounds' form, the work spread
+// over the CTA's threads a (row, column pair) each. Up to 7x7 from the prefix sums, four reads per row and
+// column (BorderRowBounds loaded every excluded tap's popcount for every column of a border row: at
+// ResNet-18's conv1, batch 256, that took 2.5 of the dense kernel's 3.4 ms, session 36); larger filters
+// from the edge table (DenseExcludedTaps; kEdgeBorders).
+template <class Engine, bool kEdgeBorders>
 __device__ __forceinline__ void DenseBorderRowBounds(const BinaryGemmProblem& p, const TileColumns<Engine::kCols>& cols,
                                                      const int16_t* prefix, const int4* origins,
-                                                     const int8_t* row_class, int* scratch, int tid) {
+                                                     const int8_t* row_class, int* scratch, int col0, int tid) {
   constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kThreads = Engine::kThreads;
   const int side = p.kw + 1;
   auto corner = [&](int i, int j, int lc) -> int { return prefix[(i * side + j) * kCols + lc]; };
@@ -1476,10 +1525,15 @@ __device__ __forceinline__ void DenseBorderRowBounds(const BinaryGemmProblem& p,
     int bound[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const int whole = corner(p.kh, p.kw, lc + k);
-      const int inside = corner(i1, j1, lc + k) - corner(i0, j1, lc + k) - corner(i1, j0, lc + k) + corner(i0, j0, lc + k);
+      int excluded;
+      if constexpr (kEdgeBorders) {
+        excluded = DenseExcludedTaps(p, cols, e, lc + k, col0 + lc + k);
+      } else {
+        const int inside = corner(i1, j1, lc + k) - corner(i0, j1, lc + k) - corner(i1, j0, lc + k) + corner(i0, j0, lc + k);
+        excluded = corner(p.kh, p.kw, lc + k) - inside;
+      }
       const int plain = cols.bound[lc + k];  // columns past N keep their unreachable bound
-      bound[k] = plain == kUnreachableBound ? plain : plain + whole - inside;
+      bound[k] = plain == kUnreachableBound ? plain : plain + excluded;
     }
     StoreRowBounds(p, scratch + r * kCols, lc, bound[0], bound[1]);
   }
@@ -1494,8 +1548,10 @@ inline constexpr int kDenseTapCtasPerSm = 3;
 // once, then it takes row tiles b % ctas_per_column, + ctas_per_column, ...: thread r gathers row r into the
 // K block and counts its bits, one mma.sync pass of DenseTapSteps steps, the engine's epilogues. One tile a
 // CTA re-gathered the weights in every tile (0.27 of 0.95 ms at ResNet-18's conv1 with "one" padding) and
-// rebuilt the prefix sums (session 36).
-template <class Engine>
+// rebuilt the prefix sums (session 36). kEdgeBorders: the instance for the problems whose border rows come from
+// the edge table (DenseBorderBounds but not DensePrefixSums); the other one has none of that code, which in one
+// instance for both cost ResNet-18's conv1 1.5% (session 39).
+template <class Engine, bool kEdgeBorders>
 __global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
     DenseTapKernel(const BinaryGemmProblem p, int m_tiles, int ctas_per_column) {
   constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kThreads = Engine::kThreads;
@@ -1513,9 +1569,9 @@ __global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
   const int col0 = (blockIdx.x / ctas_per_column) * kCols;
   const int steps = DenseTapSteps(p);
   const bool direct_bits = p.pool_h * p.pool_w == 1 && p.epilogue == Epilogue::kBits;
-  const bool border_bounds = DenseBorderBounds<Engine>(p);
+  const bool prefix_sums = !kEdgeBorders && DensePrefixSums<Engine>(p), border_bounds = kEdgeBorders || prefix_sums;
 
-  SetUpTileColumns<kCols, kThreads>(p, cols, col0, tid, direct_bits);
+  SetUpTileColumns<kCols, kThreads>(p, cols, col0, tid, direct_bits, p.edge_table && !prefix_sums);
   if (tid < kCols) {
     const int c = tid, n = col0 + tid;
     // FSB tiles: K word t (= tap t, one word per tap) of column n; columns past N stay zero
@@ -1531,7 +1587,7 @@ __global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
         [&](int j, uint32_t word) {
           *reinterpret_cast<uint32_t*>(smem + Smem::kWeights + StageOffset(c, j / 4) + (j % 4) * 4) = word;
         });
-    if (border_bounds) BuildDenseBorderPrefix<kCols>(p, prefix, col0, c);
+    if (prefix_sums) BuildDenseBorderPrefix<kCols>(p, prefix, col0, c);
   }
 
   for (int tile_m = blockIdx.x % ctas_per_column; tile_m < m_tiles; tile_m += ctas_per_column) {
@@ -1567,7 +1623,7 @@ __global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
     if (p.pool_h * p.pool_w == 1) {
       // every thread passes the barrier; the tile's border rows decide whether their bounds are filled
       if (__syncthreads_or(border_bounds && row_class[tid] != 0)) {
-        DenseBorderRowBounds<Engine>(p, cols, prefix, origins, row_class, scratch, tid);
+        DenseBorderRowBounds<Engine, kEdgeBorders>(p, cols, prefix, origins, row_class, scratch, col0, tid);
         __syncthreads();
         Engine::template StoreDirect<true>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
       } else {
@@ -3189,7 +3245,9 @@ LaunchPlan PlanDenseTaps(const BinaryGemmProblem& p, const DeviceInfo& info) {
   LaunchPlan plan;
   plan.kind = LaunchPlan::Kind::kDenseTaps;
   plan.path = KernelPath::kMmaSync;
-  plan.kernel = reinterpret_cast<const void*>(DenseTapKernel<Engine>);
+  const bool edge_borders = DenseBorderBounds(p) && !DensePrefixSums<Engine>(p);
+  plan.kernel = edge_borders ? reinterpret_cast<const void*>(DenseTapKernel<Engine, true>)
+                             : reinterpret_cast<const void*>(DenseTapKernel<Engine, false>);
   plan.threads = Engine::kThreads;
   plan.smem = DenseTapSmem<Engine>::kBytes;
   plan.p = p;

@@ -580,11 +580,17 @@ int main(int argc, char** argv) {
   cases.push_back({2, 9, 11, 128, 40, 3, 3, 1, 1, 2, 2, 2, 2, 1, 1, false});
   cases.push_back({2, 10, 12, 128, 300, 4, 4, 1, 1, 2, 2, 2, 2, 1, 1, false});
   cases.push_back({2, 10, 9, 64, 72, 5, 5, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  // The dense kernel's border rows beyond 7x7 (no prefix sums) spread over its threads: 9x9 over 6 x 7 (taller
+  // than the frame: no edge table, every out-of-frame tap summed) and 8x8 at stride 2 with asymmetric padding
+  // (the edge table with its corner blocks); AlexNet's conv1 in small above takes the strips less the block
+  cases.push_back({2, 6, 7, 3, 40, 9, 9, 1, 1, 4, 4, 4, 4, 1, 1, false});
+  cases.push_back({3, 20, 22, 3, 70, 8, 8, 2, 2, 1, 2, 1, 2, 1, 1, false});
   if (small) {
     cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[14], cases[17], cases[21], cases[23],
              cases[28], cases[31], cases[32], cases[35], cases[38], cases[42], cases[43], cases[46], cases[49],
              cases[52], cases[56], cases[59], cases[60], cases[62], cases[66], cases[67], cases[68], cases[70],
-             cases[73], cases[74], cases[75], cases[79], cases[80], cases[85], cases[89]};
+             cases[73], cases[74], cases[75], cases[79], cases[80], cases[85], cases[89],
+             cases[94], cases[95]};
   }
   if (dense) {  // convolutions only (a BMM is a 1 x 1 image)
     auto other = [](const ConvCase& cc) { return cc.c >= 32 || cc.h * cc.w == 1; };
