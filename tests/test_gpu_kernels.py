@@ -152,6 +152,10 @@ CONV_CASES = [
     # with padding 1 (16 classes), both filled class by class
     (2, 9, 11, 128, 40, (3, 3), (1, 1), ((2, 2), (2, 2)), "zero", None),
     (2, 10, 9, 64, 72, (5, 5), (1, 1), ((1, 1), (1, 1)), "zero", None),
+    # the dense kernel's border rows of filters past 7x7, spread over its threads: 9x9 taller than the frame (no
+    # edge table: every out-of-frame tap summed) and 8x8 at stride 2 with asymmetric padding (the edge table)
+    (2, 6, 7, 3, 40, (9, 9), (1, 1), ((4, 4), (4, 4)), "zero", None),
+    (3, 20, 22, 3, 70, (8, 8), (2, 2), ((1, 2), (1, 2)), "zero", None),
 ]
 
 
