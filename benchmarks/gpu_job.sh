@@ -14,6 +14,7 @@ LOG="$OUT/job.log"
 export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 BUILD=${BUILD:-/tmp/jaxbnn_build}
+mkdir -p "$(dirname "$BUILD")"  # a fresh machine lacks the tree's ignored folders (session 39 lost a job to it)
 STEPS=("$@")
 JOB_END=$(( $(date +%s) + ${JOB_SECONDS:-560} ))  # the benchmark starts no new layer after this
 [ ${#STEPS[@]} -eq 0 ] && STEPS=(build check sass sanitize pytest ceiling bench)
@@ -24,6 +25,15 @@ log() { echo "=== $* ($(date -u +%H:%M:%S))" | tee -a "$LOG"; }
 has() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; nvcc --version | tail -1; } 2>&1 | tee -a "$LOG"
+
+# ../shared does not travel: the ceiling probe needs ceiling.cu and its wgmma_gen.h copied into .carry/ceiling
+# (untracked) and carried. Stop before any device time is spent if they are missing (session 40 lost a job to it).
+CEIL_SRC=../shared/tools; [ -f .carry/ceiling/ceiling.cu ] && CEIL_SRC=.carry/ceiling
+if has ceiling && [ ! -f "$CEIL_SRC/ceiling.cu" ]; then
+  echo "ceiling step: no ceiling.cu (mkdir -p .carry/ceiling && cp ../shared/tools/{ceiling.cu,wgmma_gen.h} .carry/ceiling/, carry it)" | tee -a "$LOG"
+  exit 2
+fi
+has bench && ! has ceiling && echo "(bench without the ceiling step: its table says the probe did not run)" | tee -a "$LOG"
 
 if has harness || has check || has sanitize || has time || has ncu || has ncu-cases; then
   log "build: kernel harness"
@@ -80,8 +90,6 @@ fi
 
 if has ceiling; then
   log "ceiling probe (shared/tools/ceiling.cu)"
-  # ../shared does not travel: copy ceiling.cu and its wgmma_gen.h into .carry/ceiling (untracked) first
-  CEIL_SRC=../shared/tools; [ -f .carry/ceiling/ceiling.cu ] && CEIL_SRC=.carry/ceiling
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a $CEIL_SRC/ceiling.cu -o "$BUILD-ceiling" 2>&1 | tail -3
   timeout 120 "$BUILD-ceiling" 2>&1 | tee "$OUT/ceiling.log" | tee -a "$LOG"
 fi
