@@ -2407,10 +2407,10 @@ constexpr int kResidentStageBytes = 64 * 128;  // 64 rows x one K block
 // per warpgroup: deeper rings measured slower (C = 256: 3 stages +8% against main, 7 stages -3%; jobs BE, BF)
 constexpr int kResidentStages = 3;
 // Everything but the weights: alignment slack, the rings, the column table, popc_a, the barriers, the row
-// corrections.
+// corrections, and (16-byte aligned) the all-ones B of the popc(a) wgmmas.
 constexpr int kResidentRingBytes = 2 * kResidentStages * kResidentStageBytes;
 constexpr int kResidentFixedBytes = 1024 + kResidentRingBytes + static_cast<int>(sizeof(TileColumns<kWgCols>)) +
-                                    kWgRows * 4 + (4 * kResidentStages + 1) * 8 + kWgRows;
+                                    kWgRows * 4 + (4 * kResidentStages + 1) * 8 + kWgRows + 16 + 256;
 __host__ __device__ __forceinline__ int ResidentWeightBytes(int w_k_tiles, int cols) { return cols / 8 * w_k_tiles * 128; }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -2453,6 +2453,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   int* popc_a = reinterpret_cast<int*>(&cols + 1);
   auto* barriers = reinterpret_cast<uint64_t*>(popc_a + kWgRows);
   int8_t* row_correction = reinterpret_cast<int8_t*>(barriers + 4 * kResidentStages + 1);
+  // B of the popc(a) wgmmas: 8 columns of all ones (2 core matrices of k256), 16-byte aligned
+  uint32_t* ones = reinterpret_cast<uint32_t*>(smem + ((reinterpret_cast<uint8_t*>(row_correction) + kWgRows - smem + 15) & ~15));
   const uint32_t base = SmemAddress(smem), weights = base + kResidentRingBytes;
   const uint32_t full0 = SmemAddress(barriers);                  // [half][stage]: the stage landed
   const uint32_t empty0 = full0 + 2 * kResidentStages * 8;    // [half][stage]: its 4 warps read it
@@ -2478,6 +2480,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     BarrierInit(weights_full, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
+  if (tid < 64) ones[tid] = 0xFFFFFFFFu;
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for the wgmmas
   __syncthreads();
   JAXBNN_TRACE_START(1, tid == 0);
   // a programmatic dependent launch, as WgmmaKernel: no global access before this
@@ -2561,11 +2565,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     asm volatile("bar.sync %0, 128;\n" ::"r"(tile_bar) : "memory");
     JAXBNN_TRACE_TILE(half, traced_tile, 0, wtid);
     int acc[kCols / 2];
-    int row_popc = 0, previous_stage = 0;
-    // The previous K block's words of this warpgroup's rows, counted once this block's wgmmas are issued:
-    // counted at once, their loads held up the next block's issue (benchmarks/kloop_probe.cu: a lone
-    // warpgroup's k loop 112 -> 92 ns per wgmma; harness: C = 512 +2%, BMM 4096^3 +6%, NOTES session 12).
-    RowWords<4> pending = {};
+    // popc(a) of this thread's rows g and g + 8 (row_popc[0], [2]) from the tensor cores: an m64n8 wgmma per
+    // k256 step against all-ones columns. Counted from the stages by the consumers (LDS and POPC between
+    // the wgmmas and the wait), they cost C = 512 8% and BMM 4096^3 9% (timing-only build without them,
+    // benchmarks/NOTES.md session 41); the band kernel takes popc(a) the same way (v35, v41).
+    int row_popc[4];
+    int previous_stage = 0;
+    const uint64_t desc_ones = OperandDescriptor(SmemAddress(ones), 128, 256);
     for (int kb = 0; kb < k_blocks; ++kb) {
       BarrierWait(bar(full0, half, at.stage), at.phase);
       if (kb == 0) JAXBNN_TRACE_TILE(half, traced_tile, 1, wtid);
@@ -2588,6 +2594,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         } else {
           wgmma_m64n128k256_and_popc(acc, desc_a, desc_b, (kb | ks) != 0);
         }
+        wgmma_m64n8k256_and_popc(row_popc, desc_a, desc_ones, (kb | ks) != 0);
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       if (first_tile_of_cta && kb == fill_kb) {
@@ -2598,8 +2605,6 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       if (kb == 0 && !p.pad_one && wtid < 64) {
         row_correction[64 * half + wtid] = RowCorrection(p, div, tile_m, 64 * half + wtid);
       }
-      row_popc += RowWordsPopcount(pending);
-      pending = LoadRowWords<64, 128, kLayout, 64>(smem + ring(half, at.stage), wtid, a_box_log2);
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
       if (kb > 0 && wtid % 32 == 0) {
         asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar(empty0, half, previous_stage)) : "memory");
@@ -2609,12 +2614,14 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     JAXBNN_TRACE_TILE(half, traced_tile, 2, wtid);
-    row_popc += RowWordsPopcount(pending);  // before the stage is released
     if (wtid % 32 == 0) {
       asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar(empty0, half, previous_stage)) : "memory");
     }
-    row_popc = CombineRowPopcount<64, 128>(row_popc);
-    if (const int row = RowOfPopcount<64, 128>(wtid); row >= 0) popc_a[64 * half + row] = row_popc;
+    if (wtid % 4 == 0) {
+      const int r = 64 * half + 16 * (wtid / 32) + wtid % 32 / 4;
+      popc_a[r] = row_popc[0];
+      popc_a[r + 8] = row_popc[2];
+    }
     if (first_tile_of_cta && half == 0) {
       asm volatile("bar.sync 1, 256;\n" ::: "memory");  // warpgroup 1's columns are staged too
     } else {
