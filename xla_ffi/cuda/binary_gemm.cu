@@ -2566,9 +2566,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     JAXBNN_TRACE_TILE(half, traced_tile, 0, wtid);
     int acc[kCols / 2];
     // popc(a) of this thread's rows g and g + 8 (row_popc[0], [2]) from the tensor cores: an m64n8 wgmma per
-    // k256 step against all-ones columns. Counted from the stages by the consumers (LDS and POPC between
-    // the wgmmas and the wait), they cost C = 512 8% and BMM 4096^3 9% (timing-only build without them,
-    // benchmarks/NOTES.md session 41); the band kernel takes popc(a) the same way (v35, v41).
+    // k256 step against all-ones columns, as the band kernel (v35, v41). Counted from the stages by the
+    // consumers (LDS and POPC between the wgmmas and the wait) they cost C = 512 8% (a timing-only build
+    // without them); these wgmmas gain less (C = 512 unchanged, C = 256 +4%, one-padded C = 512 +3.5%);
+    // producer warps counting the stages instead made C = 512 27% slower (benchmarks/NOTES.md, session 42).
     int row_popc[4];
     int previous_stage = 0;
     const uint64_t desc_ones = OperandDescriptor(SmemAddress(ones), 128, 256);
