@@ -2645,8 +2645,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 // Output position q = oy Wp + ox takes tap (i, j) of chunk c from position q + i Wp + j of plane c: 64
 // consecutive positions are 64 rows of 16 contiguous bytes, a no-swizzle wgmma operand (8-row groups 128
 // bytes apart) whatever the tap. So each k256 step's A operand is the band itself at a shifted start, and
-// the implicit GEMM runs without a gather, a ring of stages or a producer: the resident kernel's k loop
-// (barriers, TMA boxes per K block, row-popcount loads) is gone, and C = 128 was bound by exactly that
+// the implicit GEMM runs without a gather, a ring of stages or a producer: the resident kernel's k loop of
+// then (barriers, TMA boxes per K block, row-popcount loads) is gone, and C = 128 was bound by exactly that
 // (benchmarks/NOTES.md, session 12). A k256 step takes two consecutive chunks of K, as the FSB weights hold
 // them; their distance in the band (the descriptor's LBO) is positive where P = 1 (taps t and t + 1) or P
 // is even (planes 2c and 2c + 1 of one tap). Positions with ox >= out_w are computed and dropped: (kw - 1)
