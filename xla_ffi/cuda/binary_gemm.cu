@@ -692,42 +692,26 @@ struct WeightStageLoader {
   }
 };
 
-// This thread's share of the words of `kRows` activation rows of a stage (rows `kStageRows` apart in the slab
-// layout), for the rows' popcounts: kThreads / kRows threads per row. Thread t reads row
+// popc of `kRows` activation rows of a stage (rows `kStageRows` apart in the slab layout; the mma.sync engine's
+// and the persistent wgmma kernel's): this thread's part, kThreads / kRows threads per row. Thread t reads row
 // (t / (8 * parts)) * 8 + t % 8: 8 consecutive threads, 8 rows of one chunk (in the swizzled layout: 8
 // different physical chunks), so no bank conflicts; the parts of a row sit 8 lanes apart in one warp.
-template <int kChunks>
-struct RowWords {
-  uint4 v[kChunks];
-};
 template <int kRows, int kThreads, ALayout kLayout = ALayout::kCoreMatrices, int kStageRows = kRows>
-__device__ __forceinline__ RowWords<8 / (kThreads / kRows)> LoadRowWords(const uint8_t* stage, int tid,
-                                                                         int row_bytes_log2 = 7) {
+__device__ __forceinline__ int StageRowPopcount(const uint8_t* stage, int tid, int row_bytes_log2 = 7) {
   constexpr int kParts = kThreads / kRows;
   constexpr int kChunks = 8 / kParts;
   static_assert(8 * kParts <= 32, "the parts of a row must share a warp");
   const int row = (tid / (8 * kParts)) * 8 + tid % 8, part = (tid / 8) % kParts;
-  RowWords<kChunks> words;
+  uint4 words[kChunks];
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
     const int chunk = part * kChunks + i;
-    words.v[i] = *reinterpret_cast<const uint4*>(stage + ChunkOffset<kLayout, kStageRows>(row, chunk, row_bytes_log2));
+    words[i] = *reinterpret_cast<const uint4*>(stage + ChunkOffset<kLayout, kStageRows>(row, chunk, row_bytes_log2));
   }
-  return words;
-}
-template <int kChunks>
-__device__ __forceinline__ int RowWordsPopcount(const RowWords<kChunks>& words) {
   int total = 0;
 #pragma unroll
-  for (int i = 0; i < kChunks; ++i) {
-    total += __popc(words.v[i].x) + __popc(words.v[i].y) + __popc(words.v[i].z) + __popc(words.v[i].w);
-  }
+  for (int i = 0; i < kChunks; ++i) total += __popc(words[i].x) + __popc(words[i].y) + __popc(words[i].z) + __popc(words[i].w);
   return total;
-}
-// popc of a stage's rows: this thread's part (LoadRowWords).
-template <int kRows, int kThreads, ALayout kLayout = ALayout::kCoreMatrices, int kStageRows = kRows>
-__device__ __forceinline__ int StageRowPopcount(const uint8_t* stage, int tid, int row_bytes_log2 = 7) {
-  return RowWordsPopcount(LoadRowWords<kRows, kThreads, kLayout, kStageRows>(stage, tid, row_bytes_log2));
 }
 
 // Sums the parts of StageRowPopcount; returns the row's popcount in every part's thread.
