@@ -2589,7 +2589,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       }
       // At the last K block, not the first: between the first block's wgmmas and the next block's, the two warps'
       // RowCorrection made C = 512 "zero" 4% slower (session 43); here it runs while the tile's last wgmmas finish.
-      // (Computed by the producer warps instead, with an mbarrier handoff: +3%, branch next/row-correction-producer.)
+      // (Producer warps computing them, handed over through an mbarrier, gained 3%: benchmarks/NOTES.md, session 43.)
       if (kb == k_blocks - 1 && !p.pad_one && wtid < 64) {
         row_correction[64 * half + wtid] = RowCorrection(p, div, tile_m, 64 * half + wtid);
       }
