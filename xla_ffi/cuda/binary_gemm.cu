@@ -2386,7 +2386,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 // Measured (benchmarks/NOTES.md, sessions 11-12): +8-10% at C = 128 and 512 and for the 4096^3 BMM, but a
 // warpgroup alone runs its k loop well below the tensor cores' rate (benchmarks/kloop_probe.cu), so most of
 // the overlap is lost. kCols: the columns of a CTA's tile, 256, or 128 where N <= 128 (m64n128 wgmmas:
-// half the tensor work of an m64n256 whose upper half would be discarded, and half the weight bytes).
+// half the tensor work of an m64n256 whose upper half would be discarded, and half the weight bytes) or where
+// 256-column tiles would leave half the SMs idle (PlanResident). A 128-column tile still fills the column
+// table's 256 columns from its first (one per consumer thread, as many at once): the upper half is unused.
 constexpr int kResidentStageBytes = 64 * 128;  // 64 rows x one K block
 // per warpgroup: deeper rings measured slower (C = 256: 3 stages +8% against main, 7 stages -3%; jobs BE, BF)
 constexpr int kResidentStages = 3;
@@ -2448,7 +2450,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int tid = threadIdx.x;
   JAXBNN_TRACE_START(0, tid == 0);
   const int tile_n = blockIdx.x / ctas_per_column, first_tile = blockIdx.x % ctas_per_column;
-  const int col0 = tile_n * kWgCols;
+  const int col0 = tile_n * kCols;
   const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
   const int a_box_bytes = kLayout == ALayout::kChunkSlabs ? 16 : kLayout == ALayout::kTapRows ? TapRowBytes(p.cw) : 128;
   const int a_box_log2 = __ffs(a_box_bytes) - 1;
@@ -3259,8 +3261,12 @@ LaunchPlan PlanDenseTaps(const BinaryGemmProblem& p, const DeviceInfo& info) {
 // weights within the shared memory left by the rest, at least one CTA per column tile. False (nothing
 // planned) otherwise.
 bool PlanResident(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& plan) {
-  const int m_tiles = TilesOfRows(p, kWgRows), n_tiles = (p.n + kWgCols - 1) / kWgCols;
-  const bool narrow = p.n <= kWgCols / 2;  // one tile of at most 128 columns: m64n128 wgmmas
+  const int m_tiles = TilesOfRows(p, kWgRows), wide_n_tiles = (p.n + kWgCols - 1) / kWgCols;
+  // Column tiles of 128 (m64n128 wgmmas) where N <= 128, and where 256-column tiles would leave half the SMs
+  // or more idle (batch-8 layers, small-batch GEMMs): twice the CTAs, each with half the weight bytes and
+  // half the tensor work of its tile.
+  const bool narrow = p.n <= kWgCols / 2 || 2ll * m_tiles * wide_n_tiles <= info.sms;
+  const int n_tiles = narrow ? (p.n + kWgCols / 2 - 1) / (kWgCols / 2) : wide_n_tiles;
   const int smem = kResidentFixedBytes + ResidentWeightBytes(p.w_k_tiles, narrow ? kWgCols / 2 : kWgCols);
   if (p.pool_h * p.pool_w != 1 || smem > info.smem_optin || n_tiles > info.sms ||
       reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || TensorMapEncoder() == nullptr) {

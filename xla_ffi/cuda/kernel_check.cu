@@ -438,6 +438,16 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
   time("conv alex.2 one b64", ConvCase{64, 28, 28, 128, 256, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, true});
   time("conv alex.1 b64", ConvCase{64, 224, 224, 3, 128, 11, 11, 4, 4, 3, 4, 3, 4, 1, 1, false});
   time("conv alex.1 one b64", ConvCase{64, 224, 224, 3, 128, 11, 11, 4, 4, 3, 4, 3, 4, 1, 1, true});
+  // batch 8, grids of 256-column tiles that would leave most SMs idle: the zoo's CIFAR-10 VGG-small (16 x 16
+  // at C = O = 256: 16 row tiles; 8 x 8 at 512: 4 x 2 tiles; its first fully connected layer, K = 8192, whose
+  // 256-column tile's weights do not fit the resident kernel) and VGG-16's first fully connected layers (one
+  // row tile); ResNet-18's layers 3 and 4 (14 x 14 and 7 x 7: no TMA box, the persistent kernel)
+  time("conv cifar-vgg.2_2 b8", ConvCase{8, 16, 16, 256, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  time("conv cifar-vgg.3_2 b8", ConvCase{8, 8, 8, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  time("bmm cifar-vgg.fc1 b8", Bmm(8, 1024, 8192));
+  time("bmm vgg.fc2 b8", Bmm(8, 4096, 4096));
+  time("conv r18.l3 b8", ConvCase{8, 14, 14, 256, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  time("conv r18.l4 b8", ConvCase{8, 7, 7, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
 }
 
 }  // namespace
