@@ -82,10 +82,11 @@ def _check_against_cpu_handler(target, result, operands, attrs, got):
         np.testing.assert_array_equal(got, _call(target, CPU, result, operands, attrs))
 
 
-# Small grids (N > 128 over few row tiles: the wgmma engine's 128-column tiles, the last one partial) and one of
-# enough row tiles to keep 256-column tiles on an H100 / H200 (9000 rows)
+# Small grids (N > 128 over few row tiles: the wgmma engine's 128-column tiles, the last one partial; a batch-8
+# fully connected layer whose 256-column tiles' weights would not fit in shared memory), and one of enough row
+# tiles to keep 256-column tiles on an H100 / H200 (9000 rows)
 BMM_SHAPES = [(1, 3, 100), (5, 33, 31), (1, 1, 1), (129, 257, 1000), (64, 64, 128), (300, 520, 2144), (17, 300, 4096),
-              (9000, 300, 1000)]
+              (8, 1000, 8192), (9000, 300, 1000)]
 
 
 @pytest.mark.parametrize("kind", EPILOGUES)

@@ -595,6 +595,9 @@ int main(int argc, char** argv) {
   // (the edge table with its corner blocks); AlexNet's conv1 in small above takes the strips less the block
   cases.push_back({2, 6, 7, 3, 40, 9, 9, 1, 1, 4, 4, 4, 4, 1, 1, false});
   cases.push_back({3, 20, 22, 3, 70, 8, 8, 2, 2, 1, 2, 1, 2, 1, 1, false});
+  // A fully connected layer at batch 8 whose 256-column tiles' weights would not fit the resident kernel: its
+  // 128-column tiles (K = 8192, 128 KB of weights), the last of 104 columns
+  cases.push_back(Bmm(8, 1000, 8192));
   if (small) {
     cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[14], cases[17], cases[21], cases[23],
              cases[28], cases[31], cases[32], cases[35], cases[38], cases[42], cases[43], cases[46], cases[49],
