@@ -5,8 +5,9 @@
 BMM (square sizes): each engine of jaxbnn._cuda, "BNN-specific" (packed in -> packed out, threshold
 epilogue) and "general" (float in -> pack -> BMM -> float out), against XLA bf16 / int8 / fp8 e4m3 `dot`
 on the same ±1 data. BConv: the TCBNN sweep (batch 16, 64x64, 3x3, stride 1, C = O) and the ResNet-18 /
-VGG-16 layers (and the zoo AlexNet's conv2 and binarized conv1) at batch 8 and 256, ours (packed in -> packed
-out) against XLA bf16 convolution; where a layer's output can be its input (C = O, stride 1), also both
+VGG-16 layers (and the zoo AlexNet's conv2 and binarized conv1, VGG-16's first two fully connected layers, the
+zoo CIFAR-10 VGG-small's binary layers; a fully connected layer as a 1x1 convolution over a 1 x 1 image) at batch 8
+and 256, ours (packed in -> packed out) against XLA bf16 convolution; where a layer's output can be its input (C = O, stride 1), also both
 chained, each call's output the next's input,
 and both as a digest: the same calls on distinct inputs, the program returning one element of each output
 (one small array leaves the program instead of `copies` outputs, whose host dispatch alone took 245-390 us
@@ -233,6 +234,12 @@ VGG16 = [
     ("vgg.1_1", 224, 3, 64, 3, 1), ("vgg.1_2", 224, 64, 64, 3, 1), ("vgg.2_1", 112, 64, 128, 3, 1),
     ("vgg.2_2", 112, 128, 128, 3, 1), ("vgg.3_1", 56, 128, 256, 3, 1), ("vgg.3_2", 56, 256, 256, 3, 1),
     ("vgg.4_1", 28, 256, 512, 3, 1), ("vgg.4_2", 28, 512, 512, 3, 1), ("vgg.5", 14, 512, 512, 3, 1),
+    ("vgg.fc1", 1, 25088, 4096, 1, 1), ("vgg.fc2", 1, 4096, 4096, 1, 1),
+]
+CIFAR10_VGG = [  # the zoo's CIFAR-10 VGG-small at 32 x 32: its binary convolutions and first fully connected layers
+    ("cifar-vgg.1_2", 32, 128, 128, 3, 1), ("cifar-vgg.2_1", 16, 128, 256, 3, 1), ("cifar-vgg.2_2", 16, 256, 256, 3, 1),
+    ("cifar-vgg.3_1", 8, 256, 512, 3, 1), ("cifar-vgg.3_2", 8, 512, 512, 3, 1), ("cifar-vgg.fc1", 1, 8192, 1024, 1, 1),
+    ("cifar-vgg.fc2", 1, 1024, 1024, 1, 1),
 ]
 
 
@@ -296,7 +303,8 @@ def main():
     layers = [(f"tcbnn C=O={c}", 16, 64, c, c, 3, 1) for c in sweep]
     bench_conv(layers, engines, conv_rows, save, args.deadline)
     if not (args.quick or args.no_models):
-        model_layers = [(n, b, hw, c, o, k, s) for b in (8, 256) for (n, hw, c, o, k, s) in RESNET18 + VGG16 + ALEXNET
+        model_layers = [(n, b, hw, c, o, k, s) for b in (8, 256)
+                        for (n, hw, c, o, k, s) in RESNET18 + VGG16 + ALEXNET + CIFAR10_VGG
                         if args.layers is None or n in args.layers]
         bench_conv(model_layers, ["auto"], conv_rows, save, args.deadline)  # the engine the op would pick
     save()
