@@ -6,9 +6,9 @@ BMM (square sizes): each engine of jaxbnn._cuda, "BNN-specific" (packed in -> pa
 epilogue) and "general" (float in -> pack -> BMM -> float out), against XLA bf16 / int8 / fp8 e4m3 `dot`
 on the same ±1 data. BConv: the TCBNN sweep (batch 16, 64x64, 3x3, stride 1, C = O) and the ResNet-18 /
 VGG-16 layers (and the zoo AlexNet's conv2 and binarized conv1, VGG-16's first two fully connected layers, the
-zoo CIFAR-10 VGG-small's binary layers; a fully connected layer as a 1x1 convolution over a 1 x 1 image) at batch 8
-and 256, ours (packed in -> packed out) against XLA bf16 convolution; where a layer's output can be its input (C = O, stride 1), also both
-chained, each call's output the next's input,
+zoo CIFAR-10 VGG-small's binary layers; a fully connected layer as a 1x1 convolution over a 1 x 1 image) at batch
+8 and 256, ours (packed in -> packed out) against XLA bf16 convolution; where a layer's output can be its input
+(C = O, stride 1), also both chained, each call's output the next's input,
 and both as a digest: the same calls on distinct inputs, the program returning one element of each output
 (one small array leaves the program instead of `copies` outputs, whose host dispatch alone took 245-390 us
 per 32-output program on the H200 machine in session 26, more than the 32 C = 128 calls' ~260 us on the GPU).
