@@ -160,6 +160,10 @@ CONV_CASES = [
     # edge table: every out-of-frame tap summed) and 8x8 at stride 2 with asymmetric padding (the edge table)
     (2, 6, 7, 3, 40, (9, 9), (1, 1), ((4, 4), (4, 4)), "zero", None),
     (3, 20, 22, 3, 70, (8, 8), (2, 2), ((1, 2), (1, 2)), "zero", None),
+    # small grids whose tiles no TMA box takes (7 x 7, stride 2): the wgmma engine's cp.async resident tiles of 128
+    # columns, the last one partial
+    (2, 7, 7, 512, 300, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", None),
+    (3, 14, 14, 256, 200, (3, 3), (2, 2), ((1, 1), (1, 1)), "one", None),
 ]
 
 

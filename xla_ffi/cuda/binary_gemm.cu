@@ -2398,6 +2398,8 @@ constexpr int kResidentRingBytes = 2 * kResidentStages * kResidentStageBytes;
 constexpr int kResidentFixedBytes = 1024 + kResidentRingBytes + static_cast<int>(sizeof(TileColumns<kWgCols>)) +
                                     kWgRows * 4 + (4 * kResidentStages + 1) * 8 + kWgRows + 16 + 256;
 __host__ __device__ __forceinline__ int ResidentWeightBytes(int w_k_tiles, int cols) { return cols / 8 * w_k_tiles * 128; }
+// The cp.async instance's receptive-field origins of a tile's rows (RowOrigin), after the all-ones B.
+constexpr int kResidentOriginBytes = kWgRows * 16;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // One bulk copy of `bytes` contiguous bytes into this CTA's shared memory, completing on `bar`.
@@ -2427,8 +2429,11 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     ResidentWgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map,
                         const __grid_constant__ CUtensorMap w_map, const LaunchDivisors div, int m_tiles,
                         int ctas_per_column) {
-  static_assert(kLayout != ALayout::kCoreMatrices, "activations by TMA only");
   static_assert(kCols == kWgCols || kCols == kWgCols / 2, "m64n256 or m64n128 wgmmas");
+  // kCoreMatrices: activations by cp.async (no TMA box takes the tiles), copied into 128-byte swizzled rows as
+  // a TMA box of rows would put them; each half's ring is fed by two producer warps (LoadActivationStage's
+  // copies keep a row's place modulo 8 only with 8 or more rows between a thread's copies).
+  constexpr bool kCopies = kLayout == ALayout::kCoreMatrices;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + (1024 - SmemAddress(smem_raw) % 1024) % 1024;
@@ -2441,6 +2446,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   int8_t* row_correction = reinterpret_cast<int8_t*>(barriers + 4 * kResidentStages + 1);
   // B of the popc(a) wgmmas: 8 columns of all ones (2 core matrices of k256), 16-byte aligned
   uint32_t* ones = reinterpret_cast<uint32_t*>(smem + ((reinterpret_cast<uint8_t*>(row_correction) + kWgRows - smem + 15) & ~15));
+  int4* origins = reinterpret_cast<int4*>(ones + 64);  // kCopies only (kResidentOriginBytes)
   const uint32_t base = SmemAddress(smem), weights = base + kResidentRingBytes;
   const uint32_t full0 = SmemAddress(barriers);                  // [half][stage]: the stage landed
   const uint32_t empty0 = full0 + 2 * kResidentStages * 8;    // [half][stage]: its 4 warps read it
@@ -2459,7 +2465,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     PrefetchTensorMap(w_map);
     for (int half = 0; half < 2; ++half) {
       for (int s = 0; s < kResidentStages; ++s) {
-        BarrierInit(bar(full0, half, s), 1);
+        BarrierInit(bar(full0, half, s), kCopies ? 64 : 1);  // cp.async: every producer thread of the half
         BarrierInit(bar(empty0, half, s), 4);
       }
     }
@@ -2476,6 +2482,32 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   if (tid < 128) {  // producer warps: 0 and 1 feed the rings of consumer warpgroups 0 and 1, 2 the weights
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     const int warp = tid / 32, lane = tid % 32;
+    if constexpr (kCopies) {  // warps 0-1 feed half 0's ring, 2-3 half 1's; thread 0 also brings the weights
+      const int half = warp / 2, ptid = tid % 64;
+      if (tid == 0) {
+        BarrierArriveExpectBytes(weights_full, kCols / 8 * p.w_k_tiles * 128);
+        TensorCopy3d(weights, w_map, 0, 0, col0 / 8, weights_full);
+      }
+      RingPosition at;
+      bool first_round = true;
+      for (int tile_m = first_tile; tile_m < m_tiles; tile_m += ctas_per_column) {
+        // the half's copies of the previous tile are issued before its rows' origins are replaced
+        asm volatile("bar.sync %0, 64;\n" ::"r"(5 + half) : "memory");
+        origins[64 * half + ptid] = RowOrigin(p, tile_m, kWgRows, 64 * half + ptid);
+        asm volatile("bar.sync %0, 64;\n" ::"r"(5 + half) : "memory");
+        for (int kb = 0; kb < k_blocks; ++kb) {
+          if (!first_round) BarrierWait(bar(empty0, half, at.stage), at.phase ^ 1);
+          LoadActivationStage<64, 4, 64, ALayout::kSwizzledRows>(p, div, origins + 64 * half,
+                                                                 base + ring(half, at.stage), kb, ptid);
+          BarrierArriveOnCopies(bar(full0, half, at.stage));
+          at.Advance();
+          if (at.stage == 0) first_round = false;
+        }
+      }
+      asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+      CopyAsyncWait<0>();
+      return;
+    }
     if (warp == 3) return;
     if (warp == 2) {
       // one TMA box of the column tile's kCols / 8 row tiles (zeros past N), as they lie in shared memory:
@@ -2562,12 +2594,14 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     for (int kb = 0; kb < k_blocks; ++kb) {
       BarrierWait(bar(full0, half, at.stage), at.phase);
       if (kb == 0) JAXBNN_TRACE_TILE(half, traced_tile, 1, wtid);
+      // cp.async wrote the activations through the generic proxy; the tensor cores read through the async one.
+      if constexpr (kCopies) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
       const uint32_t stage_a = base + ring(half, at.stage);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         uint64_t desc_a;
-        if constexpr (kLayout == ALayout::kSwizzledRows) {
+        if constexpr (kLayout == ALayout::kSwizzledRows || kCopies) {
           desc_a = SwizzledOperandDescriptor(stage_a + ks * 32);
         } else if constexpr (kLayout == ALayout::kChunkSlabs) {
           desc_a = OperandDescriptor(stage_a + ks * 2 * 64 * 16, 64 * 16, 128);
@@ -3257,28 +3291,36 @@ LaunchPlan PlanDenseTaps(const BinaryGemmProblem& p, const DeviceInfo& info) {
   return plan;
 }
 
-// ResidentWgmmaKernel where it can run `p`: unpooled, activations by TMA in 64-row boxes, the column tile's
-// weights within the shared memory left by the rest, at least one CTA per column tile. False (nothing
-// planned) otherwise.
+// ResidentWgmmaKernel where it can run `p`: unpooled, the column tile's weights within the shared memory left
+// by the rest, at least one CTA per column tile, and activations by TMA in 64-row boxes, or by cp.async where
+// no box takes them (14 x 14 or 7 x 7 images, stride 2) but the grid is small (below): 16-byte copies, more
+// than one short K block (WgmmaKernel's short-K instances take those). False (nothing planned) otherwise.
 bool PlanResident(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& plan) {
   const int m_tiles = TilesOfRows(p, kWgRows), wide_n_tiles = (p.n + kWgCols - 1) / kWgCols;
   // Column tiles of 128 (m64n128 wgmmas) where N <= 128, and where 256-column tiles would leave half the SMs
   // or more idle (batch-8 layers, small-batch GEMMs): twice the CTAs, each with half the weight bytes and
   // half the tensor work of its tile.
-  const bool narrow = p.n <= kWgCols / 2 || 2ll * m_tiles * wide_n_tiles <= info.sms;
+  const bool small_grid = 2ll * m_tiles * wide_n_tiles <= info.sms;
+  const bool narrow = p.n <= kWgCols / 2 || small_grid;
   const int n_tiles = narrow ? (p.n + kWgCols / 2 - 1) / (kWgCols / 2) : wide_n_tiles;
-  const int smem = kResidentFixedBytes + ResidentWeightBytes(p.w_k_tiles, narrow ? kWgCols / 2 : kWgCols);
-  if (p.pool_h * p.pool_w != 1 || smem > info.smem_optin || n_tiles > info.sms ||
-      reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || TensorMapEncoder() == nullptr) {
+  if (p.pool_h * p.pool_w != 1 || n_tiles > info.sms || reinterpret_cast<uintptr_t>(p.w) % 16 != 0 ||
+      TensorMapEncoder() == nullptr) {
     return false;
   }
   const ALayout layout = ActivationLayout(p, plan.a_recipe, 64);
-  if (layout == ALayout::kCoreMatrices || !Encode(plan.a_recipe, p.x, plan.a_map)) return false;
+  const bool copies = layout == ALayout::kCoreMatrices;
+  if (copies && !(small_grid && p.cw % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && p.k_words > 24)) {
+    return false;
+  }
+  const int smem = kResidentFixedBytes + ResidentWeightBytes(p.w_k_tiles, narrow ? kWgCols / 2 : kWgCols) +
+                   (copies ? kResidentOriginBytes : 0);
+  if (smem > info.smem_optin || !Encode(plan.a_recipe, p.x, plan.a_map)) return false;  // (cp.async: no map)
   // the weights by one TMA box (where the driver cannot encode its map, the persistent kernel runs `p`)
   plan.w_recipe = ResidentWeightRecipe(p, narrow ? kWgCols / 2 : kWgCols);
   if (!Encode(plan.w_recipe, p.w, plan.w_map)) return false;
   const auto kernel =
-      layout == ALayout::kSwizzledRows
+      copies ? ResidentWgmmaKernel<ALayout::kCoreMatrices, kWgCols / 2>  // small grids only: always narrow
+      : layout == ALayout::kSwizzledRows
           ? (narrow ? ResidentWgmmaKernel<ALayout::kSwizzledRows, kWgCols / 2> : ResidentWgmmaKernel<ALayout::kSwizzledRows, kWgCols>)
       : layout == ALayout::kChunkSlabs
           ? (narrow ? ResidentWgmmaKernel<ALayout::kChunkSlabs, kWgCols / 2> : ResidentWgmmaKernel<ALayout::kChunkSlabs, kWgCols>)

@@ -441,13 +441,15 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
   // batch 8, grids of 256-column tiles that would leave most SMs idle: the zoo's CIFAR-10 VGG-small (16 x 16
   // at C = O = 256: 16 row tiles; 8 x 8 at 512: 4 x 2 tiles; its first fully connected layer, K = 8192, whose
   // 256-column tile's weights do not fit the resident kernel) and VGG-16's first fully connected layers (one
-  // row tile); ResNet-18's layers 3 and 4 (14 x 14 and 7 x 7: no TMA box, the persistent kernel)
+  // row tile); ResNet-18's layers 3 and 4 and VGG-16's block 5 (14 x 14 and 7 x 7: no TMA box)
   time("conv cifar-vgg.2_2 b8", ConvCase{8, 16, 16, 256, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   time("conv cifar-vgg.3_2 b8", ConvCase{8, 8, 8, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   time("bmm cifar-vgg.fc1 b8", Bmm(8, 1024, 8192));
   time("bmm vgg.fc2 b8", Bmm(8, 4096, 4096));
   time("conv r18.l3 b8", ConvCase{8, 14, 14, 256, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   time("conv r18.l4 b8", ConvCase{8, 7, 7, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  time("conv r18.l4.s2 b8", ConvCase{8, 14, 14, 256, 512, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false});
+  time("conv vgg.5 b8", ConvCase{8, 14, 14, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
 }
 
 }  // namespace
@@ -598,12 +600,18 @@ int main(int argc, char** argv) {
   // A fully connected layer at batch 8 whose 256-column tiles' weights would not fit the resident kernel: its
   // 128-column tiles (K = 8192, 128 KB of weights), the last of 104 columns
   cases.push_back(Bmm(8, 1000, 8192));
+  // Small grids whose tiles no TMA box takes (7 x 7 and 14 x 14 images, stride 2): the resident kernel's cp.async
+  // instance, 128-column tiles (N = 300: the last of 44 columns), both paddings
+  const ConvCase resident_copies[] = {{2, 7, 7, 512, 300, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
+                                      {3, 14, 14, 256, 200, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, true}};
+  for (const ConvCase& cc : resident_copies) cases.push_back(cc);
   if (small) {
     cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[14], cases[17], cases[21], cases[23],
              cases[28], cases[31], cases[32], cases[35], cases[38], cases[42], cases[43], cases[46], cases[49],
              cases[52], cases[56], cases[59], cases[60], cases[62], cases[66], cases[67], cases[68], cases[70],
              cases[73], cases[74], cases[75], cases[79], cases[80], cases[85], cases[89],
              cases[94], cases[95]};
+    for (const ConvCase& cc : resident_copies) cases.push_back(cc);
   }
   if (dense) {  // convolutions only (a BMM is a 1 x 1 image)
     auto other = [](const ConvCase& cc) { return cc.c >= 32 || cc.h * cc.w == 1; };
