@@ -2461,7 +2461,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int a_box_bytes = kLayout == ALayout::kChunkSlabs ? 16 : kLayout == ALayout::kTapRows ? TapRowBytes(p.cw) : 128;
   const int a_box_log2 = __ffs(a_box_bytes) - 1;
   if (tid == 0) {
-    PrefetchTensorMap(a_map);
+    if (!kCopies) PrefetchTensorMap(a_map);  // (the cp.async instance has no activation map)
     PrefetchTensorMap(w_map);
     for (int half = 0; half < 2; ++half) {
       for (int s = 0; s < kResidentStages; ++s) {
