@@ -53,7 +53,7 @@ struct BinaryGemmProblem {
   // Derived from the shape by the launcher (callers leave them): the largest excess of a receptive field at
   // each side of the frame, and whether the tiles keep the per-border-class correction table. Kernel
   // parameters, so that no thread recomputes them: the kernels did, in their set-up and in every tile's
-  // bookkeeping and epilogue (v49, session 22: C = 128 +4%, C = 512 and the 4096^3 BMM +2.5-3%).
+  // bookkeeping and epilogue (C = 128 +4%, C = 512 and the 4096^3 BMM +2.5-3%).
   FrameExcess max_excess;
   bool compact_classes = false;  // border classes as (vertical, horizontal) excess pairs (UsesCompactClasses)
   ClassNumbering class_numbering;  // kernel parameters: no register holds the strides
@@ -73,22 +73,6 @@ inline constexpr int kMaxReductionWords = 1 << 16;
 // the kernel that ran.
 cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, cudaStream_t stream,
                              KernelPath* chosen);
-
-#ifdef JAXBNN_TILE_TRACE
-// Diagnostic builds only (the kernel harness built with -DJAXBNN_TILE_TRACE, `gpu_job.sh trace`): the
-// wgmma kernels write clock64 stamps (SM cycles: comparable within a CTA only) into `buffer` (null: no
-// trace), kTraceWordsPerCta words per CTA: kTraceStartWords start-up stamps, then per warpgroup (2) and tile
-// slot (kTraceTiles) kTraceEvents stamps: tile start, first "full" barrier passed, k loop done (all wgmmas
-// retired), epilogue done. Start-up words of the persistent and resident kernels: 0 the CTA's first
-// instruction, 1 the cluster sync passed, 2 the consumers' registers reallocated, 3 the producer's first
-// copy issued. The image-band kernel: 0 first instruction, 1 weights landed (set-up done), 2 the first band
-// landed, 3 the first band's copy issued, 4 `griddepcontrol.wait` passed, 5 thread 0's share of the column
-// table filled, 6 every warpgroup's set-up done (the barrier passed), 7 unused; its tiles are those of its
-// first two warpgroups, event 1 marking the rows' bookkeeping done (the wgmmas issued, not yet waited for).
-inline constexpr int kTraceStartWords = 8, kTraceTiles = 64, kTraceEvents = 4;
-inline constexpr int kTraceWordsPerCta = kTraceStartWords + 2 * kTraceTiles * kTraceEvents;
-cudaError_t SetTileTrace(unsigned long long* buffer);
-#endif
 
 }  // namespace jaxbnn::cuda
 

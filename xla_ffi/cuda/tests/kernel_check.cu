@@ -4,8 +4,8 @@
 // Also the workload of the compute-sanitizer runs (`--small`); `--dense` checks only the convolutions of fewer
 // than 32 channels (the dense-tap kernel's and two of the word layout). Exit status 0 only if every case matches.
 //
-//   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
-//        -Ixla_ffi xla_ffi/cuda/kernel_check.cu xla_ffi/cuda/binary_gemm.cu -o kernel_check && ./kernel_check
+//   cmake -S . -B build/kernels -DJAXBNN_CUDA=ON -DJAXBNN_KERNEL_TESTS=ON && cmake --build build/kernels --target kernel_check
+//   ctest --test-dir build/kernels -L check          (or -L sanitizer: memcheck, racecheck, initcheck, synccheck)
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -17,7 +17,7 @@
 
 #include <cuda_runtime.h>
 
-#include "binary_gemm.h"
+#include "cuda/binary_gemm.h"
 
 using jaxbnn::cuda::BinaryGemmProblem;
 using jaxbnn::cuda::Epilogue;
@@ -229,112 +229,6 @@ long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose) {
 
 ConvCase Bmm(int m, int n, int k) { return ConvCase{m, 1, 1, k, n, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, true}; }
 
-#ifdef JAXBNN_TILE_TRACE
-// Launches `p` on `path` `launches` times with the tile stamps on (binary_gemm.h, SetTileTrace) into a zeroed
-// buffer of `words` words, and returns it (the last launch's stamps) with the SM cycle length in microseconds
-// at the device's clock rate. Shared by PrintTileTrace and benchmarks/classic_trace.py's printer.
-std::vector<unsigned long long> RecordTileTrace(const BinaryGemmProblem& p, KernelPath path, size_t words,
-                                                int launches, double& us_per_cycle) {
-  unsigned long long* d_trace = nullptr;
-  CHECK_CUDA(cudaMalloc(&d_trace, words * 8));
-  CHECK_CUDA(cudaMemset(d_trace, 0, words * 8));
-  CHECK_CUDA(jaxbnn::cuda::SetTileTrace(d_trace));
-  for (int i = 0; i < launches; ++i) CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, nullptr));
-  CHECK_CUDA(cudaDeviceSynchronize());
-  CHECK_CUDA(jaxbnn::cuda::SetTileTrace(nullptr));
-  std::vector<unsigned long long> t(words);
-  CHECK_CUDA(cudaMemcpy(t.data(), d_trace, words * 8, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaFree(d_trace));
-  int device = 0, clock_khz = 0;
-  CHECK_CUDA(cudaGetDevice(&device));
-  CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
-  us_per_cycle = 1e3 / clock_khz;
-  return t;
-}
-
-// One more launch of a timed case with the wgmma kernel's tile stamps, and
-// where its time goes, in microseconds (SM cycles at the device's clock rate), averaged over CTAs and
-// consumer warpgroups: each warpgroup's first tile (from the CTA's start) and the later tiles (from the
-// previous tile's epilogue end) separately. The stamps are per-SM cycle counts: every figure is a
-// difference within a CTA.
-void PrintTileTrace(const BinaryGemmProblem& p, KernelPath path) {
-  using jaxbnn::cuda::kTraceEvents;
-  using jaxbnn::cuda::kTraceStartWords;
-  using jaxbnn::cuda::kTraceTiles;
-  using jaxbnn::cuda::kTraceWordsPerCta;
-  const size_t ctas = static_cast<size_t>((p.pooled_rows + 127) / 128 + 1) * ((p.n + 255) / 256);  // >= grid
-  double us_per_cycle = 0;
-  const std::vector<unsigned long long> t = RecordTileTrace(p, path, ctas * kTraceWordsPerCta, 1, us_per_cycle);
-  double span_sum = 0;  // per CTA: its first instruction to its last traced epilogue end
-  // [warpgroup 0's first tile, warpgroup 1's, later tiles] x [to tile start, to first full, k loop, epilogue]
-  double sum[3][4] = {}, count[3] = {};
-  double start_sum[kTraceStartWords] = {};  // each start-up stamp after the CTA's first instruction
-  int traced_ctas = 0;
-  for (size_t c = 0; c < ctas; ++c) {
-    const unsigned long long* cta = &t[c * kTraceWordsPerCta];
-    if (cta[0] == 0) continue;
-    ++traced_ctas;
-    for (int i = 1; i < kTraceStartWords; ++i) start_sum[i] += cta[i] ? (cta[i] - cta[0]) * us_per_cycle : 0.0;
-    unsigned long long last_end = cta[0];
-    for (int wg = 0; wg < 2; ++wg) {
-      unsigned long long previous_end = cta[0];
-      for (int tile = 0; tile < kTraceTiles; ++tile) {
-        const unsigned long long* e = cta + kTraceStartWords + (wg * kTraceTiles + tile) * kTraceEvents;
-        if (e[3] == 0) break;
-        const int group = tile > 0 ? 2 : wg;  // the row of sum and count
-        sum[group][0] += (e[0] - previous_end) * us_per_cycle;
-        sum[group][1] += (e[1] - e[0]) * us_per_cycle;
-        sum[group][2] += (e[2] - e[1]) * us_per_cycle;
-        sum[group][3] += (e[3] - e[2]) * us_per_cycle;
-        count[group] += 1;
-        previous_end = e[3];
-        last_end = std::max(last_end, e[3]);
-      }
-    }
-    span_sum += (last_end - cta[0]) * us_per_cycle;
-  }
-  if (traced_ctas == 0) {
-    std::printf("trace: no CTA recorded\n");
-    return;
-  }
-  // How the two warpgroups' k loops sit in time: the share of warpgroup 0's k-loop time during which
-  // warpgroup 1 is in a k loop too (100%: in step; ~0%: one's epilogue under the other's wgmmas).
-  double k_time = 0, k_overlap = 0;
-  for (size_t c = 0; c < ctas; ++c) {
-    const unsigned long long* cta = &t[c * kTraceWordsPerCta];
-    if (cta[0] == 0) continue;
-    auto event = [&](int wg, int tile, int e) {
-      return cta[kTraceStartWords + (wg * kTraceTiles + tile) * kTraceEvents + e];
-    };
-    for (int a = 0; a < kTraceTiles && event(0, a, 3) != 0; ++a) {
-      k_time += (event(0, a, 2) - event(0, a, 1)) * us_per_cycle;
-      for (int b = 0; b < kTraceTiles && event(1, b, 3) != 0; ++b) {
-        const unsigned long long lo = std::max(event(0, a, 1), event(1, b, 1));
-        const unsigned long long hi = std::min(event(0, a, 2), event(1, b, 2));
-        if (hi > lo) k_overlap += (hi - lo) * us_per_cycle;
-      }
-    }
-  }
-  std::printf("trace: warpgroup 1 in a k loop during %.0f%% of warpgroup 0's k-loop time\n",
-              k_time > 0 ? 100.0 * k_overlap / k_time : 0.0);
-  const double tiles = count[0] + count[1] + count[2], span_us = span_sum / traced_ctas;
-  std::printf("trace: %d CTAs, %.1f tiles per warpgroup; a CTA's first instruction to its last epilogue end %.2f us "
-              "(mean); k loops %.0f%% of it\n",
-              traced_ctas, tiles / (2.0 * traced_ctas), span_us,
-              100.0 * (sum[0][2] + sum[1][2] + sum[2][2]) / (2.0 * traced_ctas) / span_us);
-  std::printf("trace: start-up stamps 1-%d, us from the CTA's first instruction (binary_gemm.h):", kTraceStartWords - 1);
-  for (int i = 1; i < kTraceStartWords; ++i) std::printf(" %.2f", start_sum[i] / traced_ctas);
-  std::printf("\n");
-  const char* names[3] = {"first tile, warpgroup 0", "first tile, warpgroup 1", "later tiles            "};
-  for (int group = 0; group < 3; ++group) {
-    if (count[group] == 0) continue;
-    const double n = count[group];
-    std::printf("trace: %s (%5.0f): to tile start %6.2f us, to first full stage %6.2f, k loop %6.2f, epilogue %6.2f\n",
-                names[group], n, sum[group][0] / n, sum[group][1] / n, sum[group][2] / n, sum[group][3] / n);
-  }
-}
-#endif
-
 // Times the packed-in -> packed-out (threshold bits) op of a case on one engine with CUDA events: the
 // median of 9 single launches after 2 warm-ups, then the mean of 30 launches queued back to back (as XLA
 // runs them). Operands are random bits (any bits make valid FSB weights).
@@ -388,9 +282,6 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path) {
               PathName(ran), t, ops / (t * 1e-3) / 1e12, tq, ops / (tq * 1e-3) / 1e12, host_us);
   CHECK_CUDA(cudaEventDestroy(e0));
   CHECK_CUDA(cudaEventDestroy(e1));
-#ifdef JAXBNN_TILE_TRACE
-  if (ran == KernelPath::kWgmma) PrintTileTrace(p, path);
-#endif
   for (const void* ptr : {static_cast<const void*>(p.x), static_cast<const void*>(p.w), static_cast<const void*>(p.tap_popc),
                           static_cast<const void*>(p.threshold), static_cast<const void*>(p.flip), static_cast<const void*>(out)}) {
     CHECK_CUDA(cudaFree(const_cast<void*>(ptr)));

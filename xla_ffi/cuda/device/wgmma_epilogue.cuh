@@ -1,0 +1,304 @@
+// The wgmma kernels' epilogue straight from the accumulators: row corrections, class bounds, threshold bits,
+// int32 / affine values.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/binary_gemm.h"
+#include "cuda/device/border.cuh"
+#include "cuda/device/epilogue.cuh"
+#include "cuda/device/geometry.cuh"
+#include "cuda/device/common.cuh"
+#include "cuda/device/threshold_bits.cuh"
+#include "cuda/device/tile_columns.cuh"
+#include "cuda/device/wgmma_tile.cuh"
+
+namespace jaxbnn::cuda {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// What the accumulator epilogues subtract from tile row `r`: 0 for nothing (a pixel whose receptive field
+// stays inside the frame, "one" padding, or no pixel), else the row's border class (p.correction_table
+// problems: never 0 for a border row) or 1 (others, whose epilogue sums the excluded taps per value).
+// Computed once per row and tile, while the tensor cores run, instead of in every thread of the epilogue
+// (RowOrigin's divisions were a fifth of the instructions of a 3x3 C=128 convolution). Unpooled problems
+// only (one output pixel per row), with the launch's divisors: RowOrigin's four runtime divisions took
+// ~200 instructions in the k loop of two warps per warpgroup (ncu, C = 128).
+__device__ __forceinline__ int8_t RowCorrection(const BinaryGemmProblem& p, const LaunchDivisors& div, int tile_m,
+                                                int r) {
+  const int pixel = tile_m * kWgRows + r;
+  if (pixel >= p.pooled_rows) return 0;
+  const int image = Quotient(pixel, div.image_pixels), in_image = pixel - image * div.image_pixels.divisor;
+  const int oh = Quotient(in_image, div.out_w), ow = in_image - oh * div.out_w.divisor;
+  const int ih0 = oh * p.stride_h - p.pad_top, iw0 = ow * p.stride_w - p.pad_left;
+  if (ih0 >= 0 && ih0 + p.kh <= p.in_h && iw0 >= 0 && iw0 + p.kw <= p.in_w) return 0;
+  return static_cast<int8_t>(p.correction_table ? BorderClass(p, ExcessOf(p, ih0, iw0)) : 1);
+}
+
+// Turns the border-class corrections of local column `lc` into the class's bounds (bound + correction),
+// so that the threshold epilogue compares every row with one table row (StoreBitsRows<true, ...>). For the
+// unpooled threshold epilogue only: every other reader of the table wants corrections (ExcludedTaps).
+// Called by whole warps, each thread for the column `lc` it filled of both the table and cols.bound.
+__device__ __forceinline__ void AddBoundsToClasses(const BinaryGemmProblem& p, TileColumns<kWgCols>& cols, int lc) {
+  const int classes = BorderClasses(p);
+  // columns past N keep their unreachable bound
+  auto class_bound = [](int bound, int correction) { return bound == kUnreachableBound ? bound : correction + bound; };
+  if (!PairsBounds(p)) {
+    const int bound = cols.bound[lc];
+    for (int c = 0; c < classes; ++c) cols.correction[c][lc] = class_bound(bound, cols.correction[c][lc]);
+    return;
+  }
+  // The even column's thread reads both columns' corrections and stores their PairedBounds: a shuffle
+  // between each class's load and store, in turn, held the first tiles of every resident CTA back ~1 us
+  // (clock64 trace).
+  __syncwarp();  // the odd column's entries, written by its own thread
+  if (lc % 2 == 0) {
+    const int2 bound = *reinterpret_cast<const int2*>(&cols.bound[lc]);
+    for (int c = 0; c < classes; ++c) {
+      const int2 correction = *reinterpret_cast<const int2*>(&cols.correction[c][lc]);
+      cols.correction[c][lc] =
+          static_cast<int>(PairedBounds(p, class_bound(bound.x, correction.x), class_bound(bound.y, correction.y)));
+    }
+  }
+}
+
+// The four lanes of this thread's quad. The quads of a warp hold different rows and may take different
+// epilogue paths (border rows or not) with different numbers of shuffles, so the shuffles that assemble a
+// quad's words name only the quad: a full-warp mask would pair shuffles of different paths, or wait forever.
+__device__ __forceinline__ unsigned QuadLanes() { return 0xfu << (threadIdx.x % 32 & ~3u); }
+
+// Threshold bits of a thread's two accumulator rows (h = 0, 1). Bits of columns 8 j + 2 t + e land at
+// bit 8 (j % 4) + e of word j / 4; the quad's lanes (t) fill the other positions after a shift by 2 t, then
+// an OR over the quad completes each 32-column word. bounds[h]: the bounds row h compares with: cols.bound,
+// or the row of its border class in the class-bound table (kClassBounds: then the two rows' bounds are
+// loaded separately); kPaired: their PairedBounds (in the even slots of a table row, TileColumns). kWords:
+// output words per row (8: a 256-column tile; 4: a narrow tile of at most 128 columns, whose accumulators
+// are the first 64; 2: at most 64 columns, the first 32). kAcc: the accumulators a thread holds (128 for
+// m64n256, 64 for m64n128).
+template <bool kClassBounds, bool kPaired, int kWords, int kAcc>
+__device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const int (&acc)[kAcc],
+                                              const TileColumns<kWgCols>& cols, const int (&v0)[2],
+                                              const long long (&row)[2], const bool (&row_valid)[2],
+                                              const int* const (&bounds)[2], int col0, int t) {
+  static_assert(16 * kWords <= kAcc, "a word of 32 columns takes 16 accumulators of each thread");
+  uint32_t words[2][kWords];
+  // the values of fragments 4 wd .. 4 wd + 3 of row h, and that row's bounds from the word's first column
+  auto word_bits = [&](int h, int wd) {
+    int a[4][2];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      a[q][0] = acc[4 * (4 * wd + q) + 2 * h];
+      a[q][1] = acc[4 * (4 * wd + q) + 2 * h + 1];
+    }
+    const int* row_bounds = &bounds[kClassBounds ? h : 0][32 * wd + 2 * t];
+    return kPaired ? ThresholdBitsPaired(a, v0[h], row_bounds) : ThresholdBitsUnpaired(a, v0[h], row_bounds);
+  };
+  // word by word, both rows (the paired form went row by row: BandWgmmaKernel<0> spilled 8 bytes that way)
+#pragma unroll
+  for (int wd = 0; wd < kWords; ++wd) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) words[h][wd] = word_bits(h, wd);
+  }
+  uint32_t* out = static_cast<uint32_t*>(p.out);
+  if constexpr (kWords == 2) {
+    // two words a row: lanes 0, 1 gather word 0 and lanes 2, 3 word 1, then lanes 0 and 2 store them
+    const int out_words = (p.n + 31) / 32, wd = t / 2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t lo = words[h][0] << (2 * t), hi = words[h][1] << (2 * t);
+      uint32_t word = ((t & 2) ? hi : lo) | __shfl_xor_sync(QuadLanes(), (t & 2) ? lo : hi, 2);
+      word |= __shfl_xor_sync(QuadLanes(), word, 1);
+      if (row_valid[h] && t % 2 == 0 && col0 + 32 * wd < p.n) {
+        out[row[h] * out_words + col0 / 32 + wd] = word ^ cols.flip_word[wd];
+      }
+    }
+  } else {
+    // The OR over the quad as a reduce-scatter: after two exchanges lane t holds the finished words
+    // kPerLane t .. kPerLane t + kPerLane - 1 of each row (3 shuffles per row and 8 words, not 16), which
+    // it stores together (one 8-byte store where the rows are 8-byte aligned; stores were 3-8% of the
+    // resident kernel's time).
+    constexpr int kPerLane = kWords / 4;
+    const int out_words = (p.n + 31) / 32, first = kPerLane * t;
+    const bool pairs = kPerLane == 2 && out_words % 2 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t half[kWords / 2], mine[kPerLane];
+#pragma unroll
+      for (int i = 0; i < kWords / 2; ++i) {  // lanes 0, 1 keep the first half, lanes 2, 3 the second
+        const uint32_t lo = words[h][i] << (2 * t), hi = words[h][kWords / 2 + i] << (2 * t);
+        half[i] = ((t & 2) ? hi : lo) | __shfl_xor_sync(QuadLanes(), (t & 2) ? lo : hi, 2);
+      }
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {  // then lanes 0, 2 the first quarter, lanes 1, 3 the second
+        const uint32_t lo = half[i], hi = half[kPerLane + i];
+        mine[i] = ((t & 1) ? hi : lo) | __shfl_xor_sync(QuadLanes(), (t & 1) ? lo : hi, 1);
+        mine[i] ^= cols.flip_word[first + i];
+      }
+      if (!row_valid[h]) continue;
+      uint32_t* dst = out + row[h] * out_words + col0 / 32 + first;
+      if (pairs && col0 + 32 * (first + 1) < p.n) {
+        *reinterpret_cast<uint2*>(dst) = make_uint2(mine[0], mine[kPerLane - 1]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) {
+          if (col0 + 32 * (first + i) < p.n) dst[i] = mine[i];
+        }
+      }
+    }
+  }
+}
+
+// RowOrigin of output pixel `pixel` of an unpooled problem.
+__device__ __forceinline__ int4 PixelOrigin(const BinaryGemmProblem& p, long long pixel) {
+  return RowOrigin(p, static_cast<int>(pixel), 1, 0);
+}
+
+// The same for one row (h) whose receptive field may leave the frame, for problems without the
+// border-class table: corrections summed per value.
+template <int kAcc>
+__device__ __forceinline__ void StoreBitsBorderRow(const BinaryGemmProblem& p, const int (&acc)[kAcc],
+                                                   const TileColumns<kWgCols>& cols, int v0, long long row,
+                                                   bool row_valid, bool border, int h, int col0, int t) {
+  constexpr int kWords = kAcc / 16;
+  int excl[kAcc / 2];
+  if (border) {
+    BorderCorrections(p, cols, PixelOrigin(p, row), col0, 2 * t, excl);
+  } else {
+#pragma unroll 1
+    for (int k = 0; k < kAcc / 2; ++k) excl[k] = 0;
+  }
+  uint32_t words[kWords] = {};
+#pragma unroll
+  for (int j = 0; j < 4 * kWords; ++j) {
+    const int2 bound = *reinterpret_cast<const int2*>(&cols.bound[8 * j + 2 * t]);
+    const int x0 = 4 * acc[4 * j + 2 * h] + v0 - excl[2 * j], x1 = 4 * acc[4 * j + 2 * h + 1] + v0 - excl[2 * j + 1];
+    words[j / 4] |= static_cast<uint32_t>(x0 >= bound.x) << (8 * (j % 4)) |
+                    static_cast<uint32_t>(x1 >= bound.y) << (8 * (j % 4) + 1);
+  }
+  uint32_t* out = static_cast<uint32_t*>(p.out);
+  const int out_words = (p.n + 31) / 32;
+#pragma unroll
+  for (int wd = 0; wd < kWords; ++wd) {
+    uint32_t v = words[wd] << (2 * t);
+    v |= __shfl_xor_sync(QuadLanes(), v, 1);
+    v |= __shfl_xor_sync(QuadLanes(), v, 2);
+    if (t == (wd & 3) && row_valid && col0 + 32 * wd < p.n) out[row * out_words + col0 / 32 + wd] = v ^ cols.flip_word[wd];
+  }
+}
+
+// StoreBitsRows in the form of the problem: paired bounds or not (PairsBounds), the tile's 256 columns or
+// (narrow, or m64n128 accumulators) its first 128, or (kQuarter) its first 64.
+template <bool kClassBounds, bool kQuarter, int kAcc>
+__device__ __forceinline__ void StoreBitsRowsOfProblem(const BinaryGemmProblem& p, const int (&acc)[kAcc],
+                                                       const TileColumns<kWgCols>& cols, const int (&v0)[2],
+                                                       const long long (&row)[2], const bool (&row_valid)[2],
+                                                       const int* const (&bounds)[2], int col0, int t, bool paired,
+                                                       bool narrow) {
+  if constexpr (kQuarter) {
+    if (paired) {
+      StoreBitsRows<kClassBounds, true, 2>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+    } else {
+      StoreBitsRows<kClassBounds, false, 2>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+    }
+  } else if (kAcc == 64 || narrow) {
+    if (paired) {
+      StoreBitsRows<kClassBounds, true, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+    } else {
+      StoreBitsRows<kClassBounds, false, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+    }
+  } else if (paired) {
+    StoreBitsRows<kClassBounds, true, kAcc / 16>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+  } else {
+    StoreBitsRows<kClassBounds, false, kAcc / 16>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+  }
+}
+
+// The two output rows (h = 0, 1) of an accumulator thread: the output pixel, whether it is real, k_real -
+// 2 popc(a), and its RowCorrection (0: no "zero"-padding correction).
+struct AccumulatorRows {
+  long long row[2];
+  bool valid[2];
+  int v0[2];
+  int correction[2];
+};
+
+// The epilogue straight from the wgmma accumulators (no pool) of thread (warp w, lane g*4+t) of a consumer
+// warpgroup, which holds rows 16 w + g (+8) of the warpgroup's 64 and columns 8 j + 2 t (+1).
+// narrow: the tile has at most 128 columns, so only the first 64 accumulators hold real columns (an m64n256
+// wgmma still computes all 256). kAcc: 128 (m64n256 accumulators) or 64 (m64n128: always narrow).
+// kQuarter: at most 64 columns (the threshold bits of the first 32 accumulators only).
+template <int kAcc, bool kQuarter = false>
+__device__ __forceinline__ void StoreAccumulatorRows(const BinaryGemmProblem& p, const int (&acc)[kAcc],
+                                                     const AccumulatorRows& rows, const TileColumns<kWgCols>& cols,
+                                                     int col0, int t, bool narrow) {
+  const int(&v0)[2] = rows.v0;
+  const int(&correction)[2] = rows.correction;
+  const long long(&row)[2] = rows.row;
+  const bool(&row_valid)[2] = rows.valid;
+  bool border[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) border[h] = row_valid[h] && correction[h] != 0;
+  if (p.epilogue == Epilogue::kBits) {
+    // One code path per problem where possible: the epilogue is fetch-bound (ncu: "no instruction" was
+    // the first stall reason), and warps of one CTA in two variants fetch twice the code.
+    // (a problem takes one of the paired and unpaired forms in all its tiles)
+    const bool paired = PairsBounds(p);
+    if (p.correction_table) {
+      // every row compares with its border class's bounds; class 0 (inside the frame) holds the plain ones
+      const int* const bounds[2] = {cols.correction[border[0] ? correction[0] : 0],
+                                    cols.correction[border[1] ? correction[1] : 0]};
+      StoreBitsRowsOfProblem<true, kQuarter>(p, acc, cols, v0, row, row_valid, bounds, col0, t, paired, narrow);
+    } else if (!__any_sync(0xffffffffu, border[0] || border[1])) {
+      // one path per warp: a warp whose quads took both paths would run both
+      const int* const plain = paired ? cols.correction[0] : cols.bound;
+      const int* const bounds[2] = {plain, plain};
+      StoreBitsRowsOfProblem<false, kQuarter>(p, acc, cols, v0, row, row_valid, bounds, col0, t, paired, narrow);
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        StoreBitsBorderRow(p, acc, cols, v0[h], row[h], row_valid[h], border[h], h, col0, t);
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (!row_valid[h]) continue;
+    int excl[kAcc / 2];
+    if (border[h]) BorderCorrections(p, cols, PixelOrigin(p, row[h]), col0, 2 * t, excl);
+#pragma unroll
+    for (int j = 0; j < kAcc / 4; ++j) {
+      const int lc = 8 * j + 2 * t, col = col0 + lc;
+      if (col >= p.n) continue;
+      int d0 = v0[h] - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h];
+      int d1 = v0[h] - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1];
+      if (border[h]) {
+        d0 -= excl[2 * j];
+        d1 -= excl[2 * j + 1];
+      }
+      StorePair(p, row[h], col, d0, d1, cols.scale[lc], cols.bias[lc], cols.scale[lc + 1], cols.bias[lc + 1]);
+    }
+  }
+}
+
+// StoreAccumulatorRows for consumer half `half` of a 128-row tile of consecutive output pixels: rows
+// 64 half + 16 w + g (+8). row_correction: RowCorrection of every tile row.
+template <int kAcc>
+__device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, const int (&acc)[kAcc],
+                                                  const int* popc_a, const int8_t* row_correction,
+                                                  const TileColumns<kWgCols>& cols, int tile_m, int col0, int half,
+                                                  int wtid, bool narrow) {
+  const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
+  AccumulatorRows rows;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = 64 * half + 16 * w + g + 8 * h;
+    rows.row[h] = static_cast<long long>(tile_m) * kWgRows + r;
+    rows.valid[h] = rows.row[h] < p.pooled_rows;
+    rows.v0[h] = p.k_real - 2 * popc_a[r];
+    rows.correction[h] = p.pad_one ? 0 : row_correction[r];  // filled for "zero" padding only
+  }
+  StoreAccumulatorRows(p, acc, rows, cols, col0, t, narrow);
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+}  // namespace jaxbnn::cuda

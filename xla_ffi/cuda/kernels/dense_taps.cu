@@ -1,0 +1,247 @@
+// The dense-tap kernel: convolutions of fewer than 32 channels (UsesDenseTaps) on the mma.sync engine.
+#include "cuda/kernels/dense_taps.h"
+
+#include <cstdint>
+
+#include "cuda/binary_gemm.h"
+#include "cuda/device/border.cuh"
+#include "cuda/device/column_parameters.cuh"
+#include "cuda/device/common.cuh"
+#include "cuda/device/epilogue.cuh"
+#include "cuda/device/geometry.cuh"
+#include "cuda/device/loaders.cuh"
+#include "cuda/device/threshold_bits.cuh"
+#include "cuda/device/tile_columns.cuh"
+
+namespace jaxbnn::cuda {
+
+// The k256 steps of a dense-tap K block: 8 words each.
+__device__ __forceinline__ int DenseTapSteps(const BinaryGemmProblem& p) { return (p.kh * p.kw * p.c + 255) / 256; }
+
+// Packs the C low bits of every tap's word in order, least significant bit first, then zeros: filter_row(fkh)
+// returns the filter row's tap reader (its set-up once a filter row), whose call with fkw returns the word of
+// tap (fkh, fkw); store(j, word) receives words 0 .. `words` - 1. Returns the popcount of the stored words.
+template <class FilterRow, class Store>
+__device__ __forceinline__ int PackDenseTaps(const BinaryGemmProblem& p, int words, FilterRow&& filter_row, Store&& store) {
+  const uint32_t mask = (1u << p.c) - 1;
+  uint64_t pending = 0;  // gathered bits not yet stored, the next one at bit `bits`
+  int bits = 0, word = 0, popc = 0;
+  auto put = [&](uint32_t w) {
+    store(word++, w);
+    popc += __popc(w);
+  };
+  const int row_width = p.kw * p.c;
+  for (int fkh = 0; fkh < p.kh; ++fkh) {
+    const auto tap_word = filter_row(fkh);
+    if (row_width <= 32) {
+      // a filter row's bits fit one word (7x7 at C = 3: 21): its taps are gathered in 32 bits, and the word
+      // store's test and block run once a filter row instead of once a tap, where they were ~12 of ~26
+      // instructions
+      uint32_t row_bits = 0;
+      int shift = 0;
+#pragma unroll 4
+      for (int fkw = 0; fkw < p.kw; ++fkw, shift += p.c) row_bits |= (tap_word(fkw) & mask) << shift;
+      pending |= static_cast<uint64_t>(row_bits) << bits;
+      bits += row_width;
+      if (bits >= 32) {
+        put(static_cast<uint32_t>(pending));
+        pending >>= 32;
+        bits -= 32;
+      }
+      continue;
+    }
+#pragma unroll 4
+    for (int fkw = 0; fkw < p.kw; ++fkw) {
+      pending |= static_cast<uint64_t>(tap_word(fkw) & mask) << bits;
+      bits += p.c;
+      if (bits >= 32) {
+        put(static_cast<uint32_t>(pending));
+        pending >>= 32;
+        bits -= 32;
+      }
+    }
+  }
+  if (bits > 0) put(static_cast<uint32_t>(pending));
+  while (word < words) put(0u);
+  return popc;
+}
+
+// Column c's 2-D prefix sums of its tap terms C - 2 popc_tap (0 past N), built once per CTA:
+// prefix[(i (kw + 1) + j) kCols + c] sums the taps (i', j') with i' < i, j' < j.
+template <int kCols>
+__device__ __forceinline__ void BuildDenseBorderPrefix(const BinaryGemmProblem& p, int16_t* prefix, int col0, int c) {
+  const int side = p.kw + 1, col = col0 + c;
+  for (int j = 0; j < side; ++j) prefix[j * kCols + c] = 0;
+  for (int i = 0; i < p.kh; ++i) {
+    int row_sum = 0;
+    prefix[((i + 1) * side) * kCols + c] = 0;
+#pragma unroll 4
+    for (int j = 0; j < p.kw; ++j) {
+      row_sum += col < p.n ? p.c - 2 * p.tap_popc[(i * p.kw + j) * p.n + col] : 0;
+      prefix[((i + 1) * side + j + 1) * kCols + c] = static_cast<int16_t>(prefix[(i * side + j + 1) * kCols + c] + row_sum);
+    }
+  }
+}
+
+// A field's out-of-frame sum (of C - 2 popc_tap) for DenseBorderRowBounds where it has no prefix sums: from
+// the edge table; a corner field whose block the table lacks (AlexNet's conv1: 49 corner blocks) takes its
+// row and column strips less the block, summed from at most (top + bottom) x (left + right) taps' popcounts
+// (16 there, not ExcludedTapsOf's loop over all 121); without the edge table (a filter larger than the
+// frame), ExcludedTapsOf.
+template <int kCols>
+__device__ __forceinline__ int DenseExcludedTaps(const BinaryGemmProblem& p, const TileColumns<kCols>& cols,
+                                                 FrameExcess e, int lc, int col) {
+  if (col >= p.n) return 0;  // the column's bound is unreachable
+  const EdgeRowsOfField edge = EdgeRowsOf(p, e);
+  if (edge.usable) return EdgeCorrection(cols, edge, lc);
+  if (!p.edge_table) return ExcludedTapsOf(p, cols, e, lc, col);
+  const int strips = EdgeCorrection(cols, EdgeRowsOf(p, {e.top, e.bottom, 0, 0}), lc) +
+                     EdgeCorrection(cols, EdgeRowsOf(p, {0, 0, e.left, e.right}), lc);
+  const int i0 = e.top > 0 ? 0 : p.kh - e.bottom, i1 = e.top > 0 ? e.top : p.kh;
+  const int j0 = e.left > 0 ? 0 : p.kw - e.right, j1 = e.left > 0 ? e.left : p.kw;
+  int block = 0;
+  for (int i = i0; i < i1; ++i) {
+    for (int j = j0; j < j1; ++j) block += p.c - 2 * p.tap_popc[(i * p.kw + j) * p.n + col];
+  }
+  return strips - block;
+}
+
+// The dense-tap kernel's border rows (no class table: 7x7 at stride 2 has 144 excess classes, the table takes
+// 25): every border row's bounds in StoreDirectBits' scratch rows, in BorderRowBounds' form, the work spread
+// over the CTA's threads a (row, column pair) each. Up to 7x7 from the prefix sums, four reads per row and
+// column (BorderRowBounds loaded every excluded tap's popcount for every column of a border row: at
+// ResNet-18's conv1, batch 256, that took 2.5 of the dense kernel's 3.4 ms); larger filters
+// from the edge table (DenseExcludedTaps; kEdgeBorders).
+template <class Engine, bool kEdgeBorders>
+__device__ __forceinline__ void DenseBorderRowBounds(const BinaryGemmProblem& p, const TileColumns<Engine::kCols>& cols,
+                                                     const int16_t* prefix, const int4* origins,
+                                                     const int8_t* row_class, int* scratch, int col0, int tid) {
+  constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kThreads = Engine::kThreads;
+  const int side = p.kw + 1;
+  auto corner = [&](int i, int j, int lc) -> int { return prefix[(i * side + j) * kCols + lc]; };
+  for (int item = tid; item < kRows * (kCols / 2); item += kThreads) {
+    const int r = item / (kCols / 2), lc = 2 * (item % (kCols / 2));
+    if (row_class[r] == 0) continue;
+    const int4 o = origins[r];
+    const FrameExcess e = ExcessOf(p, o.y, o.z);
+    const int i0 = e.top, i1 = p.kh - e.bottom, j0 = e.left, j1 = p.kw - e.right;
+    int bound[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      int excluded;
+      if constexpr (kEdgeBorders) {
+        excluded = DenseExcludedTaps(p, cols, e, lc + k, col0 + lc + k);
+      } else {
+        const int inside = corner(i1, j1, lc + k) - corner(i0, j1, lc + k) - corner(i1, j0, lc + k) + corner(i0, j0, lc + k);
+        excluded = corner(p.kh, p.kw, lc + k) - inside;
+      }
+      const int plain = cols.bound[lc + k];  // columns past N keep their unreachable bound
+      bound[k] = plain == kUnreachableBound ? plain : plain + excluded;
+    }
+    StoreRowBounds(p, scratch + r * kCols, lc, bound[0], bound[1]);
+  }
+}
+
+// The dense-tap kernel: persistent CTAs of 4 warps (128 x 64 tiles in MmaSyncDenseTaps' engine), three an SM,
+// so that one CTA's gather runs under the others' mma and epilogues. CTA b keeps column tile b /
+// ctas_per_column: its parameters, gathered weights (thread c: column c) and border prefix sums are set up
+// once, then it takes row tiles b % ctas_per_column, + ctas_per_column, ...: thread r gathers row r into the
+// K block and counts its bits, one mma.sync pass of DenseTapSteps steps, the engine's epilogues. One tile a
+// CTA re-gathered the weights in every tile (0.27 of 0.95 ms at ResNet-18's conv1 with "one" padding) and
+// rebuilt the prefix sums. kEdgeBorders: the instance for the problems whose border rows come from
+// the edge table (DenseBorderBounds but not DensePrefixSums); the other one has none of that code, which in one
+// instance for both cost ResNet-18's conv1 1.5%.
+template <class Engine, bool kEdgeBorders>
+__global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
+    DenseTapKernel(const BinaryGemmProblem p, int m_tiles, int ctas_per_column) {
+  constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kThreads = Engine::kThreads;
+  using Smem = DenseTapSmem<Engine>;
+  static_assert(kRows == kThreads && kCols <= kThreads, "a thread per row and per column");
+  extern __shared__ __align__(1024) uint8_t smem[];
+  int4* origins = reinterpret_cast<int4*>(smem + Engine::kStages * Smem::kStage);
+  int* popc_a = reinterpret_cast<int*>(origins + kRows);
+  auto& cols = *reinterpret_cast<TileColumns<kCols>*>(popc_a + kRows);
+  int8_t* row_class = reinterpret_cast<int8_t*>(&cols + 1);
+  int16_t* prefix = reinterpret_cast<int16_t*>(smem + Smem::kPrefix);
+  uint8_t* stage = smem + Smem::kStage;
+  int* scratch = reinterpret_cast<int*>(smem);
+  const int tid = threadIdx.x;
+  const int col0 = (blockIdx.x / ctas_per_column) * kCols;
+  const int steps = DenseTapSteps(p);
+  const bool direct_bits = p.pool_h * p.pool_w == 1 && p.epilogue == Epilogue::kBits;
+  const bool prefix_sums = !kEdgeBorders && DensePrefixSums<Engine>(p), border_bounds = kEdgeBorders || prefix_sums;
+
+  SetUpTileColumns<kCols, kThreads>(p, cols, col0, tid, direct_bits, p.edge_table && !prefix_sums);
+  if (tid < kCols) {
+    const int c = tid, n = col0 + tid;
+    // FSB tiles: K word t (= tap t, one word per tap) of column n; columns past N stay zero
+    const uint32_t* w = p.w + static_cast<size_t>(n / 8) * p.w_k_tiles * 32 + (n % 8) * 4;
+    PackDenseTaps(
+        p, 8 * steps,
+        [&](int fkh) {
+          return [&, fkh](int fkw) -> uint32_t {
+            const int t = fkh * p.kw + fkw;
+            return n < p.n ? __ldg(w + (t / 4) * 32 + t % 4) : 0u;
+          };
+        },
+        [&](int j, uint32_t word) {
+          *reinterpret_cast<uint32_t*>(smem + Smem::kWeights + StageOffset(c, j / 4) + (j % 4) * 4) = word;
+        });
+    if (prefix_sums) BuildDenseBorderPrefix<kCols>(p, prefix, col0, c);
+  }
+
+  for (int tile_m = blockIdx.x % ctas_per_column; tile_m < m_tiles; tile_m += ctas_per_column) {
+    // row r: its origin, class and K block (every word the k loop reads, zeros past the taps), and its bits.
+    // The gather is most of the kernel's instructions (84% at ResNet-18's conv1, ncu): a filter row's address
+    // and frame test are set up once, a tap's frame test is one compare (the columns in frame are a range),
+    // and a word's place in A's swizzled rows, ChunkOffset(r, j / 4) + (j % 4) * 4, is one XOR.
+    static_assert(Engine::kALayout == ALayout::kSwizzledRows, "A's rows are 128-byte swizzled lines");
+    const int r = tid;
+    const int4 o = RowOrigin(p, tile_m, kRows, r);
+    origins[r] = o;
+    if (direct_bits) row_class[r] = EpilogueRowClass(p, o);
+    const int first_in = max(0, -o.z);
+    const unsigned in_count = max(0, min(p.kw, p.in_w - o.z) - first_in);
+    uint8_t* row_words = stage + r * 128;
+    const int swizzle = (r % 8) * 16;
+    popc_a[r] = PackDenseTaps(
+        p, 8 * steps,
+        [&](int fkh) {
+          const unsigned row_count = o.w && static_cast<unsigned>(o.y + fkh) < static_cast<unsigned>(p.in_h) ? in_count : 0;
+          // tap (fkh, 0) (outside the frame at its left border), opaque to the compiler: it otherwise rebuilt the
+          // 64-bit address of every tap from the ints (four instructions and a reload of p.x)
+          const uint32_t* taps;
+          asm("mov.b64 %0, %1;\n" : "=l"(taps) : "l"(p.x + (o.x + fkh * p.in_w)));
+          return [=](int fkw) -> uint32_t {
+            return static_cast<unsigned>(fkw - first_in) < row_count ? __ldg(taps + fkw) : 0u;
+          };
+        },
+        [&](int j, uint32_t word) { *reinterpret_cast<uint32_t*>(row_words + ((4 * j) ^ swizzle)) = word; });
+    __syncthreads();
+    typename Engine::Accumulators acc = {};
+    Engine::Compute(acc, stage, SmemAddress(stage), tid, [](int) {}, steps);
+    if (p.pool_h * p.pool_w == 1) {
+      // every thread passes the barrier; the tile's border rows decide whether their bounds are filled
+      if (__syncthreads_or(border_bounds && row_class[tid] != 0)) {
+        DenseBorderRowBounds<Engine, kEdgeBorders>(p, cols, prefix, origins, row_class, scratch, col0, tid);
+        __syncthreads();
+        Engine::template StoreDirect<true>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
+      } else {
+        Engine::StoreDirect(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
+      }
+    } else {
+      __syncthreads();
+      Engine::Store(acc, scratch, kCols + 4, tid);
+      __syncthreads();
+      StoreTile<kRows, kCols, kCols + 4, kThreads>(p, scratch, popc_a, cols, origins, tile_m, col0, tid);
+    }
+    __syncthreads();  // the next tile's rows overwrite origins, popc_a and A, which the epilogue read
+  }
+}
+
+const void* DenseTapKernelInstance(bool edge_borders) {
+  return edge_borders ? reinterpret_cast<const void*>(DenseTapKernel<MmaSyncDenseTaps, true>)
+                      : reinterpret_cast<const void*>(DenseTapKernel<MmaSyncDenseTaps, false>);
+}
+
+}  // namespace jaxbnn::cuda

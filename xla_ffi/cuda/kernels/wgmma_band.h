@@ -1,0 +1,89 @@
+// The image-band wgmma kernel (BandWgmmaKernel): its band layout, shared memory and instances, for the
+// planner and the kernel.
+#pragma once
+
+#include "cuda/binary_gemm.h"
+#include "cuda/device/common.cuh"
+#include "cuda/device/tile_columns.cuh"
+#include "cuda/device/wgmma_tile.cuh"
+
+namespace jaxbnn::cuda {
+
+inline constexpr int kBandCols = 128, kBandWarpgroups = 4, kBandThreads = 128 * kBandWarpgroups;
+
+// Its divisors are fast ones: the set-up's runtime divisions (the first item's, the steps' chunk offsets)
+// were single-thread dependent chains on the way to the first tile (clock64 trace).
+struct BandLayout {
+  FastDivisor padded_w;  // Wp
+  FastDivisor planes;    // P
+  FastDivisor kw;        // the filter's width
+  int tiles_per_image;   // 64-position tiles: ceil(out_h Wp / 64)
+  FastDivisor image_tiles;  // tile slots per image: tiles_per_image, or a multiple of tiles_per_item
+  int tiles_per_item, items, ctas;
+  int band_rows;         // input rows of a band segment (the TMA box's height)
+  int slot_positions;    // positions of a segment's slot: band_rows Wp, rounded up to 128 bytes
+  int slots;             // segments a band buffer holds: 2 where items cross images, else 1
+  int plane_bytes;       // one channel plane of a band buffer: slots * slot_positions * 16 (pixel pairs: 8)
+  int steps;             // k256 steps: ceil(chunks / 2)
+  int k_tiles;           // K chunks of a weight row tile in shared memory: 2 steps (an odd last one's partner:
+                         // zeros)
+  bool whole_rows = false;  // pixel pairs, or one plane (C = 128) and 2 Wp <= 256: the band map's boxes are whole
+                            // padded rows of 8-byte elements, not a box row of 16 bytes per position
+};
+
+// Whether the band kernel takes `p` as pixel pairs (C = 64: 8 bytes a position, two sets of weights; above).
+__host__ __device__ __forceinline__ bool PixelPairs(const BinaryGemmProblem& p) { return p.cw == 2; }
+
+// The segments of an item: tiles [first_tile, first_tile + tiles[0]) of `image`, then (where it runs past
+// its image) tiles [0, tiles[1]) of image + 1.
+struct BandItem {
+  int image, first_tile, tiles[2];  // tiles[1] > 0: two segments
+};
+__host__ __device__ __forceinline__ BandItem BandItemOf(const BinaryGemmProblem& p, const BandLayout& b, int item) {
+  const int g0 = item * b.tiles_per_item;
+  BandItem it;
+  it.image = Quotient(g0, b.image_tiles);
+  it.first_tile = g0 - it.image * b.image_tiles.divisor;
+  const int left_in_image = b.tiles_per_image - it.first_tile;
+  it.tiles[0] = b.tiles_per_item < left_in_image ? b.tiles_per_item : left_in_image;
+  // tiles_per_item <= tiles_per_image where items cross images
+  const int into_next = b.tiles_per_item - (b.image_tiles.divisor - it.first_tile);
+  it.tiles[1] = it.image + 1 < p.batch && into_next > 0 ? into_next : 0;
+  return it;
+}
+
+// Shared memory of BandWgmmaKernel, from a 1024-aligned base: two band buffers of P planes, slack for the
+// reads of dropped rows past the band, the weights, two all-ones row groups (B's columns 128-143 of the
+// m64n144 wgmma: each row's popc(A)), the column table, the steps' A descriptors, three barriers.
+struct BandSmem {
+  int buffer_bytes, weights, ones, cols, steps, barriers, total;
+};
+// The all-ones row groups right after the weights' kBandCols rows, at the same row-group stride: the step's
+// m64n144 wgmma reads them as B's columns 128-143 through the weights' descriptor.
+inline constexpr int kOnesGroups = 2;
+// One set of weights and all-ones row groups in shared memory.
+__host__ __device__ __forceinline__ int WeightSetBytes(const BandLayout& b) {
+  return (kBandCols / 8 + kOnesGroups) * b.k_tiles * 128;
+}
+__host__ __device__ __forceinline__ BandSmem BandSmemOf(const BinaryGemmProblem& p, const BandLayout& b) {
+  BandSmem s;
+  s.buffer_bytes = (PixelPairs(p) ? 1 : p.cw / 4) * b.plane_bytes;
+  const int slack = (16 * (p.kw + 64) + 127) / 128 * 128;
+  s.weights = 2 * s.buffer_bytes + slack;
+  s.ones = s.weights + kBandCols / 8 * b.k_tiles * 128;
+  s.cols = s.weights + (PixelPairs(p) ? 2 : 1) * WeightSetBytes(b);  // pixel pairs: a set per parity
+  s.steps = (s.cols + static_cast<int>(sizeof(TileColumns<kWgCols>)) + 7) / 8 * 8;
+  s.barriers = s.steps + 8 * b.steps;
+  s.total = 1024 + s.barriers + 3 * 8;
+  return s;
+}
+
+// Pixel pairs: k256 steps per filter row, ceil((kw + 1) / 4): four columns each, from column 0 or -1.
+__host__ __device__ __forceinline__ int PixelPairStepsPerRow(int kw) { return (kw + 4) / 4; }
+
+inline constexpr int kBandUnrolledSteps = 16;
+
+// BandWgmmaKernel<steps, exact, pixel_pairs, quarter> for a band of `steps` k256 steps.
+const void* BandWgmmaKernelInstance(int steps, bool pixel_pairs, bool quarter);
+
+}  // namespace jaxbnn::cuda
