@@ -2,7 +2,7 @@
 # A/B of kernel versions in one GPU job (METHOD: old and new side by side, same GPU, same process kind).
 #   benchmarks/ab_job.sh DIR...        each DIR holds a version's binary_gemm.cu (+ .h, wgmma_b1.cuh),
 #                                      e.g. xla_ffi/cuda, or a revision exported with
-#                                      mkdir -p .ab/v8.2 && git archive REV xla_ffi/cuda | tar -x -C .ab/v8.2 --strip-components=2
+#                                      mkdir -p .ab/new && git archive REV xla_ffi/cuda | tar -x -C .ab/new --strip-components=2
 #                                      (.ab/ is git-ignored: a device job needs it carried)
 # Builds the kernel harness (the version's own kernel_check.cu, else the tree's) against each version, runs
 # the full harness check on each (a version that fails it goes no further), compute-sanitizer (memcheck,
@@ -63,7 +63,7 @@ IFS=';' read -r -a cases <<< "${CASES:-}"
 [ ${#cases[@]} -eq 0 ] && cases=("")
 for round in $(seq 1 "${ROUNDS:-3}"); do
   # odd rounds in the given order, even rounds reversed: a version that always ran first on a GPU found idle
-  # (or last on a hot one) would carry that in its numbers (session 7, job O)
+  # (or last on a hot one) would carry that in its numbers
   order=("${!VERSIONS[@]}")
   [ $((round % 2)) -eq 0 ] && order=($(printf '%s\n' "${order[@]}" | sort -rn))
   for i in "${order[@]}"; do

@@ -6,16 +6,19 @@
 
 Times the packed-in -> packed-out BMM (wgmma engine) of SIZE^3 in jitted programs of 1, 4, 16 and 32 calls
 on distinct inputs, in batches of 5, 50 and 400 programs queued back to back (median of 5 batches), and the
-host time to dispatch one program. Set XLA_FLAGS=--xla_gpu_enable_command_buffer= to compare without
-XLA's command buffers. Session 8 (benchmarks/gpu_results.md, job X) chose gpu_bench's copies_for from it.
+host time to dispatch one program: how many calls a timed program needs before host dispatch stops limiting
+the op (gpu_bench's copies_for comes from it). Set XLA_FLAGS=--xla_gpu_enable_command_buffer= to compare
+without XLA's command buffers.
 `conv`: microseconds per call of the TCBNN sweep's C = O = 128 convolution (batch 16, 64x64, 3x3, the band
 kernel, ~9 us in the harness) and of a tiny one (batch 1, 8x8, C = O = 128: almost no GPU work), 32 calls
 per program as gpu_bench runs them (distinct inputs, every output a result of the program) and chained as
 in a network (each output the next call's input: the intermediates are XLA's temporaries): where both
-sizes take the same time per call, the host's per-call work, not the kernel, sets the pace (session 17).
+sizes take the same time per call, the host's per-call work, not the kernel, sets the pace.
 Every line says how often our handlers ran per call (0 where XLA replayed its command buffer) and their
-host time per run. `conv` also times a pure-Python loop before and after (the host's speed: on the H200
-machine it moved 2x within seconds in session 26, and the 32-output program's dispatch with it).
+host time per run. `conv` also times a pure-Python loop before and after (the host's speed: on a shared
+virtual machine it can move 2x within seconds, and a 32-output program's dispatch with it).
+`conv-trace`: the same programs under jax.profiler.trace, then the host threads' scopes (jax, PjRt, XLA's
+command buffers) by self time per program: where a program's host time goes.
 """
 
 import collections

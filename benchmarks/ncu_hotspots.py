@@ -6,7 +6,8 @@
 Input: `ncu -i REPORT --page source --csv --print-source sass` (gpu_job.sh's ncu-cases step writes one
 per case). One export: totals of warp-stall samples by reason, then the instructions with the most
 samples (address, samples, times executed by warps, SASS, top two reasons). Two exports: each one's
-totals side by side, to see which stall reasons a change moved (session 7 found the BMM's spills so).
+totals side by side, to see which stall reasons a change moved (a new spill shows as long-scoreboard
+stalls on local loads).
 """
 
 from __future__ import annotations

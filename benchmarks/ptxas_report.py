@@ -5,7 +5,7 @@
 Compiles SOURCE_DIR/binary_gemm.cu (default xla_ffi/cuda) to a cubin with `nvcc -Xptxas=-v` (no GPU
 needed; about a minute per architecture) and prints one line per kernel. At the wgmma kernels' register
 budget, a change to code that one kernel instance never runs can still move its allocation into spills
-(benchmarks/NOTES.md, session 7): compare this report before and after any kernel change.
+(docs/design/decisions.md, "Register budget"): compare this report before and after any kernel change.
 """
 
 from __future__ import annotations

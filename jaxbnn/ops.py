@@ -178,8 +178,8 @@ def bconv2d(
         cuda = None
         if kind == "bits" and ph * pw > 1 and _ffi.has_target("cuda", target):
             # On CUDA, a pooled threshold convolution runs unpooled (the image-band and resident kernels take
-            # no pool; the pooled tiles' staged epilogue ran VGG-16's 1_2 ~25x slower, benchmarks/NOTES.md,
-            # session 35) and its bits are pooled after: the threshold test is monotone in the dot product,
+            # no pool; the pooled tiles' staged epilogue ran VGG-16's 1_2 ~25x slower, docs/design/decisions.md)
+            # and its bits are pooled after: the threshold test is monotone in the dot product,
             # so the bit of a window's max is the OR of the window's bits, and with `flip` their AND.
             unpooled = jax.ShapeDtypeStruct((x_.shape[0], *conv_hw, out_ch), out_dtype)
             flat = dict(attrs, pool_h=np.int64(1), pool_w=np.int64(1))
