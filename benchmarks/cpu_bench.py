@@ -10,26 +10,26 @@ are medians after warm-up, each call ending in block_until_ready, taken two ways
   steady state, as layers of one network run repeatedly on warm weights.
 Both alternate between the sides, so background load on the machine hits both alike.
 
-    python benchmarks/cpu_bench.py                       # print the table
-    python benchmarks/cpu_bench.py --runs 3 --write benchmarks/cpu_results.md
+    python benchmarks/cpu_bench.py --runs 3      # the record: replaces this machine's cpu_bench.py section
+    python benchmarks/cpu_bench.py --out -       # print only
 
 With --runs N the whole sweep is repeated N times and every cell of the table is the median over the runs
-(a shared 2-core machine varies by tens of percent from run to run).
+(a shared 2-core machine varies by tens of percent from run to run). The results replace this script's
+section of the machine's results file (benchmarks/results/cpu-<model>-<cores>core.md; see
+benchmarks/results_file.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
-import subprocess
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+import results_file
 from jaxbnn import _cpu, formats, ops
 
 BMM_SIZES = [128, 256, 512, 1024, 2048, 4096]  # TCBNN's square BMM sizes: M = N = K
@@ -106,25 +106,7 @@ def bench_conv(batch, hw, c, o, rng):
 
 
 def machine_description():
-    model = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{model}, {os.cpu_count()} cores, kernel tier {_cpu.active_isa()}, jax {jax.__version__}"
-
-
-def git_commit():
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
-                                check=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "xla_ffi/cpu", "xla_ffi/common", "jaxbnn"],
-                               cwd=here, capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return commit + (" (with uncommitted changes under xla_ffi/cpu, xla_ffi/common or jaxbnn/)" if dirty else "")
+    return f"{results_file.cpu_model()}, {os.cpu_count()} cores, kernel tier {_cpu.active_isa()}"
 
 
 def table(rows):
@@ -161,42 +143,48 @@ def sweep():
     return bmm_rows, conv_rows
 
 
+SECTION = "cpu_bench.py"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write", metavar="PATH", help="also write the results as markdown to PATH")
+    parser.add_argument("--out", "--write", dest="out", metavar="PATH",
+                        help="the results file whose cpu_bench.py section this run replaces (default: "
+                        "benchmarks/results/<this machine's kind>.md; '-': print only)")
     parser.add_argument("--runs", type=int, default=1, help="repeat the sweep; report per-cell medians")
     args = parser.parse_args()
     runs = [sweep() for _ in range(args.runs)]
     bmm_rows = median_rows([bmm for bmm, _ in runs])
     conv_rows = median_rows([conv for _, conv in runs])
+    commit = results_file.git_commit(("xla_ffi/cpu", "xla_ffi/common", "jaxbnn"))
 
-    report = "\n".join([
-        "# CPU kernels against XLA float32",
+    body = "\n".join([
+        "## CPU kernels against XLA float32 (`benchmarks/cpu_bench.py`)",
         "",
-        f"- machine: {machine_description()}",
-        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"- commit: {git_commit()}",
-        "- method: `benchmarks/cpu_bench.py`, one process; both sides under `jax.jit`, medians after warm-up,",
-        "  each call ending in `block_until_ready`; interleaved calls (each side starts on the caches the other",
-        "  left) and back-to-back blocks (each side warm). jaxbnn: packed uint32 activations and",
-        "  FSB weights in, int32 dot products out. XLA: float32 ±1 tensors in, float32 out (checked equal).",
-        "  GOPS counts 2 ops (multiply, add) per ±1 multiply-accumulate on both sides.",
-        f"- runs: {args.runs} full sweep(s) in one process; every cell is the median over the runs.",
+        *results_file.run_header(machine_description(), commit),
+        f"- runs: {args.runs} full sweep(s) in one process; every cell is the median over the runs",
         "",
-        "## bmm (M = N = K), `ops.bmm` vs `a @ w`",
+        "Both sides under `jax.jit` in one process, medians after warm-up, each call ending in",
+        "`block_until_ready`; interleaved calls (each side starts on the caches the other left) and back-to-back",
+        "blocks (each side warm). jaxbnn: packed uint32 activations and FSB weights in, int32 dot products out.",
+        "XLA: float32 ±1 tensors in, float32 out (checked equal). GOPS counts 2 ops (multiply, add) per ±1",
+        "multiply-accumulate on both sides.",
+        "",
+        "### bmm (M = N = K), `ops.bmm` vs `a @ w`",
         "",
         table(bmm_rows),
         "",
-        "## ResNet-18 3x3 convolutions (stride 1, SAME, zero padding), `ops.bconv2d` vs `lax.conv_general_dilated`",
+        "### ResNet-18 3x3 convolutions (stride 1, SAME, zero padding), `ops.bconv2d` vs `lax.conv_general_dilated`",
         "",
         table(conv_rows),
         "",
     ])  # fmt: skip
-    if args.write:
-        with open(args.write, "w") as f:
-            f.write(report)
     print()
-    print(report)
+    print(body)
+    if args.out != "-":
+        out = args.out or results_file.default_path(results_file.cpu_kind())
+        results_file.write_section(out, SECTION, body, f"{results_file.cpu_model()}, {os.cpu_count()} cores")
+        print(f"(written to {out}, section {SECTION})")
 
 
 if __name__ == "__main__":

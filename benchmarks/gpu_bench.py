@@ -1,6 +1,6 @@
 """GPU benchmark of the CUDA bit kernels against XLA's own dot / convolution, one process, one GPU.
 
-    python benchmarks/gpu_bench.py [--ceiling-log ceiling.log] [--out results.md] [--quick]
+    python benchmarks/gpu_bench.py [--ceiling-log ceiling.log] [--out PATH] [--quick]
 
 BMM (square sizes): each engine of jaxbnn._cuda, "BNN-specific" (packed in -> packed out, threshold
 epilogue) and "general" (float in -> pack -> BMM -> float out), against XLA bf16 / int8 / fp8 e4m3 `dot`
@@ -10,24 +10,24 @@ zoo CIFAR-10 VGG-small's binary layers; a fully connected layer as a 1x1 convolu
 8 and 256, ours (packed in -> packed out) against XLA bf16 convolution; where a layer's output can be its input
 (C = O, stride 1), also both chained, each call's output the next's input,
 and both as a digest: the same calls on distinct inputs, the program returning one element of each output
-(one small array leaves the program instead of `copies` outputs, whose host dispatch alone took 245-390 us
-per 32-output program on the H200 machine in session 26, more than the 32 C = 128 calls' ~260 us on the GPU).
+(one small array leaves the program instead of `copies` outputs, whose host dispatch alone can take longer
+than the 32 C = 128 calls' ~260 us on the GPU).
 Binary TOPS count 2 operations per multiply-accumulate. Each timing: a jitted program runs the op on
 `copies` distinct input sets (copies_for: enough for ~1 ms of our kernels' work, 4 to 32; host dispatch of
-a program took ~45 us plus ~15-25 us per call on the H100 machine, so programs of 4 small ops left the
-GPU waiting); after a 0.1 s warm-up, the median over 5 batches of calls queued back to back (wall clock
-around the batch, ending in block_until_ready), each batch about 50 ms of work (2 to 50 calls).
+a program takes ~45 us plus ~15-25 us per call, so programs of 4 small ops would leave the GPU waiting);
+after a 0.1 s warm-up, the median over 5 batches of calls queued back to back (wall clock around the batch,
+ending in block_until_ready), each batch about 50 ms of work (2 to 50 calls).
+
+The results replace this script's section of the machine's results file (benchmarks/results/<gpu>.md, e.g.
+nvidia-h200.md; see benchmarks/results_file.py) after every row, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
-import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 
@@ -36,8 +36,8 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+import results_file
 from jaxbnn import _ffi, formats  # noqa: F401  (_ffi registers the native targets)
-import jaxbnn._cuda as _cuda
 
 PROGRAM_OPS = 1e13  # binary ops per timed program: ~1 ms at 10 POPS
 
@@ -84,12 +84,20 @@ def bmm_call(kind, m, n, k):
     return jax.ffi.ffi_call(f"jaxbnn_bmm_{kind}", jax.ShapeDtypeStruct((m, cols), dtype))
 
 
+def cuda_module():
+    """jaxbnn._cuda, imported where the benchmark runs (the script's options and helpers need no CUDA module)."""
+    import jaxbnn._cuda
+
+    return jaxbnn._cuda
+
+
 def bench_bmm(sizes, engines, rows, save, deadline=float("inf")):
+    _cuda = cuda_module()
     key = jax.random.PRNGKey(0)
     for s in sizes:
         if time.time() > deadline:
             print(f"deadline reached: BMM {s}^3 and later sizes not measured", flush=True)
-            rows.append({"size": f"{s} and later: not measured (job time limit)"})
+            rows.append({"size": f"{s} and later: not measured (--deadline)"})
             save()
             return
         m = n = k = s
@@ -150,11 +158,12 @@ def conv_out(size, kernel, stride):
 
 
 def bench_conv(layers, engines, rows, save, deadline=float("inf")):
+    _cuda = cuda_module()
     key = jax.random.PRNGKey(1)
     for name, batch, hw, c, o, kernel, stride in layers:
         if time.time() > deadline:
             print(f"deadline reached: {name} batch {batch} and later layers not measured", flush=True)
-            rows.append({"layer": f"{name} batch {batch} and later: not measured (job time limit)"})
+            rows.append({"layer": f"{name} batch {batch} and later: not measured (--deadline)"})
             save()
             return
         pad = kernel // 2
@@ -206,8 +215,8 @@ def bench_conv(layers, engines, rows, save, deadline=float("inf")):
         row["xla bf16"] = ops / timed(jax.jit(lambda w_, *a: [xla_conv(x, w_) for x in a]), [wb, *xs], copies) / 1e12
         # Chained (where a layer's output can be its input): the intermediates are XLA's temporaries and one
         # output leaves the program, whose dispatch then stops limiting a short op (a program returning 32
-        # outputs took 160-330 us of host dispatch on the H200, session 18). XLA's weights are scaled by a
-        # power of two near 1 / sqrt(K) so that the values stay finite along the chain.
+        # outputs can take 160-390 us of host dispatch). XLA's weights are scaled by a power of two near
+        # 1 / sqrt(K) so that the values stay finite along the chain.
         if c == o and stride == 1:
             row["auto chained"] = ops / timed(jax.jit(chained_program), [*operands, packed[0]], copies) / 1e12
             scaled = (wf * 2.0 ** -round(math.log2(math.sqrt(kernel * kernel * c)))).astype(jnp.bfloat16)
@@ -245,7 +254,7 @@ CIFAR10_VGG = [  # the zoo's CIFAR-10 VGG-small at 32 x 32: its binary convoluti
 
 def table(rows, keys=None):
     if not rows:
-        return "(not run in this job)"
+        return "(not run)"
     if keys is None:  # every key, in order of first appearance
         keys = list(dict.fromkeys(k for r in rows for k in r))
     out = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
@@ -272,12 +281,17 @@ def ceiling_numbers(path):
     return found
 
 
+SECTION = "gpu_bench.py"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ceiling-log", help="output of shared/tools/ceiling.cu from the same job")
-    parser.add_argument("--out", default="gpu_results.md")
+    parser.add_argument("--ceiling-log", help="output of the ceiling probe (ceiling.cu) run in the same job, for "
+                        "the ceiling line of the results")
+    parser.add_argument("--out", help="the results file whose gpu_bench.py section this run replaces (default: "
+                        "benchmarks/results/<gpu>.md, e.g. nvidia-h200.md)")
     parser.add_argument("--quick", action="store_true", help="a few sizes only")
-    parser.add_argument("--commit", default="")
+    parser.add_argument("--commit", default="", help="the commit the results name (default: the checkout's HEAD)")
     parser.add_argument("--bmm-sizes", type=int, nargs="*", help="override the BMM sizes (none: no BMM)")
     parser.add_argument("--conv-channels", type=int, nargs="*", help="override the BConv sweep's C = O (none: no sweep)")
     parser.add_argument("--no-models", action="store_true", help="skip the ResNet-18 / VGG-16 layers")
@@ -293,11 +307,17 @@ def main():
     sweep = sweep if args.conv_channels is None else args.conv_channels
     bmm_rows, conv_rows = [], []
     device = jax.devices()[0]
+    out = args.out or results_file.default_path(results_file.device_kind(device))
+    commit = args.commit or results_file.git_commit()
+    machine = results_file.device_machine(device)
+    header = results_file.run_header(machine, commit, driver=results_file.device_driver(device))
     ceiling = ceiling_numbers(args.ceiling_log)
 
     def save():
-        # after every row, so that a job cut short keeps what it measured
-        write_results(args.out, device, args.commit, ceiling, engines, bmm_rows, conv_rows)
+        # after every row, so that a run cut short keeps what it measured
+        body = section(header, ceiling, engines, bmm_rows, conv_rows)
+        results_file.write_section(out, SECTION, body, machine)
+        return body
 
     bench_bmm(sizes, engines, bmm_rows, save, args.deadline)
     layers = [(f"tcbnn C=O={c}", 16, 64, c, c, 3, 1) for c in sweep]
@@ -307,23 +327,25 @@ def main():
                         for (n, hw, c, o, k, s) in RESNET18 + VGG16 + ALEXNET + CIFAR10_VGG
                         if args.layers is None or n in args.layers]
         bench_conv(model_layers, ["auto"], conv_rows, save, args.deadline)  # the engine the op would pick
-    save()
-    print(open(args.out).read())
+    print(save())
+    print(f"(written to {out}, section {SECTION})")
 
 
-def write_results(path, device, commit, ceiling, engines, bmm_rows, conv_rows):
-    """The results as markdown, written atomically (a temporary file renamed over `path`)."""
+def section(header, ceiling, engines, bmm_rows, conv_rows):
+    """This script's section of the results file: the run's header, the BMM table, the BConv table."""
     lines = [
-        "# GPU benchmark results (benchmarks/gpu_bench.py)",
+        "## BMM and BConv against XLA (`benchmarks/gpu_bench.py`)",
         "",
-        f"- GPU: {device.device_kind}; date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}; "
-        f"commit: {commit or 'unknown'}; jax {jax.__version__}",
-        "- Binary TOPS = 2 x M x N x K / time. `packed`: packed in -> packed out (threshold epilogue); "
-        "`general`: float32 in -> pack -> BMM -> float32 out. `ran`: the engine that ran (wgmma needs an even number of words per tap).",
-        "- Ceiling probe (shared/tools/ceiling.cu, same job): "
+        *header,
+        "- ceiling probe (ceiling.cu, same job): "
         + (", ".join(f"{k} {v:,.0f} TOPS" for k, v in ceiling.items()) or "not run"),
         "",
-        "## BMM, M = N = K",
+        "Binary TOPS = 2 x M x N x K / time. `packed`: packed in -> packed out (threshold epilogue); `general`:",
+        "float32 in -> pack -> BMM -> float32 out. `ran`: the engine that ran (wgmma needs an even number of words",
+        "per tap); `auto`: the engine the op picks. `chained`: each call's output the next call's input; `digest`:",
+        "the packed calls, the program returning one element of each output.",
+        "",
+        "### BMM, M = N = K (TOPS)",
         "",
         table(bmm_rows),
         "",
@@ -343,11 +365,9 @@ def write_results(path, device, commit, ceiling, engines, bmm_rows, conv_rows):
             r["chained / xla bf16 chained"] = r["auto chained"] / r["xla bf16 chained"]
         if "xla bf16 digest" in r:
             r["digest / xla bf16 digest"] = r["auto digest"] / r["xla bf16 digest"]
-    lines += ["## BConv (TOPS)", "", table(conv_rows), ""]
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write("\n".join(lines))
-    os.replace(tmp, path)
+    lines += ["### BConv (TOPS)", "", table(conv_rows), ""]
+    return "\n".join(lines)
+
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,193 @@
+"""The benchmark record: one markdown file per machine kind in benchmarks/results/, one section per benchmark.
+
+    python benchmarks/results_file.py list PATH          # the sections of a results file
+    python benchmarks/results_file.py merge SRC DEST     # SRC's sections replace DEST's (or are appended)
+
+gpu_bench.py, cpu_bench.py and model_bench.py each own a section of their machine's file
+(`benchmarks/results/<machine kind>.md`, e.g. nvidia-h200.md) and replace it whole on every run, so a file
+always holds the latest run of each benchmark on that kind of machine. A section lies between the lines
+`<!-- section: NAME -->` and `<!-- end: NAME -->` and starts with the run's header: machine, driver or ISA
+tier, jax version, date, commit and the exact command. `merge` brings a run made elsewhere (a GPU job writes
+into its own output folder) into the tree's file.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+REPO_DIR = RESULTS_DIR.parent.parent
+SECTION = re.compile(r"<!-- section: (?P<name>.+?) -->\n(?P<body>.*?)<!-- end: (?P=name) -->\n?", re.S)
+# environment variables that change what a run measures: they are part of its command line
+RELEVANT_ENV = ("XLA_FLAGS", "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_ALLOCATOR", "CUDA_VISIBLE_DEVICES")
+
+
+def slug(text: str) -> str:
+    """'NVIDIA H200' -> 'nvidia-h200'."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def gpu_kind(device_kind: str) -> str:
+    """The machine kind of a GPU, from jax's `device_kind` ('NVIDIA H200' -> 'nvidia-h200')."""
+    return slug(device_kind)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        import platform
+
+        return platform.processor() or "unknown CPU"
+
+
+def cpu_kind() -> str:
+    """The machine kind of this CPU: its model name without trademarks, speeds and core counts, and the
+    cores this process sees ('AMD EPYC' on 2 cores -> 'cpu-amd-epyc-2core')."""
+    name = re.sub(r"\((r|tm)\)|\bprocessor\b|\bcpu\b|@.*|\b\d+-core\b", " ", cpu_model().lower())
+    return f"cpu-{slug(name) or 'unknown'}-{os.cpu_count()}core"
+
+
+def default_path(kind: str) -> pathlib.Path:
+    return RESULTS_DIR / f"{kind}.md"
+
+
+def git_commit(paths: tuple[str, ...] = ()) -> str:
+    """The short commit of the checkout, marked where `paths` (repository-relative) have uncommitted changes."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_DIR, capture_output=True, text=True,
+                                check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=REPO_DIR, capture_output=True,
+                               text=True, check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    where = f" under {', '.join(paths)}" if paths else ""
+    return commit + (f" (with uncommitted changes{where})" if dirty else "")
+
+
+def device_machine(device) -> str:
+    """A jax device as the results name it: a GPU's kind and, where jax knows it, its number of SMs; a CPU's
+    model and cores."""
+    if device.platform == "cpu":
+        return f"{cpu_model()}, {os.cpu_count()} cores"
+    sms = getattr(device, "core_count", None)
+    return f"{device.device_kind} ({sms} SMs)" if sms else device.device_kind
+
+
+def device_kind(device) -> str:
+    """The machine kind of a jax device: gpu_kind for a GPU, cpu_kind for the CPU."""
+    return cpu_kind() if device.platform == "cpu" else gpu_kind(device.device_kind)
+
+
+def gpu_driver() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=True, timeout=30).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.strip().splitlines()[0] if out.strip() else "unknown"
+
+
+def device_driver(device) -> str | None:
+    """The GPU driver's version for a GPU device; None (no driver line) for the CPU."""
+    return None if device.platform == "cpu" else gpu_driver()
+
+
+def command_line() -> str:
+    """This process's command line as a shell would take it, with the environment that changes a run."""
+    env = [f"{k}={shlex.quote(os.environ[k])}" for k in RELEVANT_ENV if os.environ.get(k)]
+    return " ".join(env + ["python", shlex.join(sys.argv)])
+
+
+def run_header(machine: str, commit: str, *, driver: str | None = None) -> list[str]:
+    """The header lines every section starts with (markdown list items)."""
+    import jax
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    lines = [f"- machine: {machine}"]
+    if driver is not None:
+        lines.append(f"- driver: {driver}")
+    lines += [
+        f"- jax: {jax.__version__}",
+        f"- date: {now:%Y-%m-%d %H:%M} UTC",
+        f"- commit: {commit or 'unknown'}",
+        f"- command: `{command_line()}`",
+    ]
+    return lines
+
+
+def sections(text: str) -> dict[str, str]:
+    """{name: body} of a results file's sections, in file order."""
+    return {m["name"]: m["body"] for m in SECTION.finditer(text)}
+
+
+def _block(name: str, body: str) -> str:
+    return f"<!-- section: {name} -->\n{body.rstrip()}\n<!-- end: {name} -->\n"
+
+
+def _file_head(machine: str) -> str:
+    return (
+        f"# Benchmark results: {machine}\n\n"
+        "The latest run of each benchmark on this kind of machine. Each section below is written whole by the\n"
+        "script it names, with the run's machine, software, date, commit and command; `benchmarks/README.md`\n"
+        "says what each benchmark measures and how to run it.\n\n"
+    )
+
+
+def replace_sections(text: str, new: dict[str, str]) -> str:
+    """`text` with each section of `new` replaced in place, or appended where it has none."""
+    done = set()
+
+    def swap(m):
+        if m["name"] not in new:
+            return m.group(0)
+        done.add(m["name"])
+        return _block(m["name"], new[m["name"]])
+
+    text = SECTION.sub(swap, text)
+    for name, body in new.items():
+        if name not in done:
+            text = text.rstrip("\n") + "\n\n" + _block(name, body)
+    return text
+
+
+def write_section(path: str | os.PathLike, name: str, body: str, machine: str) -> None:
+    """Replaces section `name` of the results file at `path` with `body` (appends it where the file has no
+    such section; starts the file where there is none). Written atomically: a temporary file renamed over it."""
+    path = pathlib.Path(path)
+    text = path.read_text() if path.exists() else _file_head(machine)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(replace_sections(text, {name: body}))
+    os.replace(tmp, path)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "list":
+        for name, body in sections(pathlib.Path(argv[1]).read_text()).items():
+            date = re.search(r"^- date: (.*)$", body, re.M)
+            print(f"{name}: {date.group(1) if date else 'no date'}")
+        return 0
+    if len(argv) == 3 and argv[0] == "merge":
+        src, dest = pathlib.Path(argv[1]), pathlib.Path(argv[2])
+        new = sections(src.read_text())
+        if not new:
+            print(f"{src}: no sections", file=sys.stderr)
+            return 1
+        text = dest.read_text() if dest.exists() else src.read_text().split("<!-- section:", 1)[0]
+        dest.write_text(replace_sections(text, new))
+        print(f"{dest}: {', '.join(new)} from {src}")
+        return 0
+    print(__doc__.strip().splitlines()[2].strip() + "\n" + __doc__.strip().splitlines()[3].strip(), file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
