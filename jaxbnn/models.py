@@ -1,4 +1,6 @@
-"""The TCBNN model zoo (seed 000, Table V) and a small MNIST conv net, as walkable NNX block sequences.
+"""The TCBNN model zoo and a small MNIST conv net, as walkable NNX block sequences.
+
+The zoo is Table V of "Accelerating Binarized Neural Networks via Bit-Tensor-Cores in Turing GPUs" (TCBNN).
 
 Every model is a ``BinaryNet``: ``model.blocks`` is an ``nnx.List`` run in order. Blocks follow the
 inference-friendly order of TCBNN section 6.1, conv -> (max pool) -> batch norm, and the sign of the

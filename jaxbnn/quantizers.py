@@ -1,7 +1,8 @@
 """Quantizers: plain JAX functions with surrogate ("straight-through") gradients.
 
 Conventions (docs/formats.md): binarization is ``x >= 0 -> +1`` (sign(0) = +1); ternarization follows
-TAB eq. 1 (seed 001, section 3.1.1): ``+1 if x > alpha, -1 if x < beta, 0 otherwise``, with alpha > beta.
+TAB eq. 1 ("TAB: Unified and Optimized Ternary, Binary, and Mixed-precision Neural Network Inference on the
+Edge", section 3.1.1): ``+1 if x > alpha, -1 if x < beta, 0 otherwise``, with alpha > beta.
 
 Every quantizer is usable in any JAX code and is registered by name so that layers can select it
 (``get_quantizer("sign_ste")``). The registry also records the value domain a quantizer produces
@@ -189,7 +190,8 @@ def twn_thresholds(w: jax.Array, factor: float = 0.7, per_channel: bool = False)
     return alpha, -alpha
 
 
-# --- XNOR-Net scaling (seed 003, section 2) ---------------------------------------------------------------
+# --- XNOR-Net scaling -------------------------------------------------------------------------------------
+# (section 2 of "Optimization of XNOR Convolution for Binary Convolutional Neural Networks on GPU")
 
 
 def xnor_weight_scale(w: jax.Array) -> jax.Array:
