@@ -1,21 +1,19 @@
 #!/bin/bash
-# A/B of kernel versions in one GPU job (METHOD: old and new side by side, same GPU, same process kind).
-#   benchmarks/ab_job.sh DIR...        each DIR holds a version's binary_gemm.cu (+ .h, wgmma_b1.cuh),
-#                                      e.g. xla_ffi/cuda, or a revision exported with
-#                                      mkdir -p .ab/new && git archive REV xla_ffi/cuda | tar -x -C .ab/new --strip-components=2
-#                                      (.ab/ is git-ignored: a device job needs it carried)
-# Builds the kernel harness (the version's own kernel_check.cu, else the tree's) against each version, runs
+# A/B of kernel versions in one GPU job: old and new side by side, same GPU, same process kind.
+#   benchmarks/ab_job.sh DIR...        each DIR is a version's CUDA sources folder, named `cuda` (the include
+#                                      root is its parent): xla_ffi/cuda, or a revision exported with
+#                                      mkdir -p .ab/new && git archive REV xla_ffi/cuda | tar -x -C .ab/new --strip-components=1
+#                                      (then DIR is .ab/new/cuda; .ab/ is git-ignored: a device job needs it carried)
+# Builds each version's kernel harness (DIR/tests/kernel_check.cu with DIR/kernels/*.cu and DIR/host/*.cu), runs
 # the full harness check on each (a version that fails it goes no further), compute-sanitizer (memcheck,
-# racecheck, initcheck; harness --small) on every version but the first, then ROUNDS rounds (default 3; even rounds in reverse order) of each
-# harness timing mode in TIME_MODES (default `--time-wgmma`; `--time-mma` times the mma.sync engine) over
-# every version (CASES: ';'-separated harness case names; default all). A version's own `time_modes` file
-# replaces TIME_MODES for it; a version holding a file `diagnostic` (a timing-only variant whose results are
-# wrong by design, e.g. with a stage left out) is neither checked nor sanitized. CHECK_ARGS: the check's
-# harness arguments (e.g. `--dense`: the convolutions of fewer than 32 channels only; default every case). TRACE=1 builds every harness
-# with the wgmma tile trace (-DJAXBNN_TILE_TRACE: each timed case then prints where a tile's time goes; the
-# stamps slow the kernel by ~10%, so compare traced builds only with traced builds). Writes two files to $OUT (default
-# /tmp/jaxbnn_ab_out; the device returns at most 8): ab.log, and versions.tar.gz with each version's
-# build_N.txt and check_N.log.
+# racecheck, initcheck; harness --small) on every version but the first, then ROUNDS rounds (default 3; even
+# rounds in reverse order) of each harness timing mode in TIME_MODES (default `--time-wgmma`; `--time-mma`
+# times the mma.sync engine) over every version (CASES: ';'-separated harness case names; default all). A
+# version's own `time_modes` file replaces TIME_MODES for it; a version holding a file `diagnostic` (a
+# timing-only variant whose results are wrong by design, e.g. with a stage left out) is neither checked nor
+# sanitized. CHECK_ARGS: the check's harness arguments (e.g. `--dense`: the convolutions of fewer than 32
+# channels only; default every case). Writes two files to $OUT (default /tmp/jaxbnn_ab_out): ab.log, and
+# versions.tar.gz with each version's build_N.txt and check_N.log.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/jaxbnn_ab_out}
@@ -23,17 +21,16 @@ LOGS=$(mktemp -d)  # per-version logs, packed into one file at the end
 mkdir -p "$OUT"
 LOG="$OUT/ab.log"
 GENCODE="-gencode=arch=compute_90a,code=sm_90a"
-[ "${TRACE:-0}" = 1 ] && GENCODE="$GENCODE -DJAXBNN_TILE_TRACE"
 [ $# -ge 1 ] || { echo "usage: $0 DIR..." >&2; exit 2; }
 VERSIONS=("$@")
 status=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv 2>&1 | tee "$LOG"
 for i in "${!VERSIONS[@]}"; do
   dir=${VERSIONS[$i]}
-  [ -f "$dir/binary_gemm.cu" ] || { echo "$dir: no binary_gemm.cu" | tee -a "$LOG"; exit 2; }
-  harness=xla_ffi/cuda/kernel_check.cu; [ -f "$dir/kernel_check.cu" ] && harness="$dir/kernel_check.cu"
-  ( nvcc -O2 -std=c++17 $GENCODE -lineinfo -Xptxas=-warn-spills -Ixla_ffi -I"$dir" "$harness" \
-      "$dir/binary_gemm.cu" -o "/tmp/ab_kernel_check_$i" > "$LOGS/build_$i.txt" 2>&1 ) &
+  { [ "$(basename "$dir")" = cuda ] && [ -f "$dir/tests/kernel_check.cu" ]; } \
+    || { echo "$dir: not a CUDA sources folder named cuda with tests/kernel_check.cu" | tee -a "$LOG"; exit 2; }
+  ( nvcc -O2 -std=c++17 $GENCODE -lineinfo -Xptxas=-warn-spills -I"$(dirname "$dir")" "$dir/tests/kernel_check.cu" \
+      "$dir"/kernels/*.cu "$dir"/host/*.cu -o "/tmp/ab_kernel_check_$i" > "$LOGS/build_$i.txt" 2>&1 ) &
 done
 wait
 for i in "${!VERSIONS[@]}"; do

@@ -1,9 +1,10 @@
-"""Registers, stack and spills of every kernel in xla_ffi/cuda/binary_gemm.cu, per template instance.
+"""Registers, stack and spills of every CUDA kernel, per template instance.
 
     python benchmarks/ptxas_report.py [--arch sm_90a] [SOURCE_DIR]
 
-Compiles SOURCE_DIR/binary_gemm.cu (default xla_ffi/cuda) to a cubin with `nvcc -Xptxas=-v` (no GPU
-needed; about a minute per architecture) and prints one line per kernel. At the wgmma kernels' register
+Compiles each kernel family's source (SOURCE_DIR/kernels/*.cu; SOURCE_DIR is the CUDA sources' folder,
+default xla_ffi/cuda, whose parent is the include root) to a cubin with `nvcc -Xptxas=-v` (no GPU needed; a
+few minutes per architecture) and prints one line per kernel. At the wgmma kernels' register
 budget, a change to code that one kernel instance never runs can still move its allocation into spills
 (docs/design/decisions.md, "Register budget"): compare this report before and after any kernel change.
 """
@@ -50,19 +51,24 @@ def main() -> int:
     parser.add_argument("source_dir", nargs="?", default="xla_ffi/cuda")
     parser.add_argument("--arch", default="sm_90a")
     args = parser.parse_args()
-    source = pathlib.Path(args.source_dir) / "binary_gemm.cu"
+    source_dir = pathlib.Path(args.source_dir)
+    sources = sorted((source_dir / "kernels").glob("*.cu"))
+    if not sources:
+        print(f"{source_dir}: no kernels/*.cu", file=sys.stderr)
+        return 2
     compute = args.arch.replace("sm_", "compute_")
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = ["nvcc", "-cubin", "-O3", "-std=c++17", f"-gencode=arch={compute},code={args.arch}", "-Xptxas=-v",
-               f"-I{args.source_dir}", "-Ixla_ffi", "-o", f"{tmp}/kernels.cubin", str(source)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        print(done.stderr, file=sys.stderr)
-        return done.returncode
     print(f"{'kernel':48s} {'registers':>9s} {'stack B':>8s} {'spill st/ld B':>14s}")
-    for m in ENTRY.finditer(done.stderr):
-        spills = f"{m['stores']}/{m['loads']}"
-        print(f"{short_name(m['name']):48s} {m['regs']:>9s} {m['stack']:>8s} {spills:>14s}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for source in sources:
+            cmd = ["nvcc", "-cubin", "-O3", "-std=c++17", f"-gencode=arch={compute},code={args.arch}", "-Xptxas=-v",
+                   f"-I{source_dir.resolve().parent}", "-o", f"{tmp}/{source.stem}.cubin", str(source)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                print(done.stderr, file=sys.stderr)
+                return done.returncode
+            for m in ENTRY.finditer(done.stderr):
+                spills = f"{m['stores']}/{m['loads']}"
+                print(f"{short_name(m['name']):48s} {m['regs']:>9s} {m['stack']:>8s} {spills:>14s}")
     return 0
 
 
