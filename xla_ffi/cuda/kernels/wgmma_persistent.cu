@@ -28,30 +28,199 @@
 
 namespace jaxbnn::cuda {
 
-// Persistent over tile pairs (one pair per cluster and step) unless the epilogue pools, which stages the
-// tile in the pipeline's shared memory and so runs one pair per cluster. The producer runs ahead into the
-// next tile while the consumers finish the previous one's epilogue. kLayout: how the activations arrive
-// (kCoreMatrices: cp.async by the producer warpgroup; else TMA boxes issued by one producer warp).
-// kSteps: the k256 steps of a K block, 4, or fewer for unpooled cp.async problems of one short K block
-// (K <= 256 or <= 768 bits: ResNet's 1x1 stride-2 shortcuts, 3x3 stride-2 convolutions of C = 64), whose
-// stages hold zeros past K from the start, so that the producer copies only the words of K (a full K block
-// was 16 copies of 8 bytes per row, most of them zero fill) and the consumers issue only the steps of K.
-// Launched with a cluster dimension of kWgCluster (LaunchWgmma).
+// The compile-time choices of WgmmaKernel<kLayout, kSteps>.
+template <ALayout kLayout, int kSteps>
+struct PersistentWgmmaTraits {
+  static constexpr bool kTensorA = kLayout != ALayout::kCoreMatrices;  // activations by TMA boxes
+  // How the activations lie in a stage: as the TMA boxes put them, and where the producer copies them
+  // (kCoreMatrices), in 128-byte swizzled rows too, so that a quarter-warp copies one row's 128 contiguous
+  // bytes where a tap has >= 32 bytes (LoadActivationStage; the core-matrix order requests every 32-byte
+  // sector twice there).
+  static constexpr ALayout kStageLayout = kTensorA ? kLayout : ALayout::kSwizzledRows;
+  // The lanes of a consumer warp that arrive on a stage's "empty" barrier once all of the warp's reads
+  // (wgmma and row popcounts) of it are done: one per warp, or with cp.async refills, one per thread (as in
+  // ClassicKernel: with one arrival per warp after __syncwarp, racecheck reported the other lanes' popcount
+  // reads as racing with the producer's next copies into the stage).
+  static constexpr int kReleasingLanes = kTensorA ? 1 : 32;
+  static_assert(kSteps == 4 || (kSteps > 0 && kSteps < 4 && !kTensorA), "short K blocks: cp.async instances");
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Thread 0: the tensor maps' prefetch and the stages' barriers. "full": one arrival with the stage's byte
+// count (TMA), or one per producer thread when its copies land plus the one that brings the weights' byte
+// count (cp.async); "empty": the releasing lanes of every consumer warp of the cluster.
+template <bool kTensorA, int kReleasingLanes>
+__device__ __forceinline__ void InitStages(const CUtensorMap& a_map, const CUtensorMap& w_map, bool weights_by_tma,
+                                           uint32_t full0, uint32_t empty0, int tid) {
+  if (tid == 0) {
+    if (kTensorA) PrefetchTensorMap(a_map);
+    if (weights_by_tma) PrefetchTensorMap(w_map);
+    for (int s = 0; s < kWgStages; ++s) {
+      BarrierInit(full0 + 8 * s, kTensorA ? 1 : 129);
+      BarrierInit(empty0 + 8 * s, kWgCluster * kWgConsumerWarps * kReleasingLanes);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+}
+
+// The producer warpgroup (one warp of it for TMA activations): fills the stages of the CTA's tiles in turn,
+// the activations by TMA boxes or by cp.async with the implicit-GEMM addressing (zero fill of out-of-frame
+// taps), this CTA's half of the weight rows multicast into both CTAs of the cluster.
+template <ALayout kLayout, int kSteps, bool kTensorA, ALayout kStageLayout>
+__device__ __forceinline__ void ProduceStages(const BinaryGemmProblem& p, const CUtensorMap& a_map,
+                                              const CUtensorMap& w_map, bool weights_by_tma, const LaunchDivisors& div,
+                                              int m_pairs, int n_tiles, bool runs, const PairRange& schedule, int rank,
+                                              int4* origins, uint32_t full0, uint32_t empty0, uint32_t base,
+                                              int k_blocks, int a_box_bytes, int a_boxes, int tid) {
+  int it = 0;
+  for (int pair = schedule.first; pair < schedule.end; pair += schedule.step) {
+    int pair_m, tile_n;
+    PairCoordinates(pair, m_pairs, n_tiles, runs, pair_m, tile_n);
+    const int tile_m = pair_m * kWgCluster + rank;
+    const int col0 = tile_n * kWgCols;
+    // Weight rows of this column tile: FSB row tiles past N are not copied; what stays in their place
+    // lands in columns that are never stored.
+    const int row_tiles = min(kWgCols / 8, p.w_row_tiles - col0 / 8);
+    if (!kTensorA) {
+      asm volatile("bar.sync 2, 128;\n" ::: "memory");  // the previous tile's copies are all issued
+      origins[tid] = RowOrigin(p, tile_m, kWgRows, tid);
+      asm volatile("bar.sync 2, 128;\n" ::: "memory");
+    }
+    // The tap boxes' origin: the tile's first output pixel (whole output rows, or a 128-pixel run of one).
+    const int first = tile_m * kWgRows;
+    const int image = Quotient(first, div.image_pixels), in_image = first - image * div.image_pixels.divisor;
+    const int oh0 = Quotient(in_image, div.out_w), ow0 = in_image - oh0 * p.out_w;
+    for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+      const int s = it % kWgStages;
+      const uint32_t full = full0 + 8 * s;
+      // Box `tid` of the K block (box layouts): a_box_bytes of one tap's channel bytes (16: one chunk),
+      // placed before the wait so that only the copies follow the stage's release. Boxes past K start
+      // past the channel bytes: they arrive as zeros.
+      const int k_byte = kb * 128 + tid * a_box_bytes, tap_bytes = p.cw * 4;
+      const int tap = Quotient(k_byte, div.tap_bytes);
+      const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
+      const int channel_byte = k_byte < p.k_words * 4 ? k_byte - tap * tap_bytes : tap_bytes;
+      if (it >= kWgStages) BarrierWait(empty0 + 8 * s, ((it / kWgStages) - 1) & 1);
+      const uint32_t stage = base + s * kWgStageBytes;
+      // FSB tiles past K are not copied either: what stays there meets zero-filled activation words.
+      const int kt0 = kb * 8, k_tiles = min(8, p.w_k_tiles - kt0);
+      // by TMA: whole boxes, zeros included; by bulk copies: the FSB tiles that exist
+      const uint32_t weight_bytes = weights_by_tma ? kWgCols * 128 : row_tiles * k_tiles * 128;
+      if constexpr (kTensorA) {
+        if (tid == 0) BarrierArriveExpectBytes(full, kWgStageA + weight_bytes);
+        if constexpr (kLayout == ALayout::kSwizzledRows) {
+          if (tid == 0) TensorCopy(stage, a_map, kb * 128, tile_m * kWgRows, full);
+        } else if (tid < a_boxes) {
+          // the tile's block of output pixels shifted by the tap; pixels out of the frame or past the
+          // batch arrive as zeros
+          TensorCopy4d(stage + tid * kWgRows * a_box_bytes, a_map, channel_byte, ow0 + fkw - p.pad_left,
+                       oh0 + fkh - p.pad_top, image, full);
+        }
+      } else {
+        // 8-byte copies where a tap has an even but not a multiple-of-4 number of words (C = 64: 2)
+        if (p.cw % 4 == 0) {
+          LoadActivationStage<kWgRows, 4, 128, kStageLayout, (kSteps < 4)>(p, div, origins, stage, kb, tid);
+        } else {
+          LoadActivationStage<kWgRows, 2, 128, kStageLayout, (kSteps < 4)>(p, div, origins, stage, kb, tid);
+        }
+        if (tid == 0) BarrierArriveExpectBytes(full, weight_bytes);
+      }
+      // This CTA's half of the weight rows, 1 KB (8 FSB tiles) per 8-row tile row, into both CTAs: one TMA
+      // box, or one bulk copy per row tile (each a serialized trip through the uniform datapath).
+      constexpr int kRowTilesPerCta = kWgCols / 8 / kWgCluster;
+      if (weights_by_tma) {
+        if (tid == 0) {
+          WeightCopyMulticast(stage + kWgStageA + rank * kRowTilesPerCta * kRowGroupBytes, w_map, kt0,
+                              col0 / 8 + rank * kRowTilesPerCta, full);
+        }
+      } else if (const int j = rank * kRowTilesPerCta + tid; tid < kRowTilesPerCta && j < row_tiles) {
+        BulkCopyMulticast(stage + kWgStageA + j * kRowGroupBytes,
+                          p.w + (static_cast<size_t>(col0 / 8 + j) * p.w_k_tiles + kt0) * 32, k_tiles * 128, full);
+      }
+      if (!kTensorA) BarrierArriveOnCopies(full);
+    }
+  }
+  // Every copy is issued: the next kernel in the stream may start its CTAs' prologue as SMs free up.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  if (!kTensorA) CopyAsyncWait<0>();
+}
+
+// One K block's wgmmas of a consumer warpgroup: its 64 rows of the stage (`stage_a`) against the stage's
+// weights (`stage_b`), kSteps k256 steps; the first block's first step replaces the accumulators.
+template <ALayout kStageLayout, int kSteps>
+__device__ __forceinline__ void IssueStageWgmmas(int (&acc)[128], uint32_t stage_a, uint32_t stage_b,
+                                                 const uint32_t (&tap_row_step)[4], int a_box_bytes, int kb) {
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) {
+    uint64_t desc_a;
+    if constexpr (kStageLayout == ALayout::kSwizzledRows) {
+      desc_a = SwizzledOperandDescriptor(stage_a + ks * 32);
+    } else if constexpr (kStageLayout == ALayout::kChunkSlabs) {
+      desc_a = OperandDescriptor(stage_a + ks * 2 * kWgRows * 16, kWgRows * 16, 128);
+    } else {
+      static_assert(kStageLayout == ALayout::kTapRows, "a stage layout of the wgmma kernel");
+      desc_a = SwizzledOperandDescriptor(stage_a + tap_row_step[ks], a_box_bytes);
+    }
+    wgmma_m64n256k256_and_popc(acc, desc_a, OperandDescriptor(stage_b + ks * 256), (kb | ks) != 0);
+  }
+}
+
+// The pooled epilogue of consumer warpgroup `half`: one tile per CTA, whose every copy has landed (the
+// consumers waited for all of them), so the stages are free for the int32 tile; then StoreTile.
+__device__ __forceinline__ void StoreStagedTile(const BinaryGemmProblem& p, uint8_t* smem, int4* origins,
+                                                const int* popc_a, const TileColumns<kWgCols>& cols,
+                                                const int (&acc)[128], int tile_m, int col0, int half, int ctid,
+                                                int wtid) {
+  int* acc_tile = reinterpret_cast<int*>(smem);
+  {
+    const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < 128; i += 2) {
+      const int row = 64 * half + 16 * w + g + 8 * ((i >> 1) & 1);
+      const int col = 8 * (i >> 2) + 2 * t;
+      *reinterpret_cast<int2*>(acc_tile + row * kWgLd + col) = make_int2(acc[i], acc[i + 1]);
+    }
+  }
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  // the staged epilogue needs every row's receptive-field origin (the producer's table is for its rows)
+  if (ctid < kWgRows) origins[ctid] = RowOrigin(p, tile_m, kWgRows, ctid);
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  StoreTile<kWgRows, kWgCols, kWgLd, 256>(p, acc_tile, popc_a, cols, origins, tile_m, col0, ctid);
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// The persistent wgmma kernel: over tile pairs (one pair per cluster and step) unless the epilogue pools, which
+// stages the tile in the pipeline's shared memory and so runs one pair per cluster. The producer warpgroup
+// (ProduceStages) runs ahead into the next tile while the consumers finish the previous one's epilogue; each
+// consumer warpgroup takes 64 rows of every tile: a k loop of wgmmas over the stages, with the column
+// parameters (their global loads issued after the second K block's wgmmas, when the tensor cores have two
+// blocks queued), the row corrections and the rows' popcounts computed under it, then the epilogue
+// (StoreAccumulators straight from the accumulators, or StoreStagedTile for pools). Launched as a
+// programmatic dependent with a cluster dimension of kWgCluster: the set-up before `griddepcontrol.wait`
+// overlaps the previous kernel's last tiles, and every access to the problem's buffers comes after it.
+// kLayout: how the activations arrive (kCoreMatrices: cp.async by the producer warpgroup; else TMA boxes
+// issued by one producer warp). kSteps: the k256 steps of a K block, 4, or fewer for unpooled cp.async
+// problems of one short K block (K <= 256 or <= 768 bits: ResNet's 1x1 stride-2 shortcuts, 3x3 stride-2
+// convolutions of C = 64), whose stages hold zeros past K from the start, so that the producer copies only
+// the words of K (a full K block was 16 copies of 8 bytes per row, most of them zero fill) and the
+// consumers issue only the steps of K.
+//
+// Registers: 40 for the producer and 232 for each consumer fill the register file; at 224 the consumers
+// spilled k_blocks and reloaded it from local memory on every K block. Plain GEMMs (kSwizzledRows) read the
+// thread index afresh for the epilogue (FreshThreadIndex): ptxas hoisted what the epilogue derives from it
+// out of the tile loop and spilled it (ncu, 16384^3 BMM: local-memory reloads at every tile end; +6% with
+// the re-read); the convolution layouts keep it: the re-read moved their register allocation, and they ran
+// 3-5% slower with it.
 template <ALayout kLayout, int kSteps = 4>
 __global__ void __launch_bounds__(kWgThreads, 1)
     WgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map,
                 const __grid_constant__ CUtensorMap w_map, bool weights_by_tma, const LaunchDivisors div,
                 int m_pairs, int n_tiles, bool runs) {
-  [[maybe_unused]] constexpr bool kTensorA = kLayout != ALayout::kCoreMatrices;  // unused in the sm_80 pass
-  // How the activations lie in a stage: as the TMA boxes put them, and where the producer copies them
-  // (kCoreMatrices), in 128-byte swizzled rows too, so that a quarter-warp copies one row's 128 contiguous
-  // bytes where a tap has >= 32 bytes (LoadActivationStage; the core-matrix order requests every 32-byte
-  // sector twice there).
-  [[maybe_unused]] constexpr ALayout kStageLayout = kTensorA ? kLayout : ALayout::kSwizzledRows;
-  // the lanes of a consumer warp that arrive on a stage's "empty" barrier (release, below)
-  [[maybe_unused]] constexpr int kReleasingLanes = kTensorA ? 1 : 32;
-  static_assert(kSteps == 4 || (kSteps > 0 && kSteps < 4 && !kTensorA), "short K blocks: cp.async instances");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Traits = PersistentWgmmaTraits<kLayout, kSteps>;
+  constexpr bool kTensorA = Traits::kTensorA;
+  constexpr ALayout kStageLayout = Traits::kStageLayout;
+  constexpr int kReleasingLanes = Traits::kReleasingLanes;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + (1024 - SmemAddress(smem_raw) % 1024) % 1024;
   int4* origins = reinterpret_cast<int4*>(smem + kWgStages * kWgStageBytes);
@@ -66,28 +235,18 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       PairsOfCluster(static_cast<int>(ClusterId()), static_cast<int>(ClusterCount()), m_pairs, n_tiles, runs);
   const int rank = static_cast<int>(ClusterRank());
   const bool staged = p.pool_h * p.pool_w > 1;
-  // Bytes of K per row of one activation slab (one TMA box): 16 in the chunk slabs, W in the tap rows;
-  // 128 (a whole stage row) in the other layouts.
+  // Bytes of K per row of one activation slab (one TMA box): 16 in the chunk slabs, W in the tap rows, 128
+  // (a whole stage row) in the other layouts; a power of two. kTapRows: where k256 step ks (32 bytes of K)
+  // starts: in slab ks * 32 / W, ks * 32 % W bytes into a row.
   const int a_box_bytes = kLayout == ALayout::kChunkSlabs ? 16 : kLayout == ALayout::kTapRows ? TapRowBytes(p.cw) : 128;
-  const int a_box_log2 = __ffs(a_box_bytes) - 1;  // a power of two: shifts, not divisions
+  const int a_box_log2 = __ffs(a_box_bytes) - 1;
   const int a_boxes = 128 >> a_box_log2;           // per stage
-  // kTapRows: where k256 step ks (32 bytes of K) starts: in slab ks * 32 / W, ks * 32 % W bytes into a row.
   uint32_t tap_row_step[4];
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
     tap_row_step[ks] = ((ks * 32) >> a_box_log2) * kWgRows * a_box_bytes + ((ks * 32) & (a_box_bytes - 1));
   }
-  if (tid == 0) {
-    if (kTensorA) PrefetchTensorMap(a_map);
-    if (weights_by_tma) PrefetchTensorMap(w_map);
-    for (int s = 0; s < kWgStages; ++s) {
-      // TMA: one arrival (with the stage's byte count). cp.async: one per producer thread when its copies
-      // land, plus the one that brings the weights' byte count.
-      BarrierInit(full0 + 8 * s, kTensorA ? 1 : 129);
-      BarrierInit(empty0 + 8 * s, kWgCluster * kWgConsumerWarps * kReleasingLanes);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  InitStages<kTensorA, kReleasingLanes>(a_map, w_map, weights_by_tma, full0, empty0, tid);
   if constexpr (kSteps < 4) {  // the activation words past K, for good (the producer never copies them)
     for (int i = tid; i < kWgStages * kWgStageA / 16; i += kWgThreads) {
       *reinterpret_cast<uint4*>(smem + i / (kWgStageA / 16) * kWgStageBytes + i % (kWgStageA / 16) * 16) =
@@ -96,99 +255,23 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for the wgmmas
   }
   ClusterSync();  // the partner's barriers exist before any multicast copy or remote arrival reaches them
-  // Launched as a programmatic dependent (PlanPersistent): everything above overlaps the previous kernel's
-  // last tiles; every global read and write of the problem's buffers comes after this wait.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 
   const uint32_t base = SmemAddress(smem);
   const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
   const int warpgroup = tid / 128;
   if (warpgroup == 0) {  // producer
-    // 40 + 2 x 232 registers per thread fill the register file; at 224 the consumers spilled k_blocks
-    // and reloaded it from local memory on every k block.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (kTensorA && tid >= 32) return;  // one warp issues the copies
-    int it = 0;
-    for (int pair = schedule.first; pair < schedule.end; pair += schedule.step) {
-      int pair_m, tile_n;
-      PairCoordinates(pair, m_pairs, n_tiles, runs, pair_m, tile_n);
-      const int tile_m = pair_m * kWgCluster + rank;
-      const int col0 = tile_n * kWgCols;
-      // Weight rows of this column tile: FSB row tiles past N are not copied; what stays in their place
-      // lands in columns that are never stored.
-      const int row_tiles = min(kWgCols / 8, p.w_row_tiles - col0 / 8);
-      if (!kTensorA) {
-        asm volatile("bar.sync 2, 128;\n" ::: "memory");  // the previous tile's copies are all issued
-        origins[tid] = RowOrigin(p, tile_m, kWgRows, tid);
-        asm volatile("bar.sync 2, 128;\n" ::: "memory");
-      }
-      // The tap boxes' origin: the tile's first output pixel (whole output rows, or a 128-pixel run of one).
-      const int first = tile_m * kWgRows;
-      const int image = Quotient(first, div.image_pixels), in_image = first - image * div.image_pixels.divisor;
-      const int oh0 = Quotient(in_image, div.out_w), ow0 = in_image - oh0 * p.out_w;
-      for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-        const int s = it % kWgStages;
-        const uint32_t full = full0 + 8 * s;
-        // Box `tid` of the K block (box layouts): a_box_bytes of one tap's channel bytes (16: one chunk),
-        // placed before the wait so that only the copies follow the stage's release. Boxes past K start
-        // past the channel bytes: they arrive as zeros.
-        const int k_byte = kb * 128 + tid * a_box_bytes, tap_bytes = p.cw * 4;
-        const int tap = Quotient(k_byte, div.tap_bytes);
-        const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
-        const int channel_byte = k_byte < p.k_words * 4 ? k_byte - tap * tap_bytes : tap_bytes;
-        if (it >= kWgStages) BarrierWait(empty0 + 8 * s, ((it / kWgStages) - 1) & 1);
-        const uint32_t stage = base + s * kWgStageBytes;
-        // FSB tiles past K are not copied either: what stays there meets zero-filled activation words.
-        const int kt0 = kb * 8, k_tiles = min(8, p.w_k_tiles - kt0);
-        // by TMA: whole boxes, zeros included; by bulk copies: the FSB tiles that exist
-        const uint32_t weight_bytes = weights_by_tma ? kWgCols * 128 : row_tiles * k_tiles * 128;
-        if constexpr (kTensorA) {
-          if (tid == 0) BarrierArriveExpectBytes(full, kWgStageA + weight_bytes);
-          if constexpr (kLayout == ALayout::kSwizzledRows) {
-            if (tid == 0) TensorCopy(stage, a_map, kb * 128, tile_m * kWgRows, full);
-          } else if (tid < a_boxes) {
-            // the tile's block of output pixels shifted by the tap; pixels out of the frame or past the
-            // batch arrive as zeros
-            TensorCopy4d(stage + tid * kWgRows * a_box_bytes, a_map, channel_byte, ow0 + fkw - p.pad_left,
-                         oh0 + fkh - p.pad_top, image, full);
-          }
-        } else {
-          // 8-byte copies where a tap has an even but not a multiple-of-4 number of words (C = 64: 2)
-          if (p.cw % 4 == 0) {
-            LoadActivationStage<kWgRows, 4, 128, kStageLayout, (kSteps < 4)>(p, div, origins, stage, kb, tid);
-          } else {
-            LoadActivationStage<kWgRows, 2, 128, kStageLayout, (kSteps < 4)>(p, div, origins, stage, kb, tid);
-          }
-          if (tid == 0) BarrierArriveExpectBytes(full, weight_bytes);
-        }
-        // This CTA's half of the weight rows, 1 KB (8 FSB tiles) per 8-row tile row, into both CTAs: one TMA
-        // box, or one bulk copy per row tile (each a serialized trip through the uniform datapath).
-        constexpr int kRowTilesPerCta = kWgCols / 8 / kWgCluster;
-        if (weights_by_tma) {
-          if (tid == 0) {
-            WeightCopyMulticast(stage + kWgStageA + rank * kRowTilesPerCta * kRowGroupBytes, w_map, kt0,
-                                col0 / 8 + rank * kRowTilesPerCta, full);
-          }
-        } else if (const int j = rank * kRowTilesPerCta + tid; tid < kRowTilesPerCta && j < row_tiles) {
-          BulkCopyMulticast(stage + kWgStageA + j * kRowGroupBytes,
-                            p.w + (static_cast<size_t>(col0 / 8 + j) * p.w_k_tiles + kt0) * 32, k_tiles * 128, full);
-        }
-        if (!kTensorA) BarrierArriveOnCopies(full);
-      }
-    }
-    // Every copy is issued: the next kernel in the stream may start its CTAs' prologue as SMs free up.
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    if (!kTensorA) CopyAsyncWait<0>();
+    ProduceStages<kLayout, kSteps, kTensorA, kStageLayout>(p, a_map, w_map, weights_by_tma, div, m_pairs, n_tiles, runs,
+                                                           schedule, rank, origins, full0, empty0, base, k_blocks,
+                                                           a_box_bytes, a_boxes, tid);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   const int ctid = tid - 128;      // 0..255 over both consumer warpgroups
   const int half = warpgroup - 1;  // rows 64 * half ... of the tile
   const int wtid = ctid % 128;     // thread in its warpgroup
-  // Arrivals on the stage's "empty" barrier in every CTA of the cluster once all of a warp's reads (wgmma
-  // and row popcounts) of it are done: one per warp, or with cp.async refills, one per thread (as in the
-  // ClassicKernel: with one arrival per warp after __syncwarp, racecheck reported the other lanes' popcount
-  // reads as racing with the producer's next copies into the stage).
   auto release = [&](uint32_t s) {
     if constexpr (kReleasingLanes == 1) {
       __syncwarp();
@@ -198,8 +281,6 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   };
   uint32_t it = 0;  // k blocks consumed so far: stage it % kWgStages, phase (it / kWgStages) % 2
   int staged_tile_n = -1;  // the column tile whose parameters `cols` holds
-  // The column parameters' global loads take a while: they are issued after the second k block's wgmmas
-  // (the first one's when there is one k block), when the tensor cores have two k blocks queued.
   const int fill_kb = min(1, k_blocks - 1);
   // the threshold epilogue's class-bound table (StoreAccumulators): unpooled threshold problems with a table
   const bool class_bounds = p.epilogue == Epilogue::kBits && !staged && p.correction_table;
@@ -209,8 +290,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const int tile_m = pair_m * kWgCluster + rank;
     const int col0 = tile_n * kWgCols;
     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the previous epilogue is done with cols and popc_a
-    // The border-class corrections stay while the column tile does (runs of pairs change it rarely);
-    // filled before the accumulators are live.
+    // The border-class corrections stay while the column tile does; filled before the accumulators are live.
     const bool new_columns = tile_n != staged_tile_n;
     if (new_columns && p.correction_table) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
     if (new_columns && p.edge_table) FillEdgeTable<kWgCols>(p, cols, col0, ctid);
@@ -227,19 +307,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       const int half_offset = half * 64 * a_box_bytes;
       const uint32_t stage_a = base + s * kWgStageBytes + half_offset;
       const uint32_t stage_b = base + s * kWgStageBytes + kWgStageA;
-#pragma unroll
-      for (int ks = 0; ks < kSteps; ++ks) {
-        uint64_t desc_a;
-        if constexpr (kStageLayout == ALayout::kSwizzledRows) {
-          desc_a = SwizzledOperandDescriptor(stage_a + ks * 32);
-        } else if constexpr (kStageLayout == ALayout::kChunkSlabs) {
-          desc_a = OperandDescriptor(stage_a + ks * 2 * kWgRows * 16, kWgRows * 16, 128);
-        } else {
-          static_assert(kStageLayout == ALayout::kTapRows, "a stage layout of the wgmma kernel");
-          desc_a = SwizzledOperandDescriptor(stage_a + tap_row_step[ks], a_box_bytes);
-        }
-        wgmma_m64n256k256_and_popc(acc, desc_a, OperandDescriptor(stage_b + ks * 256), (kb | ks) != 0);
-      }
+      IssueStageWgmmas<kStageLayout, kSteps>(acc, stage_a, stage_b, tap_row_step, a_box_bytes, kb);
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       if (kb == fill_kb && new_columns) {
         FillTileColumn<kWgCols>(p, cols, col0, ctid);
@@ -257,10 +325,6 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     release((it - 1) % kWgStages);
     row_popc = CombineRowPopcount<64, 128>(row_popc);
-    // Plain GEMMs (kSwizzledRows) read the thread index afresh: ptxas hoisted what the epilogue derives
-    // from it out of the tile loop and spilled it (ncu, 16384^3 BMM: local-memory reloads at every tile
-    // end; +6% with the re-read). The convolution layouts keep wtid: the re-read moved their register
-    // allocation, and they ran 3-5% slower with it.
     const int epilogue_wtid = kLayout == ALayout::kSwizzledRows ? FreshThreadIndex() % 128 : wtid;
     if (const int row = RowOfPopcount<64, 128>(epilogue_wtid); row >= 0) popc_a[64 * half + row] = row_popc;
     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // popc_a, row_correction, cols complete; all wgmmas done
@@ -270,23 +334,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                         p.n - col0 <= kWgCols / 2);
       continue;
     }
-    // Pooled: one tile per CTA; every copy into this CTA has landed (the consumers waited for all of
-    // them), so the stages are free for the int32 tile.
-    int* acc_tile = reinterpret_cast<int*>(smem);
-    {
-      const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
-#pragma unroll
-      for (int i = 0; i < 128; i += 2) {
-        const int row = 64 * half + 16 * w + g + 8 * ((i >> 1) & 1);
-        const int col = 8 * (i >> 2) + 2 * t;
-        *reinterpret_cast<int2*>(acc_tile + row * kWgLd + col) = make_int2(acc[i], acc[i + 1]);
-      }
-    }
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");
-    // The staged epilogue needs every row's receptive-field origin (the producer's table is for its rows).
-    if (ctid < kWgRows) origins[ctid] = RowOrigin(p, tile_m, kWgRows, ctid);
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");
-    StoreTile<kWgRows, kWgCols, kWgLd, 256>(p, acc_tile, popc_a, cols, origins, tile_m, col0, ctid);
+    StoreStagedTile(p, smem, origins, popc_a, cols, acc, tile_m, col0, half, ctid, wtid);
   }
   // The partner may still arrive on this CTA's barriers: neither CTA leaves before both are done.
   ClusterSync();
