@@ -103,40 +103,15 @@ BinaryGemmProblem ProblemShape(const ConvCase& cc) {
   return p;
 }
 
-// Runs one case on one engine; returns the number of wrong output words.
-long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose) {
-  const int cw = (cc.c + 31) / 32, taps = cc.kh * cc.kw, k_words = taps * cw;
+// The expected output words of a case (int32, float32 bits or packed threshold bits): a direct convolution on
+// the CPU, XOR-popc per in-frame tap, independent of the kernels' AND-popc algebra.
+std::vector<uint32_t> ReferenceOutput(const ConvCase& cc, Epilogue ep, const std::vector<uint32_t>& x,
+                                      const std::vector<uint32_t>& wrows, const std::vector<int32_t>& tap_popc,
+                                      const std::vector<float>& scale, const std::vector<float>& bias,
+                                      const std::vector<int32_t>& threshold, const std::vector<uint8_t>& flip) {
+  const int cw = (cc.c + 31) / 32, taps = cc.kh * cc.kw;
   const int conv_h = (cc.h + cc.pt + cc.pb - cc.kh) / cc.sh + 1, conv_w = (cc.w + cc.pl + cc.pr - cc.kw) / cc.sw + 1;
   const int out_h = conv_h / cc.ph, out_w = conv_w / cc.pw;
-  const std::vector<uint32_t> x = RandomPacked(static_cast<size_t>(cc.batch) * cc.h * cc.w, cw, cc.c);
-  // Weight rows: o rows of taps x cw words, each tap padded to whole words.
-  const std::vector<uint32_t> wrows = RandomPacked(static_cast<size_t>(cc.o) * taps, cw, cc.c);
-  const int row_tiles = (cc.o + 7) / 8, k_tiles = (k_words + 3) / 4;
-  std::vector<uint32_t> fsb(static_cast<size_t>(row_tiles) * k_tiles * 32, 0);
-  for (int r = 0; r < cc.o; ++r) {
-    for (int k = 0; k < k_words; ++k) {
-      fsb[((static_cast<size_t>(r / 8) * k_tiles + k / 4) * 8 + r % 8) * 4 + k % 4] = wrows[static_cast<size_t>(r) * k_words + k];
-    }
-  }
-  std::vector<int32_t> tap_popc(static_cast<size_t>(taps) * cc.o, 0);
-  for (int r = 0; r < cc.o; ++r) {
-    for (int t = 0; t < taps; ++t) {
-      for (int i = 0; i < cw; ++i) tap_popc[t * cc.o + r] += __builtin_popcount(wrows[(static_cast<size_t>(r) * taps + t) * cw + i]);
-    }
-  }
-  std::vector<float> scale(cc.o), bias(cc.o);
-  std::vector<int32_t> threshold(cc.o);
-  std::vector<uint8_t> flip(cc.o);
-  std::uniform_real_distribution<float> uni(-2.f, 2.f);
-  std::uniform_int_distribution<int> thr(-cc.c / 4 - 2, cc.c / 4 + 2);
-  for (int i = 0; i < cc.o; ++i) {
-    scale[i] = uni(rng);
-    bias[i] = uni(rng);
-    threshold[i] = thr(rng);
-    flip[i] = rng() & 1;
-  }
-
-  // CPU reference: direct convolution, XOR-popc per in-frame tap.
   const size_t pooled = static_cast<size_t>(cc.batch) * out_h * out_w;
   const int out_cols = ep == Epilogue::kBits ? (cc.o + 31) / 32 : cc.o;
   std::vector<uint32_t> want(pooled * out_cols, 0);
@@ -180,6 +155,42 @@ long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose) {
       }
     }
   }
+
+  return want;
+}
+
+// Runs one case on one engine; returns the number of wrong output words.
+long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose) {
+  const int cw = (cc.c + 31) / 32, taps = cc.kh * cc.kw, k_words = taps * cw;
+  const std::vector<uint32_t> x = RandomPacked(static_cast<size_t>(cc.batch) * cc.h * cc.w, cw, cc.c);
+  // Weight rows: o rows of taps x cw words, each tap padded to whole words.
+  const std::vector<uint32_t> wrows = RandomPacked(static_cast<size_t>(cc.o) * taps, cw, cc.c);
+  const int row_tiles = (cc.o + 7) / 8, k_tiles = (k_words + 3) / 4;
+  std::vector<uint32_t> fsb(static_cast<size_t>(row_tiles) * k_tiles * 32, 0);
+  for (int r = 0; r < cc.o; ++r) {
+    for (int k = 0; k < k_words; ++k) {
+      fsb[((static_cast<size_t>(r / 8) * k_tiles + k / 4) * 8 + r % 8) * 4 + k % 4] = wrows[static_cast<size_t>(r) * k_words + k];
+    }
+  }
+  std::vector<int32_t> tap_popc(static_cast<size_t>(taps) * cc.o, 0);
+  for (int r = 0; r < cc.o; ++r) {
+    for (int t = 0; t < taps; ++t) {
+      for (int i = 0; i < cw; ++i) tap_popc[t * cc.o + r] += __builtin_popcount(wrows[(static_cast<size_t>(r) * taps + t) * cw + i]);
+    }
+  }
+  std::vector<float> scale(cc.o), bias(cc.o);
+  std::vector<int32_t> threshold(cc.o);
+  std::vector<uint8_t> flip(cc.o);
+  std::uniform_real_distribution<float> uni(-2.f, 2.f);
+  std::uniform_int_distribution<int> thr(-cc.c / 4 - 2, cc.c / 4 + 2);
+  for (int i = 0; i < cc.o; ++i) {
+    scale[i] = uni(rng);
+    bias[i] = uni(rng);
+    threshold[i] = thr(rng);
+    flip[i] = rng() & 1;
+  }
+
+  const std::vector<uint32_t> want = ReferenceOutput(cc, ep, x, wrows, tap_popc, scale, bias, threshold, flip);
 
   uint32_t* d_x = ToDevice(x);
   uint32_t* d_w = ToDevice(fsb);
@@ -345,17 +356,8 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  const std::string mode = argc > 1 ? argv[1] : "";
-  std::vector<KernelPath> timed;  // the engines a timing mode times
-  if (mode == "--time") timed = {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt};
-  if (mode == "--time-wgmma") timed = {KernelPath::kWgmma};
-  if (mode == "--time-mma") timed = {KernelPath::kMmaSync};
-  if (!timed.empty()) {
-    TimeAll(timed, argc > 2 ? argv[2] : "");
-    return 0;
-  }
-  const bool small = mode == "--small", dense = mode == "--dense";
+// BMMs and convolutions of every kernel size, stride, padding, pool and the wgmma TMA layouts.
+std::vector<ConvCase> GemmAndConvCases() {
   std::vector<ConvCase> cases;
   // bmm: M, N, K including non-multiples of every tile, M = 1, K = 1.
   const int bmm_shapes[][3] = {{1, 3, 100},      {5, 33, 31},    {1, 1, 1},      {129, 257, 1000}, {64, 64, 128},
@@ -396,6 +398,12 @@ int main(int argc, char** argv) {
   // engine's 8-byte cp.async copies
   cases.push_back({2, 9, 11, 64, 72, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   cases.push_back({1, 7, 9, 192, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true});
+  return cases;
+}
+
+// The image-band kernel: channel planes, paddings, filter sizes, items across images, pixel pairs.
+std::vector<ConvCase> BandCases() {
+  std::vector<ConvCase> cases;
   // The image-band kernel (stride 1, N <= 128, C = 128 or a multiple of 256): rows that are not whole
   // tiles, both paddings, one and two channel planes, filters with and without the border-class table,
   // asymmetric padding, a 256-position padded row, more images than CTAs (items through both band
@@ -433,6 +441,12 @@ int main(int argc, char** argv) {
   cases.push_back({40, 20, 28, 64, 72, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   cases.push_back({60, 15, 22, 64, 128, 3, 3, 1, 1, 1, 0, 0, 1, 1, 1, false});
   cases.push_back({133, 60, 120, 64, 24, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  return cases;
+}
+
+// One short K block by cp.async, and the dense-tap kernel (C < 32).
+std::vector<ConvCase> ShortKAndDenseTapCases() {
+  std::vector<ConvCase> cases;
   // One short K block by cp.async (the wgmma kernel's 1- and 3-step instances, stages zeroed past K once):
   // 1x1 stride-2 shortcuts of 2, 4 and 8 words (the last with "zero" padding), a 2x2 filter, a 3x3 stride-2
   // C = 64 convolution (18 words), and more tile pairs than clusters (stages refilled).
@@ -468,6 +482,12 @@ int main(int argc, char** argv) {
   // a filter row of exactly 32 bits (4x4 at C = 8, asymmetric padding) and of one bit a tap (C = 1)
   cases.push_back({2, 13, 11, 8, 40, 4, 4, 1, 1, 2, 1, 2, 1, 1, 1, false});
   cases.push_back({3, 9, 10, 1, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  return cases;
+}
+
+// Large "zero" paddings and filters (class and edge tables), and the resident kernel's small grids.
+std::vector<ConvCase> BorderTableCases() {
+  std::vector<ConvCase> cases;
   // Larger "zero" paddings and filters: 5x5 at stride 2 with asymmetric padding over two column tiles, pooled
   // 5x5 and AlexNet's conv2 in small (5x5, C = 128, N = 256) take the class table's compact classes; 3x3 with
   // padding 3 (fields wholly outside the frame) and AlexNet's binarized conv1 in small (11x11 stride 4, C = 3:
@@ -493,6 +513,26 @@ int main(int argc, char** argv) {
   cases.push_back(Bmm(8, 1000, 8192));
   // Small grids whose tiles no TMA box takes (7 x 7 and 14 x 14 images, stride 2): the resident kernel's cp.async
   // instance, 128-column tiles (N = 300: the last of 44 columns), both paddings
+  return cases;
+}
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  std::vector<KernelPath> timed;  // the engines a timing mode times
+  if (mode == "--time") timed = {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt};
+  if (mode == "--time-wgmma") timed = {KernelPath::kWgmma};
+  if (mode == "--time-mma") timed = {KernelPath::kMmaSync};
+  if (!timed.empty()) {
+    TimeAll(timed, argc > 2 ? argv[2] : "");
+    return 0;
+  }
+  const bool small = mode == "--small", dense = mode == "--dense";
+  // The cases in a fixed order: `--small` picks some of them by index.
+  std::vector<ConvCase> cases;
+  for (auto group : {GemmAndConvCases, BandCases, ShortKAndDenseTapCases, BorderTableCases}) {
+    const std::vector<ConvCase> more = group();
+    cases.insert(cases.end(), more.begin(), more.end());
+  }
   const ConvCase resident_copies[] = {{2, 7, 7, 512, 300, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
                                       {3, 14, 14, 256, 200, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, true}};
   for (const ConvCase& cc : resident_copies) cases.push_back(cc);
