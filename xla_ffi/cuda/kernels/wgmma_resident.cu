@@ -40,20 +40,6 @@ __device__ __forceinline__ uint32_t ResidentBarrier(uint32_t bar0, int half, int
   return bar0 + 8 * (half * kResidentStages + s);
 }
 
-// Where a CTA's pieces lie in shared memory, and what its producer and consumers share.
-struct ResidentCta {
-  TileColumns<kWgCols>* cols;
-  int* popc_a;
-  int8_t* row_correction;  // RowCorrection per tile row
-  uint32_t* ones;          // B of the popc(a) wgmmas: 8 columns of all ones (2 core matrices of k256)
-  int4* origins;           // the cp.async instance's receptive-field origins of a tile's rows
-  uint32_t base, weights;  // the rings (1024-aligned: the swizzled boxes), then the weights
-  uint32_t full0, empty0;  // [half][stage]: the stage landed / its 4 warps read it
-  uint32_t weights_full;
-  int first_tile, col0, k_blocks;
-  int a_box_bytes, a_box_log2;  // bytes of K per row of an activation box (a power of two), and its log2
-};
-
 // The producer of the cp.async instance (kCoreMatrices: no TMA box takes the tiles): warps 0-1 feed half 0's
 // ring, 2-3 half 1's, copying into 128-byte swizzled rows as a TMA box of rows would put them
 // (LoadActivationStage's copies keep a row's place modulo 8 only with 8 or more rows between a thread's
@@ -61,24 +47,27 @@ struct ResidentCta {
 template <int kCols>
 __device__ __forceinline__ void ProduceCopiedStages(const BinaryGemmProblem& p, const CUtensorMap& w_map,
                                                     const LaunchDivisors& div, int m_tiles, int ctas_per_column,
-                                                    const ResidentCta& cta, int tid) {
-  const int half = tid / 64, ptid = tid % 64;
+                                                    int first_tile, int col0, int k_blocks, int4* origins,
+                                                    uint32_t base, uint32_t weights, uint32_t full0, uint32_t empty0,
+                                                    uint32_t weights_full, int tid) {
+  const int warp = tid / 32;
+  const int half = warp / 2, ptid = tid % 64;
   if (tid == 0) {
-    BarrierArriveExpectBytes(cta.weights_full, kCols / 8 * p.w_k_tiles * 128);
-    TensorCopy3d(cta.weights, w_map, 0, 0, cta.col0 / 8, cta.weights_full);
+    BarrierArriveExpectBytes(weights_full, kCols / 8 * p.w_k_tiles * 128);
+    TensorCopy3d(weights, w_map, 0, 0, col0 / 8, weights_full);
   }
   RingPosition<kResidentStages> at;
   bool first_round = true;  // the ring's stages have not been filled yet
-  for (int tile_m = cta.first_tile; tile_m < m_tiles; tile_m += ctas_per_column) {
+  for (int tile_m = first_tile; tile_m < m_tiles; tile_m += ctas_per_column) {
     // the half's copies of the previous tile are issued before its rows' origins are replaced
     asm volatile("bar.sync %0, 64;\n" ::"r"(5 + half) : "memory");
-    cta.origins[64 * half + ptid] = RowOrigin(p, tile_m, kWgRows, 64 * half + ptid);
+    origins[64 * half + ptid] = RowOrigin(p, tile_m, kWgRows, 64 * half + ptid);
     asm volatile("bar.sync %0, 64;\n" ::"r"(5 + half) : "memory");
-    for (int kb = 0; kb < cta.k_blocks; ++kb) {
-      if (!first_round) BarrierWait(ResidentBarrier(cta.empty0, half, at.stage), at.phase ^ 1);
-      LoadActivationStage<64, 4, 64, ALayout::kSwizzledRows>(p, div, cta.origins + 64 * half,
-                                                             cta.base + ResidentRingOffset(half, at.stage), kb, ptid);
-      BarrierArriveOnCopies(ResidentBarrier(cta.full0, half, at.stage));
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      if (!first_round) BarrierWait(ResidentBarrier(empty0, half, at.stage), at.phase ^ 1);
+      LoadActivationStage<64, 4, 64, ALayout::kSwizzledRows>(p, div, origins + 64 * half,
+                                                             base + ResidentRingOffset(half, at.stage), kb, ptid);
+      BarrierArriveOnCopies(ResidentBarrier(full0, half, at.stage));
       at.Advance();
       if (at.stage == 0) first_round = false;
     }
@@ -87,71 +76,28 @@ __device__ __forceinline__ void ProduceCopiedStages(const BinaryGemmProblem& p, 
   CopyAsyncWait<0>();
 }
 
-// The producer of the TMA instances: warps 0 and 1 feed the rings of consumer warpgroups 0 and 1 (a 64-row
-// box, or a box per a_box_bytes of a tap's channel bytes, per K block); warp 2 brings the weights as one TMA
-// box of the column tile's kCols / 8 row tiles (zeros past N), as they lie in shared memory: the first tile
-// waits for the weights, and one box brings them sooner than a bulk copy per row tile.
-template <ALayout kLayout, int kCols>
-__device__ __forceinline__ void ProduceTmaStages(const BinaryGemmProblem& p, const CUtensorMap& a_map,
-                                                 const CUtensorMap& w_map, const LaunchDivisors& div, int m_tiles,
-                                                 int ctas_per_column, const ResidentCta& cta, int tid) {
-  const int warp = tid / 32, lane = tid % 32;
-  if (warp == 3) return;
-  if (warp == 2) {
-    if (lane == 0) {
-      BarrierArriveExpectBytes(cta.weights_full, kCols / 8 * p.w_k_tiles * 128);
-      TensorCopy3d(cta.weights, w_map, 0, 0, cta.col0 / 8, cta.weights_full);
-    }
-  } else {
-    const int half = warp, a_boxes = 128 >> cta.a_box_log2, tap_bytes = p.cw * 4;
-    RingPosition<kResidentStages> at;
-    bool first_round = true;  // the ring's stages have not been filled yet
-    for (int tile_m = cta.first_tile; tile_m < m_tiles; tile_m += ctas_per_column) {
-      const int first = tile_m * kWgRows + 64 * half;  // the half's first output pixel
-      const int image = Quotient(first, div.image_pixels), in_image = first - image * div.image_pixels.divisor;
-      const int oh0 = Quotient(in_image, div.out_w), ow0 = in_image - oh0 * p.out_w;
-      for (int kb = 0; kb < cta.k_blocks; ++kb) {
-        // box `lane`: a_box_bytes of one tap's channel bytes; boxes past K start past them (zeros)
-        const int k_byte = kb * 128 + lane * cta.a_box_bytes;
-        const int tap = Quotient(k_byte, div.tap_bytes);
-        const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
-        const int channel_byte = k_byte < p.k_words * 4 ? k_byte - tap * tap_bytes : tap_bytes;
-        if (!first_round) BarrierWait(ResidentBarrier(cta.empty0, half, at.stage), at.phase ^ 1);
-        const uint32_t stage = cta.base + ResidentRingOffset(half, at.stage);
-        const uint32_t full = ResidentBarrier(cta.full0, half, at.stage);
-        if (lane == 0) BarrierArriveExpectBytes(full, kResidentStageBytes);
-        if constexpr (kLayout == ALayout::kSwizzledRows) {
-          if (lane == 0) TensorCopy(stage, a_map, kb * 128, first, full);
-        } else if (lane < a_boxes) {
-          TensorCopy4d(stage + lane * 64 * cta.a_box_bytes, a_map, channel_byte, ow0 + fkw - p.pad_left,
-                       oh0 + fkh - p.pad_top, image, full);
-        }
-        at.Advance();
-        if (at.stage == 0) first_round = false;
-      }
-    }
-  }
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-
-// One K block's wgmmas of a consumer warpgroup: its 64-row stage against the resident weights (FSB tiles as
-// they lie in global memory, a row tile's K tiles contiguous), and against 8 all-ones columns for its rows'
-// popcounts; the first block's first step replaces the accumulators.
+// One K block's wgmmas of a consumer warpgroup: its 64-row stage against the resident weights, and against 8
+// all-ones columns for its rows' popcounts (as the band kernel): counted from the stages by the consumers (LDS
+// and POPC between the wgmmas and the wait) they cost C = 512 8%; these wgmmas gain less (C = 512 unchanged,
+// C = 256 +4%, one-padded C = 512 +3.5%); producer warps counting the stages instead made C = 512 27% slower.
+// The first block's first step replaces the accumulators.
 template <ALayout kLayout, int kCols>
 __device__ __forceinline__ void IssueResidentWgmmas(const BinaryGemmProblem& p, int (&acc)[kCols / 2],
                                                     int (&row_popc)[4], uint32_t stage_a, uint32_t weights,
                                                     uint64_t desc_ones, const uint32_t (&tap_row_step)[4],
                                                     int a_box_bytes, int kb) {
+  constexpr bool kCopies = kLayout == ALayout::kCoreMatrices;
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
     uint64_t desc_a;
-    if constexpr (kLayout == ALayout::kSwizzledRows || kLayout == ALayout::kCoreMatrices) {
+    if constexpr (kLayout == ALayout::kSwizzledRows || kCopies) {
       desc_a = SwizzledOperandDescriptor(stage_a + ks * 32);
     } else if constexpr (kLayout == ALayout::kChunkSlabs) {
       desc_a = OperandDescriptor(stage_a + ks * 2 * 64 * 16, 64 * 16, 128);
     } else {
       desc_a = SwizzledOperandDescriptor(stage_a + tap_row_step[ks], a_box_bytes);
     }
+    // the weights: FSB tiles as they lie in global memory, a row tile's K tiles contiguous
     const uint64_t desc_b = OperandDescriptor(weights + (kb * 8 + 2 * ks) * 128, 128, p.w_k_tiles * 128);
     if constexpr (kCols == kWgCols) {
       wgmma_m64n256k256_and_popc(acc, desc_a, desc_b, (kb | ks) != 0);
@@ -161,159 +107,185 @@ __device__ __forceinline__ void IssueResidentWgmmas(const BinaryGemmProblem& p, 
     wgmma_m64n8k256_and_popc(row_popc, desc_a, desc_ones, (kb | ks) != 0);
   }
 }
-
-// Consumer warpgroup `half` (0 or 1): its 64 rows of each of the CTA's row tiles, through its own ring, apart
-// from the other warpgroup. Each thread fills column ctid of the column table and parameters: warpgroup 1
-// before it waits (barrier 1); warpgroup 0 behind its second K block's wgmmas, letting warpgroup 1 go then
-// (barrier 4), so warpgroup 1 starts two K blocks late. Started a whole k loop late (so that each one's
-// epilogue would run under the other's wgmmas), warpgroup 1 idled ~3 us at every CTA's start, and the
-// stagger did not last (C = 512: the k loops overlapped 60%); one K block late: C = 256 +4%, C = 512 +1%;
-// two: C = 512, BMM 4096^3 +1-2% more. The rows' popcounts come from the tensor cores (IssueResidentWgmmas'
-// m64n8 wgmmas, as in the band kernel): counted from the stages by the consumers (LDS and POPC between the
-// wgmmas and the wait) they cost C = 512 8%; these wgmmas gain less (C = 512 unchanged, C = 256 +4%,
-// one-padded C = 512 +3.5%); producer warps counting the stages instead made C = 512 27% slower. The row
-// corrections are computed at the last K block, not the first: between the first block's wgmmas and the
-// next block's, the two warps' RowCorrection made C = 512 "zero" 4% slower; at the last they run while the
-// tile's last wgmmas finish (producer warps computing them, handed over through an mbarrier, gained 3%).
-template <ALayout kLayout, int kCols>
-__device__ __forceinline__ void ConsumeResident(const BinaryGemmProblem& p, const LaunchDivisors& div, int m_tiles,
-                                                int ctas_per_column, const ResidentCta& cta, int tid) {
-  constexpr bool kCopies = kLayout == ALayout::kCoreMatrices;
-  TileColumns<kWgCols>& cols = *cta.cols;
-  const int ctid = tid - 128, half = ctid / 128, wtid = ctid % 128;
-  const uint32_t tile_bar = 2 + half;  // named barrier of this warpgroup alone
-  uint32_t tap_row_step[4];            // kTapRows: where k256 step ks starts in a 64-row stage
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    tap_row_step[ks] = ((ks * 32) >> cta.a_box_log2) * 64 * cta.a_box_bytes + ((ks * 32) & (cta.a_box_bytes - 1));
-  }
-  const bool class_bounds = p.epilogue == Epilogue::kBits && p.correction_table;
-  if (p.correction_table) FillCorrectionTable<kWgCols>(p, cols, cta.col0, ctid);
-  if (p.edge_table) FillEdgeTable<kWgCols>(p, cols, cta.col0, ctid);
-  const int fill_kb = half == 0 ? min(1, cta.k_blocks - 1) : -1;
-  if (half == 1 && cta.first_tile < m_tiles) {  // (a CTA without tiles: nothing to wait for)
-    FillTileColumn<kWgCols>(p, cols, cta.col0, ctid);
-    if (class_bounds) AddBoundsToClasses(p, cols, ctid);
-    asm volatile("bar.arrive 1, 256;\n" ::: "memory");
-    asm volatile("bar.sync 4, 256;\n" ::: "memory");
-  }
-  BarrierWait(cta.weights_full, 0);
-  RingPosition<kResidentStages> at;
-  for (int tile_m = cta.first_tile; tile_m < m_tiles; tile_m += ctas_per_column) {
-    const bool first_tile_of_cta = tile_m == cta.first_tile;
-    // the previous epilogue is done with this warpgroup's popc_a and row corrections
-    asm volatile("bar.sync %0, 128;\n" ::"r"(tile_bar) : "memory");
-    int acc[kCols / 2];
-    int row_popc[4];  // popc(a) of this thread's rows g and g + 8: row_popc[0], [2]
-    int previous_stage = 0;
-    const uint64_t desc_ones = OperandDescriptor(SmemAddress(cta.ones), 128, 256);
-    for (int kb = 0; kb < cta.k_blocks; ++kb) {
-      BarrierWait(ResidentBarrier(cta.full0, half, at.stage), at.phase);
-      // cp.async wrote the activations through the generic proxy; the tensor cores read through the async one.
-      if constexpr (kCopies) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-      IssueResidentWgmmas<kLayout, kCols>(p, acc, row_popc, cta.base + ResidentRingOffset(half, at.stage),
-                                          cta.weights, desc_ones, tap_row_step, cta.a_box_bytes, kb);
-      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      if (first_tile_of_cta && kb == fill_kb) {
-        FillTileColumn<kWgCols>(p, cols, cta.col0, ctid);
-        if (class_bounds) AddBoundsToClasses(p, cols, ctid);
-        asm volatile("bar.arrive 4, 256;\n" ::: "memory");
-      }
-      if (kb == cta.k_blocks - 1 && !p.pad_one && wtid < 64) {
-        cta.row_correction[64 * half + wtid] = RowCorrection(p, div, tile_m, 64 * half + wtid);
-      }
-      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-      if (kb > 0 && wtid % 32 == 0) {
-        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(ResidentBarrier(cta.empty0, half, previous_stage))
-                     : "memory");
-      }
-      previous_stage = at.stage;
-      at.Advance();
-    }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    if (wtid % 32 == 0) {
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(ResidentBarrier(cta.empty0, half, previous_stage))
-                   : "memory");
-    }
-    if (wtid % 4 == 0) {
-      const int r = 64 * half + 16 * (wtid / 32) + wtid % 32 / 4;
-      cta.popc_a[r] = row_popc[0];
-      cta.popc_a[r + 8] = row_popc[2];
-    }
-    if (first_tile_of_cta && half == 0) {
-      asm volatile("bar.sync 1, 256;\n" ::: "memory");  // warpgroup 1's columns are staged too
-    } else {
-      asm volatile("bar.sync %0, 128;\n" ::"r"(tile_bar) : "memory");
-    }
-    StoreAccumulators(p, acc, cta.popc_a, cta.row_correction, cols, tile_m, cta.col0, half, wtid,
-                      p.n - cta.col0 <= kWgCols / 2);
-  }
-}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // grid: n_tiles x ctas_per_column CTAs; CTA b takes column tile b / ctas_per_column and row tiles
 // b % ctas_per_column, + ctas_per_column, ... a_map: the activations in 64-row boxes (ActivationLayout); the
-// cp.async instance (kCoreMatrices) has none. Shared memory: the rings, the weights, then the rest; the last
-// K block's k256 steps past K read weight bytes past the last row tile, which land in `cols` (their
-// activations are zeros). A programmatic dependent launch, as WgmmaKernel: no global access before
+// cp.async instance (kCoreMatrices: ProduceCopiedStages) has none. Producer warps 0 and 1 feed the rings of
+// consumer warpgroups 0 and 1 by TMA boxes, warp 2 brings the weights as one TMA box of the column tile's
+// kCols / 8 row tiles (zeros past N), as they lie in shared memory (one box brings them sooner than a bulk
+// copy per row tile). A programmatic dependent launch, as WgmmaKernel: no global access before
 // `griddepcontrol.wait`.
+//
+// Each consumer thread fills column ctid of the column table and parameters: warpgroup 1 before it waits
+// (barrier 1); warpgroup 0 behind its second K block's wgmmas, letting warpgroup 1 go then (barrier 4), so
+// warpgroup 1 starts two K blocks late. Started a whole k loop late (so that each one's epilogue would run
+// under the other's wgmmas), warpgroup 1 idled ~3 us at every CTA's start, and the stagger did not last
+// (C = 512: the k loops overlapped 60%); one K block late: C = 256 +4%, C = 512 +1%; two: C = 512, BMM
+// 4096^3 +1-2% more. The row corrections are computed at the last K block, not the first: between the first
+// block's wgmmas and the next block's, the two warps' RowCorrection made C = 512 "zero" 4% slower; at the
+// last they run while the tile's last wgmmas finish (producer warps computing them, handed over through an
+// mbarrier, gained 3%).
 template <ALayout kLayout, int kCols>
 __global__ void __launch_bounds__(kWgThreads, 1)
     ResidentWgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map,
                         const __grid_constant__ CUtensorMap w_map, const LaunchDivisors div, int m_tiles,
                         int ctas_per_column) {
   static_assert(kCols == kWgCols || kCols == kWgCols / 2, "m64n256 or m64n128 wgmmas");
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kCopies = kLayout == ALayout::kCoreMatrices;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + (1024 - SmemAddress(smem_raw) % 1024) % 1024;
-  ResidentCta cta;
-  cta.cols = reinterpret_cast<TileColumns<kWgCols>*>(smem + kResidentRingBytes + ResidentWeightBytes(p.w_k_tiles, kCols));
-  cta.popc_a = reinterpret_cast<int*>(cta.cols + 1);
-  auto* barriers = reinterpret_cast<uint64_t*>(cta.popc_a + kWgRows);
-  cta.row_correction = reinterpret_cast<int8_t*>(barriers + 4 * kResidentStages + 1);
-  // 16-byte aligned, after the row corrections
-  cta.ones = reinterpret_cast<uint32_t*>(smem + ((reinterpret_cast<uint8_t*>(cta.row_correction) + kWgRows - smem + 15) & ~15));
-  cta.origins = reinterpret_cast<int4*>(cta.ones + 64);  // kCopies only (kResidentOriginBytes)
-  cta.base = SmemAddress(smem);
-  cta.weights = cta.base + kResidentRingBytes;
-  cta.full0 = SmemAddress(barriers);
-  cta.empty0 = cta.full0 + 2 * kResidentStages * 8;
-  cta.weights_full = cta.empty0 + 2 * kResidentStages * 8;
+  // the rings (1024-aligned: the swizzled boxes), the weights, then the rest; the last K block's k256 steps
+  // past K read weight bytes past the last row tile, which land in `cols` (their activations are zeros)
+  const int weight_bytes = ResidentWeightBytes(p.w_k_tiles, kCols);
+  auto& cols = *reinterpret_cast<TileColumns<kWgCols>*>(smem + kResidentRingBytes + weight_bytes);
+  int* popc_a = reinterpret_cast<int*>(&cols + 1);
+  auto* barriers = reinterpret_cast<uint64_t*>(popc_a + kWgRows);
+  int8_t* row_correction = reinterpret_cast<int8_t*>(barriers + 4 * kResidentStages + 1);
+  // B of the popc(a) wgmmas: 8 columns of all ones (2 core matrices of k256), 16-byte aligned
+  uint32_t* ones = reinterpret_cast<uint32_t*>(smem + ((reinterpret_cast<uint8_t*>(row_correction) + kWgRows - smem + 15) & ~15));
+  int4* origins = reinterpret_cast<int4*>(ones + 64);  // kCopies only (kResidentOriginBytes)
+  const uint32_t base = SmemAddress(smem), weights = base + kResidentRingBytes;
+  const uint32_t full0 = SmemAddress(barriers);                  // [half][stage]: the stage landed
+  const uint32_t empty0 = full0 + 2 * kResidentStages * 8;    // [half][stage]: its 4 warps read it
+  const uint32_t weights_full = empty0 + 2 * kResidentStages * 8;
   const int tid = threadIdx.x;
-  cta.first_tile = blockIdx.x % ctas_per_column;
-  cta.col0 = blockIdx.x / ctas_per_column * kCols;
-  cta.k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
-  cta.a_box_bytes = kLayout == ALayout::kChunkSlabs ? 16 : kLayout == ALayout::kTapRows ? TapRowBytes(p.cw) : 128;
-  cta.a_box_log2 = __ffs(cta.a_box_bytes) - 1;
+  const int tile_n = blockIdx.x / ctas_per_column, first_tile = blockIdx.x % ctas_per_column;
+  const int col0 = tile_n * kCols;
+  const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
+  const int a_box_bytes = kLayout == ALayout::kChunkSlabs ? 16 : kLayout == ALayout::kTapRows ? TapRowBytes(p.cw) : 128;
+  const int a_box_log2 = __ffs(a_box_bytes) - 1;
   if (tid == 0) {
-    if (!kCopies) PrefetchTensorMap(a_map);
+    if (!kCopies) PrefetchTensorMap(a_map);  // (the cp.async instance has no activation map)
     PrefetchTensorMap(w_map);
     for (int half = 0; half < 2; ++half) {
       for (int s = 0; s < kResidentStages; ++s) {
-        BarrierInit(ResidentBarrier(cta.full0, half, s), kCopies ? 64 : 1);  // cp.async: every producer thread
-        BarrierInit(ResidentBarrier(cta.empty0, half, s), 4);
+        BarrierInit(ResidentBarrier(full0, half, s), kCopies ? 64 : 1);  // cp.async: every producer thread of the half
+        BarrierInit(ResidentBarrier(empty0, half, s), 4);
       }
     }
-    BarrierInit(cta.weights_full, 1);
+    BarrierInit(weights_full, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  if (tid < 64) cta.ones[tid] = 0xFFFFFFFFu;
+  if (tid < 64) ones[tid] = 0xFFFFFFFFu;
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for the wgmmas
   __syncthreads();
+  // a programmatic dependent launch, as WgmmaKernel: no global access before this
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  if (tid < 128) {  // the producer warps
+
+  if (tid < 128) {  // producer warps: 0 and 1 feed the rings of consumer warpgroups 0 and 1, 2 the weights
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    const int warp = tid / 32, lane = tid % 32;
     if constexpr (kCopies) {
-      ProduceCopiedStages<kCols>(p, w_map, div, m_tiles, ctas_per_column, cta, tid);
-    } else {
-      ProduceTmaStages<kLayout, kCols>(p, a_map, w_map, div, m_tiles, ctas_per_column, cta, tid);
+      ProduceCopiedStages<kCols>(p, w_map, div, m_tiles, ctas_per_column, first_tile, col0, k_blocks, origins, base,
+                                 weights, full0, empty0, weights_full, tid);
+      return;
     }
+    if (warp == 3) return;
+    if (warp == 2) {
+      if (lane == 0) {
+        BarrierArriveExpectBytes(weights_full, kCols / 8 * p.w_k_tiles * 128);
+        TensorCopy3d(weights, w_map, 0, 0, col0 / 8, weights_full);
+      }
+    } else {
+      const int half = warp, a_boxes = 128 >> a_box_log2, tap_bytes = p.cw * 4;
+      RingPosition<kResidentStages> at;
+      bool first_round = true;  // the ring's stages have not been filled yet
+      for (int tile_m = first_tile; tile_m < m_tiles; tile_m += ctas_per_column) {
+        const int first = tile_m * kWgRows + 64 * half;  // the half's first output pixel
+        const int image = Quotient(first, div.image_pixels), in_image = first - image * div.image_pixels.divisor;
+        const int oh0 = Quotient(in_image, div.out_w), ow0 = in_image - oh0 * p.out_w;
+        for (int kb = 0; kb < k_blocks; ++kb) {
+          // box `lane`: a_box_bytes of one tap's channel bytes; boxes past K start past them (zeros)
+          const int k_byte = kb * 128 + lane * a_box_bytes;
+          const int tap = Quotient(k_byte, div.tap_bytes);
+          const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
+          const int channel_byte = k_byte < p.k_words * 4 ? k_byte - tap * tap_bytes : tap_bytes;
+          if (!first_round) BarrierWait(ResidentBarrier(empty0, half, at.stage), at.phase ^ 1);
+          const uint32_t stage = base + ResidentRingOffset(half, at.stage), full = ResidentBarrier(full0, half, at.stage);
+          if (lane == 0) BarrierArriveExpectBytes(full, kResidentStageBytes);
+          if constexpr (kLayout == ALayout::kSwizzledRows) {
+            if (lane == 0) TensorCopy(stage, a_map, kb * 128, first, full);
+          } else if (lane < a_boxes) {
+            TensorCopy4d(stage + lane * 64 * a_box_bytes, a_map, channel_byte, ow0 + fkw - p.pad_left,
+                         oh0 + fkh - p.pad_top, image, full);
+          }
+          at.Advance();
+          if (at.stage == 0) first_round = false;
+        }
+      }
+    }
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  ConsumeResident<kLayout, kCols>(p, div, m_tiles, ctas_per_column, cta, tid);
+  const int ctid = tid - 128, half = ctid / 128, wtid = ctid % 128;
+  const uint32_t tile_bar = 2 + half;  // named barrier of this warpgroup alone
+  uint32_t tap_row_step[4];            // kTapRows: where k256 step ks starts in a 64-row stage
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    tap_row_step[ks] = ((ks * 32) >> a_box_log2) * 64 * a_box_bytes + ((ks * 32) & (a_box_bytes - 1));
+  }
+  const bool class_bounds = p.epilogue == Epilogue::kBits && p.correction_table;
+  if (p.correction_table) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
+  if (p.edge_table) FillEdgeTable<kWgCols>(p, cols, col0, ctid);
+  const int fill_kb = half == 0 ? min(1, k_blocks - 1) : -1;
+  if (half == 1 && first_tile < m_tiles) {  // (a CTA without tiles: nothing to wait for)
+    FillTileColumn<kWgCols>(p, cols, col0, ctid);
+    if (class_bounds) AddBoundsToClasses(p, cols, ctid);
+    asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+    asm volatile("bar.sync 4, 256;\n" ::: "memory");
+  }
+  BarrierWait(weights_full, 0);
+  RingPosition<kResidentStages> at;
+  for (int tile_m = first_tile; tile_m < m_tiles; tile_m += ctas_per_column) {
+    const bool first_tile_of_cta = tile_m == first_tile;
+    // the previous epilogue is done with this warpgroup's popc_a and row corrections
+    asm volatile("bar.sync %0, 128;\n" ::"r"(tile_bar) : "memory");
+    int acc[kCols / 2];
+    int row_popc[4];  // popc(a) of this thread's rows g and g + 8: row_popc[0], [2]
+    int previous_stage = 0;
+    const uint64_t desc_ones = OperandDescriptor(SmemAddress(ones), 128, 256);
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      BarrierWait(ResidentBarrier(full0, half, at.stage), at.phase);
+      // cp.async wrote the activations through the generic proxy; the tensor cores read through the async one.
+      if constexpr (kCopies) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+      const uint32_t stage_a = base + ResidentRingOffset(half, at.stage);
+      IssueResidentWgmmas<kLayout, kCols>(p, acc, row_popc, stage_a, weights, desc_ones, tap_row_step, a_box_bytes, kb);
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      if (first_tile_of_cta && kb == fill_kb) {
+        FillTileColumn<kWgCols>(p, cols, col0, ctid);
+        if (class_bounds) AddBoundsToClasses(p, cols, ctid);
+        asm volatile("bar.arrive 4, 256;\n" ::: "memory");
+      }
+      if (kb == k_blocks - 1 && !p.pad_one && wtid < 64) {
+        row_correction[64 * half + wtid] = RowCorrection(p, div, tile_m, 64 * half + wtid);
+      }
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+      if (kb > 0 && wtid % 32 == 0) {
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(ResidentBarrier(empty0, half, previous_stage)) : "memory");
+      }
+      previous_stage = at.stage;
+      at.Advance();
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    if (wtid % 32 == 0) {
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(ResidentBarrier(empty0, half, previous_stage)) : "memory");
+    }
+    if (wtid % 4 == 0) {
+      const int r = 64 * half + 16 * (wtid / 32) + wtid % 32 / 4;
+      popc_a[r] = row_popc[0];
+      popc_a[r + 8] = row_popc[2];
+    }
+    if (first_tile_of_cta && half == 0) {
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");  // warpgroup 1's columns are staged too
+    } else {
+      asm volatile("bar.sync %0, 128;\n" ::"r"(tile_bar) : "memory");
+    }
+    StoreAccumulators(p, acc, popc_a, row_correction, cols, tile_m, col0, half, wtid, p.n - col0 <= kWgCols / 2);
+  }
 #endif
 }
 
