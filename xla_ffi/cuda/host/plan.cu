@@ -120,6 +120,8 @@ bool PlanResident(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan
   // the weights by one TMA box (where the driver cannot encode its map, the persistent kernel runs `p`)
   plan.w_recipe = ResidentWeightRecipe(p, narrow ? kWgCols / 2 : kWgCols);
   if (!Encode(plan.w_recipe, p.w, plan.w_map)) return false;
+  plan.kind = LaunchPlan::Kind::kResident;
+  plan.path = KernelPath::kWgmma;
   plan.kernel = ResidentWgmmaKernelInstance(layout, narrow ? kWgCols / 2 : kWgCols);
   plan.threads = kWgThreads;
   plan.smem = smem;
