@@ -29,6 +29,14 @@ __host__ __device__ __forceinline__ int TapRowBytes(int cw) {
   return bytes == 32 || bytes == 64 ? bytes : bytes % 128 == 0 ? 128 : 0;
 }
 
+// kTapRows: where k256 step ks of a K block (32 bytes of K) starts in a stage of kRows-row slabs of W =
+// a_box_bytes = 1 << a_box_log2 bytes: in slab ks * 32 / W, ks * 32 % W bytes into a row.
+template <int kRows>
+__device__ __forceinline__ void TapRowSteps(int a_box_bytes, int a_box_log2, uint32_t (&step)[4]) {
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) step[ks] = ((ks * 32) >> a_box_log2) * kRows * a_box_bytes + ((ks * 32) & (a_box_bytes - 1));
+}
+
 // Where chunk `chunk` of row `row` lies (kTapRows: W = 1 << `row_bytes_log2`). In the swizzled layouts
 // this is the physical chunk of that index: the swizzle permutes chunks within a row, so a row's chunks
 // over all indices are its bytes, and 8 consecutive rows at one index hit 8 different bank groups.

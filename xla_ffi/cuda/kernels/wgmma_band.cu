@@ -85,85 +85,64 @@ __device__ __forceinline__ void LoadPixelPairWeights(const BinaryGemmProblem& p,
                               half * 8) = v;
   }
 }
-#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+// The first output row of segment s of item `it`'s band (the second segment starts its image).
+__device__ __forceinline__ int BandFirstRow(const BandLayout& band, const BandItem& it, int s) {
+  return s == 0 ? Quotient(64 * it.first_tile, band.padded_w) : 0;
+}
 
-// kUnrolledSteps > 0: at most that many k256 steps, issued by a fully unrolled loop (kExactSteps: exactly
-// that many, the 3x3 filters of C = 64 and 128); 0: any number, by a loop of runtime length. ptxas
-// serializes the wgmmas of every runtime-length form it was given (remark C7520, "compiler-inserted WG.AR in
-// divergent path": a fence per step, per pair, per block of 8 with or without a commit in the loop). The unrolled loop's exit after band.steps still costs a `warpgroup.arrive` before every wgmma and a
-// dummy HGMMA per tile (remark C7519), which the exact instances do without. kPixelPairs: C = 64 (above),
-// its own instances so that the other channel counts keep their registers; kQuarter: N <= 64 (most C = 64
-// layers), the threshold bits of the first 64 columns only (a run-time choice between the two epilogues
-// spilled).
-
-template <int kUnrolledSteps, bool kExactSteps, bool kPixelPairs, bool kQuarter>
-__global__ void __launch_bounds__(kBandThreads, 1)
-    BandWgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap band_map, const BandLayout band) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + (1024 - SmemAddress(smem_raw) % 1024) % 1024;
-  const BandSmem at = BandSmemOf(p, band);
-  auto& cols = *reinterpret_cast<TileColumns<kWgCols>*>(smem + at.cols);
-  uint64_t* step_desc = reinterpret_cast<uint64_t*>(smem + at.steps);
-  const uint32_t base = SmemAddress(smem), weights = base + at.weights;
-  const uint32_t band_full = base + at.barriers;  // [buffer]: the band landed
-  const uint32_t weights_full = band_full + 16;
-  const int tid = threadIdx.x, wp = band.padded_w.divisor, planes = band.planes.divisor, taps = p.kh * p.kw;
-  // pixel pairs: 8 bytes a position, and the band's extra first column where the left padding is odd
+// One thread copies item `it`'s band into buffer `buffer` (at dst), arriving on its barrier `full`: one 3-D
+// box of whole padded rows per segment (pixel pairs: from the even column at or left of the frame's first;
+// one plane of C = 128), else one 4-D box per channel plane and segment.
+template <bool kPixelPairs>
+__device__ __forceinline__ void CopyBand(const BinaryGemmProblem& p, const BandLayout& band, const CUtensorMap& band_map,
+                                         const BandItem& it, uint32_t dst, uint32_t full) {
+  const int segments = it.tiles[1] > 0 ? 2 : 1, planes = band.planes.divisor;
   const int position_bytes = kPixelPairs ? 8 : 16, odd_pad = kPixelPairs ? p.pad_left & 1 : 0;
-  const int wg = tid / 128, wtid = tid % 128, w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
-  constexpr int col0 = 0;  // N <= 128: one column tile
-  // the first output row of segment s's band (the second segment starts its image)
-  auto first_row = [&](const BandItem& it, int s) { return s == 0 ? Quotient(64 * it.first_tile, band.padded_w) : 0; };
-  auto load_band = [&](const BandItem& it, int buffer) {  // one thread
-    const int segments = it.tiles[1] > 0 ? 2 : 1;
-    const uint32_t full = band_full + 8 * buffer, dst = base + buffer * at.buffer_bytes;
-    BarrierArriveExpectBytes(full, segments * planes * band.band_rows * wp * position_bytes);
-    for (int s = 0; s < segments; ++s) {
-      if (kPixelPairs) {  // from the even column at or left of the frame's first
-        TensorCopy3d(dst + s * band.slot_positions * 8, band_map, -p.pad_left - odd_pad, first_row(it, s) - p.pad_top,
-                     it.image + s, full);
-        continue;
-      }
-      if (band.whole_rows) {
-        TensorCopy3d(dst + s * band.slot_positions * 16, band_map, -2 * p.pad_left, first_row(it, s) - p.pad_top,
-                     it.image + s, full);
-        continue;
-      }
-      for (int c = 0; c < planes; ++c) {
-        TensorCopy4d(dst + c * band.plane_bytes + s * band.slot_positions * 16, band_map, 16 * c, -p.pad_left,
-                     first_row(it, s) - p.pad_top, it.image + s, full);
-      }
+  BarrierArriveExpectBytes(full, segments * planes * band.band_rows * band.padded_w.divisor * position_bytes);
+  for (int s = 0; s < segments; ++s) {
+    if (kPixelPairs) {
+      TensorCopy3d(dst + s * band.slot_positions * 8, band_map, -p.pad_left - odd_pad,
+                   BandFirstRow(band, it, s) - p.pad_top, it.image + s, full);
+      continue;
     }
-  };
-  if (tid == 0) {
-    PrefetchTensorMap(band_map);
-    BarrierInit(band_full, 1);
-    BarrierInit(band_full + 8, 1);
-    BarrierInit(weights_full, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    if (band.whole_rows) {
+      TensorCopy3d(dst + s * band.slot_positions * 16, band_map, -2 * p.pad_left, BandFirstRow(band, it, s) - p.pad_top,
+                   it.image + s, full);
+      continue;
+    }
+    for (int c = 0; c < planes; ++c) {
+      TensorCopy4d(dst + c * band.plane_bytes + s * band.slot_positions * 16, band_map, 16 * c, -p.pad_left,
+                   BandFirstRow(band, it, s) - p.pad_top, it.image + s, full);
+    }
   }
-  // What depends on the parameters only (no buffer of the problem) comes before `griddepcontrol.wait`, under
-  // the previous kernel's tail: the first item, the zeroed chunks, the all-ones block, the steps' descriptors.
-  // Each piece of the set-up was one thread's short dependent chain of ~0.5-0.7 us, however few its
-  // instructions (clock64 trace); the small jobs go to the last warps
-  // (`from_last`), away from the warps that issue the copies.
-  const BandItem first_item = BandItemOf(p, band, blockIdx.x);  // every CTA has an item
-  const int from_last = kBandThreads - 1 - tid;
-  // The odd last chunk's partner (P = 1, an odd number of taps): zero weights, so its A bytes count nothing.
-  const int chunks = taps * planes;
+}
+
+// The set-up that depends on the parameters only, before `griddepcontrol.wait`: the odd last chunk's zero
+// partner, the all-ones row groups and the steps' A descriptors. `from_last` counts the CTA's threads from its
+// last, so that these small jobs go to the warps that do not issue the copies: each piece was one thread's
+// dependent chain of ~0.5-0.7 us, however few its instructions (clock64 trace).
+//
+// The odd last chunk's partner (P = 1, an odd number of taps): zero weights, so its A bytes count nothing.
+// The all-ones row groups: ones over the real chunks, zeros over the odd partner. AND-popc with them is
+// popc(A) of the row's receptive field, computed with the tile's dot products by the same wgmma as the
+// weights' columns (the position popcounts of each band, a pass over it before its first tile, and their
+// window sums per row took ~0.4 us of the first tile's start; an m64n128 and an m64n8 wgmma per step before).
+// Pixel pairs: ones over the halves of real taps, in both sets.
+// Step s takes chunks 2s, 2s + 1 of K: chunk k is plane k % P of tap k / P, at plane_bytes (k % P) + 16 (i Wp
+// + j) from the band's start for tile position 0 (the partner of an odd last chunk: 16 bytes on). Pixel pairs:
+// step s of filter row dy reads four positions from dy Wp + 4 (s % steps per row) on, relative to the tile's
+// first aligned one (the tile adds it); its two 16-byte chunks lie 16 bytes apart.
+template <bool kPixelPairs>
+__device__ __forceinline__ void PrepareBandOperands(const BinaryGemmProblem& p, const BandLayout& band,
+                                                    const BandSmem& at, uint8_t* smem, uint64_t* step_desc,
+                                                    uint32_t base, int from_last) {
+  const int wp = band.padded_w.divisor, planes = band.planes.divisor, chunks = p.kh * p.kw * planes;
   if (!kPixelPairs && band.k_tiles > chunks) {
     for (int i = from_last; i < kBandCols / 8 * 8; i += kBandThreads) {
       *reinterpret_cast<uint4*>(smem + at.weights + (i / 8 * band.k_tiles + chunks) * 128 + i % 8 * 16) =
           make_uint4(0, 0, 0, 0);
     }
   }
-  // The all-ones row groups: ones over the real chunks, zeros over the odd partner. AND-popc with them is
-  // popc(A) of the row's receptive field, computed with the tile's dot products (the position popcounts
-  // of each band, a pass over it before its first tile, and their window sums per row took ~0.4 us of the
-  // first tile's start), by the same wgmma as the weights' columns (an m64n128 and an
-  // m64n8 wgmma per step before).
-  // Pixel pairs: ones over the halves of real taps, in both sets.
   const int ones_per_set = kOnesGroups * band.k_tiles * 8;  // 16-byte rows
   for (int i = from_last; i < (kPixelPairs ? 2 : 1) * ones_per_set; i += kBandThreads) {
     const int set = i / ones_per_set, k = i / 8 % band.k_tiles;
@@ -176,57 +155,46 @@ __global__ void __launch_bounds__(kBandThreads, 1)
     *reinterpret_cast<uint4*>(smem + at.ones + set * WeightSetBytes(band) + 16 * (i % ones_per_set)) =
         make_uint4(first, first, second, second);
   }
-  // Step s takes chunks 2s, 2s + 1 of K: chunk k is plane k % P of tap k / P, at plane_bytes (k % P) +
-  // 16 (i Wp + j) from the band's start for tile position 0 (the partner of an odd last chunk: 16 bytes on).
-  auto tap_position = [&](int tap) {  // i Wp + j
-    const int i = Quotient(tap, band.kw);
-    return i * wp + tap - i * p.kw;
-  };
   auto chunk_offset = [&](int k) {
     const int tap = Quotient(k, band.planes), c = k - tap * planes;
-    return c * band.plane_bytes + 16 * tap_position(tap);
+    const int i = Quotient(tap, band.kw);  // tap (i, j) at i Wp + j
+    return c * band.plane_bytes + 16 * (i * wp + tap - i * p.kw);
   };
-  if (kPixelPairs) {
-    // Step s of filter row dy reads four positions from dy Wp + 4 (s % steps per row) on, relative to the
-    // tile's first aligned one (the tile adds it); its two 16-byte chunks lie 16 bytes apart.
-    for (int s = from_last; s < band.steps; s += kBandThreads) {
+  for (int s = from_last; s < band.steps; s += kBandThreads) {
+    if (kPixelPairs) {
       const int dy = s / PixelPairStepsPerRow(p.kw);
       step_desc[s] = OperandDescriptor(base + 8 * (dy * wp + PixelPairColumn(p, 2 * s, 0, 0)), 16, 128);
-    }
-  } else {
-    for (int s = from_last; s < band.steps; s += kBandThreads) {
+    } else {
       const int first = chunk_offset(2 * s);
       const int along_k = 2 * s + 1 < chunks ? chunk_offset(2 * s + 1) - first : 16;
       step_desc[s] = OperandDescriptor(base + first, along_k, 128);
     }
   }
-  __syncthreads();
-  // a programmatic dependent launch, as the other wgmma kernels: no global access before this
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  // The rest of the set-up is three latency chains, each started right here in its own warps: the band's
-  // copy (thread 0), the weights' copies (warp 1), each column's loads and sums (every thread). Thread 0
-  // issuing the copies and the small jobs in turn reached its share of the column table 1.9 us after the
-  // wait.
-  if (tid == 0) {
-    load_band(first_item, 0);
-  } else if (tid / 32 == 1 && !kPixelPairs) {
-    const int row_tiles = p.w_row_tiles, lane_1 = tid % 32;
-    const uint32_t row_bytes = p.w_k_tiles * 128;
-    if (lane_1 == 0) BarrierArriveExpectBytes(weights_full, row_tiles * row_bytes);
-    __syncwarp();
-    for (int j = lane_1; j < row_tiles; j += 32) {
-      BulkCopy(weights + j * band.k_tiles * 128, p.w + static_cast<size_t>(j) * p.w_k_tiles * 32, row_bytes,
-               weights_full);
-    }
+}
+
+// Warp 1 copies the weights' row tiles as they lie in global memory, one bulk copy per row tile.
+__device__ __forceinline__ void CopyBandWeights(const BinaryGemmProblem& p, const BandLayout& band, uint32_t weights,
+                                                uint32_t weights_full, int lane) {
+  const int row_tiles = p.w_row_tiles;
+  const uint32_t row_bytes = p.w_k_tiles * 128;
+  if (lane == 0) BarrierArriveExpectBytes(weights_full, row_tiles * row_bytes);
+  __syncwarp();
+  for (int j = lane; j < row_tiles; j += 32) {
+    BulkCopy(weights + j * band.k_tiles * 128, p.w + static_cast<size_t>(j) * p.w_k_tiles * 32, row_bytes,
+             weights_full);
   }
-  // The column table, a column per thread of each warpgroup: the last one also fills the other parameters,
-  // and every one a quarter of the border classes (so that the classes' sums run 4 chains a column), each
-  // class already holding its bound (the thread computes the bound itself: no second barrier). A column's
-  // tap popcounts and threshold are loaded together, one round trip to L2. "Zero" padding's set-up, from
-  // the CTA's start: one warpgroup filling all, 4.2 us; the parameters by another warpgroup, 4.0; the table
-  // over four, 3.5; this form, 3.3 (the loads were not what
-  // "zero" spends over "one").
+}
+
+// The column table, a column per thread of each warpgroup: the last one also fills the other parameters, and
+// every one a quarter of the border classes (so that the classes' sums run 4 chains a column), each class
+// already holding its bound (the thread computes the bound itself: no second barrier). A column's tap
+// popcounts and threshold are loaded together, one round trip to L2. "Zero" padding's set-up, from the CTA's
+// start: one warpgroup filling all, 4.2 us; the parameters by another warpgroup, 4.0; the table over four,
+// 3.5; this form, 3.3 (the loads were not what "zero" spends over "one").
+__device__ __forceinline__ void FillBandColumns(const BinaryGemmProblem& p, TileColumns<kWgCols>& cols, int wg,
+                                                int wtid) {
   static_assert(kBandCols == 128, "a column per thread of each warpgroup");
+  constexpr int col0 = 0;  // N <= 128: one column tile
   if (p.correction_table) {
     const ColumnThreshold th = LoadColumnThreshold(p, col0 + wtid);
     const bool class_bounds = p.epilogue == Epilogue::kBits;
@@ -237,6 +205,104 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   } else if (wg == 0 && p.edge_table) {
     FillEdgeTable<kWgCols>(p, cols, col0, wtid);
   }
+}
+
+// A tile's k256 steps (kUnrolledSteps, kExactSteps: below) and their commit: AND-popc of the band at a_shift
+// (16-byte units from step_desc's addresses) against the weight set at b_set and its all-ones columns.
+template <int kUnrolledSteps, bool kExactSteps>
+__device__ __forceinline__ void IssueBandSteps(int (&acc)[kBandCols / 2], int (&popc_a)[8], const uint64_t* step_desc,
+                                               uint32_t a_shift, uint32_t b_set, const BandLayout& band) {
+  auto step = [&](int s) {
+    wgmma_m64n144k256_and_popc(acc, popc_a, step_desc[s] + a_shift,
+                               OperandDescriptor(b_set + s * 256, 128, band.k_tiles * 128), s != 0);
+  };
+  if constexpr (kExactSteps) {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int s = 0; s < kUnrolledSteps; ++s) step(s);
+  } else if constexpr (kUnrolledSteps > 0) {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int s = 0; s < kUnrolledSteps; ++s) {
+      if (s == band.steps) break;
+      step(s);
+    }
+  } else {
+    // a fence per step, as ptxas would inject one in a loop of runtime length (C7519)
+#pragma unroll 1
+    for (int s = 0; s < band.steps; ++s) {
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+      step(s);
+    }
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+// The output rows of this thread (rows g and g + 8 of warp w's 16) in a tile whose row r is band position
+// q0 + row_step r of `image`: their output pixel, whether it is one, and their border correction.
+__device__ __forceinline__ AccumulatorRows BandTileRows(const BinaryGemmProblem& p, const BandLayout& band, int image,
+                                                        int q0, int row_step, int w, int g) {
+  AccumulatorRows rows;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = 16 * w + g + 8 * h, q = q0 + row_step * r;
+    const int oy = Quotient(q, band.padded_w), ox = q - oy * band.padded_w.divisor;
+    rows.valid[h] = oy < p.out_h && ox < p.out_w;
+    rows.row[h] = (static_cast<long long>(image) * p.out_h + oy) * p.out_w + ox;
+    const FrameExcess e = ExcessOf(p, oy - p.pad_top, ox - p.pad_left);
+    const bool border = !p.pad_one && rows.valid[h] && e.top + e.bottom + e.left + e.right > 0;
+    rows.correction[h] = border ? (p.correction_table ? BorderClass(p, e) : 1) : 0;
+  }
+  return rows;
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// kUnrolledSteps > 0: at most that many k256 steps, issued by a fully unrolled loop (kExactSteps: exactly
+// that many, the 3x3 filters of C = 64 and 128); 0: any number, by a loop of runtime length. ptxas
+// serializes the wgmmas of every runtime-length form it was given (remark C7520, "compiler-inserted WG.AR in
+// divergent path": a fence per step, per pair, per block of 8 with or without a commit in the loop). The
+// unrolled loop's exit after band.steps still costs a `warpgroup.arrive` before every wgmma and a dummy HGMMA
+// per tile (remark C7519), which the exact instances do without. kPixelPairs: C = 64 (above), its own
+// instances so that the other channel counts keep their registers; kQuarter: N <= 64 (most C = 64 layers), the
+// threshold bits of the first 64 columns only (a run-time choice between the two epilogues spilled).
+//
+// Set-up: the parameter-only operands (PrepareBandOperands) under the previous kernel's tail; after
+// `griddepcontrol.wait`, three latency chains, each started at once in its own warps: the first band's copy
+// (thread 0), the weights' copies (warp 1), the column table (every thread). Thread 0 issuing the copies and
+// the small jobs in turn reached its share of the column table 1.9 us after the wait.
+template <int kUnrolledSteps, bool kExactSteps, bool kPixelPairs, bool kQuarter>
+__global__ void __launch_bounds__(kBandThreads, 1)
+    BandWgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap band_map, const BandLayout band) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + (1024 - SmemAddress(smem_raw) % 1024) % 1024;
+  const BandSmem at = BandSmemOf(p, band);
+  auto& cols = *reinterpret_cast<TileColumns<kWgCols>*>(smem + at.cols);
+  uint64_t* step_desc = reinterpret_cast<uint64_t*>(smem + at.steps);
+  const uint32_t base = SmemAddress(smem), weights = base + at.weights;
+  const uint32_t band_full = base + at.barriers;  // [buffer]: the band landed
+  const uint32_t weights_full = band_full + 16;
+  const int tid = threadIdx.x, wp = band.padded_w.divisor;
+  const int odd_pad = kPixelPairs ? p.pad_left & 1 : 0;  // the band's extra first column
+  const int wg = tid / 128, wtid = tid % 128, w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
+  if (tid == 0) {
+    PrefetchTensorMap(band_map);
+    BarrierInit(band_full, 1);
+    BarrierInit(band_full + 8, 1);
+    BarrierInit(weights_full, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  const BandItem first_item = BandItemOf(p, band, blockIdx.x);  // every CTA has an item
+  PrepareBandOperands<kPixelPairs>(p, band, at, smem, step_desc, base, kBandThreads - 1 - tid);
+  __syncthreads();
+  // a programmatic dependent launch, as the other wgmma kernels: no global access before this
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  if (tid == 0) {
+    CopyBand<kPixelPairs>(p, band, band_map, first_item, base, band_full);
+  } else if (tid / 32 == 1 && !kPixelPairs) {
+    CopyBandWeights(p, band, weights, weights_full, tid % 32);
+  }
+  FillBandColumns(p, cols, wg, wtid);
   if (kPixelPairs) LoadPixelPairWeights(p, band, smem + at.weights, tid);
   // the zeroed chunks, ones and pixel-pair weights, for the wgmmas
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -248,7 +314,10 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   for (int item = blockIdx.x; item < band.items; item += band.ctas, ++round) {
     const int buffer = round & 1, next = item + band.ctas;
     // the other buffer's last reader finished before the previous round's closing barrier
-    if (tid == 0 && next < band.items) load_band(BandItemOf(p, band, next), buffer ^ 1);
+    if (tid == 0 && next < band.items) {
+      CopyBand<kPixelPairs>(p, band, band_map, BandItemOf(p, band, next), base + (buffer ^ 1) * at.buffer_bytes,
+                            band_full + 8 * (buffer ^ 1));
+    }
     const BandItem item_tiles = BandItemOf(p, band, item);
     const int tiles = item_tiles.tiles[0] + item_tiles.tiles[1];
     BarrierWait(band_full + 8 * buffer, (round >> 1) & 1);  // every thread: no barrier needed after it
@@ -263,12 +332,12 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       // recomputed per tile (a fast division), not kept from `item_tiles`: ptxas reported the same
       // spills both ways, and no timing compared them
       const BandItem it = BandItemOf(p, band, item);
-      const int seg = i >= it.tiles[0] ? 1 : 0, image = it.image + seg;
+      const int seg = i >= it.tiles[0] ? 1 : 0;
       // the tile's first position in its image, and in the band buffer; pixel pairs: its rows every other
       // position
-      const int tile = seg == 0 ? it.first_tile + i : i - it.tiles[0], row_step = kPixelPairs ? 2 : 1;
+      const int tile = seg == 0 ? it.first_tile + i : i - it.tiles[0];
       const int q0 = kPixelPairs ? 128 * (tile >> 1) + (tile & 1) : 64 * tile;
-      const int local0 = q0 - first_row(it, seg) * wp + seg * band.slot_positions;
+      const int local0 = q0 - BandFirstRow(band, it, seg) * wp + seg * band.slot_positions;
       int acc[kBandCols / 2], popc_a[8];  // popc_a: rows g, g + 8 (each four times) against the all-ones B
       // step_desc is relative to buffer 0 at tile position 0: the start address field moves by 16 bytes per
       // position. Pixel pairs: the band holds position q at byte 8 (q + odd_pad); a tile whose rows start at
@@ -276,47 +345,15 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       const int parity = kPixelPairs ? (local0 + odd_pad) & 1 : 0;
       const uint32_t a_shift =
           (buffer * at.buffer_bytes >> 4) + (kPixelPairs ? (local0 + odd_pad - parity) >> 1 : local0);
-      const uint32_t b_set = weights + parity * WeightSetBytes(band);
-      auto step = [&](int s) {
-        wgmma_m64n144k256_and_popc(acc, popc_a, step_desc[s] + a_shift,
-                                   OperandDescriptor(b_set + s * 256, 128, band.k_tiles * 128), s != 0);
-      };
-      if constexpr (kExactSteps) {
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (int s = 0; s < kUnrolledSteps; ++s) step(s);
-      } else if constexpr (kUnrolledSteps > 0) {
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (int s = 0; s < kUnrolledSteps; ++s) {
-          if (s == band.steps) break;
-          step(s);
-        }
-      } else {
-        // a fence per step, as ptxas would inject one in a loop of runtime length (C7519)
-#pragma unroll 1
-        for (int s = 0; s < band.steps; ++s) {
-          asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-          step(s);
-        }
-      }
-      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      IssueBandSteps<kUnrolledSteps, kExactSteps>(acc, popc_a, step_desc, a_shift,
+                                                  weights + parity * WeightSetBytes(band), band);
       if (round == 0 && leading_half && i == wg) asm volatile("bar.arrive 1, %0;\n" ::"n"(kBandThreads) : "memory");
-      AccumulatorRows rows;  // while the wgmmas run
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = 16 * w + g + 8 * h, q = q0 + row_step * r;
-        const int oy = Quotient(q, band.padded_w), ox = q - oy * wp;
-        rows.valid[h] = oy < p.out_h && ox < p.out_w;
-        rows.row[h] = (static_cast<long long>(image) * p.out_h + oy) * p.out_w + ox;
-        const FrameExcess e = ExcessOf(p, oy - p.pad_top, ox - p.pad_left);
-        const bool border = !p.pad_one && rows.valid[h] && e.top + e.bottom + e.left + e.right > 0;
-        rows.correction[h] = border ? (p.correction_table ? BorderClass(p, e) : 1) : 0;
-      }
+      // while the wgmmas run
+      AccumulatorRows rows = BandTileRows(p, band, it.image + seg, q0, kPixelPairs ? 2 : 1, w, g);
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
       for (int h = 0; h < 2; ++h) rows.v0[h] = p.k_real - 2 * popc_a[2 * h];
-      StoreAccumulatorRows<kBandCols / 2, kQuarter>(p, acc, rows, cols, col0, t, true);
+      StoreAccumulatorRows<kBandCols / 2, kQuarter>(p, acc, rows, cols, 0, t, true);
     }
     __syncthreads();  // this buffer is free for the item after next
   }

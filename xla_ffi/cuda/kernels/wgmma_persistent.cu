@@ -236,16 +236,12 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int rank = static_cast<int>(ClusterRank());
   const bool staged = p.pool_h * p.pool_w > 1;
   // Bytes of K per row of one activation slab (one TMA box): 16 in the chunk slabs, W in the tap rows, 128
-  // (a whole stage row) in the other layouts; a power of two. kTapRows: where k256 step ks (32 bytes of K)
-  // starts: in slab ks * 32 / W, ks * 32 % W bytes into a row.
+  // (a whole stage row) in the other layouts; a power of two.
   const int a_box_bytes = kLayout == ALayout::kChunkSlabs ? 16 : kLayout == ALayout::kTapRows ? TapRowBytes(p.cw) : 128;
   const int a_box_log2 = __ffs(a_box_bytes) - 1;
   const int a_boxes = 128 >> a_box_log2;           // per stage
   uint32_t tap_row_step[4];
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    tap_row_step[ks] = ((ks * 32) >> a_box_log2) * kWgRows * a_box_bytes + ((ks * 32) & (a_box_bytes - 1));
-  }
+  TapRowSteps<kWgRows>(a_box_bytes, a_box_log2, tap_row_step);
   InitStages<kTensorA, kReleasingLanes>(a_map, w_map, weights_by_tma, full0, empty0, tid);
   if constexpr (kSteps < 4) {  // the activation words past K, for good (the producer never copies them)
     for (int i = tid; i < kWgStages * kWgStageA / 16; i += kWgThreads) {

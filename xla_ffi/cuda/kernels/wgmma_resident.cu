@@ -40,6 +40,39 @@ __device__ __forceinline__ uint32_t ResidentBarrier(uint32_t bar0, int half, int
   return bar0 + 8 * (half * kResidentStages + s);
 }
 
+// The rings' barriers: a stage's full barrier takes `full_arrivals` (one expect_tx, or every cp.async
+// producer thread of the half), its empty barrier the 4 warps of the consumer warpgroup.
+__device__ __forceinline__ void InitResidentBarriers(uint32_t full0, uint32_t empty0, uint32_t weights_full,
+                                                     int full_arrivals) {
+  for (int half = 0; half < 2; ++half) {
+    for (int s = 0; s < kResidentStages; ++s) {
+      BarrierInit(ResidentBarrier(full0, half, s), full_arrivals);
+      BarrierInit(ResidentBarrier(empty0, half, s), 4);
+    }
+  }
+  BarrierInit(weights_full, 1);
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// A consumer warp is done with a stage.
+__device__ __forceinline__ void ReleaseStage(uint32_t empty) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty) : "memory");
+}
+
+// Consumer thread ctid's column of the tile: its parameters, and its bound added to the border classes.
+__device__ __forceinline__ void StageTileColumn(const BinaryGemmProblem& p, TileColumns<kWgCols>& cols, int col0,
+                                                int ctid, bool class_bounds) {
+  FillTileColumn<kWgCols>(p, cols, col0, ctid);
+  if (class_bounds) AddBoundsToClasses(p, cols, ctid);
+}
+// The popc(a) of a warpgroup's rows (this thread's rows g and g + 8: row_popc[0], [2]) for its epilogue.
+__device__ __forceinline__ void StoreRowPopcounts(int* popc_a, const int (&row_popc)[4], int half, int wtid) {
+  if (wtid % 4 == 0) {
+    const int r = 64 * half + 16 * (wtid / 32) + wtid % 32 / 4;
+    popc_a[r] = row_popc[0];
+    popc_a[r + 8] = row_popc[2];
+  }
+}
+
 // The producer of the cp.async instance (kCoreMatrices: no TMA box takes the tiles): warps 0-1 feed half 0's
 // ring, 2-3 half 1's, copying into 128-byte swizzled rows as a TMA box of rows would put them
 // (LoadActivationStage's copies keep a row's place modulo 8 only with 8 or more rows between a thread's
@@ -74,6 +107,42 @@ __device__ __forceinline__ void ProduceCopiedStages(const BinaryGemmProblem& p, 
   }
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   CopyAsyncWait<0>();
+}
+
+// The producer of the TMA instances: warp `half` feeds consumer warpgroup half's ring, a stage per K block of
+// each of the CTA's row tiles: one box of 64 swizzled rows (kSwizzledRows), or one box of a_box_bytes of a
+// tap's channels per lane.
+template <ALayout kLayout>
+__device__ __forceinline__ void ProduceBoxedStages(const BinaryGemmProblem& p, const CUtensorMap& a_map,
+                                                   const LaunchDivisors& div, int m_tiles, int ctas_per_column,
+                                                   int first_tile, int k_blocks, int a_box_bytes, int a_box_log2,
+                                                   uint32_t base, uint32_t full0, uint32_t empty0, int half, int lane) {
+  const int a_boxes = 128 >> a_box_log2, tap_bytes = p.cw * 4;
+  RingPosition<kResidentStages> at;
+  bool first_round = true;  // the ring's stages have not been filled yet
+  for (int tile_m = first_tile; tile_m < m_tiles; tile_m += ctas_per_column) {
+    const int first = tile_m * kWgRows + 64 * half;  // the half's first output pixel
+    const int image = Quotient(first, div.image_pixels), in_image = first - image * div.image_pixels.divisor;
+    const int oh0 = Quotient(in_image, div.out_w), ow0 = in_image - oh0 * p.out_w;
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      // box `lane`: a_box_bytes of one tap's channel bytes; boxes past K start past them (zeros)
+      const int k_byte = kb * 128 + lane * a_box_bytes;
+      const int tap = Quotient(k_byte, div.tap_bytes);
+      const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
+      const int channel_byte = k_byte < p.k_words * 4 ? k_byte - tap * tap_bytes : tap_bytes;
+      if (!first_round) BarrierWait(ResidentBarrier(empty0, half, at.stage), at.phase ^ 1);
+      const uint32_t stage = base + ResidentRingOffset(half, at.stage), full = ResidentBarrier(full0, half, at.stage);
+      if (lane == 0) BarrierArriveExpectBytes(full, kResidentStageBytes);
+      if constexpr (kLayout == ALayout::kSwizzledRows) {
+        if (lane == 0) TensorCopy(stage, a_map, kb * 128, first, full);
+      } else if (lane < a_boxes) {
+        TensorCopy4d(stage + lane * 64 * a_box_bytes, a_map, channel_byte, ow0 + fkw - p.pad_left,
+                     oh0 + fkh - p.pad_top, image, full);
+      }
+      at.Advance();
+      if (at.stage == 0) first_round = false;
+    }
+  }
 }
 
 // One K block's wgmmas of a consumer warpgroup: its 64-row stage against the resident weights, and against 8
@@ -159,14 +228,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   if (tid == 0) {
     if (!kCopies) PrefetchTensorMap(a_map);  // (the cp.async instance has no activation map)
     PrefetchTensorMap(w_map);
-    for (int half = 0; half < 2; ++half) {
-      for (int s = 0; s < kResidentStages; ++s) {
-        BarrierInit(ResidentBarrier(full0, half, s), kCopies ? 64 : 1);  // cp.async: every producer thread of the half
-        BarrierInit(ResidentBarrier(empty0, half, s), 4);
-      }
-    }
-    BarrierInit(weights_full, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    InitResidentBarriers(full0, empty0, weights_full, kCopies ? 64 : 1);  // cp.async: every producer thread of a half
   }
   if (tid < 64) ones[tid] = 0xFFFFFFFFu;
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for the wgmmas
@@ -189,32 +251,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         TensorCopy3d(weights, w_map, 0, 0, col0 / 8, weights_full);
       }
     } else {
-      const int half = warp, a_boxes = 128 >> a_box_log2, tap_bytes = p.cw * 4;
-      RingPosition<kResidentStages> at;
-      bool first_round = true;  // the ring's stages have not been filled yet
-      for (int tile_m = first_tile; tile_m < m_tiles; tile_m += ctas_per_column) {
-        const int first = tile_m * kWgRows + 64 * half;  // the half's first output pixel
-        const int image = Quotient(first, div.image_pixels), in_image = first - image * div.image_pixels.divisor;
-        const int oh0 = Quotient(in_image, div.out_w), ow0 = in_image - oh0 * p.out_w;
-        for (int kb = 0; kb < k_blocks; ++kb) {
-          // box `lane`: a_box_bytes of one tap's channel bytes; boxes past K start past them (zeros)
-          const int k_byte = kb * 128 + lane * a_box_bytes;
-          const int tap = Quotient(k_byte, div.tap_bytes);
-          const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
-          const int channel_byte = k_byte < p.k_words * 4 ? k_byte - tap * tap_bytes : tap_bytes;
-          if (!first_round) BarrierWait(ResidentBarrier(empty0, half, at.stage), at.phase ^ 1);
-          const uint32_t stage = base + ResidentRingOffset(half, at.stage), full = ResidentBarrier(full0, half, at.stage);
-          if (lane == 0) BarrierArriveExpectBytes(full, kResidentStageBytes);
-          if constexpr (kLayout == ALayout::kSwizzledRows) {
-            if (lane == 0) TensorCopy(stage, a_map, kb * 128, first, full);
-          } else if (lane < a_boxes) {
-            TensorCopy4d(stage + lane * 64 * a_box_bytes, a_map, channel_byte, ow0 + fkw - p.pad_left,
-                         oh0 + fkh - p.pad_top, image, full);
-          }
-          at.Advance();
-          if (at.stage == 0) first_round = false;
-        }
-      }
+      ProduceBoxedStages<kLayout>(p, a_map, div, m_tiles, ctas_per_column, first_tile, k_blocks, a_box_bytes, a_box_log2,
+                                  base, full0, empty0, warp, lane);
     }
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     return;
@@ -223,17 +261,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int ctid = tid - 128, half = ctid / 128, wtid = ctid % 128;
   const uint32_t tile_bar = 2 + half;  // named barrier of this warpgroup alone
   uint32_t tap_row_step[4];            // kTapRows: where k256 step ks starts in a 64-row stage
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    tap_row_step[ks] = ((ks * 32) >> a_box_log2) * 64 * a_box_bytes + ((ks * 32) & (a_box_bytes - 1));
-  }
+  TapRowSteps<64>(a_box_bytes, a_box_log2, tap_row_step);
   const bool class_bounds = p.epilogue == Epilogue::kBits && p.correction_table;
   if (p.correction_table) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
   if (p.edge_table) FillEdgeTable<kWgCols>(p, cols, col0, ctid);
   const int fill_kb = half == 0 ? min(1, k_blocks - 1) : -1;
   if (half == 1 && first_tile < m_tiles) {  // (a CTA without tiles: nothing to wait for)
-    FillTileColumn<kWgCols>(p, cols, col0, ctid);
-    if (class_bounds) AddBoundsToClasses(p, cols, ctid);
+    StageTileColumn(p, cols, col0, ctid, class_bounds);
     asm volatile("bar.arrive 1, 256;\n" ::: "memory");
     asm volatile("bar.sync 4, 256;\n" ::: "memory");
   }
@@ -256,29 +290,20 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       IssueResidentWgmmas<kLayout, kCols>(p, acc, row_popc, stage_a, weights, desc_ones, tap_row_step, a_box_bytes, kb);
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       if (first_tile_of_cta && kb == fill_kb) {
-        FillTileColumn<kWgCols>(p, cols, col0, ctid);
-        if (class_bounds) AddBoundsToClasses(p, cols, ctid);
+        StageTileColumn(p, cols, col0, ctid, class_bounds);
         asm volatile("bar.arrive 4, 256;\n" ::: "memory");
       }
       if (kb == k_blocks - 1 && !p.pad_one && wtid < 64) {
         row_correction[64 * half + wtid] = RowCorrection(p, div, tile_m, 64 * half + wtid);
       }
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-      if (kb > 0 && wtid % 32 == 0) {
-        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(ResidentBarrier(empty0, half, previous_stage)) : "memory");
-      }
+      if (kb > 0 && wtid % 32 == 0) ReleaseStage(ResidentBarrier(empty0, half, previous_stage));
       previous_stage = at.stage;
       at.Advance();
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    if (wtid % 32 == 0) {
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(ResidentBarrier(empty0, half, previous_stage)) : "memory");
-    }
-    if (wtid % 4 == 0) {
-      const int r = 64 * half + 16 * (wtid / 32) + wtid % 32 / 4;
-      popc_a[r] = row_popc[0];
-      popc_a[r + 8] = row_popc[2];
-    }
+    if (wtid % 32 == 0) ReleaseStage(ResidentBarrier(empty0, half, previous_stage));
+    StoreRowPopcounts(popc_a, row_popc, half, wtid);
     if (first_tile_of_cta && half == 0) {
       asm volatile("bar.sync 1, 256;\n" ::: "memory");  // warpgroup 1's columns are staged too
     } else {
