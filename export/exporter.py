@@ -7,8 +7,9 @@ Each block becomes a node of `jaxbnn.packed_model`'s graph. What a node outputs 
 - a residual block or global pooling (the real-valued stream): float, the bn computed in the model's order;
 - nobody (the classifier): float logits through the affine epilogue (alpha and bn folded into scale/bias).
 
-Weights are binarized / ternarized with the layer's own quantizer and packed into FSB tiles of the
-target's tile; ternary weights as two planes (sign, non-zero).
+Weights are quantized with the layer's own quantizer and written as the ops take them: the first layer's
+(float operand) as int8 values in its kernel layout, every other layer's as FSB tiles of the target's tile
+with their popcounts, ternary weights as their two ±1 planes (nonneg, pos) stacked along the output axis.
 """
 
 from __future__ import annotations
@@ -101,23 +102,24 @@ def _input_levels(layer, shape) -> tuple[np.ndarray, np.ndarray]:
     return beta, np.nextafter(alpha, np.float32(np.inf))
 
 
-def _pack_weights(layer, node: dict, tile) -> dict[str, np.ndarray]:
+def _weight_tensors(name, layer, node: dict, tile) -> dict[str, np.ndarray]:
+    """The node's weights as its op takes them (docs/export.md): int8 values for a float operand, else the
+    FSB-tiled ±1 matrix (ternary weights as their nonneg and pos planes) and its row or per-tap popcounts."""
     w = np.asarray(layer.quantized_kernel(), np.float32)
+    allowed = (-1.0, 1.0) if node["weights"] == "binary" else (-1.0, 0.0, 1.0)
+    if not np.isin(w, allowed).all():
+        raise ExportError(f"{name}: the kernel quantizer {layer.kernel_quantizer!r} gives values other than "
+                          f"{allowed}: {np.unique(w[~np.isin(w, allowed)])[:5].tolist()}")
+    if node["operand"] == "float":
+        return {"kernel": w.astype(np.int8)}
+    if node["weights"] == "ternary":
+        w = np.asarray(formats.ternary_weight_signs(w))
     if packed_model.uses_conv_layout(node):
         _, _, (kh, kw), c = packed_model.weight_geometry(node)
-        w = w.reshape(kh, kw, c, w.shape[-1])  # a dense kernel over a flattened (H, W, C) image
-        pack = lambda values: _pack_conv_weights(values, tile=tile)  # noqa: E731
-    else:
-        w = w.reshape(-1, w.shape[-1])  # (kh * kw * c, n): rows in the (kh, kw, c) order of HWIO
-        pack = lambda values: _pack_dense_weights(values, tile=tile)  # noqa: E731
-    if node["weights"] == "binary":
-        packed = pack(w)
-        popcount = packed.tap_popcount.sum(axis=0) if packed_model.uses_conv_layout(node) else packed.popcount
-        return {"weight": np.asarray(packed.bits), "weight_popcount": np.asarray(popcount, np.int32)}
-    # Ternary: each plane packed as a ±1 matrix whose +1 entries are the plane's set bits.
-    sign, nonzero = w < 0, w != 0  # formats.ternary_planes
-    plane = lambda bits: np.asarray(pack(np.where(bits, 1.0, -1.0).astype(np.float32)).bits)  # noqa: E731
-    return {"weight_sign": plane(sign), "weight_nonzero": plane(nonzero)}
+        packed = _pack_conv_weights(w.reshape(kh, kw, c, w.shape[-1]), tile=tile)  # a dense kernel over (H, W, C)
+        return {"weight": np.asarray(packed.bits), "weight_tap_popcount": np.asarray(packed.tap_popcount)}
+    packed = _pack_dense_weights(w.reshape(-1, w.shape[-1]), tile=tile)
+    return {"weight": np.asarray(packed.bits), "weight_popcount": np.asarray(packed.popcount)}
 
 
 def _linear_node(name, layer, bn, pool, in_shape, wire, reader, tile, last):
@@ -141,7 +143,7 @@ def _linear_node(name, layer, bn, pool, in_shape, wire, reader, tile, last):
         if operand != "float" and len(in_shape) not in (1, 3):
             raise ExportError(f"{name}: a packed input of shape {list(in_shape)} (not [K] or [H, W, C])")
         node["out_shape"] = [node["out_channels"]]
-    tensors = _pack_weights(layer, node, tile)
+    tensors = _weight_tensors(name, layer, node, tile)
 
     if wire == "float" and operand == "ternary":
         nonneg, pos = _input_levels(layer, in_shape)

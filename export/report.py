@@ -39,7 +39,7 @@ class SizeRow:
     float_bytes: int  # float32 checkpoint of the block: kernels, biases, thresholds, batch-norm state
     packed_bytes: int  # the node's tensors in the packed checkpoint
     float_weight_bytes: int  # float32 kernels alone
-    packed_weight_bytes: int  # packed kernels alone (FSB tiles, popcounts)
+    packed_weight_bytes: int  # packed kernels alone (FSB tiles and popcounts, or int8 first-layer values)
 
 
 def _state_bytes(module, kernels_only: bool = False) -> int:
@@ -65,7 +65,7 @@ def size_report(model: BinaryNet, packed: packed_model.PackedModel) -> list[Size
     for index, (block, node) in enumerate(zip(model.blocks, packed.graph["nodes"])):
         prefix = f"nodes.{index}."
         tensors = {k: v for k, v in packed.tensors.items() if k.startswith(prefix)}
-        weights = {k: v for k, v in tensors.items() if k[len(prefix):].split(".")[-1].startswith("weight")}
+        weights = {k: v for k, v in tensors.items() if k.split(".")[-1].startswith(("weight", "kernel"))}
         rows.append(SizeRow(node["name"], node["kind"], _node_domains(node), _state_bytes(block),
                             sum(v.nbytes for v in tensors.values()), _state_bytes(block, kernels_only=True),
                             sum(v.nbytes for v in weights.values())))

@@ -7,7 +7,11 @@ Conventions:
 - a binary value +1 is bit 1, -1 is bit 0; binarization is `x >= 0` (sign(0) = +1);
 - bits are packed along the last axis into uint32 words, least significant bit first, padding bits 0;
 - weights are stored as FSB tiles (BH rows x BW bits, row-major inside and across tiles);
-- ternary values are two planes of the same layout: sign (1 for -1) and non-zero.
+- a ternary value t is two ±1 planes of the same layout, nonneg [t >= 0] and pos [t > 0] (t is their
+  mean), which the ±1 kernels multiply; ternary weights are stored as the ±1 weights of twice the
+  output rows, the nonneg plane's rows then the pos plane's;
+- TAB's (sign, non-zero) encoding of ternary values is defined too (`ternary_planes`), with the AND-popcount
+  formula it gives.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ __all__ = [
     "ternary_planes",
     "pack_ternary",
     "unpack_ternary",
+    "ternary_pm_planes",
+    "ternary_weight_signs",
     "DenseBits",
     "ConvBits",
     "pack_dense_weights",
@@ -141,6 +147,20 @@ def unpack_ternary(sign_words, nonzero_words, k: int, dtype=jnp.float32):
     sign = unpack_bits(sign_words, k)
     nonzero = unpack_bits(nonzero_words, k)
     return (nonzero.astype(dtype) - 2 * (sign & nonzero).astype(dtype)).astype(dtype)
+
+
+def ternary_pm_planes(x):
+    """(nonneg, pos) boolean planes of a ternary array: the bits of the ±1 arrays a = [x >= 0] and b = [x > 0],
+    whose mean is x, so a product with a ternary operand is the mean of two ±1 products."""
+    x = jnp.asarray(x)
+    return x >= 0, x > 0
+
+
+def ternary_weight_signs(w):
+    """The ±1 weights (..., 2N) that ternary weights (..., N) are stored and run as: the nonneg plane's
+    output columns, then the pos plane's (one ±1 product whose two output halves sum to twice the ternary one)."""
+    nonneg, pos = ternary_pm_planes(w)
+    return jnp.where(jnp.concatenate([nonneg, pos], axis=-1), 1.0, -1.0).astype(jnp.float32)
 
 
 @jax.tree_util.register_dataclass

@@ -3,8 +3,10 @@
 One definition, used by the exporter (writes) and the runtime (reads). The header carries the format
 version, the target and its FSB tile, the inference graph (node kinds, shapes, attributes) and a content
 hash; the graph alone determines which tensors the file must hold, with which shapes and dtypes
-(`expected_tensors`), so a reader refuses any file whose tensors, header or hash disagree. Layout of
-the graph and of every tensor: docs/export.md.
+(`expected_tensors`). The tensors are the operands the ops take, as they take them (FSB-tiled ±1 weights,
+their row or per-tap popcounts, ternary weights as ±1 planes), so the runtime uses them as they are; in
+exchange a reader checks their values (`validate`): a wrong popcount or a stray padding bit would give
+silently wrong outputs. Layout of the graph and of every tensor: docs/export.md.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import struct
 import tempfile
@@ -29,13 +32,14 @@ __all__ = [
     "PackedModel",
     "expected_tensors",
     "validate_graph",
+    "validate",
     "content_hash",
     "save",
     "load",
 ]
 
 FORMAT_NAME = "jaxbnn-packed"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 METADATA_KEY = "jaxbnn"
 # Target -> FSB tile (BH rows, BW bits) its kernels read. All current targets use the TCBNN tile, which is
 # also one Hopper wgmma core matrix; the tile is recorded per file so a target may change it later.
@@ -99,17 +103,23 @@ def _int(where, node, key, minimum=1):
 
 
 def uses_conv_layout(node: dict) -> bool:
-    """Whether a linear node's weights are stored as a conv bit matrix (taps padded to whole words).
+    """Whether a linear node's ±1 weights are the conv bit matrix (taps padded to whole words, run by bconv2d).
 
-    Binary convolutions, and dense layers reading a packed image (run as a VALID convolution covering
-    it, so the activations stay packed). Float-operand layers (the first layer, computed in float from
-    unpacked weights) keep the compact dense layout: one row of kh*kw*c bits per output channel.
+    Binary / ternary-operand convolutions, and dense layers reading a packed image (run as a VALID
+    convolution covering it, so the activations stay packed); other dense layers take the dense bit matrix
+    (bmm). Float-operand layers store no bit matrix: their `kernel` holds the weight values.
     """
     return node["operand"] != "float" and (node["kind"] == "conv" or len(node["in_shape"]) == 3)
 
 
+def weight_planes(node: dict) -> int:
+    """±1 planes per output channel of a linear node's weights: 1 (binary), 2 (ternary: nonneg, pos)."""
+    return 2 if node["weights"] == "ternary" else 1
+
+
 def weight_geometry(node: dict) -> tuple[int, int, tuple[int, int], int]:
-    """(rows, reduction bits of the bit matrix, kernel (kh, kw), input channels c) of a linear node."""
+    """(rows, reduction bits of the bit matrix, kernel (kh, kw), input channels c) of a binary- or
+    ternary-operand linear node; rows = weight_planes * out_channels."""
     n = node["out_channels"]
     c = node["in_shape"][-1]
     if node["kind"] == "conv":
@@ -118,9 +128,18 @@ def weight_geometry(node: dict) -> tuple[int, int, tuple[int, int], int]:
         kh, kw = node["in_shape"][:2]
     else:
         kh, kw = 1, 1
+    rows = weight_planes(node) * n
     if uses_conv_layout(node):
-        return n, kh * kw * formats.num_words(c) * formats.WORD_BITS, (kh, kw), c
-    return n, kh * kw * c, (kh, kw), c
+        return rows, kh * kw * formats.num_words(c) * formats.WORD_BITS, (kh, kw), c
+    return rows, kh * kw * c, (kh, kw), c
+
+
+def float_kernel_shape(node: dict) -> tuple[int, ...]:
+    """Shape of a float-operand node's `kernel`: the layer's own, HWIO (kh, kw, c, n) or (fan-in, n)."""
+    n = node["out_channels"]
+    if node["kind"] == "conv":
+        return (*node["kernel_size"], node["in_shape"][-1], n)
+    return (math.prod(node["in_shape"]), n)
 
 
 def conv_output_hw(node: dict) -> tuple[int, int]:
@@ -258,16 +277,16 @@ def _validate_residual(where: str, node: dict) -> None:
 
 def _linear_tensors(prefix: str, node: dict, tile) -> dict[str, tuple[tuple[int, ...], str]]:
     specs: dict[str, tuple[tuple[int, ...], str]] = {}
-    rows, k_bits, _, _ = weight_geometry(node)
-    fsb = formats.fsb_shape(rows, k_bits, tile)
     n = node["out_channels"]
-    if node["weights"] == "binary":
-        specs["weight"] = (fsb, "uint32")
-        # +1 entries per output column; the per-tap counts convs need are derived from the bits at load.
-        specs["weight_popcount"] = ((n,), "int32")
+    if node["operand"] == "float":
+        specs["kernel"] = (float_kernel_shape(node), "int8")
     else:
-        specs["weight_sign"] = (fsb, "uint32")
-        specs["weight_nonzero"] = (fsb, "uint32")
+        rows, k_bits, (kh, kw), _ = weight_geometry(node)
+        specs["weight"] = (formats.fsb_shape(rows, k_bits, tile), "uint32")
+        if uses_conv_layout(node):
+            specs["weight_tap_popcount"] = ((kh * kw, rows), "int32")
+        else:
+            specs["weight_popcount"] = ((rows,), "int32")
     if node["input"] == "float" and node["operand"] == "ternary":
         level = tuple(node["input_level_shape"])
         specs["input_threshold_nonneg"] = (level, "float32")
@@ -324,6 +343,103 @@ def _check_tensors(tensors: dict[str, np.ndarray], graph: dict, tile) -> None:
             raise PackedModelError(f"tensor {name!r} has shape {tuple(array.shape)}, the graph needs {tuple(shape)}")
 
 
+def _linear_nodes(graph: dict):
+    """(where, tensor-name prefix, node) of every linear node, residual blocks' convs included."""
+    for index, node in enumerate(graph["nodes"]):
+        where = f"node {index} ({node['name']})"
+        if node["kind"] in ("dense", "conv"):
+            yield where, f"nodes.{index}.", node
+        elif node["kind"] == "residual":
+            for key in ("conv1", "conv2"):
+                yield f"{where}.{key}", f"nodes.{index}.{key}.", node[key]
+
+
+def _reduction_word_mask(node: dict, words: int) -> np.ndarray:
+    """uint32 (words,): the bits of a bit-matrix row that hold weights; every other bit is padding (0)."""
+    _, k_bits, (kh, kw), c = weight_geometry(node)
+    if uses_conv_layout(node):
+        per_tap, real = formats.num_words(c), c  # each tap's channels padded to whole words
+    else:
+        per_tap, real = formats.num_words(k_bits), k_bits
+    tap = np.full(per_tap, 0xFFFFFFFF, np.uint32)
+    if real % formats.WORD_BITS:
+        tap[-1] = (1 << (real % formats.WORD_BITS)) - 1
+    taps = kh * kw if uses_conv_layout(node) else 1
+    mask = np.zeros(words, np.uint32)
+    mask[: taps * per_tap] = np.tile(tap, taps)
+    return mask
+
+
+def _check_bit_matrix(where: str, prefix: str, node: dict, tensors: dict) -> None:
+    """Zero padding bits, the stored popcounts equal to the bits', and ternary planes with pos within nonneg."""
+    name = prefix + "weight"
+    tiles = np.asarray(tensors[name])
+    rt, kt, bh, ww = tiles.shape
+    matrix = tiles.transpose(0, 2, 1, 3).reshape(rt * bh, kt * ww)
+    rows, _, (kh, kw), c = weight_geometry(node)
+    mask = _reduction_word_mask(node, kt * ww)
+    if matrix[rows:].any() or (matrix[:rows] & ~mask).any():
+        bits = int(np.bitwise_count(mask).sum())
+        _fail(where, f"tensor {name!r} has bits set outside its {rows} x {bits}-bit weight matrix (FSB padding "
+                     "rows, words and bits must be 0)")
+    counts = np.bitwise_count(matrix[:rows]).astype(np.int32)
+    if uses_conv_layout(node):
+        popcount_name, index_names = prefix + "weight_tap_popcount", ("tap", "row")
+        actual = counts[:, : kh * kw * formats.num_words(c)].reshape(rows, kh * kw, -1).sum(axis=-1).T
+    else:
+        popcount_name, index_names = prefix + "weight_popcount", ("row",)
+        actual = counts.sum(axis=-1)
+    stored = np.asarray(tensors[popcount_name])
+    if not np.array_equal(stored, actual):
+        at = tuple(int(i) for i in np.argwhere(stored != actual)[0])
+        place = ", ".join(f"{label} {i}" for label, i in zip(index_names, at))
+        _fail(where, f"tensor {popcount_name!r} does not match the bits of {name!r}: at {place} it holds "
+                     f"{int(stored[at])}, the bits {int(actual[at])}")
+    if node["weights"] == "ternary":
+        n = node["out_channels"]
+        nonneg, pos = matrix[:n], matrix[n:rows]
+        if (pos & ~nonneg).any():
+            channel = int(np.argwhere(pos & ~nonneg)[0][0])
+            _fail(where, f"tensor {name!r}: output channel {channel} has a bit of the pos plane (w > 0) set "
+                         "where its nonneg plane (w >= 0) has none")
+
+
+def _check_values(graph: dict, tensors: dict) -> None:
+    """The values of what the ops take as they are: weights, popcounts, float thresholds."""
+    for where, prefix, node in _linear_nodes(graph):
+        if node["operand"] == "float":
+            name = prefix + "kernel"
+            allowed = (-1, 1) if node["weights"] == "binary" else (-1, 0, 1)
+            kernel = np.asarray(tensors[name])
+            bad = ~np.isin(kernel, allowed)
+            if bad.any():
+                at = tuple(int(i) for i in np.argwhere(bad)[0])
+                _fail(where, f"tensor {name!r} holds {int(kernel[at])} at {at}; {node['weights']} weights "
+                             f"are {allowed}")
+        else:
+            _check_bit_matrix(where, prefix, node, tensors)
+        for short in ("threshold", "threshold_nonneg", "threshold_pos", "input_threshold_nonneg",
+                      "input_threshold_pos"):
+            value = tensors.get(prefix + short)
+            if value is not None and np.issubdtype(value.dtype, np.floating) and np.isnan(np.asarray(value)).any():
+                _fail(where, f"tensor {prefix + short!r} holds NaN (a comparison with NaN is never true)")
+
+
+def _check_structure(model: PackedModel) -> None:
+    if model.target not in TARGETS:
+        raise PackedModelError(f"unknown target {model.target!r}; known: {sorted(TARGETS)}")
+    validate_graph(model.graph)
+    _check_tensors(model.tensors, model.graph, model.tile)
+
+
+def validate(model: PackedModel) -> None:
+    """Check a packed model as `save` and `load` do: target and tile, graph, tensor names, shapes and dtypes,
+    and values (weight values, zero padding bits, popcounts equal to the bits', no NaN threshold).
+    Raises PackedModelError naming the node and tensor."""
+    _check_structure(model)
+    _check_values(model.graph, model.tensors)
+
+
 def content_hash(header_core: dict, tensors: dict[str, np.ndarray]) -> str:
     """sha256 over the canonical JSON of the header (without its hash) and every tensor's name, dtype,
     shape and bytes, in name order."""
@@ -353,11 +469,8 @@ def save(path: str | os.PathLike, model: PackedModel) -> int:
     file size in bytes."""
     from safetensors.numpy import save as save_safetensors
 
-    if model.target not in TARGETS:
-        raise PackedModelError(f"unknown target {model.target!r}; known: {sorted(TARGETS)}")
-    validate_graph(model.graph)
     tensors = {name: np.ascontiguousarray(array) for name, array in model.tensors.items()}
-    _check_tensors(tensors, model.graph, model.tile)
+    validate(PackedModel(graph=model.graph, tensors=tensors, target=model.target))
     core = _header_core(model)
     header = dict(core, content_hash=content_hash(core, tensors))
     blob = save_safetensors(tensors, metadata={METADATA_KEY: json.dumps(header, sort_keys=True)})
@@ -398,13 +511,14 @@ def _read_header(blob: bytes, where: str) -> dict:
     version = header.get("format_version")
     if version != FORMAT_VERSION:
         raise PackedModelError(f"{where}: format version {version!r} is not supported (this jaxbnn reads "
-                               f"version {FORMAT_VERSION}); re-export the model")
+                               f"version {FORMAT_VERSION}); re-export the model from its training run: "
+                               "jaxbnn export RUN_DIR MODEL.jbnn")
     return header
 
 
 def load(path: str | os.PathLike) -> PackedModel:
-    """Read and validate a packed checkpoint: format and version, graph, tensor names, shapes, dtypes and
-    the content hash. Raises PackedModelError naming the problem."""
+    """Read and validate a packed checkpoint: format and version, graph, tensor names, shapes, dtypes, the
+    content hash, then the values (`validate`). Raises PackedModelError naming the problem."""
     from safetensors.numpy import load as load_safetensors
 
     path = Path(path)
@@ -432,4 +546,8 @@ def load(path: str | os.PathLike) -> PackedModel:
     if stored != actual:
         raise PackedModelError(f"{where}: content hash mismatch (header {stored!r}, content {actual!r}): "
                                "the file is corrupted or was modified")
+    try:
+        _check_values(graph, tensors)
+    except PackedModelError as error:
+        raise PackedModelError(f"{where}: {error}") from None
     return model

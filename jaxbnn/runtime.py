@@ -8,15 +8,18 @@ The graph of the file (`jaxbnn.packed_model`, docs/export.md) runs node by node 
   and b = [t > 0], so a ternary dot product is a sum of 2 (one ternary operand) or 4 (both) ±1 dot
   products, each one int32 custom call (planes stacked along the batch / output axes into one call); the
   thresholds then run in jnp;
-- only the first layer reads floats (float input times unpacked ±1 / ternary weights, in jnp), and only
+- only the first layer reads floats (float input times the ±1 / ternary weight values, in jnp), and only
   float-output nodes (the classifier, the residual stream) write floats.
+
+The file holds every operand as the ops take it (ternary weights already as their two ±1 planes, stacked
+along the output axis; popcounts per row or per conv tap), so loading moves the arrays to the device as
+they are (the first layer's int8 weight values widened to float32) and packs, unpacks and derives nothing.
 
 This module never imports the exporter or the training code.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 
@@ -34,11 +37,13 @@ HIGHEST = jax.lax.Precision.HIGHEST
 
 def load(path: str | os.PathLike) -> "PackedNet":
     """Load and validate a `.jbnn` packed checkpoint; returns the jitted inference model."""
-    return from_packed(packed_model.load(path))
+    return PackedNet(packed_model.load(path))
 
 
 def from_packed(packed: PackedModel) -> "PackedNet":
-    """The inference model of an in-memory packed model (what `load` reads; the exporter returns one)."""
+    """The inference model of an in-memory packed model (the exporter returns one), validated as `load`
+    validates a file."""
+    packed_model.validate(packed)
     return PackedNet(packed)
 
 
@@ -56,7 +61,7 @@ class PackedNet:
         self.packed_bytes = packed.nbytes()
         self.input_shape = tuple(self.graph["input_shape"])
         self.num_classes = self.graph["num_classes"]
-        self.params = [_prepare_node(node, _node_tensors(packed.tensors, f"nodes.{i}."), self.tile)
+        self.params = [_prepare_node(node, _node_tensors(packed.tensors, f"nodes.{i}."))
                        for i, node in enumerate(self.graph["nodes"])]
         nodes = self.graph["nodes"]
         self._forward = jax.jit(lambda params, x: _run(nodes, params, x)[-1])
@@ -109,86 +114,27 @@ def _node_tensors(tensors: dict, prefix: str) -> dict:
 # --- parameters: what each node needs at run time -------------------------------------------------------
 
 
-def _prepare_node(node: dict, tensors: dict, tile) -> dict:
+def _prepare_node(node: dict, tensors: dict) -> dict:
     if node["kind"] in ("dense", "conv"):
-        return _prepare_linear(node, tensors, tile)
+        return _prepare_linear(node, tensors)
     if node["kind"] == "residual":
-        return {key: _prepare_linear(node[key], _node_tensors(tensors, f"{key}."), tile)
-                for key in ("conv1", "conv2")}
+        return {key: _prepare_linear(node[key], _node_tensors(tensors, f"{key}.")) for key in ("conv1", "conv2")}
     return {}
 
 
-@functools.partial(jax.jit, static_argnames=("rows", "k_bits", "kernel", "c", "conv_layout"))
-def _unpack_weight_bits(tiles, *, rows, k_bits, kernel, c, conv_layout):
-    """Bits (rows, kh, kw, c) of FSB-tiled weights (one compiled function per layer, run at load)."""
-    kh, kw = kernel
-    matrix = formats.from_fsb(tiles, rows, k_bits)
-    if conv_layout:
-        return formats.unpack_bits(matrix.reshape(rows, kh, kw, formats.num_words(c)), c)
-    return formats.unpack_bits(matrix, k_bits).reshape(rows, kh, kw, c)
-
-
-@functools.partial(jax.jit, static_argnames=("rows", "k_bits", "taps"))
-def _tap_popcount(tiles, *, rows, k_bits, taps):
-    """Per-tap popcounts (taps, rows) of FSB-tiled conv-layout weights."""
-    return formats.popcount(formats.from_fsb(tiles, rows, k_bits).reshape(rows, taps, -1)).T
-
-
-_pack_conv_weights = jax.jit(formats.pack_conv_weights, static_argnames="tile")
-_pack_dense_weights = jax.jit(formats.pack_dense_weights, static_argnames="tile")
-
-
-def _weight_values(node: dict, tensors: dict) -> np.ndarray:
-    """The ±1 / ternary weight values (rows, kh, kw, c) of a node, unpacked from its FSB tiles."""
-    rows, k_bits, kernel, c = weight_geometry(node)
-
-    def unpack_rows(tiles):
-        return _unpack_weight_bits(jnp.asarray(tiles), rows=rows, k_bits=k_bits, kernel=tuple(kernel), c=c,
-                                   conv_layout=uses_conv_layout(node))
-
-    if node["weights"] == "binary":
-        return np.where(np.asarray(unpack_rows(tensors["weight"])), 1.0, -1.0).astype(np.float32)
-    sign, nonzero = np.asarray(unpack_rows(tensors["weight_sign"])), np.asarray(unpack_rows(tensors["weight_nonzero"]))
-    if np.any(sign & ~nonzero):
-        raise packed_model.PackedModelError(f"{node['name']}: ternary weights with a sign bit but no non-zero bit")
-    return np.where(nonzero, np.where(sign, -1.0, 1.0), 0.0).astype(np.float32)
-
-
-def _pack_values(node: dict, values: np.ndarray, tile):
-    """±1 values (rows, kh, kw, c) as the packed weights the op takes (ConvBits or DenseBits)."""
-    if uses_conv_layout(node):
-        return _pack_conv_weights(np.transpose(values, (1, 2, 3, 0)), tile=tuple(tile))
-    return _pack_dense_weights(values.reshape(values.shape[0], -1).T, tile=tuple(tile))
-
-
-def _prepare_linear(node: dict, tensors: dict, tile) -> dict:
-    params = {name: jnp.asarray(value) for name, value in tensors.items() if not name.startswith("weight")}
+def _prepare_linear(node: dict, tensors: dict) -> dict:
+    """The node's tensors as the ops take them: no unpacking, no packing, nothing derived."""
+    params = {name: jnp.asarray(value) for name, value in tensors.items()}
     if node["operand"] == "float":
-        values = _weight_values(node, tensors)  # (rows, kh, kw, c) -> the layer's own kernel layout
-        if node["kind"] == "conv":
-            params["kernel"] = jnp.asarray(np.transpose(values, (1, 2, 3, 0)))
-        else:
-            params["kernel"] = jnp.asarray(values.reshape(values.shape[0], -1).T)
+        # ±1 / 0 values in the layer's kernel layout; the float conv / dot takes them as float32 (exact).
+        params["kernel"] = params["kernel"].astype(jnp.float32)
         return params
-    if node["weights"] == "binary" and node["operand"] == "binary":
-        rows, k_bits, kernel, c = weight_geometry(node)
-        bits = jnp.asarray(tensors["weight"])
-        if uses_conv_layout(node):
-            # The file stores popcounts per output column; the op takes them per tap (derived, then checked).
-            tap_popcount = _tap_popcount(bits, rows=rows, k_bits=k_bits, taps=kernel[0] * kernel[1])
-            if not np.array_equal(np.asarray(tap_popcount).sum(axis=0), tensors["weight_popcount"]):
-                raise packed_model.PackedModelError(f"{node['name']}: weight_popcount does not match the weights")
-            params["weight"] = formats.ConvBits(bits, tap_popcount, kernel_size=kernel, in_channels=c,
-                                                out_channels=rows)
-        else:
-            params["weight"] = formats.DenseBits(bits, jnp.asarray(tensors["weight_popcount"]), k=k_bits, n=rows)
-        return params
-    # Composite (ternary) layer: ±1 weights [w >= 0; w > 0] stacked along the output axis for a ternary
-    # weight, the weights themselves for a binary one.
-    values = _weight_values(node, tensors)
-    if node["weights"] == "ternary":
-        values = np.concatenate([np.where(values >= 0, 1.0, -1.0), np.where(values > 0, 1.0, -1.0)])
-    params["weight"] = _pack_values(node, values.astype(np.float32), tile)
+    rows, k_bits, kernel, c = weight_geometry(node)
+    if uses_conv_layout(node):
+        params["weight"] = formats.ConvBits(params["weight"], params.pop("weight_tap_popcount"), kernel_size=kernel,
+                                            in_channels=c, out_channels=rows)
+    else:
+        params["weight"] = formats.DenseBits(params["weight"], params.pop("weight_popcount"), k=k_bits, n=rows)
     return params
 
 
@@ -299,7 +245,7 @@ def _composite_dot(node, p, x):
 
 
 def _float_operand(node, p, x):
-    """First layer: float input times the unpacked weights, exactly as the Flax layer computes it."""
+    """First layer: float input times the weight values, exactly as the Flax layer computes it."""
     if node["kind"] == "conv":
         (pt, pb), (pl, pr) = node["padding"]
         x = jnp.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)))

@@ -18,6 +18,7 @@ from flax import nnx
 
 from jaxbnn.export import ExportError, export_model, fidelity_report, format_size_report, size_report
 from jaxbnn import packed_model, runtime
+from jaxbnn.layers import BinaryLinear
 from jaxbnn.models import build_model
 from zoo_cases import CASES, images_for, randomize, zoo_model
 
@@ -70,6 +71,14 @@ def test_unexportable_models_are_refused(mode, options, message):
     model = build_model("mnist-mlp", mode, input_shape=(28, 28, 1), num_classes=10, width=0.0625,
                         rngs=nnx.Rngs(0), layer_options=options)
     with pytest.raises(ExportError, match=message):
+        export_model(model)
+
+
+def test_a_kernel_quantizer_whose_values_are_not_weights_is_refused(monkeypatch):
+    model = build_model("mnist-mlp", "bnn", input_shape=(28, 28, 1), num_classes=10, width=0.0625, rngs=nnx.Rngs(0))
+    quantized = BinaryLinear.quantized_kernel
+    monkeypatch.setattr(BinaryLinear, "quantized_kernel", lambda layer: 0.5 * quantized(layer))
+    with pytest.raises(ExportError, match=r"blocks.0: the kernel quantizer 'sign_ste' gives values other than"):
         export_model(model)
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from jaxbnn import cli, packed_model, runtime
 from jaxbnn.cli import import_train_module
+from test_packed_model import FORMAT_V1_FILE
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,9 @@ def test_errors_are_reported_not_raised(tmp_path, capsys):
     bogus.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
     assert cli.main(["predict", str(bogus)]) == 2
     assert "not a jaxbnn packed checkpoint" in capsys.readouterr().err
+    assert cli.main(["predict", str(FORMAT_V1_FILE)]) == 2
+    assert "format version 1 is not supported (this jaxbnn reads version 2); re-export the model from its " \
+           "training run: jaxbnn export RUN_DIR MODEL.jbnn" in capsys.readouterr().err
 
 
 @pytest.mark.slow

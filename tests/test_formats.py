@@ -117,6 +117,23 @@ def test_ternary_dot_from_and_popcounts(k, seed):
     assert dot == int(x @ w)
 
 
+def test_ternary_pm_planes_table():
+    nonneg, pos = formats.ternary_pm_planes(jnp.array([1.0, 0.0, -1.0]))
+    assert list(zip(nonneg.tolist(), pos.tolist())) == [(True, True), (True, False), (False, False)]
+
+
+@SETTINGS
+@given(st.integers(1, 150), st.integers(1, 9), st.integers(0, 2**31))
+def test_ternary_weights_as_stacked_pm_planes(k, n, seed):
+    """Ternary weights run as ±1 weights of 2N outputs whose halves sum to twice the ternary product."""
+    rng = np.random.default_rng(seed)
+    x, w = rng.integers(-1, 2, (3, k)).astype(np.float32), rng.integers(-1, 2, (k, n)).astype(np.float32)
+    signs = np.asarray(formats.ternary_weight_signs(w))
+    assert signs.shape == (k, 2 * n) and set(np.unique(signs)) <= {-1.0, 1.0}
+    np.testing.assert_array_equal((signs[:, :n] + signs[:, n:]) / 2, w)
+    np.testing.assert_array_equal(x @ signs[:, :n] + x @ signs[:, n:], 2 * (x @ w))
+
+
 @SETTINGS
 @given(st.integers(1, 300), st.integers(0, 2**31))
 def test_and_popc_identity_with_zero_padding(k, seed):

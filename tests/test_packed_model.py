@@ -3,6 +3,7 @@
 import json
 import os
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,26 +13,66 @@ from jaxbnn import formats, packed_model
 from jaxbnn.packed_model import PackedModel, PackedModelError
 
 
-def tiny_model(seed: int = 0) -> PackedModel:
-    """float image (4, 4, 3) -> first conv (binary weights, threshold) -> dense on the packed image
-    (binary x binary, affine logits)."""
+FORMAT_V1_FILE = Path(__file__).parent / "data" / "format_v1_mnist_conv_tbn.jbnn"
+
+
+def weight_values(rng, shape, weights):
+    """Random ±1 (binary) or {-1, 0, +1} (ternary) weight values."""
+    return rng.choice([-1, 1] if weights == "binary" else [-1, 0, 1], size=shape).astype(np.float32)
+
+
+def as_signs(values, weights):
+    """The ±1 weights that binary / ternary weight values are stored as (ternary: output axis doubled)."""
+    return values if weights == "binary" else np.asarray(formats.ternary_weight_signs(values))
+
+
+def tiny_model(seed: int = 0, weights: str = "binary") -> PackedModel:
+    """float image (4, 4, 3) -> first conv (float operand: int8 kernel; threshold, pool) -> dense on the
+    packed image (conv bit matrix, tap popcounts; threshold) -> dense (dense bit matrix, row popcounts;
+    affine logits), every layer with `weights` (binary / ternary) weights."""
     rng = np.random.default_rng(seed)
-    conv = {"name": "blocks.0", "kind": "conv", "input": "float", "operand": "float", "weights": "binary",
+    conv = {"name": "blocks.0", "kind": "conv", "input": "float", "operand": "float", "weights": weights,
             "in_shape": [4, 4, 3], "out_channels": 5, "kernel_size": [3, 3], "stride": [1, 1],
             "padding": [[1, 1], [1, 1]], "pad_value": "zero", "pool": [2, 2], "out_shape": [2, 2, 5],
             "output": "binary"}
-    dense = {"name": "blocks.1", "kind": "dense", "input": "binary", "operand": "binary", "weights": "binary",
-             "in_shape": [2, 2, 5], "out_channels": 3, "out_shape": [3], "output": "affine"}
-    first = formats.pack_dense_weights(rng.normal(size=(27, 5)))
-    second = formats.pack_conv_weights(rng.normal(size=(2, 2, 5, 3)))
+    hidden = {"name": "blocks.1", "kind": "dense", "input": "binary", "operand": "binary", "weights": weights,
+              "in_shape": [2, 2, 5], "out_channels": 4, "out_shape": [4], "output": "binary"}
+    logits = {"name": "blocks.2", "kind": "dense", "input": "binary", "operand": "binary", "weights": weights,
+              "in_shape": [4], "out_channels": 3, "out_shape": [3], "output": "affine"}
+    first = weight_values(rng, (3, 3, 3, 5), weights)
+    second = formats.pack_conv_weights(as_signs(weight_values(rng, (2, 2, 5, 4), weights), weights))
+    last_values = weight_values(rng, (4, 3), weights)
+    last_values[0, 0] = -1  # both planes' bit 0 of output channel 0 clear (the pos-plane test sets one)
+    last = formats.pack_dense_weights(as_signs(last_values, weights))
     tensors = {
-        "nodes.0.weight": np.asarray(first.bits), "nodes.0.weight_popcount": np.asarray(first.popcount),
+        "nodes.0.kernel": first.astype(np.int8),
         "nodes.0.threshold": rng.normal(size=5).astype(np.float32), "nodes.0.flip": rng.random(5) < 0.5,
-        "nodes.1.weight": np.asarray(second.bits), "nodes.1.weight_popcount": np.asarray(second.tap_popcount).sum(axis=0, dtype=np.int32),
-        "nodes.1.scale": rng.normal(size=3).astype(np.float32), "nodes.1.bias": rng.normal(size=3).astype(np.float32),
+        "nodes.1.weight": np.asarray(second.bits), "nodes.1.weight_tap_popcount": np.asarray(second.tap_popcount),
+        "nodes.1.threshold": rng.integers(-20, 20, 4).astype(np.int32), "nodes.1.flip": rng.random(4) < 0.5,
+        "nodes.2.weight": np.asarray(last.bits), "nodes.2.weight_popcount": np.asarray(last.popcount),
+        "nodes.2.scale": rng.normal(size=3).astype(np.float32), "nodes.2.bias": rng.normal(size=3).astype(np.float32),
     }
-    graph = {"name": "tiny", "mode": "bnn", "input_shape": [4, 4, 3], "num_classes": 3, "nodes": [conv, dense]}
+    graph = {"name": "tiny", "mode": "bnn" if weights == "binary" else "tnn", "input_shape": [4, 4, 3],
+             "num_classes": 3, "nodes": [conv, hidden, logits]}
     return PackedModel(graph=graph, tensors=tensors, target="cpu")
+
+
+def write_unvalidated(path, model: PackedModel) -> None:
+    """Write `model` as a well-formed file with a correct content hash but without validating its values:
+    what a faulty writer would produce."""
+    core = {"format": packed_model.FORMAT_NAME, "format_version": packed_model.FORMAT_VERSION,
+            "target": model.target, "tile": list(model.tile), "graph": model.graph}
+    header = dict(core, content_hash=packed_model.content_hash(core, model.tensors))
+    path.write_bytes(save_safetensors(model.tensors, metadata={"jaxbnn": json.dumps(header)}))
+
+
+def set_bit(tiles: np.ndarray, row: int, bit: int) -> np.ndarray:
+    """A copy of FSB tiles with bit `bit` of matrix row `row` set."""
+    tiles = tiles.copy()
+    _, _, bh, ww = tiles.shape
+    word = bit // formats.WORD_BITS
+    tiles[row // bh, word // ww, row % bh, word % ww] |= np.uint32(1 << (bit % formats.WORD_BITS))
+    return tiles
 
 
 def rewrite(path, header_edit=None, tensors_edit=None):
@@ -48,8 +89,9 @@ def rewrite(path, header_edit=None, tensors_edit=None):
     path.write_bytes(save_safetensors(tensors, metadata={"jaxbnn": json.dumps(header)}))
 
 
-def test_round_trip(tmp_path):
-    model = tiny_model()
+@pytest.mark.parametrize("weights", ["binary", "ternary"])
+def test_round_trip(tmp_path, weights):
+    model = tiny_model(weights=weights)
     path = tmp_path / "m.jbnn"
     size = packed_model.save(path, model)
     assert size == path.stat().st_size
@@ -79,11 +121,14 @@ def test_write_is_atomic_and_leaves_no_temporary(tmp_path):
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda t: t.pop("nodes.1.bias"), "missing"),
-        (lambda t: t.update({"nodes.1.extra": np.zeros(3, np.float32)}), "not used"),
+        (lambda t: t.pop("nodes.2.bias"), "missing"),
+        (lambda t: t.update({"nodes.2.extra": np.zeros(3, np.float32)}), "not used"),
         (lambda t: t.update({"nodes.0.flip": np.zeros(5, np.uint8)}), "dtype"),
         (lambda t: t.update({"nodes.0.threshold": np.zeros(5, np.int32)}), "dtype"),
         (lambda t: t.update({"nodes.1.weight": np.zeros((1, 2, 8, 4), np.uint32)}), "shape"),
+        (lambda t: t.update({"nodes.1.weight_tap_popcount": np.zeros((4, 3), np.int32)}), "shape"),
+        (lambda t: t.update({"nodes.1.weight_tap_popcount": np.zeros((4, 4), np.int64)}), "dtype"),
+        (lambda t: t.update({"nodes.0.kernel": np.ones((3, 3, 3, 5), np.float32)}), "dtype"),
     ],
 )
 def test_save_refuses_tensors_that_do_not_fit_the_graph(tmp_path, edit, message):
@@ -98,7 +143,7 @@ def test_save_refuses_tensors_that_do_not_fit_the_graph(tmp_path, edit, message)
     [
         (lambda g: g["nodes"][0].update(kind="lstm"), "kind"),
         (lambda g: g["nodes"][0].update(out_shape=[4, 4, 5]), "out_shape"),
-        (lambda g: g["nodes"][1].update(input="ternary", operand="ternary"), "input"),
+        (lambda g: g["nodes"][2].update(input="ternary", operand="ternary"), "input"),
         (lambda g: g["nodes"][0].update(pad_value="two"), "pad_value"),
         (lambda g: g["nodes"][0].update(stride=[0, 1]), "stride"),
         (lambda g: g.update(num_classes=4), "logits"),
@@ -142,7 +187,7 @@ def test_truncated_file_is_refused(tmp_path, cut):
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda h: h.update(format_version=2), "version 2 is not supported"),
+        (lambda h: h.update(format_version=3), "version 3 is not supported"),
         (lambda h: h.update(format="other"), "format"),
         (lambda h: h.update(target="sm70"), "target"),
         (lambda h: h.update(tile=[16, 128]), "tile"),
@@ -161,7 +206,7 @@ def test_edited_header_is_refused(tmp_path, edit, message):
 def test_swapped_tensor_values_fail_the_hash(tmp_path):
     path = tmp_path / "m.jbnn"
     packed_model.save(path, tiny_model())
-    rewrite(path, tensors_edit=lambda t: t.update({"nodes.1.scale": t["nodes.1.scale"][::-1].copy()}))
+    rewrite(path, tensors_edit=lambda t: t.update({"nodes.2.scale": t["nodes.2.scale"][::-1].copy()}))
     with pytest.raises(PackedModelError, match="content hash mismatch"):
         packed_model.load(path)
 
@@ -178,3 +223,81 @@ def test_garbage_is_refused(tmp_path):
     path.write_bytes(struct.pack("<Q", 12) + b"{not json!!}" + b"\0" * 16)
     with pytest.raises(PackedModelError, match="not valid JSON"):
         packed_model.load(path)
+
+
+# --- the values: what the ops take is used as it is, so a reader checks it --------------------------------
+
+
+def add_one(name, at):
+    """An edit adding 1 to tensor `name` at index `at`."""
+    def edit(tensors):
+        tensors[name] = tensors[name].copy()
+        tensors[name][at] += 1
+    return edit
+
+
+def set_weight_bit(name, row, bit):
+    return lambda tensors: tensors.update({name: set_bit(tensors[name], row, bit)})
+
+
+def set_pos_bit_without_nonneg(tensors):
+    """Output channel 0 of node 2 (3 channels, ternary): bit 0 of its pos-plane row 3, whose nonneg row 0 has
+    bit 0 clear; its row popcount follows, so only the plane rule is broken."""
+    tensors["nodes.2.weight"] = set_bit(tensors["nodes.2.weight"], 3, 0)
+    add_one("nodes.2.weight_popcount", 3)(tensors)
+
+
+def set_value(name, at, value):
+    def edit(tensors):
+        tensors[name] = tensors[name].copy()
+        tensors[name][at] = value
+    return edit
+
+
+VALUE_ERRORS = [
+    ("binary", add_one("nodes.1.weight_tap_popcount", (1, 2)),
+     r"node 1 \(blocks.1\): tensor 'nodes.1.weight_tap_popcount' does not match the bits of 'nodes.1.weight': "
+     r"at tap 1, row 2"),
+    ("ternary", add_one("nodes.1.weight_tap_popcount", (3, 6)),  # row 6: the pos plane of channel 2
+     r"node 1 \(blocks.1\): tensor 'nodes.1.weight_tap_popcount' .* at tap 3, row 6"),
+    ("binary", add_one("nodes.2.weight_popcount", 1),
+     r"node 2 \(blocks.2\): tensor 'nodes.2.weight_popcount' does not match the bits of 'nodes.2.weight': at row 1"),
+    ("ternary", add_one("nodes.2.weight_popcount", 4),
+     r"tensor 'nodes.2.weight_popcount' .* at row 4"),
+    # padding: a row past the matrix, a channel past C = 5 inside a tap's word, a bit past K = 4
+    ("binary", set_weight_bit("nodes.2.weight", 5, 0),
+     r"node 2 .*'nodes.2.weight' has bits set outside its 3 x 4-bit"),
+    ("binary", set_weight_bit("nodes.1.weight", 0, 32 + 7),
+     r"node 1 .*'nodes.1.weight' has bits set outside its 4 x 20-bit"),
+    ("ternary", set_weight_bit("nodes.2.weight", 0, 4),
+     r"'nodes.2.weight' has bits set outside its 6 x 4-bit"),
+    ("ternary", set_pos_bit_without_nonneg,
+     r"node 2 \(blocks.2\): tensor 'nodes.2.weight': output channel 0 has a bit of the pos plane"),
+    ("binary", set_value("nodes.0.kernel", (0, 1, 2, 3), 0),
+     r"node 0 \(blocks.0\): tensor 'nodes.0.kernel' holds 0 at \(0, 1, 2, 3\); binary weights are \(-1, 1\)"),
+    ("ternary", set_value("nodes.0.kernel", (2, 2, 0, 4), 2), r"tensor 'nodes.0.kernel' holds 2 at \(2, 2, 0, 4\)"),
+    ("binary", set_value("nodes.0.threshold", 3, np.nan), r"node 0 .*'nodes.0.threshold' holds NaN"),
+]
+
+
+@pytest.mark.parametrize("weights, edit, message", VALUE_ERRORS)
+def test_wrong_values_are_refused_on_write_and_on_load(tmp_path, weights, edit, message):
+    model = tiny_model(weights=weights)
+    packed_model.validate(model)
+    edit(model.tensors)
+    path = tmp_path / "m.jbnn"
+    with pytest.raises(PackedModelError, match=message):
+        packed_model.save(path, model)
+    assert not path.exists()
+    write_unvalidated(path, model)
+    with pytest.raises(PackedModelError, match=message):
+        packed_model.load(path)
+
+
+def test_a_file_of_the_previous_format_version_is_refused_with_what_to_do():
+    blob = FORMAT_V1_FILE.read_bytes()
+    (size,) = struct.unpack("<Q", blob[:8])
+    assert json.loads(json.loads(blob[8:8 + size])["__metadata__"]["jaxbnn"])["format_version"] == 1
+    with pytest.raises(PackedModelError, match=r"format version 1 is not supported \(this jaxbnn reads version 2\); "
+                                               r"re-export the model from its training run: jaxbnn export"):
+        packed_model.load(FORMAT_V1_FILE)

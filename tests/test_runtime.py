@@ -4,14 +4,16 @@ layers, the custom calls in the compiled program, clear errors, and no dependenc
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from jaxbnn.export import export_model
+from jaxbnn.export import export_model, fidelity_report
 from jaxbnn import _ffi, formats, packed_model, runtime
 from jaxbnn.models import build_model
+from zoo_cases import images_for, zoo_model
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +88,92 @@ def test_a_corrupted_file_is_refused(tmp_path, conv_model):
     path.write_bytes(bytes(blob))
     with pytest.raises(packed_model.PackedModelError):
         runtime.load(path)
+
+
+# --- loading uses the file's tensors as they are --------------------------------------------------------
+
+# Every node kind whose weights the file stores, in every network mode: the first layer (float operand, a
+# conv or a dense over the image), convs and dense layers on a packed image (conv bit matrix, tap
+# popcounts), dense layers on a packed vector (dense bit matrix, row popcounts), residual blocks' convs.
+LOAD_CASES = [("mnist-conv", mode, {}) for mode in ("bnn", "tnn", "tbn", "btn")] + [
+    ("mnist-mlp", "btn", {"kernel_threshold": "twn_channel"}),
+    ("mnist-mlp", "tbn", {}),
+    ("cifar10-resnet14", "tnn", {}),
+]
+
+FORMAT_FUNCTIONS = ("binarize", "pack_bits", "unpack_bits", "to_fsb", "from_fsb", "popcount", "ternary_planes",
+                    "pack_ternary", "unpack_ternary", "ternary_pm_planes", "ternary_weight_signs",
+                    "pack_dense_weights", "pack_conv_weights")
+
+
+def _parameters_by_tensor_name(net) -> dict:
+    """The loaded parameters of every node, named as the file's tensors."""
+    def linear(prefix, params):
+        for key, value in params.items():
+            if isinstance(value, formats.ConvBits):
+                yield prefix + "weight", value.bits
+                yield prefix + "weight_tap_popcount", value.tap_popcount
+            elif isinstance(value, formats.DenseBits):
+                yield prefix + "weight", value.bits
+                yield prefix + "weight_popcount", value.popcount
+            else:
+                yield prefix + key, value
+
+    named = {}
+    for index, (node, params) in enumerate(zip(net.graph["nodes"], net.params)):
+        if node["kind"] == "residual":
+            for key in ("conv1", "conv2"):
+                named.update(linear(f"nodes.{index}.{key}.", params[key]))
+        else:
+            named.update(linear(f"nodes.{index}.", params))
+    return named
+
+
+@pytest.mark.parametrize("name, mode, options", LOAD_CASES, ids=[f"{n}-{m}" for n, m, _ in LOAD_CASES])
+def test_loading_runs_the_stored_tensors_as_they_are(tmp_path, monkeypatch, name, mode, options):
+    model = zoo_model(name, mode, options)
+    path = tmp_path / "model.jbnn"
+    packed_model.save(path, export_model(model))
+    stored = packed_model.load(path).tensors
+    with monkeypatch.context() as patch:
+        for function in FORMAT_FUNCTIONS:
+            patch.setattr(formats, function, lambda *args, _name=function, **kwargs: pytest.fail(
+                f"loading called formats.{_name}: the file should hold what the ops take"))
+        net = runtime.load(path)
+
+    loaded = _parameters_by_tensor_name(net)
+    assert sorted(loaded) == sorted(stored)
+    for tensor, array in stored.items():
+        value = np.asarray(loaded[tensor])
+        if tensor.endswith(".kernel"):  # the first layer's int8 values, as the float conv takes them
+            assert array.dtype == np.int8 and value.dtype == np.float32, tensor
+        else:
+            assert value.dtype == array.dtype, tensor
+        np.testing.assert_array_equal(value, array, err_msg=tensor)
+
+    images = images_for(model, 6, seed=3)
+    report = fidelity_report(model, net, images)
+    assert report.predictions_equal == report.samples, report.summary()
+    assert report.bit_mismatches == 0 and report.ties == 0, [n for n in report.nodes if n.mismatches]
+    assert report.logits_max_rel_diff <= 4e-6, report.summary()
+    tolerance = 0.0 if jax.default_backend() == "cpu" else 1e-5
+    assert all(n.max_abs_diff <= tolerance for n in report.nodes[:-1]), report.summary()
+    np.testing.assert_array_equal(net.predict(images, batch_size=4), np.argmax(np.asarray(model(images)), axis=-1))
+
+
+def test_an_in_memory_model_with_a_wrong_tap_popcount_is_refused(conv_model):
+    packed = export_model(conv_model)
+    name = "nodes.1.weight_tap_popcount"
+    packed.tensors[name] = packed.tensors[name] + np.eye(*packed.tensors[name].shape, dtype=np.int32)
+    with pytest.raises(packed_model.PackedModelError, match=rf"node 1 \(blocks.1\): tensor '{name}' does not match"):
+        runtime.from_packed(packed)
+
+
+def test_a_file_of_the_previous_format_version_is_refused():
+    from test_packed_model import FORMAT_V1_FILE
+
+    with pytest.raises(packed_model.PackedModelError, match="format version 1 is not supported.*jaxbnn export"):
+        runtime.load(FORMAT_V1_FILE)
 
 
 def test_runtime_imports_neither_export_nor_training_code():
