@@ -262,7 +262,7 @@ __device__ __forceinline__ AccumulatorRows BandTileRows(const BinaryGemmProblem&
 // serializes the wgmmas of every runtime-length form it was given (remark C7520, "compiler-inserted WG.AR in
 // divergent path": a fence per step, per pair, per block of 8 with or without a commit in the loop). The
 // unrolled loop's exit after band.steps still costs a `warpgroup.arrive` before every wgmma and a dummy HGMMA
-// per tile (remark C7519), which the exact instances do without. kPixelPairs: C = 64 (above), its own
+// per tile (remark C7519), which the exact instances do without. kPixelPairs: C = 64 (the file's head), its own
 // instances so that the other channel counts keep their registers; kQuarter: N <= 64 (most C = 64 layers), the
 // threshold bits of the first 64 columns only (a run-time choice between the two epilogues spilled).
 //
