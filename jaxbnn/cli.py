@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 from typing import Callable, NamedTuple
 
@@ -32,6 +33,34 @@ def import_train_module(name: str):
 # --- train ----------------------------------------------------------------------------------------------
 
 
+def integer_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= minimum (argparse names the option in its error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def finite_number(*, positive: bool) -> Callable[[str], float]:
+    """An argparse type: a finite float, > 0 (positive) or >= 0."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise argparse.ArgumentTypeError(f"must be a finite number {'> 0' if positive else '>= 0'}, got {text}")
+        return value
+
+    return parse
+
+
 def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="mnist-mlp",
                         help="zoo model: mnist-mlp, mnist-conv, cifar10-vgg, cifar10-resnet14, "
@@ -39,17 +68,19 @@ def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", default="bnn", help="bnn, tnn, tbn, btn or float (default bnn)")
     parser.add_argument("--data", default="mnist5k", help="mnist5k (offline), mnist or cifar10 (default mnist5k)")
     parser.add_argument("--data-dir", help="directory holding the mnist IDX / cifar10 binary files")
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=100)
-    parser.add_argument("--lr", type=float, default=1e-3, help="peak Adam learning rate (cosine decay)")
-    parser.add_argument("--weight-decay", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--width", type=float, default=1.0, help="channel/width multiplier of the model")
+    parser.add_argument("--epochs", type=integer_at_least(1), default=10)
+    parser.add_argument("--batch-size", type=integer_at_least(1), default=100)
+    parser.add_argument("--lr", type=finite_number(positive=True), default=1e-3,
+                        help="peak Adam learning rate (cosine decay)")
+    parser.add_argument("--weight-decay", type=finite_number(positive=False), default=0.0)
+    parser.add_argument("--seed", type=integer_at_least(0), default=0)
+    parser.add_argument("--width", type=finite_number(positive=True), default=1.0,
+                        help="channel/width multiplier of the model")
     parser.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
                         help="random crop + flip (default: on for cifar10 only)")
     parser.add_argument("--out", required=True, help="run directory: checkpoints, metrics.jsonl, curves.png; "
                                                       "rerunning with the same directory resumes")
-    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+    parser.add_argument("--checkpoint-every", type=integer_at_least(0), default=0, metavar="STEPS",
                         help="also checkpoint every STEPS steps inside an epoch (default: after each epoch only)")
     parser.add_argument("--summary", action="store_true", help="print the model summary before training")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -57,24 +88,19 @@ def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run_train(args: argparse.Namespace) -> int:
     loop = import_train_module("loop")
-    if args.epochs < 1 or args.batch_size < 1:
-        raise ValueError("--epochs and --batch-size must be positive")
     config = loop.TrainConfig(
         model=args.model, mode=args.mode, data=args.data, data_dir=args.data_dir, epochs=args.epochs,
         batch_size=args.batch_size, learning_rate=args.lr, weight_decay=args.weight_decay, seed=args.seed,
         augment=args.augment, width=args.width,
     )
+    loop.check_config(config)
     if args.summary:
-        from jaxbnn.summary import format_summary
-
-        data = import_train_module("data")
-        spec = data.DATASETS.get(args.data)
-        if spec is None:
-            raise ValueError(f"unknown dataset {args.data!r}; known: {sorted(data.DATASETS)}")
         from flax import nnx
 
         from jaxbnn.models import build_model
+        from jaxbnn.summary import format_summary
 
+        spec = import_train_module("data").DATASETS[args.data]
         model = nnx.eval_shape(lambda: build_model(args.model, args.mode, input_shape=spec["input_shape"],
                                                    num_classes=spec["num_classes"], width=args.width))
         print(format_summary(model))
