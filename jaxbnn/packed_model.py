@@ -12,6 +12,7 @@ silently wrong outputs. Layout of the graph and of every tensor: docs/export.md.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import math
@@ -475,7 +476,9 @@ def save(path: str | os.PathLike, model: PackedModel) -> int:
     header = dict(core, content_hash=content_hash(core, tensors))
     blob = save_safetensors(tensors, metadata={METADATA_KEY: json.dumps(header, sort_keys=True)})
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    if not path.parent.is_dir():  # else the error would name the temporary file
+        raise FileNotFoundError(errno.ENOENT, "no such folder to write the packed checkpoint into", str(path.parent))
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
@@ -490,18 +493,20 @@ def save(path: str | os.PathLike, model: PackedModel) -> int:
 
 
 def _read_header(blob: bytes, where: str) -> dict:
+    not_packed = f"{where}: not a jaxbnn packed checkpoint (.jbnn)"
     if len(blob) < 8:
-        raise PackedModelError(f"{where}: file too short ({len(blob)} bytes) for a safetensors header")
+        raise PackedModelError(f"{not_packed}: the file holds only {len(blob)} bytes")
     (size,) = struct.unpack("<Q", blob[:8])
-    if size > len(blob) - 8:
-        raise PackedModelError(f"{where}: safetensors header of {size} bytes overruns the {len(blob)}-byte file")
     try:
-        table = json.loads(blob[8 : 8 + size])
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise PackedModelError(f"{where}: safetensors header is not valid JSON ({error})") from None
-    metadata = table.get("__metadata__") if isinstance(table, dict) else None
+        table = json.loads(blob[8 : 8 + size]) if size <= len(blob) - 8 else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        table = None
+    if not isinstance(table, dict):
+        raise PackedModelError(f"{not_packed}: it does not start with the safetensors header a .jbnn file has")
+    metadata = table.get("__metadata__")
     if not isinstance(metadata, dict) or METADATA_KEY not in metadata:
-        raise PackedModelError(f"{where}: not a jaxbnn packed checkpoint (no {METADATA_KEY!r} header)")
+        raise PackedModelError(f"{not_packed}: a safetensors file without the {METADATA_KEY!r} header that "
+                               "`jaxbnn export` writes")
     try:
         header = json.loads(metadata[METADATA_KEY])
     except (TypeError, json.JSONDecodeError) as error:

@@ -214,14 +214,22 @@ def test_swapped_tensor_values_fail_the_hash(tmp_path):
 def test_a_plain_safetensors_file_is_not_a_packed_checkpoint(tmp_path):
     path = tmp_path / "plain.safetensors"
     path.write_bytes(save_safetensors({"w": np.ones(3, np.float32)}))
-    with pytest.raises(PackedModelError, match="not a jaxbnn packed checkpoint"):
+    with pytest.raises(PackedModelError, match=r"not a jaxbnn packed checkpoint \(.jbnn\): a safetensors file "
+                                               "without the 'jaxbnn' header"):
         packed_model.load(path)
+
+
+def test_saving_into_a_missing_folder_names_the_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such folder to write the packed checkpoint into") as error:
+        packed_model.save(tmp_path / "missing" / "m.jbnn", tiny_model())
+    assert error.value.filename == str(tmp_path / "missing")
 
 
 def test_garbage_is_refused(tmp_path):
     path = tmp_path / "garbage.jbnn"
     path.write_bytes(struct.pack("<Q", 12) + b"{not json!!}" + b"\0" * 16)
-    with pytest.raises(PackedModelError, match="not valid JSON"):
+    with pytest.raises(PackedModelError, match=r"not a jaxbnn packed checkpoint \(.jbnn\): it does not start with "
+                                               "the safetensors header"):
         packed_model.load(path)
 
 

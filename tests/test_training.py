@@ -122,6 +122,12 @@ def test_the_python_api_checks_the_configuration_before_writing(tmp_path):
         assert not (tmp_path / "run").exists()
 
 
+def test_the_progress_bar_stays_out_of_a_log_file(tmp_path, capsys):
+    # Under pytest's capture stderr is not a terminal, as when it is redirected to a file: no bar frames.
+    loop.fit(loop.TrainConfig(epochs=1, **SMALL_MLP), tmp_path, progress=True, log=lambda _: None)
+    assert "\r" not in capsys.readouterr().err
+
+
 def test_cli_requires_an_output_directory():
     with pytest.raises(SystemExit):
         cli.main(["train"])

@@ -296,8 +296,9 @@ def fit(config: TrainConfig, out_dir: str | os.PathLike, *, progress: bool = Tru
         model.train()
         loss_sum, accuracy_sum = jnp.float32(partial["loss_sum"]), jnp.float32(partial["accuracy_sum"])
         batches = data_lib.batches(train_set, config.batch_size, seed=config.seed, epoch=epoch, augment=augment)
+        # disable=None: no bar when stderr is not a terminal (a log file would fill with redrawn frames)
         bar = tqdm(batches, total=steps_per_epoch, initial=skip, desc=f"epoch {epoch}/{config.epochs}",
-                   disable=not progress, leave=False)
+                   disable=None if progress else True, leave=False)
         for index, (images, labels) in enumerate(bar):
             if index < skip:
                 continue  # done before the interruption; iterated so augmentation draws stay in step
