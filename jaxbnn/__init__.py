@@ -21,6 +21,7 @@ _LAZY = {
     "packed_model": ("jaxbnn.packed_model", None),
     "load": ("jaxbnn.runtime", "load"),
     "PackedNet": ("jaxbnn.runtime", "PackedNet"),
+    "InputRangeWarning": ("jaxbnn.runtime", "InputRangeWarning"),
     "PackedModelError": ("jaxbnn.packed_model", "PackedModelError"),
     **{
         name: ("jaxbnn.quantizers", name)

@@ -220,7 +220,7 @@ def _run_predict(args: argparse.Namespace) -> int:
     if tuple(test.images.shape[1:]) != net.input_shape:
         raise ValueError(f"{args.packed} takes images of shape {net.input_shape}; {args.data} has "
                          f"{tuple(test.images.shape[1:])}")
-    images = data.to_float(test.images)
+    images = test.images  # uint8: the runtime maps pixels to the input range the file records
     predictions = net.predict(images, args.batch_size)
     accuracy = float(np.mean(predictions == test.labels))
     batch = images[: min(args.batch_size, len(images))]
@@ -312,8 +312,8 @@ def _demo(args: argparse.Namespace, out: Path) -> int:
 
     print(f"3/4 load {path.name} and run jitted inference through the jaxbnn custom calls")
     net = runtime.load(path)
+    packed_accuracy = float(np.mean(net.predict(test.images) == test.labels))  # uint8, as the file says
     images = data.to_float(test.images)
-    packed_accuracy = float(np.mean(net.predict(images) == test.labels))
 
     print("4/4 compare with the Flax model (eval mode) on all test images")
     fidelity = export.fidelity_report(model, net, images)

@@ -6,6 +6,7 @@ import struct
 import numpy as np
 import pytest
 
+from jaxbnn import packed_model
 from jaxbnn.cli import import_train_module
 
 data = import_train_module("data")
@@ -141,3 +142,13 @@ def test_unknown_dataset_and_missing_directory():
         data.load_dataset("svhn")
     with pytest.raises(ValueError, match="data_dir"):
         data.load_dataset("cifar10")
+
+
+def test_to_float_maps_pixels_to_the_recorded_training_range():
+    pixels = np.arange(256, dtype=np.uint8)
+    values = data.to_float(pixels)
+    assert values.dtype == np.float32 and values[0] == -1.0 and values[-1] == 1.0
+    np.testing.assert_array_equal(values, pixels.astype(np.float32) * np.float32(2 / 255) - np.float32(1))
+    np.testing.assert_array_equal(values, packed_model.pixel_values(packed_model.TRAINING_INPUT_RANGE))
+    with pytest.raises(TypeError, match="uint8"):
+        data.to_float(pixels.astype(np.int32))

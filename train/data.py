@@ -21,6 +21,8 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
+from jaxbnn.packed_model import TRAINING_INPUT_RANGE, pixel_values
+
 __all__ = [
     "Dataset",
     "DATASETS",
@@ -191,8 +193,12 @@ def _check_split(split: str) -> None:
 
 
 def to_float(images: np.ndarray) -> np.ndarray:
-    """uint8 -> float32 in [-1, 1]."""
-    return images.astype(np.float32) * (2.0 / 255.0) - 1.0
+    """uint8 -> float32 in [-1, 1] (``TRAINING_INPUT_RANGE``, recorded in every exported file, whose
+    runtime converts uint8 images to exactly these values)."""
+    images = np.asarray(images)
+    if images.dtype != np.uint8:
+        raise TypeError(f"to_float takes uint8 pixels, got {images.dtype}")
+    return pixel_values(TRAINING_INPUT_RANGE)[images]
 
 
 def random_crop_flip(images: np.ndarray, rng: np.random.Generator, pad: int = 4) -> np.ndarray:
