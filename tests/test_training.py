@@ -1,5 +1,5 @@
-"""Training runs on the offline MNIST-5k split: learning, checkpoint resume, the CLI, and (slow) the
-accuracy rows of docs/accuracy.md."""
+"""Training runs on the offline MNIST-5k split: learning, checkpoint resume, and the CLI's checks before
+it writes anything (the accuracy rows of docs/accuracy.md: tests/test_docs.py)."""
 
 import json
 
@@ -155,23 +155,3 @@ def test_a_different_epoch_count_is_refused_not_ignored(tmp_path):
                                              rf"--epochs 1, or train {epochs} epochs in a new --out directory"):
             loop.fit(loop.TrainConfig(epochs=epochs, **SMALL_MLP), tmp_path, progress=False, log=lambda _: None)
     assert (tmp_path / "config.json").read_text() == config_before
-
-
-# --- the rows of docs/accuracy.md -----------------------------------------------------------------------------
-
-
-def _final_accuracy(tmp_path, **overrides):
-    config = loop.TrainConfig(**overrides)
-    return loop.fit(config, tmp_path / config.mode, progress=False, log=lambda _: None)[-1]["test_accuracy"]
-
-
-@pytest.mark.slow
-def test_mnist_mlp_bnn_is_within_four_points_of_full_precision(tmp_path):
-    bnn = _final_accuracy(tmp_path, model="mnist-mlp", mode="bnn", data="mnist5k", epochs=20)
-    full = _final_accuracy(tmp_path, model="mnist-mlp", mode="float", data="mnist5k", epochs=20)
-    assert full > 0.9 and bnn >= full - 0.04, (bnn, full)
-
-
-@pytest.mark.slow
-def test_mnist_conv_bnn_reaches_95_percent(tmp_path):
-    assert _final_accuracy(tmp_path, model="mnist-conv", mode="bnn", data="mnist5k", epochs=15) >= 0.95
