@@ -216,7 +216,7 @@ def _run_predict(args: argparse.Namespace) -> int:
     data = import_train_module("data")
     check_packed_file(args.packed)
     net = runtime.load(args.packed)
-    _, test = data.load_dataset(args.data, args.data_dir)
+    test = data.load_split(args.data, "test", args.data_dir)
     if tuple(test.images.shape[1:]) != net.input_shape:
         raise ValueError(f"{args.packed} takes images of shape {net.input_shape}; {args.data} has "
                          f"{tuple(test.images.shape[1:])}")

@@ -155,3 +155,21 @@ def test_a_different_epoch_count_is_refused_not_ignored(tmp_path):
                                              rf"--epochs 1, or train {epochs} epochs in a new --out directory"):
             loop.fit(loop.TrainConfig(epochs=epochs, **SMALL_MLP), tmp_path, progress=False, log=lambda _: None)
     assert (tmp_path / "config.json").read_text() == config_before
+
+
+def test_train_export_and_predict_on_mnist_files_from_a_folder(tmp_path, capsys):
+    from test_data import _fake_mnist
+
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    _fake_mnist(folder, n_train=20, n_test=6)
+    out = tmp_path / "run"
+    assert cli.main(["train", "--data", "mnist", "--data-dir", str(folder), "--batch-size", "5", *TINY_RUN,
+                     "--out", str(out)]) == 0
+    assert cli.main(["export", str(out), str(tmp_path / "m.jbnn")]) == 0
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
+        (folder / name).unlink()  # predict scores the test split and reads nothing else
+    capsys.readouterr()
+    assert cli.main(["predict", str(tmp_path / "m.jbnn"), "--data", "mnist", "--data-dir", str(folder)]) == 0
+    printed = capsys.readouterr().out
+    assert "on mnist test: accuracy" in printed and "(6 images)" in printed
