@@ -3,7 +3,8 @@ commands of docs/accuracy.md, which must give the accuracy the page states.
 
 Code blocks are fenced with their language. `python` and `sh` blocks run, in page order, in one fresh
 folder per page (a later block finds what an earlier one wrote: a run directory, a .jbnn file), with this
-environment's `jaxbnn` and `python` first on PATH. `text` blocks (signatures, formulas, file layouts,
+environment's `jaxbnn` and `python` first on PATH; consecutive `python` blocks run as one program, so the
+steps of a page share their variables. `text` blocks (signatures, formulas, file layouts,
 printed output) are not code. Two commands are checked rather than run, since this very environment was
 made by them: `pip install` (the extras it names must exist) and `pytest`.
 """
@@ -69,7 +70,7 @@ def environment() -> dict:
     return {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
 
 
-def run_block(page: Path, language: str, code: str, line: int, folder: Path) -> None:
+def run_code(page: Path, language: str, code: str, line: int, folder: Path) -> None:
     if language == "python":
         script = folder.parent / f"{page.stem}-{line}.py"
         script.write_text(code)
@@ -82,7 +83,18 @@ def run_block(page: Path, language: str, code: str, line: int, folder: Path) -> 
         assert warning not in result.stderr, f"{where(page, line)}: {result.stderr[-3000:]}"
 
 
-RUNNABLE = [page for page in PAGES if any(language in ("python", "sh") for language, _, _ in code_blocks(page))]
+def programs(page: Path) -> list[tuple[str, str, int]]:
+    """The page's runnable code in order: each sh block, and each run of consecutive python blocks joined."""
+    out = []
+    for language, code, line in code_blocks(page):
+        if language == "python" and out and out[-1][0] == "python":
+            out[-1] = ("python", f"{out[-1][1]}\n# {where(page, line)}\n{code}", out[-1][2])
+        elif language in ("python", "sh"):
+            out.append((language, f"# {where(page, line)}\n{code}" if language == "python" else code, line))
+    return out
+
+
+RUNNABLE = [page for page in PAGES if programs(page)]
 
 
 @pytest.mark.mnist5k
@@ -90,9 +102,8 @@ RUNNABLE = [page for page in PAGES if any(language in ("python", "sh") for langu
 def test_the_code_of_a_page_runs_as_written(page, tmp_path):
     folder = tmp_path / "work"
     folder.mkdir()
-    for language, code, line in code_blocks(page):
-        if language in ("python", "sh"):
-            run_block(page, language, code, line, folder)
+    for language, code, line in programs(page):
+        run_code(page, language, code, line, folder)
 
 
 # --- docs/accuracy.md: each row's command gives the row's accuracy --------------------------------------------
