@@ -282,6 +282,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     if args.out:
         return _demo(args, Path(args.out))
     with tempfile.TemporaryDirectory(prefix="jaxbnn-demo-") as folder:
+        print(f"working in {folder}, removed at the end (--out DIR keeps the run and the .jbnn file)")
         return _demo(args, Path(folder))
 
 

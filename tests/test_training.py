@@ -2,6 +2,7 @@
 it writes anything (the accuracy rows of docs/accuracy.md: tests/test_docs.py)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -116,8 +117,11 @@ def test_out_of_range_numbers_are_refused_before_anything_is_written(tmp_path, c
 
 
 def test_the_python_api_checks_the_configuration_before_writing(tmp_path):
-    for bad in (dict(learning_rate=-1.0), dict(epochs=0), dict(model="lenet"), dict(augment="yes")):
-        with pytest.raises(ValueError):
+    for bad, message in ((dict(learning_rate=-1.0), "learning_rate must be a finite number > 0, got -1.0"),
+                         (dict(epochs=0), "epochs must be an integer >= 1, got 0"),
+                         (dict(model="lenet"), "unknown model 'lenet'; known: mnist-mlp, mnist-conv"),
+                         (dict(augment="yes"), "augment must be true, false or None")):
+        with pytest.raises(ValueError, match=re.escape(message)):
             loop.fit(loop.TrainConfig(**{**SMALL_MLP, **bad}), tmp_path / "run", progress=False)
         assert not (tmp_path / "run").exists()
 
@@ -151,7 +155,7 @@ def test_a_different_epoch_count_is_refused_not_ignored(tmp_path):
     loop.fit(loop.TrainConfig(epochs=1, **SMALL_MLP), tmp_path, progress=False, log=lambda _: None)
     config_before = (tmp_path / "config.json").read_text()
     for epochs in (2, 3):  # a finished 1-epoch run neither extended nor silently kept
-        with pytest.raises(ValueError, match=rf"holds a run of 1 epochs, not {epochs}: .*Continue it with "
+        with pytest.raises(ValueError, match=rf"holds a run of 1 epoch, not {epochs}: .*Continue it with "
                                              rf"--epochs 1, or train {epochs} epochs in a new --out directory"):
             loop.fit(loop.TrainConfig(epochs=epochs, **SMALL_MLP), tmp_path, progress=False, log=lambda _: None)
     assert (tmp_path / "config.json").read_text() == config_before

@@ -59,8 +59,12 @@ class TrainConfig:
 def _known(kind: str, name, known) -> str:
     """'unknown model 'mnist-cnn'; did you mean 'mnist-conv'? known: ...'"""
     close = difflib.get_close_matches(str(name), list(known), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"unknown {kind} {name!r}{hint} known: {', '.join(known)}"
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown {kind} {name!r}; {hint}known: {', '.join(known)}"
+
+
+def _epochs(count: int) -> str:
+    return f"{count} epoch" if count == 1 else f"{count} epochs"
 
 
 def _is_int(value) -> bool:
@@ -198,9 +202,9 @@ def _start_or_match_run(out_dir: Path, config: TrainConfig) -> None:
     changed = sorted(k for k in set(previous) | set(wanted) if previous.get(k) != wanted.get(k))
     if changed == ["epochs"]:
         raise ValueError(
-            f"{out_dir} holds a run of {previous['epochs']} epochs, not {config.epochs}: its learning rate "
-            f"decays to zero over {previous['epochs']} epochs, so it cannot be stretched. Continue it with "
-            f"--epochs {previous['epochs']}, or train {config.epochs} epochs in a new --out directory")
+            f"{out_dir} holds a run of {_epochs(previous['epochs'])}, not {config.epochs}: its learning rate "
+            f"decays to zero over {_epochs(previous['epochs'])}, so it cannot be stretched. Continue it with "
+            f"--epochs {previous['epochs']}, or train {_epochs(config.epochs)} in a new --out directory")
     if changed:
         differences = ", ".join(f"{k} {previous.get(k)!r} (now {wanted.get(k)!r})" for k in changed)
         raise ValueError(f"{out_dir} holds a run with a different configuration: {differences}; use a new "
