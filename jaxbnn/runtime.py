@@ -11,6 +11,9 @@ The graph of the file (`jaxbnn.packed_model`, docs/export.md) runs node by node 
 - only the first layer reads floats (float input times the ±1 / ternary weight values, in jnp), and only
   float-output nodes (the classifier, the residual stream) write floats.
 
+Images are uint8 pixels, converted exactly as training converted them (the file records the input range
+the model was trained on), or floats on that scale; floats outside it draw an `InputRangeWarning`.
+
 The file holds every operand as the ops take it (ternary weights already as their two ±1 planes, stacked
 along the output axis; popcounts per row or per conv tap), so loading moves the arrays to the device as
 they are (the first layer's int8 weight values widened to float32) and packs, unpacks and derives nothing.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -30,9 +34,14 @@ import numpy as np
 from jaxbnn import formats, ops, packed_model
 from jaxbnn.packed_model import PackedModel, uses_conv_layout, weight_geometry
 
-__all__ = ["PackedNet", "load", "from_packed"]
+__all__ = ["PackedNet", "InputRangeWarning", "load", "from_packed"]
 
 HIGHEST = jax.lax.Precision.HIGHEST
+
+
+class InputRangeWarning(UserWarning):
+    """Float images that do not look like the scale the model was trained on (its predictions on them are
+    not what its accuracy promises). `warnings.simplefilter("error", InputRangeWarning)` makes it an error."""
 
 
 def load(path: str | os.PathLike) -> "PackedNet":
@@ -50,8 +59,11 @@ def from_packed(packed: PackedModel) -> "PackedNet":
 class PackedNet:
     """A packed model ready to run: ``logits = net(images)`` (float32 (B, num_classes)).
 
-    ``params`` holds the packed parameters (a pytree of arrays); the graph is static. ``trace(images)``
-    returns every node's output as it travels (packed bits, ternary plane pairs or floats).
+    ``images``: uint8 pixels (B, *input_shape), converted to the model's input exactly as in training
+    (``low + p * (high - low) / 255`` in float32, ``input_range = (low, high)`` as the file records it), or
+    floats already on that scale. ``params`` holds the packed parameters (a pytree of arrays); the graph is
+    static. ``trace(images)`` returns every node's output as it travels (packed bits, ternary plane pairs or
+    floats).
     """
 
     def __init__(self, packed: PackedModel):
@@ -60,21 +72,46 @@ class PackedNet:
         self.tile = packed.tile
         self.packed_bytes = packed.nbytes()
         self.input_shape = tuple(self.graph["input_shape"])
+        self.input_range = tuple(float(v) for v in self.graph["input_range"])
         self.num_classes = self.graph["num_classes"]
         self.params = [_prepare_node(node, _node_tensors(packed.tensors, f"nodes.{i}."))
                        for i, node in enumerate(self.graph["nodes"])]
+        self._pixel_values = jnp.asarray(packed_model.pixel_values(self.input_range))
         nodes = self.graph["nodes"]
         self._forward = jax.jit(lambda params, x: _run(nodes, params, x)[-1])
         self._trace = jax.jit(lambda params, x: _run(nodes, params, x))
 
     def _check_input(self, images):
-        images = jnp.asarray(images)
+        images = images if isinstance(images, jax.Array) else np.asarray(images)
         if images.ndim != len(self.input_shape) + 1 or tuple(images.shape[1:]) != self.input_shape:
             raise ValueError(f"{self.graph['name']} takes images of shape (batch, {', '.join(map(str, self.input_shape))}),"
                              f" got {tuple(images.shape)}")
+        low, high = self.input_range
+        if images.dtype == np.uint8:
+            return self._pixel_values[images]
         if not jnp.issubdtype(images.dtype, jnp.floating):
-            raise TypeError(f"images must be floating point (the training scale), got {images.dtype}")
-        return images.astype(jnp.float32)
+            raise TypeError(f"images must be uint8 pixels (0..255) or floats in [{low:g}, {high:g}] (the scale "
+                            f"{self.graph['name']} was trained on), got {images.dtype}")
+        if not isinstance(images, jax.core.Tracer) and images.size:
+            self._warn_outside_range(float(images.min()), float(images.max()))
+        return jnp.asarray(images, jnp.float32)
+
+    def _warn_outside_range(self, smallest: float, largest: float) -> None:
+        """Warn about float images off the training scale: beyond its range (by more than 1% of its
+        width), or none negative where the range is centred below zero (images scaled to [0, 1])."""
+        low, high = self.input_range
+        slack = 0.01 * (high - low)
+        scaled = f"{low:g} + p * {high - low:g} / 255"
+        trained = (f"{self.graph['name']} was trained on images in [{low:g}, {high:g}] (uint8 pixels p -> "
+                   f"{scaled}); these span [{smallest:g}, {largest:g}]")
+        if not low - slack <= smallest <= largest <= high + slack:  # NaN included
+            advice = "scale them as in training, or pass the uint8 pixels, which are converted exactly"
+        elif low < 0 <= smallest and (low + high) / 2 <= 0:
+            advice = (f"none is negative: images scaled to [0, 1] need {low:g} + x * {high - low:g}; or pass the "
+                      "uint8 pixels, which are converted exactly")
+        else:
+            return
+        warnings.warn(f"{trained}: {advice}", InputRangeWarning, stacklevel=4)
 
     def __call__(self, images) -> jax.Array:
         return self._forward(self.params, self._check_input(images))
@@ -85,8 +122,11 @@ class PackedNet:
         return self._trace(self.params, self._check_input(images))
 
     def predict(self, images, batch_size: int = 500) -> np.ndarray:
-        """Class indices for `images`, in batches of one shape (the last padded) so it compiles once."""
-        images = np.asarray(images, np.float32)
+        """Class indices for `images` (uint8 pixels or floats, as for a call), in batches of one shape (the
+        last padded) so it compiles once."""
+        images = np.asarray(images)
+        if images.dtype != np.uint8:
+            images = images.astype(np.float32)
         out = []
         for start in range(0, len(images), batch_size):
             chunk = images[start:start + batch_size]

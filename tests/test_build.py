@@ -1,11 +1,21 @@
 """The installed package: the native CPU module is built and registered, and the top-level train/ and
-export/ folders ship inside it as jaxbnn.train and jaxbnn.export."""
+export/ folders ship inside it as jaxbnn.train and jaxbnn.export; imported from a source tree without its
+native modules, jaxbnn says so."""
 
 import importlib
+import json
 import pathlib
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
 
 import jaxbnn
 from jaxbnn import _ffi
+
+REPOSITORY = pathlib.Path(__file__).parents[1]
 
 TARGETS = [f"jaxbnn_{op}_{kind}" for op in ("bmm", "bconv2d") for kind in ("i32", "f32", "bits")]
 
@@ -18,9 +28,47 @@ def test_cpu_module_exposes_every_target_as_a_capsule():
     assert all(_ffi.has_target("cpu", target) for target in TARGETS), _ffi.status()
 
 
+def installed_editable() -> bool:
+    direct_url = metadata.distribution("jaxbnn").read_text("direct_url.json")
+    return bool(direct_url) and json.loads(direct_url).get("dir_info", {}).get("editable", False)
+
+
 def test_native_module_lives_in_the_package():
     cpu = importlib.import_module("jaxbnn._cpu")
-    assert pathlib.Path(cpu.__file__).parent == pathlib.Path(jaxbnn.__file__).parent
+    where = pathlib.Path(cpu.__file__).parent
+    if installed_editable():  # the sources stay in the clone; the built module goes to the environment
+        assert where.name == "jaxbnn" and where != pathlib.Path(jaxbnn.__file__).parent
+    else:
+        assert where == pathlib.Path(jaxbnn.__file__).parent
+
+
+def import_jaxbnn_in(folder) -> subprocess.CompletedProcess:
+    """`import jaxbnn` (and a few submodules) in a fresh interpreter whose working directory is `folder`,
+    as a script or notebook there does; prints the file jaxbnn came from."""
+    code = "import jaxbnn, jaxbnn.ops, jaxbnn.runtime; print(jaxbnn.__file__)"
+    return subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True, timeout=120)
+
+
+def test_importing_a_source_tree_without_native_modules_says_so_once(tmp_path):
+    clone = tmp_path / "clone"  # the clone as a fresh checkout has it: sources only, nothing built
+    shutil.copytree(REPOSITORY / "jaxbnn", clone / "jaxbnn", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    shutil.copytree(REPOSITORY / "xla_ffi", clone / "xla_ffi")
+    shutil.copy(REPOSITORY / "pyproject.toml", clone)
+    result = import_jaxbnn_in(clone)
+    assert result.returncode == 0, result.stderr
+    if not result.stdout.strip().startswith(str(clone)):
+        pytest.skip(f"an editable install's import hook serves jaxbnn ahead of the working directory: "
+                    f"{result.stdout.strip()}")
+    assert result.stderr.count("NativeKernelsWarning: ") == 1, result.stderr
+    assert (f"NativeKernelsWarning: jaxbnn is imported from its source tree ({clone}), where the native modules "
+            "are not built (jaxbnn._cpu not importable") in result.stderr
+    assert "Install jaxbnn (pip install .) and run from another folder, or develop in an editable install " \
+           "(pip install -e .; README, 'Develop')." in result.stderr
+
+
+def test_the_installed_package_imports_without_a_warning(tmp_path):
+    result = import_jaxbnn_in(tmp_path)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
 
 
 def test_train_and_export_ship_as_subpackages():

@@ -6,6 +6,7 @@ import struct
 import numpy as np
 import pytest
 
+from jaxbnn import packed_model
 from jaxbnn.cli import import_train_module
 
 data = import_train_module("data")
@@ -58,8 +59,20 @@ def test_corrupt_idx_files_are_refused(tmp_path):
     (tmp_path / "short").write_bytes((tmp_path / "short").read_bytes()[:-1])
     with pytest.raises(ValueError, match="need 10 data bytes"):
         data.read_idx(tmp_path / "short")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"MNIST file train-images-idx3-ubyte\[.gz\] not found in .*; "
+                                                 r"--data-dir mnist takes the four IDX files of the MNIST database"):
         data.load_mnist(tmp_path, "train")
+
+
+def test_a_test_split_reads_only_its_own_files(tmp_path):
+    _fake_mnist(tmp_path)
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
+        (tmp_path / name).unlink()
+    assert len(data.load_split("mnist", "test", tmp_path).labels) == 5
+    with pytest.raises(FileNotFoundError, match="train-images-idx3-ubyte"):
+        data.load_split("mnist", "train", tmp_path)
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        data.load_split("mnist", "test", tmp_path / "missing")
 
 
 def _write_cifar(path, images_chw, labels):
@@ -89,6 +102,12 @@ def test_cifar10_binary_batches_round_trip(tmp_path):
     test = data.load_cifar10(folder, "test")
     assert test.images[2, 5, 7, 1] == test_images[2, 1, 5, 7]  # HWC pixel = CHW pixel
     np.testing.assert_array_equal(test.labels, test_labels)
+
+
+def test_a_missing_cifar_batch_is_named_with_where_to_get_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"CIFAR-10 file test_batch.bin not found in .*; --data-dir cifar10 "
+                                                r"takes the 'CIFAR-10 binary version'"):
+        data.load_split("cifar10", "test", tmp_path)
 
 
 def test_truncated_cifar_batch_is_refused(tmp_path):
@@ -141,3 +160,13 @@ def test_unknown_dataset_and_missing_directory():
         data.load_dataset("svhn")
     with pytest.raises(ValueError, match="data_dir"):
         data.load_dataset("cifar10")
+
+
+def test_to_float_maps_pixels_to_the_recorded_training_range():
+    pixels = np.arange(256, dtype=np.uint8)
+    values = data.to_float(pixels)
+    assert values.dtype == np.float32 and values[0] == -1.0 and values[-1] == 1.0
+    np.testing.assert_array_equal(values, pixels.astype(np.float32) * np.float32(2 / 255) - np.float32(1))
+    np.testing.assert_array_equal(values, packed_model.pixel_values(packed_model.TRAINING_INPUT_RANGE))
+    with pytest.raises(TypeError, match="uint8"):
+        data.to_float(pixels.astype(np.int32))

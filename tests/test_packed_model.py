@@ -53,7 +53,7 @@ def tiny_model(seed: int = 0, weights: str = "binary") -> PackedModel:
         "nodes.2.scale": rng.normal(size=3).astype(np.float32), "nodes.2.bias": rng.normal(size=3).astype(np.float32),
     }
     graph = {"name": "tiny", "mode": "bnn" if weights == "binary" else "tnn", "input_shape": [4, 4, 3],
-             "num_classes": 3, "nodes": [conv, hidden, logits]}
+             "input_range": [-1.0, 1.0], "num_classes": 3, "nodes": [conv, hidden, logits]}
     return PackedModel(graph=graph, tensors=tensors, target="cpu")
 
 
@@ -148,6 +148,9 @@ def test_save_refuses_tensors_that_do_not_fit_the_graph(tmp_path, edit, message)
         (lambda g: g["nodes"][0].update(stride=[0, 1]), "stride"),
         (lambda g: g.update(num_classes=4), "logits"),
         (lambda g: g.update(nodes=[]), "no nodes"),
+        (lambda g: g.update(input_range=[1.0, -1.0]), r"'input_range' must be \[low, high\]"),
+        (lambda g: g.update(input_range=[0, "255"]), r"'input_range' must be \[low, high\]"),
+        (lambda g: g.update(input_range=[-1.0, float("inf")]), r"'input_range' must be \[low, high\]"),
     ],
 )
 def test_save_refuses_an_invalid_graph(tmp_path, edit, message):
@@ -193,6 +196,9 @@ def test_truncated_file_is_refused(tmp_path, cut):
         (lambda h: h.update(tile=[16, 128]), "tile"),
         (lambda h: h["graph"]["nodes"][0].update(out_channels=6), "out_shape"),
         (lambda h: h["graph"].update(name="renamed"), "content hash mismatch"),
+        (lambda h: h["graph"].pop("input_range"), "graph attribute 'input_range' missing \\(the input scale the "
+                                                   "model was trained on\\): re-export the model from its training "
+                                                   "run: jaxbnn export RUN_DIR MODEL.jbnn"),
     ],
 )
 def test_edited_header_is_refused(tmp_path, edit, message):
@@ -214,14 +220,22 @@ def test_swapped_tensor_values_fail_the_hash(tmp_path):
 def test_a_plain_safetensors_file_is_not_a_packed_checkpoint(tmp_path):
     path = tmp_path / "plain.safetensors"
     path.write_bytes(save_safetensors({"w": np.ones(3, np.float32)}))
-    with pytest.raises(PackedModelError, match="not a jaxbnn packed checkpoint"):
+    with pytest.raises(PackedModelError, match=r"not a jaxbnn packed checkpoint \(.jbnn\): a safetensors file "
+                                               "without the 'jaxbnn' header"):
         packed_model.load(path)
+
+
+def test_saving_into_a_missing_folder_names_the_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such folder to write the packed checkpoint into") as error:
+        packed_model.save(tmp_path / "missing" / "m.jbnn", tiny_model())
+    assert error.value.filename == str(tmp_path / "missing")
 
 
 def test_garbage_is_refused(tmp_path):
     path = tmp_path / "garbage.jbnn"
     path.write_bytes(struct.pack("<Q", 12) + b"{not json!!}" + b"\0" * 16)
-    with pytest.raises(PackedModelError, match="not valid JSON"):
+    with pytest.raises(PackedModelError, match=r"not a jaxbnn packed checkpoint \(.jbnn\): it does not start with "
+                                               "the safetensors header"):
         packed_model.load(path)
 
 

@@ -3,6 +3,7 @@ layers, the custom calls in the compiled program, clear errors, and no dependenc
 
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ from flax import nnx
 
 from jaxbnn.export import export_model, fidelity_report
 from jaxbnn import _ffi, formats, packed_model, runtime
+from jaxbnn.cli import import_train_module
 from jaxbnn.models import build_model
 from zoo_cases import images_for, zoo_model
 
@@ -76,8 +78,58 @@ def test_bad_input_is_refused_before_lowering(net):
         net(np.zeros((2, 28, 28, 1), np.float32))
     with pytest.raises(ValueError, match="shape"):
         net(np.zeros((12, 12, 1), np.float32))
-    with pytest.raises(TypeError, match="floating point"):
+    with pytest.raises(TypeError, match=r"images must be uint8 pixels \(0..255\) or floats in \[-1, 1\] \(the scale "
+                                        "mnist-conv was trained on\\), got int32"):
         net(np.zeros((2, 12, 12, 1), np.int32))
+
+
+# --- the input scale: recorded in the file, applied to uint8, checked on floats -------------------------
+
+
+def pixels(count, seed=0, shape=(12, 12, 1)):
+    return np.random.default_rng(seed).integers(0, 256, size=(count, *shape), dtype=np.uint8)
+
+
+def test_uint8_pixels_are_converted_exactly_as_training_converts_them(net, conv_model):
+    to_float = import_train_module("data").to_float
+    assert net.input_range == (-1.0, 1.0)
+    x = pixels(6, seed=4)
+    x[0] = 0  # the ends of the range
+    x[1] = 255
+    np.testing.assert_array_equal(np.asarray(net(x)), np.asarray(net(to_float(x))))
+    np.testing.assert_array_equal(np.asarray(jax.jit(net)(x)), np.asarray(net(to_float(x))))  # traced too
+    np.testing.assert_allclose(np.asarray(net(x)), np.asarray(conv_model(jnp.asarray(to_float(x)))), rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_array_equal(net.predict(x, batch_size=4), net.predict(to_float(x), batch_size=4))
+
+
+def test_an_exported_input_range_is_recorded_and_used(conv_model):
+    net = runtime.from_packed(export_model(conv_model, input_range=(0.0, 1.0)))
+    assert net.graph["input_range"] == [0.0, 1.0]
+    x = pixels(3, seed=5)
+    np.testing.assert_array_equal(np.asarray(net(x)), np.asarray(net(x.astype(np.float32) / np.float32(255))))
+
+
+@pytest.mark.parametrize("scale, message", [
+    (lambda p: p.astype(np.float32), r"trained on images in \[-1, 1\] \(uint8 pixels p -> -1 \+ p \* 2 / 255\); "
+                                     r"these span \[0, 255\]: scale them as in training, or pass the uint8 pixels"),
+    (lambda p: p.astype(np.float32) / 255, r"these span \[0, 1\]: none is negative: images scaled to \[0, 1\] "
+                                           r"need -1 \+ x \* 2; or pass the uint8 pixels"),
+    (lambda p: np.full(p.shape, np.nan, np.float32), r"these span \[nan, nan\]"),
+])
+def test_floats_off_the_training_scale_draw_a_warning_naming_it(net, scale, message):
+    x = pixels(4, seed=6)
+    x[:, 0, 0, 0], x[:, 0, 1, 0] = 0, 255
+    with pytest.warns(runtime.InputRangeWarning, match=message):
+        net(scale(x))
+
+
+def test_floats_on_the_training_scale_draw_no_warning(net):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        net(images(4, seed=7))
+        net.predict(images(4, seed=7))
+        jax.jit(net)(images(4, seed=7))  # traced values are not checked (nor can they be)
 
 
 def test_a_corrupted_file_is_refused(tmp_path, conv_model):

@@ -1,7 +1,8 @@
-"""Training runs on the offline MNIST-5k split: learning, checkpoint resume, the CLI, and (slow) the
-accuracy rows of docs/accuracy.md."""
+"""Training runs on the offline MNIST-5k split: learning, checkpoint resume, and the CLI's checks before
+it writes anything (the accuracy rows of docs/accuracy.md: tests/test_docs.py)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -55,7 +56,7 @@ def test_a_run_directory_refuses_a_different_configuration(tmp_path):
     config = loop.TrainConfig(epochs=1, **SMALL_MLP)
     loop.fit(config, tmp_path, progress=False, log=lambda _: None)
     other = loop.TrainConfig(epochs=1, **{**SMALL_MLP, "mode": "tnn"})
-    with pytest.raises(ValueError, match="different configuration"):
+    with pytest.raises(ValueError, match=r"different configuration: mode 'bnn' \(now 'tnn'\)"):
         loop.fit(other, tmp_path, progress=False, log=lambda _: None)
 
 
@@ -73,28 +74,106 @@ def test_cli_train_writes_metrics_plot_and_checkpoint(tmp_path, capsys):
     assert json.loads((out / "config.json").read_text())["model"] == "mnist-mlp"
 
 
-def test_cli_reports_bad_arguments(tmp_path, capsys):
-    code = cli.main(["train", "--model", "lenet", "--epochs", "1", "--out", str(tmp_path / "x")])
-    assert code == 2 and "unknown model" in capsys.readouterr().err
+TINY_RUN = ["--model", "mnist-mlp", "--epochs", "1", "--width", "0.125", "--no-progress"]
+
+
+@pytest.mark.parametrize("mistake, message", [
+    (["--model", "mnist-cnn"], "unknown model 'mnist-cnn'; did you mean 'mnist-conv'?"),
+    (["--mode", "bnnn"], "unknown mode 'bnnn'; did you mean 'bnn'?"),
+    (["--data", "mnist-5k"], "unknown dataset 'mnist-5k'; did you mean 'mnist5k'?"),
+    (["--data", "mnist"], "pass it with --data-dir"),
+    (["--data", "mnist", "--data-dir", "no-such-folder"], "--data-dir no-such-folder: no such folder"),
+    (["--batch-size", "5000"], "batch size 5000 exceeds the 4000 training images"),
+    (["--model", "imagenet-alexnet"], "too small for this network"),
+])
+def test_a_mistyped_train_command_writes_nothing_so_the_corrected_one_runs(tmp_path, capsys, mistake, message):
+    out = tmp_path / "run"
+    assert cli.main(["train", *TINY_RUN, "--out", str(out), *mistake]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+    assert cli.main(["train", *TINY_RUN, "--out", str(out)]) == 0
+    assert "final test accuracy" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--lr", "-1", "argument --lr: must be a finite number > 0, got -1"),
+    ("--lr", "0", "argument --lr: must be a finite number > 0, got 0"),
+    ("--lr", "nan", "argument --lr: must be a finite number > 0, got nan"),
+    ("--epochs", "0", "argument --epochs: must be >= 1, got 0"),
+    ("--epochs", "2.5", "argument --epochs: expected an integer, got '2.5'"),
+    ("--batch-size", "-4", "argument --batch-size: must be >= 1, got -4"),
+    ("--weight-decay", "-0.1", "argument --weight-decay: must be a finite number >= 0, got -0.1"),
+    ("--width", "0", "argument --width: must be a finite number > 0, got 0"),
+    ("--seed", "-1", "argument --seed: must be >= 0, got -1"),
+    ("--checkpoint-every", "-5", "argument --checkpoint-every: must be >= 0, got -5"),
+])
+def test_out_of_range_numbers_are_refused_before_anything_is_written(tmp_path, capsys, option, value, message):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "--out", str(out), f"{option}={value}"])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_the_python_api_checks_the_configuration_before_writing(tmp_path):
+    for bad, message in ((dict(learning_rate=-1.0), "learning_rate must be a finite number > 0, got -1.0"),
+                         (dict(epochs=0), "epochs must be an integer >= 1, got 0"),
+                         (dict(model="lenet"), "unknown model 'lenet'; known: mnist-mlp, mnist-conv"),
+                         (dict(augment="yes"), "augment must be true, false or None")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            loop.fit(loop.TrainConfig(**{**SMALL_MLP, **bad}), tmp_path / "run", progress=False)
+        assert not (tmp_path / "run").exists()
+
+
+def test_the_progress_bar_stays_out_of_a_log_file(tmp_path, capsys):
+    # Under pytest's capture stderr is not a terminal, as when it is redirected to a file: no bar frames.
+    loop.fit(loop.TrainConfig(epochs=1, **SMALL_MLP), tmp_path, progress=True, log=lambda _: None)
+    assert "\r" not in capsys.readouterr().err
+
+
+def test_cli_requires_an_output_directory():
     with pytest.raises(SystemExit):
-        cli.main(["train"])  # --out is required
+        cli.main(["train"])
 
 
-# --- the rows of docs/accuracy.md -----------------------------------------------------------------------------
+def test_rerunning_a_finished_run_says_it_is_complete_and_how_to_train_longer(tmp_path):
+    config = loop.TrainConfig(epochs=1, **SMALL_MLP)
+    rows = loop.fit(config, tmp_path, progress=False, log=lambda _: None)
+    checkpoints = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+
+    messages = []
+    assert loop.fit(config, tmp_path, progress=False, log=messages.append) == rows
+    assert messages == [f"{tmp_path} holds a finished run (1/1 epochs, test accuracy "
+                        f"{rows[-1]['test_accuracy']:.4f}): nothing to train. To train longer, start a new run "
+                        "with a larger --epochs in a new --out directory (the learning rate decays to zero over "
+                        f"a run's epochs); to use this one: jaxbnn export {tmp_path} MODEL.jbnn"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == checkpoints
 
 
-def _final_accuracy(tmp_path, **overrides):
-    config = loop.TrainConfig(**overrides)
-    return loop.fit(config, tmp_path / config.mode, progress=False, log=lambda _: None)[-1]["test_accuracy"]
+def test_a_different_epoch_count_is_refused_not_ignored(tmp_path):
+    loop.fit(loop.TrainConfig(epochs=1, **SMALL_MLP), tmp_path, progress=False, log=lambda _: None)
+    config_before = (tmp_path / "config.json").read_text()
+    for epochs in (2, 3):  # a finished 1-epoch run neither extended nor silently kept
+        with pytest.raises(ValueError, match=rf"holds a run of 1 epoch, not {epochs}: .*Continue it with "
+                                             rf"--epochs 1, or train {epochs} epochs in a new --out directory"):
+            loop.fit(loop.TrainConfig(epochs=epochs, **SMALL_MLP), tmp_path, progress=False, log=lambda _: None)
+    assert (tmp_path / "config.json").read_text() == config_before
 
 
-@pytest.mark.slow
-def test_mnist_mlp_bnn_is_within_four_points_of_full_precision(tmp_path):
-    bnn = _final_accuracy(tmp_path, model="mnist-mlp", mode="bnn", data="mnist5k", epochs=20)
-    full = _final_accuracy(tmp_path, model="mnist-mlp", mode="float", data="mnist5k", epochs=20)
-    assert full > 0.9 and bnn >= full - 0.04, (bnn, full)
+def test_train_export_and_predict_on_mnist_files_from_a_folder(tmp_path, capsys):
+    from test_data import _fake_mnist
 
-
-@pytest.mark.slow
-def test_mnist_conv_bnn_reaches_95_percent(tmp_path):
-    assert _final_accuracy(tmp_path, model="mnist-conv", mode="bnn", data="mnist5k", epochs=15) >= 0.95
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    _fake_mnist(folder, n_train=20, n_test=6)
+    out = tmp_path / "run"
+    assert cli.main(["train", "--data", "mnist", "--data-dir", str(folder), "--batch-size", "5", *TINY_RUN,
+                     "--out", str(out)]) == 0
+    assert cli.main(["export", str(out), str(tmp_path / "m.jbnn")]) == 0
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
+        (folder / name).unlink()  # predict scores the test split and reads nothing else
+    capsys.readouterr()
+    assert cli.main(["predict", str(tmp_path / "m.jbnn"), "--data", "mnist", "--data-dir", str(folder)]) == 0
+    printed = capsys.readouterr().out
+    assert "on mnist test: accuracy" in printed and "(6 images)" in printed

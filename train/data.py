@@ -13,6 +13,7 @@ Images are uint8 NHWC; ``to_float`` maps them to float32 in [-1, 1], the input r
 
 from __future__ import annotations
 
+import errno
 import gzip
 import importlib.metadata
 import os
@@ -21,10 +22,13 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
+from jaxbnn.packed_model import TRAINING_INPUT_RANGE, pixel_values
+
 __all__ = [
     "Dataset",
     "DATASETS",
     "load_dataset",
+    "load_split",
     "mnist5k_path",
     "load_mnist5k",
     "read_idx",
@@ -113,12 +117,19 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims).astype(dtype.newbyteorder("="))
 
 
+MNIST_SOURCE = ("the four IDX files of the MNIST database (yann.lecun.com/exdb/mnist, or a mirror), gzipped or "
+                "not")
+CIFAR10_SOURCE = ("the 'CIFAR-10 binary version' (cifar-10-binary.tar.gz from www.cs.toronto.edu/~kriz/cifar.html, "
+                  "unpacked)")
+
+
 def _find(directory: Path, names: list[str]) -> Path:
     for name in names:
         for candidate in (directory / name, directory / (name + ".gz")):
             if candidate.is_file():
                 return candidate
-    raise FileNotFoundError(f"none of {names} (or .gz) found in {directory}")
+    raise FileNotFoundError(f"MNIST file {names[0]}[.gz] not found in {directory} (nor {', '.join(names[1:])}); "
+                            f"--data-dir mnist takes {MNIST_SOURCE}")
 
 
 def load_mnist(directory: str | os.PathLike, split: str) -> Dataset:
@@ -149,7 +160,8 @@ def load_cifar10(directory: str | os.PathLike, split: str) -> Dataset:
     for name in names:
         path = directory / name
         if not path.is_file():
-            raise FileNotFoundError(f"CIFAR-10 batch {path} not found")
+            raise FileNotFoundError(f"CIFAR-10 file {name} not found in {directory}; --data-dir cifar10 takes "
+                                    f"{CIFAR10_SOURCE}")
         raw = np.fromfile(path, dtype=np.uint8)
         if raw.size == 0 or raw.size % _CIFAR_RECORD:
             raise ValueError(f"{path}: size {raw.size} is not a whole number of {_CIFAR_RECORD}-byte records")
@@ -172,14 +184,23 @@ DATASETS = {
 
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> tuple[Dataset, Dataset]:
     """(train, test) splits of a named dataset."""
+    return load_split(name, "train", data_dir), load_split(name, "test", data_dir)
+
+
+def load_split(name: str, split: str, data_dir: str | os.PathLike | None = None) -> Dataset:
+    """One split ('train' or 'test') of a named dataset: only its files are read."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; known: {sorted(DATASETS)}")
-    if DATASETS[name]["needs_dir"] and data_dir is None:
-        raise ValueError(f"dataset {name!r} is read from a local directory: pass data_dir (--data-dir)")
+    _check_split(split)
+    if DATASETS[name]["needs_dir"]:
+        if data_dir is None:
+            raise ValueError(f"dataset {name!r} is read from a local folder: pass it with --data-dir (data_dir)")
+        if not Path(data_dir).is_dir():
+            raise FileNotFoundError(errno.ENOENT, f"no such folder (--data-dir of dataset {name!r})", str(data_dir))
     if name == "mnist5k":
-        return load_mnist5k("train"), load_mnist5k("test")
+        return load_mnist5k(split)
     loader = load_mnist if name == "mnist" else load_cifar10
-    return loader(data_dir, "train"), loader(data_dir, "test")
+    return loader(data_dir, split)
 
 
 def _check_split(split: str) -> None:
@@ -191,8 +212,12 @@ def _check_split(split: str) -> None:
 
 
 def to_float(images: np.ndarray) -> np.ndarray:
-    """uint8 -> float32 in [-1, 1]."""
-    return images.astype(np.float32) * (2.0 / 255.0) - 1.0
+    """uint8 -> float32 in [-1, 1] (``TRAINING_INPUT_RANGE``, recorded in every exported file, whose
+    runtime converts uint8 images to exactly these values)."""
+    images = np.asarray(images)
+    if images.dtype != np.uint8:
+        raise TypeError(f"to_float takes uint8 pixels, got {images.dtype}")
+    return pixel_values(TRAINING_INPUT_RANGE)[images]
 
 
 def random_crop_flip(images: np.ndarray, rng: np.random.Generator, pad: int = 4) -> np.ndarray:

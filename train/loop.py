@@ -4,7 +4,8 @@ as JSON lines and a PNG of the training curves.
 
 Files in the output directory:
 
-- ``config.json``: the run's TrainConfig (a resumed run must match it),
+- ``config.json``: the run's TrainConfig, written once the whole configuration has been checked (a
+  resumed run must match it, epochs included: the learning rate decays over the run's epochs),
 - ``checkpoints/<global step>/``: Orbax checkpoints (model and optimizer state, metrics so far), the
   last two kept,
 - ``metrics.jsonl``: one JSON object per finished epoch,
@@ -14,8 +15,10 @@ Files in the output directory:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
+import numbers
 import os
 import time
 from pathlib import Path
@@ -27,11 +30,12 @@ import optax
 from flax import nnx
 
 from jaxbnn.layers import clip_latent_weights
-from jaxbnn.models import BinaryNet, build_model, default_rngs
+from jaxbnn.models import MODEL_BUILDERS, NETWORK_MODES, BinaryNet, build_model, default_rngs
 
 from . import data as data_lib
 
-__all__ = ["TrainConfig", "make_optimizer", "train_step", "eval_step", "evaluate", "fit", "load_trained"]
+__all__ = ["TrainConfig", "check_config", "make_optimizer", "train_step", "eval_step", "evaluate", "fit",
+           "load_trained"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +54,52 @@ class TrainConfig:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _known(kind: str, name, known) -> str:
+    """'unknown model 'mnist-cnn'; did you mean 'mnist-conv'? known: ...'"""
+    close = difflib.get_close_matches(str(name), list(known), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown {kind} {name!r}; {hint}known: {', '.join(known)}"
+
+
+def _epochs(count: int) -> str:
+    return f"{count} epoch" if count == 1 else f"{count} epochs"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_config(config: TrainConfig) -> None:
+    """Raise ValueError naming the first setting of ``config`` that cannot train: an unknown model, mode
+    or dataset, a dataset folder that is missing, a number out of range. ``fit`` calls it before it
+    writes anything, so a typo leaves no run directory behind."""
+    if config.model not in MODEL_BUILDERS:
+        raise ValueError(_known("model", config.model, MODEL_BUILDERS))
+    if config.mode not in NETWORK_MODES:
+        raise ValueError(_known("mode", config.mode, NETWORK_MODES))
+    if config.data not in data_lib.DATASETS:
+        raise ValueError(_known("dataset", config.data, data_lib.DATASETS))
+    if data_lib.DATASETS[config.data]["needs_dir"]:
+        if config.data_dir is None:
+            raise ValueError(f"dataset {config.data!r} is read from a local folder: pass it with --data-dir")
+        if not Path(config.data_dir).is_dir():
+            raise ValueError(f"--data-dir {config.data_dir}: no such folder")
+    for name, minimum in (("epochs", 1), ("batch_size", 1), ("seed", 0)):
+        value = getattr(config, name)
+        if not _is_int(value) or value < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    for name, positive in (("learning_rate", True), ("width", True), ("weight_decay", False)):
+        value = getattr(config, name)
+        if not _is_number(value) or value < 0 or (positive and value == 0):
+            raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+    if config.augment not in (None, True, False):
+        raise ValueError(f"augment must be true, false or None (the dataset's default), got {config.augment!r}")
 
 
 def make_optimizer(model: nnx.Module, learning_rate: float, total_steps: int, weight_decay: float = 0.0):
@@ -135,6 +185,32 @@ def _plot(rows: list[dict], path: Path, title: str) -> None:
     os.replace(tmp, path)
 
 
+def _start_or_match_run(out_dir: Path, config: TrainConfig) -> None:
+    """Create the run directory with its config.json, or check that the run it holds has ``config``."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} is a file, not a run directory")
+    config_path = out_dir / "config.json"
+    if not config_path.exists():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomic(config_path, json.dumps(config.to_json(), indent=2) + "\n")
+        return
+    try:
+        previous = json.loads(config_path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{config_path} is not valid JSON ({error}); use a new --out directory") from None
+    wanted = config.to_json()
+    changed = sorted(k for k in set(previous) | set(wanted) if previous.get(k) != wanted.get(k))
+    if changed == ["epochs"]:
+        raise ValueError(
+            f"{out_dir} holds a run of {_epochs(previous['epochs'])}, not {config.epochs}: its learning rate "
+            f"decays to zero over {_epochs(previous['epochs'])}, so it cannot be stretched. Continue it with "
+            f"--epochs {previous['epochs']}, or train {_epochs(config.epochs)} in a new --out directory")
+    if changed:
+        differences = ", ".join(f"{k} {previous.get(k)!r} (now {wanted.get(k)!r})" for k in changed)
+        raise ValueError(f"{out_dir} holds a run with a different configuration: {differences}; use a new "
+                         "--out directory, or rerun with the run's settings to resume it")
+
+
 def _checkpoint_manager(out_dir: Path):
     import orbax.checkpoint as ocp
 
@@ -192,21 +268,16 @@ def fit(config: TrainConfig, out_dir: str | os.PathLike, *, progress: bool = Tru
     from tqdm.auto import tqdm
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config_path = out_dir / "config.json"
-    if config_path.exists():
-        previous = json.loads(config_path.read_text())
-        changed = {k for k in previous if k != "epochs" and previous[k] != config.to_json().get(k)}
-        if changed:
-            raise ValueError(f"{out_dir} holds a run with a different configuration ({sorted(changed)}); "
-                             "use a new --out directory")
-    _write_atomic(config_path, json.dumps(config.to_json(), indent=2) + "\n")
-
+    check_config(config)
+    if not _is_int(checkpoint_every) or checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every must be an integer >= 0 (0: after each epoch only), "
+                         f"got {checkpoint_every!r}")
     train_set, test_set = data_lib.load_dataset(config.data, config.data_dir)
     if len(train_set.labels) < config.batch_size:
         raise ValueError(f"batch size {config.batch_size} exceeds the {len(train_set.labels)} training images")
     augment = data_lib.DATASETS[config.data]["augment"] if config.augment is None else config.augment
     model = _build(config, train_set.images.shape[1:], train_set.num_classes)
+    _start_or_match_run(out_dir, config)  # the first write: everything above has been checked
     steps_per_epoch = len(train_set.labels) // config.batch_size
     optimizer = make_optimizer(model, config.learning_rate, steps_per_epoch * config.epochs, config.weight_decay)
 
@@ -217,6 +288,10 @@ def fit(config: TrainConfig, out_dir: str | os.PathLike, *, progress: bool = Tru
     metrics_path = out_dir / "metrics.jsonl"
     _write_atomic(metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
     first_epoch, skip = divmod(global_step, steps_per_epoch)
+    if first_epoch >= config.epochs:
+        log(_finished_message(out_dir, config, rows))
+        manager.close()
+        return rows
     if global_step:
         log(f"resumed from step {global_step} (epoch {first_epoch + 1}, batch {skip}) in {out_dir}")
 
@@ -225,8 +300,9 @@ def fit(config: TrainConfig, out_dir: str | os.PathLike, *, progress: bool = Tru
         model.train()
         loss_sum, accuracy_sum = jnp.float32(partial["loss_sum"]), jnp.float32(partial["accuracy_sum"])
         batches = data_lib.batches(train_set, config.batch_size, seed=config.seed, epoch=epoch, augment=augment)
+        # disable=None: no bar when stderr is not a terminal (a log file would fill with redrawn frames)
         bar = tqdm(batches, total=steps_per_epoch, initial=skip, desc=f"epoch {epoch}/{config.epochs}",
-                   disable=not progress, leave=False)
+                   disable=None if progress else True, leave=False)
         for index, (images, labels) in enumerate(bar):
             if index < skip:
                 continue  # done before the interruption; iterated so augmentation draws stay in step
@@ -264,6 +340,14 @@ def fit(config: TrainConfig, out_dir: str | os.PathLike, *, progress: bool = Tru
             f"test loss {row['test_loss']:.4f} acc {row['test_accuracy']:.4f} | {row['seconds']:.1f}s")
     manager.close()
     return rows
+
+
+def _finished_message(out_dir: Path, config: TrainConfig, rows: list[dict]) -> str:
+    accuracy = f", test accuracy {rows[-1]['test_accuracy']:.4f}" if rows else ""
+    return (f"{out_dir} holds a finished run ({config.epochs}/{config.epochs} epochs{accuracy}): nothing to "
+            "train. To train longer, start a new run with a larger --epochs in a new --out directory (the "
+            "learning rate decays to zero over a run's epochs); to use this one: jaxbnn export "
+            f"{out_dir} MODEL.jbnn")
 
 
 def load_trained(out_dir: str | os.PathLike) -> BinaryNet:

@@ -1,0 +1,137 @@
+"""The command line as a user meets it: help that explains the options, --version, one-line errors for
+bad paths, Ctrl-C without a traceback, and no files left behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from importlib import metadata
+
+import pytest
+
+from jaxbnn import cli
+
+
+def help_text(capsys, *command) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*command, "--help"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_train_help_shows_every_default_and_explains_the_modes_and_datasets(capsys):
+    text = " ".join(help_text(capsys, "train").split())  # argparse wraps lines at the terminal width
+    for default in ("(default: mnist-mlp)", "(default: bnn)", "(default: mnist5k)", "epochs of the run (default: 10)",
+                    "images per training step (default: 100)", "(default: 0.001)", "plain Adam) (default: 0.0)",
+                    "batch order (default: 0)", "model (default: 1.0)"):
+        assert default in text
+    for mode, meaning in (("bnn", "binary activations (+-1) x binary weights (+-1)"),
+                          ("tnn", "ternary activations (-1, 0, +1) x ternary weights"),
+                          ("tbn", "ternary activations x binary weights"),
+                          ("btn", "binary activations x ternary weights"),
+                          ("float", "full precision")):
+        assert f"{mode} {meaning}" in text
+    assert "mnist5k offline" in text and "cifar10 the CIFAR-10 binary batches" in text
+
+
+def test_export_help_explains_the_targets(capsys):
+    text = " ".join(help_text(capsys, "export").split())
+    assert "(default: cpu)" in text
+    for target, meaning in (("cpu", "the CPU popcount kernels"), ("sm90", "NVIDIA Hopper (H100, H200)"),
+                            ("sm80", "NVIDIA Ampere and later")):
+        assert f"{target} {meaning}" in text
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith(f"jaxbnn {metadata.version('jaxbnn')} (jax {metadata.version('jax')}, ")
+
+
+def one_line_error(capsys, argv) -> str:
+    """The error of a command that must fail with exit status 2 and one line on stderr."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err.strip()
+
+
+def test_export_into_a_missing_folder_names_the_folder(tmp_path, capsys):
+    target = tmp_path / "missing" / "model.jbnn"
+    assert one_line_error(capsys, ["export", str(tmp_path), str(target)]) == \
+        f"jaxbnn export: error: no such folder to write into: {tmp_path / 'missing'}"
+
+
+def test_export_onto_a_folder_asks_for_a_file_name(tmp_path, capsys):
+    assert one_line_error(capsys, ["export", str(tmp_path), str(tmp_path)]) == \
+        f"jaxbnn export: error: {tmp_path} is a folder; name the file to write, e.g. {tmp_path / 'model.jbnn'}"
+
+
+def test_predict_on_a_folder_says_what_it_takes(tmp_path, capsys):
+    assert one_line_error(capsys, ["predict", str(tmp_path)]) == \
+        f"jaxbnn predict: error: {tmp_path} is a folder; predict takes a packed checkpoint file (.jbnn)"
+    (tmp_path / "config.json").write_text("{}")  # what a training run directory holds
+    assert one_line_error(capsys, ["predict", str(tmp_path)]) == (
+        f"jaxbnn predict: error: {tmp_path} is a training run directory; predict takes the packed checkpoint "
+        f"that `jaxbnn export` writes from it: jaxbnn export {tmp_path} model.jbnn, then jaxbnn predict model.jbnn")
+
+
+def test_a_file_that_is_not_a_packed_checkpoint_is_refused_in_plain_words(tmp_path, capsys):
+    text = tmp_path / "notes.jbnn"
+    text.write_text("a text file, not a model\n")
+    assert one_line_error(capsys, ["predict", str(text)]) == (
+        f"jaxbnn predict: error: {text}: not a jaxbnn packed checkpoint (.jbnn): it does not start with the "
+        "safetensors header a .jbnn file has")
+
+
+def test_operating_system_errors_are_one_line(tmp_path, capsys):
+    loop = tmp_path / "loop.jbnn"
+    loop.symlink_to(loop)
+    assert one_line_error(capsys, ["predict", str(loop)]) == \
+        f"jaxbnn predict: error: Too many levels of symbolic links: {loop}"
+    missing = tmp_path / "missing.jbnn"
+    assert one_line_error(capsys, ["predict", str(missing)]) == \
+        f"jaxbnn predict: error: No such file or directory: {missing}"
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    assert one_line_error(capsys, ["train", "--epochs", "1", "--out", str(a_file / "run")]).startswith(
+        "jaxbnn train: error: Not a directory: ")
+
+
+def interrupt_after(argv, cwd, line_start: str) -> subprocess.CompletedProcess:
+    """Run `jaxbnn ARGV` in a fresh interpreter, send it SIGINT (Ctrl-C) once a stdout line starts with
+    `line_start`, and return what it printed and its exit status."""
+    process = subprocess.Popen([sys.executable, "-m", "jaxbnn.cli", *argv], cwd=cwd, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith(line_start):
+                process.send_signal(signal.SIGINT)
+                break
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    return subprocess.CompletedProcess(argv, process.returncode, "".join(lines) + stdout, stderr)
+
+
+def test_ctrl_c_during_training_says_how_to_resume_and_the_advice_holds(tmp_path):
+    argv = ["train", "--epochs", "50", "--width", "0.125", "--no-progress", "--out", "run"]
+    first = interrupt_after(argv, tmp_path, "epoch 1:")
+    assert first.returncode == 130, first.stderr
+    assert first.stderr.strip() == ("jaxbnn train: interrupted; resume with the same command (it continues from "
+                                    "the last checkpoint)")
+    again = interrupt_after(argv, tmp_path, "resumed from step")
+    assert again.stdout.startswith("resumed from step "), again.stdout
+    assert "Traceback" not in again.stderr
+
+
+def test_the_demo_leaves_no_temporary_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert cli.main(["demo", "--epochs", "1", "--width", "0.125"]) == 0
+    assert "predictions equal on 1000/1000 samples" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
