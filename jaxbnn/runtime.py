@@ -92,7 +92,8 @@ class PackedNet:
         if not jnp.issubdtype(images.dtype, jnp.floating):
             raise TypeError(f"images must be uint8 pixels (0..255) or floats in [{low:g}, {high:g}] (the scale "
                             f"{self.graph['name']} was trained on), got {images.dtype}")
-        if not isinstance(images, jax.core.Tracer) and images.size:
+        # host images only: a device array's range would cost a reduction and a sync on every call
+        if isinstance(images, np.ndarray) and images.size:
             self._warn_outside_range(float(images.min()), float(images.max()))
         return jnp.asarray(images, jnp.float32)
 
