@@ -261,3 +261,44 @@ def test_bconv2d_rejects_bad_arguments_before_lowering():
         ops.bconv2d(jnp.zeros((1, 5, 5, 2), jnp.uint32), w)
     with pytest.raises(ValueError, match="w_tap_popcount"):
         ops.bconv2d(x, w.bits, in_channels=20, kernel_size=3, out_channels=4, w_tap_popcount=jnp.zeros((9, 3), jnp.int32))
+
+
+# --- the reference is exact on every platform ------------------------------------------------------------
+
+
+def test_reference_bconv2d_is_integer_arithmetic():
+    """A float convolution is exact only where the backend's algorithm happens to be; the reference must be
+    exact everywhere, so it contains no float convolution or float dot product at all."""
+    x = jnp.zeros((1, 9, 9, 2), jnp.uint32)
+    w = formats.pack_conv_weights(jnp.ones((9, 9, 40, 3))).bits
+    jaxpr = jax.make_jaxpr(lambda x, w: reference.bconv2d(
+        x, w, in_channels=40, out_channels=3, kernel_size=(9, 9), stride=(1, 1), padding=((4, 4), (4, 4)),
+        pad_value="zero", pool=(2, 2)))(x, w)  # fmt: skip
+    eqns = [e for e in jaxpr.jaxpr.eqns]
+    assert not [e for e in eqns if e.primitive.name == "conv_general_dilated"]
+    dots = [e for e in eqns if e.primitive.name == "dot_general"]
+    assert dots and all(v.aval.dtype == jnp.int32 for e in dots for v in (*e.invars, *e.outvars))
+
+
+@QUICK
+@given(
+    st.integers(1, 2), st.integers(1, 12), st.integers(1, 12), st.integers(1, 70), st.integers(1, 20),
+    st.sampled_from([(1, 1), (3, 3), (9, 9), (3, 5)]), st.sampled_from([(1, 1), (2, 1), (3, 2)]),
+    st.sampled_from(["SAME", ((4, 4), (4, 4)), ((0, 0), (3, 3)), ((2, 0), (1, 3))]),
+    st.sampled_from(["zero", "one"]), st.sampled_from([None, (2, 2), (1, 3)]), st.integers(0, 2**31),
+)  # fmt: skip
+def test_reference_bconv2d_equals_the_cpu_module_bit_for_bit(b, h, w, c, o, ksize, stride, padding, pad_value,
+                                                              pool, seed):
+    rng = np.random.default_rng(seed)
+    x = ops.pack_bits(signs(rng, (b, h, w, c)))
+    kernel = formats.pack_conv_weights(rng.standard_normal(ksize + (c, o)).astype(np.float32))
+    try:
+        native = ops.bconv2d(x, kernel, stride=stride, padding=padding, pad_value=pad_value, pool=pool)
+    except ValueError as err:  # shapes whose output is empty are refused before lowering
+        assert "does not fit" in str(err) or "larger than" in str(err)
+        return
+    pads = ops._conv_padding(padding, (h, w), ksize, stride)
+    spec = jax.jit(lambda x, w: reference.bconv2d(
+        x, w, in_channels=c, out_channels=o, kernel_size=ksize, stride=stride, padding=pads,
+        pad_value=pad_value, pool=pool))(x, kernel.bits)  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(spec), np.asarray(native))
