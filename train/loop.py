@@ -147,32 +147,117 @@ def _build(config: TrainConfig, input_shape, num_classes) -> BinaryNet:
                        width=config.width, rngs=default_rngs(config.seed))
 
 
+class CheckpointError(ValueError):
+    """No checkpoint of a run directory can be resumed from: each one is named with what is wrong with it."""
+
+
+CHECKSUMS = "jaxbnn-checksums.json"  # in each step directory: sha256 of every file orbax wrote there
+
+
 def _save(manager, step: int, model, optimizer, progress: dict) -> None:
     """One checkpoint: model + optimizer state, and (as JSON) the metrics rows and the running sums of
-    the epoch in progress. Orbax writes it to a temporary directory and renames it when complete."""
+    the epoch in progress. Orbax writes it to a temporary directory and renames it when complete; then the
+    checksums of its files are written beside them (atomically), which a resume verifies."""
     import orbax.checkpoint as ocp
 
     state = {"model": nnx.to_pure_dict(nnx.state(model)), "optimizer": nnx.to_pure_dict(nnx.state(optimizer))}
     manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                progress=ocp.args.JsonSave(progress)))
     manager.wait_until_finished()
+    step_dir = Path(manager.directory) / str(step)
+    _write_atomic(step_dir / CHECKSUMS, json.dumps({"sha256": _file_digests(step_dir)}, indent=1) + "\n")
 
 
-def _restore(manager, model, optimizer) -> tuple[int, dict]:
-    """Load the latest checkpoint into model and optimizer; returns (global step, progress), (0, {}) when
-    there is none."""
+def _file_digests(step_dir: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file under a step directory, the checksum file excepted."""
+    import hashlib
+
+    digests = {}
+    for path in sorted(step_dir.rglob("*")):
+        if path.is_file() and path.name != CHECKSUMS:
+            digest = hashlib.sha256()
+            with path.open("rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+            digests[path.relative_to(step_dir).as_posix()] = digest.hexdigest()
+    return digests
+
+
+def _step_problem(step_dir: Path) -> str | None:
+    """What is wrong with a step directory's files, or None when they are the ones its checksums record."""
+    record = step_dir / CHECKSUMS
+    if not any(step_dir.iterdir()):
+        return "the directory is empty"
+    if not record.is_file():
+        return f"it has no {CHECKSUMS} (its write was interrupted)"
+    try:
+        recorded = json.loads(record.read_text())["sha256"]
+        if not isinstance(recorded, dict):
+            raise TypeError("not a mapping")
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
+        return f"{record.name} is unreadable ({error})"
+    actual = _file_digests(step_dir)
+    for name in sorted(set(recorded) | set(actual)):
+        if name not in actual:
+            return f"{name} is missing"
+        if name not in recorded:
+            return f"{name} was not part of the checkpoint"
+        if recorded[name] != actual[name]:
+            return f"{name} does not match its checksum (corrupted)"
+    return None
+
+
+def _set_aside(step_dir: Path, damaged_dir: Path) -> Path:
+    """Move a damaged step out of orbax's directory (kept for inspection; orbax would otherwise count it as
+    the latest step and skip saving the steps before it)."""
+    damaged_dir.mkdir(exist_ok=True)
+    target = damaged_dir / step_dir.name
+    index = 1
+    while target.exists():
+        target = damaged_dir / f"{step_dir.name}.{index}"
+        index += 1
+    os.replace(step_dir, target)
+    return target
+
+
+def _restore(manager, model, optimizer, log=print) -> tuple[int, dict]:
+    """Load the newest checkpoint whose files match their checksums into model and optimizer; returns
+    (global step, progress), (0, {}) when there is none. A damaged newer step is reported by name, set
+    aside in ``checkpoints-damaged/`` and the next older one tried; when steps exist but none can be
+    restored, raises CheckpointError naming each one and what is wrong with it."""
     import orbax.checkpoint as ocp
 
-    step = manager.latest_step()
-    if step is None:
-        return 0, {}
+    checkpoints = Path(manager.directory)
+    damaged_dir = checkpoints.parent / "checkpoints-damaged"
+    problems = []
     target = {"model": nnx.to_pure_dict(nnx.state(model)), "optimizer": nnx.to_pure_dict(nnx.state(optimizer))}
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.asarray(a).dtype), target)
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                             progress=ocp.args.JsonRestore()))
-    nnx.update(model, _as_state(model, restored.state["model"]))
-    nnx.update(optimizer, _as_state(optimizer, restored.state["optimizer"]))
-    return int(step), dict(restored.progress)
+    for step in sorted(manager.all_steps(), reverse=True):
+        step_dir = checkpoints / str(step)
+        problem = _step_problem(step_dir)
+        if problem is None:
+            try:
+                restored = manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()))
+                progress = dict(restored.progress)
+            except Exception as error:  # noqa: BLE001 - any failure of this step: report it, try the next
+                problem = f"orbax could not restore it ({type(error).__name__}: {str(error).splitlines()[0]})"
+        if problem is not None:
+            moved = _set_aside(step_dir, damaged_dir)
+            problems.append(f"step {step} ({step_dir}): {problem}")
+            log(f"checkpoint step {step} is damaged: {problem}; moved to {moved}, trying the previous step")
+            continue
+        if problems:
+            manager.reload()
+        nnx.update(model, _as_state(model, restored.state["model"]))
+        nnx.update(optimizer, _as_state(optimizer, restored.state["optimizer"]))
+        return int(step), progress
+    if problems:
+        manager.reload()
+        raise CheckpointError(f"no checkpoint in {checkpoints} can be resumed from: " + "; ".join(problems)
+                              + f". The damaged steps are in {damaged_dir}; to start over, use a new --out "
+                              "directory")
+    return 0, {}
 
 
 def _as_state(module, pure):
@@ -211,7 +296,7 @@ def fit(config: TrainConfig, out_dir: str | os.PathLike, *, progress: bool = Tru
     optimizer = make_optimizer(model, config.learning_rate, steps_per_epoch * config.epochs, config.weight_decay)
 
     manager = _checkpoint_manager(out_dir)
-    global_step, saved = _restore(manager, model, optimizer)
+    global_step, saved = _restore(manager, model, optimizer, log=log)
     rows = saved.get("rows", [])
     partial = saved.get("partial", {"loss_sum": 0.0, "accuracy_sum": 0.0, "seconds": 0.0})
     metrics_path = out_dir / "metrics.jsonl"
@@ -272,7 +357,10 @@ def load_trained(out_dir: str | os.PathLike) -> BinaryNet:
     config_path = out_dir / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"{out_dir} is not a training run directory (no config.json)")
-    config = TrainConfig(**json.loads(config_path.read_text()))
+    try:
+        config = TrainConfig(**json.loads(config_path.read_text()))
+    except (UnicodeDecodeError, ValueError, TypeError) as error:  # not JSON, or not a TrainConfig's fields
+        raise ValueError(f"{config_path} is not a training configuration ({error})") from None
     spec = data_lib.DATASETS[config.data]
     model = _build(config, spec["input_shape"], spec["num_classes"])
     optimizer = make_optimizer(model, config.learning_rate, 1, config.weight_decay)
