@@ -420,3 +420,25 @@ def test_reference_bconv2d_named_shapes_equal_the_cpu_module(c, kernel, padding,
         x, w, in_channels=c, out_channels=7, kernel_size=kernel, stride=(1, 1), padding=padding,
         pad_value=pad_value, pool=pool))(x, weights.bits)  # fmt: skip
     np.testing.assert_array_equal(np.asarray(spec), np.asarray(native))
+
+
+def test_everything_jaxbnn_packs_has_zero_padding_bits():
+    """The contract every kernel relies on (the CUDA kernels do not mask padding bits): the packers and the
+    threshold epilogues write 0 past the last real bit."""
+    rng = np.random.default_rng(9)
+    n, k = 45, 70
+    padding = np.uint32(~((1 << (n % 32)) - 1) & 0xFFFFFFFF)
+    a = ops.pack_bits(signs(rng, (5, k)))
+    assert not (np.asarray(a)[:, -1] & np.uint32(~((1 << (k % 32)) - 1) & 0xFFFFFFFF)).any()
+    w = formats.pack_dense_weights(rng.standard_normal((k, n)).astype(np.float32))
+    everyone = dict(threshold=np.full(n, -k - 1, np.int32))  # every real bit set
+    assert not (np.asarray(ops.bmm(a, w, **everyone))[:, -1] & padding).any()
+    flipped = np.asarray(ops.bmm(a, w, threshold=np.full(n, k + 1, np.int32), flip=np.ones(n, bool)))
+    assert not (flipped[:, -1] & padding).any() and (flipped[:, 0] == 0xFFFFFFFF).all()
+    x = ops.pack_bits(signs(rng, (1, 6, 6, 33)))
+    conv = formats.pack_conv_weights(rng.standard_normal((3, 3, 33, n)).astype(np.float32))
+    for pool in (None, (2, 2)):
+        bits = np.asarray(ops.bconv2d(x, conv, pool=pool, threshold=np.full(n, -1000, np.int32)))
+        assert not (bits[..., -1] & padding).any() and (bits[..., 0] == 0xFFFFFFFF).all()
+    rows = formats.from_fsb(w.bits, n, k)
+    assert not (np.asarray(rows)[:, -1] & np.uint32(~((1 << (k % 32)) - 1) & 0xFFFFFFFF)).any()
