@@ -119,6 +119,7 @@ def _bmm(a, b, b_popcount, epi, *, k, n, kind):
             lambda a_, b_, _popc, *e: reference.bmm(a_, b_, k, n, **dict(zip(epi, e))),
             a2d,
             *weights,
+            cuda_weights=lambda b_: _default_tiles(b_, n, k),
         )
 
     out = _fold_rows(single)(rows, b, b_popcount, *epi.values())
@@ -261,7 +262,8 @@ def _bconv2d(x, w, w_tap_popcount, epi, *, attrs, kind, pooled):
             flat = dict(attr_values, pool_h=np.int64(1), pool_w=np.int64(1))
             cuda = lambda x_, *ws: pool_threshold_bits(  # noqa: E731
                 jax.ffi.ffi_call(target, unpooled)(x_, *ws, **flat), (ph, pw), formats.pack_bits(ws[-1] != 0))
-        return _dispatch(target, out_type, attr_values, ref, x_, *weights, cuda=cuda)
+        return _dispatch(target, out_type, attr_values, ref, x_, *weights, cuda=cuda,
+                         cuda_weights=lambda w_: _default_tiles(w_, o, k_bits))
 
     out = _fold_rows(single)(images, w, w_tap_popcount, *epi.values())
     return out.reshape(x.shape[:-3] + out.shape[1:])
@@ -295,13 +297,16 @@ def pool_threshold_bits(bits, pool, flip_words):
 # --- dispatch -------------------------------------------------------------------------------------
 
 
-def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None):
+def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None, cuda_weights=None):
     """Lower to the native handler of the platform the computation runs on, else to the reference.
-    cuda: the CUDA branch, where it is not the handler alone."""
+    cuda: the CUDA branch, where it is not the handler alone; cuda_weights: what the CUDA branch does to
+    the weights (the second operand) first."""
     native = lambda *ops: jax.ffi.ffi_call(target, out_type)(*ops, **attrs)  # noqa: E731
     branches = {p: native for p in ("cpu", "cuda") if _ffi.has_target(p, target)}
-    if cuda is not None:
-        branches["cuda"] = cuda
+    if "cuda" in branches:
+        call = native if cuda is None else cuda
+        branches["cuda"] = call if cuda_weights is None else (
+            lambda x, w, *rest: call(x, cuda_weights(w), *rest))
     if not branches:
         return reference_fn(*operands)
     return jax.lax.platform_dependent(*operands, default=reference_fn, **branches)
@@ -398,6 +403,14 @@ def _weights(name, b, k, n):
     if not (nt - 1) * bh < n <= nt * bh:
         raise ValueError(f"FSB {name} of shape {b.shape} holds {(nt - 1) * bh + 1}..{nt * bh} rows, not {n}")
     return b, n
+
+
+def _default_tiles(fsb, rows, k_bits):
+    """FSB weights in the default tile: the CUDA kernels take no other (the CPU kernels take any), so the
+    CUDA branch re-tiles others and both platforms accept the same calls."""
+    if fsb.shape[2:] == (formats.FSB_TILE[0], formats.FSB_TILE[1] // formats.WORD_BITS):
+        return fsb
+    return formats.to_fsb(formats.from_fsb(fsb, rows, k_bits))
 
 
 def _derived_popcount(fsb, n):
