@@ -127,3 +127,19 @@ def test_a_garbage_config_is_named(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model": "mnist-mlp", "colour": "blue"}))
     with pytest.raises(ValueError, match="is not a training configuration .*colour"):
         loop.load_trained(tmp_path)
+
+
+def test_a_reader_skips_a_damaged_step_without_moving_it(tmp_path):
+    """Export reads a run (load_trained): it falls back the same way but leaves the directory as it is."""
+    save_steps(tmp_path, [10, 20])
+    (tmp_path / "checkpoints" / "20" / loop.CHECKSUMS).unlink()
+    model, optimizer = fresh()
+    messages = []
+    manager = loop._checkpoint_manager(tmp_path)
+    try:
+        step, _ = loop._restore(manager, model, optimizer, log=messages.append, set_aside=False)
+    finally:
+        manager.close()
+    assert step == 10 and messages[0].endswith("trying the previous step") and "moved" not in messages[0]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["10", "20"]
+    assert not (tmp_path / "checkpoints-damaged").exists()

@@ -220,11 +220,12 @@ def _set_aside(step_dir: Path, damaged_dir: Path) -> Path:
     return target
 
 
-def _restore(manager, model, optimizer, log=print) -> tuple[int, dict]:
+def _restore(manager, model, optimizer, log=print, set_aside=True) -> tuple[int, dict]:
     """Load the newest checkpoint whose files match their checksums into model and optimizer; returns
     (global step, progress), (0, {}) when there is none. A damaged newer step is reported by name, set
-    aside in ``checkpoints-damaged/`` and the next older one tried; when steps exist but none can be
-    restored, raises CheckpointError naming each one and what is wrong with it."""
+    aside in ``checkpoints-damaged/`` (a run that goes on; a reader such as export leaves the directory as
+    it is: ``set_aside=False``) and the next older one tried; when steps exist but none can be restored,
+    raises CheckpointError naming each one and what is wrong with it."""
     import orbax.checkpoint as ocp
 
     checkpoints = Path(manager.directory)
@@ -243,20 +244,21 @@ def _restore(manager, model, optimizer, log=print) -> tuple[int, dict]:
             except Exception as error:  # noqa: BLE001 - any failure of this step: report it, try the next
                 problem = f"orbax could not restore it ({type(error).__name__}: {str(error).splitlines()[0]})"
         if problem is not None:
-            moved = _set_aside(step_dir, damaged_dir)
             problems.append(f"step {step} ({step_dir}): {problem}")
-            log(f"checkpoint step {step} is damaged: {problem}; moved to {moved}, trying the previous step")
+            moved = f"moved to {_set_aside(step_dir, damaged_dir)}, " if set_aside else ""
+            log(f"checkpoint step {step} is damaged: {problem}; {moved}trying the previous step")
             continue
-        if problems:
+        if problems and set_aside:
             manager.reload()
         nnx.update(model, _as_state(model, restored.state["model"]))
         nnx.update(optimizer, _as_state(optimizer, restored.state["optimizer"]))
         return int(step), progress
     if problems:
-        manager.reload()
+        if set_aside:
+            manager.reload()
+        where = f" The damaged steps are in {damaged_dir};" if set_aside else ""
         raise CheckpointError(f"no checkpoint in {checkpoints} can be resumed from: " + "; ".join(problems)
-                              + f". The damaged steps are in {damaged_dir}; to start over, use a new --out "
-                              "directory")
+                              + f".{where} to start over, use a new --out directory")
     return 0, {}
 
 
@@ -366,7 +368,7 @@ def load_trained(out_dir: str | os.PathLike) -> BinaryNet:
     optimizer = make_optimizer(model, config.learning_rate, 1, config.weight_decay)
     manager = _checkpoint_manager(out_dir)
     try:
-        if _restore(manager, model, optimizer)[0] == 0:
+        if _restore(manager, model, optimizer, set_aside=False)[0] == 0:
             raise FileNotFoundError(f"{out_dir} has no checkpoint")
     finally:
         manager.close()
