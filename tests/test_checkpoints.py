@@ -39,13 +39,11 @@ def save_steps(run_dir, steps):
 
 
 def restore(run_dir):
+    """What a resuming run does: verify and restore, then open the checkpoint manager it goes on with."""
     model, optimizer = fresh()
     messages = []
-    manager = loop._checkpoint_manager(run_dir)
-    try:
-        step, progress = loop._restore(manager, model, optimizer, log=messages.append)
-    finally:
-        manager.close()
+    step, progress = loop._restore(run_dir, model, optimizer, log=messages.append)
+    loop._checkpoint_manager(run_dir).close()
     return step, progress, model, messages
 
 
@@ -75,6 +73,17 @@ def test_flipped_bytes_in_the_newest_step_fall_back_to_the_previous_one(tmp_path
     assert messages == [f"checkpoint step 20 is damaged: {relative} does not match its checksum (corrupted); "
                         f"moved to {tmp_path / 'checkpoints-damaged' / '20'}, trying the previous step"]
     assert sorted(os.listdir(tmp_path / "checkpoints-damaged")) == ["20"]
+
+
+def test_damaged_orbax_metadata_is_caught_before_orbax_reads_it(tmp_path):
+    """orbax's CheckpointManager parses every step's metadata when it is created, and raises on some damage
+    (found by tests/test_fuzz.py: two flipped bits renaming two keys): the steps are verified before that."""
+    save_steps(tmp_path, [10, 20])
+    metadata = tmp_path / "checkpoints" / "20" / "_CHECKPOINT_METADATA"
+    text = metadata.read_text().replace("commit_timestamp_nsecs", "bommit_timestamp_nsecs")
+    metadata.write_text(text.replace("init_timestamp_nsecs", "hnit_timestamp_nsecs"))  # two unknown keys
+    step, _, _, messages = restore(tmp_path)  # the manager opened after the restore sees step 10 only
+    assert step == 10 and "_CHECKPOINT_METADATA does not match its checksum" in messages[0]
 
 
 def test_an_empty_or_unfinished_newest_step_falls_back(tmp_path):
@@ -135,11 +144,7 @@ def test_a_reader_skips_a_damaged_step_without_moving_it(tmp_path):
     (tmp_path / "checkpoints" / "20" / loop.CHECKSUMS).unlink()
     model, optimizer = fresh()
     messages = []
-    manager = loop._checkpoint_manager(tmp_path)
-    try:
-        step, _ = loop._restore(manager, model, optimizer, log=messages.append, set_aside=False)
-    finally:
-        manager.close()
+    step, _ = loop._restore(tmp_path, model, optimizer, log=messages.append, set_aside=False)
     assert step == 10 and messages[0].endswith("trying the previous step") and "moved" not in messages[0]
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["10", "20"]
     assert not (tmp_path / "checkpoints-damaged").exists()

@@ -220,42 +220,52 @@ def _set_aside(step_dir: Path, damaged_dir: Path) -> Path:
     return target
 
 
-def _restore(manager, model, optimizer, log=print, set_aside=True) -> tuple[int, dict]:
-    """Load the newest checkpoint whose files match their checksums into model and optimizer; returns
-    (global step, progress), (0, {}) when there is none. A damaged newer step is reported by name, set
-    aside in ``checkpoints-damaged/`` (a run that goes on; a reader such as export leaves the directory as
-    it is: ``set_aside=False``) and the next older one tried; when steps exist but none can be restored,
-    raises CheckpointError naming each one and what is wrong with it."""
+def _restore(out_dir: Path, model, optimizer, log=print, set_aside=True) -> tuple[int, dict]:
+    """Load the newest checkpoint of a run directory whose files match their checksums into model and
+    optimizer; returns (global step, progress), (0, {}) when there is none.
+
+    Every step is verified before orbax reads any of it (a CheckpointManager parses each step's metadata
+    when it is created, and some corruptions of it raise there). A damaged step is reported by name and,
+    for a run that goes on, set aside in ``checkpoints-damaged/``, so that the manager created after this
+    sees good steps only (a reader such as export passes ``set_aside=False`` and leaves the directory as
+    it is); the newest good step is restored, an older one where orbax cannot read it. When steps exist
+    but none can be restored, raises CheckpointError naming each one and what is wrong with it."""
     import orbax.checkpoint as ocp
 
-    checkpoints = Path(manager.directory)
+    checkpoints = (Path(out_dir) / "checkpoints").absolute()
     damaged_dir = checkpoints.parent / "checkpoints-damaged"
+    steps = sorted((int(p.name) for p in checkpoints.iterdir() if p.is_dir() and p.name.isdigit()), reverse=True) \
+        if checkpoints.is_dir() else []
     problems = []
+
+    def damaged(step, problem):
+        step_dir = checkpoints / str(step)
+        problems.append(f"step {step} ({step_dir}): {problem}")
+        moved = f"moved to {_set_aside(step_dir, damaged_dir)}, " if set_aside else ""
+        log(f"checkpoint step {step} is damaged: {problem}; {moved}trying the previous step")
+
+    good = []
+    for step in steps:
+        problem = _step_problem(checkpoints / str(step))
+        if problem is None:
+            good.append(step)
+        else:
+            damaged(step, problem)
     target = {"model": nnx.to_pure_dict(nnx.state(model)), "optimizer": nnx.to_pure_dict(nnx.state(optimizer))}
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.asarray(a).dtype), target)
-    for step in sorted(manager.all_steps(), reverse=True):
-        step_dir = checkpoints / str(step)
-        problem = _step_problem(step_dir)
-        if problem is None:
-            try:
-                restored = manager.restore(step, args=ocp.args.Composite(
+    for step in good:
+        try:
+            with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+                restored = checkpointer.restore(checkpoints / str(step), args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()))
-                progress = dict(restored.progress)
-            except Exception as error:  # noqa: BLE001 - any failure of this step: report it, try the next
-                problem = f"orbax could not restore it ({type(error).__name__}: {str(error).splitlines()[0]})"
-        if problem is not None:
-            problems.append(f"step {step} ({step_dir}): {problem}")
-            moved = f"moved to {_set_aside(step_dir, damaged_dir)}, " if set_aside else ""
-            log(f"checkpoint step {step} is damaged: {problem}; {moved}trying the previous step")
+            progress = dict(restored.progress)
+        except Exception as error:  # noqa: BLE001 - any failure of this step: report it, try the next
+            damaged(step, f"orbax could not restore it ({type(error).__name__}: {str(error).splitlines()[0]})")
             continue
-        if problems and set_aside:
-            manager.reload()
         nnx.update(model, _as_state(model, restored.state["model"]))
         nnx.update(optimizer, _as_state(optimizer, restored.state["optimizer"]))
-        return int(step), progress
+        return step, progress
     if problems:
-        if set_aside:
-            manager.reload()
         where = f" The damaged steps are in {damaged_dir};" if set_aside else ""
         raise CheckpointError(f"no checkpoint in {checkpoints} can be resumed from: " + "; ".join(problems)
                               + f".{where} to start over, use a new --out directory")
@@ -297,8 +307,8 @@ def fit(config: TrainConfig, out_dir: str | os.PathLike, *, progress: bool = Tru
     steps_per_epoch = len(train_set.labels) // config.batch_size
     optimizer = make_optimizer(model, config.learning_rate, steps_per_epoch * config.epochs, config.weight_decay)
 
+    global_step, saved = _restore(out_dir, model, optimizer, log=log)  # before the manager reads any step
     manager = _checkpoint_manager(out_dir)
-    global_step, saved = _restore(manager, model, optimizer, log=log)
     rows = saved.get("rows", [])
     partial = saved.get("partial", {"loss_sum": 0.0, "accuracy_sum": 0.0, "seconds": 0.0})
     metrics_path = out_dir / "metrics.jsonl"
@@ -366,11 +376,7 @@ def load_trained(out_dir: str | os.PathLike) -> BinaryNet:
     spec = data_lib.DATASETS[config.data]
     model = _build(config, spec["input_shape"], spec["num_classes"])
     optimizer = make_optimizer(model, config.learning_rate, 1, config.weight_decay)
-    manager = _checkpoint_manager(out_dir)
-    try:
-        if _restore(manager, model, optimizer, set_aside=False)[0] == 0:
-            raise FileNotFoundError(f"{out_dir} has no checkpoint")
-    finally:
-        manager.close()
+    if _restore(out_dir, model, optimizer, set_aside=False)[0] == 0:
+        raise FileNotFoundError(f"{out_dir} has no checkpoint")
     model.eval()
     return model
