@@ -79,7 +79,8 @@ def epilogues(draw, n):
     kind = draw(st.sampled_from(["i32", "f32", "bits"]))
     if kind == "f32":
         rng = np.random.default_rng(draw(st.integers(0, 2**32)))
-        return kind, dict(scale=rng.standard_normal(n).astype(np.float32), bias=rng.standard_normal(n).astype(np.float32))
+        scale, bias = rng.standard_normal((2, n)).astype(np.float32)
+        return kind, dict(scale=scale, bias=bias)
     if kind == "bits":
         values = draw(st.lists(WIDE_INTS, min_size=n, max_size=n))
         host = np.array(values, object if any(abs(v) >= 2**63 for v in values) else np.int64)
@@ -135,8 +136,7 @@ def test_bmm_matches_the_reference_or_refuses(m, k, n, layout, data, mode, seed)
 @fuzz(100)
 @given(st.integers(0, 2), st.integers(1, 9), st.integers(1, 9), st.integers(1, 70), st.integers(1, 20),
        st.tuples(st.integers(1, 5), st.integers(1, 5)), st.tuples(st.integers(1, 3), st.integers(1, 3)),
-       st.one_of(st.sampled_from(["SAME", "VALID"]),
-                 st.tuples(st.tuples(st.integers(0, 4), st.integers(0, 4)), st.tuples(st.integers(0, 4), st.integers(0, 4)))),
+       st.one_of(st.sampled_from(["SAME", "VALID"]), st.tuples(*[st.tuples(st.integers(0, 4), st.integers(0, 4))] * 2)),
        st.sampled_from(["zero", "one"]), st.one_of(st.none(), st.tuples(st.integers(1, 3), st.integers(1, 3))),
        st.data(), MODES, st.integers(0, 2**32))
 def test_bconv2d_matches_the_reference_or_refuses(b, h, w, c, o, kernel, stride, padding, pad_value, pool, data,
@@ -146,8 +146,10 @@ def test_bconv2d_matches_the_reference_or_refuses(b, h, w, c, o, kernel, stride,
     x = np_pack(x_signs > 0)
     weights = np_pack(np.transpose(w_signs, (3, 0, 1, 2)) > 0)  # row-packed (O, KH, KW, ceil(C/32))
     kind, epi = data.draw(epilogues(o))
-    conv = lambda x: ops.bconv2d(x, weights, in_channels=c, kernel_size=kernel, stride=stride, padding=padding,  # noqa: E731
-                                 pad_value=pad_value, pool=pool, **epi)
+    def conv(x):
+        return ops.bconv2d(x, weights, in_channels=c, kernel_size=kernel, stride=stride, padding=padding,
+                           pad_value=pad_value, pool=pool, **epi)
+
     pads = ops._conv_padding(padding, (h, w), kernel, stride)
     conv_h = (h + sum(pads[0]) - kernel[0]) // stride[0] + 1
     conv_w = (w + sum(pads[1]) - kernel[1]) // stride[1] + 1
