@@ -429,8 +429,9 @@ def _int32_array(name, value, shape):
 
 
 def _check_popcount(name, popcount, weights, rows, k_bits, taps):
-    """A concrete popcount must count the +1 bits of concrete weights (their real bits: padding bits, which
-    the kernels never read, are masked); traced ones are trusted, as documented."""
+    """A concrete popcount must count the +1 bits of concrete weights (their real bits only: padding bits
+    are 0 by the contract, and counting them would blame the popcount); traced ones are trusted, as
+    documented."""
     if isinstance(popcount, jax.core.Tracer) or isinstance(weights, jax.core.Tracer):
         return
     actual = np.asarray(_real_bit_popcount(weights, rows=rows, k_bits=k_bits, taps=taps)).astype(np.int64)
