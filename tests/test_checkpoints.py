@@ -77,7 +77,7 @@ def test_flipped_bytes_in_the_newest_step_fall_back_to_the_previous_one(tmp_path
 
 def test_damaged_orbax_metadata_is_caught_before_orbax_reads_it(tmp_path):
     """orbax's CheckpointManager parses every step's metadata when it is created, and raises on some damage
-    (found by tests/test_fuzz.py: two flipped bits renaming two keys): the steps are verified before that."""
+    (two unknown keys, as two flipped bits make them): the steps are verified before that."""
     save_steps(tmp_path, [10, 20])
     metadata = tmp_path / "checkpoints" / "20" / "_CHECKPOINT_METADATA"
     text = metadata.read_text().replace("commit_timestamp_nsecs", "bommit_timestamp_nsecs")

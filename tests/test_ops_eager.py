@@ -58,6 +58,6 @@ def test_eager_ops_neither_recompile_nor_grow_memory():
             calls()
     grown = rss_mib() - before
     assert not events.counts, f"eager calls traced or compiled again: {dict(events.counts)}"
-    # Before the ops ran as one cached compiled function each, every eager call kept ~1.5 MiB (1,200 calls:
-    # ~1.8 GiB). What remains is allocator noise.
+    # An op that traced and compiled per eager call kept ~1.5 MiB a call (1,200 calls: ~1.8 GiB); what
+    # remains here is allocator noise.
     assert grown < 40, f"RSS grew {grown:.1f} MiB over 1,200 eager calls"

@@ -311,7 +311,7 @@ def test_a_file_of_the_previous_format_version_is_refused_with_what_to_do():
 
 
 def load_within(path, seconds=20):
-    """packed_model.load(path) in a thread, which must finish (a FIFO used to block the reader forever)."""
+    """packed_model.load(path) in a thread, which must finish (reading a FIFO would wait for a writer forever)."""
     outcome = {}
 
     def run():

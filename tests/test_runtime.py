@@ -87,7 +87,7 @@ def test_predict_refuses_a_batch_size_below_one(net):
 
 
 def test_an_empty_batch_gives_empty_logits_and_predictions(net):
-    """A dense layer on a packed image flattens it: with no rows, a -1 in that reshape divided by zero."""
+    """A dense layer on a packed image flattens it: with no rows, a -1 in that reshape cannot be resolved."""
     empty = np.zeros((0, 12, 12, 1), np.float32)
     assert np.asarray(net(empty)).shape == (0, 10)
     assert net.predict(empty).shape == (0,)
