@@ -4,7 +4,7 @@ Everything that produces or consumes packed bits (exporter, ops, reference, kern
 module; `xla_ffi/common/formats.h` mirrors its constants and a test checks that the two agree.
 
 Conventions:
-- a binary value +1 is bit 1, -1 is bit 0; binarization is `x >= 0` (sign(0) = +1);
+- a binary value +1 is bit 1, -1 is bit 0; binarization is `x >= 0` (sign(0) = +1, -0.0 -> +1, NaN -> -1);
 - bits are packed along the last axis into uint32 words, least significant bit first, padding bits 0;
 - weights are stored as FSB tiles (BH rows x BW bits, row-major inside and across tiles);
 - a ternary value t is two ±1 planes of the same layout, nonneg [t >= 0] and pos [t > 0] (t is their
@@ -58,14 +58,93 @@ def num_words(k: int) -> int:
 def binarize(x, threshold=None, flip=None):
     """Bits of `x` (bool): `x >= threshold` (default 0, so sign(0) = +1), `x <= threshold` where `flip`.
 
-    `threshold` and `flip` broadcast against `x` (per-channel vectors along the last axis).
+    `threshold` and `flip` broadcast against `x` (per-channel vectors along the last axis). The comparison
+    is exact in the operands' own dtypes, the same on every platform: host (numpy / Python) operands are
+    compared on the host, so 64-bit values are never narrowed to jax's 32-bit types first; integers of
+    mixed jax dtypes are compared without wrapping; a float `x` is compared with the threshold converted to
+    `x`'s dtype, in IEEE order (subnormals are numbers, not zero, whatever the backend's flush mode).
+    Special values (docs/formats.md): NaN gives bit 0 in either direction (every comparison with NaN is
+    false), as does a NaN threshold; -0.0 == 0, so -0.0 gives bit 1; +inf gives 1 and -inf 0 against any
+    finite threshold; a negative subnormal gives 0.
     """
+    if _all_on_host(x, threshold, flip):
+        x = np.asarray(x)
+        t = np.asarray(0 if threshold is None else threshold)
+        _check_numeric("x", x)
+        _check_numeric("threshold", t)
+        bits = x >= t
+        if flip is not None:
+            bits = np.where(np.asarray(flip, bool), x <= t, bits)
+        return jnp.asarray(bits)
     x = jnp.asarray(x)
-    t = 0 if threshold is None else jnp.asarray(threshold)
-    bits = x >= t
-    if flip is not None:
-        bits = jnp.where(jnp.asarray(flip, bool), x <= t, bits)
-    return bits
+    at_least, at_most = _compare(x, 0 if threshold is None else threshold)
+    if flip is None:
+        return at_least
+    return jnp.where(jnp.asarray(flip, bool), at_most, at_least)
+
+
+def _all_on_host(*values) -> bool:
+    return not any(isinstance(v, jax.Array) for v in values)
+
+
+def _check_numeric(name, value) -> None:
+    if not (np.issubdtype(value.dtype, np.number) or value.dtype == bool):
+        raise TypeError(f"binarize: {name} must be numeric (integers within 64 bits or floats), got dtype "
+                        f"{value.dtype}")
+
+
+def _compare(x, threshold):
+    """(x >= threshold, x <= threshold) of a jax array `x`, exactly.
+
+    jnp would promote mixed integer dtypes (int32 and uint32) to int64, which 32-bit jax narrows back to
+    int32, and would narrow a host int64 threshold the same way: both wrap. Here an integer threshold is
+    clipped into the range both dtypes share, and the thresholds outside it set the bits they decide
+    (above every `x`: `>=` never holds, `<=` always does; below: the converse)."""
+    if isinstance(threshold, jax.Array):
+        t, xp = threshold, jnp
+    else:
+        t, xp = np.asarray(threshold), np
+        _check_numeric("threshold", t)
+    x_int = jnp.issubdtype(x.dtype, jnp.integer)
+    t_int = jnp.issubdtype(t.dtype, jnp.integer)
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        # in x's dtype, converted on the host for a host threshold: an int64 one is rounded, never wrapped
+        t = jnp.asarray(t.astype(np.dtype(x.dtype)) if xp is np else t.astype(x.dtype))
+        (kx, x_nan), (kt, t_nan) = _order_key(x), _order_key(t)
+        defined = ~(x_nan | t_nan)
+        return defined & (kx >= kt), defined & (kx <= kt)
+    if not x_int or not t_int:
+        return x >= t, x <= t
+    if t.dtype == x.dtype:
+        return x >= t, x <= t
+    xi, ti = jnp.iinfo(x.dtype), np.iinfo(t.dtype)
+    lo, hi = max(int(xi.min), int(ti.min)), min(int(xi.max), int(ti.max))
+    above = t > xp.asarray(hi, t.dtype) if ti.max > hi else xp.zeros(t.shape, bool)
+    below = t < xp.asarray(lo, t.dtype) if ti.min < lo else xp.zeros(t.shape, bool)
+    clipped = xp.clip(t, xp.asarray(lo, t.dtype), xp.asarray(hi, t.dtype))
+    clipped = jnp.asarray(clipped.astype(np.dtype(x.dtype)) if xp is np else clipped.astype(x.dtype))
+    above, below = jnp.asarray(above), jnp.asarray(below)
+    at_least = jnp.where(above, False, jnp.where(below, True, x >= clipped))
+    at_most = jnp.where(above, True, jnp.where(below, False, x <= clipped))
+    return at_least, at_most
+
+
+def _order_key(x):
+    """(key, is_nan): a signed integer of x's width ordered as the float values are (-0.0 and +0.0 equal),
+    and whether x is NaN, from x's bits alone.
+
+    Float comparisons on XLA's CPU backend treat subnormal inputs as zero (its threads run with
+    denormals-are-zero), on the GPU they do not: integer keys give IEEE order, subnormals included, on
+    every platform and on the host alike. No float operation touches x here (the compiler could otherwise
+    fold the bit arithmetic back into a float comparison, which the flush mode then changes)."""
+    width = jnp.finfo(x.dtype).bits
+    unsigned, signed = {16: (jnp.uint16, jnp.int16), 32: (jnp.uint32, jnp.int32), 64: (jnp.uint64, jnp.int64)}[width]
+    infinity = int(np.array(np.inf, np.dtype(x.dtype)).view(np.dtype(unsigned)))
+    bits = jax.lax.bitcast_convert_type(x, unsigned)
+    sign = jnp.asarray(1 << (width - 1), unsigned)
+    magnitude = bits & ~sign
+    key = magnitude.astype(signed)
+    return jnp.where((bits & sign) != 0, -key, key), magnitude > jnp.asarray(infinity, unsigned)
 
 
 def pack_bits(bits):
@@ -91,7 +170,8 @@ def unpack_bits(words, k: int):
         raise ValueError(f"{k} bits need {num_words(k)} words, the array has {words.shape[-1]}")
     shifts = jnp.arange(WORD_BITS, dtype=WORD_DTYPE)
     bits = (words[..., None] >> shifts) & 1
-    return bits.reshape(words.shape[:-1] + (-1,))[..., :k].astype(bool)
+    # explicit sizes: a -1 cannot be resolved when a batch axis is empty
+    return bits.reshape(words.shape[:-1] + (words.shape[-1] * WORD_BITS,))[..., :k].astype(bool)
 
 
 def fsb_shape(rows: int, k: int, tile=FSB_TILE) -> tuple[int, int, int, int]:
@@ -213,7 +293,7 @@ def pack_conv_weights(w, tile=FSB_TILE) -> ConvBits:
     kh, kw, c, o = w.shape
     taps = pack_bits(binarize(jnp.transpose(w, (3, 0, 1, 2))))  # (o, kh, kw, cw)
     tap_popcount = popcount(taps).reshape(o, kh * kw).T
-    matrix = taps.reshape(o, -1)
+    matrix = taps.reshape(o, kh * kw * taps.shape[-1])
     return ConvBits(to_fsb(matrix, tile), tap_popcount, kernel_size=(kh, kw), in_channels=c, out_channels=o)
 
 

@@ -89,7 +89,7 @@ class DenseBlock(nnx.Module):
         self.bn = _batch_norm(linear.out_features, rngs)
 
     def __call__(self, x):
-        return self.bn(self.linear(x.reshape(x.shape[0], -1)))
+        return self.bn(self.linear(x.reshape(x.shape[0], math.prod(x.shape[1:]))))
 
 
 class ResidualBlock(nnx.Module):

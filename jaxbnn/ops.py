@@ -9,6 +9,7 @@ tested against. Layouts: docs/formats.md; native contract: docs/ops.md.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -20,18 +21,31 @@ from jaxbnn.formats import ConvBits, DenseBits
 __all__ = ["pack_bits", "unpack_bits", "bmm", "bconv2d", "pool_threshold_bits"]
 
 
+# Every size, padding, stride, pool and extent fits int32, as the kernels' attributes and indices do.
+MAX_EXTENT = 2**31 - 1
+# Reduction bits per dot product: the dot products and the saturated thresholds [-K - 1, K + 1] fit int32.
+MAX_REDUCTION = 2**31 - 2
+# Elements of an output or intermediate: far beyond any memory, so a refusal here only ever replaces an
+# allocation failure, and no product of sizes can overflow int64 inside XLA.
+MAX_ELEMENTS = 2**48
+
+
 def pack_bits(x, threshold=None, flip=None):
     """Binarize `x` (bit = x >= threshold, or x <= threshold where flip; default threshold 0, so
-    sign(0) = +1) and pack its last axis into uint32 words."""
-    x = jnp.asarray(x)
+    sign(0) = +1) and pack its last axis into uint32 words. Comparisons are exact in the operands' own
+    dtypes (`formats.binarize`): NaN gives bit 0, -0.0 bit 1."""
+    x = x if isinstance(x, jax.Array) else np.asarray(x)
     if x.ndim == 0:
         raise ValueError("pack_bits needs at least one axis to pack")
     channels = x.shape[-1]
     if threshold is not None:
-        threshold = _vector("threshold", threshold, channels, None, allow_scalar=True)
+        threshold = _host_or_device_vector("threshold", threshold, channels)
     if flip is not None:
-        flip = _vector("flip", flip, channels, jnp.bool_, allow_scalar=True)
-    return formats.pack_bits(formats.binarize(x, threshold, flip))
+        flip = _host_or_device_vector("flip", flip, channels)
+    return _pack(formats.binarize(x, threshold, flip))
+
+
+_pack = jax.jit(formats.pack_bits)  # one compiled packer per shape: eager calls compile once
 
 
 def unpack_bits(words, k, dtype=jnp.float32):
@@ -39,6 +53,11 @@ def unpack_bits(words, k, dtype=jnp.float32):
     k = _positive_int("k", k)
     words = _packed("words", words, min_rank=1)
     _check_words("words", words, k)
+    return _unpack(words, k=k, dtype=jnp.dtype(dtype))
+
+
+@functools.partial(jax.jit, static_argnames=("k", "dtype"))
+def _unpack(words, *, k, dtype):
     return jnp.where(formats.unpack_bits(words, k), 1, -1).astype(dtype)
 
 
@@ -47,11 +66,15 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
 
     a: packed activations uint32 `(..., M, ceil(k/32))`.
     b: weights, FSB tiles uint32 `(NT, KT, BH, BW/32)` (`n` rows; default NT*BH), a row-packed matrix
-       uint32 `(N, ceil(k/32))`, or a `formats.DenseBits` (then `k`, `n`, `b_popcount` come from it).
+       uint32 `(N, ceil(k/32))` (N may be 0: an empty result), or a `formats.DenseBits` (then `k`, `n`,
+       `b_popcount` come from it).
+    b_popcount: the +1 count of each row of `b`; derived from `b` when not given. A concrete one (outside
+       `jax.jit`) is checked against `b`; a traced one is trusted (a wrong one gives wrong dot products).
     Epilogue: none -> int32 `(..., M, N)`; `scale`/`bias` -> float32 `scale * dot + bias`;
     `threshold`/`flip` -> packed bits uint32 `(..., M, ceil(N/32))` of `dot >= threshold`
-    (`dot <= threshold` where flip).
+    (`dot <= threshold` where flip); integer thresholds of any width, saturated exactly to [-k - 1, k + 1].
     """
+    given_popcount = b_popcount is not None  # DenseBits' own popcounts are consistent by construction
     if isinstance(b, DenseBits):
         k = b.k if k is None else k
         n = b.n if n is None else n
@@ -59,17 +82,32 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
         b = b.bits
     if k is None:
         raise ValueError("bmm needs k, the number of real bits per row")
-    k = _positive_int("k", k)
+    k = _positive_int("k", k, MAX_REDUCTION)
     a = _packed("a", a, min_rank=2)
     _check_words("a", a, k)
-    b, n = _weights_fsb("b", b, k, n)
-    b_popcount = _popcount_or_derive("b_popcount", b_popcount, b, (n,))
-    kind, epi = _epilogue(n, scale, bias, threshold, flip)
+    b, n = _weights("b", b, k, n)
+    if b_popcount is not None:
+        b_popcount = _int32_array("b_popcount", b_popcount, (n,))
+        if given_popcount:
+            _check_popcount("b_popcount", b_popcount, b, n, k, None)
+    kind, epi = _epilogue(n, k + 1, scale, bias, threshold, flip)
+    out_cols, _ = _epilogue_output(kind, n)
+    _check_elements("the result", a.shape[:-1] + (out_cols,))
+    return _bmm(a, b, b_popcount, epi, k=k, n=n, kind=kind)
 
+
+@functools.partial(jax.jit, static_argnames=("k", "n", "kind"))
+def _bmm(a, b, b_popcount, epi, *, k, n, kind):
+    """The checked op as one compiled function per static signature: an eager call compiles once, then
+    costs what a cached jitted call costs."""
     out_cols, out_dtype = _epilogue_output(kind, n)
-    rows = a.reshape(-1, a.shape[-1])  # batch dims fold into M: one kernel call
-    if rows.shape[0] == 0:
+    rows = a.reshape(math.prod(a.shape[:-1]), a.shape[-1])  # batch dims fold into M: one kernel call
+    if rows.shape[0] == 0 or n == 0:
         return jnp.zeros(a.shape[:-1] + (out_cols,), out_dtype)
+    if b.ndim == 2:
+        b = formats.to_fsb(b)
+    b_popcount = _derived_popcount(b, n) if b_popcount is None else b_popcount.astype(jnp.int32)
+    epi = _epilogue_operands(kind, epi, n, k + 1)
     attrs = dict(k=np.int64(k), n=np.int64(n))
 
     def single(a2d, *weights):
@@ -81,6 +119,7 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
             lambda a_, b_, _popc, *e: reference.bmm(a_, b_, k, n, **dict(zip(epi, e))),
             a2d,
             *weights,
+            cuda_weights=lambda b_: _default_tiles(b_, n, k),
         )
 
     out = _fold_rows(single)(rows, b, b_popcount, *epi.values())
@@ -106,14 +145,21 @@ def bconv2d(
 ):
     """Binary 2-D convolution of a packed NHWC image, with optional fused max-pool and epilogue.
 
-    x: uint32 `(..., B, H, W, ceil(C/32))`, packed along channels.
+    x: uint32 `(..., B, H, W, ceil(C/32))`, packed along channels; the padding bits past C must be 0
+       (docs/formats.md: `pack_bits` and every threshold epilogue write them so).
     w: FSB tiles of the conv bit matrix (docs/formats.md), a row-packed uint32 `(O, KH, KW, ceil(C/32))`,
        or a `formats.ConvBits` (then sizes and tap popcounts come from it).
     padding: "SAME", "VALID" or ((top, bottom), (left, right)). pad_value: "zero" (out-of-frame taps add
     nothing, as a float convolution with zero padding) or "one" (pad with -1, bit 0).
+    w_tap_popcount: the +1 count of each tap of each output channel, derived from `w` when not given. A
+    concrete one (outside `jax.jit`) is checked against `w`; a traced one is trusted (a wrong one gives
+    wrong dot products at the border with "zero" padding).
     pool: None or (PH, PW): max-pool of the dot products (window = stride, no padding) before the epilogue.
-    Epilogues as in `bmm`; outputs `(..., B, OH, OW, O)` (int32 / float32) or `(..., B, OH, OW, ceil(O/32))`.
+    Epilogues as in `bmm` (thresholds saturated to [-K - 1, K + 1], K = KH * KW * C); outputs
+    `(..., B, OH, OW, O)` (int32 / float32) or `(..., B, OH, OW, ceil(O/32))`.
+    Every size, padding, stride and output extent must be at most `MAX_EXTENT` (ValueError naming it).
     """
+    given_popcount = w_tap_popcount is not None  # ConvBits' own tap popcounts are consistent by construction
     if isinstance(w, ConvBits):
         in_channels = w.in_channels if in_channels is None else in_channels
         kernel_size = w.kernel_size if kernel_size is None else kernel_size
@@ -131,48 +177,79 @@ def bconv2d(
     sh, sw = _pair("stride", stride)
     cw = formats.num_words(c)
     k_bits = kh * kw * cw * formats.WORD_BITS
+    if k_bits > MAX_REDUCTION:
+        raise ValueError(f"kernel_size {kh}x{kw} over in_channels={c} makes {k_bits} reduction bits per dot "
+                         f"product; at most {MAX_REDUCTION} fit int32")
     w = _packed("w", w, min_rank=2)
     if w.ndim == 4 and w.shape[1:] == (kh, kw, cw):  # row-packed (O, KH, KW, Cw)
         if out_channels is not None and out_channels != w.shape[0]:
             raise ValueError(f"out_channels={out_channels} but w has {w.shape[0]} output channels")
         out_channels = w.shape[0]
+        if out_channels == 0:
+            raise ValueError("w has no output channels")
         w = w.reshape(out_channels, kh * kw * cw)
-    w, o = _weights_fsb("w", w, k_bits, out_channels)
+    w, o = _weights("w", w, k_bits, out_channels)
+    if o == 0:
+        raise ValueError("w has no output channels")
     h, wd = x.shape[-3:-1]
     (pt, pb), (pl, pr) = _conv_padding(padding, (h, wd), (kh, kw), (sh, sw))
     if pad_value not in ("zero", "one"):
         raise ValueError(f"pad_value must be 'zero' or 'one', got {pad_value!r}")
-    oh, ow = (h + pt + pb - kh) // sh + 1, (wd + pl + pr - kw) // sw + 1
-    if oh < 1 or ow < 1:
+    for name, extent in (("the padded height", h + pt + pb), ("the padded width", wd + pl + pr)):
+        if extent > MAX_EXTENT:
+            raise ValueError(f"padding {padding!r} makes {name} {extent}, beyond the largest extent {MAX_EXTENT}")
+    if h + pt + pb < kh or wd + pl + pr < kw:
         raise ValueError(f"a {kh}x{kw} kernel does not fit the padded {h}x{wd} input")
+    oh, ow = (h + pt + pb - kh) // sh + 1, (wd + pl + pr - kw) // sw + 1
     ph, pw = (1, 1) if pool is None else _pair("pool", pool)
     if oh < ph or ow < pw:
         raise ValueError(f"pool {pool} is larger than the {oh}x{ow} convolution output")
-    conv_hw = (oh, ow)
-    oh, ow = oh // ph, ow // pw
+    if w_tap_popcount is not None:
+        w_tap_popcount = _int32_array("w_tap_popcount", w_tap_popcount, (kh * kw, o))
+        if given_popcount:
+            _check_popcount("w_tap_popcount", w_tap_popcount, w, o, k_bits, (kh * kw, cw, c))
+    kind, epi = _epilogue(o, kh * kw * c + 1, scale, bias, threshold, flip)
+    out_ch, _ = _epilogue_output(kind, o)
+    batch = x.shape[:-3]
+    _check_elements("the result", batch + (oh // ph, ow // pw, out_ch))
+    _check_elements("the padded input", batch + (h + pt + pb, wd + pl + pr, c))
+    attrs = (c, o, kh, kw, sh, sw, pt, pb, pl, pr, pad_value == "one", ph, pw)
+    return _bconv2d(x, w, w_tap_popcount, epi, attrs=attrs, kind=kind, pooled=pool is not None)
+
+
+_CONV_ATTRS = ("c", "o", "kh", "kw", "stride_h", "stride_w", "pad_top", "pad_bottom", "pad_left", "pad_right",
+               "pad_one", "pool_h", "pool_w")
+
+
+@functools.partial(jax.jit, static_argnames=("attrs", "kind", "pooled"))
+def _bconv2d(x, w, w_tap_popcount, epi, *, attrs, kind, pooled):
+    """The checked op as one compiled function per static signature (as `_bmm`)."""
+    c, o, kh, kw, sh, sw, pt, pb, pl, pr, pad_one, ph, pw = attrs
+    cw = formats.num_words(c)
+    k_bits = kh * kw * cw * formats.WORD_BITS
+    h, wd = x.shape[-3:-1]
+    conv_hw = ((h + pt + pb - kh) // sh + 1, (wd + pl + pr - kw) // sw + 1)
+    oh, ow = conv_hw[0] // ph, conv_hw[1] // pw
+    out_ch, out_dtype = _epilogue_output(kind, o)
+    images = x.reshape((math.prod(x.shape[:-3]),) + x.shape[-3:])  # batch dims fold into B: one kernel call
+    if images.shape[0] == 0:
+        return jnp.zeros(x.shape[:-3] + (oh, ow, out_ch), out_dtype)
+    if w.ndim == 2:
+        w = formats.to_fsb(w)
     if w_tap_popcount is None:
         rows = formats.from_fsb(w, o, k_bits).reshape(o, kh * kw, cw)
         w_tap_popcount = formats.popcount(rows).T
-    w_tap_popcount = _int32_array("w_tap_popcount", w_tap_popcount, (kh * kw, o))
-    kind, epi = _epilogue(o, scale, bias, threshold, flip)
-
-    out_ch, out_dtype = _epilogue_output(kind, o)
-    attrs = dict(
-        c=np.int64(c), o=np.int64(o), kh=np.int64(kh), kw=np.int64(kw),
-        stride_h=np.int64(sh), stride_w=np.int64(sw),
-        pad_top=np.int64(pt), pad_bottom=np.int64(pb), pad_left=np.int64(pl), pad_right=np.int64(pr),
-        pad_one=pad_value == "one", pool_h=np.int64(ph), pool_w=np.int64(pw),
-    )  # fmt: skip
-    images = x.reshape((-1,) + x.shape[-3:])  # batch dims fold into B: one kernel call
-    if images.shape[0] == 0:
-        return jnp.zeros(x.shape[:-3] + (oh, ow, out_ch), out_dtype)
+    w_tap_popcount = w_tap_popcount.astype(jnp.int32)
+    epi = _epilogue_operands(kind, epi, o, kh * kw * c + 1)
+    attr_values = dict(zip(_CONV_ATTRS, attrs))
+    attr_values = {name: v if name == "pad_one" else np.int64(v) for name, v in attr_values.items()}
 
     def single(x_, *weights):
         out_type = jax.ShapeDtypeStruct((x_.shape[0], oh, ow, out_ch), out_dtype)
         ref = lambda x_, w_, _popc, *e: reference.bconv2d(  # noqa: E731
             x_, w_, in_channels=c, out_channels=o, kernel_size=(kh, kw), stride=(sh, sw),
-            padding=((pt, pb), (pl, pr)), pad_value=pad_value,
-            pool=None if pool is None else (ph, pw), **dict(zip(epi, e)),
+            padding=((pt, pb), (pl, pr)), pad_value="one" if pad_one else "zero",
+            pool=(ph, pw) if pooled else None, **dict(zip(epi, e)),
         )  # fmt: skip
         target = f"jaxbnn_bconv2d_{kind}"
         cuda = None
@@ -182,10 +259,11 @@ def bconv2d(
             # and its bits are pooled after: the threshold test is monotone in the dot product,
             # so the bit of a window's max is the OR of the window's bits, and with `flip` their AND.
             unpooled = jax.ShapeDtypeStruct((x_.shape[0], *conv_hw, out_ch), out_dtype)
-            flat = dict(attrs, pool_h=np.int64(1), pool_w=np.int64(1))
+            flat = dict(attr_values, pool_h=np.int64(1), pool_w=np.int64(1))
             cuda = lambda x_, *ws: pool_threshold_bits(  # noqa: E731
                 jax.ffi.ffi_call(target, unpooled)(x_, *ws, **flat), (ph, pw), formats.pack_bits(ws[-1] != 0))
-        return _dispatch(target, out_type, attrs, ref, x_, *weights, cuda=cuda)
+        return _dispatch(target, out_type, attr_values, ref, x_, *weights, cuda=cuda,
+                         cuda_weights=lambda w_: _default_tiles(w_, o, k_bits))
 
     out = _fold_rows(single)(images, w, w_tap_popcount, *epi.values())
     return out.reshape(x.shape[:-3] + out.shape[1:])
@@ -219,13 +297,16 @@ def pool_threshold_bits(bits, pool, flip_words):
 # --- dispatch -------------------------------------------------------------------------------------
 
 
-def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None):
+def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None, cuda_weights=None):
     """Lower to the native handler of the platform the computation runs on, else to the reference.
-    cuda: the CUDA branch, where it is not the handler alone."""
+    cuda: the CUDA branch, where it is not the handler alone; cuda_weights: what the CUDA branch does to
+    the weights (the second operand) first."""
     native = lambda *ops: jax.ffi.ffi_call(target, out_type)(*ops, **attrs)  # noqa: E731
     branches = {p: native for p in ("cpu", "cuda") if _ffi.has_target(p, target)}
-    if cuda is not None:
-        branches["cuda"] = cuda
+    if "cuda" in branches:
+        call = native if cuda is None else cuda
+        branches["cuda"] = call if cuda_weights is None else (
+            lambda x, w, *rest: call(x, cuda_weights(w), *rest))
     if not branches:
         return reference_fn(*operands)
     return jax.lax.platform_dependent(*operands, default=reference_fn, **branches)
@@ -258,21 +339,27 @@ def _fold_rows(single):
 # --- argument checks ------------------------------------------------------------------------------
 
 
-def _positive_int(name, value):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+def _is_int(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _positive_int(name, value, maximum=MAX_EXTENT):
+    if not _is_int(value) or not 1 <= value <= maximum:
+        raise ValueError(f"{name} must be a positive integer of at most {maximum}, got {value!r}")
     return int(value)
 
 
 def _pair(name, value):
-    values = (value, value) if isinstance(value, (int, np.integer)) else tuple(value)
+    values = (value, value) if _is_int(value) else tuple(value) if isinstance(value, (tuple, list)) else ()
     if len(values) != 2:
         raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
     return tuple(_positive_int(name, v) for v in values)
 
 
 def _packed(name, value, min_rank):
-    value = value if isinstance(value, jax.Array) else jnp.asarray(value)
+    """A packed operand, its dtype and rank checked as given (a host array is not converted first, so a
+    wrong dtype is reported as it is)."""
+    value = value if isinstance(value, jax.Array) else np.asarray(value)
     if value.dtype != formats.WORD_DTYPE:
         raise TypeError(f"{name} must hold packed uint32 words, got dtype {value.dtype}")
     if value.ndim < min_rank:
@@ -288,17 +375,27 @@ def _check_words(name, value, k):
         )
 
 
-def _weights_fsb(name, b, k, n):
-    """FSB tiles (and the row count) of weights given as FSB tiles or as a row-packed matrix."""
+def _check_elements(what, shape):
+    count = math.prod(shape)
+    if count > MAX_ELEMENTS:
+        raise ValueError(f"{what} would have shape {tuple(shape)}, {count} elements: more than the "
+                         f"{MAX_ELEMENTS} any op takes")
+
+
+def _weights(name, b, k, n):
+    """Weights given as FSB tiles or as a row-packed matrix (tiled inside the compiled op), and their
+    row count."""
     b = _packed(name, b, min_rank=2)
     if b.ndim == 2:
         _check_words(name, b, k)
         if n is not None and n != b.shape[0]:
             raise ValueError(f"n={n} but the row-packed {name} has {b.shape[0]} rows")
-        return formats.to_fsb(b), b.shape[0]
+        return b, b.shape[0]
     if b.ndim != 4:
         raise ValueError(f"{name} must be FSB tiles (NT, KT, BH, BW/32) or row-packed (N, Kw), got {b.shape}")
     nt, kt, bh, ww = b.shape
+    if bh < 1 or ww < 1:
+        raise ValueError(f"FSB {name} of shape {b.shape} has empty tiles")
     if kt != -(-k // (ww * formats.WORD_BITS)):
         raise ValueError(f"FSB {name} of shape {b.shape} has {kt} tile columns, {k} bits need "
                          f"{-(-k // (ww * formats.WORD_BITS))}")  # fmt: skip
@@ -308,50 +405,135 @@ def _weights_fsb(name, b, k, n):
     return b, n
 
 
-def _popcount_or_derive(name, popc, fsb, shape):
-    if popc is None:
-        nt, kt, bh, ww = fsb.shape
-        rows = fsb.transpose(0, 2, 1, 3).reshape(nt * bh, kt * ww)
-        return formats.popcount(rows)[: shape[0]]
-    return _int32_array(name, popc, shape)
+def _default_tiles(fsb, rows, k_bits):
+    """FSB weights in the default tile: the CUDA kernels take no other (the CPU kernels take any), so the
+    CUDA branch re-tiles others and both platforms accept the same calls."""
+    if fsb.shape[2:] == (formats.FSB_TILE[0], formats.FSB_TILE[1] // formats.WORD_BITS):
+        return fsb
+    return formats.to_fsb(formats.from_fsb(fsb, rows, k_bits))
+
+
+def _derived_popcount(fsb, n):
+    nt, kt, bh, ww = fsb.shape
+    rows = fsb.transpose(0, 2, 1, 3).reshape(nt * bh, kt * ww)
+    return formats.popcount(rows)[:n]
 
 
 def _int32_array(name, value, shape):
-    value = jnp.asarray(value)
+    value = value if isinstance(value, jax.Array) else np.asarray(value)
     if not jnp.issubdtype(value.dtype, jnp.integer):
         raise TypeError(f"{name} must be an integer array, got dtype {value.dtype}")
     if value.shape != shape:
         raise ValueError(f"{name} must have shape {shape}, got {value.shape}")
-    return value.astype(jnp.int32)
+    return value
 
 
-def _vector(name, value, n, dtype, allow_scalar=False):
-    value = jnp.asarray(value)
-    if allow_scalar and value.ndim == 0:
-        value = jnp.broadcast_to(value, (n,))
+def _check_popcount(name, popcount, weights, rows, k_bits, taps):
+    """A concrete popcount must count the +1 bits of concrete weights (their real bits only: padding bits
+    are 0 by the contract, and counting them would blame the popcount); traced ones are trusted, as
+    documented."""
+    if isinstance(popcount, jax.core.Tracer) or isinstance(weights, jax.core.Tracer):
+        return
+    actual = np.asarray(_real_bit_popcount(weights, rows=rows, k_bits=k_bits, taps=taps)).astype(np.int64)
+    stored = np.asarray(popcount).astype(np.int64, copy=False)
+    if not np.array_equal(stored, actual):
+        at = tuple(int(i) for i in np.argwhere(stored != actual)[0])
+        raise ValueError(f"{name} does not count the +1 bits of the weights: at {at} it holds {int(stored[at])}, "
+                         f"the weights have {int(actual[at])}")
+
+
+@functools.partial(jax.jit, static_argnames=("rows", "k_bits", "taps"))
+def _real_bit_popcount(weights, *, rows, k_bits, taps):
+    """(rows,) +1 counts of a weight matrix (row-packed or FSB), or (taps, rows) per tap of a conv matrix
+    of `tap_words` words holding `channels` real bits each (taps = (kh * kw, tap_words, channels)), counting
+    real bits only."""
+    words = formats.num_words(k_bits)
+    matrix = weights if weights.ndim == 2 else formats.from_fsb(weights, rows, k_bits)
+    if taps is None:
+        mask = formats.pack_bits(jnp.arange(words * formats.WORD_BITS) < k_bits)
+        return formats.popcount(matrix & mask)
+    count, tap_words, channels = taps
+    mask = formats.pack_bits(jnp.arange(tap_words * formats.WORD_BITS) < channels)
+    return formats.popcount(matrix.reshape(rows, count, tap_words) & mask).T
+
+
+def _host_or_device_vector(name, value, n):
+    """A per-channel vector (a scalar broadcasts), kept where it is: host values are not narrowed to jax's
+    32-bit types before the exact comparison of `formats.binarize`."""
+    value = value if isinstance(value, jax.Array) else np.asarray(value)
+    if value.ndim == 0:
+        value = (jnp if isinstance(value, jax.Array) else np).broadcast_to(value, (n,))
+    if value.shape != (n,):
+        raise ValueError(f"{name} must be a scalar or have shape ({n},), one value per channel, got {value.shape}")
+    return value
+
+
+def _vector(name, value, n):
+    value = value if isinstance(value, jax.Array) else np.asarray(value)
     if value.shape != (n,):
         raise ValueError(f"{name} must have shape ({n},), one value per output channel, got {value.shape}")
-    return value if dtype is None else value.astype(dtype)
+    return value
 
 
-def _epilogue(n, scale, bias, threshold, flip):
-    """(kind, operands) of the epilogue chosen by which parameters are given."""
+def _epilogue(n, bound, scale, bias, threshold, flip):
+    """(kind, operands) of the epilogue chosen by which parameters are given; operands as given, their
+    dtypes and shapes checked. Host thresholds are saturated to [-bound, bound] here (jnp would wrap an
+    int64 one), device ones inside the compiled op (`_epilogue_operands`)."""
     if threshold is not None:
         if scale is not None or bias is not None:
             raise ValueError("give either threshold/flip (packed output) or scale/bias (float output), not both")
-        threshold = jnp.asarray(threshold)
-        if not jnp.issubdtype(threshold.dtype, jnp.integer):
+        threshold = _vector("threshold", threshold, n)
+        if not (jnp.issubdtype(threshold.dtype, jnp.integer) or threshold.dtype == object):
             raise TypeError(f"threshold must be integer (the dot products are integers), got {threshold.dtype}")
-        threshold = _vector("threshold", threshold, n, jnp.int32)
-        flip = jnp.zeros((n,), jnp.uint8) if flip is None else _vector("flip", flip, n, jnp.bool_).astype(jnp.uint8)
+        if not isinstance(threshold, jax.Array):
+            threshold = _saturate_host(threshold, bound)
+        flip = None if flip is None else _vector("flip", flip, n)
         return "bits", {"threshold": threshold, "flip": flip}
     if flip is not None:
         raise ValueError("flip only applies with a threshold")
     if scale is not None or bias is not None:
-        scale = jnp.ones((n,), jnp.float32) if scale is None else _float_vector("scale", scale, n)
-        bias = jnp.zeros((n,), jnp.float32) if bias is None else _float_vector("bias", bias, n)
+        scale = None if scale is None else _float_vector("scale", scale, n)
+        bias = None if bias is None else _float_vector("bias", bias, n)
         return "f32", {"scale": scale, "bias": bias}
     return "i32", {}
+
+
+def _saturate_host(threshold, bound):
+    """int32 thresholds equal in effect to host integers of any size: the dot products lie in
+    [-bound + 1, bound - 1], so every threshold beyond +-bound acts as +-bound (>= never / always holds)."""
+    if threshold.dtype == object:  # Python integers beyond 64 bits
+        if not all(_is_int(v) for v in threshold.tolist()):
+            raise TypeError("threshold must hold integers (the dot products are integers)")
+        return np.array([min(max(int(v), -bound), bound) for v in threshold.tolist()], np.int32)
+    info = np.iinfo(threshold.dtype)
+    if info.max > bound:
+        threshold = np.minimum(threshold, threshold.dtype.type(bound))
+    if info.min < -bound:
+        threshold = np.maximum(threshold, threshold.dtype.type(-bound))
+    return threshold.astype(np.int32)
+
+
+def _saturate(threshold, bound):
+    """`_saturate_host` of a device integer array, inside the compiled op."""
+    info = jnp.iinfo(threshold.dtype)
+    if info.max > bound:
+        threshold = jnp.minimum(threshold, jnp.asarray(bound, threshold.dtype))
+    if info.min < -bound:
+        threshold = jnp.maximum(threshold, jnp.asarray(-bound, threshold.dtype))
+    return threshold.astype(jnp.int32)
+
+
+def _epilogue_operands(kind, epi, n, bound):
+    """The epilogue operands as the handlers take them (inside the compiled op)."""
+    if kind == "bits":
+        flip = epi["flip"]
+        flip = jnp.zeros((n,), jnp.uint8) if flip is None else jnp.asarray(flip).astype(bool).astype(jnp.uint8)
+        return {"threshold": _saturate(jnp.asarray(epi["threshold"]), bound), "flip": flip}
+    if kind == "f32":
+        scale, bias = epi["scale"], epi["bias"]
+        return {"scale": jnp.ones((n,), jnp.float32) if scale is None else jnp.asarray(scale, jnp.float32),
+                "bias": jnp.zeros((n,), jnp.float32) if bias is None else jnp.asarray(bias, jnp.float32)}
+    return {}
 
 
 def _epilogue_output(kind, n):
@@ -362,10 +544,10 @@ def _epilogue_output(kind, n):
 
 
 def _float_vector(name, value, n):
-    value = jnp.asarray(value)
+    value = _vector(name, value, n)
     if not jnp.issubdtype(value.dtype, jnp.floating):
         raise TypeError(f"{name} must be floating point, got {value.dtype}")
-    return _vector(name, value, n, jnp.float32)
+    return value
 
 
 def _conv_padding(padding, size, kernel, stride):
@@ -382,9 +564,9 @@ def _conv_padding(padding, size, kernel, stride):
         raise ValueError(f"padding must be 'SAME', 'VALID' or ((top, bottom), (left, right)), got {padding!r}")
     try:
         (pt, pb), (pl, pr) = padding
-        pads = tuple(int(v) for v in (pt, pb, pl, pr))
     except (TypeError, ValueError):
         raise ValueError(f"padding must be 'SAME', 'VALID' or ((top, bottom), (left, right)), got {padding!r}")
-    if min(pads) < 0:
-        raise ValueError(f"padding must be non-negative, got {padding!r}")
-    return (pads[0], pads[1]), (pads[2], pads[3])
+    pads = (pt, pb, pl, pr)
+    if not all(_is_int(v) and 0 <= v <= MAX_EXTENT for v in pads):
+        raise ValueError(f"padding must hold integers in [0, {MAX_EXTENT}] (non-negative), got {padding!r}")
+    return (int(pt), int(pb)), (int(pl), int(pr))

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import glob
 import hashlib
 import json
 import math
 import os
+import secrets
+import stat
 import struct
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -491,8 +493,9 @@ def _header_core(model: PackedModel) -> dict:
 
 
 def save(path: str | os.PathLike, model: PackedModel) -> int:
-    """Validate `model` and write it to `path` atomically (a temporary file renamed over it); returns the
-    file size in bytes."""
+    """Validate `model` and write it to `path` atomically (a temporary file beside it, renamed over it);
+    returns the file size in bytes. The file keeps the mode of the one it replaces, or gets 0o666 less the
+    umask, as a file written with open() would."""
     from safetensors.numpy import save as save_safetensors
 
     tensors = {name: np.ascontiguousarray(array) for name, array in model.tensors.items()}
@@ -503,76 +506,159 @@ def save(path: str | os.PathLike, model: PackedModel) -> int:
     path = Path(path)
     if not path.parent.is_dir():  # else the error would name the temporary file
         raise FileNotFoundError(errno.ENOENT, "no such folder to write the packed checkpoint into", str(path.parent))
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _remove_stale_temporaries(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
     try:
         with os.fdopen(fd, "wb") as f:
+            try:
+                os.fchmod(f.fileno(), stat.S_IMODE(os.stat(path).st_mode))
+            except FileNotFoundError:
+                pass
             f.write(blob)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
         raise
     return len(blob)
 
 
-def _read_header(blob: bytes, where: str) -> dict:
-    not_packed = f"{where}: not a jaxbnn packed checkpoint (.jbnn)"
-    if len(blob) < 8:
-        raise PackedModelError(f"{not_packed}: the file holds only {len(blob)} bytes")
-    (size,) = struct.unpack("<Q", blob[:8])
+_TMP_SUFFIX = ".jbnn-tmp"
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Delete the temporary files that killed writes of `path` left (a kill runs no cleanup): those named
+    with the id of a process that no longer exists. A live writer's file is left alone."""
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*{_TMP_SUFFIX}"):
+        pid = tmp.name[len(path.name) + 2 :].split(".")[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # another user's live process
+
+
+# A graph header is a few kilobytes per layer; a larger size prefix is corruption, never read into memory.
+MAX_HEADER_BYTES = 64 * 2**20
+_HEADER_KEYS = ("format", "format_version", "target", "tile", "graph", "content_hash")
+
+
+def _parse_json(text: bytes | str, what: str, where: str):
+    """The JSON value of `text`, or None where it is not JSON; too deep a nesting is refused by name."""
     try:
-        table = json.loads(blob[8 : 8 + size]) if size <= len(blob) - 8 else None
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        table = None
+        return json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError):
+        return None
+    except RecursionError:
+        raise PackedModelError(f"{where}: {what} nests too deeply to be a packed checkpoint's") from None
+
+
+def _read_header(prefix: bytes, file_size: int, read, where: str) -> tuple[dict, int]:
+    """(the jaxbnn header, the safetensors header size) from the 8-byte size prefix, reading only the
+    header bytes it announces once they are known to lie inside the file."""
+    not_packed = f"{where}: not a jaxbnn packed checkpoint (.jbnn)"
+    if file_size < 8 or len(prefix) < 8:
+        raise PackedModelError(f"{not_packed}: the file holds only {file_size} bytes")
+    (size,) = struct.unpack("<Q", prefix)
+    if size > file_size - 8:
+        raise PackedModelError(f"{not_packed}: it does not start with the safetensors header a .jbnn file has")
+    if size > MAX_HEADER_BYTES:
+        raise PackedModelError(f"{not_packed}: a safetensors header of {size} bytes is larger than a packed "
+                               f"checkpoint's can be ({MAX_HEADER_BYTES})")
+    table = _parse_json(read(size), "safetensors header", where)
     if not isinstance(table, dict):
         raise PackedModelError(f"{not_packed}: it does not start with the safetensors header a .jbnn file has")
     metadata = table.get("__metadata__")
     if not isinstance(metadata, dict) or METADATA_KEY not in metadata:
         raise PackedModelError(f"{not_packed}: a safetensors file without the {METADATA_KEY!r} header that "
                                "`jaxbnn export` writes")
-    try:
-        header = json.loads(metadata[METADATA_KEY])
-    except (TypeError, json.JSONDecodeError) as error:
-        raise PackedModelError(f"{where}: jaxbnn header is not valid JSON ({error})") from None
+    header = _parse_json(metadata[METADATA_KEY], "jaxbnn header", where)
+    if header is None:
+        raise PackedModelError(f"{where}: jaxbnn header is not valid JSON")
     if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
         raise PackedModelError(f"{where}: header does not declare format {FORMAT_NAME!r}")
     version = header.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise PackedModelError(f"{where}: format_version must be an integer, got {version!r}")
     if version != FORMAT_VERSION:
         raise PackedModelError(f"{where}: format version {version!r} is not supported (this jaxbnn reads "
                                f"version {FORMAT_VERSION}); re-export the model from its training run: "
                                "jaxbnn export RUN_DIR MODEL.jbnn")
-    return header
+    unknown = sorted(set(header) - set(_HEADER_KEYS))
+    if unknown:
+        raise PackedModelError(f"{where}: header holds keys this format does not define: {unknown}")
+    return header, size
+
+
+def _open_regular(path: Path, where: str) -> int:
+    """A read-only descriptor of `path`, refused unless it is a regular file. Opened non-blocking, so a
+    FIFO is refused instead of waiting for a writer; a directory or device is never read."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "not a regular file")
+        raise PackedModelError(f"{where}: is {kind}, not a packed checkpoint file")
+    return fd
+
+
+def _read_exactly(f, count: int, where: str) -> bytes:
+    data = f.read(count)
+    if len(data) != count:
+        raise PackedModelError(f"{where}: file ended after {len(data)} of {count} bytes (changed while read?)")
+    return data
 
 
 def load(path: str | os.PathLike) -> PackedModel:
-    """Read and validate a packed checkpoint: format and version, graph, tensor names, shapes, dtypes, the
-    content hash, then the values (`validate`). Raises PackedModelError naming the problem."""
+    """Read and validate a packed checkpoint: a regular file; format and version, graph; the file size
+    against the tensors the graph needs (before the tensor bytes are read); tensor names, shapes, dtypes,
+    the content hash over the header as stored and the tensors, then the values (`validate`).
+    Raises PackedModelError naming the problem (FileNotFoundError / OSError where the file cannot be
+    opened)."""
     from safetensors.numpy import load as load_safetensors
 
     path = Path(path)
     where = str(path)
-    blob = path.read_bytes()
-    header = _read_header(blob, where)
-    target = header.get("target")
-    if target not in TARGETS:
-        raise PackedModelError(f"{where}: unknown target {target!r}; known: {sorted(TARGETS)}")
-    if header.get("tile") != list(TARGETS[target]):
-        raise PackedModelError(f"{where}: tile {header.get('tile')!r} is not the {target} tile {list(TARGETS[target])}")
+    with os.fdopen(_open_regular(path, where), "rb") as f:
+        file_size = os.fstat(f.fileno()).st_size
+        prefix = f.read(8)
+        header, header_size = _read_header(prefix, file_size, lambda n: _read_exactly(f, n, where), where)
+        target = header.get("target")
+        if target not in TARGETS:
+            raise PackedModelError(f"{where}: unknown target {target!r}; known: {sorted(TARGETS)}")
+        if header.get("tile") != list(TARGETS[target]):
+            raise PackedModelError(f"{where}: tile {header.get('tile')!r} is not the {target} tile "
+                                   f"{list(TARGETS[target])}")
+        graph = header.get("graph")
+        try:
+            validate_graph(graph)
+        except PackedModelError as error:
+            raise PackedModelError(f"{where}: {error}") from None
+        data_bytes = sum(math.prod(shape) * np.dtype(dtype).itemsize
+                         for shape, dtype in expected_tensors(graph, TARGETS[target]).values())
+        if file_size != 8 + header_size + data_bytes:
+            raise PackedModelError(f"{where}: the file has {file_size} bytes, its graph's tensors need "
+                                   f"{8 + header_size + data_bytes}: truncated, padded or not this graph's")
+        f.seek(0)
+        blob = _read_exactly(f, file_size, where)
     try:
         tensors = load_safetensors(blob)
     except Exception as error:  # safetensors raises its own SafetensorError for any malformed payload
         raise PackedModelError(f"{where}: corrupted tensor data ({error})") from None
-    graph = header.get("graph")
     try:
-        validate_graph(graph)
         _check_tensors(tensors, graph, TARGETS[target])
     except PackedModelError as error:
         raise PackedModelError(f"{where}: {error}") from None
     model = PackedModel(graph=graph, tensors=tensors, target=target)
     stored = header.get("content_hash")
-    actual = content_hash(_header_core(model), tensors)
+    actual = content_hash({key: value for key, value in header.items() if key != "content_hash"}, tensors)
     if stored != actual:
         raise PackedModelError(f"{where}: content hash mismatch (header {stored!r}, content {actual!r}): "
                                "the file is corrupted or was modified")

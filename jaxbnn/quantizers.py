@@ -17,6 +17,8 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxbnn import formats
+
 __all__ = [
     "binarize",
     "sign_ste",
@@ -38,8 +40,9 @@ __all__ = [
 
 
 def binarize(x: jax.Array) -> jax.Array:
-    """+1 where x >= 0, else -1, in x's dtype. No gradient definition (use sign_ste for training)."""
-    return jnp.where(x >= 0, 1, -1).astype(x.dtype)
+    """+1 where x >= 0, else -1, in x's dtype, with `formats.binarize`'s semantics on every platform (NaN
+    -> -1, -0.0 -> +1, a negative subnormal -> -1). No gradient definition (use sign_ste for training)."""
+    return jnp.where(formats.binarize(x), 1, -1).astype(x.dtype)
 
 
 def ternarize(x: jax.Array, alpha, beta) -> jax.Array:

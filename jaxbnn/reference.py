@@ -1,7 +1,9 @@
 """The pure-JAX definition of every jaxbnn op: the spec the native kernels are tested against.
 
-Written for clarity, not speed: operands are unpacked to ±1 values and multiplied with XLA's own
-integer / float32 arithmetic (exact for ±1 sums), never through the bit tricks the kernels use.
+Written for clarity, not speed: operands are unpacked to ±1 values and multiplied with XLA's int32
+arithmetic, never through the bit tricks the kernels use. Integer dot products are exact on every
+platform whatever algorithm XLA picks; a float convolution is not guaranteed to be (a backend may run it
+in reduced precision or through a transform), so the convolution is a sum of per-tap int32 products.
 """
 
 from __future__ import annotations
@@ -66,26 +68,28 @@ def bconv2d(
 
     `padding` is ((top, bottom), (left, right)). `pad_value` "zero": out-of-frame taps contribute 0, as a
     float convolution of ±1 values with zero padding; "one": the frame is padded with -1 (bit 0).
+    The dot products are int32 sums, tap by tap, of int32 products of ±1 values: exact on every platform.
     """
     kh, kw = kernel_size
+    sh, sw = stride
     c, o = in_channels, out_channels
     cw = formats.num_words(c)
-    x_signs = _signs(formats.unpack_bits(x, c), jnp.float32)
-    taps = formats.from_fsb(w, o, kh * kw * cw * formats.WORD_BITS).reshape(o, kh, kw, cw)
-    w_signs = _signs(formats.unpack_bits(taps, c), jnp.float32)  # (o, kh, kw, c)
-    if pad_value == "one":
-        x_signs = jnp.pad(x_signs, ((0, 0), *padding, (0, 0)), constant_values=-1.0)
-        padding = ((0, 0), (0, 0))
-    elif pad_value != "zero":
+    if pad_value not in ("zero", "one"):
         raise ValueError(f"pad_value must be 'zero' or 'one', got {pad_value!r}")
-    dot = jax.lax.conv_general_dilated(
-        x_signs,
-        w_signs,
-        window_strides=stride,
-        padding=padding,
-        dimension_numbers=("NHWC", "OHWI", "NHWC"),
-        precision=jax.lax.Precision.HIGHEST,
-    ).astype(jnp.int32)  # ±1 sums far below 2**24: exact in float32
+    x_signs = _signs(formats.unpack_bits(x, c), jnp.int32)
+    taps = formats.from_fsb(w, o, kh * kw * cw * formats.WORD_BITS).reshape(o, kh, kw, cw)
+    w_signs = _signs(formats.unpack_bits(taps, c), jnp.int32)  # (o, kh, kw, c)
+    # "zero": out-of-frame taps add 0 * w = 0; "one": they are -1 inputs.
+    x_signs = jnp.pad(x_signs, ((0, 0), *padding, (0, 0)), constant_values=-1 if pad_value == "one" else 0)
+    b, hp, wp, _ = x_signs.shape
+    oh, ow = (hp - kh) // sh + 1, (wp - kw) // sw + 1
+    dot = jnp.zeros((b, oh, ow, o), jnp.int32)
+    for i in range(kh):
+        for j in range(kw):
+            window = jax.lax.slice(x_signs, (0, i, j, 0), (b, i + sh * (oh - 1) + 1, j + sw * (ow - 1) + 1, c),
+                                   (1, sh, sw, 1))  # fmt: skip
+            dot = dot + jax.lax.dot_general(window, w_signs[:, i, j, :], (((3,), (1,)), ((), ())),
+                                            preferred_element_type=jnp.int32)  # fmt: skip
     if pool is not None:
         dot = max_pool(dot, pool)
     return epilogue(dot, scale, bias, threshold, flip)

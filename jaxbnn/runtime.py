@@ -23,6 +23,7 @@ This module never imports the exporter or the training code.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import warnings
@@ -125,6 +126,8 @@ class PackedNet:
     def predict(self, images, batch_size: int = 500) -> np.ndarray:
         """Class indices for `images` (uint8 pixels or floats, as for a call), in batches of one shape (the
         last padded) so it compiles once."""
+        if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         images = np.asarray(images)
         if images.dtype != np.uint8:
             images = images.astype(np.float32)
@@ -218,7 +221,7 @@ def _binarize_input(node, p, x):
 def _linear(node, p, x):
     if node["input"] == "float" and node["operand"] != "float":
         if node["kind"] == "dense" and len(node["in_shape"]) == 1:
-            x = x.reshape(x.shape[0], -1)
+            x = _flatten(x)
         x = _binarize_input(node, p, x)
     if node["operand"] == "float":
         pre = _float_operand(node, p, x)
@@ -229,6 +232,11 @@ def _linear(node, p, x):
     if node["kind"] == "conv" and node["pool"] is not None:
         pre = _max_pool(pre, node["pool"])
     return _output(node, p, pre)
+
+
+def _flatten(x):
+    """(B, ...) -> (B, features); explicit sizes, as a -1 cannot be resolved for an empty batch."""
+    return x.reshape(x.shape[0], math.prod(x.shape[1:]))
 
 
 def _max_pool(x, pool):
@@ -255,7 +263,7 @@ def _fused(node, p, x):
     if uses_conv_layout(node):
         pool = node.get("pool") if node["kind"] == "conv" else None
         out = ops.bconv2d(x, p["weight"], pool=None if pool is None else tuple(pool), **_conv_args(node), **epilogue)
-        return out if node["kind"] == "conv" else out.reshape(out.shape[0], -1)
+        return out if node["kind"] == "conv" else _flatten(out)
     return ops.bmm(x, p["weight"], **epilogue)
 
 
@@ -263,7 +271,7 @@ def _pm_dot(node, p, x):
     """int32 ±1 dot products of packed `x` with the node's packed ±1 weights (one custom call)."""
     if uses_conv_layout(node):
         out = ops.bconv2d(x, p["weight"], **_conv_args(node))
-        return out if node["kind"] == "conv" else out.reshape(out.shape[0], -1)
+        return out if node["kind"] == "conv" else _flatten(out)
     return ops.bmm(x, p["weight"])
 
 
@@ -292,7 +300,7 @@ def _float_operand(node, p, x):
         x = jnp.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)))
         return jax.lax.conv_general_dilated(x, p["kernel"], tuple(node["stride"]), "VALID",
                                             dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=HIGHEST)
-    x = x.reshape(x.shape[0], -1)
+    x = _flatten(x)
     return jax.lax.dot_general(x, p["kernel"], (((1,), (0,)), ((), ())), precision=HIGHEST)
 
 

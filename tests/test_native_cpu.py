@@ -324,6 +324,14 @@ CONV_ERRORS = [
     ("zero channels", dict(c=I64(0)), r"attribute c = 0 is out of range"),
     ("kernel larger than input", dict(kh=I64(9)), r"the kernel 9 x 3 is larger than the padded input 7 x 7"),
     ("reduction beyond int32", dict(c=I64(2**30)), r"the reduction kh \* kw \* c = 3 \* 3 \* 1073741824 does not fit int32"),
+    ("padding 2**31", dict(pad_top=I64(2**31)), r"attribute pad_top = 2147483648 is out of range \[0, 2147483647\]"),
+    ("padding 2**62", dict(pad_left=I64(2**62)), r"attribute pad_left = 4611686018427387904 is out of range"),
+    ("padding int64 max", dict(pad_right=I64(2**63 - 1)), r"attribute pad_right = 9223372036854775807 is out"),
+    ("padded extent beyond int32", dict(pad_top=I64(2**31 - 1), pad_bottom=I64(2**31 - 1)),
+     r"the padded input 4294967299 x 7 has an extent beyond int32"),
+    ("kernel beyond int32", dict(kw=I64(2**40)), r"attribute kw = 1099511627776 is out of range"),
+    ("reduction words beyond int32", dict(c=I64(33), kh=I64(2**14), kw=I64(2**11)),
+     r"the reduction row of kh \* kw = 33554432 taps of 2 words does not fit int32 bits"),
 ]
 
 

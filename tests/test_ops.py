@@ -261,3 +261,184 @@ def test_bconv2d_rejects_bad_arguments_before_lowering():
         ops.bconv2d(jnp.zeros((1, 5, 5, 2), jnp.uint32), w)
     with pytest.raises(ValueError, match="w_tap_popcount"):
         ops.bconv2d(x, w.bits, in_channels=20, kernel_size=3, out_channels=4, w_tap_popcount=jnp.zeros((9, 3), jnp.int32))
+
+
+# --- sizes and values beyond the kernels' range --------------------------------------------------------
+
+
+HUGE_CONV_ARGUMENTS = [
+    (dict(padding=((2**31,) * 2,) * 2), r"padding must hold integers in \[0, 2147483647\]"),
+    (dict(padding=((2**62,) * 2,) * 2), r"padding must hold integers in \[0, 2147483647\]"),
+    (dict(padding=((-1, 0), (0, 0))), r"padding must hold integers .*non-negative"),
+    (dict(padding=((1.5, 0), (0, 0))), r"padding must hold integers"),
+    (dict(padding=((2**31 - 1, 2**31 - 1), (0, 0))), r"padding .* makes the padded height 4294967298"),
+    (dict(padding=((2**30 - 8,) * 2,) * 2), r"the result would have shape .* elements"),
+    (dict(stride=2**31), r"stride must be a positive integer of at most 2147483647"),
+    (dict(stride=(1, -2)), r"stride must be a positive integer"),
+    (dict(pool=(2**40, 1)), r"pool must be a positive integer of at most"),
+    (dict(kernel_size=2**31), r"kernel_size must be a positive integer of at most"),
+    (dict(kernel_size=(2**16, 2**16)), r"kernel_size 65536x65536 over in_channels=1 makes"),
+]
+
+
+@pytest.mark.parametrize("change,message", HUGE_CONV_ARGUMENTS, ids=[str(c) for c, _ in HUGE_CONV_ARGUMENTS])
+def test_bconv2d_refuses_sizes_beyond_int32_before_lowering(change, message):
+    """Sizes whose products overflow XLA's shape arithmetic (an abort inside XLA) or the kernels' int32
+    attributes are refused by the Python front with the argument's name."""
+    x = jnp.zeros((1, 4, 4, 1), jnp.uint32)
+    w = jnp.zeros((1, 1, 8, 4), jnp.uint32)  # FSB tiles of a 1x1 kernel over 1 channel, 1 output
+    args = {"in_channels": 1, "kernel_size": 1, "out_channels": 1, **change}
+    with pytest.raises(ValueError, match=message):
+        ops.bconv2d(x, w, **args)
+    with pytest.raises(ValueError, match=message):
+        jax.jit(lambda x: ops.bconv2d(x, w, **args))(x)
+
+
+def test_bmm_refuses_sizes_beyond_int32_and_abstract_giants():
+    with pytest.raises(ValueError, match=r"k must be a positive integer of at most 2147483646"):
+        ops.bmm(jnp.zeros((1, 1), jnp.uint32), jnp.zeros((1, 1), jnp.uint32), 2**31)
+    giant = jax.ShapeDtypeStruct((2**40, 2**20, 1), jnp.uint32)  # never allocated: refused while tracing
+    with pytest.raises(ValueError, match=r"the result would have shape \(1099511627776, 1048576, 3\)"):
+        jax.jit(lambda a: ops.bmm(a, jnp.zeros((3, 1), jnp.uint32), 32)).lower(giant)
+
+
+def test_thresholds_of_any_integer_width_saturate_exactly():
+    """All dot products are 64 (k = 64, equal rows); a threshold of 2**32 + 10 must set no bit (int64
+    wrapped to 10 would set all), -2**40 every bit, whether given on the host or as a device array."""
+    a = ops.pack_bits(jnp.ones((2, 64)))
+    b = ops.pack_bits(jnp.ones((40, 64)))
+    for threshold, flip, want in [(2**32 + 10, False, 0), (-(2**40), False, 1), (2**32 + 10, True, 1),
+                                  (-(2**40), True, 0), (2**63 - 1, False, 0), (2**70, False, 0)]:
+        host = np.full(40, threshold, np.int64 if abs(threshold) < 2**63 else object)
+        bits = ops.unpack_bits(ops.bmm(a, b, 64, threshold=host, flip=np.full(40, flip)), 40)
+        np.testing.assert_array_equal(np.asarray(bits), 2 * want - 1)
+    device = jnp.full(40, 3_000_000_000, jnp.uint32)  # above int32: an astype would wrap it negative
+    np.testing.assert_array_equal(np.asarray(ops.bmm(a, b, 64, threshold=device)), 0)
+    conv = ops.bconv2d(jnp.zeros((1, 3, 3, 1), jnp.uint32), formats.pack_conv_weights(-jnp.ones((3, 3, 5, 7))),
+                       threshold=np.full(7, 2**40 + 1, np.int64))
+    np.testing.assert_array_equal(np.asarray(conv), 0)
+
+
+def test_pack_bits_compares_64_bit_values_without_wrapping():
+    x = np.array([[2**32 + 5, 2**40, -(2**33), 7]], np.int64)
+    np.testing.assert_array_equal(np.asarray(ops.unpack_bits(ops.pack_bits(x, threshold=2**32 + 10), 4)),
+                                  [[-1, 1, -1, -1]])
+    np.testing.assert_array_equal(np.asarray(ops.unpack_bits(ops.pack_bits(x, threshold=np.int64(-(2**32))), 4)),
+                                  [[1, 1, -1, 1]])
+    small = jnp.asarray([[5, -5, 0]], jnp.int32)  # device int32 data, host int64 thresholds beyond its range
+    np.testing.assert_array_equal(np.asarray(ops.unpack_bits(ops.pack_bits(small, threshold=2**33), 3)),
+                                  [[-1, -1, -1]])
+    np.testing.assert_array_equal(
+        np.asarray(ops.unpack_bits(ops.pack_bits(small, threshold=-(2**33), flip=True), 3)), [[-1, -1, -1]])
+    tiny = np.array([[-1e-50, 1e-50]])  # float64 on the host: not rounded to float32 (-0.0) first
+    np.testing.assert_array_equal(np.asarray(ops.unpack_bits(ops.pack_bits(tiny), 2)), [[-1, 1]])
+
+
+def test_a_concrete_popcount_that_does_not_match_the_weights_is_refused():
+    rng = np.random.default_rng(0)
+    w = formats.pack_dense_weights(rng.standard_normal((70, 9)).astype(np.float32))
+    a = ops.pack_bits(signs(rng, (3, 70)))
+    with pytest.raises(ValueError, match=r"b_popcount does not count the \+1 bits of the weights: at \(0,\)"):
+        ops.bmm(a, w.bits, 70, n=9, b_popcount=w.popcount.at[0].add(1))
+    ops.bmm(a, w.bits, 70, n=9, b_popcount=w.popcount)  # the right one is taken
+    conv = formats.pack_conv_weights(rng.standard_normal((3, 3, 40, 5)).astype(np.float32))
+    x = ops.pack_bits(signs(rng, (1, 6, 6, 40)))
+    wrong = conv.tap_popcount.at[4, 2].set(0)
+    with pytest.raises(ValueError, match=r"w_tap_popcount does not count .* at \(4, 2\)"):
+        ops.bconv2d(x, conv.bits, in_channels=40, kernel_size=3, out_channels=5, w_tap_popcount=wrong)
+
+
+def test_row_packed_bmm_with_no_rows_and_empty_batches_give_empty_results():
+    a = jnp.zeros((4, 2), jnp.uint32)
+    assert ops.bmm(a, jnp.zeros((0, 2), jnp.uint32), 64).shape == (4, 0)
+    assert ops.bmm(a, jnp.zeros((0, 2), jnp.uint32), 64, threshold=np.zeros(0, np.int32)).shape == (4, 0)
+    assert jax.jit(lambda a: ops.bmm(a, jnp.zeros((0, 2), jnp.uint32), 64))(a).shape == (4, 0)
+    assert ops.bmm(jnp.zeros((0, 3, 2), jnp.uint32), jnp.zeros((5, 2), jnp.uint32), 64).shape == (0, 3, 5)
+    w = formats.pack_conv_weights(jnp.ones((3, 3, 20, 4)))
+    assert ops.bconv2d(jnp.zeros((0, 5, 5, 1), jnp.uint32), w).shape == (0, 5, 5, 4)
+    assert ops.bconv2d(jnp.zeros((2, 0, 5, 5, 1), jnp.uint32), w).shape == (2, 0, 5, 5, 4)
+
+
+def test_a_wrong_dtype_is_reported_as_given():
+    with pytest.raises(TypeError, match="got dtype int64"):
+        ops.bmm(np.zeros((4, 2), np.int64), jnp.zeros((3, 2), jnp.uint32), 64)
+
+
+# --- the reference is exact on every platform ------------------------------------------------------------
+
+
+def test_reference_bconv2d_is_integer_arithmetic():
+    """A float convolution is exact only where the backend's algorithm happens to be; the reference must be
+    exact everywhere, so it contains no float convolution or float dot product at all."""
+    x = jnp.zeros((1, 9, 9, 2), jnp.uint32)
+    w = formats.pack_conv_weights(jnp.ones((9, 9, 40, 3))).bits
+    jaxpr = jax.make_jaxpr(lambda x, w: reference.bconv2d(
+        x, w, in_channels=40, out_channels=3, kernel_size=(9, 9), stride=(1, 1), padding=((4, 4), (4, 4)),
+        pad_value="zero", pool=(2, 2)))(x, w)  # fmt: skip
+    eqns = [e for e in jaxpr.jaxpr.eqns]
+    assert not [e for e in eqns if e.primitive.name == "conv_general_dilated"]
+    dots = [e for e in eqns if e.primitive.name == "dot_general"]
+    assert dots and all(v.aval.dtype == jnp.int32 for e in dots for v in (*e.invars, *e.outvars))
+
+
+@QUICK
+@given(
+    st.integers(1, 2), st.integers(1, 12), st.integers(1, 12), st.integers(1, 70), st.integers(1, 20),
+    st.sampled_from([(1, 1), (3, 3), (9, 9), (3, 5)]), st.sampled_from([(1, 1), (2, 1), (3, 2)]),
+    st.sampled_from(["SAME", ((4, 4), (4, 4)), ((0, 0), (3, 3)), ((2, 0), (1, 3))]),
+    st.sampled_from(["zero", "one"]), st.sampled_from([None, (2, 2), (1, 3)]), st.integers(0, 2**31),
+)  # fmt: skip
+def test_reference_bconv2d_equals_the_cpu_module_bit_for_bit(b, h, w, c, o, ksize, stride, padding, pad_value,
+                                                              pool, seed):
+    rng = np.random.default_rng(seed)
+    x = ops.pack_bits(signs(rng, (b, h, w, c)))
+    kernel = formats.pack_conv_weights(rng.standard_normal(ksize + (c, o)).astype(np.float32))
+    try:
+        native = ops.bconv2d(x, kernel, stride=stride, padding=padding, pad_value=pad_value, pool=pool)
+    except ValueError as err:  # shapes whose output is empty are refused before lowering
+        assert "does not fit" in str(err) or "larger than" in str(err)
+        return
+    pads = ops._conv_padding(padding, (h, w), ksize, stride)
+    spec = jax.jit(lambda x, w: reference.bconv2d(
+        x, w, in_channels=c, out_channels=o, kernel_size=ksize, stride=stride, padding=pads,
+        pad_value=pad_value, pool=pool))(x, kernel.bits)  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(spec), np.asarray(native))
+
+
+@pytest.mark.parametrize("c, kernel, padding, pool", [
+    (40, (9, 9), ((4, 4), (4, 4)), (2, 2)),  # shapes where a float convolution on a GPU was not exact
+    (65, (3, 3), ((0, 0), (3, 3)), None),
+    (33, (9, 9), ((4, 1), (0, 4)), (3, 1)),
+])  # fmt: skip
+@pytest.mark.parametrize("pad_value", ["zero", "one"])
+def test_reference_bconv2d_named_shapes_equal_the_cpu_module(c, kernel, padding, pool, pad_value):
+    rng = np.random.default_rng(c)
+    x = ops.pack_bits(signs(rng, (2, 11, 10, c)))
+    weights = formats.pack_conv_weights(signs(rng, kernel + (c, 7)))
+    native = ops.bconv2d(x, weights, padding=padding, pad_value=pad_value, pool=pool)
+    spec = jax.jit(lambda x, w: reference.bconv2d(
+        x, w, in_channels=c, out_channels=7, kernel_size=kernel, stride=(1, 1), padding=padding,
+        pad_value=pad_value, pool=pool))(x, weights.bits)  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(spec), np.asarray(native))
+
+
+def test_everything_jaxbnn_packs_has_zero_padding_bits():
+    """The contract every kernel relies on (the CUDA kernels do not mask padding bits): the packers and the
+    threshold epilogues write 0 past the last real bit."""
+    rng = np.random.default_rng(9)
+    n, k = 45, 70
+    padding = np.uint32(~((1 << (n % 32)) - 1) & 0xFFFFFFFF)
+    a = ops.pack_bits(signs(rng, (5, k)))
+    assert not (np.asarray(a)[:, -1] & np.uint32(~((1 << (k % 32)) - 1) & 0xFFFFFFFF)).any()
+    w = formats.pack_dense_weights(rng.standard_normal((k, n)).astype(np.float32))
+    everyone = dict(threshold=np.full(n, -k - 1, np.int32))  # every real bit set
+    assert not (np.asarray(ops.bmm(a, w, **everyone))[:, -1] & padding).any()
+    flipped = np.asarray(ops.bmm(a, w, threshold=np.full(n, k + 1, np.int32), flip=np.ones(n, bool)))
+    assert not (flipped[:, -1] & padding).any() and (flipped[:, 0] == 0xFFFFFFFF).all()
+    x = ops.pack_bits(signs(rng, (1, 6, 6, 33)))
+    conv = formats.pack_conv_weights(rng.standard_normal((3, 3, 33, n)).astype(np.float32))
+    for pool in (None, (2, 2)):
+        bits = np.asarray(ops.bconv2d(x, conv, pool=pool, threshold=np.full(n, -1000, np.int32)))
+        assert not (bits[..., -1] & padding).any() and (bits[..., 0] == 0xFFFFFFFF).all()
+    rows = formats.from_fsb(w.bits, n, k)
+    assert not (np.asarray(rows)[:, -1] & np.uint32(~((1 << (k % 32)) - 1) & 0xFFFFFFFF)).any()

@@ -2,7 +2,9 @@
 
 import json
 import os
+import resource
 import struct
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -291,6 +293,8 @@ VALUE_ERRORS = [
      r"node 0 \(blocks.0\): tensor 'nodes.0.kernel' holds 0 at \(0, 1, 2, 3\); binary weights are \(-1, 1\)"),
     ("ternary", set_value("nodes.0.kernel", (2, 2, 0, 4), 2), r"tensor 'nodes.0.kernel' holds 2 at \(2, 2, 0, 4\)"),
     ("binary", set_value("nodes.0.threshold", 3, np.nan), r"node 0 .*'nodes.0.threshold' holds NaN"),
+    ("binary", lambda t: t.update({"nodes.2.weight_popcount": np.zeros(3, np.int32)}),
+     r"node 2 \(blocks.2\): tensor 'nodes.2.weight_popcount' does not match the bits of 'nodes.2.weight'"),
 ]
 
 
@@ -315,3 +319,129 @@ def test_a_file_of_the_previous_format_version_is_refused_with_what_to_do():
     with pytest.raises(PackedModelError, match=r"format version 1 is not supported \(this jaxbnn reads version 2\); "
                                                r"re-export the model from its training run: jaxbnn export"):
         packed_model.load(FORMAT_V1_FILE)
+
+
+# --- what is read, and how ----------------------------------------------------------------------------------
+
+
+def load_within(path, seconds=20):
+    """packed_model.load(path) in a thread, which must finish (reading a FIFO would wait for a writer forever)."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["model"] = packed_model.load(path)
+        except BaseException as error:  # noqa: BLE001 - handed to the test thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"loading {path} did not finish in {seconds} s"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["model"]
+
+
+def test_only_regular_files_are_read(tmp_path):
+    with pytest.raises(PackedModelError, match="is a directory, not a packed checkpoint file"):
+        load_within(tmp_path)
+    fifo = tmp_path / "pipe.jbnn"
+    os.mkfifo(fifo)
+    with pytest.raises(PackedModelError, match="is a FIFO, not a packed checkpoint file"):
+        load_within(fifo)
+    with pytest.raises(PackedModelError, match="is a device, not a packed checkpoint file"):
+        load_within("/dev/zero")
+    with pytest.raises(FileNotFoundError):
+        load_within(tmp_path / "missing.jbnn")
+
+
+def test_a_huge_sparse_file_is_refused_before_its_data_is_read(tmp_path):
+    path = tmp_path / "m.jbnn"
+    size = packed_model.save(path, tiny_model())
+    with open(path, "r+b") as f:
+        f.truncate(2**31)  # sparse: 2 GiB of zeros after a valid header
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(PackedModelError, match=rf"the file has {2**31} bytes, its graph's tensors need {size}"):
+        load_within(path)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before < 200 * 1024  # KiB
+
+
+@pytest.mark.parametrize("header_size, message", [
+    (2**40, "it does not start with the safetensors header a .jbnn file has"),
+    (packed_model.MAX_HEADER_BYTES + 1, f"a safetensors header of {packed_model.MAX_HEADER_BYTES + 1} bytes is larger"),
+])
+def test_a_size_prefix_beyond_the_file_or_any_header_is_refused(tmp_path, header_size, message):
+    path = tmp_path / "m.jbnn"
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", header_size))
+        f.truncate(packed_model.MAX_HEADER_BYTES + 100)
+    with pytest.raises(PackedModelError, match=message):
+        load_within(path)
+
+
+@pytest.mark.parametrize("where", ["jaxbnn header", "safetensors header"])
+def test_deeply_nested_json_is_refused(tmp_path, where):
+    deep = "[" * 200_000 + "]" * 200_000
+    path = tmp_path / "deep.jbnn"
+    if where == "jaxbnn header":
+        path.write_bytes(save_safetensors({"w": np.ones(3, np.float32)}, metadata={"jaxbnn": deep}))
+    else:
+        table = ('{"__metadata__": {"jaxbnn": "{}"}, "x": ' + deep + "}").encode()
+        path.write_bytes(struct.pack("<Q", len(table)) + table)
+    with pytest.raises(PackedModelError, match=f"{where} nests too deeply"):
+        load_within(path)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda h: h.update(format_version=2.0), "format_version must be an integer, got 2.0"),
+        (lambda h: h.update(format_version=True), "format_version must be an integer, got True"),
+        (lambda h: h.update(format_version="2"), "format_version must be an integer, got '2'"),
+        (lambda h: h.update(comment="hello"), r"header holds keys this format does not define: \['comment'\]"),
+        (lambda h: h["graph"]["nodes"][2].update(note="x"), "content hash mismatch"),
+    ],
+)
+def test_the_header_is_taken_as_stored(tmp_path, edit, message):
+    """Nothing in the header escapes the checks: no key outside the format, no version of another type, and
+    the content hash is over the header as stored (a rebuilt one would ignore an extra node attribute)."""
+    path = tmp_path / "m.jbnn"
+    packed_model.save(path, tiny_model())
+    rewrite(path, header_edit=edit)
+    with pytest.raises(PackedModelError, match=message):
+        packed_model.load(path)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o600, 0o640])
+def test_save_keeps_the_mode_of_the_file_it_replaces(tmp_path, mode):
+    path = tmp_path / "m.jbnn"
+    path.write_bytes(b"old")
+    path.chmod(mode)
+    packed_model.save(path, tiny_model())
+    assert path.stat().st_mode & 0o777 == mode
+
+
+def test_a_new_file_gets_the_mode_open_would_give_it(tmp_path):
+    umask = os.umask(0o027)
+    try:
+        packed_model.save(tmp_path / "m.jbnn", tiny_model())
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "m.jbnn").stat().st_mode & 0o777 == 0o640  # 0o666 less the umask, not mkstemp's 0o600
+
+
+def test_temporaries_of_killed_writes_are_removed_and_a_failed_write_leaves_none(tmp_path):
+    path = tmp_path / "m.jbnn"
+    dead = tmp_path / ".m.jbnn.999999999.0badc0de.jbnn-tmp"  # a pid no process has: its writer was killed
+    live = tmp_path / f".m.jbnn.{os.getppid()}.0badc0de.jbnn-tmp"  # a live process may still be writing
+    dead.write_bytes(b"partial")
+    live.write_bytes(b"partial")
+    packed_model.save(path, tiny_model())
+    assert sorted(os.listdir(tmp_path)) == sorted([live.name, "m.jbnn"])
+    live.unlink()
+    target = tmp_path / "a-directory.jbnn"
+    target.mkdir()  # the final rename fails
+    with pytest.raises(OSError):
+        packed_model.save(target, tiny_model())
+    assert sorted(os.listdir(tmp_path)) == ["a-directory.jbnn", "m.jbnn"]

@@ -83,6 +83,20 @@ def test_bad_input_is_refused_before_lowering(net):
         net(np.zeros((2, 12, 12, 1), np.int32))
 
 
+def test_predict_refuses_a_batch_size_below_one(net):
+    for batch_size in (-5, 0, 2.5, True):
+        with pytest.raises(ValueError, match=f"batch_size must be a positive integer, got {batch_size!r}"):
+            net.predict(images(3), batch_size=batch_size)
+
+
+def test_an_empty_batch_gives_empty_logits_and_predictions(net):
+    """A dense layer on a packed image flattens it: with no rows, a -1 in that reshape cannot be resolved."""
+    empty = np.zeros((0, 12, 12, 1), np.float32)
+    assert np.asarray(net(empty)).shape == (0, 10)
+    assert net.predict(empty).shape == (0,)
+    assert all(np.asarray(out).shape[0] == 0 for out in jax.tree.leaves(net.trace(empty)))
+
+
 # --- the input scale: recorded in the file, applied to uint8, checked on floats -------------------------
 
 

@@ -223,32 +223,129 @@ def _build(config: TrainConfig, input_shape, num_classes) -> BinaryNet:
                        width=config.width, rngs=default_rngs(config.seed))
 
 
+class CheckpointError(ValueError):
+    """No checkpoint of a run directory can be resumed from: each one is named with what is wrong with it."""
+
+
+CHECKSUMS = "jaxbnn-checksums.json"  # in each step directory: sha256 of every file orbax wrote there
+
+
 def _save(manager, step: int, model, optimizer, progress: dict) -> None:
     """One checkpoint: model + optimizer state, and (as JSON) the metrics rows and the running sums of
-    the epoch in progress. Orbax writes it to a temporary directory and renames it when complete."""
+    the epoch in progress. Orbax writes it to a temporary directory and renames it when complete; then the
+    checksums of its files are written beside them (atomically), which a resume verifies."""
     import orbax.checkpoint as ocp
 
     state = {"model": nnx.to_pure_dict(nnx.state(model)), "optimizer": nnx.to_pure_dict(nnx.state(optimizer))}
     manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                progress=ocp.args.JsonSave(progress)))
     manager.wait_until_finished()
+    step_dir = Path(manager.directory) / str(step)
+    _write_atomic(step_dir / CHECKSUMS, json.dumps({"sha256": _file_digests(step_dir)}, indent=1) + "\n")
 
 
-def _restore(manager, model, optimizer) -> tuple[int, dict]:
-    """Load the latest checkpoint into model and optimizer; returns (global step, progress), (0, {}) when
-    there is none."""
+def _file_digests(step_dir: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file under a step directory, the checksum file excepted."""
+    import hashlib
+
+    digests = {}
+    for path in sorted(step_dir.rglob("*")):
+        if path.is_file() and path.name != CHECKSUMS:
+            digest = hashlib.sha256()
+            with path.open("rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+            digests[path.relative_to(step_dir).as_posix()] = digest.hexdigest()
+    return digests
+
+
+def _step_problem(step_dir: Path) -> str | None:
+    """What is wrong with a step directory's files, or None when they are the ones its checksums record."""
+    record = step_dir / CHECKSUMS
+    if not any(step_dir.iterdir()):
+        return "the directory is empty"
+    if not record.is_file():
+        return f"it has no {CHECKSUMS} (its write was interrupted)"
+    try:
+        recorded = json.loads(record.read_text())["sha256"]
+        if not isinstance(recorded, dict):
+            raise TypeError("not a mapping")
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
+        return f"{record.name} is unreadable ({error})"
+    actual = _file_digests(step_dir)
+    for name in sorted(set(recorded) | set(actual)):
+        if name not in actual:
+            return f"{name} is missing"
+        if name not in recorded:
+            return f"{name} was not part of the checkpoint"
+        if recorded[name] != actual[name]:
+            return f"{name} does not match its checksum (corrupted)"
+    return None
+
+
+def _set_aside(step_dir: Path, damaged_dir: Path) -> Path:
+    """Move a damaged step out of orbax's directory (kept for inspection; orbax would otherwise count it as
+    the latest step and skip saving the steps before it)."""
+    damaged_dir.mkdir(exist_ok=True)
+    target = damaged_dir / step_dir.name
+    index = 1
+    while target.exists():
+        target = damaged_dir / f"{step_dir.name}.{index}"
+        index += 1
+    os.replace(step_dir, target)
+    return target
+
+
+def _restore(out_dir: Path, model, optimizer, log=print, set_aside=True) -> tuple[int, dict]:
+    """Load the newest checkpoint of a run directory whose files match their checksums into model and
+    optimizer; returns (global step, progress), (0, {}) when there is none.
+
+    Every step is verified before orbax reads any of it (a CheckpointManager parses each step's metadata
+    when it is created, and some corruptions of it raise there). A damaged step is reported by name and,
+    for a run that goes on, set aside in ``checkpoints-damaged/``, so that the manager created after this
+    sees good steps only (a reader such as export passes ``set_aside=False`` and leaves the directory as
+    it is); the newest good step is restored, an older one where orbax cannot read it. When steps exist
+    but none can be restored, raises CheckpointError naming each one and what is wrong with it."""
     import orbax.checkpoint as ocp
 
-    step = manager.latest_step()
-    if step is None:
-        return 0, {}
+    checkpoints = (Path(out_dir) / "checkpoints").absolute()
+    damaged_dir = checkpoints.parent / "checkpoints-damaged"
+    steps = sorted((int(p.name) for p in checkpoints.iterdir() if p.is_dir() and p.name.isdigit()), reverse=True) \
+        if checkpoints.is_dir() else []
+    problems = []
+
+    def damaged(step, problem):
+        step_dir = checkpoints / str(step)
+        problems.append(f"step {step} ({step_dir}): {problem}")
+        moved = f"moved to {_set_aside(step_dir, damaged_dir)}, " if set_aside else ""
+        log(f"checkpoint step {step} is damaged: {problem}; {moved}trying the previous step")
+
+    good = []
+    for step in steps:
+        problem = _step_problem(checkpoints / str(step))
+        if problem is None:
+            good.append(step)
+        else:
+            damaged(step, problem)
     target = {"model": nnx.to_pure_dict(nnx.state(model)), "optimizer": nnx.to_pure_dict(nnx.state(optimizer))}
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.asarray(a).dtype), target)
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                             progress=ocp.args.JsonRestore()))
-    nnx.update(model, _as_state(model, restored.state["model"]))
-    nnx.update(optimizer, _as_state(optimizer, restored.state["optimizer"]))
-    return int(step), dict(restored.progress)
+    for step in good:
+        try:
+            with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+                restored = checkpointer.restore(checkpoints / str(step), args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()))
+            progress = dict(restored.progress)
+        except Exception as error:  # noqa: BLE001 - any failure of this step: report it, try the next
+            damaged(step, f"orbax could not restore it ({type(error).__name__}: {str(error).splitlines()[0]})")
+            continue
+        nnx.update(model, _as_state(model, restored.state["model"]))
+        nnx.update(optimizer, _as_state(optimizer, restored.state["optimizer"]))
+        return step, progress
+    if problems:
+        where = f" The damaged steps are in {damaged_dir};" if set_aside else ""
+        raise CheckpointError(f"no checkpoint in {checkpoints} can be resumed from: " + "; ".join(problems)
+                              + f".{where} to start over, use a new --out directory")
+    return 0, {}
 
 
 def _as_state(module, pure):
@@ -281,8 +378,8 @@ def fit(config: TrainConfig, out_dir: str | os.PathLike, *, progress: bool = Tru
     steps_per_epoch = len(train_set.labels) // config.batch_size
     optimizer = make_optimizer(model, config.learning_rate, steps_per_epoch * config.epochs, config.weight_decay)
 
+    global_step, saved = _restore(out_dir, model, optimizer, log=log)  # before the manager reads any step
     manager = _checkpoint_manager(out_dir)
-    global_step, saved = _restore(manager, model, optimizer)
     rows = saved.get("rows", [])
     partial = saved.get("partial", {"loss_sum": 0.0, "accuracy_sum": 0.0, "seconds": 0.0})
     metrics_path = out_dir / "metrics.jsonl"
@@ -356,15 +453,14 @@ def load_trained(out_dir: str | os.PathLike) -> BinaryNet:
     config_path = out_dir / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"{out_dir} is not a training run directory (no config.json)")
-    config = TrainConfig(**json.loads(config_path.read_text()))
+    try:
+        config = TrainConfig(**json.loads(config_path.read_text()))
+    except (UnicodeDecodeError, ValueError, TypeError) as error:  # not JSON, or not a TrainConfig's fields
+        raise ValueError(f"{config_path} is not a training configuration ({error})") from None
     spec = data_lib.DATASETS[config.data]
     model = _build(config, spec["input_shape"], spec["num_classes"])
     optimizer = make_optimizer(model, config.learning_rate, 1, config.weight_decay)
-    manager = _checkpoint_manager(out_dir)
-    try:
-        if _restore(manager, model, optimizer)[0] == 0:
-            raise FileNotFoundError(f"{out_dir} has no checkpoint")
-    finally:
-        manager.close()
+    if _restore(out_dir, model, optimizer, set_aside=False)[0] == 0:
+        raise FileNotFoundError(f"{out_dir} has no checkpoint")
     model.eval()
     return model

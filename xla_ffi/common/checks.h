@@ -52,8 +52,18 @@ namespace checks {
 
 // Largest reduction length: dot products must fit int32.
 inline constexpr int64_t kMaxReduction = std::numeric_limits<int32_t>::max();
-// Bound on every size attribute, so that products of a few of them cannot overflow int64.
-inline constexpr int64_t kMaxAttr = int64_t{1} << 31;
+// Bound on every size attribute and extent: the kernels take them as int32, and sums and products of a
+// few of them cannot overflow int64.
+inline constexpr int64_t kMaxAttr = std::numeric_limits<int32_t>::max();
+
+// The product of non-negative factors, or -1 when a factor is negative or the product overflows int64.
+inline int64_t CheckedProduct(std::initializer_list<int64_t> factors) {
+  int64_t product = 1;
+  for (int64_t factor : factors) {
+    if (factor < 0 || __builtin_mul_overflow(product, factor, &product)) return -1;
+  }
+  return product;
+}
 
 inline const char* DtypeName(ffi::DataType dtype) {
   switch (dtype) {
@@ -267,6 +277,10 @@ inline ffi::Error CheckBconv2d(std::string_view target, Epilogue epilogue, const
                                std::to_string(attrs.kw) + " * " + std::to_string(attrs.c) +
                                " does not fit int32");
   }
+  if (attrs.kh * attrs.kw > kMaxReduction / (c_words * formats::kWordBits)) {
+    return Invalid(target, "the reduction row of kh * kw = " + std::to_string(attrs.kh * attrs.kw) +
+                               " taps of " + std::to_string(c_words) + " words does not fit int32 bits");
+  }
   int64_t k_words = attrs.kh * attrs.kw * c_words;
   int64_t k_bits = k_words * formats::kWordBits;
 
@@ -281,8 +295,17 @@ inline ffi::Error CheckBconv2d(std::string_view target, Epilogue epilogue, const
       e.failure()) {
     return e;
   }
+  // Each term is at most int32's maximum (buffer dims included, checked next): the sums fit int64.
+  if (height > kMaxAttr || width > kMaxAttr) {
+    return Invalid(target, "operand `x` of shape " + ShapeString(x_dims) + " has an extent beyond int32");
+  }
   int64_t padded_h = height + attrs.pad_top + attrs.pad_bottom;
   int64_t padded_w = width + attrs.pad_left + attrs.pad_right;
+  if (padded_h > kMaxAttr || padded_w > kMaxAttr) {
+    std::ostringstream s;
+    s << "the padded input " << padded_h << " x " << padded_w << " has an extent beyond int32";
+    return Invalid(target, s.str());
+  }
   if (padded_h < attrs.kh || padded_w < attrs.kw) {
     std::ostringstream s;
     s << "the kernel " << attrs.kh << " x " << attrs.kw << " is larger than the padded input " << padded_h

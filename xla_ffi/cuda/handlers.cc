@@ -11,6 +11,7 @@
 #include <string>
 
 #include "binary_gemm.h"
+#include "common/checks.h"
 #include "common/formats.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -66,6 +67,9 @@ std::optional<ffi::Error> ExpectShape(const char* what, const Buffer& buffer, st
 ffi::Error Invalid(const std::string& message) { return ffi::Error::InvalidArgument("jaxbnn CUDA: " + message); }
 
 bool FitsInt(int64_t v) { return v >= 0 && v <= std::numeric_limits<int32_t>::max(); }
+
+// Whether the product of non-negative factors fits int32 (false on int64 overflow too).
+bool ProductFitsInt(std::initializer_list<int64_t> factors) { return FitsInt(checks::CheckedProduct(factors)); }
 
 // Checks the FSB weight operand of `rows` weight rows and `k_words` reduction words.
 std::optional<ffi::Error> CheckWeights(const ffi::Buffer<ffi::U32>& w, int64_t rows, int64_t k_words) {
@@ -143,7 +147,7 @@ ffi::Error Bmm(cudaStream_t stream, const ffi::Buffer<ffi::U32>& a, const ffi::B
     return Invalid("bmm result has shape " + Dims(out_dims) + ", expected (" + std::to_string(m) + ", " +
                    std::to_string(out_cols) + ")");
   }
-  if (!FitsInt(m * k_words) || !FitsInt(k) || !FitsInt(m * std::max<int64_t>(n, 1))) {
+  if (!ProductFitsInt({m, k_words}) || !FitsInt(k) || !ProductFitsInt({m, std::max<int64_t>(n, 1)})) {
     return Invalid("bmm operands too large for the CUDA kernels (int32 indexing)");
   }
   if (auto err = CheckReduction("bmm", k_words)) return *err;
@@ -181,6 +185,11 @@ ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi:
       at.pool_w < 1 || at.pad_top < 0 || at.pad_bottom < 0 || at.pad_left < 0 || at.pad_right < 0) {
     return Invalid("bconv2d needs c, o, kernel, stride, pool >= 1 and padding >= 0");
   }
+  // Every attribute within int32 first: the sums and products below then cannot overflow int64.
+  for (int64_t value : {at.c, at.o, at.kh, at.kw, at.stride_h, at.stride_w, at.pad_top, at.pad_bottom, at.pad_left,
+                        at.pad_right, at.pool_h, at.pool_w}) {
+    if (!FitsInt(value)) return Invalid("bconv2d attribute " + std::to_string(value) + " is beyond int32");
+  }
   if (at.pool_h * at.pool_w > kMaxPoolWindow) {
     return Invalid("bconv2d pool window " + std::to_string(at.pool_h) + "x" + std::to_string(at.pool_w) +
                    " is larger than the CUDA kernels take (" + std::to_string(kMaxPoolWindow) + " elements)");
@@ -207,8 +216,9 @@ ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi:
     return Invalid("bconv2d result has shape " + Dims(out_dims) + ", expected (" + std::to_string(batch) + ", " +
                    std::to_string(out_h) + ", " + std::to_string(out_w) + ", " + std::to_string(out_c) + ")");
   }
-  if (!FitsInt(batch * h * wd * cw) || !FitsInt(taps * at.c) || !FitsInt(batch * out_h * out_w * at.o) ||
-      !FitsInt(k_words) || !FitsInt((h + at.pad_top) * (wd + at.pad_left) * cw * 2)) {
+  if (!ProductFitsInt({batch, h, wd, cw}) || !ProductFitsInt({taps, at.c}) ||
+      !ProductFitsInt({batch, out_h, out_w, at.o}) || !FitsInt(k_words) || !FitsInt(conv_h) || !FitsInt(conv_w) ||
+      !ProductFitsInt({h + at.pad_top, wd + at.pad_left, cw, 2})) {
     return Invalid("bconv2d operands too large for the CUDA kernels (int32 indexing)");
   }
   if (auto err = CheckReduction("bconv2d", k_words)) return *err;

@@ -1,0 +1,66 @@
+"""How NaN, -NaN, -0.0, +-inf and subnormals binarize (docs/formats.md, "Binary values and bits"), the same
+on every path: formats.binarize on the host, eagerly and under jit, pack_bits into the native kernels, the
+Flax layers' eval forward and the packed runtime. The comparison is IEEE's: NaN compares false in either
+direction (bit 0, -1), -0.0 equals 0 (bit 1, +1), a negative subnormal is below 0 even on a backend that
+flushes subnormals to zero."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxbnn import formats, ops, packed_model, reference, runtime
+from jaxbnn import layers as L
+from jaxbnn.export import export_model
+from zoo_cases import zoo_model
+
+SPECIALS = np.array([np.nan, -np.nan, -0.0, 0.0, np.inf, -np.inf, 1e-45, -1e-45, -1.17e-38, 1.0, -2.0],
+                    np.float32)
+AT_LEAST_ZERO = np.array([0, 0, 1, 1, 1, 0, 1, 0, 0, 1, 0], bool)  # bit of x >= 0
+AT_MOST_ZERO = np.array([0, 0, 1, 1, 0, 1, 0, 1, 1, 0, 1], bool)  # bit of x <= 0 (flip)
+SIGNS = np.where(AT_LEAST_ZERO, 1, -1)
+
+
+@pytest.mark.parametrize("where", ["host", "device", "jit"])
+def test_binarize_special_values(where):
+    run = {"host": lambda f, *a: f(*a), "device": lambda f, x, *a: f(jnp.asarray(x), *a),
+           "jit": lambda f, *a: jax.jit(f)(*a)}[where]
+    np.testing.assert_array_equal(np.asarray(run(formats.binarize, SPECIALS)), AT_LEAST_ZERO)
+    np.testing.assert_array_equal(np.asarray(run(lambda x: formats.binarize(x, 0.0, True), SPECIALS)), AT_MOST_ZERO)
+    nan_threshold = run(lambda x: formats.binarize(x, np.float32(np.nan), x > 0), SPECIALS)
+    np.testing.assert_array_equal(np.asarray(nan_threshold), False)  # a NaN threshold clears every bit
+
+
+def test_special_values_through_pack_bits_and_the_native_kernels():
+    rng = np.random.default_rng(0)
+    w = np.where(rng.random((SPECIALS.size, 9)) < 0.5, 1.0, -1.0).astype(np.float32)
+    dense = formats.pack_dense_weights(w)
+    for x in (SPECIALS[None], jnp.asarray(SPECIALS[None])):
+        a = ops.pack_bits(x)
+        np.testing.assert_array_equal(np.asarray(ops.unpack_bits(a, SPECIALS.size))[0], SIGNS)
+        np.testing.assert_array_equal(np.asarray(ops.bmm(a, dense))[0], SIGNS @ w)
+        np.testing.assert_array_equal(np.asarray(reference.bmm(a, dense.bits, SPECIALS.size, 9))[0], SIGNS @ w)
+
+
+def test_the_flax_layer_eval_forward_binarizes_the_same_way():
+    layer = L.BinaryLinear(SPECIALS.size, 5, mode="bnn", rngs=nnx.Rngs(0))
+    layer.eval()
+    kernel_signs = np.where(np.asarray(layer.kernel[...]) >= 0, 1, -1)
+    np.testing.assert_array_equal(np.asarray(layer(jnp.asarray(SPECIALS[None])))[0], SIGNS @ kernel_signs)
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda x: layer(x))(SPECIALS[None]))[0], SIGNS @ kernel_signs)
+
+
+@pytest.mark.parametrize("name", ["mnist-mlp", "mnist-conv"])
+def test_the_runtime_gives_the_flax_logits_on_non_finite_images(tmp_path, name):
+    """An all-NaN image gives finite logits (every first-layer bit is 0), those of the Flax model."""
+    model = zoo_model(name, "bnn", {})
+    path = tmp_path / "m.jbnn"
+    packed_model.save(path, export_model(model))
+    net = runtime.load(path)
+    images = np.full((3, *model.input_shape), np.nan, np.float32)
+    images[1] = -np.nan
+    images[2] = -0.0
+    logits = np.asarray(net(images))
+    assert np.isfinite(logits).all()
+    np.testing.assert_allclose(logits, np.asarray(model(jnp.asarray(images))), rtol=1e-5, atol=1e-5)

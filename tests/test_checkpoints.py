@@ -1,0 +1,150 @@
+"""Training checkpoints: every step records the sha256 of its files; a resume verifies them, reports a
+damaged step by name, sets it aside and resumes from the newest good one, or stops with one message
+naming every step when none is good."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxbnn import cli
+from jaxbnn.models import build_model
+
+loop = cli.import_train_module("loop")
+
+
+def fresh():
+    model = build_model("mnist-mlp", "bnn", input_shape=(4, 4, 1), num_classes=3, width=0.25, rngs=nnx.Rngs(0))
+    return model, loop.make_optimizer(model, 1e-3, 10)
+
+
+def first_kernel(model):
+    return next(leaf for leaf in jax.tree.leaves(nnx.to_pure_dict(nnx.state(model))) if np.ndim(leaf) == 2)
+
+
+def save_steps(run_dir, steps):
+    """Checkpoints at `steps`, each with the model's first kernel filled with the step number."""
+    model, optimizer = fresh()
+    manager = loop._checkpoint_manager(run_dir)
+    for step in steps:
+        for _, module in nnx.iter_modules(model):
+            if isinstance(module, nnx.Linear) or hasattr(module, "kernel"):
+                module.kernel[...] = jnp.full(module.kernel[...].shape, float(step))
+        loop._save(manager, step, model, optimizer, {"rows": [], "step": step})
+    manager.close()
+
+
+def restore(run_dir):
+    """What a resuming run does: verify and restore, then open the checkpoint manager it goes on with."""
+    model, optimizer = fresh()
+    messages = []
+    step, progress = loop._restore(run_dir, model, optimizer, log=messages.append)
+    loop._checkpoint_manager(run_dir).close()
+    return step, progress, model, messages
+
+
+def largest_file(step_dir):
+    files = [p for p in step_dir.rglob("*") if p.is_file() and p.name != loop.CHECKSUMS]
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+def test_an_intact_newest_step_is_restored(tmp_path):
+    save_steps(tmp_path, [10, 20])
+    step, progress, model, messages = restore(tmp_path)
+    assert (step, progress["step"], messages) == (20, 20, [])
+    assert np.all(np.asarray(first_kernel(model)) == 20.0)
+
+
+def test_flipped_bytes_in_the_newest_step_fall_back_to_the_previous_one(tmp_path):
+    save_steps(tmp_path, [10, 20])
+    data = largest_file(tmp_path / "checkpoints" / "20")
+    blob = bytearray(data.read_bytes())
+    for i in range(64):  # 64 bytes flipped in the middle of the state's data
+        blob[len(blob) // 2 + i] ^= 0xFF
+    data.write_bytes(bytes(blob))
+    step, progress, model, messages = restore(tmp_path)
+    assert (step, progress["step"]) == (10, 10)
+    assert np.all(np.asarray(first_kernel(model)) == 10.0)
+    relative = data.relative_to(tmp_path / "checkpoints" / "20").as_posix()
+    assert messages == [f"checkpoint step 20 is damaged: {relative} does not match its checksum (corrupted); "
+                        f"moved to {tmp_path / 'checkpoints-damaged' / '20'}, trying the previous step"]
+    assert sorted(os.listdir(tmp_path / "checkpoints-damaged")) == ["20"]
+
+
+def test_damaged_orbax_metadata_is_caught_before_orbax_reads_it(tmp_path):
+    """orbax's CheckpointManager parses every step's metadata when it is created, and raises on some damage
+    (two unknown keys, as two flipped bits make them): the steps are verified before that."""
+    save_steps(tmp_path, [10, 20])
+    metadata = tmp_path / "checkpoints" / "20" / "_CHECKPOINT_METADATA"
+    text = metadata.read_text().replace("commit_timestamp_nsecs", "bommit_timestamp_nsecs")
+    metadata.write_text(text.replace("init_timestamp_nsecs", "hnit_timestamp_nsecs"))  # two unknown keys
+    step, _, _, messages = restore(tmp_path)  # the manager opened after the restore sees step 10 only
+    assert step == 10 and "_CHECKPOINT_METADATA does not match its checksum" in messages[0]
+
+
+def test_an_empty_or_unfinished_newest_step_falls_back(tmp_path):
+    save_steps(tmp_path, [10, 20])
+    (tmp_path / "checkpoints" / "30").mkdir()
+    step, _, _, messages = restore(tmp_path)
+    assert step == 20 and messages[0].startswith("checkpoint step 30 is damaged: the directory is empty")
+    (tmp_path / "checkpoints" / "20" / loop.CHECKSUMS).unlink()  # killed between orbax's rename and the record
+    step, _, _, messages = restore(tmp_path)
+    assert step == 10 and f"it has no {loop.CHECKSUMS}" in messages[0]
+
+
+def test_a_truncated_or_missing_file_is_named(tmp_path):
+    save_steps(tmp_path, [10, 20])
+    data = largest_file(tmp_path / "checkpoints" / "20")
+    data.write_bytes(data.read_bytes()[:-100])
+    step, _, _, messages = restore(tmp_path)
+    assert step == 10 and "does not match its checksum" in messages[0]
+    save_steps(tmp_path / "other", [5])
+    largest_file(tmp_path / "other" / "checkpoints" / "5").unlink()
+    with pytest.raises(loop.CheckpointError, match=r"no checkpoint in .* can be resumed from: step 5 .* is missing"):
+        restore(tmp_path / "other")
+
+
+def test_when_no_step_is_good_one_error_names_each(tmp_path):
+    save_steps(tmp_path, [10, 20])
+    for step in (10, 20):
+        (tmp_path / "checkpoints" / str(step) / loop.CHECKSUMS).write_text("{not json")
+    with pytest.raises(loop.CheckpointError) as error:
+        restore(tmp_path)
+    message = str(error.value)
+    assert "step 20 (" in message and "step 10 (" in message and "is unreadable" in message
+    assert "use a new --out directory" in message
+
+
+def test_saving_continues_after_a_fallback(tmp_path):
+    """The damaged newer step no longer sits in orbax's directory, where it would count as the latest step
+    and orbax would skip saving the older steps that follow the fallback."""
+    save_steps(tmp_path, [10, 20])
+    (tmp_path / "checkpoints" / "20" / loop.CHECKSUMS).unlink()
+    assert restore(tmp_path)[0] == 10
+    save_steps(tmp_path, [15])
+    assert restore(tmp_path)[:2] == (15, {"rows": [], "step": 15})
+
+
+def test_a_garbage_config_is_named(tmp_path):
+    (tmp_path / "config.json").write_text("{garbage")
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'config.json'} is not a training configuration"):
+        loop.load_trained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model": "mnist-mlp", "colour": "blue"}))
+    with pytest.raises(ValueError, match="is not a training configuration .*colour"):
+        loop.load_trained(tmp_path)
+
+
+def test_a_reader_skips_a_damaged_step_without_moving_it(tmp_path):
+    """Export reads a run (load_trained): it falls back the same way but leaves the directory as it is."""
+    save_steps(tmp_path, [10, 20])
+    (tmp_path / "checkpoints" / "20" / loop.CHECKSUMS).unlink()
+    model, optimizer = fresh()
+    messages = []
+    step, _ = loop._restore(tmp_path, model, optimizer, log=messages.append, set_aside=False)
+    assert step == 10 and messages[0].endswith("trying the previous step") and "moved" not in messages[0]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["10", "20"]
+    assert not (tmp_path / "checkpoints-damaged").exists()
