@@ -4,13 +4,12 @@
     packed = export_model(model, target="cpu")      # bn + sign folded into thresholds, FSB-packed weights
     save_packed("model.jbnn", packed)               # atomic; jaxbnn.load("model.jbnn") runs it
 
-Folding math and file format: docs/export.md. Imports only the jaxbnn core.
+Threshold rule: jaxbnn.thresholds; graph and file format: docs/export.md. Imports only the jaxbnn core.
 """
 
 from jaxbnn.packed_model import save as save_packed
 
 from .exporter import ExportError, bn_chain, export_model
-from .folding import BnChain, NonMonotoneError, float_thresholds, integer_thresholds
 from .report import SizeRow, fidelity_report, format_size_report, size_report
 
 __all__ = [
@@ -18,10 +17,6 @@ __all__ = [
     "export_model",
     "save_packed",
     "bn_chain",
-    "BnChain",
-    "NonMonotoneError",
-    "integer_thresholds",
-    "float_thresholds",
     "SizeRow",
     "size_report",
     "format_size_report",

@@ -1,15 +1,19 @@
 """Walk a trained BinaryNet and build its packed inference graph (TCBNN section 6.1 order).
 
-Each block becomes a node of `jaxbnn.packed_model`'s graph. What a node outputs depends on who reads it:
+Each block becomes a node of `jaxbnn.packed_model`'s graph; between the image and the logits every value
+on the wire is an integer (docs/export.md):
 
-- the next block's binary / ternary layer: bits. bn + that layer's quantizer fold into integer thresholds
-  (`folding`), max-pool moves after them (OR / AND on the bits, done by the op on the dot products);
-- a residual block or global pooling (the real-valued stream): float, the bn computed in the model's order;
-- nobody (the classifier): float logits through the affine epilogue (alpha and bn folded into scale/bias).
+- the image: int8 levels of the pixels; the first layer multiplies them with its ±1 / ternary weights;
+- bits: a batch norm and the quantizer of the layer that reads it become integer thresholds
+  (`jaxbnn.thresholds`, the rule the Flax eval forward uses), max-pool moves after them (OR / AND on the
+  bits, done by the op on the dot products);
+- the integer residual stream (int32) of a ResNet: its stem's output divided by 2**shift, each block's
+  conv2 output added to the shortcut; its readers (a block's conv1, the global pool) hold the thresholds;
+- the logits: the classifier's affine epilogue (alpha and bn folded into scale / bias), the only floats.
 
 Weights are quantized with the layer's own quantizer and written as the ops take them: the first layer's
-(float operand) as int8 values in its kernel layout, every other layer's as FSB tiles of the target's tile
-with their popcounts, ternary weights as their two ±1 planes (nonneg, pos) stacked along the output axis.
+as int8 values in its kernel layout, every other layer's as FSB tiles of the target's tile with their
+popcounts, ternary weights as their two ±1 planes (nonneg, pos) stacked along the output axis.
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ from flax import nnx
 
 from jaxbnn import formats, packed_model
 from jaxbnn.layers import MODES, BinaryConv, BinaryLinear
-from jaxbnn.models import BinaryNet, ConvBlock, DenseBlock, GlobalAvgPool, ResidualBlock
-
-from .folding import BnChain, float_thresholds, integer_thresholds
+from jaxbnn.models import (BinaryNet, ConvBlock, DenseBlock, GlobalPool, ResidualBlock, StreamStem,
+                           reader_layer)
+from jaxbnn.thresholds import BnChain, integer_thresholds
 
 __all__ = ["ExportError", "export_model", "bn_chain"]
 
@@ -38,23 +42,20 @@ class ExportError(ValueError):
     """A model (or layer setting) the packed format cannot represent exactly."""
 
 
-def bn_chain(layer: BinaryLinear | BinaryConv, bn: nnx.BatchNorm) -> BnChain:
-    """The float path dot -> (alpha, bias) -> bn of one layer and the batch norm after it."""
+def bn_chain(bn: nnx.BatchNorm, layer: BinaryLinear | BinaryConv | None = None) -> BnChain:
+    """The path integer -> (`layer`'s XNOR alpha, bias) -> `bn`, as `jaxbnn.thresholds` folds it."""
     if bn.axis not in (-1, (-1,)):
         raise ExportError(f"batch norm over axis {bn.axis} (only the channel axis is supported)")
-    alpha = layer.kernel_scale()
-    return BnChain(
-        mean=np.asarray(bn.mean[...], np.float32),
-        var=np.asarray(bn.var[...], np.float32),
-        epsilon=float(bn.epsilon),
-        gamma=None if bn.scale is None else np.asarray(bn.scale[...], np.float32),
-        beta=None if bn.bias is None else np.asarray(bn.bias[...], np.float32),
-        alpha=None if alpha is None else np.asarray(alpha, np.float32),
-        bias=None if layer.bias is None else np.asarray(layer.bias[...], np.float32),
-    )
+    alpha = None if layer is None else layer.kernel_scale()
+    bias = None if layer is None or layer.bias is None else layer.bias[...]
+    as_array = lambda v: None if v is None else np.asarray(v, np.float32)  # noqa: E731
+    return BnChain(mean=as_array(bn.mean[...]), var=as_array(bn.var[...]), epsilon=float(bn.epsilon),
+                   gamma=None if bn.scale is None else as_array(bn.scale[...]),
+                   beta=None if bn.bias is None else as_array(bn.bias[...]),
+                   alpha=as_array(alpha), bias=as_array(bias))
 
 
-def _layer_domains(layer) -> tuple[str, str]:
+def _layer_domains(layer, first: bool) -> tuple[str, str]:
     operand, weights = MODES[layer.mode]
     if weights == "float":
         raise ExportError(f"layer in mode {layer.mode!r} has float weights: nothing to pack (export a "
@@ -62,55 +63,52 @@ def _layer_domains(layer) -> tuple[str, str]:
     if layer.input_scaling:
         raise ExportError("XNOR-Net input scaling (K) needs the float activations at every layer; "
                           "it cannot run on packed activations")
-    if operand == "float" and layer.input_quantizer is not None:
-        raise ExportError(f"float-activation layer with input quantizer {layer.input_quantizer!r}")
+    if first:
+        if operand != "float" or layer.input_quantizer is not None:
+            raise ExportError(f"the first layer reads the image levels: mode bwn or twn without an input "
+                              f"quantizer, got {layer.mode!r} with {layer.input_quantizer!r}")
+        return "image", weights
+    if operand == "float":
+        raise ExportError(f"a {layer.mode} layer after the first one reads float activations: only the "
+                          "first layer may (the packed graph is integer between layers)")
     return operand, weights
 
 
-def _reader(block) -> tuple[str, object]:
-    """How the block after a layer reads its output: ("binary" | "ternary", layer) or ("float", None)."""
-    layer = {ConvBlock: "conv", DenseBlock: "linear"}.get(type(block))
-    if layer is None:
-        return "float", None
-    return _layer_reader(getattr(block, layer))
+def _quantizer_thresholds(chain: BnChain, reader, sample_shape, prefix: str = "") -> tuple[dict, dict]:
+    """(attributes, tensors) of `reader`'s quantizer applied to `chain`'s output: one threshold per channel
+    (binary), or per plane at the ternary levels (nonneg: v >= beta, pos: v > alpha)."""
+    operand, _ = MODES[reader.mode]
+    if operand == "binary":
+        threshold, flip = integer_thresholds(chain, 0.0, False)
+        return {}, {f"{prefix}threshold": threshold, f"{prefix}flip": flip}
+    alpha, beta = (_levels(v, sample_shape) for v in reader.input_thresholds())
+    tensors = {}
+    for plane, level, strict in (("nonneg", beta, False), ("pos", alpha, True)):
+        tensors[f"{prefix}threshold_{plane}"], tensors[f"{prefix}flip_{plane}"] = integer_thresholds(chain, level, strict)
+    return {f"{prefix}level_shape": list(tensors[f"{prefix}threshold_nonneg"].shape)}, tensors
 
 
-def _layer_reader(layer) -> tuple[str, object]:
-    operand, _ = _layer_domains(layer)
-    if operand == "float":
-        raise ExportError(f"a {layer.mode} layer after the first one reads float activations: only the "
-                          "first layer may (the packed graph is binary between layers)")
-    return operand, layer
-
-
-def _input_levels(layer, shape) -> tuple[np.ndarray, np.ndarray]:
-    """The ternary input quantizer of `layer` as the two float thresholds of its planes, broadcast to
-    (C,) or the full per-sample `shape`: nonneg = x >= beta, pos = x > alpha = x >= next float after alpha."""
-    alpha, beta = (np.asarray(v, np.float32).reshape(-1) for v in layer.input_thresholds())
-    shape = tuple(shape)
-
-    def spread(values):  # a scalar or one value per channel -> (C,); one per feature -> the full shape
-        if values.size in (1, shape[-1]):
-            return np.broadcast_to(values, shape[-1:]).copy()
-        if values.size == math.prod(shape):
-            return values.reshape(shape)
-        raise ExportError(f"{values.size} ternary input thresholds do not fit an input of shape {shape}")
-
-    alpha, beta = spread(alpha), spread(beta)
-    if alpha.shape != beta.shape:
-        alpha, beta = np.broadcast_arrays(alpha, beta)
-    return beta, np.nextafter(alpha, np.float32(np.inf))
+def _levels(values, sample_shape) -> np.ndarray:
+    """A ternary quantizer's thresholds as levels over `sample_shape`: (C,) when one value or one per
+    channel, the full shape when one per feature."""
+    values = np.asarray(values, np.float32).reshape(-1)
+    sample_shape = tuple(sample_shape)
+    if values.size in (1, sample_shape[-1]):
+        return np.broadcast_to(values, sample_shape[-1:]).copy()
+    if values.size == math.prod(sample_shape):
+        return values.reshape(sample_shape)
+    raise ExportError(f"{values.size} ternary input thresholds do not fit an input of shape {list(sample_shape)}")
 
 
 def _weight_tensors(name, layer, node: dict, tile) -> dict[str, np.ndarray]:
-    """The node's weights as its op takes them (docs/export.md): int8 values for a float operand, else the
+    """The node's weights as its op takes them (docs/export.md): int8 values for the image operand, else the
     FSB-tiled ±1 matrix (ternary weights as their nonneg and pos planes) and its row or per-tap popcounts."""
     w = np.asarray(layer.quantized_kernel(), np.float32)
     allowed = (-1.0, 1.0) if node["weights"] == "binary" else (-1.0, 0.0, 1.0)
     if not np.isin(w, allowed).all():
         raise ExportError(f"{name}: the kernel quantizer {layer.kernel_quantizer!r} gives values other than "
                           f"{allowed}: {np.unique(w[~np.isin(w, allowed)])[:5].tolist()}")
-    if node["operand"] == "float":
+    if node["operand"] == "image":
         return {"kernel": w.astype(np.int8)}
     if node["weights"] == "ternary":
         w = np.asarray(formats.ternary_weight_signs(w))
@@ -122,10 +120,10 @@ def _weight_tensors(name, layer, node: dict, tile) -> dict[str, np.ndarray]:
     return {"weight": np.asarray(packed.bits), "weight_popcount": np.asarray(packed.popcount)}
 
 
-def _linear_node(name, layer, bn, pool, in_shape, wire, reader, tile, last):
-    """The node (attributes, tensors) of one binary layer followed by its batch norm."""
-    operand, weights = _layer_domains(layer)
-    if wire != "float" and wire != operand:
+def _linear_node(name, layer, in_shape, wire, tile, *, first=False, pool=None):
+    """The node (attributes, tensors) of one layer, its output not yet decided."""
+    operand, weights = _layer_domains(layer, first)
+    if wire not in ("image", "stream") and wire != operand:
         raise ExportError(f"{name}: a {operand} layer cannot read the {wire} output of the previous layer")
     kind = "conv" if isinstance(layer, BinaryConv) else "dense"
     node = {"name": name, "kind": kind, "input": wire, "operand": operand, "weights": weights,
@@ -140,64 +138,41 @@ def _linear_node(name, layer, bn, pool, in_shape, wire, reader, tile, last):
     else:
         if math.prod(in_shape) != layer.in_features:
             raise ExportError(f"{name}: {layer.in_features} input features, but the input is {list(in_shape)}")
-        if operand != "float" and len(in_shape) not in (1, 3):
+        if operand != "image" and len(in_shape) not in (1, 3):
             raise ExportError(f"{name}: a packed input of shape {list(in_shape)} (not [K] or [H, W, C])")
         node["out_shape"] = [node["out_channels"]]
-    tensors = _weight_tensors(name, layer, node, tile)
+    return node, _weight_tensors(name, layer, node, tile)
 
-    if wire == "float" and operand == "ternary":
-        nonneg, pos = _input_levels(layer, in_shape)
-        node["input_level_shape"] = list(nonneg.shape)
-        tensors.update(input_threshold_nonneg=nonneg, input_threshold_pos=pos)
 
-    chain = bn_chain(layer, bn)
-    reach = _dot_range(node)
-    fold = (lambda level, strict: float_thresholds(chain, level, strict)) if operand == "float" else (
-        lambda level, strict: integer_thresholds(chain, reach, level, strict))
-    reader_domain, reader_layer = reader
+def _finish(node, tensors, layer, bn, reader, last):
+    """Decide what a conv / dense block outputs: the logits (affine), or bits for `reader`."""
+    chain = bn_chain(bn, layer)
     if last:
         node["output"] = "affine"
-        mul = chain.multiplier().astype(np.float64)
+        mul = 1.0 / np.sqrt(chain.var.astype(np.float64) + np.float64(np.float32(chain.epsilon)))
+        if chain.gamma is not None:
+            mul = mul * chain.gamma
         alpha = 1.0 if chain.alpha is None else chain.alpha.astype(np.float64)
         bias = 0.0 if chain.bias is None else chain.bias.astype(np.float64)
         beta = 0.0 if chain.beta is None else chain.beta.astype(np.float64)
         tensors["scale"] = np.broadcast_to(alpha * mul, mul.shape).astype(np.float32)
         tensors["bias"] = ((bias - chain.mean) * mul + beta).astype(np.float32)
-    elif reader_domain == "binary":
-        node["output"] = "binary"
-        tensors["threshold"], tensors["flip"] = fold(0.0, False)
-    elif reader_domain == "ternary":
-        node["output"] = "ternary"
-        nonneg, pos = _input_levels(reader_layer, node["out_shape"])
-        tensors["threshold_nonneg"], tensors["flip_nonneg"] = fold(nonneg, False)
-        tensors["threshold_pos"], tensors["flip_pos"] = fold(pos, False)
-        node["level_shape"] = list(tensors["threshold_nonneg"].shape)
-    else:
-        node.update(output="float", kernel_scale=chain.alpha is not None, bias=chain.bias is not None)
-        tensors.update(bn_mean=chain.mean, bn_mul=chain.multiplier(),
-                       bn_bias=np.zeros_like(chain.mean) if chain.beta is None else chain.beta)
-        if chain.alpha is not None:
-            tensors["kernel_scale"] = chain.alpha
-        if chain.bias is not None:
-            tensors["bias"] = chain.bias
-    return node, tensors
-
-
-def _dot_range(node: dict) -> int:
-    """Largest |dot| the layer's ±1 / ternary dot product can reach: its number of real reduction elements."""
-    if node["kind"] == "conv":
-        kh, kw = node["kernel_size"]
-        return kh * kw * node["in_shape"][-1]
-    return math.prod(node["in_shape"])
+        return
+    if reader is None:
+        raise ExportError(f"{node['name']}: its batch norm feeds no quantizing layer")
+    node["output"] = MODES[reader.mode][0]
+    attributes, folded = _quantizer_thresholds(chain, reader, node["out_shape"])
+    node.update(attributes)
+    tensors.update(folded)
 
 
 def export_model(model: BinaryNet, target: str = "cpu",
                  input_range=packed_model.TRAINING_INPUT_RANGE) -> packed_model.PackedModel:
     """The packed inference graph of a BinaryNet (its eval-mode function) for `target`.
 
-    `input_range` (low, high) is the float range the model was trained on, uint8 pixels p mapped to
-    low + p * (high - low) / 255: by default jaxbnn.train's [-1, 1]. The file records it; the runtime
-    converts uint8 images with it and warns about float images outside it."""
+    `input_range` (low, high) is the float scale that float images given to the runtime are on
+    (`formats.quantize_images` turns them into the uint8 pixels the model computes on); the file records
+    it."""
     if target not in packed_model.TARGETS:
         raise ExportError(f"unknown target {target!r}; known: {sorted(packed_model.TARGETS)}")
     if not isinstance(model, BinaryNet):
@@ -205,38 +180,42 @@ def export_model(model: BinaryNet, target: str = "cpu",
     tile = packed_model.TARGETS[target]
     blocks = list(model.blocks)
     nodes, tensors = [], {}
-    wire, shape = "float", list(model.input_shape)
+    wire, shape = "image", list(model.input_shape)
     for index, block in enumerate(blocks):
         name = f"blocks.{index}"
-        prefix = f"nodes.{index}."
         last = index == len(blocks) - 1
-        reader = _reader(blocks[index + 1]) if not last else ("float", None)
+        reader = reader_layer(blocks[index + 1]) if not last else None
+        first = index == 0
+        if (first and not isinstance(block, (ConvBlock, DenseBlock, StreamStem))) or (
+                not first and isinstance(block, StreamStem)):
+            raise ExportError(f"{name}: a {type(block).__name__} cannot be block {index} (the first block, and "
+                              "only it, reads the image: a conv, dense or stem block)")
         if isinstance(block, (ConvBlock, DenseBlock)):
             layer = block.conv if isinstance(block, ConvBlock) else block.linear
             pool = block.pool if isinstance(block, ConvBlock) else None
-            node, node_tensors = _linear_node(name, layer, block.bn, pool, shape, wire, reader, tile, last)
+            node, node_tensors = _linear_node(name, layer, shape, wire, tile, first=first, pool=pool)
+            _finish(node, node_tensors, layer, block.bn, reader, last)
+        elif isinstance(block, StreamStem):
+            node, node_tensors = _linear_node(name, block.conv, shape, wire, tile, first=True)
+            node.update(output="stream", stream_shift=block.shift)
         elif isinstance(block, ResidualBlock):
-            if wire != "float" or last:
-                raise ExportError(f"{name}: a residual block must read the float stream and not be last")
-            conv1, t1 = _linear_node(f"{name}.conv1", block.conv1, block.bn1, None, shape, "float",
-                                     _layer_reader(block.conv2), tile, False)
-            conv2, t2 = _linear_node(f"{name}.conv2", block.conv2, block.bn2, None, conv1["out_shape"],
-                                     conv1["output"], ("float", None), tile, False)
-            node = {"name": name, "kind": "residual", "in_shape": list(shape), "out_shape": conv2["out_shape"],
-                    "shortcut_stride": int(block.shortcut_stride), "conv1": conv1, "conv2": conv2}
-            node_tensors = {**{f"conv1.{k}": v for k, v in t1.items()}, **{f"conv2.{k}": v for k, v in t2.items()}}
-        elif isinstance(block, GlobalAvgPool):
-            if wire != "float" or len(shape) != 3:
-                raise ExportError(f"{name}: global pooling needs the float image stream, got {wire} {shape}")
-            node = {"name": name, "kind": "global_avg_pool", "in_shape": list(shape), "out_shape": shape[-1:]}
-            node_tensors = {}
+            node, node_tensors = _residual_node(name, block, shape, wire, tile)
+        elif isinstance(block, GlobalPool):
+            if wire != "stream" or len(shape) != 3:
+                raise ExportError(f"{name}: global pooling reads the integer stream of an image, got {wire} {shape}")
+            if reader is None:
+                raise ExportError(f"{name}: global pooling must feed a conv or dense layer")
+            node = {"name": name, "kind": "global_pool", "in_shape": list(shape), "out_shape": shape[-1:],
+                    "output": MODES[reader.mode][0]}
+            attributes, node_tensors = _quantizer_thresholds(bn_chain(block.bn), reader, shape[-1:])
+            node.update(attributes)
         else:
             raise ExportError(f"{name}: block type {type(block).__name__} is not exportable")
+        if last and node.get("output") != "affine":
+            raise ExportError(f"{name}: the last block must be the classifier (a conv or dense block)")
         nodes.append(node)
-        tensors.update({prefix + k: np.asarray(v) for k, v in node_tensors.items()})
-        wire = "float" if node["kind"] != "dense" and node["kind"] != "conv" else (
-            node["output"] if node["output"] in ("binary", "ternary") else "float")
-        shape = list(node["out_shape"])
+        tensors.update({f"nodes.{index}.{k}": np.asarray(v) for k, v in node_tensors.items()})
+        wire, shape = packed_model.node_output(node)
     graph = {"name": model.name, "mode": model.mode, "input_shape": list(model.input_shape),
              "input_range": [float(v) for v in input_range], "num_classes": int(model.num_classes),
              "nodes": nodes}
@@ -246,3 +225,21 @@ def export_model(model: BinaryNet, target: str = "cpu",
     except packed_model.PackedModelError as error:
         raise ExportError(str(error)) from None
     return packed
+
+
+def _residual_node(name, block: ResidualBlock, shape, wire, tile):
+    """A residual block on the integer stream: conv1 reads the stream through bn_in's thresholds, conv2's
+    integer output joins the shortcut."""
+    if wire != "stream":
+        raise ExportError(f"{name}: a residual block reads the integer stream, got {wire}")
+    conv1, t1 = _linear_node(f"{name}.conv1", block.conv1, shape, "stream", tile)
+    attributes, folded = _quantizer_thresholds(bn_chain(block.bn_in), block.conv1, shape, prefix="input_")
+    conv1.update(attributes)
+    t1.update(folded)
+    _finish(conv1, t1, block.conv1, block.bn1, block.conv2, last=False)
+    conv2, t2 = _linear_node(f"{name}.conv2", block.conv2, conv1["out_shape"], conv1["output"], tile)
+    conv2.update(output="stream", stream_shift=0)
+    node = {"name": name, "kind": "residual", "in_shape": list(shape), "out_shape": conv2["out_shape"],
+            "shortcut_stride": int(block.shortcut_stride), "conv1": conv1, "conv2": conv2}
+    tensors = {**{f"conv1.{k}": v for k, v in t1.items()}, **{f"conv2.{k}": v for k, v in t2.items()}}
+    return node, tensors

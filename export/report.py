@@ -1,10 +1,9 @@
 """What an export achieved: size (packed vs float checkpoint) and fidelity (packed run vs the Flax model).
 
 Fidelity compares, on the same images, the packed model's jitted run (`jaxbnn.runtime`) with the Flax
-model in eval mode: class predictions, logits, and every intermediate the packed graph carries. Bits must
-equal ``sign(bn(x))`` (or the ternary quantizer of the next layer) computed in float by the Flax model;
-a differing bit whose float value lies within rounding of its threshold is a *tie* (a float op whose
-rounding may legitimately differ between two compilations), any other is a failure.
+model's eval forward (`BinaryNet.trace`): class predictions, logits, and every intermediate the packed
+graph carries. Both compute integers through the same thresholds, so every bit and every value of the
+integer stream must be equal; the logits differ at most by the float32 rounding of the final affine.
 """
 
 from __future__ import annotations
@@ -18,15 +17,9 @@ import numpy as np
 from flax import nnx
 
 from jaxbnn import formats, packed_model
-from jaxbnn.layers import MODES
-from jaxbnn.models import BinaryNet, ConvBlock, DenseBlock, ResidualBlock
+from jaxbnn.models import BinaryNet
 
 __all__ = ["SizeRow", "size_report", "format_size_report", "NodeFidelity", "Fidelity", "fidelity_report"]
-
-# A bit differs "at a tie" when its float value is this close (relative to max(1, |threshold|)) to the
-# threshold: a few float32 ulps of the values batch norm produces.
-TIE_TOLERANCE = 2.0**-16
-
 
 # --- size -----------------------------------------------------------------------------------------------
 
@@ -39,7 +32,7 @@ class SizeRow:
     float_bytes: int  # float32 checkpoint of the block: kernels, biases, thresholds, batch-norm state
     packed_bytes: int  # the node's tensors in the packed checkpoint
     float_weight_bytes: int  # float32 kernels alone
-    packed_weight_bytes: int  # packed kernels alone (FSB tiles and popcounts, or int8 first-layer values)
+    packed_weight_bytes: int  # packed kernels alone (FSB tiles and popcounts, or the first layer's int8 values)
 
 
 def _state_bytes(module, kernels_only: bool = False) -> int:
@@ -54,8 +47,8 @@ def _state_bytes(module, kernels_only: bool = False) -> int:
 def _node_domains(node: dict) -> str:
     if node["kind"] == "residual":
         return f"{_node_domains(node['conv1'])}, {_node_domains(node['conv2'])}"
-    if node["kind"] == "global_avg_pool":
-        return "float -> float"
+    if node["kind"] == "global_pool":
+        return f"stream -> {node['output']}"
     return f"{node['operand']} x {node['weights']} -> {node['output']}"
 
 
@@ -90,7 +83,7 @@ def format_size_report(rows: list[SizeRow], file_bytes: int | None = None) -> st
         lines.append("  ".join(c.ljust(w) if j < 3 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths))))
         if i == 0 or i == len(table) - 2:
             lines.append("-" * (sum(widths) + 2 * (len(widths) - 1)))
-    binary = [r for r in rows if r.kind in ("dense", "conv", "residual") and not r.domains.startswith("float")]
+    binary = [r for r in rows if r.kind in ("dense", "conv", "residual") and not r.domains.startswith("image")]
     fw = sum(r.float_weight_bytes for r in binary)
     pw = sum(r.packed_weight_bytes for r in binary)
     if pw:
@@ -108,10 +101,9 @@ def format_size_report(rows: list[SizeRow], file_bytes: int | None = None) -> st
 @dataclasses.dataclass
 class NodeFidelity:
     name: str
-    kind: str  # "binary", "ternary" or "float" (what the node outputs)
-    values: int  # number of bits (binary: one per value, ternary: two) or floats compared
-    mismatches: int  # bits that differ from the Flax model (binary / ternary)
-    ties: int  # of which within rounding of the threshold
+    kind: str  # "binary", "ternary", "stream" or "float" (what the node outputs)
+    values: int  # number of bits (binary: one per value, ternary: two), stream integers or floats compared
+    mismatches: int  # bits or stream integers that differ from the Flax model
     max_abs_diff: float  # float outputs
 
 
@@ -128,85 +120,59 @@ class Fidelity:
         return sum(n.mismatches for n in self.nodes)
 
     @property
-    def ties(self) -> int:
-        return sum(n.ties for n in self.nodes)
-
-    @property
     def exact(self) -> bool:
-        """Same predictions everywhere and no differing bit other than ties."""
-        return self.predictions_equal == self.samples and self.bit_mismatches == self.ties
+        """Same predictions everywhere and every intermediate equal."""
+        return self.predictions_equal == self.samples and self.bit_mismatches == 0
 
     def summary(self) -> str:
         return (f"predictions equal on {self.predictions_equal}/{self.samples} samples; logits max |diff| "
-                f"{self.logits_max_abs_diff:.3g} (relative {self.logits_max_rel_diff:.3g}); intermediate bits: "
-                f"{self.bit_mismatches} differ, {self.ties} of them at ties")
-
-
-def _apply(module, x):
-    graphdef, state = nnx.split(module)
-    return jax.jit(lambda s, v: nnx.merge(graphdef, s)(v))(state, x)
+                f"{self.logits_max_abs_diff:.3g} (relative {self.logits_max_rel_diff:.3g}); intermediate values: "
+                f"{self.bit_mismatches} differ")
 
 
 _unpack_bits = jax.jit(formats.unpack_bits, static_argnums=1)
 
 
-def _reader_layer(block):
-    return block.conv if isinstance(block, ConvBlock) else block.linear if isinstance(block, DenseBlock) else None
-
-
-def _compare_bits(name, packed, reference, reader) -> NodeFidelity:
-    """Packed output bits (or ternary planes) against the reader layer's quantizer applied to `reference`."""
+def _compare_quantized(name, packed, reference) -> NodeFidelity:
+    """Packed bits (or the ternary plane pair) against the Flax model's quantized values."""
     reference = np.asarray(reference)
     channels = reference.shape[-1]
-    if MODES[reader.mode][0] == "binary":
-        planes = [(packed, reference >= 0, np.abs(reference))]
-    else:
-        # One threshold for all, per channel (broadcast along the last axis) or per feature (reshaped).
-        alpha, beta = (np.asarray(v, np.float32).reshape(-1) for v in reader.input_thresholds())
-        alpha, beta = (v if v.size in (1, channels) else v.reshape(reference.shape[1:]) for v in (alpha, beta))
-        scale = np.maximum(1.0, np.maximum(np.abs(alpha), np.abs(beta)))
-        planes = [(packed[0], reference >= beta, np.abs(reference - beta) / scale),
-                  (packed[1], reference > alpha, np.abs(reference - alpha) / scale)]
-    mismatches = ties = 0
-    for words, expected, distance in planes:
-        got = np.asarray(_unpack_bits(jnp.asarray(words), channels)).reshape(expected.shape)
-        differ = got != expected
-        mismatches += int(differ.sum())
-        ties += int((differ & (distance <= TIE_TOLERANCE)).sum())
-    kind = "binary" if len(planes) == 1 else "ternary"
-    return NodeFidelity(name, kind, reference.size * len(planes), mismatches, ties, 0.0)
+    planes = packed if isinstance(packed, tuple) else (packed,)
+    bits = [np.asarray(_unpack_bits(jnp.asarray(words), channels)).reshape(reference.shape) for words in planes]
+    # a binary bit is the sign; a ternary value is nonneg + pos - 1 (crossed learned thresholds write a 0
+    # as nonneg 0, pos 1, which the ±1 planes multiply as 0 too)
+    values = 2 * bits[0] - 1 if len(bits) == 1 else bits[0].astype(int) + bits[1] - 1
+    kind = "binary" if len(bits) == 1 else "ternary"
+    return NodeFidelity(name, kind, reference.size, int((values != reference).sum()), 0.0)
 
 
-def _compare_floats(name, packed, reference) -> NodeFidelity:
-    diff = float(np.max(np.abs(np.asarray(packed) - np.asarray(reference)))) if np.size(reference) else 0.0
-    return NodeFidelity(name, "float", int(np.size(reference)), 0, 0, diff)
+def _compare_stream(name, packed, reference) -> NodeFidelity:
+    packed, reference = np.asarray(packed), np.asarray(reference)
+    return NodeFidelity(name, "stream", int(reference.size), int((packed != reference).sum()), 0.0)
 
 
 def fidelity_report(model: BinaryNet, net, images) -> Fidelity:
     """Compare the packed model `net` (a `jaxbnn.runtime.PackedNet`) with the Flax `model` (put in eval
-    mode) on `images`: predictions, logits and every intermediate output of the packed graph."""
+    mode) on uint8 `images`: predictions, logits and every intermediate output of the packed graph."""
     model.eval()
-    images = jnp.asarray(images, jnp.float32)
+    images = np.asarray(images)
     trace = net.trace(images)
-    blocks = list(model.blocks)
+    graphdef, state = nnx.split(model)
+    flax_trace = jax.jit(lambda s, x: nnx.merge(graphdef, s).trace(x))(state, images)
     nodes = []
-    x = images
-    for index, (block, node, out) in enumerate(zip(blocks, net.graph["nodes"], trace)):
-        reader = _reader_layer(blocks[index + 1]) if index + 1 < len(blocks) else None
-        if isinstance(block, ResidualBlock):
-            inner = _apply(_Inner(block), x)
-            nodes.append(_compare_bits(f"{node['name']}.conv1", out[0], inner, block.conv2))
-            x = _apply(block, x)
-            nodes.append(_compare_floats(node["name"], out[1], x))
-            continue
-        x = _apply(block, x)
-        if node["kind"] in ("dense", "conv") and node["output"] in ("binary", "ternary"):
-            nodes.append(_compare_bits(node["name"], out, x, reader))
+    for node, out, ref in zip(net.graph["nodes"], trace[:-1], flax_trace[:-1]):
+        if node["kind"] == "residual":
+            nodes.append(_compare_quantized(f"{node['name']}.conv1", out[0], ref[0]))
+            nodes.append(_compare_stream(node["name"], out[1], ref[1]))
+        elif packed_model.node_output(node)[0] == "stream":
+            nodes.append(_compare_stream(node["name"], out, ref))
         else:
-            nodes.append(_compare_floats(node["name"], out, x))
-    logits = np.asarray(x)
+            nodes.append(_compare_quantized(node["name"], out, ref))
+    logits = np.asarray(flax_trace[-1])
     packed_logits = np.asarray(trace[-1])
     diff = np.abs(packed_logits - logits)
+    nodes.append(NodeFidelity(net.graph["nodes"][-1]["name"], "float", int(logits.size), 0,
+                              float(diff.max()) if diff.size else 0.0))
     return Fidelity(
         samples=len(logits),
         predictions_equal=int(np.sum(np.argmax(packed_logits, -1) == np.argmax(logits, -1))),
@@ -214,13 +180,3 @@ def fidelity_report(model: BinaryNet, net, images) -> Fidelity:
         logits_max_rel_diff=float((diff / np.maximum(1.0, np.abs(logits))).max()) if diff.size else 0.0,
         nodes=nodes,
     )
-
-
-class _Inner(nnx.Module):
-    """bn1(conv1(x)) of a residual block: what its conv2 quantizes."""
-
-    def __init__(self, block: ResidualBlock):
-        self.block = block
-
-    def __call__(self, x):
-        return self.block.bn1(self.block.conv1(x))

@@ -91,7 +91,7 @@ modes (--mode), activations x weights of every layer after the first:
   tbn    ternary activations x binary weights
   btn    binary activations x ternary weights
   float  full precision (float weights, hard-tanh activations): the baseline; not exportable
-The first layer reads the float image with binary (bnn, tbn) or ternary (tnn, btn) weights.
+The first layer multiplies the image's int8 levels (pixel - 128) with binary (bnn, tbn) or ternary (tnn, btn) weights.
 
 """ + DATASETS_HELP + """
 Rerunning a command with the same --out resumes the run from its last checkpoint.
@@ -220,12 +220,14 @@ def _run_predict(args: argparse.Namespace) -> int:
     if tuple(test.images.shape[1:]) != net.input_shape:
         raise ValueError(f"{args.packed} takes images of shape {net.input_shape}; {args.data} has "
                          f"{tuple(test.images.shape[1:])}")
-    images = test.images  # uint8: the runtime maps pixels to the input range the file records
+    images = test.images  # uint8 pixels, which the packed model takes as they are
     predictions = net.predict(images, args.batch_size)
     accuracy = float(np.mean(predictions == test.labels))
     batch = images[: min(args.batch_size, len(images))]
     print(f"{net.graph['name']} ({net.graph['mode']}, target {net.target}) on {args.data} test: "
           f"accuracy {accuracy:.4f} ({len(images)} images)")
+    low, high = net.input_range
+    print(f"input: uint8 pixels {net.input_shape}, or floats in [{low:g}, {high:g}] (quantized to pixels)")
     print(f"throughput {net.throughput(batch):,.0f} images/s (batch {len(batch)}, jitted); "
           f"CPU kernels: {_native_kernels()}")
     return 0
@@ -260,14 +262,14 @@ def _native_kernels() -> str:
 
 
 def _flax_throughput(model, images, repeats: int = 5) -> float:
-    """Images per second of the Flax model's jitted eval-mode forward pass."""
+    """Images per second of the Flax model's jitted float32 forward pass (its blocks as written)."""
     import time
 
     import jax
     from flax import nnx
 
     graphdef, state = nnx.split(model)
-    forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
+    forward = jax.jit(lambda s, x: nnx.merge(graphdef, s).float_forward(x))
     forward(state, images).block_until_ready()
     start = time.perf_counter()
     for _ in range(repeats):
@@ -313,8 +315,8 @@ def _demo(args: argparse.Namespace, out: Path) -> int:
 
     print(f"3/4 load {path.name} and run jitted inference through the jaxbnn custom calls")
     net = runtime.load(path)
-    packed_accuracy = float(np.mean(net.predict(test.images) == test.labels))  # uint8, as the file says
-    images = data.to_float(test.images)
+    packed_accuracy = float(np.mean(net.predict(test.images) == test.labels))
+    images = test.images
 
     print("4/4 compare with the Flax model (eval mode) on all test images")
     fidelity = export.fidelity_report(model, net, images)

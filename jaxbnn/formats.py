@@ -27,6 +27,9 @@ WORD_DTYPE = jnp.uint32
 FSB_TILE = (8, 128)  # (BH rows, BW bits): one TCBNN tile, one Hopper wgmma core matrix.
 
 __all__ = [
+    "PIXEL_OFFSET",
+    "image_levels",
+    "quantize_images",
     "WORD_BITS",
     "WORD_DTYPE",
     "FSB_TILE",
@@ -48,6 +51,31 @@ __all__ = [
     "pack_dense_weights",
     "pack_conv_weights",
 ]
+
+
+PIXEL_OFFSET = 128  # pixel p enters a network as the integer level p - 128; level 0 (pixel 128) pads images
+
+
+def image_levels(pixels):
+    """int8 levels ``p - 128`` of uint8 pixels `p`: the integers every network computes on."""
+    pixels = pixels if isinstance(pixels, jax.Array) else np.asarray(pixels)  # the dtype as given
+    if pixels.dtype != np.uint8:
+        raise TypeError(f"images must be uint8 pixels (0..255), got {pixels.dtype}; float images: "
+                        "formats.quantize_images(images, input_range)")
+    return (jnp.asarray(pixels).astype(jnp.int32) - PIXEL_OFFSET).astype(jnp.int8)
+
+
+def quantize_images(images, input_range=(-1.0, 1.0)):
+    """uint8 pixels of float images on the scale `input_range` = (low, high), the inverse of
+    ``low + p * (high - low) / 255``: ``p = round((x - low) * (255 / (high - low)))`` in float32, half to
+    even, clipped to [0, 255]; NaN gives 0. The same integers on every platform (a subtraction, one
+    multiplication by a constant and a rounding to integers)."""
+    low, high = (float(v) for v in input_range)
+    if not (np.isfinite(low) and np.isfinite(high) and low < high):
+        raise ValueError(f"input_range must be (low, high), finite with low < high, got {input_range!r}")
+    x = jnp.asarray(images, jnp.float32)
+    scaled = jnp.round((x - np.float32(low)) * np.float32(255.0 / (high - low)))
+    return jnp.where(jnp.isnan(x), 0, jnp.clip(scaled, 0, 255)).astype(jnp.uint8)
 
 
 def num_words(k: int) -> int:

@@ -8,7 +8,7 @@ A layer's ``mode`` names the value domains of its two operands (activations x we
 | tnn   | ternary     | ternary | hidden layers of a TNN |
 | tbn   | ternary     | binary  | TAB's mixed precision |
 | btn   | binary      | ternary | TAB's mixed precision |
-| bwn   | float       | binary  | first layer (float image, binary weights) |
+| bwn   | float       | binary  | first layer (image levels, binary weights) |
 | twn   | float       | ternary | first layer of ternary-weight nets |
 | float | float       | float   | the full-precision reference of the same network |
 
@@ -25,13 +25,17 @@ None), ``padding`` / ``padding_value`` / ``strides`` / ``kernel_size`` (conv), `
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxbnn import quantizers as q
+from jaxbnn import thresholds
 
 __all__ = [
     "MODES",
@@ -212,8 +216,27 @@ class _QuantizedOperands(nnx.Module):
             return q.ternary_weight_scale(w, w_q)
         return q.xnor_weight_scale(w)
 
-    def _epilogue(self, y, w_q, input_scale):
-        scale = self.kernel_scale(w_q)
+    def quantize_integers(self, z: jax.Array, bn: nnx.BatchNorm, producer: "_QuantizedOperands | None" = None):
+        """This layer's quantized input from integer pre-activations `z` (B, ..., C), through the batch norm
+        `bn` (and `producer`'s XNOR scale and bias before it): the eval forward's quantizer.
+
+        The bits come from comparing `z` with the integer thresholds of `jaxbnn.thresholds` (the exact
+        batch norm of each integer), the ones the exporter writes, so eval, export and every platform agree
+        at ties, NaNs and infinities. The thresholds are derived on the host (`jax.pure_callback`)."""
+        act = MODES[self.mode][0]
+        if act not in ("binary", "ternary"):
+            raise ValueError(f"a {self.mode} layer does not quantize its input")
+        chain = _chain_arrays(bn, producer)
+        z = jnp.round(z).astype(jnp.int32)  # integers in float32; round() absorbs any conv algorithm's error
+        if act == "binary":
+            return jnp.where(_threshold_bits(z, chain, bn.epsilon, jnp.zeros((), jnp.float32), False), 1.0, -1.0)
+        alpha, beta = (_levels_for(v, z.shape[1:]) for v in self.input_thresholds())
+        nonneg = _threshold_bits(z, chain, bn.epsilon, beta, False)
+        pos = _threshold_bits(z, chain, bn.epsilon, alpha, True)
+        return nonneg.astype(jnp.float32) + pos.astype(jnp.float32) - 1.0
+
+    def _epilogue(self, y, input_scale):
+        scale = self.kernel_scale()
         if scale is not None:
             y = y * scale
         if input_scale is not None:
@@ -255,14 +278,18 @@ class BinaryLinear(_QuantizedOperands):
             input_threshold=input_threshold, input_delta=input_delta, use_bias=use_bias, rngs=rngs,
         )
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def dot(self, x: jax.Array, *, quantized: bool = False) -> jax.Array:
+        """The dot product of the quantized operands, before any scale or bias (`quantized`: x already holds
+        the quantized values, as the eval forward passes them)."""
         if x.shape[-1] != self.in_features:
             raise ValueError(f"BinaryLinear expects {self.in_features} input features, got shape {x.shape}")
-        x_q = self.quantize_input(x)
-        w_q = self.quantized_kernel()
-        y = jax.lax.dot_general(x_q, w_q, (((x.ndim - 1,), (0,)), ((), ())), precision=HIGHEST)
+        x_q = x if quantized else self.quantize_input(x)
+        return jax.lax.dot_general(x_q, self.quantized_kernel(), (((x.ndim - 1,), (0,)), ((), ())), precision=HIGHEST)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = self.dot(x)
         input_scale = q.xnor_input_scale_dense(x) if self.input_scaling else None
-        return self._epilogue(y, w_q, input_scale)
+        return self._epilogue(y, input_scale)
 
 
 class BinaryConv(_QuantizedOperands):
@@ -329,21 +356,80 @@ class BinaryConv(_QuantizedOperands):
                     same_padding(width, self.kernel_size[1], self.strides[1]))
         return self.padding
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def dot(self, x: jax.Array, *, quantized: bool = False) -> jax.Array:
+        """The convolution of the quantized operands, before any scale or bias (`quantized`: x already holds
+        the quantized values, as the eval forward passes them)."""
         if x.ndim != 4 or x.shape[-1] != self.in_features:
             raise ValueError(f"BinaryConv expects NHWC input with {self.in_features} channels, got shape {x.shape}")
         pads = self.explicit_padding(x.shape[1], x.shape[2])
-        x_q = self.quantize_input(x)
+        x_q = x if quantized else self.quantize_input(x)
         fill = 0.0 if self.padding_value == "zero" else -1.0
         x_q = jnp.pad(x_q, ((0, 0), pads[0], pads[1], (0, 0)), constant_values=fill)
-        w_q = self.quantized_kernel()
-        y = jax.lax.conv_general_dilated(
-            x_q, w_q, self.strides, "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=HIGHEST,
+        return jax.lax.conv_general_dilated(
+            x_q, self.quantized_kernel(), self.strides, "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            precision=HIGHEST,
         )
-        input_scale = (
-            q.xnor_input_scale_conv(x, self.kernel_size, self.strides, pads) if self.input_scaling else None
-        )
-        return self._epilogue(y, w_q, input_scale)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = self.dot(x)
+        input_scale = None
+        if self.input_scaling:
+            pads = self.explicit_padding(x.shape[1], x.shape[2])
+            input_scale = q.xnor_input_scale_conv(x, self.kernel_size, self.strides, pads)
+        return self._epilogue(y, input_scale)
+
+
+def _chain_arrays(bn: nnx.BatchNorm, producer) -> tuple:
+    """(mean, var, gamma, beta, alpha, bias) of the path from an integer to the batch-norm output; None
+    where absent."""
+    if bn.axis not in (-1, (-1,)):
+        raise ValueError(f"batch norm over axis {bn.axis}: only the channel axis folds into thresholds")
+    alpha = bias = None
+    if producer is not None:
+        alpha = producer.kernel_scale()
+        bias = None if producer.bias is None else producer.bias[...]
+    return (bn.mean[...], bn.var[...], None if bn.scale is None else bn.scale[...],
+            None if bn.bias is None else bn.bias[...], alpha, bias)
+
+
+def _levels_for(values, sample_shape) -> jax.Array:
+    """Ternary input thresholds as levels for pre-activations of per-sample shape `sample_shape`: one value,
+    one per channel, or one per feature (a dense layer's per-input thresholds over its flattened input)."""
+    values = jnp.asarray(values, jnp.float32).reshape(-1)
+    if values.size == 1 or values.size == sample_shape[-1]:
+        return jnp.broadcast_to(values, sample_shape[-1:])
+    if values.size == math.prod(sample_shape):
+        return values.reshape(sample_shape)
+    raise ValueError(f"{values.size} ternary input thresholds do not fit pre-activations of shape {sample_shape}")
+
+
+def _threshold_bits(z, chain, epsilon, level, strict):
+    """Bits of int32 `z` (B, ..., C) through the integer thresholds of `chain` at `level` (host-derived)."""
+    channels = z.shape[-1]
+    shape = np.broadcast_shapes(level.shape, (channels,))
+    present = tuple(a is not None for a in chain)
+    arrays = [jnp.asarray(a, jnp.float32) for a in chain if a is not None]
+
+    def host(level, *arrays):
+        arrays = tuple(np.ascontiguousarray(a, np.float32) for a in (level, *arrays))
+        key = (present, float(epsilon), bool(strict), tuple((a.shape, a.tobytes()) for a in arrays))
+        return _host_thresholds(key)
+
+    result = (jax.ShapeDtypeStruct(shape, jnp.int32), jax.ShapeDtypeStruct(shape, jnp.bool_))
+    threshold, flip = jax.pure_callback(host, result, level, *arrays, vmap_method="sequential")
+    return jnp.where(flip, z <= threshold, z >= threshold)
+
+
+@functools.lru_cache(maxsize=1024)
+def _host_thresholds(key):
+    """`thresholds.integer_thresholds` of a chain given as bytes: an eval loop over a test set derives each
+    layer's thresholds once."""
+    present, epsilon, strict, arrays = key
+    level, *values = (np.frombuffer(data, np.float32).reshape(shape) for shape, data in arrays)
+    values = iter(values)
+    mean, var, gamma, beta, alpha, bias = (next(values) if p else None for p in present)
+    return thresholds.integer_thresholds(thresholds.BnChain(mean, var, epsilon, gamma, beta, alpha, bias), level,
+                                         strict)
 
 
 def _pair(value, name) -> tuple[int, int]:

@@ -2,10 +2,16 @@
 
 The zoo is Table V of "Accelerating Binarized Neural Networks via Bit-Tensor-Cores in Turing GPUs" (TCBNN).
 
-Every model is a ``BinaryNet``: ``model.blocks`` is an ``nnx.List`` run in order. Blocks follow the
-inference-friendly order of TCBNN section 6.1, conv -> (max pool) -> batch norm, and the sign of the
-next layer lives in that layer's ``input_quantizer``, so an exporter folds ``bn`` of one block with the
-input quantizer of the next layer's ``conv`` / ``linear`` into an integer threshold.
+Every model is a ``BinaryNet``: ``model.blocks`` is an ``nnx.List`` run in order. It takes uint8 images
+(B, H, W, C) and computes on the integer levels ``p - 128`` of their pixels (``formats.image_levels``; the
+first layer's padding is level 0, pixel 128), so between the pixels and the logits every pre-activation
+is an integer. Blocks follow the inference order of TCBNN section 6.1, conv -> (max pool) -> batch norm,
+and the sign of the next layer lives in that layer's ``input_quantizer``.
+
+Training mode runs the blocks as written, in float32 (batch statistics, straight-through gradients). Eval
+mode (``model.eval()``) is a function of integers: each batch norm and the quantizer that reads it become
+the integer thresholds of ``jaxbnn.thresholds`` (``BinaryConv.quantize_integers``), the rule the exporter
+writes, so the Flax model, the packed model and every platform agree bit for bit, ties and NaNs included.
 
 Block types (attribute names are the exporter's contract):
 
@@ -13,13 +19,16 @@ Block types (attribute names are the exporter's contract):
   applied to the conv output before bn), ``bn`` (nnx.BatchNorm).
 - ``DenseBlock``: ``linear`` (BinaryLinear), ``bn``. Flattens its input to (batch, -1) first (NHWC order).
   The last block's bn output is the logits (TCBNN's last layer: binary in, float out, then bn).
-- ``ResidualBlock``: ``conv1``, ``bn1``, ``conv2``, ``bn2``; output ``bn2(conv2(bn1(conv1(x)))) +
-  shortcut(x)``, the shortcut real-valued, ResNet type A: ``x[:, ::s, ::s, :]`` with ``s =
-  shortcut_stride``, zero-padded on the channel axis from ``in_channels`` to ``out_channels``.
-- ``GlobalAvgPool``: mean over H and W (float), before the classifier of the ResNets.
+- ``StreamStem``: ``conv`` of the image levels, without batch norm; its integer output divided by
+  ``2**shift`` (floor; 128, the pixel scale, by default) starts the integer residual stream of a ResNet.
+- ``ResidualBlock``: ``bn_in``, ``conv1``, ``bn1``, ``conv2`` on the integer stream s: ``s + conv2(q(bn1(
+  conv1(q(bn_in(s))))))`` with q the convs' input quantizers, conv2's integer output added unscaled, the
+  shortcut ResNet type A: ``s[:, ::t, ::t, :]`` with ``t = shortcut_stride``, zero-padded on the channel
+  axis from ``in_channels`` to ``out_channels``. Batch norm sits only in front of each quantizer.
+- ``GlobalPool``: the integer sum over H and W of the stream, then ``bn`` (read by the classifier).
 
 Reading of Table V: "n x wFC" lists hidden fully-connected layers; the classifier (``num_classes``
-outputs) follows them. Input images are float, NHWC (MLP: flattened by its first DenseBlock).
+outputs) follows them. MLP images are flattened by its first DenseBlock.
 """
 
 from __future__ import annotations
@@ -31,15 +40,18 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxbnn import formats
 from jaxbnn.layers import MODES, BinaryConv, BinaryLinear
 
 __all__ = [
     "BinaryNet",
     "ConvBlock",
     "DenseBlock",
+    "StreamStem",
     "ResidualBlock",
-    "GlobalAvgPool",
+    "GlobalPool",
     "MODEL_BUILDERS",
+    "STREAM_SHIFT",
     "build_model",
     "default_rngs",
     "mnist_mlp",
@@ -54,6 +66,9 @@ __all__ = [
 NETWORK_MODES = ("bnn", "tnn", "tbn", "btn", "float")
 BN_MOMENTUM = 0.9
 BN_EPSILON = 1e-5
+# The image stem's output enters the residual stream in units of 128 levels: on the scale of a ±1 input,
+# like the binary convolutions' outputs it is summed with.
+STREAM_SHIFT = 7
 
 
 def max_pool(x: jax.Array, window: tuple[int, int]) -> jax.Array:
@@ -64,6 +79,23 @@ def max_pool(x: jax.Array, window: tuple[int, int]) -> jax.Array:
 
 def _batch_norm(features: int, rngs: nnx.Rngs) -> nnx.BatchNorm:
     return nnx.BatchNorm(features, momentum=BN_MOMENTUM, epsilon=BN_EPSILON, rngs=rngs)
+
+
+def _integer(z: jax.Array) -> jax.Array:
+    """An eval-mode pre-activation as the integer it is (float32 holds it exactly; rounding removes any
+    error a convolution algorithm adds, far below 1/2 at these magnitudes)."""
+    return jnp.round(z)
+
+
+def _floor_ste(x: jax.Array) -> jax.Array:
+    """floor(x) forward, identity gradient."""
+    return x + jax.lax.stop_gradient(jnp.floor(x) - x)
+
+
+def _no_epilogue(layer, role: str) -> None:
+    if layer.xnor_scaling or layer.input_scaling or layer.use_bias:
+        raise ValueError(f"{role}: its integer output enters the residual stream, so it takes no XNOR scaling "
+                         "or bias")
 
 
 class ConvBlock(nnx.Module):
@@ -80,6 +112,15 @@ class ConvBlock(nnx.Module):
             y = max_pool(y, self.pool)
         return self.bn(y)
 
+    def eval_forward(self, x, quantized: bool, reader):
+        # max pool commutes with the XNOR scale (>= 0) and the bias, which the thresholds fold in
+        z = _integer(self.conv.dot(x, quantized=quantized))
+        if self.pool is not None:
+            z = max_pool(z, self.pool)
+        if reader is None:
+            return self.bn(self.conv._epilogue(z, None)), False
+        return reader.quantize_integers(z, self.bn, self.conv), True
+
 
 class DenseBlock(nnx.Module):
     """flatten -> linear -> bn."""
@@ -89,24 +130,51 @@ class DenseBlock(nnx.Module):
         self.bn = _batch_norm(linear.out_features, rngs)
 
     def __call__(self, x):
-        return self.bn(self.linear(x.reshape(x.shape[0], math.prod(x.shape[1:]))))
+        return self.bn(self.linear(_flatten(x)))
+
+    def eval_forward(self, x, quantized: bool, reader):
+        z = _integer(self.linear.dot(_flatten(x), quantized=quantized))
+        if reader is None:
+            return self.bn(self.linear._epilogue(z, None)), False
+        return reader.quantize_integers(z, self.bn, self.linear), True
+
+
+def _flatten(x):
+    return x.reshape(x.shape[0], math.prod(x.shape[1:]))
+
+
+class StreamStem(nnx.Module):
+    """The first conv of a ResNet: floor(conv(levels) / 2**shift), the integer residual stream's start."""
+
+    def __init__(self, conv: BinaryConv, shift: int = STREAM_SHIFT):
+        _no_epilogue(conv, "the stream stem")
+        self.conv = conv
+        self.shift = int(shift)
+
+    def __call__(self, x):
+        return _floor_ste(self.conv.dot(x) / 2**self.shift)
+
+    def eval_forward(self, x, quantized: bool, reader):
+        return jnp.floor(_integer(self.conv.dot(x, quantized=quantized)) / 2**self.shift), False
 
 
 class ResidualBlock(nnx.Module):
-    """Two binary convs with a real-valued type-A shortcut around them."""
+    """Two binary convs on the integer residual stream, with a type-A shortcut around them."""
 
     def __init__(self, conv1: BinaryConv, conv2: BinaryConv, *, rngs: nnx.Rngs):
         if conv1.out_features != conv2.in_features or conv2.strides != (1, 1):
             raise ValueError("ResidualBlock: conv2 must take conv1's channels at stride 1")
         if conv1.strides[0] != conv1.strides[1]:
             raise ValueError("ResidualBlock: conv1 needs equal strides")
-        self.conv1, self.bn1 = conv1, _batch_norm(conv1.out_features, rngs)
-        self.conv2, self.bn2 = conv2, _batch_norm(conv2.out_features, rngs)
+        _no_epilogue(conv2, "ResidualBlock's conv2")
         self.in_channels = conv1.in_features
         self.out_channels = conv2.out_features
         self.shortcut_stride = conv1.strides[0]
         if self.out_channels < self.in_channels:
             raise ValueError("ResidualBlock: type-A shortcut cannot reduce channels")
+        self.bn_in = _batch_norm(conv1.in_features, rngs)
+        self.conv1, self.bn1 = conv1, _batch_norm(conv1.out_features, rngs)
+        self.conv2 = conv2
 
     def shortcut(self, x):
         s = self.shortcut_stride
@@ -115,20 +183,50 @@ class ResidualBlock(nnx.Module):
         return jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, extra))) if extra else x
 
     def __call__(self, x):
-        y = self.bn1(self.conv1(x))
-        y = self.bn2(self.conv2(y))
-        return y + self.shortcut(x)
+        inner = self.bn1(self.conv1(self.bn_in(x)))
+        return self.conv2.dot(inner) + self.shortcut(x)
+
+    def inner(self, x):
+        """Eval mode: conv2's quantized input (conv1's output through bn1 and conv2's quantizer)."""
+        a = self.conv1.quantize_integers(x, self.bn_in)
+        return self.conv2.quantize_integers(_integer(self.conv1.dot(a, quantized=True)), self.bn1, self.conv1)
+
+    def eval_forward(self, x, quantized: bool, reader, inner=None):
+        inner = self.inner(x) if inner is None else inner
+        y = _integer(self.conv2.dot(inner, quantized=True))
+        return y + self.shortcut(x), False
 
 
-class GlobalAvgPool(nnx.Module):
-    """Mean over the spatial axes: (B, H, W, C) -> (B, C)."""
+class GlobalPool(nnx.Module):
+    """Sum over the spatial axes of the integer stream, (B, H, W, C) -> (B, C), then batch norm."""
+
+    def __init__(self, channels: int, *, rngs: nnx.Rngs):
+        self.bn = _batch_norm(channels, rngs)
 
     def __call__(self, x):
-        return jnp.mean(x, axis=(1, 2))
+        return self.bn(jnp.sum(x, axis=(1, 2)))
+
+    def eval_forward(self, x, quantized: bool, reader):
+        z = _integer(jnp.sum(x, axis=(1, 2)))
+        if reader is None:
+            return self.bn(z), False
+        return reader.quantize_integers(z, self.bn), True
+
+
+def reader_layer(block):
+    """The layer whose quantizer reads the batch norm at the end of the block before `block`: a conv or
+    dense block's layer; None for the blocks that read the integer stream themselves."""
+    if isinstance(block, ConvBlock):
+        return block.conv
+    if isinstance(block, DenseBlock):
+        return block.linear
+    return None
 
 
 class BinaryNet(nnx.Module):
-    """A sequence of blocks. ``name``, ``mode``, ``input_shape`` (H, W, C) and ``num_classes`` describe it."""
+    """A sequence of blocks. ``name``, ``mode``, ``input_shape`` (H, W, C) and ``num_classes`` describe it.
+
+    Takes uint8 images (B, *input_shape) (`formats.quantize_images` turns float images into them)."""
 
     def __init__(self, blocks: list[nnx.Module], *, name: str, mode: str, input_shape: tuple[int, ...],
                  num_classes: int):
@@ -138,12 +236,52 @@ class BinaryNet(nnx.Module):
         self.input_shape = tuple(input_shape)
         self.num_classes = num_classes
 
-    def __call__(self, x):
-        if tuple(x.shape[1:]) != self.input_shape:
-            raise ValueError(f"{self.name} expects inputs of shape (batch, {self.input_shape}), got {x.shape}")
+    def __call__(self, images):
+        if tuple(images.shape[1:]) != self.input_shape:
+            raise ValueError(f"{self.name} expects images of shape (batch, {self.input_shape}), got {images.shape}")
+        if not self.integer_eval():
+            return self.float_forward(images)
+        return self.trace(images)[-1]
+
+    def trace(self, images) -> list:
+        """Eval mode: every block's output as the integer forward computes it, one entry per block (what the
+        exported graph's nodes output): quantized values (±1 / ternary) where the next layer reads them,
+        the integer stream, the logits; a residual block gives (conv2's quantized input, the stream)."""
+        if not self.integer_eval():
+            raise ValueError(f"{self.name}: trace() runs the integer eval forward: call model.eval() first (and "
+                             "it needs binary or ternary activations without XNOR input scaling)")
+        x = formats.image_levels(images).astype(jnp.float32)
+        blocks = list(self.blocks)
+        quantized = False
+        outputs = []
+        for index, block in enumerate(blocks):
+            reader = reader_layer(blocks[index + 1]) if index + 1 < len(blocks) else None
+            if isinstance(block, ResidualBlock):
+                inner = block.inner(x)
+                x, quantized = block.eval_forward(x, quantized, reader, inner)
+                outputs.append((inner, x))
+            else:
+                x, quantized = block.eval_forward(x, quantized, reader)
+                outputs.append(x)
+        return outputs
+
+    def float_forward(self, images, dtype=jnp.float32):
+        """The blocks as written, in float32: the training forward (with batch statistics), and in eval mode
+        the float network the integer forward stands for (its speed is the float baseline's; `dtype`: the
+        levels' type, e.g. bfloat16 with parameters cast to it)."""
+        x = formats.image_levels(images).astype(dtype)
         for block in self.blocks:
             x = block(x)
         return x
+
+    def integer_eval(self) -> bool:
+        """Whether the forward runs as integers through thresholds: eval mode (running batch statistics)
+        of a network whose activations are binary or ternary (not the float reference network, nor XNOR
+        input scaling, whose per-sample scales are floats)."""
+        norms = [m for _, m in nnx.iter_modules(self) if isinstance(m, nnx.BatchNorm)]
+        layers = [m for _, m in nnx.iter_modules(self) if isinstance(m, (BinaryConv, BinaryLinear))]
+        return (self.mode != "float" and bool(norms) and all(bn.use_running_average for bn in norms)
+                and not any(layer.input_scaling for layer in layers))
 
 
 # --- building ------------------------------------------------------------------------------------------
@@ -171,7 +309,7 @@ class _Builder:
     def _layer_kwargs(self, spatial: bool) -> dict:
         weight_domain = MODES[self.mode][1]
         if self.first:
-            # First layer: float image in, quantized weights (BWN / TWN), never a float-input quantizer.
+            # First layer: image levels in (integers), quantized weights (BWN / TWN), no input quantizer.
             layer_mode = {"binary": "bwn", "ternary": "twn", "float": "float"}[weight_domain]
             kwargs = {k: v for k, v in self.options.items()
                       if k in ("kernel_quantizer", "xnor_scaling", "kernel_threshold", "kernel_delta")}
@@ -198,17 +336,28 @@ class _Builder:
             raise ValueError(f"input {self.shape} too small for this network")
         self.shape = (h, w, out)
 
+    def stem(self, features: int, kernel: int, stride: int) -> None:
+        """The first conv of a ResNet, starting the integer stream (no XNOR scale, no bias)."""
+        h, w, c = self.shape
+        out = self.channels(features)
+        kwargs = {**self._layer_kwargs(True), "xnor_scaling": False}
+        conv = BinaryConv(c, out, kernel, stride, padding="SAME", rngs=self.rngs, **kwargs)
+        self.blocks.append(StreamStem(conv))
+        self.shape = (-(-h // stride), -(-w // stride), out)
+
     def residual(self, features: int, stride: int = 1) -> None:
         h, w, c = self.shape
         out = self.channels(features)
-        kw1, kw2 = self._layer_kwargs(True), self._layer_kwargs(True)
+        kw1 = self._layer_kwargs(True)
+        # conv2's integer output joins the stream as it is: no XNOR scale, no bias
+        kw2 = {**self._layer_kwargs(True), "xnor_scaling": False, "use_bias": False}
         conv1 = BinaryConv(c, out, 3, stride, padding="SAME", rngs=self.rngs, **kw1)
         conv2 = BinaryConv(out, out, 3, 1, padding="SAME", rngs=self.rngs, **kw2)
         self.blocks.append(ResidualBlock(conv1, conv2, rngs=self.rngs))
         self.shape = (-(-h // stride), -(-w // stride), out)
 
     def global_pool(self) -> None:
-        self.blocks.append(GlobalAvgPool())
+        self.blocks.append(GlobalPool(self.shape[-1], rngs=self.rngs))
         self.shape = (self.shape[-1],)
 
     def dense(self, features: int, *, scale: bool = True) -> None:
@@ -266,7 +415,7 @@ def cifar10_resnet14(mode="bnn", *, num_classes=10, input_shape=(32, 32, 3), wid
                      layer_options=None):
     """CIFAR-10 ResNet-14, Table V: 128C3/2-4x128C3-4x256C3-4x512C3-(2x512FC); 2 residual blocks per stage."""
     def body(b):
-        b.conv(128, 3, stride=2)
+        b.stem(128, 3, stride=2)
         for stage, features in enumerate((128, 256, 512)):
             b.residual(features, stride=1 if stage == 0 else 2)
             b.residual(features)
@@ -306,7 +455,7 @@ def imagenet_resnet18(mode="bnn", *, num_classes=1000, input_shape=(224, 224, 3)
                       layer_options=None):
     """ImageNet ResNet-18, Table V: 64C7/4-4x64C3-4x128C3-4x256C3-4x512C3-(2x512FC)."""
     def body(b):
-        b.conv(64, 7, stride=4)
+        b.stem(64, 7, stride=4)
         for stage, features in enumerate((64, 128, 256, 512)):
             b.residual(features, stride=1 if stage == 0 else 2)
             b.residual(features)

@@ -18,7 +18,7 @@ import numpy as np
 from jaxbnn import _ffi, formats, reference
 from jaxbnn.formats import ConvBits, DenseBits
 
-__all__ = ["pack_bits", "unpack_bits", "bmm", "bconv2d", "pool_threshold_bits"]
+__all__ = ["pack_bits", "unpack_bits", "bmm", "bconv2d", "image_matmul", "image_conv2d", "pool_threshold_bits"]
 
 
 # Every size, padding, stride, pool and extent fits int32, as the kernels' attributes and indices do.
@@ -267,6 +267,66 @@ def _bconv2d(x, w, w_tap_popcount, epi, *, attrs, kind, pooled):
 
     out = _fold_rows(single)(images, w, w_tap_popcount, *epi.values())
     return out.reshape(x.shape[:-3] + out.shape[1:])
+
+
+def image_matmul(levels, kernel):
+    """int32 products of int8 image levels `(M, K)` with int8 weight values `(K, N)` (a first dense layer).
+
+    Exact integer arithmetic on every platform (XLA's integer dot on the operands widened to int32)."""
+    levels, kernel = _int8("levels", levels, 2), _int8("kernel", kernel, 2)
+    if levels.shape[1] != kernel.shape[0]:
+        raise ValueError(f"levels have {levels.shape[1]} features, kernel {kernel.shape[0]} rows")
+    _check_image_reduction(kernel.shape[0])
+    _check_elements("the result", (levels.shape[0], kernel.shape[1]))
+    return _image_matmul(levels, kernel)
+
+
+_image_matmul = jax.jit(reference.image_matmul)
+
+
+def image_conv2d(levels, kernel, *, stride=1, padding="SAME"):
+    """Convolution of int8 image levels `(B, H, W, C)` with int8 weight values `(KH, KW, C, N)` (a first
+    conv layer), zero padding (level 0, pixel 128), int32 `(B, OH, OW, N)`; exact on every platform.
+
+    padding: "SAME", "VALID" or ((top, bottom), (left, right))."""
+    levels, kernel = _int8("levels", levels, 4), _int8("kernel", kernel, 4)
+    kh, kw, c, n = kernel.shape
+    if levels.shape[-1] != c or min(kh, kw, n) < 1:
+        raise ValueError(f"a kernel of shape {kernel.shape} does not take levels of shape {levels.shape}")
+    _check_image_reduction(kh * kw * c)
+    stride = _pair("stride", stride)
+    h, wd = levels.shape[1:3]
+    padding = _conv_padding(padding, (h, wd), (kh, kw), stride)
+    (pt, pb), (pl, pr) = padding
+    if max(h + pt + pb, wd + pl + pr) > MAX_EXTENT:
+        raise ValueError(f"padding {padding!r} makes the padded image larger than the largest extent {MAX_EXTENT}")
+    if h + pt + pb < kh or wd + pl + pr < kw:
+        raise ValueError(f"a {kh}x{kw} kernel does not fit the padded {h}x{wd} image")
+    oh, ow = (h + pt + pb - kh) // stride[0] + 1, (wd + pl + pr - kw) // stride[1] + 1
+    _check_elements("the gathered taps", (levels.shape[0], oh, ow, kh * kw * c))
+    return _image_conv2d(levels, kernel, stride=stride, padding=padding)
+
+
+_image_conv2d = jax.jit(reference.image_conv2d, static_argnames=("stride", "padding"))
+
+
+# int8 x int8 products reach 2**14 in magnitude: this many of them always sum within int32.
+MAX_IMAGE_REDUCTION = (2**31 - 1) // 2**14
+
+
+def _check_image_reduction(k):
+    if k > MAX_IMAGE_REDUCTION:
+        raise ValueError(f"{k} products per output: at most {MAX_IMAGE_REDUCTION} int8 products are sure to sum "
+                         "within int32")
+
+
+def _int8(name, value, rank):
+    value = value if isinstance(value, jax.Array) else np.asarray(value)
+    if value.dtype != jnp.int8:
+        raise TypeError(f"{name} must be int8, got dtype {value.dtype}")
+    if value.ndim != rank:
+        raise ValueError(f"{name} must have rank {rank}, got shape {value.shape}")
+    return value
 
 
 def pool_threshold_bits(bits, pool, flip_words):

@@ -1,8 +1,8 @@
 """The packed checkpoint file (`.jbnn`): one safetensors file whose metadata holds a versioned JSON header.
 
 One definition, used by the exporter (writes) and the runtime (reads). The header carries the format
-version, the target and its FSB tile, the inference graph (node kinds, shapes, attributes, the input range
-the model was trained on) and a content hash; the graph alone determines which tensors the file must
+version, the target and its FSB tile, the inference graph (node kinds, shapes, attributes, the float scale
+that float images are quantized from) and a content hash; the graph alone determines which tensors the file must
 hold, with which shapes and dtypes (`expected_tensors`). The tensors are the operands the ops take, as they take them (FSB-tiled ±1 weights,
 their row or per-tap popcounts, ternary weights as ±1 planes), so the runtime uses them as they are; in
 exchange a reader checks their values (`validate`): a wrong popcount or a stray padding bit would give
@@ -32,11 +32,11 @@ __all__ = [
     "FORMAT_VERSION",
     "TARGETS",
     "TRAINING_INPUT_RANGE",
-    "pixel_values",
     "PackedModelError",
     "PackedModel",
     "expected_tensors",
     "validate_graph",
+    "node_output",
     "validate",
     "content_hash",
     "save",
@@ -44,18 +44,21 @@ __all__ = [
 ]
 
 FORMAT_NAME = "jaxbnn-packed"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 METADATA_KEY = "jaxbnn"
 # Target -> FSB tile (BH rows, BW bits) its kernels read. All current targets use the TCBNN tile, which is
 # also one Hopper wgmma core matrix; the tile is recorded per file so a target may change it later.
 TARGETS: dict[str, tuple[int, int]] = {"cpu": formats.FSB_TILE, "sm90": formats.FSB_TILE, "sm80": formats.FSB_TILE}
 
-# The float range that jaxbnn.train maps uint8 pixels to (train/data.py's to_float); the exporter records
-# it in every file unless told another.
+# The float scale of images given as floats: formats.quantize_images maps [low, high] to the pixels 0..255.
+# The exporter records it in every file unless told another.
 TRAINING_INPUT_RANGE = (-1.0, 1.0)
 
-DOMAINS = ("float", "binary", "ternary")
-LINEAR_OUTPUTS = ("binary", "ternary", "affine", "float")
+# What travels between nodes: the image (int8 levels of the pixels), packed bits, ternary plane pairs, the
+# integer residual stream (int32), and at the end the float logits.
+OPERANDS = ("image", "binary", "ternary")
+WIRES = ("image", "binary", "ternary", "stream")
+LINEAR_OUTPUTS = ("binary", "ternary", "affine", "stream")
 
 
 class PackedModelError(ValueError):
@@ -77,13 +80,6 @@ class PackedModel:
     def nbytes(self) -> int:
         """Bytes of all tensors (the packed parameters)."""
         return sum(int(t.nbytes) for t in self.tensors.values())
-
-
-def pixel_values(input_range) -> np.ndarray:
-    """float32 (256,): the model input of each uint8 pixel value p, low + p * (high - low) / 255, computed
-    in float32 as training computes it (float32(p) * float32((high - low) / 255) + float32(low))."""
-    low, high = (float(v) for v in input_range)
-    return np.arange(256, dtype=np.float32) * np.float32((high - low) / 255) + np.float32(low)
 
 
 # --- graph schema ------------------------------------------------------------------------------------
@@ -111,10 +107,12 @@ def _choice(where, node, key, choices):
     return value
 
 
-def _int(where, node, key, minimum=1):
+def _int(where, node, key, minimum=1, maximum=None):
     value = node.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         _fail(where, f"attribute {key!r} must be an integer >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        _fail(where, f"attribute {key!r} must be an integer <= {maximum}, got {value!r}")
     return value
 
 
@@ -123,9 +121,9 @@ def uses_conv_layout(node: dict) -> bool:
 
     Binary / ternary-operand convolutions, and dense layers reading a packed image (run as a VALID
     convolution covering it, so the activations stay packed); other dense layers take the dense bit matrix
-    (bmm). Float-operand layers store no bit matrix: their `kernel` holds the weight values.
+    (bmm). Image-operand layers store no bit matrix: their `kernel` holds the weight values (int8).
     """
-    return node["operand"] != "float" and (node["kind"] == "conv" or len(node["in_shape"]) == 3)
+    return node["operand"] != "image" and (node["kind"] == "conv" or len(node["in_shape"]) == 3)
 
 
 def weight_planes(node: dict) -> int:
@@ -150,8 +148,8 @@ def weight_geometry(node: dict) -> tuple[int, int, tuple[int, int], int]:
     return rows, kh * kw * c, (kh, kw), c
 
 
-def float_kernel_shape(node: dict) -> tuple[int, ...]:
-    """Shape of a float-operand node's `kernel`: the layer's own, HWIO (kh, kw, c, n) or (fan-in, n)."""
+def image_kernel_shape(node: dict) -> tuple[int, ...]:
+    """Shape of an image-operand node's `kernel`: the layer's own, HWIO (kh, kw, c, n) or (fan-in, n)."""
     n = node["out_channels"]
     if node["kind"] == "conv":
         return (*node["kernel_size"], node["in_shape"][-1], n)
@@ -171,12 +169,14 @@ def conv_output_hw(node: dict) -> tuple[int, int]:
 
 def _validate_linear(where: str, node: dict) -> None:
     kind = node["kind"]
-    wire = _choice(where, node, "input", DOMAINS)
-    operand = _choice(where, node, "operand", DOMAINS)
+    wire = _choice(where, node, "input", WIRES)
+    operand = _choice(where, node, "operand", OPERANDS)
     _choice(where, node, "weights", ("binary", "ternary"))
     output = _choice(where, node, "output", LINEAR_OUTPUTS)
-    if wire != "float" and wire != operand:
+    if (wire == "image") != (operand == "image") or (wire not in ("image", "stream") and wire != operand):
         _fail(where, f"a {wire} input cannot feed a {operand} operand")
+    if output == "stream":
+        _int(where, node, "stream_shift", minimum=0, maximum=31)  # a right shift of int32 dot products
     in_shape = _ints(where, node, "in_shape")
     n = _int(where, node, "out_channels")
     if kind == "conv":
@@ -189,8 +189,11 @@ def _validate_linear(where: str, node: dict) -> None:
                 or not all(isinstance(p, list) and len(p) == 2 for p in padding)
                 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for p in padding for v in p)):
             _fail(where, f"attribute 'padding' must be [[top, bottom], [left, right]], got {padding!r}")
-        _choice(where, node, "pad_value", ("zero", "one"))
-        if node.get("pool") is not None:
+        if _choice(where, node, "pad_value", ("zero", "one")) != "zero" and operand == "image":
+            _fail(where, "an image operand is padded with level 0 (pixel 128): its pad_value must be 'zero'")
+        if "pool" not in node:
+            _fail(where, "attribute 'pool' missing (null, or [PH, PW] for a max pool)")
+        if node["pool"] is not None:
             _ints(where, node, "pool", 2)
         h, w, _ = in_shape
         (pt, pb), (pl, pr) = padding
@@ -207,25 +210,25 @@ def _validate_linear(where: str, node: dict) -> None:
     if node.get("out_shape") != out_shape:
         _fail(where, f"out_shape must be {out_shape} for these attributes, got {node.get('out_shape')!r}")
     if output == "ternary":
-        level = _ints(where, node, "level_shape")
-        if level[-1] != n or tuple(out_shape[-len(level):]) != level:
-            _fail(where, f"level_shape {list(level)} does not broadcast to the output {out_shape}")
-    if wire == "float" and operand == "ternary":
-        level = _ints(where, node, "input_level_shape")
-        if tuple(in_shape[-len(level):]) != level:
-            _fail(where, f"input_level_shape {list(level)} does not broadcast to the input {list(in_shape)}")
-    if output == "float":
-        for key in ("kernel_scale", "bias"):
-            if not isinstance(node.get(key), bool):
-                _fail(where, f"attribute {key!r} must be true or false, got {node.get(key)!r}")
+        _check_level_shape(where, node, "level_shape", out_shape)
+    if wire == "stream" and operand == "ternary":
+        _check_level_shape(where, node, "input_level_shape", in_shape)
 
 
-def _node_output(node: dict) -> tuple[str, list[int]]:
-    """(domain, per-sample shape) of what a node puts on the wire."""
+def _check_level_shape(where: str, node: dict, key: str, shape) -> None:
+    """A ternary quantizer's levels: one per channel ([C]) or one per feature (the whole shape)."""
+    level = _ints(where, node, key)
+    if tuple(level) not in ((shape[-1],), tuple(shape)):
+        _fail(where, f"{key} {list(level)} must be [{shape[-1]}] or {list(shape)}")
+
+
+def node_output(node: dict) -> tuple[str, list[int]]:
+    """(wire, per-sample shape) of what a node outputs: "binary", "ternary", "stream" or "float" (logits)."""
     if node["kind"] in ("dense", "conv"):
-        domain = {"affine": "float", "float": "float"}.get(node["output"], node["output"])
-        return domain, node["out_shape"]
-    return "float", node["out_shape"]  # residual blocks and global pooling keep the real-valued stream
+        return ("float" if node["output"] == "affine" else node["output"]), node["out_shape"]
+    if node["kind"] == "global_pool":
+        return node["output"], node["out_shape"]
+    return "stream", node["out_shape"]  # a residual block
 
 
 def validate_graph(graph: dict) -> None:
@@ -240,13 +243,15 @@ def validate_graph(graph: dict) -> None:
     _check_input_range(graph.get("input_range"))
     if not graph["nodes"]:
         raise PackedModelError("graph has no nodes")
-    wire, shape = "float", list(input_shape)
+    wire, shape = "image", list(input_shape)
     for index, node in enumerate(graph["nodes"]):
         where = f"node {index}"
         if not isinstance(node, dict):
             _fail(where, "must be a JSON object")
-        kind = _choice(where, node, "kind", ("dense", "conv", "residual", "global_avg_pool"))
-        where = f"node {index} ({node.get('name', kind)})"
+        kind = _choice(where, node, "kind", ("dense", "conv", "residual", "global_pool"))
+        if not isinstance(node.get("name"), str):
+            _fail(where, f"attribute 'name' must be a string, got {node.get('name')!r}")
+        where = f"node {index} ({node['name']})"
         in_shape = node.get("in_shape")
         if in_shape != shape:
             _fail(where, f"in_shape {in_shape!r} differs from the previous output shape {shape}")
@@ -254,15 +259,19 @@ def validate_graph(graph: dict) -> None:
             _validate_linear(where, node)
             if node["input"] != wire:
                 _fail(where, f"input is {node['input']!r} but the previous node outputs {wire!r}")
+            if wire == "stream":
+                _fail(where, "the integer stream is read by residual blocks and global pooling only")
         elif kind == "residual":
             _validate_residual(where, node)
-            if wire != "float":
-                _fail(where, "a residual block takes the real-valued stream")
+            if wire != "stream":
+                _fail(where, f"a residual block takes the integer stream, the previous node outputs {wire!r}")
         else:
-            if wire != "float" or len(shape) != 3 or node.get("out_shape") != shape[-1:]:
-                _fail(where, f"global_avg_pool takes a float image and outputs [C], got in {shape}, "
-                             f"out {node.get('out_shape')!r}")
-        wire, shape = _node_output(node)
+            if wire != "stream" or len(shape) != 3 or node.get("out_shape") != shape[-1:]:
+                _fail(where, f"global_pool takes the integer stream of an image and outputs [C], got {wire} "
+                             f"{shape}, out {node.get('out_shape')!r}")
+            if _choice(where, node, "output", ("binary", "ternary")) == "ternary":
+                _check_level_shape(where, node, "level_shape", shape[-1:])
+        wire, shape = node_output(node)
     if wire != "float" or shape != [num_classes]:
         raise PackedModelError(f"the last node must output float logits [{num_classes}], got {wire} {shape}")
 
@@ -286,12 +295,15 @@ def _validate_residual(where: str, node: dict) -> None:
             _fail(where, f"{key} must be a conv node")
         _validate_linear(f"{where}.{key}", node[key])
     conv1, conv2 = node["conv1"], node["conv2"]
-    if conv1["in_shape"] != list(in_shape) or conv1["input"] != "float":
-        _fail(where, "conv1 must read the block's float input")
-    if conv2["in_shape"] != conv1["out_shape"] or conv2["input"] != _node_output(conv1)[0]:
+    if conv1["in_shape"] != list(in_shape) or conv1["input"] != "stream":
+        _fail(where, "conv1 must read the block's integer stream")
+    if conv1["output"] not in ("binary", "ternary"):
+        _fail(where, "conv1 must output bits for conv2")
+    if conv2["in_shape"] != conv1["out_shape"] or conv2["input"] != conv1["output"]:
         _fail(where, "conv2 must read conv1's output")
-    if conv2["output"] != "float":
-        _fail(where, "conv2 must output float (it is added to the shortcut)")
+    if conv2["output"] != "stream" or conv2["stream_shift"] != 0:
+        _fail(where, "conv2 must output its integer dot products as they are (stream, shift 0): they join the "
+                     "shortcut")
     h, w, c = in_shape
     out_shape = conv2["out_shape"]
     if out_shape != [-(-h // stride), -(-w // stride), out_shape[-1]] or out_shape[-1] < c:
@@ -306,8 +318,8 @@ def _validate_residual(where: str, node: dict) -> None:
 def _linear_tensors(prefix: str, node: dict, tile) -> dict[str, tuple[tuple[int, ...], str]]:
     specs: dict[str, tuple[tuple[int, ...], str]] = {}
     n = node["out_channels"]
-    if node["operand"] == "float":
-        specs["kernel"] = (float_kernel_shape(node), "int8")
+    if node["operand"] == "image":
+        specs["kernel"] = (image_kernel_shape(node), "int8")
     else:
         rows, k_bits, (kh, kw), _ = weight_geometry(node)
         specs["weight"] = (formats.fsb_shape(rows, k_bits, tile), "uint32")
@@ -315,31 +327,24 @@ def _linear_tensors(prefix: str, node: dict, tile) -> dict[str, tuple[tuple[int,
             specs["weight_tap_popcount"] = ((kh * kw, rows), "int32")
         else:
             specs["weight_popcount"] = ((rows,), "int32")
-    if node["input"] == "float" and node["operand"] == "ternary":
-        level = tuple(node["input_level_shape"])
-        specs["input_threshold_nonneg"] = (level, "float32")
-        specs["input_threshold_pos"] = (level, "float32")
-    threshold_dtype = "float32" if node["operand"] == "float" else "int32"
+    if node["input"] == "stream":
+        specs.update(_threshold_tensors("input_", node["operand"], node.get("input_level_shape"), node["in_shape"][-1]))
     output = node["output"]
-    if output == "binary":
-        specs["threshold"] = ((n,), threshold_dtype)
-        specs["flip"] = ((n,), "bool")
-    elif output == "ternary":
-        level = tuple(node["level_shape"])
-        for plane in ("nonneg", "pos"):
-            specs[f"threshold_{plane}"] = (level, threshold_dtype)
-            specs[f"flip_{plane}"] = (level, "bool")
+    if output in ("binary", "ternary"):
+        specs.update(_threshold_tensors("", output, node.get("level_shape"), n))
     elif output == "affine":
         specs["scale"] = ((n,), "float32")
         specs["bias"] = ((n,), "float32")
-    else:
-        for name in ("bn_mean", "bn_mul", "bn_bias"):
-            specs[name] = ((n,), "float32")
-        if node["kernel_scale"]:
-            specs["kernel_scale"] = ((n,), "float32")
-        if node["bias"]:
-            specs["bias"] = ((n,), "float32")
     return {f"{prefix}{name}": spec for name, spec in specs.items()}
+
+
+def _threshold_tensors(prefix: str, domain: str, level_shape, channels: int) -> dict:
+    """int32 thresholds and bool flips of a quantizer: one per channel (binary), per plane (ternary)."""
+    if domain == "binary":
+        return {f"{prefix}threshold": ((channels,), "int32"), f"{prefix}flip": ((channels,), "bool")}
+    level = tuple(level_shape)
+    return {f"{prefix}{name}_{plane}": (level, dtype) for plane in ("nonneg", "pos")
+            for name, dtype in (("threshold", "int32"), ("flip", "bool"))}
 
 
 def expected_tensors(graph: dict, tile) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -352,6 +357,9 @@ def expected_tensors(graph: dict, tile) -> dict[str, tuple[tuple[int, ...], str]
         elif node["kind"] == "residual":
             specs.update(_linear_tensors(prefix + "conv1.", node["conv1"], tile))
             specs.update(_linear_tensors(prefix + "conv2.", node["conv2"], tile))
+        else:
+            specs.update({prefix + name: spec for name, spec in _threshold_tensors(
+                "", node["output"], node.get("level_shape"), node["out_shape"][-1]).items()})
     return specs
 
 
@@ -433,9 +441,9 @@ def _check_bit_matrix(where: str, prefix: str, node: dict, tensors: dict) -> Non
 
 
 def _check_values(graph: dict, tensors: dict) -> None:
-    """The values of what the ops take as they are: weights, popcounts, float thresholds."""
+    """The values of what the ops take as they are: weights and popcounts."""
     for where, prefix, node in _linear_nodes(graph):
-        if node["operand"] == "float":
+        if node["operand"] == "image":
             name = prefix + "kernel"
             allowed = (-1, 1) if node["weights"] == "binary" else (-1, 0, 1)
             kernel = np.asarray(tensors[name])
@@ -446,11 +454,6 @@ def _check_values(graph: dict, tensors: dict) -> None:
                              f"are {allowed}")
         else:
             _check_bit_matrix(where, prefix, node, tensors)
-        for short in ("threshold", "threshold_nonneg", "threshold_pos", "input_threshold_nonneg",
-                      "input_threshold_pos"):
-            value = tensors.get(prefix + short)
-            if value is not None and np.issubdtype(value.dtype, np.floating) and np.isnan(np.asarray(value)).any():
-                _fail(where, f"tensor {prefix + short!r} holds NaN (a comparison with NaN is never true)")
 
 
 def _check_structure(model: PackedModel) -> None:
@@ -462,7 +465,7 @@ def _check_structure(model: PackedModel) -> None:
 
 def validate(model: PackedModel) -> None:
     """Check a packed model as `save` and `load` do: target and tile, graph, tensor names, shapes and dtypes,
-    and values (weight values, zero padding bits, popcounts equal to the bits', no NaN threshold).
+    and values (weight values, zero padding bits, popcounts equal to the bits').
     Raises PackedModelError naming the node and tensor."""
     _check_structure(model)
     _check_values(model.graph, model.tensors)

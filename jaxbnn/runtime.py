@@ -1,22 +1,24 @@
 """Inference from a packed checkpoint: `load(path)` -> a model whose call is one `jax.jit` function.
 
-The graph of the file (`jaxbnn.packed_model`, docs/export.md) runs node by node through `jaxbnn.ops`:
+The graph of the file (`jaxbnn.packed_model`, docs/export.md) runs node by node through `jaxbnn.ops`, in
+integers from the pixels to the logits:
 
+- the first layer multiplies the image's int8 levels (pixel - 128) with its int8 weight values
+  (`ops.image_conv2d` / `ops.image_matmul`, int32 out);
 - binary x binary layers are one custom call each, with the threshold epilogue writing the next layer's
   packed input (max-pool fused as OR / AND on the bits) or the affine epilogue writing the logits;
 - ternary operands are sums of ±1 products: a ternary t is (a + b) / 2 with the ±1 vectors a = [t >= 0]
   and b = [t > 0], so a ternary dot product is a sum of 2 (one ternary operand) or 4 (both) ±1 dot
-  products, each one int32 custom call (planes stacked along the batch / output axes into one call); the
-  thresholds then run in jnp;
-- only the first layer reads floats (float input times the ±1 / ternary weight values, in jnp), and only
-  float-output nodes (the classifier, the residual stream) write floats.
+  products, each one int32 custom call (planes stacked along the batch / output axes into one call);
+- integer thresholds turn int32 pre-activations and the int32 residual stream into bits; the stream is
+  the sum of each residual block's conv2 output and its shortcut.
 
-Images are uint8 pixels, converted exactly as training converted them (the file records the input range
-the model was trained on), or floats on that scale; floats outside it draw an `InputRangeWarning`.
+Images are uint8 pixels, or floats on the scale the file records (`input_range`), quantized to pixels by
+`formats.quantize_images`.
 
 The file holds every operand as the ops take it (ternary weights already as their two ±1 planes, stacked
 along the output axis; popcounts per row or per conv tap), so loading moves the arrays to the device as
-they are (the first layer's int8 weight values widened to float32) and packs, unpacks and derives nothing.
+they are and packs, unpacks and derives nothing.
 
 This module never imports the exporter or the training code.
 """
@@ -37,12 +39,11 @@ from jaxbnn.packed_model import PackedModel, uses_conv_layout, weight_geometry
 
 __all__ = ["PackedNet", "InputRangeWarning", "load", "from_packed"]
 
-HIGHEST = jax.lax.Precision.HIGHEST
-
 
 class InputRangeWarning(UserWarning):
-    """Float images that do not look like the scale the model was trained on (its predictions on them are
-    not what its accuracy promises). `warnings.simplefilter("error", InputRangeWarning)` makes it an error."""
+    """Float images that do not look like the scale the model's file records (they are quantized to pixels
+    on that scale, so values off it are clipped). `warnings.simplefilter("error", InputRangeWarning)` makes
+    it an error."""
 
 
 def load(path: str | os.PathLike) -> "PackedNet":
@@ -60,11 +61,10 @@ def from_packed(packed: PackedModel) -> "PackedNet":
 class PackedNet:
     """A packed model ready to run: ``logits = net(images)`` (float32 (B, num_classes)).
 
-    ``images``: uint8 pixels (B, *input_shape), converted to the model's input exactly as in training
-    (``low + p * (high - low) / 255`` in float32, ``input_range = (low, high)`` as the file records it), or
-    floats already on that scale. ``params`` holds the packed parameters (a pytree of arrays); the graph is
-    static. ``trace(images)`` returns every node's output as it travels (packed bits, ternary plane pairs or
-    floats).
+    ``images``: uint8 pixels (B, *input_shape), as the model was trained on; or floats on the scale
+    ``input_range = (low, high)`` the file records, quantized to pixels by `formats.quantize_images`.
+    ``params`` holds the packed parameters (a pytree of arrays); the graph is static. ``trace(images)``
+    returns every node's output as it travels (packed bits, ternary plane pairs, the int32 stream, logits).
     """
 
     def __init__(self, packed: PackedModel):
@@ -77,43 +77,43 @@ class PackedNet:
         self.num_classes = self.graph["num_classes"]
         self.params = [_prepare_node(node, _node_tensors(packed.tensors, f"nodes.{i}."))
                        for i, node in enumerate(self.graph["nodes"])]
-        self._pixel_values = jnp.asarray(packed_model.pixel_values(self.input_range))
         nodes = self.graph["nodes"]
         self._forward = jax.jit(lambda params, x: _run(nodes, params, x)[-1])
         self._trace = jax.jit(lambda params, x: _run(nodes, params, x))
 
     def _check_input(self, images):
+        """uint8 pixels of `images` (float images quantized on the file's scale)."""
         images = images if isinstance(images, jax.Array) else np.asarray(images)
         if images.ndim != len(self.input_shape) + 1 or tuple(images.shape[1:]) != self.input_shape:
             raise ValueError(f"{self.graph['name']} takes images of shape (batch, {', '.join(map(str, self.input_shape))}),"
                              f" got {tuple(images.shape)}")
-        low, high = self.input_range
         if images.dtype == np.uint8:
-            return self._pixel_values[images]
+            return jnp.asarray(images)
+        low, high = self.input_range
         if not jnp.issubdtype(images.dtype, jnp.floating):
             raise TypeError(f"images must be uint8 pixels (0..255) or floats in [{low:g}, {high:g}] (the scale "
-                            f"{self.graph['name']} was trained on), got {images.dtype}")
+                            f"{self.graph['name']}'s file records), got {images.dtype}")
         # host images only: a device array's range would cost a reduction and a sync on every call
         if isinstance(images, np.ndarray) and images.size:
             self._warn_outside_range(float(images.min()), float(images.max()))
-        return jnp.asarray(images, jnp.float32)
+        return formats.quantize_images(images, self.input_range)
 
     def _warn_outside_range(self, smallest: float, largest: float) -> None:
-        """Warn about float images off the training scale: beyond its range (by more than 1% of its
-        width), or none negative where the range is centred below zero (images scaled to [0, 1])."""
+        """Warn about float images off the file's scale: beyond its range (by more than 1% of its width),
+        or none negative where the range is centred below zero (images scaled to [0, 1])."""
         low, high = self.input_range
         slack = 0.01 * (high - low)
-        scaled = f"{low:g} + p * {high - low:g} / 255"
-        trained = (f"{self.graph['name']} was trained on images in [{low:g}, {high:g}] (uint8 pixels p -> "
-                   f"{scaled}); these span [{smallest:g}, {largest:g}]")
+        shifted = "x" if low == 0 else f"(x {'-' if low > 0 else '+'} {abs(low):g})"
+        scale = (f"{self.graph['name']} takes float images in [{low:g}, {high:g}] (quantized to pixels p = "
+                 f"round({shifted} * 255 / {high - low:g})); these span [{smallest:g}, {largest:g}]")
         if not low - slack <= smallest <= largest <= high + slack:  # NaN included
-            advice = "scale them as in training, or pass the uint8 pixels, which are converted exactly"
+            advice = "scale them to that range, or pass the uint8 pixels"
         elif low < 0 <= smallest and (low + high) / 2 <= 0:
             advice = (f"none is negative: images scaled to [0, 1] need {low:g} + x * {high - low:g}; or pass the "
-                      "uint8 pixels, which are converted exactly")
+                      "uint8 pixels")
         else:
             return
-        warnings.warn(f"{trained}: {advice}", InputRangeWarning, stacklevel=4)
+        warnings.warn(f"{scale}: {advice}", InputRangeWarning, stacklevel=4)
 
     def __call__(self, images) -> jax.Array:
         return self._forward(self.params, self._check_input(images))
@@ -129,14 +129,15 @@ class PackedNet:
         if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         images = np.asarray(images)
-        if images.dtype != np.uint8:
-            images = images.astype(np.float32)
+        if np.issubdtype(images.dtype, np.floating):
+            images = images.astype(np.float32)  # other dtypes are refused by the call, as they are given
         out = []
         for start in range(0, len(images), batch_size):
             chunk = images[start:start + batch_size]
             count = len(chunk)
             if count < batch_size and len(images) > batch_size:
-                chunk = np.concatenate([chunk, np.zeros((batch_size - count, *chunk.shape[1:]), chunk.dtype)])
+                # copies of a row of the chunk: padding on the images' own scale draws no range warning
+                chunk = np.concatenate([chunk, np.repeat(chunk[:1], batch_size - count, axis=0)])
             out.append(np.asarray(jnp.argmax(self(chunk), axis=-1))[:count])
         return np.concatenate(out) if out else np.zeros((0,), np.int64)
 
@@ -163,15 +164,13 @@ def _prepare_node(node: dict, tensors: dict) -> dict:
         return _prepare_linear(node, tensors)
     if node["kind"] == "residual":
         return {key: _prepare_linear(node[key], _node_tensors(tensors, f"{key}.")) for key in ("conv1", "conv2")}
-    return {}
+    return {name: jnp.asarray(value) for name, value in tensors.items()}  # global pooling: its thresholds
 
 
 def _prepare_linear(node: dict, tensors: dict) -> dict:
     """The node's tensors as the ops take them: no unpacking, no packing, nothing derived."""
     params = {name: jnp.asarray(value) for name, value in tensors.items()}
-    if node["operand"] == "float":
-        # ±1 / 0 values in the layer's kernel layout; the float conv / dot takes them as float32 (exact).
-        params["kernel"] = params["kernel"].astype(jnp.float32)
+    if node["operand"] == "image":
         return params
     rows, k_bits, kernel, c = weight_geometry(node)
     if uses_conv_layout(node):
@@ -185,8 +184,14 @@ def _prepare_linear(node: dict, tensors: dict) -> dict:
 # --- the forward pass ----------------------------------------------------------------------------------------
 
 
-def _run(nodes, params, x):
-    """Outputs of every node, in order (the last one is the logits)."""
+def _run(nodes, params, pixels):
+    """Outputs of every node for uint8 `pixels`, in order (the last one is the logits)."""
+    return run_nodes(nodes, params, formats.image_levels(pixels))
+
+
+def run_nodes(nodes, params, x):
+    """Outputs of `nodes` in order, from `x`, the value the first of them reads (the image's int8 levels,
+    bits, a ternary plane pair or the int32 stream): the whole graph, or a part of it (per-node timing)."""
     outputs = []
     for node, p in zip(nodes, params):
         if node["kind"] in ("dense", "conv"):
@@ -197,7 +202,7 @@ def _run(nodes, params, x):
             x = _linear(node["conv2"], p["conv2"], inner) + _shortcut(node, x)
             outputs.append((inner, x))
         else:
-            x = jnp.mean(x, axis=(1, 2))
+            x = _quantize(node["output"], p, jnp.sum(x, axis=(1, 2), dtype=jnp.int32))
             outputs.append(x)
     return outputs
 
@@ -210,21 +215,20 @@ def _shortcut(node, x):
     return jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, extra))) if extra else x
 
 
-def _binarize_input(node, p, x):
-    """Float stream -> the packed operand of a binary / ternary layer (its input quantizer)."""
-    if node["operand"] == "binary":
-        return formats.pack_bits(formats.binarize(x))
-    return (formats.pack_bits(formats.binarize(x, p["input_threshold_nonneg"])),
-            formats.pack_bits(formats.binarize(x, p["input_threshold_pos"])))
+def _quantize(domain, p, z, prefix=""):
+    """int32 pre-activations -> packed bits (binary) or the (nonneg, pos) plane pair (ternary), through the
+    node's integer thresholds."""
+    if domain == "binary":
+        return formats.pack_bits(formats.binarize(z, p[prefix + "threshold"], p[prefix + "flip"]))
+    return tuple(formats.pack_bits(formats.binarize(z, p[f"{prefix}threshold_{plane}"], p[f"{prefix}flip_{plane}"]))
+                 for plane in ("nonneg", "pos"))
 
 
 def _linear(node, p, x):
-    if node["input"] == "float" and node["operand"] != "float":
-        if node["kind"] == "dense" and len(node["in_shape"]) == 1:
-            x = _flatten(x)
-        x = _binarize_input(node, p, x)
-    if node["operand"] == "float":
-        pre = _float_operand(node, p, x)
+    if node["input"] == "stream":
+        x = _quantize(node["operand"], p, x, prefix="input_")
+    if node["operand"] == "image":
+        pre = _image_operand(node, p, x)
     elif node["operand"] == "binary" and node["weights"] == "binary" and node["output"] in ("binary", "affine"):
         return _fused(node, p, x)
     else:
@@ -293,31 +297,19 @@ def _composite_dot(node, p, x):
     return dot // parts  # exact: the sum of the ±1 products is a multiple of `parts`
 
 
-def _float_operand(node, p, x):
-    """First layer: float input times the weight values, exactly as the Flax layer computes it."""
+def _image_operand(node, p, levels):
+    """First layer: the image's int8 levels times the int8 weight values, int32 (exact on every platform)."""
     if node["kind"] == "conv":
-        (pt, pb), (pl, pr) = node["padding"]
-        x = jnp.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)))
-        return jax.lax.conv_general_dilated(x, p["kernel"], tuple(node["stride"]), "VALID",
-                                            dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=HIGHEST)
-    x = _flatten(x)
-    return jax.lax.dot_general(x, p["kernel"], (((1,), (0,)), ((), ())), precision=HIGHEST)
+        return ops.image_conv2d(levels, p["kernel"], stride=tuple(node["stride"]),
+                                padding=tuple(tuple(q) for q in node["padding"]))
+    return ops.image_matmul(_flatten(levels), p["kernel"])
 
 
 def _output(node, p, pre):
-    """What a (pooled) pre-activation becomes: bits, ternary planes, logits or the float stream."""
+    """What a (pooled) int32 pre-activation becomes: bits, ternary planes, the stream or logits."""
     output = node["output"]
-    if output == "binary":
-        return formats.pack_bits(formats.binarize(pre, p["threshold"], p["flip"]))
-    if output == "ternary":
-        return (formats.pack_bits(formats.binarize(pre, p["threshold_nonneg"], p["flip_nonneg"])),
-                formats.pack_bits(formats.binarize(pre, p["threshold_pos"], p["flip_pos"])))
-    y = pre.astype(jnp.float32)
-    if output == "affine":
-        return y * p["scale"] + p["bias"]
-    # The float stream: the batch norm in nnx.BatchNorm's order of operations, so it matches bit for bit.
-    if node["kernel_scale"]:
-        y = y * p["kernel_scale"]
-    if node["bias"]:
-        y = y + p["bias"]
-    return (y - p["bn_mean"]) * p["bn_mul"] + p["bn_bias"]
+    if output in ("binary", "ternary"):
+        return _quantize(output, p, pre)
+    if output == "stream":
+        return pre >> node["stream_shift"]  # an arithmetic shift: floor division by 2**shift
+    return pre.astype(jnp.float32) * p["scale"] + p["bias"]

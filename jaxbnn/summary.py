@@ -2,8 +2,9 @@
 
 Quantized parameters are the latent kernels of binary (1 bit each) and ternary (2 bits each) layers;
 everything else (batch norm scale/bias/statistics, biases, learned thresholds, float kernels) counts as
-float32. Packed bytes are what the exporter stores for a kernel: FSB tiles of 8 rows x 128 bits, one
-plane per bit (``formats.fsb_shape``, docs/formats.md), conv taps padded to whole 32-bit words.
+float32. Packed bytes are what the exporter stores for a kernel: the first layer's int8 weight values (it
+multiplies the image levels), every other layer's FSB tiles of 8 rows x 128 bits, one plane per bit
+(``formats.fsb_shape``, docs/formats.md), conv taps padded to whole 32-bit words.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class LayerSummary(NamedTuple):
 
 
 def _packed_kernel_bytes(layer, planes: int) -> int:
+    if MODES[layer.mode][0] == "float":  # the image operand: one int8 per weight
+        return math.prod(layer.kernel.shape)
     if isinstance(layer, BinaryConv):
         kh, kw = layer.kernel_size
         k_bits = kh * kw * (-(-layer.in_features // 32) * 32)

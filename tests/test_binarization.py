@@ -1,8 +1,9 @@
 """How NaN, -NaN, -0.0, +-inf and subnormals binarize (docs/formats.md, "Binary values and bits"), the same
 on every path: formats.binarize on the host, eagerly and under jit, pack_bits into the native kernels, the
-Flax layers' eval forward and the packed runtime. The comparison is IEEE's: NaN compares false in either
-direction (bit 0, -1), -0.0 equals 0 (bit 1, +1), a negative subnormal is below 0 even on a backend that
-flushes subnormals to zero."""
+Flax layers' eval forward. The comparison is IEEE's: NaN compares false in either direction (bit 0, -1),
+-0.0 equals 0 (bit 1, +1), a negative subnormal is below 0 even on a backend that flushes subnormals to
+zero. Float images, non-finite ones included, reach the Flax model and the packed runtime as the pixels
+formats.quantize_images makes of them."""
 
 import jax
 import jax.numpy as jnp
@@ -52,16 +53,24 @@ def test_the_flax_layer_eval_forward_binarizes_the_same_way():
 
 
 @pytest.mark.parametrize("name", ["mnist-mlp", "mnist-conv"])
-def test_the_runtime_gives_the_flax_logits_on_non_finite_images(tmp_path, name):
-    """An all-NaN image gives finite logits (every first-layer bit is 0), those of the Flax model."""
+def test_non_finite_float_images_are_pixels_to_the_runtime_and_the_flax_model(tmp_path, name):
+    """Float images reach both models as the pixels formats.quantize_images makes of them (NaN and -inf
+    pixel 0, +inf 255, -0.0 like 0.0), so the packed logits are the Flax model's eval logits on them."""
     model = zoo_model(name, "bnn", {})
     path = tmp_path / "m.jbnn"
     packed_model.save(path, export_model(model))
     net = runtime.load(path)
-    images = np.full((3, *model.input_shape), np.nan, np.float32)
-    images[1] = -np.nan
-    images[2] = -0.0
+    values = np.array([np.nan, -np.nan, -0.0, np.inf, -np.inf], np.float32)
+    images = np.broadcast_to(values[:, None, None, None], (len(values), *model.input_shape)).copy()
+    images[:, 0, 0, 0] = 1.0  # one ordinary pixel in each
+    pixels = np.asarray(formats.quantize_images(images, net.input_range))
+    np.testing.assert_array_equal(pixels[:, 1, 1, 0], [0, 0, 128, 255, 0])
+    assert (pixels[:, 0, 0, 0] == 255).all()
     with pytest.warns(runtime.InputRangeWarning, match=r"these span \[nan, nan\]"):
         logits = np.asarray(net(images))
     assert np.isfinite(logits).all()
-    np.testing.assert_allclose(logits, np.asarray(model(jnp.asarray(images))), rtol=1e-5, atol=1e-5)
+    flax_logits = np.asarray(model(formats.quantize_images(images)))
+    np.testing.assert_allclose(logits, flax_logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(logits, np.asarray(net(pixels)))
+    with pytest.raises(TypeError, match="uint8"):  # the Flax model takes pixels, never floats
+        model(jnp.asarray(images))

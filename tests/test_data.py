@@ -6,7 +6,6 @@ import struct
 import numpy as np
 import pytest
 
-from jaxbnn import packed_model
 from jaxbnn.cli import import_train_module
 
 data = import_train_module("data")
@@ -127,7 +126,24 @@ def test_mnist5k_split_is_stratified_and_disjoint():
     assert train.images.max() == 255 and train.images.dtype == np.uint8
 
 
+@pytest.mark.mnist5k
+def test_cifar_shaped_mnist5k_is_read_as_cifar10_with_the_digits_labels(tmp_path):
+    """The offline CIFAR-shaped data: CIFAR-10 batches the cifar10 loader reads, one image per MNIST-5k digit
+    with its label, the digit's ink brighter than its background, the same bytes for the same seed."""
+    folder = data.write_cifar_shaped_mnist5k(tmp_path / "a")
+    for split in ("train", "test"):
+        cifar, digits = data.load_cifar10(folder, split), data.load_mnist5k(split)
+        assert cifar.images.shape == (len(digits.labels), 32, 32, 3) and cifar.images.dtype == np.uint8
+        np.testing.assert_array_equal(cifar.labels, digits.labels)
+        ink = digits.images[..., 0] > 128
+        centre = cifar.images[:, 2:30, 2:30].astype(int).sum(-1)
+        assert all(centre[i][ink[i]].mean() > centre[i][~ink[i]].mean() for i in range(0, len(ink), 97))
+    again = data.write_cifar_shaped_mnist5k(tmp_path / "b")
+    assert (folder / "test_batch.bin").read_bytes() == (again / "test_batch.bin").read_bytes()
+
+
 def test_batches_are_deterministic_per_seed_and_epoch():
+    """The batch order depends only on (seed, epoch); a batch is the dataset's uint8 pixels, unconverted."""
     images = np.arange(50 * 4, dtype=np.uint8).reshape(50, 2, 2, 1)
     ds = data.Dataset(images, np.arange(50, dtype=np.int32), 10)
     order = lambda **kw: np.concatenate([lab for _, lab in data.batches(ds, 8, **kw)])  # noqa: E731
@@ -139,8 +155,9 @@ def test_batches_are_deterministic_per_seed_and_epoch():
     everything = order(seed=3, epoch=1, drop_remainder=False)
     assert sorted(everything.tolist()) == list(range(50))
     x, y = next(data.batches(ds, 8, seed=0, epoch=0, shuffle=False))
-    np.testing.assert_allclose(x, images[:8].astype(np.float32) * 2 / 255 - 1)
-    assert x.dtype == np.float32 and x.min() >= -1 and x.max() <= 1
+    assert x.dtype == np.uint8  # the pixels the models take, unconverted
+    np.testing.assert_array_equal(x, images[:8])
+    np.testing.assert_array_equal(y, np.arange(8))
 
 
 def test_random_crop_flip():
@@ -162,11 +179,11 @@ def test_unknown_dataset_and_missing_directory():
         data.load_dataset("cifar10")
 
 
-def test_to_float_maps_pixels_to_the_recorded_training_range():
-    pixels = np.arange(256, dtype=np.uint8)
-    values = data.to_float(pixels)
-    assert values.dtype == np.float32 and values[0] == -1.0 and values[-1] == 1.0
-    np.testing.assert_array_equal(values, pixels.astype(np.float32) * np.float32(2 / 255) - np.float32(1))
-    np.testing.assert_array_equal(values, packed_model.pixel_values(packed_model.TRAINING_INPUT_RANGE))
-    with pytest.raises(TypeError, match="uint8"):
-        data.to_float(pixels.astype(np.int32))
+def test_augmented_batches_stay_uint8_pixels():
+    """Augmentation keeps the batches uint8 pixels of the right shape (its padding is pixel 0)."""
+    images = np.random.default_rng(0).integers(1, 256, (20, 6, 6, 3), dtype=np.uint8)
+    ds = data.Dataset(images, np.arange(20, dtype=np.int32), 10)
+    x, _ = next(data.batches(ds, 16, seed=1, epoch=0, augment=True))
+    assert x.dtype == np.uint8 and x.shape == (16, 6, 6, 3)
+    assert (x == 0).any()
+

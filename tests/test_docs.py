@@ -122,10 +122,12 @@ def accuracy_rows() -> list[dict]:
 def test_each_accuracy_row_is_what_its_command_gives(row, tmp_path):
     import jax
 
+    column = "test accuracy (CPU)" if jax.default_backend() == "cpu" else "test accuracy (GPU)"
+    if not row[column].endswith("%"):
+        pytest.skip(f"the page records no accuracy for this backend ({column}: {row[column]})")
     command = row["command"].strip("`")
     result = subprocess.run(shlex.split(command), cwd=tmp_path, env=environment(), capture_output=True, text=True,
                             timeout=3600)
     assert result.returncode == 0, result.stderr[-3000:]
     accuracy = float(re.search(r"final test accuracy ([0-9.]+) after epoch (\d+)", result.stdout).group(1))
-    column = "test accuracy (CPU)" if jax.default_backend() == "cpu" else "test accuracy (GPU)"
     assert f"{100 * accuracy:.1f}%" == row[column], (command, accuracy)

@@ -20,6 +20,8 @@ def run_dir(tmp_path_factory):
 
 
 def test_export_then_predict(run_dir, tmp_path, capsys):
+    """export writes a file for the target; predict on it scores the trained model's accuracy, and the file's
+    predictions on uint8 test images are the Flax model's."""
     path = tmp_path / "mlp.jbnn"
     assert cli.main(["export", str(run_dir), str(path), "--target", "sm80"]) == 0
     printed = capsys.readouterr().out
@@ -36,11 +38,12 @@ def test_export_then_predict(run_dir, tmp_path, capsys):
     assert accuracy == pytest.approx(loop.evaluate(model, test)["accuracy"], abs=1e-4)
     assert accuracy > 0.2  # chance is 0.1: the exported run has learned something
     assert "images/s" in printed
-    np.testing.assert_array_equal(runtime.load(path).predict(data.to_float(test.images[:50])),
-                                  np.argmax(np.asarray(model(data.to_float(test.images[:50]))), axis=-1))
+    np.testing.assert_array_equal(runtime.load(path).predict(test.images[:50]),
+                                  np.argmax(np.asarray(model(test.images[:50])), axis=-1))
 
 
 def test_errors_are_reported_not_raised(tmp_path, capsys):
+    """A missing run, a file that is no packed checkpoint and an older format version are one-line errors."""
     missing = tmp_path / "nothing"
     assert cli.main(["export", str(missing), str(tmp_path / "x.jbnn")]) == 2
     assert "no config.json" in capsys.readouterr().err
@@ -49,12 +52,13 @@ def test_errors_are_reported_not_raised(tmp_path, capsys):
     assert cli.main(["predict", str(bogus)]) == 2
     assert "not a jaxbnn packed checkpoint" in capsys.readouterr().err
     assert cli.main(["predict", str(FORMAT_V1_FILE)]) == 2
-    assert "format version 1 is not supported (this jaxbnn reads version 2); re-export the model from its " \
+    assert "format version 1 is not supported (this jaxbnn reads version 3); re-export the model from its " \
            "training run: jaxbnn export RUN_DIR MODEL.jbnn" in capsys.readouterr().err
 
 
 @pytest.mark.slow
 def test_demo_runs_end_to_end(tmp_path, capsys):
+    """demo trains, exports and runs the MLP: the packed model predicts as the Flax model on every image."""
     assert cli.main(["demo", "--out", str(tmp_path / "demo"), "--epochs", "2"]) == 0
     printed = capsys.readouterr().out
     assert "predictions equal on 1000/1000 samples" in printed

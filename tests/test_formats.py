@@ -1,5 +1,6 @@
 """The packed formats: conventions, round trips, FSB tiles, ternary planes, popcounts."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -165,3 +166,71 @@ def test_conv_weights_layout_and_tap_popcounts():
     np.testing.assert_array_equal(formats.unpack_bits(rows, c), np.transpose(w >= 0, (3, 0, 1, 2)))
     expected = np.transpose(w >= 0, (0, 1, 3, 2)).sum(-1).reshape(kh * kw, o)
     np.testing.assert_array_equal(packed.tap_popcount, expected)
+
+
+# --- images: uint8 pixels, their int8 levels, float images quantized to pixels -----------------------------
+
+
+def test_image_levels_are_the_pixels_less_128_as_int8():
+    pixels = np.arange(256, dtype=np.uint8).reshape(4, 8, 8, 1)
+    levels = formats.image_levels(pixels)
+    assert levels.dtype == jnp.int8 and levels.shape == pixels.shape
+    np.testing.assert_array_equal(np.asarray(levels).reshape(-1), np.arange(-128, 128))
+    assert formats.PIXEL_OFFSET == 128 and int(formats.image_levels(np.uint8(128))) == 0  # "zero" padding
+    np.testing.assert_array_equal(formats.image_levels(jnp.asarray(pixels)), levels)  # a device array
+    np.testing.assert_array_equal(jax.jit(formats.image_levels)(pixels), levels)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.uint16, np.float16, np.float32, bool])
+def test_image_levels_take_uint8_pixels_only(dtype):
+    """Levels (int8), wider integers and floats are refused by name, never reinterpreted."""
+    with pytest.raises(TypeError, match=rf"images must be uint8 pixels \(0..255\), got {np.dtype(dtype)}; float "
+                                        r"images: formats.quantize_images\(images, input_range\)"):
+        formats.image_levels(np.zeros((1, 2, 2, 1), dtype))
+
+
+@pytest.mark.parametrize("input_range", [(-1.0, 1.0), (0.0, 1.0), (0.0, 255.0), (-0.5, 3.0), (-2.0, -1.0)])
+def test_quantize_images_inverts_the_float_scale_of_every_pixel(input_range):
+    """low + p * (high - low) / 255, computed in float32 as training computed it or in float64, gives p back
+    for every pixel p."""
+    low, high = input_range
+    p = np.arange(256)
+    in_float32 = p.astype(np.float32) * np.float32((high - low) / 255) + np.float32(low)
+    in_float64 = low + p * (high - low) / 255
+    for floats in (in_float32, in_float64, in_float64.astype(np.float32)):
+        got = formats.quantize_images(floats, input_range)
+        assert got.dtype == jnp.uint8
+        np.testing.assert_array_equal(got, p)
+    if input_range == (-1.0, 1.0):  # the default
+        np.testing.assert_array_equal(formats.quantize_images(in_float32), p)
+
+
+def test_quantize_images_rounds_half_to_even():
+    """On the scale (0, 255) a float is its pixel value: ties at .5 go to the even pixel."""
+    ties = np.array([0.5, 1.5, 2.5, 3.5, 126.5, 127.5, 253.5, 254.5], np.float32)
+    np.testing.assert_array_equal(formats.quantize_images(ties, (0, 255)), [0, 2, 2, 4, 126, 128, 254, 254])
+    near = np.array([0.49999997, 0.50000006, 2.4999998, 2.5000002], np.float32)
+    np.testing.assert_array_equal(formats.quantize_images(near, (0, 255)), [0, 1, 2, 3])
+    # the default scale: 0.0 is pixel 127.5, a tie, so 128; -0.0 the same
+    np.testing.assert_array_equal(formats.quantize_images(np.array([0.0, -0.0], np.float32)), [128, 128])
+
+
+def test_quantize_images_clips_and_maps_non_finite_values():
+    x = np.array([-1.0, -1.5, -1e30, -np.inf, 1.0, 1.5, 1e30, np.inf, np.nan, -np.nan, 1e-45, -1e-45], np.float32)
+    np.testing.assert_array_equal(formats.quantize_images(x), [0, 0, 0, 0, 255, 255, 255, 255, 0, 0, 128, 128])
+    np.testing.assert_array_equal(jax.jit(formats.quantize_images)(x), formats.quantize_images(x))
+    np.testing.assert_array_equal(formats.quantize_images(x.astype(np.float64)), formats.quantize_images(x))
+
+
+def test_quantize_images_keeps_the_shape():
+    x = np.random.default_rng(0).uniform(-1, 1, (3, 5, 4, 2)).astype(np.float32)
+    got = formats.quantize_images(jnp.asarray(x))
+    assert got.shape == x.shape and got.dtype == jnp.uint8
+    np.testing.assert_array_equal(got, np.clip(np.round((x + 1) * np.float32(127.5)), 0, 255))
+
+
+@pytest.mark.parametrize("input_range", [(1.0, -1.0), (0.0, 0.0), (float("nan"), 1.0), (0.0, float("inf")),
+                                         (-float("inf"), 0.0)])
+def test_quantize_images_refuses_an_invalid_range(input_range):
+    with pytest.raises(ValueError, match=r"input_range must be \(low, high\), finite with low < high"):
+        formats.quantize_images(np.zeros(3, np.float32), input_range)

@@ -196,12 +196,45 @@ def test_bmm_arguments_of_any_value_give_a_result_or_a_documented_error(name, va
     assert out.shape[0] == 2
 
 
-@pytest.fixture(scope="module")
-def packed_file(tmp_path_factory):
-    from test_packed_model import tiny_model
+@fuzz(20)
+@given(st.integers(0, 2), st.integers(1, 12), st.integers(1, 12), st.integers(1, 4), st.integers(1, 6),
+       st.tuples(st.integers(1, 11), st.integers(1, 11)), st.tuples(st.integers(1, 4), st.integers(1, 4)),
+       st.one_of(st.sampled_from(["SAME", "VALID"]), st.tuples(*[st.tuples(st.integers(0, 4), st.integers(0, 4))] * 2)),
+       MODES, st.integers(0, 2**32))
+def test_image_conv2d_matches_numpy_or_refuses(b, h, w, c, n, kernel, stride, padding, mode, seed):
+    from test_ops import numpy_image_conv
+
+    rng = np.random.default_rng(seed)
+    levels = rng.integers(-128, 128, (b, h, w, c), dtype=np.int8)
+    weights = rng.integers(-128, 128, (*kernel, c, n), dtype=np.int8)
+    pads = ops._conv_padding(padding, (h, w), kernel, stride)
+    if h + sum(pads[0]) < kernel[0] or w + sum(pads[1]) < kernel[1]:
+        with pytest.raises(ValueError, match="does not fit"):
+            ops.image_conv2d(levels, weights, stride=stride, padding=padding)
+        return
+    if mode == "vmap" and b == 0:
+        mode = "eager"
+    got = run(mode, lambda x: ops.image_conv2d(x, weights, stride=stride, padding=padding), levels)
+    np.testing.assert_array_equal(np.asarray(got), numpy_image_conv(levels, weights, stride, pads))
+
+
+@fuzz(200)
+@given(st.sampled_from(["stride", "padding"]), ANYTHING)
+def test_image_conv2d_arguments_of_any_value_give_a_result_or_a_documented_error(name, value):
+    try:
+        out = ops.image_conv2d(np.zeros((1, 5, 5, 3), np.int8), np.ones((3, 3, 3, 2), np.int8), **{name: value})
+    except (ValueError, TypeError):
+        return
+    assert out.dtype == jnp.int32 and out.ndim == 4
+
+
+@pytest.fixture(scope="module", params=["binary", "resnet-tnn"])
+def packed_file(request, tmp_path_factory):
+    """A file of the first-layer, packed-image and dense nodes, and one of the stream's nodes."""
+    from test_packed_model import MODELS
 
     path = tmp_path_factory.mktemp("fuzz") / "m.jbnn"
-    packed_model.save(path, tiny_model())
+    packed_model.save(path, MODELS[request.param]())
     return path.read_bytes(), packed_model.load(path)
 
 

@@ -1,4 +1,7 @@
-"""The model zoo: full-size shapes and structure (traced abstractly), a few training steps per model."""
+"""The model zoo: full-size shapes and structure (traced abstractly), a few training steps per model, and
+the eval forward: a function of integers (the image levels, integer pre-activations through the integer
+thresholds of `jaxbnn.thresholds`, the integer residual stream), the float network it stands for away from
+ties."""
 
 import math
 
@@ -9,9 +12,11 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxbnn import models
+from jaxbnn import formats, models, runtime
+from jaxbnn.export import export_model, fidelity_report
 from jaxbnn.layers import BinaryConv, BinaryLinear, clip_latent_weights
 from jaxbnn.summary import format_summary, model_summary
+from zoo_cases import images_for, randomize
 
 FULL_SIZE = {
     "mnist-mlp": ((28, 28, 1), 10),
@@ -30,13 +35,14 @@ def _layers(model):
 
 @pytest.mark.parametrize("name", sorted(FULL_SIZE))
 def test_full_size_models_trace_to_logits(name):
+    """Every zoo model at full size traces to (batch, classes) logits: a bwn first layer, bnn after it."""
     input_shape, classes = FULL_SIZE[name]
     model = nnx.eval_shape(lambda: models.build_model(name, "bnn"))
     assert model.input_shape == input_shape and model.num_classes == classes
     rows = model_summary(model, batch_size=2)
     assert rows[-1].output_shape == (2, classes)
     layers = _layers(model)
-    assert layers[0].mode == "bwn" and layers[0].input_quantizer is None  # float image in
+    assert layers[0].mode == "bwn" and layers[0].input_quantizer is None  # the image levels in, unquantized
     assert all(layer.mode == "bnn" and layer.input_quantizer == "sign_ste" for layer in layers[1:])
     last = model.blocks[-1]
     assert isinstance(last, models.DenseBlock) and last.linear.out_features == classes
@@ -44,6 +50,7 @@ def test_full_size_models_trace_to_logits(name):
 
 
 def test_zoo_structure_follows_table_v():
+    """Channels, pools, strides and layer counts are those of TCBNN Table V."""
     vgg = nnx.eval_shape(lambda: models.build_model("cifar10-vgg"))
     convs = [b for b in vgg.blocks if isinstance(b, models.ConvBlock)]
     assert [b.conv.out_features for b in convs] == [128, 128, 256, 256, 512, 512]
@@ -62,7 +69,40 @@ def test_zoo_structure_follows_table_v():
     assert (first.kernel_size, first.strides, first.out_features) == ((11, 11), (4, 4), 128)
 
 
+def test_a_resnet_carries_an_integer_stream_between_its_quantizers():
+    """A ResNet's stem is a StreamStem (no batch norm, XNOR scale or bias); a residual block has a batch norm
+    in front of each quantizer (bn_in, bn1) and none after conv2, whose integer output joins the stream
+    unscaled even where the other layers take XNOR scaling and a bias; GlobalPool normalizes the stream's
+    sum for the classifier."""
+    options = {"xnor_scaling": True, "use_bias": True}
+    resnet = nnx.eval_shape(lambda: models.build_model("cifar10-resnet14", layer_options=options))
+    stem = resnet.blocks[0]
+    assert type(stem) is models.StreamStem and stem.shift == models.STREAM_SHIFT == 7
+    assert not hasattr(stem, "bn") and not stem.conv.xnor_scaling and stem.conv.bias is None
+    residual = [b for b in resnet.blocks if isinstance(b, models.ResidualBlock)]
+    assert len(residual) == 6
+    for block in residual:
+        assert (block.bn_in.num_features, block.bn1.num_features) == (block.in_channels, block.out_channels)
+        assert not hasattr(block, "bn2")
+        assert block.conv1.xnor_scaling and block.conv1.use_bias
+        assert not block.conv2.xnor_scaling and not block.conv2.use_bias
+    pool = resnet.blocks[7]
+    assert type(pool) is models.GlobalPool and pool.bn.num_features == 512
+    assert [type(b) for b in resnet.blocks[8:]] == [models.DenseBlock] * 3
+
+
+def test_a_layer_feeding_the_stream_refuses_a_scale_or_bias():
+    """The stream's integers enter unscaled: a stem or conv2 with XNOR scaling or a bias is refused."""
+    rngs = models.default_rngs(0)
+    with pytest.raises(ValueError, match="no XNOR scaling or bias"):
+        models.StreamStem(BinaryConv(3, 8, 3, mode="bwn", xnor_scaling=True, rngs=rngs))
+    conv1 = BinaryConv(8, 8, 3, rngs=rngs)
+    with pytest.raises(ValueError, match="no XNOR scaling or bias"):
+        models.ResidualBlock(conv1, BinaryConv(8, 8, 3, use_bias=True, rngs=rngs), rngs=rngs)
+
+
 def test_mlp_summary_counts_parameters_and_bits():
+    """The summary counts quantized and float parameters, their memory and the exporter's packed bytes."""
     model = nnx.eval_shape(lambda: models.build_model("mnist-mlp"))
     rows = model_summary(model)
     quantized = 784 * 1024 + 3 * 1024 * 1024 + 1024 * 10
@@ -70,13 +110,16 @@ def test_mlp_summary_counts_parameters_and_bits():
     bn_floats = 4 * (4 * 1024 + 10)  # scale, bias, mean, var
     assert sum(r.float_params for r in rows) == bn_floats
     assert sum(r.memory_bits for r in rows) == quantized + 32 * bn_floats
-    # first layer: 1024 rows of 784 bits in 8 x 128-bit FSB tiles (7 tile columns), plus 2 words per channel
-    assert rows[0].packed_bytes == (1024 // 8) * 7 * 8 * 16 + 8 * 1024
+    # first layer: its 784 x 1024 int8 weight values (it multiplies the image levels), plus 2 words per channel
+    assert rows[0].packed_bytes == 784 * 1024 + 8 * 1024
+    # next: 1024 rows of 1024 bits in 8 x 128-bit FSB tiles (8 tile columns), plus 2 words per channel
+    assert rows[1].packed_bytes == (1024 // 8) * 8 * 8 * 16 + 8 * 1024
     text = format_summary(model)
     assert "total" in text and f"{quantized:,}" in text
 
 
 def test_ternary_models_count_two_bits_per_weight():
+    """A ternary weight takes two bits of memory, a binary one one."""
     bnn = model_summary(nnx.eval_shape(lambda: models.build_model("mnist-conv", "bnn")))
     tnn = model_summary(nnx.eval_shape(lambda: models.build_model("mnist-conv", "tnn")))
     q = sum(r.quantized_params for r in bnn)
@@ -97,7 +140,7 @@ SMALL = {
 
 def _few_steps(model, steps=30, batch=16, seed=0, learning_rate=1e-2):
     rng = np.random.default_rng(seed)
-    x = jnp.asarray(rng.uniform(-1, 1, (batch, *model.input_shape)).astype(np.float32))
+    x = jnp.asarray(rng.integers(0, 256, (batch, *model.input_shape), dtype=np.uint8))
     y = jnp.asarray(rng.integers(0, model.num_classes, batch))
     optimizer = nnx.Optimizer(model, optax.adam(learning_rate), wrt=nnx.Param)
 
@@ -125,6 +168,8 @@ ZOO_CASES = [pytest.param(name, marks=pytest.mark.slow) if name in ("imagenet-vg
 
 @pytest.mark.parametrize("name", ZOO_CASES)
 def test_every_zoo_model_learns_a_fixed_batch(name):
+    """Training mode (the float32 blocks, batch statistics, straight-through gradients) fits a fixed batch of
+    uint8 images: the loss falls, every layer gets a gradient, latent weights stay clipped."""
     model = models.build_model(name, "bnn", rngs=models.default_rngs(0), **SMALL[name])
     losses, grads = _few_steps(model)
     assert all(math.isfinite(v) for v in losses)
@@ -137,6 +182,7 @@ def test_every_zoo_model_learns_a_fixed_batch(name):
 
 @pytest.mark.parametrize("mode", ["tnn", "tbn", "btn", "float"])
 def test_mlp_in_other_modes(mode):
+    """The MLP's layer modes follow the network mode (first layer bwn / twn / float), and it learns."""
     model = models.build_model("mnist-mlp", mode, width=0.05, rngs=models.default_rngs(1))
     layers = _layers(model)
     assert layers[0].mode == {"tnn": "twn", "tbn": "bwn", "btn": "twn", "float": "float"}[mode]
@@ -145,23 +191,206 @@ def test_mlp_in_other_modes(mode):
     assert np.mean(losses[-5:]) < np.mean(losses[:3]), losses
 
 
-def test_residual_block_adds_a_type_a_shortcut():
-    model = models.build_model("cifar10-resnet14", width=0.0625, rngs=models.default_rngs(2))
-    block = next(b for b in model.blocks if isinstance(b, models.ResidualBlock) and b.shortcut_stride == 2)
-    block.eval()
-    x = jnp.asarray(np.random.default_rng(3).normal(size=(2, 8, 8, block.in_channels)).astype(np.float32))
-    main = block.bn2(block.conv2(block.bn1(block.conv1(x))))
-    out = block(x)
-    shortcut = np.asarray(out - main)
-    np.testing.assert_allclose(shortcut[..., :block.in_channels], np.asarray(x)[:, ::2, ::2, :], atol=1e-5)
-    np.testing.assert_array_equal(shortcut[..., block.in_channels:], 0.0)
-
-
 def test_bad_names_and_inputs_are_refused():
+    """Unknown model names and network modes, and images of the wrong shape, are refused."""
     with pytest.raises(ValueError, match="unknown model"):
         models.build_model("lenet")
     with pytest.raises(ValueError, match="unknown network mode"):
         models.build_model("mnist-mlp", "bwn")
     model = models.build_model("mnist-mlp", width=0.05)
-    with pytest.raises(ValueError, match="expects inputs of shape"):
-        model(jnp.zeros((2, 32, 32, 3)))
+    with pytest.raises(ValueError, match="expects images of shape"):
+        model(jnp.zeros((2, 32, 32, 3), jnp.uint8))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int8, np.int32])
+def test_models_take_uint8_images_only(dtype):
+    """Images other than uint8 pixels are refused with a TypeError naming the conversion of float images, in
+    training mode and in eval mode."""
+    model = models.build_model("mnist-mlp", width=0.05, rngs=models.default_rngs(0))
+    images = np.zeros((2, 28, 28, 1), dtype)
+    with pytest.raises(TypeError, match=r"formats\.quantize_images"):
+        model(images)
+    model.eval()
+    for forward in (model, model.trace, model.float_forward):
+        with pytest.raises(TypeError, match=r"formats\.quantize_images"):
+            forward(images)
+
+
+# --- the eval forward: integers from the pixels to the logits -------------------------------------------
+
+
+def _narrow_conv_net(mode="bnn", seed=4):
+    """mnist-conv on 8 x 8 images, in eval mode: a bwn conv (4 channels), a conv with a 2 x 2 max pool (8),
+    another (16), a dense layer (32), the classifier."""
+    model = models.build_model("mnist-conv", mode, input_shape=(8, 8, 1), width=0.125,
+                               rngs=models.default_rngs(seed))
+    model.eval()
+    return model
+
+
+def _jit_trace(model, images):
+    graphdef, state = nnx.split(model)
+    trace = jax.jit(lambda s, x: nnx.merge(graphdef, s).trace(x))(state, images)
+    return jax.tree.map(np.asarray, trace)
+
+
+def _exact_batch_norm(bn, mean):
+    """gamma 1, beta 0, var + epsilon = 1 exactly: the batch norm of z is z - mean, no rounding anywhere."""
+    bn.scale[...] = jnp.ones_like(bn.scale[...])
+    bn.bias[...] = jnp.zeros_like(bn.bias[...])
+    bn.var[...] = jnp.ones_like(bn.var[...])
+    bn.epsilon = 0.0
+    bn.mean[...] = jnp.asarray(mean, jnp.float32)
+
+
+def test_an_image_gives_the_same_logits_and_trace_in_any_batch_ties_included():
+    """Eval mode is a function of integers: an image's logits and every block's output are the same alone in
+    a batch of 1 and inside a batch of 8, with a pre-activation exactly on its batch norm's threshold in two
+    layers (a pooled one included), binarized as sign(0) = +1; the packed model agrees there too."""
+    model = _narrow_conv_net()
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (1, 8, 8, 1), dtype=np.uint8)
+    first, second = model.blocks[0], model.blocks[1]
+    # each batch norm's mean is an integer the image's pre-activations reach (at one position, every channel)
+    z0 = np.asarray(first.conv.dot(formats.image_levels(image).astype(jnp.float32)))
+    _exact_batch_norm(first.bn, z0[0, 3, 4])
+    bits0 = np.where(z0 >= z0[0, 3, 4], 1.0, -1.0)
+    z1 = np.asarray(models.max_pool(second.conv.dot(jnp.asarray(bits0), quantized=True), second.pool))
+    _exact_batch_norm(second.bn, z1[0, 1, 2])
+    bits1 = np.where(z1 >= z1[0, 1, 2], 1.0, -1.0)
+
+    alone = _jit_trace(model, image)
+    np.testing.assert_array_equal(alone[0], bits0)
+    np.testing.assert_array_equal(alone[1], bits1)
+    assert (alone[0][0, 3, 4] == 1).all() and (alone[1][0, 1, 2] == 1).all()
+    assert (bits0 == -1).any() and (bits1 == -1).any()  # the thresholds split the other positions
+
+    batch = rng.integers(0, 256, (8, 8, 8, 1), dtype=np.uint8)
+    batch[5] = image[0]
+    together = _jit_trace(model, batch)
+    for block_alone, block_together in zip(alone, together):
+        np.testing.assert_array_equal(block_alone[0], block_together[5])
+    np.testing.assert_array_equal(np.asarray(model(image))[0], together[-1][5])  # eager, op by op
+
+    report = fidelity_report(model, runtime.from_packed(export_model(model)), batch)
+    assert report.exact and report.logits_max_rel_diff <= 4e-6, report.summary()
+
+
+def _packed_values(out, channels):
+    """A packed node output as values: bits as ±1, a ternary plane pair (nonneg, pos) as nonneg + pos - 1."""
+    planes = out if isinstance(out, tuple) else (out,)
+    bits = [np.asarray(formats.unpack_bits(p, channels)).astype(int) for p in planes]
+    return 2 * bits[0] - 1 if len(bits) == 1 else bits[0] + bits[1] - 1
+
+
+@pytest.mark.parametrize("mode", ["bnn", "tnn"])
+def test_a_nan_batch_norm_output_reads_as_minus_one(mode):
+    """A batch norm whose output is NaN (var = -epsilon, a NaN mean) gives -1 to the layer reading it: bit 0
+    for a binary operand, -1 for a ternary one, in the Flax eval forward and the exported packed model."""
+    model = _narrow_conv_net(mode)
+    first, second = model.blocks[0].bn, model.blocks[1].bn
+    first.var[...] = first.var[...].at[0].set(-first.epsilon)  # var + epsilon = 0 exactly
+    first.mean[...] = first.mean[...].at[1].set(jnp.nan)
+    second.mean[...] = second.mean[...].at[2].set(jnp.nan)
+    images = np.random.default_rng(1).integers(0, 256, (6, 8, 8, 1), dtype=np.uint8)
+    flax_trace = _jit_trace(model, images)
+    packed_trace = runtime.from_packed(export_model(model)).trace(images)
+    for block, nan_channels in ((0, [0, 1]), (1, [2])):
+        flax = flax_trace[block]
+        packed = _packed_values(packed_trace[block], flax.shape[-1])
+        assert (flax[..., nan_channels] == -1).all()
+        np.testing.assert_array_equal(packed, flax)
+        others = np.delete(flax, nan_channels, axis=-1)
+        assert (others == 1).any() and (others == -1).any()
+        if mode == "tnn":
+            assert (others == 0).any()
+
+
+# Random batch statistics and affine parameters (zoo_cases.randomize): no exact ties.
+AGREEMENT_CASES = [
+    ("mnist-mlp", "tbn", dict(input_shape=(28, 28, 1), width=0.125), {"input_threshold": "learned"}),
+    ("mnist-conv", "bnn", dict(input_shape=(14, 14, 1), width=0.25), {"xnor_scaling": True, "use_bias": True}),
+    ("cifar10-resnet14", "tnn", dict(input_shape=(8, 8, 3), width=0.0625), {"xnor_scaling": True}),
+]
+
+
+@pytest.mark.parametrize("name, mode, size, options", AGREEMENT_CASES)
+def test_the_eval_forward_is_the_float_network_away_from_ties(name, mode, size, options):
+    """The integer eval forward computes the float network it stands for (`float_forward` in eval mode).
+    Criterion: predictions and logits (to float32 rounding) equal on at least 62 of 64 random images. They
+    may differ only where a float32 batch norm lands within a rounding of a quantizer's threshold, which
+    random statistics make rare (all 64 agree here); exact equality is the integer contract, checked at ties
+    above and against the packed model in test_export."""
+    model = models.build_model(name, mode, num_classes=10, rngs=nnx.Rngs(0), layer_options=options, **size)
+    randomize(model, 1)
+    assert model.integer_eval()
+    images = images_for(model, 64, seed=3)
+    graphdef, state = nnx.split(model)
+    integer = np.asarray(jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))(state, images))
+    floats = np.asarray(jax.jit(lambda s, x: nnx.merge(graphdef, s).float_forward(x))(state, images))
+    assert np.sum(np.argmax(integer, -1) == np.argmax(floats, -1)) >= 62
+    assert np.sum(np.all(np.isclose(integer, floats, rtol=1e-5, atol=1e-5), axis=-1)) >= 62
+
+
+def _integer_conv(levels, kernel, stride, padding):
+    """Integer convolution (int64), NHWC x HWIO, padded with level 0."""
+    x = np.pad(levels, ((0, 0), *padding, (0, 0)))
+    kh, kw, _, _ = kernel.shape
+    oh, ow = (x.shape[1] - kh) // stride + 1, (x.shape[2] - kw) // stride + 1
+    out = np.zeros((x.shape[0], oh, ow, kernel.shape[-1]), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            out += x[:, i:i + stride * oh:stride, j:j + stride * ow:stride, :] @ kernel[i, j]
+    return out
+
+
+def test_the_resnet_stream_is_integers():
+    """Eval mode: the stem outputs floor(conv(levels) / 128) (rounding down below zero too); each residual
+    block's stream is integers: conv2's dot product of its ±1 input plus the shortcut, which at stride 2
+    takes every other row and column of the stream and zero-pads its channels, at stride 1 is the stream."""
+    model = models.build_model("cifar10-resnet14", "bnn", input_shape=(8, 8, 3), width=0.0625,
+                               rngs=models.default_rngs(5))
+    randomize(model, 6)
+    images = images_for(model, 4, seed=7)
+    trace = _jit_trace(model, images)
+
+    stem = model.blocks[0].conv
+    kernel = np.asarray(stem.quantized_kernel()).astype(np.int64)
+    conv = _integer_conv(images.astype(np.int64) - 128, kernel, stem.strides[0], stem.explicit_padding(8, 8))
+    np.testing.assert_array_equal(trace[0], np.floor_divide(conv, 128))
+    assert ((conv < 0) & (conv % 128 != 0)).any()  # where floor and truncation differ
+
+    stream, seen = trace[0], set()
+    for block, (inner, out) in zip(model.blocks[1:7], trace[1:7]):
+        assert isinstance(block, models.ResidualBlock)
+        assert set(np.unique(inner)) <= {-1.0, 1.0}
+        np.testing.assert_array_equal(out, np.round(out))
+        conv2 = np.asarray(block.conv2.dot(jnp.asarray(inner), quantized=True))
+        s = block.shortcut_stride
+        shortcut = np.zeros_like(out)
+        shortcut[..., :block.in_channels] = stream[:, ::s, ::s, :]
+        np.testing.assert_array_equal(out - conv2, shortcut)
+        seen.add((s, block.in_channels, block.out_channels))
+        stream = out
+    assert {(1, 8, 8), (2, 8, 16), (2, 16, 32)} <= seen
+
+
+def test_eval_mode_runs_integers_where_the_activations_are_integers():
+    """model.eval() runs the integer forward for binary / ternary activations; a float network, XNOR input
+    scaling (per-sample float scales) and training mode run the float forward, where trace() is refused."""
+    images = np.random.default_rng(2).integers(0, 256, (3, 28, 28, 1), dtype=np.uint8)
+    bnn = models.build_model("mnist-mlp", width=0.05, rngs=models.default_rngs(0))
+    assert not bnn.integer_eval()
+    with pytest.raises(ValueError, match=r"model\.eval\(\)"):
+        bnn.trace(images)
+    bnn.eval()
+    assert bnn.integer_eval()
+    np.testing.assert_array_equal(bnn(images), bnn.trace(images)[-1])
+    for model in (models.build_model("mnist-mlp", "float", width=0.05, rngs=models.default_rngs(0)),
+                  models.build_model("mnist-mlp", width=0.05, rngs=models.default_rngs(0),
+                                     layer_options={"input_scaling": True})):
+        model.eval()
+        assert not model.integer_eval()
+        np.testing.assert_array_equal(model(images), model.float_forward(images))
+        with pytest.raises(ValueError, match=r"model\.eval\(\)"):
+            model.trace(images)

@@ -442,3 +442,136 @@ def test_everything_jaxbnn_packs_has_zero_padding_bits():
         assert not (bits[..., -1] & padding).any() and (bits[..., 0] == 0xFFFFFFFF).all()
     rows = formats.from_fsb(w.bits, n, k)
     assert not (np.asarray(rows)[:, -1] & np.uint32(~((1 << (k % 32)) - 1) & 0xFFFFFFFF)).any()
+
+
+# --- the image operand: int8 levels x int8 weight values -> int32, exact -----------------------------------
+
+
+def numpy_image_conv(levels, kernel, stride, padding):
+    """The convolution in numpy int64, tap by tap, zero (level 0) padding; padding "SAME" is lax's (output
+    ceil(size / stride), the extra pixel at the end), "VALID" none, or ((top, bottom), (left, right))."""
+    kh, kw, _, _ = kernel.shape
+    if padding == "VALID":
+        padding = ((0, 0), (0, 0))
+    elif padding == "SAME":
+        padding = tuple((t // 2, t - t // 2) for t in (max((-(-n // s) - 1) * s + k - n, 0) for n, k, s in
+                                                       zip(levels.shape[1:3], (kh, kw), stride)))
+    x = np.pad(levels.astype(np.int64), ((0, 0), *padding, (0, 0)))
+    sh, sw = stride
+    oh, ow = (x.shape[1] - kh) // sh + 1, (x.shape[2] - kw) // sw + 1
+    return sum(x[:, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] @ kernel[i, j].astype(np.int64)
+               for i in range(kh) for j in range(kw))
+
+
+def int8_values(rng, shape):
+    return rng.integers(-128, 128, shape, dtype=np.int8)
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (3, 7, 5), (5, 147, 9), (2, 784, 33), (0, 12, 4)])
+def test_image_matmul_is_the_integer_product(m, k, n):
+    rng = np.random.default_rng(k)
+    levels, kernel = int8_values(rng, (m, k)), int8_values(rng, (k, n))
+    got = ops.image_matmul(levels, kernel)
+    assert got.dtype == jnp.int32 and got.shape == (m, n)
+    np.testing.assert_array_equal(got, levels.astype(np.int64) @ kernel.astype(np.int64))
+    np.testing.assert_array_equal(jax.jit(ops.image_matmul)(levels, kernel), got)
+
+
+IMAGE_CONVS = [  # (image (B, H, W, C), kernel (KH, KW), stride, padding)
+    ((2, 5, 7, 1), (1, 1), (1, 1), "SAME"),
+    ((2, 5, 7, 3), (3, 3), (1, 1), "SAME"),
+    ((1, 6, 5, 3), (3, 3), (2, 2), "SAME"),
+    ((2, 9, 8, 1), (3, 3), (1, 2), "VALID"),
+    ((1, 23, 21, 3), (7, 7), (4, 4), "SAME"),  # ResNet-18's stem on a small image
+    ((2, 19, 23, 3), (11, 11), (4, 4), "VALID"),  # AlexNet's first conv on a small image
+    ((1, 15, 15, 3), (11, 11), (4, 4), ((2, 1), (0, 3))),
+    ((1, 4, 4, 1), (3, 5), (1, 1), ((1, 1), (2, 2))),
+    ((0, 8, 8, 3), (3, 3), (1, 1), "SAME"),  # an empty batch
+]
+
+
+@pytest.mark.parametrize("shape, kernel_size, stride, padding", IMAGE_CONVS, ids=[str(c) for c in IMAGE_CONVS])
+def test_image_conv2d_is_the_integer_convolution(shape, kernel_size, stride, padding):
+    rng = np.random.default_rng(sum(shape))
+    levels, kernel = int8_values(rng, shape), int8_values(rng, (*kernel_size, shape[-1], 5))
+    got = ops.image_conv2d(levels, kernel, stride=stride, padding=padding)
+    want = numpy_image_conv(levels, kernel, stride, padding)
+    assert got.dtype == jnp.int32 and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_image_conv2d_under_jit_takes_traced_levels():
+    """The runtime calls it inside its jitted forward: traced operands pass the same checks."""
+    rng = np.random.default_rng(1)
+    levels, kernel = int8_values(rng, (2, 6, 5, 3)), int8_values(rng, (3, 3, 3, 4))
+    conv = jax.jit(lambda x, w: ops.image_conv2d(x, w, stride=2, padding=((1, 0), (2, 1))))
+    np.testing.assert_array_equal(conv(levels, kernel), numpy_image_conv(levels, kernel, (2, 2), ((1, 0), (2, 1))))
+    with pytest.raises(TypeError, match="levels must be int8, got dtype int32"):
+        conv(levels.astype(np.int32), kernel)
+
+
+def test_image_ops_are_exact_at_the_extreme_values():
+    """-128 everywhere times -128 or -1 weights: every product at its largest, summed without rounding or
+    wrapping, up to the most products that always fit int32 (more are refused)."""
+    levels = np.full((2, 19, 19, 3), -128, np.int8)
+    for weight, product in ((-1, 128), (-128, 2**14)):
+        kernel = np.full((11, 11, 3, 2), weight, np.int8)
+        got = np.asarray(ops.image_conv2d(levels, kernel, stride=4, padding="VALID"))
+        assert (got == 11 * 11 * 3 * product).all()
+        padded = np.asarray(ops.image_conv2d(levels, kernel, stride=4, padding="SAME"))
+        np.testing.assert_array_equal(padded, numpy_image_conv(levels, kernel, (4, 4), "SAME"))
+        assert padded.min() < 11 * 11 * 3 * product  # border outputs: level-0 padding adds nothing
+    k = ops.MAX_IMAGE_REDUCTION
+    assert k * 2**14 <= 2**31 - 1 < (k + 1) * 2**14
+    largest = ops.image_matmul(np.full((1, k), -128, np.int8), np.full((k, 2), -128, np.int8))
+    np.testing.assert_array_equal(largest, [[k * 2**14] * 2])
+    smallest = ops.image_matmul(np.full((1, k), -128, np.int8), np.full((k, 1), 127, np.int8))
+    np.testing.assert_array_equal(smallest, [[-k * 128 * 127]])
+    with pytest.raises(ValueError, match=rf"{k + 1} products per output: at most {k} int8 products"):
+        ops.image_matmul(np.zeros((1, k + 1), np.int8), np.zeros((k + 1, 1), np.int8))
+    with pytest.raises(ValueError, match=rf"at most {k} int8 products"):
+        ops.image_conv2d(np.zeros((1, 3, 3, k), np.int8), np.zeros((1, 2, k, 1), np.int8))
+
+
+IMAGE_OP_ERRORS = [
+    (lambda: ops.image_matmul(np.zeros((2, 3), np.uint8), np.zeros((3, 4), np.int8)), TypeError,
+     "levels must be int8, got dtype uint8"),  # pixels, not their levels
+    (lambda: ops.image_matmul(np.zeros((2, 3), np.float32), np.zeros((3, 4), np.int8)), TypeError,
+     "levels must be int8, got dtype float32"),
+    (lambda: ops.image_matmul(np.zeros((2, 3), np.int8), np.zeros((3, 4), np.int64)), TypeError,
+     "kernel must be int8, got dtype int64"),  # reported as given, not as jax would convert it
+    (lambda: ops.image_matmul(np.zeros((2, 3, 1), np.int8), np.zeros((3, 4), np.int8)), ValueError,
+     r"levels must have rank 2, got shape \(2, 3, 1\)"),
+    (lambda: ops.image_matmul(np.zeros((2, 3), np.int8), np.zeros(3, np.int8)), ValueError,
+     r"kernel must have rank 2, got shape \(3,\)"),
+    (lambda: ops.image_matmul(np.zeros((2, 3), np.int8), np.zeros((4, 4), np.int8)), ValueError,
+     "levels have 3 features, kernel 4 rows"),
+    (lambda: ops.image_conv2d(jnp.zeros((1, 5, 5, 3), jnp.int32), np.zeros((3, 3, 3, 2), np.int8)), TypeError,
+     "levels must be int8, got dtype int32"),
+    (lambda: ops.image_conv2d(np.zeros((1, 5, 5, 3), np.int8), np.ones((3, 3, 3, 2), np.float32)), TypeError,
+     "kernel must be int8, got dtype float32"),
+    (lambda: ops.image_conv2d(np.zeros((5, 5, 3), np.int8), np.zeros((3, 3, 3, 2), np.int8)), ValueError,
+     r"levels must have rank 4, got shape \(5, 5, 3\)"),
+    (lambda: ops.image_conv2d(np.zeros((1, 5, 5, 3), np.int8), np.zeros((3, 3, 2), np.int8)), ValueError,
+     r"kernel must have rank 4"),
+    (lambda: ops.image_conv2d(np.zeros((1, 5, 5, 3), np.int8), np.zeros((3, 3, 1, 2), np.int8)), ValueError,
+     r"a kernel of shape \(3, 3, 1, 2\) does not take levels of shape \(1, 5, 5, 3\)"),
+    (lambda: ops.image_conv2d(np.zeros((1, 5, 5, 3), np.int8), np.zeros((3, 3, 3, 0), np.int8)), ValueError,
+     "does not take levels"),
+    (lambda: ops.image_conv2d(np.zeros((1, 2, 5, 1), np.int8), np.zeros((3, 3, 1, 2), np.int8), padding="VALID"),
+     ValueError, r"a 3x3 kernel does not fit the padded 2x5 image"),
+    (lambda: ops.image_conv2d(np.zeros((1, 5, 5, 1), np.int8), np.zeros((3, 3, 1, 2), np.int8), stride=0),
+     ValueError, "stride must be a positive integer"),
+    (lambda: ops.image_conv2d(np.zeros((1, 5, 5, 1), np.int8), np.zeros((3, 3, 1, 2), np.int8), padding="FULL"),
+     ValueError, r"padding must be 'SAME', 'VALID' or \(\(top, bottom\), \(left, right\)\)"),
+    (lambda: ops.image_conv2d(np.zeros((1, 5, 5, 1), np.int8), np.zeros((3, 3, 1, 2), np.int8),
+                              padding=((-1, 0), (0, 0))), ValueError, "non-negative"),
+    (lambda: ops.image_conv2d(np.zeros((1, 5, 5, 1), np.int8), np.zeros((3, 3, 1, 2), np.int8),
+                              padding=((2**31 - 1, 1), (0, 0))), ValueError, "larger than the largest extent"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", IMAGE_OP_ERRORS, ids=[m for _, _, m in IMAGE_OP_ERRORS])
+def test_image_ops_refuse_bad_arguments_with_clear_errors(call, error, message):
+    with pytest.raises(error, match=message):
+        call()

@@ -28,12 +28,21 @@ def as_signs(values, weights):
     return values if weights == "binary" else np.asarray(formats.ternary_weight_signs(values))
 
 
+def thresholds(rng, prefix, domain, shape):
+    """Random int32 thresholds and bool flips of a quantizer writing `domain` bits, per channel or level."""
+    if domain == "binary":
+        return {f"{prefix}threshold": rng.integers(-20, 20, shape).astype(np.int32),
+                f"{prefix}flip": rng.random(shape) < 0.5}
+    return {f"{prefix}{name}_{plane}": value for plane in ("nonneg", "pos") for name, value in
+            thresholds(rng, "", "binary", shape).items()}
+
+
 def tiny_model(seed: int = 0, weights: str = "binary") -> PackedModel:
-    """float image (4, 4, 3) -> first conv (float operand: int8 kernel; threshold, pool) -> dense on the
-    packed image (conv bit matrix, tap popcounts; threshold) -> dense (dense bit matrix, row popcounts;
-    affine logits), every layer with `weights` (binary / ternary) weights."""
+    """image (4, 4, 3) -> first conv (image operand: int8 kernel; threshold, pool) -> dense on the packed
+    image (conv bit matrix, tap popcounts; threshold) -> dense (dense bit matrix, row popcounts; affine
+    logits), every layer with `weights` (binary / ternary) weights."""
     rng = np.random.default_rng(seed)
-    conv = {"name": "blocks.0", "kind": "conv", "input": "float", "operand": "float", "weights": weights,
+    conv = {"name": "blocks.0", "kind": "conv", "input": "image", "operand": "image", "weights": weights,
             "in_shape": [4, 4, 3], "out_channels": 5, "kernel_size": [3, 3], "stride": [1, 1],
             "padding": [[1, 1], [1, 1]], "pad_value": "zero", "pool": [2, 2], "out_shape": [2, 2, 5],
             "output": "binary"}
@@ -47,16 +56,66 @@ def tiny_model(seed: int = 0, weights: str = "binary") -> PackedModel:
     last_values[0, 0] = -1  # both planes' bit 0 of output channel 0 clear (the pos-plane test sets one)
     last = formats.pack_dense_weights(as_signs(last_values, weights))
     tensors = {
-        "nodes.0.kernel": first.astype(np.int8),
-        "nodes.0.threshold": rng.normal(size=5).astype(np.float32), "nodes.0.flip": rng.random(5) < 0.5,
+        "nodes.0.kernel": first.astype(np.int8), **thresholds(rng, "nodes.0.", "binary", 5),
         "nodes.1.weight": np.asarray(second.bits), "nodes.1.weight_tap_popcount": np.asarray(second.tap_popcount),
-        "nodes.1.threshold": rng.integers(-20, 20, 4).astype(np.int32), "nodes.1.flip": rng.random(4) < 0.5,
+        **thresholds(rng, "nodes.1.", "binary", 4),
         "nodes.2.weight": np.asarray(last.bits), "nodes.2.weight_popcount": np.asarray(last.popcount),
         "nodes.2.scale": rng.normal(size=3).astype(np.float32), "nodes.2.bias": rng.normal(size=3).astype(np.float32),
     }
     graph = {"name": "tiny", "mode": "bnn" if weights == "binary" else "tnn", "input_shape": [4, 4, 3],
              "input_range": [-1.0, 1.0], "num_classes": 3, "nodes": [conv, hidden, logits]}
     return PackedModel(graph=graph, tensors=tensors, target="cpu")
+
+
+def tiny_resnet(seed: int = 0, mode: str = "bnn") -> PackedModel:
+    """The integer stream's nodes, activations and weights binary (bnn) or ternary (tnn): image (5, 5, 2) ->
+    stem (image operand, stride 2, output stream >> 7) -> residual block at stride 2 (conv1 reads the
+    stream through input thresholds: per channel, or per feature for ternary; conv2 outputs the stream,
+    shift 0; 4 -> 6 channels) -> global_pool (thresholds per channel) -> dense (affine logits)."""
+    rng = np.random.default_rng(seed)
+    domain = {"bnn": "binary", "tnn": "ternary"}[mode]
+
+    def conv(name, wire, operand, in_shape, n, stride, output, **extra):
+        h, w, _ = in_shape
+        oh, ow = (h - 1) // stride + 1, (w - 1) // stride + 1
+        return {"name": name, "kind": "conv", "input": wire, "operand": operand, "weights": domain,
+                "in_shape": in_shape, "out_channels": n, "kernel_size": [3, 3], "stride": [stride, stride],
+                "padding": [[1, 1], [1, 1]], "pad_value": "zero", "pool": None, "out_shape": [oh, ow, n],
+                "output": output, **extra}
+
+    ternary = {"level_shape": [6]} if domain == "ternary" else {}
+    stem = conv("blocks.0", "image", "image", [5, 5, 2], 4, 2, "stream", stream_shift=7)
+    conv1 = conv("blocks.1.conv1", "stream", domain, [3, 3, 4], 6, 2, domain, **ternary,
+                 **({"input_level_shape": [3, 3, 4]} if domain == "ternary" else {}))
+    conv1["pad_value"] = "one"
+    conv2 = conv("blocks.1.conv2", domain, domain, [2, 2, 6], 6, 1, "stream", stream_shift=0)
+    block = {"name": "blocks.1", "kind": "residual", "in_shape": [3, 3, 4], "out_shape": [2, 2, 6],
+             "shortcut_stride": 2, "conv1": conv1, "conv2": conv2}
+    pool = {"name": "blocks.2", "kind": "global_pool", "in_shape": [2, 2, 6], "out_shape": [6], "output": domain,
+            **ternary}
+    logits = {"name": "blocks.3", "kind": "dense", "input": domain, "operand": domain, "weights": domain,
+              "in_shape": [6], "out_channels": 3, "out_shape": [3], "output": "affine"}
+    conv_bits = [formats.pack_conv_weights(as_signs(weight_values(rng, (3, 3, 4 if i == 1 else 6, 6), domain),
+                                                    domain)) for i in (1, 2)]
+    dense_bits = formats.pack_dense_weights(as_signs(weight_values(rng, (6, 3), domain), domain))
+    tensors = {"nodes.0.kernel": weight_values(rng, (3, 3, 2, 4), domain).astype(np.int8),
+               **thresholds(rng, "nodes.1.conv1.input_", domain, (3, 3, 4) if domain == "ternary" else 4),
+               **thresholds(rng, "nodes.1.conv1.", domain, 6),
+               **thresholds(rng, "nodes.2.", domain, 6),
+               "nodes.3.weight": np.asarray(dense_bits.bits),
+               "nodes.3.weight_popcount": np.asarray(dense_bits.popcount),
+               "nodes.3.scale": rng.normal(size=3).astype(np.float32),
+               "nodes.3.bias": rng.normal(size=3).astype(np.float32)}
+    for key, bits in zip(("conv1", "conv2"), conv_bits):
+        tensors[f"nodes.1.{key}.weight"] = np.asarray(bits.bits)
+        tensors[f"nodes.1.{key}.weight_tap_popcount"] = np.asarray(bits.tap_popcount)
+    graph = {"name": "tiny-resnet", "mode": mode, "input_shape": [5, 5, 2], "input_range": [-1.0, 1.0],
+             "num_classes": 3, "nodes": [stem, block, pool, logits]}
+    return PackedModel(graph=graph, tensors=tensors, target="cpu")
+
+
+MODELS = {"binary": lambda: tiny_model(weights="binary"), "ternary": lambda: tiny_model(weights="ternary"),
+          "resnet-bnn": lambda: tiny_resnet(mode="bnn"), "resnet-tnn": lambda: tiny_resnet(mode="tnn")}
 
 
 def write_unvalidated(path, model: PackedModel) -> None:
@@ -91,9 +150,9 @@ def rewrite(path, header_edit=None, tensors_edit=None):
     path.write_bytes(save_safetensors(tensors, metadata={"jaxbnn": json.dumps(header)}))
 
 
-@pytest.mark.parametrize("weights", ["binary", "ternary"])
-def test_round_trip(tmp_path, weights):
-    model = tiny_model(weights=weights)
+@pytest.mark.parametrize("which", list(MODELS))
+def test_round_trip(tmp_path, which):
+    model = MODELS[which]()
     path = tmp_path / "m.jbnn"
     size = packed_model.save(path, model)
     assert size == path.stat().st_size
@@ -104,6 +163,42 @@ def test_round_trip(tmp_path, weights):
         assert loaded.tensors[name].dtype == array.dtype
         np.testing.assert_array_equal(loaded.tensors[name], array)
     assert loaded.nbytes() == model.nbytes()
+
+
+def test_the_graph_alone_determines_every_tensor():
+    """The tensors of each node kind (docs/export.md's table): the image operand's int8 kernel, the stream
+    readers' int32 thresholds, no tensor for a stream output, per-feature input levels of a ternary reader."""
+    graph = tiny_resnet(mode="tnn").graph
+    def planes(prefix, shape):
+        return {f"{prefix}{name}_{plane}": (shape, dtype) for plane in ("nonneg", "pos")
+                for name, dtype in (("threshold", "int32"), ("flip", "bool"))}
+
+    assert packed_model.expected_tensors(graph, formats.FSB_TILE) == {
+        "nodes.0.kernel": ((3, 3, 2, 4), "int8"),
+        **planes("nodes.1.conv1.input_", (3, 3, 4)),
+        "nodes.1.conv1.weight": ((2, 3, 8, 4), "uint32"),  # 12 rows (6 nonneg, 6 pos) x 9 taps of one word
+        "nodes.1.conv1.weight_tap_popcount": ((9, 12), "int32"),
+        **planes("nodes.1.conv1.", (6,)),
+        "nodes.1.conv2.weight": ((2, 3, 8, 4), "uint32"),
+        "nodes.1.conv2.weight_tap_popcount": ((9, 12), "int32"),
+        **planes("nodes.2.", (6,)),
+        "nodes.3.weight": ((1, 1, 8, 4), "uint32"), "nodes.3.weight_popcount": ((6,), "int32"),
+        "nodes.3.scale": ((3,), "float32"), "nodes.3.bias": ((3,), "float32"),
+    }
+    binary = packed_model.expected_tensors(tiny_resnet(mode="bnn").graph, formats.FSB_TILE)
+    assert {name: spec for name, spec in binary.items() if "threshold" in name or "flip" in name} == {
+        "nodes.1.conv1.input_threshold": ((4,), "int32"), "nodes.1.conv1.input_flip": ((4,), "bool"),
+        "nodes.1.conv1.threshold": ((6,), "int32"), "nodes.1.conv1.flip": ((6,), "bool"),
+        "nodes.2.threshold": ((6,), "int32"), "nodes.2.flip": ((6,), "bool"),
+    }
+
+
+def test_node_output_names_the_wire_of_every_node_kind():
+    """What each node puts on the wire, as its reader must take it: the stem and residual blocks the stream."""
+    assert [packed_model.node_output(node) for node in tiny_resnet(mode="tnn").graph["nodes"]] == [
+        ("stream", [3, 3, 4]), ("stream", [2, 2, 6]), ("ternary", [6]), ("float", [3])]
+    assert [packed_model.node_output(node) for node in tiny_model().graph["nodes"]] == [
+        ("binary", [2, 2, 5]), ("binary", [4]), ("float", [3])]
 
 
 def test_write_is_atomic_and_leaves_no_temporary(tmp_path):
@@ -121,42 +216,134 @@ def test_write_is_atomic_and_leaves_no_temporary(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "edit, message",
+    "which, edit, message",
     [
-        (lambda t: t.pop("nodes.2.bias"), "missing"),
-        (lambda t: t.update({"nodes.2.extra": np.zeros(3, np.float32)}), "not used"),
-        (lambda t: t.update({"nodes.0.flip": np.zeros(5, np.uint8)}), "dtype"),
-        (lambda t: t.update({"nodes.0.threshold": np.zeros(5, np.int32)}), "dtype"),
-        (lambda t: t.update({"nodes.1.weight": np.zeros((1, 2, 8, 4), np.uint32)}), "shape"),
-        (lambda t: t.update({"nodes.1.weight_tap_popcount": np.zeros((4, 3), np.int32)}), "shape"),
-        (lambda t: t.update({"nodes.1.weight_tap_popcount": np.zeros((4, 4), np.int64)}), "dtype"),
-        (lambda t: t.update({"nodes.0.kernel": np.ones((3, 3, 3, 5), np.float32)}), "dtype"),
+        ("binary", lambda t: t.pop("nodes.2.bias"), r"missing for this graph: \['nodes.2.bias'\]"),
+        ("binary", lambda t: t.update({"nodes.2.extra": np.zeros(3, np.float32)}), "not used"),
+        ("binary", lambda t: t.update({"nodes.0.flip": np.zeros(5, np.uint8)}), "'nodes.0.flip' has dtype uint8"),
+        ("binary", lambda t: t.update({"nodes.0.threshold": np.zeros(5, np.float32)}),
+         "'nodes.0.threshold' has dtype float32, the graph needs int32"),
+        ("binary", lambda t: t.update({"nodes.1.weight": np.zeros((1, 2, 8, 4), np.uint32)}), "shape"),
+        ("binary", lambda t: t.update({"nodes.1.weight_tap_popcount": np.zeros((4, 3), np.int32)}), "shape"),
+        ("binary", lambda t: t.update({"nodes.1.weight_tap_popcount": np.zeros((4, 4), np.int64)}), "dtype"),
+        # the image operand: int8 weight values in the layer's HWIO layout, no bit matrix
+        ("binary", lambda t: t.update({"nodes.0.kernel": np.ones((3, 3, 3, 5), np.float32)}),
+         "'nodes.0.kernel' has dtype float32, the graph needs int8"),
+        ("binary", lambda t: t.update({"nodes.0.kernel": np.ones((3, 3, 5, 3), np.int8)}),
+         r"'nodes.0.kernel' has shape \(3, 3, 5, 3\), the graph needs \(3, 3, 3, 5\)"),
+        ("binary", lambda t: t.update({"nodes.0.weight": t["nodes.1.weight"]}), r"not used.*'nodes.0.weight'"),
+        # the stream's readers hold int32 thresholds; a stream output holds no tensor
+        ("resnet-bnn", lambda t: t.pop("nodes.1.conv1.input_threshold"), r"\['nodes.1.conv1.input_threshold'\]"),
+        ("resnet-bnn", lambda t: t.update({"nodes.1.conv1.input_threshold": np.zeros(4, np.float32)}),
+         "'nodes.1.conv1.input_threshold' has dtype float32, the graph needs int32"),
+        ("resnet-bnn", lambda t: t.update({"nodes.1.conv1.input_flip": np.zeros(6, bool)}),
+         r"'nodes.1.conv1.input_flip' has shape \(6,\), the graph needs \(4,\)"),
+        ("resnet-tnn", lambda t: t.update({"nodes.1.conv1.input_threshold_pos": np.zeros(4, np.int32)}),
+         r"'nodes.1.conv1.input_threshold_pos' has shape \(4,\), the graph needs \(3, 3, 4\)"),
+        ("resnet-bnn", lambda t: t.update({"nodes.2.threshold": np.zeros(4, np.int32)}),
+         r"'nodes.2.threshold' has shape \(4,\), the graph needs \(6,\)"),
+        ("resnet-tnn", lambda t: t.pop("nodes.2.flip_nonneg"), r"\['nodes.2.flip_nonneg'\]"),
+        ("resnet-bnn", lambda t: t.update({"nodes.0.threshold": np.zeros(4, np.int32)}),
+         r"not used by this graph: \['nodes.0.threshold'\]"),
+        ("resnet-bnn", lambda t: t.update({"nodes.1.conv2.bn_mean": np.zeros(6, np.float32)}),
+         r"not used by this graph: \['nodes.1.conv2.bn_mean'\]"),
     ],
 )
-def test_save_refuses_tensors_that_do_not_fit_the_graph(tmp_path, edit, message):
-    model = tiny_model()
+def test_save_refuses_tensors_that_do_not_fit_the_graph(tmp_path, which, edit, message):
+    model = MODELS[which]()
     edit(model.tensors)
     with pytest.raises(PackedModelError, match=message):
         packed_model.save(tmp_path / "m.jbnn", model)
 
 
+def replace_node(index, node):
+    return lambda g: g["nodes"].__setitem__(index, node)
+
+
+GLOBAL_POOL_ON_BITS = {"name": "pool", "kind": "global_pool", "in_shape": [2, 2, 5], "out_shape": [5],
+                       "output": "binary"}
+DENSE_ON_THE_STREAM = {"name": "head", "kind": "dense", "input": "stream", "operand": "binary",
+                       "weights": "binary", "in_shape": [3, 3, 4], "out_channels": 3, "out_shape": [3],
+                       "output": "affine"}
+
+
 @pytest.mark.parametrize(
-    "edit, message",
+    "which, edit, message",
     [
-        (lambda g: g["nodes"][0].update(kind="lstm"), "kind"),
-        (lambda g: g["nodes"][0].update(out_shape=[4, 4, 5]), "out_shape"),
-        (lambda g: g["nodes"][2].update(input="ternary", operand="ternary"), "input"),
-        (lambda g: g["nodes"][0].update(pad_value="two"), "pad_value"),
-        (lambda g: g["nodes"][0].update(stride=[0, 1]), "stride"),
-        (lambda g: g.update(num_classes=4), "logits"),
-        (lambda g: g.update(nodes=[]), "no nodes"),
-        (lambda g: g.update(input_range=[1.0, -1.0]), r"'input_range' must be \[low, high\]"),
-        (lambda g: g.update(input_range=[0, "255"]), r"'input_range' must be \[low, high\]"),
-        (lambda g: g.update(input_range=[-1.0, float("inf")]), r"'input_range' must be \[low, high\]"),
+        ("binary", lambda g: g["nodes"][0].update(kind="lstm"), "kind"),
+        ("binary", lambda g: g["nodes"][0].update(out_shape=[4, 4, 5]), "out_shape"),
+        ("binary", lambda g: g["nodes"][2].update(input="ternary", operand="ternary"), "input"),
+        ("binary", lambda g: g["nodes"][0].update(stride=[0, 1]), "stride"),
+        ("binary", lambda g: g.update(num_classes=4), "logits"),
+        ("binary", lambda g: g.update(nodes=[]), "no nodes"),
+        ("binary", lambda g: g.update(input_range=[1.0, -1.0]), r"'input_range' must be \[low, high\]"),
+        ("binary", lambda g: g.update(input_range=[0, "255"]), r"'input_range' must be \[low, high\]"),
+        ("binary", lambda g: g.update(input_range=[-1.0, float("inf")]), r"'input_range' must be \[low, high\]"),
+        ("binary", lambda g: g["nodes"][0].update(pad_value="two"), "attribute 'pad_value' must be one of"),
+        ("binary", lambda g: g["nodes"][0].pop("pool"), r"node 0 \(blocks.0\): attribute 'pool' missing"),
+        ("resnet-bnn", lambda g: g["nodes"][1]["conv2"].pop("pool"), r"blocks.1\).conv2: attribute 'pool' missing"),
+        ("binary", lambda g: g["nodes"][2].pop("name"), r"node 2: attribute 'name' must be a string, got None"),
+        ("resnet-bnn", lambda g: g["nodes"][2].update(name=7), r"node 2: attribute 'name' must be a string, got 7"),
+        # the image: read by the first node only, as its image operand, padded with level 0
+        ("binary", lambda g: g["nodes"][0].update(input="float", operand="float"),
+         r"node 0 \(blocks.0\): attribute 'input' must be one of \('image', 'binary', 'ternary', 'stream'\), "
+         "got 'float'"),
+        ("binary", lambda g: g["nodes"][0].update(operand="float"),
+         r"attribute 'operand' must be one of \('image', 'binary', 'ternary'\), got 'float'"),
+        ("binary", lambda g: g["nodes"][0].update(operand="binary"), "image input cannot feed a binary operand"),
+        ("binary", lambda g: g["nodes"][1].update(operand="image"), "binary input cannot feed a image operand"),
+        ("binary", lambda g: g["nodes"][1].update(input="image", operand="image"),
+         r"node 1 \(blocks.1\): input is 'image' but the previous node outputs 'binary'"),
+        ("binary", lambda g: g["nodes"][0].update(pad_value="one"), "image operand.*pad_value must be 'zero'"),
+        # stream wires: written by a stream output, read by residual blocks and global pooling only
+        ("resnet-bnn", lambda g: g.update(nodes=[g["nodes"][0], DENSE_ON_THE_STREAM]),
+         r"node 1 \(head\): the integer stream is read by residual blocks and global pooling only"),
+        ("resnet-bnn", lambda g: g["nodes"][0].update(output="binary"),
+         r"node 1 \(blocks.1\): a residual block takes the integer stream, the previous node outputs 'binary'"),
+        ("binary", lambda g: g["nodes"].insert(1, GLOBAL_POOL_ON_BITS),
+         r"node 1 \(pool\): global_pool takes the integer stream of an image and outputs \[C\], got binary"),
+        ("resnet-bnn", lambda g: g["nodes"][1]["conv1"].update(input="binary"),
+         "conv1 must read the block's integer stream"),
+        ("resnet-bnn", lambda g: g["nodes"][1]["conv1"].update(output="stream", stream_shift=0),
+         "conv1 must output bits for conv2"),
+        ("resnet-bnn", lambda g: g["nodes"][1]["conv2"].update(input="ternary", operand="ternary"),
+         "conv2 must read conv1's output"),
+        ("resnet-bnn", lambda g: g["nodes"][1]["conv2"].update(output="binary"),
+         r"conv2 must output its integer dot products as they are \(stream, shift 0\)"),
+        ("resnet-bnn", lambda g: g["nodes"][1].update(shortcut_stride=1),
+         r"the type-A shortcut of \[3, 3, 4\] at stride 1 cannot reach \[2, 2, 6\]"),
+        ("resnet-bnn", lambda g: g["nodes"][1].update(out_shape=[2, 2, 4]), "out_shape must be conv2's"),
+        # stream_shift: the stream output's right shift of the int32 dot products
+        ("resnet-bnn", lambda g: g["nodes"][0].pop("stream_shift"),
+         r"node 0 \(blocks.0\): attribute 'stream_shift' must be an integer >= 0, got None"),
+        ("resnet-bnn", lambda g: g["nodes"][0].update(stream_shift=-1), "'stream_shift' must be an integer >= 0"),
+        ("resnet-bnn", lambda g: g["nodes"][0].update(stream_shift=7.0), "'stream_shift' must be an integer"),
+        ("resnet-bnn", lambda g: g["nodes"][0].update(stream_shift=True), "'stream_shift' must be an integer"),
+        ("resnet-bnn", lambda g: g["nodes"][0].update(stream_shift=2**40), "'stream_shift' must be .* <= 31"),
+        ("resnet-bnn", lambda g: g["nodes"][1]["conv2"].update(stream_shift=1),
+         r"node 1 \(blocks.1\): conv2 must output its integer dot products as they are \(stream, shift 0\)"),
+        ("resnet-bnn", lambda g: g["nodes"][1]["conv2"].pop("stream_shift"),
+         r"node 1 \(blocks.1\).conv2: attribute 'stream_shift'"),
+        # the levels of ternary thresholds: per channel or per feature
+        ("resnet-tnn", lambda g: g["nodes"][1]["conv1"].pop("input_level_shape"),
+         r"blocks.1\).conv1: attribute 'input_level_shape' must be a list of integers, got None"),
+        ("resnet-tnn", lambda g: g["nodes"][1]["conv1"].update(input_level_shape=[3, 4]),
+         r"input_level_shape \[3, 4\] must be \[4\] or \[3, 3, 4\]"),
+        ("resnet-tnn", lambda g: g["nodes"][1]["conv1"].update(level_shape=[2, 6]),
+         r"level_shape \[2, 6\] must be \[6\] or \[2, 2, 6\]"),
+        # global_pool: the stream of an image in, the thresholds' bits or planes out
+        ("resnet-bnn", lambda g: g["nodes"][2].update(output="affine"),
+         r"node 2 \(blocks.2\): attribute 'output' must be one of \('binary', 'ternary'\), got 'affine'"),
+        ("resnet-bnn", lambda g: g["nodes"][2].update(out_shape=[2, 2, 6]), r"outputs \[C\].*out \[2, 2, 6\]"),
+        ("resnet-tnn", lambda g: g["nodes"][2].pop("level_shape"),
+         r"node 2 \(blocks.2\): attribute 'level_shape' must be a list of integers, got None"),
+        ("resnet-tnn", lambda g: g["nodes"][2].update(level_shape=[5]), r"level_shape \[5\] must be \[6\]"),
+        ("resnet-bnn", lambda g: g["nodes"][2].update(kind="global_avg_pool"), "attribute 'kind' must be one of"),
     ],
 )
-def test_save_refuses_an_invalid_graph(tmp_path, edit, message):
-    model = tiny_model()
+def test_save_refuses_an_invalid_graph(tmp_path, which, edit, message):
+    """Each broken attribute is refused with a message naming it (and the node)."""
+    model = MODELS[which]()
     edit(model.graph)
     with pytest.raises(PackedModelError, match=message):
         packed_model.save(tmp_path / "m.jbnn", model)
@@ -192,7 +379,7 @@ def test_truncated_file_is_refused(tmp_path, cut):
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda h: h.update(format_version=3), "version 3 is not supported"),
+        (lambda h: h.update(format_version=4), r"format version 4 is not supported \(this jaxbnn reads version 3\)"),
         (lambda h: h.update(format="other"), "format"),
         (lambda h: h.update(target="sm70"), "target"),
         (lambda h: h.update(tile=[16, 128]), "tile"),
@@ -292,15 +479,23 @@ VALUE_ERRORS = [
     ("binary", set_value("nodes.0.kernel", (0, 1, 2, 3), 0),
      r"node 0 \(blocks.0\): tensor 'nodes.0.kernel' holds 0 at \(0, 1, 2, 3\); binary weights are \(-1, 1\)"),
     ("ternary", set_value("nodes.0.kernel", (2, 2, 0, 4), 2), r"tensor 'nodes.0.kernel' holds 2 at \(2, 2, 0, 4\)"),
-    ("binary", set_value("nodes.0.threshold", 3, np.nan), r"node 0 .*'nodes.0.threshold' holds NaN"),
     ("binary", lambda t: t.update({"nodes.2.weight_popcount": np.zeros(3, np.int32)}),
      r"node 2 \(blocks.2\): tensor 'nodes.2.weight_popcount' does not match the bits of 'nodes.2.weight'"),
+    # inside a residual block, and the stem's image operand
+    ("resnet-bnn", add_one("nodes.1.conv1.weight_tap_popcount", (4, 5)),
+     r"node 1 \(blocks.1\).conv1: tensor 'nodes.1.conv1.weight_tap_popcount' does not match the bits of "
+     r"'nodes.1.conv1.weight': at tap 4, row 5"),
+    ("resnet-tnn", set_weight_bit("nodes.1.conv2.weight", 0, 6),
+     r"node 1 \(blocks.1\).conv2: tensor 'nodes.1.conv2.weight' has bits set outside its 12 x 54-bit"),
+    ("resnet-bnn", set_value("nodes.0.kernel", (1, 1, 1, 3), -128),
+     r"node 0 \(blocks.0\): tensor 'nodes.0.kernel' holds -128 at \(1, 1, 1, 3\); binary weights are \(-1, 1\)"),
+    ("resnet-tnn", set_value("nodes.0.kernel", (0, 0, 0, 0), 127), r"'nodes.0.kernel' holds 127 .* \(-1, 0, 1\)"),
 ]
 
 
-@pytest.mark.parametrize("weights, edit, message", VALUE_ERRORS)
-def test_wrong_values_are_refused_on_write_and_on_load(tmp_path, weights, edit, message):
-    model = tiny_model(weights=weights)
+@pytest.mark.parametrize("which, edit, message", VALUE_ERRORS)
+def test_wrong_values_are_refused_on_write_and_on_load(tmp_path, which, edit, message):
+    model = MODELS[which]()
     packed_model.validate(model)
     edit(model.tensors)
     path = tmp_path / "m.jbnn"
@@ -312,13 +507,33 @@ def test_wrong_values_are_refused_on_write_and_on_load(tmp_path, weights, edit, 
         packed_model.load(path)
 
 
-def test_a_file_of_the_previous_format_version_is_refused_with_what_to_do():
-    blob = FORMAT_V1_FILE.read_bytes()
+def format_v2_file(path) -> Path:
+    """A version 2 file as that format wrote it: a float-operand first layer with float thresholds, a
+    residual-free graph, a content hash over its own header."""
+    rng = np.random.default_rng(0)
+    first = {"name": "blocks.0", "kind": "dense", "input": "float", "operand": "float", "weights": "binary",
+             "in_shape": [4, 4, 1], "out_channels": 3, "out_shape": [3], "output": "affine"}
+    graph = {"name": "old", "mode": "bnn", "input_shape": [4, 4, 1], "input_range": [-1.0, 1.0],
+             "num_classes": 3, "nodes": [first]}
+    tensors = {"nodes.0.kernel": rng.choice([-1, 1], (16, 3)).astype(np.int8),
+               "nodes.0.scale": np.ones(3, np.float32), "nodes.0.bias": np.zeros(3, np.float32)}
+    core = {"format": packed_model.FORMAT_NAME, "format_version": 2, "target": "cpu",
+            "tile": list(formats.FSB_TILE), "graph": graph}
+    header = dict(core, content_hash=packed_model.content_hash(core, tensors))
+    path.write_bytes(save_safetensors(tensors, metadata={"jaxbnn": json.dumps(header)}))
+    return path
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_file_of_a_previous_format_version_is_refused_with_what_to_do(tmp_path, version):
+    path = FORMAT_V1_FILE if version == 1 else format_v2_file(tmp_path / "v2.jbnn")
+    blob = path.read_bytes()
     (size,) = struct.unpack("<Q", blob[:8])
-    assert json.loads(json.loads(blob[8:8 + size])["__metadata__"]["jaxbnn"])["format_version"] == 1
-    with pytest.raises(PackedModelError, match=r"format version 1 is not supported \(this jaxbnn reads version 2\); "
-                                               r"re-export the model from its training run: jaxbnn export"):
-        packed_model.load(FORMAT_V1_FILE)
+    assert json.loads(json.loads(blob[8:8 + size])["__metadata__"]["jaxbnn"])["format_version"] == version
+    with pytest.raises(PackedModelError, match=rf"format version {version} is not supported \(this jaxbnn reads "
+                                               r"version 3\); re-export the model from its training run: "
+                                               r"jaxbnn export RUN_DIR MODEL.jbnn"):
+        packed_model.load(path)
 
 
 # --- what is read, and how ----------------------------------------------------------------------------------
@@ -396,9 +611,9 @@ def test_deeply_nested_json_is_refused(tmp_path, where):
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda h: h.update(format_version=2.0), "format_version must be an integer, got 2.0"),
+        (lambda h: h.update(format_version=3.0), "format_version must be an integer, got 3.0"),
         (lambda h: h.update(format_version=True), "format_version must be an integer, got True"),
-        (lambda h: h.update(format_version="2"), "format_version must be an integer, got '2'"),
+        (lambda h: h.update(format_version="3"), "format_version must be an integer, got '3'"),
         (lambda h: h.update(comment="hello"), r"header holds keys this format does not define: \['comment'\]"),
         (lambda h: h["graph"]["nodes"][2].update(note="x"), "content hash mismatch"),
     ],

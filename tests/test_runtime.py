@@ -1,6 +1,9 @@
-"""The inference runtime: one jitted function over the packed parameters, packed activations between
-layers, the custom calls in the compiled program, clear errors, and no dependency on export/ or train/."""
+"""The inference runtime: uint8 pixels in (floats quantized on the scale the file records), one jitted
+function over the packed parameters, packed activations between layers, every node's integers as the
+format defines them, the custom calls in the compiled program, clear errors, and no dependency on export/
+or train/."""
 
+import re
 import subprocess
 import sys
 import warnings
@@ -13,7 +16,6 @@ from flax import nnx
 
 from jaxbnn.export import export_model, fidelity_report
 from jaxbnn import _ffi, formats, packed_model, runtime
-from jaxbnn.cli import import_train_module
 from jaxbnn.models import build_model
 from zoo_cases import images_for, zoo_model
 
@@ -37,12 +39,18 @@ def net(conv_model, tmp_path_factory):
     return runtime.load(path)
 
 
+def pixels(count, seed=0, shape=(12, 12, 1)):
+    return np.random.default_rng(seed).integers(0, 256, size=(count, *shape), dtype=np.uint8)
+
+
 def images(count, seed=0, shape=(12, 12, 1)):
+    """Float images on the scale [-1, 1] the test files record."""
     return np.random.default_rng(seed).uniform(-1, 1, size=(count, *shape)).astype(np.float32)
 
 
 def test_logits_and_predictions(net, conv_model):
-    x = images(7, seed=1)
+    """uint8 pixels in: the Flax model's eval logits (both integer up to the classifier's float32 affine)."""
+    x = pixels(7, seed=1)
     logits = np.asarray(net(x))
     assert logits.shape == (7, 10) and logits.dtype == np.float32
     np.testing.assert_allclose(logits, np.asarray(conv_model(jnp.asarray(x))), rtol=1e-5, atol=1e-5)
@@ -50,7 +58,7 @@ def test_logits_and_predictions(net, conv_model):
 
 
 def test_activations_stay_packed_between_binary_layers(net):
-    trace = net.trace(images(2))
+    trace = net.trace(pixels(2))
     nodes = net.graph["nodes"]
     for node, out in zip(nodes[:-1], trace[:-1]):
         assert node["output"] == "binary"
@@ -60,27 +68,39 @@ def test_activations_stay_packed_between_binary_layers(net):
 
 
 def test_one_batch_row_at_a_time_gives_the_same_logits(net):
-    x = images(5, seed=2)
+    x = pixels(5, seed=2)
     whole = np.asarray(net(x))
     for i in range(len(x)):
         np.testing.assert_array_equal(np.asarray(net(x[i:i + 1]))[0], whole[i])
 
 
 def test_the_compiled_program_calls_the_native_targets_where_registered(net):
-    text = net._forward.lower(net.params, jnp.zeros((2, 12, 12, 1), jnp.float32)).as_text()
+    """The program takes uint8 pixels; the first conv is an exact integer dot of the gathered taps (int32
+    out), the layers after it the native custom calls."""
+    text = net._forward.lower(net.params, jnp.zeros((2, 12, 12, 1), jnp.uint8)).as_text()
+    assert "tensor<2x12x12x1xui8>" in text
+    assert re.search(r"stablehlo.dot_general .*: \(tensor<2x12x12x9xi(8|32)>, tensor<9x\d+xi(8|32)>\) -> "
+                     r"tensor<2x12x12x\d+xi32>", text)
+    assert "stablehlo.convolution" not in text  # no float convolution anywhere
     # convs and the dense layer on the packed image: bconv2d with the threshold epilogue; classifier: bmm affine
     for target in ("jaxbnn_bconv2d_bits", "jaxbnn_bmm_f32"):
         assert (target in text) == _ffi.has_target("cpu", target), target
 
 
-def test_bad_input_is_refused_before_lowering(net):
-    with pytest.raises(ValueError, match=r"shape \(batch, 12, 12, 1\)"):
-        net(np.zeros((2, 28, 28, 1), np.float32))
-    with pytest.raises(ValueError, match="shape"):
-        net(np.zeros((12, 12, 1), np.float32))
-    with pytest.raises(TypeError, match=r"images must be uint8 pixels \(0..255\) or floats in \[-1, 1\] \(the scale "
-                                        "mnist-conv was trained on\\), got int32"):
-        net(np.zeros((2, 12, 12, 1), np.int32))
+@pytest.mark.parametrize("bad, error, message", [
+    (np.zeros((2, 28, 28, 1), np.uint8), ValueError, r"mnist-conv takes images of shape \(batch, 12, 12, 1\), got "
+                                                      r"\(2, 28, 28, 1\)"),
+    (np.zeros((12, 12, 1), np.float32), ValueError, r"shape \(batch, 12, 12, 1\), got \(12, 12, 1\)"),
+    (np.zeros((2, 12, 12, 1), np.int32), TypeError, r"images must be uint8 pixels \(0..255\) or floats in \[-1, 1\] "
+                                                    r"\(the scale mnist-conv's file records\), got int32"),
+    (np.zeros((2, 12, 12, 1), np.int8), TypeError, "got int8"),  # levels are not pixels
+    (np.zeros((2, 12, 12, 1), bool), TypeError, "got bool"),
+    (jnp.zeros((2, 12, 12, 1), jnp.uint16), TypeError, "got uint16"),
+])
+def test_bad_input_is_refused_before_lowering(net, monkeypatch, bad, error, message):
+    monkeypatch.setattr(net, "_forward", lambda *args: pytest.fail("the input reached the jitted forward"))
+    with pytest.raises(error, match=message):
+        net(bad)
 
 
 def test_predict_refuses_a_batch_size_below_one(net):
@@ -89,61 +109,95 @@ def test_predict_refuses_a_batch_size_below_one(net):
             net.predict(images(3), batch_size=batch_size)
 
 
-def test_an_empty_batch_gives_empty_logits_and_predictions(net):
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+def test_an_empty_batch_gives_empty_logits_and_predictions(net, dtype):
     """A dense layer on a packed image flattens it: with no rows, a -1 in that reshape cannot be resolved."""
-    empty = np.zeros((0, 12, 12, 1), np.float32)
+    empty = np.zeros((0, 12, 12, 1), dtype)
     assert np.asarray(net(empty)).shape == (0, 10)
     assert net.predict(empty).shape == (0,)
     assert all(np.asarray(out).shape[0] == 0 for out in jax.tree.leaves(net.trace(empty)))
 
 
-# --- the input scale: recorded in the file, applied to uint8, checked on floats -------------------------
+# --- the input scale: uint8 as they are, floats quantized on the scale the file records -----------------
 
 
-def pixels(count, seed=0, shape=(12, 12, 1)):
-    return np.random.default_rng(seed).integers(0, 256, size=(count, *shape), dtype=np.uint8)
-
-
-def test_uint8_pixels_are_converted_exactly_as_training_converts_them(net, conv_model):
-    to_float = import_train_module("data").to_float
+def test_float_images_are_quantized_with_the_files_input_range(net, conv_model):
+    """A float image is the uint8 image formats.quantize_images makes of it on the file's input_range, in
+    a call, under the caller's jit, and in predict; the Flax model on those pixels gives the same logits."""
     assert net.input_range == (-1.0, 1.0)
-    x = pixels(6, seed=4)
-    x[0] = 0  # the ends of the range
-    x[1] = 255
-    np.testing.assert_array_equal(np.asarray(net(x)), np.asarray(net(to_float(x))))
-    np.testing.assert_array_equal(np.asarray(jax.jit(net)(x)), np.asarray(net(to_float(x))))  # traced too
-    np.testing.assert_allclose(np.asarray(net(x)), np.asarray(conv_model(jnp.asarray(to_float(x)))), rtol=1e-5,
-                               atol=1e-5)
-    np.testing.assert_array_equal(net.predict(x, batch_size=4), net.predict(to_float(x), batch_size=4))
+    x = images(6, seed=4)
+    x[0, :3, 0, 0] = [-1.0, 1.0, 0.0]  # the ends of the range and a tie (pixel 127.5 -> 128, half to even)
+    quantized = formats.quantize_images(x, net.input_range)
+    assert quantized.dtype == jnp.uint8
+    expected = np.asarray(net(quantized))
+    np.testing.assert_array_equal(np.asarray(net(x)), expected)
+    np.testing.assert_array_equal(np.asarray(net(jnp.asarray(x))), expected)  # a device array
+    np.testing.assert_array_equal(np.asarray(jax.jit(net)(x)), expected)  # traced
+    np.testing.assert_array_equal(net.predict(x, batch_size=4), net.predict(quantized, batch_size=4))
+    np.testing.assert_allclose(expected, np.asarray(conv_model(quantized)), rtol=1e-5, atol=1e-5)
 
 
-def test_an_exported_input_range_is_recorded_and_used(conv_model):
-    net = runtime.from_packed(export_model(conv_model, input_range=(0.0, 1.0)))
-    assert net.graph["input_range"] == [0.0, 1.0]
+@pytest.mark.parametrize("input_range", [(-1.0, 1.0), (0.0, 1.0), (-0.5, 3.0)])
+def test_floats_made_from_pixels_give_the_pixels_logits(conv_model, input_range):
+    """low + p * (high - low) / 255 in float32 is quantized back to p on the file's scale: the same logits
+    as the uint8 image, every pixel value included, and no warning."""
+    net = runtime.from_packed(export_model(conv_model, input_range=input_range))
+    assert net.graph["input_range"] == list(input_range) and net.input_range == input_range
+    low, high = input_range
     x = pixels(3, seed=5)
-    np.testing.assert_array_equal(np.asarray(net(x)), np.asarray(net(x.astype(np.float32) / np.float32(255))))
+    x.reshape(-1)[:256] = np.arange(256)
+    floats = x.astype(np.float32) * np.float32((high - low) / 255) + np.float32(low)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(np.asarray(net(floats)), np.asarray(net(x)))
+
+
+def test_floats_beyond_the_range_are_clipped_to_the_end_pixels(net):
+    """Off-scale values (infinities too) are pixel 0 or 255, with the warning."""
+    x = pixels(2, seed=8)
+    x[0, 0, :4, 0] = [0, 0, 255, 255]
+    floats = -1 + x.astype(np.float32) * np.float32(2 / 255)
+    floats[0, 0, :4, 0] = [-7.0, -np.inf, 3.0, np.inf]
+    with pytest.warns(runtime.InputRangeWarning):
+        np.testing.assert_array_equal(np.asarray(net(floats)), np.asarray(net(x)))
 
 
 @pytest.mark.parametrize("scale, message", [
-    (lambda p: p.astype(np.float32), r"trained on images in \[-1, 1\] \(uint8 pixels p -> -1 \+ p \* 2 / 255\); "
-                                     r"these span \[0, 255\]: scale them as in training, or pass the uint8 pixels"),
+    (lambda p: p.astype(np.float32),
+     r"^mnist-conv takes float images in \[-1, 1\] \(quantized to pixels p = round\(\(x \+ 1\) \* 255 / 2\)\); "
+     r"these span \[0, 255\]: scale them to that range, or pass the uint8 pixels$"),
     (lambda p: p.astype(np.float32) / 255, r"these span \[0, 1\]: none is negative: images scaled to \[0, 1\] "
-                                           r"need -1 \+ x \* 2; or pass the uint8 pixels"),
-    (lambda p: np.full(p.shape, np.nan, np.float32), r"these span \[nan, nan\]"),
+                                           r"need -1 \+ x \* 2; or pass the uint8 pixels$"),
+    (lambda p: np.full(p.shape, np.nan, np.float32), r"these span \[nan, nan\]: scale them to that range"),
+    (lambda p: p.astype(np.float32) / 127.5 - 1.03, r"these span \[-1.03, 0.97\]: scale them"),  # > 1% below
 ])
-def test_floats_off_the_training_scale_draw_a_warning_naming_it(net, scale, message):
+def test_floats_off_the_files_scale_draw_a_warning_naming_it(net, scale, message):
     x = pixels(4, seed=6)
     x[:, 0, 0, 0], x[:, 0, 1, 0] = 0, 255
-    with pytest.warns(runtime.InputRangeWarning, match=message):
+    with pytest.warns(runtime.InputRangeWarning, match=message) as record:
         net(scale(x))
+    assert record[0].filename == __file__  # the caller's line
 
 
-def test_floats_on_the_training_scale_draw_no_warning(net):
+def test_the_warning_shows_the_files_scale(conv_model):
+    """The scale and the quantization formula in the warning are the file's own."""
+    net = runtime.from_packed(export_model(conv_model, input_range=(10.0, 20.0)))
+    with pytest.warns(runtime.InputRangeWarning, match=r"takes float images in \[10, 20\] \(quantized to pixels p = "
+                                                       r"round\(\(x - 10\) \* 255 / 10\)\); these span \[0, 1\]"):
+        net(np.linspace(0, 1, 2 * 144, dtype=np.float32).reshape(2, 12, 12, 1))  # images scaled to [0, 1]
+
+
+def test_floats_on_the_files_scale_draw_no_warning(net, conv_model):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         net(images(4, seed=7))
         net.predict(images(4, seed=7))
+        net.predict(images(7, seed=7), batch_size=4)
         jax.jit(net)(images(4, seed=7))  # traced values are not checked (nor can they be)
+        net(images(4, seed=7) * 1.009)  # within 1% of the range's width
+        # predict pads its last batch with the images' own rows, not with zeros off this file's scale
+        shifted = runtime.from_packed(export_model(conv_model, input_range=(10.0, 20.0)))
+        shifted.predict(images(5, seed=7) * 5 + 15, batch_size=4)
 
 
 def test_a_corrupted_file_is_refused(tmp_path, conv_model):
@@ -158,9 +212,10 @@ def test_a_corrupted_file_is_refused(tmp_path, conv_model):
 
 # --- loading uses the file's tensors as they are --------------------------------------------------------
 
-# Every node kind whose weights the file stores, in every network mode: the first layer (float operand, a
+# Every node kind whose weights the file stores, in every network mode: the first layer (image operand, a
 # conv or a dense over the image), convs and dense layers on a packed image (conv bit matrix, tap
-# popcounts), dense layers on a packed vector (dense bit matrix, row popcounts), residual blocks' convs.
+# popcounts), dense layers on a packed vector (dense bit matrix, row popcounts), the ResNet stem, residual
+# blocks' convs and global pooling (thresholds of the stream).
 LOAD_CASES = [("mnist-conv", mode, {}) for mode in ("bnn", "tnn", "tbn", "btn")] + [
     ("mnist-mlp", "btn", {"kernel_threshold": "twn_channel"}),
     ("mnist-mlp", "tbn", {}),
@@ -211,19 +266,13 @@ def test_loading_runs_the_stored_tensors_as_they_are(tmp_path, monkeypatch, name
     assert sorted(loaded) == sorted(stored)
     for tensor, array in stored.items():
         value = np.asarray(loaded[tensor])
-        if tensor.endswith(".kernel"):  # the first layer's int8 values, as the float conv takes them
-            assert array.dtype == np.int8 and value.dtype == np.float32, tensor
-        else:
-            assert value.dtype == array.dtype, tensor
+        assert value.dtype == array.dtype, tensor  # the first layer's int8 kernel too, as image_conv2d takes it
         np.testing.assert_array_equal(value, array, err_msg=tensor)
 
     images = images_for(model, 6, seed=3)
     report = fidelity_report(model, net, images)
-    assert report.predictions_equal == report.samples, report.summary()
-    assert report.bit_mismatches == 0 and report.ties == 0, [n for n in report.nodes if n.mismatches]
+    assert report.exact, (report.summary(), [n for n in report.nodes if n.mismatches])
     assert report.logits_max_rel_diff <= 4e-6, report.summary()
-    tolerance = 0.0 if jax.default_backend() == "cpu" else 1e-5
-    assert all(n.max_abs_diff <= tolerance for n in report.nodes[:-1]), report.summary()
     np.testing.assert_array_equal(net.predict(images, batch_size=4), np.argmax(np.asarray(model(images)), axis=-1))
 
 
@@ -235,11 +284,14 @@ def test_an_in_memory_model_with_a_wrong_tap_popcount_is_refused(conv_model):
         runtime.from_packed(packed)
 
 
-def test_a_file_of_the_previous_format_version_is_refused():
-    from test_packed_model import FORMAT_V1_FILE
+def test_a_file_of_a_previous_format_version_is_refused(tmp_path):
+    from test_packed_model import FORMAT_V1_FILE, format_v2_file
 
     with pytest.raises(packed_model.PackedModelError, match="format version 1 is not supported.*jaxbnn export"):
         runtime.load(FORMAT_V1_FILE)
+    with pytest.raises(packed_model.PackedModelError, match=r"format version 2 is not supported \(this jaxbnn "
+                                                            r"reads version 3\); re-export .*jaxbnn export"):
+        runtime.load(format_v2_file(tmp_path / "v2.jbnn"))
 
 
 def test_runtime_imports_neither_export_nor_training_code():
@@ -252,3 +304,134 @@ def test_runtime_imports_neither_export_nor_training_code():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={"PYTHONPATH": ":".join(p for p in sys.path if p)})
     assert result.returncode == 0, result.stderr
+
+
+# --- the integer graph, against numpy ------------------------------------------------------------------------
+
+
+def numpy_weights(node, tensors, prefix):
+    """The weight values of a linear node as numpy int64: (KH, KW, C, N) for the conv bit matrix and the
+    image operand's convs, (K, N) otherwise; ternary ones from their two stored ±1 planes."""
+    if node["operand"] == "image":
+        return tensors[prefix + "kernel"].astype(np.int64)
+    rows, k_bits, (kh, kw), c = packed_model.weight_geometry(node)
+    matrix = np.asarray(formats.unpack_bits(formats.from_fsb(tensors[prefix + "weight"], rows, k_bits), k_bits))
+    if packed_model.uses_conv_layout(node):
+        matrix = matrix.reshape(rows, kh, kw, -1)[..., :c].transpose(1, 2, 3, 0)  # (KH, KW, C, rows)
+    else:
+        matrix = matrix.T
+    signs = np.where(matrix, 1, -1)
+    n = node["out_channels"]
+    return signs if node["weights"] == "binary" else (signs[..., :n] + signs[..., n:]) // 2
+
+
+def numpy_quantize(z, tensors, prefix, domain):
+    """Integers -> ±1 (binary) or -1, 0, +1 (ternary) through int32 thresholds: flip ? z <= t : z >= t."""
+    def bit(suffix):
+        t, flip = tensors[f"{prefix}threshold{suffix}"], tensors[f"{prefix}flip{suffix}"]
+        return np.where(flip, z <= t, z >= t).astype(np.int64)
+
+    return 2 * bit("") - 1 if domain == "binary" else bit("_nonneg") + bit("_pos") - 1
+
+
+def numpy_linear(node, tensors, prefix, x):
+    if node["input"] == "stream":
+        x = numpy_quantize(x, tensors, prefix + "input_", node["operand"])
+    w = numpy_weights(node, tensors, prefix)
+    if node["kind"] == "dense":
+        z = x.reshape(len(x), -1) @ w.reshape(-1, w.shape[-1])
+    else:
+        (pt, pb), (pl, pr) = node["padding"]
+        fill = -1 if node["pad_value"] == "one" else 0  # "zero": level 0 of an image, 0 of a ternary value
+        x = np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)), constant_values=fill)
+        (kh, kw), (sh, sw) = node["kernel_size"], node["stride"]
+        oh, ow = (x.shape[1] - kh) // sh + 1, (x.shape[2] - kw) // sw + 1
+        z = sum(x[:, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] @ w[i, j]
+                for i in range(kh) for j in range(kw))
+        if node["pool"]:
+            ph, pw = node["pool"]
+            b, h, wd, n = z.shape
+            z = z[:, :h // ph * ph, :wd // pw * pw].reshape(b, h // ph, ph, wd // pw, pw, n).max(axis=(2, 4))
+    output = node["output"]
+    if output == "stream":
+        return z // 2 ** node["stream_shift"]  # floor division, negative values included
+    if output == "affine":
+        return z.astype(np.float32) * tensors[prefix + "scale"] + tensors[prefix + "bias"]
+    return numpy_quantize(z, tensors, prefix, output)
+
+
+def numpy_forward(packed, pixels):
+    """docs/export.md's graph in numpy int64: every node's output (a residual node's: conv1's, the stream)."""
+    x = pixels.astype(np.int64) - 128
+    outputs = []
+    for index, node in enumerate(packed.graph["nodes"]):
+        prefix = f"nodes.{index}."
+        if node["kind"] == "residual":
+            inner = numpy_linear(node["conv1"], packed.tensors, prefix + "conv1.", x)
+            s, extra = node["shortcut_stride"], node["out_shape"][-1] - node["in_shape"][-1]
+            shortcut = np.pad(x[:, ::s, ::s], ((0, 0), (0, 0), (0, 0), (0, extra)))
+            x = numpy_linear(node["conv2"], packed.tensors, prefix + "conv2.", inner) + shortcut
+            outputs.append((inner, x))
+        elif node["kind"] == "global_pool":
+            x = numpy_quantize(x.sum(axis=(1, 2)), packed.tensors, prefix, node["output"])
+            outputs.append(x)
+        else:
+            x = numpy_linear(node, packed.tensors, prefix, x)
+            outputs.append(x)
+    return outputs
+
+
+def as_values(out, channels):
+    """A runtime output as numpy values: packed bits -> ±1, a plane pair -> -1, 0, +1, integers as they are."""
+    if isinstance(out, tuple):
+        nonneg, pos = (np.asarray(formats.unpack_bits(plane, channels), np.int64) for plane in out)
+        return nonneg + pos - 1
+    if out.dtype == jnp.uint32:
+        return 2 * np.asarray(formats.unpack_bits(out, channels), np.int64) - 1
+    return np.asarray(out)
+
+
+@pytest.mark.parametrize("which", ["binary", "ternary", "resnet-bnn", "resnet-tnn"])
+def test_every_node_computes_the_integers_of_the_format(which):
+    """Hand-built graphs with random thresholds (test_packed_model's) against numpy: the image operand on
+    the levels p - 128 with level-0 padding, pooling before the thresholds, "one" padding, the stem's floor
+    shift of negative sums, stream thresholds per channel and per feature, the shortcut, the global sum."""
+    from test_packed_model import MODELS
+
+    packed = MODELS[which]()
+    net = runtime.from_packed(packed)
+    x = pixels(3, seed=11, shape=net.input_shape)
+    x[0] = 0  # large negative sums into the stem's shift
+    x[1] = 255
+    expected = numpy_forward(packed, x)
+    got = net.trace(x)
+    for node, out, want in zip(net.graph["nodes"], got, expected):
+        if node["kind"] == "residual":
+            np.testing.assert_array_equal(as_values(out[0], node["conv1"]["out_channels"]), want[0])
+            out, want = out[1], want[1]
+            assert out.dtype == jnp.int32
+        if want.dtype == np.float32:
+            np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6, atol=1e-6, err_msg=node["name"])
+        else:
+            np.testing.assert_array_equal(as_values(out, node["out_shape"][-1]), want, err_msg=node["name"])
+    if which.startswith("resnet"):  # the stem's sums include negative ones that are not multiples of 2**7
+        stem = dict(net.graph["nodes"][0], stream_shift=0)
+        sums = numpy_linear(stem, packed.tensors, "nodes.0.", x.astype(np.int64) - 128)
+        assert ((sums < 0) & (sums % 128 != 0)).any()
+
+
+def test_run_nodes_runs_any_part_of_a_graph():
+    """From any node's input (the levels, bits, planes or the stream), the rest of the trace."""
+    from test_packed_model import tiny_resnet
+
+    net = runtime.from_packed(tiny_resnet(mode="tnn"))
+    x = pixels(2, seed=12, shape=net.input_shape)
+    trace = net.trace(x)
+    nodes = net.graph["nodes"]
+    inputs = [formats.image_levels(x)] + [out[1] if node["kind"] == "residual" else out
+                                          for node, out in zip(nodes, trace[:-1])]
+    for start, value in enumerate(inputs):
+        rest = runtime.run_nodes(nodes[start:], net.params[start:], value)
+        assert len(rest) == len(nodes) - start
+        for got, want in zip(jax.tree.leaves(rest), jax.tree.leaves(trace[start:])):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -8,7 +8,7 @@
 - ``cifar10``: the binary batches (``data_batch_1.bin`` ... ``data_batch_5.bin``, ``test_batch.bin``) in a
   user directory or its ``cifar-10-batches-bin`` subfolder.
 
-Images are uint8 NHWC; ``to_float`` maps them to float32 in [-1, 1], the input range of the zoo models.
+Images are uint8 NHWC, as the zoo models take them (they compute on the integer levels of the pixels).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from jaxbnn.packed_model import TRAINING_INPUT_RANGE, pixel_values
 
 __all__ = [
     "Dataset",
     "DATASETS",
+    "write_cifar_shaped_mnist5k",
     "load_dataset",
     "load_split",
     "mnist5k_path",
@@ -34,7 +34,6 @@ __all__ = [
     "read_idx",
     "load_mnist",
     "load_cifar10",
-    "to_float",
     "random_crop_flip",
     "batches",
 ]
@@ -173,6 +172,27 @@ def load_cifar10(directory: str | os.PathLike, split: str) -> Dataset:
     return Dataset(np.concatenate(images), np.concatenate(labels), 10)
 
 
+def write_cifar_shaped_mnist5k(directory: str | os.PathLike, seed: int = 0) -> Path:
+    """CIFAR-10 binary batches made from MNIST-5k, for training the CIFAR-10 models on offline data: each
+    digit centred on a 32 x 32 canvas, its ink and background in colours drawn per image (seeded); the
+    train split in data_batch_1..5.bin, the test split in test_batch.bin. Returns the folder."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for split, names in (("train", [f"data_batch_{i}.bin" for i in range(1, 6)]), ("test", ["test_batch.bin"])):
+        digits = load_mnist5k(split)
+        n = len(digits.labels)
+        ink = np.zeros((n, 32, 32, 1), np.float32)
+        ink[:, 2:30, 2:30] = digits.images / 255.0
+        colour, background = rng.uniform(0.4, 1.0, (n, 1, 1, 3)), rng.uniform(0.0, 0.5, (n, 1, 1, 3))
+        rgb = np.round((ink * colour + (1 - ink) * background) * 255).astype(np.uint8)
+        records = np.concatenate([digits.labels.astype(np.uint8)[:, None], rgb.transpose(0, 3, 1, 2).reshape(n, -1)],
+                                 axis=1)
+        for part, name in zip(np.array_split(records, len(names)), names):
+            part.tofile(directory / name)
+    return directory
+
+
 # --- registry -----------------------------------------------------------------------------------------------
 
 DATASETS = {
@@ -211,15 +231,6 @@ def _check_split(split: str) -> None:
 # --- batching -------------------------------------------------------------------------------------------------
 
 
-def to_float(images: np.ndarray) -> np.ndarray:
-    """uint8 -> float32 in [-1, 1] (``TRAINING_INPUT_RANGE``, recorded in every exported file, whose
-    runtime converts uint8 images to exactly these values)."""
-    images = np.asarray(images)
-    if images.dtype != np.uint8:
-        raise TypeError(f"to_float takes uint8 pixels, got {images.dtype}")
-    return pixel_values(TRAINING_INPUT_RANGE)[images]
-
-
 def random_crop_flip(images: np.ndarray, rng: np.random.Generator, pad: int = 4) -> np.ndarray:
     """CIFAR augmentation: zero-pad by ``pad``, crop back at a random offset, flip half horizontally."""
     n, h, w, _ = images.shape
@@ -244,8 +255,8 @@ def batches(
     augment: bool = False,
     drop_remainder: bool = True,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Float batches (images in [-1, 1], labels). The order depends only on (seed, epoch): reproducible
-    across runs and across an interruption and resume."""
+    """Batches (uint8 images, labels). The order depends only on (seed, epoch): reproducible across runs and
+    across an interruption and resume."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     rng = np.random.default_rng([seed, epoch])
@@ -256,4 +267,4 @@ def batches(
         images = data.images[idx]
         if augment:
             images = random_crop_flip(images, rng)
-        yield to_float(images), data.labels[idx]
+        yield images, data.labels[idx]
