@@ -100,10 +100,16 @@ def test_operating_system_errors_are_one_line(tmp_path, capsys):
         "jaxbnn train: error: Not a directory: ")
 
 
+# `python -m jaxbnn.cli` with Ctrl-C on, as in a terminal: a test runner started in the background hands its
+# children SIGINT ignored, which Python then keeps.
+CLI_WITH_CTRL_C = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                   "sys.argv[0] = 'jaxbnn'; runpy.run_module('jaxbnn.cli', run_name='__main__')")
+
+
 def interrupt_after(argv, cwd, line_start: str) -> subprocess.CompletedProcess:
     """Run `jaxbnn ARGV` in a fresh interpreter, send it SIGINT (Ctrl-C) once a stdout line starts with
     `line_start`, and return what it printed and its exit status."""
-    process = subprocess.Popen([sys.executable, "-m", "jaxbnn.cli", *argv], cwd=cwd, text=True,
+    process = subprocess.Popen([sys.executable, "-c", CLI_WITH_CTRL_C, *argv], cwd=cwd, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines = []
