@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from jaxbnn import formats, packed_model
-from jaxbnn.layers import MODES, BinaryConv, BinaryLinear
+from jaxbnn.layers import MODES, BinaryConv, BinaryLinear, chain_parameters, ternary_levels
 from jaxbnn.models import (BinaryNet, ConvBlock, DenseBlock, GlobalPool, ResidualBlock, StreamStem,
                            reader_layer)
 from jaxbnn.thresholds import BnChain, integer_thresholds
@@ -44,15 +44,12 @@ class ExportError(ValueError):
 
 def bn_chain(bn: nnx.BatchNorm, layer: BinaryLinear | BinaryConv | None = None) -> BnChain:
     """The path integer -> (`layer`'s XNOR alpha, bias) -> `bn`, as `jaxbnn.thresholds` folds it."""
-    if bn.axis not in (-1, (-1,)):
-        raise ExportError(f"batch norm over axis {bn.axis} (only the channel axis is supported)")
-    alpha = None if layer is None else layer.kernel_scale()
-    bias = None if layer is None or layer.bias is None else layer.bias[...]
-    as_array = lambda v: None if v is None else np.asarray(v, np.float32)  # noqa: E731
-    return BnChain(mean=as_array(bn.mean[...]), var=as_array(bn.var[...]), epsilon=float(bn.epsilon),
-                   gamma=None if bn.scale is None else as_array(bn.scale[...]),
-                   beta=None if bn.bias is None else as_array(bn.bias[...]),
-                   alpha=as_array(alpha), bias=as_array(bias))
+    try:
+        mean, var, gamma, beta, alpha, bias = (None if v is None else np.asarray(v, np.float32)
+                                               for v in chain_parameters(bn, layer))
+    except ValueError as error:
+        raise ExportError(str(error)) from None
+    return BnChain(mean, var, float(bn.epsilon), gamma, beta, alpha, bias)
 
 
 def _layer_domains(layer, first: bool) -> tuple[str, str]:
@@ -81,23 +78,14 @@ def _quantizer_thresholds(chain: BnChain, reader, sample_shape, prefix: str = ""
     if operand == "binary":
         threshold, flip = integer_thresholds(chain, 0.0, False)
         return {}, {f"{prefix}threshold": threshold, f"{prefix}flip": flip}
-    alpha, beta = (_levels(v, sample_shape) for v in reader.input_thresholds())
+    try:
+        alpha, beta = (np.asarray(ternary_levels(v, tuple(sample_shape))) for v in reader.input_thresholds())
+    except ValueError as error:
+        raise ExportError(str(error)) from None
     tensors = {}
     for plane, level, strict in (("nonneg", beta, False), ("pos", alpha, True)):
         tensors[f"{prefix}threshold_{plane}"], tensors[f"{prefix}flip_{plane}"] = integer_thresholds(chain, level, strict)
     return {f"{prefix}level_shape": list(tensors[f"{prefix}threshold_nonneg"].shape)}, tensors
-
-
-def _levels(values, sample_shape) -> np.ndarray:
-    """A ternary quantizer's thresholds as levels over `sample_shape`: (C,) when one value or one per
-    channel, the full shape when one per feature."""
-    values = np.asarray(values, np.float32).reshape(-1)
-    sample_shape = tuple(sample_shape)
-    if values.size in (1, sample_shape[-1]):
-        return np.broadcast_to(values, sample_shape[-1:]).copy()
-    if values.size == math.prod(sample_shape):
-        return values.reshape(sample_shape)
-    raise ExportError(f"{values.size} ternary input thresholds do not fit an input of shape {list(sample_shape)}")
 
 
 def _weight_tensors(name, layer, node: dict, tile) -> dict[str, np.ndarray]:

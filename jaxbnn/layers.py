@@ -226,11 +226,11 @@ class _QuantizedOperands(nnx.Module):
         act = MODES[self.mode][0]
         if act not in ("binary", "ternary"):
             raise ValueError(f"a {self.mode} layer does not quantize its input")
-        chain = _chain_arrays(bn, producer)
+        chain = chain_parameters(bn, producer)
         z = jnp.round(z).astype(jnp.int32)  # integers in float32; round() absorbs any conv algorithm's error
         if act == "binary":
             return jnp.where(_threshold_bits(z, chain, bn.epsilon, jnp.zeros((), jnp.float32), False), 1.0, -1.0)
-        alpha, beta = (_levels_for(v, z.shape[1:]) for v in self.input_thresholds())
+        alpha, beta = (ternary_levels(v, z.shape[1:]) for v in self.input_thresholds())
         nonneg = _threshold_bits(z, chain, bn.epsilon, beta, False)
         pos = _threshold_bits(z, chain, bn.epsilon, alpha, True)
         return nonneg.astype(jnp.float32) + pos.astype(jnp.float32) - 1.0
@@ -379,9 +379,9 @@ class BinaryConv(_QuantizedOperands):
         return self._epilogue(y, input_scale)
 
 
-def _chain_arrays(bn: nnx.BatchNorm, producer) -> tuple:
-    """(mean, var, gamma, beta, alpha, bias) of the path from an integer to the batch-norm output; None
-    where absent."""
+def chain_parameters(bn: nnx.BatchNorm, producer=None) -> tuple:
+    """(mean, var, gamma, beta, alpha, bias) of the path from an integer through `producer`'s XNOR scale and
+    bias to the batch-norm output (`thresholds.BnChain`'s fields); None where absent."""
     if bn.axis not in (-1, (-1,)):
         raise ValueError(f"batch norm over axis {bn.axis}: only the channel axis folds into thresholds")
     alpha = bias = None
@@ -392,7 +392,7 @@ def _chain_arrays(bn: nnx.BatchNorm, producer) -> tuple:
             None if bn.bias is None else bn.bias[...], alpha, bias)
 
 
-def _levels_for(values, sample_shape) -> jax.Array:
+def ternary_levels(values, sample_shape) -> jax.Array:
     """Ternary input thresholds as levels for pre-activations of per-sample shape `sample_shape`: one value,
     one per channel, or one per feature (a dense layer's per-input thresholds over its flattened input)."""
     values = jnp.asarray(values, jnp.float32).reshape(-1)
