@@ -106,7 +106,7 @@ def _bmm(a, b, b_popcount, epi, *, k, n, kind):
         return jnp.zeros(a.shape[:-1] + (out_cols,), out_dtype)
     if b.ndim == 2:
         b = formats.to_fsb(b)
-    b_popcount = _derived_popcount(b, n) if b_popcount is None else b_popcount.astype(jnp.int32)
+    b_popcount = _derived_popcount(b, n, k) if b_popcount is None else b_popcount.astype(jnp.int32)
     epi = _epilogue_operands(kind, epi, n, k + 1)
     attrs = dict(k=np.int64(k), n=np.int64(n))
 
@@ -120,6 +120,7 @@ def _bmm(a, b, b_popcount, epi, *, k, n, kind):
             a2d,
             *weights,
             cuda_weights=lambda b_: _default_tiles(b_, n, k),
+            cuda_activations=lambda a_: _clear_padding_bits(a_, k),
         )
 
     out = _fold_rows(single)(rows, b, b_popcount, *epi.values())
@@ -237,8 +238,7 @@ def _bconv2d(x, w, w_tap_popcount, epi, *, attrs, kind, pooled):
     if w.ndim == 2:
         w = formats.to_fsb(w)
     if w_tap_popcount is None:
-        rows = formats.from_fsb(w, o, k_bits).reshape(o, kh * kw, cw)
-        w_tap_popcount = formats.popcount(rows).T
+        w_tap_popcount = _real_bit_popcount(w, rows=o, k_bits=k_bits, taps=(kh * kw, cw, c))
     w_tap_popcount = w_tap_popcount.astype(jnp.int32)
     epi = _epilogue_operands(kind, epi, o, kh * kw * c + 1)
     attr_values = dict(zip(_CONV_ATTRS, attrs))
@@ -263,32 +263,42 @@ def _bconv2d(x, w, w_tap_popcount, epi, *, attrs, kind, pooled):
             cuda = lambda x_, *ws: pool_threshold_bits(  # noqa: E731
                 jax.ffi.ffi_call(target, unpooled)(x_, *ws, **flat), (ph, pw), formats.pack_bits(ws[-1] != 0))
         return _dispatch(target, out_type, attr_values, ref, x_, *weights, cuda=cuda,
-                         cuda_weights=lambda w_: _default_tiles(w_, o, k_bits))
+                         cuda_weights=lambda w_: _default_tiles(w_, o, k_bits),
+                         cuda_activations=lambda x_: _clear_padding_bits(x_, c))
 
     out = _fold_rows(single)(images, w, w_tap_popcount, *epi.values())
     return out.reshape(x.shape[:-3] + out.shape[1:])
 
 
-def image_matmul(levels, kernel):
-    """int32 products of int8 image levels `(M, K)` with int8 weight values `(K, N)` (a first dense layer).
+def image_matmul(levels, kernel, *, shift=0, threshold=None, flip=None):
+    """Products of int8 image levels `(M, K)` with int8 weight values `(K, N)` (a first dense layer), with
+    the epilogue of `image_conv2d`: int32 `(M, N)` (`>> shift`), or the packed bits of the threshold planes.
 
-    Exact integer arithmetic on every platform (XLA's integer dot on the operands widened to int32)."""
+    Exact integer arithmetic on every platform; one custom call where a native handler exists (it runs as
+    a 1x1 convolution of a 1x1 image of K channels)."""
     levels, kernel = _int8("levels", levels, 2), _int8("kernel", kernel, 2)
     if levels.shape[1] != kernel.shape[0]:
         raise ValueError(f"levels have {levels.shape[1]} features, kernel {kernel.shape[0]} rows")
-    _check_image_reduction(kernel.shape[0])
-    _check_elements("the result", (levels.shape[0], kernel.shape[1]))
-    return _image_matmul(levels, kernel)
+    m, k = levels.shape
+    out = image_conv2d(levels.reshape(m, 1, 1, k), kernel.reshape(1, 1, k, kernel.shape[1]), stride=1,
+                       padding="VALID", shift=shift, threshold=threshold, flip=flip)
+    return out.reshape((m,) + out.shape[3:])
 
 
-_image_matmul = jax.jit(reference.image_matmul)
-
-
-def image_conv2d(levels, kernel, *, stride=1, padding="SAME"):
+def image_conv2d(levels, kernel, *, stride=1, padding="SAME", pool=None, shift=0, threshold=None, flip=None):
     """Convolution of int8 image levels `(B, H, W, C)` with int8 weight values `(KH, KW, C, N)` (a first
-    conv layer), zero padding (level 0, pixel 128), int32 `(B, OH, OW, N)`; exact on every platform.
+    conv layer), zero padding (level 0, pixel 128), with a fused max-pool and epilogue; exact on every
+    platform.
 
-    padding: "SAME", "VALID" or ((top, bottom), (left, right))."""
+    padding: "SAME", "VALID" or ((top, bottom), (left, right)). pool: None or (PH, PW), a max-pool of the
+    int32 pre-activations (window = stride, no padding). Epilogue:
+    - no threshold: int32 `(B, OH, OW, N)`, the (pooled) pre-activations `>> shift` (an arithmetic shift,
+      floor division by 2**shift, 0 <= shift <= 31);
+    - threshold `(N,)` (flip `(N,)`): packed bits uint32 `(B, OH, OW, ceil(N/32))` of `pre >= threshold`
+      (`pre <= threshold` where flip);
+    - threshold `(P, N)` (flip `(P, N)`): P threshold planes of the same pre-activations (a ternary
+      output's two), uint32 `(B, OH, OW, P, ceil(N/32))`.
+    Thresholds are integers of any width, saturated exactly as `bconv2d` saturates its own."""
     levels, kernel = _int8("levels", levels, 4), _int8("kernel", kernel, 4)
     kh, kw, c, n = kernel.shape
     if levels.shape[-1] != c or min(kh, kw, n) < 1:
@@ -303,15 +313,99 @@ def image_conv2d(levels, kernel, *, stride=1, padding="SAME"):
     if h + pt + pb < kh or wd + pl + pr < kw:
         raise ValueError(f"a {kh}x{kw} kernel does not fit the padded {h}x{wd} image")
     oh, ow = (h + pt + pb - kh) // stride[0] + 1, (wd + pl + pr - kw) // stride[1] + 1
+    pool = None if pool is None else _pair("pool", pool)
+    ph, pw = pool or (1, 1)
+    if ph * pw > MAX_IMAGE_POOL_WINDOW:
+        raise ValueError(f"pool {pool} has {ph * pw} elements; image_conv2d takes windows of at most "
+                         f"{MAX_IMAGE_POOL_WINDOW}")
+    if oh < ph or ow < pw:
+        raise ValueError(f"pool {pool} is larger than the {oh}x{ow} convolution output")
+    if not _is_int(shift) or not 0 <= shift <= 31:
+        raise ValueError(f"shift must be an integer in [0, 31], got {shift!r}")
+    planes = None
+    if threshold is not None:
+        if shift:
+            raise ValueError("shift applies to the int32 output, not with a threshold")
+        threshold, flip, stacked = _threshold_planes(threshold, flip, n, _image_bound(kh * kw * c))
+        planes = threshold.shape[0]
+    elif flip is not None:
+        raise ValueError("flip only applies with a threshold")
+    out_tail = (n,) if planes is None else (planes, formats.num_words(n))
+    _check_elements("the result", (levels.shape[0], oh // ph, ow // pw) + out_tail)
     _check_elements("the gathered taps", (levels.shape[0], oh, ow, kh * kw * c))
-    return _image_conv2d(levels, kernel, stride=stride, padding=padding)
+    attrs = (c, n, kh, kw, *stride, pt, pb, pl, pr, ph, pw)
+    out = _image_conv2d(levels, kernel, threshold, flip, attrs=attrs, shift=int(shift), pooled=pool is not None)
+    return out if planes is None or stacked else out[..., 0, :]
 
 
-_image_conv2d = jax.jit(reference.image_conv2d, static_argnames=("stride", "padding"))
+_IMAGE_ATTRS = ("c", "n", "kh", "kw", "stride_h", "stride_w", "pad_top", "pad_bottom", "pad_left", "pad_right",
+                "pool_h", "pool_w")
+
+
+@functools.partial(jax.jit, static_argnames=("attrs", "shift", "pooled"))
+def _image_conv2d(levels, kernel, threshold, flip, *, attrs, shift, pooled):
+    """The checked op as one compiled function per static signature (as `_bmm`)."""
+    c, n, kh, kw, sh, sw, pt, pb, pl, pr, ph, pw = attrs
+    h, wd = levels.shape[1:3]
+    oh, ow = ((h + pt + pb - kh) // sh + 1) // ph, ((wd + pl + pr - kw) // sw + 1) // pw
+    bits = threshold is not None
+    if bits:
+        threshold = _saturate(jnp.asarray(threshold), _image_bound(kh * kw * c))
+        flip = jnp.zeros(threshold.shape, jnp.uint8) if flip is None else jnp.asarray(flip).astype(bool).astype(jnp.uint8)
+        out_tail, out_dtype = (threshold.shape[0], formats.num_words(n)), jnp.uint32
+    else:
+        out_tail, out_dtype = (n,), jnp.int32
+    if levels.shape[0] == 0:
+        return jnp.zeros((0, oh, ow) + out_tail, out_dtype)
+    attr_values = {name: np.int64(v) for name, v in zip(_IMAGE_ATTRS, attrs)}
+    if not bits:
+        attr_values["shift"] = np.int64(shift)
+    epilogue = (threshold, flip) if bits else ()
+
+    def single(levels_, kernel_, *epi):
+        out_type = jax.ShapeDtypeStruct((levels_.shape[0], oh, ow) + out_tail, out_dtype)
+        ref = lambda x_, w_, *e: reference.image_conv2d(  # noqa: E731
+            x_, w_, stride=(sh, sw), padding=((pt, pb), (pl, pr)), pool=(ph, pw) if pooled else None, shift=shift,
+            **dict(zip(("threshold", "flip"), e)))
+        return _dispatch(f"jaxbnn_image_conv2d_{'bits' if bits else 'i32'}", out_type, attr_values, ref, levels_,
+                         kernel_, *epi)
+
+    return _fold_rows(single)(levels, kernel, *epilogue)
 
 
 # int8 x int8 products reach 2**14 in magnitude: this many of them always sum within int32.
 MAX_IMAGE_REDUCTION = (2**31 - 1) // 2**14
+
+
+MAX_THRESHOLD_PLANES = 8  # of a first layer: a ternary output uses 2
+MAX_IMAGE_POOL_WINDOW = 128  # elements of a first layer's pool window: one tile of the CUDA kernel holds a window
+
+
+def _threshold_planes(threshold, flip, n, bound):
+    """`threshold` and `flip` of `image_conv2d` as (P, N) planes, host thresholds saturated to +-bound, and
+    whether they were given as planes."""
+    threshold = threshold if isinstance(threshold, jax.Array) else np.asarray(threshold)
+    stacked = threshold.ndim == 2
+    if threshold.ndim not in (1, 2) or threshold.shape[-1] != n or not (
+            1 <= (threshold.shape[0] if stacked else 1) <= MAX_THRESHOLD_PLANES):
+        raise ValueError(f"threshold must have shape ({n},) or (planes, {n}) with 1 to {MAX_THRESHOLD_PLANES} "
+                         f"planes, one value per output channel, got {threshold.shape}")
+    if not (jnp.issubdtype(threshold.dtype, jnp.integer) or threshold.dtype == object):
+        raise TypeError(f"threshold must be integer (the pre-activations are integers), got {threshold.dtype}")
+    if not isinstance(threshold, jax.Array):
+        threshold = _saturate_host(threshold.reshape(-1), bound).reshape(threshold.shape)
+    if flip is not None:
+        flip = flip if isinstance(flip, jax.Array) else np.asarray(flip)
+        if flip.shape != threshold.shape:
+            raise ValueError(f"flip must have the shape of threshold, {threshold.shape}, got {flip.shape}")
+    if not stacked:
+        threshold, flip = threshold[None], None if flip is None else flip[None]
+    return threshold, flip, stacked
+
+
+def _image_bound(k):
+    """The saturation bound of a first layer's thresholds: its pre-activations lie in [-bound + 1, bound - 1]."""
+    return 2**14 * k + 1
 
 
 def _check_image_reduction(k):
@@ -357,16 +451,18 @@ def pool_threshold_bits(bits, pool, flip_words):
 # --- dispatch -------------------------------------------------------------------------------------
 
 
-def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None, cuda_weights=None):
+def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None, cuda_weights=None,
+              cuda_activations=None):
     """Lower to the native handler of the platform the computation runs on, else to the reference.
-    cuda: the CUDA branch, where it is not the handler alone; cuda_weights: what the CUDA branch does to
-    the weights (the second operand) first."""
+    cuda: the CUDA branch, where it is not the handler alone; cuda_weights / cuda_activations: what the
+    CUDA branch does to the weights (the second operand) / the activations (the first) first."""
     native = lambda *ops: jax.ffi.ffi_call(target, out_type)(*ops, **attrs)  # noqa: E731
     branches = {p: native for p in ("cpu", "cuda") if _ffi.has_target(p, target)}
     if "cuda" in branches:
         call = native if cuda is None else cuda
-        branches["cuda"] = call if cuda_weights is None else (
-            lambda x, w, *rest: call(x, cuda_weights(w), *rest))
+        weights = (lambda w: w) if cuda_weights is None else cuda_weights
+        activations = (lambda x: x) if cuda_activations is None else cuda_activations
+        branches["cuda"] = lambda x, w, *rest: call(activations(x), weights(w), *rest)
     if not branches:
         return reference_fn(*operands)
     return jax.lax.platform_dependent(*operands, default=reference_fn, **branches)
@@ -473,10 +569,21 @@ def _default_tiles(fsb, rows, k_bits):
     return formats.to_fsb(formats.from_fsb(fsb, rows, k_bits))
 
 
-def _derived_popcount(fsb, n):
-    nt, kt, bh, ww = fsb.shape
-    rows = fsb.transpose(0, 2, 1, 3).reshape(nt * bh, kt * ww)
-    return formats.popcount(rows)[:n]
+def _derived_popcount(fsb, n, k):
+    """The +1 count of each weight row's k real bits (padding bits, whatever they hold, not counted)."""
+    return _real_bit_popcount(fsb, rows=n, k_bits=k, taps=None)
+
+
+def _clear_padding_bits(x, bits):
+    """Packed words with the padding bits of each last word (past `bits`) cleared: the CUDA kernels count
+    every bit of an activation word, the CPU kernels only the real ones, and both must ignore the padding.
+    Nothing to do (no operation) when `bits` fills whole words, as every zoo layer but the first does."""
+    tail = bits % formats.WORD_BITS
+    if tail == 0:
+        return x
+    mask = np.full(x.shape[-1], 0xFFFFFFFF, np.uint32)
+    mask[-1] = (1 << tail) - 1
+    return x & jnp.asarray(mask)
 
 
 def _int32_array(name, value, shape):

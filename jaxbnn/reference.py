@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from jaxbnn import formats
 
-__all__ = ["bmm", "bconv2d", "image_matmul", "image_conv2d", "epilogue", "max_pool"]
+__all__ = ["bmm", "bconv2d", "image_matmul", "image_conv2d", "image_epilogue", "epilogue", "max_pool"]
 
 
 def _signs(bits, dtype):
@@ -104,10 +104,10 @@ def image_matmul(levels, kernel):
                                preferred_element_type=jnp.int32)
 
 
-def image_conv2d(levels, kernel, *, stride, padding):
+def image_conv2d(levels, kernel, *, stride, padding, pool=None, shift=0, threshold=None, flip=None):
     """Convolution of int8 image levels (B, H, W, C) with int8 weight values (KH, KW, C, N), zero padding
-    (level 0), int32 out: the taps gathered along the channel axis (KH * KW * C per output pixel) and one
-    exact integer product."""
+    (level 0), int32: the taps gathered along the channel axis (KH * KW * C per output pixel) and one exact
+    integer product; then `image_epilogue`."""
     kh, kw, c, n = kernel.shape
     sh, sw = stride
     levels = jnp.pad(levels, ((0, 0), *padding, (0, 0)))
@@ -116,5 +116,18 @@ def image_conv2d(levels, kernel, *, stride, padding):
     taps = [jax.lax.slice(levels, (0, i, j, 0), (b, i + sh * (oh - 1) + 1, j + sw * (ow - 1) + 1, c), (1, sh, sw, 1))
             for i in range(kh) for j in range(kw)]
     patches = jnp.concatenate(taps, axis=-1)  # (B, OH, OW, KH * KW * C), tap-major like the kernel's rows
-    return jax.lax.dot_general(patches.astype(jnp.int32), kernel.reshape(kh * kw * c, n).astype(jnp.int32),
-                               (((3,), (0,)), ((), ())), preferred_element_type=jnp.int32)  # int32: image_matmul
+    pre = jax.lax.dot_general(patches.astype(jnp.int32), kernel.reshape(kh * kw * c, n).astype(jnp.int32),
+                              (((3,), (0,)), ((), ())), preferred_element_type=jnp.int32)  # int32: image_matmul
+    return image_epilogue(pre, pool=pool, shift=shift, threshold=threshold, flip=flip)
+
+
+def image_epilogue(pre, *, pool=None, shift=0, threshold=None, flip=None):
+    """What the first layer's int32 pre-activations (B, OH, OW, N) become: max-pooled over `pool` windows,
+    then `pre >> shift` (an arithmetic shift: floor division by 2**shift), or with `threshold` (P, N) and
+    `flip` (P, N) the packed bits of each of the P threshold planes, uint32 (B, OH', OW', P, ceil(N/32))."""
+    if pool is not None:
+        pre = max_pool(pre, pool)
+    if threshold is None:
+        return pre >> shift
+    planes = [formats.pack_bits(formats.binarize(pre, t, f)) for t, f in zip(threshold, flip)]
+    return jnp.stack(planes, axis=-2)

@@ -4,7 +4,8 @@ The graph of the file (`jaxbnn.packed_model`, docs/export.md) runs node by node 
 integers from the pixels to the logits:
 
 - the first layer multiplies the image's int8 levels (pixel - 128) with its int8 weight values
-  (`ops.image_conv2d` / `ops.image_matmul`, int32 out);
+  (`ops.image_conv2d` / `ops.image_matmul`), its pool and its output's thresholds (or the stream's shift) in
+  the same op;
 - binary x binary layers are one custom call each, with the threshold epilogue writing the next layer's
   packed input (max-pool fused as OR / AND on the bits) or the affine epilogue writing the logits;
 - ternary operands are sums of ±1 products: a ternary t is (a + b) / 2 with the ±1 vectors a = [t >= 0]
@@ -228,8 +229,8 @@ def _linear(node, p, x):
     if node["input"] == "stream":
         x = _quantize(node["operand"], p, x, prefix="input_")
     if node["operand"] == "image":
-        pre = _image_operand(node, p, x)
-    elif node["operand"] == "binary" and node["weights"] == "binary" and node["output"] in ("binary", "affine"):
+        return _image_layer(node, p, x)
+    if node["operand"] == "binary" and node["weights"] == "binary" and node["output"] in ("binary", "affine"):
         return _fused(node, p, x)
     else:
         pre = _composite_dot(node, p, x)
@@ -297,12 +298,31 @@ def _composite_dot(node, p, x):
     return dot // parts  # exact: the sum of the ±1 products is a multiple of `parts`
 
 
-def _image_operand(node, p, levels):
-    """First layer: the image's int8 levels times the int8 weight values, int32 (exact on every platform)."""
+def _image_layer(node, p, levels):
+    """First layer: the image's int8 levels times the int8 weight values, with the pool and the output's
+    epilogue in the same op (one custom call on a platform with the native kernel)."""
+    output = node["output"]
+    if output == "binary":
+        epilogue = dict(threshold=p["threshold"], flip=p["flip"])
+    elif output == "ternary":
+        epilogue = dict(threshold=jnp.stack([p["threshold_nonneg"], p["threshold_pos"]]),
+                        flip=jnp.stack([p["flip_nonneg"], p["flip_pos"]]))
+    elif output == "stream":
+        epilogue = dict(shift=node["stream_shift"])
+    else:
+        epilogue = {}
     if node["kind"] == "conv":
-        return ops.image_conv2d(levels, p["kernel"], stride=tuple(node["stride"]),
-                                padding=tuple(tuple(q) for q in node["padding"]))
-    return ops.image_matmul(_flatten(levels), p["kernel"])
+        pool = node["pool"]
+        out = ops.image_conv2d(levels, p["kernel"], stride=tuple(node["stride"]),
+                               padding=tuple(tuple(q) for q in node["padding"]),
+                               pool=None if pool is None else tuple(pool), **epilogue)
+    else:
+        out = ops.image_matmul(_flatten(levels), p["kernel"], **epilogue)
+    if output == "ternary":
+        return out[..., 0, :], out[..., 1, :]
+    if output == "affine":
+        return out.astype(jnp.float32) * p["scale"] + p["bias"]
+    return out
 
 
 def _output(node, p, pre):

@@ -339,3 +339,126 @@ def test_pooled_threshold_bconv2d_on_cuda_matches_the_cpu(c, pool):
     with jax.default_device(CPU):
         want = np.asarray(ops.bconv2d(x, cw.bits, w_tap_popcount=cw.tap_popcount, **args))
     np.testing.assert_array_equal(got, want)
+
+
+# --- the first-layer kernel: int8 levels x int8 weights on IMMA, pool, stream shift or threshold planes -------
+
+IMAGE_LAYERS = [  # (image (B, H, W, C), kernel (KH, KW), N, stride, padding, pool, planes (0: int32), shift)
+    ((5, 28, 28, 1), (3, 3), 64, 1, "SAME", (2, 2), 1, 0),  # MNIST conv
+    ((4, 32, 32, 3), (3, 3), 128, 1, "SAME", None, 2, 0),  # CIFAR-10 VGG-small, ternary output
+    ((3, 32, 32, 3), (3, 3), 128, 2, "SAME", None, 0, 7),  # ResNet-14's stem
+    ((2, 64, 60, 3), (7, 7), 64, 4, "SAME", None, 0, 7),  # ResNet-18's stem
+    ((2, 99, 99, 3), (11, 11), 128, 4, "SAME", (2, 2), 1, 0),  # AlexNet
+    ((2, 40, 40, 3), (3, 3), 64, 1, "SAME", None, 1, 0),  # VGG-16
+    ((3, 9, 13, 5), (2, 3), 33, (1, 2), ((0, 3), (4, 0)), (3, 2), 2, 0),  # the pool drops a row, 33 channels
+    ((1, 16, 16, 2), (1, 1), 31, 1, "VALID", (8, 16), 8, 0),  # the largest window, eight planes
+    ((2, 9, 9, 3), (3, 3), 1, 1, "SAME", None, 0, 31),
+    ((0, 9, 9, 3), (3, 3), 5, 1, "SAME", None, 1, 0),  # an empty batch
+]
+
+
+@pytest.mark.parametrize("case", IMAGE_LAYERS, ids=[f"{c[0]}_{c[1]}_n{c[2]}_p{c[6]}" for c in IMAGE_LAYERS])
+def test_image_conv2d_on_cuda_matches_the_cpu(case):
+    """ops.image_conv2d on GPU arrays is one custom call and gives the CPU's integers and bits exactly, with
+    weights of every int8 value and thresholds at ties, past the bounds and at the int32 limits."""
+    from jaxbnn import ops
+
+    shape, kernel_size, n, stride, padding, pool, planes, shift = case
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    levels = rng.integers(-128, 128, shape, dtype=np.int8)
+    kernel = rng.integers(-128, 128, (*kernel_size, shape[-1], n), dtype=np.int8)
+    kernel[..., : n // 2] = rng.integers(-1, 2, kernel[..., : n // 2].shape)  # the zoo's weights: -1, 0, +1
+    epilogue = dict(shift=shift)
+    if planes:
+        with jax.default_device(CPU):
+            pre = np.asarray(ops.image_conv2d(levels, kernel, stride=stride, padding=padding, pool=pool))
+        ties = pre.ravel()[: planes * n] if pre.size else np.zeros(planes * n, np.int32)
+        threshold = np.resize(ties, (planes, n)).astype(np.int64)
+        threshold[:, ::7] = rng.choice([-(2**31), 2**31 - 1, -(2**40), 2**40], threshold[:, ::7].shape)
+        epilogue = dict(threshold=threshold, flip=rng.integers(0, 2, (planes, n)).astype(bool))
+
+    def layer(x):
+        return ops.image_conv2d(x, kernel, stride=stride, padding=padding, pool=pool, **epilogue)
+
+    if shape[0]:
+        assert "jaxbnn_image_conv2d" in jax.jit(layer).lower(jax.device_put(levels, GPU)).as_text()
+    got = np.asarray(jax.jit(layer)(jax.device_put(levels, GPU)))
+    with jax.default_device(CPU):
+        want = np.asarray(layer(levels))
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_image_conv2d_handler_rejects_inconsistent_calls():
+    levels = np.zeros((2, 8, 8, 3), np.int8)
+    kernel = np.zeros((3, 3, 3, 16), np.int8)
+    big = np.zeros((1, 32, 32, 3), np.int8)
+    attrs = dict(c=np.int64(3), n=np.int64(16), kh=np.int64(3), kw=np.int64(3), stride_h=np.int64(1),
+                 stride_w=np.int64(1), pad_top=np.int64(1), pad_bottom=np.int64(1), pad_left=np.int64(1),
+                 pad_right=np.int64(1), pool_h=np.int64(1), pool_w=np.int64(1))
+    stream = jax.ShapeDtypeStruct((2, 8, 8, 16), jnp.int32)
+    assert _call("jaxbnn_image_conv2d_i32", GPU, stream, [levels, kernel], dict(attrs, shift=np.int64(7))).shape == (2, 8, 8, 16)
+    with pytest.raises(Exception, match="shift must lie in"):
+        _call("jaxbnn_image_conv2d_i32", GPU, stream, [levels, kernel], dict(attrs, shift=np.int64(32)))
+    with pytest.raises(Exception, match="kernel has shape"):
+        _call("jaxbnn_image_conv2d_i32", GPU, stream, [levels, kernel[:, :, :2]], dict(attrs, shift=np.int64(0)))
+    with pytest.raises(Exception, match="result has shape"):
+        _call("jaxbnn_image_conv2d_i32", GPU, jax.ShapeDtypeStruct((2, 7, 8, 16), jnp.int32), [levels, kernel],
+              dict(attrs, shift=np.int64(0)))
+    bits = jax.ShapeDtypeStruct((2, 8, 8, 9, 1), jnp.uint32)
+    with pytest.raises(Exception, match="1 to 8 planes"):
+        _call("jaxbnn_image_conv2d_bits", GPU, bits, [levels, kernel, np.zeros((9, 16), np.int32),
+                                                       np.zeros((9, 16), np.uint8)], attrs)
+    with pytest.raises(Exception, match="pool window"):  # a result with elements: XLA skips an empty one's call
+        _call("jaxbnn_image_conv2d_i32", GPU, jax.ShapeDtypeStruct((1, 2, 2, 16), jnp.int32), [big, kernel],
+              dict(attrs, pool_h=np.int64(16), pool_w=np.int64(16), shift=np.int64(0)))
+
+
+def _set_padding_bits(words, bits):
+    """Every padding bit of each last word (past `bits`) set to 1."""
+    words = np.array(words)
+    if bits % 32:
+        words[..., -1] |= np.uint32(~((1 << (bits % 32)) - 1) & 0xFFFFFFFF)
+    return words
+
+
+@pytest.mark.parametrize("k", [1, 33, 100, 165, 257])
+def test_bmm_ignores_padding_bits_on_cuda_as_on_the_cpu(k):
+    """Activation and weight words whose padding bits are 1 give the dot products of their real bits, on
+    every engine and both platforms."""
+    from jaxbnn import ops
+
+    rng = np.random.default_rng(k)
+    m, n = 37, 45
+    a = np.asarray(formats.pack_bits(_random_signs(rng, (m, k)) >= 0))
+    rows = np.asarray(formats.pack_bits(_random_signs(rng, (n, k)) >= 0))
+    with jax.default_device(CPU):
+        want = np.asarray(reference.bmm(a, formats.to_fsb(rows), k, n))
+    dirty_a, dirty_rows = _set_padding_bits(a, k), _set_padding_bits(rows, k)
+    for path in ENGINES:
+        _cuda.set_kernel_path(path)
+        got = np.asarray(ops.bmm(jax.device_put(dirty_a, GPU), jax.device_put(dirty_rows, GPU), k))
+        np.testing.assert_array_equal(got, want, err_msg=path)
+    _cuda.set_kernel_path("auto")
+    with jax.default_device(CPU):
+        np.testing.assert_array_equal(np.asarray(ops.bmm(dirty_a, dirty_rows, k)), want)
+
+
+@pytest.mark.parametrize("c, pad_value", [(33, "zero"), (33, "one"), (100, "zero"), (100, "one")])
+def test_bconv2d_ignores_padding_bits_on_cuda_as_on_the_cpu(c, pad_value):
+    from jaxbnn import ops
+
+    rng = np.random.default_rng(c)
+    x = np.asarray(formats.pack_bits(_random_signs(rng, (2, 9, 7, c)) >= 0))
+    rows = np.asarray(formats.pack_bits(_random_signs(rng, (40, 3, 3, c)) >= 0))
+    args = dict(in_channels=c, kernel_size=(3, 3), stride=1, padding="SAME", pad_value=pad_value)
+    with jax.default_device(CPU):
+        want = np.asarray(ops.bconv2d(x, rows, **args))
+    dirty_x, dirty_rows = _set_padding_bits(x, c), _set_padding_bits(rows, c)
+    for path in ENGINES:
+        _cuda.set_kernel_path(path)
+        got = np.asarray(ops.bconv2d(jax.device_put(dirty_x, GPU), jax.device_put(dirty_rows, GPU), **args))
+        np.testing.assert_array_equal(got, want, err_msg=path)
+    _cuda.set_kernel_path("auto")
+    with jax.default_device(CPU):
+        np.testing.assert_array_equal(np.asarray(ops.bconv2d(dirty_x, dirty_rows, **args)), want)

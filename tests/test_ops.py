@@ -423,8 +423,8 @@ def test_reference_bconv2d_named_shapes_equal_the_cpu_module(c, kernel, padding,
 
 
 def test_everything_jaxbnn_packs_has_zero_padding_bits():
-    """The contract every kernel relies on (the CUDA kernels do not mask padding bits): the packers and the
-    threshold epilogues write 0 past the last real bit."""
+    """What the packed format promises (docs/formats.md): the packers and the threshold epilogues write 0
+    past the last real bit."""
     rng = np.random.default_rng(9)
     n, k = 45, 70
     padding = np.uint32(~((1 << (n % 32)) - 1) & 0xFFFFFFFF)
@@ -575,3 +575,147 @@ IMAGE_OP_ERRORS = [
 def test_image_ops_refuse_bad_arguments_with_clear_errors(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+# --- the first layer's fused pool and epilogue: the stream's shift, threshold planes ------------------------
+
+
+def numpy_image_layer(levels, kernel, stride, padding, pool=None, shift=0, threshold=None, flip=None):
+    """numpy_image_conv, max-pooled (window = stride, floor), then `>> shift` or the bits of each threshold
+    plane (P, N), packed LSB first, as uint32 (B, OH, OW, P, words)."""
+    pre = numpy_image_conv(levels, kernel, stride, padding)
+    if pool is not None:
+        ph, pw = pool
+        b, h, w, n = pre.shape
+        pre = pre[:, : h // ph * ph, : w // pw * pw].reshape(b, h // ph, ph, w // pw, pw, n).max(axis=(2, 4))
+    if threshold is None:
+        return pre >> shift
+    threshold = np.asarray(threshold, object).astype(np.float64)  # exact for |t| < 2**53: the tests' range
+    flip = np.zeros(threshold.shape, bool) if flip is None else np.asarray(flip, bool)
+    bits = np.where(flip[:, None, None, None], pre[None] <= threshold[:, None, None, None],
+                    pre[None] >= threshold[:, None, None, None])  # (P, B, OH, OW, N)
+    n = bits.shape[-1]
+    words = -(-n // 32)
+    bits = np.pad(bits, [(0, 0)] * 4 + [(0, 32 * words - n)]).reshape(bits.shape[:4] + (words, 32))
+    packed = (bits.astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(-1).astype(np.uint32)
+    return np.moveaxis(packed, 0, 3)
+
+
+IMAGE_LAYERS = [  # (image, kernel (KH, KW), N, stride, padding, pool, planes or a shift)
+    ((3, 12, 12, 1), (3, 3), 64, 1, "SAME", (2, 2), {"planes": 1}),  # MNIST conv
+    ((2, 8, 8, 3), (3, 3), 40, 1, "SAME", None, {"planes": 2}),  # a ternary output
+    ((2, 9, 9, 3), (3, 3), 33, 2, "SAME", None, {"shift": 7}),  # ResNet-14's stem
+    ((1, 23, 21, 3), (7, 7), 16, 4, "SAME", None, {"shift": 31}),
+    ((2, 19, 23, 3), (11, 11), 70, 4, "SAME", (2, 2), {"planes": 3}),  # AlexNet's on a small image
+    ((2, 9, 13, 5), (2, 3), 31, (1, 2), ((0, 3), (4, 0)), (3, 2), {"planes": 2}),  # the pool drops a row
+    ((1, 8, 16, 2), (1, 1), 5, 1, "VALID", (8, 16), {"planes": 1}),  # the largest window
+    ((2, 7, 7, 3), (3, 3), 9, 1, "SAME", (2, 2), {"shift": 0}),
+]
+
+
+@pytest.mark.parametrize("shape, kernel_size, n, stride, padding, pool, epilogue", IMAGE_LAYERS,
+                         ids=[str(c[:2]) + str(c[-1]) for c in IMAGE_LAYERS])
+def test_image_conv2d_pools_then_shifts_or_thresholds(shape, kernel_size, n, stride, padding, pool, epilogue):
+    rng = np.random.default_rng(sum(shape) + n)
+    levels, kernel = int8_values(rng, shape), rng.integers(-1, 2, (*kernel_size, shape[-1], n)).astype(np.int8)
+    stride2 = (stride, stride) if isinstance(stride, int) else stride
+    if "shift" in epilogue:
+        got = ops.image_conv2d(levels, kernel, stride=stride, padding=padding, pool=pool, shift=epilogue["shift"])
+        want = numpy_image_layer(levels, kernel, stride2, padding, pool, shift=epilogue["shift"])
+        assert got.dtype == jnp.int32
+        np.testing.assert_array_equal(got, want)
+        return
+    pre = numpy_image_layer(levels, kernel, stride2, padding, pool)
+    planes = epilogue["planes"]
+    # thresholds on the pre-activations themselves (ties), beyond them, and at the int32 extremes
+    threshold = rng.choice(np.concatenate([pre.ravel()[:50], [-2**31, 2**31 - 1, 0, 5]]), (planes, n))
+    flip = rng.integers(0, 2, (planes, n)).astype(bool)
+    got = ops.image_conv2d(levels, kernel, stride=stride, padding=padding, pool=pool, threshold=threshold, flip=flip)
+    want = numpy_image_layer(levels, kernel, stride2, padding, pool, threshold=threshold, flip=flip)
+    assert got.dtype == jnp.uint32 and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    single = ops.image_conv2d(levels, kernel, stride=stride, padding=padding, pool=pool, threshold=threshold[0],
+                              flip=flip[0])  # one plane given as a vector: no plane axis
+    np.testing.assert_array_equal(single, want[..., 0, :])
+    jitted = jax.jit(lambda x: ops.image_conv2d(x, kernel, stride=stride, padding=padding, pool=pool,
+                                                threshold=threshold, flip=flip))
+    np.testing.assert_array_equal(jitted(levels), want)
+    batched = jax.vmap(lambda x: ops.image_conv2d(x, kernel, stride=stride, padding=padding, pool=pool,
+                                                  threshold=threshold, flip=flip))(np.stack([levels, levels[::-1]]))
+    np.testing.assert_array_equal(batched[1], want[::-1])
+
+
+def test_image_matmul_thresholds_and_shifts_like_a_one_by_one_conv():
+    rng = np.random.default_rng(7)
+    levels, kernel = int8_values(rng, (5, 784)), rng.integers(-1, 2, (784, 100)).astype(np.int8)
+    pre = levels.astype(np.int64) @ kernel.astype(np.int64)
+    np.testing.assert_array_equal(ops.image_matmul(levels, kernel, shift=3), pre >> 3)
+    threshold = rng.integers(-300, 300, 100)
+    flip = rng.integers(0, 2, 100).astype(bool)
+    want = numpy_image_layer(levels[:, None, None], kernel[None, None], (1, 1), "VALID", threshold=threshold[None],
+                             flip=flip[None])[:, 0, 0, 0]
+    np.testing.assert_array_equal(ops.image_matmul(levels, kernel, threshold=threshold, flip=flip), want)
+
+
+def test_image_thresholds_of_any_width_saturate_exactly():
+    """Host thresholds beyond int32 act as the bound past every pre-activation, never wrapped."""
+    levels = np.full((1, 4, 4, 1), 127, np.int8)
+    kernel = np.ones((1, 1, 1, 3), np.int8)
+    threshold = np.array([[2**32 + 10, -(2**40), 127]], np.int64)
+    got = np.asarray(ops.image_conv2d(levels, kernel, padding="VALID", threshold=threshold))
+    assert (got[..., 0, 0] == 0b110).all()
+    huge = np.array([[2**70, -(2**70), 128]], object)
+    assert (np.asarray(ops.image_conv2d(levels, kernel, padding="VALID", threshold=huge))[..., 0, 0] == 0b010).all()
+
+
+IMAGE_EPILOGUE_ERRORS = [
+    (dict(shift=32), ValueError, r"shift must be an integer in \[0, 31\], got 32"),
+    (dict(shift=-1), ValueError, "shift must be an integer"),
+    (dict(shift=1.0), ValueError, "shift must be an integer"),
+    (dict(threshold=np.zeros(2, np.int32), shift=1), ValueError, "shift applies to the int32 output"),
+    (dict(flip=np.zeros(2, bool)), ValueError, "flip only applies with a threshold"),
+    (dict(threshold=np.zeros(3, np.int32)), ValueError, r"threshold must have shape \(2,\) or \(planes, 2\)"),
+    (dict(threshold=np.zeros((9, 2), np.int32)), ValueError, "with 1 to 8 planes"),
+    (dict(threshold=np.zeros((0, 2), np.int32)), ValueError, "with 1 to 8 planes"),
+    (dict(threshold=np.zeros(2, np.float32)), TypeError, "threshold must be integer"),
+    (dict(threshold=np.zeros((2, 2), np.int32), flip=np.zeros(2, bool)), ValueError,
+     r"flip must have the shape of threshold, \(2, 2\)"),
+    (dict(pool=(3, 3)), ValueError, r"pool \(3, 3\) is larger than the 2x2 convolution output"),
+    (dict(pool=(0, 1)), ValueError, "pool must be a positive integer"),
+]
+
+
+@pytest.mark.parametrize("kwargs, error, message", IMAGE_EPILOGUE_ERRORS, ids=[m for *_, m in IMAGE_EPILOGUE_ERRORS])
+def test_image_conv2d_refuses_bad_epilogues(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        ops.image_conv2d(np.zeros((1, 4, 4, 3), np.int8), np.zeros((3, 3, 3, 2), np.int8), padding="VALID", **kwargs)
+
+
+def test_image_conv2d_refuses_pool_windows_past_one_kernel_tile():
+    levels, kernel = np.zeros((1, 16, 16, 1), np.int8), np.zeros((1, 1, 1, 1), np.int8)
+    assert ops.image_conv2d(levels, kernel, pool=(8, 16), shift=0).shape == (1, 2, 1, 1)
+    with pytest.raises(ValueError, match=r"pool \(16, 16\) has 256 elements; image_conv2d takes windows of at most 128"):
+        ops.image_conv2d(levels, kernel, pool=(16, 16))
+
+
+@pytest.mark.parametrize("k", [1, 33, 100, 165])
+def test_ops_read_only_the_real_bits_whatever_the_padding_bits_hold(k):
+    """Activation and weight words with every padding bit set give the dot products of their real bits (the
+    popcounts the op derives count real bits only); tests/test_gpu_kernels.py holds CUDA to the same."""
+    rng = np.random.default_rng(k)
+
+    def dirty(words, bits):
+        words = np.array(words)
+        if bits % 32:
+            words[..., -1] |= np.uint32(~((1 << (bits % 32)) - 1) & 0xFFFFFFFF)
+        return words
+
+    a = np.asarray(ops.pack_bits(signs(rng, (9, k))))
+    rows = np.asarray(ops.pack_bits(signs(rng, (13, k))))
+    want = np.asarray(ops.bmm(a, rows, k))
+    np.testing.assert_array_equal(ops.bmm(dirty(a, k), dirty(rows, k), k), want)
+    x = np.asarray(ops.pack_bits(signs(rng, (2, 5, 6, k))))
+    w = np.asarray(ops.pack_bits(signs(rng, (7, 3, 3, k))))
+    for pad_value in ("zero", "one"):
+        conv = dict(in_channels=k, kernel_size=(3, 3), padding="SAME", pad_value=pad_value)
+        np.testing.assert_array_equal(ops.bconv2d(dirty(x, k), dirty(w, k), **conv), ops.bconv2d(x, w, **conv))

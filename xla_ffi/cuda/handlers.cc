@@ -11,6 +11,7 @@
 #include <string>
 
 #include "binary_gemm.h"
+#include "image_conv.h"
 #include "common/checks.h"
 #include "common/formats.h"
 #include "xla/ffi/api/ffi.h"
@@ -253,6 +254,95 @@ ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi:
   return Run(p, stream);
 }
 
+struct ImageConvAttrs {
+  int64_t c, n, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, pool_h, pool_w;
+};
+
+// The first layer (ops.image_conv2d): int8 levels (B, H, W, C), an int8 HWIO kernel (KH, KW, C, N); planes == 0:
+// int32 (B, OH, OW, N) of the pooled pre-activations >> shift; else threshold / flip (planes, N) and uint32
+// (B, OH, OW, planes, ceil(N/32)).
+ffi::Error ImageConv(cudaStream_t stream, const ffi::Buffer<ffi::S8>& levels, const ffi::Buffer<ffi::S8>& kernel,
+                     const ImageConvAttrs& at, const ffi::Buffer<ffi::S32>* threshold, const ffi::Buffer<ffi::U8>* flip,
+                     int64_t shift, ffi::Span<const int64_t> out_dims, void* out) {
+  const HandlerTimer timer;
+  for (int64_t value : {at.c, at.n, at.kh, at.kw, at.stride_h, at.stride_w, at.pool_h, at.pool_w}) {
+    if (value < 1 || !FitsInt(value)) return Invalid("image_conv2d needs c, n, kernel, stride, pool in [1, 2^31 - 1]");
+  }
+  for (int64_t value : {at.pad_top, at.pad_bottom, at.pad_left, at.pad_right}) {
+    if (!FitsInt(value)) return Invalid("image_conv2d padding must lie in [0, 2^31 - 1]");
+  }
+  if (shift < 0 || shift > 31) return Invalid("image_conv2d shift must lie in [0, 31], got " + std::to_string(shift));
+  if (at.pool_h * at.pool_w > kMaxImagePoolWindow) {
+    return Invalid("image_conv2d pool window " + std::to_string(at.pool_h) + "x" + std::to_string(at.pool_w) +
+                   " is larger than the kernel takes (" + std::to_string(kMaxImagePoolWindow) + " elements)");
+  }
+  const auto x_dims = levels.dimensions();
+  if (x_dims.size() != 4 || x_dims[3] != at.c) {
+    return Invalid("image_conv2d levels must be (B, H, W, " + std::to_string(at.c) + "), got " + Dims(x_dims));
+  }
+  if (auto err = ExpectShape("kernel", kernel, {at.kh, at.kw, at.c, at.n})) return *err;
+  const int64_t batch = x_dims[0], h = x_dims[1], wd = x_dims[2];
+  if (h + at.pad_top + at.pad_bottom < at.kh || wd + at.pad_left + at.pad_right < at.kw) {
+    return Invalid("image_conv2d kernel larger than the padded image");
+  }
+  const int64_t out_h = ((h + at.pad_top + at.pad_bottom - at.kh) / at.stride_h + 1) / at.pool_h;
+  const int64_t out_w = ((wd + at.pad_left + at.pad_right - at.kw) / at.stride_w + 1) / at.pool_w;
+  const int64_t planes = threshold ? threshold->dimensions().size() == 2 ? threshold->dimensions()[0] : -1 : 0;
+  if (threshold) {
+    if (planes < 1 || planes > kMaxImagePlanes) {
+      return Invalid("image_conv2d threshold must be (planes, n) with 1 to " + std::to_string(kMaxImagePlanes) +
+                     " planes, got " + Dims(threshold->dimensions()));
+    }
+    if (auto err = ExpectShape("threshold", *threshold, {planes, at.n})) return *err;
+    if (auto err = ExpectShape("flip", *flip, {planes, at.n})) return *err;
+  }
+  const bool expected_out =
+      threshold ? out_dims.size() == 5 && out_dims[3] == planes && out_dims[4] == CeilDiv(at.n, 32)
+                : out_dims.size() == 4 && out_dims[3] == at.n;
+  if (!expected_out || out_dims[0] != batch || out_dims[1] != out_h || out_dims[2] != out_w) {
+    return Invalid("image_conv2d result has shape " + Dims(out_dims) + ", not the (B, OH, OW, ...) of the call");
+  }
+  if (at.kh * at.kw * at.c > std::numeric_limits<int32_t>::max() / (int64_t{1} << 14)) {
+    return Invalid("image_conv2d reduces over " + std::to_string(at.kh * at.kw * at.c) +
+                   " int8 products per output, more than are sure to sum within int32");
+  }
+  if (!ProductFitsInt({batch, h, wd, at.c}) || !ProductFitsInt({at.kh, at.kw, at.c, at.n}) ||
+      !ProductFitsInt({batch, out_h, out_w}) || !FitsInt(batch * out_h * out_w + 128) ||
+      !ProductFitsInt({batch, out_h, out_w, std::max<int64_t>(planes, 1), CeilDiv(at.n, 32) * 32}) ||
+      !FitsInt(h + at.pad_top + at.pad_bottom) || !FitsInt(wd + at.pad_left + at.pad_right) ||
+      CeilDiv(at.n, kImageTileColumns) > kMaxImageColumnTiles) {
+    return Invalid("image_conv2d operands too large for the CUDA kernel (int32 indexing)");
+  }
+  ImageConvProblem p;
+  p.levels = levels.typed_data();
+  p.kernel = kernel.typed_data();
+  p.threshold = threshold ? threshold->typed_data() : nullptr;
+  p.flip = flip ? flip->typed_data() : nullptr;
+  p.out = out;
+  p.batch = static_cast<int>(batch);
+  p.in_h = static_cast<int>(h);
+  p.in_w = static_cast<int>(wd);
+  p.c = static_cast<int>(at.c);
+  p.n = static_cast<int>(at.n);
+  p.kh = static_cast<int>(at.kh);
+  p.kw = static_cast<int>(at.kw);
+  p.stride_h = static_cast<int>(at.stride_h);
+  p.stride_w = static_cast<int>(at.stride_w);
+  p.pad_top = static_cast<int>(at.pad_top);
+  p.pad_left = static_cast<int>(at.pad_left);
+  p.pool_h = static_cast<int>(at.pool_h);
+  p.pool_w = static_cast<int>(at.pool_w);
+  p.out_h = static_cast<int>(out_h);
+  p.out_w = static_cast<int>(out_w);
+  p.planes = static_cast<int>(planes);
+  p.shift = static_cast<int>(shift);
+  const cudaError_t err = LaunchImageConv(p, stream);
+  if (err != cudaSuccess) {
+    return ffi::Error::Internal(std::string("jaxbnn CUDA image_conv2d launch failed: ") + cudaGetErrorString(err));
+  }
+  return ffi::Error::Success();
+}
+
 // ---- the six handlers ----
 
 ffi::Error BmmI32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> a, ffi::Buffer<ffi::U32> b,
@@ -297,6 +387,25 @@ ffi::Error BConvBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buff
                          JAXBNN_CONV_ATTR_PARAMS, ffi::ResultBuffer<ffi::U32> out) {
   EpilogueArgs e{Epilogue::kBits, nullptr, nullptr, &threshold, &flip};
   return BConv(stream, x, w, tap_popc, JAXBNN_CONV_ATTRS, e, out->dimensions(), out->untyped_data());
+}
+
+#define JAXBNN_IMAGE_ATTR_PARAMS                                                                            \
+  int64_t c, int64_t n, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t pad_top,       \
+      int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t pool_h, int64_t pool_w
+#define JAXBNN_IMAGE_ATTRS \
+  ImageConvAttrs { c, n, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, pool_h, pool_w }
+
+ffi::Error ImageConvI32Impl(cudaStream_t stream, ffi::Buffer<ffi::S8> levels, ffi::Buffer<ffi::S8> kernel,
+                            JAXBNN_IMAGE_ATTR_PARAMS, int64_t shift, ffi::ResultBuffer<ffi::S32> out) {
+  return ImageConv(stream, levels, kernel, JAXBNN_IMAGE_ATTRS, nullptr, nullptr, shift, out->dimensions(),
+                   out->untyped_data());
+}
+
+ffi::Error ImageConvBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::S8> levels, ffi::Buffer<ffi::S8> kernel,
+                             ffi::Buffer<ffi::S32> threshold, ffi::Buffer<ffi::U8> flip, JAXBNN_IMAGE_ATTR_PARAMS,
+                             ffi::ResultBuffer<ffi::U32> out) {
+  return ImageConv(stream, levels, kernel, JAXBNN_IMAGE_ATTRS, &threshold, &flip, 0, out->dimensions(),
+                   out->untyped_data());
 }
 
 }  // namespace
@@ -364,4 +473,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvBits, jaxbnn::cuda::BConvBitsImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>() JAXBNN_BIND_CONV_ATTRS.Ret<ffi::Buffer<ffi::U32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+#define JAXBNN_BIND_IMAGE_ATTRS                                                                                    \
+  .Attr<int64_t>("c").Attr<int64_t>("n").Attr<int64_t>("kh").Attr<int64_t>("kw").Attr<int64_t>("stride_h")     \
+      .Attr<int64_t>("stride_w").Attr<int64_t>("pad_top").Attr<int64_t>("pad_bottom").Attr<int64_t>("pad_left") \
+      .Attr<int64_t>("pad_right").Attr<int64_t>("pool_h").Attr<int64_t>("pool_w")
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaImageConvI32, jaxbnn::cuda::ImageConvI32Impl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>() JAXBNN_BIND_IMAGE_ATTRS.Attr<int64_t>("shift")
+                                  .Ret<ffi::Buffer<ffi::S32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaImageConvBits, jaxbnn::cuda::ImageConvBitsImpl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>() JAXBNN_BIND_IMAGE_ATTRS.Ret<ffi::Buffer<ffi::U32>>(),
                               {ffi::Traits::kCmdBufferCompatible});

@@ -1,13 +1,16 @@
 // Host-side correctness harness of the CUDA kernels (no JAX): random problems of every op, epilogue,
 // padding mode, stride, pool and odd shape, run on each engine into poisoned outputs and compared word
 // for word with a direct CPU convolution (XOR-popc, independent of the kernels' AND-popc algebra).
-// Also the workload of the compute-sanitizer runs (`--small`); `--dense` checks only the convolutions of fewer
+// Also the workload of the compute-sanitizer runs (`--small`); `--image` checks only the first-layer kernel
+// (LaunchImageConv: int8 levels against a CPU convolution); `--dense` checks only the convolutions of fewer
 // than 32 channels (the dense-tap kernel's and two of the word layout). Exit status 0 only if every case matches.
 //
 //   cmake -S . -B build/kernels -DJAXBNN_CUDA=ON -DJAXBNN_KERNEL_TESTS=ON && cmake --build build/kernels --target kernel_check
 //   ctest --test-dir build/kernels -L check          (or -L sanitizer: memcheck, racecheck, initcheck, synccheck)
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/binary_gemm.h"
+#include "cuda/image_conv.h"
 
 using jaxbnn::cuda::BinaryGemmProblem;
 using jaxbnn::cuda::Epilogue;
@@ -516,6 +520,125 @@ std::vector<ConvCase> BorderTableCases() {
   return cases;
 }
 
+// ---- the first-layer kernel (LaunchImageConv): int8 levels x int8 weights, pool, stream or threshold planes ----
+
+struct ImageCase {
+  int batch, h, w, c, n, kh, kw, sh, sw, pt, pb, pl, pr, ph, pw, planes, shift;
+  bool extremes;  // levels and weights only -128 / 127: the largest products
+};
+
+// Runs one case into a poisoned output; returns the number of wrong words.
+long RunImageCase(const ImageCase& ic) {
+  const int conv_h = (ic.h + ic.pt + ic.pb - ic.kh) / ic.sh + 1, conv_w = (ic.w + ic.pl + ic.pr - ic.kw) / ic.sw + 1;
+  const int out_h = conv_h / ic.ph, out_w = conv_w / ic.pw, words = (ic.n + 31) / 32, k = ic.kh * ic.kw * ic.c;
+  std::vector<int8_t> levels(static_cast<size_t>(ic.batch) * ic.h * ic.w * ic.c), kernel(static_cast<size_t>(k) * ic.n);
+  for (int8_t& v : levels) v = ic.extremes ? (rng() & 1 ? 127 : -128) : static_cast<int8_t>(rng());
+  for (int8_t& v : kernel) v = ic.extremes ? (rng() & 1 ? 127 : -128) : static_cast<int8_t>(static_cast<int>(rng() % 3) - 1);
+  const int planes = std::max(ic.planes, 1);
+  std::vector<int32_t> threshold(static_cast<size_t>(planes) * ic.n);
+  std::vector<uint8_t> flip(threshold.size());
+  const int spread = 128 * static_cast<int>(std::sqrt(static_cast<double>(k))) + 1;
+  for (size_t i = 0; i < threshold.size(); ++i) {
+    const uint64_t r = rng();
+    threshold[i] = r % 17 == 0 ? INT32_MIN : r % 17 == 1 ? INT32_MAX : static_cast<int>(r % (2 * spread)) - spread;
+    flip[i] = (r >> 32) & 1;
+  }
+  const size_t pooled = static_cast<size_t>(ic.batch) * out_h * out_w;
+  const size_t out_words = ic.planes ? pooled * ic.planes * words : pooled * ic.n;
+  std::vector<uint32_t> want(out_words, 0);
+  for (size_t q = 0; q < pooled; ++q) {
+    const int b = static_cast<int>(q / (out_h * out_w)), py = static_cast<int>(q / out_w % out_h), px = static_cast<int>(q % out_w);
+    for (int n = 0; n < ic.n; ++n) {
+      int64_t best = INT64_MIN;
+      for (int e = 0; e < ic.ph * ic.pw; ++e) {
+        const int oy = py * ic.ph + e / ic.pw, ox = px * ic.pw + e % ic.pw;
+        int64_t pre = 0;
+        for (int i = 0; i < ic.kh; ++i) {
+          for (int j = 0; j < ic.kw; ++j) {
+            const int iy = oy * ic.sh - ic.pt + i, ix = ox * ic.sw - ic.pl + j;
+            if (iy < 0 || iy >= ic.h || ix < 0 || ix >= ic.w) continue;
+            for (int c = 0; c < ic.c; ++c) {
+              pre += int64_t{levels[((static_cast<size_t>(b) * ic.h + iy) * ic.w + ix) * ic.c + c]} *
+                     kernel[(static_cast<size_t>(i * ic.kw + j) * ic.c + c) * ic.n + n];
+            }
+          }
+        }
+        best = std::max(best, pre);
+      }
+      if (!ic.planes) {
+        want[q * ic.n + n] = static_cast<uint32_t>(static_cast<int32_t>(best >> ic.shift));
+        continue;
+      }
+      for (int pl = 0; pl < ic.planes; ++pl) {
+        const int64_t t = threshold[pl * ic.n + n];
+        const bool bit = flip[pl * ic.n + n] ? best <= t : best >= t;
+        want[(q * ic.planes + pl) * words + n / 32] |= static_cast<uint32_t>(bit) << (n % 32);
+      }
+    }
+  }
+  int8_t* d_levels = ToDevice(levels);
+  int8_t* d_kernel = ToDevice(kernel);
+  int32_t* d_threshold = ToDevice(threshold);
+  uint8_t* d_flip = ToDevice(flip);
+  uint32_t* d_out = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_out, std::max<size_t>(out_words, 1) * 4));
+  CHECK_CUDA(cudaMemset(d_out, 0xA5, std::max<size_t>(out_words, 1) * 4));  // poison: unwritten words show
+  jaxbnn::cuda::ImageConvProblem p;
+  p.levels = d_levels;
+  p.kernel = d_kernel;
+  p.threshold = ic.planes ? d_threshold : nullptr;
+  p.flip = ic.planes ? d_flip : nullptr;
+  p.out = d_out;
+  p.batch = ic.batch;
+  p.in_h = ic.h;
+  p.in_w = ic.w;
+  p.c = ic.c;
+  p.n = ic.n;
+  p.kh = ic.kh;
+  p.kw = ic.kw;
+  p.stride_h = ic.sh;
+  p.stride_w = ic.sw;
+  p.pad_top = ic.pt;
+  p.pad_left = ic.pl;
+  p.pool_h = ic.ph;
+  p.pool_w = ic.pw;
+  p.out_h = out_h;
+  p.out_w = out_w;
+  p.planes = ic.planes;
+  p.shift = ic.shift;
+  CHECK_CUDA(jaxbnn::cuda::LaunchImageConv(p, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<uint32_t> got(out_words);
+  if (out_words) CHECK_CUDA(cudaMemcpy(got.data(), d_out, out_words * 4, cudaMemcpyDeviceToHost));
+  long wrong = 0;
+  for (size_t i = 0; i < out_words; ++i) wrong += got[i] != want[i];
+  std::printf("image %dx%dx%dx%d -> %d, %dx%d /%dx%d pad (%d,%d,%d,%d) pool %dx%d planes %d shift %d%s: %ld / %zu wrong\n",
+              ic.batch, ic.h, ic.w, ic.c, ic.n, ic.kh, ic.kw, ic.sh, ic.sw, ic.pt, ic.pb, ic.pl, ic.pr, ic.ph, ic.pw,
+              ic.planes, ic.shift, ic.extremes ? " extremes" : "", wrong, out_words);
+  for (void* d : {static_cast<void*>(d_levels), static_cast<void*>(d_kernel), static_cast<void*>(d_threshold),
+                  static_cast<void*>(d_flip), static_cast<void*>(d_out)}) {
+    CHECK_CUDA(cudaFree(d));
+  }
+  return wrong;
+}
+
+// The zoo's first layers at small sizes, odd shapes, the largest pool window, the extremes.
+std::vector<ImageCase> ImageCases() {
+  return {
+      {3, 28, 28, 1, 64, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, 1, 0, false},      // MNIST conv
+      {2, 32, 32, 3, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2, 0, false},     // VGG-small, ternary output
+      {2, 32, 32, 3, 128, 3, 3, 2, 2, 0, 1, 0, 1, 1, 1, 0, 7, false},     // ResNet-14 stem
+      {1, 45, 47, 3, 64, 7, 7, 4, 4, 3, 2, 3, 3, 1, 1, 0, 7, false},      // ResNet-18 stem
+      {1, 67, 67, 3, 128, 11, 11, 4, 4, 5, 5, 5, 5, 2, 2, 1, 0, false},   // AlexNet
+      {37, 1, 1, 784, 100, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, false},    // MNIST MLP (a 1x1 conv)
+      {2, 9, 13, 5, 33, 2, 3, 1, 2, 0, 3, 4, 0, 3, 2, 2, 0, false},       // pool 3x2 dropping rows
+      {2, 9, 13, 5, 1, 2, 3, 1, 2, 0, 3, 4, 0, 1, 1, 0, 31, false},       // one channel, shift 31
+      {1, 17, 33, 2, 31, 1, 1, 1, 1, 0, 0, 0, 0, 8, 16, 3, 0, false},     // a 128-element window
+      {2, 23, 19, 3, 65, 11, 11, 4, 4, 2, 2, 2, 2, 1, 1, 8, 0, true},     // extremes, eight planes
+      {3, 21, 21, 3, 64, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 0, 0, true},       // extremes, int32
+  };
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   std::vector<KernelPath> timed;  // the engines a timing mode times
@@ -525,6 +648,12 @@ int main(int argc, char** argv) {
   if (!timed.empty()) {
     TimeAll(timed, argc > 2 ? argv[2] : "");
     return 0;
+  }
+  if (mode == "--image") {  // the first-layer kernel's cases only
+    long failures = 0;
+    for (const ImageCase& ic : ImageCases()) failures += RunImageCase(ic) != 0;
+    std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
+    return failures ? 1 : 0;
   }
   const bool small = mode == "--small", dense = mode == "--dense";
   // The cases in a fixed order: `--small` picks some of them by index.
@@ -549,6 +678,7 @@ int main(int argc, char** argv) {
     cases.erase(std::remove_if(cases.begin(), cases.end(), other), cases.end());
   }
   long failures = 0;
+  for (const ImageCase& ic : ImageCases()) failures += RunImageCase(ic) != 0;
   for (const ConvCase& cc : cases) {
     for (Epilogue ep : {Epilogue::kInt32, Epilogue::kAffine, Epilogue::kBits}) {
       for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {

@@ -1,0 +1,44 @@
+// The first layer of a network on the CUDA engine (ops.image_conv2d / image_matmul): int8 image levels times
+// int8 weights on the integer tensor cores, with the max-pool and the next layer's threshold bits (or the
+// integer residual stream) written from the epilogue. docs/ops.md states the contract.
+#ifndef JAXBNN_XLA_FFI_CUDA_IMAGE_CONV_H_
+#define JAXBNN_XLA_FFI_CUDA_IMAGE_CONV_H_
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace jaxbnn::cuda {
+
+// pre[b, oy, ox, n] = sum over taps (i, j) and channels c of levels[b, oy * stride_h + i - pad_top,
+// ox * stride_w + j - pad_left, c] * kernel[i, j, c, n], out-of-frame taps adding 0 (level 0, pixel 128);
+// max-pooled over (pool_h, pool_w) windows (window = stride, floor). Output: int32 (pooled pixels, n) of
+// `pre >> shift` when planes == 0; else uint32 (pooled pixels, planes, ceil(n / 32)), bit n of plane p being
+// pre >= threshold[p, n] (pre <= threshold[p, n] where flip[p, n]), padding bits 0.
+struct ImageConvProblem {
+  const int8_t* levels = nullptr;     // (batch, in_h, in_w, c)
+  const int8_t* kernel = nullptr;     // (kh, kw, c, n), HWIO
+  const int32_t* threshold = nullptr; // (planes, n)
+  const uint8_t* flip = nullptr;      // (planes, n)
+  void* out = nullptr;
+  int batch = 0, in_h = 0, in_w = 0, c = 0, n = 0;
+  int kh = 1, kw = 1, stride_h = 1, stride_w = 1, pad_top = 0, pad_left = 0;
+  int pool_h = 1, pool_w = 1;
+  int out_h = 0, out_w = 0;  // pooled
+  int planes = 0;            // 0: the int32 output
+  int shift = 0;
+};
+
+// The rows of one tile of the kernel: a pool window must fit in them.
+inline constexpr int kMaxImagePoolWindow = 128;
+inline constexpr int kMaxImagePlanes = 8;
+// Output-channel tiles per launch (the grid's y extent).
+inline constexpr int kMaxImageColumnTiles = 65535;
+inline constexpr int kImageTileColumns = 64;
+
+// Launches the kernel on `stream` (nothing for an empty problem); returns the launch error, if any.
+cudaError_t LaunchImageConv(const ImageConvProblem& problem, cudaStream_t stream);
+
+}  // namespace jaxbnn::cuda
+
+#endif  // JAXBNN_XLA_FFI_CUDA_IMAGE_CONV_H_
