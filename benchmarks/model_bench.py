@@ -32,8 +32,8 @@ Measured:
   images) + outputs + temporaries;
 - per node, at the large batch: each graph node alone (`jaxbnn.runtime.run_nodes([node], ...)`, jitted) on
   the value the node before it produced, and each of the node's custom calls alone on the operands it
-  received there (recorded through a debug callback), so the node's time outside the bit kernels is its
-  time minus its custom calls' (the first layer's integer convolution is XLA's, outside them). A node or call
+  received there (recorded through a debug callback), so the node's time outside the kernels is its
+  time minus its custom calls' (the first layer's is one too: `ops.image_conv2d`). A node or call
   shorter than NODE_PROGRAM_S is timed as a program of several calls on distinct copies of its inputs:
   alone, it would time the host's dispatch of its program.
 
