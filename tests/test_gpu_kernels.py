@@ -354,6 +354,8 @@ IMAGE_LAYERS = [  # (image (B, H, W, C), kernel (KH, KW), N, stride, padding, po
     ((1, 16, 16, 2), (1, 1), 31, 1, "VALID", (8, 16), 8, 0),  # the largest window, eight planes
     ((2, 9, 9, 3), (3, 3), 1, 1, "SAME", None, 0, 31),
     ((0, 9, 9, 3), (3, 3), 5, 1, "SAME", None, 1, 0),  # an empty batch
+    ((2, 3, 4, 2), (5, 5), 8, 1, ((2, 2), (2, 2)), None, 1, 0),  # a kernel larger than the image
+    ((2, 30, 30, 3), (3, 3), 64, 1, "VALID", None, 0, 0),  # every field inside the frame
 ]
 
 

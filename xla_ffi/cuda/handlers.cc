@@ -306,9 +306,9 @@ ffi::Error ImageConv(cudaStream_t stream, const ffi::Buffer<ffi::S8>& levels, co
     return Invalid("image_conv2d reduces over " + std::to_string(at.kh * at.kw * at.c) +
                    " int8 products per output, more than are sure to sum within int32");
   }
+  // int32: the level and weight indices and the pooled pixels (a tile's rows); the outputs are indexed in int64
   if (!ProductFitsInt({batch, h, wd, at.c}) || !ProductFitsInt({at.kh, at.kw, at.c, at.n}) ||
       !ProductFitsInt({batch, out_h, out_w}) || !FitsInt(batch * out_h * out_w + 128) ||
-      !ProductFitsInt({batch, out_h, out_w, std::max<int64_t>(planes, 1), CeilDiv(at.n, 32) * 32}) ||
       !FitsInt(h + at.pad_top + at.pad_bottom) || !FitsInt(wd + at.pad_left + at.pad_right) ||
       CeilDiv(at.n, kImageTileColumns) > kMaxImageColumnTiles) {
     return Invalid("image_conv2d operands too large for the CUDA kernel (int32 indexing)");

@@ -11,69 +11,110 @@
 
 #include <cstdint>
 
+#include "cuda/device/common.cuh"
+
 namespace jaxbnn::cuda {
 namespace {
 
 constexpr int kRows = 128, kCols = kImageTileColumns, kThreads = 256;
-constexpr int kKBytes = 64;            // one K block: two m16n8k32 steps
-constexpr int kLd = kKBytes + 16;      // bytes per shared row: fragment loads hit 32 distinct banks
 constexpr int kTileLd = kCols + 1;     // int32 words per row of the epilogue tile
 constexpr int kWarpRows = 32, kWarpCols = 32;  // 4 x 2 warps
 static_assert(kRows / kWarpRows * (kCols / kWarpCols) * 32 == kThreads, "the warps cover the tile");
 
+// A K block is one k32 step (K <= 32: the 3x3 RGB and one-channel layers) or two (ImageConvKernel<kKBytes>).
+// Bytes per shared row of a K block: 16 more than the block, so that the fragment loads of 8 rows hit 32
+// distinct banks (rows 12 or 20 words apart).
+template <int kKBytes>
+__host__ __device__ constexpr int RowBytes() {
+  return kKBytes + 16;
+}
+
+template <int kKBytes>
 struct Operands {
-  alignas(16) uint8_t a[kRows * kLd];
-  alignas(16) uint8_t b[kCols * kLd];
+  alignas(16) uint8_t a[kRows * RowBytes<kKBytes>()];
+  alignas(16) uint8_t b[kCols * RowBytes<kKBytes>()];
 };
 
+constexpr int kRowOutput = 1, kRowInterior = 2;  // origin.w flags: an output row; its field inside the frame
+
+template <int kKBytes>
 struct SharedStorage {
   union {
-    Operands stage;
+    Operands<kKBytes> stage;
     int tile[kRows * kTileLd];  // the epilogue's pre-activations, once the mainloop is done with the stage
   };
-  int4 origin[kRows];     // (first pixel of the image, top row, left column, 1 if the row is an output)
-  int4 tap[kKBytes];      // per byte of the K block: (row offset, column offset, channel, 1 if k < K)
+  int4 origin[kRows];      // (first pixel of the image, top row, left column, flags)
+  int row_base[kRows];     // an interior row: the level index of its field's first tap
+  int4 tap[kKBytes];       // per byte of the K block: (row offset, column offset, channel, 1 if k < K)
+  int tap_offset[kKBytes];  // the byte's level index relative to row_base (interior rows only)
   int threshold[kMaxImagePlanes * kCols];
   uint8_t flip[kMaxImagePlanes * kCols];
 };
 
+// The launch-time divisors of the index arithmetic (FastDivisor: no integer division in the kernel).
+struct ImageDivisors {
+  FastDivisor window, pool_w, out_w, out_hw, c, kw;
+};
+
 // The receptive-field origin of each tile row: row r is position r % window of pooled pixel
 // tile_m * (kRows / window) + r / window.
-__device__ void RowOrigins(const ImageConvProblem& p, SharedStorage& s, int tile_m, int tid) {
-  const int window = p.pool_h * p.pool_w, per_tile = kRows / window;
+template <int kKBytes>
+__device__ void RowOrigins(const ImageConvProblem& p, const ImageDivisors& div, SharedStorage<kKBytes>& s,
+                           int tile_m, int tid) {
+  const int window = div.window.divisor, per_tile = kRows / window;
   const int pooled = p.batch * p.out_h * p.out_w;
   for (int r = tid; r < kRows; r += kThreads) {
-    const int q = tile_m * per_tile + r / window, j = r % window;
+    const int in_window = Quotient(r, div.window), q = tile_m * per_tile + in_window, j = r - in_window * window;
     if (r >= per_tile * window || q >= pooled) {
       s.origin[r] = make_int4(0, 0, 0, 0);
       continue;
     }
-    const int px = q % p.out_w, py = (q / p.out_w) % p.out_h, b = q / (p.out_w * p.out_h);
-    const int oy = py * p.pool_h + j / p.pool_w, ox = px * p.pool_w + j % p.pool_w;
-    s.origin[r] = make_int4(b * p.in_h * p.in_w, oy * p.stride_h - p.pad_top, ox * p.stride_w - p.pad_left, 1);
+    const int b = Quotient(q, div.out_hw), pixel = q - b * div.out_hw.divisor;
+    const int py = Quotient(pixel, div.out_w), px = pixel - py * p.out_w;
+    const int jy = Quotient(j, div.pool_w), jx = j - jy * p.pool_w;
+    const int iy = (py * p.pool_h + jy) * p.stride_h - p.pad_top, ix = (px * p.pool_w + jx) * p.stride_w - p.pad_left;
+    const bool interior = iy >= 0 && iy <= p.in_h - p.kh && ix >= 0 && ix <= p.in_w - p.kw;
+    s.origin[r] = make_int4(b * p.in_h * p.in_w, iy, ix, kRowOutput | (interior ? kRowInterior : 0));
+    // an index inside the levels: int32 by the handler's checks
+    if (interior) s.row_base[r] = ((b * p.in_h + iy) * p.in_w + ix) * p.c;
   }
 }
 
 // K block `k0`: A[r][kk] = the level of row r's tap k0 + kk, B[col][kk] = kernel[k0 + kk][col0 + col]; zero
-// outside the frame, past K and past N. Four bytes a thread and store.
-__device__ void GatherStage(const ImageConvProblem& p, SharedStorage& s, int k0, int col0, int tid) {
+// outside the frame, past K and past N. Four bytes a thread and store; an interior row's bytes without
+// bounds checks, at row_base + tap_offset.
+template <int kKBytes>
+__device__ void GatherStage(const ImageConvProblem& p, const ImageDivisors& div, SharedStorage<kKBytes>& s, int k0,
+                            int col0, int tid) {
+  constexpr int kLd = RowBytes<kKBytes>();
   const int k_total = p.kh * p.kw * p.c;
   if (tid < kKBytes) {
-    const int k = k0 + tid, t = k / p.c;
-    s.tap[tid] = k < k_total ? make_int4(t / p.kw, t % p.kw, k % p.c, 1) : make_int4(0, 0, 0, 0);
+    const int k = k0 + tid, t = Quotient(k, div.c), c = k - t * p.c, i = Quotient(t, div.kw), j = t - i * p.kw;
+    s.tap[tid] = k < k_total ? make_int4(i, j, c, 1) : make_int4(0, 0, 0, 0);
+    // used by interior rows only, which exist only where the kernel fits the frame: then the offset is an
+    // index difference inside the levels
+    s.tap_offset[tid] = k < k_total && p.kh <= p.in_h && p.kw <= p.in_w ? (i * p.in_w + j) * p.c + c : 0;
   }
   __syncthreads();
   for (int idx = tid; idx < kRows * (kKBytes / 4); idx += kThreads) {
     const int r = idx / (kKBytes / 4), q = idx % (kKBytes / 4);
     const int4 o = s.origin[r];
     uint32_t word = 0;
+    if (o.w & kRowInterior) {
+      const int8_t* field = p.levels + s.row_base[r];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int4 tap = s.tap[4 * q + e];
-      const int iy = o.y + tap.x, ix = o.z + tap.y;
-      if (o.w && tap.w && iy >= 0 && iy < p.in_h && ix >= 0 && ix < p.in_w) {
-        const uint8_t level = static_cast<uint8_t>(p.levels[(o.x + iy * p.in_w + ix) * p.c + tap.z]);
-        word |= uint32_t{level} << (8 * e);
+      for (int e = 0; e < 4; ++e) {
+        if (s.tap[4 * q + e].w) word |= uint32_t{static_cast<uint8_t>(field[s.tap_offset[4 * q + e]])} << (8 * e);
+      }
+    } else if (o.w) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int4 tap = s.tap[4 * q + e];
+        const int iy = o.y + tap.x, ix = o.z + tap.y;
+        if (tap.w && iy >= 0 && iy < p.in_h && ix >= 0 && ix < p.in_w) {
+          const uint8_t level = static_cast<uint8_t>(p.levels[(o.x + iy * p.in_w + ix) * p.c + tap.z]);
+          word |= uint32_t{level} << (8 * e);
+        }
       }
     }
     *reinterpret_cast<uint32_t*>(&s.stage.a[r * kLd + 4 * q]) = word;
@@ -95,10 +136,12 @@ struct Accumulators {
   int v[2][4][4];
 };
 
-// The K block's two k32 steps. Fragments (PTX ISA, m16n8k32 .s8): lane (g, t) holds A rows g, g + 8 at bytes
+// The K block's k32 steps. Fragments (PTX ISA, m16n8k32 .s8): lane (g, t) holds A rows g, g + 8 at bytes
 // 4t..4t+3 and 16 + 4t.., B column g at the same bytes, and D rows g, g + 8 at columns 2t, 2t + 1.
-__device__ void Mainloop(const SharedStorage& s, Accumulators& acc, int warp_row, int warp_col, int lane) {
+template <int kKBytes>
+__device__ void Mainloop(const SharedStorage<kKBytes>& s, Accumulators& acc, int warp_row, int warp_col, int lane) {
 #if __CUDA_ARCH__ >= 800
+  constexpr int kLd = RowBytes<kKBytes>();
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int ks = 0; ks < kKBytes / 32; ++ks) {
@@ -133,7 +176,8 @@ __device__ void Mainloop(const SharedStorage& s, Accumulators& acc, int warp_row
 #endif
 }
 
-__device__ void StoreAccumulators(SharedStorage& s, const Accumulators& acc, int warp_row, int warp_col, int lane) {
+template <int kKBytes>
+__device__ void StoreAccumulators(SharedStorage<kKBytes>& s, const Accumulators& acc, int warp_row, int warp_col, int lane) {
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int mf = 0; mf < 2; ++mf) {
@@ -149,7 +193,8 @@ __device__ void StoreAccumulators(SharedStorage& s, const Accumulators& acc, int
 }
 
 // Each window's max into its first row (the window's cells are read and written by one thread only).
-__device__ void PoolInPlace(SharedStorage& s, int window, int tid) {
+template <int kKBytes>
+__device__ void PoolInPlace(SharedStorage<kKBytes>& s, int window, int tid) {
   const int per_tile = kRows / window;
   for (int idx = tid; idx < per_tile * kCols; idx += kThreads) {
     const int first = (idx / kCols) * window, col = idx % kCols;
@@ -159,7 +204,8 @@ __device__ void PoolInPlace(SharedStorage& s, int window, int tid) {
   }
 }
 
-__device__ void StoreStream(const ImageConvProblem& p, const SharedStorage& s, int tile_m, int col0, int tid) {
+template <int kKBytes>
+__device__ void StoreStream(const ImageConvProblem& p, const SharedStorage<kKBytes>& s, int tile_m, int col0, int tid) {
   const int window = p.pool_h * p.pool_w, per_tile = kRows / window;
   const int pooled = p.batch * p.out_h * p.out_w;
   int32_t* out = static_cast<int32_t*>(p.out);
@@ -171,7 +217,8 @@ __device__ void StoreStream(const ImageConvProblem& p, const SharedStorage& s, i
   }
 }
 
-__device__ void StoreBits(const ImageConvProblem& p, const SharedStorage& s, int tile_m, int col0, int tid) {
+template <int kKBytes>
+__device__ void StoreBits(const ImageConvProblem& p, const SharedStorage<kKBytes>& s, int tile_m, int col0, int tid) {
   constexpr int kTileWords = kCols / 32;
   const int window = p.pool_h * p.pool_w, per_tile = kRows / window;
   const int pooled = p.batch * p.out_h * p.out_w, out_words = (p.n + 31) / 32;
@@ -193,12 +240,13 @@ __device__ void StoreBits(const ImageConvProblem& p, const SharedStorage& s, int
   }
 }
 
-__global__ void __launch_bounds__(kThreads) ImageConvKernel(const ImageConvProblem p) {
-  __shared__ SharedStorage s;
+template <int kKBytes>
+__global__ void __launch_bounds__(kThreads, 4) ImageConvKernel(const ImageConvProblem p, const ImageDivisors div) {
+  __shared__ SharedStorage<kKBytes> s;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int tile_m = blockIdx.x, col0 = blockIdx.y * kCols;
   const int warp_row = (warp % (kRows / kWarpRows)) * kWarpRows, warp_col = (warp / (kRows / kWarpRows)) * kWarpCols;
-  RowOrigins(p, s, tile_m, tid);
+  RowOrigins(p, div, s, tile_m, tid);
   for (int i = tid; i < p.planes * kCols; i += kThreads) {
     const int plane = i / kCols, n = col0 + i % kCols;
     s.threshold[i] = n < p.n ? p.threshold[plane * p.n + n] : 0;
@@ -208,14 +256,14 @@ __global__ void __launch_bounds__(kThreads) ImageConvKernel(const ImageConvProbl
   const int k_total = p.kh * p.kw * p.c;
   for (int k0 = 0; k0 < k_total; k0 += kKBytes) {
     __syncthreads();  // the origins are written; the last block's fragments are read
-    GatherStage(p, s, k0, col0, tid);
+    GatherStage(p, div, s, k0, col0, tid);
     __syncthreads();
     Mainloop(s, acc, warp_row, warp_col, lane);
   }
   __syncthreads();  // the stage becomes the epilogue tile
   StoreAccumulators(s, acc, warp_row, warp_col, lane);
   __syncthreads();
-  const int window = p.pool_h * p.pool_w;
+  const int window = div.window.divisor;
   if (window > 1) {
     PoolInPlace(s, window, tid);
     __syncthreads();
@@ -240,7 +288,18 @@ cudaError_t LaunchImageConv(const ImageConvProblem& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((pooled + per_tile - 1) / per_tile),
                   static_cast<unsigned>((p.n + kCols - 1) / kCols));
   if (grid.y > kMaxImageColumnTiles) return cudaErrorInvalidValue;
-  ImageConvKernel<<<grid, kThreads, 0, stream>>>(p);
+  ImageDivisors div;
+  div.window = FastDivisor(window);
+  div.pool_w = FastDivisor(p.pool_w);
+  div.out_w = FastDivisor(p.out_w);
+  div.out_hw = FastDivisor(p.out_h * p.out_w);
+  div.c = FastDivisor(p.c);
+  div.kw = FastDivisor(p.kw);
+  if (p.kh * p.kw * p.c <= 32) {
+    ImageConvKernel<32><<<grid, kThreads, 0, stream>>>(p, div);
+  } else {
+    ImageConvKernel<64><<<grid, kThreads, 0, stream>>>(p, div);
+  }
   return cudaGetLastError();
 }
 

@@ -636,6 +636,8 @@ std::vector<ImageCase> ImageCases() {
       {1, 17, 33, 2, 31, 1, 1, 1, 1, 0, 0, 0, 0, 8, 16, 3, 0, false},     // a 128-element window
       {2, 23, 19, 3, 65, 11, 11, 4, 4, 2, 2, 2, 2, 1, 1, 8, 0, true},     // extremes, eight planes
       {3, 21, 21, 3, 64, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 0, 0, true},       // extremes, int32
+      {2, 3, 4, 2, 8, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 1, 0, false},         // a kernel larger than the image
+      {2, 30, 30, 3, 64, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0, false},      // VALID: every row interior
   };
 }
 
