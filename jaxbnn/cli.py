@@ -94,7 +94,9 @@ modes (--mode), activations x weights of every layer after the first:
 The first layer multiplies the image's int8 levels (pixel - 128) with binary (bnn, tbn) or ternary (tnn, btn) weights.
 
 """ + DATASETS_HELP + """
-Rerunning a command with the same --out resumes the run from its last checkpoint.
+runs (--out): a directory that holds a run with checkpoints is refused unless
+  --resume   continues it from its last checkpoint (with the run's settings), or
+  --restart  deletes the run (its config.json, checkpoints, metrics and curves; nothing else) and starts over
 """
 
 
@@ -118,6 +120,11 @@ def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="random crop + flip (default: on for cifar10 only)")
     parser.add_argument("--out", required=True, help="run directory: config.json, checkpoints, metrics.jsonl, "
                                                       "curves.png")
+    existing_run = parser.add_mutually_exclusive_group()
+    existing_run.add_argument("--resume", action="store_true",
+                              help="continue the run in --out from its last checkpoint")
+    existing_run.add_argument("--restart", action="store_true",
+                              help="delete the run in --out and start over, see below")
     parser.add_argument("--checkpoint-every", type=integer_at_least(0), default=0, metavar="STEPS",
                         help="also checkpoint every STEPS steps inside an epoch (default: after each epoch only)")
     parser.add_argument("--summary", action="store_true", help="print the model summary before training")
@@ -143,7 +150,8 @@ def _run_train(args: argparse.Namespace) -> int:
         model = nnx.eval_shape(lambda: build_model(args.model, args.mode, input_shape=spec["input_shape"],
                                                    num_classes=spec["num_classes"], width=args.width))
         print(format_summary(model))
-    rows = loop.fit(config, args.out, progress=not args.no_progress, checkpoint_every=args.checkpoint_every)
+    rows = loop.fit(config, args.out, resume=args.resume, restart=args.restart, progress=not args.no_progress,
+                    checkpoint_every=args.checkpoint_every)
     if rows:
         print(f"final test accuracy {rows[-1]['test_accuracy']:.4f} after epoch {rows[-1]['epoch']}")
     return 0
@@ -214,7 +222,7 @@ def _run_predict(args: argparse.Namespace) -> int:
     from jaxbnn import runtime
 
     data = import_train_module("data")
-    check_packed_file(args.packed)
+    check_packed_file(args.packed, "predict")
     net = runtime.load(args.packed)
     test = data.load_split(args.data, "test", args.data_dir)
     if tuple(test.images.shape[1:]) != net.input_shape:
@@ -233,31 +241,33 @@ def _run_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_packed_file(packed: str) -> None:
+def check_packed_file(packed: str, command: str) -> None:
     """A directory named where a .jbnn file belongs: say what to do with it."""
     path = Path(packed)
     if not path.is_dir():
         return
     if (path / "config.json").is_file():
-        raise ValueError(f"{packed} is a training run directory; predict takes the packed checkpoint that "
+        raise ValueError(f"{packed} is a training run directory; {command} takes the packed checkpoint that "
                          f"`jaxbnn export` writes from it: jaxbnn export {packed} model.jbnn, then jaxbnn "
-                         "predict model.jbnn")
-    raise ValueError(f"{packed} is a folder; predict takes a packed checkpoint file (.jbnn)")
+                         f"{command} model.jbnn")
+    raise ValueError(f"{packed} is a folder; {command} takes a packed checkpoint file (.jbnn)")
 
 
 def _add_demo_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", help="run directory to keep (default: a temporary folder, removed at the end)")
+    parser.add_argument("--out", help="run directory to keep, continued by the next demo with the same --out "
+                                      "(default: a temporary folder, removed at the end)")
     parser.add_argument("--epochs", type=integer_at_least(1), default=10, help="training epochs on MNIST-5k")
     parser.add_argument("--width", type=finite_number(positive=True), default=1.0,
                         help="width multiplier of the MLP")
     parser.add_argument("--seed", type=integer_at_least(0), default=0, help="initial weights and batch order")
 
 
-def _native_kernels() -> str:
-    """One line: which CPU kernels the custom calls run (native, or the pure-JAX reference and why)."""
+def _native_kernels(platform: str = "cpu") -> str:
+    """One line: which kernels the custom calls run on `platform` ("cpu" or "cuda"): native, or the
+    pure-JAX reference and why."""
     import jaxbnn
 
-    status = jaxbnn.native_status().get("cpu", "not registered")
+    status = jaxbnn.native_status().get(platform, "not registered")
     return f"native ({status})" if "targets" in status else f"pure-JAX reference ({status})"
 
 
@@ -302,7 +312,8 @@ def _demo(args: argparse.Namespace, out: Path) -> int:
     print(f"1/4 train mnist-mlp (bnn) on MNIST-5k for {args.epochs} epochs -> {out}")
     config = loop.TrainConfig(model="mnist-mlp", mode="bnn", data="mnist5k", epochs=args.epochs,
                               width=args.width, seed=args.seed)
-    loop.fit(config, out, progress=False)
+    # a demo run kept with --out is reused by the next demo there (a finished one trains nothing)
+    loop.fit(config, out, resume=(out / "config.json").is_file(), progress=False)
     model = loop.load_trained(out)
     _, test = data.load_dataset("mnist5k")
     flax_accuracy = loop.evaluate(model, test)["accuracy"]
@@ -331,15 +342,51 @@ def _demo(args: argparse.Namespace, out: Path) -> int:
     return 0 if fidelity.exact else 1
 
 
+# --- bench ---------------------------------------------------------------------------------------------
+
+
+def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("packed", help="packed checkpoint (.jbnn) written by `jaxbnn export`")
+    parser.add_argument("--batch-size", type=integer_at_least(1), nargs="+", metavar="N",
+                        help="batches to time (default: a latency and a throughput batch: 1 and 256 / 64 / 16 "
+                             "images for MNIST / CIFAR-10 / ImageNet models on the CPU, 8 and 1024 / 1024 / 512 "
+                             "on a GPU)")
+    parser.add_argument("--seconds", type=finite_number(positive=True), default=0.5,
+                        help="time spent timing each side at each batch, compilation excluded")
+
+
+BENCH_EPILOG = """\
+The XLA side is the same architecture (the zoo model the file was exported from, at its width) in full
+precision with random weights, jitted: bfloat16 on a GPU, float32 on the CPU. Both run on jax's default
+device (JAX_PLATFORMS=cpu times the CPU where a GPU is present).
+"""
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    import jax
+
+    from jaxbnn import bench
+
+    check_packed_file(args.packed, "bench")
+    report = bench.bench(args.packed, args.batch_size, args.seconds)
+    print(report.title())
+    print(report.table())
+    platform = "cpu" if jax.devices()[0].platform == "cpu" else "cuda"
+    print(f"{platform.upper()} kernels: {_native_kernels(platform)}")
+    return 0
+
+
 COMMANDS: dict[str, Command] = {
-    "train": Command("train a zoo model (resumes when --out holds a run)", _add_train_arguments, _run_train,
+    "train": Command("train a zoo model into a run directory", _add_train_arguments, _run_train,
                      epilog=TRAIN_EPILOG,
-                     on_interrupt="interrupted; resume with the same command (it continues from the last "
-                                  "checkpoint)"),
+                     on_interrupt="interrupted; to continue from the last checkpoint, run the same command "
+                                  "with --resume"),
     "export": Command("export a trained run to a packed checkpoint (.jbnn)", _add_export_arguments, _run_export,
                       epilog=EXPORT_EPILOG, on_interrupt="interrupted; nothing was written"),
     "predict": Command("accuracy and throughput of a packed checkpoint", _add_predict_arguments, _run_predict,
                        epilog=DATASETS_HELP),
+    "bench": Command("images/s of a packed checkpoint against the same architecture under XLA", _add_bench_arguments,
+                     _run_bench, epilog=BENCH_EPILOG),
     "demo": Command("train MNIST-MLP on MNIST-5k, export, load, infer, compare", _add_demo_arguments, _run_demo),
 }
 

@@ -116,7 +116,7 @@ def test_when_no_step_is_good_one_error_names_each(tmp_path):
         restore(tmp_path)
     message = str(error.value)
     assert "step 20 (" in message and "step 10 (" in message and "is unreadable" in message
-    assert "use a new --out directory" in message
+    assert "to start over, use --restart or a new --out directory" in message
 
 
 def test_saving_continues_after_a_fallback(tmp_path):

@@ -1,5 +1,5 @@
 """The command line as a user meets it: help that explains the options, --version, one-line errors for
-bad paths, Ctrl-C without a traceback, and no files left behind."""
+bad paths, Ctrl-C without a traceback, no files left behind, and the bench table."""
 
 import os
 import signal
@@ -8,9 +8,12 @@ import sys
 import tempfile
 from importlib import metadata
 
+import jax
 import pytest
 
-from jaxbnn import cli
+from jaxbnn import cli, packed_model
+from jaxbnn.bench import describe_device
+from jaxbnn.models import build_model
 
 
 def help_text(capsys, *command) -> str:
@@ -33,6 +36,7 @@ def test_train_help_shows_every_default_and_explains_the_modes_and_datasets(caps
                           ("float", "full precision")):
         assert f"{mode} {meaning}" in text
     assert "mnist5k offline" in text and "cifar10 the CIFAR-10 binary batches" in text
+    assert "--resume continues it from its last checkpoint" in text and "--restart deletes the run" in text
 
 
 def test_export_help_explains_the_targets(capsys):
@@ -129,9 +133,9 @@ def test_ctrl_c_during_training_says_how_to_resume_and_the_advice_holds(tmp_path
     argv = ["train", "--epochs", "50", "--width", "0.125", "--no-progress", "--out", "run"]
     first = interrupt_after(argv, tmp_path, "epoch 1:")
     assert first.returncode == 130, first.stderr
-    assert first.stderr.strip() == ("jaxbnn train: interrupted; resume with the same command (it continues from "
-                                    "the last checkpoint)")
-    again = interrupt_after(argv, tmp_path, "resumed from step")
+    assert first.stderr.strip() == ("jaxbnn train: interrupted; to continue from the last checkpoint, run the same "
+                                    "command with --resume")
+    again = interrupt_after([*argv, "--resume"], tmp_path, "resumed from step")
     assert again.stdout.startswith("resumed from step "), again.stdout
     assert "Traceback" not in again.stderr
 
@@ -141,3 +145,32 @@ def test_the_demo_leaves_no_temporary_folder(tmp_path, monkeypatch, capsys):
     assert cli.main(["demo", "--epochs", "1", "--width", "0.125"]) == 0
     assert "predictions equal on 1000/1000 samples" in capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_prints_a_table_of_both_sides(tmp_path, capsys):
+    model = build_model("mnist-mlp", "bnn", width=0.125)  # untrained: timing does not depend on the values
+    model.eval()
+    path = tmp_path / "tiny.jbnn"
+    packed_model.save(path, cli.import_export_package().export_model(model))
+    assert cli.main(["bench", str(path), "--batch-size", "1", "8", "--seconds", "0.05"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    dtype = "float32" if jax.devices()[0].platform == "cpu" else "bfloat16"
+    device = describe_device(jax.devices()[0])
+    assert printed[0] == (f"mnist-mlp (bnn, width 0.125, target cpu) against XLA {dtype} (the same architecture, "
+                          f"random weights) on {device}")
+    table = [[cell.strip() for cell in line.strip("|").split("|")] for line in printed if line.startswith("|")]
+    assert table[0] == ["batch", "jaxbnn images/s", f"XLA {dtype} images/s", "speedup", "device", "jax"]
+    assert [row[0] for row in table[2:]] == ["1", "8"]
+    for _, packed, xla, speedup, row_device, jax_version in table[2:]:
+        packed, xla = float(packed.replace(",", "")), float(xla.replace(",", ""))
+        assert packed > 0 and xla > 0
+        assert float(speedup.removesuffix("x")) == pytest.approx(packed / xla, rel=0.01, abs=0.01)
+        assert (row_device, jax_version) == (device, jax.__version__)
+    assert printed[-1].startswith(("CPU kernels: native", "CUDA kernels: native"))
+
+
+def test_bench_on_a_run_directory_says_what_it_takes(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{}")
+    assert one_line_error(capsys, ["bench", str(tmp_path)]) == (
+        f"jaxbnn bench: error: {tmp_path} is a training run directory; bench takes the packed checkpoint that "
+        f"`jaxbnn export` writes from it: jaxbnn export {tmp_path} model.jbnn, then jaxbnn bench model.jbnn")

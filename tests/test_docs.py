@@ -1,5 +1,6 @@
-"""The documentation runs as written: every code block of README.md and docs/*.md, and (slow) the
-commands of docs/accuracy.md, which must give the accuracy the page states.
+"""The documentation runs as written: every code block of README.md and docs/*.md, (slow) the commands of
+docs/accuracy.md, which must give the accuracy the page states, and docs/api.md lists every public name
+with its signature as it is.
 
 Code blocks are fenced with their language. `python` and `sh` blocks run, in page order, in one fresh
 folder per page (a later block finds what an earlier one wrote: a run directory, a .jbnn file), with this
@@ -9,6 +10,8 @@ printed output) are not code. Two commands are checked rather than run, since th
 made by them: `pip install` (the extras it names must exist) and `pytest`.
 """
 
+import importlib
+import inspect
 import os
 import re
 import shlex
@@ -19,6 +22,8 @@ from pathlib import Path
 
 import pytest
 from markdown_it import MarkdownIt
+
+from jaxbnn import cli
 
 REPOSITORY = Path(__file__).parents[1]
 PAGES = [REPOSITORY / "README.md", *sorted((REPOSITORY / "docs").glob("*.md"))]
@@ -131,3 +136,97 @@ def test_each_accuracy_row_is_what_its_command_gives(row, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     accuracy = float(re.search(r"final test accuracy ([0-9.]+) after epoch (\d+)", result.stdout).group(1))
     assert f"{100 * accuracy:.1f}%" == row[column], (command, accuracy)
+
+
+# --- docs/api.md: every public name, with its signature as it is ---------------------------------------------
+
+API_PAGE = REPOSITORY / "docs" / "api.md"
+# the sections of the page: module -> how to import it (export and train ship inside jaxbnn in a wheel)
+API_MODULES = {
+    "jaxbnn": lambda: importlib.import_module("jaxbnn"),
+    "jaxbnn.ops": lambda: importlib.import_module("jaxbnn.ops"),
+    "jaxbnn.runtime": lambda: importlib.import_module("jaxbnn.runtime"),
+    "jaxbnn.formats": lambda: importlib.import_module("jaxbnn.formats"),
+    "jaxbnn.models": lambda: importlib.import_module("jaxbnn.models"),
+    "jaxbnn.packed_model": lambda: importlib.import_module("jaxbnn.packed_model"),
+    "jaxbnn.bench": lambda: importlib.import_module("jaxbnn.bench"),
+    "jaxbnn.export": lambda: cli.import_export_package(),
+    "jaxbnn.train.loop": lambda: cli.import_train_module("loop"),
+    "jaxbnn.train.data": lambda: cli.import_train_module("data"),
+}
+OWN_PACKAGES = ("jaxbnn", "export", "train")
+
+
+class _Shown:
+    """A default value as the page writes it (a type or a function by its dotted name, not its repr)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _shown_default(value):
+    if value is not inspect.Parameter.empty and (isinstance(value, type) or inspect.isroutine(value)):
+        module = "" if value.__module__ == "builtins" else f"{value.__module__}."
+        return _Shown(module + value.__qualname__)
+    return value
+
+
+def documented_signature(obj) -> str | None:
+    """The signature docs/api.md shows for a public object: the parameters and defaults (no annotations)
+    of a function or class of jaxbnn's own (a class's without self), or None (modules, constants, aliases
+    of other libraries' objects, exceptions and warnings)."""
+    if not callable(obj) or not str(getattr(obj, "__module__", "")).startswith(OWN_PACKAGES) or (
+            isinstance(obj, type) and issubclass(obj, BaseException)):
+        return None
+    signature = inspect.signature(obj)
+    parameters = list(signature.parameters.values())
+    if isinstance(obj, type) and [p.kind for p in parameters] == [inspect.Parameter.VAR_POSITIONAL,
+                                                                  inspect.Parameter.VAR_KEYWORD]:
+        parameters = list(inspect.signature(obj.__init__).parameters.values())  # an NNX module's metaclass
+    if parameters and parameters[0].name == "self":
+        parameters = parameters[1:]
+    parameters = [p.replace(annotation=inspect.Parameter.empty, default=_shown_default(p.default))
+                  for p in parameters]
+    return str(signature.replace(parameters=parameters, return_annotation=inspect.Signature.empty))
+
+
+def api_entries() -> dict[str, dict[str, str]]:
+    """Section (module) -> documented name -> the code span of its entry (`name(signature)`), from the
+    page's `## \\`module\\`` headings and `- \\`...\\`: summary` items."""
+    sections, current = {}, None
+    for line in API_PAGE.read_text().splitlines():
+        heading = re.fullmatch(r"## `([\w.]+)`", line)
+        if heading:
+            current = sections.setdefault(heading.group(1), {})
+        item = re.match(r"- `([^`]+)`: \S", line)
+        if item and current is not None:
+            span = item.group(1)
+            current[span.split("(")[0]] = span
+    return sections
+
+
+def resolve(module, dotted: str):
+    obj = module
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@pytest.mark.parametrize("section", API_MODULES)
+def test_the_api_page_lists_every_public_name_with_its_signature(section):
+    module = API_MODULES[section]()
+    entries = api_entries().get(section)
+    assert entries is not None, f"docs/api.md has no section ## `{section}`"
+    missing = [name for name in module.__all__ if name not in entries]
+    assert not missing, f"docs/api.md, {section}: public names not documented: {missing}"
+    for name, span in entries.items():
+        try:
+            obj = resolve(module, name)
+        except AttributeError:
+            pytest.fail(f"docs/api.md, {section}: documents {name}, which {section} no longer has")
+        signature = documented_signature(obj)
+        expected = name + (signature or "")
+        assert span == expected, f"docs/api.md, {section}: `{span}` should read `{expected}`"

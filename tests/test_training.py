@@ -1,14 +1,19 @@
-"""Training runs on the offline MNIST-5k split: learning, checkpoint resume, and the CLI's checks before
-it writes anything (the accuracy rows of docs/accuracy.md: tests/test_docs.py)."""
+"""Training runs on the offline MNIST-5k split: learning, checkpoint resume, an existing run resumed or
+restarted only when asked, and the CLI's checks before it writes anything (the accuracy rows of
+docs/accuracy.md: tests/test_docs.py)."""
 
 import json
+import os
 import re
+
+import jax
 
 import numpy as np
 import pytest
 from flax import nnx
 
 from jaxbnn import cli
+from jaxbnn.bench import describe_device
 
 loop = cli.import_train_module("loop")
 data = cli.import_train_module("data")
@@ -35,8 +40,10 @@ def test_short_bnn_run_beats_chance_and_resumes_exactly(tmp_path):
         loop.fit(config, tmp_path / "resumed", progress=False, checkpoint_every=11,
                  log=interrupt_inside_the_second_epoch)
     messages = []
-    resumed = loop.fit(config, tmp_path / "resumed", progress=False, checkpoint_every=11, log=messages.append)
+    resumed = loop.fit(config, tmp_path / "resumed", resume=True, progress=False, checkpoint_every=11,
+                       log=messages.append)
     assert messages[0].startswith("resumed from step 55 (epoch 2, batch 15)")
+    assert messages[1] == f"training on {describe_device(jax.devices()[0])}"
     assert [r["epoch"] for r in resumed] == [1, 2]
     metrics = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in metrics] == [1, 2]
@@ -67,6 +74,8 @@ def test_cli_train_writes_metrics_plot_and_checkpoint(tmp_path, capsys):
     assert code == 0
     printed = capsys.readouterr().out
     assert "total" in printed and "final test accuracy" in printed
+    assert f"training on {describe_device(jax.devices()[0])}\n" in printed
+    assert re.search(r"epoch 1: .* \| [0-9.]+s \(training [0-9,]+ images/s\)", printed)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["epoch"] == 1 and 0 <= rows[0]["test_accuracy"] <= 1
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -142,12 +151,16 @@ def test_rerunning_a_finished_run_says_it_is_complete_and_how_to_train_longer(tm
     rows = loop.fit(config, tmp_path, progress=False, log=lambda _: None)
     checkpoints = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
 
+    finished = (f"{tmp_path} holds a finished run (1/1 epochs, test accuracy {rows[-1]['test_accuracy']:.4f}): "
+                "nothing to train. To train longer, start a new run with a larger --epochs in a new --out directory "
+                f"(the learning rate decays to zero over a run's epochs); to use this one: jaxbnn export {tmp_path} "
+                "MODEL.jbnn")
     messages = []
-    assert loop.fit(config, tmp_path, progress=False, log=messages.append) == rows
-    assert messages == [f"{tmp_path} holds a finished run (1/1 epochs, test accuracy "
-                        f"{rows[-1]['test_accuracy']:.4f}): nothing to train. To train longer, start a new run "
-                        "with a larger --epochs in a new --out directory (the learning rate decays to zero over "
-                        f"a run's epochs); to use this one: jaxbnn export {tmp_path} MODEL.jbnn"]
+    assert loop.fit(config, tmp_path, resume=True, progress=False, log=messages.append) == rows
+    assert messages == [finished]
+    with pytest.raises(ValueError) as refused:  # without --resume: the same news, and how to train again
+        loop.fit(config, tmp_path, progress=False, log=messages.append)
+    assert str(refused.value) == f"{finished}; --restart deletes it and trains again"
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == checkpoints
 
 
@@ -155,9 +168,12 @@ def test_a_different_epoch_count_is_refused_not_ignored(tmp_path):
     loop.fit(loop.TrainConfig(epochs=1, **SMALL_MLP), tmp_path, progress=False, log=lambda _: None)
     config_before = (tmp_path / "config.json").read_text()
     for epochs in (2, 3):  # a finished 1-epoch run neither extended nor silently kept
-        with pytest.raises(ValueError, match=rf"holds a run of 1 epoch, not {epochs}: .*Continue it with "
-                                             rf"--epochs 1, or train {epochs} epochs in a new --out directory"):
-            loop.fit(loop.TrainConfig(epochs=epochs, **SMALL_MLP), tmp_path, progress=False, log=lambda _: None)
+        for resume in (False, True):
+            with pytest.raises(ValueError, match=rf"holds a run of 1 epoch, not {epochs}: .*Continue it with "
+                                                 rf"--epochs 1 --resume, or train {epochs} epochs in a new --out "
+                                                 r"directory \(or here with --restart, which deletes this run\)"):
+                loop.fit(loop.TrainConfig(epochs=epochs, **SMALL_MLP), tmp_path, resume=resume, progress=False,
+                         log=lambda _: None)
     assert (tmp_path / "config.json").read_text() == config_before
 
 
@@ -177,3 +193,84 @@ def test_train_export_and_predict_on_mnist_files_from_a_folder(tmp_path, capsys)
     assert cli.main(["predict", str(tmp_path / "m.jbnn"), "--data", "mnist", "--data-dir", str(folder)]) == 0
     printed = capsys.readouterr().out
     assert "on mnist test: accuracy" in printed and "(6 images)" in printed
+
+
+def files_under(folder) -> dict[str, int]:
+    """Relative path -> size of every file under a folder."""
+    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_an_existing_run_is_refused_unless_resumed_or_restarted(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "--epochs", "2", "--width", "0.125", "--no-progress", "--out", str(out)]
+
+    def stop_after_the_first_epoch(message):  # its checkpoint is written: step 40 (4,000 images, 100 a step)
+        if message.startswith("epoch 1:"):
+            raise _Interrupt
+
+    with pytest.raises(_Interrupt):
+        loop.fit(loop.TrainConfig(model="mnist-mlp", epochs=2, width=0.125), out, progress=False,
+                 log=stop_after_the_first_epoch)
+    before = files_under(out)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (f"jaxbnn train: error: {out} holds a run (1/2 epochs done, last checkpoint at step 40): pass "
+                   "--resume to continue it, or --restart to delete it and start over\n")
+    assert files_under(out) == before
+    assert cli.main([*argv, "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"resumed from step 40 (epoch 2, batch 0) in {out}\n")
+    assert "epoch 1:" not in printed and "epoch 2:" in printed
+
+
+def test_resume_needs_a_run(tmp_path, capsys):
+    missing = tmp_path / "missing"
+    assert cli.main(["train", *TINY_RUN, "--out", str(missing), "--resume"]) == 2
+    assert capsys.readouterr().err == (f"jaxbnn train: error: nothing to resume: {missing} does not exist; drop "
+                                       "--resume to start a run there\n")
+    assert not missing.exists()
+    with pytest.raises(ValueError, match=f"nothing to resume: {tmp_path} holds no run \\(no config.json\\)"):
+        loop.fit(loop.TrainConfig(epochs=1, **SMALL_MLP), tmp_path, resume=True, progress=False)
+    with pytest.raises(ValueError, match="resume and restart exclude each other"):
+        loop.fit(loop.TrainConfig(epochs=1, **SMALL_MLP), tmp_path, resume=True, restart=True, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_restart_deletes_the_run_and_nothing_else_then_starts_over(tmp_path):
+    loop.fit(loop.TrainConfig(epochs=1, **SMALL_MLP), tmp_path, progress=False, log=lambda _: None)
+    (tmp_path / "checkpoints-damaged" / "20").mkdir(parents=True)  # a step a resume set aside
+    (tmp_path / "notes.txt").write_text("mine\n")
+    (tmp_path / "model.jbnn").write_bytes(b"exported")
+    messages = []
+    other = loop.TrainConfig(epochs=1, **{**SMALL_MLP, "mode": "tnn"})  # any configuration: the old run goes
+    rows = loop.fit(other, tmp_path, restart=True, progress=False, log=messages.append)
+    assert messages[0] == (f"deleted the run in {tmp_path}: checkpoints, checkpoints-damaged, metrics.jsonl, "
+                           "curves.png, config.json")
+    assert [r["epoch"] for r in rows] == [1]
+    assert json.loads((tmp_path / "config.json").read_text())["mode"] == "tnn"
+    assert sorted(os.listdir(tmp_path)) == ["checkpoints", "config.json", "curves.png", "metrics.jsonl", "model.jbnn",
+                                            "notes.txt"]
+    assert (tmp_path / "notes.txt").read_text() == "mine\n" and (tmp_path / "model.jbnn").read_bytes() == b"exported"
+
+
+def test_restart_refuses_a_folder_that_is_not_a_run(tmp_path):
+    config = loop.TrainConfig(epochs=1, **SMALL_MLP)
+    folder = tmp_path / "papers"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine\n")
+    with pytest.raises(ValueError, match=r"holds no jaxbnn run \(no config.json\), so --restart deletes nothing"):
+        loop.fit(config, folder, restart=True, progress=False)
+    (folder / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))  # another tool's
+    before = files_under(folder)
+    with pytest.raises(ValueError, match="does not look like a jaxbnn run .*so --restart deletes nothing"):
+        loop.fit(config, folder, restart=True, progress=False)
+    assert files_under(folder) == before
+
+    run = tmp_path / "run"
+    loop.fit(config, run, progress=False, log=lambda _: None)
+    (run / "checkpoints" / "plots").mkdir()  # not something a run writes
+    before = files_under(run)
+    with pytest.raises(ValueError, match=f"{run / 'checkpoints' / 'plots'} is not a checkpoint step, so --restart "
+                                         "deletes nothing"):
+        loop.fit(config, run, restart=True, progress=False)
+    assert files_under(run) == before and (run / "checkpoints" / "plots").is_dir()

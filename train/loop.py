@@ -1,13 +1,15 @@
 """The training loop: optax Adam with a cosine learning-rate schedule, latent-weight clipping after each
-step, jitted train/eval steps, Orbax checkpoints every epoch (atomic; a rerun resumes), per-epoch metrics
-as JSON lines and a PNG of the training curves.
+step, jitted train/eval steps, Orbax checkpoints every epoch (atomic; ``resume=True`` continues a run from
+its last one), per-epoch metrics as JSON lines and a PNG of the training curves.
 
-Files in the output directory:
+Files in the output directory (``RUN_FILES``, ``checkpoints/`` and ``checkpoints-damaged/``: what
+``restart=True`` deletes, and nothing else):
 
 - ``config.json``: the run's TrainConfig, written once the whole configuration has been checked (a
   resumed run must match it, epochs included: the learning rate decays over the run's epochs),
 - ``checkpoints/<global step>/``: Orbax checkpoints (model and optimizer state, metrics so far), the
   last two kept,
+- ``checkpoints-damaged/``: steps a resume found damaged, set aside for inspection,
 - ``metrics.jsonl``: one JSON object per finished epoch,
 - ``curves.png``: loss and accuracy per epoch.
 """
@@ -20,6 +22,8 @@ import json
 import math
 import numbers
 import os
+import re
+import shutil
 import time
 from pathlib import Path
 
@@ -185,30 +189,130 @@ def _plot(rows: list[dict], path: Path, title: str) -> None:
     os.replace(tmp, path)
 
 
-def _start_or_match_run(out_dir: Path, config: TrainConfig) -> None:
-    """Create the run directory with its config.json, or check that the run it holds has ``config``."""
+# The files a run writes in its directory besides its checkpoint folders, with the temporaries of their
+# atomic writes (_write_atomic, _plot); config.json last, so that a restart cut short still finds a run.
+RUN_FILES = ("metrics.jsonl", "metrics.jsonl.tmp", "curves.png", "curves.png.tmp.png", "config.json.tmp",
+             "config.json")
+STEP_NAME = re.compile(r"\d+(\.orbax-checkpoint-tmp.*)?")  # a step, or one orbax was still writing
+DAMAGED_STEP_NAME = re.compile(r"\d+(\.\d+)?")  # the names _set_aside gives
+
+
+def _checkpoint_steps(out_dir: Path) -> list[int]:
+    checkpoints = out_dir / "checkpoints"
+    if not checkpoints.is_dir():
+        return []
+    return sorted(int(p.name) for p in checkpoints.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def _read_config(config_path: Path) -> dict:
+    try:
+        previous = json.loads(config_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{config_path} is not valid JSON ({error}); use a new --out directory") from None
+    if not isinstance(previous, dict):
+        raise ValueError(f"{config_path} is not a training configuration; use a new --out directory")
+    return previous
+
+
+def _epochs_done(out_dir: Path) -> list[dict]:
+    """The metrics rows of a run directory as far as they can be read (for messages only: a resume
+    rebuilds metrics.jsonl from its checkpoint)."""
+    try:
+        return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line]
+    except (OSError, UnicodeDecodeError, ValueError):
+        return []
+
+
+def _check_run_directory(out_dir: Path, config: TrainConfig, *, resume: bool, restart: bool) -> list[Path]:
+    """Check that ``fit`` may train ``config`` in ``out_dir`` as asked, before anything is written: with
+    neither ``resume`` nor ``restart``, a directory holding a run with checkpoints is refused; ``resume``
+    needs a run with ``config``'s settings; ``restart`` needs a directory that holds a run (or nothing).
+    Returns what ``restart`` deletes: the run's files and checkpoint folders (empty otherwise)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir} is a file, not a run directory")
     config_path = out_dir / "config.json"
-    if not config_path.exists():
-        out_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomic(config_path, json.dumps(config.to_json(), indent=2) + "\n")
-        return
-    try:
-        previous = json.loads(config_path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{config_path} is not valid JSON ({error}); use a new --out directory") from None
+    has_config = config_path.is_file()
+    if restart:
+        if not has_config:
+            if out_dir.is_dir() and any(out_dir.iterdir()):
+                raise ValueError(f"{out_dir} holds no jaxbnn run (no config.json), so --restart deletes nothing in "
+                                 "it: name a run directory, or a new or empty --out directory")
+            return []
+        try:
+            previous = _read_config(config_path)
+        except ValueError as error:
+            raise ValueError(f"{out_dir} does not look like a jaxbnn run ({error}), so --restart deletes nothing "
+                             "in it") from None
+        unknown = sorted(set(previous) - set(TrainConfig.__dataclass_fields__))
+        if unknown or not {"model", "mode", "data"} <= set(previous):
+            raise ValueError(f"{out_dir} does not look like a jaxbnn run ({config_path} is not a training "
+                             f"configuration: keys {sorted(previous)}), so --restart deletes nothing in it; use a "
+                             "new --out directory")
+        return _run_paths(out_dir)
+    steps = _checkpoint_steps(out_dir)
+    if not has_config:
+        if resume:
+            where = "does not exist" if not out_dir.exists() else "holds no run (no config.json)"
+            raise ValueError(f"nothing to resume: {out_dir} {where}; drop --resume to start a run there")
+        if steps:  # checkpoints without their configuration: neither resumed nor overwritten silently
+            raise ValueError(f"{out_dir} holds checkpoints but no config.json; use a new --out directory")
+        return []
+    previous = _read_config(config_path)
     wanted = config.to_json()
     changed = sorted(k for k in set(previous) | set(wanted) if previous.get(k) != wanted.get(k))
     if changed == ["epochs"]:
         raise ValueError(
             f"{out_dir} holds a run of {_epochs(previous['epochs'])}, not {config.epochs}: its learning rate "
             f"decays to zero over {_epochs(previous['epochs'])}, so it cannot be stretched. Continue it with "
-            f"--epochs {previous['epochs']}, or train {_epochs(config.epochs)} in a new --out directory")
+            f"--epochs {previous['epochs']} --resume, or train {_epochs(config.epochs)} in a new --out directory "
+            "(or here with --restart, which deletes this run)")
     if changed:
         differences = ", ".join(f"{k} {previous.get(k)!r} (now {wanted.get(k)!r})" for k in changed)
         raise ValueError(f"{out_dir} holds a run with a different configuration: {differences}; use a new "
-                         "--out directory, or rerun with the run's settings to resume it")
+                         "--out directory, --restart to delete this run and start over, or the run's settings "
+                         "with --resume to continue it")
+    if steps and not resume:
+        rows = _epochs_done(out_dir)
+        if len(rows) >= config.epochs:
+            raise ValueError(f"{_finished_message(out_dir, config, rows)}; --restart deletes it and trains again")
+        raise ValueError(f"{out_dir} holds a run ({len(rows)}/{config.epochs} epochs done, last checkpoint at step "
+                         f"{steps[-1]}): pass --resume to continue it, or --restart to delete it and start over")
+    return []
+
+
+def _run_paths(out_dir: Path) -> list[Path]:
+    """The checkpoint folders and files a run wrote in ``out_dir``, in the order to delete them; raises
+    ValueError naming an entry of a checkpoint folder that no run writes (nothing is deleted then)."""
+    paths = []
+    for name, pattern in (("checkpoints", STEP_NAME), ("checkpoints-damaged", DAMAGED_STEP_NAME)):
+        folder = out_dir / name
+        if not folder.exists() and not folder.is_symlink():
+            continue
+        if folder.is_symlink() or not folder.is_dir():
+            raise ValueError(f"{folder} is not the folder a run writes, so --restart deletes nothing; move it "
+                             "away, or use a new --out directory")
+        for entry in folder.iterdir():
+            if entry.is_symlink() or not entry.is_dir() or not pattern.fullmatch(entry.name):
+                raise ValueError(f"{entry} is not a checkpoint step, so --restart deletes nothing; move it out of "
+                                 f"{folder}, or use a new --out directory")
+        paths.append(folder)
+    return paths + [out_dir / name for name in RUN_FILES if (out_dir / name).is_file()]
+
+
+def _delete(paths: list[Path]) -> None:
+    for path in paths:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def _start_run(out_dir: Path, config: TrainConfig) -> None:
+    """Create the run directory with its config.json (a checked run that has one keeps it)."""
+    config_path = out_dir / "config.json"
+    if not config_path.exists():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomic(config_path, json.dumps(config.to_json(), indent=2) + "\n")
 
 
 def _checkpoint_manager(out_dir: Path):
@@ -344,7 +448,7 @@ def _restore(out_dir: Path, model, optimizer, log=print, set_aside=True) -> tupl
     if problems:
         where = f" The damaged steps are in {damaged_dir};" if set_aside else ""
         raise CheckpointError(f"no checkpoint in {checkpoints} can be resumed from: " + "; ".join(problems)
-                              + f".{where} to start over, use a new --out directory")
+                              + f".{where} to start over, use --restart or a new --out directory")
     return 0, {}
 
 
@@ -354,27 +458,39 @@ def _as_state(module, pure):
     return state
 
 
-def fit(config: TrainConfig, out_dir: str | os.PathLike, *, progress: bool = True, checkpoint_every: int = 0,
-        log=print) -> list[dict]:
-    """Train (or resume) a run in ``out_dir``; returns the metrics of every epoch so far.
+def fit(config: TrainConfig, out_dir: str | os.PathLike, *, resume: bool = False, restart: bool = False,
+        progress: bool = True, checkpoint_every: int = 0, log=print) -> list[dict]:
+    """Train a run in ``out_dir``; returns the metrics of every epoch so far.
 
+    A directory that holds a run with checkpoints is refused unless ``resume`` (continue it from its last
+    checkpoint, at the exact batch where it stopped: batch order depends only on seed and epoch, so the
+    metrics are those of an uninterrupted run) or ``restart`` (delete the run's files and start over).
     A checkpoint is written after every epoch and, with ``checkpoint_every`` > 0, every that many steps
-    inside an epoch; a rerun continues from the last one at the exact batch where it stopped (batch order
-    depends only on seed and epoch), with the same metrics as an uninterrupted run.
+    inside an epoch.
     """
     from tqdm.auto import tqdm
+
+    from jaxbnn.bench import describe_device
 
     out_dir = Path(out_dir)
     check_config(config)
     if not _is_int(checkpoint_every) or checkpoint_every < 0:
         raise ValueError(f"checkpoint_every must be an integer >= 0 (0: after each epoch only), "
                          f"got {checkpoint_every!r}")
+    if resume and restart:
+        raise ValueError("resume and restart exclude each other: resume continues the run in out_dir, restart "
+                         "deletes it")
+    run_paths = _check_run_directory(out_dir, config, resume=resume, restart=restart)
     train_set, test_set = data_lib.load_dataset(config.data, config.data_dir)
     if len(train_set.labels) < config.batch_size:
         raise ValueError(f"batch size {config.batch_size} exceeds the {len(train_set.labels)} training images")
     augment = data_lib.DATASETS[config.data]["augment"] if config.augment is None else config.augment
     model = _build(config, train_set.images.shape[1:], train_set.num_classes)
-    _start_or_match_run(out_dir, config)  # the first write: everything above has been checked
+    # the first write: everything above has been checked
+    if run_paths:
+        _delete(run_paths)
+        log(f"deleted the run in {out_dir}: {', '.join(p.name for p in run_paths)}")
+    _start_run(out_dir, config)
     steps_per_epoch = len(train_set.labels) // config.batch_size
     optimizer = make_optimizer(model, config.learning_rate, steps_per_epoch * config.epochs, config.weight_decay)
 
@@ -391,21 +507,29 @@ def fit(config: TrainConfig, out_dir: str | os.PathLike, *, progress: bool = Tru
         return rows
     if global_step:
         log(f"resumed from step {global_step} (epoch {first_epoch + 1}, batch {skip}) in {out_dir}")
+    elif resume:
+        log(f"{out_dir} has no checkpoint yet: training from the first step")
+    log(f"training on {describe_device(jax.devices()[0])}")
 
     for epoch in range(first_epoch + 1, config.epochs + 1):
         started = time.perf_counter() - partial["seconds"]
         model.train()
         loss_sum, accuracy_sum = jnp.float32(partial["loss_sum"]), jnp.float32(partial["accuracy_sum"])
         batches = data_lib.batches(train_set, config.batch_size, seed=config.seed, epoch=epoch, augment=augment)
-        # disable=None: no bar when stderr is not a terminal (a log file would fill with redrawn frames)
+        # disable=None: no bar when stderr is not a terminal (a log file would fill with redrawn frames).
+        # The bar counts images (a unit_scale of 1 would mean SI prefixes to tqdm): its rate is images/s.
         bar = tqdm(batches, total=steps_per_epoch, initial=skip, desc=f"epoch {epoch}/{config.epochs}",
+                   unit=" images", unit_scale=config.batch_size if config.batch_size > 1 else False,
                    disable=None if progress else True, leave=False)
+        steps_timed, timing_from = 0, time.perf_counter()
         for index, (images, labels) in enumerate(bar):
             if index < skip:
+                timing_from = time.perf_counter()
                 continue  # done before the interruption; iterated so augmentation draws stay in step
             loss, accuracy = train_step(model, optimizer, images, labels)
             loss_sum, accuracy_sum = loss_sum + loss, accuracy_sum + accuracy
             global_step += 1
+            steps_timed += 1
             if progress and index % 10 == 0:
                 bar.set_postfix(loss=f"{float(loss):.3f}")
             if checkpoint_every and global_step % checkpoint_every == 0 and index + 1 < steps_per_epoch:
@@ -415,7 +539,8 @@ def fit(config: TrainConfig, out_dir: str | os.PathLike, *, progress: bool = Tru
                 log(f"checkpoint at step {global_step}")
         skip = 0
         partial = {"loss_sum": 0.0, "accuracy_sum": 0.0, "seconds": 0.0}
-        train_loss = float(loss_sum) / steps_per_epoch
+        train_loss = float(loss_sum) / steps_per_epoch  # waits for the epoch's last step
+        images_per_second = steps_timed * config.batch_size / (time.perf_counter() - timing_from)
         if not math.isfinite(train_loss):
             raise FloatingPointError(f"training diverged at epoch {epoch} (loss {train_loss})")
         test = evaluate(model, test_set)
@@ -434,7 +559,8 @@ def fit(config: TrainConfig, out_dir: str | os.PathLike, *, progress: bool = Tru
             f.write(json.dumps(row) + "\n")
         _plot(rows, out_dir / "curves.png", f"{config.model} ({config.mode}) on {config.data}")
         log(f"epoch {epoch}: train loss {row['train_loss']:.4f} acc {row['train_accuracy']:.4f} | "
-            f"test loss {row['test_loss']:.4f} acc {row['test_accuracy']:.4f} | {row['seconds']:.1f}s")
+            f"test loss {row['test_loss']:.4f} acc {row['test_accuracy']:.4f} | {row['seconds']:.1f}s "
+            f"(training {images_per_second:,.0f} images/s)")
     manager.close()
     return rows
 
