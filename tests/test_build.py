@@ -17,7 +17,8 @@ from jaxbnn import _ffi
 
 REPOSITORY = pathlib.Path(__file__).parents[1]
 
-TARGETS = [f"jaxbnn_{op}_{kind}" for op in ("bmm", "bconv2d") for kind in ("i32", "f32", "bits")]
+TARGETS = [f"jaxbnn_{op}_{kind}" for op in ("bmm", "bconv2d") for kind in ("i32", "f32", "bits")] + [
+    "jaxbnn_image_conv2d_i32", "jaxbnn_image_conv2d_bits"]
 
 
 def test_cpu_module_exposes_every_target_as_a_capsule():

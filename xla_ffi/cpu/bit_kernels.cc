@@ -10,18 +10,12 @@
 #include "cpu/bit_kernels.h"
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <cstring>
-#include <functional>
 #include <limits>
-#include <memory>
-#include <mutex>
-#include <stdexcept>
-#include <string>
 #include <vector>
 
 #include "common/formats.h"
+#include "cpu/parallel_for.h"
 #include "cpu/popcount_kernels.h"
 
 namespace jaxbnn::cpu {
@@ -44,68 +38,6 @@ constexpr int64_t kMinParallelWork = int64_t{1} << 15;  // chunk x tile-row prod
 #endif
 
 int64_t RoundUp(int64_t value, int64_t multiple) { return CeilDiv(value, multiple) * multiple; }
-
-// Runs body(task) for every task in [0, tasks) on the calling thread and XLA's intra-op thread pool. The
-// caller takes tasks too and only waits for tasks that are already running, so a busy or one-thread pool
-// cannot deadlock it; helpers that start late find no task left and return at once (they only touch the
-// shared state, which they keep alive).
-class SharedTasks {
- public:
-  SharedTasks(int64_t tasks, std::function<void(int64_t)> body) : tasks_(tasks), body_(std::move(body)) {}
-
-  void Drain() {
-    for (int64_t task; (task = next_.fetch_add(1)) < tasks_;) {
-      try {
-        body_(task);
-      } catch (const std::exception& e) {
-        RecordError(e.what());
-      } catch (...) {
-        RecordError("unknown error");
-      }
-      if (finished_.fetch_add(1) + 1 == tasks_) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        all_finished_.notify_all();
-      }
-    }
-  }
-
-  // Returns the first error raised by a task, or an empty string.
-  std::string WaitAll() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    all_finished_.wait(lock, [this] { return finished_.load() >= tasks_; });
-    return error_;
-  }
-
- private:
-  void RecordError(const char* what) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (error_.empty()) error_ = what;
-  }
-
-  const int64_t tasks_;
-  const std::function<void(int64_t)> body_;
-  std::atomic<int64_t> next_{0};
-  std::atomic<int64_t> finished_{0};
-  std::mutex mutex_;
-  std::condition_variable all_finished_;
-  std::string error_;
-};
-
-int64_t PoolThreads(ffi::ThreadPool* pool) {
-  return pool == nullptr ? 1 : std::max<int64_t>(1, pool->num_threads());
-}
-
-void ParallelFor(ffi::ThreadPool* pool, int64_t tasks, bool parallel, std::function<void(int64_t)> body) {
-  auto shared = std::make_shared<SharedTasks>(tasks, std::move(body));
-  if (parallel && pool != nullptr) {
-    // The calling thread is one of the workers.
-    int64_t helpers = std::min(PoolThreads(pool) - 1, tasks - 1);
-    for (int64_t i = 0; i < helpers; ++i) pool->Schedule([shared] { shared->Drain(); });
-  }
-  shared->Drain();
-  std::string error = shared->WaitAll();
-  if (!error.empty()) throw std::runtime_error(error);
-}
 
 // Where a conv panel row reads the image: image b, top-left input coordinate (y0, x0) of its receptive field.
 struct RowOrigin {

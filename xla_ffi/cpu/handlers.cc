@@ -1,4 +1,5 @@
-// XLA FFI handlers of docs/ops.md on the CPU: validate (common/checks.h, shared with CUDA), then run.
+// XLA FFI handlers of docs/ops.md on the CPU: validate (common/checks.h, shared with CUDA; the first layer
+// in cpu/image_checks.h), then run.
 #include "cpu/handlers.h"
 
 #include <exception>
@@ -8,6 +9,8 @@
 
 #include "common/checks.h"
 #include "cpu/bit_kernels.h"
+#include "cpu/image_checks.h"
+#include "cpu/image_kernels.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxbnn::cpu {
@@ -125,6 +128,61 @@ auto BindBconv2dAttrs(Binding binding) {
       .template Attr<int64_t>("pool_w");
 }
 
+ffi::Error ImageConv2d(std::string_view target, ffi::ThreadPool pool, ffi::AnyBuffer levels, ffi::AnyBuffer kernel,
+                       const ffi::AnyBuffer* threshold, const ffi::AnyBuffer* flip, const ImageConv2dAttrs& attrs,
+                       ffi::AnyBuffer out) {
+  ImageConv2dProblem problem;
+  if (auto error = CheckImageConv2d(target, levels, kernel, threshold, flip, attrs, out, &problem); error.failure()) {
+    return error;
+  }
+  return Guarded(target, [&] {
+    RunImageConv2d(problem, static_cast<const int8_t*>(levels.untyped_data()),
+                   static_cast<const int8_t*>(kernel.untyped_data()),
+                   threshold == nullptr ? nullptr : static_cast<const int32_t*>(threshold->untyped_data()),
+                   flip == nullptr ? nullptr : static_cast<const uint8_t*>(flip->untyped_data()), out.untyped_data(),
+                   &pool);
+  });
+}
+
+#define JAXBNN_IMAGE_ATTR_PARAMS                                                                              \
+  int64_t c, int64_t n, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t pad_top,           \
+      int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t pool_h, int64_t pool_w
+
+ffi::Error ImageConv2dI32(ffi::ThreadPool pool, ffi::AnyBuffer levels, ffi::AnyBuffer kernel, JAXBNN_IMAGE_ATTR_PARAMS,
+                          int64_t shift, ffi::Result<ffi::AnyBuffer> out) {
+  return ImageConv2d("jaxbnn_image_conv2d_i32", pool, levels, kernel, nullptr, nullptr,
+                     ImageConv2dAttrs{c, n, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right,
+                                      pool_h, pool_w, shift},
+                     *out);
+}
+
+ffi::Error ImageConv2dBits(ffi::ThreadPool pool, ffi::AnyBuffer levels, ffi::AnyBuffer kernel,
+                           ffi::AnyBuffer threshold, ffi::AnyBuffer flip, JAXBNN_IMAGE_ATTR_PARAMS,
+                           ffi::Result<ffi::AnyBuffer> out) {
+  return ImageConv2d("jaxbnn_image_conv2d_bits", pool, levels, kernel, &threshold, &flip,
+                     ImageConv2dAttrs{c, n, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right,
+                                      pool_h, pool_w, 0},
+                     *out);
+}
+
+#undef JAXBNN_IMAGE_ATTR_PARAMS
+
+template <class Binding>
+auto BindImageAttrs(Binding binding) {
+  return std::move(binding).template Attr<int64_t>("c")
+      .template Attr<int64_t>("n")
+      .template Attr<int64_t>("kh")
+      .template Attr<int64_t>("kw")
+      .template Attr<int64_t>("stride_h")
+      .template Attr<int64_t>("stride_w")
+      .template Attr<int64_t>("pad_top")
+      .template Attr<int64_t>("pad_bottom")
+      .template Attr<int64_t>("pad_left")
+      .template Attr<int64_t>("pad_right")
+      .template Attr<int64_t>("pool_h")
+      .template Attr<int64_t>("pool_w");
+}
+
 }  // namespace
 }  // namespace jaxbnn::cpu
 
@@ -191,4 +249,21 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dBits, jaxbnn::cpu::Bconv2dBits,
                                                                 .Arg<AnyBuffer>()   // w_tap_popcount
                                                                 .Arg<AnyBuffer>()   // threshold
                                                                 .Arg<AnyBuffer>())  // flip
+                                  .Ret<AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI32, jaxbnn::cpu::ImageConv2dI32,
+                              jaxbnn::cpu::BindImageAttrs(ffi::Ffi::Bind()
+                                                              .Ctx<ffi::ThreadPool>()
+                                                              .Arg<AnyBuffer>()   // levels
+                                                              .Arg<AnyBuffer>())  // kernel
+                                  .Attr<int64_t>("shift")
+                                  .Ret<AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dBits, jaxbnn::cpu::ImageConv2dBits,
+                              jaxbnn::cpu::BindImageAttrs(ffi::Ffi::Bind()
+                                                              .Ctx<ffi::ThreadPool>()
+                                                              .Arg<AnyBuffer>()   // levels
+                                                              .Arg<AnyBuffer>()   // kernel
+                                                              .Arg<AnyBuffer>()   // threshold
+                                                              .Arg<AnyBuffer>())  // flip
                                   .Ret<AnyBuffer>());

@@ -1,4 +1,4 @@
-// The six CPU FFI handlers of docs/ops.md ("Native contract").
+// The CPU FFI handlers of docs/ops.md ("Native contract").
 #ifndef JAXBNN_XLA_FFI_CPU_HANDLERS_H_
 #define JAXBNN_XLA_FFI_CPU_HANDLERS_H_
 
@@ -10,5 +10,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBmmBits);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBconv2dI32);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBconv2dF32);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBconv2dBits);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI32);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dBits);
 
 #endif  // JAXBNN_XLA_FFI_CPU_HANDLERS_H_

@@ -28,6 +28,8 @@ nb::dict Registrations() {
   targets["jaxbnn_bconv2d_i32"] = HandlerCapsule(JaxbnnCpuBconv2dI32);
   targets["jaxbnn_bconv2d_f32"] = HandlerCapsule(JaxbnnCpuBconv2dF32);
   targets["jaxbnn_bconv2d_bits"] = HandlerCapsule(JaxbnnCpuBconv2dBits);
+  targets["jaxbnn_image_conv2d_i32"] = HandlerCapsule(JaxbnnCpuImageConv2dI32);
+  targets["jaxbnn_image_conv2d_bits"] = HandlerCapsule(JaxbnnCpuImageConv2dBits);
   return targets;
 }
 
@@ -59,7 +61,7 @@ std::vector<std::string> SupportedIsaNames() {
 }  // namespace
 
 NB_MODULE(_cpu, m) {
-  m.doc() = "jaxbnn CPU kernels: XLA FFI handlers for bit-packed bmm and bconv2d";
+  m.doc() = "jaxbnn CPU kernels: XLA FFI handlers for bit-packed bmm and bconv2d and the int8 first layer";
   m.def("registrations", &Registrations,
         "Dict of FFI target name -> PyCapsule of its XLA FFI handler (platform 'cpu').");
   m.def("format_constants", &FormatConstants, "The native mirror of the jaxbnn.formats constants.");

@@ -1,0 +1,260 @@
+"""The native CPU first layer, jaxbnn_image_conv2d_{i32,bits}: registered and used by `ops.image_conv2d` /
+`ops.image_matmul`, every kernel ISA tier bit for bit against `jaxbnn.reference` (odd channel and output
+counts, strides, asymmetric padding, pools that drop rows, threshold planes, flips, ties, thresholds at the
+int32 extremes, every shift, the extreme levels and weights, sizes split over threads), and the handlers' own
+validation, exercised by calling jax.ffi.ffi_call directly with bad operands and attributes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxbnn import _cpu, _ffi, ops, reference  # the CPU module is part of every build: no skip
+
+TARGETS = ("jaxbnn_image_conv2d_i32", "jaxbnn_image_conv2d_bits")
+INT32_MIN, INT32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+
+
+@pytest.fixture(params=_cpu.supported_isas())
+def isa(request):
+    """Runs the test once per kernel tier this CPU supports (AVX-512 VNNI, AVX2, portable)."""
+    previous = _cpu.active_isa()
+    _cpu.set_isa(request.param)
+    yield request.param
+    _cpu.set_isa(previous)
+
+
+def test_targets_are_registered_and_the_ops_lower_to_them():
+    assert all(t in _cpu.registrations() for t in TARGETS)
+    assert all(_ffi.has_target("cpu", t) for t in TARGETS), _ffi.status()
+    levels, kernel = np.zeros((2, 8, 8, 3), np.int8), np.ones((3, 3, 3, 5), np.int8)
+    hlo = jax.jit(lambda x: ops.image_conv2d(x, kernel, pool=(2, 2), shift=3)).lower(levels).as_text()
+    assert "jaxbnn_image_conv2d_i32" in hlo
+    threshold = np.zeros((2, 5), np.int32)
+    dense = jax.jit(lambda x: ops.image_matmul(x, np.ones((12, 5), np.int8), threshold=threshold))
+    assert "jaxbnn_image_conv2d_bits" in dense.lower(np.zeros((4, 12), np.int8)).as_text()
+
+
+# --- every tier against the reference ---------------------------------------------------------------
+
+
+def int8_values(rng, shape):
+    return rng.integers(-128, 128, shape, dtype=np.int8)
+
+
+def reference_conv(levels, kernel, stride, pads, pool, **epilogue):
+    return np.asarray(reference.image_conv2d(jnp.asarray(levels), jnp.asarray(kernel), stride=stride, padding=pads,
+                                             pool=pool, **epilogue))  # fmt: skip
+
+
+def thresholds_with_ties(rng, pre, planes):
+    """(planes, N) thresholds, half of them actual pre-activation values (ties), the others at the int32
+    extremes or near zero; random flips."""
+    n = pre.shape[-1]
+    flat = pre.reshape(-1, n)
+    ties = flat[rng.integers(0, flat.shape[0], (planes, n)), np.arange(n)]
+    others = rng.choice(np.array([INT32_MIN, INT32_MAX, -1, 0, 1], np.int64), (planes, n))
+    threshold = np.where(rng.random((planes, n)) < 0.5, ties, others).astype(np.int32)
+    return threshold, (rng.random((planes, n)) < 0.5).astype(np.uint8)
+
+
+IMAGE_CASES = [
+    # b, h, w, c, n, kernel, stride, padding, pool
+    (2, 9, 8, 1, 1, (3, 3), (1, 1), "SAME", None),
+    (1, 23, 21, 3, 64, (7, 7), (4, 4), "SAME", None),  # ResNet-18's stem on a small image
+    (2, 19, 23, 3, 100, (11, 11), (4, 4), "VALID", (2, 2)),  # AlexNet's first conv on a small image
+    (1, 11, 13, 5, 33, (3, 3), (1, 2), ((2, 0), (1, 3)), (2, 3)),  # pool 2x3 drops a row and a column
+    (2, 14, 13, 3, 31, (3, 3), (1, 1), "SAME", (3, 3)),  # pool 3x3 drops two rows and a column
+    (1, 6, 7, 33, 65, (2, 3), (2, 1), ((1, 1), (0, 2)), None),
+    (3, 1, 1, 784, 100, (1, 1), (1, 1), "VALID", None),  # MNIST's dense first layer as a 1x1 image
+    (1, 4, 4, 1, 129, (5, 5), (1, 1), ((2, 2), (2, 2)), None),  # the kernel wider than the image
+    (1, 5, 3, 3, 40, (5, 5), (2, 2), ((4, 0), (0, 4)), (1, 1)),  # receptive fields beyond two image edges
+]
+
+
+@pytest.mark.parametrize("b,h,w,c,n,kernel,stride,padding,pool", IMAGE_CASES, ids=[str(c[:6]) for c in IMAGE_CASES])
+def test_every_tier_matches_reference(isa, b, h, w, c, n, kernel, stride, padding, pool):
+    rng = np.random.default_rng(b * 1009 + h * 101 + c * 7 + n)
+    levels, weights = int8_values(rng, (b, h, w, c)), int8_values(rng, (*kernel, c, n))
+    pads = ops._conv_padding(padding, (h, w), kernel, stride)
+    pre = reference_conv(levels, weights, stride, pads, pool)
+    for shift in (0, 7, 31):
+        got = jax.jit(lambda x: ops.image_conv2d(x, weights, stride=stride, padding=padding, pool=pool, shift=shift))(
+            levels)
+        np.testing.assert_array_equal(np.asarray(got), pre >> shift)
+    for planes in (1, 2):
+        threshold, flip = thresholds_with_ties(rng, pre, planes)
+        got = jax.jit(lambda x: ops.image_conv2d(x, weights, stride=stride, padding=padding, pool=pool,
+                                                 threshold=threshold, flip=flip))(levels)  # fmt: skip
+        want = reference_conv(levels, weights, stride, pads, pool, threshold=threshold, flip=flip)
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_image_matmul_every_tier(isa):
+    """The dense first layer: few rows (the columns split over threads, each packing its own weights) and
+    many rows (the weights packed once)."""
+    rng = np.random.default_rng(7)
+    kernel = int8_values(rng, (784, 300))
+    for m in (1, 5, 200):
+        levels = int8_values(rng, (m, 784))
+        pre = levels.astype(np.int64) @ kernel.astype(np.int64)
+        np.testing.assert_array_equal(np.asarray(jax.jit(ops.image_matmul)(levels, kernel)), pre)
+        threshold, flip = thresholds_with_ties(rng, pre, 2)
+        got = jax.jit(lambda x: ops.image_matmul(x, kernel, threshold=threshold, flip=flip))(levels)
+        want = reference.image_epilogue(jnp.asarray(pre.astype(np.int32))[:, None, None], threshold=threshold,
+                                        flip=flip)[:, 0, 0]  # fmt: skip
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_extreme_levels_and_weights_are_exact_on_every_tier(isa):
+    """-128 and 127 levels times -128 weights, up to the largest reduction the op allows: the products and
+    their sums at their largest, without rounding or wrapping (the VNNI tier's wrapping partial sums
+    included)."""
+    k = ops.MAX_IMAGE_REDUCTION
+    for level in (-128, 127):
+        got = np.asarray(jax.jit(ops.image_matmul)(np.full((2, k), level, np.int8), np.full((k, 3), -128, np.int8)))
+        np.testing.assert_array_equal(got, np.full((2, 3), k * level * -128))
+    levels = np.full((1, 19, 19, 3), -128, np.int8)
+    levels[0, ::2, ::3] = 127
+    kernel = np.full((11, 11, 3, 5), -128, np.int8)
+    got = jax.jit(lambda x: ops.image_conv2d(x, kernel, stride=4, padding="SAME"))(levels)
+    pads = ops._conv_padding("SAME", (19, 19), (11, 11), (4, 4))
+    np.testing.assert_array_equal(np.asarray(got), reference_conv(levels, kernel, (4, 4), pads, None))
+
+
+def test_repeated_parallel_calls_are_identical():
+    """Work is split over XLA's thread pool (by outputs and by columns); the split must not change a bit."""
+    rng = np.random.default_rng(3)
+    levels, kernel = int8_values(rng, (4, 64, 64, 3)), int8_values(rng, (3, 3, 3, 200))
+    threshold = rng.integers(-3000, 3000, (2, 200)).astype(np.int32)
+    f = jax.jit(lambda x: ops.image_conv2d(x, kernel, pool=(2, 2), threshold=threshold))
+    first = np.asarray(f(levels))
+    pads = ops._conv_padding("SAME", (64, 64), (3, 3), (1, 1))
+    flip = np.zeros((2, 200), np.uint8)
+    want = reference_conv(levels, kernel, (1, 1), pads, (2, 2), threshold=threshold, flip=flip)
+    np.testing.assert_array_equal(first, want)
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(f(levels)), first)
+
+
+# --- the handlers, called directly --------------------------------------------------------------------
+
+
+def ffi(target, out_shape, out_dtype, *operands, **attrs):
+    """Call a native target directly (bypassing jaxbnn.ops and its Python-side checks)."""
+    call = lambda *xs: jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(out_shape, out_dtype))(*xs, **attrs)  # noqa: E731
+    return jax.block_until_ready(jax.jit(call)(*operands))
+
+
+I64 = np.int64
+# A valid call: a 1x5x5 image of c=3 channels, a 3x3 kernel of n=9 outputs, stride 1, padding 1.
+ATTRS = dict(c=I64(3), n=I64(9), kh=I64(3), kw=I64(3), stride_h=I64(1), stride_w=I64(1), pad_top=I64(1),
+             pad_bottom=I64(1), pad_left=I64(1), pad_right=I64(1), pool_h=I64(1), pool_w=I64(1))  # fmt: skip
+LEVELS = jnp.asarray(np.random.default_rng(0).integers(-128, 128, (1, 5, 5, 3), dtype=np.int8))
+KERNEL = jnp.asarray(np.random.default_rng(1).integers(-128, 128, (3, 3, 3, 9), dtype=np.int8))
+THRESHOLD, FLIP = jnp.zeros((2, 9), jnp.int32), jnp.zeros((2, 9), jnp.uint8)
+
+
+def i32_call(out=((1, 5, 5, 9), jnp.int32), levels=LEVELS, kernel=KERNEL, **change):
+    return ffi("jaxbnn_image_conv2d_i32", *out, levels, kernel, **{**ATTRS, "shift": I64(0), **change})
+
+
+def bits_call(out=((1, 5, 5, 2, 1), jnp.uint32), levels=LEVELS, kernel=KERNEL, threshold=THRESHOLD, flip=FLIP,
+              **change):
+    return ffi("jaxbnn_image_conv2d_bits", *out, levels, kernel, threshold, flip, **{**ATTRS, **change})
+
+
+def test_direct_calls_match_reference_with_thresholds_at_the_int32_extremes(isa):
+    """The handler takes any int32 threshold (the op saturates its own): INT32_MIN passes every dot (and with
+    flip none), INT32_MAX no dot (and with flip every one)."""
+    pre = reference_conv(LEVELS, KERNEL, (1, 1), ((1, 1), (1, 1)), None)
+    threshold = np.array([[INT32_MIN] * 4 + [INT32_MAX] * 4 + [0], [INT32_MIN, INT32_MAX] * 4 + [int(pre[0, 2, 2, 8])]],
+                         np.int32)  # fmt: skip
+    flip = np.array([[0, 1] * 4 + [0], [0, 0, 1, 1] * 2 + [1]], np.uint8)
+    got = np.asarray(bits_call(threshold=jnp.asarray(threshold), flip=jnp.asarray(flip)))
+    want = reference_conv(LEVELS, KERNEL, (1, 1), ((1, 1), (1, 1)), None, threshold=threshold, flip=flip)
+    np.testing.assert_array_equal(got, want)
+    assert (got[..., 0, 0] & 0xFF == 0b10100101).all()  # plane 0, columns 7..0
+    np.testing.assert_array_equal(np.asarray(i32_call(shift=I64(31))), pre >> 31)
+
+
+def test_handlers_accept_empty_outputs():
+    """No images, or a pool window larger than the conv output: empty results (nothing to compute)."""
+    assert i32_call(out=((0, 5, 5, 9), jnp.int32), levels=jnp.zeros((0, 5, 5, 3), jnp.int8)).shape == (0, 5, 5, 9)
+    assert bits_call(out=((0, 5, 5, 2, 1), jnp.uint32), levels=jnp.zeros((0, 5, 5, 3), jnp.int8)).shape[0] == 0
+    assert i32_call(out=((1, 0, 5, 9), jnp.int32), pool_h=I64(6)).shape == (1, 0, 5, 9)
+
+
+I32_ERRORS = [
+    ("levels float32", dict(levels=jnp.zeros((1, 5, 5, 3), jnp.float32)),
+     r"operand `levels` must be int8 of rank 4 \(B, H, W, C\), got float32"),
+    ("levels rank 3", dict(levels=jnp.zeros((5, 5, 3), jnp.int8)), r"operand `levels` must be int8 of rank 4"),
+    ("levels channels", dict(levels=jnp.zeros((1, 5, 5, 4), jnp.int8)),
+     r"operand `levels` has shape \(1, 5, 5, 4\) but c = 3 requires \(1, 5, 5, 3\)"),
+    ("kernel uint8", dict(kernel=jnp.zeros((3, 3, 3, 9), jnp.uint8)), r"operand `kernel` must be int8 of rank 4"),
+    ("kernel outputs", dict(kernel=jnp.zeros((3, 3, 3, 8), jnp.int8)),
+     r"operand `kernel` has shape \(3, 3, 3, 8\) but kh = 3, kw = 3, c = 3, n = 9 requires \(3, 3, 3, 9\)"),
+    ("kernel taps", dict(kernel=jnp.zeros((3, 2, 3, 9), jnp.int8)), r"operand `kernel` has shape \(3, 2, 3, 9\)"),
+    ("zero stride", dict(stride_w=I64(0)), r"attribute stride_w = 0 is out of range \[1, 2147483647\]"),
+    ("negative padding", dict(pad_bottom=I64(-1)), r"attribute pad_bottom = -1 is out of range"),
+    ("padding 2**31", dict(pad_left=I64(2**31)), r"attribute pad_left = 2147483648 is out of range"),
+    ("padding int64 max", dict(pad_top=I64(2**63 - 1)), r"attribute pad_top = 9223372036854775807 is out of range"),
+    ("zero pool", dict(pool_h=I64(0)), r"attribute pool_h = 0 is out of range"),
+    ("zero channels", dict(c=I64(0)), r"attribute c = 0 is out of range"),
+    ("zero outputs", dict(n=I64(0)), r"attribute n = 0 is out of range"),
+    ("shift 32", dict(shift=I64(32)), r"attribute shift = 32 is out of range \[0, 31\]"),
+    ("negative shift", dict(shift=I64(-1)), r"attribute shift = -1 is out of range"),
+    ("kernel larger than the image", dict(kh=I64(9)), r"the kernel 9 x 3 is larger than the padded image 7 x 7"),
+    ("reduction beyond int32", dict(c=I64(2**20)),
+     r"the reduction kh \* kw \* c = 3 \* 3 \* 1048576 exceeds 131071 int8 products"),
+    ("kernel beyond int32", dict(kw=I64(2**40)), r"attribute kw = 1099511627776 is out of range"),
+    ("padded extent beyond int32", dict(pad_top=I64(2**31 - 1), pad_bottom=I64(2**31 - 1)),
+     r"the padded image 4294967299 x 7 has an extent beyond int32"),
+]
+
+
+@pytest.mark.parametrize("what,change,message", I32_ERRORS, ids=[e[0] for e in I32_ERRORS])
+def test_i32_handler_refuses_bad_operands_and_attributes(what, change, message):
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_image_conv2d_i32: " + message):
+        i32_call(**change)
+
+
+BITS_ERRORS = [
+    ("threshold float32", dict(threshold=jnp.zeros((2, 9), jnp.float32)), r"operand `threshold` must be int32"),
+    ("threshold rank 1", dict(threshold=jnp.zeros(9, jnp.int32)), r"operand `threshold` must be int32 of rank 2"),
+    ("threshold 9 planes", dict(threshold=jnp.zeros((9, 9), jnp.int32)),
+     r"operand `threshold` of shape \(9, 9\) has 9 planes; 1 to 8 are supported"),
+    ("threshold columns", dict(threshold=jnp.zeros((2, 8), jnp.int32)),
+     r"operand `threshold` has shape \(2, 8\) but n = 9"),
+    ("flip bool", dict(flip=jnp.zeros((2, 9), bool)), r"operand `flip` must be uint8 .*got bool"),
+    ("flip planes", dict(flip=jnp.zeros((1, 9), jnp.uint8)),
+     r"operand `flip` has shape \(1, 9\) but operand `threshold` \(2, 9\) requires \(2, 9\)"),
+    ("result words", dict(out=((1, 5, 5, 2, 2), jnp.uint32)), r"result has shape \(1, 5, 5, 2, 2\)"),
+    ("result planes", dict(out=((1, 5, 5, 1, 1), jnp.uint32)), r"result has shape \(1, 5, 5, 1, 1\)"),
+    ("result int32", dict(out=((1, 5, 5, 2, 1), jnp.int32)), r"result must be uint32, got int32"),
+]
+
+
+@pytest.mark.parametrize("what,change,message", BITS_ERRORS, ids=[e[0] for e in BITS_ERRORS])
+def test_bits_handler_refuses_bad_epilogue_operands_and_results(what, change, message):
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_image_conv2d_bits: " + message):
+        bits_call(**change)
+
+
+def test_i32_handler_refuses_bad_results():
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_image_conv2d_i32: result has shape \(1, 5, 5, 8\)"):
+        i32_call(out=((1, 5, 5, 8), jnp.int32))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"result has shape \(1, 2, 2, 9\)"):
+        i32_call(out=((1, 2, 2, 9), jnp.int32), pool_h=I64(2))  # pooled OH = 2 but OW = 5
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_image_conv2d_i32: result must be int32, got float32"):
+        i32_call(out=((1, 5, 5, 9), jnp.float32))
+
+
+def test_handlers_refuse_wrongly_typed_or_missing_attributes():
+    """Decoding errors come from XLA's FFI layer itself: still an error, not a crash."""
+    with pytest.raises(jax.errors.JaxRuntimeError, match="expected S64 but got S32"):
+        i32_call(shift=np.int32(0))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="Wrong number of attributes"):
+        ffi("jaxbnn_image_conv2d_i32", (1, 5, 5, 9), jnp.int32, LEVELS, KERNEL, **ATTRS)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="Wrong number of attributes"):
+        bits_call(shift=I64(0))

@@ -1,0 +1,841 @@
+// The first layer on the CPU as an implicit GEMM. A task gathers the receptive fields of a run of pooled
+// output pixels (one im2col row per conv pixel of each pool window, in the (dy, dx, c) order of the
+// kernel's rows, out-of-image taps at level 0) into a per-thread buffer, in its tier's element type, and
+// multiplies them with the weights packed for that tier, one column block at a time. The epilogue runs on
+// the accumulators in registers: the shifted int32 store, or each threshold plane's compare packed straight
+// into output words; only a pool window's running max passes through a small tile.
+//
+// Tiers (popcount_kernels.h's ActiveIsa, so that tests can force each):
+// - AVX-512 VNNI (vpdpbusd: four u8 x s8 products per 32-bit lane). The levels enter offset by 128 (XOR
+//   0x80, so level 0 is the byte 0x80), the weights as they are, and the accumulators start at -128 * the
+//   column sums of the weights: sum (l + 128) w - 128 sum w = sum l w. The partial sums may wrap, but int32
+//   addition wraps modulo 2**32 and the result fits int32 (the reduction is capped), so it is exact.
+// - AVX2 (vpmaddwd on int16 pairs); portable (the same pairs in plain loops).
+#include "cpu/image_kernels.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "common/formats.h"
+#include "cpu/parallel_for.h"
+#include "cpu/popcount_kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define JAXBNN_X86 1
+#include <immintrin.h>
+#define JAXBNN_TARGET_AVX2 __attribute__((target("avx2")))
+#define JAXBNN_TARGET_VNNI __attribute__((target("avx2,avx512f,avx512bw,avx512vnni")))
+#endif
+
+namespace jaxbnn::cpu {
+namespace {
+
+using formats::CeilDiv;
+
+constexpr int64_t kWordBits = formats::kWordBits;
+constexpr int64_t kMaxBlockCols = 64;                   // widest column block of any tier (the pool tile's row)
+constexpr int64_t kPatchBytes = 96 * 1024;              // a task's gathered rows (stay in L2)
+constexpr int64_t kMaxTaskRows = 512;                   // pooled outputs per task
+constexpr int64_t kMinParallelMacs = int64_t{1} << 21;  // products worth a thread hop
+constexpr int64_t kPackCost = 16;                       // packing a weight costs about this many products
+constexpr int64_t kMinParallelPack = int64_t{1} << 18;  // weight elements worth a thread hop
+constexpr int64_t kPackBlocks = 8;                      // column blocks packed by one task
+constexpr int64_t kTasksPerThread = 8;                  // with threads: enough tasks to balance
+constexpr int64_t kChunk = 16;                          // elements per copy of the gather
+constexpr int64_t kPrefetchRows = 16;                   // how far ahead the packers prefetch kernel rows
+
+int64_t RoundUp(int64_t value, int64_t multiple) { return CeilDiv(value, multiple) * multiple; }
+
+template <class T>
+T* Grow(std::vector<T>& vector, int64_t size) {
+  if (static_cast<int64_t>(vector.size()) < size) vector.resize(size);
+  return vector.data();
+}
+
+// The epilogue of a call, on the padded columns (n_padded = 32 * words). A threshold bit is one compare:
+// (dot > bound) XOR flip, with bound = threshold - 1 (INT32_MIN stays: no dot is INT32_MIN, the products are
+// capped at 2**31 - 2**14 in magnitude) for dot >= threshold, and bound = threshold for the flipped test
+// dot <= threshold = not (dot > threshold).
+struct ImageEpilogue {
+  int64_t planes;         // 0: the int32 output
+  int64_t shift;          // of the int32 output
+  const int32_t* bound;   // (planes, n_padded); the padding columns hold INT32_MAX (their dots are 0)
+  const uint32_t* flip;   // (planes, words): bit c % 32 of word c / 32 is flip[plane, c] != 0
+  int64_t n, n_padded, words;
+  void* out;              // one output row: n int32, or planes * words uint32
+};
+
+// One column block of a task: `rows` pooled outputs of `window` conv pixels each; the gathered row of
+// window position w of output r is patches + (w * rows + r) * k_padded elements.
+struct BlockJob {
+  const void* patches;
+  int64_t k_padded, rows, window;
+  const void* weights;  // the block's packed weights: (k_padded / group, cols, group)
+  int64_t col_begin, cols;
+  const int32_t* bias;  // (cols,): the accumulators' start; null: 0
+  int64_t first_output;
+  int32_t* tile;        // (rows of a register block, kMaxBlockCols): a window's running max
+};
+
+using BlockFn = void (*)(const BlockJob& job, const ImageEpilogue& epilogue);
+
+// Pool window positions: the only one, the first, one in between, the last.
+enum Mode { kOnly, kFirst, kMiddle, kLast };
+
+Mode ModeOf(int64_t position, int64_t window) {
+  if (window == 1) return kOnly;
+  return position == 0 ? kFirst : position + 1 == window ? kLast : kMiddle;
+}
+
+inline int32_t Load32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// The bits of a word of 32 columns (ImageEpilogue).
+uint32_t ThresholdBits(const int32_t* dots, const int32_t* bound, uint32_t flip) {
+  uint32_t above = 0;
+  for (int64_t i = 0; i < kWordBits; ++i) above |= static_cast<uint32_t>(dots[i] > bound[i]) << i;
+  return above ^ flip;
+}
+
+// Column blocks of the kernel, as a (k, n) matrix, from col_begin: cols columns (the tier's blocks, the last
+// one maybe shorter), each packed as (k_padded / group, block cols, group), zero past k and n. A column
+// range of a wide kernel is a short run every n bytes, which the hardware prefetchers do not follow from
+// page to page: the packers prefetch kPrefetchRows rows ahead.
+struct KernelBlock {
+  const int8_t* kernel;
+  int64_t k, n, col_begin, cols, k_padded;
+};
+
+// dst: the packed block; bias: the accumulators' start of its columns (the VNNI tier's).
+using PackBlockFn = void (*)(const KernelBlock& block, void* dst, int32_t* bias);
+
+// int16 pairs in blocks of kPairCols columns, for the AVX2 and portable tiers (no accumulator start).
+constexpr int64_t kPairCols = 32;
+
+void PackPairs(const KernelBlock& block, void* packed, int32_t*) {
+  static constexpr int8_t kZeros[kPairCols] = {};
+  auto* dst = static_cast<int16_t*>(packed);
+  const int64_t real = std::clamp<int64_t>(block.n - block.col_begin, 0, block.cols);
+  for (int64_t pair = 0; pair < block.k_padded / 2; ++pair) {
+    const int8_t* src[2];
+    for (int e = 0; e < 2; ++e) {
+      const int64_t kk = 2 * pair + e;
+      src[e] = kk < block.k ? block.kernel + kk * block.n + block.col_begin : nullptr;
+      if (kk + kPrefetchRows < block.k) {
+        for (int64_t c = 0; c < real; c += 64) __builtin_prefetch(src[e] + kPrefetchRows * block.n + c);
+      }
+    }
+    for (int64_t first = 0; first < block.cols; first += kPairCols) {
+      int16_t* row = dst + first * block.k_padded + pair * kPairCols * 2;
+      const int64_t copied = std::clamp<int64_t>(real - first, 0, kPairCols);
+      if (copied == kPairCols) {  // a whole block: one interleave the compiler vectorizes
+        const int8_t* a = src[0] == nullptr ? kZeros : src[0] + first;
+        const int8_t* b = src[1] == nullptr ? kZeros : src[1] + first;
+        for (int64_t c = 0; c < kPairCols; ++c) {
+          row[2 * c] = a[c];
+          row[2 * c + 1] = b[c];
+        }
+        continue;
+      }
+      for (int64_t c = 0; c < kPairCols; ++c) {
+        row[2 * c] = c < copied && src[0] != nullptr ? src[0][first + c] : 0;
+        row[2 * c + 1] = c < copied && src[1] != nullptr ? src[1][first + c] : 0;
+      }
+    }
+  }
+}
+
+// --- portable tier: int16 pairs -----------------------------------------------------------------------
+
+constexpr int kPortableRows = 4;
+constexpr int kPortableCols = kPairCols;
+
+void PortableBlock(const BlockJob& job, const ImageEpilogue& epi) {
+  const auto* patches = static_cast<const int16_t*>(job.patches);
+  const auto* weights = static_cast<const int16_t*>(job.weights);
+  const int64_t cols = job.cols, pairs = job.k_padded / 2;
+  int32_t acc[kPortableRows][kPortableCols];
+  for (int64_t r0 = 0; r0 < job.rows; r0 += kPortableRows) {
+    const int64_t rows = std::min<int64_t>(kPortableRows, job.rows - r0);
+    for (int64_t w = 0; w < job.window; ++w) {
+      for (int64_t r = 0; r < rows; ++r) {
+        std::fill(acc[r], acc[r] + cols, 0);
+        const int16_t* x = patches + (w * job.rows + r0 + r) * job.k_padded;
+        for (int64_t g = 0; g < pairs; ++g) {
+          const int32_t x0 = x[2 * g], x1 = x[2 * g + 1];
+          const int16_t* wg = weights + g * cols * 2;
+          for (int64_t c = 0; c < cols; ++c) acc[r][c] += x0 * wg[2 * c] + x1 * wg[2 * c + 1];
+        }
+      }
+      const Mode mode = ModeOf(w, job.window);
+      for (int64_t r = 0; r < rows; ++r) {
+        int32_t* tile = job.tile + r * kMaxBlockCols;
+        if (mode == kMiddle || mode == kLast) {
+          for (int64_t c = 0; c < cols; ++c) acc[r][c] = std::max(acc[r][c], tile[c]);
+        }
+        if (mode == kFirst || mode == kMiddle) {
+          std::copy(acc[r], acc[r] + cols, tile);
+          continue;
+        }
+        const int64_t row = job.first_output + r0 + r;
+        if (epi.planes == 0) {
+          int32_t* dst = static_cast<int32_t*>(epi.out) + row * epi.n + job.col_begin;
+          for (int64_t c = 0; c < std::min(cols, epi.n - job.col_begin); ++c) dst[c] = acc[r][c] >> epi.shift;
+          continue;
+        }
+        uint32_t* dst = static_cast<uint32_t*>(epi.out) + row * epi.planes * epi.words + job.col_begin / kWordBits;
+        for (int64_t p = 0; p < epi.planes; ++p) {
+          for (int64_t c = 0; c < cols; c += kWordBits) {
+            const int64_t col = job.col_begin + c;
+            dst[p * epi.words + c / kWordBits] = ThresholdBits(acc[r] + c, epi.bound + p * epi.n_padded + col,
+                                                               epi.flip[p * epi.words + col / kWordBits]);
+          }
+        }
+      }
+    }
+  }
+}
+
+#ifdef JAXBNN_X86
+
+// --- AVX2 tier: vpmaddwd on int16 pairs, 8 columns per register -----------------------------------------
+
+constexpr int kAvx2Rows = 3;
+constexpr int kAvx2Cols = kPairCols;
+
+// The accumulators are carried through the reduction loop as 8 x int32, the type of vpmaddwd's sums (as
+// __m256i, 4 x int64, GCC 12 copied and spilled them inside the loop).
+typedef int V8si __attribute__((vector_size(32)));
+
+template <int R, int kMode>
+JAXBNN_TARGET_AVX2 void Avx2Rows(const BlockJob& job, const ImageEpilogue& epi, const int16_t* x, int64_t r0) {
+  constexpr int V = kAvx2Cols / 8;
+  const auto* weights = static_cast<const int16_t*>(job.weights);
+  const int64_t pairs = job.k_padded / 2, stride = job.k_padded;
+  V8si sum[R][V] = {};
+  for (int64_t g = 0; g < pairs; ++g) {
+    __m256i wv[V];
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      wv[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(weights + (g * V + v) * 16));
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256i xr = _mm256_set1_epi32(Load32(x + r * stride + 2 * g));
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) sum[r][v] += reinterpret_cast<V8si>(_mm256_madd_epi16(xr, wv[v]));
+    }
+  }
+  __m256i acc[R][V];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) acc[r][v] = reinterpret_cast<__m256i>(sum[r][v]);
+  }
+  if constexpr (kMode == kMiddle || kMode == kLast) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) {
+        const auto* tile = reinterpret_cast<const __m256i*>(job.tile + r * kMaxBlockCols + 8 * v);
+        acc[r][v] = _mm256_max_epi32(acc[r][v], _mm256_loadu_si256(tile));
+      }
+    }
+  }
+  if constexpr (kMode == kFirst || kMode == kMiddle) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(job.tile + r * kMaxBlockCols + 8 * v), acc[r][v]);
+      }
+    }
+    return;
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = job.first_output + r0 + r;
+    if (epi.planes == 0) {
+      int32_t* dst = static_cast<int32_t*>(epi.out) + row * epi.n;
+      const __m128i shift = _mm_cvtsi32_si128(static_cast<int>(epi.shift));
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) {
+        const int64_t col = job.col_begin + 8 * v;
+        const __m256i value = _mm256_sra_epi32(acc[r][v], shift);
+        if (col + 8 <= epi.n) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + col), value);
+        } else if (col < epi.n) {
+          const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+          const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(epi.n - col)), lanes);
+          _mm256_maskstore_epi32(dst + col, mask, value);
+        }
+      }
+      continue;
+    }
+    uint32_t* dst = static_cast<uint32_t*>(epi.out) + row * epi.planes * epi.words + job.col_begin / kWordBits;
+    for (int64_t p = 0; p < epi.planes; ++p) {
+      const int32_t* bound = epi.bound + p * epi.n_padded + job.col_begin;
+      uint32_t above = 0;
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) {
+        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bound + 8 * v));
+        above |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(acc[r][v], b))))
+                 << (8 * v);
+      }
+      dst[p * epi.words] = above ^ epi.flip[p * epi.words + job.col_begin / kWordBits];
+    }
+  }
+}
+
+template <int R>
+JAXBNN_TARGET_AVX2 void Avx2Window(const BlockJob& job, const ImageEpilogue& epi, int64_t r0) {
+  const auto* patches = static_cast<const int16_t*>(job.patches);
+  for (int64_t w = 0; w < job.window; ++w) {
+    const int16_t* x = patches + (w * job.rows + r0) * job.k_padded;
+    switch (ModeOf(w, job.window)) {
+      case kOnly: Avx2Rows<R, kOnly>(job, epi, x, r0); break;
+      case kFirst: Avx2Rows<R, kFirst>(job, epi, x, r0); break;
+      case kMiddle: Avx2Rows<R, kMiddle>(job, epi, x, r0); break;
+      case kLast: Avx2Rows<R, kLast>(job, epi, x, r0); break;
+    }
+  }
+}
+
+JAXBNN_TARGET_AVX2 void Avx2Block(const BlockJob& job, const ImageEpilogue& epi) {
+  static_assert(kAvx2Rows == 3, "one case per register block height");
+  for (int64_t r0 = 0; r0 < job.rows; r0 += kAvx2Rows) {
+    switch (std::min<int64_t>(kAvx2Rows, job.rows - r0)) {
+      case 3: Avx2Window<3>(job, epi, r0); break;
+      case 2: Avx2Window<2>(job, epi, r0); break;
+      default: Avx2Window<1>(job, epi, r0); break;
+    }
+  }
+}
+
+// --- AVX-512 VNNI tier: vpdpbusd on u8 quads, 16 columns per register -------------------------------------
+
+// GCC 12 reports its own _mm512_undefined_* placeholders (inside the shift intrinsics) as maybe
+// uninitialized; they are do-not-care lanes by design.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+constexpr int kVnniRows = 6;
+constexpr int kVnniCols = 64;  // the last block of a call may be 32
+
+// The accumulators are carried through the reduction loop as 16 x int32, the type of vpdpbusd itself: as
+// __m512i (8 x int64) every step converts them, and GCC 12 then copied and spilled them inside the loop.
+typedef int V16si __attribute__((vector_size(64)));
+
+// acc + the products of the u8 `x` and the s8 `w`, four per lane.
+JAXBNN_TARGET_VNNI inline V16si Dpbusd(V16si acc, __m512i x, __m512i w) {
+  return reinterpret_cast<V16si>(_mm512_dpbusd_epi32(reinterpret_cast<__m512i>(acc), x, w));
+}
+
+// Blocks of kVnniCols columns (the last one may be 32) as quads: four kernel rows' bytes of a column side by
+// side (byte then word unpacks, then a transpose of the 128-bit lanes into column order); and their
+// accumulators' start, -128 * their column sums (vpdpbusd of ones), in the same pass. Row by row across
+// the blocks, so that each row's columns are read in one run.
+JAXBNN_TARGET_VNNI void VnniPack(const KernelBlock& block, void* packed, int32_t* bias) {
+  auto* dst = static_cast<int8_t*>(packed);
+  const int64_t blocks = CeilDiv(block.cols, kVnniCols), quads = block.k_padded / 4;
+  const __m512i ones = _mm512_set1_epi8(1);
+  std::fill(bias, bias + block.cols, 0);
+  for (int64_t g = 0; g < quads; ++g) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t col = block.col_begin + b * kVnniCols;
+      const int64_t cols = std::min<int64_t>(kVnniCols, block.cols - b * kVnniCols);
+      const int64_t real = std::clamp<int64_t>(block.n - col, 0, cols);
+      const __mmask64 columns = real == 64 ? ~__mmask64{0} : (__mmask64{1} << real) - 1;
+      __m512i rows[4];
+      for (int e = 0; e < 4; ++e) {
+        const int64_t kk = 4 * g + e;
+        rows[e] = _mm512_setzero_si512();
+        if (kk >= block.k) continue;
+        const int8_t* src = block.kernel + kk * block.n + col;
+        if (kk + kPrefetchRows < block.k) {
+          _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetchRows * block.n), _MM_HINT_T0);
+        }
+        rows[e] = _mm512_maskz_loadu_epi8(columns, src);
+      }
+      const __m512i pairs01_lo = _mm512_unpacklo_epi8(rows[0], rows[1]);
+      const __m512i pairs01_hi = _mm512_unpackhi_epi8(rows[0], rows[1]);
+      const __m512i pairs23_lo = _mm512_unpacklo_epi8(rows[2], rows[3]);
+      const __m512i pairs23_hi = _mm512_unpackhi_epi8(rows[2], rows[3]);
+      // quads_j, lane l: the quads of columns 16 l + 4 j .. 16 l + 4 j + 3
+      const __m512i quads_0 = _mm512_unpacklo_epi16(pairs01_lo, pairs23_lo);
+      const __m512i quads_1 = _mm512_unpackhi_epi16(pairs01_lo, pairs23_lo);
+      const __m512i quads_2 = _mm512_unpacklo_epi16(pairs01_hi, pairs23_hi);
+      const __m512i quads_3 = _mm512_unpackhi_epi16(pairs01_hi, pairs23_hi);
+      const __m512i t0 = _mm512_shuffle_i32x4(quads_0, quads_1, 0x44);
+      const __m512i t1 = _mm512_shuffle_i32x4(quads_2, quads_3, 0x44);
+      const __m512i t2 = _mm512_shuffle_i32x4(quads_0, quads_1, 0xee);
+      const __m512i t3 = _mm512_shuffle_i32x4(quads_2, quads_3, 0xee);
+      // out[v]: columns 16 v .. 16 v + 15
+      const __m512i out[4] = {_mm512_shuffle_i32x4(t0, t1, 0x88), _mm512_shuffle_i32x4(t0, t1, 0xdd),
+                              _mm512_shuffle_i32x4(t2, t3, 0x88), _mm512_shuffle_i32x4(t2, t3, 0xdd)};
+      int8_t* block_dst = dst + b * kVnniCols * block.k_padded + g * cols * 4;
+      int32_t* block_bias = bias + b * kVnniCols;
+      for (int v = 0; v < cols / 16; ++v) {
+        _mm512_storeu_si512(block_dst + v * 64, out[v]);
+        V16si sum;
+        std::memcpy(&sum, block_bias + 16 * v, sizeof(sum));
+        sum = Dpbusd(sum, ones, out[v]);
+        std::memcpy(block_bias + 16 * v, &sum, sizeof(sum));
+      }
+    }
+  }
+  for (int64_t c = 0; c < block.cols; ++c) bias[c] *= -128;  // column sums reach 2**7 * 131071: times 128 fits
+}
+
+template <int R, int V, int kMode>
+JAXBNN_TARGET_VNNI void VnniRows(const BlockJob& job, const ImageEpilogue& epi, const uint8_t* x, int64_t r0) {
+  const auto* weights = static_cast<const int8_t*>(job.weights);
+  const int64_t quads = job.k_padded / 4, stride = job.k_padded;
+  V16si sum[R][V];
+#pragma GCC unroll 8
+  for (int v = 0; v < V; ++v) {
+    V16si bias;
+    std::memcpy(&bias, job.bias + 16 * v, sizeof(bias));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) sum[r][v] = bias;
+  }
+  for (int64_t g = 0; g < quads; ++g) {
+    __m512i wv[V];
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) wv[v] = _mm512_loadu_si512(weights + (g * V + v) * 64);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512i xr = _mm512_set1_epi32(Load32(x + r * stride + 4 * g));
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) sum[r][v] = Dpbusd(sum[r][v], xr, wv[v]);
+    }
+  }
+  __m512i acc[R][V];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) acc[r][v] = reinterpret_cast<__m512i>(sum[r][v]);
+  }
+  if constexpr (kMode == kMiddle || kMode == kLast) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) {
+        acc[r][v] = _mm512_max_epi32(acc[r][v], _mm512_loadu_si512(job.tile + r * kMaxBlockCols + 16 * v));
+      }
+    }
+  }
+  if constexpr (kMode == kFirst || kMode == kMiddle) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) _mm512_storeu_si512(job.tile + r * kMaxBlockCols + 16 * v, acc[r][v]);
+    }
+    return;
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = job.first_output + r0 + r;
+    if (epi.planes == 0) {
+      int32_t* dst = static_cast<int32_t*>(epi.out) + row * epi.n;
+      const __m128i shift = _mm_cvtsi32_si128(static_cast<int>(epi.shift));
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) {
+        const int64_t col = job.col_begin + 16 * v;
+        const __m512i value = _mm512_sra_epi32(acc[r][v], shift);
+        if (col + 16 <= epi.n) {
+          _mm512_storeu_si512(dst + col, value);
+        } else if (col < epi.n) {
+          _mm512_mask_storeu_epi32(dst + col, static_cast<__mmask16>((1u << (epi.n - col)) - 1), value);
+        }
+      }
+      continue;
+    }
+    uint32_t* dst = static_cast<uint32_t*>(epi.out) + row * epi.planes * epi.words + job.col_begin / kWordBits;
+    for (int64_t p = 0; p < epi.planes; ++p) {
+      const int32_t* bound = epi.bound + p * epi.n_padded + job.col_begin;
+      const uint32_t* flip = epi.flip + p * epi.words + job.col_begin / kWordBits;
+#pragma GCC unroll 8
+      for (int v = 0; v < V; v += 2) {
+        const uint32_t above =
+            _mm512_cmpgt_epi32_mask(acc[r][v], _mm512_loadu_si512(bound + 16 * v)) |
+            static_cast<uint32_t>(_mm512_cmpgt_epi32_mask(acc[r][v + 1], _mm512_loadu_si512(bound + 16 * v + 16)))
+                << 16;
+        dst[p * epi.words + v / 2] = above ^ flip[v / 2];
+      }
+    }
+  }
+}
+
+template <int R, int V>
+JAXBNN_TARGET_VNNI void VnniWindow(const BlockJob& job, const ImageEpilogue& epi, int64_t r0) {
+  const auto* patches = static_cast<const uint8_t*>(job.patches);
+  for (int64_t w = 0; w < job.window; ++w) {
+    const uint8_t* x = patches + (w * job.rows + r0) * job.k_padded;
+    switch (ModeOf(w, job.window)) {
+      case kOnly: VnniRows<R, V, kOnly>(job, epi, x, r0); break;
+      case kFirst: VnniRows<R, V, kFirst>(job, epi, x, r0); break;
+      case kMiddle: VnniRows<R, V, kMiddle>(job, epi, x, r0); break;
+      case kLast: VnniRows<R, V, kLast>(job, epi, x, r0); break;
+    }
+  }
+}
+
+template <int V>
+JAXBNN_TARGET_VNNI void VnniColumns(const BlockJob& job, const ImageEpilogue& epi) {
+  static_assert(kVnniRows == 6, "one case per register block height");
+  for (int64_t r0 = 0; r0 < job.rows; r0 += kVnniRows) {
+    switch (std::min<int64_t>(kVnniRows, job.rows - r0)) {
+      case 6: VnniWindow<6, V>(job, epi, r0); break;
+      case 5: VnniWindow<5, V>(job, epi, r0); break;
+      case 4: VnniWindow<4, V>(job, epi, r0); break;
+      case 3: VnniWindow<3, V>(job, epi, r0); break;
+      case 2: VnniWindow<2, V>(job, epi, r0); break;
+      default: VnniWindow<1, V>(job, epi, r0); break;
+    }
+  }
+}
+
+JAXBNN_TARGET_VNNI void VnniBlock(const BlockJob& job, const ImageEpilogue& epi) {
+  if (job.cols == kVnniCols) {
+    VnniColumns<4>(job, epi);
+  } else {
+    VnniColumns<2>(job, epi);
+  }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#endif  // JAXBNN_X86
+
+// --- tiers --------------------------------------------------------------------------------------------
+
+// A tier: the element of its gathered rows (level 0 is Level<Tier>(0)) and of its packed weights, the
+// reduction elements per 32-bit lane (kGroup), its column block (the last block of a call may be 32 columns),
+// rows per register block, its packer and block kernel, and whether the levels are offset by 128 (then the
+// packer sets the accumulators' start).
+struct PortableTier {
+  using Elem = int16_t;
+  using Weight = int16_t;
+  static constexpr int kGroup = 2, kBlockCols = kPortableCols, kRows = kPortableRows;
+  static constexpr PackBlockFn kPack = PackPairs;
+  static constexpr BlockFn kBlock = PortableBlock;
+  static constexpr bool kOffsetLevels = false;
+};
+
+#ifdef JAXBNN_X86
+struct Avx2Tier {
+  using Elem = int16_t;
+  using Weight = int16_t;
+  static constexpr int kGroup = 2, kBlockCols = kAvx2Cols, kRows = kAvx2Rows;
+  static constexpr PackBlockFn kPack = PackPairs;
+  static constexpr BlockFn kBlock = Avx2Block;
+  static constexpr bool kOffsetLevels = false;
+};
+
+struct VnniTier {
+  using Elem = uint8_t;
+  using Weight = int8_t;
+  static constexpr int kGroup = 4, kBlockCols = kVnniCols, kRows = kVnniRows;
+  static constexpr PackBlockFn kPack = VnniPack;
+  static constexpr BlockFn kBlock = VnniBlock;
+  static constexpr bool kOffsetLevels = true;
+};
+#endif
+
+template <class Tier>
+constexpr typename Tier::Elem Level(int8_t level) {
+  if constexpr (Tier::kOffsetLevels) {
+    return static_cast<uint8_t>(level) ^ 0x80u;
+  } else {
+    return level;
+  }
+}
+
+// Per-call data, reused across calls by the calling thread (never shrinks, so no re-initialization).
+struct CallScratch {
+  std::vector<uint8_t> weights;  // packed, bytes of Tier::Weight
+  std::vector<int32_t> bias;
+  std::vector<int32_t> bound;
+  std::vector<uint32_t> flip;
+};
+
+// Per-thread task data.
+struct TaskScratch {
+  std::vector<uint8_t> patches;  // bytes of Tier::Elem
+  std::vector<int32_t> tile;
+  std::vector<uint8_t> weights;  // a task's own packed columns, bytes of Tier::Weight
+  std::vector<int32_t> bias;
+};
+
+CallScratch& ThreadCallScratch() {
+  thread_local CallScratch scratch;
+  return scratch;
+}
+
+TaskScratch& ThreadTaskScratch() {
+  thread_local TaskScratch scratch;
+  return scratch;
+}
+
+template <class Tier>
+class ImageConv {
+ public:
+  using Elem = typename Tier::Elem;
+  using Weight = typename Tier::Weight;
+
+  ImageConv(const ImageConv2dProblem& p, const int8_t* levels, const int8_t* kernel)
+      : p_(p),
+        levels_(levels),
+        kernel_(kernel),
+        levels_size_(p.batch * p.height * p.width * p.c),
+        k_(p.kh * p.kw * p.c),
+        k_padded_(RoundUp(k_, Tier::kGroup)),
+        n_padded_(RoundUp(p.n, kWordBits)),
+        window_(p.pool_h * p.pool_w),
+        blocks_(CeilDiv(n_padded_, Tier::kBlockCols)) {}
+
+  void Run(const int32_t* threshold, const uint8_t* flip, void* out, ffi::ThreadPool* pool) {
+    const int64_t outputs = p_.batch * p_.out_h * p_.out_w;
+    if (outputs == 0) return;
+    const int64_t threads = PoolThreads(pool);
+    CallScratch& call = ThreadCallScratch();
+    const ImageEpilogue epilogue = MakeEpilogue(threshold, flip, out, call);
+
+    // Pooled outputs per task: their gathered rows fit kPatchBytes. With threads, enough tasks to balance:
+    // the column blocks are split first (a dense layer at a small batch has few outputs, and splitting them
+    // would read the weights once per task), then the outputs.
+    const int64_t row_bytes = window_ * k_padded_ * static_cast<int64_t>(sizeof(Elem));
+    const bool parallel =
+        threads > 1 && outputs * window_ + kPackCost >= CeilDiv(kMinParallelMacs, k_padded_ * n_padded_);
+    int64_t rows = RowsPerTask(std::clamp<int64_t>(kPatchBytes / row_bytes, 1, kMaxTaskRows));
+    int64_t row_tasks = CeilDiv(outputs, rows), column_tasks = 1;
+    if (parallel) {
+      const int64_t wanted = kTasksPerThread * threads;
+      column_tasks = std::min(blocks_, CeilDiv(wanted, row_tasks));
+      if (row_tasks * column_tasks < wanted) {
+        rows = RowsPerTask(CeilDiv(outputs, CeilDiv(wanted, column_tasks)));
+        row_tasks = CeilDiv(outputs, rows);
+      }
+    }
+    const int64_t blocks_per_task = CeilDiv(blocks_, column_tasks);
+    // One task per column range (a dense layer at a small batch): each packs its own columns, so that the
+    // weights are read once. Else they are packed once for all tasks.
+    const Weight* weights = nullptr;
+    const int32_t* bias = nullptr;
+    if (row_tasks > 1) {
+      auto* packed = reinterpret_cast<Weight*>(Grow(call.weights, n_padded_ * k_padded_ * sizeof(Weight)));
+      int32_t* packed_bias = Grow(call.bias, n_padded_);
+      ParallelFor(pool, CeilDiv(blocks_, kPackBlocks), threads > 1 && n_padded_ * k_padded_ >= kMinParallelPack,
+                  [&](int64_t task) {
+                    const int64_t first = task * kPackBlocks;
+                    Pack(first, std::min(blocks_, first + kPackBlocks), packed + BlockBegin(first) * k_padded_,
+                         packed_bias + BlockBegin(first));
+                  });
+      weights = packed;
+      bias = packed_bias;
+    }
+    ParallelFor(pool, row_tasks * column_tasks, parallel, [&](int64_t task) {
+      const int64_t first = (task % row_tasks) * rows;
+      const int64_t first_block = (task / row_tasks) * blocks_per_task;
+      RunTask(first, std::min(rows, outputs - first), first_block,
+              std::min(blocks_, first_block + blocks_per_task), weights, bias, epilogue);
+    });
+  }
+
+ private:
+  // Whole register blocks, where there is more than one.
+  static int64_t RowsPerTask(int64_t rows) { return rows > Tier::kRows ? RoundUp(rows, Tier::kRows) : rows; }
+
+  int64_t BlockBegin(int64_t block) const { return block * Tier::kBlockCols; }
+  int64_t BlockCols(int64_t block) const {
+    return std::min<int64_t>(Tier::kBlockCols, n_padded_ - BlockBegin(block));
+  }
+
+  // Blocks [first_block, end_block) of the weights into `weights` (KernelBlock) and, where the levels are
+  // offset, their accumulators' start into `bias`.
+  void Pack(int64_t first_block, int64_t end_block, Weight* weights, int32_t* bias) const {
+    const int64_t begin = BlockBegin(first_block), end = std::min(n_padded_, BlockBegin(end_block));
+    Tier::kPack(KernelBlock{kernel_, k_, p_.n, begin, end - begin, k_padded_}, weights, bias);
+  }
+
+  ImageEpilogue MakeEpilogue(const int32_t* threshold, const uint8_t* flip, void* out, CallScratch& call) const {
+    const int64_t words = n_padded_ / kWordBits;
+    ImageEpilogue epi{p_.planes, p_.shift, nullptr, nullptr, p_.n, n_padded_, words, out};
+    if (p_.planes == 0) return epi;
+    int32_t* bound = Grow(call.bound, p_.planes * n_padded_);
+    uint32_t* f = Grow(call.flip, p_.planes * words);
+    std::fill(f, f + p_.planes * words, 0u);
+    constexpr int32_t kMin = std::numeric_limits<int32_t>::min(), kMax = std::numeric_limits<int32_t>::max();
+    for (int64_t plane = 0; plane < p_.planes; ++plane) {
+      for (int64_t c = 0; c < n_padded_; ++c) {
+        const int64_t i = plane * p_.n + c;
+        const bool flipped = c < p_.n && flip[i] != 0;
+        bound[plane * n_padded_ + c] = c >= p_.n                                     ? kMax
+                                       : flipped || threshold[i] == kMin ? threshold[i]
+                                                                         : threshold[i] - 1;
+        f[plane * words + c / kWordBits] |= static_cast<uint32_t>(flipped) << (c % kWordBits);
+      }
+    }
+    epi.bound = bound;
+    epi.flip = f;
+    return epi;
+  }
+
+  // Outputs [first, first + count) x column blocks [first_block, end_block); `weights` and `bias` are all the
+  // packed weights, or null when the task packs its own.
+  void RunTask(int64_t first, int64_t count, int64_t first_block, int64_t end_block, const Weight* weights,
+               const int32_t* bias, const ImageEpilogue& epilogue) const {
+    TaskScratch& scratch = ThreadTaskScratch();
+    int64_t base = 0;  // the first column of `weights` and `bias`
+    if (weights == nullptr) {
+      base = BlockBegin(first_block);
+      const int64_t cols = std::min(n_padded_, BlockBegin(end_block)) - base;
+      auto* own = reinterpret_cast<Weight*>(Grow(scratch.weights, cols * k_padded_ * sizeof(Weight)));
+      int32_t* own_bias = Grow(scratch.bias, cols);
+      Pack(first_block, end_block, own, own_bias);
+      weights = own;
+      bias = own_bias;
+    }
+    auto* patches =
+        reinterpret_cast<Elem*>(Grow(scratch.patches, (count * window_ * k_padded_ + kChunk) * sizeof(Elem)));
+    Gather(first, count, patches);
+    int32_t* tile = Grow(scratch.tile, Tier::kRows * kMaxBlockCols);
+    for (int64_t block = first_block; block < end_block; ++block) {
+      const int64_t col = BlockBegin(block);
+      const BlockJob job{patches, k_padded_, count, window_, weights + (col - base) * k_padded_, col, BlockCols(block),
+                         Tier::kOffsetLevels ? bias + (col - base) : nullptr, first, tile};
+      Tier::kBlock(job, epilogue);
+    }
+  }
+
+  // The rows of outputs [first, first + count): window position w of output r at row w * count + r.
+  void Gather(int64_t first, int64_t count, Elem* patches) const {
+    switch (CeilDiv(p_.kw * p_.c, kChunk)) {
+      case 1: return GatherRows<1>(first, count, patches);
+      case 2: return GatherRows<2>(first, count, patches);
+      case 3: return GatherRows<3>(first, count, patches);
+      default: return GatherRows<0>(first, count, patches);
+    }
+  }
+
+  // Rows are written in order, each overwriting what the copies of the one before wrote past its end; one
+  // output row of the image at a time. kChunks: the chunks of a kernel row, or 0 for any number.
+  template <int kChunks>
+  void GatherRows(int64_t first, int64_t count, Elem* patches) const {
+    const int64_t run = p_.kw * p_.c, image_row = p_.width * p_.c;
+    const int64_t reach = (p_.kh - 1) * image_row + RoundUp(run, kChunk);  // of the reads of a receptive field
+    const Elem pad = Level<Tier>(0);
+    Elem* dst = patches;
+    for (int64_t wy = 0; wy < p_.pool_h; ++wy) {
+      for (int64_t wx = 0; wx < p_.pool_w; ++wx) {
+        for (int64_t o = first; o < first + count;) {
+          const int64_t b = o / (p_.out_h * p_.out_w), oy = o / p_.out_w % p_.out_h, ox0 = o % p_.out_w;
+          const int64_t end = std::min(first + count, o + p_.out_w - ox0);
+          const int64_t y0 = (oy * p_.pool_h + wy) * p_.stride_h - p_.pad_top;
+          const bool rows_inside = y0 >= 0 && y0 + p_.kh <= p_.height;
+          for (int64_t ox = ox0; o < end; ++o, ++ox, dst += k_padded_) {
+            const int64_t x0 = (ox * p_.pool_w + wx) * p_.stride_w - p_.pad_left;
+            const int64_t offset = ((b * p_.height + y0) * p_.width + x0) * p_.c;
+            if (!rows_inside || x0 < 0 || x0 + p_.kw > p_.width || offset + reach > levels_size_) {
+              GatherBorderRow(b, y0, x0, dst);
+              continue;
+            }
+            // Inside the image (most rows): kh runs of whole chunks, a few vector moves each.
+            const int8_t* src = levels_ + offset;
+            Elem* row = dst;
+            for (int64_t dy = 0; dy < p_.kh; ++dy, src += image_row, row += run) {
+              if constexpr (kChunks > 0) {
+                for (int i = 0; i < kChunks; ++i) CopyChunk(src + i * kChunk, row + i * kChunk);
+              } else {
+                for (int64_t i = 0; i < run; i += kChunk) CopyChunk(src + i, row + i);
+              }
+            }
+            for (int64_t i = 0; i < k_padded_ - k_; ++i) row[i] = pad;
+          }
+        }
+      }
+    }
+  }
+
+  // kChunk levels as kChunk elements (through locals: no aliasing for the compiler to fear).
+  static void CopyChunk(const int8_t* src, Elem* dst) {
+    int8_t in[kChunk];
+    Elem out[kChunk];
+    std::memcpy(in, src, sizeof(in));
+    for (int64_t j = 0; j < kChunk; ++j) out[j] = Level<Tier>(in[j]);
+    std::memcpy(dst, out, sizeof(out));
+  }
+
+  // The receptive field whose top-left tap is (y0, x0) of image b, zero past k; may write up to kChunk
+  // elements past the row.
+  void GatherBorderRow(int64_t b, int64_t y0, int64_t x0, Elem* dst) const {
+    const int64_t run = p_.kw * p_.c;
+    const Elem pad = Level<Tier>(0);
+    // Taps left of the image, in it, right of it (the image may be narrower than the kernel).
+    const int64_t left = std::clamp<int64_t>(-x0, 0, p_.kw);
+    const int64_t right = std::clamp<int64_t>(x0 + p_.kw - p_.width, 0, p_.kw - left);
+    const int64_t inside = (p_.kw - left - right) * p_.c;
+    for (int64_t dy = 0; dy < p_.kh; ++dy, dst += run) {
+      const int64_t iy = y0 + dy;
+      if (iy < 0 || iy >= p_.height) {
+        std::fill(dst, dst + run, pad);
+        continue;
+      }
+      Elem* mid = std::fill_n(dst, left * p_.c, pad);
+      if (inside > 0) {
+        const int64_t offset = ((b * p_.height + iy) * p_.width + x0 + left) * p_.c;
+        if (offset + RoundUp(inside, kChunk) <= levels_size_) {
+          // Whole chunks: a few vector moves for the short runs of an image's first layer.
+          for (int64_t i = 0; i < inside; i += kChunk) CopyChunk(levels_ + offset + i, mid + i);
+        } else {
+          for (int64_t i = 0; i < inside; ++i) mid[i] = Level<Tier>(levels_[offset + i]);
+        }
+      }
+      std::fill(mid + inside, dst + run, pad);
+    }
+    for (int64_t i = 0; i < k_padded_ - k_; ++i) dst[i] = pad;
+  }
+
+  const ImageConv2dProblem& p_;
+  const int8_t* levels_;
+  const int8_t* kernel_;
+  const int64_t levels_size_, k_, k_padded_, n_padded_, window_, blocks_;
+};
+
+template <class Tier>
+void RunTier(const ImageConv2dProblem& problem, const int8_t* levels, const int8_t* kernel, const int32_t* threshold,
+             const uint8_t* flip, void* out, ffi::ThreadPool* pool) {
+  ImageConv<Tier>(problem, levels, kernel).Run(threshold, flip, out, pool);
+}
+
+}  // namespace
+
+void RunImageConv2d(const ImageConv2dProblem& problem, const int8_t* levels, const int8_t* kernel,
+                    const int32_t* threshold, const uint8_t* flip, void* out, ffi::ThreadPool* pool) {
+#ifdef JAXBNN_X86
+  switch (ActiveIsa()) {
+    case Isa::kAvx512:
+      // VPOPCNTDQ does not imply VNNI or BW (Knights Mill has it without either).
+      if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni")) {
+        return RunTier<VnniTier>(problem, levels, kernel, threshold, flip, out, pool);
+      }
+      return RunTier<Avx2Tier>(problem, levels, kernel, threshold, flip, out, pool);
+    case Isa::kAvx2: return RunTier<Avx2Tier>(problem, levels, kernel, threshold, flip, out, pool);
+    default: break;
+  }
+#endif
+  RunTier<PortableTier>(problem, levels, kernel, threshold, flip, out, pool);
+}
+
+}  // namespace jaxbnn::cpu
