@@ -232,8 +232,7 @@ def _linear(node, p, x):
         return _image_layer(node, p, x)
     if node["operand"] == "binary" and node["weights"] == "binary" and node["output"] in ("binary", "affine"):
         return _fused(node, p, x)
-    else:
-        pre = _composite_dot(node, p, x)
+    pre = _composite_dot(node, p, x)
     if node["kind"] == "conv" and node["pool"] is not None:
         pre = _max_pool(pre, node["pool"])
     return _output(node, p, pre)
