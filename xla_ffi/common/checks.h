@@ -143,6 +143,20 @@ inline ffi::Error CheckAttrRange(std::string_view target, const char* name, int6
   return ffi::Error::Success();
 }
 
+// The geometry attributes of a convolution target: channel counts, kernel, strides and pool in
+// [1, kMaxAttr], paddings in [0, kMaxAttr]. `positive` names them as the target's attributes do.
+inline ffi::Error CheckConvAttrs(std::string_view target,
+                                 std::initializer_list<std::pair<const char*, int64_t>> positive,
+                                 std::initializer_list<std::pair<const char*, int64_t>> paddings) {
+  for (const auto& [name, value] : positive) {
+    if (auto e = CheckAttrRange(target, name, value, 1, kMaxAttr); e.failure()) return e;
+  }
+  for (const auto& [name, value] : paddings) {
+    if (auto e = CheckAttrRange(target, name, value, 0, kMaxAttr); e.failure()) return e;
+  }
+  return ffi::Error::Success();
+}
+
 // The tile geometry of FSB weights (n_tiles, k_tiles, tile_rows, tile_words) must be able to hold a bit
 // matrix of `rows` rows and `bits` reduction bits; see docs/formats.md "FSB tiles".
 inline ffi::Error CheckFsbGeometry(std::string_view target, const char* what, const ffi::AnyBuffer& w,
@@ -258,18 +272,14 @@ inline ffi::Error CheckBconv2d(std::string_view target, Epilogue epilogue, const
                                const EpilogueOperands& epilogue_operands, const Bconv2dAttrs& attrs,
                                const ffi::AnyBuffer& out, Bconv2dProblem* problem) {
   using namespace checks;
-  const std::pair<const char*, int64_t> positive[] = {
-      {"c", attrs.c}, {"o", attrs.o}, {"kh", attrs.kh}, {"kw", attrs.kw}, {"stride_h", attrs.stride_h},
-      {"stride_w", attrs.stride_w}, {"pool_h", attrs.pool_h}, {"pool_w", attrs.pool_w}};
-  for (const auto& [name, value] : positive) {
-    if (auto e = CheckAttrRange(target, name, value, 1, kMaxAttr); e.failure()) return e;
-  }
-  const std::pair<const char*, int64_t> paddings[] = {{"pad_top", attrs.pad_top},
-                                                      {"pad_bottom", attrs.pad_bottom},
-                                                      {"pad_left", attrs.pad_left},
-                                                      {"pad_right", attrs.pad_right}};
-  for (const auto& [name, value] : paddings) {
-    if (auto e = CheckAttrRange(target, name, value, 0, kMaxAttr); e.failure()) return e;
+  if (auto e = CheckConvAttrs(target,
+                              {{"c", attrs.c}, {"o", attrs.o}, {"kh", attrs.kh}, {"kw", attrs.kw},
+                               {"stride_h", attrs.stride_h}, {"stride_w", attrs.stride_w}, {"pool_h", attrs.pool_h},
+                               {"pool_w", attrs.pool_w}},
+                              {{"pad_top", attrs.pad_top}, {"pad_bottom", attrs.pad_bottom},
+                               {"pad_left", attrs.pad_left}, {"pad_right", attrs.pad_right}});
+      e.failure()) {
+    return e;
   }
   int64_t c_words = formats::WordsForBits(attrs.c);
   if (attrs.kh * attrs.kw > kMaxReduction / attrs.c) {

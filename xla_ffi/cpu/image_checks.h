@@ -48,18 +48,14 @@ inline ffi::Error CheckImageConv2d(std::string_view target, const ffi::AnyBuffer
                                    const ffi::AnyBuffer& out, ImageConv2dProblem* problem) {
   using namespace checks;
   const bool bits = threshold != nullptr;
-  const std::pair<const char*, int64_t> positive[] = {
-      {"c", attrs.c}, {"n", attrs.n}, {"kh", attrs.kh}, {"kw", attrs.kw}, {"stride_h", attrs.stride_h},
-      {"stride_w", attrs.stride_w}, {"pool_h", attrs.pool_h}, {"pool_w", attrs.pool_w}};
-  for (const auto& [name, value] : positive) {
-    if (auto e = CheckAttrRange(target, name, value, 1, kMaxAttr); e.failure()) return e;
-  }
-  const std::pair<const char*, int64_t> paddings[] = {{"pad_top", attrs.pad_top},
-                                                      {"pad_bottom", attrs.pad_bottom},
-                                                      {"pad_left", attrs.pad_left},
-                                                      {"pad_right", attrs.pad_right}};
-  for (const auto& [name, value] : paddings) {
-    if (auto e = CheckAttrRange(target, name, value, 0, kMaxAttr); e.failure()) return e;
+  if (auto e = CheckConvAttrs(target,
+                              {{"c", attrs.c}, {"n", attrs.n}, {"kh", attrs.kh}, {"kw", attrs.kw},
+                               {"stride_h", attrs.stride_h}, {"stride_w", attrs.stride_w}, {"pool_h", attrs.pool_h},
+                               {"pool_w", attrs.pool_w}},
+                              {{"pad_top", attrs.pad_top}, {"pad_bottom", attrs.pad_bottom},
+                               {"pad_left", attrs.pad_left}, {"pad_right", attrs.pad_right}});
+      e.failure()) {
+    return e;
   }
   if (!bits) {
     if (auto e = CheckAttrRange(target, "shift", attrs.shift, 0, 31); e.failure()) return e;
