@@ -143,6 +143,9 @@ def bconv2d(
     bias=None,
     threshold=None,
     flip=None,
+    shortcut=None,
+    shortcut_stride=1,
+    shift=0,
 ):
     """Binary 2-D convolution of a packed NHWC image, with optional fused max-pool and epilogue.
 
@@ -158,6 +161,12 @@ def bconv2d(
     pool: None or (PH, PW): max-pool of the dot products (window = stride, no padding) before the epilogue.
     Epilogues as in `bmm` (thresholds saturated to [-K - 1, K + 1], K = KH * KW * C); outputs
     `(..., B, OH, OW, O)` (int32 / float32) or `(..., B, OH, OW, ceil(O/32))`.
+    Residual epilogue (a ResNet block's second convolution; no pool, no scale / bias): with `shortcut`, the
+    block's int32 input stream `(..., B, SH, SW, SC)`, the output is the new stream, int32
+    `(dot >> shift) + shortcut[..., ::s, ::s, :]` (s = `shortcut_stride`, ceil(SH / s) = OH, ceil(SW / s) = OW;
+    channels past SC, 1 <= SC <= O, add 0: the type-A shortcut), wrapping as int32 arithmetic does; with
+    `threshold` / `flip` as well (integers within int32, compared with the stream's values) the pair
+    (stream, its packed bits `(..., B, OH, OW, ceil(O/32))`): the next block's input, in the same pass.
     Every size, padding, stride and output extent must be at most `MAX_EXTENT` (ValueError naming it).
     """
     given_popcount = w_tap_popcount is not None  # ConvBits' own tap popcounts are consistent by construction
@@ -209,12 +218,26 @@ def bconv2d(
         w_tap_popcount = _int32_array("w_tap_popcount", w_tap_popcount, (kh * kw, o))
         if given_popcount:
             _check_popcount("w_tap_popcount", w_tap_popcount, w, o, k_bits, (kh * kw, cw, c))
+    batch = x.shape[:-3]
+    attrs = (c, o, kh, kw, sh, sw, pt, pb, pl, pr, pad_value == "one", ph, pw)
+    if shortcut is not None:
+        if pool is not None or scale is not None or bias is not None:
+            raise ValueError("the residual epilogue (shortcut) takes no pool, scale or bias")
+        stride = _positive_int("shortcut_stride", shortcut_stride)
+        if not _is_int(shift) or not 0 <= shift <= 31:
+            raise ValueError(f"shift must be an integer in [0, 31], got {shift!r}")
+        shortcut = _shortcut_stream(shortcut, batch, (oh, ow), o, stride)
+        threshold, flip = _stream_threshold(threshold, flip, o)
+        _check_elements("the result", batch + (oh, ow, o))
+        _check_elements("the padded input", batch + (h + pt + pb, wd + pl + pr, c))
+        return _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, attrs=attrs, stride=stride,
+                                 shift=int(shift))
+    if not _is_int(shift) or shift != 0 or not _is_int(shortcut_stride) or shortcut_stride != 1:
+        raise ValueError("shift and shortcut_stride apply to the residual epilogue: give a shortcut")
     kind, epi = _epilogue(o, kh * kw * c + 1, scale, bias, threshold, flip)
     out_ch, _ = _epilogue_output(kind, o)
-    batch = x.shape[:-3]
     _check_elements("the result", batch + (oh // ph, ow // pw, out_ch))
     _check_elements("the padded input", batch + (h + pt + pb, wd + pl + pr, c))
-    attrs = (c, o, kh, kw, sh, sw, pt, pb, pl, pr, pad_value == "one", ph, pw)
     return _bconv2d(x, w, w_tap_popcount, epi, attrs=attrs, kind=kind, pooled=pool is not None)
 
 
@@ -268,6 +291,90 @@ def _bconv2d(x, w, w_tap_popcount, epi, *, attrs, kind, pooled):
 
     out = _fold_rows(single)(images, w, w_tap_popcount, *epi.values())
     return out.reshape(x.shape[:-3] + out.shape[1:])
+
+
+@functools.partial(jax.jit, static_argnames=("attrs", "stride", "shift"))
+def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs, stride, shift):
+    """The checked residual convolution as one compiled function per static signature (as `_bmm`)."""
+    c, o, kh, kw, sh, sw, pt, pb, pl, pr, pad_one, _, _ = attrs
+    cw = formats.num_words(c)
+    k_bits = kh * kw * cw * formats.WORD_BITS
+    h, wd = x.shape[-3:-1]
+    oh, ow = (h + pt + pb - kh) // sh + 1, (wd + pl + pr - kw) // sw + 1
+    bits = threshold is not None
+    lead = x.shape[:-3]
+    stream_type = jax.ShapeDtypeStruct((math.prod(lead), oh, ow, o), jnp.int32)
+    bits_type = jax.ShapeDtypeStruct((math.prod(lead), oh, ow, formats.num_words(o)), jnp.uint32)
+    images = x.reshape((math.prod(lead),) + x.shape[-3:])  # batch dims fold into B: one kernel call
+    shortcut = shortcut.reshape((math.prod(lead),) + shortcut.shape[-3:])
+    if images.shape[0] == 0:
+        stream, packed = jnp.zeros(stream_type.shape, jnp.int32), jnp.zeros(bits_type.shape, jnp.uint32)
+    else:
+        if w.ndim == 2:
+            w = formats.to_fsb(w)
+        if w_tap_popcount is None:
+            w_tap_popcount = _real_bit_popcount(w, rows=o, k_bits=k_bits, taps=(kh * kw, cw, c))
+        w_tap_popcount = w_tap_popcount.astype(jnp.int32)
+        conv_attrs = {name: v if name == "pad_one" else np.int64(v) for name, v in zip(_CONV_ATTRS, attrs)}
+        conv = dict(in_channels=c, out_channels=o, kernel_size=(kh, kw), stride=(sh, sw), padding=((pt, pb), (pl, pr)),
+                    pad_value="one" if pad_one else "zero")
+        residual = dict(stride=stride, shift=shift)
+        epilogue = (threshold.astype(jnp.int32), jnp.zeros((o,), jnp.uint8) if flip is None
+                    else flip.astype(bool).astype(jnp.uint8)) if bits else ()
+
+        def single(x_, w_, popc_, shortcut_, *epi):
+            def elsewhere(x_, w_, popc_, shortcut_, *e):
+                # the int32 convolution (native where the platform has it), then the epilogue in jnp
+                dot = _dispatch("jaxbnn_bconv2d_i32", jax.ShapeDtypeStruct((x_.shape[0], oh, ow, o), jnp.int32), conv_attrs,
+                                lambda *ops: reference.bconv2d(*ops[:2], **conv), x_, w_, popc_)
+                return reference.residual_epilogue(dot, shortcut_, **residual, **dict(zip(("threshold", "flip"), e)))
+
+            out_type = (stream_type, bits_type) if bits else stream_type
+            return _dispatch(f"jaxbnn_bconv2d_residual_{'bits' if bits else 'i32'}", out_type,
+                             dict(conv_attrs, shortcut_stride=np.int64(stride), shift=np.int64(shift)), elsewhere,
+                             x_, w_, popc_, shortcut_, *epi,
+                             cuda_weights=lambda w_: _default_tiles(w_, o, k_bits),
+                             cuda_activations=lambda x_: _clear_padding_bits(x_, c))
+
+        out = _fold_rows(single)(images, w, w_tap_popcount, shortcut, *epilogue)
+        stream, packed = out if bits else (out, None)
+    stream = stream.reshape(lead + stream.shape[1:])
+    return (stream, packed.reshape(lead + packed.shape[1:])) if bits else stream
+
+
+def _shortcut_stream(shortcut, batch, out_hw, o, stride):
+    """The residual epilogue's shortcut, checked: int32 (*batch, SH, SW, SC) reaching (OH, OW) at `stride`."""
+    shortcut = shortcut if isinstance(shortcut, jax.Array) else np.asarray(shortcut)
+    if shortcut.dtype != jnp.int32:
+        raise TypeError(f"shortcut must be the int32 residual stream, got dtype {shortcut.dtype}")
+    if shortcut.ndim != len(batch) + 3 or shortcut.shape[:-3] != batch:
+        raise ValueError(f"shortcut must have shape {batch + ('SH', 'SW', 'SC')} (the batch dims of x), got "
+                         f"{shortcut.shape}")
+    sh, sw, sc = shortcut.shape[-3:]
+    if (-(-sh // stride), -(-sw // stride)) != tuple(out_hw) or not 1 <= sc <= o:
+        raise ValueError(f"a shortcut of {sh}x{sw}x{sc} at shortcut_stride {stride} does not reach the {out_hw[0]}x"
+                         f"{out_hw[1]}x{o} output (ceil(SH / stride) = OH, ceil(SW / stride) = OW, 1 <= SC <= O)")
+    return shortcut
+
+
+def _stream_threshold(threshold, flip, n):
+    """The residual stream's threshold and flip, checked: integer vectors (n,), thresholds within int32 (they
+    are compared with int32 values as they are)."""
+    if threshold is None:
+        if flip is not None:
+            raise ValueError("flip only applies with a threshold")
+        return None, None
+    threshold = _vector("threshold", threshold, n)
+    if not jnp.issubdtype(threshold.dtype, jnp.integer):
+        raise TypeError(f"threshold must be integer (the stream holds integers), got {threshold.dtype}")
+    info = np.iinfo(np.int32)
+    if isinstance(threshold, jax.Array):
+        if not (jnp.iinfo(threshold.dtype).min >= info.min and jnp.iinfo(threshold.dtype).max <= info.max):
+            raise TypeError(f"a device threshold must have a dtype within int32, got {threshold.dtype}")
+    elif threshold.size and not (info.min <= threshold.min() and threshold.max() <= info.max):
+        raise ValueError("threshold values must lie within int32: the stream's values are int32")
+    flip = None if flip is None else _vector("flip", flip, n)
+    return threshold, flip
 
 
 def image_matmul(levels, kernel, *, shift=0, threshold=None, flip=None):
@@ -470,7 +577,7 @@ def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None, cuda_
 
 def _fold_rows(single):
     """Make `single(rows, *weights)` vmappable: a batch of `rows` only folds into its leading axis (one
-    kernel call); batched weights fall back to a sequential map."""
+    kernel call); batched weights (a residual shortcut among them) fall back to a sequential map."""
 
     @jax.custom_batching.custom_vmap
     def call(rows, *weights):
@@ -482,12 +589,14 @@ def _fold_rows(single):
         if not any(weights_batched):
             rows = rows if rows_batched else jnp.broadcast_to(rows, (axis_size,) + rows.shape)
             out = call(rows.reshape((-1,) + rows.shape[2:]), *weights)
-            return out.reshape((axis_size, rows.shape[1]) + out.shape[1:]), True
-        args = [
-            arg if batched else jnp.broadcast_to(arg, (axis_size,) + arg.shape)
-            for arg, batched in zip((rows, *weights), in_batched)
-        ]
-        return jax.lax.map(lambda xs: call(*xs), args), True
+            out = jax.tree.map(lambda o: o.reshape((axis_size, rows.shape[1]) + o.shape[1:]), out)
+        else:
+            args = [
+                arg if batched else jnp.broadcast_to(arg, (axis_size,) + arg.shape)
+                for arg, batched in zip((rows, *weights), in_batched)
+            ]
+            out = jax.lax.map(lambda xs: call(*xs), args)
+        return out, jax.tree.map(lambda _: True, out)
 
     return call
 

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 
 from jaxbnn import formats
 
-__all__ = ["bmm", "bconv2d", "image_matmul", "image_conv2d", "image_epilogue", "epilogue", "max_pool"]
+__all__ = ["bmm", "bconv2d", "residual_epilogue", "image_matmul", "image_conv2d", "image_epilogue", "epilogue",
+           "max_pool"]
 
 
 def _signs(bits, dtype):
@@ -93,6 +94,20 @@ def bconv2d(
     if pool is not None:
         dot = max_pool(dot, pool)
     return epilogue(dot, scale, bias, threshold, flip)
+
+
+def residual_epilogue(dot, shortcut, *, stride, shift, threshold=None, flip=None):
+    """A residual block's new stream from its second convolution's int32 dot products (B, OH, OW, O):
+    `(dot >> shift) + shortcut[:, ::stride, ::stride, :]`, the shortcut's channels zero-padded to O (type A),
+    in int32 arithmetic (wrapping); with `threshold` / `flip` (O,) also the stream's packed bits."""
+    shortcut = shortcut[:, ::stride, ::stride, :]
+    extra = dot.shape[-1] - shortcut.shape[-1]
+    if extra:
+        shortcut = jnp.pad(shortcut, ((0, 0), (0, 0), (0, 0), (0, extra)))
+    stream = (dot >> shift) + shortcut
+    if threshold is None:
+        return stream
+    return stream, formats.pack_bits(formats.binarize(stream, threshold, flip))
 
 
 def image_matmul(levels, kernel):

@@ -464,3 +464,58 @@ def test_bconv2d_ignores_padding_bits_on_cuda_as_on_the_cpu(c, pad_value):
     _cuda.set_kernel_path("auto")
     with jax.default_device(CPU):
         np.testing.assert_array_equal(np.asarray(ops.bconv2d(dirty_x, dirty_rows, **args)), want)
+
+
+# Residual blocks' second convolutions (the residual epilogue): the band kernel (C = 64 pixel pairs, C = 128), the
+# resident kernel (C = 256 / 512, N = 300: two column tiles), the dense-tap kernel (C = 16), a type-A shortcut
+# (stride 2, fewer channels), odd N, "one" padding, a shift.
+# (batch, H, W, C, O, pad_value, shortcut (SH, SW, SC), shortcut stride, shift)
+RESIDUAL_CASES = [
+    (3, 17, 24, 64, 64, "zero", (17, 24, 64), 1, 0),
+    (2, 15, 14, 64, 128, "zero", (30, 28, 64), 2, 0),
+    (2, 9, 11, 128, 100, "one", (9, 11, 77), 1, 1),
+    (2, 7, 7, 512, 300, "zero", (7, 7, 256), 1, 0),
+    (3, 14, 14, 256, 256, "zero", (27, 28, 128), 2, 3),
+    (4, 16, 16, 16, 16, "zero", (16, 16, 16), 1, 0),
+    (2, 8, 8, 16, 35, "zero", (16, 15, 16), 2, 2),
+]
+
+
+@pytest.mark.parametrize("with_bits", [False, True])
+@pytest.mark.parametrize("case", RESIDUAL_CASES, ids=lambda c: f"b{c[0]}_{c[1]}x{c[2]}_c{c[3]}_o{c[4]}_s{c[7]}")
+def test_residual_bconv2d_on_cuda_matches_the_cpu(engine, case, with_bits):
+    """ops.bconv2d's residual epilogue on every engine: the stream and its bits as the CPU computes them (its
+    int32 convolution, then the epilogue in jnp: jaxbnn.reference.residual_epilogue)."""
+    from jaxbnn import ops
+
+    batch, h, w_, c, o, pad_value, (sh, sw, sc), stride, shift = case
+    rng = np.random.default_rng(zlib.crc32(repr((case, with_bits)).encode()))
+    x = np.asarray(formats.pack_bits(_random_signs(rng, (batch, h, w_, c)) >= 0))
+    weights = formats.pack_conv_weights(_random_signs(rng, (3, 3, c, o)))
+    shortcut = rng.integers(-3 * 9 * c, 3 * 9 * c, (batch, sh, sw, sc)).astype(np.int32)
+    shortcut[0, 0, 0, 0] = np.iinfo(np.int32).max  # wraps where it meets a positive dot product
+    epilogue = dict(threshold=rng.integers(-9 * c, 9 * c, o).astype(np.int32),
+                    flip=rng.integers(0, 2, o).astype(bool)) if with_bits else {}
+    kwargs = dict(in_channels=c, kernel_size=(3, 3), out_channels=o, padding="SAME", pad_value=pad_value,
+                  w_tap_popcount=weights.tap_popcount, shortcut=shortcut, shortcut_stride=stride, shift=shift,
+                  **epilogue)
+    on_gpu = {name: jax.device_put(v, GPU) if isinstance(v, np.ndarray) else v for name, v in kwargs.items()}
+    got = ops.bconv2d(jax.device_put(x, GPU), jax.device_put(weights.bits, GPU), **on_gpu)
+    with jax.default_device(CPU):
+        want = ops.bconv2d(x, weights.bits, **kwargs)
+    for g, wnt in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(wnt))
+
+
+def test_residual_handler_rejects_inconsistent_shortcuts():
+    rng = np.random.default_rng(5)
+    x = np.asarray(formats.pack_bits(_random_signs(rng, (2, 6, 6, 64)) >= 0))
+    w = formats.pack_conv_weights(_random_signs(rng, (3, 3, 64, 64)))
+    attrs = dict(_conv_attrs(64, 64, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", None),
+                 shortcut_stride=np.int64(1), shift=np.int64(0))
+    result = _result("i32", (2, 6, 6), 64)
+    for shortcut, stride, shift in [(np.zeros((2, 6, 5, 64), np.int32), 1, 0), (np.zeros((2, 6, 6, 65), np.int32), 1, 0),
+                                    (np.zeros((2, 6, 6, 64), np.int32), 1, 32), (np.zeros((2, 6, 6, 64), np.int32), 0, 0)]:
+        call = dict(attrs, shortcut_stride=np.int64(stride), shift=np.int64(shift))
+        with pytest.raises(Exception, match="shortcut|shift"):
+            _call("jaxbnn_bconv2d_residual_i32", GPU, result, [x, w.bits, w.tap_popcount, shortcut], call)

@@ -719,3 +719,100 @@ def test_ops_read_only_the_real_bits_whatever_the_padding_bits_hold(k):
     for pad_value in ("zero", "one"):
         conv = dict(in_channels=k, kernel_size=(3, 3), padding="SAME", pad_value=pad_value)
         np.testing.assert_array_equal(ops.bconv2d(dirty(x, k), dirty(w, k), **conv), ops.bconv2d(x, w, **conv))
+
+
+# --- the residual epilogue: a ResNet block's stream and its bits from the second convolution ------------
+
+
+def numpy_residual(dot, shortcut, stride, shift, threshold=None, flip=None):
+    """(dot >> shift) + the type-A shortcut (subsampled, zero channels appended), wrapping as int32."""
+    short = shortcut[..., ::stride, ::stride, :].astype(np.int64)
+    short = np.concatenate([short, np.zeros(short.shape[:-1] + (dot.shape[-1] - short.shape[-1],), np.int64)], -1)
+    stream = ((np.asarray(dot, np.int64) >> shift) + short).astype(np.uint64).astype(np.uint32).view(np.int32)
+    if threshold is None:
+        return stream
+    bits = np.where(flip, stream <= threshold, stream >= threshold)
+    return stream, np.asarray(formats.pack_bits(bits))
+
+
+RESIDUAL_CASES = [
+    # (batch dims, H, W, C, O, kernel, conv stride, shortcut (SH, SW, SC), shortcut stride, shift)
+    ((2,), 8, 8, 64, 64, 3, 1, (8, 8, 64), 1, 0),
+    ((3,), 7, 9, 40, 70, 3, 1, (13, 17, 33), 2, 1),  # type A: half the pixels, channels zero-padded
+    ((2, 2), 5, 6, 17, 33, 1, 1, (5, 6, 17), 1, 31),  # leading batch dims, the largest shift
+    ((1,), 9, 9, 32, 48, 3, 2, (10, 9, 32), 2, 0),  # a strided conv1-like geometry, SH = 2 OH
+]
+
+
+@pytest.mark.parametrize("case", RESIDUAL_CASES)
+@pytest.mark.parametrize("with_bits", [False, True])
+def test_residual_epilogue_adds_the_type_a_shortcut_and_thresholds_the_stream(case, with_bits):
+    lead, h, w, c, o, k, stride, (sh, sw, sc), s, shift = case
+    rng = np.random.default_rng(len(lead) + h + o + s)
+    x = formats.pack_bits(signs(rng, lead + (h, w, c)) >= 0)
+    weights = formats.pack_conv_weights(signs(rng, (k, k, c, o)))
+    shortcut = rng.integers(-500, 500, lead + (sh, sw, sc)).astype(np.int32)
+    shortcut.reshape(-1)[0] = np.iinfo(np.int32).max  # the sum wraps as int32 arithmetic does
+    epilogue = dict(threshold=rng.integers(-60, 60, o).astype(np.int32), flip=rng.integers(0, 2, o).astype(bool))
+    conv = dict(kernel_size=(k, k), stride=stride, padding="SAME")
+    dot = np.asarray(ops.bconv2d(x, weights, **conv))
+    got = ops.bconv2d(x, weights, **conv, shortcut=shortcut, shortcut_stride=s, shift=shift,
+                      **(epilogue if with_bits else {}))
+    want = numpy_residual(dot, shortcut, s, shift, **(epilogue if with_bits else {}))
+    if with_bits:
+        np.testing.assert_array_equal(np.asarray(got[0]), want[0])
+        np.testing.assert_array_equal(np.asarray(got[1]), want[1])
+        assert got[1].dtype == jnp.uint32 and got[1].shape == lead + dot.shape[-3:-1] + (formats.num_words(o),)
+    else:
+        np.testing.assert_array_equal(np.asarray(got), want)
+        assert got.dtype == jnp.int32
+
+
+def test_residual_epilogue_under_jit_and_vmap():
+    rng = np.random.default_rng(7)
+    x = formats.pack_bits(signs(rng, (3, 2, 6, 6, 64)) >= 0)
+    weights = formats.pack_conv_weights(signs(rng, (3, 3, 64, 64)))
+    shortcut = jnp.asarray(rng.integers(-99, 99, (3, 2, 6, 6, 64)).astype(np.int32))
+    threshold = jnp.asarray(rng.integers(-9, 9, 64).astype(np.int32))
+
+    def block(x, shortcut):
+        return ops.bconv2d(x, weights, kernel_size=(3, 3), shortcut=shortcut, threshold=threshold)
+
+    stream, bits = jax.jit(jax.vmap(block))(x, shortcut)
+    want_stream, want_bits = block(x, shortcut)
+    np.testing.assert_array_equal(np.asarray(stream), np.asarray(want_stream))
+    np.testing.assert_array_equal(np.asarray(bits), np.asarray(want_bits))
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(shortcut=np.zeros((2, 6, 6, 64), np.int64)), TypeError, "int32 residual stream"),
+    (dict(shortcut=np.zeros((6, 6, 64), np.int32)), ValueError, "batch dims of x"),
+    (dict(shortcut=np.zeros((2, 6, 6, 65), np.int32)), ValueError, "does not reach"),
+    (dict(shortcut=np.zeros((2, 7, 6, 64), np.int32)), ValueError, "does not reach"),
+    (dict(shortcut=np.zeros((2, 12, 12, 64), np.int32)), ValueError, "does not reach"),
+    (dict(shortcut=np.zeros((2, 12, 12, 64), np.int32), shortcut_stride=0), ValueError, "shortcut_stride"),
+    (dict(shortcut=np.zeros((2, 6, 6, 64), np.int32), shift=32), ValueError, "shift"),
+    (dict(shortcut=np.zeros((2, 6, 6, 64), np.int32), pool=(2, 2)), ValueError, "no pool"),
+    (dict(shortcut=np.zeros((2, 6, 6, 64), np.int32), scale=np.ones(64, np.float32)), ValueError, "no pool"),
+    (dict(shortcut=np.zeros((2, 6, 6, 64), np.int32), threshold=np.full(64, 2**31, np.int64)), ValueError,
+     "within int32"),
+    (dict(shortcut=np.zeros((2, 6, 6, 64), np.int32), threshold=np.zeros(64, np.float32)), TypeError, "integer"),
+    (dict(shortcut=np.zeros((2, 6, 6, 64), np.int32), flip=np.zeros(64, bool)), ValueError, "flip only"),
+    (dict(shift=1), ValueError, "give a shortcut"),
+    (dict(shortcut_stride=2), ValueError, "give a shortcut"),
+])
+def test_residual_epilogue_refuses_bad_arguments_before_lowering(kwargs, error, message):
+    rng = np.random.default_rng(0)
+    x = formats.pack_bits(signs(rng, (2, 6, 6, 64)) >= 0)
+    weights = formats.pack_conv_weights(signs(rng, (3, 3, 64, 64)))
+    with pytest.raises(error, match=message):
+        ops.bconv2d(x, weights, kernel_size=(3, 3), **kwargs)
+
+
+def test_residual_epilogue_refuses_a_device_threshold_wider_than_int32():
+    rng = np.random.default_rng(0)
+    x = formats.pack_bits(signs(rng, (1, 4, 4, 32)) >= 0)
+    weights = formats.pack_conv_weights(signs(rng, (3, 3, 32, 32)))
+    with pytest.raises(TypeError, match="within int32"):
+        ops.bconv2d(x, weights, kernel_size=(3, 3), shortcut=jnp.zeros((1, 4, 4, 32), jnp.int32),
+                    threshold=jnp.zeros(32, jnp.uint32))

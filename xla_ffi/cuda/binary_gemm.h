@@ -14,7 +14,9 @@
 
 namespace jaxbnn::cuda {
 
-enum class Epilogue : int { kInt32 = 0, kAffine = 1, kBits = 2 };
+// kResidual: a residual block's second convolution. Its int32 output is the new residual stream,
+// (dot >> shift) + shortcut, and with a threshold also that stream's packed bits (the next block's input).
+enum class Epilogue : int { kInt32 = 0, kAffine = 1, kBits = 2, kResidual = 3 };
 
 // Rows above / below and columns left / right of the frame covered by a receptive field.
 struct FrameExcess {
@@ -62,6 +64,18 @@ struct BinaryGemmProblem {
   bool edge_corners = false;  // and their corner blocks (KeepsEdgeCorners)
 };
 
+// The residual epilogue's operands (Epilogue::kResidual, unpooled): out[row, col] = (dot >> shift) +
+// shortcut[b, s oh, s ow, col] (0 for col >= channels), the shortcut int32 (batch, height, width, channels)
+// taken every s = stride pixels (ceil(height / s) = out_h, ceil(width / s) = out_w, channels <= n); with
+// `bits` (else null) also the stream's bits (pooled_rows, ceil(n/32)) against the problem's threshold / flip:
+// out >= threshold (out <= threshold where flip). A kernel parameter after the problem's, so that the other
+// epilogues' kernels keep their parameters (and their machine code) as they are.
+struct ResidualOperands {
+  const int32_t* shortcut = nullptr;
+  int height = 0, width = 0, channels = 0, stride = 1, shift = 0;
+  uint32_t* bits = nullptr;
+};
+
 // The largest pool window (pool_h * pool_w) the kernels take: a window must fit in one CTA's rows.
 inline constexpr int kMaxPoolWindow = 64;
 // The longest reduction the kernels take, in 32-bit words (k_words; 2^21 bits): the threshold epilogue
@@ -70,9 +84,9 @@ inline constexpr int kMaxReductionWords = 1 << 16;
 
 // Launches the kernel for `problem` on `stream`; returns the launch error, if any. `path` forces a kernel
 // when it can run the problem (falls back to kAuto's choice otherwise). `chosen` (may be null) receives
-// the kernel that ran.
+// the kernel that ran. `residual`: the operands of Epilogue::kResidual.
 cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, cudaStream_t stream,
-                             KernelPath* chosen);
+                             KernelPath* chosen, const ResidualOperands& residual = {});
 
 }  // namespace jaxbnn::cuda
 

@@ -91,10 +91,11 @@ std::optional<ffi::Error> CheckReduction(const char* op, int64_t k_words) {
                  std::to_string(32 * kMaxReductionWords) + " bits)");
 }
 
-ffi::Error Run(BinaryGemmProblem& p, cudaStream_t stream) {
+ffi::Error Run(BinaryGemmProblem& p, cudaStream_t stream, const ResidualOperands& residual = {}) {
   if (p.pooled_rows == 0 || p.n == 0) return ffi::Error::Success();  // empty result, nothing to launch
   KernelPath chosen;
-  const cudaError_t err = LaunchBinaryGemm(p, static_cast<KernelPath>(g_forced_path.load()), stream, &chosen);
+  const cudaError_t err =
+      LaunchBinaryGemm(p, static_cast<KernelPath>(g_forced_path.load()), stream, &chosen, residual);
   if (err != cudaSuccess) {
     return ffi::Error::Internal(std::string("jaxbnn CUDA kernel launch failed: ") + cudaGetErrorString(err));
   }
@@ -128,6 +129,52 @@ std::optional<ffi::Error> SetEpilogue(BinaryGemmProblem& p, const EpilogueArgs& 
 }
 
 int64_t OutputColumns(Epilogue kind, int64_t n) { return kind == Epilogue::kBits ? CeilDiv(n, 32) : n; }
+
+// The residual epilogue's operands (Epilogue::kResidual): the block's input stream as the shortcut, taken
+// every `stride` pixels, the shift of the dot products, and the stream bits' result (null: none).
+struct ResidualArgs {
+  const ffi::Buffer<ffi::S32>* shortcut = nullptr;
+  int64_t stride = 1, shift = 0;
+  ffi::Span<const int64_t> bits_dims;
+  uint32_t* bits = nullptr;
+};
+
+// Checks the residual epilogue's operands against the problem `p` and fills `operands`.
+std::optional<ffi::Error> SetResidual(const BinaryGemmProblem& p, const ResidualArgs& r, int64_t batch, int64_t out_h,
+                                      int64_t out_w, int64_t n, ResidualOperands& operands) {
+  if (p.pool_h * p.pool_w != 1) return Invalid("bconv2d's residual epilogue takes no pool");
+  if (r.shift < 0 || r.shift > 31) return Invalid("bconv2d shift must lie in [0, 31], got " + std::to_string(r.shift));
+  if (r.stride < 1 || !FitsInt(r.stride)) {
+    return Invalid("bconv2d shortcut_stride must lie in [1, 2^31 - 1], got " + std::to_string(r.stride));
+  }
+  const auto dims = r.shortcut->dimensions();
+  if (dims.size() != 4 || dims[0] != batch || CeilDiv(dims[1], r.stride) != out_h ||
+      CeilDiv(dims[2], r.stride) != out_w || dims[3] < 1 || dims[3] > n) {
+    return Invalid("bconv2d shortcut has shape " + Dims(dims) + "; with shortcut_stride " + std::to_string(r.stride) +
+                   " it must be (" + std::to_string(batch) + ", SH, SW, SC) with ceil(SH / stride) = " +
+                   std::to_string(out_h) + ", ceil(SW / stride) = " + std::to_string(out_w) + " and 1 <= SC <= " +
+                   std::to_string(n));
+  }
+  if (!ProductFitsInt({dims[1], dims[2]}) || !FitsInt(dims[3]) ||
+      checks::CheckedProduct({dims[0], dims[1], dims[2], dims[3]}) < 0) {
+    return Invalid("bconv2d shortcut too large for the CUDA kernels");
+  }
+  if (r.bits != nullptr) {
+    const auto& b = r.bits_dims;
+    if (b.size() != 4 || b[0] != batch || b[1] != out_h || b[2] != out_w || b[3] != CeilDiv(n, 32)) {
+      return Invalid("bconv2d stream bits have shape " + Dims(b) + ", expected (" + std::to_string(batch) + ", " +
+                     std::to_string(out_h) + ", " + std::to_string(out_w) + ", " + std::to_string(CeilDiv(n, 32)) + ")");
+    }
+  }
+  operands.shortcut = r.shortcut->typed_data();
+  operands.height = static_cast<int>(dims[1]);
+  operands.width = static_cast<int>(dims[2]);
+  operands.channels = static_cast<int>(dims[3]);
+  operands.stride = static_cast<int>(r.stride);
+  operands.shift = static_cast<int>(r.shift);
+  operands.bits = r.bits;
+  return std::nullopt;
+}
 
 ffi::Error Bmm(cudaStream_t stream, const ffi::Buffer<ffi::U32>& a, const ffi::Buffer<ffi::U32>& b,
                const ffi::Buffer<ffi::S32>& b_popc, int64_t k, int64_t n, const EpilogueArgs& e,
@@ -178,9 +225,10 @@ struct ConvAttrs {
   int64_t pool_h, pool_w;
 };
 
+// residual: the residual epilogue's operands where e.kind is kResidual (its threshold and flip optional).
 ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi::Buffer<ffi::U32>& w,
                  const ffi::Buffer<ffi::S32>& tap_popc, const ConvAttrs& at, const EpilogueArgs& e,
-                 ffi::Span<const int64_t> out_dims, void* out) {
+                 ffi::Span<const int64_t> out_dims, void* out, const ResidualArgs* residual = nullptr) {
   const HandlerTimer timer;
   if (at.c < 1 || at.o < 1 || at.kh < 1 || at.kw < 1 || at.stride_h < 1 || at.stride_w < 1 || at.pool_h < 1 ||
       at.pool_w < 1 || at.pad_top < 0 || at.pad_bottom < 0 || at.pad_left < 0 || at.pad_right < 0) {
@@ -250,8 +298,20 @@ ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi:
   p.k_real = static_cast<int>(taps * at.c);
   p.pooled_rows = static_cast<int>(batch * out_h * out_w);
   p.out = out;
-  if (auto err = SetEpilogue(p, e, at.o)) return *err;
-  return Run(p, stream);
+  if (e.kind != Epilogue::kResidual) {
+    if (auto err = SetEpilogue(p, e, at.o)) return *err;
+    return Run(p, stream);
+  }
+  p.epilogue = Epilogue::kResidual;
+  if (e.threshold != nullptr) {
+    if (auto err = ExpectShape("threshold", *e.threshold, {at.o})) return *err;
+    if (auto err = ExpectShape("flip", *e.flip, {at.o})) return *err;
+    p.threshold = e.threshold->typed_data();
+    p.flip = e.flip->typed_data();
+  }
+  ResidualOperands operands;
+  if (auto err = SetResidual(p, *residual, batch, out_h, out_w, at.o, operands)) return *err;
+  return Run(p, stream, operands);
 }
 
 struct ImageConvAttrs {
@@ -343,7 +403,7 @@ ffi::Error ImageConv(cudaStream_t stream, const ffi::Buffer<ffi::S8>& levels, co
   return ffi::Error::Success();
 }
 
-// ---- the six handlers ----
+// ---- the handlers ----
 
 ffi::Error BmmI32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> a, ffi::Buffer<ffi::U32> b,
                       ffi::Buffer<ffi::S32> b_popc, int64_t k, int64_t n, ffi::ResultBuffer<ffi::S32> out) {
@@ -387,6 +447,25 @@ ffi::Error BConvBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buff
                          JAXBNN_CONV_ATTR_PARAMS, ffi::ResultBuffer<ffi::U32> out) {
   EpilogueArgs e{Epilogue::kBits, nullptr, nullptr, &threshold, &flip};
   return BConv(stream, x, w, tap_popc, JAXBNN_CONV_ATTRS, e, out->dimensions(), out->untyped_data());
+}
+
+ffi::Error BConvResidualI32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buffer<ffi::U32> w,
+                                ffi::Buffer<ffi::S32> tap_popc, ffi::Buffer<ffi::S32> shortcut,
+                                JAXBNN_CONV_ATTR_PARAMS, int64_t shortcut_stride, int64_t shift,
+                                ffi::ResultBuffer<ffi::S32> stream_out) {
+  const EpilogueArgs e{Epilogue::kResidual, nullptr, nullptr, nullptr, nullptr};
+  const ResidualArgs r{&shortcut, shortcut_stride, shift, {}, nullptr};
+  return BConv(stream, x, w, tap_popc, JAXBNN_CONV_ATTRS, e, stream_out->dimensions(), stream_out->untyped_data(), &r);
+}
+
+ffi::Error BConvResidualBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buffer<ffi::U32> w,
+                                 ffi::Buffer<ffi::S32> tap_popc, ffi::Buffer<ffi::S32> shortcut,
+                                 ffi::Buffer<ffi::S32> threshold, ffi::Buffer<ffi::U8> flip, JAXBNN_CONV_ATTR_PARAMS,
+                                 int64_t shortcut_stride, int64_t shift, ffi::ResultBuffer<ffi::S32> stream_out,
+                                 ffi::ResultBuffer<ffi::U32> bits) {
+  const EpilogueArgs e{Epilogue::kResidual, nullptr, nullptr, &threshold, &flip};
+  const ResidualArgs r{&shortcut, shortcut_stride, shift, bits->dimensions(), bits->typed_data()};
+  return BConv(stream, x, w, tap_popc, JAXBNN_CONV_ATTRS, e, stream_out->dimensions(), stream_out->untyped_data(), &r);
 }
 
 #define JAXBNN_IMAGE_ATTR_PARAMS                                                                            \
@@ -473,6 +552,27 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvBits, jaxbnn::cuda::BConvBitsImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>() JAXBNN_BIND_CONV_ATTRS.Ret<ffi::Buffer<ffi::U32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvResidualI32, jaxbnn::cuda::BConvResidualI32Impl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>() JAXBNN_BIND_CONV_ATTRS.Attr<int64_t>("shortcut_stride")
+                                  .Attr<int64_t>("shift")
+                                  .Ret<ffi::Buffer<ffi::S32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvResidualBits, jaxbnn::cuda::BConvResidualBitsImpl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>() JAXBNN_BIND_CONV_ATTRS.Attr<int64_t>("shortcut_stride")
+                                  .Attr<int64_t>("shift")
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::U32>>(),
                               {ffi::Traits::kCmdBufferCompatible});
 
 #define JAXBNN_BIND_IMAGE_ATTRS                                                                                    \

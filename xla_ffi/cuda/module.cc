@@ -31,6 +31,8 @@ NB_MODULE(_cuda, m) {
     d["jaxbnn_bconv2d_i32"] = Capsule(JaxbnnCudaBConvI32);
     d["jaxbnn_bconv2d_f32"] = Capsule(JaxbnnCudaBConvF32);
     d["jaxbnn_bconv2d_bits"] = Capsule(JaxbnnCudaBConvBits);
+    d["jaxbnn_bconv2d_residual_i32"] = Capsule(JaxbnnCudaBConvResidualI32);
+    d["jaxbnn_bconv2d_residual_bits"] = Capsule(JaxbnnCudaBConvResidualBits);
     d["jaxbnn_image_conv2d_i32"] = Capsule(JaxbnnCudaImageConvI32);
     d["jaxbnn_image_conv2d_bits"] = Capsule(JaxbnnCudaImageConvBits);
     return d;

@@ -1,5 +1,6 @@
 // Epilogue pieces of the mma.sync / CUDA-core kernels: the fused epilogue over a tile staged in shared memory
-// (pooling), a border row's bound class, and the int32 / affine stores of a pair of columns.
+// (pooling), a border row's bound class, the int32 / affine stores of a pair of columns, and the residual
+// stream's values and bits (Epilogue::kResidual) shared with the wgmma epilogue.
 #pragma once
 
 #include <climits>
@@ -11,6 +12,84 @@
 #include "cuda/device/tile_columns.cuh"
 
 namespace jaxbnn::cuda {
+
+// ---- the residual epilogue (Epilogue::kResidual) ----
+
+// The shortcut's channels at output pixel `row` (a real one): its own pixel of a stride-1 shortcut, else
+// the pixel (b, s oh, s ow) of the block's input.
+__device__ __forceinline__ const int32_t* ShortcutRow(const BinaryGemmProblem& p, const ResidualOperands& r,
+                                                     long long row) {
+  if (r.stride == 1) return r.shortcut + row * r.channels;
+  const int pixel = static_cast<int>(row), image_pixels = p.out_h * p.out_w;
+  const int b = pixel / image_pixels, in_image = pixel - b * image_pixels;
+  const int oh = in_image / p.out_w, ow = in_image - oh * p.out_w;
+  const long long at =
+      (static_cast<long long>(b) * r.height + static_cast<long long>(oh) * r.stride) * r.width +
+      static_cast<long long>(ow) * r.stride;
+  return r.shortcut + at * r.channels;
+}
+
+// The stream value of dot product `dot` in column `col`: (dot >> shift) + the shortcut's channel (0 past
+// its channels), wrapping on overflow as int32 arithmetic in XLA does.
+__device__ __forceinline__ int StreamValue(const ResidualOperands& r, const int32_t* shortcut, int col, int dot) {
+  const int added = col < r.channels ? shortcut[col] : 0;
+  return static_cast<int>(static_cast<uint32_t>(dot >> r.shift) + static_cast<uint32_t>(added));
+}
+
+__device__ __forceinline__ bool StreamBit(int value, int threshold, int flip) {
+  return flip ? value <= threshold : value >= threshold;
+}
+
+// Stores the stream values of two adjacent columns (col, col + 1 where below N) of one output row: StorePair's
+// int32 form, apart so that the kernels without the residual epilogue compile as they did.
+__device__ __forceinline__ void StoreStreamPair(const BinaryGemmProblem& p, long long row, int col, int d0, int d1) {
+  int32_t* out = static_cast<int32_t*>(p.out) + row * p.n + col;
+  if (p.n % 2 == 0) {  // 8-byte stores keep their alignment when rows have an even length
+    *reinterpret_cast<int2*>(out) = make_int2(d0, d1);
+  } else {
+    out[0] = d0;
+    if (col + 1 < p.n) out[1] = d1;
+  }
+}
+
+// The stream's threshold bit of `value` in column `col` (< N). The thresholds are read from global memory (a
+// few hundred bytes, cached), not staged with the tile's columns: staging them changed the column set-up of
+// every kernel, residual or not.
+__device__ __forceinline__ bool StreamBitOf(const BinaryGemmProblem& p, int value, int col) {
+  return StreamBit(value, __ldg(p.threshold + col), __ldg(p.flip + col));
+}
+
+// The residual epilogue of the dot products d0, d1 of columns col and col + 1 of `row`: stores their stream
+// values (nothing for a row that is not real or a column past N) and returns their threshold bits, at bits 0
+// and 1 (0 without a threshold or past N).
+__device__ __forceinline__ uint32_t StoreResidualPair(const BinaryGemmProblem& p, const ResidualOperands& r,
+                                                      const int32_t* shortcut, long long row, bool valid, int col,
+                                                      int d0, int d1) {
+  if (!valid || col >= p.n) return 0;
+  const int v0 = StreamValue(r, shortcut, col, d0), v1 = StreamValue(r, shortcut, col + 1, d1);
+  StoreStreamPair(p, row, col, v0, v1);
+  if (r.bits == nullptr) return 0;
+  const bool bit1 = col + 1 < p.n && StreamBitOf(p, v1, col + 1);
+  return static_cast<uint32_t>(StreamBitOf(p, v0, col)) | static_cast<uint32_t>(bit1) << 1;
+}
+
+// The four lanes of this thread's quad. The quads of a warp hold different rows and may take different
+// epilogue paths (border rows or not) with different numbers of shuffles, so the shuffles that assemble a
+// quad's words name only the quad: a full-warp mask would pair shuffles of different paths, or wait forever.
+__device__ __forceinline__ unsigned QuadLanes() { return 0xfu << (threadIdx.x % 32 & ~3u); }
+
+// Completes a stream-bits word of one row held by an accumulator quad, whose lane t holds the bits of
+// columns 8 q + 2 t + e of the word at bit 8 q + e, and stores it from lane (word index % 4). Called by every
+// lane of the quad.
+__device__ __forceinline__ void StoreStreamWord(const BinaryGemmProblem& p, const ResidualOperands& r, long long row,
+                                                bool valid, int word_col0, uint32_t bits, int t) {
+  uint32_t word = bits << (2 * t);
+  word |= __shfl_xor_sync(QuadLanes(), word, 1);
+  word |= __shfl_xor_sync(QuadLanes(), word, 2);
+  if (valid && t == (word_col0 / 32) % 4 && word_col0 < p.n) {
+    r.bits[row * ((p.n + 31) / 32) + word_col0 / 32] = word;
+  }
+}
 
 // Max over the pool window (rows pr * window ...) of the exact ±1 dot products of local column lc.
 template <int kLd, int kCols>
@@ -65,6 +144,34 @@ __device__ void StoreTile(const BinaryGemmProblem& p, const int* acc, const int*
       static_cast<float*>(p.out)[pooled * p.n + col] =
           __fadd_rn(__fmul_rn(static_cast<float>(dot), cols.scale[lc]), cols.bias[lc]);
     }
+  }
+}
+
+// The residual epilogue over a finished tile in shared memory (unpooled: the instances of the kernels that stage
+// their tiles, kResidual), run by kThreads threads: a warp per (row, 32-column word), its lanes' stream values
+// stored and their bits gathered by a ballot.
+template <int kRows, int kCols, int kLd, int kThreads>
+__device__ void StoreResidualTile(const BinaryGemmProblem& p, const ResidualOperands& r, const int* acc,
+                                  const int* popc_a, const TileColumns<kCols>& cols, const int4* origins, int tile_m,
+                                  int col0, int tid) {
+  constexpr int kWordsPerRow = kCols / 32;
+  const int out_words = (p.n + 31) / 32;
+  const int lane = tid % 32;
+  const long long row0 = static_cast<long long>(tile_m) * kRows;
+  for (int item = tid / 32; item < kRows * kWordsPerRow; item += kThreads / 32) {
+    const int tr = item / kWordsPerRow, word = item % kWordsPerRow;
+    const long long row = row0 + tr;
+    if (row >= p.pooled_rows || col0 + word * 32 >= p.n) continue;  // warp-uniform
+    const int lc = word * 32 + lane, col = col0 + lc;
+    bool bit = false;
+    if (col < p.n) {
+      const int value = StreamValue(r, ShortcutRow(p, r, row), col,
+                                    PooledDot<kLd, kCols>(p, acc, popc_a, cols, origins, 1, tr, lc, col));
+      static_cast<int32_t*>(p.out)[row * p.n + col] = value;
+      bit = r.bits != nullptr && StreamBitOf(p, value, col);
+    }
+    const uint32_t bits = __ballot_sync(0xffffffffu, bit);
+    if (lane == 0 && r.bits != nullptr) r.bits[row * out_words + col0 / 32 + word] = bits;
   }
 }
 

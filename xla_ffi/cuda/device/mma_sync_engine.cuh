@@ -191,6 +191,43 @@ struct MmaSyncEngine {
     }
   }
 
+  // The residual epilogue: stream values, and a warp's one word of stream bits per row (StoreStreamWord).
+  __device__ static void StoreDirectResidual(const Accumulators& acc, const BinaryGemmProblem& p,
+                                             const ResidualOperands& residual, const int* popc_a, const int4* origins,
+                                             const TileColumns<kCols>& cols, int tile_m, int col0, int tid) {
+    static_assert(kFrags == 4, "a warp's columns make one output word per row");
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int warp_row = (warp / kColWarps) * 64, warp_col = (warp % kColWarps) * kWarpCols;
+#pragma unroll
+    for (int mf = 0; mf < 4; ++mf) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = warp_row + mf * 16 + g + 8 * h;
+        const long long row = static_cast<long long>(tile_m) * kRows + r;
+        const bool valid = row < p.pooled_rows;
+        const int4 origin = origins[r];
+        const bool border = valid && BorderRow(p, origin);
+        const int v0 = p.k_real - 2 * popc_a[r];
+        const int32_t* shortcut = valid ? ShortcutRow(p, residual, row) : nullptr;
+        int excl[2 * kFrags];
+        if (border) BorderCorrections(p, cols, origin, col0, warp_col + 2 * t, excl);
+        uint32_t bits = 0;
+#pragma unroll
+        for (int nf = 0; nf < kFrags; ++nf) {
+          const int lc = warp_col + nf * 8 + 2 * t;
+          int d0 = 4 * acc.v[mf][nf][2 * h] + v0 - 2 * cols.popc_b[lc];
+          int d1 = 4 * acc.v[mf][nf][2 * h + 1] + v0 - 2 * cols.popc_b[lc + 1];
+          if (border) {
+            d0 -= excl[2 * nf];
+            d1 -= excl[2 * nf + 1];
+          }
+          bits |= StoreResidualPair(p, residual, shortcut, row, valid, col0 + lc, d0, d1) << (8 * nf);
+        }
+        if (residual.bits != nullptr) StoreStreamWord(p, residual, row, valid, col0 + warp_col, bits, t);
+      }
+    }
+  }
+
   __device__ static void Store(const Accumulators& acc, int* tile, int ld, int tid) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int warp_row = (warp / kColWarps) * 64, warp_col = (warp % kColWarps) * kWarpCols;

@@ -61,11 +61,6 @@ __device__ __forceinline__ void AddBoundsToClasses(const BinaryGemmProblem& p, T
   }
 }
 
-// The four lanes of this thread's quad. The quads of a warp hold different rows and may take different
-// epilogue paths (border rows or not) with different numbers of shuffles, so the shuffles that assemble a
-// quad's words name only the quad: a full-warp mask would pair shuffles of different paths, or wait forever.
-__device__ __forceinline__ unsigned QuadLanes() { return 0xfu << (threadIdx.x % 32 & ~3u); }
-
 // Threshold bits of a thread's two accumulator rows (h = 0, 1). Bits of columns 8 j + 2 t + e land at
 // bit 8 (j % 4) + e of word j / 4; the quad's lanes (t) fill the other positions after a shift by 2 t, then
 // an OR over the quad completes each 32-column word. bounds[h]: the bounds row h compares with: cols.bound,
@@ -221,15 +216,50 @@ struct AccumulatorRows {
   int correction[2];
 };
 
+// The residual epilogue of a thread's two accumulator rows (StoreAccumulatorRows' layout): stream values, and
+// their bits word by word (a word's 32 columns are fragments 4 wd .. 4 wd + 3 of the quad's four lanes).
+template <int kAcc>
+__device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, const ResidualOperands& r,
+                                                  const int (&acc)[kAcc], const AccumulatorRows& rows,
+                                                  const bool (&border)[2], const TileColumns<kWgCols>& cols, int col0,
+                                                  int t) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (!rows.valid[h]) continue;  // the same for the whole quad
+    int excl[kAcc / 2];
+    if (border[h]) BorderCorrections(p, cols, PixelOrigin(p, rows.row[h]), col0, 2 * t, excl);
+    const int32_t* shortcut = ShortcutRow(p, r, rows.row[h]);
+#pragma unroll
+    for (int wd = 0; wd < kAcc / 16; ++wd) {
+      if (col0 + 32 * wd >= p.n) break;  // the same for the whole quad
+      uint32_t bits = 0;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int j = 4 * wd + q, lc = 8 * j + 2 * t;
+        int d0 = rows.v0[h] - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h];
+        int d1 = rows.v0[h] - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1];
+        if (border[h]) {
+          d0 -= excl[2 * j];
+          d1 -= excl[2 * j + 1];
+        }
+        bits |= StoreResidualPair(p, r, shortcut, rows.row[h], true, col0 + lc, d0, d1) << (8 * q);
+      }
+      if (r.bits != nullptr) StoreStreamWord(p, r, rows.row[h], true, col0 + 32 * wd, bits, t);
+    }
+  }
+}
+
 // The epilogue straight from the wgmma accumulators (no pool) of thread (warp w, lane g*4+t) of a consumer
 // warpgroup, which holds rows 16 w + g (+8) of the warpgroup's 64 and columns 8 j + 2 t (+1).
 // narrow: the tile has at most 128 columns, so only the first 64 accumulators hold real columns (an m64n256
 // wgmma still computes all 256). kAcc: 128 (m64n256 accumulators) or 64 (m64n128: always narrow).
-// kQuarter: at most 64 columns (the threshold bits of the first 32 accumulators only).
-template <int kAcc, bool kQuarter = false>
+// kQuarter: at most 64 columns (the threshold bits of the first 32 accumulators only). kResidual: the
+// residual epilogue (Epilogue::kResidual), compiled into instances of its own so that the other epilogues'
+// code and registers stay as they are (in one function with them, it made the 256-column kernels spill).
+template <int kAcc, bool kQuarter = false, bool kResidual = false>
 __device__ __forceinline__ void StoreAccumulatorRows(const BinaryGemmProblem& p, const int (&acc)[kAcc],
                                                      const AccumulatorRows& rows, const TileColumns<kWgCols>& cols,
-                                                     int col0, int t, bool narrow) {
+                                                     int col0, int t, bool narrow, const ResidualOperands& r = {}) {
   const int(&v0)[2] = rows.v0;
   const int(&correction)[2] = rows.correction;
   const long long(&row)[2] = rows.row;
@@ -237,6 +267,10 @@ __device__ __forceinline__ void StoreAccumulatorRows(const BinaryGemmProblem& p,
   bool border[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) border[h] = row_valid[h] && correction[h] != 0;
+  if constexpr (kResidual) {
+    StoreResidualRows(p, r, acc, rows, border, cols, col0, t);
+    return;
+  }
   if (p.epilogue == Epilogue::kBits) {
     // One code path per problem where possible: the epilogue is fetch-bound (ncu: "no instruction" was
     // the first stall reason), and warps of one CTA in two variants fetch twice the code.
@@ -282,11 +316,11 @@ __device__ __forceinline__ void StoreAccumulatorRows(const BinaryGemmProblem& p,
 
 // StoreAccumulatorRows for consumer half `half` of a 128-row tile of consecutive output pixels: rows
 // 64 half + 16 w + g (+8). row_correction: RowCorrection of every tile row.
-template <int kAcc>
+template <bool kResidual = false, int kAcc>
 __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, const int (&acc)[kAcc],
                                                   const int* popc_a, const int8_t* row_correction,
                                                   const TileColumns<kWgCols>& cols, int tile_m, int col0, int half,
-                                                  int wtid, bool narrow) {
+                                                  int wtid, bool narrow, const ResidualOperands& r = {}) {
   const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
   AccumulatorRows rows;
 #pragma unroll
@@ -297,7 +331,7 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
     rows.v0[h] = p.k_real - 2 * popc_a[r];
     rows.correction[h] = p.pad_one ? 0 : row_correction[r];  // filled for "zero" padding only
   }
-  StoreAccumulatorRows(p, acc, rows, cols, col0, t, narrow);
+  StoreAccumulatorRows<kAcc, false, kResidual>(p, acc, rows, cols, col0, t, narrow, r);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 

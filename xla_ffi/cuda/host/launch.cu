@@ -75,12 +75,13 @@ cudaError_t Launch(LaunchPlan& plan, cudaStream_t stream) {
     ++config.numAttrs;
   }
   // the kernels' parameters, in their order
-  void* classic[] = {&plan.p, &plan.div, &plan.m_tiles, &plan.n_tiles};
+  void* classic[] = {&plan.p, &plan.div, &plan.m_tiles, &plan.n_tiles, &plan.residual};
   void* persistent[] = {&plan.p, &plan.a_map, &plan.w_map, &plan.weights_by_tma, &plan.div,
                         &plan.m_pairs, &plan.n_tiles, &plan.runs};
-  void* resident[] = {&plan.p, &plan.a_map, &plan.w_map, &plan.div, &plan.m_tiles, &plan.ctas_per_column};
-  void* band[] = {&plan.p, &plan.a_map, &plan.band};
-  void* dense_taps[] = {&plan.p, &plan.m_tiles, &plan.ctas_per_column};
+  void* resident[] = {&plan.p, &plan.a_map, &plan.w_map, &plan.div, &plan.m_tiles, &plan.ctas_per_column,
+                      &plan.residual};
+  void* band[] = {&plan.p, &plan.a_map, &plan.band, &plan.residual};
+  void* dense_taps[] = {&plan.p, &plan.m_tiles, &plan.ctas_per_column, &plan.residual};
   void** args = plan.kind == LaunchPlan::Kind::kClassic      ? classic
                 : plan.kind == LaunchPlan::Kind::kPersistent ? persistent
                 : plan.kind == LaunchPlan::Kind::kResident   ? resident
@@ -140,7 +141,7 @@ class PlanCache {
 };
 
 cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, cudaStream_t stream,
-                             KernelPath* chosen) {
+                             KernelPath* chosen, const ResidualOperands& residual) {
   // every kernel needs a K block: the wgmma consumers fill the column parameters inside their k loop
   if (problem.k_words < 1 || problem.k_words > kMaxReductionWords) return cudaErrorInvalidValue;
   int device = 0;
@@ -154,6 +155,7 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
   if ((err = query_errors[device]) != cudaSuccess) return err;
   static PlanCache cache;
   LaunchPlan plan = cache.Get(problem, path, device, infos[device]);
+  plan.residual = residual;  // operands only: no plan depends on them
   if (chosen != nullptr) *chosen = plan.path;
   if ((err = AllowSharedMemory(device, plan.kernel, plan.smem)) != cudaSuccess) return err;
   return Launch(plan, stream);

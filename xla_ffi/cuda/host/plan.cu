@@ -60,7 +60,7 @@ LaunchPlan PlanClassic(const BinaryGemmProblem& p, bool aligned, KernelPath path
   LaunchPlan plan;
   plan.kind = LaunchPlan::Kind::kClassic;
   plan.path = path;
-  plan.kernel = ClassicKernelInstance<Engine>(aligned);
+  plan.kernel = ClassicKernelInstance<Engine>(aligned, p.epilogue == Epilogue::kResidual);
   plan.threads = Engine::kThreads;
   plan.smem = ClassicSmemBytes<Engine>();
   plan.p = p;
@@ -80,7 +80,7 @@ LaunchPlan PlanDenseTaps(const BinaryGemmProblem& p, const DeviceInfo& info) {
   plan.kind = LaunchPlan::Kind::kDenseTaps;
   plan.path = KernelPath::kMmaSync;
   const bool edge_borders = DenseBorderBounds(p) && !DensePrefixSums<Engine>(p);
-  plan.kernel = DenseTapKernelInstance(edge_borders);
+  plan.kernel = DenseTapKernelInstance(edge_borders, p.epilogue == Epilogue::kResidual);
   plan.threads = Engine::kThreads;
   plan.smem = DenseTapSmem<Engine>::kBytes;
   plan.p = p;
@@ -122,7 +122,7 @@ bool PlanResident(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan
   if (!Encode(plan.w_recipe, p.w, plan.w_map)) return false;
   plan.kind = LaunchPlan::Kind::kResident;
   plan.path = KernelPath::kWgmma;
-  plan.kernel = ResidentWgmmaKernelInstance(layout, narrow ? kWgCols / 2 : kWgCols);
+  plan.kernel = ResidentWgmmaKernelInstance(layout, narrow ? kWgCols / 2 : kWgCols, p.epilogue == Epilogue::kResidual);
   plan.threads = kWgThreads;
   plan.smem = smem;
   plan.programmatic = true;
@@ -243,7 +243,7 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
   plan.kind = LaunchPlan::Kind::kBand;
   plan.path = KernelPath::kWgmma;
   const bool quarter = p.n <= kBandCols / 2;
-  plan.kernel = BandWgmmaKernelInstance(band.steps, pixel_pairs, quarter);
+  plan.kernel = BandWgmmaKernelInstance(band.steps, pixel_pairs, quarter, p.epilogue == Epilogue::kResidual);
   plan.ctas = static_cast<unsigned>(band.ctas);
   plan.threads = kBandThreads;
   plan.smem = BandSmemOf(p, band).total;
@@ -310,11 +310,14 @@ LaunchPlan Plan(BinaryGemmProblem p, KernelPath path, const DeviceInfo& info) {
       (path == KernelPath::kWgmma && can_wgmma)) {
     run = path;
   }
+  const bool residual = p.epilogue == Epilogue::kResidual;
   switch (run) {
     case KernelPath::kWgmma: {
       if (LaunchPlan plan; PlanBand(p, info, plan)) return plan;
       if (LaunchPlan plan; PlanResident(p, info, plan)) return plan;
-      return PlanPersistent(p, info);
+      if (!residual) return PlanPersistent(p, info);
+      run = KernelPath::kMmaSync;  // the persistent kernel has no residual instance
+      [[fallthrough]];
     }
     case KernelPath::kMmaSync:
       if (UsesDenseTaps(p)) return PlanDenseTaps(p, info);

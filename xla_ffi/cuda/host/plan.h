@@ -26,6 +26,7 @@ struct LaunchPlan {
   int cluster = 1;
   bool programmatic = false;  // a programmatic dependent launch (the wgmma kernels)
   BinaryGemmProblem p;
+  ResidualOperands residual;  // the last parameter of the kernels with a residual instance (all but kPersistent)
   LaunchDivisors div;
   TensorMapRecipe a_recipe, w_recipe;  // a: the activations (p.x), w: the weights (p.w)
   CUtensorMap a_map, w_map;

@@ -16,10 +16,10 @@
 
 namespace jaxbnn::cuda {
 
-template <class Engine, int kVec>
+template <class Engine, int kVec, bool kResidual>
 __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const BinaryGemmProblem p,
                                                                       const LaunchDivisors div, int m_tiles,
-                                                                      int n_tiles) {
+                                                                      int n_tiles, const ResidualOperands residual) {
   constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kStages = Engine::kStages;
   constexpr int kThreads = Engine::kThreads, kLd = kCols + 4;
   constexpr int kStageA = kRows * 128, kStageBytes = (kRows + kCols) * 128;
@@ -100,7 +100,11 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   if constexpr (Engine::kDirectStore) {
     if (p.pool_h * p.pool_w == 1) {
       __syncthreads();
-      Engine::StoreDirect(acc, p, popc_a, origins, row_class, reinterpret_cast<int*>(smem), cols, tile_m, col0, tid);
+      if constexpr (kResidual) {
+        Engine::StoreDirectResidual(acc, p, residual, popc_a, origins, cols, tile_m, col0, tid);
+      } else {
+        Engine::StoreDirect(acc, p, popc_a, origins, row_class, reinterpret_cast<int*>(smem), cols, tile_m, col0, tid);
+      }
       return;
     }
   }
@@ -108,15 +112,21 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   int* acc_tile = reinterpret_cast<int*>(smem);
   Engine::Store(acc, acc_tile, kLd, tid);
   __syncthreads();
-  StoreTile<kRows, kCols, kLd, kThreads>(p, acc_tile, popc_a, cols, origins, tile_m, col0, tid);
+  if constexpr (kResidual) {
+    StoreResidualTile<kRows, kCols, kLd, kThreads>(p, residual, acc_tile, popc_a, cols, origins, tile_m, col0, tid);
+  } else {
+    StoreTile<kRows, kCols, kLd, kThreads>(p, acc_tile, popc_a, cols, origins, tile_m, col0, tid);
+  }
 }
 
 template <class Engine>
-const void* ClassicKernelInstance(bool aligned) {
-  return reinterpret_cast<const void*>(aligned ? ClassicKernel<Engine, 4> : ClassicKernel<Engine, 1>);
+const void* ClassicKernelInstance(bool aligned, bool residual) {
+  return reinterpret_cast<const void*>(
+      residual ? (aligned ? ClassicKernel<Engine, 4, true> : ClassicKernel<Engine, 1, true>)
+               : (aligned ? ClassicKernel<Engine, 4, false> : ClassicKernel<Engine, 1, false>));
 }
-template const void* ClassicKernelInstance<MmaSyncNarrow>(bool);
-template const void* ClassicKernelInstance<MmaSyncWide>(bool);
-template const void* ClassicKernelInstance<SimtEngine>(bool);
+template const void* ClassicKernelInstance<MmaSyncNarrow>(bool, bool);
+template const void* ClassicKernelInstance<MmaSyncWide>(bool, bool);
+template const void* ClassicKernelInstance<SimtEngine>(bool, bool);
 
 }  // namespace jaxbnn::cuda

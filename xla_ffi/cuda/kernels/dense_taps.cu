@@ -150,10 +150,10 @@ __device__ __forceinline__ void DenseBorderRowBounds(const BinaryGemmProblem& p,
 // CTA re-gathered the weights in every tile (0.27 of 0.95 ms at ResNet-18's conv1 with "one" padding) and
 // rebuilt the prefix sums. kEdgeBorders: the instance for the problems whose border rows come from
 // the edge table (DenseBorderBounds but not DensePrefixSums); the other one has none of that code, which in one
-// instance for both cost ResNet-18's conv1 1.5%.
-template <class Engine, bool kEdgeBorders>
+// instance for both cost ResNet-18's conv1 1.5%. kResidual: the residual epilogue's instance.
+template <class Engine, bool kEdgeBorders, bool kResidual>
 __global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
-    DenseTapKernel(const BinaryGemmProblem p, int m_tiles, int ctas_per_column) {
+    DenseTapKernel(const BinaryGemmProblem p, int m_tiles, int ctas_per_column, const ResidualOperands residual) {
   constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kThreads = Engine::kThreads;
   using Smem = DenseTapSmem<Engine>;
   static_assert(kRows == kThreads && kCols <= kThreads, "a thread per row and per column");
@@ -220,7 +220,9 @@ __global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
     __syncthreads();
     typename Engine::Accumulators acc = {};
     Engine::Compute(acc, stage, SmemAddress(stage), tid, [](int) {}, steps);
-    if (p.pool_h * p.pool_w == 1) {
+    if constexpr (kResidual) {  // (unpooled)
+      Engine::StoreDirectResidual(acc, p, residual, popc_a, origins, cols, tile_m, col0, tid);
+    } else if (p.pool_h * p.pool_w == 1) {
       // every thread passes the barrier; the tile's border rows decide whether their bounds are filled
       if (__syncthreads_or(border_bounds && row_class[tid] != 0)) {
         DenseBorderRowBounds<Engine, kEdgeBorders>(p, cols, prefix, origins, row_class, scratch, col0, tid);
@@ -239,9 +241,10 @@ __global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
   }
 }
 
-const void* DenseTapKernelInstance(bool edge_borders) {
-  return edge_borders ? reinterpret_cast<const void*>(DenseTapKernel<MmaSyncDenseTaps, true>)
-                      : reinterpret_cast<const void*>(DenseTapKernel<MmaSyncDenseTaps, false>);
+const void* DenseTapKernelInstance(bool edge_borders, bool residual) {
+  return residual       ? reinterpret_cast<const void*>(DenseTapKernel<MmaSyncDenseTaps, false, true>)
+         : edge_borders ? reinterpret_cast<const void*>(DenseTapKernel<MmaSyncDenseTaps, true, false>)
+                        : reinterpret_cast<const void*>(DenseTapKernel<MmaSyncDenseTaps, false, false>);
 }
 
 }  // namespace jaxbnn::cuda

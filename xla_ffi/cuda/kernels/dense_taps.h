@@ -50,7 +50,8 @@ __host__ __device__ __forceinline__ bool DensePrefixSums(const BinaryGemmProblem
 // CTAs an SM that the dense-tap kernel's registers are sized for (PlanDenseTaps also asks the shared memory).
 inline constexpr int kDenseTapCtasPerSm = 3;
 
-// DenseTapKernel<MmaSyncDenseTaps, edge_borders>.
-const void* DenseTapKernelInstance(bool edge_borders);
+// DenseTapKernel<MmaSyncDenseTaps, edge_borders>, or its residual epilogue's instance (no edge borders: those
+// are the threshold epilogue's).
+const void* DenseTapKernelInstance(bool edge_borders, bool residual);
 
 }  // namespace jaxbnn::cuda

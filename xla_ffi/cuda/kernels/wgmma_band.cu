@@ -270,9 +270,10 @@ __device__ __forceinline__ AccumulatorRows BandTileRows(const BinaryGemmProblem&
 // `griddepcontrol.wait`, three latency chains, each started at once in its own warps: the first band's copy
 // (thread 0), the weights' copies (warp 1), the column table (every thread). Thread 0 issuing the copies and
 // the small jobs in turn reached its share of the column table 1.9 us after the wait.
-template <int kUnrolledSteps, bool kExactSteps, bool kPixelPairs, bool kQuarter>
+template <int kUnrolledSteps, bool kExactSteps, bool kPixelPairs, bool kQuarter, bool kResidual>
 __global__ void __launch_bounds__(kBandThreads, 1)
-    BandWgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap band_map, const BandLayout band) {
+    BandWgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap band_map, const BandLayout band,
+                    const ResidualOperands residual) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + (1024 - SmemAddress(smem_raw) % 1024) % 1024;
@@ -353,27 +354,32 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
       for (int h = 0; h < 2; ++h) rows.v0[h] = p.k_real - 2 * popc_a[2 * h];
-      StoreAccumulatorRows<kBandCols / 2, kQuarter>(p, acc, rows, cols, 0, t, true);
+      StoreAccumulatorRows<kBandCols / 2, kQuarter, kResidual>(p, acc, rows, cols, 0, t, true, residual);
     }
     __syncthreads();  // this buffer is free for the item after next
   }
 #endif
 }
 
-const void* BandWgmmaKernelInstance(int steps, bool pixel_pairs, bool quarter) {
+template <bool kResidual>
+const void* BandInstanceOf(int steps, bool pixel_pairs, bool quarter) {
   const bool unrolled = steps <= kBandUnrolledSteps;
   // the exact instances: 3 steps of pixel pairs (a 3x3 filter at C = 64) or 5 steps (3x3 at C = 128)
   const bool exact = steps == (pixel_pairs ? 3 : 5);
   return reinterpret_cast<const void*>(
-      !pixel_pairs ? (exact      ? BandWgmmaKernel<5, true, false, false>
-                      : unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false, false, false>
-                                 : BandWgmmaKernel<0, false, false, false>)
-      : quarter    ? (exact      ? BandWgmmaKernel<3, true, true, true>
-                      : unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false, true, true>
-                                 : BandWgmmaKernel<0, false, true, true>)
-                   : (exact      ? BandWgmmaKernel<3, true, true, false>
-                      : unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false, true, false>
-                                 : BandWgmmaKernel<0, false, true, false>));
+      !pixel_pairs ? (exact      ? BandWgmmaKernel<5, true, false, false, kResidual>
+                      : unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false, false, false, kResidual>
+                                 : BandWgmmaKernel<0, false, false, false, kResidual>)
+      : quarter    ? (exact      ? BandWgmmaKernel<3, true, true, true, kResidual>
+                      : unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false, true, true, kResidual>
+                                 : BandWgmmaKernel<0, false, true, true, kResidual>)
+                   : (exact      ? BandWgmmaKernel<3, true, true, false, kResidual>
+                      : unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false, true, false, kResidual>
+                                 : BandWgmmaKernel<0, false, true, false, kResidual>));
+}
+
+const void* BandWgmmaKernelInstance(int steps, bool pixel_pairs, bool quarter, bool residual) {
+  return residual ? BandInstanceOf<true>(steps, pixel_pairs, quarter) : BandInstanceOf<false>(steps, pixel_pairs, quarter);
 }
 
 }  // namespace jaxbnn::cuda

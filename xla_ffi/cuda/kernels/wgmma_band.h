@@ -84,6 +84,7 @@ __host__ __device__ __forceinline__ int PixelPairStepsPerRow(int kw) { return (k
 inline constexpr int kBandUnrolledSteps = 16;
 
 // BandWgmmaKernel<steps, exact, pixel_pairs, quarter> for a band of `steps` k256 steps.
-const void* BandWgmmaKernelInstance(int steps, bool pixel_pairs, bool quarter);
+// residual: an instance with the residual epilogue (Epilogue::kResidual), which the others do not run.
+const void* BandWgmmaKernelInstance(int steps, bool pixel_pairs, bool quarter, bool residual);
 
 }  // namespace jaxbnn::cuda

@@ -195,11 +195,11 @@ __device__ __forceinline__ void IssueResidentWgmmas(const BinaryGemmProblem& p, 
 // block's wgmmas and the next block's, the two warps' RowCorrection made C = 512 "zero" 4% slower; at the
 // last they run while the tile's last wgmmas finish (producer warps computing them, handed over through an
 // mbarrier, gained 3%).
-template <ALayout kLayout, int kCols>
+template <ALayout kLayout, int kCols, bool kResidual>
 __global__ void __launch_bounds__(kWgThreads, 1)
     ResidentWgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map,
                         const __grid_constant__ CUtensorMap w_map, const LaunchDivisors div, int m_tiles,
-                        int ctas_per_column) {
+                        int ctas_per_column, const ResidualOperands residual) {
   static_assert(kCols == kWgCols || kCols == kWgCols / 2, "m64n256 or m64n128 wgmmas");
   constexpr bool kCopies = kLayout == ALayout::kCoreMatrices;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -309,21 +309,30 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     } else {
       asm volatile("bar.sync %0, 128;\n" ::"r"(tile_bar) : "memory");
     }
-    StoreAccumulators(p, acc, popc_a, row_correction, cols, tile_m, col0, half, wtid, p.n - col0 <= kWgCols / 2);
+    StoreAccumulators<kResidual>(p, acc, popc_a, row_correction, cols, tile_m, col0, half, wtid,
+                                 p.n - col0 <= kWgCols / 2, residual);
   }
 #endif
 }
 
-const void* ResidentWgmmaKernelInstance(ALayout layout, int cols) {
+template <bool kResidual>
+const void* ResidentInstanceOf(ALayout layout, int cols) {
   const bool narrow = cols == kWgCols / 2;
   const auto kernel =
-      layout == ALayout::kCoreMatrices ? ResidentWgmmaKernel<ALayout::kCoreMatrices, kWgCols / 2>  // narrow only
+      layout == ALayout::kCoreMatrices ? ResidentWgmmaKernel<ALayout::kCoreMatrices, kWgCols / 2, kResidual>  // narrow only
       : layout == ALayout::kSwizzledRows
-          ? (narrow ? ResidentWgmmaKernel<ALayout::kSwizzledRows, kWgCols / 2> : ResidentWgmmaKernel<ALayout::kSwizzledRows, kWgCols>)
+          ? (narrow ? ResidentWgmmaKernel<ALayout::kSwizzledRows, kWgCols / 2, kResidual>
+                    : ResidentWgmmaKernel<ALayout::kSwizzledRows, kWgCols, kResidual>)
       : layout == ALayout::kChunkSlabs
-          ? (narrow ? ResidentWgmmaKernel<ALayout::kChunkSlabs, kWgCols / 2> : ResidentWgmmaKernel<ALayout::kChunkSlabs, kWgCols>)
-          : (narrow ? ResidentWgmmaKernel<ALayout::kTapRows, kWgCols / 2> : ResidentWgmmaKernel<ALayout::kTapRows, kWgCols>);
+          ? (narrow ? ResidentWgmmaKernel<ALayout::kChunkSlabs, kWgCols / 2, kResidual>
+                    : ResidentWgmmaKernel<ALayout::kChunkSlabs, kWgCols, kResidual>)
+          : (narrow ? ResidentWgmmaKernel<ALayout::kTapRows, kWgCols / 2, kResidual>
+                    : ResidentWgmmaKernel<ALayout::kTapRows, kWgCols, kResidual>);
   return reinterpret_cast<const void*>(kernel);
+}
+
+const void* ResidentWgmmaKernelInstance(ALayout layout, int cols, bool residual) {
+  return residual ? ResidentInstanceOf<true>(layout, cols) : ResidentInstanceOf<false>(layout, cols);
 }
 
 }  // namespace jaxbnn::cuda

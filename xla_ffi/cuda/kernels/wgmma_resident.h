@@ -20,6 +20,7 @@ __host__ __device__ __forceinline__ int ResidentWeightBytes(int w_k_tiles, int c
 constexpr int kResidentOriginBytes = kWgRows * 16;
 
 // ResidentWgmmaKernel<layout, cols> (cols: kWgCols or kWgCols / 2).
-const void* ResidentWgmmaKernelInstance(ALayout layout, int cols);
+// residual: an instance with the residual epilogue (Epilogue::kResidual), which the others do not run.
+const void* ResidentWgmmaKernelInstance(ALayout layout, int cols, bool residual);
 
 }  // namespace jaxbnn::cuda

@@ -1,7 +1,8 @@
 // Host-side correctness harness of the CUDA kernels (no JAX): random problems of every op, epilogue,
 // padding mode, stride, pool and odd shape, run on each engine into poisoned outputs and compared word
 // for word with a direct CPU convolution (XOR-popc, independent of the kernels' AND-popc algebra).
-// Also the workload of the compute-sanitizer runs (`--small`); `--image` checks only the first-layer kernel
+// Also the workload of the compute-sanitizer runs (`--small`); `--residual` checks only the residual epilogue
+// (Epilogue::kResidual); `--image` checks only the first-layer kernel
 // (LaunchImageConv: int8 levels against a CPU convolution); `--dense` checks only the convolutions of fewer
 // than 32 channels (the dense-tap kernel's and two of the word layout). Exit status 0 only if every case matches.
 //
@@ -243,6 +244,138 @@ long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose) {
 }
 
 ConvCase Bmm(int m, int n, int k) { return ConvCase{m, 1, 1, k, n, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, true}; }
+
+// ---- the residual epilogue (Epilogue::kResidual): stream = (dot >> shift) + shortcut, and its bits ----
+
+struct ResidualCase {
+  ConvCase conv;        // unpooled
+  int stride, channels;  // the shortcut's stride and channels (<= o)
+  int shift;
+  bool bits;            // with the stream's threshold bits
+};
+
+// Runs one residual case on one engine against the CPU convolution plus the epilogue; returns the number of
+// wrong words of both outputs (each poisoned first).
+long RunResidualCase(const ResidualCase& rc, KernelPath path) {
+  const ConvCase& cc = rc.conv;
+  const int cw = (cc.c + 31) / 32, taps = cc.kh * cc.kw, k_words = taps * cw;
+  const std::vector<uint32_t> x = RandomPacked(static_cast<size_t>(cc.batch) * cc.h * cc.w, cw, cc.c);
+  const std::vector<uint32_t> wrows = RandomPacked(static_cast<size_t>(cc.o) * taps, cw, cc.c);
+  const int row_tiles = (cc.o + 7) / 8, k_tiles = (k_words + 3) / 4;
+  std::vector<uint32_t> fsb(static_cast<size_t>(row_tiles) * k_tiles * 32, 0);
+  for (int r = 0; r < cc.o; ++r) {
+    for (int k = 0; k < k_words; ++k) {
+      fsb[((static_cast<size_t>(r / 8) * k_tiles + k / 4) * 8 + r % 8) * 4 + k % 4] = wrows[static_cast<size_t>(r) * k_words + k];
+    }
+  }
+  std::vector<int32_t> tap_popc(static_cast<size_t>(taps) * cc.o, 0);
+  for (int r = 0; r < cc.o; ++r) {
+    for (int t = 0; t < taps; ++t) {
+      for (int i = 0; i < cw; ++i) tap_popc[t * cc.o + r] += __builtin_popcount(wrows[(static_cast<size_t>(r) * taps + t) * cw + i]);
+    }
+  }
+  const std::vector<uint32_t> dots = ReferenceOutput(cc, Epilogue::kInt32, x, wrows, tap_popc, {}, {}, {}, {});
+  const int out_h = (cc.h + cc.pt + cc.pb - cc.kh) / cc.sh + 1, out_w = (cc.w + cc.pl + cc.pr - cc.kw) / cc.sw + 1;
+  // the shortcut: (batch, SH, SW, channels) with ceil(SH / stride) = out_h (the longest such SH)
+  const int sh = out_h * rc.stride, sw = out_w * rc.stride;
+  std::vector<int32_t> shortcut(static_cast<size_t>(cc.batch) * sh * sw * rc.channels);
+  std::uniform_int_distribution<int> value(-3 * cc.c * taps, 3 * cc.c * taps);
+  for (int32_t& v : shortcut) v = value(rng);
+  shortcut[0] = INT32_MAX;  // wraps where it meets a positive dot product, as int32 arithmetic in XLA does
+  std::vector<int32_t> threshold(cc.o);
+  std::vector<uint8_t> flip(cc.o);
+  std::uniform_int_distribution<int> thr(-cc.c * taps, cc.c * taps);
+  for (int i = 0; i < cc.o; ++i) {
+    threshold[i] = thr(rng);
+    flip[i] = rng() & 1;
+  }
+  const size_t pixels = static_cast<size_t>(cc.batch) * out_h * out_w;
+  const int out_words = (cc.o + 31) / 32;
+  std::vector<uint32_t> want_stream(pixels * cc.o), want_bits(pixels * out_words, 0);
+  for (size_t pix = 0; pix < pixels; ++pix) {
+    const size_t b = pix / (out_h * out_w), oh = pix / out_w % out_h, ow = pix % out_w;
+    const size_t at = ((b * sh + oh * rc.stride) * sw + ow * rc.stride) * rc.channels;
+    for (int o = 0; o < cc.o; ++o) {
+      const uint32_t added = o < rc.channels ? static_cast<uint32_t>(shortcut[at + o]) : 0u;
+      const uint32_t v = static_cast<uint32_t>(static_cast<int32_t>(dots[pix * cc.o + o]) >> rc.shift) + added;
+      want_stream[pix * cc.o + o] = v;
+      const int32_t sv = static_cast<int32_t>(v);
+      const bool bit = flip[o] ? sv <= threshold[o] : sv >= threshold[o];
+      want_bits[pix * out_words + o / 32] |= static_cast<uint32_t>(bit) << (o % 32);
+    }
+  }
+  uint32_t* d_x = ToDevice(x);
+  uint32_t* d_w = ToDevice(fsb);
+  int32_t* d_tp = ToDevice(tap_popc);
+  int32_t* d_short = ToDevice(shortcut);
+  int32_t* d_thr = ToDevice(threshold);
+  uint8_t* d_flip = ToDevice(flip);
+  uint32_t *d_stream = nullptr, *d_bits = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_stream, want_stream.size() * 4));
+  CHECK_CUDA(cudaMalloc(&d_bits, want_bits.size() * 4));
+  CHECK_CUDA(cudaMemset(d_stream, 0xA5, want_stream.size() * 4));  // poison: unwritten words show
+  CHECK_CUDA(cudaMemset(d_bits, 0xA5, want_bits.size() * 4));
+  BinaryGemmProblem p = ProblemShape(cc);
+  p.x = d_x;
+  p.w = d_w;
+  p.tap_popc = d_tp;
+  p.epilogue = Epilogue::kResidual;
+  p.out = d_stream;
+  jaxbnn::cuda::ResidualOperands r;
+  r.shortcut = d_short;
+  r.height = sh;
+  r.width = sw;
+  r.channels = rc.channels;
+  r.stride = rc.stride;
+  r.shift = rc.shift;
+  if (rc.bits) {
+    p.threshold = d_thr;
+    p.flip = d_flip;
+    r.bits = d_bits;
+  }
+  KernelPath ran;
+  CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, &ran, r));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<uint32_t> got_stream(want_stream.size()), got_bits(want_bits.size());
+  CHECK_CUDA(cudaMemcpy(got_stream.data(), d_stream, got_stream.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(got_bits.data(), d_bits, got_bits.size() * 4, cudaMemcpyDeviceToHost));
+  long bad = 0;
+  for (size_t i = 0; i < got_stream.size(); ++i) {
+    if (got_stream[i] != want_stream[i] && bad++ < 3) {
+      std::printf("    stream word %zu: got %08x want %08x\n", i, got_stream[i], want_stream[i]);
+    }
+  }
+  for (size_t i = 0; i < got_bits.size(); ++i) {
+    const uint32_t want = rc.bits ? want_bits[i] : 0xA5A5A5A5u;  // without a threshold: untouched
+    if (got_bits[i] != want && bad++ < 3) std::printf("    bits word %zu: got %08x want %08x\n", i, got_bits[i], want);
+  }
+  std::printf("%-8s residual%s B%d %dx%d c%d o%d k%dx%d s%d,%d pad(%d,%d,%d,%d)%s shortcut %dx%dx%d /%d >>%d: %ld wrong%s\n",
+              PathName(ran), rc.bits ? "+bits" : "", cc.batch, cc.h, cc.w, cc.c, cc.o, cc.kh, cc.kw, cc.sh, cc.sw,
+              cc.pt, cc.pb, cc.pl, cc.pr, cc.pad_one ? " one" : " zero", sh, sw, rc.channels, rc.stride, rc.shift, bad,
+              ran != path ? " (requested engine cannot run it)" : "");
+  for (void* ptr : {static_cast<void*>(d_x), static_cast<void*>(d_w), static_cast<void*>(d_tp),
+                    static_cast<void*>(d_short), static_cast<void*>(d_thr), static_cast<void*>(d_flip),
+                    static_cast<void*>(d_stream), static_cast<void*>(d_bits)}) {
+    CHECK_CUDA(cudaFree(ptr));
+  }
+  return bad;
+}
+
+// Residual blocks' second convolutions on every kernel that takes them: the band kernel (C = 64 pixel pairs,
+// C = 128), the resident kernel (C = 256 / 512, N = 300 over two column tiles), the dense-tap kernel (C = 16),
+// a stride-2 shortcut with fewer channels (type A), odd N, "one" padding, shifts, no bits.
+std::vector<ResidualCase> ResidualCases() {
+  return {
+      {{3, 17, 24, 64, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 64, 0, true},
+      {{2, 15, 14, 64, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 2, 64, 0, true},
+      {{2, 9, 11, 128, 100, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true}, 1, 77, 1, true},
+      {{2, 7, 7, 512, 300, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 256, 0, true},
+      {{3, 14, 14, 256, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 2, 128, 3, false},
+      {{4, 16, 16, 16, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 16, 0, true},
+      {{2, 8, 8, 16, 35, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 2, 16, 2, true},
+      {{5, 1, 1, 200, 33, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, true}, 1, 33, 31, true},
+  };
+}
 
 // Times the packed-in -> packed-out (threshold bits) op of a case on one engine with CUDA events: the
 // median of 9 single launches after 2 warm-ups, then the mean of 30 launches queued back to back (as XLA
@@ -657,6 +790,16 @@ int main(int argc, char** argv) {
     std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
     return failures ? 1 : 0;
   }
+  if (mode == "--residual") {  // the residual epilogue's cases only, on every engine
+    long failures = 0;
+    for (const ResidualCase& rc : ResidualCases()) {
+      for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
+        failures += RunResidualCase(rc, path) != 0;
+      }
+    }
+    std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
+    return failures ? 1 : 0;
+  }
   const bool small = mode == "--small", dense = mode == "--dense";
   // The cases in a fixed order: `--small` picks some of them by index.
   std::vector<ConvCase> cases;
@@ -681,6 +824,13 @@ int main(int argc, char** argv) {
   }
   long failures = 0;
   for (const ImageCase& ic : ImageCases()) failures += RunImageCase(ic) != 0;
+  if (!dense) {
+    for (const ResidualCase& rc : ResidualCases()) {
+      for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
+        failures += RunResidualCase(rc, path) != 0;
+      }
+    }
+  }
   for (const ConvCase& cc : cases) {
     for (Epilogue ep : {Epilogue::kInt32, Epilogue::kAffine, Epilogue::kBits}) {
       for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
