@@ -29,11 +29,20 @@ __device__ __forceinline__ const int32_t* ShortcutRow(const BinaryGemmProblem& p
   return r.shortcut + at * r.channels;
 }
 
-// The stream value of dot product `dot` in column `col`: (dot >> shift) + the shortcut's channel (0 past
-// its channels), wrapping on overflow as int32 arithmetic in XLA does.
-__device__ __forceinline__ int StreamValue(const ResidualOperands& r, const int32_t* shortcut, int col, int dot) {
-  const int added = col < r.channels ? shortcut[col] : 0;
+// The stream value of dot product `dot` with the shortcut's value `added`: (dot >> shift) + added, wrapping
+// on overflow as int32 arithmetic in XLA does.
+__device__ __forceinline__ int StreamValue(const ResidualOperands& r, int dot, int added) {
   return static_cast<int>(static_cast<uint32_t>(dot >> r.shift) + static_cast<uint32_t>(added));
+}
+
+// The shortcut's values in columns col (even) and col + 1, 0 past its channels. The epilogues load a few pairs
+// together before their stores: a load placed between the stream's stores waits for them in program order
+// (they might alias), which exposed each load's latency (the epilogue took twice the int32 one's time);
+// through the read-only cache instead, the compiler hoisted the whole tile's loads and spilled.
+__device__ __forceinline__ int2 ShortcutPair(const ResidualOperands& r, const int32_t* shortcut, int col) {
+  const bool pairs = r.channels % 2 == 0 && reinterpret_cast<uintptr_t>(r.shortcut) % 8 == 0;  // 8-byte aligned
+  if (pairs && col + 1 < r.channels) return *reinterpret_cast<const int2*>(shortcut + col);
+  return make_int2(col < r.channels ? shortcut[col] : 0, col + 1 < r.channels ? shortcut[col + 1] : 0);
 }
 
 __device__ __forceinline__ bool StreamBit(int value, int threshold, int flip) {
@@ -59,14 +68,13 @@ __device__ __forceinline__ bool StreamBitOf(const BinaryGemmProblem& p, int valu
   return StreamBit(value, __ldg(p.threshold + col), __ldg(p.flip + col));
 }
 
-// The residual epilogue of the dot products d0, d1 of columns col and col + 1 of `row`: stores their stream
-// values (nothing for a row that is not real or a column past N) and returns their threshold bits, at bits 0
-// and 1 (0 without a threshold or past N).
+// The residual epilogue of the dot products d0, d1 of columns col and col + 1 of `row` (their shortcut values
+// `added`, ShortcutPair): stores their stream values (nothing for a row that is not real or a column past N)
+// and returns their threshold bits, at bits 0 and 1 (0 without a threshold or past N).
 __device__ __forceinline__ uint32_t StoreResidualPair(const BinaryGemmProblem& p, const ResidualOperands& r,
-                                                      const int32_t* shortcut, long long row, bool valid, int col,
-                                                      int d0, int d1) {
+                                                      int2 added, long long row, bool valid, int col, int d0, int d1) {
   if (!valid || col >= p.n) return 0;
-  const int v0 = StreamValue(r, shortcut, col, d0), v1 = StreamValue(r, shortcut, col + 1, d1);
+  const int v0 = StreamValue(r, d0, added.x), v1 = StreamValue(r, d1, added.y);
   StoreStreamPair(p, row, col, v0, v1);
   if (r.bits == nullptr) return 0;
   const bool bit1 = col + 1 < p.n && StreamBitOf(p, v1, col + 1);
@@ -165,8 +173,8 @@ __device__ void StoreResidualTile(const BinaryGemmProblem& p, const ResidualOper
     const int lc = word * 32 + lane, col = col0 + lc;
     bool bit = false;
     if (col < p.n) {
-      const int value = StreamValue(r, ShortcutRow(p, r, row), col,
-                                    PooledDot<kLd, kCols>(p, acc, popc_a, cols, origins, 1, tr, lc, col));
+      const int added = col < r.channels ? ShortcutRow(p, r, row)[col] : 0;
+      const int value = StreamValue(r, PooledDot<kLd, kCols>(p, acc, popc_a, cols, origins, 1, tr, lc, col), added);
       static_cast<int32_t*>(p.out)[row * p.n + col] = value;
       bit = r.bits != nullptr && StreamBitOf(p, value, col);
     }

@@ -211,6 +211,11 @@ struct MmaSyncEngine {
         const int32_t* shortcut = valid ? ShortcutRow(p, residual, row) : nullptr;
         int excl[2 * kFrags];
         if (border) BorderCorrections(p, cols, origin, col0, warp_col + 2 * t, excl);
+        int2 added[kFrags];  // loaded together, ahead of the row's stores
+#pragma unroll
+        for (int nf = 0; nf < kFrags; ++nf) {
+          added[nf] = valid ? ShortcutPair(residual, shortcut, col0 + warp_col + nf * 8 + 2 * t) : make_int2(0, 0);
+        }
         uint32_t bits = 0;
 #pragma unroll
         for (int nf = 0; nf < kFrags; ++nf) {
@@ -221,7 +226,7 @@ struct MmaSyncEngine {
             d0 -= excl[2 * nf];
             d1 -= excl[2 * nf + 1];
           }
-          bits |= StoreResidualPair(p, residual, shortcut, row, valid, col0 + lc, d0, d1) << (8 * nf);
+          bits |= StoreResidualPair(p, residual, added[nf], row, valid, col0 + lc, d0, d1) << (8 * nf);
         }
         if (residual.bits != nullptr) StoreStreamWord(p, residual, row, valid, col0 + warp_col, bits, t);
       }

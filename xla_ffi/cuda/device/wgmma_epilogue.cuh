@@ -218,31 +218,40 @@ struct AccumulatorRows {
 
 // The residual epilogue of a thread's two accumulator rows (StoreAccumulatorRows' layout): stream values, and
 // their bits word by word (a word's 32 columns are fragments 4 wd .. 4 wd + 3 of the quad's four lanes).
-template <int kAcc>
+// The instances with this epilogue (kResidual) call it in place of StoreAccumulatorRows. kLoads: the shortcut
+// pairs loaded together ahead of their stores, 4 or 2 (the most that spill nothing: 4 made the band kernel's
+// generic instances spill, 2 the resident kernel's 256-column ones; ptxas).
+template <int kAcc, int kLoads>
 __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, const ResidualOperands& r,
                                                   const int (&acc)[kAcc], const AccumulatorRows& rows,
-                                                  const bool (&border)[2], const TileColumns<kWgCols>& cols, int col0,
-                                                  int t) {
+                                                  const TileColumns<kWgCols>& cols, int col0, int t) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (!rows.valid[h]) continue;  // the same for the whole quad
+    const bool border = rows.correction[h] != 0;
     int excl[kAcc / 2];
-    if (border[h]) BorderCorrections(p, cols, PixelOrigin(p, rows.row[h]), col0, 2 * t, excl);
+    if (border) BorderCorrections(p, cols, PixelOrigin(p, rows.row[h]), col0, 2 * t, excl);
     const int32_t* shortcut = ShortcutRow(p, r, rows.row[h]);
 #pragma unroll
     for (int wd = 0; wd < kAcc / 16; ++wd) {
       if (col0 + 32 * wd >= p.n) break;  // the same for the whole quad
+      static_assert(kLoads == 2 || kLoads == 4, "a word's 4 pairs in whole groups");
       uint32_t bits = 0;
+      int2 added[kLoads];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int j = 4 * wd + q, lc = 8 * j + 2 * t;
+        if (q % kLoads == 0) {
+#pragma unroll
+          for (int i = 0; i < kLoads; ++i) added[i] = ShortcutPair(r, shortcut, col0 + lc + 8 * i);
+        }
         int d0 = rows.v0[h] - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h];
         int d1 = rows.v0[h] - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1];
-        if (border[h]) {
+        if (border) {
           d0 -= excl[2 * j];
           d1 -= excl[2 * j + 1];
         }
-        bits |= StoreResidualPair(p, r, shortcut, rows.row[h], true, col0 + lc, d0, d1) << (8 * q);
+        bits |= StoreResidualPair(p, r, added[q % kLoads], rows.row[h], true, col0 + lc, d0, d1) << (8 * q);
       }
       if (r.bits != nullptr) StoreStreamWord(p, r, rows.row[h], true, col0 + 32 * wd, bits, t);
     }
@@ -253,13 +262,11 @@ __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, co
 // warpgroup, which holds rows 16 w + g (+8) of the warpgroup's 64 and columns 8 j + 2 t (+1).
 // narrow: the tile has at most 128 columns, so only the first 64 accumulators hold real columns (an m64n256
 // wgmma still computes all 256). kAcc: 128 (m64n256 accumulators) or 64 (m64n128: always narrow).
-// kQuarter: at most 64 columns (the threshold bits of the first 32 accumulators only). kResidual: the
-// residual epilogue (Epilogue::kResidual), compiled into instances of its own so that the other epilogues'
-// code and registers stay as they are (in one function with them, it made the 256-column kernels spill).
-template <int kAcc, bool kQuarter = false, bool kResidual = false>
+// kQuarter: at most 64 columns (the threshold bits of the first 32 accumulators only).
+template <int kAcc, bool kQuarter = false>
 __device__ __forceinline__ void StoreAccumulatorRows(const BinaryGemmProblem& p, const int (&acc)[kAcc],
                                                      const AccumulatorRows& rows, const TileColumns<kWgCols>& cols,
-                                                     int col0, int t, bool narrow, const ResidualOperands& r = {}) {
+                                                     int col0, int t, bool narrow) {
   const int(&v0)[2] = rows.v0;
   const int(&correction)[2] = rows.correction;
   const long long(&row)[2] = rows.row;
@@ -267,10 +274,6 @@ __device__ __forceinline__ void StoreAccumulatorRows(const BinaryGemmProblem& p,
   bool border[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) border[h] = row_valid[h] && correction[h] != 0;
-  if constexpr (kResidual) {
-    StoreResidualRows(p, r, acc, rows, border, cols, col0, t);
-    return;
-  }
   if (p.epilogue == Epilogue::kBits) {
     // One code path per problem where possible: the epilogue is fetch-bound (ncu: "no instruction" was
     // the first stall reason), and warps of one CTA in two variants fetch twice the code.
@@ -316,11 +319,11 @@ __device__ __forceinline__ void StoreAccumulatorRows(const BinaryGemmProblem& p,
 
 // StoreAccumulatorRows for consumer half `half` of a 128-row tile of consecutive output pixels: rows
 // 64 half + 16 w + g (+8). row_correction: RowCorrection of every tile row.
-template <bool kResidual = false, int kAcc>
+template <int kAcc>
 __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, const int (&acc)[kAcc],
                                                   const int* popc_a, const int8_t* row_correction,
                                                   const TileColumns<kWgCols>& cols, int tile_m, int col0, int half,
-                                                  int wtid, bool narrow, const ResidualOperands& r = {}) {
+                                                  int wtid, bool narrow) {
   const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
   AccumulatorRows rows;
 #pragma unroll
@@ -331,7 +334,27 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
     rows.v0[h] = p.k_real - 2 * popc_a[r];
     rows.correction[h] = p.pad_one ? 0 : row_correction[r];  // filled for "zero" padding only
   }
-  StoreAccumulatorRows<kAcc, false, kResidual>(p, acc, rows, cols, col0, t, narrow, r);
+  StoreAccumulatorRows(p, acc, rows, cols, col0, t, narrow);
+}
+
+// StoreAccumulators with the residual epilogue (the instances with kResidual); the rows as StoreAccumulators
+// sets them up, repeated so that its code stays as it is.
+template <int kAcc>
+__device__ __forceinline__ void StoreResidualAccumulators(const BinaryGemmProblem& p, const ResidualOperands& residual,
+                                                          const int (&acc)[kAcc], const int* popc_a,
+                                                          const int8_t* row_correction, const TileColumns<kWgCols>& cols,
+                                                          int tile_m, int col0, int half, int wtid) {
+  const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
+  AccumulatorRows rows;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = 64 * half + 16 * w + g + 8 * h;
+    rows.row[h] = static_cast<long long>(tile_m) * kWgRows + r;
+    rows.valid[h] = rows.row[h] < p.pooled_rows;
+    rows.v0[h] = p.k_real - 2 * popc_a[r];
+    rows.correction[h] = p.pad_one ? 0 : row_correction[r];
+  }
+  StoreResidualRows<kAcc, 4>(p, residual, acc, rows, cols, col0, t);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 

@@ -354,7 +354,11 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
       for (int h = 0; h < 2; ++h) rows.v0[h] = p.k_real - 2 * popc_a[2 * h];
-      StoreAccumulatorRows<kBandCols / 2, kQuarter, kResidual>(p, acc, rows, cols, 0, t, true, residual);
+      if constexpr (kResidual) {
+        StoreResidualRows<kBandCols / 2, 2>(p, residual, acc, rows, cols, 0, t);
+      } else {
+        StoreAccumulatorRows<kBandCols / 2, kQuarter>(p, acc, rows, cols, 0, t, true);
+      }
     }
     __syncthreads();  // this buffer is free for the item after next
   }

@@ -309,8 +309,11 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     } else {
       asm volatile("bar.sync %0, 128;\n" ::"r"(tile_bar) : "memory");
     }
-    StoreAccumulators<kResidual>(p, acc, popc_a, row_correction, cols, tile_m, col0, half, wtid,
-                                 p.n - col0 <= kWgCols / 2, residual);
+    if constexpr (kResidual) {
+      StoreResidualAccumulators(p, residual, acc, popc_a, row_correction, cols, tile_m, col0, half, wtid);
+    } else {
+      StoreAccumulators(p, acc, popc_a, row_correction, cols, tile_m, col0, half, wtid, p.n - col0 <= kWgCols / 2);
+    }
   }
 #endif
 }
