@@ -12,9 +12,9 @@ integers from the pixels to the logits:
   and b = [t > 0], so a ternary dot product is a sum of 2 (one ternary operand) or 4 (both) ±1 dot
   products, each one int32 custom call (planes stacked along the batch / output axes into one call);
 - integer thresholds turn int32 pre-activations and the int32 residual stream into bits; the stream is
-  the sum of each residual block's conv2 output and its shortcut. A binary conv2 adds its shortcut in its
-  own epilogue (`ops.bconv2d(..., shortcut=...)`), which also writes the stream's bits where the next block
-  reads them, so that block's conv1 starts from packed bits.
+  the sum of each residual block's conv2 output and its shortcut, added in jnp: XLA fuses the add with the
+  next block's thresholds and packing, which on an H200 ran faster than the convolution's own residual
+  epilogue (`ops.bconv2d(..., shortcut=...)`, docs/design/decisions.md).
 
 Images are uint8 pixels, or floats on the scale the file records (`input_range`), quantized to pixels by
 `formats.quantize_images`.
@@ -196,34 +196,18 @@ def run_nodes(nodes, params, x):
     """Outputs of `nodes` in order, from `x`, the value the first of them reads (the image's int8 levels,
     bits, a ternary plane pair or the int32 stream): the whole graph, or a part of it (per-node timing)."""
     outputs = []
-    stream_bits = None  # the stream's bits, where the previous block's epilogue wrote them for this one
-    for i, (node, p) in enumerate(zip(nodes, params)):
+    for node, p in zip(nodes, params):
         if node["kind"] in ("dense", "conv"):
             x = _linear(node, p, x)
             outputs.append(x)
         elif node["kind"] == "residual":
-            inner = _linear(node["conv1"], p["conv1"], x, quantized=stream_bits)
-            following = (nodes[i + 1], params[i + 1]) if i + 1 < len(nodes) else (None, None)
-            x, stream_bits = _residual_stream(node, p, inner, x, *following)
+            inner = _linear(node["conv1"], p["conv1"], x)
+            x = _linear(node["conv2"], p["conv2"], inner) + _shortcut(node, x)
             outputs.append((inner, x))
         else:
             x = _quantize(node["output"], p, jnp.sum(x, axis=(1, 2), dtype=jnp.int32))
             outputs.append(x)
     return outputs
-
-
-def _residual_stream(node, p, inner, stream, following, following_p):
-    """A residual block's new stream from conv1's output `inner` and the block's input `stream`, and the new
-    stream's bits where the following node is a block whose binary conv1 reads them (else None)."""
-    conv2 = node["conv2"]
-    if not (conv2["operand"] == "binary" and conv2["weights"] == "binary"):
-        return _linear(conv2, p["conv2"], inner) + _shortcut(node, stream), None
-    epilogue = {}
-    if following is not None and following["kind"] == "residual" and following["conv1"]["operand"] == "binary":
-        epilogue = dict(threshold=following_p["conv1"]["input_threshold"], flip=following_p["conv1"]["input_flip"])
-    out = ops.bconv2d(inner, p["conv2"]["weight"], **_conv_args(conv2), shortcut=stream,
-                      shortcut_stride=node["shortcut_stride"], shift=conv2["stream_shift"], **epilogue)
-    return out if epilogue else (out, None)
 
 
 def _shortcut(node, x):
@@ -243,11 +227,8 @@ def _quantize(domain, p, z, prefix=""):
                  for plane in ("nonneg", "pos"))
 
 
-def _linear(node, p, x, quantized=None):
-    """A dense / conv node's output from its input `x`; `quantized`: a stream input's bits, already computed."""
-    if quantized is not None:
-        x = quantized
-    elif node["input"] == "stream":
+def _linear(node, p, x):
+    if node["input"] == "stream":
         x = _quantize(node["operand"], p, x, prefix="input_")
     if node["operand"] == "image":
         return _image_layer(node, p, x)

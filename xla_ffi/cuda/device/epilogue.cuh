@@ -68,6 +68,17 @@ __device__ __forceinline__ bool StreamBitOf(const BinaryGemmProblem& p, int valu
   return StreamBit(value, __ldg(p.threshold + col), __ldg(p.flip + col));
 }
 
+// Prefetches the shortcut's channels of output pixel `row` (if `valid`) into L2, lane t of the row's quad every
+// fourth 128-byte line, while the tile's MMAs run: the epilogue's loads then wait for L2, not for HBM.
+__device__ __forceinline__ void PrefetchShortcutRow(const BinaryGemmProblem& p, const ResidualOperands& r,
+                                                    long long row, bool valid, int t) {
+  if (!valid) return;
+  const char* base = reinterpret_cast<const char*>(ShortcutRow(p, r, row));
+  for (int offset = 128 * t; offset < 4 * r.channels; offset += 512) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(base + offset));
+  }
+}
+
 // The residual epilogue of the dot products d0, d1 of columns col and col + 1 of `row` (their shortcut values
 // `added`, ShortcutPair): stores their stream values (nothing for a row that is not real or a column past N)
 // and returns their threshold bits, at bits 0 and 1 (0 without a threshold or past N).

@@ -351,6 +351,10 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       if (round == 0 && leading_half && i == wg) asm volatile("bar.arrive 1, %0;\n" ::"n"(kBandThreads) : "memory");
       // while the wgmmas run
       AccumulatorRows rows = BandTileRows(p, band, it.image + seg, q0, kPixelPairs ? 2 : 1, w, g);
+      if constexpr (kResidual) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) PrefetchShortcutRow(p, residual, rows.row[h], rows.valid[h], t);
+      }
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
       for (int h = 0; h < 2; ++h) rows.v0[h] = p.k_real - 2 * popc_a[2 * h];

@@ -281,6 +281,14 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     int row_popc[4];  // popc(a) of this thread's rows g and g + 8: row_popc[0], [2]
     int previous_stage = 0;
     const uint64_t desc_ones = OperandDescriptor(SmemAddress(ones), 128, 256);
+    if constexpr (kResidual) {  // this thread's two rows of the tile, ahead of its epilogue
+      const int lane = wtid % 32;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const long long row = static_cast<long long>(tile_m) * kWgRows + 64 * half + 16 * (wtid / 32) + lane / 4 + 8 * h;
+        PrefetchShortcutRow(p, residual, row, row < p.pooled_rows, lane % 4);
+      }
+    }
     for (int kb = 0; kb < k_blocks; ++kb) {
       BarrierWait(ResidentBarrier(full0, half, at.stage), at.phase);
       // cp.async wrote the activations through the generic proxy; the tensor cores read through the async one.
