@@ -164,25 +164,41 @@ std::vector<uint32_t> ReferenceOutput(const ConvCase& cc, Epilogue ep, const std
   return want;
 }
 
-// Runs one case on one engine; returns the number of wrong output words.
-long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose) {
+// Random operands of a case: the packed input, the weight rows (o rows of taps x cw words, each tap padded to
+// whole words), their FSB tiles and their tap popcounts.
+struct ConvOperands {
+  std::vector<uint32_t> x, wrows, fsb;
+  std::vector<int32_t> tap_popc;
+};
+ConvOperands RandomOperands(const ConvCase& cc) {
   const int cw = (cc.c + 31) / 32, taps = cc.kh * cc.kw, k_words = taps * cw;
-  const std::vector<uint32_t> x = RandomPacked(static_cast<size_t>(cc.batch) * cc.h * cc.w, cw, cc.c);
-  // Weight rows: o rows of taps x cw words, each tap padded to whole words.
-  const std::vector<uint32_t> wrows = RandomPacked(static_cast<size_t>(cc.o) * taps, cw, cc.c);
+  ConvOperands ops;
+  ops.x = RandomPacked(static_cast<size_t>(cc.batch) * cc.h * cc.w, cw, cc.c);
+  ops.wrows = RandomPacked(static_cast<size_t>(cc.o) * taps, cw, cc.c);
   const int row_tiles = (cc.o + 7) / 8, k_tiles = (k_words + 3) / 4;
-  std::vector<uint32_t> fsb(static_cast<size_t>(row_tiles) * k_tiles * 32, 0);
+  ops.fsb.assign(static_cast<size_t>(row_tiles) * k_tiles * 32, 0);
   for (int r = 0; r < cc.o; ++r) {
     for (int k = 0; k < k_words; ++k) {
-      fsb[((static_cast<size_t>(r / 8) * k_tiles + k / 4) * 8 + r % 8) * 4 + k % 4] = wrows[static_cast<size_t>(r) * k_words + k];
+      ops.fsb[((static_cast<size_t>(r / 8) * k_tiles + k / 4) * 8 + r % 8) * 4 + k % 4] =
+          ops.wrows[static_cast<size_t>(r) * k_words + k];
     }
   }
-  std::vector<int32_t> tap_popc(static_cast<size_t>(taps) * cc.o, 0);
+  ops.tap_popc.assign(static_cast<size_t>(taps) * cc.o, 0);
   for (int r = 0; r < cc.o; ++r) {
     for (int t = 0; t < taps; ++t) {
-      for (int i = 0; i < cw; ++i) tap_popc[t * cc.o + r] += __builtin_popcount(wrows[(static_cast<size_t>(r) * taps + t) * cw + i]);
+      for (int i = 0; i < cw; ++i) {
+        ops.tap_popc[t * cc.o + r] += __builtin_popcount(ops.wrows[(static_cast<size_t>(r) * taps + t) * cw + i]);
+      }
     }
   }
+  return ops;
+}
+
+// Runs one case on one engine; returns the number of wrong output words.
+long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose) {
+  const ConvOperands operands = RandomOperands(cc);
+  const std::vector<uint32_t>&x = operands.x, &wrows = operands.wrows, &fsb = operands.fsb;
+  const std::vector<int32_t>& tap_popc = operands.tap_popc;
   std::vector<float> scale(cc.o), bias(cc.o);
   std::vector<int32_t> threshold(cc.o);
   std::vector<uint8_t> flip(cc.o);
@@ -258,22 +274,10 @@ struct ResidualCase {
 // wrong words of both outputs (each poisoned first).
 long RunResidualCase(const ResidualCase& rc, KernelPath path) {
   const ConvCase& cc = rc.conv;
-  const int cw = (cc.c + 31) / 32, taps = cc.kh * cc.kw, k_words = taps * cw;
-  const std::vector<uint32_t> x = RandomPacked(static_cast<size_t>(cc.batch) * cc.h * cc.w, cw, cc.c);
-  const std::vector<uint32_t> wrows = RandomPacked(static_cast<size_t>(cc.o) * taps, cw, cc.c);
-  const int row_tiles = (cc.o + 7) / 8, k_tiles = (k_words + 3) / 4;
-  std::vector<uint32_t> fsb(static_cast<size_t>(row_tiles) * k_tiles * 32, 0);
-  for (int r = 0; r < cc.o; ++r) {
-    for (int k = 0; k < k_words; ++k) {
-      fsb[((static_cast<size_t>(r / 8) * k_tiles + k / 4) * 8 + r % 8) * 4 + k % 4] = wrows[static_cast<size_t>(r) * k_words + k];
-    }
-  }
-  std::vector<int32_t> tap_popc(static_cast<size_t>(taps) * cc.o, 0);
-  for (int r = 0; r < cc.o; ++r) {
-    for (int t = 0; t < taps; ++t) {
-      for (int i = 0; i < cw; ++i) tap_popc[t * cc.o + r] += __builtin_popcount(wrows[(static_cast<size_t>(r) * taps + t) * cw + i]);
-    }
-  }
+  const int taps = cc.kh * cc.kw;
+  const ConvOperands operands = RandomOperands(cc);
+  const std::vector<uint32_t>&x = operands.x, &wrows = operands.wrows, &fsb = operands.fsb;
+  const std::vector<int32_t>& tap_popc = operands.tap_popc;
   const std::vector<uint32_t> dots = ReferenceOutput(cc, Epilogue::kInt32, x, wrows, tap_popc, {}, {}, {}, {});
   const int out_h = (cc.h + cc.pt + cc.pb - cc.kh) / cc.sh + 1, out_w = (cc.w + cc.pl + cc.pr - cc.kw) / cc.sw + 1;
   // the shortcut: (batch, SH, SW, channels) with ceil(SH / stride) = out_h (the longest such SH)
