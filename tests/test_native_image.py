@@ -137,6 +137,17 @@ def test_repeated_parallel_calls_are_identical():
         np.testing.assert_array_equal(np.asarray(f(levels)), first)
 
 
+@pytest.mark.parametrize("n", [1025, 1088, 8256, 16448])
+def test_wide_dense_layer_at_batch_one(n):
+    """One output row and more 64-column blocks than the tasks asked for (8 per thread): the blocks, split
+    into whole runs per task, leave some tasks without columns (at 2, 16 or 32 threads), which must do
+    nothing."""
+    rng = np.random.default_rng(n)
+    levels, kernel = int8_values(rng, (1, 784)), rng.integers(-1, 2, (784, n)).astype(np.int8)
+    pre = levels.astype(np.int64) @ kernel.astype(np.int64)
+    np.testing.assert_array_equal(np.asarray(jax.jit(ops.image_matmul)(levels, kernel)), pre)
+
+
 # --- the handlers, called directly --------------------------------------------------------------------
 
 

@@ -628,7 +628,9 @@ class ImageConv {
         row_tasks = CeilDiv(outputs, rows);
       }
     }
+    // Whole blocks per column task; rounding them up can leave fewer tasks with columns than asked for.
     const int64_t blocks_per_task = CeilDiv(blocks_, column_tasks);
+    column_tasks = CeilDiv(blocks_, blocks_per_task);
     // One task per column range (a dense layer at a small batch): each packs its own columns, so that the
     // weights are read once. Else they are packed once for all tasks.
     const Weight* weights = nullptr;
