@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include "common/formats.h"
@@ -84,22 +84,32 @@ inline const char* DtypeName(ffi::DataType dtype) {
   }
 }
 
-inline std::string ShapeString(ffi::AnyBuffer::Dimensions dims) {
-  std::ostringstream s;
-  s << "(";
-  for (size_t i = 0; i < dims.size(); ++i) s << (i ? ", " : "") << dims[i];
-  s << (dims.size() == 1 ? ",)" : ")");
-  return s.str();
+// Messages are built from strings and std::to_string, never iostreams: a module linked with a static C++
+// runtime (-static-libstdc++, as some toolchains do) in a process that has loaded the shared one binds part
+// of the locale machinery to each copy, and formatting through an ostream there crashes.
+inline void AppendPiece(std::string& message, std::string_view piece) { message.append(piece); }
+
+template <class Int, std::enable_if_t<std::is_integral_v<Int>, int> = 0>
+void AppendPiece(std::string& message, Int value) {
+  message += std::to_string(value);
 }
 
-inline std::string ShapeString(std::initializer_list<int64_t> dims) {
-  std::ostringstream s;
-  s << "(";
-  size_t i = 0;
-  for (int64_t d : dims) s << (i++ ? ", " : "") << d;
-  s << (dims.size() == 1 ? ",)" : ")");
-  return s.str();
+template <class... Pieces>
+std::string Concat(const Pieces&... pieces) {
+  std::string message;
+  (AppendPiece(message, pieces), ...);
+  return message;
 }
+
+template <class Dims>
+std::string ShapeString(const Dims& dims) {
+  std::string s = "(";
+  size_t i = 0;
+  for (int64_t d : dims) s += Concat(i++ ? ", " : "", d);
+  return s + (dims.size() == 1 ? ",)" : ")");
+}
+
+inline std::string ShapeString(std::initializer_list<int64_t> dims) { return ShapeString<>(dims); }
 
 inline ffi::Error Invalid(std::string_view target, const std::string& message) {
   return ffi::Error::InvalidArgument(std::string(target) + ": " + message);
@@ -109,10 +119,8 @@ inline ffi::Error Invalid(std::string_view target, const std::string& message) {
 inline ffi::Error CheckDtypeRank(std::string_view target, const char* what, const ffi::AnyBuffer& buffer,
                                  ffi::DataType dtype, size_t rank, const char* layout) {
   if (buffer.element_type() != dtype || buffer.dimensions().size() != rank) {
-    std::ostringstream s;
-    s << what << " must be " << DtypeName(dtype) << " of rank " << rank << " " << layout << ", got "
-      << DtypeName(buffer.element_type()) << " of shape " << ShapeString(buffer.dimensions());
-    return Invalid(target, s.str());
+    return Invalid(target, Concat(what, " must be ", DtypeName(dtype), " of rank ", rank, " ", layout, ", got ",
+                                  DtypeName(buffer.element_type()), " of shape ", ShapeString(buffer.dimensions())));
   }
   return ffi::Error::Success();
 }
@@ -125,10 +133,8 @@ inline ffi::Error CheckShape(std::string_view target, const char* what, const ff
   size_t i = 0;
   for (int64_t d : expected) same = same && dims[i++] == d;
   if (!same) {
-    std::ostringstream s;
-    s << what << " has shape " << ShapeString(dims) << " but " << why << " requires "
-      << ShapeString(expected);
-    return Invalid(target, s.str());
+    return Invalid(target,
+                   Concat(what, " has shape ", ShapeString(dims), " but ", why, " requires ", ShapeString(expected)));
   }
   return ffi::Error::Success();
 }
@@ -136,9 +142,7 @@ inline ffi::Error CheckShape(std::string_view target, const char* what, const ff
 inline ffi::Error CheckAttrRange(std::string_view target, const char* name, int64_t value, int64_t lo,
                                  int64_t hi) {
   if (value < lo || value > hi) {
-    std::ostringstream s;
-    s << "attribute " << name << " = " << value << " is out of range [" << lo << ", " << hi << "]";
-    return Invalid(target, s.str());
+    return Invalid(target, Concat("attribute ", name, " = ", value, " is out of range [", lo, ", ", hi, "]"));
   }
   return ffi::Error::Success();
 }
@@ -212,10 +216,8 @@ inline ffi::Error CheckResult(std::string_view target, Epilogue epilogue, const 
   size_t i = 0;
   for (int64_t d : leading) same = same && dims[i++] == d;
   if (!same) {
-    std::ostringstream s;
-    s << "result has shape " << ShapeString(dims) << ", expected leading dims " << ShapeString(leading)
-      << " and a last dim of " << last;
-    return Invalid(target, s.str());
+    return Invalid(target, Concat("result has shape ", ShapeString(dims), ", expected leading dims ",
+                                  ShapeString(leading), " and a last dim of ", last));
   }
   return ffi::Error::Success();
 }
@@ -312,15 +314,11 @@ inline ffi::Error CheckBconv2d(std::string_view target, Epilogue epilogue, const
   int64_t padded_h = height + attrs.pad_top + attrs.pad_bottom;
   int64_t padded_w = width + attrs.pad_left + attrs.pad_right;
   if (padded_h > kMaxAttr || padded_w > kMaxAttr) {
-    std::ostringstream s;
-    s << "the padded input " << padded_h << " x " << padded_w << " has an extent beyond int32";
-    return Invalid(target, s.str());
+    return Invalid(target, Concat("the padded input ", padded_h, " x ", padded_w, " has an extent beyond int32"));
   }
   if (padded_h < attrs.kh || padded_w < attrs.kw) {
-    std::ostringstream s;
-    s << "the kernel " << attrs.kh << " x " << attrs.kw << " is larger than the padded input " << padded_h
-      << " x " << padded_w;
-    return Invalid(target, s.str());
+    return Invalid(target, Concat("the kernel ", attrs.kh, " x ", attrs.kw, " is larger than the padded input ",
+                                  padded_h, " x ", padded_w));
   }
   int64_t conv_h = (padded_h - attrs.kh) / attrs.stride_h + 1;
   int64_t conv_w = (padded_w - attrs.kw) / attrs.stride_w + 1;

@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -86,15 +85,11 @@ inline ffi::Error CheckImageConv2d(std::string_view target, const ffi::AnyBuffer
   const int64_t padded_h = height + attrs.pad_top + attrs.pad_bottom;
   const int64_t padded_w = width + attrs.pad_left + attrs.pad_right;
   if (padded_h > kMaxAttr || padded_w > kMaxAttr) {
-    std::ostringstream s;
-    s << "the padded image " << padded_h << " x " << padded_w << " has an extent beyond int32";
-    return Invalid(target, s.str());
+    return Invalid(target, Concat("the padded image ", padded_h, " x ", padded_w, " has an extent beyond int32"));
   }
   if (padded_h < attrs.kh || padded_w < attrs.kw) {
-    std::ostringstream s;
-    s << "the kernel " << attrs.kh << " x " << attrs.kw << " is larger than the padded image " << padded_h
-      << " x " << padded_w;
-    return Invalid(target, s.str());
+    return Invalid(target, Concat("the kernel ", attrs.kh, " x ", attrs.kw, " is larger than the padded image ",
+                                  padded_h, " x ", padded_w));
   }
   const int64_t out_h = ((padded_h - attrs.kh) / attrs.stride_h + 1) / attrs.pool_h;
   const int64_t out_w = ((padded_w - attrs.kw) / attrs.stride_w + 1) / attrs.pool_w;
