@@ -76,3 +76,17 @@ def test_train_and_export_ship_as_subpackages():
     for name in ("jaxbnn.train", "jaxbnn.export"):
         module = importlib.import_module(name)
         assert module.__name__ == name
+
+
+def test_native_sources_format_messages_without_iostreams():
+    """A module whose C++ runtime is linked statically (some toolchains do by default) shares the process
+    with jaxlib's shared libstdc++; an ostream there can bind its locale half to each copy and crash, so
+    the handlers build their messages with std::to_string, and the modules keep the runtime's symbols
+    to themselves."""
+    sources = [p for p in (REPOSITORY / "xla_ffi").rglob("*") if p.suffix in {".h", ".cc", ".cu", ".cuh"}]
+    assert sources
+    offending = [str(p.relative_to(REPOSITORY)) for p in sources
+                 if any(s in p.read_text() for s in ("<sstream>", "<iostream>", "<ostream>", "ostringstream"))]
+    assert offending == []
+    for module in ("cpu", "cuda"):
+        assert "--exclude-libs,ALL" in (REPOSITORY / "xla_ffi" / module / "CMakeLists.txt").read_text()
