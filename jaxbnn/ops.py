@@ -71,10 +71,10 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
        `n`, `b_popcount` come from it); or ternary weights, a `formats.TernaryDenseBits` (likewise).
     The four products, binary or ternary activations times binary or ternary weights (TAB's BNN, TBN, BTN,
     TNN), are exact integer dot products in [-k, k].
-    b_popcount: the +1 count of each row of `b` (binary weights: `(n,)`, unused with ternary activations;
-       ternary weights: `(2n,)`, the rows of both planes); derived from `b` when not given. A concrete one
-       (outside `jax.jit`) is checked against `b`; a traced one is trusted (a wrong one gives wrong dot
-       products).
+    b_popcount: the +1 count of each row of `b` (binary weights: `(n,)`; ternary weights: `(2n,)`, the rows
+       of both planes), which the binary product and binary activations times ternary weights use; derived
+       from `b` when not given. A concrete one (outside `jax.jit`) is checked against `b`; a traced one is
+       trusted (a wrong one gives wrong dot products).
     Epilogue: none -> int32 `(..., M, N)`; `scale`/`bias` -> float32 `scale * dot + bias`;
     `threshold`/`flip` -> packed bits uint32 `(..., M, ceil(N/32))` of `dot >= threshold`
     (`dot <= threshold` where flip); integer thresholds of any width, saturated exactly to [-k - 1, k + 1].
@@ -107,8 +107,8 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
     leading = next(iter(planes.values())).shape[:-1]
     _check_elements("the result", leading + (out_cols,))
     mode = _mode(len(planes) == 2, ternary_weights)
-    if mode == "tbn":
-        b_popcount = None  # the product needs none
+    if mode in ("tbn", "tnn"):
+        b_popcount = None  # products of ternary activations need none
     return _bmm(tuple(planes.values()), b, b_popcount, epi, k=k, n=n, kind=kind, mode=mode)
 
 
@@ -126,7 +126,7 @@ def _bmm(planes, b, b_popcount, epi, *, k, n, kind, mode):
     if b.ndim == 2:
         b = formats.to_fsb(b)
     weights = (b,)
-    if mode != "tbn":
+    if mode in ("bnn", "btn"):
         popcount = _derived_popcount(b, weight_rows, k) if b_popcount is None else b_popcount.astype(jnp.int32)
         weights = (b, popcount)
     epi = _epilogue_operands(kind, epi, n, k + 1)
@@ -183,9 +183,9 @@ def bconv2d(
     padding: "SAME", "VALID" or ((top, bottom), (left, right)). pad_value: "zero" (out-of-frame taps add
     nothing, as a float convolution with zero padding) or "one" (pad with -1, bits 0 in every plane).
     w_tap_popcount: the +1 count of each tap of each weight row (`(KH*KW, O)`, or `(KH*KW, 2 * O)` for
-    ternary weights; unused with ternary activations and binary weights), derived from `w` when not given.
-    A concrete one (outside `jax.jit`) is checked against `w`; a traced one is trusted (a wrong one gives
-    wrong dot products: ternary weights everywhere, binary ones at the border with "zero" padding).
+    ternary weights), which binary activations use; derived from `w` when not given. A concrete one (outside
+    `jax.jit`) is checked against `w`; a traced one is trusted (a wrong one gives wrong dot products: with
+    ternary weights everywhere, with binary ones at the border with "zero" padding).
     pool: None or (PH, PW): max-pool of the dot products (window = stride, no padding) before the epilogue.
     Epilogues as in `bmm` (thresholds saturated to [-K - 1, K + 1], K = KH * KW * C); outputs
     `(..., B, OH, OW, O)` (int32 / float32) or `(..., B, OH, OW, ceil(O/32))`.
@@ -247,8 +247,8 @@ def bconv2d(
         if given_popcount:
             _check_popcount("w_tap_popcount", w_tap_popcount, w, rows, k_bits, (kh * kw, cw, c))
     mode = _mode(len(planes) == 2, ternary_weights)
-    if mode == "tbn":
-        w_tap_popcount = None  # the product needs none
+    if mode in ("tbn", "tnn"):
+        w_tap_popcount = None  # products of ternary activations need none
     kind, epi = _epilogue(o, kh * kw * c + 1, scale, bias, threshold, flip)
     out_ch, _ = _epilogue_output(kind, o)
     batch = x.shape[:-3]
@@ -282,7 +282,7 @@ def _bconv2d(planes, w, w_tap_popcount, epi, *, attrs, kind, pooled, mode):
     if w.ndim == 2:
         w = formats.to_fsb(w)
     weights = (w,)
-    if mode != "tbn":
+    if mode in ("bnn", "btn"):
         if w_tap_popcount is None:
             w_tap_popcount = _real_bit_popcount(w, rows=rows, k_bits=k_bits, taps=(kh * kw, cw, c))
         weights = (w, w_tap_popcount.astype(jnp.int32))

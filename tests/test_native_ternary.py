@@ -359,7 +359,7 @@ def u32(*shape):
 I64 = np.int64
 # Valid calls: M = 4, k = 100 (4 words), n = 10: ternary weights FSB (3, 1, 8, 4) of 20 rows, binary (2, 1, 8, 4).
 BMM_OPERANDS = {
-    "tnn": dict(nonneg=u32(4, 4), pos=u32(4, 4), w=u32(3, 1, 8, 4), w_popcount=jnp.zeros(20, jnp.int32)),
+    "tnn": dict(nonneg=u32(4, 4), pos=u32(4, 4), w=u32(3, 1, 8, 4)),
     "tbn": dict(nonneg=u32(4, 4), pos=u32(4, 4), w=u32(2, 1, 8, 4)),
     "btn": dict(a=u32(4, 4), w=u32(3, 1, 8, 4), w_popcount=jnp.zeros(20, jnp.int32)),
 }
@@ -375,7 +375,7 @@ CONV_ATTRS = dict(c=I64(40), o=I64(9), kh=I64(3), kw=I64(3), stride_h=I64(1), st
                   pad_bottom=I64(1), pad_left=I64(1), pad_right=I64(1), pad_one=False, pool_h=I64(1),
                   pool_w=I64(1))  # fmt: skip
 CONV_OPERANDS = {
-    "tnn": dict(nonneg=u32(1, 5, 5, 2), pos=u32(1, 5, 5, 2), w=u32(3, 5, 8, 4), taps=jnp.zeros((9, 18), jnp.int32)),
+    "tnn": dict(nonneg=u32(1, 5, 5, 2), pos=u32(1, 5, 5, 2), w=u32(3, 5, 8, 4)),
     "tbn": dict(nonneg=u32(1, 5, 5, 2), pos=u32(1, 5, 5, 2), w=u32(2, 5, 8, 4)),
     "btn": dict(x=u32(1, 5, 5, 2), w=u32(3, 5, 8, 4), taps=jnp.zeros((9, 18), jnp.int32)),
 }
@@ -411,7 +411,7 @@ BMM_ERRORS = [
      r"operand `w` has shape \(3, 1, 8, 4\) but \(n = 10, 100 reduction bits"),
     ("btn", "popcount of n rows", dict(w_popcount=jnp.zeros(10, jnp.int32)),
      r"operand `w_popcount` has shape \(10,\) but the two planes of n = 10 output columns requires \(20,\)"),
-    ("tnn", "popcount dtype", dict(w_popcount=jnp.zeros(20, jnp.uint32)), r"operand `w_popcount` must be int32"),
+    ("btn", "popcount dtype", dict(w_popcount=jnp.zeros(20, jnp.uint32)), r"operand `w_popcount` must be int32"),
     ("btn", "negative k", dict(k=I64(-1)), r"attribute k = -1 is out of range"),
     ("tnn", "n beyond half of int32", dict(n=I64(2**30)), r"attribute n = 1073741824 is out of range"),
 ]
@@ -437,8 +437,7 @@ def test_handlers_refuse_a_missing_operand():
     """Decoding errors come from XLA's FFI layer itself: still an error, not a crash."""
     operands = BMM_OPERANDS["tnn"]
     with pytest.raises(jax.errors.JaxRuntimeError, match="Wrong number of arguments"):
-        ffi("jaxbnn_tnn_bmm_i32", (4, 10), jnp.int32, operands["nonneg"], operands["w"], operands["w_popcount"],
-            k=I64(100), n=I64(10))  # fmt: skip
+        ffi("jaxbnn_tnn_bmm_i32", (4, 10), jnp.int32, operands["nonneg"], operands["w"], k=I64(100), n=I64(10))
 
 
 CONV_ERRORS = [

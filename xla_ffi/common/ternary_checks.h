@@ -14,13 +14,14 @@ namespace jaxbnn {
 
 // The operands of a ternary or mixed call: ternary activations are two planes (nonneg, pos) of one shape,
 // binary ones a single operand (`second` null); ternary weights are FSB tiles of 2 * n rows (the nonneg
-// plane's, then the pos plane's) with their row (or per-tap) popcounts, binary weights n rows and no
-// popcount operand (`w_popcount` null).
+// plane's, then the pos plane's), binary weights n rows; the popcounts of the weights' rows (or taps) where
+// the product needs them (BTN), else `w_popcount` null.
 struct MixedOperands {
   const ffi::AnyBuffer* first;
   const ffi::AnyBuffer* second;
   const ffi::AnyBuffer* w;
   const ffi::AnyBuffer* w_popcount;
+  bool ternary_weights;
 };
 
 namespace checks {
@@ -51,7 +52,7 @@ inline ffi::Error CheckMixedWeights(std::string_view target, const MixedOperands
                                     int64_t bits, const char* n_name, const char* popcount_name,
                                     std::initializer_list<int64_t> popcount_shape, const char* popcount_layout,
                                     const std::string& why_popcount) {
-  const bool ternary = operands.w_popcount != nullptr;
+  const bool ternary = operands.ternary_weights;
   if (auto e = CheckDtypeRank(target, "operand `w`", *operands.w, ffi::DataType::U32, 4,
                               "(NT, KT, BH, BW/32) of FSB tiles");
       e.failure()) {
@@ -62,7 +63,7 @@ inline ffi::Error CheckMixedWeights(std::string_view target, const MixedOperands
       e.failure()) {
     return e;
   }
-  if (!ternary) return ffi::Error::Success();
+  if (operands.w_popcount == nullptr) return ffi::Error::Success();
   if (auto e = CheckDtypeRank(target, popcount_name, *operands.w_popcount, ffi::DataType::S32,
                               popcount_shape.size(), popcount_layout);
       e.failure()) {

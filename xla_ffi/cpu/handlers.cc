@@ -220,14 +220,14 @@ ffi::Error MixedConv2d(std::string_view target, Mix mix, Epilogue kind, ffi::Thr
   });
 }
 
-// The operands of each mode (docs/ops.md): ternary activations as two planes, ternary weights with their
+// The operands of each mode (docs/ops.md): ternary activations as two planes, BTN's weights with their
 // popcounts.
-#define JAXBNN_MIXED_PARAMS_tnn ffi::AnyBuffer nonneg, ffi::AnyBuffer pos, ffi::AnyBuffer w, ffi::AnyBuffer w_popcount
-#define JAXBNN_MIXED_OPERANDS_tnn MixedOperands{&nonneg, &pos, &w, &w_popcount}
+#define JAXBNN_MIXED_PARAMS_tnn ffi::AnyBuffer nonneg, ffi::AnyBuffer pos, ffi::AnyBuffer w
+#define JAXBNN_MIXED_OPERANDS_tnn MixedOperands{&nonneg, &pos, &w, nullptr, true}
 #define JAXBNN_MIXED_PARAMS_tbn ffi::AnyBuffer nonneg, ffi::AnyBuffer pos, ffi::AnyBuffer w
-#define JAXBNN_MIXED_OPERANDS_tbn MixedOperands{&nonneg, &pos, &w, nullptr}
+#define JAXBNN_MIXED_OPERANDS_tbn MixedOperands{&nonneg, &pos, &w, nullptr, false}
 #define JAXBNN_MIXED_PARAMS_btn ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer w_popcount
-#define JAXBNN_MIXED_OPERANDS_btn MixedOperands{&a, nullptr, &w, &w_popcount}
+#define JAXBNN_MIXED_OPERANDS_btn MixedOperands{&a, nullptr, &w, &w_popcount, true}
 #define JAXBNN_EPILOGUE_PARAMS_i32
 #define JAXBNN_EPILOGUE_OPERANDS_i32 EpilogueOperands{}
 #define JAXBNN_EPILOGUE_PARAMS_f32 , ffi::AnyBuffer scale, ffi::AnyBuffer bias
@@ -343,7 +343,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dBits, jaxbnn::cpu::ImageConv2d
                                   .Ret<AnyBuffer>());
 
 // The buffer operands of each mode and epilogue, in the order of the handlers' parameters.
-#define JAXBNN_MIXED_ARGS_tnn .Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>()
+#define JAXBNN_MIXED_ARGS_tnn .Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>()
 #define JAXBNN_MIXED_ARGS_tbn .Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>()
 #define JAXBNN_MIXED_ARGS_btn .Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>()
 #define JAXBNN_EPILOGUE_ARGS_i32

@@ -37,23 +37,21 @@ inline const uint32_t* PanelRowWords(const MixedPanel& panel, int64_t r) {
   return panel.data + ((r / kGroupRows) * panel.chunks * kGroupRows + r % kGroupRows) * PanelPlanes(kMix) * kChunkWords;
 }
 
-// s in dot = row_term + col_term - s * (sum of the terms).
-template <Mix kMix>
-constexpr int32_t TermScale() {
-  return kMix == Mix::kTnn ? 1 : 2;
-}
+// The popcounts of one 64-bit word: `plus` (TNN: popc(z_x & z_w)) and `gated` (the gated XOR). x0 / x1 the
+// panel planes' words, w0 / w1 the weight planes' (nonneg, pos; or w0 the bits), m the reduction mask.
+struct WordCounts {
+  uint64_t plus, gated;
+};
 
-// The terms of one 64-bit word: x0 / x1 the panel planes' words, w0 / w1 the weight planes' (nonneg, pos),
-// or w0 the bits), m the reduction mask.
 template <Mix kMix, class Popcount>
-inline uint64_t WordTerms(uint64_t x0, uint64_t x1, uint64_t w0, uint64_t w1, uint64_t m, Popcount popcount) {
+inline WordCounts CountWord(uint64_t x0, uint64_t x1, uint64_t w0, uint64_t w1, uint64_t m, Popcount popcount) {
   if constexpr (kMix == Mix::kTnn) {
-    const uint64_t z = ~(w0 ^ w1) & m;
-    return popcount((x0 ^ w1) & z) + popcount((x1 ^ w1) & z);
+    const uint64_t g = x1 & ~(w0 ^ w1) & m;
+    return {popcount(g), popcount(g & (x0 ^ w1))};
   } else if constexpr (kMix == Mix::kTbn) {
-    return popcount((x0 ^ w0) & x1);
+    return {0, popcount((x0 ^ w0) & x1)};
   } else {
-    return popcount((x0 ^ w1) & ~(w0 ^ w1) & m);
+    return {0, popcount((x0 ^ w1) & ~(w0 ^ w1) & m)};
   }
 }
 
@@ -69,7 +67,7 @@ inline uint64_t WordTerms(uint64_t x0, uint64_t x1, uint64_t w0, uint64_t w1, ui
       for (int64_t t = 0; t < tiles; ++t) {                                                                    \
         const int64_t tile_row = t * chunks * kTileChunkWords;                                                 \
         for (int i = 0; i < kTileRows; ++i) {                                                                  \
-          uint64_t acc = 0;                                                                                    \
+          uint64_t plus = 0, gated = 0;                                                                        \
           for (int64_t j = 0; j < chunks; ++j) {                                                               \
             const uint32_t* xj = x + j * GroupChunkWords<kMix>();                                              \
             const int64_t at = tile_row + j * kTileChunkWords + i * kChunkWords;                               \
@@ -77,12 +75,14 @@ inline uint64_t WordTerms(uint64_t x0, uint64_t x1, uint64_t w0, uint64_t w1, ui
               const uint64_t x1 = kPlanes == 2 ? Load64(xj + kChunkWords + 2 * half) : 0;                      \
               const uint64_t w1 = w.pos != nullptr ? Load64(w.pos + at + 2 * half) : 0;                        \
               const uint64_t m = w.mask != nullptr ? Load64(w.mask + j * kChunkWords + 2 * half) : 0;          \
-              acc += WordTerms<kMix>(Load64(xj + 2 * half), x1, Load64(w.nonneg + at + 2 * half), w1, m,      \
-                                     popcount);                                                                \
+              const WordCounts counts =                                                                        \
+                  CountWord<kMix>(Load64(xj + 2 * half), x1, Load64(w.nonneg + at + 2 * half), w1, m, popcount); \
+              plus += counts.plus;                                                                             \
+              gated += counts.gated;                                                                           \
             }                                                                                                  \
           }                                                                                                    \
-          dots[r * stride + t * kTileRows + i] =                                                               \
-              panel.row_term[r] + w.col_term[t * kTileRows + i] - TermScale<kMix>() * static_cast<int32_t>(acc); \
+          dots[r * stride + t * kTileRows + i] = panel.row_term[r] + w.col_term[t * kTileRows + i] +           \
+                                                 static_cast<int32_t>(plus) - 2 * static_cast<int32_t>(gated); \
         }                                                                                                      \
       }                                                                                                        \
     }                                                                                                          \
@@ -97,8 +97,8 @@ JAXBNN_SCALAR_MIXED(MixedPopcnt, JAXBNN_TARGET_POPCNT)
 #ifdef JAXBNN_X86
 
 // AVX2: a tile chunk is four 256-bit registers (tile rows 2q, 2q+1 in register q); a panel chunk is
-// broadcast to both 128-bit lanes. Bytes are counted with the nibble lookup table (pshufb); a TNN word's two
-// terms add as bytes (at most 16) before one psadbw sums them into 64-bit lanes.
+// broadcast to both 128-bit lanes. Bytes are counted with the nibble lookup table (pshufb) and summed into
+// 64-bit lanes with psadbw.
 JAXBNN_TARGET_AVX2 inline __m256i ByteCountsAvx2(__m256i v) {
   const __m256i table = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2, 1, 2, 2, 3,
                                          1, 2, 2, 3, 2, 3, 3, 4);
@@ -112,6 +112,10 @@ JAXBNN_TARGET_AVX2 inline __m256i Broadcast128(const uint32_t* p) {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+JAXBNN_TARGET_AVX2 inline __m256i SumBytes(__m256i acc, __m256i bits) {
+  return _mm256_add_epi64(acc, _mm256_sad_epu8(ByteCountsAvx2(bits), _mm256_setzero_si256()));
+}
+
 template <Mix kMix>
 JAXBNN_TARGET_AVX2 void MixedAvx2(const MixedPanel& panel, const MixedWeights& w, int64_t tiles, int32_t* dots,
                                   int64_t stride) {
@@ -122,7 +126,7 @@ JAXBNN_TARGET_AVX2 void MixedAvx2(const MixedPanel& panel, const MixedWeights& w
     const uint32_t* x = PanelRowWords<kMix>(panel, r);
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t tile_row = t * chunks * kTileChunkWords;
-      __m256i acc[4] = {zero, zero, zero, zero};
+      __m256i plus[4] = {zero, zero, zero, zero}, gated[4] = {zero, zero, zero, zero};
       for (int64_t j = 0; j < chunks; ++j) {
         const uint32_t* xj = x + j * GroupChunkWords<kMix>();
         const __m256i x0 = Broadcast128(xj);
@@ -131,27 +135,30 @@ JAXBNN_TARGET_AVX2 void MixedAvx2(const MixedPanel& panel, const MixedWeights& w
         for (int q = 0; q < 4; ++q) {
           const int64_t at = tile_row + j * kTileChunkWords + 8 * q;
           const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.nonneg + at));
-          __m256i counts;
           if constexpr (kMix == Mix::kTbn) {
-            counts = ByteCountsAvx2(_mm256_and_si256(_mm256_xor_si256(x0, w0), x1));
+            gated[q] = SumBytes(gated[q], _mm256_and_si256(_mm256_xor_si256(x0, w0), x1));
           } else {
             const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.pos + at));
             const __m256i z = _mm256_andnot_si256(_mm256_xor_si256(w0, w1), m);
-            counts = ByteCountsAvx2(_mm256_and_si256(_mm256_xor_si256(x0, w1), z));
             if constexpr (kMix == Mix::kTnn) {
-              counts = _mm256_add_epi8(counts, ByteCountsAvx2(_mm256_and_si256(_mm256_xor_si256(x1, w1), z)));
+              const __m256i g = _mm256_and_si256(z, x1);
+              plus[q] = SumBytes(plus[q], g);
+              gated[q] = SumBytes(gated[q], _mm256_and_si256(_mm256_xor_si256(x0, w1), g));
+            } else {
+              gated[q] = SumBytes(gated[q], _mm256_and_si256(_mm256_xor_si256(x0, w1), z));
             }
           }
-          acc[q] = _mm256_add_epi64(acc[q], _mm256_sad_epu8(counts, zero));
         }
       }
       for (int q = 0; q < 4; ++q) {
-        alignas(32) uint64_t lanes[4];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[q]);
+        alignas(32) uint64_t p[4], g[4];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(p), plus[q]);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(g), gated[q]);
         for (int half = 0; half < 2; ++half) {
           const int64_t c = t * kTileRows + 2 * q + half;
-          dots[r * stride + c] = panel.row_term[r] + w.col_term[c] -
-                                 TermScale<kMix>() * static_cast<int32_t>(lanes[2 * half] + lanes[2 * half + 1]);
+          dots[r * stride + c] = panel.row_term[r] + w.col_term[c] +
+                                 static_cast<int32_t>(p[2 * half] + p[2 * half + 1]) -
+                                 2 * static_cast<int32_t>(g[2 * half] + g[2 * half + 1]);
         }
       }
     }
@@ -166,9 +173,10 @@ JAXBNN_TARGET_AVX2 void MixedAvx2(const MixedPanel& panel, const MixedWeights& w
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
-// VPTERNLOGQ truth tables, operands (A, B, C): (A ^ B) & C and ~(A ^ B) & C.
+// VPTERNLOGQ truth tables, operands (A, B, C): (A ^ B) & C, ~(A ^ B) & C and A & (B ^ C).
 constexpr int kXorAnd = 0x28;
 constexpr int kXnorAnd = 0x82;
+constexpr int kAndXor = 0x60;
 
 // The 64-bit half `half` of an 8-row tile chunk as one register of 8 columns x 64 bits, columns in the
 // order 0, 4, 1, 5, 2, 6, 3, 7 (in-lane unpacks need no index registers).
@@ -178,118 +186,101 @@ JAXBNN_TARGET_AVX512 inline __m512i TileHalf(const uint32_t* chunk, int half) {
   return half == 0 ? _mm512_unpacklo_epi64(rows_0_3, rows_4_7) : _mm512_unpackhi_epi64(rows_0_3, rows_4_7);
 }
 
-// AVX-512 VPOPCNTDQ, one register block: kRows panel rows x kTiles tile rows (8 output columns each), one
-// accumulator lane per output column (as the binary kernel). Per 64-bit half of a chunk, each tile's weight
-// registers are formed once (b_w and z_w, or the bits) and each panel word is broadcast once for all tiles;
-// a term is then one VPTERNLOGQ, one VPOPCNTQ and one add.
-template <Mix kMix, int kRows, int kTiles>
-JAXBNN_TARGET_AVX512 void MixedBlockAvx512(const uint32_t* group, const MixedWeights& w, int64_t chunks,
-                                           const int32_t* row_term, int32_t* dots, int64_t stride) {
+JAXBNN_TARGET_AVX512 inline __m512i Broadcast64(const uint32_t* p) {
+  return _mm512_set1_epi64(static_cast<long long>(Load64(p)));
+}
+
+// AVX-512 VPOPCNTDQ, one register block: kRows panel rows x one tile row (8 output columns), one accumulator
+// lane per output column (TNN has two). Per 64-bit half of a chunk the tile's weight registers are formed
+// once (b_w and z_w, or the bits) for all rows; a gated term is then one VPTERNLOGQ (each panel word is
+// used once: its broadcast is a load, not a vector operation), one VPOPCNTQ and one add, and TNN's
+// z_x & z_w one AND, one VPOPCNTQ and one add more (its gated XOR reuses that AND). One tile row at a time:
+// the kernels measured no faster with two (8 rows x 16 columns), and broadcasts used twice become register
+// copies.
+template <Mix kMix, int kRows>
+JAXBNN_TARGET_AVX512 void MixedBlockAvx512(const uint32_t* group, int64_t group_words, const MixedWeights& w,
+                                           int64_t chunks, const int32_t* row_term, int32_t* dots, int64_t stride) {
   constexpr int kPlanes = PanelPlanes(kMix);
-  const int64_t tile_row_words = chunks * kTileChunkWords;
-  __m512i acc[kRows][kTiles];
-#pragma GCC unroll 8
+  constexpr bool kPlus = kMix == Mix::kTnn;
+  __m512i gated[kRows], plus[kPlus ? kRows : 1];
+#pragma GCC unroll 16
   for (int r = 0; r < kRows; ++r) {
-#pragma GCC unroll 2
-    for (int t = 0; t < kTiles; ++t) acc[r][t] = _mm512_setzero_si512();
+    gated[r] = _mm512_setzero_si512();
+    if constexpr (kPlus) plus[r] = _mm512_setzero_si512();
   }
   for (int64_t j = 0; j < chunks; ++j) {
-    const uint32_t* x = group + j * GroupChunkWords<kMix>();
+    const int64_t at = j * kTileChunkWords;
 #pragma GCC unroll 2
     for (int half = 0; half < 2; ++half) {
-      __m512i sign[kTiles], gate[kTiles];  // TBN: sign = the weight bits, no gate
-#pragma GCC unroll 2
-      for (int t = 0; t < kTiles; ++t) {
-        const int64_t at = t * tile_row_words + j * kTileChunkWords;
-        if constexpr (TernaryWeights(kMix)) {
-          const __m512i nonneg = TileHalf(w.nonneg + at, half);
-          sign[t] = TileHalf(w.pos + at, half);
-          const __m512i mask = _mm512_set1_epi64(static_cast<long long>(Load64(w.mask + j * kChunkWords + 2 * half)));
-          gate[t] = _mm512_ternarylogic_epi64(nonneg, sign[t], mask, kXnorAnd);
-        } else {
-          sign[t] = TileHalf(w.nonneg + at, half);
-        }
+      __m512i sign, gate;  // TBN: sign = the weight bits, no gate
+      if constexpr (TernaryWeights(kMix)) {
+        sign = TileHalf(w.pos + at, half);
+        gate = _mm512_ternarylogic_epi64(TileHalf(w.nonneg + at, half), sign,
+                                         Broadcast64(w.mask + j * kChunkWords + 2 * half), kXnorAnd);
+      } else {
+        sign = TileHalf(w.nonneg + at, half);
       }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int r = 0; r < kRows; ++r) {
-        const uint32_t* xr = x + r * kPlanes * kChunkWords + 2 * half;
-        const __m512i x0 = _mm512_set1_epi64(static_cast<long long>(Load64(xr)));
+        const uint32_t* xr = group + (r / kGroupRows) * group_words + j * GroupChunkWords<kMix>() +
+                             (r % kGroupRows) * kPlanes * kChunkWords + 2 * half;
+        __m512i bits;
         if constexpr (kMix == Mix::kTnn) {
-          const __m512i x1 = _mm512_set1_epi64(static_cast<long long>(Load64(xr + kChunkWords)));
-#pragma GCC unroll 2
-          for (int t = 0; t < kTiles; ++t) {
-            acc[r][t] = _mm512_add_epi64(
-                acc[r][t], _mm512_popcnt_epi64(_mm512_ternarylogic_epi64(x0, sign[t], gate[t], kXorAnd)));
-            acc[r][t] = _mm512_add_epi64(
-                acc[r][t], _mm512_popcnt_epi64(_mm512_ternarylogic_epi64(x1, sign[t], gate[t], kXorAnd)));
-          }
+          const __m512i both = _mm512_and_si512(gate, Broadcast64(xr + kChunkWords));
+          plus[r] = _mm512_add_epi64(plus[r], _mm512_popcnt_epi64(both));
+          bits = _mm512_ternarylogic_epi64(both, sign, Broadcast64(xr), kAndXor);
         } else if constexpr (kMix == Mix::kTbn) {
-          const __m512i nonzero = _mm512_set1_epi64(static_cast<long long>(Load64(xr + kChunkWords)));
-#pragma GCC unroll 2
-          for (int t = 0; t < kTiles; ++t) {
-            acc[r][t] = _mm512_add_epi64(
-                acc[r][t], _mm512_popcnt_epi64(_mm512_ternarylogic_epi64(x0, sign[t], nonzero, kXorAnd)));
-          }
+          bits = _mm512_ternarylogic_epi64(Broadcast64(xr), sign, Broadcast64(xr + kChunkWords), kXorAnd);
         } else {
-#pragma GCC unroll 2
-          for (int t = 0; t < kTiles; ++t) {
-            acc[r][t] = _mm512_add_epi64(
-                acc[r][t], _mm512_popcnt_epi64(_mm512_ternarylogic_epi64(x0, sign[t], gate[t], kXorAnd)));
-          }
+          bits = _mm512_ternarylogic_epi64(Broadcast64(xr), sign, gate, kXorAnd);
         }
+        gated[r] = _mm512_add_epi64(gated[r], _mm512_popcnt_epi64(bits));
       }
     }
   }
   const __m256i column_order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-#pragma GCC unroll 2
-  for (int t = 0; t < kTiles; ++t) {
-    const __m256i col_term = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.col_term + t * kTileRows));
-#pragma GCC unroll 8
-    for (int r = 0; r < kRows; ++r) {
-      __m256i terms = _mm256_permutevar8x32_epi32(_mm512_cvtepi64_epi32(acc[r][t]), column_order);
-      if constexpr (TermScale<kMix>() == 2) terms = _mm256_slli_epi32(terms, 1);
-      const __m256i base = _mm256_add_epi32(_mm256_set1_epi32(row_term[r]), col_term);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dots + r * stride + t * kTileRows), _mm256_sub_epi32(base, terms));
-    }
+  const __m256i col_term = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.col_term));
+#pragma GCC unroll 16
+  for (int r = 0; r < kRows; ++r) {
+    __m512i terms = _mm512_add_epi64(gated[r], gated[r]);
+    if constexpr (kPlus) terms = _mm512_sub_epi64(terms, plus[r]);
+    const __m256i base = _mm256_add_epi32(_mm256_set1_epi32(row_term[r]), col_term);
+    const __m256i counts = _mm256_permutevar8x32_epi32(_mm512_cvtepi64_epi32(terms), column_order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dots + r * stride), _mm256_sub_epi32(base, counts));
   }
 }
 
-template <Mix kMix, int kTiles>
-void MixedGroupsAvx512(const MixedPanel& panel, const MixedWeights& w, int32_t* dots, int64_t stride) {
-  const int64_t group_words = panel.chunks * GroupChunkWords<kMix>();
-  for (int64_t first = 0; first < panel.rows; first += kGroupRows) {
-    const uint32_t* group = panel.data + (first / kGroupRows) * group_words;
-    const int32_t* row_term = panel.row_term + first;
-    int32_t* out = dots + first * stride;
-    const int64_t chunks = panel.chunks;
-    switch (std::min<int64_t>(kGroupRows, panel.rows - first)) {
-      case 8: MixedBlockAvx512<kMix, 8, kTiles>(group, w, chunks, row_term, out, stride); break;
-      case 7: MixedBlockAvx512<kMix, 7, kTiles>(group, w, chunks, row_term, out, stride); break;
-      case 6: MixedBlockAvx512<kMix, 6, kTiles>(group, w, chunks, row_term, out, stride); break;
-      case 5: MixedBlockAvx512<kMix, 5, kTiles>(group, w, chunks, row_term, out, stride); break;
-      case 4: MixedBlockAvx512<kMix, 4, kTiles>(group, w, chunks, row_term, out, stride); break;
-      case 3: MixedBlockAvx512<kMix, 3, kTiles>(group, w, chunks, row_term, out, stride); break;
-      case 2: MixedBlockAvx512<kMix, 2, kTiles>(group, w, chunks, row_term, out, stride); break;
-      case 1: MixedBlockAvx512<kMix, 1, kTiles>(group, w, chunks, row_term, out, stride); break;
-      default: break;
-    }
+// A register block holds 16 accumulators: 16 rows, or 8 for TNN (two per column).
+template <Mix kMix>
+constexpr int BlockRows() {
+  return kMix == Mix::kTnn ? 8 : 16;
+}
+
+template <Mix kMix, int kRows>
+void BlockOfRows(int64_t rows, const uint32_t* group, int64_t group_words, const MixedWeights& w, int64_t chunks,
+                 const int32_t* row_term, int32_t* out, int64_t stride) {
+  if constexpr (kRows > 0) {
+    if (rows == kRows) return MixedBlockAvx512<kMix, kRows>(group, group_words, w, chunks, row_term, out, stride);
+    BlockOfRows<kMix, kRows - 1>(rows, group, group_words, w, chunks, row_term, out, stride);
   }
 }
 
-// The weights of the run from tile row t on.
-MixedWeights FromTile(const MixedWeights& w, int64_t t) {
-  const int64_t offset = t * w.chunks * kTileChunkWords;
-  return MixedWeights{w.nonneg + offset, w.pos == nullptr ? nullptr : w.pos + offset, w.chunks, w.mask,
-                      w.col_term + t * kTileRows};
-}
-
-// Two tile rows (16 output columns) at a time, each pair swept over every row group of the panel while its
-// weights are hot in L1.
+// One tile row at a time, swept over every row block of the panel while its weights are hot in L1 (a block
+// of more than 8 rows spans consecutive 8-row groups).
 template <Mix kMix>
 void MixedAvx512(const MixedPanel& panel, const MixedWeights& w, int64_t tiles, int32_t* dots, int64_t stride) {
-  int64_t t = 0;
-  for (; t + 2 <= tiles; t += 2) MixedGroupsAvx512<kMix, 2>(panel, FromTile(w, t), dots + t * kTileRows, stride);
-  if (t < tiles) MixedGroupsAvx512<kMix, 1>(panel, FromTile(w, t), dots + t * kTileRows, stride);
+  constexpr int kRows = BlockRows<kMix>();
+  const int64_t group_words = panel.chunks * GroupChunkWords<kMix>();
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t offset = t * panel.chunks * kTileChunkWords;
+    const MixedWeights tile{w.nonneg + offset, w.pos == nullptr ? nullptr : w.pos + offset, w.chunks, w.mask,
+                            w.col_term + t * kTileRows};
+    for (int64_t first = 0; first < panel.rows; first += kRows) {
+      BlockOfRows<kMix, kRows>(std::min<int64_t>(kRows, panel.rows - first),
+                               panel.data + (first / kGroupRows) * group_words, group_words, tile, panel.chunks,
+                               panel.row_term + first, dots + first * stride + t * kTileRows, stride);
+    }
+  }
 }
 
 #if defined(__GNUC__) && !defined(__clang__)

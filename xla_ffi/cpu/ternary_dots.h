@@ -3,15 +3,14 @@
 // the instruction-set tiers of popcount_kernels.h (ActiveIsa).
 //
 // A ternary value t is the pair of bits a = [t >= 0], b = [t > 0] (t = (a' + b') / 2 for the ±1 values a',
-// b' of the bits, docs/formats.md); it is non-zero where a == b, and then its sign bit is a (1 for +1). With
-// z = [t != 0], per 64-bit word of a reduction row (padding bits must be 0 in every z):
-//   TNN  x . w = popc(z_w) - popc((a_x ^ b_w) & z_w) - popc((b_x ^ b_w) & z_w)   (two ±1 x ternary products)
-//   TBN  x . w = popc(z_x) - 2 popc((a_x ^ w) & z_x)                            (w: the weight's bit)
-//   BTN  x . w = popc(z_w) - 2 popc((x ^ b_w) & z_w)                            (x: the activation's bit)
-// popc(z_w) is a per-column term (from the weights' plane popcounts), popc(z_x) a per-row term (counted
-// while the panel is packed), so the loop costs one gated XOR (one VPTERNLOGQ), one popcount and one add per
-// term: two terms per word for TNN, one for TBN and BTN (TAB's 5, 4 and 3 operations with its weight term
-// precomputed; TNN's two gates come from the weights alone, and its terms sum into one accumulator).
+// b' of the bits, docs/formats.md); it is non-zero where a == b, z = NOT (a XOR b), and then its sign bit is
+// a (= b, 1 for +1). Per 64-bit word of a reduction row, with padding bits 0 in every z:
+//   TNN  x . w = popc(z_x & z_w) - 2 popc(z_x & z_w & (a_x ^ b_w))   (TAB's gated XOR: 1 XOR, 2 AND, 2 popc)
+//   TBN  x . w = popc(z_x) - 2 popc((a_x ^ w) & z_x)                 (w: the weight's bit; 1 XOR, 1 AND, 1 popc)
+//   BTN  x . w = popc(z_w) - 2 popc((x ^ b_w) & z_w)                 (x: the activation's bit; likewise)
+// popc(z_x) is a per-row term (counted while the panel is packed), popc(z_w) a per-column one (from the
+// weights' plane popcounts). The panels hold (a_x, z_x) for ternary activations; the kernels form b_w and z_w
+// from the weights' planes once per tile chunk.
 #ifndef JAXBNN_XLA_FFI_CPU_TERNARY_DOTS_H_
 #define JAXBNN_XLA_FFI_CPU_TERNARY_DOTS_H_
 
@@ -23,7 +22,7 @@ namespace jaxbnn::cpu {
 
 enum class Mix { kTnn, kTbn, kBtn };
 
-// Bit planes of a panel row: TNN (a, b) as the activations hold them, TBN (a, z_x), BTN the bits.
+// Bit planes of a panel row: (a_x, z_x) for ternary activations (TNN, TBN), the bits for BTN.
 constexpr int PanelPlanes(Mix mix) { return mix == Mix::kBtn ? 1 : 2; }
 // Whether the weights are ternary: (nonneg, pos) planes, from which the kernels form b_w and z_w.
 constexpr bool TernaryWeights(Mix mix) { return mix != Mix::kTbn; }
@@ -45,12 +44,12 @@ struct MixedWeights {
   const uint32_t* pos;
   int64_t chunks;
   const uint32_t* mask;      // chunks * 4 words: the real bits of a reduction row (z_w = ~(nonneg ^ pos) & mask)
-  const int32_t* col_term;   // per column of the run: popc(z_w) of ternary weights; 0 for binary ones
+  const int32_t* col_term;   // per column of the run: BTN popc(z_w); 0 otherwise
 };
 
-// For every panel row r < rows, tile row t < tiles and row i < 8 of that tile row:
-//   dots[r * stride + t * 8 + i] = row_term[r] + col_term[t * 8 + i] - s * (sum of the terms above)
-// with s = 1 for TNN, 2 for TBN and BTN.
+// For every panel row r < rows, tile row t < tiles and row i < 8 of that tile row, the dot product above:
+//   dots[r * stride + t * 8 + i] = row_term[r] + col_term[t * 8 + i] + (TNN: sum of popc(z_x & z_w))
+//                                  - 2 * (sum of the gated popcounts)
 using MixedDotsFn = void (*)(const MixedPanel& panel, const MixedWeights& weights, int64_t tiles, int32_t* dots,
                              int64_t stride);
 

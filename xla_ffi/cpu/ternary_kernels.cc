@@ -1,12 +1,12 @@
 // Ternary and mixed bmm / conv2d: panels of the planes ternary_dots.h reads, gathered from the activations,
 // and the per-column terms from the weights' popcounts.
 //
-// Padding is exact without corrections wherever the activations are ternary: an out-of-frame tap is the
-// value 0 for pad_value "zero" (TNN: a = all ones, b = 0; TBN: z_x = 0) and -1 for "one" (TNN: a = b = 0;
-// TBN: a = 0, z_x = the real channel bits). Binary activations (BTN) have no 0: an out-of-frame tap is read
-// as -1 (bits 0), which adds -sum(w_tap) to a dot; for "zero" the dots take it back with the tap sums
-// popc(pos_tap) + popc(nonneg_tap) - c. Padding bits of the weights never count (z_w is masked), nor those
-// of ternary activations (z_x is masked; TNN reads them only through z_w).
+// Ternary activations enter the panels as (a, z_x), z_x = NOT (a XOR b) masked to the real channels. Padding
+// is exact without corrections wherever the activations are ternary: an out-of-frame tap is the value 0 for
+// pad_value "zero" (z_x = 0) and -1 for "one" (a = 0, z_x = the real channel bits). Binary activations (BTN)
+// have no 0: an out-of-frame tap is read as -1 (bits 0), which adds -sum(w_tap) to a dot; for "zero" the
+// dots take it back with the tap sums popc(pos_tap) + popc(nonneg_tap) - c. Padding bits of the weights
+// never count (z_w is masked), nor those of the activations (z_x is masked; BTN's only meet z_w).
 #include "cpu/ternary_kernels.h"
 
 #include <vector>
@@ -40,12 +40,13 @@ struct MixedRow {
   JAXBNN_ALWAYS_INLINE void Put(int64_t word, const ActivationPlanes& x, int64_t offset, int64_t count, int64_t run,
                                 uint32_t last_mask) {
     plane0.Put(word, x.nonneg + offset, count, count, ~0u);
-    if constexpr (kMix == Mix::kTnn) plane1.Put(word, x.pos + offset, count, count, ~0u);
-    if constexpr (kMix == Mix::kTbn) {
-      for (int64_t i = 0; i < count; ++i) {
-        const uint32_t z = ~(x.nonneg[offset + i] ^ x.pos[offset + i]) & ((i + 1) % run == 0 ? last_mask : ~0u);
-        *plane1.At(word + i) = z;
-        nonzero += Popcount32(z);
+    if constexpr (kPlanes == 2) {
+      for (int64_t first = 0; first < count; first += run) {
+        for (int64_t i = first; i < first + run; ++i) {
+          const uint32_t z = ~(x.nonneg[offset + i] ^ x.pos[offset + i]) & (i + 1 == first + run ? last_mask : ~0u);
+          *plane1.At(word + i) = z;
+          if constexpr (kMix == Mix::kTbn) nonzero += Popcount32(z);
+        }
       }
     }
   }
@@ -53,22 +54,22 @@ struct MixedRow {
   // An out-of-frame tap of `count` words: the value 0 (zero) or -1 (one, or BTN's stand-in for 0).
   JAXBNN_ALWAYS_INLINE void PutPadding(int64_t word, int64_t count, bool minus_one, uint32_t last_mask,
                                        int32_t channels) {
-    plane0.Fill(word, count, kMix == Mix::kTnn && !minus_one ? ~0u : 0u);
-    if constexpr (kMix == Mix::kTnn) plane1.Zero(word, count);
-    if constexpr (kMix == Mix::kTbn) {
+    plane0.Zero(word, count);
+    if constexpr (kPlanes == 2) {
       plane1.Fill(word, count, minus_one ? ~0u : 0u);
-      if (minus_one) {
-        *plane1.At(word + count - 1) = last_mask;
-        nonzero += channels;
-      }
+      if (minus_one) *plane1.At(word + count - 1) = last_mask;
+      if (kMix == Mix::kTbn && minus_one) nonzero += channels;
     }
   }
 
   // Words past the reduction (to the end of the last chunk): 0 in every plane.
   JAXBNN_ALWAYS_INLINE void ZeroTail(int64_t word, int64_t count) {
     plane0.Zero(word, count);
-    if constexpr (kMix != Mix::kBtn) plane1.Zero(word, count);
+    if constexpr (kPlanes == 2) plane1.Zero(word, count);
   }
+
+  // The row's term of the dot products (ternary_dots.h): TBN's popc(z_x), 0 otherwise.
+  int32_t RowTerm() const { return nonzero; }
 };
 
 template <Mix kMix>
@@ -91,7 +92,7 @@ struct MixedBmmRows {
       MixedRow<kMix> row(panel, chunks, r);
       row.Put(0, a, (first + r) * k_words, k_words, k_words, last_mask);
       row.ZeroTail(k_words, chunks * kChunkWords - k_words);
-      row_term[r] = row.nonzero;
+      row_term[r] = row.RowTerm();
       excluded[r] = 0;
     }
     return MixedPanel{panel, count, chunks, row_term};
@@ -138,7 +139,7 @@ struct MixedConvRows {
         }
       }
       row.ZeroTail(p.k_words, chunks * kChunkWords - p.k_words);
-      row_term[r] = row.nonzero;
+      row_term[r] = row.RowTerm();
       excluded[r] = kMix == Mix::kBtn && !p.pad_one && out_of_frame;
     }
     return MixedPanel{panel, rows, chunks, row_term};
@@ -173,7 +174,7 @@ struct WeightStorage {
   std::vector<int32_t> col_term;
 };
 
-// `nonzero(c)`: popc(z_w) of output column c (ternary weights).
+// `nonzero(c)`: popc(z_w) of output column c (BTN's column term).
 template <class Nonzero>
 MixedKernel PrepareWeights(Mix mix, const uint32_t* tiles, int64_t n, int64_t k_words, int64_t tile_rows,
                            int64_t tile_words, int64_t k_tiles, std::vector<uint32_t> mask, Nonzero nonzero,
@@ -187,6 +188,8 @@ MixedKernel PrepareWeights(Mix mix, const uint32_t* tiles, int64_t n, int64_t k_
     w.pos = KernelTiles(tiles, n, n, k_words, tile_rows, tile_words, k_tiles, storage.pos);
     storage.mask = mask.empty() ? std::vector<uint32_t>(chunks * kChunkWords, ~0u) : std::move(mask);
     w.mask = storage.mask.data();
+  }
+  if (mix == Mix::kBtn) {
     for (int64_t c = 0; c < n; ++c) storage.col_term[c] = nonzero(c);
   }
   w.col_term = storage.col_term.data();

@@ -19,14 +19,14 @@ struct ActivationPlanes {
   const uint32_t* pos;
 };
 
-// Weights: FSB tiles of ternary weights (TNN, BTN) as 2 * n rows, the nonneg plane's then the pos plane's,
-// with `popcount` their 2 * n row popcounts (real bits); of binary weights (TBN) as n rows, popcount null.
+// Weights: FSB tiles of ternary weights (TNN, BTN) as 2 * n rows, the nonneg plane's then the pos plane's;
+// of binary weights (TBN) as n rows. BTN's `popcount`: the 2 * n row popcounts (real bits); null otherwise.
 // Output: int32 or float32 (rows, n), or packed uint32 (rows, ceil(n/32)) for the threshold epilogue.
 void RunMixedBmm(Mix mix, const BmmProblem& problem, const ActivationPlanes& a, const uint32_t* w_tiles,
                  const int32_t* w_popcount, const EpilogueData& epilogue, void* out, ffi::ThreadPool* pool);
 
-// As RunMixedBmm, the convolution's weights of problem.o output channels; `tap_popcount` (kh * kw, 2 * o)
-// for ternary weights.
+// As RunMixedBmm, the convolution's weights of problem.o output channels; BTN's `tap_popcount`:
+// (kh * kw, 2 * o).
 void RunMixedConv2d(Mix mix, const Bconv2dProblem& problem, const ActivationPlanes& x, const uint32_t* w_tiles,
                     const int32_t* w_tap_popcount, const EpilogueData& epilogue, void* out, ffi::ThreadPool* pool);
 
