@@ -97,15 +97,18 @@ class PanelRow {
   PanelRow(uint32_t* panel, int64_t chunks, int64_t row, int plane = 0)
       : base_(panel + (((row / kGroupRows) * chunks * kGroupRows + row % kGroupRows) * kPlanes + plane) * kChunkWords) {}
 
-  // Words [word, word + count) from src; the last word of every `run` words is ANDed with last_mask
-  // (clears the padding bits of each packed run, e.g. of each tap's channels).
+  // Words [word, word + count) from src (count a multiple of run); the last word of every `run` words is
+  // ANDed with last_mask (clears the padding bits of each packed run, e.g. of each tap's channels).
   JAXBNN_ALWAYS_INLINE void Put(int64_t word, const uint32_t* src, int64_t count, int64_t run,
                                 uint32_t last_mask) const {
     if (last_mask == ~0u && word % kChunkWords == 0 && count % kChunkWords == 0) {
       for (int64_t i = 0; i < count; i += kChunkWords) std::memcpy(At(word + i), src + i, kChunkWords * 4);
       return;
     }
-    for (int64_t i = 0; i < count; ++i) *At(word + i) = (i + 1) % run == 0 ? src[i] & last_mask : src[i];
+    for (int64_t first = 0; first < count; first += run) {
+      for (int64_t i = first; i + 1 < first + run; ++i) *At(word + i) = src[i];
+      *At(word + first + run - 1) = src[first + run - 1] & last_mask;
+    }
   }
 
   JAXBNN_ALWAYS_INLINE void Fill(int64_t word, int64_t count, uint32_t value) const {
