@@ -152,9 +152,8 @@ struct ConvWindows {
     const int64_t iy = origin.y0 + dy;
     return iy >= 0 && iy < p.height && origin.x0 >= 0 && origin.x0 + p.kw <= p.width;
   }
-  int64_t PixelOffset(int64_t b, int64_t iy, int64_t ix) const {
-    return ((b * p.height + iy) * p.width + ix) * p.c_words;
-  }
+  int64_t Pixel(int64_t b, int64_t iy, int64_t ix) const { return (b * p.height + iy) * p.width + ix; }
+  int64_t PixelOffset(int64_t b, int64_t iy, int64_t ix) const { return Pixel(b, iy, ix) * p.c_words; }
 
   // Origins of the panel rows of outputs [first, first + count), stepping through the pixels (divisions
   // only for the first one: they would cost more than gathering a row).

@@ -1,28 +1,72 @@
 // Ternary and mixed bmm / conv2d: panels of the planes ternary_dots.h reads, gathered from the activations,
 // and the per-column terms from the weights' popcounts.
 //
-// Ternary activations enter the panels as (a, z_x), z_x = NOT (a XOR b) masked to the real channels. Padding
-// is exact without corrections wherever the activations are ternary: an out-of-frame tap is the value 0 for
-// pad_value "zero" (z_x = 0) and -1 for "one" (a = 0, z_x = the real channel bits). Binary activations (BTN)
-// have no 0: an out-of-frame tap is read as -1 (bits 0), which adds -sum(w_tap) to a dot; for "zero" the
-// dots take it back with the tap sums popc(pos_tap) + popc(nonneg_tap) - c. Padding bits of the weights
-// never count (z_w is masked), nor those of the activations (z_x is masked; BTN's only meet z_w).
+// Ternary activations enter the panels as (a, z_x), z_x = NOT (a XOR b) masked to the real channels, formed
+// once per call (a convolution gathers each pixel KH * KW times). Padding is exact without corrections
+// wherever the activations are ternary: an out-of-frame tap is the value 0 for pad_value "zero" (z_x = 0)
+// and -1 for "one" (a = 0, z_x = the real channel bits). Binary activations (BTN) have no 0: an
+// out-of-frame tap is read as -1 (bits 0), which adds -sum(w_tap) to a dot; for "zero" the dots take it
+// back with the tap sums popc(pos_tap) + popc(nonneg_tap) - c. Padding bits of the weights never count (z_w
+// is masked), nor those of the activations (z_x is masked; BTN's only meet z_w).
 #include "cpu/ternary_kernels.h"
 
+#include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "common/formats.h"
 #include "cpu/gemm_driver.h"
+#include "cpu/parallel_for.h"
 
 namespace jaxbnn::cpu {
 namespace {
 
 using namespace gemm;
 
+constexpr int64_t kConvertTaskWords = int64_t{1} << 14;  // activation words formed by one task
+
 inline int32_t Popcount32(uint32_t v) {  // the module targets baseline x86-64: no popcnt instruction here
   v = v - ((v >> 1) & 0x55555555u);
   v = (v & 0x33333333u) + ((v >> 2) & 0x33333333u);
   return static_cast<int32_t>((((v + (v >> 4)) & 0x0F0F0F0Fu) * 0x01010101u) >> 24);
+}
+
+// The activations as the panels take them: plane0 the bits (BTN) or a; plane1 z_x; `nonzero` TBN's
+// popc(z_x) of each run (a row of a matrix, a pixel of an image).
+struct SourcePlanes {
+  const uint32_t* plane0;
+  const uint32_t* plane1;
+  const int32_t* nonzero;
+};
+
+// What a call keeps alive for its panels: the formed z_x plane and the runs' popcounts.
+struct ActivationStorage {
+  std::unique_ptr<uint32_t[]> nonzero_plane;
+  std::unique_ptr<int32_t[]> nonzero_counts;
+};
+
+// `runs` runs of `words` words holding `bits` real bits each (rows, or pixels).
+SourcePlanes PrepareActivations(Mix mix, const ActivationPlanes& x, int64_t runs, int64_t words, int64_t bits,
+                                ffi::ThreadPool* pool, ActivationStorage& storage) {
+  if (mix == Mix::kBtn) return SourcePlanes{x.nonneg, nullptr, nullptr};
+  storage.nonzero_plane.reset(new uint32_t[std::max<int64_t>(1, runs * words)]);
+  storage.nonzero_counts.reset(mix == Mix::kTbn ? new int32_t[std::max<int64_t>(1, runs)] : nullptr);
+  uint32_t* const z = storage.nonzero_plane.get();
+  int32_t* const counts = storage.nonzero_counts.get();
+  const uint32_t last_mask = formats::LastWordMask(bits);
+  const int64_t runs_per_task = std::max<int64_t>(1, kConvertTaskWords / std::max<int64_t>(1, words));
+  const int64_t tasks = CeilDiv(runs, runs_per_task);
+  ParallelFor(pool, tasks, PoolThreads(pool) > 1 && tasks > 1, [&](int64_t task) {
+    for (int64_t run = task * runs_per_task; run < std::min(runs, (task + 1) * runs_per_task); ++run) {
+      int32_t count = 0;
+      for (int64_t w = run * words; w < (run + 1) * words; ++w) {
+        z[w] = ~(x.nonneg[w] ^ x.pos[w]) & (w + 1 == (run + 1) * words ? last_mask : ~0u);
+        if (counts != nullptr) count += Popcount32(z[w]);
+      }
+      if (counts != nullptr) counts[run] = count;
+    }
+  });
+  return SourcePlanes{x.nonneg, z, counts};
 }
 
 // One panel row being filled, in its planes.
@@ -35,19 +79,14 @@ struct MixedRow {
   MixedRow(uint32_t* panel, int64_t chunks, int64_t row)
       : plane0(panel, chunks, row, 0), plane1(panel, chunks, row, kPlanes - 1) {}
 
-  // Words [word, word + count) of the row from the activations at `offset`; runs of `run` words hold
-  // `last_mask` real bits in their last word.
-  JAXBNN_ALWAYS_INLINE void Put(int64_t word, const ActivationPlanes& x, int64_t offset, int64_t count, int64_t run,
-                                uint32_t last_mask) {
-    plane0.Put(word, x.nonneg + offset, count, count, ~0u);
-    if constexpr (kPlanes == 2) {
-      for (int64_t first = 0; first < count; first += run) {
-        for (int64_t i = first; i < first + run; ++i) {
-          const uint32_t z = ~(x.nonneg[offset + i] ^ x.pos[offset + i]) & (i + 1 == first + run ? last_mask : ~0u);
-          *plane1.At(word + i) = z;
-          if constexpr (kMix == Mix::kTbn) nonzero += Popcount32(z);
-        }
-      }
+  // Words [word, word + count) of the row: `runs` runs from run `first_run` on, at word `offset` of the
+  // activations.
+  JAXBNN_ALWAYS_INLINE void Put(int64_t word, const SourcePlanes& x, int64_t first_run, int64_t runs, int64_t offset,
+                                int64_t count) {
+    plane0.Put(word, x.plane0 + offset, count, count, ~0u);
+    if constexpr (kPlanes == 2) plane1.Put(word, x.plane1 + offset, count, count, ~0u);
+    if constexpr (kMix == Mix::kTbn) {
+      for (int64_t run = first_run; run < first_run + runs; ++run) nonzero += x.nonzero[run];
     }
   }
 
@@ -80,17 +119,16 @@ int64_t PanelWords(int64_t rows, int64_t chunks) {
 // Rows of the activation matrix.
 template <Mix kMix>
 struct MixedBmmRows {
-  ActivationPlanes a;
-  int64_t k_words, chunks, k;
+  SourcePlanes a;
+  int64_t k_words, chunks;
 
   MixedPanel Fill(int64_t first, int64_t count, Scratch& scratch) const {
     int32_t* row_term = Grow(scratch.row_term, count);
     uint8_t* excluded = Grow(scratch.excluded, count);
     uint32_t* panel = Grow(scratch.panel, PanelWords<kMix>(count, chunks));
-    const uint32_t last_mask = formats::LastWordMask(k);
     for (int64_t r = 0; r < count; ++r) {
       MixedRow<kMix> row(panel, chunks, r);
-      row.Put(0, a, (first + r) * k_words, k_words, k_words, last_mask);
+      row.Put(0, a, first + r, 1, (first + r) * k_words, k_words);
       row.ZeroTail(k_words, chunks * kChunkWords - k_words);
       row_term[r] = row.RowTerm();
       excluded[r] = 0;
@@ -105,7 +143,7 @@ struct MixedBmmRows {
 template <Mix kMix>
 struct MixedConvRows {
   ConvWindows windows;
-  ActivationPlanes x;
+  SourcePlanes x;
   const int32_t* tap_sum;  // BTN with "zero" padding: (kh * kw, o), sum(w_tap) per tap and output channel
   int64_t chunks;
 
@@ -126,12 +164,14 @@ struct MixedConvRows {
       for (int64_t dy = 0; dy < p.kh; ++dy) {
         const int64_t iy = y0 + dy, word = dy * p.kw * p.c_words;
         if (windows.RowInFrame(origins[r], dy)) {
-          row.Put(word, x, windows.PixelOffset(b, iy, x0), p.kw * p.c_words, p.c_words, last_mask);
+          const int64_t pixel = windows.Pixel(b, iy, x0);
+          row.Put(word, x, pixel, p.kw, pixel * p.c_words, p.kw * p.c_words);
           continue;
         }
         for (int64_t dx = 0; dx < p.kw; ++dx) {
           if (windows.InFrame(iy, x0 + dx)) {
-            row.Put(word + dx * p.c_words, x, windows.PixelOffset(b, iy, x0 + dx), p.c_words, p.c_words, last_mask);
+            const int64_t pixel = windows.Pixel(b, iy, x0 + dx);
+            row.Put(word + dx * p.c_words, x, pixel, 1, pixel * p.c_words, p.c_words);
           } else {
             row.PutPadding(word + dx * p.c_words, p.c_words, p.pad_one || kMix == Mix::kBtn, last_mask, channels);
             out_of_frame = true;
@@ -197,16 +237,16 @@ MixedKernel PrepareWeights(Mix mix, const uint32_t* tiles, int64_t n, int64_t k_
 }
 
 template <Mix kMix>
-void RunBmmOf(const BmmProblem& p, const ActivationPlanes& a, const MixedKernel& kernel,
+void RunBmmOf(const BmmProblem& p, const SourcePlanes& a, const MixedKernel& kernel,
               const EpilogueData& epilogue, void* out, ffi::ThreadPool* pool) {
   const int64_t chunks = kernel.weights.chunks;
-  MixedBmmRows<kMix> rows{a, p.k_words, chunks, p.k};
+  MixedBmmRows<kMix> rows{a, p.k_words, chunks};
   const int64_t column_bytes = chunks * kChunkWords * 4 * (TernaryWeights(kMix) ? 2 : 1);
   DispatchEpilogue(rows, kernel, GemmShape{p.m, 1, p.n, chunks, column_bytes}, epilogue, out, pool);
 }
 
 template <Mix kMix>
-void RunConvOf(const Bconv2dProblem& p, const ActivationPlanes& x, const int32_t* tap_sum,
+void RunConvOf(const Bconv2dProblem& p, const SourcePlanes& x, const int32_t* tap_sum,
                const MixedKernel& kernel, const EpilogueData& epilogue, void* out, ffi::ThreadPool* pool) {
   const int64_t chunks = kernel.weights.chunks;
   MixedConvRows<kMix> rows{ConvWindows{p}, x, tap_sum, chunks};
@@ -226,10 +266,12 @@ void RunMixedBmm(Mix mix, const BmmProblem& p, const ActivationPlanes& a, const 
   const MixedKernel kernel = PrepareWeights(
       mix, w_tiles, p.n, p.k_words, p.tile_rows, p.tile_words, p.k_tiles, WeightMask(chunks, 1, p.k_words, p.k),
       [&](int64_t c) { return static_cast<int32_t>(p.k - w_popcount[c] + w_popcount[p.n + c]); }, storage);
+  ActivationStorage activations;
+  const SourcePlanes planes = PrepareActivations(mix, a, p.m, p.k_words, p.k, pool, activations);
   switch (mix) {
-    case Mix::kTnn: return RunBmmOf<Mix::kTnn>(p, a, kernel, epilogue, out, pool);
-    case Mix::kTbn: return RunBmmOf<Mix::kTbn>(p, a, kernel, epilogue, out, pool);
-    case Mix::kBtn: return RunBmmOf<Mix::kBtn>(p, a, kernel, epilogue, out, pool);
+    case Mix::kTnn: return RunBmmOf<Mix::kTnn>(p, planes, kernel, epilogue, out, pool);
+    case Mix::kTbn: return RunBmmOf<Mix::kTbn>(p, planes, kernel, epilogue, out, pool);
+    case Mix::kBtn: return RunBmmOf<Mix::kBtn>(p, planes, kernel, epilogue, out, pool);
   }
 }
 
@@ -256,10 +298,13 @@ void RunMixedConv2d(Mix mix, const Bconv2dProblem& p, const ActivationPlanes& x,
       }
     }
   }
+  ActivationStorage activations;
+  const SourcePlanes planes =
+      PrepareActivations(mix, x, p.batch * p.height * p.width, p.c_words, p.c, pool, activations);
   switch (mix) {
-    case Mix::kTnn: return RunConvOf<Mix::kTnn>(p, x, tap_sum.data(), kernel, epilogue, out, pool);
-    case Mix::kTbn: return RunConvOf<Mix::kTbn>(p, x, tap_sum.data(), kernel, epilogue, out, pool);
-    case Mix::kBtn: return RunConvOf<Mix::kBtn>(p, x, tap_sum.data(), kernel, epilogue, out, pool);
+    case Mix::kTnn: return RunConvOf<Mix::kTnn>(p, planes, tap_sum.data(), kernel, epilogue, out, pool);
+    case Mix::kTbn: return RunConvOf<Mix::kTbn>(p, planes, tap_sum.data(), kernel, epilogue, out, pool);
+    case Mix::kBtn: return RunConvOf<Mix::kBtn>(p, planes, tap_sum.data(), kernel, epilogue, out, pool);
   }
 }
 
