@@ -78,6 +78,9 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
     Epilogue: none -> int32 `(..., M, N)`; `scale`/`bias` -> float32 `scale * dot + bias`;
     `threshold`/`flip` -> packed bits uint32 `(..., M, ceil(N/32))` of `dot >= threshold`
     (`dot <= threshold` where flip); integer thresholds of any width, saturated exactly to [-k - 1, k + 1].
+    With a ternary operand, `threshold`/`flip` may also be `(P, N)` (1 to `MAX_THRESHOLD_PLANES` planes):
+    uint32 `(..., M, P, ceil(N/32))`, plane p of `dot >= threshold[p]`; thresholds (lo, hi) give the planes
+    (nonneg, pos) of a ternary output (+1 from hi, 0 from lo, -1 below), the next layer's `TernaryPlanes`.
     """
     given_popcount = b_popcount is not None  # the dataclasses' own popcounts are consistent by construction
     ternary_weights = isinstance(b, TernaryDenseBits)
@@ -102,25 +105,25 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
         b_popcount = _int32_array("b_popcount", b_popcount, (rows,))
         if given_popcount:
             _check_popcount("b_popcount", b_popcount, b, rows, k, None)
-    kind, epi = _epilogue(n, k + 1, scale, bias, threshold, flip)
-    out_cols, _ = _epilogue_output(kind, n)
-    leading = next(iter(planes.values())).shape[:-1]
-    _check_elements("the result", leading + (out_cols,))
     mode = _mode(len(planes) == 2, ternary_weights)
     if mode in ("tbn", "tnn"):
         b_popcount = None  # products of ternary activations need none
-    return _bmm(tuple(planes.values()), b, b_popcount, epi, k=k, n=n, kind=kind, mode=mode)
+    kind, epi, threshold_planes = _epilogue(n, k + 1, scale, bias, threshold, flip, mode)
+    leading = next(iter(planes.values())).shape[:-1]
+    _check_elements("the result", leading + _epilogue_tail(kind, n, threshold_planes))
+    return _bmm(tuple(planes.values()), b, b_popcount, epi, k=k, n=n, kind=kind, mode=mode,
+                threshold_planes=threshold_planes)
 
 
-@functools.partial(jax.jit, static_argnames=("k", "n", "kind", "mode"))
-def _bmm(planes, b, b_popcount, epi, *, k, n, kind, mode):
+@functools.partial(jax.jit, static_argnames=("k", "n", "kind", "mode", "threshold_planes"))
+def _bmm(planes, b, b_popcount, epi, *, k, n, kind, mode, threshold_planes):
     """The checked op as one compiled function per static signature: an eager call compiles once, then
     costs what a cached jitted call costs."""
-    out_cols, out_dtype = _epilogue_output(kind, n)
+    tail, out_dtype = _epilogue_tail(kind, n, threshold_planes), _epilogue_output(kind, n)[1]
     leading = planes[0].shape[:-1]
     rows = [a.reshape(math.prod(leading), a.shape[-1]) for a in planes]  # batch dims fold into M: one kernel call
     if rows[0].shape[0] == 0 or n == 0:
-        return jnp.zeros(leading + (out_cols,), out_dtype)
+        return jnp.zeros(leading + tail, out_dtype)
     ternary_weights = mode in ("btn", "tnn")
     weight_rows = 2 * n if ternary_weights else n
     if b.ndim == 2:
@@ -138,7 +141,7 @@ def _bmm(planes, b, b_popcount, epi, *, k, n, kind, mode):
         return reference.bmm(a_, operands[len(planes)], k, n, ternary_weights=ternary_weights, **dict(zip(epi, e)))
 
     def single(*operands):
-        out_type = jax.ShapeDtypeStruct((operands[0].shape[0], out_cols), out_dtype)
+        out_type = jax.ShapeDtypeStruct((operands[0].shape[0],) + tail, out_dtype)
         if mode != "bnn":
             return _dispatch(f"jaxbnn_{mode}_bmm_{kind}", out_type, attrs, spec, *operands)
         return _dispatch(
@@ -152,7 +155,7 @@ def _bmm(planes, b, b_popcount, epi, *, k, n, kind, mode):
         )
 
     out = _fold_rows(single, activations=len(planes))(*rows, *weights, *epi.values())
-    return out.reshape(leading + out.shape[-1:])
+    return out.reshape(leading + out.shape[1:])
 
 
 def bconv2d(
@@ -188,7 +191,8 @@ def bconv2d(
     ternary weights everywhere, with binary ones at the border with "zero" padding).
     pool: None or (PH, PW): max-pool of the dot products (window = stride, no padding) before the epilogue.
     Epilogues as in `bmm` (thresholds saturated to [-K - 1, K + 1], K = KH * KW * C); outputs
-    `(..., B, OH, OW, O)` (int32 / float32) or `(..., B, OH, OW, ceil(O/32))`.
+    `(..., B, OH, OW, O)` (int32 / float32), `(..., B, OH, OW, ceil(O/32))`, or with a ternary operand and
+    `(P, O)` thresholds `(..., B, OH, OW, P, ceil(O/32))`.
     Every size, padding, stride and output extent must be at most `MAX_EXTENT` (ValueError naming it).
     """
     given_popcount = w_tap_popcount is not None  # the dataclasses' own popcounts are consistent by construction
@@ -249,22 +253,21 @@ def bconv2d(
     mode = _mode(len(planes) == 2, ternary_weights)
     if mode in ("tbn", "tnn"):
         w_tap_popcount = None  # products of ternary activations need none
-    kind, epi = _epilogue(o, kh * kw * c + 1, scale, bias, threshold, flip)
-    out_ch, _ = _epilogue_output(kind, o)
+    kind, epi, threshold_planes = _epilogue(o, kh * kw * c + 1, scale, bias, threshold, flip, mode)
     batch = x.shape[:-3]
-    _check_elements("the result", batch + (oh // ph, ow // pw, out_ch))
+    _check_elements("the result", batch + (oh // ph, ow // pw) + _epilogue_tail(kind, o, threshold_planes))
     _check_elements("the padded input", batch + (h + pt + pb, wd + pl + pr, c))
     attrs = (c, o, kh, kw, sh, sw, pt, pb, pl, pr, pad_value == "one", ph, pw)
     return _bconv2d(tuple(planes.values()), w, w_tap_popcount, epi, attrs=attrs, kind=kind, pooled=pool is not None,
-                    mode=mode)
+                    mode=mode, threshold_planes=threshold_planes)
 
 
 _CONV_ATTRS = ("c", "o", "kh", "kw", "stride_h", "stride_w", "pad_top", "pad_bottom", "pad_left", "pad_right",
                "pad_one", "pool_h", "pool_w")
 
 
-@functools.partial(jax.jit, static_argnames=("attrs", "kind", "pooled", "mode"))
-def _bconv2d(planes, w, w_tap_popcount, epi, *, attrs, kind, pooled, mode):
+@functools.partial(jax.jit, static_argnames=("attrs", "kind", "pooled", "mode", "threshold_planes"))
+def _bconv2d(planes, w, w_tap_popcount, epi, *, attrs, kind, pooled, mode, threshold_planes):
     """The checked op as one compiled function per static signature (as `_bmm`)."""
     c, o, kh, kw, sh, sw, pt, pb, pl, pr, pad_one, ph, pw = attrs
     cw = formats.num_words(c)
@@ -272,11 +275,12 @@ def _bconv2d(planes, w, w_tap_popcount, epi, *, attrs, kind, pooled, mode):
     batch, (h, wd) = planes[0].shape[:-3], planes[0].shape[-3:-1]
     conv_hw = ((h + pt + pb - kh) // sh + 1, (wd + pl + pr - kw) // sw + 1)
     oh, ow = conv_hw[0] // ph, conv_hw[1] // pw
-    out_ch, out_dtype = _epilogue_output(kind, o)
+    tail, out_dtype = _epilogue_tail(kind, o, threshold_planes), _epilogue_output(kind, o)[1]
+    out_ch = tail[-1]
     # batch dims fold into B: one kernel call
     images = [x.reshape((math.prod(batch),) + x.shape[-3:]) for x in planes]
     if images[0].shape[0] == 0:
-        return jnp.zeros(batch + (oh, ow, out_ch), out_dtype)
+        return jnp.zeros(batch + (oh, ow) + tail, out_dtype)
     ternary_weights = mode in ("btn", "tnn")
     rows = 2 * o if ternary_weights else o
     if w.ndim == 2:
@@ -300,7 +304,7 @@ def _bconv2d(planes, w, w_tap_popcount, epi, *, attrs, kind, pooled, mode):
         )  # fmt: skip
 
     def single(*operands):
-        out_type = jax.ShapeDtypeStruct((operands[0].shape[0], oh, ow, out_ch), out_dtype)
+        out_type = jax.ShapeDtypeStruct((operands[0].shape[0], oh, ow) + tail, out_dtype)
         if mode != "bnn":
             return _dispatch(f"jaxbnn_{mode}_conv2d_{kind}", out_type, attr_values, ref, *operands)
         x_, *weights_ = operands
@@ -430,7 +434,7 @@ def _image_conv2d(levels, kernel, threshold, flip, *, attrs, shift, pooled):
 MAX_IMAGE_REDUCTION = (2**31 - 1) // 2**14
 
 
-MAX_THRESHOLD_PLANES = 8  # of a first layer: a ternary output uses 2
+MAX_THRESHOLD_PLANES = 8  # of a threshold epilogue with planes: a ternary output uses 2
 MAX_IMAGE_POOL_WINDOW = 128  # elements of a first layer's pool window: one tile of the CUDA kernel holds a window
 
 
@@ -716,27 +720,35 @@ def _vector(name, value, n):
     return value
 
 
-def _epilogue(n, bound, scale, bias, threshold, flip):
-    """(kind, operands) of the epilogue chosen by which parameters are given; operands as given, their
-    dtypes and shapes checked. Host thresholds are saturated to [-bound, bound] here (jnp would wrap an
-    int64 one), device ones inside the compiled op (`_epilogue_operands`)."""
+def _epilogue(n, bound, scale, bias, threshold, flip, mode="bnn"):
+    """(kind, operands, threshold planes) of the epilogue chosen by which parameters are given; operands as
+    given, their dtypes and shapes checked. Host thresholds are saturated to [-bound, bound] here (jnp would
+    wrap an int64 one), device ones inside the compiled op (`_epilogue_operands`). Threshold planes: 0 for
+    a threshold of shape (N,); P for one of shape (P, N), P planes of bits with a plane axis (a ternary
+    output's two), which the products with a ternary operand take."""
     if threshold is not None:
         if scale is not None or bias is not None:
             raise ValueError("give either threshold/flip (packed output) or scale/bias (float output), not both")
+        if np.ndim(threshold) == 2:
+            if mode == "bnn":
+                raise ValueError(f"threshold planes of shape {np.shape(threshold)} are taken by the products with a "
+                                 f"ternary operand; the binary product takes a threshold of shape ({n},)")
+            threshold, flip, _ = _threshold_planes(threshold, flip, n, bound)
+            return "bits", {"threshold": threshold, "flip": flip}, threshold.shape[0]
         threshold = _vector("threshold", threshold, n)
         if not (jnp.issubdtype(threshold.dtype, jnp.integer) or threshold.dtype == object):
             raise TypeError(f"threshold must be integer (the dot products are integers), got {threshold.dtype}")
         if not isinstance(threshold, jax.Array):
             threshold = _saturate_host(threshold, bound)
         flip = None if flip is None else _vector("flip", flip, n)
-        return "bits", {"threshold": threshold, "flip": flip}
+        return "bits", {"threshold": threshold, "flip": flip}, 0
     if flip is not None:
         raise ValueError("flip only applies with a threshold")
     if scale is not None or bias is not None:
         scale = None if scale is None else _float_vector("scale", scale, n)
         bias = None if bias is None else _float_vector("bias", bias, n)
-        return "f32", {"scale": scale, "bias": bias}
-    return "i32", {}
+        return "f32", {"scale": scale, "bias": bias}, 0
+    return "i32", {}, 0
 
 
 def _saturate_host(threshold, bound):
@@ -768,7 +780,8 @@ def _epilogue_operands(kind, epi, n, bound):
     """The epilogue operands as the handlers take them (inside the compiled op)."""
     if kind == "bits":
         flip = epi["flip"]
-        flip = jnp.zeros((n,), jnp.uint8) if flip is None else jnp.asarray(flip).astype(bool).astype(jnp.uint8)
+        flip = (jnp.zeros(jnp.shape(epi["threshold"]), jnp.uint8) if flip is None
+                else jnp.asarray(flip).astype(bool).astype(jnp.uint8))  # fmt: skip
         return {"threshold": _saturate(jnp.asarray(epi["threshold"]), bound), "flip": flip}
     if kind == "f32":
         scale, bias = epi["scale"], epi["bias"]
@@ -782,6 +795,12 @@ def _epilogue_output(kind, n):
     if kind == "bits":
         return formats.num_words(n), jnp.uint32
     return n, {"i32": jnp.int32, "f32": jnp.float32}[kind]
+
+
+def _epilogue_tail(kind, n, threshold_planes):
+    """The trailing shape of an epilogue's output for n output channels: (n,), (words,) or (planes, words)."""
+    last = _epilogue_output(kind, n)[0]
+    return (threshold_planes, last) if threshold_planes else (last,)
 
 
 def _float_vector(name, value, n):

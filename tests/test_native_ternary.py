@@ -65,24 +65,28 @@ def operands(rng, mode, x_shape, w_shape, conv, tile=formats.FSB_TILE):
     return packed_x, x, packed_w, w
 
 
-def epilogue_operands(rng, dots):
-    """Random scale/bias, and thresholds that hit actual dot values so that ties (dot == threshold) occur."""
+def epilogue_operands(rng, dots, planes=3):
+    """Random scale/bias, and thresholds that hit actual dot values so that ties (dot == threshold) occur:
+    one plane, and `planes` planes."""
     n = dots.shape[-1]
     flat = np.asarray(dots).reshape(-1, n)
-    threshold = np.where(rng.random(n) < 0.5, flat[rng.integers(0, flat.shape[0], n), np.arange(n)],
-                         rng.integers(-50, 51, n)).astype(np.int32)  # fmt: skip
+    threshold = np.where(rng.random((planes, n)) < 0.5, flat[rng.integers(0, flat.shape[0], (planes, n)), np.arange(n)],
+                         rng.integers(-50, 51, (planes, n))).astype(np.int32)  # fmt: skip
+    flip = rng.random((planes, n)) < 0.5
     return dict(scale=rng.standard_normal(n).astype(np.float32), bias=rng.standard_normal(n).astype(np.float32),
-                threshold=threshold, flip=rng.random(n) < 0.5)
+                threshold=threshold[0], flip=flip[0], threshold_planes=threshold, flip_planes=flip)
 
 
 def assert_all_epilogues(run, want_dots, epi):
-    """`run(**epilogue)` equals the reference epilogue of `want_dots` for int32, affine and threshold."""
+    """`run(**epilogue)` equals the reference epilogue of `want_dots` for int32, affine, threshold and
+    threshold planes."""
     np.testing.assert_array_equal(np.asarray(run()), want_dots)
     affine = np.asarray(run(scale=epi["scale"], bias=epi["bias"]))
     np.testing.assert_array_equal(affine, want_dots.astype(np.float32) * epi["scale"] + epi["bias"])
-    bits = np.asarray(run(threshold=epi["threshold"], flip=epi["flip"]))
-    want_bits = reference.epilogue(jnp.asarray(want_dots), threshold=epi["threshold"], flip=epi["flip"])
-    np.testing.assert_array_equal(bits, np.asarray(want_bits))
+    for threshold, flip in ((epi["threshold"], epi["flip"]), (epi["threshold_planes"], epi["flip_planes"])):
+        bits = np.asarray(run(threshold=threshold, flip=flip))
+        want_bits = reference.epilogue(jnp.asarray(want_dots), threshold=threshold, flip=flip)
+        np.testing.assert_array_equal(bits, np.asarray(want_bits))
 
 
 def numpy_max_pool(dots, pool):
@@ -268,6 +272,26 @@ def test_ternary_planes_equal_the_mean_of_two_binary_products():
     np.testing.assert_array_equal(np.asarray(ops.bconv2d(planes, ternary_weights)), np.asarray(composed))
 
 
+@pytest.mark.parametrize("mode", ["tnn", "tbn"])
+def test_two_threshold_planes_are_the_next_layers_ternary_activations(mode):
+    """Thresholds (lo, hi) per channel give the planes of t = +1 where dot >= hi, 0 where lo <= dot < hi,
+    -1 below lo: nonneg = [dot >= lo], pos = [dot >= hi], which the next ternary layer takes as they are."""
+    rng = np.random.default_rng(12)
+    x, _, weights, _ = operands(rng, mode, (2, 8, 8, 48), (3, 3, 48, 40), conv=True)
+    dots = np.asarray(ops.bconv2d(x, weights))
+    lo, hi = rng.integers(-20, 1, 40), rng.integers(0, 21, 40)
+    out = ops.bconv2d(x, weights, threshold=np.stack([lo, hi]))
+    assert out.shape == (2, 8, 8, 2, 2)
+    t = np.where(dots >= hi, 1, np.where(dots >= lo, 0, -1))
+    planes = formats.TernaryPlanes(out[..., 0, :], out[..., 1, :])
+    expected = formats.pack_ternary_pm_planes(t)
+    np.testing.assert_array_equal(np.asarray(planes.nonneg), np.asarray(expected.nonneg))
+    np.testing.assert_array_equal(np.asarray(planes.pos), np.asarray(expected.pos))
+    next_weights = formats.pack_ternary_conv_weights(ternary(rng, (3, 3, 40, 8)))
+    np.testing.assert_array_equal(np.asarray(ops.bconv2d(planes, next_weights)),
+                                  np.asarray(ops.bconv2d(expected, next_weights)))
+
+
 def test_repeated_parallel_calls_are_identical():
     """Work is split over XLA's thread pool; the split must not change a single bit."""
     rng = np.random.default_rng(3)
@@ -312,6 +336,19 @@ def test_front_refuses_planes_of_different_shapes_or_dtypes():
     with pytest.raises(ValueError, match="x.nonneg has 3 words on its last axis, but 40 bits pack into 2 words"):
         ops.bconv2d(formats.TernaryPlanes(np.zeros((1, 4, 4, 3), np.uint32), np.zeros((1, 4, 4, 3), np.uint32)),
                     formats.pack_ternary_conv_weights(np.ones((3, 3, 40, 4))))  # fmt: skip
+
+
+def test_front_refuses_threshold_planes_of_the_binary_product_and_of_the_wrong_shape():
+    rng = np.random.default_rng(13)
+    a, _, w, _ = operands(rng, "tbn", (5, 70), (70, 9), conv=False)
+    binary_a = ops.pack_bits(signs(rng, (5, 70)))
+    with pytest.raises(ValueError, match=r"threshold planes of shape \(2, 9\) are taken by the products with a "
+                                         r"ternary operand; the binary product takes a threshold of shape \(9,\)"):
+        ops.bmm(binary_a, w, threshold=np.zeros((2, 9), np.int32))
+    with pytest.raises(ValueError, match=r"threshold must have shape \(9,\) or \(planes, 9\) with 1 to 8 planes"):
+        ops.bmm(a, w, threshold=np.zeros((9, 9), np.int32))
+    with pytest.raises(ValueError, match=r"flip must have the shape of threshold, \(2, 9\), got \(9,\)"):
+        ops.bmm(a, w, threshold=np.zeros((2, 9), np.int32), flip=np.zeros(9, bool))
 
 
 def test_front_checks_the_popcounts_of_ternary_weights():
@@ -421,6 +458,25 @@ BMM_ERRORS = [
 def test_bmm_handlers_refuse_bad_operands(mode, what, change, message):
     with pytest.raises(jax.errors.JaxRuntimeError, match=rf"jaxbnn_{mode}_bmm_i32: " + message):
         bmm_call(mode, **change)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_handlers_take_threshold_planes(mode):
+    threshold, flip = jnp.zeros((2, 10), jnp.int32), jnp.zeros((2, 10), jnp.uint8)
+    assert bmm_call(mode, "bits", ((4, 2, 1), jnp.uint32), (threshold, flip)).shape == (4, 2, 1)
+    conv_planes = (jnp.zeros((2, 9), jnp.int32), jnp.zeros((2, 9), jnp.uint8))
+    assert conv_call(mode, "bits", ((1, 5, 5, 2, 1), jnp.uint32), conv_planes).shape == (1, 5, 5, 2, 1)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=rf"jaxbnn_{mode}_bmm_bits: operand `threshold` of shape "
+                                                          r"\(9, 10\) has 9 planes; 1 to 8 are supported"):
+        bmm_call(mode, "bits", ((4, 9, 1), jnp.uint32), (jnp.zeros((9, 10), jnp.int32), jnp.zeros((9, 10), jnp.uint8)))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=rf"jaxbnn_{mode}_bmm_bits: operand `flip` must be uint8 of "
+                                                          r"rank 2"):
+        bmm_call(mode, "bits", ((4, 2, 1), jnp.uint32), (threshold, jnp.zeros(10, jnp.uint8)))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=rf"jaxbnn_{mode}_bmm_bits: result has shape \(4, 1\), "
+                                                          r"expected leading dims \(4, 2\)"):
+        bmm_call(mode, "bits", ((4, 1), jnp.uint32), (threshold, flip))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=rf"jaxbnn_{mode}_conv2d_bits: result has shape"):
+        conv_call(mode, "bits", ((1, 5, 5, 1), jnp.uint32), conv_planes)
 
 
 @pytest.mark.parametrize("mode", MODES)

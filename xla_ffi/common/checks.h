@@ -55,6 +55,8 @@ inline constexpr int64_t kMaxReduction = std::numeric_limits<int32_t>::max();
 // Bound on every size attribute and extent: the kernels take them as int32, and sums and products of a
 // few of them cannot overflow int64.
 inline constexpr int64_t kMaxAttr = std::numeric_limits<int32_t>::max();
+// Threshold planes of one threshold epilogue (a ternary output uses 2).
+inline constexpr int64_t kMaxThresholdPlanes = 8;
 
 // The product of non-negative factors, or -1 when a factor is negative or the product overflows int64.
 inline int64_t CheckedProduct(std::initializer_list<int64_t> factors) {

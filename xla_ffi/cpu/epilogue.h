@@ -8,13 +8,15 @@
 
 namespace jaxbnn::cpu {
 
-// Unused pointers are null.
+// Unused pointers are null. The threshold epilogue writes `planes` planes of bits per output row, plane p
+// from threshold / flip row p (each of the output columns).
 struct EpilogueData {
   Epilogue kind;
   const float* scale;
   const float* bias;
   const int32_t* threshold;
   const uint8_t* flip;
+  int64_t planes = 1;
 };
 
 }  // namespace jaxbnn::cpu

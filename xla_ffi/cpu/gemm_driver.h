@@ -211,17 +211,20 @@ struct OutputWriter {
       const float* bias = epilogue.bias + col_begin;
       for (int64_t i = 0; i < width; ++i) dst[i] = static_cast<float>(dots[i]) * scale[i] + bias[i];
     } else {
-      uint32_t* dst = static_cast<uint32_t*>(out) + row * CeilDiv(n, kWordBits) + col_begin / kWordBits;
-      const int32_t* threshold = epilogue.threshold + col_begin;
-      const uint8_t* flip = epilogue.flip + col_begin;
-      for (int64_t word = 0; word * kWordBits < width; ++word) {
-        const int64_t bits_in_word = std::min(kWordBits, width - word * kWordBits);
-        uint32_t bits = 0;  // padding bits past n stay 0
-        for (int64_t i = 0; i < bits_in_word; ++i) {
-          const int64_t c = word * kWordBits + i;
-          bits |= ThresholdBit(dots[c], threshold[c], flip[c]) << i;
+      const int64_t words = CeilDiv(n, kWordBits);
+      for (int64_t plane = 0; plane < epilogue.planes; ++plane) {
+        uint32_t* dst = static_cast<uint32_t*>(out) + (row * epilogue.planes + plane) * words + col_begin / kWordBits;
+        const int32_t* threshold = epilogue.threshold + plane * n + col_begin;
+        const uint8_t* flip = epilogue.flip + plane * n + col_begin;
+        for (int64_t word = 0; word * kWordBits < width; ++word) {
+          const int64_t bits_in_word = std::min(kWordBits, width - word * kWordBits);
+          uint32_t bits = 0;  // padding bits past n stay 0
+          for (int64_t i = 0; i < bits_in_word; ++i) {
+            const int64_t c = word * kWordBits + i;
+            bits |= ThresholdBit(dots[c], threshold[c], flip[c]) << i;
+          }
+          dst[word] = bits;
         }
-        dst[word] = bits;
       }
     }
   }

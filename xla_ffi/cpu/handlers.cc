@@ -19,13 +19,15 @@ namespace jaxbnn::cpu {
 namespace {
 
 EpilogueData EpilogueDataOf(Epilogue kind, const EpilogueOperands& operands) {
-  EpilogueData data{kind, nullptr, nullptr, nullptr, nullptr};
+  EpilogueData data{kind, nullptr, nullptr, nullptr, nullptr, 1};
   if (kind == Epilogue::kAffine) {
     data.scale = static_cast<const float*>(operands.first->untyped_data());
     data.bias = static_cast<const float*>(operands.second->untyped_data());
   } else if (kind == Epilogue::kThreshold) {
     data.threshold = static_cast<const int32_t*>(operands.first->untyped_data());
     data.flip = static_cast<const uint8_t*>(operands.second->untyped_data());
+    auto dims = operands.first->dimensions();
+    data.planes = dims.size() == 2 ? dims[0] : 1;  // (P, N) thresholds: the mixed targets' planes
   }
   return data;
 }
