@@ -160,8 +160,8 @@ def mode_table(rows):
         reported = (f"> {TAB_DARKNET_16_18[mode]:.1f}x" if r["network"] == "Darknet-19"
                     else f"best layer {TAB_RESNET_BEST[mode]:.1f}x")  # fmt: skip
         lines.append(
-            f"| {r['network']} {r['layer']} | {mode.upper()} | {r['ours'] * 1e3:.3f} | {r['ops'] / r['ours'] / 1e9:.0f} | "
-            f"{r['xla'] * 1e3:.3f} | {r['xla'] / r['ours']:.1f}x | {r['ours_warm'] * 1e3:.3f} | "
+            f"| {r['network']} {r['layer']} | {mode.upper()} | {r['ours'] * 1e3:.3f} | "
+            f"{r['ops'] / r['ours'] / 1e9:.0f} | {r['xla'] * 1e3:.3f} | {r['xla'] / r['ours']:.1f}x | {r['ours_warm'] * 1e3:.3f} | "
             f"{r['xla_warm'] * 1e3:.3f} | {r['xla_warm'] / r['ours_warm']:.1f}x | {TAB_THEORETICAL[mode]:.1f}x | "
             f"{reported} |"
         )

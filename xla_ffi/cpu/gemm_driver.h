@@ -95,7 +95,8 @@ template <int kPlanes = 1>
 class PanelRow {
  public:
   PanelRow(uint32_t* panel, int64_t chunks, int64_t row, int plane = 0)
-      : base_(panel + (((row / kGroupRows) * chunks * kGroupRows + row % kGroupRows) * kPlanes + plane) * kChunkWords) {}
+      : base_(panel +
+              (((row / kGroupRows) * chunks * kGroupRows + row % kGroupRows) * kPlanes + plane) * kChunkWords) {}
 
   // Words [word, word + count) from src (count a multiple of run); the last word of every `run` words is
   // ANDed with last_mask (clears the padding bits of each packed run, e.g. of each tap's channels).

@@ -43,15 +43,17 @@ struct WordCounts {
   uint64_t plus, gated;
 };
 
-template <Mix kMix, class Popcount>
-inline WordCounts CountWord(uint64_t x0, uint64_t x1, uint64_t w0, uint64_t w1, uint64_t m, Popcount popcount) {
+// Always inlined, so that __builtin_popcountll becomes the popcnt instruction in the popcnt tier.
+template <Mix kMix>
+inline __attribute__((always_inline)) WordCounts CountWord(uint64_t x0, uint64_t x1, uint64_t w0, uint64_t w1,
+                                                           uint64_t m) {
   if constexpr (kMix == Mix::kTnn) {
     const uint64_t g = x1 & ~(w0 ^ w1) & m;
-    return {popcount(g), popcount(g & (x0 ^ w1))};
+    return {static_cast<uint64_t>(__builtin_popcountll(g)), static_cast<uint64_t>(__builtin_popcountll(g & (x0 ^ w1)))};
   } else if constexpr (kMix == Mix::kTbn) {
-    return {0, popcount((x0 ^ w0) & x1)};
+    return {0, static_cast<uint64_t>(__builtin_popcountll((x0 ^ w0) & x1))};
   } else {
-    return {0, popcount((x0 ^ w1) & ~(w0 ^ w1) & m)};
+    return {0, static_cast<uint64_t>(__builtin_popcountll((x0 ^ w1) & ~(w0 ^ w1) & m))};
   }
 }
 
@@ -61,7 +63,6 @@ inline WordCounts CountWord(uint64_t x0, uint64_t x1, uint64_t w0, uint64_t w1, 
   ATTR void NAME(const MixedPanel& panel, const MixedWeights& w, int64_t tiles, int32_t* dots, int64_t stride) { \
     constexpr int kPlanes = PanelPlanes(kMix);                                                                 \
     const int64_t chunks = panel.chunks;                                                                       \
-    auto popcount = [](uint64_t v) -> uint64_t { return __builtin_popcountll(v); };                            \
     for (int64_t r = 0; r < panel.rows; ++r) {                                                                 \
       const uint32_t* x = PanelRowWords<kMix>(panel, r);                                                       \
       for (int64_t t = 0; t < tiles; ++t) {                                                                    \
@@ -76,7 +77,7 @@ inline WordCounts CountWord(uint64_t x0, uint64_t x1, uint64_t w0, uint64_t w1, 
               const uint64_t w1 = w.pos != nullptr ? Load64(w.pos + at + 2 * half) : 0;                        \
               const uint64_t m = w.mask != nullptr ? Load64(w.mask + j * kChunkWords + 2 * half) : 0;          \
               const WordCounts counts =                                                                        \
-                  CountWord<kMix>(Load64(xj + 2 * half), x1, Load64(w.nonneg + at + 2 * half), w1, m, popcount); \
+                  CountWord<kMix>(Load64(xj + 2 * half), x1, Load64(w.nonneg + at + 2 * half), w1, m);         \
               plus += counts.plus;                                                                             \
               gated += counts.gated;                                                                           \
             }                                                                                                  \

@@ -284,7 +284,9 @@ void RunMixedConv2d(Mix mix, const Bconv2dProblem& p, const ActivationPlanes& x,
       mix, w_tiles, p.o, p.k_words, p.tile_rows, p.tile_words, p.k_tiles, WeightMask(chunks, taps, p.c_words, p.c),
       [&](int64_t c) {
         int64_t nonzero = 0;
-        for (int64_t t = 0; t < taps; ++t) nonzero += p.c - w_tap_popcount[t * 2 * p.o + c] + w_tap_popcount[t * 2 * p.o + p.o + c];
+        for (const int32_t* tap = w_tap_popcount; tap < w_tap_popcount + taps * 2 * p.o; tap += 2 * p.o) {
+          nonzero += p.c - tap[c] + tap[p.o + c];
+        }
         return static_cast<int32_t>(nonzero);
       },
       storage);
