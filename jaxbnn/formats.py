@@ -8,8 +8,9 @@ Conventions:
 - bits are packed along the last axis into uint32 words, least significant bit first, padding bits 0;
 - weights are stored as FSB tiles (BH rows x BW bits, row-major inside and across tiles);
 - a ternary value t is two ±1 planes of the same layout, nonneg [t >= 0] and pos [t > 0] (t is their
-  mean), which the ±1 kernels multiply; ternary weights are stored as the ±1 weights of twice the
-  output rows, the nonneg plane's rows then the pos plane's;
+  mean): ternary activations travel as the pair of packed planes (`TernaryPlanes`); ternary weights are
+  stored as the ±1 weights of twice the output rows, the nonneg plane's rows then the pos plane's
+  (`TernaryDenseBits`, `TernaryConvBits`), which the ternary kernels read as they lie;
 - TAB's (sign, non-zero) encoding of ternary values is defined too (`ternary_planes`), with the AND-popcount
   formula it gives.
 """
@@ -17,6 +18,7 @@ Conventions:
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,10 +48,16 @@ __all__ = [
     "unpack_ternary",
     "ternary_pm_planes",
     "ternary_weight_signs",
+    "TernaryPlanes",
+    "pack_ternary_pm_planes",
     "DenseBits",
     "ConvBits",
     "pack_dense_weights",
     "pack_conv_weights",
+    "TernaryDenseBits",
+    "TernaryConvBits",
+    "pack_ternary_dense_weights",
+    "pack_ternary_conv_weights",
 ]
 
 
@@ -271,6 +279,21 @@ def ternary_weight_signs(w):
     return jnp.where(jnp.concatenate([nonneg, pos], axis=-1), 1.0, -1.0).astype(jnp.float32)
 
 
+class TernaryPlanes(NamedTuple):
+    """Packed ternary activations: the planes of `ternary_pm_planes`, nonneg = [t >= 0] and pos = [t > 0],
+    each packed like binary bits (uint32 words along the last axis, padding bits 0), of one shape. The ops
+    read t = (a + b) / 2 from the ±1 values a, b of the two bits (a pos bit without its nonneg bit is 0)."""
+
+    nonneg: Any
+    pos: Any
+
+
+def pack_ternary_pm_planes(x) -> TernaryPlanes:
+    """The packed (nonneg, pos) planes of a ternary array (values by their sign: > 0 is +1, 0 is 0, < 0 is -1)."""
+    nonneg, pos = ternary_pm_planes(x)
+    return TernaryPlanes(pack_bits(nonneg), pack_bits(pos))
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DenseBits:
@@ -323,6 +346,59 @@ def pack_conv_weights(w, tile=FSB_TILE) -> ConvBits:
     tap_popcount = popcount(taps).reshape(o, kh * kw).T
     matrix = taps.reshape(o, kh * kw * taps.shape[-1])
     return ConvBits(to_fsb(matrix, tile), tap_popcount, kernel_size=(kh, kw), in_channels=c, out_channels=o)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TernaryDenseBits:
+    """Packed ternary weights of a dense layer `y = x @ W`, W of shape (k, n) with values in {-1, 0, +1}.
+
+    `bits`: FSB tiles of the (2n, k) bit matrix of `ternary_weight_signs(W)` (rows 0..n-1: the nonneg plane
+    of each output column, rows n..2n-1: its pos plane), as a packed checkpoint stores ternary weights;
+    `popcount`: int32 (2n,), the +1 count of each of those rows.
+    """
+
+    bits: jax.Array
+    popcount: jax.Array
+    k: int = dataclasses.field(metadata=dict(static=True))
+    n: int = dataclasses.field(metadata=dict(static=True))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TernaryConvBits:
+    """Packed ternary weights of a convolution with HWIO kernel (kh, kw, c, o), values in {-1, 0, +1}.
+
+    `bits`: FSB tiles of the (2o, kh*kw*ceil(c/32)*32) bit matrix of `ternary_weight_signs(W)` (the nonneg
+    plane's o rows, then the pos plane's), in `ConvBits`' reduction order; `tap_popcount`: int32
+    (kh*kw, 2o), +1 entries per tap and row.
+    """
+
+    bits: jax.Array
+    tap_popcount: jax.Array
+    kernel_size: tuple[int, int] = dataclasses.field(metadata=dict(static=True))
+    in_channels: int = dataclasses.field(metadata=dict(static=True))
+    out_channels: int = dataclasses.field(metadata=dict(static=True))
+
+
+def pack_ternary_dense_weights(w, tile=FSB_TILE) -> TernaryDenseBits:
+    """Pack ternary weights `(k, n)` of `y = x @ W` (values by their sign: > 0 is +1, 0 is 0, < 0 is -1)."""
+    w = jnp.asarray(w)
+    if w.ndim != 2:
+        raise ValueError(f"dense weights have shape (k, n), got {w.shape}")
+    planes = pack_dense_weights(ternary_weight_signs(w), tile)
+    return TernaryDenseBits(planes.bits, planes.popcount, k=w.shape[0], n=w.shape[1])
+
+
+def pack_ternary_conv_weights(w, tile=FSB_TILE) -> TernaryConvBits:
+    """Pack a ternary HWIO convolution kernel `(kh, kw, c, o)` (values by their sign, as
+    `pack_ternary_dense_weights`)."""
+    w = jnp.asarray(w)
+    if w.ndim != 4:
+        raise ValueError(f"convolution kernels have shape (kh, kw, c, o), got {w.shape}")
+    planes = pack_conv_weights(ternary_weight_signs(w), tile)
+    return TernaryConvBits(planes.bits, planes.tap_popcount, kernel_size=planes.kernel_size,
+                           in_channels=planes.in_channels, out_channels=w.shape[-1])
 
 
 def _check_tile(tile) -> tuple[int, int]:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxbnn import _ffi, formats, reference
-from jaxbnn.formats import ConvBits, DenseBits
+from jaxbnn.formats import ConvBits, DenseBits, TernaryConvBits, TernaryDenseBits
 
 __all__ = ["pack_bits", "unpack_bits", "bmm", "bconv2d", "image_matmul", "image_conv2d", "pool_threshold_bits"]
 
@@ -62,20 +62,29 @@ def _unpack(words, *, k, dtype):
 
 
 def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, threshold=None, flip=None):
-    """±1 matrix product `a @ b.T` of packed operands, with a fused epilogue.
+    """Matrix product `a @ b.T` of packed binary or ternary operands, with a fused epilogue.
 
-    a: packed activations uint32 `(..., M, ceil(k/32))`.
-    b: weights, FSB tiles uint32 `(NT, KT, BH, BW/32)` (`n` rows; default NT*BH), a row-packed matrix
-       uint32 `(N, ceil(k/32))` (N may be 0: an empty result), or a `formats.DenseBits` (then `k`, `n`,
-       `b_popcount` come from it).
-    b_popcount: the +1 count of each row of `b`; derived from `b` when not given. A concrete one (outside
-       `jax.jit`) is checked against `b`; a traced one is trusted (a wrong one gives wrong dot products).
+    a: packed activations uint32 `(..., M, ceil(k/32))`, or ternary activations: a `formats.TernaryPlanes`
+       of two such arrays (the nonneg and pos planes).
+    b: binary weights, FSB tiles uint32 `(NT, KT, BH, BW/32)` (`n` rows; default NT*BH), a row-packed
+       matrix uint32 `(N, ceil(k/32))` (N may be 0: an empty result), or a `formats.DenseBits` (then `k`,
+       `n`, `b_popcount` come from it); or ternary weights, a `formats.TernaryDenseBits` (likewise).
+    The four products, binary or ternary activations times binary or ternary weights (TAB's BNN, TBN, BTN,
+    TNN), are exact integer dot products in [-k, k].
+    b_popcount: the +1 count of each row of `b` (binary weights: `(n,)`; ternary weights: `(2n,)`, the rows
+       of both planes), which the binary product and binary activations times ternary weights use; derived
+       from `b` when not given. A concrete one (outside `jax.jit`) is checked against `b`; a traced one is
+       trusted (a wrong one gives wrong dot products).
     Epilogue: none -> int32 `(..., M, N)`; `scale`/`bias` -> float32 `scale * dot + bias`;
     `threshold`/`flip` -> packed bits uint32 `(..., M, ceil(N/32))` of `dot >= threshold`
     (`dot <= threshold` where flip); integer thresholds of any width, saturated exactly to [-k - 1, k + 1].
+    With a ternary operand, `threshold`/`flip` may also be `(P, N)` (1 to `MAX_THRESHOLD_PLANES` planes):
+    uint32 `(..., M, P, ceil(N/32))`, plane p of `dot >= threshold[p]`; thresholds (lo, hi) give the planes
+    (nonneg, pos) of a ternary output (+1 from hi, 0 from lo, -1 below), the next layer's `TernaryPlanes`.
     """
-    given_popcount = b_popcount is not None  # DenseBits' own popcounts are consistent by construction
-    if isinstance(b, DenseBits):
+    given_popcount = b_popcount is not None  # the dataclasses' own popcounts are consistent by construction
+    ternary_weights = isinstance(b, TernaryDenseBits)
+    if isinstance(b, (DenseBits, TernaryDenseBits)):
         k = b.k if k is None else k
         n = b.n if n is None else n
         b_popcount = b.popcount if b_popcount is None else b_popcount
@@ -83,48 +92,70 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
     if k is None:
         raise ValueError("bmm needs k, the number of real bits per row")
     k = _positive_int("k", k, MAX_REDUCTION)
-    a = _packed("a", a, min_rank=2)
-    _check_words("a", a, k)
-    b, n = _weights("b", b, k, n)
+    planes = _activations("a", a, min_rank=2)
+    for name, plane in planes.items():
+        _check_words(name, plane, k)
+    if ternary_weights:
+        n = _positive_int("n", n, MAX_EXTENT // 2)
+        b, _ = _weights("b", b, k, 2 * n)
+    else:
+        b, n = _weights("b", b, k, n)
+    rows = 2 * n if ternary_weights else n
     if b_popcount is not None:
-        b_popcount = _int32_array("b_popcount", b_popcount, (n,))
+        b_popcount = _int32_array("b_popcount", b_popcount, (rows,))
         if given_popcount:
-            _check_popcount("b_popcount", b_popcount, b, n, k, None)
-    kind, epi = _epilogue(n, k + 1, scale, bias, threshold, flip)
-    out_cols, _ = _epilogue_output(kind, n)
-    _check_elements("the result", a.shape[:-1] + (out_cols,))
-    return _bmm(a, b, b_popcount, epi, k=k, n=n, kind=kind)
+            _check_popcount("b_popcount", b_popcount, b, rows, k, None)
+    mode = _mode(len(planes) == 2, ternary_weights)
+    if mode in ("tbn", "tnn"):
+        b_popcount = None  # products of ternary activations need none
+    kind, epi, threshold_planes = _epilogue(n, k + 1, scale, bias, threshold, flip, mode)
+    leading = next(iter(planes.values())).shape[:-1]
+    _check_elements("the result", leading + _epilogue_tail(kind, n, threshold_planes))
+    return _bmm(tuple(planes.values()), b, b_popcount, epi, k=k, n=n, kind=kind, mode=mode,
+                threshold_planes=threshold_planes)
 
 
-@functools.partial(jax.jit, static_argnames=("k", "n", "kind"))
-def _bmm(a, b, b_popcount, epi, *, k, n, kind):
+@functools.partial(jax.jit, static_argnames=("k", "n", "kind", "mode", "threshold_planes"))
+def _bmm(planes, b, b_popcount, epi, *, k, n, kind, mode, threshold_planes):
     """The checked op as one compiled function per static signature: an eager call compiles once, then
     costs what a cached jitted call costs."""
-    out_cols, out_dtype = _epilogue_output(kind, n)
-    rows = a.reshape(math.prod(a.shape[:-1]), a.shape[-1])  # batch dims fold into M: one kernel call
-    if rows.shape[0] == 0 or n == 0:
-        return jnp.zeros(a.shape[:-1] + (out_cols,), out_dtype)
+    tail, out_dtype = _epilogue_tail(kind, n, threshold_planes), _epilogue_output(kind, n)[1]
+    leading = planes[0].shape[:-1]
+    rows = [a.reshape(math.prod(leading), a.shape[-1]) for a in planes]  # batch dims fold into M: one kernel call
+    if rows[0].shape[0] == 0 or n == 0:
+        return jnp.zeros(leading + tail, out_dtype)
+    ternary_weights = mode in ("btn", "tnn")
+    weight_rows = 2 * n if ternary_weights else n
     if b.ndim == 2:
         b = formats.to_fsb(b)
-    b_popcount = _derived_popcount(b, n, k) if b_popcount is None else b_popcount.astype(jnp.int32)
+    weights = (b,)
+    if mode in ("bnn", "btn"):
+        popcount = _derived_popcount(b, weight_rows, k) if b_popcount is None else b_popcount.astype(jnp.int32)
+        weights = (b, popcount)
     epi = _epilogue_operands(kind, epi, n, k + 1)
     attrs = dict(k=np.int64(k), n=np.int64(n))
 
-    def single(a2d, *weights):
-        out_type = jax.ShapeDtypeStruct((a2d.shape[0], out_cols), out_dtype)
+    def spec(*operands):
+        a_ = formats.TernaryPlanes(*operands[:2]) if len(planes) == 2 else operands[0]
+        e = operands[len(planes) + len(weights):]
+        return reference.bmm(a_, operands[len(planes)], k, n, ternary_weights=ternary_weights, **dict(zip(epi, e)))
+
+    def single(*operands):
+        out_type = jax.ShapeDtypeStruct((operands[0].shape[0],) + tail, out_dtype)
+        if mode != "bnn":
+            return _dispatch(f"jaxbnn_{mode}_bmm_{kind}", out_type, attrs, spec, *operands)
         return _dispatch(
             f"jaxbnn_bmm_{kind}",
             out_type,
             attrs,
-            lambda a_, b_, _popc, *e: reference.bmm(a_, b_, k, n, **dict(zip(epi, e))),
-            a2d,
-            *weights,
+            spec,
+            *operands,
             cuda_weights=lambda b_: _default_tiles(b_, n, k),
             cuda_activations=lambda a_: _clear_padding_bits(a_, k),
         )
 
-    out = _fold_rows(single)(rows, b, b_popcount, *epi.values())
-    return out.reshape(a.shape[:-1] + out.shape[-1:])
+    out = _fold_rows(single, activations=len(planes))(*rows, *weights, *epi.values())
+    return out.reshape(leading + out.shape[1:])
 
 
 def bconv2d(
@@ -147,30 +178,35 @@ def bconv2d(
     shortcut_stride=1,
     shift=0,
 ):
-    """Binary 2-D convolution of a packed NHWC image, with optional fused max-pool and epilogue.
+    """2-D convolution of a packed binary or ternary NHWC image with binary or ternary weights, with optional
+    fused max-pool and epilogue.
 
-    x: uint32 `(..., B, H, W, ceil(C/32))`, packed along channels; the padding bits past C must be 0
-       (docs/formats.md: `pack_bits` and every threshold epilogue write them so).
-    w: FSB tiles of the conv bit matrix (docs/formats.md), a row-packed uint32 `(O, KH, KW, ceil(C/32))`,
-       or a `formats.ConvBits` (then sizes and tap popcounts come from it).
+    x: uint32 `(..., B, H, W, ceil(C/32))`, packed along channels (the padding bits past C are ignored), or
+       a ternary image: a `formats.TernaryPlanes` of two such arrays (the nonneg and pos planes).
+    w: binary weights, FSB tiles of the conv bit matrix (docs/formats.md), a row-packed uint32
+       `(O, KH, KW, ceil(C/32))`, or a `formats.ConvBits` (then sizes and tap popcounts come from it); or
+       ternary weights, a `formats.TernaryConvBits` (likewise; its matrix has 2 * O rows).
     padding: "SAME", "VALID" or ((top, bottom), (left, right)). pad_value: "zero" (out-of-frame taps add
-    nothing, as a float convolution with zero padding) or "one" (pad with -1, bit 0).
-    w_tap_popcount: the +1 count of each tap of each output channel, derived from `w` when not given. A
-    concrete one (outside `jax.jit`) is checked against `w`; a traced one is trusted (a wrong one gives
-    wrong dot products at the border with "zero" padding).
+    nothing, as a float convolution with zero padding) or "one" (pad with -1, bits 0 in every plane).
+    w_tap_popcount: the +1 count of each tap of each weight row (`(KH*KW, O)`, or `(KH*KW, 2 * O)` for
+    ternary weights), which binary activations use; derived from `w` when not given. A concrete one (outside
+    `jax.jit`) is checked against `w`; a traced one is trusted (a wrong one gives wrong dot products: with
+    ternary weights everywhere, with binary ones at the border with "zero" padding).
     pool: None or (PH, PW): max-pool of the dot products (window = stride, no padding) before the epilogue.
     Epilogues as in `bmm` (thresholds saturated to [-K - 1, K + 1], K = KH * KW * C); outputs
-    `(..., B, OH, OW, O)` (int32 / float32) or `(..., B, OH, OW, ceil(O/32))`.
-    Residual epilogue (a ResNet block's second convolution; no pool, no scale / bias): with `shortcut`, the
-    block's int32 input stream `(..., B, SH, SW, SC)`, the output is the new stream, int32
+    `(..., B, OH, OW, O)` (int32 / float32), `(..., B, OH, OW, ceil(O/32))`, or with a ternary operand and
+    `(P, O)` thresholds `(..., B, OH, OW, P, ceil(O/32))`.
+    Residual epilogue (a ResNet block's second convolution; binary operands, no pool, no scale / bias): with
+    `shortcut`, the block's int32 input stream `(..., B, SH, SW, SC)`, the output is the new stream, int32
     `(dot >> shift) + shortcut[..., ::s, ::s, :]` (s = `shortcut_stride`, ceil(SH / s) = OH, ceil(SW / s) = OW;
     channels past SC, 1 <= SC <= O, add 0: the type-A shortcut), wrapping as int32 arithmetic does; with
     `threshold` / `flip` as well (integers within int32, compared with the stream's values) the pair
     (stream, its packed bits `(..., B, OH, OW, ceil(O/32))`): the next block's input, in the same pass.
     Every size, padding, stride and output extent must be at most `MAX_EXTENT` (ValueError naming it).
     """
-    given_popcount = w_tap_popcount is not None  # ConvBits' own tap popcounts are consistent by construction
-    if isinstance(w, ConvBits):
+    given_popcount = w_tap_popcount is not None  # the dataclasses' own popcounts are consistent by construction
+    ternary_weights = isinstance(w, TernaryConvBits)
+    if isinstance(w, (ConvBits, TernaryConvBits)):
         in_channels = w.in_channels if in_channels is None else in_channels
         kernel_size = w.kernel_size if kernel_size is None else kernel_size
         out_channels = w.out_channels if out_channels is None else out_channels
@@ -179,8 +215,10 @@ def bconv2d(
     if in_channels is None:
         raise ValueError("bconv2d needs in_channels, the number of real channels of x")
     c = _positive_int("in_channels", in_channels)
-    x = _packed("x", x, min_rank=4)
-    _check_words("x", x, c)
+    planes = _activations("x", x, min_rank=4)
+    for name, plane in planes.items():
+        _check_words(name, plane, c)
+    x = next(iter(planes.values()))
     if kernel_size is None:
         raise ValueError("bconv2d needs kernel_size (KH, KW)")
     kh, kw = _pair("kernel_size", kernel_size)
@@ -191,14 +229,17 @@ def bconv2d(
         raise ValueError(f"kernel_size {kh}x{kw} over in_channels={c} makes {k_bits} reduction bits per dot "
                          f"product; at most {MAX_REDUCTION} fit int32")
     w = _packed("w", w, min_rank=2)
-    if w.ndim == 4 and w.shape[1:] == (kh, kw, cw):  # row-packed (O, KH, KW, Cw)
-        if out_channels is not None and out_channels != w.shape[0]:
-            raise ValueError(f"out_channels={out_channels} but w has {w.shape[0]} output channels")
-        out_channels = w.shape[0]
+    planes_per_channel = 2 if ternary_weights else 1
+    if w.ndim == 4 and w.shape[1:] == (kh, kw, cw):  # row-packed (O, KH, KW, Cw), or (2 * O, ...) if ternary
+        if out_channels is not None and out_channels * planes_per_channel != w.shape[0]:
+            raise ValueError(f"out_channels={out_channels} but w has {w.shape[0]} rows")
+        out_channels = w.shape[0] // planes_per_channel
         if out_channels == 0:
             raise ValueError("w has no output channels")
-        w = w.reshape(out_channels, kh * kw * cw)
-    w, o = _weights("w", w, k_bits, out_channels)
+        w = w.reshape(w.shape[0], kh * kw * cw)
+    rows = None if out_channels is None else out_channels * planes_per_channel
+    w, rows = _weights("w", w, k_bits, rows)
+    o = rows // planes_per_channel
     if o == 0:
         raise ValueError("w has no output channels")
     h, wd = x.shape[-3:-1]
@@ -215,12 +256,15 @@ def bconv2d(
     if oh < ph or ow < pw:
         raise ValueError(f"pool {pool} is larger than the {oh}x{ow} convolution output")
     if w_tap_popcount is not None:
-        w_tap_popcount = _int32_array("w_tap_popcount", w_tap_popcount, (kh * kw, o))
+        w_tap_popcount = _int32_array("w_tap_popcount", w_tap_popcount, (kh * kw, rows))
         if given_popcount:
-            _check_popcount("w_tap_popcount", w_tap_popcount, w, o, k_bits, (kh * kw, cw, c))
+            _check_popcount("w_tap_popcount", w_tap_popcount, w, rows, k_bits, (kh * kw, cw, c))
     batch = x.shape[:-3]
     attrs = (c, o, kh, kw, sh, sw, pt, pb, pl, pr, pad_value == "one", ph, pw)
+    mode = _mode(len(planes) == 2, ternary_weights)
     if shortcut is not None:
+        if mode != "bnn":
+            raise ValueError(f"the residual epilogue (shortcut) takes binary operands, got a {mode} product")
         if pool is not None or scale is not None or bias is not None:
             raise ValueError("the residual epilogue (shortcut) takes no pool, scale or bias")
         stride = _positive_int("shortcut_stride", shortcut_stride)
@@ -234,46 +278,61 @@ def bconv2d(
                                  shift=int(shift))
     if not _is_int(shift) or shift != 0 or not _is_int(shortcut_stride) or shortcut_stride != 1:
         raise ValueError("shift and shortcut_stride apply to the residual epilogue: give a shortcut")
-    kind, epi = _epilogue(o, kh * kw * c + 1, scale, bias, threshold, flip)
-    out_ch, _ = _epilogue_output(kind, o)
-    _check_elements("the result", batch + (oh // ph, ow // pw, out_ch))
+    if mode in ("tbn", "tnn"):
+        w_tap_popcount = None  # products of ternary activations need none
+    kind, epi, threshold_planes = _epilogue(o, kh * kw * c + 1, scale, bias, threshold, flip, mode)
+    _check_elements("the result", batch + (oh // ph, ow // pw) + _epilogue_tail(kind, o, threshold_planes))
     _check_elements("the padded input", batch + (h + pt + pb, wd + pl + pr, c))
-    return _bconv2d(x, w, w_tap_popcount, epi, attrs=attrs, kind=kind, pooled=pool is not None)
+    return _bconv2d(tuple(planes.values()), w, w_tap_popcount, epi, attrs=attrs, kind=kind, pooled=pool is not None,
+                    mode=mode, threshold_planes=threshold_planes)
 
 
 _CONV_ATTRS = ("c", "o", "kh", "kw", "stride_h", "stride_w", "pad_top", "pad_bottom", "pad_left", "pad_right",
                "pad_one", "pool_h", "pool_w")
 
 
-@functools.partial(jax.jit, static_argnames=("attrs", "kind", "pooled"))
-def _bconv2d(x, w, w_tap_popcount, epi, *, attrs, kind, pooled):
+@functools.partial(jax.jit, static_argnames=("attrs", "kind", "pooled", "mode", "threshold_planes"))
+def _bconv2d(planes, w, w_tap_popcount, epi, *, attrs, kind, pooled, mode, threshold_planes):
     """The checked op as one compiled function per static signature (as `_bmm`)."""
     c, o, kh, kw, sh, sw, pt, pb, pl, pr, pad_one, ph, pw = attrs
     cw = formats.num_words(c)
     k_bits = kh * kw * cw * formats.WORD_BITS
-    h, wd = x.shape[-3:-1]
+    batch, (h, wd) = planes[0].shape[:-3], planes[0].shape[-3:-1]
     conv_hw = ((h + pt + pb - kh) // sh + 1, (wd + pl + pr - kw) // sw + 1)
     oh, ow = conv_hw[0] // ph, conv_hw[1] // pw
-    out_ch, out_dtype = _epilogue_output(kind, o)
-    images = x.reshape((math.prod(x.shape[:-3]),) + x.shape[-3:])  # batch dims fold into B: one kernel call
-    if images.shape[0] == 0:
-        return jnp.zeros(x.shape[:-3] + (oh, ow, out_ch), out_dtype)
+    tail, out_dtype = _epilogue_tail(kind, o, threshold_planes), _epilogue_output(kind, o)[1]
+    out_ch = tail[-1]
+    # batch dims fold into B: one kernel call
+    images = [x.reshape((math.prod(batch),) + x.shape[-3:]) for x in planes]
+    if images[0].shape[0] == 0:
+        return jnp.zeros(batch + (oh, ow) + tail, out_dtype)
+    ternary_weights = mode in ("btn", "tnn")
+    rows = 2 * o if ternary_weights else o
     if w.ndim == 2:
         w = formats.to_fsb(w)
-    if w_tap_popcount is None:
-        w_tap_popcount = _real_bit_popcount(w, rows=o, k_bits=k_bits, taps=(kh * kw, cw, c))
-    w_tap_popcount = w_tap_popcount.astype(jnp.int32)
+    weights = (w,)
+    if mode in ("bnn", "btn"):
+        if w_tap_popcount is None:
+            w_tap_popcount = _real_bit_popcount(w, rows=rows, k_bits=k_bits, taps=(kh * kw, cw, c))
+        weights = (w, w_tap_popcount.astype(jnp.int32))
     epi = _epilogue_operands(kind, epi, o, kh * kw * c + 1)
     attr_values = dict(zip(_CONV_ATTRS, attrs))
     attr_values = {name: v if name == "pad_one" else np.int64(v) for name, v in attr_values.items()}
 
-    def single(x_, *weights):
-        out_type = jax.ShapeDtypeStruct((x_.shape[0], oh, ow, out_ch), out_dtype)
-        ref = lambda x_, w_, _popc, *e: reference.bconv2d(  # noqa: E731
-            x_, w_, in_channels=c, out_channels=o, kernel_size=(kh, kw), stride=(sh, sw),
-            padding=((pt, pb), (pl, pr)), pad_value="one" if pad_one else "zero",
+    def ref(*operands):
+        x_ = formats.TernaryPlanes(*operands[:2]) if len(planes) == 2 else operands[0]
+        e = operands[len(planes) + len(weights):]
+        return reference.bconv2d(
+            x_, operands[len(planes)], in_channels=c, out_channels=o, kernel_size=(kh, kw), stride=(sh, sw),
+            padding=((pt, pb), (pl, pr)), pad_value="one" if pad_one else "zero", ternary_weights=ternary_weights,
             pool=(ph, pw) if pooled else None, **dict(zip(epi, e)),
         )  # fmt: skip
+
+    def single(*operands):
+        out_type = jax.ShapeDtypeStruct((operands[0].shape[0], oh, ow) + tail, out_dtype)
+        if mode != "bnn":
+            return _dispatch(f"jaxbnn_{mode}_conv2d_{kind}", out_type, attr_values, ref, *operands)
+        x_, *weights_ = operands
         target = f"jaxbnn_bconv2d_{kind}"
         cuda = None
         if kind == "bits" and ph * pw > 1 and _ffi.has_target("cuda", target):
@@ -285,12 +344,12 @@ def _bconv2d(x, w, w_tap_popcount, epi, *, attrs, kind, pooled):
             flat = dict(attr_values, pool_h=np.int64(1), pool_w=np.int64(1))
             cuda = lambda x_, *ws: pool_threshold_bits(  # noqa: E731
                 jax.ffi.ffi_call(target, unpooled)(x_, *ws, **flat), (ph, pw), formats.pack_bits(ws[-1] != 0))
-        return _dispatch(target, out_type, attr_values, ref, x_, *weights, cuda=cuda,
+        return _dispatch(target, out_type, attr_values, ref, x_, *weights_, cuda=cuda,
                          cuda_weights=lambda w_: _default_tiles(w_, o, k_bits),
                          cuda_activations=lambda x_: _clear_padding_bits(x_, c))
 
-    out = _fold_rows(single)(images, w, w_tap_popcount, *epi.values())
-    return out.reshape(x.shape[:-3] + out.shape[1:])
+    out = _fold_rows(single, activations=len(planes))(*images, *weights, *epi.values())
+    return out.reshape(batch + out.shape[1:])
 
 
 @functools.partial(jax.jit, static_argnames=("attrs", "stride", "shift"))
@@ -484,7 +543,7 @@ def _image_conv2d(levels, kernel, threshold, flip, *, attrs, shift, pooled):
 MAX_IMAGE_REDUCTION = (2**31 - 1) // 2**14
 
 
-MAX_THRESHOLD_PLANES = 8  # of a first layer: a ternary output uses 2
+MAX_THRESHOLD_PLANES = 8  # of a threshold epilogue with planes: a ternary output uses 2
 MAX_IMAGE_POOL_WINDOW = 128  # elements of a first layer's pool window: one tile of the CUDA kernel holds a window
 
 
@@ -575,25 +634,27 @@ def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None, cuda_
     return jax.lax.platform_dependent(*operands, default=reference_fn, **branches)
 
 
-def _fold_rows(single):
-    """Make `single(rows, *weights)` vmappable: a batch of `rows` only folds into its leading axis (one
-    kernel call); batched weights (a residual shortcut among them) fall back to a sequential map."""
+def _fold_rows(single, activations=1):
+    """Make `single(*rows, *weights)` vmappable, `rows` the first `activations` operands (the planes of
+    ternary activations, of one shape): a batch of rows only folds into their leading axis (one kernel
+    call); batched weights (a residual shortcut among them) fall back to a sequential map. Outputs may be
+    tuples."""
 
     @jax.custom_batching.custom_vmap
-    def call(rows, *weights):
-        return single(rows, *weights)
+    def call(*operands):
+        return single(*operands)
 
     @call.def_vmap
-    def _rule(axis_size, in_batched, rows, *weights):
-        rows_batched, *weights_batched = in_batched
-        if not any(weights_batched):
-            rows = rows if rows_batched else jnp.broadcast_to(rows, (axis_size,) + rows.shape)
-            out = call(rows.reshape((-1,) + rows.shape[2:]), *weights)
-            out = jax.tree.map(lambda o: o.reshape((axis_size, rows.shape[1]) + o.shape[1:]), out)
+    def _rule(axis_size, in_batched, *operands):
+        if not any(in_batched[activations:]):
+            rows = [x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
+                    for x, batched in zip(operands[:activations], in_batched)]
+            out = call(*(x.reshape((-1,) + x.shape[2:]) for x in rows), *operands[activations:])
+            out = jax.tree.map(lambda o: o.reshape((axis_size, rows[0].shape[1]) + o.shape[1:]), out)
         else:
             args = [
                 arg if batched else jnp.broadcast_to(arg, (axis_size,) + arg.shape)
-                for arg, batched in zip((rows, *weights), in_batched)
+                for arg, batched in zip(operands, in_batched)
             ]
             out = jax.lax.map(lambda xs: call(*xs), args)
         return out, jax.tree.map(lambda _: True, out)
@@ -630,6 +691,26 @@ def _packed(name, value, min_rank):
     if value.ndim < min_rank:
         raise ValueError(f"{name} must have rank >= {min_rank}, got shape {value.shape}")
     return value
+
+
+def _activations(name, value, min_rank):
+    """Packed activations as {name: plane}: one array, or the nonneg and pos planes of a
+    `formats.TernaryPlanes` (checked to have one shape)."""
+    if not isinstance(value, formats.TernaryPlanes):
+        return {name: _packed(name, value, min_rank)}
+    planes = {f"{name}.{field}": _packed(f"{name}.{field}", plane, min_rank)
+              for field, plane in zip(value._fields, value)}
+    nonneg, pos = planes.values()
+    if nonneg.shape != pos.shape:
+        raise ValueError(f"the planes of ternary {name} must have one shape, got {name}.nonneg {nonneg.shape} and "
+                         f"{name}.pos {pos.shape}")
+    return planes
+
+
+def _mode(ternary_activations, ternary_weights):
+    """TAB's name of a product: (binary | ternary) activations x (binary | ternary) weights."""
+    return {(False, False): "bnn", (True, False): "tbn", (False, True): "btn", (True, True): "tnn"}[
+        (ternary_activations, ternary_weights)]
 
 
 def _check_words(name, value, k):
@@ -751,27 +832,35 @@ def _vector(name, value, n):
     return value
 
 
-def _epilogue(n, bound, scale, bias, threshold, flip):
-    """(kind, operands) of the epilogue chosen by which parameters are given; operands as given, their
-    dtypes and shapes checked. Host thresholds are saturated to [-bound, bound] here (jnp would wrap an
-    int64 one), device ones inside the compiled op (`_epilogue_operands`)."""
+def _epilogue(n, bound, scale, bias, threshold, flip, mode="bnn"):
+    """(kind, operands, threshold planes) of the epilogue chosen by which parameters are given; operands as
+    given, their dtypes and shapes checked. Host thresholds are saturated to [-bound, bound] here (jnp would
+    wrap an int64 one), device ones inside the compiled op (`_epilogue_operands`). Threshold planes: 0 for
+    a threshold of shape (N,); P for one of shape (P, N), P planes of bits with a plane axis (a ternary
+    output's two), which the products with a ternary operand take."""
     if threshold is not None:
         if scale is not None or bias is not None:
             raise ValueError("give either threshold/flip (packed output) or scale/bias (float output), not both")
+        if np.ndim(threshold) == 2:
+            if mode == "bnn":
+                raise ValueError(f"threshold planes of shape {np.shape(threshold)} are taken by the products with a "
+                                 f"ternary operand; the binary product takes a threshold of shape ({n},)")
+            threshold, flip, _ = _threshold_planes(threshold, flip, n, bound)
+            return "bits", {"threshold": threshold, "flip": flip}, threshold.shape[0]
         threshold = _vector("threshold", threshold, n)
         if not (jnp.issubdtype(threshold.dtype, jnp.integer) or threshold.dtype == object):
             raise TypeError(f"threshold must be integer (the dot products are integers), got {threshold.dtype}")
         if not isinstance(threshold, jax.Array):
             threshold = _saturate_host(threshold, bound)
         flip = None if flip is None else _vector("flip", flip, n)
-        return "bits", {"threshold": threshold, "flip": flip}
+        return "bits", {"threshold": threshold, "flip": flip}, 0
     if flip is not None:
         raise ValueError("flip only applies with a threshold")
     if scale is not None or bias is not None:
         scale = None if scale is None else _float_vector("scale", scale, n)
         bias = None if bias is None else _float_vector("bias", bias, n)
-        return "f32", {"scale": scale, "bias": bias}
-    return "i32", {}
+        return "f32", {"scale": scale, "bias": bias}, 0
+    return "i32", {}, 0
 
 
 def _saturate_host(threshold, bound):
@@ -803,7 +892,8 @@ def _epilogue_operands(kind, epi, n, bound):
     """The epilogue operands as the handlers take them (inside the compiled op)."""
     if kind == "bits":
         flip = epi["flip"]
-        flip = jnp.zeros((n,), jnp.uint8) if flip is None else jnp.asarray(flip).astype(bool).astype(jnp.uint8)
+        flip = (jnp.zeros(jnp.shape(epi["threshold"]), jnp.uint8) if flip is None
+                else jnp.asarray(flip).astype(bool).astype(jnp.uint8))  # fmt: skip
         return {"threshold": _saturate(jnp.asarray(epi["threshold"]), bound), "flip": flip}
     if kind == "f32":
         scale, bias = epi["scale"], epi["bias"]
@@ -817,6 +907,12 @@ def _epilogue_output(kind, n):
     if kind == "bits":
         return formats.num_words(n), jnp.uint32
     return n, {"i32": jnp.int32, "f32": jnp.float32}[kind]
+
+
+def _epilogue_tail(kind, n, threshold_planes):
+    """The trailing shape of an epilogue's output for n output channels: (n,), (words,) or (planes, words)."""
+    last = _epilogue_output(kind, n)[0]
+    return (threshold_planes, last) if threshold_planes else (last,)
 
 
 def _float_vector(name, value, n):

@@ -1,6 +1,7 @@
 """The pure-JAX definition of every jaxbnn op: the spec the native kernels are tested against.
 
-Written for clarity, not speed: operands are unpacked to ±1 values and multiplied with XLA's int32
+Written for clarity, not speed: operands are unpacked to their values (±1, or -1, 0, +1 for ternary
+operands: t = (a + b) / 2 of the ±1 values of its nonneg and pos planes) and multiplied with XLA's int32
 arithmetic, never through the bit tricks the kernels use. Integer dot products are exact on every
 platform whatever algorithm XLA picks; a float convolution is not guaranteed to be (a backend may run it
 in reduced precision or through a transform), so the convolution is a sum of per-tap int32 products.
@@ -21,8 +22,28 @@ def _signs(bits, dtype):
     return jnp.where(bits, 1, -1).astype(dtype)
 
 
+def _values(x, k):
+    """int32 values (..., k) of packed activations: ±1 of bits, or (a + b) / 2 of `formats.TernaryPlanes`."""
+    if isinstance(x, formats.TernaryPlanes):
+        return (_values(x.nonneg, k) + _values(x.pos, k)) // 2  # exact: the sum is even
+    return _signs(formats.unpack_bits(x, k), jnp.int32)
+
+
+def _weight_values(rows, k, ternary):
+    """int32 values (n, k) of a row-packed weight matrix: ±1, or for ternary weights (2n rows, the nonneg
+    plane's then the pos plane's) their mean."""
+    if ternary:
+        n = rows.shape[0] // 2
+        return _values(formats.TernaryPlanes(rows[:n], rows[n:]), k)
+    return _values(rows, k)
+
+
 def epilogue(dot, scale=None, bias=None, threshold=None, flip=None):
-    """What an int32 dot product becomes: itself, `scale * dot + bias` (float32), or packed bits."""
+    """What an int32 dot product becomes: itself, `scale * dot + bias` (float32), or packed bits; with
+    `threshold` / `flip` of shape (P, N), the packed bits of each of the P planes (..., P, ceil(N/32))."""
+    if threshold is not None and jnp.ndim(threshold) == 2:
+        flips = [None] * len(threshold) if flip is None else flip
+        return jnp.stack([formats.pack_bits(formats.binarize(dot, t, f)) for t, f in zip(threshold, flips)], axis=-2)
     if threshold is not None:
         return formats.pack_bits(formats.binarize(dot, threshold, flip))
     if scale is not None:
@@ -39,12 +60,14 @@ def max_pool(dot, pool):
     return dot.max(axis=(2, 4))
 
 
-def bmm(a, b, k, n, *, scale=None, bias=None, threshold=None, flip=None):
-    """±1 matrix product of packed `a` (M, ceil(k/32)) and FSB-tiled `b` (n x k bits), then the epilogue."""
-    a_signs = _signs(formats.unpack_bits(a, k), jnp.int32)
-    b_signs = _signs(formats.unpack_bits(formats.from_fsb(b, n, k), k), jnp.int32)
+def bmm(a, b, k, n, *, ternary_weights=False, scale=None, bias=None, threshold=None, flip=None):
+    """Matrix product of packed `a` (M, ceil(k/32)) (or the `formats.TernaryPlanes` of ternary activations)
+    and FSB-tiled `b` (n x k bits, or with `ternary_weights` the 2n rows of ternary weights), then the
+    epilogue."""
+    rows = 2 * n if ternary_weights else n
+    b_values = _weight_values(formats.from_fsb(b, rows, k), k, ternary_weights)
     dot = jax.lax.dot_general(
-        a_signs, b_signs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
+        _values(a, k), b_values, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
     )
     return epilogue(dot, scale, bias, threshold, flip)
 
@@ -59,17 +82,19 @@ def bconv2d(
     stride,
     padding,
     pad_value,
+    ternary_weights=False,
     pool=None,
     scale=None,
     bias=None,
     threshold=None,
     flip=None,
 ):
-    """Binary convolution of a packed NHWC image with FSB-tiled weights, then pool and epilogue.
+    """Convolution of a packed NHWC image (or the `formats.TernaryPlanes` of a ternary one) with FSB-tiled
+    weights (with `ternary_weights`, the 2 * out_channels rows of ternary weights), then pool and epilogue.
 
     `padding` is ((top, bottom), (left, right)). `pad_value` "zero": out-of-frame taps contribute 0, as a
-    float convolution of ±1 values with zero padding; "one": the frame is padded with -1 (bit 0).
-    The dot products are int32 sums, tap by tap, of int32 products of ±1 values: exact on every platform.
+    float convolution with zero padding; "one": the frame is padded with -1 (bits 0).
+    The dot products are int32 sums, tap by tap, of int32 products of the values: exact on every platform.
     """
     kh, kw = kernel_size
     sh, sw = stride
@@ -77,19 +102,21 @@ def bconv2d(
     cw = formats.num_words(c)
     if pad_value not in ("zero", "one"):
         raise ValueError(f"pad_value must be 'zero' or 'one', got {pad_value!r}")
-    x_signs = _signs(formats.unpack_bits(x, c), jnp.int32)
-    taps = formats.from_fsb(w, o, kh * kw * cw * formats.WORD_BITS).reshape(o, kh, kw, cw)
-    w_signs = _signs(formats.unpack_bits(taps, c), jnp.int32)  # (o, kh, kw, c)
+    x_values = _values(x, c)
+    rows = 2 * o if ternary_weights else o
+    taps = formats.from_fsb(w, rows, kh * kw * cw * formats.WORD_BITS).reshape(rows, kh * kw * cw)
+    w_values = _weight_values(taps, kh * kw * cw * formats.WORD_BITS, ternary_weights)
+    w_values = w_values.reshape(o, kh, kw, cw * formats.WORD_BITS)[..., :c]  # (o, kh, kw, c)
     # "zero": out-of-frame taps add 0 * w = 0; "one": they are -1 inputs.
-    x_signs = jnp.pad(x_signs, ((0, 0), *padding, (0, 0)), constant_values=-1 if pad_value == "one" else 0)
-    b, hp, wp, _ = x_signs.shape
+    x_values = jnp.pad(x_values, ((0, 0), *padding, (0, 0)), constant_values=-1 if pad_value == "one" else 0)
+    b, hp, wp, _ = x_values.shape
     oh, ow = (hp - kh) // sh + 1, (wp - kw) // sw + 1
     dot = jnp.zeros((b, oh, ow, o), jnp.int32)
     for i in range(kh):
         for j in range(kw):
-            window = jax.lax.slice(x_signs, (0, i, j, 0), (b, i + sh * (oh - 1) + 1, j + sw * (ow - 1) + 1, c),
+            window = jax.lax.slice(x_values, (0, i, j, 0), (b, i + sh * (oh - 1) + 1, j + sw * (ow - 1) + 1, c),
                                    (1, sh, sw, 1))  # fmt: skip
-            dot = dot + jax.lax.dot_general(window, w_signs[:, i, j, :], (((3,), (1,)), ((), ())),
+            dot = dot + jax.lax.dot_general(window, w_values[:, i, j, :], (((3,), (1,)), ((), ())),
                                             preferred_element_type=jnp.int32)  # fmt: skip
     if pool is not None:
         dot = max_pool(dot, pool)

@@ -55,6 +55,8 @@ inline constexpr int64_t kMaxReduction = std::numeric_limits<int32_t>::max();
 // Bound on every size attribute and extent: the kernels take them as int32, and sums and products of a
 // few of them cannot overflow int64.
 inline constexpr int64_t kMaxAttr = std::numeric_limits<int32_t>::max();
+// Threshold planes of one threshold epilogue (a ternary output uses 2).
+inline constexpr int64_t kMaxThresholdPlanes = 8;
 
 // The product of non-negative factors, or -1 when a factor is negative or the product overflows int64.
 inline int64_t CheckedProduct(std::initializer_list<int64_t> factors) {
@@ -268,11 +270,11 @@ struct Bconv2dAttrs {
   int64_t pool_h, pool_w;
 };
 
-// Validates a jaxbnn_bconv2d_{i32,f32,bits} call; on success fills `problem`.
-inline ffi::Error CheckBconv2d(std::string_view target, Epilogue epilogue, const ffi::AnyBuffer& x,
-                               const ffi::AnyBuffer& w, const ffi::AnyBuffer& w_tap_popcount,
-                               const EpilogueOperands& epilogue_operands, const Bconv2dAttrs& attrs,
-                               const ffi::AnyBuffer& out, Bconv2dProblem* problem) {
+// Validates the geometry attributes of a convolution call and its packed NHWC image operand `x` (named
+// `x_name`); on success fills the geometry fields of `problem` (every field but the weights' tile shape and
+// the epilogue).
+inline ffi::Error CheckConvInput(std::string_view target, const Bconv2dAttrs& attrs, const ffi::AnyBuffer& x,
+                                 const char* x_name, Bconv2dProblem* problem) {
   using namespace checks;
   if (auto e = CheckConvAttrs(target,
                               {{"c", attrs.c}, {"o", attrs.o}, {"kh", attrs.kh}, {"kw", attrs.kw},
@@ -294,22 +296,19 @@ inline ffi::Error CheckBconv2d(std::string_view target, Epilogue epilogue, const
                                " taps of " + std::to_string(c_words) + " words does not fit int32 bits");
   }
   int64_t k_words = attrs.kh * attrs.kw * c_words;
-  int64_t k_bits = k_words * formats::kWordBits;
 
-  if (auto e = CheckDtypeRank(target, "operand `x`", x, ffi::DataType::U32, 4, "(B, H, W, ceil(c/32))");
-      e.failure()) {
+  if (auto e = CheckDtypeRank(target, x_name, x, ffi::DataType::U32, 4, "(B, H, W, ceil(c/32))"); e.failure()) {
     return e;
   }
   auto x_dims = x.dimensions();
   int64_t batch = x_dims[0], height = x_dims[1], width = x_dims[2];
   std::string why_x = "c = " + std::to_string(attrs.c);
-  if (auto e = CheckShape(target, "operand `x`", x, {batch, height, width, c_words}, why_x.c_str());
-      e.failure()) {
+  if (auto e = CheckShape(target, x_name, x, {batch, height, width, c_words}, why_x.c_str()); e.failure()) {
     return e;
   }
   // Each term is at most int32's maximum (buffer dims included, checked next): the sums fit int64.
   if (height > kMaxAttr || width > kMaxAttr) {
-    return Invalid(target, "operand `x` of shape " + ShapeString(x_dims) + " has an extent beyond int32");
+    return Invalid(target, std::string(x_name) + " of shape " + ShapeString(x_dims) + " has an extent beyond int32");
   }
   int64_t padded_h = height + attrs.pad_top + attrs.pad_bottom;
   int64_t padded_w = width + attrs.pad_left + attrs.pad_right;
@@ -322,8 +321,24 @@ inline ffi::Error CheckBconv2d(std::string_view target, Epilogue epilogue, const
   }
   int64_t conv_h = (padded_h - attrs.kh) / attrs.stride_h + 1;
   int64_t conv_w = (padded_w - attrs.kw) / attrs.stride_w + 1;
-  int64_t out_h = conv_h / attrs.pool_h, out_w = conv_w / attrs.pool_w;
+  *problem = Bconv2dProblem{batch,         height,      width,         attrs.c,        c_words,
+                            attrs.o,       attrs.kh,    attrs.kw,      attrs.stride_h, attrs.stride_w,
+                            attrs.pad_top, attrs.pad_bottom, attrs.pad_left, attrs.pad_right,
+                            attrs.pad_one, attrs.pool_h, attrs.pool_w, conv_h,        conv_w,
+                            conv_h / attrs.pool_h, conv_w / attrs.pool_w, k_words, 0, 0,
+                            0,             0,           Epilogue::kInt32};
+  return ffi::Error::Success();
+}
 
+// Validates a jaxbnn_bconv2d_{i32,f32,bits} call; on success fills `problem`.
+inline ffi::Error CheckBconv2d(std::string_view target, Epilogue epilogue, const ffi::AnyBuffer& x,
+                               const ffi::AnyBuffer& w, const ffi::AnyBuffer& w_tap_popcount,
+                               const EpilogueOperands& epilogue_operands, const Bconv2dAttrs& attrs,
+                               const ffi::AnyBuffer& out, Bconv2dProblem* problem) {
+  using namespace checks;
+  Bconv2dProblem p;
+  if (auto e = CheckConvInput(target, attrs, x, "operand `x`", &p); e.failure()) return e;
+  const int64_t k_bits = p.k_words * formats::kWordBits;
   if (auto e = CheckDtypeRank(target, "operand `w`", w, ffi::DataType::U32, 4,
                               "(OT, KT, BH, BW/32) of FSB tiles");
       e.failure()) {
@@ -345,14 +360,11 @@ inline ffi::Error CheckBconv2d(std::string_view target, Epilogue epilogue, const
   if (auto e = CheckEpilogueOperands(target, epilogue, epilogue_operands, attrs.o, "o"); e.failure()) {
     return e;
   }
-  if (auto e = CheckResult(target, epilogue, out, {batch, out_h, out_w}, attrs.o); e.failure()) return e;
+  if (auto e = CheckResult(target, epilogue, out, {p.batch, p.out_h, p.out_w}, attrs.o); e.failure()) return e;
   auto w_dims = w.dimensions();
-  *problem = Bconv2dProblem{batch,         height,      width,         attrs.c,        c_words,
-                            attrs.o,       attrs.kh,    attrs.kw,      attrs.stride_h, attrs.stride_w,
-                            attrs.pad_top, attrs.pad_bottom, attrs.pad_left, attrs.pad_right,
-                            attrs.pad_one, attrs.pool_h, attrs.pool_w, conv_h,        conv_w,
-                            out_h,         out_w,       k_words,       w_dims[0],      w_dims[1],
-                            w_dims[2],     w_dims[3],   epilogue};
+  p.o_tiles = w_dims[0], p.k_tiles = w_dims[1], p.tile_rows = w_dims[2], p.tile_words = w_dims[3];
+  p.epilogue = epilogue;
+  *problem = p;
   return ffi::Error::Success();
 }
 

@@ -20,9 +20,12 @@ inline constexpr int64_t kFsbTileRows = 8;
 inline constexpr int64_t kFsbTileBits = 128;
 inline constexpr int64_t kFsbTileWords = kFsbTileBits / kWordBits;
 
-// Ternary planes, bit of (sign plane, non-zero plane) for the values +1, 0, -1.
+// Ternary planes, bit of (sign plane, non-zero plane) for the values +1, 0, -1 (TAB's encoding).
 inline constexpr uint32_t kTernarySignBit[3] = {0, 0, 1};     // for +1, 0, -1
 inline constexpr uint32_t kTernaryNonzeroBit[3] = {1, 0, 1};  // for +1, 0, -1
+// Ternary planes as activations travel and the ternary kernels read them: nonneg [t >= 0], pos [t > 0].
+inline constexpr uint32_t kTernaryNonnegBit[3] = {1, 1, 0};  // for +1, 0, -1
+inline constexpr uint32_t kTernaryPosBit[3] = {1, 0, 0};     // for +1, 0, -1
 
 // Conv weight reduction order: tap (kh, kw) = kh * KW + kw holds ceil(C/32) words; tap popcounts are
 // int32 (KH*KW, O), indexed [tap, o].

@@ -1,254 +1,31 @@
-// Blocked, multi-threaded CPU bmm / bconv2d on packed bits.
-//
-// Both ops are one implicit GEMM: a "panel" of up to kPanelRows reduction rows (rows of `a`, or for
-// bconv2d the receptive fields of a few output pixels gathered straight from the NHWC image: no im2col
-// tensor is ever materialized) is packed for the kernels (popcount_kernels.h: groups of 8 rows, chunk-major,
-// padding bits cleared) and reduced against the weights, with dot = k_valid - 2 popc(x XOR w). Bits of
-// out-of-frame taps are 0 in the panel; for pad_value "zero" such a tap adds popc(w_tap) = the tap popcount
-// of the column to every popcount, which the dots take back. Fused max-pool takes the max of the dots of a
-// window's rows before the epilogue.
+// Binary (±1 x ±1) bmm and bconv2d on packed bits, on the implicit GEMM driver (gemm_driver.h): the
+// panel kernels (popcount_kernels.h) give dot = k_valid - 2 popc(x XOR w). Bits of out-of-frame taps are 0
+// in the panel; for pad_value "zero" such a tap adds popc(w_tap) = the tap popcount of the column to every
+// popcount, which the dots take back.
 #include "cpu/bit_kernels.h"
 
-#include <algorithm>
-#include <cstring>
-#include <limits>
 #include <vector>
 
 #include "common/formats.h"
-#include "cpu/parallel_for.h"
+#include "cpu/gemm_driver.h"
 #include "cpu/popcount_kernels.h"
 
 namespace jaxbnn::cpu {
 namespace {
 
-using formats::CeilDiv;
+using namespace gemm;
 
-constexpr int64_t kTileRows = 8;         // the kernels' tile: 8 rows x 128 bits
-constexpr int64_t kChunkWords = 4;       // 128 bits
-constexpr int64_t kTileChunkWords = 32;  // one 8 x 128-bit tile
-constexpr int64_t kWordBits = formats::kWordBits;
-constexpr int64_t kPanelRows = 16;                   // reduction rows held at once (fit L1)
-constexpr int64_t kWeightBlockBytes = 256 * 1024;    // weights swept by one task (fits L2)
-constexpr int64_t kMinParallelWork = int64_t{1} << 15;  // chunk x tile-row products worth a thread hop
+// The panel kernel of the active tier over the kernel tiles of every output column.
+struct BinaryKernel {
+  PanelDotsFn panel_dots;
+  const uint32_t* tiles;
+  int64_t chunks;
 
-#if defined(__GNUC__)
-#define JAXBNN_ALWAYS_INLINE inline __attribute__((always_inline))
-#else
-#define JAXBNN_ALWAYS_INLINE inline
-#endif
-
-int64_t RoundUp(int64_t value, int64_t multiple) { return CeilDiv(value, multiple) * multiple; }
-
-// Where a conv panel row reads the image: image b, top-left input coordinate (y0, x0) of its receptive field.
-struct RowOrigin {
-  int64_t b, y0, x0;
-};
-
-// Per-thread scratch, reused across calls.
-struct Scratch {
-  std::vector<uint32_t> panel;     // PackedPanel words
-  std::vector<int32_t> k_valid;    // per panel row: the reduction elements that count
-  std::vector<uint8_t> excluded;   // per panel row: some taps are out of frame and excluded ("zero" padding)
-  std::vector<RowOrigin> origins;  // per conv panel row
-  std::vector<int32_t> dots;       // panel rows x the task's columns
-  std::vector<int32_t> pooled;     // one output row
-};
-
-// At least `size` elements; never shrinks, so that alternating task sizes do not re-initialize memory.
-template <class T>
-T* Grow(std::vector<T>& vector, int64_t size) {
-  if (static_cast<int64_t>(vector.size()) < size) vector.resize(size);
-  return vector.data();
-}
-
-Scratch& ThreadScratch() {
-  thread_local Scratch scratch;
-  return scratch;
-}
-
-// Weights in the kernels' tile (rows/8, chunks, 8, 4). Other FSB tile shapes are copied into it; bits past
-// the matrix stay 0 (and are masked anyway).
-const uint32_t* KernelTiles(const uint32_t* tiles, int64_t rows, int64_t k_words, int64_t tile_rows,
-                            int64_t tile_words, int64_t k_tiles, std::vector<uint32_t>& storage) {
-  if (tile_rows == kTileRows && tile_words == kChunkWords) return tiles;
-  int64_t chunks = CeilDiv(k_words, kChunkWords);
-  storage.assign(CeilDiv(rows, kTileRows) * chunks * kTileChunkWords, 0);
-  for (int64_t row = 0; row < rows; ++row) {
-    const uint32_t* src_tile_row = tiles + (row / tile_rows) * k_tiles * tile_rows * tile_words;
-    uint32_t* dst_tile_row = storage.data() + (row / kTileRows) * chunks * kTileChunkWords;
-    for (int64_t word = 0; word < k_words; ++word) {
-      dst_tile_row[(word / kChunkWords) * kTileChunkWords + (row % kTileRows) * kChunkWords + word % kChunkWords] =
-          src_tile_row[((word / tile_words) * tile_rows + row % tile_rows) * tile_words + word % tile_words];
-    }
-  }
-  return storage.data();
-}
-
-// One reduction row of a packed panel being filled: word w lies at base[(w / 4) * 32 + w % 4].
-class PanelRow {
- public:
-  PanelRow(uint32_t* panel, int64_t chunks, int64_t row)
-      : base_(panel + ((row / kGroupRows) * chunks * kGroupRows + row % kGroupRows) * kChunkWords) {}
-
-  // Words [word, word + count) from src; the last word of every `run` words is ANDed with last_mask
-  // (clears the padding bits of each packed run, e.g. of each tap's channels).
-  JAXBNN_ALWAYS_INLINE void Put(int64_t word, const uint32_t* src, int64_t count, int64_t run,
-                                uint32_t last_mask) const {
-    if (last_mask == ~0u && word % kChunkWords == 0 && count % kChunkWords == 0) {
-      for (int64_t i = 0; i < count; i += kChunkWords) std::memcpy(At(word + i), src + i, kChunkWords * 4);
-      return;
-    }
-    for (int64_t i = 0; i < count; ++i) *At(word + i) = (i + 1) % run == 0 ? src[i] & last_mask : src[i];
-  }
-
-  JAXBNN_ALWAYS_INLINE void Zero(int64_t word, int64_t count) const {
-    for (int64_t i = 0; i < count; ++i) *At(word + i) = 0;
-  }
-
- private:
-  JAXBNN_ALWAYS_INLINE uint32_t* At(int64_t word) const {
-    return base_ + (word / kChunkWords) * kGroupRows * kChunkWords + word % kChunkWords;
-  }
-
-  uint32_t* base_;
-};
-
-// Mask of the bits of a chunked row that belong to the reduction, or empty when that is every bit: the
-// weights may hold anything in the others.
-std::vector<uint32_t> WeightMask(int64_t chunks, int64_t runs, int64_t run_words, int64_t run_bits) {
-  std::vector<uint32_t> mask(chunks * kChunkWords, 0u);
-  for (int64_t run = 0; run < runs; ++run) {
-    for (int64_t word = 0; word < run_words; ++word) {
-      mask[run * run_words + word] = word + 1 == run_words ? formats::LastWordMask(run_bits) : ~0u;
-    }
-  }
-  for (uint32_t word : mask) {
-    if (word != ~0u) return mask;
-  }
-  return {};
-}
-
-struct GemmShape {
-  int64_t outputs;          // output rows: bmm rows, or pooled output pixels
-  int64_t rows_per_output;  // reduction rows max-pooled into one output row (1 without pooling)
-  int64_t n;                // output columns
-  int64_t chunks;           // 128-bit chunks per reduction row
-  const uint32_t* tiles;    // kernel tiles (ceil(n/8), chunks, 8, 4)
-};
-
-// dot >= threshold, or dot <= threshold where flip (branch-free).
-JAXBNN_ALWAYS_INLINE uint32_t ThresholdBit(int32_t dot, int32_t threshold, uint8_t flip) {
-  const uint32_t at_least = dot >= threshold, at_most = dot <= threshold;
-  return flip ? at_most : at_least;
-}
-
-template <Epilogue kEpilogue>
-struct OutputWriter {
-  const EpilogueData& epilogue;
-  void* out;
-  int64_t n;
-
-  // Writes the dots of columns [col_begin, col_end) (col_begin a multiple of 32) of output `row`: one
-  // contiguous run per row, so rows whose stride is a multiple of 4 KiB do not thrash one L1 set.
-  JAXBNN_ALWAYS_INLINE void WriteRow(int64_t row, int64_t col_begin, int64_t col_end, const int32_t* dots) const {
-    const int64_t width = col_end - col_begin;
-    if constexpr (kEpilogue == Epilogue::kInt32) {
-      int32_t* dst = static_cast<int32_t*>(out) + row * n + col_begin;
-      for (int64_t i = 0; i < width; ++i) dst[i] = dots[i];
-    } else if constexpr (kEpilogue == Epilogue::kAffine) {
-      // Exactly float(dot) * scale + bias: the module is built with -ffp-contract=off (no fused multiply-add).
-      float* dst = static_cast<float*>(out) + row * n + col_begin;
-      const float* scale = epilogue.scale + col_begin;
-      const float* bias = epilogue.bias + col_begin;
-      for (int64_t i = 0; i < width; ++i) dst[i] = static_cast<float>(dots[i]) * scale[i] + bias[i];
-    } else {
-      uint32_t* dst = static_cast<uint32_t*>(out) + row * CeilDiv(n, kWordBits) + col_begin / kWordBits;
-      const int32_t* threshold = epilogue.threshold + col_begin;
-      const uint8_t* flip = epilogue.flip + col_begin;
-      for (int64_t word = 0; word * kWordBits < width; ++word) {
-        const int64_t bits_in_word = std::min(kWordBits, width - word * kWordBits);
-        uint32_t bits = 0;  // padding bits past n stay 0
-        for (int64_t i = 0; i < bits_in_word; ++i) {
-          const int64_t c = word * kWordBits + i;
-          bits |= ThresholdBit(dots[c], threshold[c], flip[c]) << i;
-        }
-        dst[word] = bits;
-      }
-    }
+  void operator()(const PackedPanel& panel, int64_t col_begin, int64_t tiles_count, int32_t* dots,
+                  int64_t stride) const {
+    panel_dots(panel, tiles + (col_begin / kTileRows) * chunks * kTileChunkWords, tiles_count, dots, stride);
   }
 };
-
-// Source: packs the panel for output rows [first, first + count) (setting k_valid and excluded per panel
-// row) and adds the excluded taps back into a row's dots; see BmmRows, ConvRows.
-template <Epilogue kEpilogue, class Source>
-void RunGemm(const Source& source, const GemmShape& shape, const EpilogueData& epilogue, void* out,
-             ffi::ThreadPool* pool) {
-  if (shape.outputs == 0 || shape.n == 0) return;
-  const int64_t window = shape.rows_per_output;
-  const int64_t outputs_per_panel = std::max<int64_t>(1, kPanelRows / window);
-  const int64_t panels = CeilDiv(shape.outputs, outputs_per_panel);
-  const int64_t threads = PoolThreads(pool);
-  const int64_t tile_rows_total = CeilDiv(shape.n, kTileRows);
-  const bool parallel =
-      threads > 1 && shape.outputs * window * tile_rows_total * std::max<int64_t>(1, shape.chunks) >= kMinParallelWork;
-
-  // Columns per task: a multiple of 32 (one writer per packed output word) whose weights stay in L2; split
-  // further when there are too few panels to keep every thread busy.
-  const int64_t column_bytes = std::max<int64_t>(1, shape.chunks * kChunkWords * 4);
-  int64_t block = std::max<int64_t>(kWordBits, kWeightBlockBytes / column_bytes / kWordBits * kWordBits);
-  if (parallel && panels * CeilDiv(shape.n, block) < 4 * threads) {
-    block = std::max<int64_t>(kWordBits, RoundUp(CeilDiv(shape.n, CeilDiv(4 * threads, panels)), kWordBits));
-  }
-  block = std::min(block, RoundUp(shape.n, kWordBits));
-  const int64_t column_blocks = CeilDiv(shape.n, block);
-  const PanelDotsFn panel_dots = PanelDotsFor(ActiveIsa());
-  const OutputWriter<kEpilogue> writer{epilogue, out, shape.n};
-
-  auto task = [&](int64_t index) {
-    const int64_t first = (index % panels) * outputs_per_panel;
-    const int64_t count = std::min(outputs_per_panel, shape.outputs - first);
-    const int64_t col_begin = (index / panels) * block;
-    const int64_t col_end = std::min(shape.n, col_begin + block);
-    const int64_t width = col_end - col_begin;
-    Scratch& scratch = ThreadScratch();
-    const PackedPanel panel = source.Fill(first, count, scratch);
-    const int64_t tiles = CeilDiv(width, kTileRows);
-    // The kernels write whole 8-column tiles: int32 dots go straight into the output when the task's columns
-    // are whole tiles; else into scratch rows (padded so that they do not share L1 sets).
-    const bool in_place = kEpilogue == Epilogue::kInt32 && window == 1 && width % kTileRows == 0;
-    const int64_t stride = in_place ? shape.n : tiles * kTileRows + 16;
-    int32_t* const dots = in_place ? static_cast<int32_t*>(out) + first * shape.n + col_begin
-                                   : Grow(scratch.dots, panel.rows * stride);
-    panel_dots(panel, shape.tiles + (col_begin / kTileRows) * shape.chunks * kTileChunkWords, tiles, dots, stride);
-    for (int64_t row = 0; row < panel.rows; ++row) {
-      if (scratch.excluded[row]) source.AddExcludedTaps(scratch, row, col_begin, width, dots + row * stride);
-    }
-    if (in_place) return;
-    int32_t* const pooled = Grow(scratch.pooled, width);
-    for (int64_t o = 0; o < count; ++o) {
-      const int32_t* row_dots = dots + o * window * stride;
-      if (window > 1) {  // max-pool
-        for (int64_t i = 0; i < width; ++i) pooled[i] = row_dots[i];
-        for (int64_t r = 1; r < window; ++r) {
-          for (int64_t i = 0; i < width; ++i) pooled[i] = std::max(pooled[i], row_dots[r * stride + i]);
-        }
-        row_dots = pooled;
-      }
-      writer.WriteRow(first + o, col_begin, col_end, row_dots);
-    }
-  };
-  ParallelFor(pool, panels * column_blocks, parallel, task);
-}
-
-template <class Source>
-void DispatchEpilogue(const Source& source, const GemmShape& shape, const EpilogueData& epilogue, void* out,
-                      ffi::ThreadPool* pool) {
-  switch (epilogue.kind) {
-    case Epilogue::kInt32: return RunGemm<Epilogue::kInt32>(source, shape, epilogue, out, pool);
-    case Epilogue::kAffine: return RunGemm<Epilogue::kAffine>(source, shape, epilogue, out, pool);
-    case Epilogue::kThreshold: return RunGemm<Epilogue::kThreshold>(source, shape, epilogue, out, pool);
-  }
-}
 
 // Rows of `a`, packed with their padding bits cleared.
 struct BmmRows {
@@ -258,7 +35,7 @@ struct BmmRows {
   const uint32_t* weight_mask;
 
   PackedPanel Fill(int64_t first, int64_t count, Scratch& scratch) const {
-    int32_t* k_valid = Grow(scratch.k_valid, count);
+    int32_t* k_valid = Grow(scratch.row_term, count);
     uint8_t* excluded = Grow(scratch.excluded, count);
     uint32_t* panel = Grow(scratch.panel, RoundUp(count, kGroupRows) * chunks * kChunkWords);
     const uint32_t last_mask = formats::LastWordMask(k);
@@ -275,46 +52,40 @@ struct BmmRows {
   void AddExcludedTaps(const Scratch&, int64_t, int64_t, int64_t, int32_t*) const {}  // bmm excludes nothing
 };
 
-// Receptive fields of pooled output pixels, gathered from the NHWC image: panel row (o * window + wy *
-// pool_w + wx) is the conv output pixel (oy * pool_h + wy, ox * pool_w + wx) of output o. Tap t = dy * kw +
-// dx occupies words [t * c_words, (t + 1) * c_words), as in the weight matrix.
+// Receptive fields of pooled output pixels, gathered from the NHWC image (ConvWindows).
 struct ConvRows {
-  const Bconv2dProblem& p;
+  ConvWindows windows;
   const uint32_t* x;
   const int32_t* tap_popcount;  // (kh * kw, o)
   int64_t chunks;
   const uint32_t* weight_mask;
 
-  bool InFrame(int64_t iy, int64_t ix) const { return iy >= 0 && iy < p.height && ix >= 0 && ix < p.width; }
-  const uint32_t* Pixel(int64_t b, int64_t iy, int64_t ix) const {
-    return x + ((b * p.height + iy) * p.width + ix) * p.c_words;
-  }
-
   PackedPanel Fill(int64_t first, int64_t count, Scratch& scratch) const {
+    const Bconv2dProblem& p = windows.p;
     const int64_t window = p.pool_h * p.pool_w, taps = p.kh * p.kw;
     const int64_t rows = count * window;
     const int64_t row_words = chunks * kChunkWords;
     const uint32_t last_mask = formats::LastWordMask(p.c);
     uint32_t* panel = Grow(scratch.panel, RoundUp(rows, kGroupRows) * row_words);
-    int32_t* k_valid = Grow(scratch.k_valid, rows);
+    int32_t* k_valid = Grow(scratch.row_term, rows);
     uint8_t* excluded = Grow(scratch.excluded, rows);
     RowOrigin* origins = Grow(scratch.origins, rows);
-    Origins(first, count, origins);
+    windows.Origins(first, count, origins);
     for (int64_t r = 0; r < rows; ++r) {
       const auto [b, y0, x0] = origins[r];
       const PanelRow row(panel, chunks, r);
       int64_t in_frame = 0;
       for (int64_t dy = 0; dy < p.kh; ++dy) {
         const int64_t iy = y0 + dy, word = dy * p.kw * p.c_words;
-        if (iy >= 0 && iy < p.height && x0 >= 0 && x0 + p.kw <= p.width) {
-          // The kw taps of this kernel row are contiguous in both the image and the panel.
-          row.Put(word, Pixel(b, iy, x0), p.kw * p.c_words, p.c_words, last_mask);
+        if (windows.RowInFrame(origins[r], dy)) {
+          row.Put(word, x + windows.PixelOffset(b, iy, x0), p.kw * p.c_words, p.c_words, last_mask);
           in_frame += p.kw;
           continue;
         }
         for (int64_t dx = 0; dx < p.kw; ++dx) {
-          if (InFrame(iy, x0 + dx)) {
-            row.Put(word + dx * p.c_words, Pixel(b, iy, x0 + dx), p.c_words, p.c_words, last_mask);
+          if (windows.InFrame(iy, x0 + dx)) {
+            row.Put(word + dx * p.c_words, x + windows.PixelOffset(b, iy, x0 + dx), p.c_words, p.c_words,
+                    last_mask);
             ++in_frame;
           } else {
             // Out of frame: bits 0 (-1 inputs). With pad_value "one" they count; with "zero" the dots drop them.
@@ -333,33 +104,10 @@ struct ConvRows {
   // An excluded tap t read as 0 bits added popc(w_t) = tap_popcount[t, col] to the popcount of every
   // column: take it back.
   void AddExcludedTaps(const Scratch& scratch, int64_t row, int64_t col_begin, int64_t width, int32_t* dots) const {
-    const auto [b, y0, x0] = scratch.origins[row];
-    for (int64_t dy = 0; dy < p.kh; ++dy) {
-      for (int64_t dx = 0; dx < p.kw; ++dx) {
-        if (InFrame(y0 + dy, x0 + dx)) continue;
-        const int32_t* tap = tap_popcount + (dy * p.kw + dx) * p.o + col_begin;
-        for (int64_t i = 0; i < width; ++i) dots[i] += 2 * tap[i];
-      }
-    }
-  }
-
-  // Origins of the panel rows of outputs [first, first + count), stepping through the pixels (divisions
-  // only for the first one: they would cost more than gathering a row).
-  void Origins(int64_t first, int64_t count, RowOrigin* origins) const {
-    int64_t b = first / (p.out_h * p.out_w);
-    int64_t oy = first % (p.out_h * p.out_w) / p.out_w, ox = first % p.out_w;
-    for (int64_t o = 0; o < count; ++o) {
-      for (int64_t wy = 0; wy < p.pool_h; ++wy) {
-        for (int64_t wx = 0; wx < p.pool_w; ++wx) {
-          *origins++ = RowOrigin{b, (oy * p.pool_h + wy) * p.stride_h - p.pad_top,
-                                 (ox * p.pool_w + wx) * p.stride_w - p.pad_left};
-        }
-      }
-      if (++ox == p.out_w) {
-        ox = 0;
-        if (++oy == p.out_h) oy = 0, ++b;
-      }
-    }
+    windows.ForExcludedTaps(scratch.origins[row], [&](int64_t tap) {
+      const int32_t* popcount = tap_popcount + tap * windows.p.o + col_begin;
+      for (int64_t i = 0; i < width; ++i) dots[i] += 2 * popcount[i];
+    });
   }
 };
 
@@ -370,11 +118,12 @@ void RunBmm(const BmmProblem& problem, const uint32_t* a, const uint32_t* b_tile
   const int64_t chunks = CeilDiv(problem.k_words, kChunkWords);
   const std::vector<uint32_t> weight_mask = WeightMask(chunks, 1, problem.k_words, problem.k);
   std::vector<uint32_t> tile_storage;
-  const uint32_t* tiles = KernelTiles(b_tiles, problem.n, problem.k_words, problem.tile_rows, problem.tile_words,
-                                      problem.k_tiles, tile_storage);
+  const uint32_t* tiles = KernelTiles(b_tiles, 0, problem.n, problem.k_words, problem.tile_rows,
+                                      problem.tile_words, problem.k_tiles, tile_storage);
   BmmRows rows{a, problem.k_words, chunks, static_cast<int32_t>(problem.k),
                weight_mask.empty() ? nullptr : weight_mask.data()};
-  DispatchEpilogue(rows, GemmShape{problem.m, 1, problem.n, chunks, tiles}, epilogue, out, pool);
+  DispatchEpilogue(rows, BinaryKernel{PanelDotsFor(ActiveIsa()), tiles, chunks},
+                   GemmShape{problem.m, 1, problem.n, chunks, chunks * kChunkWords * 4}, epilogue, out, pool);
 }
 
 void RunBconv2d(const Bconv2dProblem& problem, const uint32_t* x, const uint32_t* w_tiles,
@@ -383,12 +132,13 @@ void RunBconv2d(const Bconv2dProblem& problem, const uint32_t* x, const uint32_t
   const std::vector<uint32_t> weight_mask =
       WeightMask(chunks, problem.kh * problem.kw, problem.c_words, problem.c);
   std::vector<uint32_t> tile_storage;
-  const uint32_t* tiles = KernelTiles(w_tiles, problem.o, problem.k_words, problem.tile_rows, problem.tile_words,
-                                      problem.k_tiles, tile_storage);
-  ConvRows rows{problem, x, w_tap_popcount, chunks, weight_mask.empty() ? nullptr : weight_mask.data()};
+  const uint32_t* tiles = KernelTiles(w_tiles, 0, problem.o, problem.k_words, problem.tile_rows,
+                                      problem.tile_words, problem.k_tiles, tile_storage);
+  ConvRows rows{ConvWindows{problem}, x, w_tap_popcount, chunks, weight_mask.empty() ? nullptr : weight_mask.data()};
   const int64_t outputs = problem.batch * problem.out_h * problem.out_w;
-  DispatchEpilogue(rows, GemmShape{outputs, problem.pool_h * problem.pool_w, problem.o, chunks, tiles}, epilogue,
-                   out, pool);
+  DispatchEpilogue(rows, BinaryKernel{PanelDotsFor(ActiveIsa()), tiles, chunks},
+                   GemmShape{outputs, problem.pool_h * problem.pool_w, problem.o, chunks, chunks * kChunkWords * 4},
+                   epilogue, out, pool);
 }
 
 }  // namespace jaxbnn::cpu

@@ -1,5 +1,5 @@
-// XLA FFI handlers of docs/ops.md on the CPU: validate (common/checks.h, shared with CUDA; the first layer
-// in cpu/image_checks.h), then run.
+// XLA FFI handlers of docs/ops.md on the CPU: validate (common/checks.h and common/ternary_checks.h, shared
+// with CUDA; the first layer in cpu/image_checks.h), then run.
 #include "cpu/handlers.h"
 
 #include <exception>
@@ -8,22 +8,26 @@
 #include <utility>
 
 #include "common/checks.h"
+#include "common/ternary_checks.h"
 #include "cpu/bit_kernels.h"
 #include "cpu/image_checks.h"
 #include "cpu/image_kernels.h"
+#include "cpu/ternary_kernels.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxbnn::cpu {
 namespace {
 
 EpilogueData EpilogueDataOf(Epilogue kind, const EpilogueOperands& operands) {
-  EpilogueData data{kind, nullptr, nullptr, nullptr, nullptr};
+  EpilogueData data{kind, nullptr, nullptr, nullptr, nullptr, 1};
   if (kind == Epilogue::kAffine) {
     data.scale = static_cast<const float*>(operands.first->untyped_data());
     data.bias = static_cast<const float*>(operands.second->untyped_data());
   } else if (kind == Epilogue::kThreshold) {
     data.threshold = static_cast<const int32_t*>(operands.first->untyped_data());
     data.flip = static_cast<const uint8_t*>(operands.second->untyped_data());
+    auto dims = operands.first->dimensions();
+    data.planes = dims.size() == 2 ? dims[0] : 1;  // (P, N) thresholds: the mixed targets' planes
   }
   return data;
 }
@@ -183,6 +187,78 @@ auto BindImageAttrs(Binding binding) {
       .template Attr<int64_t>("pool_w");
 }
 
+const uint32_t* Words(const ffi::AnyBuffer* buffer) {
+  return buffer == nullptr ? nullptr : static_cast<const uint32_t*>(buffer->untyped_data());
+}
+
+const int32_t* Popcounts(const ffi::AnyBuffer* buffer) {
+  return buffer == nullptr ? nullptr : static_cast<const int32_t*>(buffer->untyped_data());
+}
+
+ffi::Error MixedBmm(std::string_view target, Mix mix, Epilogue kind, ffi::ThreadPool pool,
+                    const MixedOperands& operands, EpilogueOperands epilogue, int64_t k, int64_t n,
+                    ffi::AnyBuffer out) {
+  BmmProblem problem;
+  if (auto error = CheckMixedBmm(target, kind, operands, epilogue, k, n, out, &problem); error.failure()) {
+    return error;
+  }
+  return Guarded(target, [&] {
+    RunMixedBmm(mix, problem, ActivationPlanes{Words(operands.first), Words(operands.second)}, Words(operands.w),
+                Popcounts(operands.w_popcount), EpilogueDataOf(kind, epilogue), out.untyped_data(), &pool);
+  });
+}
+
+ffi::Error MixedConv2d(std::string_view target, Mix mix, Epilogue kind, ffi::ThreadPool pool,
+                       const MixedOperands& operands, EpilogueOperands epilogue, const Bconv2dAttrs& attrs,
+                       ffi::AnyBuffer out) {
+  Bconv2dProblem problem;
+  if (auto error = CheckMixedConv2d(target, kind, operands, epilogue, attrs, out, &problem); error.failure()) {
+    return error;
+  }
+  return Guarded(target, [&] {
+    RunMixedConv2d(mix, problem, ActivationPlanes{Words(operands.first), Words(operands.second)},
+                   Words(operands.w), Popcounts(operands.w_popcount), EpilogueDataOf(kind, epilogue),
+                   out.untyped_data(), &pool);
+  });
+}
+
+// The operands of each mode (docs/ops.md): ternary activations as two planes, BTN's weights with their
+// popcounts.
+#define JAXBNN_MIXED_PARAMS_tnn ffi::AnyBuffer nonneg, ffi::AnyBuffer pos, ffi::AnyBuffer w
+#define JAXBNN_MIXED_OPERANDS_tnn MixedOperands{&nonneg, &pos, &w, nullptr, true}
+#define JAXBNN_MIXED_PARAMS_tbn ffi::AnyBuffer nonneg, ffi::AnyBuffer pos, ffi::AnyBuffer w
+#define JAXBNN_MIXED_OPERANDS_tbn MixedOperands{&nonneg, &pos, &w, nullptr, false}
+#define JAXBNN_MIXED_PARAMS_btn ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer w_popcount
+#define JAXBNN_MIXED_OPERANDS_btn MixedOperands{&a, nullptr, &w, &w_popcount, true}
+#define JAXBNN_EPILOGUE_PARAMS_i32
+#define JAXBNN_EPILOGUE_OPERANDS_i32 EpilogueOperands{}
+#define JAXBNN_EPILOGUE_PARAMS_f32 , ffi::AnyBuffer scale, ffi::AnyBuffer bias
+#define JAXBNN_EPILOGUE_OPERANDS_f32 EpilogueOperands{&scale, &bias}
+#define JAXBNN_EPILOGUE_PARAMS_bits , ffi::AnyBuffer threshold, ffi::AnyBuffer flip
+#define JAXBNN_EPILOGUE_OPERANDS_bits EpilogueOperands{&threshold, &flip}
+#define JAXBNN_EPILOGUE_KIND_i32 Epilogue::kInt32
+#define JAXBNN_EPILOGUE_KIND_f32 Epilogue::kAffine
+#define JAXBNN_EPILOGUE_KIND_bits Epilogue::kThreshold
+
+#define JAXBNN_DEFINE_MIXED(mode, Mode, epi, Epi)                                                                  \
+  ffi::Error Mode##Bmm##Epi(ffi::ThreadPool pool, JAXBNN_MIXED_PARAMS_##mode JAXBNN_EPILOGUE_PARAMS_##epi,        \
+                            int64_t k, int64_t n, ffi::Result<ffi::AnyBuffer> out) {                              \
+    return MixedBmm("jaxbnn_" #mode "_bmm_" #epi, Mix::k##Mode, JAXBNN_EPILOGUE_KIND_##epi, pool,                \
+                    JAXBNN_MIXED_OPERANDS_##mode, JAXBNN_EPILOGUE_OPERANDS_##epi, k, n, *out);                    \
+  }                                                                                                               \
+  ffi::Error Mode##Conv2d##Epi(ffi::ThreadPool pool, JAXBNN_MIXED_PARAMS_##mode JAXBNN_EPILOGUE_PARAMS_##epi,     \
+                               int64_t c, int64_t o, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w,  \
+                               int64_t pad_top, int64_t pad_bottom, int64_t pad_left, int64_t pad_right,         \
+                               bool pad_one, int64_t pool_h, int64_t pool_w, ffi::Result<ffi::AnyBuffer> out) {   \
+    return MixedConv2d("jaxbnn_" #mode "_conv2d_" #epi, Mix::k##Mode, JAXBNN_EPILOGUE_KIND_##epi, pool,          \
+                       JAXBNN_MIXED_OPERANDS_##mode, JAXBNN_EPILOGUE_OPERANDS_##epi,                               \
+                       Bconv2dAttrs{c, o, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right,   \
+                                    pad_one, pool_h, pool_w},                                                     \
+                       *out);                                                                                     \
+  }
+JAXBNN_MIXED_TARGETS(JAXBNN_DEFINE_MIXED)
+#undef JAXBNN_DEFINE_MIXED
+
 }  // namespace
 }  // namespace jaxbnn::cpu
 
@@ -267,3 +343,26 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dBits, jaxbnn::cpu::ImageConv2d
                                                               .Arg<AnyBuffer>()   // threshold
                                                               .Arg<AnyBuffer>())  // flip
                                   .Ret<AnyBuffer>());
+
+// The buffer operands of each mode and epilogue, in the order of the handlers' parameters.
+#define JAXBNN_MIXED_ARGS_tnn .Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>()
+#define JAXBNN_MIXED_ARGS_tbn .Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>()
+#define JAXBNN_MIXED_ARGS_btn .Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>()
+#define JAXBNN_EPILOGUE_ARGS_i32
+#define JAXBNN_EPILOGUE_ARGS_f32 .Arg<AnyBuffer>().Arg<AnyBuffer>()
+#define JAXBNN_EPILOGUE_ARGS_bits .Arg<AnyBuffer>().Arg<AnyBuffer>()
+
+#define JAXBNN_BIND_MIXED(mode, Mode, epi, Epi)                                                                  \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpu##Mode##Bmm##Epi, jaxbnn::cpu::Mode##Bmm##Epi,                          \
+                                ffi::Ffi::Bind()                                                                \
+                                    .Ctx<ffi::ThreadPool>() JAXBNN_MIXED_ARGS_##mode JAXBNN_EPILOGUE_ARGS_##epi \
+                                    .Attr<int64_t>("k")                                                         \
+                                    .Attr<int64_t>("n")                                                         \
+                                    .Ret<AnyBuffer>());                                                         \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                                \
+      JaxbnnCpu##Mode##Conv2d##Epi, jaxbnn::cpu::Mode##Conv2d##Epi,                                             \
+      jaxbnn::cpu::BindBconv2dAttrs(                                                                            \
+          ffi::Ffi::Bind().Ctx<ffi::ThreadPool>() JAXBNN_MIXED_ARGS_##mode JAXBNN_EPILOGUE_ARGS_##epi)          \
+          .Ret<AnyBuffer>());
+JAXBNN_MIXED_TARGETS(JAXBNN_BIND_MIXED)
+#undef JAXBNN_BIND_MIXED

@@ -13,4 +13,17 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBconv2dBits);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI32);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dBits);
 
+// The ternary and mixed targets jaxbnn_{mode}_{bmm,conv2d}_{epilogue}, as X(mode, Mode, epilogue, Epilogue):
+// their handlers are JaxbnnCpu{Mode}Bmm{Epilogue} and JaxbnnCpu{Mode}Conv2d{Epilogue}.
+#define JAXBNN_MIXED_TARGETS(X)                                                                  \
+  X(tnn, Tnn, i32, I32) X(tnn, Tnn, f32, F32) X(tnn, Tnn, bits, Bits) X(tbn, Tbn, i32, I32)     \
+  X(tbn, Tbn, f32, F32) X(tbn, Tbn, bits, Bits) X(btn, Btn, i32, I32) X(btn, Btn, f32, F32)     \
+  X(btn, Btn, bits, Bits)
+
+#define JAXBNN_DECLARE_MIXED(mode, Mode, epi, Epi)                \
+  XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpu##Mode##Bmm##Epi);      \
+  XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpu##Mode##Conv2d##Epi);
+JAXBNN_MIXED_TARGETS(JAXBNN_DECLARE_MIXED)
+#undef JAXBNN_DECLARE_MIXED
+
 #endif  // JAXBNN_XLA_FFI_CPU_HANDLERS_H_

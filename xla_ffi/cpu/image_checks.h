@@ -34,8 +34,6 @@ namespace checks {
 
 // int8 x int8 products reach 2**14 in magnitude: this many of them always sum within int32.
 inline constexpr int64_t kMaxImageReduction = std::numeric_limits<int32_t>::max() / (int64_t{1} << 14);
-// Threshold planes of one first layer (a ternary output uses 2).
-inline constexpr int64_t kMaxThresholdPlanes = 8;
 
 }  // namespace checks
 

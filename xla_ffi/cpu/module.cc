@@ -30,6 +30,11 @@ nb::dict Registrations() {
   targets["jaxbnn_bconv2d_bits"] = HandlerCapsule(JaxbnnCpuBconv2dBits);
   targets["jaxbnn_image_conv2d_i32"] = HandlerCapsule(JaxbnnCpuImageConv2dI32);
   targets["jaxbnn_image_conv2d_bits"] = HandlerCapsule(JaxbnnCpuImageConv2dBits);
+#define JAXBNN_REGISTER_MIXED(mode, Mode, epi, Epi)                                      \
+  targets["jaxbnn_" #mode "_bmm_" #epi] = HandlerCapsule(JaxbnnCpu##Mode##Bmm##Epi);     \
+  targets["jaxbnn_" #mode "_conv2d_" #epi] = HandlerCapsule(JaxbnnCpu##Mode##Conv2d##Epi);
+  JAXBNN_MIXED_TARGETS(JAXBNN_REGISTER_MIXED)
+#undef JAXBNN_REGISTER_MIXED
   return targets;
 }
 
@@ -41,14 +46,18 @@ nb::dict FormatConstants() {
   constants["bit_plus_one"] = f::kBitPlusOne;
   constants["bit_minus_one"] = f::kBitMinusOne;
   constants["fsb_tile"] = nb::make_tuple(f::kFsbTileRows, f::kFsbTileBits);
-  nb::dict sign, nonzero;
+  nb::dict sign, nonzero, nonneg, pos;
   const int values[3] = {1, 0, -1};
   for (int i = 0; i < 3; ++i) {
     sign[nb::int_(values[i])] = f::kTernarySignBit[i];
     nonzero[nb::int_(values[i])] = f::kTernaryNonzeroBit[i];
+    nonneg[nb::int_(values[i])] = f::kTernaryNonnegBit[i];
+    pos[nb::int_(values[i])] = f::kTernaryPosBit[i];
   }
   constants["ternary_sign_bit"] = sign;
   constants["ternary_nonzero_bit"] = nonzero;
+  constants["ternary_nonneg_bit"] = nonneg;
+  constants["ternary_pos_bit"] = pos;
   return constants;
 }
 
@@ -61,7 +70,7 @@ std::vector<std::string> SupportedIsaNames() {
 }  // namespace
 
 NB_MODULE(_cpu, m) {
-  m.doc() = "jaxbnn CPU kernels: XLA FFI handlers for bit-packed bmm and bconv2d and the int8 first layer";
+  m.doc() = "jaxbnn CPU kernels: XLA FFI handlers for bit-packed bmm and bconv2d (binary, ternary, mixed) and the int8 first layer";
   m.def("registrations", &Registrations,
         "Dict of FFI target name -> PyCapsule of its XLA FFI handler (platform 'cpu').");
   m.def("format_constants", &FormatConstants, "The native mirror of the jaxbnn.formats constants.");

@@ -1,0 +1,526 @@
+"""Ternary and mixed products on the CPU (TAB's TNN, TBN, BTN): `ops.bmm` / `ops.bconv2d` with ternary
+activations (`formats.TernaryPlanes`) and / or ternary weights (`formats.TernaryDenseBits` /
+`TernaryConvBits`), every kernel ISA tier against the pure-JAX reference and plain numpy (odd shapes, conv
+borders, strides, pools, FSB tiles, garbage in padding bits), exact epilogues, the Python-side argument
+checks and the FFI handlers' own validation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxbnn import _cpu, _ffi, formats, ops, reference  # the CPU module is part of every build: no skip
+from numpy_spec import numpy_conv
+
+MODES = ["tnn", "tbn", "btn"]
+
+
+# --- format constants -------------------------------------------------------------------------------
+
+
+def test_native_plane_bits_equal_the_ternary_planes_of_formats():
+    native = _cpu.format_constants()
+    values = jnp.array([1, 0, -1])
+    nonneg, pos = formats.ternary_pm_planes(values)
+    assert native["ternary_nonneg_bit"] == {int(v): int(b) for v, b in zip(values, nonneg)}
+    assert native["ternary_pos_bit"] == {int(v): int(b) for v, b in zip(values, pos)}
+
+
+def test_every_product_has_its_native_targets():
+    for mode in MODES:
+        for op in ("bmm", "conv2d"):
+            for kind in ("i32", "f32", "bits"):
+                assert _ffi.has_target("cpu", f"jaxbnn_{mode}_{op}_{kind}")
+
+
+@pytest.fixture(params=_cpu.supported_isas())
+def isa(request):
+    """Runs the test once per kernel tier this CPU supports (AVX-512, AVX2, popcnt, generic)."""
+    previous = _cpu.active_isa()
+    _cpu.set_isa(request.param)
+    yield request.param
+    _cpu.set_isa(previous)
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+
+def ternary(rng, shape):
+    return rng.integers(-1, 2, shape).astype(np.float32)
+
+
+def signs(rng, shape):
+    return rng.choice(np.array([-1.0, 1.0], np.float32), shape)
+
+
+def operands(rng, mode, x_shape, w_shape, conv, tile=formats.FSB_TILE):
+    """(packed activations, their values, packed weights, their values) of a product `mode`."""
+    x = ternary(rng, x_shape) if mode in ("tnn", "tbn") else signs(rng, x_shape)
+    w = ternary(rng, w_shape) if mode in ("tnn", "btn") else signs(rng, w_shape)
+    packed_x = formats.pack_ternary_pm_planes(x) if mode in ("tnn", "tbn") else ops.pack_bits(x)
+    if mode in ("tnn", "btn"):
+        packed_w = (formats.pack_ternary_conv_weights if conv else formats.pack_ternary_dense_weights)(w, tile)
+    else:
+        packed_w = (formats.pack_conv_weights if conv else formats.pack_dense_weights)(w, tile)
+    return packed_x, x, packed_w, w
+
+
+def epilogue_operands(rng, dots, planes=3):
+    """Random scale/bias, and thresholds that hit actual dot values so that ties (dot == threshold) occur:
+    one plane, and `planes` planes."""
+    n = dots.shape[-1]
+    flat = np.asarray(dots).reshape(-1, n)
+    threshold = np.where(rng.random((planes, n)) < 0.5, flat[rng.integers(0, flat.shape[0], (planes, n)), np.arange(n)],
+                         rng.integers(-50, 51, (planes, n))).astype(np.int32)  # fmt: skip
+    flip = rng.random((planes, n)) < 0.5
+    return dict(scale=rng.standard_normal(n).astype(np.float32), bias=rng.standard_normal(n).astype(np.float32),
+                threshold=threshold[0], flip=flip[0], threshold_planes=threshold, flip_planes=flip)
+
+
+def assert_all_epilogues(run, want_dots, epi):
+    """`run(**epilogue)` equals the reference epilogue of `want_dots` for int32, affine, threshold and
+    threshold planes."""
+    np.testing.assert_array_equal(np.asarray(run()), want_dots)
+    affine = np.asarray(run(scale=epi["scale"], bias=epi["bias"]))
+    np.testing.assert_array_equal(affine, want_dots.astype(np.float32) * epi["scale"] + epi["bias"])
+    for threshold, flip in ((epi["threshold"], epi["flip"]), (epi["threshold_planes"], epi["flip_planes"])):
+        bits = np.asarray(run(threshold=threshold, flip=flip))
+        want_bits = reference.epilogue(jnp.asarray(want_dots), threshold=threshold, flip=flip)
+        np.testing.assert_array_equal(bits, np.asarray(want_bits))
+
+
+def numpy_max_pool(dots, pool):
+    if pool is None:
+        return dots
+    ph, pw = pool
+    b, h, w, o = dots.shape
+    oh, ow = h // ph, w // pw
+    return dots[:, : oh * ph, : ow * pw].reshape(b, oh, ph, ow, pw, o).max(axis=(2, 4))
+
+
+def weights_of(packed_w):
+    """(raw FSB bits, whether ternary) of packed weights, as the reference takes them."""
+    return packed_w.bits, isinstance(packed_w, (formats.TernaryDenseBits, formats.TernaryConvBits))
+
+
+# --- bmm: every tier against the reference ----------------------------------------------------------
+
+BMM_CASES = [
+    # m, k, n, FSB tile: K below one word, K not a multiple of 32 / 64 / 128 / 512, M and N odd, N not a
+    # multiple of 8 (the pos plane's rows start inside a tile: the kernels copy them), other FSB tiles,
+    # sizes that run on several threads, K a multiple of 128 (every chunk whole)
+    (1, 1, 1, (8, 128)),
+    (3, 31, 33, (8, 128)),
+    (17, 200, 40, (8, 128)),
+    (9, 513, 7, (8, 128)),
+    (70, 257, 70, (16, 64)),
+    (5, 1000, 9, (4, 256)),
+    (45, 384, 40, (8, 128)),
+    (40, 700, 65, (1, 32)),
+    (300, 1500, 200, (8, 128)),
+    (100, 4096, 136, (8, 128)),
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("m,k,n,tile", BMM_CASES)
+def test_bmm_every_tier_matches_reference(isa, mode, m, k, n, tile):
+    rng = np.random.default_rng(m * 7919 + k * 31 + n)
+    a, a_values, w, w_values = operands(rng, mode, (m, k), (k, n), conv=False, tile=tile)
+    want = (a_values @ w_values).astype(np.int32)
+    bits, ternary_weights = weights_of(w)
+    spec = reference.bmm(a, bits, k, n, ternary_weights=ternary_weights)
+    np.testing.assert_array_equal(np.asarray(spec), want)  # the spec agrees with numpy
+    run = lambda **epi: jax.jit(lambda a, w: ops.bmm(a, w, **epi))(a, w)  # noqa: E731
+    assert_all_epilogues(run, want, epilogue_operands(rng, want))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bmm_batch_dims_fold_and_vmap(mode):
+    rng = np.random.default_rng(1)
+    a, a_values, w, w_values = operands(rng, mode, (2, 3, 11, 90), (90, 21), conv=False)
+    want = (a_values @ w_values).astype(np.int32)
+    np.testing.assert_array_equal(np.asarray(ops.bmm(a, w)), want)
+    np.testing.assert_array_equal(np.asarray(jax.vmap(lambda a: ops.bmm(a, w))(a)), want)
+
+
+# --- conv2d: every tier against the reference -------------------------------------------------------
+
+CONV_CASES = [
+    # b, h, w, c, o, kernel, stride, padding, pad_value, pool, FSB tile
+    (2, 9, 7, 70, 21, (3, 3), 1, "SAME", "zero", None, (8, 128)),
+    (1, 9, 8, 33, 17, (3, 3), 2, ((2, 0), (1, 3)), "one", (2, 2), (8, 128)),
+    (2, 10, 9, 64, 33, (3, 1), (2, 1), ((1, 1), (0, 0)), "zero", (2, 1), (1, 32)),
+    (3, 11, 13, 100, 40, (5, 5), 1, "SAME", "zero", (2, 2), (8, 128)),
+    (2, 8, 8, 256, 64, (3, 3), 2, "SAME", "one", (1, 2), (16, 64)),
+    (1, 5, 4, 31, 9, (1, 1), 1, "VALID", "zero", None, (8, 128)),
+    (1, 6, 6, 3, 5, (7, 7), 1, "SAME", "zero", (3, 3), (4, 256)),
+    # whole 128-bit chunks per tap (no masked words) with out-of-frame taps, with and without pooling
+    (2, 9, 11, 128, 24, (3, 3), 1, "SAME", "zero", (2, 2), (8, 128)),
+    (1, 7, 7, 512, 40, (3, 3), 1, "SAME", "zero", None, (8, 128)),
+    (3, 6, 5, 128, 8, (3, 3), 1, "SAME", "one", None, (8, 128)),
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("b,h,w,c,o,kernel,stride,padding,pad_value,pool,tile", CONV_CASES)
+def test_conv2d_every_tier_matches_reference(isa, mode, b, h, w, c, o, kernel, stride, padding, pad_value, pool,
+                                             tile):  # fmt: skip
+    rng = np.random.default_rng(b * 1009 + h * 101 + c * 7 + o)
+    x, x_values, weights, w_values = operands(rng, mode, (b, h, w, c), kernel + (c, o), conv=True, tile=tile)
+    stride = (stride, stride) if isinstance(stride, int) else stride
+    pads = ops._conv_padding(padding, (h, w), kernel, stride)
+    want = numpy_max_pool(numpy_conv(x_values, w_values, stride, pads, pad_value), pool)
+    bits, ternary_weights = weights_of(weights)
+    spec = reference.bconv2d(x, bits, in_channels=c, out_channels=o, kernel_size=kernel, stride=stride,
+                             padding=pads, pad_value=pad_value, ternary_weights=ternary_weights, pool=pool)
+    np.testing.assert_array_equal(np.asarray(spec), want)  # the spec agrees with numpy
+
+    def run(**epi):
+        conv = lambda x: ops.bconv2d(x, weights, stride=stride, padding=padding, pad_value=pad_value, pool=pool,
+                                     **epi)  # noqa: E731
+        return jax.jit(conv)(x)
+
+    assert_all_epilogues(run, want, epilogue_operands(rng, want))
+
+
+# --- the bits the kernels must ignore, and the planes' meaning -------------------------------------
+
+
+def poison_row_padding(words, bits_per_row):
+    """Set every padding bit of row-packed words (..., ceil(bits/32)) to 1."""
+    words = np.array(words, np.uint32)
+    if bits_per_row % 32:
+        words[..., -1] |= np.uint32(~((1 << (bits_per_row % 32)) - 1) & 0xFFFFFFFF)
+    return words
+
+
+def poisoned(x, bits_per_row):
+    if isinstance(x, formats.TernaryPlanes):
+        return formats.TernaryPlanes(*(poison_row_padding(p, bits_per_row) for p in x))
+    return poison_row_padding(x, bits_per_row)
+
+
+def poisoned_weights(weights, rows, taps, c):
+    """Weights whose padding bits (past c in each tap, and past the matrix in the FSB tiles) are all 1."""
+    cw = formats.num_words(c)
+    matrix = np.asarray(formats.from_fsb(weights.bits, rows, taps * cw * 32)).reshape(rows, taps, cw)
+    matrix = poison_row_padding(matrix, c).reshape(rows, taps * cw)
+    tiles = np.array(formats.to_fsb(matrix), np.uint32)
+    rt, kt, bh, ww = tiles.shape
+    full = tiles.transpose(0, 2, 1, 3).reshape(rt * bh, kt * ww)
+    full[rows:, :] = 0xFFFFFFFF
+    full[:, taps * cw:] = 0xFFFFFFFF
+    return full.reshape(rt, bh, kt, ww).transpose(0, 2, 1, 3).copy()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("k", [165, 96])  # padding bits in the last word; whole padding words in the last chunk
+def test_bmm_ignores_garbage_in_padding_bits(isa, mode, k):
+    rng = np.random.default_rng(11)
+    m, n = 9, 13
+    a, a_values, w, w_values = operands(rng, mode, (m, k), (k, n), conv=False)
+    rows = 2 * n if mode in ("tnn", "btn") else n
+    bits = poisoned_weights(w, rows, 1, k)
+    dataclass = formats.TernaryDenseBits if mode in ("tnn", "btn") else formats.DenseBits
+    got = jax.jit(lambda a, b: ops.bmm(a, dataclass(b, w.popcount, k=k, n=n)))(poisoned(a, k), bits)
+    np.testing.assert_array_equal(np.asarray(got), (a_values @ w_values).astype(np.int32))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("pad_value", ["zero", "one"])
+@pytest.mark.parametrize("c", [45, 64])  # padding bits in each tap; whole padding words in the last chunk
+def test_conv2d_ignores_garbage_in_channel_padding_bits(isa, mode, pad_value, c):
+    rng = np.random.default_rng(5)
+    b, h, w, o, kernel = 2, 7, 6, 11, (3, 3)
+    x, x_values, weights, w_values = operands(rng, mode, (b, h, w, c), kernel + (c, o), conv=True)
+    rows = 2 * o if mode in ("tnn", "btn") else o
+    bits = poisoned_weights(weights, rows, 9, c)
+    dataclass = formats.TernaryConvBits if mode in ("tnn", "btn") else formats.ConvBits
+    got = jax.jit(
+        lambda x, w: ops.bconv2d(x, dataclass(w, weights.tap_popcount, kernel_size=kernel, in_channels=c,
+                                              out_channels=o), pad_value=pad_value)  # fmt: skip
+    )(poisoned(x, c), bits)
+    want = numpy_conv(x_values, w_values, (1, 1), ((1, 1), (1, 1)), pad_value)
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize("mode", ["tnn", "tbn"])
+def test_a_pos_bit_without_its_nonneg_bit_is_zero_as_the_reference_says(isa, mode):
+    """The planes' values are (a + b) / 2 whatever the bits: a pos bit set without its nonneg bit (which no
+    quantizer writes) is 0 in the kernels as in the reference."""
+    rng = np.random.default_rng(8)
+    m, k, n = 12, 300, 24
+    nonneg, pos = (ops.pack_bits(signs(rng, (m, k))) for _ in range(2))  # every combination of bits
+    a = formats.TernaryPlanes(nonneg, pos)
+    _, _, w, _ = operands(rng, mode, (m, k), (k, n), conv=False)
+    bits, ternary_weights = weights_of(w)
+    want = reference.bmm(a, bits, k, n, ternary_weights=ternary_weights)
+    np.testing.assert_array_equal(np.asarray(ops.bmm(a, w)), np.asarray(want))
+
+
+def test_ternary_planes_equal_the_mean_of_two_binary_products():
+    """The runtime's composition (the mean of ±1 products of the planes) and the ternary op agree."""
+    rng = np.random.default_rng(2)
+    x, w = ternary(rng, (4, 9, 9, 40)), ternary(rng, (3, 3, 40, 16))
+    planes = formats.pack_ternary_pm_planes(x)
+    stacked = formats.pack_conv_weights(formats.ternary_weight_signs(w))
+    parts = [ops.bconv2d(p, stacked) for p in planes]
+    composed = (parts[0][..., :16] + parts[0][..., 16:] + parts[1][..., :16] + parts[1][..., 16:]) // 4
+    ternary_weights = formats.TernaryConvBits(stacked.bits, stacked.tap_popcount, kernel_size=(3, 3),
+                                              in_channels=40, out_channels=16)
+    np.testing.assert_array_equal(np.asarray(ops.bconv2d(planes, ternary_weights)), np.asarray(composed))
+
+
+@pytest.mark.parametrize("mode", ["tnn", "tbn"])
+def test_two_threshold_planes_are_the_next_layers_ternary_activations(mode):
+    """Thresholds (lo, hi) per channel give the planes of t = +1 where dot >= hi, 0 where lo <= dot < hi,
+    -1 below lo: nonneg = [dot >= lo], pos = [dot >= hi], which the next ternary layer takes as they are."""
+    rng = np.random.default_rng(12)
+    x, _, weights, _ = operands(rng, mode, (2, 8, 8, 48), (3, 3, 48, 40), conv=True)
+    dots = np.asarray(ops.bconv2d(x, weights))
+    lo, hi = rng.integers(-20, 1, 40), rng.integers(0, 21, 40)
+    out = ops.bconv2d(x, weights, threshold=np.stack([lo, hi]))
+    assert out.shape == (2, 8, 8, 2, 2)
+    t = np.where(dots >= hi, 1, np.where(dots >= lo, 0, -1))
+    planes = formats.TernaryPlanes(out[..., 0, :], out[..., 1, :])
+    expected = formats.pack_ternary_pm_planes(t)
+    np.testing.assert_array_equal(np.asarray(planes.nonneg), np.asarray(expected.nonneg))
+    np.testing.assert_array_equal(np.asarray(planes.pos), np.asarray(expected.pos))
+    next_weights = formats.pack_ternary_conv_weights(ternary(rng, (3, 3, 40, 8)))
+    np.testing.assert_array_equal(np.asarray(ops.bconv2d(planes, next_weights)),
+                                  np.asarray(ops.bconv2d(expected, next_weights)))
+
+
+def test_repeated_parallel_calls_are_identical():
+    """Work is split over XLA's thread pool; the split must not change a single bit."""
+    rng = np.random.default_rng(3)
+    a, _, w, _ = operands(rng, "tnn", (257, 2000), (2000, 300), conv=False)
+    f = jax.jit(lambda a: ops.bmm(a, w))
+    first = np.asarray(f(a))
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(f(a)), first)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_without_a_native_target_the_ops_run_the_reference(mode, monkeypatch):
+    rng = np.random.default_rng(4)
+    x, x_values, weights, w_values = operands(rng, mode, (1, 6, 7, 50), (3, 3, 50, 12), conv=True)
+    native = np.asarray(ops.bconv2d(x, weights, stride=2))
+    monkeypatch.setattr(_ffi, "has_target", lambda platform, target: False)
+    jax.clear_caches()
+    np.testing.assert_array_equal(np.asarray(ops.bconv2d(x, weights, stride=2)), native)
+    jax.clear_caches()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_empty_batches_give_empty_results(mode):
+    rng = np.random.default_rng(6)
+    a, _, w, _ = operands(rng, mode, (0, 70), (70, 9), conv=False)
+    assert ops.bmm(a, w).shape == (0, 9)
+    x, _, weights, _ = operands(rng, mode, (0, 5, 5, 40), (3, 3, 40, 9), conv=True)
+    assert ops.bconv2d(x, weights, threshold=np.zeros(9, np.int32)).shape == (0, 5, 5, 1)
+
+
+# --- what the Python front refuses ------------------------------------------------------------------
+
+
+def test_front_refuses_planes_of_different_shapes_or_dtypes():
+    rng = np.random.default_rng(7)
+    a, _, w, _ = operands(rng, "tnn", (5, 70), (70, 9), conv=False)
+    with pytest.raises(ValueError, match=r"the planes of ternary a must have one shape, got a.nonneg \(5, 3\) and "
+                                         r"a.pos \(4, 3\)"):
+        ops.bmm(formats.TernaryPlanes(a.nonneg, a.pos[:4]), w)
+    with pytest.raises(TypeError, match="a.pos must hold packed uint32 words, got dtype int32"):
+        ops.bmm(formats.TernaryPlanes(a.nonneg, np.zeros((5, 3), np.int32)), w)
+    with pytest.raises(ValueError, match="x.nonneg has 3 words on its last axis, but 40 bits pack into 2 words"):
+        ops.bconv2d(formats.TernaryPlanes(np.zeros((1, 4, 4, 3), np.uint32), np.zeros((1, 4, 4, 3), np.uint32)),
+                    formats.pack_ternary_conv_weights(np.ones((3, 3, 40, 4))))  # fmt: skip
+
+
+def test_front_refuses_threshold_planes_of_the_binary_product_and_of_the_wrong_shape():
+    rng = np.random.default_rng(13)
+    a, _, w, _ = operands(rng, "tbn", (5, 70), (70, 9), conv=False)
+    binary_a = ops.pack_bits(signs(rng, (5, 70)))
+    with pytest.raises(ValueError, match=r"threshold planes of shape \(2, 9\) are taken by the products with a "
+                                         r"ternary operand; the binary product takes a threshold of shape \(9,\)"):
+        ops.bmm(binary_a, w, threshold=np.zeros((2, 9), np.int32))
+    with pytest.raises(ValueError, match=r"threshold must have shape \(9,\) or \(planes, 9\) with 1 to 8 planes"):
+        ops.bmm(a, w, threshold=np.zeros((9, 9), np.int32))
+    with pytest.raises(ValueError, match=r"flip must have the shape of threshold, \(2, 9\), got \(9,\)"):
+        ops.bmm(a, w, threshold=np.zeros((2, 9), np.int32), flip=np.zeros(9, bool))
+
+
+def test_front_checks_the_popcounts_of_ternary_weights():
+    rng = np.random.default_rng(9)
+    a, _, w, _ = operands(rng, "btn", (5, 70), (70, 9), conv=False)
+    with pytest.raises(ValueError, match=r"b_popcount must have shape \(18,\), got \(9,\)"):
+        ops.bmm(a, w, b_popcount=np.zeros(9, np.int32))
+    wrong = np.asarray(w.popcount).copy()
+    wrong[11] += 1
+    with pytest.raises(ValueError, match=r"b_popcount does not count the \+1 bits of the weights: at \(11,\)"):
+        ops.bmm(a, w, b_popcount=wrong)
+    x, _, weights, _ = operands(rng, "tnn", (1, 5, 5, 40), (3, 3, 40, 6), conv=True)
+    with pytest.raises(ValueError, match=r"w_tap_popcount must have shape \(9, 12\), got \(9, 6\)"):
+        ops.bconv2d(x, weights, w_tap_popcount=np.zeros((9, 6), np.int32))
+
+
+def test_front_refuses_ternary_weights_of_the_wrong_size():
+    rng = np.random.default_rng(10)
+    a, _, w, _ = operands(rng, "tnn", (5, 70), (70, 9), conv=False)
+    with pytest.raises(ValueError, match=r"FSB b of shape \(3, 1, 8, 4\) holds 17..24 rows, not 26"):
+        ops.bmm(a, formats.TernaryDenseBits(w.bits, w.popcount, k=70, n=13))
+    x, _, weights, _ = operands(rng, "btn", (1, 5, 5, 40), (3, 3, 40, 6), conv=True)
+    row_packed = formats.from_fsb(weights.bits, 12, 9 * 2 * 32).reshape(12, 3, 3, 2)
+    with pytest.raises(ValueError, match="out_channels=5 but w has 12 rows"):
+        ops.bconv2d(x, formats.TernaryConvBits(row_packed, weights.tap_popcount, kernel_size=(3, 3), in_channels=40,
+                                               out_channels=5))  # fmt: skip
+    got = ops.bconv2d(x, formats.TernaryConvBits(row_packed, weights.tap_popcount, kernel_size=(3, 3),
+                                                 in_channels=40, out_channels=6))  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(ops.bconv2d(x, weights)))
+
+
+# --- the handlers' own validation -------------------------------------------------------------------
+
+
+def ffi(target, out_shape, out_dtype, *operands, **attrs):
+    """Call a native target directly (bypassing jaxbnn.ops and its Python-side checks)."""
+    call = lambda *xs: jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(out_shape, out_dtype))(*xs, **attrs)  # noqa: E731
+    return jax.block_until_ready(jax.jit(call)(*operands))
+
+
+def u32(*shape):
+    return jnp.asarray(np.random.default_rng(0).integers(0, 2**32, shape, dtype=np.uint64).astype(np.uint32))
+
+
+I64 = np.int64
+# Valid calls: M = 4, k = 100 (4 words), n = 10: ternary weights FSB (3, 1, 8, 4) of 20 rows, binary (2, 1, 8, 4).
+BMM_OPERANDS = {
+    "tnn": dict(nonneg=u32(4, 4), pos=u32(4, 4), w=u32(3, 1, 8, 4)),
+    "tbn": dict(nonneg=u32(4, 4), pos=u32(4, 4), w=u32(2, 1, 8, 4)),
+    "btn": dict(a=u32(4, 4), w=u32(3, 1, 8, 4), w_popcount=jnp.zeros(20, jnp.int32)),
+}
+
+
+def bmm_call(mode, kind="i32", out=((4, 10), jnp.int32), extra=(), k=I64(100), n=I64(10), **change):
+    operands = {**BMM_OPERANDS[mode], **change}
+    return ffi(f"jaxbnn_{mode}_bmm_{kind}", *out, *operands.values(), *extra, k=k, n=n)
+
+
+# A valid conv2d call: 1x5x5 image, c = 40 (2 words), o = 9, 3x3 kernel, stride 1, padding 1.
+CONV_ATTRS = dict(c=I64(40), o=I64(9), kh=I64(3), kw=I64(3), stride_h=I64(1), stride_w=I64(1), pad_top=I64(1),
+                  pad_bottom=I64(1), pad_left=I64(1), pad_right=I64(1), pad_one=False, pool_h=I64(1),
+                  pool_w=I64(1))  # fmt: skip
+CONV_OPERANDS = {
+    "tnn": dict(nonneg=u32(1, 5, 5, 2), pos=u32(1, 5, 5, 2), w=u32(3, 5, 8, 4)),
+    "tbn": dict(nonneg=u32(1, 5, 5, 2), pos=u32(1, 5, 5, 2), w=u32(2, 5, 8, 4)),
+    "btn": dict(x=u32(1, 5, 5, 2), w=u32(3, 5, 8, 4), taps=jnp.zeros((9, 18), jnp.int32)),
+}
+
+
+def conv_call(mode, kind="i32", out=((1, 5, 5, 9), jnp.int32), extra=(), **change):
+    operands = {k: change.pop(k) if k in change else v for k, v in CONV_OPERANDS[mode].items()}
+    return ffi(f"jaxbnn_{mode}_conv2d_{kind}", *out, *operands.values(), *extra, **{**CONV_ATTRS, **change})
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_valid_direct_calls_run(mode):
+    assert bmm_call(mode).shape == (4, 10)
+    scale_bias = (jnp.ones(10, jnp.float32), jnp.zeros(10, jnp.float32))
+    assert bmm_call(mode, "f32", ((4, 10), jnp.float32), scale_bias).dtype == jnp.float32
+    threshold_flip = (jnp.zeros(10, jnp.int32), jnp.zeros(10, jnp.uint8))
+    assert bmm_call(mode, "bits", ((4, 1), jnp.uint32), threshold_flip).shape == (4, 1)
+    assert conv_call(mode).shape == (1, 5, 5, 9)
+    assert conv_call(mode, "bits", ((1, 5, 5, 1), jnp.uint32), (jnp.zeros(9, jnp.int32), jnp.zeros(9, jnp.uint8)),
+                     ).shape == (1, 5, 5, 1)  # fmt: skip
+
+
+BMM_ERRORS = [
+    ("tnn", "pos of another shape", dict(pos=u32(3, 4)),
+     r"operand `pos` has shape \(3, 4\) but operand `nonneg` has shape \(4, 4\)"),
+    ("tbn", "pos float32", dict(pos=jnp.zeros((4, 4), jnp.float32)), r"operand `pos` must be uint32 of rank 2"),
+    ("tnn", "nonneg words != ceil(k/32)", dict(nonneg=u32(4, 3), pos=u32(4, 3)),
+     r"operand `nonneg` has shape \(4, 3\) but k = 100 requires \(4, 4\)"),
+    ("btn", "a rank 3", dict(a=u32(1, 4, 4)), r"operand `a` must be uint32 of rank 2"),
+    ("tnn", "ternary weights of n rows", dict(w=u32(2, 1, 8, 4)),
+     r"operand `w` has shape \(2, 1, 8, 4\) but \(2 \* n = 20, 100 reduction bits"),
+    ("tbn", "binary weights of 2n rows", dict(w=u32(3, 1, 8, 4)),
+     r"operand `w` has shape \(3, 1, 8, 4\) but \(n = 10, 100 reduction bits"),
+    ("btn", "popcount of n rows", dict(w_popcount=jnp.zeros(10, jnp.int32)),
+     r"operand `w_popcount` has shape \(10,\) but the two planes of n = 10 output columns requires \(20,\)"),
+    ("btn", "popcount dtype", dict(w_popcount=jnp.zeros(20, jnp.uint32)), r"operand `w_popcount` must be int32"),
+    ("btn", "negative k", dict(k=I64(-1)), r"attribute k = -1 is out of range"),
+    ("tnn", "n beyond half of int32", dict(n=I64(2**30)), r"attribute n = 1073741824 is out of range"),
+]
+
+
+@pytest.mark.parametrize("mode,what,change,message", BMM_ERRORS, ids=[e[1] for e in BMM_ERRORS])
+def test_bmm_handlers_refuse_bad_operands(mode, what, change, message):
+    with pytest.raises(jax.errors.JaxRuntimeError, match=rf"jaxbnn_{mode}_bmm_i32: " + message):
+        bmm_call(mode, **change)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_handlers_take_threshold_planes(mode):
+    threshold, flip = jnp.zeros((2, 10), jnp.int32), jnp.zeros((2, 10), jnp.uint8)
+    assert bmm_call(mode, "bits", ((4, 2, 1), jnp.uint32), (threshold, flip)).shape == (4, 2, 1)
+    conv_planes = (jnp.zeros((2, 9), jnp.int32), jnp.zeros((2, 9), jnp.uint8))
+    assert conv_call(mode, "bits", ((1, 5, 5, 2, 1), jnp.uint32), conv_planes).shape == (1, 5, 5, 2, 1)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=rf"jaxbnn_{mode}_bmm_bits: operand `threshold` of shape "
+                                                          r"\(9, 10\) has 9 planes; 1 to 8 are supported"):
+        bmm_call(mode, "bits", ((4, 9, 1), jnp.uint32), (jnp.zeros((9, 10), jnp.int32), jnp.zeros((9, 10), jnp.uint8)))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=rf"jaxbnn_{mode}_bmm_bits: operand `flip` must be uint8 of "
+                                                          r"rank 2"):
+        bmm_call(mode, "bits", ((4, 2, 1), jnp.uint32), (threshold, jnp.zeros(10, jnp.uint8)))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=rf"jaxbnn_{mode}_bmm_bits: result has shape \(4, 1\), "
+                                                          r"expected leading dims \(4, 2\)"):
+        bmm_call(mode, "bits", ((4, 1), jnp.uint32), (threshold, flip))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=rf"jaxbnn_{mode}_conv2d_bits: result has shape"):
+        conv_call(mode, "bits", ((1, 5, 5, 1), jnp.uint32), conv_planes)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bmm_handlers_refuse_bad_results_and_epilogue_operands(mode):
+    with pytest.raises(jax.errors.JaxRuntimeError, match=rf"jaxbnn_{mode}_bmm_i32: result has shape \(4, 11\)"):
+        bmm_call(mode, out=((4, 11), jnp.int32))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=rf"jaxbnn_{mode}_bmm_f32: operand `scale` must be float32"):
+        bmm_call(mode, "f32", ((4, 10), jnp.float32), (jnp.ones(10, jnp.int32), jnp.zeros(10, jnp.float32)))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=rf"jaxbnn_{mode}_bmm_bits: operand `flip` has shape"):
+        bmm_call(mode, "bits", ((4, 1), jnp.uint32), (jnp.zeros(10, jnp.int32), jnp.zeros(9, jnp.uint8)))
+
+
+def test_handlers_refuse_a_missing_operand():
+    """Decoding errors come from XLA's FFI layer itself: still an error, not a crash."""
+    operands = BMM_OPERANDS["tnn"]
+    with pytest.raises(jax.errors.JaxRuntimeError, match="Wrong number of arguments"):
+        ffi("jaxbnn_tnn_bmm_i32", (4, 10), jnp.int32, operands["nonneg"], operands["w"], k=I64(100), n=I64(10))
+
+
+CONV_ERRORS = [
+    ("tnn", "pos of another shape", dict(pos=u32(1, 5, 4, 2)), r"operand `pos` has shape \(1, 5, 4, 2\)"),
+    ("tbn", "nonneg channel words", dict(nonneg=u32(1, 5, 5, 3), pos=u32(1, 5, 5, 3)),
+     r"operand `nonneg` has shape \(1, 5, 5, 3\) but c = 40 requires"),
+    ("btn", "x float32", dict(x=jnp.zeros((1, 5, 5, 2), jnp.float32)), r"operand `x` must be uint32 of rank 4"),
+    ("tnn", "ternary weights of o rows", dict(w=u32(2, 5, 8, 4)),
+     r"operand `w` has shape \(2, 5, 8, 4\) but \(2 \* o = 18"),
+    ("btn", "tap popcount of o rows", dict(taps=jnp.zeros((9, 9), jnp.int32)),
+     r"operand `w_tap_popcount` has shape \(9, 9\) but kh \* kw = 9 taps and the two planes of o = 9 output "
+     r"channels requires \(9, 18\)"),
+    ("tnn", "zero stride", dict(stride_h=I64(0)), r"attribute stride_h = 0 is out of range"),
+    ("tbn", "kernel larger than input", dict(kh=I64(9)), r"the kernel 9 x 3 is larger than the padded input 7 x 7"),
+    ("btn", "o beyond half of int32", dict(o=I64(2**30)), r"attribute o = 1073741824 is out of range"),
+]
+
+
+@pytest.mark.parametrize("mode,what,change,message", CONV_ERRORS, ids=[e[1] for e in CONV_ERRORS])
+def test_conv2d_handlers_refuse_bad_operands(mode, what, change, message):
+    with pytest.raises(jax.errors.JaxRuntimeError, match=rf"jaxbnn_{mode}_conv2d_i32: " + message):
+        conv_call(mode, **change)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_handlers_accept_empty_outputs(mode):
+    """Zero rows, or a pool window larger than the conv output, give empty results (nothing to compute)."""
+    empty = {name: u32(0, 4) for name in ("nonneg", "pos", "a") if name in BMM_OPERANDS[mode]}
+    assert bmm_call(mode, out=((0, 10), jnp.int32), **empty).shape == (0, 10)
+    assert conv_call(mode, pool_h=I64(6), out=((1, 0, 5, 9), jnp.int32)).shape == (1, 0, 5, 9)

@@ -1,0 +1,317 @@
+// The implicit GEMM driver of the CPU bit kernels (binary, ternary and mixed products).
+//
+// A task packs a "panel" of up to kPanelRows reduction rows (rows of a matrix, or the receptive fields of a
+// few output pixels gathered straight from the NHWC image: no im2col tensor is ever materialized) and runs
+// a panel kernel over a block of output columns whose weights stay in L2; fused max-pool takes the max of
+// the dots of a window's rows before the epilogue writes them. Panels are packed for the kernels in groups
+// of 8 rows, chunk-major (popcount_kernels.h), with the bit planes of an operand side by side in each chunk.
+#ifndef JAXBNN_XLA_FFI_CPU_GEMM_DRIVER_H_
+#define JAXBNN_XLA_FFI_CPU_GEMM_DRIVER_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "common/checks.h"
+#include "common/formats.h"
+#include "cpu/epilogue.h"
+#include "cpu/parallel_for.h"
+#include "cpu/popcount_kernels.h"
+
+namespace jaxbnn::cpu::gemm {
+
+using formats::CeilDiv;
+
+inline constexpr int64_t kTileRows = 8;         // the kernels' tile: 8 rows x 128 bits
+inline constexpr int64_t kChunkWords = 4;       // 128 bits
+inline constexpr int64_t kTileChunkWords = 32;  // one 8 x 128-bit tile
+inline constexpr int64_t kWordBits = formats::kWordBits;
+inline constexpr int64_t kPanelRows = 16;                      // reduction rows held at once (fit L1)
+inline constexpr int64_t kWeightBlockBytes = 256 * 1024;       // weights swept by one task (fits L2)
+inline constexpr int64_t kMinParallelWork = int64_t{1} << 15;  // chunk x tile-row products worth a thread hop
+
+#if defined(__GNUC__)
+#define JAXBNN_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define JAXBNN_ALWAYS_INLINE inline
+#endif
+
+inline int64_t RoundUp(int64_t value, int64_t multiple) { return CeilDiv(value, multiple) * multiple; }
+
+// Where a conv panel row reads the image: image b, top-left input coordinate (y0, x0) of its receptive field.
+struct RowOrigin {
+  int64_t b, y0, x0;
+};
+
+// Per-thread scratch, reused across calls.
+struct Scratch {
+  std::vector<uint32_t> panel;     // packed panel words
+  std::vector<int32_t> row_term;   // per panel row: its term of the dot products (e.g. the elements that count)
+  std::vector<uint8_t> excluded;   // per panel row: some taps are out of frame and excluded ("zero" padding)
+  std::vector<RowOrigin> origins;  // per conv panel row
+  std::vector<int32_t> dots;       // panel rows x the task's columns
+  std::vector<int32_t> pooled;     // one output row
+};
+
+// At least `size` elements; never shrinks, so that alternating task sizes do not re-initialize memory.
+template <class T>
+T* Grow(std::vector<T>& vector, int64_t size) {
+  if (static_cast<int64_t>(vector.size()) < size) vector.resize(size);
+  return vector.data();
+}
+
+inline Scratch& ThreadScratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
+// Rows [first_row, first_row + rows) of FSB weights in the kernels' tile (rows/8, chunks, 8, 4): the tiles
+// themselves where they already are that (default tile, first_row a multiple of 8), else a copy in
+// `storage`. Bits past the matrix stay 0 (and are masked anyway).
+inline const uint32_t* KernelTiles(const uint32_t* tiles, int64_t first_row, int64_t rows, int64_t k_words,
+                                   int64_t tile_rows, int64_t tile_words, int64_t k_tiles,
+                                   std::vector<uint32_t>& storage) {
+  const int64_t chunks = CeilDiv(k_words, kChunkWords);
+  if (tile_rows == kTileRows && tile_words == kChunkWords && first_row % kTileRows == 0) {
+    return tiles + first_row / kTileRows * chunks * kTileChunkWords;
+  }
+  storage.assign(CeilDiv(rows, kTileRows) * chunks * kTileChunkWords, 0);
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t src_row = first_row + row;
+    const uint32_t* src_tile_row = tiles + (src_row / tile_rows) * k_tiles * tile_rows * tile_words;
+    uint32_t* dst_tile_row = storage.data() + (row / kTileRows) * chunks * kTileChunkWords;
+    for (int64_t word = 0; word < k_words; ++word) {
+      dst_tile_row[(word / kChunkWords) * kTileChunkWords + (row % kTileRows) * kChunkWords + word % kChunkWords] =
+          src_tile_row[((word / tile_words) * tile_rows + src_row % tile_rows) * tile_words + word % tile_words];
+    }
+  }
+  return storage.data();
+}
+
+// One bit plane of one reduction row of a packed panel of kPlanes planes being filled: word w of the plane
+// lies at base[(w / 4) * 8 * kPlanes * 4 + w % 4].
+template <int kPlanes = 1>
+class PanelRow {
+ public:
+  PanelRow(uint32_t* panel, int64_t chunks, int64_t row, int plane = 0)
+      : base_(panel +
+              (((row / kGroupRows) * chunks * kGroupRows + row % kGroupRows) * kPlanes + plane) * kChunkWords) {}
+
+  // Words [word, word + count) from src (count a multiple of run); the last word of every `run` words is
+  // ANDed with last_mask (clears the padding bits of each packed run, e.g. of each tap's channels).
+  JAXBNN_ALWAYS_INLINE void Put(int64_t word, const uint32_t* src, int64_t count, int64_t run,
+                                uint32_t last_mask) const {
+    if (last_mask == ~0u && word % kChunkWords == 0 && count % kChunkWords == 0) {
+      for (int64_t i = 0; i < count; i += kChunkWords) std::memcpy(At(word + i), src + i, kChunkWords * 4);
+      return;
+    }
+    for (int64_t first = 0; first < count; first += run) {
+      for (int64_t i = first; i + 1 < first + run; ++i) *At(word + i) = src[i];
+      *At(word + first + run - 1) = src[first + run - 1] & last_mask;
+    }
+  }
+
+  JAXBNN_ALWAYS_INLINE void Fill(int64_t word, int64_t count, uint32_t value) const {
+    for (int64_t i = 0; i < count; ++i) *At(word + i) = value;
+  }
+
+  JAXBNN_ALWAYS_INLINE void Zero(int64_t word, int64_t count) const { Fill(word, count, 0); }
+
+  JAXBNN_ALWAYS_INLINE uint32_t* At(int64_t word) const {
+    return base_ + (word / kChunkWords) * kGroupRows * kPlanes * kChunkWords + word % kChunkWords;
+  }
+
+ private:
+  uint32_t* base_;
+};
+
+// Mask of the bits of a chunked row that belong to the reduction, or empty when that is every bit: the
+// weights may hold anything in the others.
+inline std::vector<uint32_t> WeightMask(int64_t chunks, int64_t runs, int64_t run_words, int64_t run_bits) {
+  std::vector<uint32_t> mask(chunks * kChunkWords, 0u);
+  for (int64_t run = 0; run < runs; ++run) {
+    for (int64_t word = 0; word < run_words; ++word) {
+      mask[run * run_words + word] = word + 1 == run_words ? formats::LastWordMask(run_bits) : ~0u;
+    }
+  }
+  for (uint32_t word : mask) {
+    if (word != ~0u) return mask;
+  }
+  return {};
+}
+
+// The receptive fields of a convolution's panel rows: panel row (o * window + wy * pool_w + wx) is the conv
+// output pixel (oy * pool_h + wy, ox * pool_w + wx) of pooled output o. Tap t = dy * kw + dx occupies words
+// [t * c_words, (t + 1) * c_words) of a row, as in the weight matrix.
+struct ConvWindows {
+  const Bconv2dProblem& p;
+
+  bool InFrame(int64_t iy, int64_t ix) const { return iy >= 0 && iy < p.height && ix >= 0 && ix < p.width; }
+  // The kw taps of kernel row dy are all in frame (and contiguous in the image and in a panel row).
+  bool RowInFrame(const RowOrigin& origin, int64_t dy) const {
+    const int64_t iy = origin.y0 + dy;
+    return iy >= 0 && iy < p.height && origin.x0 >= 0 && origin.x0 + p.kw <= p.width;
+  }
+  int64_t Pixel(int64_t b, int64_t iy, int64_t ix) const { return (b * p.height + iy) * p.width + ix; }
+  int64_t PixelOffset(int64_t b, int64_t iy, int64_t ix) const { return Pixel(b, iy, ix) * p.c_words; }
+
+  // Origins of the panel rows of outputs [first, first + count), stepping through the pixels (divisions
+  // only for the first one: they would cost more than gathering a row).
+  void Origins(int64_t first, int64_t count, RowOrigin* origins) const {
+    int64_t b = first / (p.out_h * p.out_w);
+    int64_t oy = first % (p.out_h * p.out_w) / p.out_w, ox = first % p.out_w;
+    for (int64_t o = 0; o < count; ++o) {
+      for (int64_t wy = 0; wy < p.pool_h; ++wy) {
+        for (int64_t wx = 0; wx < p.pool_w; ++wx) {
+          *origins++ = RowOrigin{b, (oy * p.pool_h + wy) * p.stride_h - p.pad_top,
+                                 (ox * p.pool_w + wx) * p.stride_w - p.pad_left};
+        }
+      }
+      if (++ox == p.out_w) {
+        ox = 0;
+        if (++oy == p.out_h) oy = 0, ++b;
+      }
+    }
+  }
+
+  // Calls excluded(tap) for every out-of-frame tap of a row's receptive field.
+  template <class Body>
+  void ForExcludedTaps(const RowOrigin& origin, Body excluded) const {
+    for (int64_t dy = 0; dy < p.kh; ++dy) {
+      for (int64_t dx = 0; dx < p.kw; ++dx) {
+        if (!InFrame(origin.y0 + dy, origin.x0 + dx)) excluded(dy * p.kw + dx);
+      }
+    }
+  }
+};
+
+// dot >= threshold, or dot <= threshold where flip (branch-free).
+JAXBNN_ALWAYS_INLINE uint32_t ThresholdBit(int32_t dot, int32_t threshold, uint8_t flip) {
+  const uint32_t at_least = dot >= threshold, at_most = dot <= threshold;
+  return flip ? at_most : at_least;
+}
+
+template <Epilogue kEpilogue>
+struct OutputWriter {
+  const EpilogueData& epilogue;
+  void* out;
+  int64_t n;
+
+  // Writes the dots of columns [col_begin, col_end) (col_begin a multiple of 32) of output `row`: one
+  // contiguous run per row, so rows whose stride is a multiple of 4 KiB do not thrash one L1 set.
+  JAXBNN_ALWAYS_INLINE void WriteRow(int64_t row, int64_t col_begin, int64_t col_end, const int32_t* dots) const {
+    const int64_t width = col_end - col_begin;
+    if constexpr (kEpilogue == Epilogue::kInt32) {
+      int32_t* dst = static_cast<int32_t*>(out) + row * n + col_begin;
+      for (int64_t i = 0; i < width; ++i) dst[i] = dots[i];
+    } else if constexpr (kEpilogue == Epilogue::kAffine) {
+      // Exactly float(dot) * scale + bias: the module is built with -ffp-contract=off (no fused multiply-add).
+      float* dst = static_cast<float*>(out) + row * n + col_begin;
+      const float* scale = epilogue.scale + col_begin;
+      const float* bias = epilogue.bias + col_begin;
+      for (int64_t i = 0; i < width; ++i) dst[i] = static_cast<float>(dots[i]) * scale[i] + bias[i];
+    } else {
+      const int64_t words = CeilDiv(n, kWordBits);
+      for (int64_t plane = 0; plane < epilogue.planes; ++plane) {
+        uint32_t* dst = static_cast<uint32_t*>(out) + (row * epilogue.planes + plane) * words + col_begin / kWordBits;
+        const int32_t* threshold = epilogue.threshold + plane * n + col_begin;
+        const uint8_t* flip = epilogue.flip + plane * n + col_begin;
+        for (int64_t word = 0; word * kWordBits < width; ++word) {
+          const int64_t bits_in_word = std::min(kWordBits, width - word * kWordBits);
+          uint32_t bits = 0;  // padding bits past n stay 0
+          for (int64_t i = 0; i < bits_in_word; ++i) {
+            const int64_t c = word * kWordBits + i;
+            bits |= ThresholdBit(dots[c], threshold[c], flip[c]) << i;
+          }
+          dst[word] = bits;
+        }
+      }
+    }
+  }
+};
+
+struct GemmShape {
+  int64_t outputs;          // output rows: bmm rows, or pooled output pixels
+  int64_t rows_per_output;  // reduction rows max-pooled into one output row (1 without pooling)
+  int64_t n;                // output columns
+  int64_t chunks;           // 128-bit chunks per reduction row
+  int64_t column_bytes;     // bytes of weights per output column (all its planes)
+};
+
+// Source: Fill(first, count, scratch) packs the panel of output rows [first, first + count) (setting
+// scratch.excluded per panel row) and returns it (a struct with `rows`); AddExcludedTaps(scratch, row,
+// col_begin, width, dots) corrects a row whose excluded flag is set. Kernel: kernel(panel, col_begin, tiles,
+// dots, stride) writes the dots of `tiles` 8-column tiles from column col_begin, row r at dots + r * stride.
+template <Epilogue kEpilogue, class Source, class Kernel>
+void RunGemm(const Source& source, const Kernel& kernel, const GemmShape& shape, const EpilogueData& epilogue,
+             void* out, ffi::ThreadPool* pool) {
+  if (shape.outputs == 0 || shape.n == 0) return;
+  const int64_t window = shape.rows_per_output;
+  const int64_t outputs_per_panel = std::max<int64_t>(1, kPanelRows / window);
+  const int64_t panels = CeilDiv(shape.outputs, outputs_per_panel);
+  const int64_t threads = PoolThreads(pool);
+  const int64_t tile_rows_total = CeilDiv(shape.n, kTileRows);
+  const bool parallel =
+      threads > 1 && shape.outputs * window * tile_rows_total * std::max<int64_t>(1, shape.chunks) >= kMinParallelWork;
+
+  // Columns per task: a multiple of 32 (one writer per packed output word) whose weights stay in L2; split
+  // further when there are too few panels to keep every thread busy.
+  const int64_t column_bytes = std::max<int64_t>(1, shape.column_bytes);
+  int64_t block = std::max<int64_t>(kWordBits, kWeightBlockBytes / column_bytes / kWordBits * kWordBits);
+  if (parallel && panels * CeilDiv(shape.n, block) < 4 * threads) {
+    block = std::max<int64_t>(kWordBits, RoundUp(CeilDiv(shape.n, CeilDiv(4 * threads, panels)), kWordBits));
+  }
+  block = std::min(block, RoundUp(shape.n, kWordBits));
+  const int64_t column_blocks = CeilDiv(shape.n, block);
+  const OutputWriter<kEpilogue> writer{epilogue, out, shape.n};
+
+  auto task = [&](int64_t index) {
+    const int64_t first = (index % panels) * outputs_per_panel;
+    const int64_t count = std::min(outputs_per_panel, shape.outputs - first);
+    const int64_t col_begin = (index / panels) * block;
+    const int64_t col_end = std::min(shape.n, col_begin + block);
+    const int64_t width = col_end - col_begin;
+    Scratch& scratch = ThreadScratch();
+    const auto panel = source.Fill(first, count, scratch);
+    const int64_t tiles = CeilDiv(width, kTileRows);
+    // The kernels write whole 8-column tiles: int32 dots go straight into the output when the task's columns
+    // are whole tiles; else into scratch rows (padded so that they do not share L1 sets).
+    const bool in_place = kEpilogue == Epilogue::kInt32 && window == 1 && width % kTileRows == 0;
+    const int64_t stride = in_place ? shape.n : tiles * kTileRows + 16;
+    int32_t* const dots = in_place ? static_cast<int32_t*>(out) + first * shape.n + col_begin
+                                   : Grow(scratch.dots, panel.rows * stride);
+    kernel(panel, col_begin, tiles, dots, stride);
+    for (int64_t row = 0; row < panel.rows; ++row) {
+      if (scratch.excluded[row]) source.AddExcludedTaps(scratch, row, col_begin, width, dots + row * stride);
+    }
+    if (in_place) return;
+    int32_t* const pooled = Grow(scratch.pooled, width);
+    for (int64_t o = 0; o < count; ++o) {
+      const int32_t* row_dots = dots + o * window * stride;
+      if (window > 1) {  // max-pool
+        for (int64_t i = 0; i < width; ++i) pooled[i] = row_dots[i];
+        for (int64_t r = 1; r < window; ++r) {
+          for (int64_t i = 0; i < width; ++i) pooled[i] = std::max(pooled[i], row_dots[r * stride + i]);
+        }
+        row_dots = pooled;
+      }
+      writer.WriteRow(first + o, col_begin, col_end, row_dots);
+    }
+  };
+  ParallelFor(pool, panels * column_blocks, parallel, task);
+}
+
+template <class Source, class Kernel>
+void DispatchEpilogue(const Source& source, const Kernel& kernel, const GemmShape& shape,
+                      const EpilogueData& epilogue, void* out, ffi::ThreadPool* pool) {
+  switch (epilogue.kind) {
+    case Epilogue::kInt32: return RunGemm<Epilogue::kInt32>(source, kernel, shape, epilogue, out, pool);
+    case Epilogue::kAffine: return RunGemm<Epilogue::kAffine>(source, kernel, shape, epilogue, out, pool);
+    case Epilogue::kThreshold: return RunGemm<Epilogue::kThreshold>(source, kernel, shape, epilogue, out, pool);
+  }
+}
+
+}  // namespace jaxbnn::cpu::gemm
+
+#endif  // JAXBNN_XLA_FFI_CPU_GEMM_DRIVER_H_

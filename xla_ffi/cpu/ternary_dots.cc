@@ -1,0 +1,316 @@
+// Instruction-set tiers of the ternary and mixed panel kernels (ternary_dots.h). As in popcount_kernels.cc,
+// each tier is compiled for its ISA with __attribute__((target(...))) on its own functions only.
+#include "cpu/ternary_dots.h"
+
+#include <algorithm>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define JAXBNN_X86 1
+#include <immintrin.h>
+#define JAXBNN_TARGET_POPCNT __attribute__((target("popcnt")))
+#define JAXBNN_TARGET_AVX2 __attribute__((target("avx2,popcnt")))
+#define JAXBNN_TARGET_AVX512 __attribute__((target("avx512f,avx512vpopcntdq,popcnt")))
+#endif
+
+namespace jaxbnn::cpu {
+namespace {
+
+constexpr int kTileRows = 8;
+constexpr int kChunkWords = 4;
+constexpr int kTileChunkWords = kTileRows * kChunkWords;  // 32 words = one 8 x 128-bit tile
+
+inline uint64_t Load64(const uint32_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Words of chunk 0 of panel row r (all planes); chunk j follows at + j * GroupChunkWords(mix).
+template <Mix kMix>
+constexpr int64_t GroupChunkWords() {
+  return kGroupRows * PanelPlanes(kMix) * kChunkWords;
+}
+
+template <Mix kMix>
+inline const uint32_t* PanelRowWords(const MixedPanel& panel, int64_t r) {
+  return panel.data + ((r / kGroupRows) * panel.chunks * kGroupRows + r % kGroupRows) * PanelPlanes(kMix) * kChunkWords;
+}
+
+// The popcounts of one 64-bit word: `plus` (TNN: popc(z_x & z_w)) and `gated` (the gated XOR). x0 / x1 the
+// panel planes' words, w0 / w1 the weight planes' (nonneg, pos; or w0 the bits), m the reduction mask.
+struct WordCounts {
+  uint64_t plus, gated;
+};
+
+// Always inlined, so that __builtin_popcountll becomes the popcnt instruction in the popcnt tier.
+template <Mix kMix>
+inline __attribute__((always_inline)) WordCounts CountWord(uint64_t x0, uint64_t x1, uint64_t w0, uint64_t w1,
+                                                           uint64_t m) {
+  if constexpr (kMix == Mix::kTnn) {
+    const uint64_t g = x1 & ~(w0 ^ w1) & m;
+    return {static_cast<uint64_t>(__builtin_popcountll(g)), static_cast<uint64_t>(__builtin_popcountll(g & (x0 ^ w1)))};
+  } else if constexpr (kMix == Mix::kTbn) {
+    return {0, static_cast<uint64_t>(__builtin_popcountll((x0 ^ w0) & x1))};
+  } else {
+    return {0, static_cast<uint64_t>(__builtin_popcountll((x0 ^ w1) & ~(w0 ^ w1) & m))};
+  }
+}
+
+// Scalar tiers: the same code with and without the popcnt instruction.
+#define JAXBNN_SCALAR_MIXED(NAME, ATTR)                                                                        \
+  template <Mix kMix>                                                                                          \
+  ATTR void NAME(const MixedPanel& panel, const MixedWeights& w, int64_t tiles, int32_t* dots, int64_t stride) { \
+    constexpr int kPlanes = PanelPlanes(kMix);                                                                 \
+    const int64_t chunks = panel.chunks;                                                                       \
+    for (int64_t r = 0; r < panel.rows; ++r) {                                                                 \
+      const uint32_t* x = PanelRowWords<kMix>(panel, r);                                                       \
+      for (int64_t t = 0; t < tiles; ++t) {                                                                    \
+        const int64_t tile_row = t * chunks * kTileChunkWords;                                                 \
+        for (int i = 0; i < kTileRows; ++i) {                                                                  \
+          uint64_t plus = 0, gated = 0;                                                                        \
+          for (int64_t j = 0; j < chunks; ++j) {                                                               \
+            const uint32_t* xj = x + j * GroupChunkWords<kMix>();                                              \
+            const int64_t at = tile_row + j * kTileChunkWords + i * kChunkWords;                               \
+            for (int half = 0; half < 2; ++half) {                                                             \
+              const uint64_t x1 = kPlanes == 2 ? Load64(xj + kChunkWords + 2 * half) : 0;                      \
+              const uint64_t w1 = w.pos != nullptr ? Load64(w.pos + at + 2 * half) : 0;                        \
+              const uint64_t m = w.mask != nullptr ? Load64(w.mask + j * kChunkWords + 2 * half) : 0;          \
+              const WordCounts counts =                                                                        \
+                  CountWord<kMix>(Load64(xj + 2 * half), x1, Load64(w.nonneg + at + 2 * half), w1, m);         \
+              plus += counts.plus;                                                                             \
+              gated += counts.gated;                                                                           \
+            }                                                                                                  \
+          }                                                                                                    \
+          dots[r * stride + t * kTileRows + i] = panel.row_term[r] + w.col_term[t * kTileRows + i] +           \
+                                                 static_cast<int32_t>(plus) - 2 * static_cast<int32_t>(gated); \
+        }                                                                                                      \
+      }                                                                                                        \
+    }                                                                                                          \
+  }
+
+JAXBNN_SCALAR_MIXED(MixedGeneric, )
+#ifdef JAXBNN_X86
+JAXBNN_SCALAR_MIXED(MixedPopcnt, JAXBNN_TARGET_POPCNT)
+#endif
+#undef JAXBNN_SCALAR_MIXED
+
+#ifdef JAXBNN_X86
+
+// AVX2: a tile chunk is four 256-bit registers (tile rows 2q, 2q+1 in register q); a panel chunk is
+// broadcast to both 128-bit lanes. Bytes are counted with the nibble lookup table (pshufb) and summed into
+// 64-bit lanes with psadbw.
+JAXBNN_TARGET_AVX2 inline __m256i ByteCountsAvx2(__m256i v) {
+  const __m256i table = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2, 1, 2, 2, 3,
+                                         1, 2, 2, 3, 2, 3, 3, 4);
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
+  __m256i low = _mm256_and_si256(v, low_nibbles);
+  __m256i high = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
+  return _mm256_add_epi8(_mm256_shuffle_epi8(table, low), _mm256_shuffle_epi8(table, high));
+}
+
+JAXBNN_TARGET_AVX2 inline __m256i Broadcast128(const uint32_t* p) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+JAXBNN_TARGET_AVX2 inline __m256i SumBytes(__m256i acc, __m256i bits) {
+  return _mm256_add_epi64(acc, _mm256_sad_epu8(ByteCountsAvx2(bits), _mm256_setzero_si256()));
+}
+
+template <Mix kMix>
+JAXBNN_TARGET_AVX2 void MixedAvx2(const MixedPanel& panel, const MixedWeights& w, int64_t tiles, int32_t* dots,
+                                  int64_t stride) {
+  constexpr int kPlanes = PanelPlanes(kMix);
+  const __m256i zero = _mm256_setzero_si256();
+  const int64_t chunks = panel.chunks;
+  for (int64_t r = 0; r < panel.rows; ++r) {
+    const uint32_t* x = PanelRowWords<kMix>(panel, r);
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t tile_row = t * chunks * kTileChunkWords;
+      __m256i plus[4] = {zero, zero, zero, zero}, gated[4] = {zero, zero, zero, zero};
+      for (int64_t j = 0; j < chunks; ++j) {
+        const uint32_t* xj = x + j * GroupChunkWords<kMix>();
+        const __m256i x0 = Broadcast128(xj);
+        const __m256i x1 = kPlanes == 2 ? Broadcast128(xj + kChunkWords) : zero;
+        const __m256i m = TernaryWeights(kMix) ? Broadcast128(w.mask + j * kChunkWords) : zero;
+        for (int q = 0; q < 4; ++q) {
+          const int64_t at = tile_row + j * kTileChunkWords + 8 * q;
+          const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.nonneg + at));
+          if constexpr (kMix == Mix::kTbn) {
+            gated[q] = SumBytes(gated[q], _mm256_and_si256(_mm256_xor_si256(x0, w0), x1));
+          } else {
+            const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.pos + at));
+            const __m256i z = _mm256_andnot_si256(_mm256_xor_si256(w0, w1), m);
+            if constexpr (kMix == Mix::kTnn) {
+              const __m256i g = _mm256_and_si256(z, x1);
+              plus[q] = SumBytes(plus[q], g);
+              gated[q] = SumBytes(gated[q], _mm256_and_si256(_mm256_xor_si256(x0, w1), g));
+            } else {
+              gated[q] = SumBytes(gated[q], _mm256_and_si256(_mm256_xor_si256(x0, w1), z));
+            }
+          }
+        }
+      }
+      for (int q = 0; q < 4; ++q) {
+        alignas(32) uint64_t p[4], g[4];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(p), plus[q]);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(g), gated[q]);
+        for (int half = 0; half < 2; ++half) {
+          const int64_t c = t * kTileRows + 2 * q + half;
+          dots[r * stride + c] = panel.row_term[r] + w.col_term[c] +
+                                 static_cast<int32_t>(p[2 * half] + p[2 * half + 1]) -
+                                 2 * static_cast<int32_t>(g[2 * half] + g[2 * half + 1]);
+        }
+      }
+    }
+  }
+}
+
+// GCC 12 reports its own _mm512_undefined_* placeholders (inside the narrowing intrinsics) as maybe
+// uninitialized; they are do-not-care lanes by design.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+// VPTERNLOGQ truth tables, operands (A, B, C): (A ^ B) & C, ~(A ^ B) & C and A & (B ^ C).
+constexpr int kXorAnd = 0x28;
+constexpr int kXnorAnd = 0x82;
+constexpr int kAndXor = 0x60;
+
+// The 64-bit half `half` of an 8-row tile chunk as one register of 8 columns x 64 bits, columns in the
+// order 0, 4, 1, 5, 2, 6, 3, 7 (in-lane unpacks need no index registers).
+JAXBNN_TARGET_AVX512 inline __m512i TileHalf(const uint32_t* chunk, int half) {
+  const __m512i rows_0_3 = _mm512_loadu_si512(chunk);
+  const __m512i rows_4_7 = _mm512_loadu_si512(chunk + 16);
+  return half == 0 ? _mm512_unpacklo_epi64(rows_0_3, rows_4_7) : _mm512_unpackhi_epi64(rows_0_3, rows_4_7);
+}
+
+JAXBNN_TARGET_AVX512 inline __m512i Broadcast64(const uint32_t* p) {
+  return _mm512_set1_epi64(static_cast<long long>(Load64(p)));
+}
+
+// AVX-512 VPOPCNTDQ, one register block: kRows panel rows x one tile row (8 output columns), one accumulator
+// lane per output column (TNN has two). Per 64-bit half of a chunk the tile's weight registers are formed
+// once (b_w and z_w, or the bits) for all rows; a gated term is then one VPTERNLOGQ (each panel word is
+// used once: its broadcast is a load, not a vector operation), one VPOPCNTQ and one add, and TNN's
+// z_x & z_w one AND, one VPOPCNTQ and one add more (its gated XOR reuses that AND). One tile row at a time:
+// the kernels measured no faster with two (8 rows x 16 columns), and broadcasts used twice become register
+// copies.
+template <Mix kMix, int kRows>
+JAXBNN_TARGET_AVX512 void MixedBlockAvx512(const uint32_t* group, int64_t group_words, const MixedWeights& w,
+                                           int64_t chunks, const int32_t* row_term, int32_t* dots, int64_t stride) {
+  constexpr int kPlanes = PanelPlanes(kMix);
+  constexpr bool kPlus = kMix == Mix::kTnn;
+  __m512i gated[kRows], plus[kPlus ? kRows : 1];
+#pragma GCC unroll 16
+  for (int r = 0; r < kRows; ++r) {
+    gated[r] = _mm512_setzero_si512();
+    if constexpr (kPlus) plus[r] = _mm512_setzero_si512();
+  }
+  for (int64_t j = 0; j < chunks; ++j) {
+    const int64_t at = j * kTileChunkWords;
+#pragma GCC unroll 2
+    for (int half = 0; half < 2; ++half) {
+      __m512i sign, gate;  // TBN: sign = the weight bits, no gate
+      if constexpr (TernaryWeights(kMix)) {
+        sign = TileHalf(w.pos + at, half);
+        gate = _mm512_ternarylogic_epi64(TileHalf(w.nonneg + at, half), sign,
+                                         Broadcast64(w.mask + j * kChunkWords + 2 * half), kXnorAnd);
+      } else {
+        sign = TileHalf(w.nonneg + at, half);
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < kRows; ++r) {
+        const uint32_t* xr = group + (r / kGroupRows) * group_words + j * GroupChunkWords<kMix>() +
+                             (r % kGroupRows) * kPlanes * kChunkWords + 2 * half;
+        __m512i bits;
+        if constexpr (kMix == Mix::kTnn) {
+          const __m512i both = _mm512_and_si512(gate, Broadcast64(xr + kChunkWords));
+          plus[r] = _mm512_add_epi64(plus[r], _mm512_popcnt_epi64(both));
+          bits = _mm512_ternarylogic_epi64(both, sign, Broadcast64(xr), kAndXor);
+        } else if constexpr (kMix == Mix::kTbn) {
+          bits = _mm512_ternarylogic_epi64(Broadcast64(xr), sign, Broadcast64(xr + kChunkWords), kXorAnd);
+        } else {
+          bits = _mm512_ternarylogic_epi64(Broadcast64(xr), sign, gate, kXorAnd);
+        }
+        gated[r] = _mm512_add_epi64(gated[r], _mm512_popcnt_epi64(bits));
+      }
+    }
+  }
+  const __m256i column_order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  const __m256i col_term = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.col_term));
+#pragma GCC unroll 16
+  for (int r = 0; r < kRows; ++r) {
+    __m512i terms = _mm512_add_epi64(gated[r], gated[r]);
+    if constexpr (kPlus) terms = _mm512_sub_epi64(terms, plus[r]);
+    const __m256i base = _mm256_add_epi32(_mm256_set1_epi32(row_term[r]), col_term);
+    const __m256i counts = _mm256_permutevar8x32_epi32(_mm512_cvtepi64_epi32(terms), column_order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dots + r * stride), _mm256_sub_epi32(base, counts));
+  }
+}
+
+// A register block holds 16 accumulators: 16 rows, or 8 for TNN (two per column).
+template <Mix kMix>
+constexpr int BlockRows() {
+  return kMix == Mix::kTnn ? 8 : 16;
+}
+
+template <Mix kMix, int kRows>
+void BlockOfRows(int64_t rows, const uint32_t* group, int64_t group_words, const MixedWeights& w, int64_t chunks,
+                 const int32_t* row_term, int32_t* out, int64_t stride) {
+  if constexpr (kRows > 0) {
+    if (rows == kRows) return MixedBlockAvx512<kMix, kRows>(group, group_words, w, chunks, row_term, out, stride);
+    BlockOfRows<kMix, kRows - 1>(rows, group, group_words, w, chunks, row_term, out, stride);
+  }
+}
+
+// One tile row at a time, swept over every row block of the panel while its weights are hot in L1 (a block
+// of more than 8 rows spans consecutive 8-row groups).
+template <Mix kMix>
+void MixedAvx512(const MixedPanel& panel, const MixedWeights& w, int64_t tiles, int32_t* dots, int64_t stride) {
+  constexpr int kRows = BlockRows<kMix>();
+  const int64_t group_words = panel.chunks * GroupChunkWords<kMix>();
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t offset = t * panel.chunks * kTileChunkWords;
+    const MixedWeights tile{w.nonneg + offset, w.pos == nullptr ? nullptr : w.pos + offset, w.chunks, w.mask,
+                            w.col_term + t * kTileRows};
+    for (int64_t first = 0; first < panel.rows; first += kRows) {
+      BlockOfRows<kMix, kRows>(std::min<int64_t>(kRows, panel.rows - first),
+                               panel.data + (first / kGroupRows) * group_words, group_words, tile, panel.chunks,
+                               panel.row_term + first, dots + first * stride + t * kTileRows, stride);
+    }
+  }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#endif  // JAXBNN_X86
+
+template <Mix kMix>
+MixedDotsFn TierFor(Isa isa) {
+  switch (isa) {
+#ifdef JAXBNN_X86
+    case Isa::kAvx512: return MixedAvx512<kMix>;
+    case Isa::kAvx2: return MixedAvx2<kMix>;
+    case Isa::kPopcnt: return MixedPopcnt<kMix>;
+#endif
+    default: return MixedGeneric<kMix>;
+  }
+}
+
+}  // namespace
+
+MixedDotsFn MixedDotsFor(Mix mix, Isa isa) {
+  switch (mix) {
+    case Mix::kTnn: return TierFor<Mix::kTnn>(isa);
+    case Mix::kTbn: return TierFor<Mix::kTbn>(isa);
+    case Mix::kBtn: return TierFor<Mix::kBtn>(isa);
+  }
+  return TierFor<Mix::kTnn>(isa);
+}
+
+}  // namespace jaxbnn::cpu

@@ -1,0 +1,313 @@
+// Ternary and mixed bmm / conv2d: panels of the planes ternary_dots.h reads, gathered from the activations,
+// and the per-column terms from the weights' popcounts.
+//
+// Ternary activations enter the panels as (a, z_x), z_x = NOT (a XOR b) masked to the real channels, formed
+// once per call (a convolution gathers each pixel KH * KW times). Padding is exact without corrections
+// wherever the activations are ternary: an out-of-frame tap is the value 0 for pad_value "zero" (z_x = 0)
+// and -1 for "one" (a = 0, z_x = the real channel bits). Binary activations (BTN) have no 0: an
+// out-of-frame tap is read as -1 (bits 0), which adds -sum(w_tap) to a dot; for "zero" the dots take it
+// back with the tap sums popc(pos_tap) + popc(nonneg_tap) - c. Padding bits of the weights never count (z_w
+// is masked), nor those of the activations (z_x is masked; BTN's only meet z_w).
+#include "cpu/ternary_kernels.h"
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "common/formats.h"
+#include "cpu/gemm_driver.h"
+#include "cpu/parallel_for.h"
+
+namespace jaxbnn::cpu {
+namespace {
+
+using namespace gemm;
+
+constexpr int64_t kConvertTaskWords = int64_t{1} << 14;  // activation words formed by one task
+
+inline int32_t Popcount32(uint32_t v) {  // the module targets baseline x86-64: no popcnt instruction here
+  v = v - ((v >> 1) & 0x55555555u);
+  v = (v & 0x33333333u) + ((v >> 2) & 0x33333333u);
+  return static_cast<int32_t>((((v + (v >> 4)) & 0x0F0F0F0Fu) * 0x01010101u) >> 24);
+}
+
+// The activations as the panels take them: plane0 the bits (BTN) or a; plane1 z_x; `nonzero` TBN's
+// popc(z_x) of each run (a row of a matrix, a pixel of an image).
+struct SourcePlanes {
+  const uint32_t* plane0;
+  const uint32_t* plane1;
+  const int32_t* nonzero;
+};
+
+// What a call keeps alive for its panels: the formed z_x plane and the runs' popcounts.
+struct ActivationStorage {
+  std::unique_ptr<uint32_t[]> nonzero_plane;
+  std::unique_ptr<int32_t[]> nonzero_counts;
+};
+
+// `runs` runs of `words` words holding `bits` real bits each (rows, or pixels).
+SourcePlanes PrepareActivations(Mix mix, const ActivationPlanes& x, int64_t runs, int64_t words, int64_t bits,
+                                ffi::ThreadPool* pool, ActivationStorage& storage) {
+  if (mix == Mix::kBtn) return SourcePlanes{x.nonneg, nullptr, nullptr};
+  storage.nonzero_plane.reset(new uint32_t[std::max<int64_t>(1, runs * words)]);
+  storage.nonzero_counts.reset(mix == Mix::kTbn ? new int32_t[std::max<int64_t>(1, runs)] : nullptr);
+  uint32_t* const z = storage.nonzero_plane.get();
+  int32_t* const counts = storage.nonzero_counts.get();
+  const uint32_t last_mask = formats::LastWordMask(bits);
+  const int64_t runs_per_task = std::max<int64_t>(1, kConvertTaskWords / std::max<int64_t>(1, words));
+  const int64_t tasks = CeilDiv(runs, runs_per_task);
+  ParallelFor(pool, tasks, PoolThreads(pool) > 1 && tasks > 1, [&](int64_t task) {
+    for (int64_t run = task * runs_per_task; run < std::min(runs, (task + 1) * runs_per_task); ++run) {
+      int32_t count = 0;
+      for (int64_t w = run * words; w < (run + 1) * words; ++w) {
+        z[w] = ~(x.nonneg[w] ^ x.pos[w]) & (w + 1 == (run + 1) * words ? last_mask : ~0u);
+        if (counts != nullptr) count += Popcount32(z[w]);
+      }
+      if (counts != nullptr) counts[run] = count;
+    }
+  });
+  return SourcePlanes{x.nonneg, z, counts};
+}
+
+// One panel row being filled, in its planes.
+template <Mix kMix>
+struct MixedRow {
+  static constexpr int kPlanes = PanelPlanes(kMix);
+  PanelRow<kPlanes> plane0, plane1;
+  int32_t nonzero = 0;  // TBN: popc(z_x) so far
+
+  MixedRow(uint32_t* panel, int64_t chunks, int64_t row)
+      : plane0(panel, chunks, row, 0), plane1(panel, chunks, row, kPlanes - 1) {}
+
+  // Words [word, word + count) of the row: `runs` runs from run `first_run` on, at word `offset` of the
+  // activations.
+  JAXBNN_ALWAYS_INLINE void Put(int64_t word, const SourcePlanes& x, int64_t first_run, int64_t runs, int64_t offset,
+                                int64_t count) {
+    plane0.Put(word, x.plane0 + offset, count, count, ~0u);
+    if constexpr (kPlanes == 2) plane1.Put(word, x.plane1 + offset, count, count, ~0u);
+    if constexpr (kMix == Mix::kTbn) {
+      for (int64_t run = first_run; run < first_run + runs; ++run) nonzero += x.nonzero[run];
+    }
+  }
+
+  // An out-of-frame tap of `count` words: the value 0 (zero) or -1 (one, or BTN's stand-in for 0).
+  JAXBNN_ALWAYS_INLINE void PutPadding(int64_t word, int64_t count, bool minus_one, uint32_t last_mask,
+                                       int32_t channels) {
+    plane0.Zero(word, count);
+    if constexpr (kPlanes == 2) {
+      plane1.Fill(word, count, minus_one ? ~0u : 0u);
+      if (minus_one) *plane1.At(word + count - 1) = last_mask;
+      if (kMix == Mix::kTbn && minus_one) nonzero += channels;
+    }
+  }
+
+  // Words past the reduction (to the end of the last chunk): 0 in every plane.
+  JAXBNN_ALWAYS_INLINE void ZeroTail(int64_t word, int64_t count) {
+    plane0.Zero(word, count);
+    if constexpr (kPlanes == 2) plane1.Zero(word, count);
+  }
+
+  // The row's term of the dot products (ternary_dots.h): TBN's popc(z_x), 0 otherwise.
+  int32_t RowTerm() const { return nonzero; }
+};
+
+template <Mix kMix>
+int64_t PanelWords(int64_t rows, int64_t chunks) {
+  return RoundUp(rows, kGroupRows) * chunks * kChunkWords * PanelPlanes(kMix);
+}
+
+// Rows of the activation matrix.
+template <Mix kMix>
+struct MixedBmmRows {
+  SourcePlanes a;
+  int64_t k_words, chunks;
+
+  MixedPanel Fill(int64_t first, int64_t count, Scratch& scratch) const {
+    int32_t* row_term = Grow(scratch.row_term, count);
+    uint8_t* excluded = Grow(scratch.excluded, count);
+    uint32_t* panel = Grow(scratch.panel, PanelWords<kMix>(count, chunks));
+    for (int64_t r = 0; r < count; ++r) {
+      MixedRow<kMix> row(panel, chunks, r);
+      row.Put(0, a, first + r, 1, (first + r) * k_words, k_words);
+      row.ZeroTail(k_words, chunks * kChunkWords - k_words);
+      row_term[r] = row.RowTerm();
+      excluded[r] = 0;
+    }
+    return MixedPanel{panel, count, chunks, row_term};
+  }
+
+  void AddExcludedTaps(const Scratch&, int64_t, int64_t, int64_t, int32_t*) const {}  // bmm excludes nothing
+};
+
+// Receptive fields of pooled output pixels, gathered from the NHWC planes (ConvWindows).
+template <Mix kMix>
+struct MixedConvRows {
+  ConvWindows windows;
+  SourcePlanes x;
+  const int32_t* tap_sum;  // BTN with "zero" padding: (kh * kw, o), sum(w_tap) per tap and output channel
+  int64_t chunks;
+
+  MixedPanel Fill(int64_t first, int64_t count, Scratch& scratch) const {
+    const Bconv2dProblem& p = windows.p;
+    const int64_t rows = count * p.pool_h * p.pool_w;
+    const uint32_t last_mask = formats::LastWordMask(p.c);
+    const int32_t channels = static_cast<int32_t>(p.c);
+    uint32_t* panel = Grow(scratch.panel, PanelWords<kMix>(rows, chunks));
+    int32_t* row_term = Grow(scratch.row_term, rows);
+    uint8_t* excluded = Grow(scratch.excluded, rows);
+    RowOrigin* origins = Grow(scratch.origins, rows);
+    windows.Origins(first, count, origins);
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto [b, y0, x0] = origins[r];
+      MixedRow<kMix> row(panel, chunks, r);
+      bool out_of_frame = false;
+      for (int64_t dy = 0; dy < p.kh; ++dy) {
+        const int64_t iy = y0 + dy, word = dy * p.kw * p.c_words;
+        if (windows.RowInFrame(origins[r], dy)) {
+          const int64_t pixel = windows.Pixel(b, iy, x0);
+          row.Put(word, x, pixel, p.kw, pixel * p.c_words, p.kw * p.c_words);
+          continue;
+        }
+        for (int64_t dx = 0; dx < p.kw; ++dx) {
+          if (windows.InFrame(iy, x0 + dx)) {
+            const int64_t pixel = windows.Pixel(b, iy, x0 + dx);
+            row.Put(word + dx * p.c_words, x, pixel, 1, pixel * p.c_words, p.c_words);
+          } else {
+            row.PutPadding(word + dx * p.c_words, p.c_words, p.pad_one || kMix == Mix::kBtn, last_mask, channels);
+            out_of_frame = true;
+          }
+        }
+      }
+      row.ZeroTail(p.k_words, chunks * kChunkWords - p.k_words);
+      row_term[r] = row.RowTerm();
+      excluded[r] = kMix == Mix::kBtn && !p.pad_one && out_of_frame;
+    }
+    return MixedPanel{panel, rows, chunks, row_term};
+  }
+
+  // BTN, "zero" padding: an out-of-frame tap t read as -1 added -tap_sum[t, col]: take it back.
+  void AddExcludedTaps(const Scratch& scratch, int64_t row, int64_t col_begin, int64_t width, int32_t* dots) const {
+    windows.ForExcludedTaps(scratch.origins[row], [&](int64_t tap) {
+      const int32_t* sum = tap_sum + tap * windows.p.o + col_begin;
+      for (int64_t i = 0; i < width; ++i) dots[i] += sum[i];
+    });
+  }
+};
+
+// The weights in kernel tiles, their reduction mask and per-column terms, and the kernel of the active tier.
+struct MixedKernel {
+  MixedDotsFn dots_fn;
+  MixedWeights weights;  // of every output column
+
+  void operator()(const MixedPanel& panel, int64_t col_begin, int64_t tiles, int32_t* dots, int64_t stride) const {
+    const int64_t offset = col_begin / kTileRows * weights.chunks * kTileChunkWords;
+    const MixedWeights run{weights.nonneg + offset, weights.pos == nullptr ? nullptr : weights.pos + offset,
+                           weights.chunks, weights.mask, weights.col_term + col_begin};
+    dots_fn(panel, run, tiles, dots, stride);
+  }
+};
+
+// What a call keeps alive for its kernel: the copied tiles (where the FSB weights were not the kernels'
+// tiles already), the mask and the column terms.
+struct WeightStorage {
+  std::vector<uint32_t> nonneg, pos, mask;
+  std::vector<int32_t> col_term;
+};
+
+// `nonzero(c)`: popc(z_w) of output column c (BTN's column term).
+template <class Nonzero>
+MixedKernel PrepareWeights(Mix mix, const uint32_t* tiles, int64_t n, int64_t k_words, int64_t tile_rows,
+                           int64_t tile_words, int64_t k_tiles, std::vector<uint32_t> mask, Nonzero nonzero,
+                           WeightStorage& storage) {
+  const int64_t chunks = CeilDiv(k_words, kChunkWords);
+  MixedWeights w{};
+  w.chunks = chunks;
+  w.nonneg = KernelTiles(tiles, 0, n, k_words, tile_rows, tile_words, k_tiles, storage.nonneg);
+  storage.col_term.assign(RoundUp(n, kTileRows), 0);  // the kernels read whole 8-column tiles
+  if (TernaryWeights(mix)) {
+    w.pos = KernelTiles(tiles, n, n, k_words, tile_rows, tile_words, k_tiles, storage.pos);
+    storage.mask = mask.empty() ? std::vector<uint32_t>(chunks * kChunkWords, ~0u) : std::move(mask);
+    w.mask = storage.mask.data();
+  }
+  if (mix == Mix::kBtn) {
+    for (int64_t c = 0; c < n; ++c) storage.col_term[c] = nonzero(c);
+  }
+  w.col_term = storage.col_term.data();
+  return MixedKernel{MixedDotsFor(mix, ActiveIsa()), w};
+}
+
+template <Mix kMix>
+void RunBmmOf(const BmmProblem& p, const SourcePlanes& a, const MixedKernel& kernel,
+              const EpilogueData& epilogue, void* out, ffi::ThreadPool* pool) {
+  const int64_t chunks = kernel.weights.chunks;
+  MixedBmmRows<kMix> rows{a, p.k_words, chunks};
+  const int64_t column_bytes = chunks * kChunkWords * 4 * (TernaryWeights(kMix) ? 2 : 1);
+  DispatchEpilogue(rows, kernel, GemmShape{p.m, 1, p.n, chunks, column_bytes}, epilogue, out, pool);
+}
+
+template <Mix kMix>
+void RunConvOf(const Bconv2dProblem& p, const SourcePlanes& x, const int32_t* tap_sum,
+               const MixedKernel& kernel, const EpilogueData& epilogue, void* out, ffi::ThreadPool* pool) {
+  const int64_t chunks = kernel.weights.chunks;
+  MixedConvRows<kMix> rows{ConvWindows{p}, x, tap_sum, chunks};
+  const int64_t column_bytes = chunks * kChunkWords * 4 * (TernaryWeights(kMix) ? 2 : 1);
+  const int64_t outputs = p.batch * p.out_h * p.out_w;
+  DispatchEpilogue(rows, kernel, GemmShape{outputs, p.pool_h * p.pool_w, p.o, chunks, column_bytes}, epilogue,
+                   out, pool);
+}
+
+}  // namespace
+
+void RunMixedBmm(Mix mix, const BmmProblem& p, const ActivationPlanes& a, const uint32_t* w_tiles,
+                 const int32_t* w_popcount, const EpilogueData& epilogue, void* out, ffi::ThreadPool* pool) {
+  const int64_t chunks = CeilDiv(p.k_words, kChunkWords);
+  WeightStorage storage;
+  // A ternary weight is non-zero where its planes agree: popc(z_w) = k - popc(nonneg) + popc(pos).
+  const MixedKernel kernel = PrepareWeights(
+      mix, w_tiles, p.n, p.k_words, p.tile_rows, p.tile_words, p.k_tiles, WeightMask(chunks, 1, p.k_words, p.k),
+      [&](int64_t c) { return static_cast<int32_t>(p.k - w_popcount[c] + w_popcount[p.n + c]); }, storage);
+  ActivationStorage activations;
+  const SourcePlanes planes = PrepareActivations(mix, a, p.m, p.k_words, p.k, pool, activations);
+  switch (mix) {
+    case Mix::kTnn: return RunBmmOf<Mix::kTnn>(p, planes, kernel, epilogue, out, pool);
+    case Mix::kTbn: return RunBmmOf<Mix::kTbn>(p, planes, kernel, epilogue, out, pool);
+    case Mix::kBtn: return RunBmmOf<Mix::kBtn>(p, planes, kernel, epilogue, out, pool);
+  }
+}
+
+void RunMixedConv2d(Mix mix, const Bconv2dProblem& p, const ActivationPlanes& x, const uint32_t* w_tiles,
+                    const int32_t* w_tap_popcount, const EpilogueData& epilogue, void* out, ffi::ThreadPool* pool) {
+  const int64_t chunks = CeilDiv(p.k_words, kChunkWords);
+  const int64_t taps = p.kh * p.kw;
+  WeightStorage storage;
+  const MixedKernel kernel = PrepareWeights(
+      mix, w_tiles, p.o, p.k_words, p.tile_rows, p.tile_words, p.k_tiles, WeightMask(chunks, taps, p.c_words, p.c),
+      [&](int64_t c) {
+        int64_t nonzero = 0;
+        for (const int32_t* tap = w_tap_popcount; tap < w_tap_popcount + taps * 2 * p.o; tap += 2 * p.o) {
+          nonzero += p.c - tap[c] + tap[p.o + c];
+        }
+        return static_cast<int32_t>(nonzero);
+      },
+      storage);
+  std::vector<int32_t> tap_sum;
+  if (mix == Mix::kBtn && !p.pad_one) {
+    tap_sum.resize(taps * p.o);
+    for (int64_t t = 0; t < taps; ++t) {
+      for (int64_t c = 0; c < p.o; ++c) {
+        tap_sum[t * p.o + c] =
+            static_cast<int32_t>(w_tap_popcount[t * 2 * p.o + p.o + c] + w_tap_popcount[t * 2 * p.o + c] - p.c);
+      }
+    }
+  }
+  ActivationStorage activations;
+  const SourcePlanes planes =
+      PrepareActivations(mix, x, p.batch * p.height * p.width, p.c_words, p.c, pool, activations);
+  switch (mix) {
+    case Mix::kTnn: return RunConvOf<Mix::kTnn>(p, planes, tap_sum.data(), kernel, epilogue, out, pool);
+    case Mix::kTbn: return RunConvOf<Mix::kTbn>(p, planes, tap_sum.data(), kernel, epilogue, out, pool);
+    case Mix::kBtn: return RunConvOf<Mix::kBtn>(p, planes, tap_sum.data(), kernel, epilogue, out, pool);
+  }
+}
+
+}  // namespace jaxbnn::cpu
