@@ -50,8 +50,7 @@ struct Scratch {
   std::vector<int32_t> k_valid;    // per panel row: the reduction elements that count
   std::vector<uint8_t> excluded;   // per panel row: some taps are out of frame and excluded ("zero" padding)
   std::vector<RowOrigin> origins;  // per conv panel row
-  std::vector<int32_t> dots;       // panel rows x the task's columns
-  std::vector<int32_t> pooled;     // one output row
+  std::vector<int32_t> dots;       // panel rows x a strip's columns
 };
 
 // At least `size` elements; never shrinks, so that alternating task sizes do not re-initialize memory.
@@ -94,11 +93,22 @@ class PanelRow {
   // (clears the padding bits of each packed run, e.g. of each tap's channels).
   JAXBNN_ALWAYS_INLINE void Put(int64_t word, const uint32_t* src, int64_t count, int64_t run,
                                 uint32_t last_mask) const {
-    if (last_mask == ~0u && word % kChunkWords == 0 && count % kChunkWords == 0) {
-      for (int64_t i = 0; i < count; i += kChunkWords) std::memcpy(At(word + i), src + i, kChunkWords * 4);
+    if (last_mask == ~0u) {
+      if (word % kChunkWords == 0 && count % kChunkWords == 0) {
+        for (int64_t i = 0; i < count; i += kChunkWords) std::memcpy(At(word + i), src + i, kChunkWords * 4);
+        return;
+      }
+      for (int64_t i = 0; i < count; ++i) *At(word + i) = src[i];
       return;
     }
-    for (int64_t i = 0; i < count; ++i) *At(word + i) = (i + 1) % run == 0 ? src[i] & last_mask : src[i];
+    for (int64_t i = 0, left = run; i < count; ++i) {
+      if (--left == 0) {
+        *At(word + i) = src[i] & last_mask;
+        left = run;
+      } else {
+        *At(word + i) = src[i];
+      }
+    }
   }
 
   JAXBNN_ALWAYS_INLINE void Zero(int64_t word, int64_t count) const {
@@ -136,51 +146,9 @@ struct GemmShape {
   const uint32_t* tiles;    // kernel tiles (ceil(n/8), chunks, 8, 4)
 };
 
-// dot >= threshold, or dot <= threshold where flip (branch-free).
-JAXBNN_ALWAYS_INLINE uint32_t ThresholdBit(int32_t dot, int32_t threshold, uint8_t flip) {
-  const uint32_t at_least = dot >= threshold, at_most = dot <= threshold;
-  return flip ? at_most : at_least;
-}
-
-template <Epilogue kEpilogue>
-struct OutputWriter {
-  const EpilogueData& epilogue;
-  void* out;
-  int64_t n;
-
-  // Writes the dots of columns [col_begin, col_end) (col_begin a multiple of 32) of output `row`: one
-  // contiguous run per row, so rows whose stride is a multiple of 4 KiB do not thrash one L1 set.
-  JAXBNN_ALWAYS_INLINE void WriteRow(int64_t row, int64_t col_begin, int64_t col_end, const int32_t* dots) const {
-    const int64_t width = col_end - col_begin;
-    if constexpr (kEpilogue == Epilogue::kInt32) {
-      int32_t* dst = static_cast<int32_t*>(out) + row * n + col_begin;
-      for (int64_t i = 0; i < width; ++i) dst[i] = dots[i];
-    } else if constexpr (kEpilogue == Epilogue::kAffine) {
-      // Exactly float(dot) * scale + bias: the module is built with -ffp-contract=off (no fused multiply-add).
-      float* dst = static_cast<float*>(out) + row * n + col_begin;
-      const float* scale = epilogue.scale + col_begin;
-      const float* bias = epilogue.bias + col_begin;
-      for (int64_t i = 0; i < width; ++i) dst[i] = static_cast<float>(dots[i]) * scale[i] + bias[i];
-    } else {
-      uint32_t* dst = static_cast<uint32_t*>(out) + row * CeilDiv(n, kWordBits) + col_begin / kWordBits;
-      const int32_t* threshold = epilogue.threshold + col_begin;
-      const uint8_t* flip = epilogue.flip + col_begin;
-      for (int64_t word = 0; word * kWordBits < width; ++word) {
-        const int64_t bits_in_word = std::min(kWordBits, width - word * kWordBits);
-        uint32_t bits = 0;  // padding bits past n stay 0
-        for (int64_t i = 0; i < bits_in_word; ++i) {
-          const int64_t c = word * kWordBits + i;
-          bits |= ThresholdBit(dots[c], threshold[c], flip[c]) << i;
-        }
-        dst[word] = bits;
-      }
-    }
-  }
-};
-
 // Source: packs the panel for output rows [first, first + count) (setting k_valid and excluded per panel
 // row) and adds the excluded taps back into a row's dots; see BmmRows, ConvRows.
-template <Epilogue kEpilogue, class Source>
+template <class Source>
 void RunGemm(const Source& source, const GemmShape& shape, const EpilogueData& epilogue, void* out,
              ffi::ThreadPool* pool) {
   if (shape.outputs == 0 || shape.n == 0) return;
@@ -201,8 +169,9 @@ void RunGemm(const Source& source, const GemmShape& shape, const EpilogueData& e
   }
   block = std::min(block, RoundUp(shape.n, kWordBits));
   const int64_t column_blocks = CeilDiv(shape.n, block);
-  const PanelDotsFn panel_dots = PanelDotsFor(ActiveIsa());
-  const OutputWriter<kEpilogue> writer{epilogue, out, shape.n};
+  const Isa isa = ActiveIsa();
+  const PanelDotsFn panel_dots = PanelDotsFor(isa);
+  const FinishStripFn finish_strip = FinishStripFor(isa);
 
   auto task = [&](int64_t index) {
     const int64_t first = (index % panels) * outputs_per_panel;
@@ -212,42 +181,31 @@ void RunGemm(const Source& source, const GemmShape& shape, const EpilogueData& e
     const int64_t width = col_end - col_begin;
     Scratch& scratch = ThreadScratch();
     const PackedPanel panel = source.Fill(first, count, scratch);
-    const int64_t tiles = CeilDiv(width, kTileRows);
-    // The kernels write whole 8-column tiles: int32 dots go straight into the output when the task's columns
-    // are whole tiles; else into scratch rows (padded so that they do not share L1 sets).
-    const bool in_place = kEpilogue == Epilogue::kInt32 && window == 1 && width % kTileRows == 0;
-    const int64_t stride = in_place ? shape.n : tiles * kTileRows + 16;
-    int32_t* const dots = in_place ? static_cast<int32_t*>(out) + first * shape.n + col_begin
-                                   : Grow(scratch.dots, panel.rows * stride);
-    panel_dots(panel, shape.tiles + (col_begin / kTileRows) * shape.chunks * kTileChunkWords, tiles, dots, stride);
-    for (int64_t row = 0; row < panel.rows; ++row) {
-      if (scratch.excluded[row]) source.AddExcludedTaps(scratch, row, col_begin, width, dots + row * stride);
-    }
-    if (in_place) return;
-    int32_t* const pooled = Grow(scratch.pooled, width);
-    for (int64_t o = 0; o < count; ++o) {
-      const int32_t* row_dots = dots + o * window * stride;
-      if (window > 1) {  // max-pool
-        for (int64_t i = 0; i < width; ++i) pooled[i] = row_dots[i];
-        for (int64_t r = 1; r < window; ++r) {
-          for (int64_t i = 0; i < width; ++i) pooled[i] = std::max(pooled[i], row_dots[r * stride + i]);
-        }
-        row_dots = pooled;
+    // int32 dots go straight into the output when the task's columns are whole 8-column tiles (the kernels
+    // write whole tiles); else strip by strip into L1 scratch rows (padded so that they do not share L1 sets),
+    // each strip's epilogue right after its dots.
+    if (epilogue.kind == Epilogue::kInt32 && window == 1 && width % kTileRows == 0) {
+      int32_t* const dots = static_cast<int32_t*>(out) + first * shape.n + col_begin;
+      panel_dots(panel, shape.tiles + (col_begin / kTileRows) * shape.chunks * kTileChunkWords,
+                 CeilDiv(width, kTileRows), dots, shape.n);
+      for (int64_t row = 0; row < panel.rows; ++row) {
+        if (scratch.excluded[row]) source.AddExcludedTaps(scratch, row, col_begin, width, dots + row * shape.n);
       }
-      writer.WriteRow(first + o, col_begin, col_end, row_dots);
+      return;
+    }
+    constexpr int64_t stride = kStripCols + 16;
+    int32_t* const dots = Grow(scratch.dots, panel.rows * stride);
+    for (int64_t strip = col_begin; strip < col_end; strip += kStripCols) {
+      const int64_t strip_width = std::min(kStripCols, col_end - strip);
+      panel_dots(panel, shape.tiles + (strip / kTileRows) * shape.chunks * kTileChunkWords,
+                 CeilDiv(strip_width, kTileRows), dots, stride);
+      for (int64_t row = 0; row < panel.rows; ++row) {
+        if (scratch.excluded[row]) source.AddExcludedTaps(scratch, row, strip, strip_width, dots + row * stride);
+      }
+      finish_strip(Strip{dots, stride, count, window, first, strip, strip_width, shape.n, out}, epilogue);
     }
   };
   ParallelFor(pool, panels * column_blocks, parallel, task);
-}
-
-template <class Source>
-void DispatchEpilogue(const Source& source, const GemmShape& shape, const EpilogueData& epilogue, void* out,
-                      ffi::ThreadPool* pool) {
-  switch (epilogue.kind) {
-    case Epilogue::kInt32: return RunGemm<Epilogue::kInt32>(source, shape, epilogue, out, pool);
-    case Epilogue::kAffine: return RunGemm<Epilogue::kAffine>(source, shape, epilogue, out, pool);
-    case Epilogue::kThreshold: return RunGemm<Epilogue::kThreshold>(source, shape, epilogue, out, pool);
-  }
 }
 
 // Rows of `a`, packed with their padding bits cleared.
@@ -374,7 +332,7 @@ void RunBmm(const BmmProblem& problem, const uint32_t* a, const uint32_t* b_tile
                                       problem.k_tiles, tile_storage);
   BmmRows rows{a, problem.k_words, chunks, static_cast<int32_t>(problem.k),
                weight_mask.empty() ? nullptr : weight_mask.data()};
-  DispatchEpilogue(rows, GemmShape{problem.m, 1, problem.n, chunks, tiles}, epilogue, out, pool);
+  RunGemm(rows, GemmShape{problem.m, 1, problem.n, chunks, tiles}, epilogue, out, pool);
 }
 
 void RunBconv2d(const Bconv2dProblem& problem, const uint32_t* x, const uint32_t* w_tiles,
@@ -387,7 +345,7 @@ void RunBconv2d(const Bconv2dProblem& problem, const uint32_t* x, const uint32_t
                                       problem.k_tiles, tile_storage);
   ConvRows rows{problem, x, w_tap_popcount, chunks, weight_mask.empty() ? nullptr : weight_mask.data()};
   const int64_t outputs = problem.batch * problem.out_h * problem.out_w;
-  DispatchEpilogue(rows, GemmShape{outputs, problem.pool_h * problem.pool_w, problem.o, chunks, tiles}, epilogue,
+  RunGemm(rows, GemmShape{outputs, problem.pool_h * problem.pool_w, problem.o, chunks, tiles}, epilogue,
                    out, pool);
 }
 

@@ -5,18 +5,10 @@
 #include <cstdint>
 
 #include "common/checks.h"
+#include "cpu/popcount_kernels.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxbnn::cpu {
-
-// Per-output-column epilogue data (docs/formats.md "Epilogues"); unused pointers are null.
-struct EpilogueData {
-  Epilogue kind;
-  const float* scale;
-  const float* bias;
-  const int32_t* threshold;
-  const uint8_t* flip;
-};
 
 // Output: int32 or float32 (rows, n), or packed uint32 (rows, ceil(n/32)) for the threshold epilogue.
 void RunBmm(const BmmProblem& problem, const uint32_t* a, const uint32_t* b_tiles, const EpilogueData& epilogue,

@@ -241,6 +241,120 @@ void PanelAvx512(const PackedPanel& panel, const uint32_t* tile_rows, int64_t ti
 
 #endif  // JAXBNN_X86
 
+// --- strip epilogues ------------------------------------------------------------------------------------
+// One body per tier (JAXBNN_FINISH_STRIP): the pooling and copy loops below are inlined into it and
+// vectorized for its ISA; a tier's threshold word (32 columns at once) is its own.
+
+#if defined(__GNUC__)
+#define JAXBNN_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define JAXBNN_ALWAYS_INLINE inline
+#endif
+
+constexpr int64_t kWordBits = 32;
+
+// The max of `window` rows of `width` dots (rows `stride` apart).
+JAXBNN_ALWAYS_INLINE void PoolRows(const int32_t* rows, int64_t stride, int64_t window, int64_t width,
+                                   int32_t* pooled) {
+  for (int64_t i = 0; i < width; ++i) pooled[i] = rows[i];
+  for (int64_t r = 1; r < window; ++r) {
+    const int32_t* row = rows + r * stride;
+    for (int64_t i = 0; i < width; ++i) pooled[i] = std::max(pooled[i], row[i]);
+  }
+}
+
+JAXBNN_ALWAYS_INLINE void AffineRow(const int32_t* dots, const float* scale, const float* bias, int64_t width,
+                                    float* dst) {
+  // Exactly float(dot) * scale + bias: the module is built with -ffp-contract=off (no fused multiply-add).
+  for (int64_t i = 0; i < width; ++i) dst[i] = static_cast<float>(dots[i]) * scale[i] + bias[i];
+}
+
+// dot >= threshold, or dot <= threshold where flip, for 32 columns: bit i of the word is column i.
+JAXBNN_ALWAYS_INLINE uint32_t ScalarThresholdWord(const int32_t* dots, const int32_t* threshold,
+                                                  const uint8_t* flip) {
+  uint32_t bits = 0;
+  for (int i = 0; i < kWordBits; ++i) {
+    const uint32_t at_least = dots[i] >= threshold[i], at_most = dots[i] <= threshold[i];
+    bits |= (flip[i] ? at_most : at_least) << i;
+  }
+  return bits;
+}
+
+#ifdef JAXBNN_X86
+JAXBNN_TARGET_AVX2 JAXBNN_ALWAYS_INLINE uint32_t Avx2ThresholdWord(const int32_t* dots, const int32_t* threshold,
+                                                                   const uint8_t* flip) {
+  uint32_t below = 0, above = 0;  // dot < threshold, dot > threshold
+  for (int q = 0; q < 4; ++q) {
+    const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(dots + 8 * q));
+    const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(threshold + 8 * q));
+    below |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(t, d)))) << (8 * q);
+    above |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(d, t)))) << (8 * q);
+  }
+  const __m256i f = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(flip));
+  const uint32_t flipped = ~static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(f, _mm256_setzero_si256())));
+  return ~((below & ~flipped) | (above & flipped));
+}
+
+JAXBNN_TARGET_AVX512 JAXBNN_ALWAYS_INLINE uint32_t Avx512ThresholdWord(const int32_t* dots,
+                                                                       const int32_t* threshold,
+                                                                       const uint8_t* flip) {
+  uint32_t bits = 0;
+  for (int h = 0; h < 2; ++h) {
+    const __m512i d = _mm512_loadu_si512(dots + 16 * h), t = _mm512_loadu_si512(threshold + 16 * h);
+    const __m512i f = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(flip + 16 * h)));
+    const uint32_t flipped = _mm512_test_epi32_mask(f, f);
+    const uint32_t at_least = _mm512_cmpge_epi32_mask(d, t), at_most = _mm512_cmple_epi32_mask(d, t);
+    bits |= ((at_least & ~flipped) | (at_most & flipped)) << (16 * h);
+  }
+  return bits;
+}
+#endif
+
+// The strip epilogue of one tier, whose 32-column threshold word is WORD (Strip in popcount_kernels.h). The
+// last word of a row may have fewer columns (`valid`): it is computed on zero-padded copies, its padding bits
+// cleared.
+#define JAXBNN_FINISH_STRIP(NAME, ATTR, WORD)                                                                    \
+  ATTR void NAME(const Strip& s, const EpilogueData& e) {                                                        \
+    int32_t pooled[kStripCols];                                                                                  \
+    for (int64_t o = 0; o < s.outputs; ++o) {                                                                    \
+      const int32_t* dots = s.dots + o * s.window * s.stride;                                                    \
+      if (s.window > 1) {                                                                                        \
+        PoolRows(dots, s.stride, s.window, s.width, pooled);                                                     \
+        dots = pooled;                                                                                           \
+      }                                                                                                          \
+      const int64_t row = s.first_output + o;                                                                    \
+      if (e.kind == Epilogue::kInt32) {                                                                          \
+        std::copy(dots, dots + s.width, static_cast<int32_t*>(s.out) + row * s.n + s.col_begin);                 \
+      } else if (e.kind == Epilogue::kAffine) {                                                                  \
+        AffineRow(dots, e.scale + s.col_begin, e.bias + s.col_begin, s.width,                                    \
+                  static_cast<float*>(s.out) + row * s.n + s.col_begin);                                         \
+      } else {                                                                                                   \
+        uint32_t* dst = static_cast<uint32_t*>(s.out) + row * ((s.n + kWordBits - 1) / kWordBits) +              \
+                        s.col_begin / kWordBits;                                                                 \
+        for (int64_t word = 0; word * kWordBits < s.width; ++word) {                                             \
+          const int64_t c = s.col_begin + word * kWordBits, valid = std::min(kWordBits, s.width - word * kWordBits); \
+          if (valid == kWordBits) {                                                                              \
+            dst[word] = WORD(dots + word * kWordBits, e.threshold + c, e.flip + c);                              \
+            continue;                                                                                            \
+          }                                                                                                      \
+          int32_t d[kWordBits] = {}, t[kWordBits] = {};                                                          \
+          uint8_t f[kWordBits] = {};                                                                             \
+          std::copy(dots + word * kWordBits, dots + word * kWordBits + valid, d);                                \
+          std::copy(e.threshold + c, e.threshold + c + valid, t);                                                \
+          std::copy(e.flip + c, e.flip + c + valid, f);                                                          \
+          dst[word] = WORD(d, t, f) & ((uint32_t{1} << valid) - 1);                                              \
+        }                                                                                                        \
+      }                                                                                                          \
+    }                                                                                                            \
+  }
+
+JAXBNN_FINISH_STRIP(FinishStripGeneric, , ScalarThresholdWord)
+#ifdef JAXBNN_X86
+JAXBNN_FINISH_STRIP(FinishStripAvx2, JAXBNN_TARGET_AVX2, Avx2ThresholdWord)
+JAXBNN_FINISH_STRIP(FinishStripAvx512, JAXBNN_TARGET_AVX512, Avx512ThresholdWord)
+#endif
+#undef JAXBNN_FINISH_STRIP
+
 Isa DetectBestIsa() {
 #ifdef JAXBNN_X86
   __builtin_cpu_init();
@@ -287,6 +401,16 @@ bool ForceIsa(const std::string& name) {
     }
   }
   return false;
+}
+
+FinishStripFn FinishStripFor(Isa isa) {
+  switch (isa) {
+#ifdef JAXBNN_X86
+    case Isa::kAvx512: return FinishStripAvx512;
+    case Isa::kAvx2: return FinishStripAvx2;
+#endif
+    default: return FinishStripGeneric;
+  }
 }
 
 PanelDotsFn PanelDotsFor(Isa isa) {
