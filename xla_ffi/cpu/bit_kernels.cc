@@ -47,6 +47,7 @@ struct RowOrigin {
 // Per-thread scratch, reused across calls.
 struct Scratch {
   std::vector<uint32_t> panel;     // PackedPanel words
+  std::vector<uint32_t> line;      // one conv panel row, contiguous
   std::vector<int32_t> k_valid;    // per panel row: the reduction elements that count
   std::vector<uint8_t> excluded;   // per panel row: some taps are out of frame and excluded ("zero" padding)
   std::vector<RowOrigin> origins;  // per conv panel row
@@ -89,30 +90,13 @@ class PanelRow {
   PanelRow(uint32_t* panel, int64_t chunks, int64_t row)
       : base_(panel + ((row / kGroupRows) * chunks * kGroupRows + row % kGroupRows) * kChunkWords) {}
 
-  // Words [word, word + count) from src; the last word of every `run` words is ANDed with last_mask
-  // (clears the padding bits of each packed run, e.g. of each tap's channels).
-  JAXBNN_ALWAYS_INLINE void Put(int64_t word, const uint32_t* src, int64_t count, int64_t run,
-                                uint32_t last_mask) const {
-    if (last_mask == ~0u) {
-      if (word % kChunkWords == 0 && count % kChunkWords == 0) {
-        for (int64_t i = 0; i < count; i += kChunkWords) std::memcpy(At(word + i), src + i, kChunkWords * 4);
-        return;
-      }
-      for (int64_t i = 0; i < count; ++i) *At(word + i) = src[i];
-      return;
-    }
-    for (int64_t i = 0, left = run; i < count; ++i) {
-      if (--left == 0) {
-        *At(word + i) = src[i] & last_mask;
-        left = run;
-      } else {
-        *At(word + i) = src[i];
-      }
-    }
-  }
-
-  JAXBNN_ALWAYS_INLINE void Zero(int64_t word, int64_t count) const {
-    for (int64_t i = 0; i < count; ++i) *At(word + i) = 0;
+  // Words [0, count) from src, the last one ANDed with last_mask (clears the padding bits of a row), then
+  // zeros to the end of the row's `chunks` chunks.
+  JAXBNN_ALWAYS_INLINE void Put(const uint32_t* src, int64_t count, uint32_t last_mask, int64_t chunks) const {
+    const int64_t whole = count / kChunkWords * kChunkWords;
+    for (int64_t i = 0; i < whole; i += kChunkWords) std::memcpy(At(i), src + i, kChunkWords * 4);
+    for (int64_t i = whole; i < chunks * kChunkWords; ++i) *At(i) = i < count ? src[i] : 0;
+    if (count > 0) *At(count - 1) &= last_mask;
   }
 
  private:
@@ -224,8 +208,7 @@ struct BmmRows {
       k_valid[r] = k;
       excluded[r] = 0;
       const PanelRow row(panel, chunks, r);
-      row.Put(0, a + (first + r) * k_words, k_words, k_words, last_mask);
-      row.Zero(k_words, chunks * kChunkWords - k_words);
+      row.Put(a + (first + r) * k_words, k_words, last_mask, chunks);
     }
     return PackedPanel{panel, count, chunks, k_valid, weight_mask};
   }
@@ -258,29 +241,40 @@ struct ConvRows {
     uint8_t* excluded = Grow(scratch.excluded, rows);
     RowOrigin* origins = Grow(scratch.origins, rows);
     Origins(first, count, origins);
+    // Each receptive field is gathered into one contiguous line (its padding words past k_words stay 0),
+    // masked, then copied into the panel a whole chunk at a time: cheaper than placing the few words of each
+    // tap in the panel's chunk-interleaved layout one by one.
+    uint32_t* line = Grow(scratch.line, row_words);
+    std::fill(line, line + row_words, 0u);
+    const int64_t run = p.kw * p.c_words;
     for (int64_t r = 0; r < rows; ++r) {
       const auto [b, y0, x0] = origins[r];
-      const PanelRow row(panel, chunks, r);
       int64_t in_frame = 0;
       for (int64_t dy = 0; dy < p.kh; ++dy) {
-        const int64_t iy = y0 + dy, word = dy * p.kw * p.c_words;
+        const int64_t iy = y0 + dy;
+        uint32_t* dst = line + dy * run;
         if (iy >= 0 && iy < p.height && x0 >= 0 && x0 + p.kw <= p.width) {
-          // The kw taps of this kernel row are contiguous in both the image and the panel.
-          row.Put(word, Pixel(b, iy, x0), p.kw * p.c_words, p.c_words, last_mask);
+          // The kw taps of this kernel row are contiguous in both the image and the line.
+          const uint32_t* src = Pixel(b, iy, x0);
+          for (int64_t i = 0; i < run; ++i) dst[i] = src[i];
           in_frame += p.kw;
           continue;
         }
-        for (int64_t dx = 0; dx < p.kw; ++dx) {
+        for (int64_t dx = 0; dx < p.kw; ++dx, dst += p.c_words) {
           if (InFrame(iy, x0 + dx)) {
-            row.Put(word + dx * p.c_words, Pixel(b, iy, x0 + dx), p.c_words, p.c_words, last_mask);
+            const uint32_t* src = Pixel(b, iy, x0 + dx);
+            for (int64_t i = 0; i < p.c_words; ++i) dst[i] = src[i];
             ++in_frame;
           } else {
             // Out of frame: bits 0 (-1 inputs). With pad_value "one" they count; with "zero" the dots drop them.
-            row.Zero(word + dx * p.c_words, p.c_words);
+            for (int64_t i = 0; i < p.c_words; ++i) dst[i] = 0;
           }
         }
       }
-      row.Zero(p.k_words, row_words - p.k_words);
+      if (last_mask != ~0u) {
+        for (int64_t word = p.c_words - 1; word < p.k_words; word += p.c_words) line[word] &= last_mask;
+      }
+      PanelRow(panel, chunks, r).Put(line, row_words, ~0u, chunks);
       const int64_t counted = p.pad_one ? taps : in_frame;
       k_valid[r] = static_cast<int32_t>(counted * p.c);
       excluded[r] = counted < taps;
