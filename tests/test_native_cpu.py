@@ -190,7 +190,8 @@ def test_bconv2d_every_tier_matches_reference(isa, b, h, w, c, o, kernel, stride
 
 
 @pytest.mark.parametrize("pad_value", ["zero", "one"])
-@pytest.mark.parametrize("c", [45, 64])  # padding bits in each tap; whole padding words in the last chunk
+# padding bits in each tap; whole padding words in the last chunk (its second half, or only its last word)
+@pytest.mark.parametrize("c", [45, 64, 96])
 def test_bconv2d_ignores_garbage_in_channel_padding_bits(isa, pad_value, c):
     rng = np.random.default_rng(5)
     b, h, w, o, kernel = 2, 7, 6, 11, (3, 3)

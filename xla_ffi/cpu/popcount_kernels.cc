@@ -134,11 +134,50 @@ JAXBNN_TARGET_AVX2 void PanelAvx2(const PackedPanel& panel, const uint32_t* tile
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
+// How the AVX-512 kernel applies the weight mask: not at all (every bit counts), on every chunk, or on the last
+// chunk only (the reduction fills whole words of whole 32-bit runs, and only its last chunk has padding
+// words), then with both of that chunk's 64-bit halves or, where the second is all padding, with the first.
+enum AvxMask { kNoMask, kEveryChunk, kLastHalf, kLastChunk };
+
 // AVX-512 VPOPCNTDQ, one register block: kRows panel rows x kTiles tile rows (8 output columns each). The
 // two 64-bit halves of a tile chunk are regrouped into one register per half (8 columns x 64 bits), so
 // that each 64-bit panel word is broadcast from memory into the XOR itself and every accumulator lane is
 // one output column: per 64 x 8 ±1 products one XOR, one VPOPCNTQ and one add, nothing else.
-template <int kRows, int kTiles, bool kMask>
+template <int kRows, int kTiles, bool kMasked, int kHalves>
+JAXBNN_TARGET_AVX512 inline __attribute__((always_inline)) void ChunkAvx512(const uint32_t* group,
+                                                                            const uint32_t* tile_row,
+                                                                            int64_t tile_row_words, int64_t j,
+                                                                            const uint32_t* mask,
+                                                                            __m512i (&acc)[kRows][kTiles]) {
+  __m512i w[kTiles][2];
+#pragma GCC unroll 2
+  for (int t = 0; t < kTiles; ++t) {
+    const uint32_t* chunk = tile_row + t * tile_row_words + j * kTileChunkWords;
+    const __m512i rows_0_3 = _mm512_loadu_si512(chunk);
+    const __m512i rows_4_7 = _mm512_loadu_si512(chunk + 16);
+    // Columns in the order 0, 4, 1, 5, 2, 6, 3, 7 (in-lane unpacks need no index registers).
+    w[t][0] = _mm512_unpacklo_epi64(rows_0_3, rows_4_7);
+    w[t][1] = _mm512_unpackhi_epi64(rows_0_3, rows_4_7);
+    if constexpr (kMasked) {
+      w[t][0] = _mm512_and_si512(w[t][0], _mm512_set1_epi64(static_cast<long long>(Load64(mask + j * kChunkWords))));
+      w[t][1] = _mm512_and_si512(w[t][1], _mm512_set1_epi64(static_cast<long long>(Load64(mask + j * kChunkWords + 2))));
+    }
+  }
+  const uint32_t* x = group + j * kGroupChunkWords;
+#pragma GCC unroll 2
+  for (int half = 0; half < kHalves; ++half) {
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      const __m512i xr = _mm512_set1_epi64(static_cast<long long>(Load64(x + r * kChunkWords + 2 * half)));
+#pragma GCC unroll 2
+      for (int t = 0; t < kTiles; ++t) {
+        acc[r][t] = _mm512_add_epi64(acc[r][t], _mm512_popcnt_epi64(_mm512_xor_si512(w[t][half], xr)));
+      }
+    }
+  }
+}
+
+template <int kRows, int kTiles, int kMask>
 JAXBNN_TARGET_AVX512 void PanelBlockAvx512(const uint32_t* group, const uint32_t* tile_row, int64_t chunks,
                                            const uint32_t* mask, const int32_t* k_valid, int32_t* dots,
                                            int64_t stride) {
@@ -149,35 +188,12 @@ JAXBNN_TARGET_AVX512 void PanelBlockAvx512(const uint32_t* group, const uint32_t
 #pragma GCC unroll 2
     for (int t = 0; t < kTiles; ++t) acc[r][t] = _mm512_setzero_si512();
   }
-  for (int64_t j = 0; j < chunks; ++j) {
-    __m512i w[kTiles][2];
-#pragma GCC unroll 2
-    for (int t = 0; t < kTiles; ++t) {
-      const uint32_t* chunk = tile_row + t * tile_row_words + j * kTileChunkWords;
-      const __m512i rows_0_3 = _mm512_loadu_si512(chunk);
-      const __m512i rows_4_7 = _mm512_loadu_si512(chunk + 16);
-      // Columns in the order 0, 4, 1, 5, 2, 6, 3, 7 (in-lane unpacks need no index registers).
-      w[t][0] = _mm512_unpacklo_epi64(rows_0_3, rows_4_7);
-      w[t][1] = _mm512_unpackhi_epi64(rows_0_3, rows_4_7);
-      if constexpr (kMask) {
-        w[t][0] = _mm512_and_si512(w[t][0], _mm512_set1_epi64(static_cast<long long>(Load64(mask + j * kChunkWords))));
-        w[t][1] =
-            _mm512_and_si512(w[t][1], _mm512_set1_epi64(static_cast<long long>(Load64(mask + j * kChunkWords + 2))));
-      }
-    }
-    const uint32_t* x = group + j * kGroupChunkWords;
-#pragma GCC unroll 2
-    for (int half = 0; half < 2; ++half) {
-#pragma GCC unroll 8
-      for (int r = 0; r < kRows; ++r) {
-        const __m512i xr = _mm512_set1_epi64(static_cast<long long>(Load64(x + r * kChunkWords + 2 * half)));
-#pragma GCC unroll 2
-        for (int t = 0; t < kTiles; ++t) {
-          acc[r][t] = _mm512_add_epi64(acc[r][t], _mm512_popcnt_epi64(_mm512_xor_si512(w[t][half], xr)));
-        }
-      }
-    }
+  const int64_t body = kMask == kLastHalf || kMask == kLastChunk ? chunks - 1 : chunks;
+  for (int64_t j = 0; j < body; ++j) {
+    ChunkAvx512<kRows, kTiles, kMask == kEveryChunk, 2>(group, tile_row, tile_row_words, j, mask, acc);
   }
+  if constexpr (kMask == kLastHalf) ChunkAvx512<kRows, kTiles, true, 1>(group, tile_row, tile_row_words, body, mask, acc);
+  if constexpr (kMask == kLastChunk) ChunkAvx512<kRows, kTiles, true, 2>(group, tile_row, tile_row_words, body, mask, acc);
   const __m256i column_order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
@@ -190,7 +206,7 @@ JAXBNN_TARGET_AVX512 void PanelBlockAvx512(const uint32_t* group, const uint32_t
   }
 }
 
-template <int kTiles, bool kMask>
+template <int kTiles, int kMask>
 void PanelGroupsAvx512(const PackedPanel& panel, const uint32_t* tile_row, int32_t* dots, int64_t stride) {
   const int64_t group_words = panel.chunks * kGroupChunkWords;
   for (int64_t first = 0; first < panel.rows; first += kGroupRows) {
@@ -215,7 +231,7 @@ void PanelGroupsAvx512(const PackedPanel& panel, const uint32_t* tile_row, int32
 
 // Two tile rows (16 output columns) at a time, each pair swept over every row group of the panel while its
 // weights are hot in L1.
-template <bool kMask>
+template <int kMask>
 void PanelAvx512Masked(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* dots,
                        int64_t stride) {
   const int64_t tile_row_words = panel.chunks * kTileChunkWords;
@@ -226,12 +242,23 @@ void PanelAvx512Masked(const PackedPanel& panel, const uint32_t* tile_rows, int6
   if (t < tiles) PanelGroupsAvx512<1, kMask>(panel, tile_rows + t * tile_row_words, dots + t * kTileRows, stride);
 }
 
+// Which AvxMask a panel's weight mask needs.
+AvxMask MaskUseOf(const PackedPanel& panel) {
+  if (panel.weight_mask == nullptr) return kNoMask;
+  const uint32_t* last = panel.weight_mask + (panel.chunks - 1) * kChunkWords;
+  for (const uint32_t* word = panel.weight_mask; word < last; ++word) {
+    if (*word != ~0u) return kEveryChunk;
+  }
+  return last[2] == 0 && last[3] == 0 ? kLastHalf : kLastChunk;
+}
+
 void PanelAvx512(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* dots,
                  int64_t stride) {
-  if (panel.weight_mask != nullptr) {
-    PanelAvx512Masked<true>(panel, tile_rows, tiles, dots, stride);
-  } else {
-    PanelAvx512Masked<false>(panel, tile_rows, tiles, dots, stride);
+  switch (MaskUseOf(panel)) {
+    case kNoMask: return PanelAvx512Masked<kNoMask>(panel, tile_rows, tiles, dots, stride);
+    case kEveryChunk: return PanelAvx512Masked<kEveryChunk>(panel, tile_rows, tiles, dots, stride);
+    case kLastHalf: return PanelAvx512Masked<kLastHalf>(panel, tile_rows, tiles, dots, stride);
+    case kLastChunk: return PanelAvx512Masked<kLastChunk>(panel, tile_rows, tiles, dots, stride);
   }
 }
 
