@@ -382,6 +382,22 @@ JAXBNN_FINISH_STRIP(FinishStripAvx512, JAXBNN_TARGET_AVX512, Avx512ThresholdWord
 #endif
 #undef JAXBNN_FINISH_STRIP
 
+// AddDoubledFn, vectorized for each tier's ISA.
+#define JAXBNN_ADD_DOUBLED(NAME, ATTR)                                                                 \
+  ATTR void NAME(int32_t* dots, const int32_t* const* rows, int64_t count, int64_t width) {            \
+    for (int64_t r = 0; r < count; ++r) {                                                              \
+      const int32_t* row = rows[r];                                                                    \
+      for (int64_t i = 0; i < width; ++i) dots[i] += 2 * row[i];                                       \
+    }                                                                                                  \
+  }
+
+JAXBNN_ADD_DOUBLED(AddDoubledGeneric, )
+#ifdef JAXBNN_X86
+JAXBNN_ADD_DOUBLED(AddDoubledAvx2, JAXBNN_TARGET_AVX2)
+JAXBNN_ADD_DOUBLED(AddDoubledAvx512, JAXBNN_TARGET_AVX512)
+#endif
+#undef JAXBNN_ADD_DOUBLED
+
 Isa DetectBestIsa() {
 #ifdef JAXBNN_X86
   __builtin_cpu_init();
@@ -437,6 +453,16 @@ FinishStripFn FinishStripFor(Isa isa) {
     case Isa::kAvx2: return FinishStripAvx2;
 #endif
     default: return FinishStripGeneric;
+  }
+}
+
+AddDoubledFn AddDoubledFor(Isa isa) {
+  switch (isa) {
+#ifdef JAXBNN_X86
+    case Isa::kAvx512: return AddDoubledAvx512;
+    case Isa::kAvx2: return AddDoubledAvx2;
+#endif
+    default: return AddDoubledGeneric;
   }
 }
 

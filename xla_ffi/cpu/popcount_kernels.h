@@ -60,6 +60,10 @@ struct Strip {
 
 using FinishStripFn = void (*)(const Strip& strip, const EpilogueData& epilogue);
 
+// dots[i] += 2 * (rows[0][i] + ... + rows[count - 1][i]) for i < width (the "zero" padding correction of a
+// panel row's excluded taps, bit_kernels.cc).
+using AddDoubledFn = void (*)(int32_t* dots, const int32_t* const* rows, int64_t count, int64_t width);
+
 enum class Isa { kGeneric, kPopcnt, kAvx2, kAvx512 };
 
 const char* IsaName(Isa isa);
@@ -71,6 +75,7 @@ Isa ActiveIsa();
 bool ForceIsa(const std::string& name);
 PanelDotsFn PanelDotsFor(Isa isa);
 FinishStripFn FinishStripFor(Isa isa);
+AddDoubledFn AddDoubledFor(Isa isa);
 
 }  // namespace jaxbnn::cpu
 
