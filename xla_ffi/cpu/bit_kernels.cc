@@ -112,16 +112,14 @@ class PanelRow {
 // Mask of the bits of a chunked row that belong to the reduction, or empty when that is every bit: the
 // weights may hold anything in the others.
 std::vector<uint32_t> WeightMask(int64_t chunks, int64_t runs, int64_t run_words, int64_t run_bits) {
+  if (run_bits % kWordBits == 0 && runs * run_words == chunks * kChunkWords) return {};
   std::vector<uint32_t> mask(chunks * kChunkWords, 0u);
   for (int64_t run = 0; run < runs; ++run) {
     for (int64_t word = 0; word < run_words; ++word) {
       mask[run * run_words + word] = word + 1 == run_words ? formats::LastWordMask(run_bits) : ~0u;
     }
   }
-  for (uint32_t word : mask) {
-    if (word != ~0u) return mask;
-  }
-  return {};
+  return mask;
 }
 
 struct GemmShape {

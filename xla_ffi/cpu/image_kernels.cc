@@ -848,16 +848,19 @@ class ImageConv {
     if (p_.planes == 0) return epi;
     int32_t* bound = Grow(call.bound, p_.planes * n_padded_);
     uint32_t* f = Grow(call.flip, p_.planes * words);
-    std::fill(f, f + p_.planes * words, 0u);
     constexpr int32_t kMin = std::numeric_limits<int32_t>::min(), kMax = std::numeric_limits<int32_t>::max();
+    // Branch-free loops the compiler vectorizes: a call at batch 1 spends about as long here as in its products.
     for (int64_t plane = 0; plane < p_.planes; ++plane) {
-      for (int64_t c = 0; c < n_padded_; ++c) {
-        const int64_t i = plane * p_.n + c;
-        const bool flipped = c < p_.n && flip[i] != 0;
-        bound[plane * n_padded_ + c] = c >= p_.n                                     ? kMax
-                                       : flipped || threshold[i] == kMin ? threshold[i]
-                                                                         : threshold[i] - 1;
-        f[plane * words + c / kWordBits] |= static_cast<uint32_t>(flipped) << (c % kWordBits);
+      const int32_t* t = threshold + plane * p_.n;
+      const uint8_t* fl = flip + plane * p_.n;
+      int32_t* b = bound + plane * n_padded_;
+      for (int64_t c = 0; c < p_.n; ++c) b[c] = fl[c] != 0 || t[c] == kMin ? t[c] : t[c] - 1;
+      std::fill(b + p_.n, b + n_padded_, kMax);
+      for (int64_t word = 0; word < words; ++word) {
+        const int64_t begin = word * kWordBits, end = std::min(p_.n, begin + kWordBits);
+        uint32_t bits = 0;
+        for (int64_t c = begin; c < end; ++c) bits |= static_cast<uint32_t>(fl[c] != 0) << (c - begin);
+        f[plane * words + word] = bits;
       }
     }
     epi.bound = bound;
