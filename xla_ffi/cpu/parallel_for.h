@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -42,8 +43,14 @@ class SharedTasks {
     }
   }
 
-  // Returns the first error raised by a task, or an empty string.
+  // Returns the first error raised by a task, or an empty string. The tasks left to others are short (a few
+  // to a few hundred microseconds), so the caller first polls for a while: blocked, it would resume only
+  // when the scheduler gets to it after the last helper's notify.
   std::string WaitAll() {
+    const auto deadline = std::chrono::steady_clock::now() + kPollFor;
+    while (finished_.load() < tasks_ && std::chrono::steady_clock::now() < deadline) {
+      for (int i = 0; i < 64 && finished_.load(std::memory_order_relaxed) < tasks_; ++i) Pause();
+    }
     std::unique_lock<std::mutex> lock(mutex_);
     all_finished_.wait(lock, [this] { return finished_.load() >= tasks_; });
     return error_;
@@ -53,6 +60,14 @@ class SharedTasks {
   void RecordError(const char* what) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (error_.empty()) error_ = what;
+  }
+
+  static constexpr std::chrono::microseconds kPollFor{50};
+
+  static void Pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
   }
 
   const int64_t tasks_;
