@@ -517,7 +517,7 @@ def _image_conv2d(levels, kernel, threshold, flip, *, attrs, shift, pooled):
     bits = threshold is not None
     if bits:
         threshold = _saturate(jnp.asarray(threshold), _image_bound(kh * kw * c))
-        flip = jnp.zeros(threshold.shape, jnp.uint8) if flip is None else jnp.asarray(flip).astype(bool).astype(jnp.uint8)
+        flip = _flip_operand(flip, threshold.shape)
         out_tail, out_dtype = (threshold.shape[0], formats.num_words(n)), jnp.uint32
     else:
         out_tail, out_dtype = (n,), jnp.int32
@@ -879,7 +879,11 @@ def _saturate_host(threshold, bound):
 
 
 def _saturate(threshold, bound):
-    """`_saturate_host` of a device integer array, inside the compiled op."""
+    """`_saturate_host` of a device integer array, inside the compiled op. An int32 one passes as it is: the
+    handlers (docs/ops.md) and the reference take any int32 threshold exactly, so only wider types need the
+    clamp before they narrow, and a model's int32 thresholds cost no pass over them per call."""
+    if threshold.dtype == jnp.int32:
+        return threshold
     info = jnp.iinfo(threshold.dtype)
     if info.max > bound:
         threshold = jnp.minimum(threshold, jnp.asarray(bound, threshold.dtype))
@@ -888,13 +892,20 @@ def _saturate(threshold, bound):
     return threshold.astype(jnp.int32)
 
 
+def _flip_operand(flip, shape):
+    """`flip` as the handlers take it, uint8 (zeros when not given). Every handler and the reference read any
+    nonzero value as set, so a uint8 flip passes as it is (no pass over it per call); others become 0 / 1."""
+    if flip is None:
+        return jnp.zeros(shape, jnp.uint8)
+    flip = jnp.asarray(flip)
+    return flip if flip.dtype == jnp.uint8 else flip.astype(bool).astype(jnp.uint8)
+
+
 def _epilogue_operands(kind, epi, n, bound):
     """The epilogue operands as the handlers take them (inside the compiled op)."""
     if kind == "bits":
-        flip = epi["flip"]
-        flip = (jnp.zeros(jnp.shape(epi["threshold"]), jnp.uint8) if flip is None
-                else jnp.asarray(flip).astype(bool).astype(jnp.uint8))  # fmt: skip
-        return {"threshold": _saturate(jnp.asarray(epi["threshold"]), bound), "flip": flip}
+        return {"threshold": _saturate(jnp.asarray(epi["threshold"]), bound),
+                "flip": _flip_operand(epi["flip"], jnp.shape(epi["threshold"]))}
     if kind == "f32":
         scale, bias = epi["scale"], epi["bias"]
         return {"scale": jnp.ones((n,), jnp.float32) if scale is None else jnp.asarray(scale, jnp.float32),

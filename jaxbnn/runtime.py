@@ -21,7 +21,7 @@ Images are uint8 pixels, or floats on the scale the file records (`input_range`)
 
 The file holds every operand as the ops take it (ternary weights already as their two ±1 planes, stacked
 along the output axis; popcounts per row or per conv tap), so loading moves the arrays to the device as
-they are and packs, unpacks and derives nothing.
+they are (the bool flips as uint8, the handlers' dtype) and packs, unpacks and derives nothing.
 
 This module never imports the exporter or the training code.
 """
@@ -167,12 +167,18 @@ def _prepare_node(node: dict, tensors: dict) -> dict:
         return _prepare_linear(node, tensors)
     if node["kind"] == "residual":
         return {key: _prepare_linear(node[key], _node_tensors(tensors, f"{key}.")) for key in ("conv1", "conv2")}
-    return {name: jnp.asarray(value) for name, value in tensors.items()}  # global pooling: its thresholds
+    return {name: _on_device(value) for name, value in tensors.items()}  # global pooling: its thresholds
+
+
+def _on_device(value):
+    """A tensor on the device as it is, except bool flips, which become uint8 (the handlers' dtype), so that
+    no call converts them again."""
+    return jnp.asarray(value.astype(np.uint8) if value.dtype == np.bool_ else value)
 
 
 def _prepare_linear(node: dict, tensors: dict) -> dict:
     """The node's tensors as the ops take them: no unpacking, no packing, nothing derived."""
-    params = {name: jnp.asarray(value) for name, value in tensors.items()}
+    params = {name: _on_device(value) for name, value in tensors.items()}
     if node["operand"] == "image":
         return params
     rows, k_bits, kernel, c = weight_geometry(node)

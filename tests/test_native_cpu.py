@@ -155,6 +155,8 @@ CONV_CASES = [
     (2, 9, 11, 128, 24, (3, 3), 1, "SAME", "zero", (2, 2), (8, 128)),
     (1, 7, 7, 512, 40, (3, 3), 1, "SAME", "zero", None, (8, 128)),
     (3, 6, 5, 128, 8, (3, 3), 1, "SAME", "one", None, (8, 128)),
+    # more columns than one 128-column strip of the epilogue, the last strip not a whole word, pooled
+    (2, 6, 7, 40, 150, (3, 3), 1, "SAME", "zero", (2, 2), (8, 128)),
 ]
 
 
@@ -188,7 +190,8 @@ def test_bconv2d_every_tier_matches_reference(isa, b, h, w, c, o, kernel, stride
 
 
 @pytest.mark.parametrize("pad_value", ["zero", "one"])
-@pytest.mark.parametrize("c", [45, 64])  # padding bits in each tap; whole padding words in the last chunk
+# padding bits in each tap; whole padding words in the last chunk (its second half, or only its last word)
+@pytest.mark.parametrize("c", [45, 64, 96])
 def test_bconv2d_ignores_garbage_in_channel_padding_bits(isa, pad_value, c):
     rng = np.random.default_rng(5)
     b, h, w, o, kernel = 2, 7, 6, 11, (3, 3)

@@ -69,6 +69,11 @@ IMAGE_CASES = [
     (3, 1, 1, 784, 100, (1, 1), (1, 1), "VALID", None),  # MNIST's dense first layer as a 1x1 image
     (1, 4, 4, 1, 129, (5, 5), (1, 1), ((2, 2), (2, 2)), None),  # the kernel wider than the image
     (1, 5, 3, 3, 40, (5, 5), (2, 2), ((4, 0), (0, 4)), (1, 1)),  # receptive fields beyond two image edges
+    # no more gathered rows than reduction elements (the VNNI tier reads the kernel as it is): K not a multiple
+    # of 4, N past one 64-column block
+    (1, 4, 4, 3, 70, (3, 3), (2, 2), "VALID", None),
+    (2, 5, 5, 5, 33, (3, 3), (1, 1), "VALID", (2, 2)),  # 8 rows, a pool window of 4 across register blocks
+    (1, 4, 5, 2, 100, (2, 2), (1, 1), "VALID", (1, 3)),  # 9 rows, K = 8: packed again
 ]
 
 
@@ -91,12 +96,13 @@ def test_every_tier_matches_reference(isa, b, h, w, c, n, kernel, stride, paddin
 
 
 def test_image_matmul_every_tier(isa):
-    """The dense first layer: few rows (the columns split over threads, each packing its own weights) and
-    many rows (the weights packed once)."""
+    """The dense first layer: few rows (the columns split over threads; the VNNI tier reads the kernel as it
+    is up to K rows, the others pack their own columns) and many rows (the weights packed once)."""
     rng = np.random.default_rng(7)
-    kernel = int8_values(rng, (784, 300))
-    for m in (1, 5, 200):
-        levels = int8_values(rng, (m, 784))
+    kernels = {k: int8_values(rng, (k, 300)) for k in (784, 785)}
+    for k, m in ((784, 1), (785, 5), (785, 8), (784, 9), (784, 200), (785, 786)):
+        kernel = kernels[k]
+        levels = int8_values(rng, (m, k))
         pre = levels.astype(np.int64) @ kernel.astype(np.int64)
         np.testing.assert_array_equal(np.asarray(jax.jit(ops.image_matmul)(levels, kernel)), pre)
         threshold, flip = thresholds_with_ties(rng, pre, 2)

@@ -319,6 +319,46 @@ def test_thresholds_of_any_integer_width_saturate_exactly():
     np.testing.assert_array_equal(np.asarray(conv), 0)
 
 
+def numpy_threshold_bits(dots, threshold, flip):
+    """Packed uint32 words (LSB first) of `dot >= threshold`, `dot <= threshold` where flip != 0."""
+    bits = np.where(np.asarray(flip) != 0, dots <= threshold, dots >= threshold)
+    n = bits.shape[-1]
+    bits = np.pad(bits, [(0, 0)] * (bits.ndim - 1) + [(0, -n % 32)]).reshape(bits.shape[:-1] + (-1, 32))
+    return (bits.astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(-1).astype(np.uint32)
+
+
+def test_device_int32_thresholds_and_uint8_flips_reach_the_kernels_as_they_are():
+    """Device int32 thresholds far outside [-K - 1, K + 1] (the int32 extremes) and uint8 flips of any nonzero
+    value: read exactly, with no clamp or conversion pass in the compiled op."""
+    rng = np.random.default_rng(17)
+    m, k, n = 6, 100, 40
+    a_signs, w_signs = rng.choice([-1.0, 1.0], (m, k)), rng.choice([-1.0, 1.0], (n, k))
+    dots = (a_signs @ w_signs.T).astype(np.int64)
+    threshold = rng.choice(np.concatenate([dots.ravel()[:20], [-2**31, 2**31 - 1, -k - 5, k + 5]]), n).astype(np.int32)
+    flip = rng.choice(np.array([0, 1, 2, 255], np.uint8), n)
+    a, rows = ops.pack_bits(a_signs), ops.pack_bits(w_signs)
+    w = formats.to_fsb(rows)
+    popcount = formats.popcount(rows)
+    bmm = jax.jit(lambda a, w, p, t, f: ops.bmm(a, w, k, n=n, b_popcount=p, threshold=t, flip=f))
+    t_dev, f_dev = jnp.asarray(threshold), jnp.asarray(flip)
+    args = (a, w, popcount, t_dev, f_dev)
+    np.testing.assert_array_equal(np.asarray(bmm(*args)), numpy_threshold_bits(dots, threshold, flip))
+    if _ffi.has_target("cpu", "jaxbnn_bmm_bits"):
+        assert "fusion" not in bmm.lower(*args).compile().as_text()
+
+    x_signs, c_signs = rng.choice([-1.0, 1.0], (2, 6, 6, 40)), rng.choice([-1.0, 1.0], (3, 3, 40, n))
+    conv_dots = numpy_conv(x_signs, c_signs, (1, 1), ((1, 1), (1, 1)), "zero").astype(np.int64)
+    conv_dots = conv_dots.reshape(2, 3, 2, 3, 2, n).max(axis=(2, 4))
+    conv = ops.bconv2d(ops.pack_bits(x_signs), formats.pack_conv_weights(c_signs), pool=(2, 2), threshold=t_dev,
+                       flip=f_dev)
+    np.testing.assert_array_equal(np.asarray(conv), numpy_threshold_bits(conv_dots, threshold, flip))
+
+    levels, kernel = int8_values(rng, (2, 5, 5, 3)), rng.integers(-128, 128, (3, 3, 3, n)).astype(np.int8)
+    image = ops.image_conv2d(levels, kernel, threshold=t_dev, flip=f_dev)
+    want = numpy_image_layer(levels, kernel, (1, 1), ((1, 1), (1, 1)), threshold=threshold[None], flip=flip[None] != 0)
+    np.testing.assert_array_equal(np.asarray(image), want[..., 0, :])
+
+
 def test_pack_bits_compares_64_bit_values_without_wrapping():
     x = np.array([[2**32 + 5, 2**40, -(2**33), 7]], np.int64)
     np.testing.assert_array_equal(np.asarray(ops.unpack_bits(ops.pack_bits(x, threshold=2**32 + 10), 4)),

@@ -4,6 +4,7 @@
 // popcount, which the dots take back.
 #include "cpu/bit_kernels.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "common/formats.h"
@@ -42,9 +43,7 @@ struct BmmRows {
     for (int64_t r = 0; r < count; ++r) {
       k_valid[r] = k;
       excluded[r] = 0;
-      const PanelRow row(panel, chunks, r);
-      row.Put(0, a + (first + r) * k_words, k_words, k_words, last_mask);
-      row.Zero(k_words, chunks * kChunkWords - k_words);
+      PanelRow(panel, chunks, r).PutRow(a + (first + r) * k_words, k_words, last_mask, chunks);
     }
     return PackedPanel{panel, count, chunks, k_valid, weight_mask};
   }
@@ -59,6 +58,7 @@ struct ConvRows {
   const int32_t* tap_popcount;  // (kh * kw, o)
   int64_t chunks;
   const uint32_t* weight_mask;
+  AddRowsFn add_doubled;
 
   PackedPanel Fill(int64_t first, int64_t count, Scratch& scratch) const {
     const Bconv2dProblem& p = windows.p;
@@ -71,29 +71,39 @@ struct ConvRows {
     uint8_t* excluded = Grow(scratch.excluded, rows);
     RowOrigin* origins = Grow(scratch.origins, rows);
     windows.Origins(first, count, origins);
+    // Each receptive field is gathered into one contiguous line (its padding words past k_words stay 0),
+    // masked, then copied into the panel a whole chunk at a time: cheaper than placing the few words of each
+    // tap in the panel's chunk-interleaved layout one by one.
+    uint32_t* line = Grow(scratch.line, row_words);
+    std::fill(line, line + row_words, 0u);
+    const int64_t run = p.kw * p.c_words;
     for (int64_t r = 0; r < rows; ++r) {
       const auto [b, y0, x0] = origins[r];
-      const PanelRow row(panel, chunks, r);
       int64_t in_frame = 0;
       for (int64_t dy = 0; dy < p.kh; ++dy) {
-        const int64_t iy = y0 + dy, word = dy * p.kw * p.c_words;
+        const int64_t iy = y0 + dy;
+        uint32_t* dst = line + dy * run;
         if (windows.RowInFrame(origins[r], dy)) {
-          row.Put(word, x + windows.PixelOffset(b, iy, x0), p.kw * p.c_words, p.c_words, last_mask);
+          const uint32_t* src = x + windows.PixelOffset(b, iy, x0);
+          for (int64_t i = 0; i < run; ++i) dst[i] = src[i];
           in_frame += p.kw;
           continue;
         }
-        for (int64_t dx = 0; dx < p.kw; ++dx) {
+        for (int64_t dx = 0; dx < p.kw; ++dx, dst += p.c_words) {
           if (windows.InFrame(iy, x0 + dx)) {
-            row.Put(word + dx * p.c_words, x + windows.PixelOffset(b, iy, x0 + dx), p.c_words, p.c_words,
-                    last_mask);
+            const uint32_t* src = x + windows.PixelOffset(b, iy, x0 + dx);
+            for (int64_t i = 0; i < p.c_words; ++i) dst[i] = src[i];
             ++in_frame;
           } else {
             // Out of frame: bits 0 (-1 inputs). With pad_value "one" they count; with "zero" the dots drop them.
-            row.Zero(word + dx * p.c_words, p.c_words);
+            for (int64_t i = 0; i < p.c_words; ++i) dst[i] = 0;
           }
         }
       }
-      row.Zero(p.k_words, row_words - p.k_words);
+      if (last_mask != ~0u) {
+        for (int64_t word = p.c_words - 1; word < p.k_words; word += p.c_words) line[word] &= last_mask;
+      }
+      PanelRow(panel, chunks, r).PutRow(line, row_words, ~0u, chunks);
       const int64_t counted = p.pad_one ? taps : in_frame;
       k_valid[r] = static_cast<int32_t>(counted * p.c);
       excluded[r] = counted < taps;
@@ -102,12 +112,9 @@ struct ConvRows {
   }
 
   // An excluded tap t read as 0 bits added popc(w_t) = tap_popcount[t, col] to the popcount of every
-  // column: take it back.
+  // column, so -2 tap_popcount[t, col] to its dot: take it back.
   void AddExcludedTaps(const Scratch& scratch, int64_t row, int64_t col_begin, int64_t width, int32_t* dots) const {
-    windows.ForExcludedTaps(scratch.origins[row], [&](int64_t tap) {
-      const int32_t* popcount = tap_popcount + tap * windows.p.o + col_begin;
-      for (int64_t i = 0; i < width; ++i) dots[i] += 2 * popcount[i];
-    });
+    windows.AddExcludedTapTerms(scratch.origins[row], tap_popcount, col_begin, width, add_doubled, dots);
   }
 };
 
@@ -122,8 +129,8 @@ void RunBmm(const BmmProblem& problem, const uint32_t* a, const uint32_t* b_tile
                                       problem.tile_words, problem.k_tiles, tile_storage);
   BmmRows rows{a, problem.k_words, chunks, static_cast<int32_t>(problem.k),
                weight_mask.empty() ? nullptr : weight_mask.data()};
-  DispatchEpilogue(rows, BinaryKernel{PanelDotsFor(ActiveIsa()), tiles, chunks},
-                   GemmShape{problem.m, 1, problem.n, chunks, chunks * kChunkWords * 4}, epilogue, out, pool);
+  RunGemm(rows, BinaryKernel{PanelDotsFor(ActiveIsa()), tiles, chunks},
+          GemmShape{problem.m, 1, problem.n, chunks, chunks * kChunkWords * 4}, epilogue, out, pool);
 }
 
 void RunBconv2d(const Bconv2dProblem& problem, const uint32_t* x, const uint32_t* w_tiles,
@@ -134,11 +141,12 @@ void RunBconv2d(const Bconv2dProblem& problem, const uint32_t* x, const uint32_t
   std::vector<uint32_t> tile_storage;
   const uint32_t* tiles = KernelTiles(w_tiles, 0, problem.o, problem.k_words, problem.tile_rows,
                                       problem.tile_words, problem.k_tiles, tile_storage);
-  ConvRows rows{ConvWindows{problem}, x, w_tap_popcount, chunks, weight_mask.empty() ? nullptr : weight_mask.data()};
+  ConvRows rows{ConvWindows{problem}, x, w_tap_popcount, chunks, weight_mask.empty() ? nullptr : weight_mask.data(),
+                AddRowsFor(ActiveIsa(), 2)};
   const int64_t outputs = problem.batch * problem.out_h * problem.out_w;
-  DispatchEpilogue(rows, BinaryKernel{PanelDotsFor(ActiveIsa()), tiles, chunks},
-                   GemmShape{outputs, problem.pool_h * problem.pool_w, problem.o, chunks, chunks * kChunkWords * 4},
-                   epilogue, out, pool);
+  RunGemm(rows, BinaryKernel{PanelDotsFor(ActiveIsa()), tiles, chunks},
+          GemmShape{outputs, problem.pool_h * problem.pool_w, problem.o, chunks, chunks * kChunkWords * 4}, epilogue,
+          out, pool);
 }
 
 }  // namespace jaxbnn::cpu

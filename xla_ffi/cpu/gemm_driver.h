@@ -27,9 +27,12 @@ inline constexpr int64_t kTileRows = 8;         // the kernels' tile: 8 rows x 1
 inline constexpr int64_t kChunkWords = 4;       // 128 bits
 inline constexpr int64_t kTileChunkWords = 32;  // one 8 x 128-bit tile
 inline constexpr int64_t kWordBits = formats::kWordBits;
-inline constexpr int64_t kPanelRows = 16;                      // reduction rows held at once (fit L1)
-inline constexpr int64_t kWeightBlockBytes = 256 * 1024;       // weights swept by one task (fits L2)
-inline constexpr int64_t kMinParallelWork = int64_t{1} << 15;  // chunk x tile-row products worth a thread hop
+inline constexpr int64_t kPanelRows = 16;                 // reduction rows held at once (fit L1)
+inline constexpr int64_t kWeightBlockBytes = 256 * 1024;  // weights swept by one task (fits L2)
+// chunk x tile-row products worth a thread hop (~2 x 512 XOR-popcounts each in a binary product, more in a
+// ternary or mixed one; 2**12 binary ones are ~4 us on one core): mnist-conv's 3x3 layers at batch 1 take 30
+// and 21 us on two cores, 48 and 31 on one.
+inline constexpr int64_t kMinParallelWork = int64_t{1} << 12;
 
 #if defined(__GNUC__)
 #define JAXBNN_ALWAYS_INLINE inline __attribute__((always_inline))
@@ -47,11 +50,11 @@ struct RowOrigin {
 // Per-thread scratch, reused across calls.
 struct Scratch {
   std::vector<uint32_t> panel;     // packed panel words
+  std::vector<uint32_t> line;      // one conv panel row, contiguous
   std::vector<int32_t> row_term;   // per panel row: its term of the dot products (e.g. the elements that count)
   std::vector<uint8_t> excluded;   // per panel row: some taps are out of frame and excluded ("zero" padding)
   std::vector<RowOrigin> origins;  // per conv panel row
-  std::vector<int32_t> dots;       // panel rows x the task's columns
-  std::vector<int32_t> pooled;     // one output row
+  std::vector<int32_t> dots;       // panel rows x a strip's columns
 };
 
 // At least `size` elements; never shrinks, so that alternating task sizes do not re-initialize memory.
@@ -98,18 +101,22 @@ class PanelRow {
       : base_(panel +
               (((row / kGroupRows) * chunks * kGroupRows + row % kGroupRows) * kPlanes + plane) * kChunkWords) {}
 
-  // Words [word, word + count) from src (count a multiple of run); the last word of every `run` words is
-  // ANDed with last_mask (clears the padding bits of each packed run, e.g. of each tap's channels).
-  JAXBNN_ALWAYS_INLINE void Put(int64_t word, const uint32_t* src, int64_t count, int64_t run,
-                                uint32_t last_mask) const {
-    if (last_mask == ~0u && word % kChunkWords == 0 && count % kChunkWords == 0) {
+  // Words [0, count) from src, the last one ANDed with last_mask (clears the padding bits of a row), then
+  // zeros to the end of the row's `chunks` chunks.
+  JAXBNN_ALWAYS_INLINE void PutRow(const uint32_t* src, int64_t count, uint32_t last_mask, int64_t chunks) const {
+    const int64_t whole = count / kChunkWords * kChunkWords;
+    for (int64_t i = 0; i < whole; i += kChunkWords) std::memcpy(At(i), src + i, kChunkWords * 4);
+    for (int64_t i = whole; i < chunks * kChunkWords; ++i) *At(i) = i < count ? src[i] : 0;
+    if (count > 0) *At(count - 1) &= last_mask;
+  }
+
+  // Words [word, word + count) from src.
+  JAXBNN_ALWAYS_INLINE void Put(int64_t word, const uint32_t* src, int64_t count) const {
+    if (word % kChunkWords == 0 && count % kChunkWords == 0) {
       for (int64_t i = 0; i < count; i += kChunkWords) std::memcpy(At(word + i), src + i, kChunkWords * 4);
       return;
     }
-    for (int64_t first = 0; first < count; first += run) {
-      for (int64_t i = first; i + 1 < first + run; ++i) *At(word + i) = src[i];
-      *At(word + first + run - 1) = src[first + run - 1] & last_mask;
-    }
+    for (int64_t i = 0; i < count; ++i) *At(word + i) = src[i];
   }
 
   JAXBNN_ALWAYS_INLINE void Fill(int64_t word, int64_t count, uint32_t value) const {
@@ -129,16 +136,14 @@ class PanelRow {
 // Mask of the bits of a chunked row that belong to the reduction, or empty when that is every bit: the
 // weights may hold anything in the others.
 inline std::vector<uint32_t> WeightMask(int64_t chunks, int64_t runs, int64_t run_words, int64_t run_bits) {
+  if (run_bits % kWordBits == 0 && runs * run_words == chunks * kChunkWords) return {};
   std::vector<uint32_t> mask(chunks * kChunkWords, 0u);
   for (int64_t run = 0; run < runs; ++run) {
     for (int64_t word = 0; word < run_words; ++word) {
       mask[run * run_words + word] = word + 1 == run_words ? formats::LastWordMask(run_bits) : ~0u;
     }
   }
-  for (uint32_t word : mask) {
-    if (word != ~0u) return mask;
-  }
-  return {};
+  return mask;
 }
 
 // The receptive fields of a convolution's panel rows: panel row (o * window + wy * pool_w + wx) is the conv
@@ -175,59 +180,21 @@ struct ConvWindows {
     }
   }
 
-  // Calls excluded(tap) for every out-of-frame tap of a row's receptive field.
-  template <class Body>
-  void ForExcludedTaps(const RowOrigin& origin, Body excluded) const {
+  // The "zero" padding correction of a row: adds, through add_rows, the rows of `tap_terms` ((kh * kw, o))
+  // of its out-of-frame taps, columns [col_begin, col_begin + width), to its dots; 16 taps a call.
+  void AddExcludedTapTerms(const RowOrigin& origin, const int32_t* tap_terms, int64_t col_begin, int64_t width,
+                           AddRowsFn add_rows, int32_t* dots) const {
+    constexpr int64_t kBatch = 16;
+    const int32_t* rows[kBatch];
+    int64_t count = 0;
     for (int64_t dy = 0; dy < p.kh; ++dy) {
       for (int64_t dx = 0; dx < p.kw; ++dx) {
-        if (!InFrame(origin.y0 + dy, origin.x0 + dx)) excluded(dy * p.kw + dx);
+        if (InFrame(origin.y0 + dy, origin.x0 + dx)) continue;
+        rows[count++] = tap_terms + (dy * p.kw + dx) * p.o + col_begin;
+        if (count == kBatch) add_rows(dots, rows, count, width), count = 0;
       }
     }
-  }
-};
-
-// dot >= threshold, or dot <= threshold where flip (branch-free).
-JAXBNN_ALWAYS_INLINE uint32_t ThresholdBit(int32_t dot, int32_t threshold, uint8_t flip) {
-  const uint32_t at_least = dot >= threshold, at_most = dot <= threshold;
-  return flip ? at_most : at_least;
-}
-
-template <Epilogue kEpilogue>
-struct OutputWriter {
-  const EpilogueData& epilogue;
-  void* out;
-  int64_t n;
-
-  // Writes the dots of columns [col_begin, col_end) (col_begin a multiple of 32) of output `row`: one
-  // contiguous run per row, so rows whose stride is a multiple of 4 KiB do not thrash one L1 set.
-  JAXBNN_ALWAYS_INLINE void WriteRow(int64_t row, int64_t col_begin, int64_t col_end, const int32_t* dots) const {
-    const int64_t width = col_end - col_begin;
-    if constexpr (kEpilogue == Epilogue::kInt32) {
-      int32_t* dst = static_cast<int32_t*>(out) + row * n + col_begin;
-      for (int64_t i = 0; i < width; ++i) dst[i] = dots[i];
-    } else if constexpr (kEpilogue == Epilogue::kAffine) {
-      // Exactly float(dot) * scale + bias: the module is built with -ffp-contract=off (no fused multiply-add).
-      float* dst = static_cast<float*>(out) + row * n + col_begin;
-      const float* scale = epilogue.scale + col_begin;
-      const float* bias = epilogue.bias + col_begin;
-      for (int64_t i = 0; i < width; ++i) dst[i] = static_cast<float>(dots[i]) * scale[i] + bias[i];
-    } else {
-      const int64_t words = CeilDiv(n, kWordBits);
-      for (int64_t plane = 0; plane < epilogue.planes; ++plane) {
-        uint32_t* dst = static_cast<uint32_t*>(out) + (row * epilogue.planes + plane) * words + col_begin / kWordBits;
-        const int32_t* threshold = epilogue.threshold + plane * n + col_begin;
-        const uint8_t* flip = epilogue.flip + plane * n + col_begin;
-        for (int64_t word = 0; word * kWordBits < width; ++word) {
-          const int64_t bits_in_word = std::min(kWordBits, width - word * kWordBits);
-          uint32_t bits = 0;  // padding bits past n stay 0
-          for (int64_t i = 0; i < bits_in_word; ++i) {
-            const int64_t c = word * kWordBits + i;
-            bits |= ThresholdBit(dots[c], threshold[c], flip[c]) << i;
-          }
-          dst[word] = bits;
-        }
-      }
-    }
+    if (count > 0) add_rows(dots, rows, count, width);
   }
 };
 
@@ -243,7 +210,7 @@ struct GemmShape {
 // scratch.excluded per panel row) and returns it (a struct with `rows`); AddExcludedTaps(scratch, row,
 // col_begin, width, dots) corrects a row whose excluded flag is set. Kernel: kernel(panel, col_begin, tiles,
 // dots, stride) writes the dots of `tiles` 8-column tiles from column col_begin, row r at dots + r * stride.
-template <Epilogue kEpilogue, class Source, class Kernel>
+template <class Source, class Kernel>
 void RunGemm(const Source& source, const Kernel& kernel, const GemmShape& shape, const EpilogueData& epilogue,
              void* out, ffi::ThreadPool* pool) {
   if (shape.outputs == 0 || shape.n == 0) return;
@@ -264,7 +231,7 @@ void RunGemm(const Source& source, const Kernel& kernel, const GemmShape& shape,
   }
   block = std::min(block, RoundUp(shape.n, kWordBits));
   const int64_t column_blocks = CeilDiv(shape.n, block);
-  const OutputWriter<kEpilogue> writer{epilogue, out, shape.n};
+  const FinishStripFn finish_strip = FinishStripFor(ActiveIsa());
 
   auto task = [&](int64_t index) {
     const int64_t first = (index % panels) * outputs_per_panel;
@@ -274,42 +241,29 @@ void RunGemm(const Source& source, const Kernel& kernel, const GemmShape& shape,
     const int64_t width = col_end - col_begin;
     Scratch& scratch = ThreadScratch();
     const auto panel = source.Fill(first, count, scratch);
-    const int64_t tiles = CeilDiv(width, kTileRows);
-    // The kernels write whole 8-column tiles: int32 dots go straight into the output when the task's columns
-    // are whole tiles; else into scratch rows (padded so that they do not share L1 sets).
-    const bool in_place = kEpilogue == Epilogue::kInt32 && window == 1 && width % kTileRows == 0;
-    const int64_t stride = in_place ? shape.n : tiles * kTileRows + 16;
-    int32_t* const dots = in_place ? static_cast<int32_t*>(out) + first * shape.n + col_begin
-                                   : Grow(scratch.dots, panel.rows * stride);
-    kernel(panel, col_begin, tiles, dots, stride);
-    for (int64_t row = 0; row < panel.rows; ++row) {
-      if (scratch.excluded[row]) source.AddExcludedTaps(scratch, row, col_begin, width, dots + row * stride);
-    }
-    if (in_place) return;
-    int32_t* const pooled = Grow(scratch.pooled, width);
-    for (int64_t o = 0; o < count; ++o) {
-      const int32_t* row_dots = dots + o * window * stride;
-      if (window > 1) {  // max-pool
-        for (int64_t i = 0; i < width; ++i) pooled[i] = row_dots[i];
-        for (int64_t r = 1; r < window; ++r) {
-          for (int64_t i = 0; i < width; ++i) pooled[i] = std::max(pooled[i], row_dots[r * stride + i]);
-        }
-        row_dots = pooled;
+    // int32 dots go straight into the output when the task's columns are whole 8-column tiles (the kernels
+    // write whole tiles); else strip by strip into L1 scratch rows (padded so that they do not share L1 sets),
+    // each strip's epilogue right after its dots.
+    if (epilogue.kind == Epilogue::kInt32 && window == 1 && width % kTileRows == 0) {
+      int32_t* const dots = static_cast<int32_t*>(out) + first * shape.n + col_begin;
+      kernel(panel, col_begin, CeilDiv(width, kTileRows), dots, shape.n);
+      for (int64_t row = 0; row < panel.rows; ++row) {
+        if (scratch.excluded[row]) source.AddExcludedTaps(scratch, row, col_begin, width, dots + row * shape.n);
       }
-      writer.WriteRow(first + o, col_begin, col_end, row_dots);
+      return;
+    }
+    constexpr int64_t stride = kStripCols + 16;
+    int32_t* const dots = Grow(scratch.dots, panel.rows * stride);
+    for (int64_t strip = col_begin; strip < col_end; strip += kStripCols) {
+      const int64_t strip_width = std::min(kStripCols, col_end - strip);
+      kernel(panel, strip, CeilDiv(strip_width, kTileRows), dots, stride);
+      for (int64_t row = 0; row < panel.rows; ++row) {
+        if (scratch.excluded[row]) source.AddExcludedTaps(scratch, row, strip, strip_width, dots + row * stride);
+      }
+      finish_strip(Strip{dots, stride, count, window, first, strip, strip_width, shape.n, out}, epilogue);
     }
   };
   ParallelFor(pool, panels * column_blocks, parallel, task);
-}
-
-template <class Source, class Kernel>
-void DispatchEpilogue(const Source& source, const Kernel& kernel, const GemmShape& shape,
-                      const EpilogueData& epilogue, void* out, ffi::ThreadPool* pool) {
-  switch (epilogue.kind) {
-    case Epilogue::kInt32: return RunGemm<Epilogue::kInt32>(source, kernel, shape, epilogue, out, pool);
-    case Epilogue::kAffine: return RunGemm<Epilogue::kAffine>(source, kernel, shape, epilogue, out, pool);
-    case Epilogue::kThreshold: return RunGemm<Epilogue::kThreshold>(source, kernel, shape, epilogue, out, pool);
-  }
 }
 
 }  // namespace jaxbnn::cpu::gemm

@@ -134,11 +134,50 @@ JAXBNN_TARGET_AVX2 void PanelAvx2(const PackedPanel& panel, const uint32_t* tile
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
+// How the AVX-512 kernel applies the weight mask: not at all (every bit counts), on every chunk, or on the last
+// chunk only (the reduction fills whole words of whole 32-bit runs, and only its last chunk has padding
+// words), then with both of that chunk's 64-bit halves or, where the second is all padding, with the first.
+enum AvxMask { kNoMask, kEveryChunk, kLastHalf, kLastChunk };
+
 // AVX-512 VPOPCNTDQ, one register block: kRows panel rows x kTiles tile rows (8 output columns each). The
 // two 64-bit halves of a tile chunk are regrouped into one register per half (8 columns x 64 bits), so
 // that each 64-bit panel word is broadcast from memory into the XOR itself and every accumulator lane is
 // one output column: per 64 x 8 ±1 products one XOR, one VPOPCNTQ and one add, nothing else.
-template <int kRows, int kTiles, bool kMask>
+template <int kRows, int kTiles, bool kMasked, int kHalves>
+JAXBNN_TARGET_AVX512 inline __attribute__((always_inline)) void ChunkAvx512(const uint32_t* group,
+                                                                            const uint32_t* tile_row,
+                                                                            int64_t tile_row_words, int64_t j,
+                                                                            const uint32_t* mask,
+                                                                            __m512i (&acc)[kRows][kTiles]) {
+  __m512i w[kTiles][2];
+#pragma GCC unroll 2
+  for (int t = 0; t < kTiles; ++t) {
+    const uint32_t* chunk = tile_row + t * tile_row_words + j * kTileChunkWords;
+    const __m512i rows_0_3 = _mm512_loadu_si512(chunk);
+    const __m512i rows_4_7 = _mm512_loadu_si512(chunk + 16);
+    // Columns in the order 0, 4, 1, 5, 2, 6, 3, 7 (in-lane unpacks need no index registers).
+    w[t][0] = _mm512_unpacklo_epi64(rows_0_3, rows_4_7);
+    w[t][1] = _mm512_unpackhi_epi64(rows_0_3, rows_4_7);
+    if constexpr (kMasked) {
+      w[t][0] = _mm512_and_si512(w[t][0], _mm512_set1_epi64(static_cast<long long>(Load64(mask + j * kChunkWords))));
+      w[t][1] = _mm512_and_si512(w[t][1], _mm512_set1_epi64(static_cast<long long>(Load64(mask + j * kChunkWords + 2))));
+    }
+  }
+  const uint32_t* x = group + j * kGroupChunkWords;
+#pragma GCC unroll 2
+  for (int half = 0; half < kHalves; ++half) {
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      const __m512i xr = _mm512_set1_epi64(static_cast<long long>(Load64(x + r * kChunkWords + 2 * half)));
+#pragma GCC unroll 2
+      for (int t = 0; t < kTiles; ++t) {
+        acc[r][t] = _mm512_add_epi64(acc[r][t], _mm512_popcnt_epi64(_mm512_xor_si512(w[t][half], xr)));
+      }
+    }
+  }
+}
+
+template <int kRows, int kTiles, int kMask>
 JAXBNN_TARGET_AVX512 void PanelBlockAvx512(const uint32_t* group, const uint32_t* tile_row, int64_t chunks,
                                            const uint32_t* mask, const int32_t* k_valid, int32_t* dots,
                                            int64_t stride) {
@@ -149,35 +188,12 @@ JAXBNN_TARGET_AVX512 void PanelBlockAvx512(const uint32_t* group, const uint32_t
 #pragma GCC unroll 2
     for (int t = 0; t < kTiles; ++t) acc[r][t] = _mm512_setzero_si512();
   }
-  for (int64_t j = 0; j < chunks; ++j) {
-    __m512i w[kTiles][2];
-#pragma GCC unroll 2
-    for (int t = 0; t < kTiles; ++t) {
-      const uint32_t* chunk = tile_row + t * tile_row_words + j * kTileChunkWords;
-      const __m512i rows_0_3 = _mm512_loadu_si512(chunk);
-      const __m512i rows_4_7 = _mm512_loadu_si512(chunk + 16);
-      // Columns in the order 0, 4, 1, 5, 2, 6, 3, 7 (in-lane unpacks need no index registers).
-      w[t][0] = _mm512_unpacklo_epi64(rows_0_3, rows_4_7);
-      w[t][1] = _mm512_unpackhi_epi64(rows_0_3, rows_4_7);
-      if constexpr (kMask) {
-        w[t][0] = _mm512_and_si512(w[t][0], _mm512_set1_epi64(static_cast<long long>(Load64(mask + j * kChunkWords))));
-        w[t][1] =
-            _mm512_and_si512(w[t][1], _mm512_set1_epi64(static_cast<long long>(Load64(mask + j * kChunkWords + 2))));
-      }
-    }
-    const uint32_t* x = group + j * kGroupChunkWords;
-#pragma GCC unroll 2
-    for (int half = 0; half < 2; ++half) {
-#pragma GCC unroll 8
-      for (int r = 0; r < kRows; ++r) {
-        const __m512i xr = _mm512_set1_epi64(static_cast<long long>(Load64(x + r * kChunkWords + 2 * half)));
-#pragma GCC unroll 2
-        for (int t = 0; t < kTiles; ++t) {
-          acc[r][t] = _mm512_add_epi64(acc[r][t], _mm512_popcnt_epi64(_mm512_xor_si512(w[t][half], xr)));
-        }
-      }
-    }
+  const int64_t body = kMask == kLastHalf || kMask == kLastChunk ? chunks - 1 : chunks;
+  for (int64_t j = 0; j < body; ++j) {
+    ChunkAvx512<kRows, kTiles, kMask == kEveryChunk, 2>(group, tile_row, tile_row_words, j, mask, acc);
   }
+  if constexpr (kMask == kLastHalf) ChunkAvx512<kRows, kTiles, true, 1>(group, tile_row, tile_row_words, body, mask, acc);
+  if constexpr (kMask == kLastChunk) ChunkAvx512<kRows, kTiles, true, 2>(group, tile_row, tile_row_words, body, mask, acc);
   const __m256i column_order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
@@ -190,7 +206,7 @@ JAXBNN_TARGET_AVX512 void PanelBlockAvx512(const uint32_t* group, const uint32_t
   }
 }
 
-template <int kTiles, bool kMask>
+template <int kTiles, int kMask>
 void PanelGroupsAvx512(const PackedPanel& panel, const uint32_t* tile_row, int32_t* dots, int64_t stride) {
   const int64_t group_words = panel.chunks * kGroupChunkWords;
   for (int64_t first = 0; first < panel.rows; first += kGroupRows) {
@@ -215,7 +231,7 @@ void PanelGroupsAvx512(const PackedPanel& panel, const uint32_t* tile_row, int32
 
 // Two tile rows (16 output columns) at a time, each pair swept over every row group of the panel while its
 // weights are hot in L1.
-template <bool kMask>
+template <int kMask>
 void PanelAvx512Masked(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* dots,
                        int64_t stride) {
   const int64_t tile_row_words = panel.chunks * kTileChunkWords;
@@ -226,12 +242,23 @@ void PanelAvx512Masked(const PackedPanel& panel, const uint32_t* tile_rows, int6
   if (t < tiles) PanelGroupsAvx512<1, kMask>(panel, tile_rows + t * tile_row_words, dots + t * kTileRows, stride);
 }
 
+// Which AvxMask a panel's weight mask needs.
+AvxMask MaskUseOf(const PackedPanel& panel) {
+  if (panel.weight_mask == nullptr) return kNoMask;
+  const uint32_t* last = panel.weight_mask + (panel.chunks - 1) * kChunkWords;
+  for (const uint32_t* word = panel.weight_mask; word < last; ++word) {
+    if (*word != ~0u) return kEveryChunk;
+  }
+  return last[2] == 0 && last[3] == 0 ? kLastHalf : kLastChunk;
+}
+
 void PanelAvx512(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* dots,
                  int64_t stride) {
-  if (panel.weight_mask != nullptr) {
-    PanelAvx512Masked<true>(panel, tile_rows, tiles, dots, stride);
-  } else {
-    PanelAvx512Masked<false>(panel, tile_rows, tiles, dots, stride);
+  switch (MaskUseOf(panel)) {
+    case kNoMask: return PanelAvx512Masked<kNoMask>(panel, tile_rows, tiles, dots, stride);
+    case kEveryChunk: return PanelAvx512Masked<kEveryChunk>(panel, tile_rows, tiles, dots, stride);
+    case kLastHalf: return PanelAvx512Masked<kLastHalf>(panel, tile_rows, tiles, dots, stride);
+    case kLastChunk: return PanelAvx512Masked<kLastChunk>(panel, tile_rows, tiles, dots, stride);
   }
 }
 
@@ -240,6 +267,142 @@ void PanelAvx512(const PackedPanel& panel, const uint32_t* tile_rows, int64_t ti
 #endif
 
 #endif  // JAXBNN_X86
+
+// --- strip epilogues ------------------------------------------------------------------------------------
+// One body per tier (JAXBNN_FINISH_STRIP): the pooling and copy loops below are inlined into it and
+// vectorized for its ISA; a tier's threshold word (32 columns at once) is its own.
+
+#if defined(__GNUC__)
+#define JAXBNN_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define JAXBNN_ALWAYS_INLINE inline
+#endif
+
+constexpr int64_t kWordBits = 32;
+
+// The max of `window` rows of `width` dots (rows `stride` apart).
+JAXBNN_ALWAYS_INLINE void PoolRows(const int32_t* rows, int64_t stride, int64_t window, int64_t width,
+                                   int32_t* pooled) {
+  for (int64_t i = 0; i < width; ++i) pooled[i] = rows[i];
+  for (int64_t r = 1; r < window; ++r) {
+    const int32_t* row = rows + r * stride;
+    for (int64_t i = 0; i < width; ++i) pooled[i] = std::max(pooled[i], row[i]);
+  }
+}
+
+JAXBNN_ALWAYS_INLINE void AffineRow(const int32_t* dots, const float* scale, const float* bias, int64_t width,
+                                    float* dst) {
+  // Exactly float(dot) * scale + bias: the module is built with -ffp-contract=off (no fused multiply-add).
+  for (int64_t i = 0; i < width; ++i) dst[i] = static_cast<float>(dots[i]) * scale[i] + bias[i];
+}
+
+// dot >= threshold, or dot <= threshold where flip, for 32 columns: bit i of the word is column i.
+JAXBNN_ALWAYS_INLINE uint32_t ScalarThresholdWord(const int32_t* dots, const int32_t* threshold,
+                                                  const uint8_t* flip) {
+  uint32_t bits = 0;
+  for (int i = 0; i < kWordBits; ++i) {
+    const uint32_t at_least = dots[i] >= threshold[i], at_most = dots[i] <= threshold[i];
+    bits |= (flip[i] ? at_most : at_least) << i;
+  }
+  return bits;
+}
+
+#ifdef JAXBNN_X86
+JAXBNN_TARGET_AVX2 JAXBNN_ALWAYS_INLINE uint32_t Avx2ThresholdWord(const int32_t* dots, const int32_t* threshold,
+                                                                   const uint8_t* flip) {
+  uint32_t below = 0, above = 0;  // dot < threshold, dot > threshold
+  for (int q = 0; q < 4; ++q) {
+    const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(dots + 8 * q));
+    const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(threshold + 8 * q));
+    below |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(t, d)))) << (8 * q);
+    above |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(d, t)))) << (8 * q);
+  }
+  const __m256i f = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(flip));
+  const uint32_t flipped = ~static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(f, _mm256_setzero_si256())));
+  return ~((below & ~flipped) | (above & flipped));
+}
+
+JAXBNN_TARGET_AVX512 JAXBNN_ALWAYS_INLINE uint32_t Avx512ThresholdWord(const int32_t* dots,
+                                                                       const int32_t* threshold,
+                                                                       const uint8_t* flip) {
+  uint32_t bits = 0;
+  for (int h = 0; h < 2; ++h) {
+    const __m512i d = _mm512_loadu_si512(dots + 16 * h), t = _mm512_loadu_si512(threshold + 16 * h);
+    const __m512i f = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(flip + 16 * h)));
+    const uint32_t flipped = _mm512_test_epi32_mask(f, f);
+    const uint32_t at_least = _mm512_cmpge_epi32_mask(d, t), at_most = _mm512_cmple_epi32_mask(d, t);
+    bits |= ((at_least & ~flipped) | (at_most & flipped)) << (16 * h);
+  }
+  return bits;
+}
+#endif
+
+// The strip epilogue of one tier, whose 32-column threshold word is WORD (Strip in popcount_kernels.h). The
+// last word of a row may have fewer columns (`valid`): it is computed on zero-padded copies, its padding bits
+// cleared.
+#define JAXBNN_FINISH_STRIP(NAME, ATTR, WORD)                                                    \
+  ATTR void NAME(const Strip& s, const EpilogueData& e) {                                        \
+    int32_t pooled[kStripCols];                                                                  \
+    const int64_t words = (s.n + kWordBits - 1) / kWordBits;                                     \
+    for (int64_t o = 0; o < s.outputs; ++o) {                                                    \
+      const int32_t* dots = s.dots + o * s.window * s.stride;                                    \
+      if (s.window > 1) {                                                                        \
+        PoolRows(dots, s.stride, s.window, s.width, pooled);                                     \
+        dots = pooled;                                                                           \
+      }                                                                                          \
+      const int64_t row = s.first_output + o;                                                    \
+      if (e.kind == Epilogue::kInt32) {                                                          \
+        std::copy(dots, dots + s.width, static_cast<int32_t*>(s.out) + row * s.n + s.col_begin); \
+      } else if (e.kind == Epilogue::kAffine) {                                                  \
+        AffineRow(dots, e.scale + s.col_begin, e.bias + s.col_begin, s.width,                    \
+                  static_cast<float*>(s.out) + row * s.n + s.col_begin);                         \
+      } else {                                                                                   \
+        for (int64_t plane = 0; plane < e.planes; ++plane) {                                     \
+          uint32_t* dst = static_cast<uint32_t*>(s.out) + (row * e.planes + plane) * words +     \
+                          s.col_begin / kWordBits;                                               \
+          const int32_t* threshold = e.threshold + plane * s.n + s.col_begin;                    \
+          const uint8_t* flip = e.flip + plane * s.n + s.col_begin;                              \
+          for (int64_t word = 0; word * kWordBits < s.width; ++word) {                           \
+            const int64_t c = word * kWordBits, valid = std::min(kWordBits, s.width - c);        \
+            if (valid == kWordBits) {                                                            \
+              dst[word] = WORD(dots + c, threshold + c, flip + c);                               \
+              continue;                                                                          \
+            }                                                                                    \
+            int32_t d[kWordBits] = {}, t[kWordBits] = {};                                        \
+            uint8_t f[kWordBits] = {};                                                           \
+            std::copy(dots + c, dots + c + valid, d);                                            \
+            std::copy(threshold + c, threshold + c + valid, t);                                  \
+            std::copy(flip + c, flip + c + valid, f);                                            \
+            dst[word] = WORD(d, t, f) & ((uint32_t{1} << valid) - 1);                            \
+          }                                                                                      \
+        }                                                                                        \
+      }                                                                                          \
+    }                                                                                            \
+  }
+
+JAXBNN_FINISH_STRIP(FinishStripGeneric, , ScalarThresholdWord)
+#ifdef JAXBNN_X86
+JAXBNN_FINISH_STRIP(FinishStripAvx2, JAXBNN_TARGET_AVX2, Avx2ThresholdWord)
+JAXBNN_FINISH_STRIP(FinishStripAvx512, JAXBNN_TARGET_AVX512, Avx512ThresholdWord)
+#endif
+#undef JAXBNN_FINISH_STRIP
+
+// AddRowsFn, vectorized for each tier's ISA.
+#define JAXBNN_ADD_ROWS(NAME, ATTR)                                                                    \
+  template <int kFactor>                                                                               \
+  ATTR void NAME(int32_t* dots, const int32_t* const* rows, int64_t count, int64_t width) {            \
+    for (int64_t r = 0; r < count; ++r) {                                                              \
+      const int32_t* row = rows[r];                                                                    \
+      for (int64_t i = 0; i < width; ++i) dots[i] += kFactor * row[i];                                 \
+    }                                                                                                  \
+  }
+
+JAXBNN_ADD_ROWS(AddRowsGeneric, )
+#ifdef JAXBNN_X86
+JAXBNN_ADD_ROWS(AddRowsAvx2, JAXBNN_TARGET_AVX2)
+JAXBNN_ADD_ROWS(AddRowsAvx512, JAXBNN_TARGET_AVX512)
+#endif
+#undef JAXBNN_ADD_ROWS
 
 Isa DetectBestIsa() {
 #ifdef JAXBNN_X86
@@ -287,6 +450,27 @@ bool ForceIsa(const std::string& name) {
     }
   }
   return false;
+}
+
+FinishStripFn FinishStripFor(Isa isa) {
+  switch (isa) {
+#ifdef JAXBNN_X86
+    case Isa::kAvx512: return FinishStripAvx512;
+    case Isa::kAvx2: return FinishStripAvx2;
+#endif
+    default: return FinishStripGeneric;
+  }
+}
+
+AddRowsFn AddRowsFor(Isa isa, int factor) {
+  const bool doubled = factor == 2;
+  switch (isa) {
+#ifdef JAXBNN_X86
+    case Isa::kAvx512: return doubled ? AddRowsAvx512<2> : AddRowsAvx512<1>;
+    case Isa::kAvx2: return doubled ? AddRowsAvx2<2> : AddRowsAvx2<1>;
+#endif
+    default: return doubled ? AddRowsGeneric<2> : AddRowsGeneric<1>;
+  }
 }
 
 PanelDotsFn PanelDotsFor(Isa isa) {

@@ -1,12 +1,14 @@
-// The innermost CPU kernel: ±1 dot products, from popcounts of (x XOR w) AND mask, between a packed panel of
-// reduction rows and a run of 8-row FSB tile rows, in several instruction-set tiers chosen at run time, so one
-// binary runs on any x86-64 (or other CPU).
+// The innermost CPU kernels, in several instruction-set tiers chosen at run time, so one binary runs on any
+// x86-64 (or other CPU): ±1 dot products, from popcounts of (x XOR w) AND mask, between a packed panel of
+// reduction rows and a run of 8-row FSB tile rows; and the epilogue of a strip of those dot products.
 #ifndef JAXBNN_XLA_FFI_CPU_POPCOUNT_KERNELS_H_
 #define JAXBNN_XLA_FFI_CPU_POPCOUNT_KERNELS_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "cpu/epilogue.h"
 
 namespace jaxbnn::cpu {
 
@@ -32,6 +34,29 @@ struct PackedPanel {
 using PanelDotsFn = void (*)(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* dots,
                              int64_t stride);
 
+// Columns of a strip: the dot products of a panel for this many columns at most, small enough to stay in L1
+// until the epilogue reads them; a multiple of 32, so that a strip owns its packed output words.
+inline constexpr int64_t kStripCols = 128;
+
+// Dot products of `outputs * window` panel rows (row r at dots + r * stride) for output columns
+// [col_begin, col_begin + width), col_begin a multiple of 32 and width <= kStripCols. Each run of `window`
+// rows is max-pooled into output row first_output + o, then written with the epilogue into `out`, the
+// call's output: int32 or float32 (rows, n), float(dot) * scale + bias (two roundings), or the epilogue's
+// planes of packed threshold bits (rows, planes, ceil(n/32)) (dot >= threshold, dot <= threshold where
+// flip != 0; padding bits past n are 0).
+struct Strip {
+  const int32_t* dots;
+  int64_t stride, outputs, window, first_output, col_begin, width, n;
+  void* out;
+};
+
+using FinishStripFn = void (*)(const Strip& strip, const EpilogueData& epilogue);
+
+// dots[i] += factor * (rows[0][i] + ... + rows[count - 1][i]) for i < width: the "zero" padding correction
+// of a conv panel row's excluded taps (gemm_driver.h), factor 2 for the binary products (the taps' weight
+// popcounts, doubled), 1 for BTN (the taps' weight sums).
+using AddRowsFn = void (*)(int32_t* dots, const int32_t* const* rows, int64_t count, int64_t width);
+
 enum class Isa { kGeneric, kPopcnt, kAvx2, kAvx512 };
 
 const char* IsaName(Isa isa);
@@ -42,6 +67,9 @@ Isa ActiveIsa();
 // Returns false (and changes nothing) when `name` is not a supported tier.
 bool ForceIsa(const std::string& name);
 PanelDotsFn PanelDotsFor(Isa isa);
+FinishStripFn FinishStripFor(Isa isa);
+// factor: 1 or 2.
+AddRowsFn AddRowsFor(Isa isa, int factor);
 
 }  // namespace jaxbnn::cpu
 

@@ -83,8 +83,8 @@ struct MixedRow {
   // activations.
   JAXBNN_ALWAYS_INLINE void Put(int64_t word, const SourcePlanes& x, int64_t first_run, int64_t runs, int64_t offset,
                                 int64_t count) {
-    plane0.Put(word, x.plane0 + offset, count, count, ~0u);
-    if constexpr (kPlanes == 2) plane1.Put(word, x.plane1 + offset, count, count, ~0u);
+    plane0.Put(word, x.plane0 + offset, count);
+    if constexpr (kPlanes == 2) plane1.Put(word, x.plane1 + offset, count);
     if constexpr (kMix == Mix::kTbn) {
       for (int64_t run = first_run; run < first_run + runs; ++run) nonzero += x.nonzero[run];
     }
@@ -146,6 +146,7 @@ struct MixedConvRows {
   SourcePlanes x;
   const int32_t* tap_sum;  // BTN with "zero" padding: (kh * kw, o), sum(w_tap) per tap and output channel
   int64_t chunks;
+  AddRowsFn add_rows;
 
   MixedPanel Fill(int64_t first, int64_t count, Scratch& scratch) const {
     const Bconv2dProblem& p = windows.p;
@@ -187,10 +188,7 @@ struct MixedConvRows {
 
   // BTN, "zero" padding: an out-of-frame tap t read as -1 added -tap_sum[t, col]: take it back.
   void AddExcludedTaps(const Scratch& scratch, int64_t row, int64_t col_begin, int64_t width, int32_t* dots) const {
-    windows.ForExcludedTaps(scratch.origins[row], [&](int64_t tap) {
-      const int32_t* sum = tap_sum + tap * windows.p.o + col_begin;
-      for (int64_t i = 0; i < width; ++i) dots[i] += sum[i];
-    });
+    windows.AddExcludedTapTerms(scratch.origins[row], tap_sum, col_begin, width, add_rows, dots);
   }
 };
 
@@ -242,18 +240,17 @@ void RunBmmOf(const BmmProblem& p, const SourcePlanes& a, const MixedKernel& ker
   const int64_t chunks = kernel.weights.chunks;
   MixedBmmRows<kMix> rows{a, p.k_words, chunks};
   const int64_t column_bytes = chunks * kChunkWords * 4 * (TernaryWeights(kMix) ? 2 : 1);
-  DispatchEpilogue(rows, kernel, GemmShape{p.m, 1, p.n, chunks, column_bytes}, epilogue, out, pool);
+  RunGemm(rows, kernel, GemmShape{p.m, 1, p.n, chunks, column_bytes}, epilogue, out, pool);
 }
 
 template <Mix kMix>
 void RunConvOf(const Bconv2dProblem& p, const SourcePlanes& x, const int32_t* tap_sum,
                const MixedKernel& kernel, const EpilogueData& epilogue, void* out, ffi::ThreadPool* pool) {
   const int64_t chunks = kernel.weights.chunks;
-  MixedConvRows<kMix> rows{ConvWindows{p}, x, tap_sum, chunks};
+  MixedConvRows<kMix> rows{ConvWindows{p}, x, tap_sum, chunks, AddRowsFor(ActiveIsa(), 1)};
   const int64_t column_bytes = chunks * kChunkWords * 4 * (TernaryWeights(kMix) ? 2 : 1);
   const int64_t outputs = p.batch * p.out_h * p.out_w;
-  DispatchEpilogue(rows, kernel, GemmShape{outputs, p.pool_h * p.pool_w, p.o, chunks, column_bytes}, epilogue,
-                   out, pool);
+  RunGemm(rows, kernel, GemmShape{outputs, p.pool_h * p.pool_w, p.o, chunks, column_bytes}, epilogue, out, pool);
 }
 
 }  // namespace
