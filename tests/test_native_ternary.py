@@ -159,6 +159,8 @@ CONV_CASES = [
     (2, 9, 11, 128, 24, (3, 3), 1, "SAME", "zero", (2, 2), (8, 128)),
     (1, 7, 7, 512, 40, (3, 3), 1, "SAME", "zero", None, (8, 128)),
     (3, 6, 5, 128, 8, (3, 3), 1, "SAME", "one", None, (8, 128)),
+    # more columns than one 128-column strip of the epilogue, the last strip not a whole word, pooled
+    (2, 6, 7, 40, 150, (3, 3), 1, "SAME", "zero", (2, 2), (8, 128)),
 ]
 
 
