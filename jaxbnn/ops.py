@@ -378,8 +378,7 @@ def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs,
         conv = dict(in_channels=c, out_channels=o, kernel_size=(kh, kw), stride=(sh, sw), padding=((pt, pb), (pl, pr)),
                     pad_value="one" if pad_one else "zero")
         residual = dict(stride=stride, shift=shift)
-        epilogue = (threshold.astype(jnp.int32), jnp.zeros((o,), jnp.uint8) if flip is None
-                    else flip.astype(bool).astype(jnp.uint8)) if bits else ()
+        epilogue = (threshold.astype(jnp.int32), _flip_operand(flip, (o,))) if bits else ()
 
         def single(x_, w_, popc_, shortcut_, *epi):
             def elsewhere(x_, w_, popc_, shortcut_, *e):
