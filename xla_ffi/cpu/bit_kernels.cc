@@ -43,7 +43,7 @@ struct BmmRows {
     for (int64_t r = 0; r < count; ++r) {
       k_valid[r] = k;
       excluded[r] = 0;
-      PanelRow(panel, chunks, r).PutRow(a + (first + r) * k_words, k_words, last_mask, chunks);
+      PanelRow(panel, chunks, r).Put(a + (first + r) * k_words, k_words, last_mask, chunks);
     }
     return PackedPanel{panel, count, chunks, k_valid, weight_mask};
   }
@@ -103,7 +103,7 @@ struct ConvRows {
       if (last_mask != ~0u) {
         for (int64_t word = p.c_words - 1; word < p.k_words; word += p.c_words) line[word] &= last_mask;
       }
-      PanelRow(panel, chunks, r).PutRow(line, row_words, ~0u, chunks);
+      PanelRow(panel, chunks, r).Put(line, row_words, ~0u, chunks);
       const int64_t counted = p.pad_one ? taps : in_frame;
       k_valid[r] = static_cast<int32_t>(counted * p.c);
       excluded[r] = counted < taps;

@@ -50,7 +50,7 @@ struct RowOrigin {
 // Per-thread scratch, reused across calls.
 struct Scratch {
   std::vector<uint32_t> panel;     // packed panel words
-  std::vector<uint32_t> line;      // one conv panel row, contiguous
+  std::vector<uint32_t> line;      // one conv panel row, each of its planes contiguous
   std::vector<int32_t> row_term;   // per panel row: its term of the dot products (e.g. the elements that count)
   std::vector<uint8_t> excluded;   // per panel row: some taps are out of frame and excluded ("zero" padding)
   std::vector<RowOrigin> origins;  // per conv panel row
@@ -103,33 +103,18 @@ class PanelRow {
 
   // Words [0, count) from src, the last one ANDed with last_mask (clears the padding bits of a row), then
   // zeros to the end of the row's `chunks` chunks.
-  JAXBNN_ALWAYS_INLINE void PutRow(const uint32_t* src, int64_t count, uint32_t last_mask, int64_t chunks) const {
+  JAXBNN_ALWAYS_INLINE void Put(const uint32_t* src, int64_t count, uint32_t last_mask, int64_t chunks) const {
     const int64_t whole = count / kChunkWords * kChunkWords;
     for (int64_t i = 0; i < whole; i += kChunkWords) std::memcpy(At(i), src + i, kChunkWords * 4);
     for (int64_t i = whole; i < chunks * kChunkWords; ++i) *At(i) = i < count ? src[i] : 0;
     if (count > 0) *At(count - 1) &= last_mask;
   }
 
-  // Words [word, word + count) from src.
-  JAXBNN_ALWAYS_INLINE void Put(int64_t word, const uint32_t* src, int64_t count) const {
-    if (word % kChunkWords == 0 && count % kChunkWords == 0) {
-      for (int64_t i = 0; i < count; i += kChunkWords) std::memcpy(At(word + i), src + i, kChunkWords * 4);
-      return;
-    }
-    for (int64_t i = 0; i < count; ++i) *At(word + i) = src[i];
-  }
-
-  JAXBNN_ALWAYS_INLINE void Fill(int64_t word, int64_t count, uint32_t value) const {
-    for (int64_t i = 0; i < count; ++i) *At(word + i) = value;
-  }
-
-  JAXBNN_ALWAYS_INLINE void Zero(int64_t word, int64_t count) const { Fill(word, count, 0); }
-
+ private:
   JAXBNN_ALWAYS_INLINE uint32_t* At(int64_t word) const {
     return base_ + (word / kChunkWords) * kGroupRows * kPlanes * kChunkWords + word % kChunkWords;
   }
 
- private:
   uint32_t* base_;
 };
 

@@ -69,22 +69,22 @@ SourcePlanes PrepareActivations(Mix mix, const ActivationPlanes& x, int64_t runs
   return SourcePlanes{x.nonneg, z, counts};
 }
 
-// One panel row being filled, in its planes.
+// One receptive field being gathered into a contiguous line per plane (plane p at words + p * row_words),
+// which is then copied into the panel a whole chunk at a time, as the binary gather does (bit_kernels.cc).
 template <Mix kMix>
-struct MixedRow {
+struct MixedLine {
   static constexpr int kPlanes = PanelPlanes(kMix);
-  PanelRow<kPlanes> plane0, plane1;
+  uint32_t* words;
+  int64_t row_words;
   int32_t nonzero = 0;  // TBN: popc(z_x) so far
 
-  MixedRow(uint32_t* panel, int64_t chunks, int64_t row)
-      : plane0(panel, chunks, row, 0), plane1(panel, chunks, row, kPlanes - 1) {}
-
-  // Words [word, word + count) of the row: `runs` runs from run `first_run` on, at word `offset` of the
-  // activations.
+  // Words [word, word + count): `runs` runs from run `first_run` on, at word `offset` of the activations.
   JAXBNN_ALWAYS_INLINE void Put(int64_t word, const SourcePlanes& x, int64_t first_run, int64_t runs, int64_t offset,
                                 int64_t count) {
-    plane0.Put(word, x.plane0 + offset, count);
-    if constexpr (kPlanes == 2) plane1.Put(word, x.plane1 + offset, count);
+    for (int64_t i = 0; i < count; ++i) words[word + i] = x.plane0[offset + i];
+    if constexpr (kPlanes == 2) {
+      for (int64_t i = 0; i < count; ++i) words[row_words + word + i] = x.plane1[offset + i];
+    }
     if constexpr (kMix == Mix::kTbn) {
       for (int64_t run = first_run; run < first_run + runs; ++run) nonzero += x.nonzero[run];
     }
@@ -93,22 +93,21 @@ struct MixedRow {
   // An out-of-frame tap of `count` words: the value 0 (zero) or -1 (one, or BTN's stand-in for 0).
   JAXBNN_ALWAYS_INLINE void PutPadding(int64_t word, int64_t count, bool minus_one, uint32_t last_mask,
                                        int32_t channels) {
-    plane0.Zero(word, count);
+    for (int64_t i = 0; i < count; ++i) words[word + i] = 0;
     if constexpr (kPlanes == 2) {
-      plane1.Fill(word, count, minus_one ? ~0u : 0u);
-      if (minus_one) *plane1.At(word + count - 1) = last_mask;
+      uint32_t* z = words + row_words + word;
+      for (int64_t i = 0; i < count; ++i) z[i] = minus_one ? ~0u : 0u;
+      if (minus_one) z[count - 1] = last_mask;
       if (kMix == Mix::kTbn && minus_one) nonzero += channels;
     }
   }
 
-  // Words past the reduction (to the end of the last chunk): 0 in every plane.
-  JAXBNN_ALWAYS_INLINE void ZeroTail(int64_t word, int64_t count) {
-    plane0.Zero(word, count);
-    if constexpr (kPlanes == 2) plane1.Zero(word, count);
+  // Into panel row r, each plane whole.
+  JAXBNN_ALWAYS_INLINE void CopyTo(uint32_t* panel, int64_t chunks, int64_t r) const {
+    for (int plane = 0; plane < kPlanes; ++plane) {
+      PanelRow<kPlanes>(panel, chunks, r, plane).Put(words + plane * row_words, row_words, ~0u, chunks);
+    }
   }
-
-  // The row's term of the dot products (ternary_dots.h): TBN's popc(z_x), 0 otherwise.
-  int32_t RowTerm() const { return nonzero; }
 };
 
 template <Mix kMix>
@@ -127,10 +126,12 @@ struct MixedBmmRows {
     uint8_t* excluded = Grow(scratch.excluded, count);
     uint32_t* panel = Grow(scratch.panel, PanelWords<kMix>(count, chunks));
     for (int64_t r = 0; r < count; ++r) {
-      MixedRow<kMix> row(panel, chunks, r);
-      row.Put(0, a, first + r, 1, (first + r) * k_words, k_words);
-      row.ZeroTail(k_words, chunks * kChunkWords - k_words);
-      row_term[r] = row.RowTerm();
+      const int64_t offset = (first + r) * k_words;
+      PanelRow<PanelPlanes(kMix)>(panel, chunks, r, 0).Put(a.plane0 + offset, k_words, ~0u, chunks);
+      if constexpr (PanelPlanes(kMix) == 2) {
+        PanelRow<2>(panel, chunks, r, 1).Put(a.plane1 + offset, k_words, ~0u, chunks);
+      }
+      row_term[r] = kMix == Mix::kTbn ? a.nonzero[first + r] : 0;  // the row's term (ternary_dots.h)
       excluded[r] = 0;
     }
     return MixedPanel{panel, count, chunks, row_term};
@@ -158,9 +159,12 @@ struct MixedConvRows {
     uint8_t* excluded = Grow(scratch.excluded, rows);
     RowOrigin* origins = Grow(scratch.origins, rows);
     windows.Origins(first, count, origins);
+    const int64_t row_words = chunks * kChunkWords;
+    uint32_t* line = Grow(scratch.line, PanelPlanes(kMix) * row_words);
+    std::fill(line, line + PanelPlanes(kMix) * row_words, 0u);  // the words past k_words stay 0
     for (int64_t r = 0; r < rows; ++r) {
       const auto [b, y0, x0] = origins[r];
-      MixedRow<kMix> row(panel, chunks, r);
+      MixedLine<kMix> row{line, row_words};
       bool out_of_frame = false;
       for (int64_t dy = 0; dy < p.kh; ++dy) {
         const int64_t iy = y0 + dy, word = dy * p.kw * p.c_words;
@@ -179,8 +183,8 @@ struct MixedConvRows {
           }
         }
       }
-      row.ZeroTail(p.k_words, chunks * kChunkWords - p.k_words);
-      row_term[r] = row.RowTerm();
+      row.CopyTo(panel, chunks, r);
+      row_term[r] = row.nonzero;  // the row's term (ternary_dots.h): TBN's popc(z_x), 0 otherwise
       excluded[r] = kMix == Mix::kBtn && !p.pad_one && out_of_frame;
     }
     return MixedPanel{panel, rows, chunks, row_term};
