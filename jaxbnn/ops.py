@@ -72,9 +72,10 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
     The four products, binary or ternary activations times binary or ternary weights (TAB's BNN, TBN, BTN,
     TNN), are exact integer dot products in [-k, k].
     b_popcount: the +1 count of each row of `b` (binary weights: `(n,)`; ternary weights: `(2n,)`, the rows
-       of both planes), which the binary product and binary activations times ternary weights use; derived
-       from `b` when not given. A concrete one (outside `jax.jit`) is checked against `b`; a traced one is
-       trusted (a wrong one gives wrong dot products).
+       of both planes), which binary activations use, and ternary ones where the platform has no kernel of
+       the product (the composite of binary products, docs/ops.md); derived from `b` when not given. A
+       concrete one (outside `jax.jit`) is checked against `b`; a traced one is trusted (a wrong one gives
+       wrong dot products).
     Epilogue: none -> int32 `(..., M, N)`; `scale`/`bias` -> float32 `scale * dot + bias`;
     `threshold`/`flip` -> packed bits uint32 `(..., M, ceil(N/32))` of `dot >= threshold`
     (`dot <= threshold` where flip); integer thresholds of any width, saturated exactly to [-k - 1, k + 1].
@@ -192,9 +193,10 @@ def bconv2d(
     padding: "SAME", "VALID" or ((top, bottom), (left, right)). pad_value: "zero" (out-of-frame taps add
     nothing, as a float convolution with zero padding) or "one" (pad with -1, bits 0 in every plane).
     w_tap_popcount: the +1 count of each tap of each weight row (`(KH*KW, O)`, or `(KH*KW, 2 * O)` for
-    ternary weights), which binary activations use; derived from `w` when not given. A concrete one (outside
-    `jax.jit`) is checked against `w`; a traced one is trusted (a wrong one gives wrong dot products: with
-    ternary weights everywhere, with binary ones at the border with "zero" padding).
+    ternary weights), which binary activations use, and ternary ones where the platform has no kernel of the
+    product (as in `bmm`); derived from `w` when not given. A concrete one (outside `jax.jit`) is checked
+    against `w`; a traced one is trusted (a wrong one gives wrong dot products: with ternary weights
+    everywhere, with binary ones at the border with "zero" padding).
     pool: None or (PH, PW): max-pool of the dot products (window = stride, no padding) before the epilogue.
     Epilogues as in `bmm` (thresholds saturated to [-K - 1, K + 1], K = KH * KW * C); outputs
     `(..., B, OH, OW, O)` (int32 / float32), `(..., B, OH, OW, ceil(O/32))`, or with a ternary operand and
