@@ -103,7 +103,7 @@ runs (--out): a directory that holds a run with checkpoints is refused unless
 def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="mnist-mlp",
                         help="zoo model: mnist-mlp, mnist-conv, cifar10-vgg, cifar10-resnet14, "
-                             "imagenet-alexnet, imagenet-vgg16, imagenet-resnet18")
+                             "imagenet-alexnet, imagenet-vgg16, imagenet-resnet18, imagenet-darknet19")
     parser.add_argument("--mode", default="bnn", help="network mode: bnn, tnn, tbn, btn or float, see below")
     parser.add_argument("--data", default="mnist5k", help="dataset: mnist5k, mnist or cifar10, see below")
     parser.add_argument("--data-dir", help="folder holding the mnist / cifar10 files")

@@ -465,6 +465,25 @@ def imagenet_resnet18(mode="bnn", *, num_classes=1000, input_shape=(224, 224, 3)
     return _net("imagenet-resnet18", mode, input_shape, num_classes, width, rngs, layer_options, body)
 
 
+def imagenet_darknet19(mode="bnn", *, num_classes=1000, input_shape=(224, 224, 3), width=1.0, rngs=None,
+                       layer_options=None):
+    """ImageNet Darknet-19 (YOLOv2's backbone; TAB's second benchmark network): its 18 feature convolutions,
+    32C3-P2-64C3-P2-(128C3-64C1-128C3)-P2-(256C3-128C1-256C3)-P2-(512C3-256C1-512C3-256C1-512C3)-P2-
+    (1024C3-512C1-1024C3-512C1-1024C3), then the classifier. Darknet-19 classifies with a 1000C1
+    convolution and a global average pool; here the classifier is the zoo's dense affine layer on the
+    7 x 7 x 1024 features, as in the other zoo models."""
+    stages = ((32,), (64,), (128, 64, 128), (256, 128, 256), (512, 256, 512, 256, 512),
+              (1024, 512, 1024, 512, 1024))
+
+    def body(b):
+        for stage, features in enumerate(stages):
+            for i, f in enumerate(features):
+                last = i == len(features) - 1
+                # alternating 3x3 and 1x1; each stage but the last ends in a 2x2 max-pool
+                b.conv(f, 3 if i % 2 == 0 else 1, pool=2 if last and stage < len(stages) - 1 else None)
+    return _net("imagenet-darknet19", mode, input_shape, num_classes, width, rngs, layer_options, body)
+
+
 MODEL_BUILDERS: dict[str, Callable[..., BinaryNet]] = {
     "mnist-mlp": mnist_mlp,
     "mnist-conv": mnist_conv,
@@ -473,6 +492,7 @@ MODEL_BUILDERS: dict[str, Callable[..., BinaryNet]] = {
     "imagenet-alexnet": imagenet_alexnet,
     "imagenet-vgg16": imagenet_vgg16,
     "imagenet-resnet18": imagenet_resnet18,
+    "imagenet-darknet19": imagenet_darknet19,
 }
 
 

@@ -72,9 +72,10 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
     The four products, binary or ternary activations times binary or ternary weights (TAB's BNN, TBN, BTN,
     TNN), are exact integer dot products in [-k, k].
     b_popcount: the +1 count of each row of `b` (binary weights: `(n,)`; ternary weights: `(2n,)`, the rows
-       of both planes), which the binary product and binary activations times ternary weights use; derived
-       from `b` when not given. A concrete one (outside `jax.jit`) is checked against `b`; a traced one is
-       trusted (a wrong one gives wrong dot products).
+       of both planes), which binary activations use, and ternary ones where the platform has no kernel of
+       the product (the composite of binary products, docs/ops.md); derived from `b` when not given. A
+       concrete one (outside `jax.jit`) is checked against `b`; a traced one is trusted (a wrong one gives
+       wrong dot products).
     Epilogue: none -> int32 `(..., M, N)`; `scale`/`bias` -> float32 `scale * dot + bias`;
     `threshold`/`flip` -> packed bits uint32 `(..., M, ceil(N/32))` of `dot >= threshold`
     (`dot <= threshold` where flip); integer thresholds of any width, saturated exactly to [-k - 1, k + 1].
@@ -106,8 +107,6 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
         if given_popcount:
             _check_popcount("b_popcount", b_popcount, b, rows, k, None)
     mode = _mode(len(planes) == 2, ternary_weights)
-    if mode in ("tbn", "tnn"):
-        b_popcount = None  # products of ternary activations need none
     kind, epi, threshold_planes = _epilogue(n, k + 1, scale, bias, threshold, flip, mode)
     leading = next(iter(planes.values())).shape[:-1]
     _check_elements("the result", leading + _epilogue_tail(kind, n, threshold_planes))
@@ -128,22 +127,27 @@ def _bmm(planes, b, b_popcount, epi, *, k, n, kind, mode, threshold_planes):
     weight_rows = 2 * n if ternary_weights else n
     if b.ndim == 2:
         b = formats.to_fsb(b)
-    weights = (b,)
-    if mode in ("bnn", "btn"):
-        popcount = _derived_popcount(b, weight_rows, k) if b_popcount is None else b_popcount.astype(jnp.int32)
-        weights = (b, popcount)
+    # Every mode keeps the weight rows' popcounts: the products of ternary activations need none natively,
+    # but their composite of binary products does (XLA drops them where unused).
+    popcount = _derived_popcount(b, weight_rows, k) if b_popcount is None else b_popcount.astype(jnp.int32)
+    weights = (b, popcount)
     epi = _epilogue_operands(kind, epi, n, k + 1)
     attrs = dict(k=np.int64(k), n=np.int64(n))
+    a_count = len(planes)
 
-    def spec(*operands):
-        a_ = formats.TernaryPlanes(*operands[:2]) if len(planes) == 2 else operands[0]
-        e = operands[len(planes) + len(weights):]
-        return reference.bmm(a_, operands[len(planes)], k, n, ternary_weights=ternary_weights, **dict(zip(epi, e)))
+    def binary_dot(x, b_, popcount_):
+        return _bmm((x,), b_, popcount_, {}, k=k, n=weight_rows, kind="i32", mode="bnn", threshold_planes=0)
+
+    def spec(a_, b_, _popcount, *e):
+        return reference.bmm(a_, b_, k, n, **dict(zip(epi, e)))
 
     def single(*operands):
         out_type = jax.ShapeDtypeStruct((operands[0].shape[0],) + tail, out_dtype)
         if mode != "bnn":
-            return _dispatch(f"jaxbnn_{mode}_bmm_{kind}", out_type, attrs, spec, *operands)
+            acts, (b_, popcount_), e = operands[:a_count], operands[a_count:a_count + 2], operands[a_count + 2:]
+            composite = lambda *_: _composite(binary_dot, acts, b_, popcount_, n, None, dict(zip(epi, e)))  # noqa: E731
+            native = (*acts, b_, popcount_, *e) if mode == "btn" else (*acts, b_, *e)
+            return _dispatch(f"jaxbnn_{mode}_bmm_{kind}", out_type, attrs, composite, *native)
         return _dispatch(
             f"jaxbnn_bmm_{kind}",
             out_type,
@@ -189,9 +193,10 @@ def bconv2d(
     padding: "SAME", "VALID" or ((top, bottom), (left, right)). pad_value: "zero" (out-of-frame taps add
     nothing, as a float convolution with zero padding) or "one" (pad with -1, bits 0 in every plane).
     w_tap_popcount: the +1 count of each tap of each weight row (`(KH*KW, O)`, or `(KH*KW, 2 * O)` for
-    ternary weights), which binary activations use; derived from `w` when not given. A concrete one (outside
-    `jax.jit`) is checked against `w`; a traced one is trusted (a wrong one gives wrong dot products: with
-    ternary weights everywhere, with binary ones at the border with "zero" padding).
+    ternary weights), which binary activations use, and ternary ones where the platform has no kernel of the
+    product (as in `bmm`); derived from `w` when not given. A concrete one (outside `jax.jit`) is checked
+    against `w`; a traced one is trusted (a wrong one gives wrong dot products: with ternary weights
+    everywhere, with binary ones at the border with "zero" padding).
     pool: None or (PH, PW): max-pool of the dot products (window = stride, no padding) before the epilogue.
     Epilogues as in `bmm` (thresholds saturated to [-K - 1, K + 1], K = KH * KW * C); outputs
     `(..., B, OH, OW, O)` (int32 / float32), `(..., B, OH, OW, ceil(O/32))`, or with a ternary operand and
@@ -278,8 +283,6 @@ def bconv2d(
                                  shift=int(shift))
     if not _is_int(shift) or shift != 0 or not _is_int(shortcut_stride) or shortcut_stride != 1:
         raise ValueError("shift and shortcut_stride apply to the residual epilogue: give a shortcut")
-    if mode in ("tbn", "tnn"):
-        w_tap_popcount = None  # products of ternary activations need none
     kind, epi, threshold_planes = _epilogue(o, kh * kw * c + 1, scale, bias, threshold, flip, mode)
     _check_elements("the result", batch + (oh // ph, ow // pw) + _epilogue_tail(kind, o, threshold_planes))
     _check_elements("the padded input", batch + (h + pt + pb, wd + pl + pr, c))
@@ -310,28 +313,36 @@ def _bconv2d(planes, w, w_tap_popcount, epi, *, attrs, kind, pooled, mode, thres
     rows = 2 * o if ternary_weights else o
     if w.ndim == 2:
         w = formats.to_fsb(w)
-    weights = (w,)
-    if mode in ("bnn", "btn"):
-        if w_tap_popcount is None:
-            w_tap_popcount = _real_bit_popcount(w, rows=rows, k_bits=k_bits, taps=(kh * kw, cw, c))
-        weights = (w, w_tap_popcount.astype(jnp.int32))
+    if w_tap_popcount is None:  # kept in every mode, as in `_bmm`
+        w_tap_popcount = _real_bit_popcount(w, rows=rows, k_bits=k_bits, taps=(kh * kw, cw, c))
+    weights = (w, w_tap_popcount.astype(jnp.int32))
     epi = _epilogue_operands(kind, epi, o, kh * kw * c + 1)
     attr_values = dict(zip(_CONV_ATTRS, attrs))
     attr_values = {name: v if name == "pad_one" else np.int64(v) for name, v in attr_values.items()}
+    a_count = len(planes)
+    # the composite's binary convolution: all 2o rows of ternary weights, unpooled
+    binary_attrs = (c, rows) + attrs[2:-2] + (1, 1)
 
-    def ref(*operands):
-        x_ = formats.TernaryPlanes(*operands[:2]) if len(planes) == 2 else operands[0]
-        e = operands[len(planes) + len(weights):]
+    def binary_dot(x, w_, popcount_):
+        return _bconv2d((x,), w_, popcount_, {}, attrs=binary_attrs, kind="i32", pooled=False, mode="bnn",
+                        threshold_planes=0)
+
+    def ref(x_, w_, _popcount, *e):
         return reference.bconv2d(
-            x_, operands[len(planes)], in_channels=c, out_channels=o, kernel_size=(kh, kw), stride=(sh, sw),
-            padding=((pt, pb), (pl, pr)), pad_value="one" if pad_one else "zero", ternary_weights=ternary_weights,
-            pool=(ph, pw) if pooled else None, **dict(zip(epi, e)),
+            x_, w_, in_channels=c, out_channels=o, kernel_size=(kh, kw), stride=(sh, sw),
+            padding=((pt, pb), (pl, pr)), pad_value="one" if pad_one else "zero", pool=(ph, pw) if pooled else None,
+            **dict(zip(epi, e)),
         )  # fmt: skip
 
     def single(*operands):
         out_type = jax.ShapeDtypeStruct((operands[0].shape[0], oh, ow) + tail, out_dtype)
         if mode != "bnn":
-            return _dispatch(f"jaxbnn_{mode}_conv2d_{kind}", out_type, attr_values, ref, *operands)
+            acts, (w_, popcount_), e = operands[:a_count], operands[a_count:a_count + 2], operands[a_count + 2:]
+            pool_window = (ph, pw) if pooled else None
+            composite = lambda *_: _composite(binary_dot, acts, w_, popcount_, o, pool_window,  # noqa: E731
+                                              dict(zip(epi, e)))
+            native = (*acts, w_, popcount_, *e) if mode == "btn" else (*acts, w_, *e)
+            return _dispatch(f"jaxbnn_{mode}_conv2d_{kind}", out_type, attr_values, composite, *native)
         x_, *weights_ = operands
         target = f"jaxbnn_bconv2d_{kind}"
         cuda = None
@@ -614,6 +625,25 @@ def pool_threshold_bits(bits, pool, flip_words):
 
 
 # --- dispatch -------------------------------------------------------------------------------------
+
+
+def _composite(binary_dot, acts, w, popcount, n, pool, epilogue):
+    """A product with a ternary operand where the platform has no kernel of its own: ternary values are means
+    of two ±1 vectors (t = (a + b) / 2 from the nonneg and pos planes), so the dot product is the mean of 2
+    or 4 ±1 dot products, which `binary_dot` computes in one call (activation planes stacked along the rows,
+    a ternary weight's planes are its 2n output rows); then pool and epilogue as the reference's. Exact."""
+    x = jnp.concatenate(acts, axis=0) if len(acts) == 2 else acts[0]
+    dot = binary_dot(x, w, popcount)
+    parts = 1
+    if dot.shape[-1] == 2 * n:
+        dot, parts = dot[..., :n] + dot[..., n:], 2 * parts
+    if len(acts) == 2:
+        rows = acts[0].shape[0]
+        dot, parts = dot[:rows] + dot[rows:], 2 * parts
+    dot = dot // parts  # exact: a sum of `parts` ±1 products with one mean is a multiple of `parts`
+    if pool is not None:
+        dot = reference.max_pool(dot, pool)
+    return reference.epilogue(dot, **epilogue)
 
 
 def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None, cuda_weights=None,

@@ -6,11 +6,11 @@ integers from the pixels to the logits:
 - the first layer multiplies the image's int8 levels (pixel - 128) with its int8 weight values
   (`ops.image_conv2d` / `ops.image_matmul`), its pool and its output's thresholds (or the stream's shift) in
   the same op;
-- binary x binary layers are one custom call each, with the threshold epilogue writing the next layer's
-  packed input (max-pool fused as OR / AND on the bits) or the affine epilogue writing the logits;
-- ternary operands are sums of ±1 products: a ternary t is (a + b) / 2 with the ±1 vectors a = [t >= 0]
-  and b = [t > 0], so a ternary dot product is a sum of 2 (one ternary operand) or 4 (both) ±1 dot
-  products, each one int32 custom call (planes stacked along the batch / output axes into one call);
+- every other layer, binary or ternary activations times binary or ternary weights (TAB's BNN, TBN, BTN,
+  TNN), is one `ops.bmm` / `ops.bconv2d` with its epilogue: the threshold planes writing the next layer's
+  packed input (binary bits, or a ternary output's (nonneg, pos) planes; max-pool fused), the affine writing
+  the logits, or the int32 dot products of a residual block's stream. Where a platform has no kernel of a
+  ternary or mixed product, the op runs it as 2 or 4 binary products (docs/ops.md);
 - integer thresholds turn int32 pre-activations and the int32 residual stream into bits; the stream is
   the sum of each residual block's conv2 output and its shortcut, added in jnp: XLA fuses the add with the
   next block's thresholds and packing, which on an H200 ran faster than the convolution's own residual
@@ -19,9 +19,10 @@ integers from the pixels to the logits:
 Images are uint8 pixels, or floats on the scale the file records (`input_range`), quantized to pixels by
 `formats.quantize_images`.
 
-The file holds every operand as the ops take it (ternary weights already as their two ±1 planes, stacked
-along the output axis; popcounts per row or per conv tap), so loading moves the arrays to the device as
-they are (the bool flips as uint8, the handlers' dtype) and packs, unpacks and derives nothing.
+The file holds every operand as the ops take it (ternary weights as their two ±1 planes stacked along the
+output axis, `formats.TernaryDenseBits` / `TernaryConvBits`; popcounts per row or per conv tap), so
+loading moves the arrays to the device as they are (the bool flips as uint8, the handlers' dtype) and packs,
+unpacks and derives nothing.
 
 This module never imports the exporter or the training code.
 """
@@ -182,11 +183,15 @@ def _prepare_linear(node: dict, tensors: dict) -> dict:
     if node["operand"] == "image":
         return params
     rows, k_bits, kernel, c = weight_geometry(node)
+    n = node["out_channels"]
+    ternary = node["weights"] == "ternary"
     if uses_conv_layout(node):
-        params["weight"] = formats.ConvBits(params["weight"], params.pop("weight_tap_popcount"), kernel_size=kernel,
-                                            in_channels=c, out_channels=rows)
+        conv_bits = formats.TernaryConvBits if ternary else formats.ConvBits
+        params["weight"] = conv_bits(params["weight"], params.pop("weight_tap_popcount"), kernel_size=kernel,
+                                     in_channels=c, out_channels=n)
     else:
-        params["weight"] = formats.DenseBits(params["weight"], params.pop("weight_popcount"), k=k_bits, n=rows)
+        dense_bits = formats.TernaryDenseBits if ternary else formats.DenseBits
+        params["weight"] = dense_bits(params["weight"], params.pop("weight_popcount"), k=k_bits, n=n)
     return params
 
 
@@ -238,24 +243,12 @@ def _linear(node, p, x):
         x = _quantize(node["operand"], p, x, prefix="input_")
     if node["operand"] == "image":
         return _image_layer(node, p, x)
-    if node["operand"] == "binary" and node["weights"] == "binary" and node["output"] in ("binary", "affine"):
-        return _fused(node, p, x)
-    pre = _composite_dot(node, p, x)
-    if node["kind"] == "conv" and node["pool"] is not None:
-        pre = _max_pool(pre, node["pool"])
-    return _output(node, p, pre)
+    return _packed_layer(node, p, x)
 
 
 def _flatten(x):
     """(B, ...) -> (B, features); explicit sizes, as a -1 cannot be resolved for an empty batch."""
     return x.reshape(x.shape[0], math.prod(x.shape[1:]))
-
-
-def _max_pool(x, pool):
-    ph, pw = pool
-    b, h, w, c = x.shape
-    oh, ow = h // ph, w // pw
-    return x[:, : oh * ph, : ow * pw].reshape(b, oh, ph, ow, pw, c).max(axis=(2, 4))
 
 
 def _conv_args(node):
@@ -266,54 +259,45 @@ def _conv_args(node):
     return dict(stride=1, padding="VALID", pad_value="zero")
 
 
-def _fused(node, p, x):
-    """binary x binary: one custom call with the epilogue (threshold -> packed bits, affine -> float)."""
-    if node["output"] == "binary":
-        epilogue = dict(threshold=p["threshold"], flip=p["flip"])
-    else:
+def _threshold_epilogue(output, p):
+    """The thresholds of a binary output, or the (nonneg, pos) threshold planes of a ternary one."""
+    if output == "binary":
+        return dict(threshold=p["threshold"], flip=p["flip"])
+    return dict(threshold=jnp.stack([p["threshold_nonneg"], p["threshold_pos"]]),
+                flip=jnp.stack([p["flip_nonneg"], p["flip_pos"]]))
+
+
+def _packed_layer(node, p, x):
+    """A layer on packed binary bits or ternary planes: one op with the output's epilogue (threshold planes
+    -> the next layer's bits or ternary planes, affine -> logits, none -> the int32 stream, shifted)."""
+    output = node["output"]
+    if output in ("binary", "ternary"):
+        epilogue = _threshold_epilogue(output, p)
+    elif output == "affine":
         epilogue = dict(scale=p["scale"], bias=p["bias"])
+    else:
+        epilogue = {}
+    if node["operand"] == "ternary":
+        x = formats.TernaryPlanes(*x)
     if uses_conv_layout(node):
         pool = node.get("pool") if node["kind"] == "conv" else None
         out = ops.bconv2d(x, p["weight"], pool=None if pool is None else tuple(pool), **_conv_args(node), **epilogue)
-        return out if node["kind"] == "conv" else _flatten(out)
-    return ops.bmm(x, p["weight"], **epilogue)
-
-
-def _pm_dot(node, p, x):
-    """int32 ±1 dot products of packed `x` with the node's packed ±1 weights (one custom call)."""
-    if uses_conv_layout(node):
-        out = ops.bconv2d(x, p["weight"], **_conv_args(node))
-        return out if node["kind"] == "conv" else _flatten(out)
-    return ops.bmm(x, p["weight"])
-
-
-def _composite_dot(node, p, x):
-    """The int32 dot product of a layer with a ternary operand, from ±1 dot products (module docstring)."""
-    n = node["out_channels"]
-    if node["operand"] == "ternary":
-        nonneg, pos = x
-        batch = nonneg.shape[0]
-        x = jnp.concatenate([nonneg, pos], axis=0)
-    dot = _pm_dot(node, p, x)
-    parts = 1
-    if node["weights"] == "ternary":
-        dot = dot[..., :n] + dot[..., n:]
-        parts *= 2
-    if node["operand"] == "ternary":
-        dot = dot[:batch] + dot[batch:]
-        parts *= 2
-    return dot // parts  # exact: the sum of the ±1 products is a multiple of `parts`
+        out = out if node["kind"] == "conv" else out.reshape(out.shape[0], *out.shape[3:])
+    else:
+        out = ops.bmm(x, p["weight"], **epilogue)
+    if output == "ternary":
+        return out[..., 0, :], out[..., 1, :]
+    if output == "stream":
+        return out >> node["stream_shift"]  # an arithmetic shift: floor division by 2**shift
+    return out
 
 
 def _image_layer(node, p, levels):
     """First layer: the image's int8 levels times the int8 weight values, with the pool and the output's
     epilogue in the same op (one custom call on a platform with the native kernel)."""
     output = node["output"]
-    if output == "binary":
-        epilogue = dict(threshold=p["threshold"], flip=p["flip"])
-    elif output == "ternary":
-        epilogue = dict(threshold=jnp.stack([p["threshold_nonneg"], p["threshold_pos"]]),
-                        flip=jnp.stack([p["flip_nonneg"], p["flip_pos"]]))
+    if output in ("binary", "ternary"):
+        epilogue = _threshold_epilogue(output, p)
     elif output == "stream":
         epilogue = dict(shift=node["stream_shift"])
     else:
@@ -330,13 +314,3 @@ def _image_layer(node, p, levels):
     if output == "affine":
         return out.astype(jnp.float32) * p["scale"] + p["bias"]
     return out
-
-
-def _output(node, p, pre):
-    """What a (pooled) int32 pre-activation becomes: bits, ternary planes, the stream or logits."""
-    output = node["output"]
-    if output in ("binary", "ternary"):
-        return _quantize(output, p, pre)
-    if output == "stream":
-        return pre >> node["stream_shift"]  # an arithmetic shift: floor division by 2**shift
-    return pre.astype(jnp.float32) * p["scale"] + p["bias"]

@@ -26,6 +26,7 @@ FULL_SIZE = {
     "imagenet-alexnet": ((224, 224, 3), 1000),
     "imagenet-vgg16": ((224, 224, 3), 1000),
     "imagenet-resnet18": ((224, 224, 3), 1000),
+    "imagenet-darknet19": ((224, 224, 3), 1000),
 }
 
 
@@ -67,6 +68,20 @@ def test_zoo_structure_follows_table_v():
     alexnet = nnx.eval_shape(lambda: models.build_model("imagenet-alexnet"))
     first = alexnet.blocks[0].conv
     assert (first.kernel_size, first.strides, first.out_features) == ((11, 11), (4, 4), 128)
+
+
+def test_darknet19_has_the_feature_layers_of_yolov2s_backbone():
+    """18 convolutions, 3x3 and 1x1 alternating within a stage, a 2x2 max-pool closing each stage but the
+    last, 7x7x1024 features at 224 x 224; TAB's layers 16 and 18 are its 1024C3 on 7x7x512."""
+    darknet = nnx.eval_shape(lambda: models.build_model("imagenet-darknet19"))
+    convs = [b for b in darknet.blocks if isinstance(b, models.ConvBlock)]
+    assert [(b.conv.out_features, b.conv.kernel_size[0]) for b in convs] == [
+        (32, 3), (64, 3), (128, 3), (64, 1), (128, 3), (256, 3), (128, 1), (256, 3), (512, 3), (256, 1), (512, 3),
+        (256, 1), (512, 3), (1024, 3), (512, 1), (1024, 3), (512, 1), (1024, 3)]  # fmt: skip
+    assert [i for i, b in enumerate(convs) if b.pool == (2, 2)] == [0, 1, 4, 7, 12]
+    assert all(b.pool is None or b.pool == (2, 2) for b in convs)
+    assert model_summary(darknet, batch_size=1)[17].output_shape == (1, 7, 7, 1024)
+    assert [(convs[i].conv.in_features, convs[i].conv.out_features) for i in (15, 17)] == [(512, 1024)] * 2
 
 
 def test_a_resnet_carries_an_integer_stream_between_its_quantizers():
@@ -135,6 +150,7 @@ SMALL = {
     "imagenet-alexnet": dict(width=0.03125, input_shape=(64, 64, 3), num_classes=20),
     "imagenet-vgg16": dict(width=0.0625, input_shape=(32, 32, 3), num_classes=20),
     "imagenet-resnet18": dict(width=0.0625, input_shape=(64, 64, 3), num_classes=20),
+    "imagenet-darknet19": dict(width=0.0625, input_shape=(64, 64, 3), num_classes=20),
 }
 
 
@@ -161,8 +177,9 @@ def _few_steps(model, steps=30, batch=16, seed=0, learning_rate=1e-2):
     return losses, grads
 
 
-# The two deepest graphs take the longest to compile on a CPU.
-ZOO_CASES = [pytest.param(name, marks=pytest.mark.slow) if name in ("imagenet-vgg16", "imagenet-resnet18") else name
+# The three deepest graphs take the longest to compile on a CPU.
+ZOO_CASES = [pytest.param(name, marks=pytest.mark.slow)
+             if name in ("imagenet-vgg16", "imagenet-resnet18", "imagenet-darknet19") else name
              for name in sorted(SMALL)]
 
 

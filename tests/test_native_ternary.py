@@ -77,12 +77,16 @@ def epilogue_operands(rng, dots, planes=3):
                 threshold=threshold[0], flip=flip[0], threshold_planes=threshold, flip_planes=flip)
 
 
-def assert_all_epilogues(run, want_dots, epi):
+def assert_all_epilogues(run, want_dots, epi, fused_affine=False):
     """`run(**epilogue)` equals the reference epilogue of `want_dots` for int32, affine, threshold and
-    threshold planes."""
+    threshold planes. `fused_affine`: the affine is XLA's, which may fuse its multiply-add (one rounding
+    fewer), so it may differ by the product's rounding."""
     np.testing.assert_array_equal(np.asarray(run()), want_dots)
     affine = np.asarray(run(scale=epi["scale"], bias=epi["bias"]))
-    np.testing.assert_array_equal(affine, want_dots.astype(np.float32) * epi["scale"] + epi["bias"])
+    product = want_dots.astype(np.float32) * epi["scale"]
+    want_affine = product + epi["bias"]
+    slack = np.spacing(np.abs(product)) + np.spacing(np.abs(want_affine)) if fused_affine else 0
+    assert np.all(np.abs(affine - want_affine) <= slack)
     for threshold, flip in ((epi["threshold"], epi["flip"]), (epi["threshold_planes"], epi["flip_planes"])):
         bits = np.asarray(run(threshold=threshold, flip=flip))
         want_bits = reference.epilogue(jnp.asarray(want_dots), threshold=threshold, flip=flip)
@@ -313,6 +317,53 @@ def test_without_a_native_target_the_ops_run_the_reference(mode, monkeypatch):
     jax.clear_caches()
     np.testing.assert_array_equal(np.asarray(ops.bconv2d(x, weights, stride=2)), native)
     jax.clear_caches()
+
+
+@pytest.fixture
+def without_ternary_kernels(monkeypatch):
+    """The platform as one without kernels of the ternary and mixed products (the GPU's case): the binary
+    targets stay."""
+    has_target = _ffi.has_target
+    monkeypatch.setattr(_ffi, "has_target", lambda platform, target: has_target(platform, target) and not any(
+        target.startswith(f"jaxbnn_{mode}_") for mode in MODES))  # fmt: skip
+    jax.clear_caches()
+    yield
+    jax.clear_caches()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("m,k,n,tile", [BMM_CASES[1], BMM_CASES[4], BMM_CASES[6]])
+def test_without_ternary_kernels_bmm_is_a_composite_of_binary_products(without_ternary_kernels, mode, m, k, n, tile):
+    rng = np.random.default_rng(m * 7919 + k * 31 + n + 1)
+    a, a_values, w, w_values = operands(rng, mode, (m, k), (k, n), conv=False, tile=tile)
+    want = (a_values @ w_values).astype(np.int32)
+    hlo = jax.jit(lambda a, w: ops.bmm(a, w)).lower(a, w).as_text()
+    assert "jaxbnn_bmm_i32" in hlo and f"jaxbnn_{mode}_" not in hlo
+    run = lambda **epi: jax.jit(lambda a, w: ops.bmm(a, w, **epi))(a, w)  # noqa: E731
+    assert_all_epilogues(run, want, epilogue_operands(rng, want), fused_affine=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("b,h,w,c,o,kernel,stride,padding,pad_value,pool,tile", [CONV_CASES[1], CONV_CASES[4]])
+def test_without_ternary_kernels_conv2d_is_a_composite_of_binary_products(without_ternary_kernels, mode, b, h, w, c,
+                                                                          o, kernel, stride, padding, pad_value,
+                                                                          pool, tile):  # fmt: skip
+    rng = np.random.default_rng(b * 1009 + h * 101 + c * 7 + o + 1)
+    x, x_values, weights, w_values = operands(rng, mode, (b, h, w, c), kernel + (c, o), conv=True, tile=tile)
+    stride = (stride, stride) if isinstance(stride, int) else stride
+    pads = ops._conv_padding(padding, (h, w), kernel, stride)
+    want = numpy_max_pool(numpy_conv(x_values, w_values, stride, pads, pad_value), pool)
+
+    def run(**epi):
+        conv = lambda x: ops.bconv2d(x, weights, stride=stride, padding=padding, pad_value=pad_value, pool=pool,
+                                     **epi)  # noqa: E731
+        return jax.jit(conv)(x)
+
+    assert "jaxbnn_bconv2d_i32" in jax.jit(lambda x: ops.bconv2d(x, weights, stride=stride)).lower(x).as_text()
+    assert_all_epilogues(run, want, epilogue_operands(rng, want), fused_affine=True)
+    np.testing.assert_array_equal(np.asarray(jax.vmap(lambda x: ops.bconv2d(x, weights, stride=stride, padding=padding,
+                                                                            pad_value=pad_value, pool=pool))(
+        jax.tree.map(lambda p: p[None], x)))[0], want)  # fmt: skip
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -235,10 +235,10 @@ def _parameters_by_tensor_name(net) -> dict:
     """The loaded parameters of every node, named as the file's tensors."""
     def linear(prefix, params):
         for key, value in params.items():
-            if isinstance(value, formats.ConvBits):
+            if isinstance(value, (formats.ConvBits, formats.TernaryConvBits)):
                 yield prefix + "weight", value.bits
                 yield prefix + "weight_tap_popcount", value.tap_popcount
-            elif isinstance(value, formats.DenseBits):
+            elif isinstance(value, (formats.DenseBits, formats.TernaryDenseBits)):
                 yield prefix + "weight", value.bits
                 yield prefix + "weight_popcount", value.popcount
             else:

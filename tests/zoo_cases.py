@@ -16,6 +16,7 @@ SMALL = {
     "imagenet-alexnet": dict(input_shape=(67, 67, 3), width=0.03125),
     "imagenet-vgg16": dict(input_shape=(32, 32, 3), width=0.0625),
     "imagenet-resnet18": dict(input_shape=(32, 32, 3), width=0.0625),
+    "imagenet-darknet19": dict(input_shape=(32, 32, 3), width=0.0625),
 }
 
 # Every zoo model at the input size it is built for, narrow (the layer sequence and the image are the real
@@ -28,6 +29,7 @@ REAL_SIZE = {
     "imagenet-alexnet": dict(input_shape=(224, 224, 3), width=0.0625),
     "imagenet-vgg16": dict(input_shape=(224, 224, 3), width=0.0625),
     "imagenet-resnet18": dict(input_shape=(224, 224, 3), width=0.0625),
+    "imagenet-darknet19": dict(input_shape=(224, 224, 3), width=0.0625),
 }
 NETWORK_MODES = ("bnn", "tnn", "tbn", "btn")
 
@@ -46,6 +48,8 @@ CASES = [
     ("imagenet-alexnet", "bnn", {}),
     ("imagenet-vgg16", "bnn", {}),
     ("imagenet-resnet18", "btn", {"padding_value": "one"}),
+    ("imagenet-darknet19", "tnn", {}),
+    ("imagenet-darknet19", "tbn", {"padding_value": "one"}),
 ]
 
 
