@@ -267,11 +267,19 @@ def _threshold_epilogue(output, p):
                 flip=jnp.stack([p["flip_nonneg"], p["flip_pos"]]))
 
 
+def _per_feature_levels(node) -> bool:
+    """Whether a ternary output's thresholds vary per feature (shape (OH, OW, C), docs/export.md), which the
+    ops' epilogue (thresholds per channel) does not take."""
+    return node["output"] == "ternary" and len(node["level_shape"]) > 1
+
+
 def _packed_layer(node, p, x):
     """A layer on packed binary bits or ternary planes: one op with the output's epilogue (threshold planes
-    -> the next layer's bits or ternary planes, affine -> logits, none -> the int32 stream, shifted)."""
+    -> the next layer's bits or ternary planes, affine -> logits, none -> the int32 stream, shifted); with
+    thresholds per feature, the op's int32 dot products are thresholded after it."""
     output = node["output"]
-    if output in ("binary", "ternary"):
+    per_feature = _per_feature_levels(node)
+    if output in ("binary", "ternary") and not per_feature:
         epilogue = _threshold_epilogue(output, p)
     elif output == "affine":
         epilogue = dict(scale=p["scale"], bias=p["bias"])
@@ -285,6 +293,8 @@ def _packed_layer(node, p, x):
         out = out if node["kind"] == "conv" else out.reshape(out.shape[0], *out.shape[3:])
     else:
         out = ops.bmm(x, p["weight"], **epilogue)
+    if per_feature:
+        return _quantize(output, p, out)
     if output == "ternary":
         return out[..., 0, :], out[..., 1, :]
     if output == "stream":
