@@ -17,14 +17,17 @@ from jaxbnn.models import build_model
 
 
 def help_text(capsys, *command) -> str:
-    with pytest.raises(SystemExit) as exit_info:
+    """The help of `command`, wider than any line of it: argparse wraps lines at the terminal width, at
+    hyphens too (a default of "mnist-mlp" would read "mnist- mlp" once the lines are joined)."""
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as exit_info:
+        patch.setenv("COLUMNS", "1000")
         cli.main([*command, "--help"])
     assert exit_info.value.code == 0
     return capsys.readouterr().out
 
 
 def test_train_help_shows_every_default_and_explains_the_modes_and_datasets(capsys):
-    text = " ".join(help_text(capsys, "train").split())  # argparse wraps lines at the terminal width
+    text = " ".join(help_text(capsys, "train").split())
     for default in ("(default: mnist-mlp)", "(default: bnn)", "(default: mnist5k)", "epochs of the run (default: 10)",
                     "images per training step (default: 100)", "(default: 0.001)", "plain Adam) (default: 0.0)",
                     "batch order (default: 0)", "model (default: 1.0)"):
