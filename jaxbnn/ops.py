@@ -141,11 +141,22 @@ def _bmm(planes, b, b_popcount, epi, *, k, n, kind, mode, threshold_planes):
     def spec(a_, b_, _popcount, *e):
         return reference.bmm(a_, b_, k, n, **dict(zip(epi, e)))
 
+    def bmm_composite(acts, b_, popcount_, epilogue):
+        kw = formats.num_words(k)
+        if not _concatenation_fits(mode, kw, n, threshold_planes):
+            return _composite(binary_dot, acts, b_, popcount_, n, None, epilogue)
+        x, w_, popcount_, epilogue, columns = _concatenated_operands(
+            mode, acts, formats.from_fsb(b_, weight_rows, k), popcount_[None], epilogue, kind=kind, o=n, c=k,
+            bound=k + 1, threshold_planes=threshold_planes)
+        out = _bmm((x,), formats.to_fsb(w_.reshape(columns, -1)), popcount_[0], epilogue, k=x.shape[-1] * 32,
+                   n=columns, kind=kind, mode="bnn", threshold_planes=0)
+        return _concatenated_result(out, mode, kind, threshold_planes)
+
     def single(*operands):
         out_type = jax.ShapeDtypeStruct((operands[0].shape[0],) + tail, out_dtype)
         if mode != "bnn":
             acts, (b_, popcount_), e = operands[:a_count], operands[a_count:a_count + 2], operands[a_count + 2:]
-            composite = lambda *_: _composite(binary_dot, acts, b_, popcount_, n, None, dict(zip(epi, e)))  # noqa: E731
+            composite = lambda *_: bmm_composite(acts, b_, popcount_, dict(zip(epi, e)))  # noqa: E731
             native = (*acts, b_, popcount_, *e) if mode == "btn" else (*acts, b_, *e)
             return _dispatch(f"jaxbnn_{mode}_bmm_{kind}", out_type, attrs, composite, *native)
         return _dispatch(
@@ -327,6 +338,17 @@ def _bconv2d(planes, w, w_tap_popcount, epi, *, attrs, kind, pooled, mode, thres
         return _bconv2d((x,), w_, popcount_, {}, attrs=binary_attrs, kind="i32", pooled=False, mode="bnn",
                         threshold_planes=0)
 
+    def conv_composite(acts, w_, popcount_, pool_window, epilogue):
+        if not _concatenation_fits(mode, kh * kw * cw, o, threshold_planes):
+            return _composite(binary_dot, acts, w_, popcount_, o, pool_window, epilogue)
+        x, w_, popcount_, epilogue, columns = _concatenated_operands(
+            mode, acts, formats.from_fsb(w_, rows, k_bits), popcount_, epilogue, kind=kind, o=o, c=c,
+            bound=kh * kw * c + 1, threshold_planes=threshold_planes)
+        out = _bconv2d((x,), formats.to_fsb(w_.reshape(columns, -1)), popcount_, epilogue,
+                       attrs=(x.shape[-1] * 32, columns) + attrs[2:], kind=kind, pooled=pooled, mode="bnn",
+                       threshold_planes=0)
+        return _concatenated_result(out, mode, kind, threshold_planes)
+
     def ref(x_, w_, _popcount, *e):
         return reference.bconv2d(
             x_, w_, in_channels=c, out_channels=o, kernel_size=(kh, kw), stride=(sh, sw),
@@ -339,8 +361,7 @@ def _bconv2d(planes, w, w_tap_popcount, epi, *, attrs, kind, pooled, mode, thres
         if mode != "bnn":
             acts, (w_, popcount_), e = operands[:a_count], operands[a_count:a_count + 2], operands[a_count + 2:]
             pool_window = (ph, pw) if pooled else None
-            composite = lambda *_: _composite(binary_dot, acts, w_, popcount_, o, pool_window,  # noqa: E731
-                                              dict(zip(epi, e)))
+            composite = lambda *_: conv_composite(acts, w_, popcount_, pool_window, dict(zip(epi, e)))  # noqa: E731
             native = (*acts, w_, popcount_, *e) if mode == "btn" else (*acts, w_, *e)
             return _dispatch(f"jaxbnn_{mode}_conv2d_{kind}", out_type, attr_values, composite, *native)
         x_, *weights_ = operands
@@ -625,6 +646,83 @@ def pool_threshold_bits(bits, pool, flip_words):
 
 
 # --- dispatch -------------------------------------------------------------------------------------
+
+
+# A product with a ternary operand as one ±1 product over a longer reduction (docs/ops.md): per mode, the
+# blocks of that reduction as (activation plane, weight plane, whether the weight block's padding bits are set)
+# of each block; the planes as `TernaryPlanes` / the ternary weights' rows order them, (nonneg, pos).
+_REDUCTION_BLOCKS = {
+    "tbn": ((0, 0, False), (1, 0, True)),
+    "btn": ((0, 0, False), (0, 1, True)),
+    "tnn": ((0, 0, False), (0, 1, True), (1, 0, False), (1, 1, True)),
+}
+# The longest reduction the CUDA kernels take, in words (kMaxReductionWords in xla_ffi/cuda/binary_gemm.h).
+_KERNEL_REDUCTION_WORDS = 1 << 16
+
+
+def _concatenation_fits(mode, reduction_words, n, threshold_planes):
+    """Whether the concatenated product's reduction and columns fit the binary kernels."""
+    columns = max(threshold_planes, 1) * formats.num_words(n) * formats.WORD_BITS
+    return len(_REDUCTION_BLOCKS[mode]) * reduction_words <= _KERNEL_REDUCTION_WORDS and columns <= MAX_EXTENT
+
+
+def _concatenated_operands(mode, acts, matrix, popcount, epilogue, *, kind, o, c, bound, threshold_planes):
+    """The operands of one binary product equal to `parts` times a ternary or mixed one.
+
+    A ternary value is the mean of the ±1 values of its (nonneg, pos) bits, so the product of two vectors is
+    the sum of `parts` = 2 (TBN, BTN) or 4 (TNN) ±1 products of their planes, divided by `parts`. Placed side
+    by side along the reduction (per tap: every block holds a tap's `cw` channel words), those products are one
+    ±1 product: one accumulator, the binary kernels' pool and epilogues. The padding bits of each block (past
+    `c`) are 0 in the activations and, in the weights, 0 in half the blocks and 1 in the other half, so their
+    ±1 products cancel; "zero" padding excludes every block of an outside tap, "one" padding makes each of
+    its activation bits 0 (-1 in every plane), exactly as the ternary product pads.
+
+    acts: the activation planes `(..., cw)`; matrix: the weight rows `(planes * o, taps * cw)`; popcount:
+    `(taps, planes * o)`. Threshold planes become `planes * 32 ceil(o / 32)` columns (each plane's weights
+    again, its padding columns never set), so one bit epilogue writes every plane's words in place.
+    Returns (activations, weight rows `(columns, taps, parts * cw)`, tap popcounts `(taps, columns)`,
+    epilogue operands, columns)."""
+    blocks = _REDUCTION_BLOCKS[mode]
+    parts = len(blocks)
+    cw = acts[0].shape[-1]
+    taps = popcount.shape[0]
+    x = jnp.concatenate([_clear_padding_bits(acts[a], c) for a, _, _ in blocks], axis=-1)
+    real = np.full(cw, 0xFFFFFFFF, np.uint32)
+    if c % formats.WORD_BITS:
+        real[-1] = (1 << c % formats.WORD_BITS) - 1
+    real = jnp.asarray(real)
+    planes = matrix.reshape(-1, o, taps, cw)
+    w = jnp.concatenate([planes[p] & real | (~real if ones else 0) for _, p, ones in blocks], axis=-1)
+    counts = popcount.reshape(taps, -1, o)
+    padding_ones = sum(ones for _, _, ones in blocks) * (cw * formats.WORD_BITS - c)
+    counts = sum(counts[:, p] for _, p, _ in blocks) + padding_ones
+    if kind == "f32":
+        epilogue = dict(epilogue, scale=epilogue["scale"] / parts)  # exact: a power of two
+    elif kind == "bits":
+        threshold = jnp.clip(epilogue["threshold"], -bound, bound) * parts
+        epilogue = dict(epilogue, threshold=threshold)
+    columns = o
+    if threshold_planes:
+        width = formats.num_words(o) * formats.WORD_BITS
+        pad = width - o
+        w = jnp.tile(jnp.pad(w, ((0, pad), (0, 0), (0, 0))), (threshold_planes, 1, 1))
+        counts = jnp.tile(jnp.pad(counts, ((0, 0), (0, pad))), (1, threshold_planes))
+        # past-the-end columns: a threshold beyond every concatenated product, so their bits stay 0
+        unreachable = parts * taps * cw * formats.WORD_BITS + 1
+        threshold = jnp.pad(epilogue["threshold"], ((0, 0), (0, pad)), constant_values=unreachable)
+        flip = jnp.pad(epilogue["flip"], ((0, 0), (0, pad)))
+        epilogue = dict(threshold=threshold.reshape(-1), flip=flip.reshape(-1))
+        columns = threshold_planes * width
+    return x, w, counts.astype(jnp.int32), epilogue, columns
+
+
+def _concatenated_result(out, mode, kind, threshold_planes):
+    """The ternary or mixed product's output from its concatenated binary product's."""
+    if kind == "i32":
+        return out // len(_REDUCTION_BLOCKS[mode])  # exact: a multiple of `parts`
+    if threshold_planes:
+        return out.reshape(out.shape[:-1] + (threshold_planes, out.shape[-1] // threshold_planes))
+    return out
 
 
 def _composite(binary_dot, acts, w, popcount, n, pool, epilogue):

@@ -519,3 +519,78 @@ def test_residual_handler_rejects_inconsistent_shortcuts():
         call = dict(attrs, shortcut_stride=np.int64(stride), shift=np.int64(shift))
         with pytest.raises(Exception, match="shortcut|shift"):
             _call("jaxbnn_bconv2d_residual_i32", GPU, result, [x, w.bits, w.tap_popcount, shortcut], call)
+
+
+# --- ternary and mixed products (TNN, TBN, BTN) through the ops: one binary call over the planes side by side --
+
+TERNARY_MODES = ["tnn", "tbn", "btn"]
+# (batch, h, w, c, o, kernel, stride, padding, pad_value, pool): channels within and past whole words, both
+# paddings, pools, output channels not a multiple of 32 (the threshold planes' padding columns)
+TERNARY_CONV_CASES = [
+    (2, 9, 7, 128, 40, (3, 3), 1, "SAME", "zero", None),
+    (1, 9, 8, 33, 17, (3, 3), 2, ((2, 0), (1, 3)), "one", (2, 2)),
+    (3, 8, 8, 64, 70, (3, 3), 2, "SAME", "one", None),
+    (2, 12, 16, 256, 64, (3, 3), 1, "SAME", "zero", (2, 2)),
+    (1, 6, 6, 3, 5, (7, 7), 1, "SAME", "zero", (3, 3)),
+    (2, 7, 7, 512, 130, (3, 3), 1, "SAME", "zero", None),
+]
+
+
+def _ternary_operands(rng, mode, x_shape, w_shape):
+    """(packed activations, packed weights) of a product `mode` with random values."""
+    conv = len(w_shape) == 4
+
+    def values(ternary, shape):
+        return (rng.integers(-1, 2, shape) if ternary else rng.choice([-1, 1], shape)).astype(np.float32)
+
+    x = values(mode in ("tnn", "tbn"), x_shape)
+    w = values(mode in ("tnn", "btn"), w_shape)
+    packed_x = formats.pack_ternary_pm_planes(x) if mode in ("tnn", "tbn") else formats.pack_bits(x >= 0)
+    if mode in ("tnn", "btn"):
+        packed_w = (formats.pack_ternary_conv_weights if conv else formats.pack_ternary_dense_weights)(w)
+    else:
+        packed_w = (formats.pack_conv_weights if conv else formats.pack_dense_weights)(w)
+    return packed_x, packed_w
+
+
+def _ternary_epilogues(rng, n, k):
+    threshold = rng.integers(-(k // 4) - 2, k // 4 + 3, (2, n)).astype(np.int32)
+    flip = rng.integers(0, 2, (2, n)).astype(bool)
+    return [dict(), dict(scale=rng.uniform(-2, 2, n).astype(np.float32), bias=rng.uniform(-2, 2, n).astype(np.float32)),
+            dict(threshold=threshold[0], flip=flip[0]), dict(threshold=threshold, flip=flip)]
+
+
+def _on(device, tree):
+    return jax.tree.map(lambda v: jax.device_put(v, device), tree)
+
+
+@pytest.mark.parametrize("mode", TERNARY_MODES)
+@pytest.mark.parametrize("m,k,n", [(1, 3, 1), (5, 300, 33), (129, 1000, 257), (64, 512, 128)])
+def test_ternary_bmm_on_cuda_matches_the_cpu_kernels(engine, mode, m, k, n):
+    """On CUDA the ternary and mixed products run as one binary product over their planes side by side: the
+    same integers, bits and affine values as the CPU's own ternary kernels, on every engine."""
+    from jaxbnn import ops
+
+    rng = np.random.default_rng(zlib.crc32(repr((mode, m, k, n)).encode()))
+    a, w = _ternary_operands(rng, mode, (m, k), (k, n))
+    for epilogue in _ternary_epilogues(rng, n, k):
+        got = np.asarray(jax.jit(lambda a, w: ops.bmm(a, w, **epilogue))(_on(GPU, a), _on(GPU, w)))
+        want = np.asarray(jax.jit(lambda a, w: ops.bmm(a, w, **epilogue))(_on(CPU, a), _on(CPU, w)))
+        np.testing.assert_array_equal(got, want, err_msg=f"epilogue {sorted(epilogue)}")
+
+
+@pytest.mark.parametrize("mode", TERNARY_MODES)
+@pytest.mark.parametrize("case", TERNARY_CONV_CASES, ids=lambda c: f"b{c[0]}_{c[1]}x{c[2]}_c{c[3]}_o{c[4]}_{c[8]}_pool{c[9]}")
+def test_ternary_bconv2d_on_cuda_matches_the_cpu_kernels(engine, mode, case):
+    from jaxbnn import ops
+
+    batch, h, w_, c, o, kernel, stride, padding, pad_value, pool = case
+    rng = np.random.default_rng(zlib.crc32(repr((mode, case)).encode()))
+    x, w = _ternary_operands(rng, mode, (batch, h, w_, c), (*kernel, c, o))
+    for epilogue in _ternary_epilogues(rng, o, kernel[0] * kernel[1] * c):
+        def conv(x, w):
+            return ops.bconv2d(x, w, stride=stride, padding=padding, pad_value=pad_value, pool=pool, **epilogue)
+
+        got = np.asarray(jax.jit(conv)(_on(GPU, x), _on(GPU, w)))
+        want = np.asarray(jax.jit(conv)(_on(CPU, x), _on(CPU, w)))
+        np.testing.assert_array_equal(got, want, err_msg=f"epilogue {sorted(epilogue)}")

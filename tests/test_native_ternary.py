@@ -4,6 +4,8 @@ activations (`formats.TernaryPlanes`) and / or ternary weights (`formats.Ternary
 borders, strides, pools, FSB tiles, garbage in padding bits), exact epilogues, the Python-side argument
 checks and the FFI handlers' own validation."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -331,23 +333,33 @@ def without_ternary_kernels(monkeypatch):
     jax.clear_caches()
 
 
+def custom_calls(fn, *args):
+    """The custom-call targets of `fn`'s lowering."""
+    return set(re.findall(r"custom_call_target\s*=\s*\"(\w+)\"", jax.jit(fn).lower(*args).as_text("hlo")))
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("m,k,n,tile", [BMM_CASES[1], BMM_CASES[4], BMM_CASES[6]])
-def test_without_ternary_kernels_bmm_is_a_composite_of_binary_products(without_ternary_kernels, mode, m, k, n, tile):
+def test_without_ternary_kernels_bmm_is_one_binary_product_with_its_epilogue(without_ternary_kernels, mode, m, k, n,
+                                                                             tile):  # fmt: skip
+    """The planes side by side along the reduction: one binary call whose epilogue is the product's (the
+    affine rounds as the kernels do, the threshold planes are its columns)."""
     rng = np.random.default_rng(m * 7919 + k * 31 + n + 1)
     a, a_values, w, w_values = operands(rng, mode, (m, k), (k, n), conv=False, tile=tile)
     want = (a_values @ w_values).astype(np.int32)
-    hlo = jax.jit(lambda a, w: ops.bmm(a, w)).lower(a, w).as_text()
-    assert "jaxbnn_bmm_i32" in hlo and f"jaxbnn_{mode}_" not in hlo
-    run = lambda **epi: jax.jit(lambda a, w: ops.bmm(a, w, **epi))(a, w)  # noqa: E731
-    assert_all_epilogues(run, want, epilogue_operands(rng, want), fused_affine=True)
+    epi = epilogue_operands(rng, want)
+    assert custom_calls(lambda a, w: ops.bmm(a, w, threshold=epi["threshold_planes"]), a, w) == {"jaxbnn_bmm_bits"}
+    assert custom_calls(lambda a, w: ops.bmm(a, w, scale=epi["scale"]), a, w) == {"jaxbnn_bmm_f32"}
+    run = lambda **e: jax.jit(lambda a, w: ops.bmm(a, w, **e))(a, w)  # noqa: E731
+    assert_all_epilogues(run, want, epi)
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("b,h,w,c,o,kernel,stride,padding,pad_value,pool,tile", [CONV_CASES[1], CONV_CASES[4]])
-def test_without_ternary_kernels_conv2d_is_a_composite_of_binary_products(without_ternary_kernels, mode, b, h, w, c,
-                                                                          o, kernel, stride, padding, pad_value,
-                                                                          pool, tile):  # fmt: skip
+@pytest.mark.parametrize("b,h,w,c,o,kernel,stride,padding,pad_value,pool,tile",
+                         [CONV_CASES[1], CONV_CASES[4], CONV_CASES[6], CONV_CASES[10]])
+def test_without_ternary_kernels_conv2d_is_one_binary_convolution(without_ternary_kernels, mode, b, h, w, c, o,
+                                                                  kernel, stride, padding, pad_value, pool,
+                                                                  tile):  # fmt: skip
     rng = np.random.default_rng(b * 1009 + h * 101 + c * 7 + o + 1)
     x, x_values, weights, w_values = operands(rng, mode, (b, h, w, c), kernel + (c, o), conv=True, tile=tile)
     stride = (stride, stride) if isinstance(stride, int) else stride
@@ -359,11 +371,27 @@ def test_without_ternary_kernels_conv2d_is_a_composite_of_binary_products(withou
                                      **epi)  # noqa: E731
         return jax.jit(conv)(x)
 
-    assert "jaxbnn_bconv2d_i32" in jax.jit(lambda x: ops.bconv2d(x, weights, stride=stride)).lower(x).as_text()
-    assert_all_epilogues(run, want, epilogue_operands(rng, want), fused_affine=True)
+    epi = epilogue_operands(rng, want)
+    assert custom_calls(lambda x: ops.bconv2d(x, weights, stride=stride, threshold=epi["threshold_planes"]),
+                        x) == {"jaxbnn_bconv2d_bits"}
+    assert_all_epilogues(run, want, epi)
     np.testing.assert_array_equal(np.asarray(jax.vmap(lambda x: ops.bconv2d(x, weights, stride=stride, padding=padding,
                                                                             pad_value=pad_value, pool=pool))(
         jax.tree.map(lambda p: p[None], x)))[0], want)  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_without_ternary_kernels_too_long_a_reduction_runs_as_separate_binary_products(without_ternary_kernels,
+                                                                                      mode, monkeypatch):
+    """Where the planes side by side would exceed the kernels' longest reduction, the 2 or 4 binary products
+    run as separate blocks of one int32 call, summed in XLA."""
+    monkeypatch.setattr(ops, "_KERNEL_REDUCTION_WORDS", 3)
+    rng = np.random.default_rng(14)
+    a, a_values, w, w_values = operands(rng, mode, (9, 70), (70, 33), conv=False)
+    want = (a_values @ w_values).astype(np.int32)
+    assert custom_calls(lambda a, w: ops.bmm(a, w, threshold=np.zeros((2, 33), np.int32)), a, w) == {"jaxbnn_bmm_i32"}
+    run = lambda **e: jax.jit(lambda a, w: ops.bmm(a, w, **e))(a, w)  # noqa: E731
+    assert_all_epilogues(run, want, epilogue_operands(rng, want), fused_affine=True)
 
 
 @pytest.mark.parametrize("mode", MODES)
