@@ -7,8 +7,8 @@ epilogue) and "general" (float in -> pack -> BMM -> float out), against XLA bf16
 on the same ±1 data. BConv: the TCBNN sweep (batch 16, 64x64, 3x3, stride 1, C = O) and the ResNet-18 /
 VGG-16 layers (and the zoo AlexNet's conv2 and binarized conv1, VGG-16's first two fully connected layers, the
 zoo CIFAR-10 VGG-small's binary layers; a fully connected layer as a 1x1 convolution over a 1 x 1 image) at batch
-8 and 256, ours (packed in -> packed out) against XLA bf16 convolution; where a layer's output can be its input
-(C = O, stride 1), also both chained, each call's output the next's input,
+8 and 256 (--batches), ours (packed in -> packed out) against XLA bf16 convolution; where a layer's output
+can be its input (C = O, stride 1), also both chained, each call's output the next's input,
 and both as a digest: the same calls on distinct inputs, the program returning one element of each output
 (one small array leaves the program instead of `copies` outputs, whose host dispatch alone can take longer
 than the 32 C = 128 calls' ~260 us on the GPU).
@@ -297,6 +297,7 @@ def main():
     parser.add_argument("--no-models", action="store_true", help="skip the ResNet-18 / VGG-16 layers")
     parser.add_argument("--layers", nargs="*", help="only these ResNet-18 / VGG-16 layers (e.g. r18.conv1 vgg.1_1)")
     parser.add_argument("--deadline", type=float, default=float("inf"), help="unix time after which no new layer starts")
+    parser.add_argument("--batches", type=int, nargs="+", default=[8, 256], help="the model layers' batches")
     args = parser.parse_args()
     engines = ["wgmma", "mma_sync", "simt"]
     sizes = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
@@ -323,7 +324,7 @@ def main():
     layers = [(f"tcbnn C=O={c}", 16, 64, c, c, 3, 1) for c in sweep]
     bench_conv(layers, engines, conv_rows, save, args.deadline)
     if not (args.quick or args.no_models):
-        model_layers = [(n, b, hw, c, o, k, s) for b in (8, 256)
+        model_layers = [(n, b, hw, c, o, k, s) for b in args.batches
                         for (n, hw, c, o, k, s) in RESNET18 + VGG16 + ALEXNET + CIFAR10_VGG
                         if args.layers is None or n in args.layers]
         bench_conv(model_layers, ["auto"], conv_rows, save, args.deadline)  # the engine the op would pick
