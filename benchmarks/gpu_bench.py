@@ -1,14 +1,15 @@
 """GPU benchmark of the CUDA bit kernels against XLA's own dot / convolution, one process, one GPU.
 
     python benchmarks/gpu_bench.py [--ceiling-log ceiling.log] [--out PATH] [--quick]
+    python benchmarks/gpu_bench.py --modes bnn tnn tbn btn --modes-only --batches 256   # TAB's products only
 
 BMM (square sizes): each engine of jaxbnn._cuda, "BNN-specific" (packed in -> packed out, threshold
 epilogue) and "general" (float in -> pack -> BMM -> float out), against XLA bf16 / int8 / fp8 e4m3 `dot`
 on the same ±1 data. BConv: the TCBNN sweep (batch 16, 64x64, 3x3, stride 1, C = O) and the ResNet-18 /
 VGG-16 layers (and the zoo AlexNet's conv2 and binarized conv1, VGG-16's first two fully connected layers, the
 zoo CIFAR-10 VGG-small's binary layers; a fully connected layer as a 1x1 convolution over a 1 x 1 image) at batch
-8 and 256, ours (packed in -> packed out) against XLA bf16 convolution; where a layer's output can be its input
-(C = O, stride 1), also both chained, each call's output the next's input,
+8 and 256 (--batches), ours (packed in -> packed out) against XLA bf16 convolution; where a layer's output
+can be its input (C = O, stride 1), also both chained, each call's output the next's input,
 and both as a digest: the same calls on distinct inputs, the program returning one element of each output
 (one small array leaves the program instead of `copies` outputs, whose host dispatch alone can take longer
 than the 32 C = 128 calls' ~260 us on the GPU).
@@ -18,8 +19,17 @@ a program takes ~45 us plus ~15-25 us per call, so programs of 4 small ops would
 after a 0.1 s warm-up, the median over 5 batches of calls queued back to back (wall clock around the batch,
 ending in block_until_ready), each batch about 50 ms of work (2 to 50 calls).
 
+--modes (any of bnn tnn tbn btn) adds TAB's products, after the sections above (--modes-only: alone, the
+shape options then choosing its shapes; it needs no CUDA module, so it runs on the CPU too): BMM 4096^3 and
+16384^3 (or --bmm-sizes), the TCBNN sweep and the ResNet-18 layers at --batches, each product through the
+public op (`ops.bmm` / `ops.bconv2d` on packed bits, `formats.TernaryPlanes` and binary or ternary weights)
+with a threshold epilogue of one plane and, for ternary activations (tnn, tbn), of two (a ternary output);
+per row its time, TOPS, time over bnn's on the same shape next to issue 56's targets (tnn <= 3.3x, tbn and
+btn <= 2.2x), and the speed-up over XLA int8 and bf16 `dot` / convolution on the same ternary values.
+
 The results replace this script's section of the machine's results file (benchmarks/results/<gpu>.md, e.g.
-nvidia-h200.md; see benchmarks/results_file.py) after every row, so a run cut short keeps what it measured.
+nvidia-h200.md; see benchmarks/results_file.py) after every row, so a run cut short keeps what it measured;
+the modes have their own section, "gpu_bench.py modes".
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ import jax
 import jax.numpy as jnp
 
 import results_file
-from jaxbnn import _ffi, formats  # noqa: F401  (_ffi registers the native targets)
+from jaxbnn import _ffi, formats, ops
 
 PROGRAM_OPS = 1e13  # binary ops per timed program: ~1 ms at 10 POPS
 
@@ -252,6 +262,147 @@ CIFAR10_VGG = [  # the zoo's CIFAR-10 VGG-small at 32 x 32: its binary convoluti
 ]
 
 
+MODES = ("bnn", "tnn", "tbn", "btn")  # TAB's products, bnn first: the others' reference
+MODE_TARGETS = {"tnn": 3.3, "tbn": 2.2, "btn": 2.2}  # issue 56: at most this many times bnn's kernel time
+MODE_BMM_SIZES = [4096, 16384]
+
+
+def ternary(key, shape):
+    return jax.random.randint(key, shape, -1, 2, jnp.int8)
+
+
+def bmm_problem(size):
+    """A square BMM as bench_modes takes it: the op on packed operands, XLA's dot on their values."""
+    m = n = k = size
+    return dict(
+        shape=f"BMM {size}^3", ops=2.0 * m * n * k, n=n, x_shape=(m, k), w_shape=(k, n),
+        bytes_per_copy=m * k * 2 + m * n * 4,  # the largest contender's: bf16 in, float32 out
+        pack=(formats.pack_dense_weights, formats.pack_ternary_dense_weights),
+        ours=lambda x, w, threshold: ops.bmm(x, w, threshold=threshold),
+        xla=lambda x, w, dtype: jnp.dot(x, w, preferred_element_type=jnp.int32 if dtype == jnp.int8 else jnp.float32),
+    )  # fmt: skip
+
+
+def conv_problem(name, batch, hw, c, o, kernel, stride):
+    """A convolution layer as bench_modes takes it (zero padding of kernel // 2, as bench_conv's)."""
+    pad = kernel // 2
+    oh = conv_out(hw, kernel, stride)
+    padding = ((pad, pad), (pad, pad))
+
+    def xla(x, w, dtype):  # int8 accumulates into int32; bf16 writes bf16, as bench_conv's contender
+        return jax.lax.conv_general_dilated(x, w, (stride, stride), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                            preferred_element_type=jnp.int32 if dtype == jnp.int8 else None)
+
+    return dict(
+        shape=f"{name} batch {batch}", ops=2.0 * batch * oh * oh * o * kernel * kernel * c, n=o,
+        x_shape=(batch, hw, hw, c), w_shape=(kernel, kernel, c, o),
+        bytes_per_copy=batch * hw * hw * c * 2 + batch * oh * oh * o * 4,  # bf16 in, int8's int32 out
+        pack=(formats.pack_conv_weights, formats.pack_ternary_conv_weights),
+        ours=lambda x, w, threshold: ops.bconv2d(x, w, stride=stride, padding=padding, pad_value="zero",
+                                                 threshold=threshold),
+        xla=xla,
+    )  # fmt: skip
+
+
+def mode_kernel(mode, op):
+    """What runs a mode's threshold product on this platform: its own kernel, the op's composite of binary
+    int32 products (docs/ops.md), or the pure-JAX reference where no native kernel is registered."""
+    platform = "cpu" if jax.devices()[0].platform == "cpu" else "cuda"
+    binary = "jaxbnn_bmm" if op == "bmm" else "jaxbnn_bconv2d"
+    own = f"{binary}_bits" if mode == "bnn" else f"jaxbnn_{mode}_{op}_bits"
+    if _ffi.has_target(platform, own):
+        return "native"
+    return "composite" if mode != "bnn" and _ffi.has_target(platform, f"{binary}_i32") else "reference"
+
+
+def bench_modes(problems, modes, rows, save, deadline=float("inf")):
+    """Each of TAB's products on each problem through the public op under jax.jit, with a threshold epilogue
+    of one plane (binary output) and, where the activations are ternary, of two (a ternary output, the next
+    ternary layer's planes); XLA int8 and bf16 on the ternary values first, the rows of a problem sharing them."""
+    key = jax.random.PRNGKey(2)
+    for p in problems:
+        if time.time() > deadline:
+            print(f"deadline reached: {p['shape']} and later shapes not measured", flush=True)
+            rows.append({"shape": f"{p['shape']} and later: not measured (--deadline)"})
+            save()
+            return
+        copies = copies_for(p["ops"], p["bytes_per_copy"])
+        key, *keys = jax.random.split(key, 2 * copies + 3)
+        w_values = {"binary": signs(keys[0], p["w_shape"], jnp.int8), "ternary": ternary(keys[1], p["w_shape"])}
+        x_values = {"binary": [signs(kk, p["x_shape"], jnp.int8) for kk in keys[2:2 + copies]],
+                    "ternary": [ternary(kk, p["x_shape"]) for kk in keys[2 + copies:]]}
+        xla = {}
+        for dtype, name in ((jnp.int8, "xla int8"), (jnp.bfloat16, "xla bf16")):
+            fn = jax.jit(lambda w_, *a, dtype=dtype: [p["xla"](x, w_, dtype) for x in a])
+            try:
+                xla[name] = timed(fn, [w_values["ternary"].astype(dtype),
+                                       *(x.astype(dtype) for x in x_values["ternary"])], copies)
+            except Exception as err:  # an XLA that refuses a dtype or layout: record it, keep going
+                xla[name] = float("nan")
+                print(f"{name} on {p['shape']}: {err}", file=sys.stderr)
+        n = p["n"]
+        epilogues = {"binary": jnp.zeros((n,), jnp.int32),
+                     # (lo, hi) = (0, 1): the planes (nonneg, pos) of sign(dot)
+                     "ternary": jnp.stack([jnp.zeros((n,), jnp.int32), jnp.ones((n,), jnp.int32)])}
+        op = "bmm" if p["shape"].startswith("BMM") else "conv2d"
+        for mode in modes:
+            x_kind = "ternary" if mode in ("tnn", "tbn") else "binary"
+            w_kind = "ternary" if mode in ("tnn", "btn") else "binary"
+            w = p["pack"][w_kind == "ternary"](w_values[w_kind])
+            xs = [formats.pack_ternary_pm_planes(x) if x_kind == "ternary" else formats.pack_bits(x >= 0)
+                  for x in x_values[x_kind]]
+            for output in ("binary", "ternary") if x_kind == "ternary" else ("binary",):
+                # a new function object per program: jax caches executables per function
+                fn = jax.jit(lambda w_, t_, *a: [p["ours"](x, w_, t_) for x in a])
+                t = timed(fn, [w, epilogues[output], *xs], copies)
+                rows.append(dict(shape=p["shape"], mode=mode, output=output, kernel=mode_kernel(mode, op), ops=p["ops"],
+                                 seconds=t, **xla))  # fmt: skip
+                save()
+                print(modes_table(rows).splitlines()[-1], flush=True)
+            del w, xs
+        del w_values, x_values
+
+
+def modes_table(rows):
+    """The modes rows with each product's time over bnn's on the same shape (a ternary output against bnn's
+    binary one: each network's own layer) and the speed-ups over XLA."""
+    bnn = {r["shape"]: r["seconds"] for r in rows if r.get("mode") == "bnn"}
+    lines = ["| shape | mode | output | kernel | ms | TOPS | / bnn | target | XLA int8 (ms) | XLA bf16 (ms) "
+             "| vs XLA int8 | vs XLA bf16 |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        if "mode" not in r:  # a shape the deadline cut
+            lines.append(f"| {r['shape']} |" + " |" * 11)
+            continue
+        t = r["seconds"]
+        ratio = t / bnn[r["shape"]] if r["shape"] in bnn else None
+        target = MODE_TARGETS.get(r["mode"])
+        verdict = "" if target is None else f"<= {target}x" + (
+            "" if ratio is None else (": met" if ratio <= target else ": missed"))
+        xla = [r[name] for name in ("xla int8", "xla bf16")]
+        xla_ms = ["refused" if math.isnan(x) else f"{x * 1e3:.3f}" for x in xla]  # XLA that refused the dtype
+        speedups = ["" if math.isnan(x) else f"{x / t:.1f}x" for x in xla]
+        lines.append(
+            f"| {r['shape']} | {r['mode']} | {r['output']} | {r['kernel']} | {t * 1e3:.3f} | {r['ops'] / t / 1e12:,.1f} | "
+            f"{'' if ratio is None else f'{ratio:.2f}x'} | {verdict} | {' | '.join(xla_ms)} | {' | '.join(speedups)} |")
+    return "\n".join(lines)
+
+
+def mode_target_lines(rows):
+    """Per product with a target: on how many rows it was met, and its worst ratio to bnn."""
+    bnn = {r["shape"]: r["seconds"] for r in rows if r.get("mode") == "bnn"}
+    lines = []
+    for mode, target in MODE_TARGETS.items():
+        ratios = [(r["seconds"] / bnn[r["shape"]], r) for r in rows
+                  if r.get("mode") == mode and r["shape"] in bnn]
+        if ratios:
+            worst, r = max(ratios, key=lambda pair: pair[0])
+            met = sum(ratio <= target for ratio, _ in ratios)
+            lines.append(f"- {mode} (<= {target}x bnn): met on {met} of {len(ratios)} rows; worst {worst:.2f}x "
+                         f"({r['shape']}, {r['output']} output)")
+    return lines
+
+
 def table(rows, keys=None):
     if not rows:
         return "(not run)"
@@ -282,6 +433,7 @@ def ceiling_numbers(path):
 
 
 SECTION = "gpu_bench.py"
+MODES_SECTION = "gpu_bench.py modes"
 
 
 def main():
@@ -297,7 +449,15 @@ def main():
     parser.add_argument("--no-models", action="store_true", help="skip the ResNet-18 / VGG-16 layers")
     parser.add_argument("--layers", nargs="*", help="only these ResNet-18 / VGG-16 layers (e.g. r18.conv1 vgg.1_1)")
     parser.add_argument("--deadline", type=float, default=float("inf"), help="unix time after which no new layer starts")
+    parser.add_argument("--batches", type=int, nargs="+", default=[8, 256], help="the model layers' batches")
+    parser.add_argument("--modes", nargs="+", choices=MODES,
+                        help="TAB's products on the BMM sizes (default 4096 16384), the BConv sweep and the ResNet-18 "
+                        "layers, in a 'gpu_bench.py modes' section after the others (bnn: the ratios' reference)")
+    parser.add_argument("--modes-only", action="store_true", help="only the modes section: the options above choose "
+                        "its shapes alone, and it runs without the CUDA module")
     args = parser.parse_args()
+    if args.modes_only and not args.modes:
+        parser.error("--modes-only needs --modes")
     engines = ["wgmma", "mma_sync", "simt"]
     sizes = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
     sweep = [128, 256, 512, 1024, 2048]
@@ -305,30 +465,82 @@ def main():
         sizes, sweep = [1024, 4096, 16384], [128, 512]
     sizes = sizes if args.bmm_sizes is None else args.bmm_sizes
     sweep = sweep if args.conv_channels is None else args.conv_channels
-    bmm_rows, conv_rows = [], []
+    sweep_layers = [(f"tcbnn C=O={c}", 16, 64, c, c, 3, 1) for c in sweep]
+    with_models = not (args.quick or args.no_models)
     device = jax.devices()[0]
     out = args.out or results_file.default_path(results_file.device_kind(device))
     commit = args.commit or results_file.git_commit()
     machine = results_file.device_machine(device)
     header = results_file.run_header(machine, commit, driver=results_file.device_driver(device))
-    ceiling = ceiling_numbers(args.ceiling_log)
 
-    def save():
-        # after every row, so that a run cut short keeps what it measured
-        body = section(header, ceiling, engines, bmm_rows, conv_rows)
-        results_file.write_section(out, SECTION, body, machine)
-        return body
+    if not args.modes_only:
+        bmm_rows, conv_rows = [], []
+        ceiling = ceiling_numbers(args.ceiling_log)
 
-    bench_bmm(sizes, engines, bmm_rows, save, args.deadline)
-    layers = [(f"tcbnn C=O={c}", 16, 64, c, c, 3, 1) for c in sweep]
-    bench_conv(layers, engines, conv_rows, save, args.deadline)
-    if not (args.quick or args.no_models):
-        model_layers = [(n, b, hw, c, o, k, s) for b in (8, 256)
-                        for (n, hw, c, o, k, s) in RESNET18 + VGG16 + ALEXNET + CIFAR10_VGG
-                        if args.layers is None or n in args.layers]
-        bench_conv(model_layers, ["auto"], conv_rows, save, args.deadline)  # the engine the op would pick
-    print(save())
-    print(f"(written to {out}, section {SECTION})")
+        def save():
+            # after every row, so that a run cut short keeps what it measured
+            body = section(header, ceiling, engines, bmm_rows, conv_rows)
+            results_file.write_section(out, SECTION, body, machine)
+            return body
+
+        bench_bmm(sizes, engines, bmm_rows, save, args.deadline)
+        bench_conv(sweep_layers, engines, conv_rows, save, args.deadline)
+        if with_models:
+            model_layers = [(n, b, hw, c, o, k, s) for b in args.batches
+                            for (n, hw, c, o, k, s) in RESNET18 + VGG16 + ALEXNET + CIFAR10_VGG
+                            if args.layers is None or n in args.layers]
+            bench_conv(model_layers, ["auto"], conv_rows, save, args.deadline)  # the engine the op would pick
+        print(save())
+        print(f"(written to {out}, section {SECTION})")
+
+    if args.modes:
+        modes = [m for m in MODES if m in args.modes]
+        mode_rows = []
+
+        def save_modes():
+            body = modes_section(header, mode_rows)
+            results_file.write_section(out, MODES_SECTION, body, machine)
+            return body
+
+        problems = [bmm_problem(s) for s in (MODE_BMM_SIZES if args.bmm_sizes is None else args.bmm_sizes)]
+        problems += [conv_problem(*layer) for layer in sweep_layers]
+        if with_models:
+            problems += [conv_problem(n, b, hw, c, o, k, s) for b in args.batches for (n, hw, c, o, k, s) in RESNET18
+                         if args.layers is None or n in args.layers]
+        bench_modes(problems, modes, mode_rows, save_modes, args.deadline)
+        print(save_modes())
+        print(f"(written to {out}, section {MODES_SECTION})")
+
+
+def modes_section(header, rows):
+    """The modes section of the results file: the run's header, what the rows measure, the table, the targets."""
+    return "\n".join([
+        "## TAB's products against BNN and XLA (`benchmarks/gpu_bench.py --modes`)",
+        "",
+        *header,
+        "",
+        "Each shape in each of TAB's products: BNN (binary activations x binary weights), TNN (ternary x ternary),",
+        "TBN (ternary activations x binary weights), BTN (binary activations x ternary weights), through the public",
+        "op (`ops.bmm` / `ops.bconv2d`, zero padding) under `jax.jit` on packed operands: binary activations as",
+        "packed bits, ternary ones as `formats.TernaryPlanes`, weights as `DenseBits` / `ConvBits` or",
+        "`TernaryDenseBits` / `TernaryConvBits`. `output`: `binary`, a threshold epilogue of one plane (threshold",
+        "`(N,)`); `ternary`, thresholds `(2, N)` = (0, 1), the (nonneg, pos) planes of sign(dot) that a ternary",
+        "layer writes for the next (products with ternary activations). `kernel`: `native`, the platform's kernel",
+        "of the product; `composite`, the op's composite of binary int32 products where the platform has none",
+        "(docs/ops.md); `reference`, the pure-JAX spec (no native module). TOPS = 2 x M x N x K / time in every",
+        "product. `/ bnn`: time over BNN's on the same shape (a ternary output against BNN's binary one: each",
+        "network's own layer); `target`: issue 56's bound on it. XLA: the ternary values (-1 / 0 / +1) as int8",
+        "(int32 out) and bf16 (`dot`: float32 out; convolution: bf16 out, as the BConv table), one timing per",
+        "shape shared by its rows; `vs XLA`: XLA's time over ours. Timing as the sections above (`copies_for`",
+        "distinct input sets per program, `timed`).",
+        "",
+        modes_table(rows),
+        "",
+        "Targets (issue 56: TNN <= 3.3x BNN, TBN and BTN <= 2.2x BNN):",
+        "",
+        *(mode_target_lines(rows) or ["- none measured (the ratios need bnn and one of tnn, tbn, btn)"]),
+        "",
+    ])  # fmt: skip
 
 
 def section(header, ceiling, engines, bmm_rows, conv_rows):
