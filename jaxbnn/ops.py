@@ -18,7 +18,8 @@ import numpy as np
 from jaxbnn import _ffi, formats, reference
 from jaxbnn.formats import ConvBits, DenseBits, TernaryConvBits, TernaryDenseBits
 
-__all__ = ["pack_bits", "unpack_bits", "bmm", "bconv2d", "image_matmul", "image_conv2d", "pool_threshold_bits"]
+__all__ = ["pack_bits", "unpack_bits", "bmm", "bconv2d", "image_matmul", "image_conv2d", "pool_threshold_bits",
+           "side_by_side_weights"]
 
 
 # Every size, padding, stride, pool and extent fits int32, as the kernels' attributes and indices do.
@@ -61,7 +62,8 @@ def _unpack(words, *, k, dtype):
     return jnp.where(formats.unpack_bits(words, k), 1, -1).astype(dtype)
 
 
-def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, threshold=None, flip=None):
+def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, threshold=None, flip=None,
+        side_by_side=None):
     """Matrix product `a @ b.T` of packed binary or ternary operands, with a fused epilogue.
 
     a: packed activations uint32 `(..., M, ceil(k/32))`, or ternary activations: a `formats.TernaryPlanes`
@@ -82,6 +84,9 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
     With a ternary operand, `threshold`/`flip` may also be `(P, N)` (1 to `MAX_THRESHOLD_PLANES` planes):
     uint32 `(..., M, P, ceil(N/32))`, plane p of `dot >= threshold[p]`; thresholds (lo, hi) give the planes
     (nonneg, pos) of a ternary output (+1 from hi, 0 from lo, -1 below), the next layer's `TernaryPlanes`.
+    side_by_side: with a ternary operand, `side_by_side_weights(b, ...)` built once (e.g. at load), which a
+       platform without kernels of the product runs instead of rebuilding it on every call (docs/ops.md);
+       trusted to be that of `b` (its geometry is checked).
     """
     given_popcount = b_popcount is not None  # the dataclasses' own popcounts are consistent by construction
     ternary_weights = isinstance(b, TernaryDenseBits)
@@ -110,12 +115,15 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
     kind, epi, threshold_planes = _epilogue(n, k + 1, scale, bias, threshold, flip, mode)
     leading = next(iter(planes.values())).shape[:-1]
     _check_elements("the result", leading + _epilogue_tail(kind, n, threshold_planes))
-    return _bmm(tuple(planes.values()), b, b_popcount, epi, k=k, n=n, kind=kind, mode=mode,
+    _check_side_by_side(side_by_side, DenseBits, mode, threshold_planes,
+                        dict(k=len(_REDUCTION_BLOCKS.get(mode, ())) * formats.num_words(k) * formats.WORD_BITS,
+                             n=_side_by_side_columns(n, threshold_planes)))
+    return _bmm(tuple(planes.values()), b, b_popcount, epi, side_by_side, k=k, n=n, kind=kind, mode=mode,
                 threshold_planes=threshold_planes)
 
 
 @functools.partial(jax.jit, static_argnames=("k", "n", "kind", "mode", "threshold_planes"))
-def _bmm(planes, b, b_popcount, epi, *, k, n, kind, mode, threshold_planes):
+def _bmm(planes, b, b_popcount, epi, side_by_side=None, *, k, n, kind, mode, threshold_planes):
     """The checked op as one compiled function per static signature: an eager call compiles once, then
     costs what a cached jitted call costs."""
     tail, out_dtype = _epilogue_tail(kind, n, threshold_planes), _epilogue_output(kind, n)[1]
@@ -130,7 +138,7 @@ def _bmm(planes, b, b_popcount, epi, *, k, n, kind, mode, threshold_planes):
     # Every mode keeps the weight rows' popcounts: the products of ternary activations need none natively,
     # but their composite of binary products does (XLA drops them where unused).
     popcount = _derived_popcount(b, weight_rows, k) if b_popcount is None else b_popcount.astype(jnp.int32)
-    weights = (b, popcount)
+    weights = (b, popcount) + (() if side_by_side is None else (side_by_side.bits, side_by_side.popcount))
     epi = _epilogue_operands(kind, epi, n, k + 1)
     attrs = dict(k=np.int64(k), n=np.int64(n))
     a_count = len(planes)
@@ -141,22 +149,29 @@ def _bmm(planes, b, b_popcount, epi, *, k, n, kind, mode, threshold_planes):
     def spec(a_, b_, _popcount, *e):
         return reference.bmm(a_, b_, k, n, **dict(zip(epi, e)))
 
-    def bmm_composite(acts, b_, popcount_, epilogue):
+    def bmm_composite(acts, b_, popcount_, prepared, epilogue):
         kw = formats.num_words(k)
         if not _concatenation_fits(mode, kw, n, threshold_planes):
             return _composite(binary_dot, acts, b_, popcount_, n, None, epilogue)
-        x, w_, popcount_, epilogue, columns = _concatenated_operands(
-            mode, acts, formats.from_fsb(b_, weight_rows, k), popcount_[None], epilogue, kind=kind, o=n, c=k,
-            bound=k + 1, threshold_planes=threshold_planes)
-        out = _bmm((x,), formats.to_fsb(w_.reshape(columns, -1)), popcount_[0], epilogue, k=x.shape[-1] * 32,
-                   n=columns, kind=kind, mode="bnn", threshold_planes=0)
+        if prepared:
+            blocks, block_popcount = prepared
+        else:
+            blocks, block_popcount = _side_by_side_matrix(mode, formats.from_fsb(b_, weight_rows, k), popcount_[None],
+                                                          o=n, c=k, threshold_planes=threshold_planes)
+            block_popcount = block_popcount[0]
+        reduction_bits = len(_REDUCTION_BLOCKS[mode]) * kw * formats.WORD_BITS
+        x, epilogue = _side_by_side_operands(mode, acts, epilogue, kind=kind, c=k, bound=k + 1,
+                                             threshold_planes=threshold_planes, reduction_bits=reduction_bits)
+        out = _bmm((x,), blocks, block_popcount, epilogue, k=reduction_bits,
+                   n=_side_by_side_columns(n, threshold_planes), kind=kind, mode="bnn", threshold_planes=0)
         return _concatenated_result(out, mode, kind, threshold_planes)
 
     def single(*operands):
         out_type = jax.ShapeDtypeStruct((operands[0].shape[0],) + tail, out_dtype)
         if mode != "bnn":
-            acts, (b_, popcount_), e = operands[:a_count], operands[a_count:a_count + 2], operands[a_count + 2:]
-            composite = lambda *_: bmm_composite(acts, b_, popcount_, dict(zip(epi, e)))  # noqa: E731
+            acts, (b_, popcount_, *prepared_), e = (operands[:a_count], operands[a_count:a_count + len(weights)],
+                                                    operands[a_count + len(weights):])
+            composite = lambda *_: bmm_composite(acts, b_, popcount_, prepared_, dict(zip(epi, e)))  # noqa: E731
             native = (*acts, b_, popcount_, *e) if mode == "btn" else (*acts, b_, *e)
             return _dispatch(f"jaxbnn_{mode}_bmm_{kind}", out_type, attrs, composite, *native)
         return _dispatch(
@@ -192,6 +207,7 @@ def bconv2d(
     shortcut=None,
     shortcut_stride=1,
     shift=0,
+    side_by_side=None,
 ):
     """2-D convolution of a packed binary or ternary NHWC image with binary or ternary weights, with optional
     fused max-pool and epilogue.
@@ -218,6 +234,7 @@ def bconv2d(
     channels past SC, 1 <= SC <= O, add 0: the type-A shortcut), wrapping as int32 arithmetic does; with
     `threshold` / `flip` as well (integers within int32, compared with the stream's values) the pair
     (stream, its packed bits `(..., B, OH, OW, ceil(O/32))`): the next block's input, in the same pass.
+    side_by_side: as in `bmm` (`side_by_side_weights(w, ...)`).
     Every size, padding, stride and output extent must be at most `MAX_EXTENT` (ValueError naming it).
     """
     given_popcount = w_tap_popcount is not None  # the dataclasses' own popcounts are consistent by construction
@@ -279,6 +296,8 @@ def bconv2d(
     attrs = (c, o, kh, kw, sh, sw, pt, pb, pl, pr, pad_value == "one", ph, pw)
     mode = _mode(len(planes) == 2, ternary_weights)
     if shortcut is not None:
+        if side_by_side is not None:
+            raise ValueError("side_by_side weights belong to a product with a ternary operand, not the residual epilogue")
         if mode != "bnn":
             raise ValueError(f"the residual epilogue (shortcut) takes binary operands, got a {mode} product")
         if pool is not None or scale is not None or bias is not None:
@@ -297,8 +316,11 @@ def bconv2d(
     kind, epi, threshold_planes = _epilogue(o, kh * kw * c + 1, scale, bias, threshold, flip, mode)
     _check_elements("the result", batch + (oh // ph, ow // pw) + _epilogue_tail(kind, o, threshold_planes))
     _check_elements("the padded input", batch + (h + pt + pb, wd + pl + pr, c))
-    return _bconv2d(tuple(planes.values()), w, w_tap_popcount, epi, attrs=attrs, kind=kind, pooled=pool is not None,
-                    mode=mode, threshold_planes=threshold_planes)
+    _check_side_by_side(side_by_side, ConvBits, mode, threshold_planes,
+                        dict(kernel_size=(kh, kw), out_channels=_side_by_side_columns(o, threshold_planes),
+                             in_channels=len(_REDUCTION_BLOCKS.get(mode, ())) * cw * formats.WORD_BITS))
+    return _bconv2d(tuple(planes.values()), w, w_tap_popcount, epi, side_by_side, attrs=attrs, kind=kind,
+                    pooled=pool is not None, mode=mode, threshold_planes=threshold_planes)
 
 
 _CONV_ATTRS = ("c", "o", "kh", "kw", "stride_h", "stride_w", "pad_top", "pad_bottom", "pad_left", "pad_right",
@@ -306,7 +328,7 @@ _CONV_ATTRS = ("c", "o", "kh", "kw", "stride_h", "stride_w", "pad_top", "pad_bot
 
 
 @functools.partial(jax.jit, static_argnames=("attrs", "kind", "pooled", "mode", "threshold_planes"))
-def _bconv2d(planes, w, w_tap_popcount, epi, *, attrs, kind, pooled, mode, threshold_planes):
+def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, pooled, mode, threshold_planes):
     """The checked op as one compiled function per static signature (as `_bmm`)."""
     c, o, kh, kw, sh, sw, pt, pb, pl, pr, pad_one, ph, pw = attrs
     cw = formats.num_words(c)
@@ -326,7 +348,8 @@ def _bconv2d(planes, w, w_tap_popcount, epi, *, attrs, kind, pooled, mode, thres
         w = formats.to_fsb(w)
     if w_tap_popcount is None:  # kept in every mode, as in `_bmm`
         w_tap_popcount = _real_bit_popcount(w, rows=rows, k_bits=k_bits, taps=(kh * kw, cw, c))
-    weights = (w, w_tap_popcount.astype(jnp.int32))
+    weights = (w, w_tap_popcount.astype(jnp.int32)) + (
+        () if side_by_side is None else (side_by_side.bits, side_by_side.tap_popcount))
     epi = _epilogue_operands(kind, epi, o, kh * kw * c + 1)
     attr_values = dict(zip(_CONV_ATTRS, attrs))
     attr_values = {name: v if name == "pad_one" else np.int64(v) for name, v in attr_values.items()}
@@ -338,15 +361,20 @@ def _bconv2d(planes, w, w_tap_popcount, epi, *, attrs, kind, pooled, mode, thres
         return _bconv2d((x,), w_, popcount_, {}, attrs=binary_attrs, kind="i32", pooled=False, mode="bnn",
                         threshold_planes=0)
 
-    def conv_composite(acts, w_, popcount_, pool_window, epilogue):
+    def conv_composite(acts, w_, popcount_, prepared, pool_window, epilogue):
         if not _concatenation_fits(mode, kh * kw * cw, o, threshold_planes):
             return _composite(binary_dot, acts, w_, popcount_, o, pool_window, epilogue)
-        x, w_, popcount_, epilogue, columns = _concatenated_operands(
-            mode, acts, formats.from_fsb(w_, rows, k_bits), popcount_, epilogue, kind=kind, o=o, c=c,
-            bound=kh * kw * c + 1, threshold_planes=threshold_planes)
-        out = _bconv2d((x,), formats.to_fsb(w_.reshape(columns, -1)), popcount_, epilogue,
-                       attrs=(x.shape[-1] * 32, columns) + attrs[2:], kind=kind, pooled=pooled, mode="bnn",
-                       threshold_planes=0)
+        if prepared:
+            blocks, block_popcount = prepared
+        else:
+            blocks, block_popcount = _side_by_side_matrix(mode, formats.from_fsb(w_, rows, k_bits), popcount_, o=o,
+                                                          c=c, threshold_planes=threshold_planes)
+        block_channels = len(_REDUCTION_BLOCKS[mode]) * cw * formats.WORD_BITS
+        x, epilogue = _side_by_side_operands(mode, acts, epilogue, kind=kind, c=c, bound=kh * kw * c + 1,
+                                             threshold_planes=threshold_planes, reduction_bits=kh * kw * block_channels)
+        out = _bconv2d((x,), blocks, block_popcount, epilogue,
+                       attrs=(block_channels, _side_by_side_columns(o, threshold_planes)) + attrs[2:], kind=kind,
+                       pooled=pooled, mode="bnn", threshold_planes=0)
         return _concatenated_result(out, mode, kind, threshold_planes)
 
     def ref(x_, w_, _popcount, *e):
@@ -359,9 +387,11 @@ def _bconv2d(planes, w, w_tap_popcount, epi, *, attrs, kind, pooled, mode, thres
     def single(*operands):
         out_type = jax.ShapeDtypeStruct((operands[0].shape[0], oh, ow) + tail, out_dtype)
         if mode != "bnn":
-            acts, (w_, popcount_), e = operands[:a_count], operands[a_count:a_count + 2], operands[a_count + 2:]
+            acts, (w_, popcount_, *prepared_), e = (operands[:a_count], operands[a_count:a_count + len(weights)],
+                                                    operands[a_count + len(weights):])
             pool_window = (ph, pw) if pooled else None
-            composite = lambda *_: conv_composite(acts, w_, popcount_, pool_window, dict(zip(epi, e)))  # noqa: E731
+            composite = lambda *_: conv_composite(acts, w_, popcount_, prepared_, pool_window,  # noqa: E731
+                                                  dict(zip(epi, e)))
             native = (*acts, w_, popcount_, *e) if mode == "btn" else (*acts, w_, *e)
             return _dispatch(f"jaxbnn_{mode}_conv2d_{kind}", out_type, attr_values, composite, *native)
         x_, *weights_ = operands
@@ -648,6 +678,60 @@ def pool_threshold_bits(bits, pool, flip_words):
 # --- dispatch -------------------------------------------------------------------------------------
 
 
+def side_by_side_weights(w, *, ternary_activations, threshold_planes=0):
+    """The weights a ternary or mixed product runs as on a platform without kernels of its own (CUDA):
+    binary weights of one ±1 product over the planes side by side along the reduction (docs/ops.md), a
+    `formats.DenseBits` (from `DenseBits` / `TernaryDenseBits`) or `formats.ConvBits` (from `ConvBits` /
+    `TernaryConvBits`) of 2 or 4 times the reduction and `threshold_planes * 32 ceil(N/32)` columns (N without
+    planes). `bmm` / `bconv2d` build them on every call unless given them (`side_by_side=`): build them once
+    where weights stay (`jaxbnn.runtime` does at load).
+
+    ternary_activations: whether the product's activations are ternary (`TernaryPlanes`); threshold_planes:
+    the threshold planes (`P` of a `(P, N)` threshold, 2 for a ternary output) the calls will take, 0 for a
+    threshold of shape (N,), the affine or the int32 epilogue."""
+    if not isinstance(w, (DenseBits, ConvBits, TernaryDenseBits, TernaryConvBits)):
+        raise TypeError(f"side_by_side_weights takes formats.DenseBits, ConvBits, TernaryDenseBits or TernaryConvBits, "
+                        f"got {type(w).__name__}")
+    ternary_weights = isinstance(w, (TernaryDenseBits, TernaryConvBits))
+    mode = _mode(bool(ternary_activations), ternary_weights)
+    if mode == "bnn":
+        raise ValueError("binary activations times binary weights run as they are: side_by_side_weights is for a "
+                         "product with a ternary operand")
+    if not _is_int(threshold_planes) or not 0 <= threshold_planes <= MAX_THRESHOLD_PLANES:
+        raise ValueError(f"threshold_planes must be an integer in [0, {MAX_THRESHOLD_PLANES}], got {threshold_planes!r}")
+    rows = 2 if ternary_weights else 1
+    if isinstance(w, (ConvBits, TernaryConvBits)):
+        kh, kw = w.kernel_size
+        c, o, cw = w.in_channels, w.out_channels, formats.num_words(w.in_channels)
+        matrix = formats.from_fsb(w.bits, rows * o, kh * kw * cw * formats.WORD_BITS)
+        bits, counts = _side_by_side_matrix(mode, matrix, jnp.asarray(w.tap_popcount), o=o, c=c,
+                                            threshold_planes=threshold_planes)
+        return ConvBits(bits, counts, kernel_size=(kh, kw), in_channels=len(_REDUCTION_BLOCKS[mode]) * cw * 32,
+                        out_channels=_side_by_side_columns(o, threshold_planes))
+    k, n = w.k, w.n
+    matrix = formats.from_fsb(w.bits, rows * n, k)
+    bits, counts = _side_by_side_matrix(mode, matrix, jnp.asarray(w.popcount)[None], o=n, c=k,
+                                        threshold_planes=threshold_planes)
+    return DenseBits(bits, counts[0], k=len(_REDUCTION_BLOCKS[mode]) * formats.num_words(k) * 32,
+                     n=_side_by_side_columns(n, threshold_planes))
+
+
+def _check_side_by_side(side_by_side, kind, mode, threshold_planes, geometry):
+    """`side_by_side` given to an op: weights of that kind and geometry, for a product with a ternary operand."""
+    if side_by_side is None:
+        return
+    if mode == "bnn":
+        raise ValueError("side_by_side weights belong to a product with a ternary operand; this one is binary")
+    if not isinstance(side_by_side, kind):
+        raise TypeError(f"side_by_side must be the formats.{kind.__name__} of side_by_side_weights, got "
+                        f"{type(side_by_side).__name__}")
+    got = {name: getattr(side_by_side, name) for name in geometry}
+    if got != geometry:
+        raise ValueError(f"side_by_side has {got}; this call's product ({mode}, {threshold_planes} threshold planes) "
+                         f"needs {geometry}: side_by_side_weights(weights, ternary_activations="
+                         f"{mode in ('tnn', 'tbn')}, threshold_planes={threshold_planes})")
+
+
 # A product with a ternary operand as one ±1 product over a longer reduction (docs/ops.md): per mode, the
 # blocks of that reduction as (activation plane, weight plane, whether the weight block's padding bits are set)
 # of each block; the planes as `TernaryPlanes` / the ternary weights' rows order them, (nonneg, pos).
@@ -666,8 +750,8 @@ def _concatenation_fits(mode, reduction_words, n, threshold_planes):
     return len(_REDUCTION_BLOCKS[mode]) * reduction_words <= _KERNEL_REDUCTION_WORDS and columns <= MAX_EXTENT
 
 
-def _concatenated_operands(mode, acts, matrix, popcount, epilogue, *, kind, o, c, bound, threshold_planes):
-    """The operands of one binary product equal to `parts` times a ternary or mixed one.
+def _side_by_side_matrix(mode, matrix, popcount, *, o, c, threshold_planes):
+    """The weights of one binary product equal to `parts` times a ternary or mixed one.
 
     A ternary value is the mean of the ±1 values of its (nonneg, pos) bits, so the product of two vectors is
     the sum of `parts` = 2 (TBN, BTN) or 4 (TNN) ±1 products of their planes, divided by `parts`. Placed side
@@ -677,43 +761,57 @@ def _concatenated_operands(mode, acts, matrix, popcount, epilogue, *, kind, o, c
     ±1 products cancel; "zero" padding excludes every block of an outside tap, "one" padding makes each of
     its activation bits 0 (-1 in every plane), exactly as the ternary product pads.
 
-    acts: the activation planes `(..., cw)`; matrix: the weight rows `(planes * o, taps * cw)`; popcount:
-    `(taps, planes * o)`. Threshold planes become `planes * 32 ceil(o / 32)` columns (each plane's weights
-    again, its padding columns never set), so one bit epilogue writes every plane's words in place.
-    Returns (activations, weight rows `(columns, taps, parts * cw)`, tap popcounts `(taps, columns)`,
-    epilogue operands, columns)."""
+    matrix: the weight rows `(planes * o, taps * cw)`; popcount: `(taps, planes * o)`. Threshold planes become
+    `planes * 32 ceil(o / 32)` columns (each plane's weights again, its padding columns never set), so one bit
+    epilogue writes every plane's words in place. Returns (FSB tiles, tap popcounts `(taps, columns)`)."""
     blocks = _REDUCTION_BLOCKS[mode]
-    parts = len(blocks)
-    cw = acts[0].shape[-1]
     taps = popcount.shape[0]
-    x = jnp.concatenate([_clear_padding_bits(acts[a], c) for a, _, _ in blocks], axis=-1)
+    cw = matrix.shape[-1] // taps
+    real = jnp.asarray(_real_bit_mask(cw, c))
+    planes = matrix.reshape(-1, o, taps, cw)
+    w = jnp.concatenate([planes[p] & real | (~real if ones else 0) for _, p, ones in blocks], axis=-1)
+    counts = popcount.reshape(taps, -1, o).astype(jnp.int32)
+    padding_ones = sum(ones for _, _, ones in blocks) * (cw * formats.WORD_BITS - c)
+    counts = sum(counts[:, p] for _, p, _ in blocks) + padding_ones
+    if threshold_planes:
+        pad = formats.num_words(o) * formats.WORD_BITS - o
+        w = jnp.tile(jnp.pad(w, ((0, pad), (0, 0), (0, 0))), (threshold_planes, 1, 1))
+        counts = jnp.tile(jnp.pad(counts, ((0, 0), (0, pad))), (1, threshold_planes))
+    return formats.to_fsb(w.reshape(w.shape[0], -1)), counts
+
+
+def _side_by_side_columns(o, threshold_planes):
+    return threshold_planes * formats.num_words(o) * formats.WORD_BITS if threshold_planes else o
+
+
+def _real_bit_mask(cw, c):
+    """uint32 (cw,): the real bits of a tap's `cw` channel words holding `c` channels."""
     real = np.full(cw, 0xFFFFFFFF, np.uint32)
     if c % formats.WORD_BITS:
         real[-1] = (1 << c % formats.WORD_BITS) - 1
-    real = jnp.asarray(real)
-    planes = matrix.reshape(-1, o, taps, cw)
-    w = jnp.concatenate([planes[p] & real | (~real if ones else 0) for _, p, ones in blocks], axis=-1)
-    counts = popcount.reshape(taps, -1, o)
-    padding_ones = sum(ones for _, _, ones in blocks) * (cw * formats.WORD_BITS - c)
-    counts = sum(counts[:, p] for _, p, _ in blocks) + padding_ones
+    return real
+
+
+def _side_by_side_operands(mode, acts, epilogue, *, kind, c, bound, threshold_planes, reduction_bits):
+    """The activations and epilogue operands of the binary product of `_side_by_side_matrix`: the planes side by
+    side, the threshold times `parts` (saturated first), the scale divided by it (a power of two: exact), the
+    threshold planes' padding columns given a threshold past every product (`reduction_bits`), so their bits
+    stay 0."""
+    blocks = _REDUCTION_BLOCKS[mode]
+    parts = len(blocks)
+    x = jnp.concatenate([_clear_padding_bits(acts[a], c) for a, _, _ in blocks], axis=-1)
     if kind == "f32":
-        epilogue = dict(epilogue, scale=epilogue["scale"] / parts)  # exact: a power of two
+        epilogue = dict(epilogue, scale=epilogue["scale"] / parts)
     elif kind == "bits":
         threshold = jnp.clip(epilogue["threshold"], -bound, bound) * parts
         epilogue = dict(epilogue, threshold=threshold)
-    columns = o
-    if threshold_planes:
-        width = formats.num_words(o) * formats.WORD_BITS
-        pad = width - o
-        w = jnp.tile(jnp.pad(w, ((0, pad), (0, 0), (0, 0))), (threshold_planes, 1, 1))
-        counts = jnp.tile(jnp.pad(counts, ((0, 0), (0, pad))), (1, threshold_planes))
-        # past-the-end columns: a threshold beyond every concatenated product, so their bits stay 0
-        unreachable = parts * taps * cw * formats.WORD_BITS + 1
-        threshold = jnp.pad(epilogue["threshold"], ((0, 0), (0, pad)), constant_values=unreachable)
-        flip = jnp.pad(epilogue["flip"], ((0, 0), (0, pad)))
-        epilogue = dict(threshold=threshold.reshape(-1), flip=flip.reshape(-1))
-        columns = threshold_planes * width
-    return x, w, counts.astype(jnp.int32), epilogue, columns
+        if threshold_planes:
+            o = threshold.shape[-1]
+            pad = formats.num_words(o) * formats.WORD_BITS - o
+            threshold = jnp.pad(threshold, ((0, 0), (0, pad)), constant_values=reduction_bits + 1)
+            flip = jnp.pad(epilogue["flip"], ((0, 0), (0, pad)))
+            epilogue = dict(threshold=threshold.reshape(-1), flip=flip.reshape(-1))
+    return x, epilogue
 
 
 def _concatenated_result(out, mode, kind, threshold_planes):

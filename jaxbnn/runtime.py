@@ -22,7 +22,9 @@ Images are uint8 pixels, or floats on the scale the file records (`input_range`)
 The file holds every operand as the ops take it (ternary weights as their two ±1 planes stacked along the
 output axis, `formats.TernaryDenseBits` / `TernaryConvBits`; popcounts per row or per conv tap), so
 loading moves the arrays to the device as they are (the bool flips as uint8, the handlers' dtype) and packs,
-unpacks and derives nothing.
+unpacks and derives nothing, with one exception: where the default platform has no kernels of a layer's
+ternary or mixed product (CUDA), the weights that product runs as (`ops.side_by_side_weights`) are built
+once at load rather than inside every call.
 
 This module never imports the exporter or the training code.
 """
@@ -38,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbnn import formats, ops, packed_model
+from jaxbnn import _ffi, formats, ops, packed_model
 from jaxbnn.packed_model import PackedModel, uses_conv_layout, weight_geometry
 
 __all__ = ["PackedNet", "InputRangeWarning", "load", "from_packed"]
@@ -192,7 +194,20 @@ def _prepare_linear(node: dict, tensors: dict) -> dict:
     else:
         dense_bits = formats.TernaryDenseBits if ternary else formats.DenseBits
         params["weight"] = dense_bits(params["weight"], params.pop("weight_popcount"), k=k_bits, n=n)
+    ternary_activations = node["operand"] == "ternary"
+    if (ternary or ternary_activations) and not _has_native_product(ternary_activations, ternary):
+        planes = 2 if node["output"] == "ternary" and not _per_feature_levels(node) else 0
+        params["side_by_side"] = ops.side_by_side_weights(params["weight"], ternary_activations=ternary_activations,
+                                                          threshold_planes=planes)
     return params
+
+
+def _has_native_product(ternary_activations, ternary_weights):
+    """Whether the default platform has kernels of this ternary or mixed product (else the op runs it as one
+    binary product, on the side-by-side weights built at load)."""
+    mode = {(True, True): "tnn", (True, False): "tbn", (False, True): "btn"}[(ternary_activations, ternary_weights)]
+    platform = {"gpu": "cuda"}.get(jax.default_backend(), jax.default_backend())
+    return _ffi.has_target(platform, f"jaxbnn_{mode}_bmm_i32")
 
 
 # --- the forward pass ----------------------------------------------------------------------------------------
@@ -287,12 +302,14 @@ def _packed_layer(node, p, x):
         epilogue = {}
     if node["operand"] == "ternary":
         x = formats.TernaryPlanes(*x)
+    side_by_side = p.get("side_by_side")
     if uses_conv_layout(node):
         pool = node.get("pool") if node["kind"] == "conv" else None
-        out = ops.bconv2d(x, p["weight"], pool=None if pool is None else tuple(pool), **_conv_args(node), **epilogue)
+        out = ops.bconv2d(x, p["weight"], pool=None if pool is None else tuple(pool), side_by_side=side_by_side,
+                          **_conv_args(node), **epilogue)
         out = out if node["kind"] == "conv" else out.reshape(out.shape[0], *out.shape[3:])
     else:
-        out = ops.bmm(x, p["weight"], **epilogue)
+        out = ops.bmm(x, p["weight"], side_by_side=side_by_side, **epilogue)
     if per_feature:
         return _quantize(output, p, out)
     if output == "ternary":

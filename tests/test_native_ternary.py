@@ -395,6 +395,45 @@ def test_without_ternary_kernels_too_long_a_reduction_runs_as_separate_binary_pr
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_side_by_side_weights_built_once_give_what_each_call_builds(without_ternary_kernels, mode):
+    rng = np.random.default_rng(15)
+    x, x_values, weights, w_values = operands(rng, mode, (2, 7, 6, 40), (3, 3, 40, 21), conv=True)
+    want = numpy_conv(x_values, w_values, (1, 1), ((1, 1), (1, 1)), "zero")
+    epi = epilogue_operands(rng, want, planes=2)
+    for planes, epilogue in ((0, {}), (0, dict(scale=epi["scale"], bias=epi["bias"])),
+                             (0, dict(threshold=epi["threshold"], flip=epi["flip"])),
+                             (2, dict(threshold=epi["threshold_planes"], flip=epi["flip_planes"]))):
+        prepared = ops.side_by_side_weights(weights, ternary_activations=mode != "btn", threshold_planes=planes)
+        conv = jax.jit(lambda x, w, s: ops.bconv2d(x, w, side_by_side=s, **epilogue))
+        np.testing.assert_array_equal(np.asarray(conv(x, weights, prepared)), np.asarray(conv(x, weights, None)))
+    a, a_values, dense, d_values = operands(rng, mode, (5, 70), (70, 9), conv=False)
+    prepared = ops.side_by_side_weights(dense, ternary_activations=mode != "btn", threshold_planes=2)
+    threshold = np.stack([np.full(9, -3), np.full(9, 4)]).astype(np.int32)
+    np.testing.assert_array_equal(np.asarray(ops.bmm(a, dense, threshold=threshold, side_by_side=prepared)),
+                                  np.asarray(reference.epilogue(jnp.asarray((a_values @ d_values).astype(np.int32)),
+                                                                threshold=threshold)))  # fmt: skip
+
+
+def test_side_by_side_weights_of_another_product_are_refused():
+    rng = np.random.default_rng(16)
+    a, _, w, _ = operands(rng, "tnn", (5, 70), (70, 9), conv=False)
+    one_plane = ops.side_by_side_weights(w, ternary_activations=True)
+    with pytest.raises(ValueError, match=r"side_by_side has \{'k': 384, 'n': 9\}; this call's product \(tnn, 2 "
+                                         r"threshold planes\) needs \{'k': 384, 'n': 64\}"):
+        ops.bmm(a, w, threshold=np.zeros((2, 9), np.int32), side_by_side=one_plane)
+    with pytest.raises(ValueError, match=r"needs \{'k': 192"):
+        ops.bmm(ops.pack_bits(signs(rng, (5, 70))), w, side_by_side=one_plane)
+    with pytest.raises(ValueError, match="side_by_side weights belong to a product with a ternary operand"):
+        binary = formats.pack_dense_weights(signs(rng, (70, 9)))
+        ops.bmm(ops.pack_bits(signs(rng, (5, 70))), binary, side_by_side=one_plane)
+    with pytest.raises(ValueError, match="binary activations times binary weights run as they are"):
+        ops.side_by_side_weights(formats.pack_dense_weights(signs(rng, (70, 9))), ternary_activations=False)
+    with pytest.raises(TypeError, match=r"side_by_side must be the formats.ConvBits"):
+        x, _, cw, _ = operands(rng, "tnn", (1, 5, 5, 40), (3, 3, 40, 6), conv=True)
+        ops.bconv2d(x, cw, side_by_side=one_plane)
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_empty_batches_give_empty_results(mode):
     rng = np.random.default_rng(6)
     a, _, w, _ = operands(rng, mode, (0, 70), (70, 9), conv=False)

@@ -440,3 +440,29 @@ def test_run_nodes_runs_any_part_of_a_graph():
         assert len(rest) == len(nodes) - start
         for got, want in zip(jax.tree.leaves(rest), jax.tree.leaves(trace[start:])):
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("mode", ["tnn", "tbn", "btn"])
+def test_without_ternary_kernels_the_side_by_side_weights_are_built_once_at_load(mode, monkeypatch):
+    """On a platform without kernels of the ternary and mixed products (CUDA), each such layer's weights are
+    built at load as its one binary product takes them, and every node's output is the native run's."""
+    model = zoo_model("mnist-conv", mode, {})
+    packed = export_model(model)
+    x = images_for(model, 3, seed=4)
+    native = runtime.from_packed(packed)
+    assert not any("side_by_side" in p for p in native.params if isinstance(p, dict))
+    want = native.trace(x)
+    has_target = _ffi.has_target
+    monkeypatch.setattr(_ffi, "has_target", lambda platform, target: has_target(platform, target) and not any(
+        target.startswith(f"jaxbnn_{m}_") for m in ("tnn", "tbn", "btn")))  # fmt: skip
+    jax.clear_caches()
+    net = runtime.from_packed(packed)
+    prepared = [node["name"] for node, p in zip(net.graph["nodes"], net.params) if "side_by_side" in p]
+    assert prepared == [node["name"] for node in net.graph["nodes"] if node.get("operand") == "ternary"
+                        or node.get("operand") == "binary" and node.get("weights") == "ternary"]  # fmt: skip
+    text = net._trace.lower(net.params, jnp.asarray(x)).as_text()
+    assert f"jaxbnn_{mode}_" not in text
+    # no rearranged weights inside the program: the binary calls take the loaded ones as they are
+    assert "stablehlo.transpose" not in text
+    jax.tree.map(np.testing.assert_array_equal, net.trace(x), want)
+    jax.clear_caches()
