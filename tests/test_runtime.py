@@ -446,6 +446,8 @@ def test_run_nodes_runs_any_part_of_a_graph():
 def test_without_ternary_kernels_the_side_by_side_weights_are_built_once_at_load(mode, monkeypatch):
     """On a platform without kernels of the ternary and mixed products (CUDA), each such layer's weights are
     built at load as its one binary product takes them, and every node's output is the native run's."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("compares with the CPU's native ternary kernels (the GPU's case is tests/test_gpu_models.py)")
     model = zoo_model("mnist-conv", mode, {})
     packed = export_model(model)
     x = images_for(model, 3, seed=4)
