@@ -26,6 +26,8 @@ __all__ = ["pack_bits", "unpack_bits", "bmm", "bconv2d", "image_matmul", "image_
 MAX_EXTENT = 2**31 - 1
 # Reduction bits per dot product: the dot products and the saturated thresholds [-K - 1, K + 1] fit int32.
 MAX_REDUCTION = 2**31 - 2
+# Input words and output elements of one call of the CUDA kernels (int32 indexing): the ops split larger batches.
+_KERNEL_INDEX_LIMIT = 2**31 - 1
 # Elements of an output or intermediate: far beyond any memory, so a refusal here only ever replaces an
 # allocation failure, and no product of sizes can overflow int64 inside XLA.
 MAX_ELEMENTS = 2**48
@@ -131,6 +133,13 @@ def _bmm(planes, b, b_popcount, epi, side_by_side=None, *, k, n, kind, mode, thr
     rows = [a.reshape(math.prod(leading), a.shape[-1]) for a in planes]  # batch dims fold into M: one kernel call
     if rows[0].shape[0] == 0 or n == 0:
         return jnp.zeros(leading + tail, out_dtype)
+    # the CUDA kernels index the activation words and the output elements of a call in int32
+    chunk = _KERNEL_INDEX_LIMIT // max(rows[0].shape[-1], n * max(threshold_planes, 1))
+    if 1 <= chunk < rows[0].shape[0]:
+        outs = [_bmm(tuple(a[i:i + chunk] for a in rows), b, b_popcount, epi, side_by_side, k=k, n=n, kind=kind,
+                     mode=mode, threshold_planes=threshold_planes)
+                for i in range(0, rows[0].shape[0], chunk)]
+        return jnp.concatenate(outs).reshape(leading + outs[0].shape[1:])
     ternary_weights = mode in ("btn", "tnn")
     weight_rows = 2 * n if ternary_weights else n
     if b.ndim == 2:
@@ -342,6 +351,13 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
     images = [x.reshape((math.prod(batch),) + x.shape[-3:]) for x in planes]
     if images[0].shape[0] == 0:
         return jnp.zeros(batch + (oh, ow) + tail, out_dtype)
+    # the CUDA kernels index the input words and the (unpooled) output elements of a call in int32
+    chunk = _KERNEL_INDEX_LIMIT // max(h * wd * images[0].shape[-1], conv_hw[0] * conv_hw[1] * o * max(threshold_planes, 1))
+    if 1 <= chunk < images[0].shape[0]:
+        outs = [_bconv2d(tuple(x[i:i + chunk] for x in images), w, w_tap_popcount, epi, side_by_side, attrs=attrs,
+                         kind=kind, pooled=pooled, mode=mode, threshold_planes=threshold_planes)
+                for i in range(0, images[0].shape[0], chunk)]
+        return jnp.concatenate(outs).reshape(batch + outs[0].shape[1:])
     ternary_weights = mode in ("btn", "tnn")
     rows = 2 * o if ternary_weights else o
     if w.ndim == 2:

@@ -433,6 +433,30 @@ def test_side_by_side_weights_of_another_product_are_refused():
         ops.bconv2d(x, cw, side_by_side=one_plane)
 
 
+@pytest.mark.parametrize("mode", ["bnn"] + MODES)
+def test_batches_past_the_kernels_int32_indexing_run_in_chunks(mode, monkeypatch):
+    """A call whose input words or output elements exceed int32 (VGG-16's first layers at batch 512 with a
+    ternary output) runs as several calls on consecutive rows: the same result."""
+    rng = np.random.default_rng(17)
+    x, _, weights, _ = operands(rng, mode, (5, 6, 7, 40), (3, 3, 40, 21), conv=True)
+    a, _, dense, _ = operands(rng, mode, (11, 70), (70, 9), conv=False)
+    planes = 2 if mode in ("tnn", "tbn") else 1
+    threshold = np.zeros((planes, 21), np.int32) if mode in ("tnn", "tbn") else np.zeros(21, np.int32)
+    dense_threshold = threshold[..., :9]
+    want = [np.asarray(ops.bconv2d(x, weights, pool=(2, 2), threshold=threshold)),
+            np.asarray(ops.bmm(a, dense, threshold=dense_threshold)), np.asarray(ops.bmm(a, dense))]
+    monkeypatch.setattr(ops, "_KERNEL_INDEX_LIMIT", 2 * 6 * 7 * 21 * planes)
+    jax.clear_caches()
+    conv_hlo = jax.jit(lambda x: ops.bconv2d(x, weights, pool=(2, 2), threshold=threshold)).lower(x).as_text("hlo")
+    batches = {int(b) for b in re.findall(r"= u32\[(\d+),3,3,[\d,]+\]\S* custom-call\(", conv_hlo)}
+    assert batches == {2, 1}  # calls on 2, 2 and 1 images
+    got = [np.asarray(ops.bconv2d(x, weights, pool=(2, 2), threshold=threshold)),
+           np.asarray(ops.bmm(a, dense, threshold=dense_threshold)), np.asarray(ops.bmm(a, dense))]
+    jax.clear_caches()
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_empty_batches_give_empty_results(mode):
     rng = np.random.default_rng(6)
