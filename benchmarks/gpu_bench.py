@@ -305,8 +305,9 @@ def conv_problem(name, batch, hw, c, o, kernel, stride):
 
 
 def mode_kernel(mode, op):
-    """What runs a mode's threshold product on this platform: its own kernel, the op's composite of binary
-    int32 products (docs/ops.md), or the pure-JAX reference where no native kernel is registered."""
+    """What runs a mode's threshold product on this platform: its own kernel, the op's composite (one binary
+    product over the planes side by side, docs/ops.md), or the pure-JAX reference where no native kernel is
+    registered."""
     platform = "cpu" if jax.devices()[0].platform == "cpu" else "cuda"
     binary = "jaxbnn_bmm" if op == "bmm" else "jaxbnn_bconv2d"
     own = f"{binary}_bits" if mode == "bnn" else f"jaxbnn_{mode}_{op}_bits"
@@ -526,13 +527,13 @@ def modes_section(header, rows):
         "`TernaryDenseBits` / `TernaryConvBits`. `output`: `binary`, a threshold epilogue of one plane (threshold",
         "`(N,)`); `ternary`, thresholds `(2, N)` = (0, 1), the (nonneg, pos) planes of sign(dot) that a ternary",
         "layer writes for the next (products with ternary activations). `kernel`: `native`, the platform's kernel",
-        "of the product; `composite`, the op's composite of binary int32 products where the platform has none",
-        "(docs/ops.md); `reference`, the pure-JAX spec (no native module). TOPS = 2 x M x N x K / time in every",
-        "product. `/ bnn`: time over BNN's on the same shape (a ternary output against BNN's binary one: each",
-        "network's own layer); `target`: issue 56's bound on it. XLA: the ternary values (-1 / 0 / +1) as int8",
-        "(int32 out) and bf16 (`dot`: float32 out; convolution: bf16 out, as the BConv table), one timing per",
-        "shape shared by its rows; `vs XLA`: XLA's time over ours. Timing as the sections above (`copies_for`",
-        "distinct input sets per program, `timed`).",
+        "of the product; `composite`, where the platform has none, the op's one binary product over the planes",
+        "side by side (docs/ops.md); `reference`, the pure-JAX spec (no native module). TOPS = 2 x M x N x K /",
+        "time in every product. `/ bnn`: time over BNN's on the same shape (a ternary output against BNN's",
+        "binary one: each network's own layer); `target`: issue 56's bound on it. XLA: the ternary values",
+        "(-1 / 0 / +1) as int8 (int32 out) and bf16 (`dot`: float32 out; convolution: bf16 out, as the BConv",
+        "table), one timing per shape shared by its rows; `vs XLA`: XLA's time over ours. Timing as the",
+        "sections above (`copies_for` distinct input sets per program, `timed`).",
         "",
         modes_table(rows),
         "",

@@ -10,7 +10,7 @@ integers from the pixels to the logits:
   TNN), is one `ops.bmm` / `ops.bconv2d` with its epilogue: the threshold planes writing the next layer's
   packed input (binary bits, or a ternary output's (nonneg, pos) planes; max-pool fused), the affine writing
   the logits, or the int32 dot products of a residual block's stream. Where a platform has no kernel of a
-  ternary or mixed product, the op runs it as 2 or 4 binary products (docs/ops.md);
+  ternary or mixed product, the op runs it as one binary product over the planes side by side (docs/ops.md);
 - integer thresholds turn int32 pre-activations and the int32 residual stream into bits; the stream is
   the sum of each residual block's conv2 output and its shortcut, added in jnp: XLA fuses the add with the
   next block's thresholds and packing, which on an H200 ran faster than the convolution's own residual
