@@ -448,8 +448,9 @@ def test_batches_past_the_kernels_int32_indexing_run_in_chunks(mode, monkeypatch
     monkeypatch.setattr(ops, "_KERNEL_INDEX_LIMIT", 2 * 6 * 7 * 21 * planes)
     jax.clear_caches()
     conv_hlo = jax.jit(lambda x: ops.bconv2d(x, weights, pool=(2, 2), threshold=threshold)).lower(x).as_text("hlo")
-    batches = {int(b) for b in re.findall(r"= u32\[(\d+),3,3,[\d,]+\]\S* custom-call\(", conv_hlo)}
-    assert batches == {2, 1}  # calls on 2, 2 and 1 images
+    # (on CUDA the pooled bits come from an unpooled call, and a ternary product's columns split it again)
+    batches = {int(b) for b in re.findall(r"= u32\[(\d+),\d+,\d+,[\d,]+\]\S* custom-call\(", conv_hlo)}
+    assert batches and max(batches) <= 2
     got = [np.asarray(ops.bconv2d(x, weights, pool=(2, 2), threshold=threshold)),
            np.asarray(ops.bmm(a, dense, threshold=dense_threshold)), np.asarray(ops.bmm(a, dense))]
     jax.clear_caches()
