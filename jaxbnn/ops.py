@@ -160,7 +160,7 @@ def _bmm(planes, b, b_popcount, epi, side_by_side=None, *, k, n, kind, mode, thr
 
     def bmm_composite(acts, b_, popcount_, prepared, epilogue):
         kw = formats.num_words(k)
-        if not _concatenation_fits(mode, kw, n, threshold_planes):
+        if not _side_by_side_fits(mode, kw, n, threshold_planes):
             return _composite(binary_dot, acts, b_, popcount_, n, None, epilogue)
         if prepared:
             blocks, block_popcount = prepared
@@ -173,7 +173,7 @@ def _bmm(planes, b, b_popcount, epi, side_by_side=None, *, k, n, kind, mode, thr
                                              threshold_planes=threshold_planes, reduction_bits=reduction_bits)
         out = _bmm((x,), blocks, block_popcount, epilogue, k=reduction_bits,
                    n=_side_by_side_columns(n, threshold_planes), kind=kind, mode="bnn", threshold_planes=0)
-        return _concatenated_result(out, mode, kind, threshold_planes)
+        return _side_by_side_result(out, mode, kind, threshold_planes)
 
     def single(*operands):
         out_type = jax.ShapeDtypeStruct((operands[0].shape[0],) + tail, out_dtype)
@@ -378,7 +378,7 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
                         threshold_planes=0)
 
     def conv_composite(acts, w_, popcount_, prepared, pool_window, epilogue):
-        if not _concatenation_fits(mode, kh * kw * cw, o, threshold_planes):
+        if not _side_by_side_fits(mode, kh * kw * cw, o, threshold_planes):
             return _composite(binary_dot, acts, w_, popcount_, o, pool_window, epilogue)
         if prepared:
             blocks, block_popcount = prepared
@@ -391,7 +391,7 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
         out = _bconv2d((x,), blocks, block_popcount, epilogue,
                        attrs=(block_channels, _side_by_side_columns(o, threshold_planes)) + attrs[2:], kind=kind,
                        pooled=pooled, mode="bnn", threshold_planes=0)
-        return _concatenated_result(out, mode, kind, threshold_planes)
+        return _side_by_side_result(out, mode, kind, threshold_planes)
 
     def ref(x_, w_, _popcount, *e):
         return reference.bconv2d(
@@ -760,8 +760,8 @@ _REDUCTION_BLOCKS = {
 _KERNEL_REDUCTION_WORDS = 1 << 16
 
 
-def _concatenation_fits(mode, reduction_words, n, threshold_planes):
-    """Whether the concatenated product's reduction and columns fit the binary kernels."""
+def _side_by_side_fits(mode, reduction_words, n, threshold_planes):
+    """Whether the side-by-side product's reduction and columns fit the binary kernels."""
     columns = max(threshold_planes, 1) * formats.num_words(n) * formats.WORD_BITS
     return len(_REDUCTION_BLOCKS[mode]) * reduction_words <= _KERNEL_REDUCTION_WORDS and columns <= MAX_EXTENT
 
@@ -830,8 +830,8 @@ def _side_by_side_operands(mode, acts, epilogue, *, kind, c, bound, threshold_pl
     return x, epilogue
 
 
-def _concatenated_result(out, mode, kind, threshold_planes):
-    """The ternary or mixed product's output from its concatenated binary product's."""
+def _side_by_side_result(out, mode, kind, threshold_planes):
+    """The ternary or mixed product's output from its side-by-side binary product's."""
     if kind == "i32":
         return out // len(_REDUCTION_BLOCKS[mode])  # exact: a multiple of `parts`
     if threshold_planes:
@@ -840,10 +840,11 @@ def _concatenated_result(out, mode, kind, threshold_planes):
 
 
 def _composite(binary_dot, acts, w, popcount, n, pool, epilogue):
-    """A product with a ternary operand where the platform has no kernel of its own: ternary values are means
-    of two ±1 vectors (t = (a + b) / 2 from the nonneg and pos planes), so the dot product is the mean of 2
-    or 4 ±1 dot products, which `binary_dot` computes in one call (activation planes stacked along the rows,
-    a ternary weight's planes are its 2n output rows); then pool and epilogue as the reference's. Exact."""
+    """A product with a ternary operand where the platform has no kernel of its own and the side-by-side
+    reduction would pass the kernels' longest: ternary values are means of two ±1 vectors (t = (a + b) / 2
+    from the nonneg and pos planes), so the dot product is the mean of 2 or 4 ±1 dot products, which
+    `binary_dot` computes in one int32 call (activation planes stacked along the rows, a ternary weight's
+    planes are its 2n output rows); then pool and epilogue as the reference's. Exact."""
     x = jnp.concatenate(acts, axis=0) if len(acts) == 2 else acts[0]
     dot = binary_dot(x, w, popcount)
     parts = 1
