@@ -165,6 +165,86 @@ def test_bconv2d_matches_the_reference_or_refuses(b, h, w, c, o, kernel, stride,
     assert_matches(got, expected_epilogue(dot, kind, epi), kind)
 
 
+def ternary_values(rng, shape, ternary):
+    return (rng.integers(-1, 2, shape) if ternary else np.where(rng.random(shape) < 0.5, 1, -1)).astype(np.float32)
+
+
+@st.composite
+def plane_epilogues(draw, n):
+    """An epilogue of `epilogues`, or two threshold planes (a ternary output's)."""
+    kind, epi = draw(epilogues(n))
+    if kind != "bits" or not draw(st.booleans()):
+        return kind, epi, 0
+    threshold = np.array([draw(st.lists(st.integers(-60, 60), min_size=n, max_size=n)) for _ in range(2)], np.int64)
+    flip = np.array([draw(st.lists(st.booleans(), min_size=n, max_size=n)) for _ in range(2)])
+    return kind, dict(threshold=threshold, flip=flip), 2
+
+
+def expected_planes(dot, kind, epi, planes):
+    if not planes:
+        return expected_epilogue(dot, kind, epi)
+    return np.stack([expected_epilogue(dot, kind, dict(threshold=epi["threshold"][p], flip=epi["flip"][p]))
+                     for p in range(planes)], axis=-2)
+
+
+@pytest.fixture
+def without_ternary_kernels(monkeypatch):
+    """The ternary and mixed products as on a platform without their kernels (CUDA): one binary product over
+    the planes side by side, the binary kernels' epilogues."""
+    from jaxbnn import _ffi
+
+    has_target = _ffi.has_target
+    monkeypatch.setattr(_ffi, "has_target", lambda platform, target: has_target(platform, target) and not any(
+        target.startswith(f"jaxbnn_{mode}_") for mode in ("tnn", "tbn", "btn")))  # fmt: skip
+    jax.clear_caches()
+    yield
+    jax.clear_caches()
+
+
+@fuzz(40)
+@given(st.sampled_from(["tnn", "tbn", "btn"]), st.integers(0, 7), st.integers(1, 200), st.integers(1, 40),
+       st.data(), MODES, st.integers(0, 2**32))
+def test_ternary_bmm_without_its_kernels_matches_numpy(without_ternary_kernels, product, m, k, n, data, mode, seed):
+    rng = np.random.default_rng(seed)
+    a_values = ternary_values(rng, (m, k), product in ("tnn", "tbn"))
+    w_values = ternary_values(rng, (k, n), product in ("tnn", "btn"))
+    a = formats.pack_ternary_pm_planes(a_values) if product != "btn" else np_pack(a_values > 0)
+    w = (formats.pack_ternary_dense_weights if product != "tbn" else formats.pack_dense_weights)(w_values)
+    kind, epi, planes = data.draw(plane_epilogues(n))
+    if mode == "vmap" and m == 0:
+        mode = "eager"
+    fn = (lambda a, b: ops.bmm(formats.TernaryPlanes(a, b), w, **epi)) if product != "btn" else (
+        lambda a: ops.bmm(a, w, **epi))  # fmt: skip
+    got = run(mode, fn, *(a if product != "btn" else (a,)))
+    assert_matches(got, expected_planes((a_values @ w_values).astype(np.int32), kind, epi, planes), kind)
+
+
+@fuzz(40)
+@given(st.sampled_from(["tnn", "tbn", "btn"]), st.integers(0, 2), st.integers(1, 8), st.integers(1, 8),
+       st.integers(1, 70), st.integers(1, 40), st.tuples(st.integers(1, 4), st.integers(1, 4)),
+       st.tuples(st.integers(1, 2), st.integers(1, 2)), st.sampled_from(["SAME", "VALID"]),
+       st.sampled_from(["zero", "one"]), st.one_of(st.none(), st.tuples(st.integers(1, 2), st.integers(1, 2))),
+       st.data(), st.integers(0, 2**32))
+def test_ternary_bconv2d_without_its_kernels_matches_numpy(without_ternary_kernels, product, b, h, w, c, o, kernel,
+                                                           stride, padding, pad_value, pool, data, seed):
+    rng = np.random.default_rng(seed)
+    x_values = ternary_values(rng, (b, h, w, c), product in ("tnn", "tbn"))
+    w_values = ternary_values(rng, kernel + (c, o), product in ("tnn", "btn"))
+    x = formats.pack_ternary_pm_planes(x_values) if product != "btn" else np_pack(x_values > 0)
+    weights = (formats.pack_ternary_conv_weights if product != "tbn" else formats.pack_conv_weights)(w_values)
+    kind, epi, planes = data.draw(plane_epilogues(o))
+    pads = ops._conv_padding(padding, (h, w), kernel, stride)
+    conv_h = (h + sum(pads[0]) - kernel[0]) // stride[0] + 1
+    conv_w = (w + sum(pads[1]) - kernel[1]) // stride[1] + 1
+    ph, pw = pool or (1, 1)
+    if conv_h < max(ph, 1) or conv_w < max(pw, 1) or h + sum(pads[0]) < kernel[0] or w + sum(pads[1]) < kernel[1]:
+        return  # refusals: test_bconv2d_matches_the_reference_or_refuses
+    got = jax.jit(lambda x: ops.bconv2d(x, weights, stride=stride, padding=padding, pad_value=pad_value, pool=pool,
+                                        **epi))(x)  # fmt: skip
+    dot = np_max_pool(numpy_conv(x_values, w_values, stride, pads, pad_value), pool)
+    assert_matches(got, expected_planes(dot, kind, epi, planes), kind)
+
+
 ANYTHING = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True),
                      st.text(max_size=4), st.tuples(st.integers(-(2**64), 2**64), st.integers(-(2**64), 2**64)),
                      st.lists(st.integers(-(2**40), 2**40), max_size=3))
