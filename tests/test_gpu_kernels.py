@@ -356,6 +356,9 @@ IMAGE_LAYERS = [  # (image (B, H, W, C), kernel (KH, KW), N, stride, padding, po
     ((0, 9, 9, 3), (3, 3), 5, 1, "SAME", None, 1, 0),  # an empty batch
     ((2, 3, 4, 2), (5, 5), 8, 1, ((2, 2), (2, 2)), None, 1, 0),  # a kernel larger than the image
     ((2, 30, 30, 3), (3, 3), 64, 1, "VALID", None, 0, 0),  # every field inside the frame
+    ((37, 1, 1, 784), (1, 1), 100, 1, "VALID", None, 1, 0),  # the MNIST MLP: words of four aligned levels
+    ((2, 12, 13, 7), (13, 13), 70, 1, "SAME", (2, 1), 2, 0),  # K = 1183: the weights gathered step by step
+    ((3, 1, 1, 1100), (1, 1), 40, 1, "VALID", None, 0, 3),  # the same, in aligned words
 ]
 
 

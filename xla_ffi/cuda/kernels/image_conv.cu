@@ -1,15 +1,25 @@
 // The first-layer kernel: an implicit GEMM of int8 image levels and int8 weights on IMMA m16n8k32 (mma.sync,
-// sm_80+), one 128-row x 64-column tile a CTA. Rows are conv output pixels ordered window by window, so a
-// tile holds whole pool windows; the epilogue pools in shared memory and writes the int32 stream or each
-// threshold plane's packed bits, never the int32 pre-activations of a thresholded layer.
+// sm_80+), 128-row x 64-column tiles. Rows are conv output pixels ordered window by window, so a tile holds
+// whole pool windows; the epilogue pools in shared memory and writes the int32 stream or each threshold
+// plane's packed bits, never the int32 pre-activations of a thresholded layer.
 //
-// The pieces: RowOrigins (the tile's rows as receptive-field origins), GatherStage (the K block's levels and
-// weights into shared memory, zero outside the frame and past K), Mainloop (the IMMA steps), PoolInPlace and
-// the two stores. A first layer reduces over few products (27 for a 3x3 RGB conv, 363 for AlexNet's 11x11)
-// and writes many outputs, so the kernel is bound by its gathers and stores, not by the tensor cores.
+// A first layer reduces over few products (27 for a 3x3 RGB conv, 363 for AlexNet's 11x11) and writes many
+// outputs, so its time is the gathers' latency and the epilogue's instructions, not the tensor cores'. Hence
+// a persistent CTA per SM slot that keeps one column tile: its weights (every K step, where they fit), bounds
+// and flip words are loaded once; each thread gathers its part of the next K step (the next tile's first, at
+// a tile's last) into registers before the current step's MMAs and epilogue run, so the loads are in flight
+// while the tensor cores and the stores work.
+//
+// The pieces: RowOrigin and TapOf (a tile row's receptive field and a K byte's tap, tabled in shared memory:
+// the origins once per tile, the taps once per CTA), GatherStep (a K step's levels, and the weights where they
+// are not resident, into registers), StoreStep (registers to the stage), Mma (the step's IMMAs), the epilogue
+// (StoreAccumulators, PoolInPlace, StoreStream / StoreBits).
 #include "cuda/image_conv.h"
 
+#include <climits>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 #include "cuda/device/common.cuh"
 
@@ -17,117 +27,233 @@ namespace jaxbnn::cuda {
 namespace {
 
 constexpr int kRows = 128, kCols = kImageTileColumns, kThreads = 256;
-constexpr int kTileLd = kCols + 1;     // int32 words per row of the epilogue tile
+constexpr int kStepBytes = 32;                 // one k32 IMMA step per stage
+constexpr int kRowBytes = kStepBytes + 16;     // fragment loads of 8 rows hit 32 distinct banks (12 words apart)
+constexpr int kWordsPerRow = kStepBytes / 4;   // 8: thread tid gathers word tid % 8 ...
+constexpr int kRowsPerThread = kRows * kWordsPerRow / kThreads;  // ... of rows tid / 8 + 32 i, i < 4
+constexpr int kRowStride = kThreads / kWordsPerRow;
+constexpr int kTileLd = kCols + 4;             // int32 words per row of the epilogue tile (16-byte rows)
+constexpr int kTileWords = kCols / 32;
 constexpr int kWarpRows = 32, kWarpCols = 32;  // 4 x 2 warps
 static_assert(kRows / kWarpRows * (kCols / kWarpCols) * 32 == kThreads, "the warps cover the tile");
+static_assert(kCols * kWordsPerRow % kThreads == 0, "whole weight words a thread");
+// K steps whose weights stay in shared memory for the CTA's life (K <= 1024 bytes: every zoo first layer,
+// the MNIST MLP's 784 included); longer reductions gather each step's weights with its levels.
+constexpr int kMaxResidentSteps = 32;
 
-// A K block is one k32 step (K <= 32: the 3x3 RGB and one-channel layers) or two (ImageConvKernel<kKBytes>).
-// Bytes per shared row of a K block: 16 more than the block, so that the fragment loads of 8 rows hit 32
-// distinct banks (rows 12 or 20 words apart).
-template <int kKBytes>
-__host__ __device__ constexpr int RowBytes() {
-  return kKBytes + 16;
-}
+// Shared memory, carved from the dynamic allocation: the A stage and the epilogue tile share the first
+// region (the tile is written once the last step's MMAs are done); then the bounds, the flip words and the
+// weights (every step's where resident, else one step's).
+constexpr int kTileBytes = kRows * kTileLd * 4;
+static_assert(kRows * kRowBytes <= kTileBytes, "the stage fits the tile's region");
+constexpr int kBoundOffset = kTileBytes;
+constexpr int kFlipOffset = kBoundOffset + kMaxImagePlanes * kCols * 4;
+constexpr int kWeightOffset = kFlipOffset + kMaxImagePlanes * kTileWords * 4;
+constexpr int kWeightStepBytes = kCols * kRowBytes;
+static_assert(kWeightOffset % 16 == 0, "16-byte aligned weights");
 
-template <int kKBytes>
-struct Operands {
-  alignas(16) uint8_t a[kRows * RowBytes<kKBytes>()];
-  alignas(16) uint8_t b[kCols * RowBytes<kKBytes>()];
-};
-
-constexpr int kRowOutput = 1, kRowInterior = 2;  // origin.w flags: an output row; its field inside the frame
-
-template <int kKBytes>
-struct SharedStorage {
-  union {
-    Operands<kKBytes> stage;
-    int tile[kRows * kTileLd];  // the epilogue's pre-activations, once the mainloop is done with the stage
-  };
-  int4 origin[kRows];      // (first pixel of the image, top row, left column, flags)
-  int row_base[kRows];     // an interior row: the level index of its field's first tap
-  int4 tap[kKBytes];       // per byte of the K block: (row offset, column offset, channel, 1 if k < K)
-  int tap_offset[kKBytes];  // the byte's level index relative to row_base (interior rows only)
-  int threshold[kMaxImagePlanes * kCols];
-  uint8_t flip[kMaxImagePlanes * kCols];
-};
-
-// The launch-time divisors of the index arithmetic (FastDivisor: no integer division in the kernel).
-struct ImageDivisors {
+// Launch-time constants: divisors of the index arithmetic (no integer division in the kernel), the number of
+// K steps and row tiles, and whether aligned rows are gathered as words.
+struct ImageLaunch {
   FastDivisor window, pool_w, out_w, out_hw, c, kw;
+  int steps = 0, row_tiles = 0, per_tile = 0, pooled = 0, k_total = 0;
+  // c % 4 == 0 and 4-byte aligned levels: the 4 bytes of a word lie in one tap and channel group, contiguous
+  // and aligned, so an interior row's word is one 32-bit load
+  bool word_loads = false;
 };
 
-// The receptive-field origin of each tile row: row r is position r % window of pooled pixel
-// tile_m * (kRows / window) + r / window.
-template <int kKBytes>
-__device__ void RowOrigins(const ImageConvProblem& p, const ImageDivisors& div, SharedStorage<kKBytes>& s,
-                           int tile_m, int tid) {
-  const int window = div.window.divisor, per_tile = kRows / window;
-  const int pooled = p.batch * p.out_h * p.out_w;
-  for (int r = tid; r < kRows; r += kThreads) {
-    const int in_window = Quotient(r, div.window), q = tile_m * per_tile + in_window, j = r - in_window * window;
-    if (r >= per_tile * window || q >= pooled) {
-      s.origin[r] = make_int4(0, 0, 0, 0);
-      continue;
+// Shared memory past the weights: each tile row's receptive field (RowOrigin) and each K byte's tap (TapOf:
+// every step's where the weights are resident, else the next step's). The kernel writes the next step's
+// between the barrier that ends the current step's gather (its loads issued, its origins and taps read) and
+// the one before the next gather, so one buffer of each serves.
+constexpr int kOriginBytes = kRows * 16;
+constexpr int kTapBytes = 8;
+__host__ __device__ constexpr int TapEntries(bool resident, int steps) { return (resident ? steps : 1) * kStepBytes; }
+__host__ __device__ constexpr int OriginOffset(int weight_steps) { return kWeightOffset + weight_steps * kWeightStepBytes; }
+__host__ __device__ constexpr int TapOffset(int weight_steps) { return OriginOffset(weight_steps) + kOriginBytes; }
+__host__ __device__ constexpr int SmemBytes(bool resident, int steps) {
+  return TapOffset(resident ? steps : 1) + TapEntries(resident, steps) * kTapBytes;
+}
+
+// A tile row's receptive field: x = the level index of its first tap (interior rows) or its image's first
+// pixel index (border rows), y / z = its top row and left column in the frame, w = its kind.
+constexpr int kNoRow = 0, kBorderRow = 1, kInteriorRow = 2;
+__device__ __forceinline__ int4 RowOrigin(const ImageConvProblem& p, const ImageLaunch& L, int tile, int r) {
+  const int window = L.window.divisor;
+  const int in_window = Quotient(r, L.window), q = tile * L.per_tile + in_window, j = r - in_window * window;
+  if (in_window >= L.per_tile || q >= L.pooled) return make_int4(0, 0, 0, kNoRow);
+  const int b = Quotient(q, L.out_hw), pixel = q - b * L.out_hw.divisor;
+  const int py = Quotient(pixel, L.out_w), px = pixel - py * p.out_w;
+  const int jy = Quotient(j, L.pool_w), jx = j - jy * p.pool_w;
+  const int iy = (py * p.pool_h + jy) * p.stride_h - p.pad_top, ix = (px * p.pool_w + jx) * p.stride_w - p.pad_left;
+  const int image = b * p.in_h * p.in_w;  // indices inside the levels: int32 by the handler's checks
+  if (iy >= 0 && iy <= p.in_h - p.kh && ix >= 0 && ix <= p.in_w - p.kw) {
+    return make_int4((image + iy * p.in_w + ix) * p.c, iy, ix, kInteriorRow);
+  }
+  return make_int4(image, iy, ix, kBorderRow);
+}
+
+// K byte k's tap: x = its level index relative to an interior row's first (-1 past K), y = its kernel row,
+// column and channel as ky | kx << 10 | ch << 20 (resident problems: K <= 1024 bytes, so each fits 10 bits;
+// else 0: the gather decodes them itself).
+__device__ __forceinline__ int2 TapOf(const ImageConvProblem& p, const ImageLaunch& L, int k) {
+  if (k >= L.k_total) return make_int2(-1, 0);
+  const int t = Quotient(k, L.c), ch = k - t * p.c, ky = Quotient(t, L.kw), kx = t - ky * p.kw;
+  // interior rows exist only where the kernel fits the frame: then the offset is an index difference inside the
+  // levels
+  const int offset = p.kh <= p.in_h && p.kw <= p.in_w ? (ky * p.in_w + kx) * p.c + ch : 0;
+  return make_int2(offset, L.steps <= kMaxResidentSteps ? ky | kx << 10 | ch << 20 : 0);
+}
+
+// A predicated byte load into a register that holds 0 where `take` is false: issued here, waited for where the
+// register is first read (StoreStep, after the next barrier), so its latency overlaps the MMAs and the epilogue.
+__device__ __forceinline__ void LoadByte(uint32_t& reg, const int8_t* address, int take) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p ld.global.nc.u8 %0, [%1];\n}\n"
+      : "+r"(reg)
+      : "l"(address), "r"(take));
+}
+__device__ __forceinline__ void LoadWord(uint32_t& reg, const int8_t* address, int take) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p ld.global.nc.u32 %0, [%1];\n}\n"
+      : "+r"(reg)
+      : "l"(address), "r"(take));
+}
+
+// What a thread gathered of one K step, still as loaded: byte e of word tid % 8 of row i in bytes[i][e]
+// (zero-extended; with word loads the whole word in bytes[i][0]), and, where the weights are not resident,
+// weight words as bytes too.
+struct Gathered {
+  uint32_t bytes[kRowsPerThread][4];
+  uint32_t weight[kCols * kWordsPerRow / kThreads][4];
+};
+
+// The levels of word tid % 8 of K step `step` for the thread's rows (origins: the tile's RowOrigin buffer;
+// taps: the step's 32 Tap entries), zero outside the frame and past K.
+template <bool kResidentWeights>
+__device__ __forceinline__ void GatherStep(const ImageConvProblem& p, const ImageLaunch& L, const int4* origins,
+                                           const int2* taps, int step, int col0, int tid, Gathered& g) {
+  const int q = tid % kWordsPerRow;
+  int2 tap[4];
+  int real[4];  // the byte lies below K (its tap's offset is not -1)
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    tap[e] = taps[4 * q + e];
+    real[e] = tap[e].x >= 0;
+  }
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int4 o = origins[tid / kWordsPerRow + kRowStride * i];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) g.bytes[i][e] = 0;
+    // level indices as unsigned 32-bit sums: one wide add forms each address (a byte past K, whose offset is
+    // -1, wraps, but is not loaded)
+    if (o.w == kInteriorRow) {
+      if (L.word_loads) {
+        LoadWord(g.bytes[i][0], p.levels + static_cast<uint32_t>(o.x + tap[0].x), real[0]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) LoadByte(g.bytes[i][e], p.levels + static_cast<uint32_t>(o.x + tap[e].x), real[e]);
+      }
+    } else if (o.w == kBorderRow) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int ky, kx, ch;
+        if constexpr (kResidentWeights) {
+          ky = tap[e].y & 1023;
+          kx = tap[e].y >> 10 & 1023;
+          ch = tap[e].y >> 20;
+        } else {
+          const int k = step * kStepBytes + 4 * q + e, t = Quotient(k, L.c);
+          ch = k - t * p.c;
+          ky = Quotient(t, L.kw);
+          kx = t - ky * p.kw;
+        }
+        const int y = o.y + ky, x = o.z + kx;
+        const bool inside = real[e] && y >= 0 && y < p.in_h && x >= 0 && x < p.in_w;
+        LoadByte(g.bytes[i][e], p.levels + static_cast<uint32_t>(inside ? (o.x + y * p.in_w + x) * p.c + ch : 0), inside);
+      }
     }
-    const int b = Quotient(q, div.out_hw), pixel = q - b * div.out_hw.divisor;
-    const int py = Quotient(pixel, div.out_w), px = pixel - py * p.out_w;
-    const int jy = Quotient(j, div.pool_w), jx = j - jy * p.pool_w;
-    const int iy = (py * p.pool_h + jy) * p.stride_h - p.pad_top, ix = (px * p.pool_w + jx) * p.stride_w - p.pad_left;
-    const bool interior = iy >= 0 && iy <= p.in_h - p.kh && ix >= 0 && ix <= p.in_w - p.kw;
-    s.origin[r] = make_int4(b * p.in_h * p.in_w, iy, ix, kRowOutput | (interior ? kRowInterior : 0));
-    // an index inside the levels: int32 by the handler's checks
-    if (interior) s.row_base[r] = ((b * p.in_h + iy) * p.in_w + ix) * p.c;
+  }
+  if constexpr (!kResidentWeights) {
+#pragma unroll
+    for (int w = 0; w < kCols * kWordsPerRow / kThreads; ++w) {
+      const int col = tid % kCols, wq = tid / kCols + w * (kThreads / kCols), n = col0 + col;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int k = step * kStepBytes + 4 * wq + e;
+        g.weight[w][e] = 0;
+        const bool take = k < L.k_total && n < p.n;
+        LoadByte(g.weight[w][e], p.kernel + (take ? static_cast<int64_t>(k) * p.n + n : 0), take);
+      }
+    }
   }
 }
 
-// K block `k0`: A[r][kk] = the level of row r's tap k0 + kk, B[col][kk] = kernel[k0 + kk][col0 + col]; zero
-// outside the frame, past K and past N. Four bytes a thread and store; an interior row's bytes without
-// bounds checks, at row_base + tap_offset.
-template <int kKBytes>
-__device__ void GatherStage(const ImageConvProblem& p, const ImageDivisors& div, SharedStorage<kKBytes>& s, int k0,
-                            int col0, int tid) {
-  constexpr int kLd = RowBytes<kKBytes>();
-  const int k_total = p.kh * p.kw * p.c;
-  if (tid < kKBytes) {
-    const int k = k0 + tid, t = Quotient(k, div.c), c = k - t * p.c, i = Quotient(t, div.kw), j = t - i * p.kw;
-    s.tap[tid] = k < k_total ? make_int4(i, j, c, 1) : make_int4(0, 0, 0, 0);
-    // used by interior rows only, which exist only where the kernel fits the frame: then the offset is an
-    // index difference inside the levels
-    s.tap_offset[tid] = k < k_total && p.kh <= p.in_h && p.kw <= p.in_w ? (i * p.in_w + j) * p.c + c : 0;
+// Four loaded bytes as one word, b0 | b1 << 8 | b2 << 16 | b3 << 24 (a word load's whole word in b0, the others
+// 0). In asm volatile, so that it stays after the barrier that precedes it: the loads are then waited for there,
+// not before the MMAs (compiled plainly, each byte's zero-extension followed its load).
+__device__ __forceinline__ uint32_t Word(const uint32_t (&b)[4]) {
+  uint32_t word;
+  asm volatile(
+      "{\n .reg .b32 t1, t2, t3;\n shl.b32 t1, %2, 8;\n shl.b32 t2, %3, 16;\n shl.b32 t3, %4, 24;\n"
+      " or.b32 %0, %1, t1;\n or.b32 %0, %0, t2;\n or.b32 %0, %0, t3;\n}\n"
+      : "=r"(word)
+      : "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]));
+  return word;
+}
+
+// The gathered step into the A stage (and the weights' single step slot where they are not resident).
+template <bool kResidentWeights>
+__device__ __forceinline__ void StoreStep(uint8_t* smem, const Gathered& g, int tid) {
+  const int q = tid % kWordsPerRow;
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int r = tid / kWordsPerRow + kRowStride * i;
+    *reinterpret_cast<uint32_t*>(smem + r * kRowBytes + 4 * q) = Word(g.bytes[i]);
   }
-  __syncthreads();
-  for (int idx = tid; idx < kRows * (kKBytes / 4); idx += kThreads) {
-    const int r = idx / (kKBytes / 4), q = idx % (kKBytes / 4);
-    const int4 o = s.origin[r];
-    uint32_t word = 0;
-    if (o.w & kRowInterior) {
-      const int8_t* field = p.levels + s.row_base[r];
+  if constexpr (!kResidentWeights) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (s.tap[4 * q + e].w) word |= uint32_t{static_cast<uint8_t>(field[s.tap_offset[4 * q + e]])} << (8 * e);
-      }
-    } else if (o.w) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int4 tap = s.tap[4 * q + e];
-        const int iy = o.y + tap.x, ix = o.z + tap.y;
-        if (tap.w && iy >= 0 && iy < p.in_h && ix >= 0 && ix < p.in_w) {
-          const uint8_t level = static_cast<uint8_t>(p.levels[(o.x + iy * p.in_w + ix) * p.c + tap.z]);
-          word |= uint32_t{level} << (8 * e);
-        }
-      }
+    for (int w = 0; w < kCols * kWordsPerRow / kThreads; ++w) {
+      const int col = tid % kCols, wq = tid / kCols + w * (kThreads / kCols);
+      *reinterpret_cast<uint32_t*>(smem + kWeightOffset + col * kRowBytes + 4 * wq) = Word(g.weight[w]);
     }
-    *reinterpret_cast<uint32_t*>(&s.stage.a[r * kLd + 4 * q]) = word;
   }
-  for (int idx = tid; idx < kCols * (kKBytes / 4); idx += kThreads) {
-    const int col = idx % kCols, q = idx / kCols, n = col0 + col;  // consecutive threads: consecutive columns
+}
+
+// Every K step's weights of the column tile (B[step][col][kk] = kernel[32 step + kk][col0 + col], zero past K
+// and N), once per CTA.
+__device__ void LoadResidentWeights(const ImageConvProblem& p, const ImageLaunch& L, uint8_t* smem, int col0, int tid) {
+  for (int idx = tid; idx < L.steps * kCols * kWordsPerRow; idx += kThreads) {
+    const int col = idx % kCols, wq = idx / kCols;  // consecutive threads: consecutive columns
+    const int step = wq / kWordsPerRow, n = col0 + col;
     uint32_t word = 0;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int k = k0 + 4 * q + e;
-      if (k < k_total && n < p.n) word |= uint32_t{static_cast<uint8_t>(p.kernel[k * p.n + n])} << (8 * e);
+      const int k = 4 * wq + e;
+      if (k < L.k_total && n < p.n) {
+        word |= uint32_t{__ldg(reinterpret_cast<const uint8_t*>(p.kernel) + static_cast<int64_t>(k) * p.n + n)} << (8 * e);
+      }
     }
-    *reinterpret_cast<uint32_t*>(&s.stage.b[col * kLd + 4 * q]) = word;
+    *reinterpret_cast<uint32_t*>(smem + kWeightOffset + step * kWeightStepBytes + col * kRowBytes + 4 * (wq % kWordsPerRow)) = word;
+  }
+}
+
+// The threshold epilogue's form of each plane's columns, once per CTA: bit = (pre >= bound) XOR flip, with
+// bound = t + 1 where flipped (pre <= t is the negation of pre >= t + 1). t is first clamped to
+// [INT_MIN + 1, INT_MAX - 1], which changes no bit: |pre| < 2^31 - 2^14 by the handler's bound on K. Columns
+// past N get INT_MAX, above every pre-activation, and no flip: their bits stay 0.
+__device__ void LoadBounds(const ImageConvProblem& p, uint8_t* smem, int col0, int tid) {
+  int* bound = reinterpret_cast<int*>(smem + kBoundOffset);
+  uint32_t* flip_word = reinterpret_cast<uint32_t*>(smem + kFlipOffset);
+  for (int i = tid; i < p.planes * kCols; i += kThreads) {  // whole warps per plane: kCols is a multiple of 32
+    const int plane = i / kCols, n = col0 + i % kCols;
+    const bool real = n < p.n;
+    const int t = real ? min(max(p.threshold[plane * p.n + n], INT_MIN + 1), INT_MAX - 1) : 0;
+    const bool flip = real && p.flip[plane * p.n + n] != 0;
+    bound[i] = real ? t + (flip ? 1 : 0) : INT_MAX;
+    const uint32_t flips = __ballot_sync(0xffffffffu, flip);
+    if (i % 32 == 0) flip_word[i / 32] = flips;
   }
 }
 
@@ -136,143 +262,217 @@ struct Accumulators {
   int v[2][4][4];
 };
 
-// The K block's k32 steps. Fragments (PTX ISA, m16n8k32 .s8): lane (g, t) holds A rows g, g + 8 at bytes
-// 4t..4t+3 and 16 + 4t.., B column g at the same bytes, and D rows g, g + 8 at columns 2t, 2t + 1.
-template <int kKBytes>
-__device__ void Mainloop(const SharedStorage<kKBytes>& s, Accumulators& acc, int warp_row, int warp_col, int lane) {
+// One k32 step. Fragments (PTX ISA, m16n8k32 .s8): lane (g, t) holds A rows g, g + 8 at bytes 4t..4t+3 and
+// 16 + 4t.., B column g at the same bytes, and D rows g, g + 8 at columns 2t, 2t + 1.
+__device__ __forceinline__ void Mma(const uint8_t* a_stage, const uint8_t* b_step, Accumulators& acc, int warp_row,
+                                    int warp_col, int lane) {
 #if __CUDA_ARCH__ >= 800
-  constexpr int kLd = RowBytes<kKBytes>();
   const int g = lane / 4, t = lane % 4;
+  uint32_t a[2][4], b[4][2];
 #pragma unroll
-  for (int ks = 0; ks < kKBytes / 32; ++ks) {
-    uint32_t a[2][4], b[4][2];
+  for (int mf = 0; mf < 2; ++mf) {
+    const uint8_t* row = a_stage + (warp_row + 16 * mf + g) * kRowBytes + 4 * t;
+    a[mf][0] = *reinterpret_cast<const uint32_t*>(row);
+    a[mf][1] = *reinterpret_cast<const uint32_t*>(row + 8 * kRowBytes);
+    a[mf][2] = *reinterpret_cast<const uint32_t*>(row + 16);
+    a[mf][3] = *reinterpret_cast<const uint32_t*>(row + 8 * kRowBytes + 16);
+  }
 #pragma unroll
-    for (int mf = 0; mf < 2; ++mf) {
-      const uint8_t* row = &s.stage.a[(warp_row + 16 * mf + g) * kLd + 32 * ks + 4 * t];
-      a[mf][0] = *reinterpret_cast<const uint32_t*>(row);
-      a[mf][1] = *reinterpret_cast<const uint32_t*>(row + 8 * kLd);
-      a[mf][2] = *reinterpret_cast<const uint32_t*>(row + 16);
-      a[mf][3] = *reinterpret_cast<const uint32_t*>(row + 8 * kLd + 16);
-    }
+  for (int nf = 0; nf < 4; ++nf) {
+    const uint8_t* col = b_step + (warp_col + 8 * nf + g) * kRowBytes + 4 * t;
+    b[nf][0] = *reinterpret_cast<const uint32_t*>(col);
+    b[nf][1] = *reinterpret_cast<const uint32_t*>(col + 16);
+  }
+#pragma unroll
+  for (int mf = 0; mf < 2; ++mf) {
 #pragma unroll
     for (int nf = 0; nf < 4; ++nf) {
-      const uint8_t* col = &s.stage.b[(warp_col + 8 * nf + g) * kLd + 32 * ks + 4 * t];
-      b[nf][0] = *reinterpret_cast<const uint32_t*>(col);
-      b[nf][1] = *reinterpret_cast<const uint32_t*>(col + 16);
-    }
-#pragma unroll
-    for (int mf = 0; mf < 2; ++mf) {
-#pragma unroll
-      for (int nf = 0; nf < 4; ++nf) {
-        int* d = acc.v[mf][nf];
-        asm volatile(
-            "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-            : "r"(a[mf][0]), "r"(a[mf][1]), "r"(a[mf][2]), "r"(a[mf][3]), "r"(b[nf][0]), "r"(b[nf][1]));
-      }
+      int* d = acc.v[mf][nf];
+      asm volatile(
+          "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+          "{%0,%1,%2,%3};\n"
+          : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+          : "r"(a[mf][0]), "r"(a[mf][1]), "r"(a[mf][2]), "r"(a[mf][3]), "r"(b[nf][0]), "r"(b[nf][1]));
     }
   }
 #endif
 }
 
-template <int kKBytes>
-__device__ void StoreAccumulators(SharedStorage<kKBytes>& s, const Accumulators& acc, int warp_row, int warp_col, int lane) {
+__device__ __forceinline__ void StoreAccumulators(int* tile, Accumulators& acc, int warp_row, int warp_col, int lane) {
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int mf = 0; mf < 2; ++mf) {
 #pragma unroll
     for (int nf = 0; nf < 4; ++nf) {
       const int row = warp_row + 16 * mf + g, col = warp_col + 8 * nf + 2 * t;
-      s.tile[row * kTileLd + col] = acc.v[mf][nf][0];
-      s.tile[row * kTileLd + col + 1] = acc.v[mf][nf][1];
-      s.tile[(row + 8) * kTileLd + col] = acc.v[mf][nf][2];
-      s.tile[(row + 8) * kTileLd + col + 1] = acc.v[mf][nf][3];
+      *reinterpret_cast<int2*>(&tile[row * kTileLd + col]) = make_int2(acc.v[mf][nf][0], acc.v[mf][nf][1]);
+      *reinterpret_cast<int2*>(&tile[(row + 8) * kTileLd + col]) = make_int2(acc.v[mf][nf][2], acc.v[mf][nf][3]);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc.v[mf][nf][r] = 0;  // the next tile starts from zero
     }
   }
 }
 
 // Each window's max into its first row (the window's cells are read and written by one thread only).
-template <int kKBytes>
-__device__ void PoolInPlace(SharedStorage<kKBytes>& s, int window, int tid) {
+__device__ void PoolInPlace(int* tile, int window, int tid) {
   const int per_tile = kRows / window;
   for (int idx = tid; idx < per_tile * kCols; idx += kThreads) {
     const int first = (idx / kCols) * window, col = idx % kCols;
-    int best = s.tile[first * kTileLd + col];
-    for (int j = 1; j < window; ++j) best = max(best, s.tile[(first + j) * kTileLd + col]);
-    s.tile[first * kTileLd + col] = best;
+    int best = tile[first * kTileLd + col];
+    for (int j = 1; j < window; ++j) best = max(best, tile[(first + j) * kTileLd + col]);
+    tile[first * kTileLd + col] = best;
   }
 }
 
-template <int kKBytes>
-__device__ void StoreStream(const ImageConvProblem& p, const SharedStorage<kKBytes>& s, int tile_m, int col0, int tid) {
-  const int window = p.pool_h * p.pool_w, per_tile = kRows / window;
-  const int pooled = p.batch * p.out_h * p.out_w;
+__device__ void StoreStream(const ImageConvProblem& p, const ImageLaunch& L, const int* tile, int tile_m, int col0,
+                            int tid) {
+  const int window = L.window.divisor;
   int32_t* out = static_cast<int32_t*>(p.out);
-  for (int idx = tid; idx < per_tile * kCols; idx += kThreads) {
-    const int pr = idx / kCols, col = idx % kCols, q = tile_m * per_tile + pr;
-    if (q < pooled && col0 + col < p.n) {
-      out[static_cast<int64_t>(q) * p.n + col0 + col] = s.tile[pr * window * kTileLd + col] >> p.shift;
+  for (int idx = tid; idx < L.per_tile * kCols; idx += kThreads) {
+    const int pr = idx / kCols, col = idx % kCols, q = tile_m * L.per_tile + pr;
+    if (q < L.pooled && col0 + col < p.n) {
+      out[static_cast<int64_t>(q) * p.n + col0 + col] = tile[pr * window * kTileLd + col] >> p.shift;
     }
   }
 }
 
-template <int kKBytes>
-__device__ void StoreBits(const ImageConvProblem& p, const SharedStorage<kKBytes>& s, int tile_m, int col0, int tid) {
-  constexpr int kTileWords = kCols / 32;
-  const int window = p.pool_h * p.pool_w, per_tile = kRows / window;
-  const int pooled = p.batch * p.out_h * p.out_w, out_words = (p.n + 31) / 32;
+// A thread per (pooled row, 32-column word): each plane's word from the row's 32 pre-activations, read four
+// at a time, against the plane's bounds (LoadBounds).
+__device__ void StoreBits(const ImageConvProblem& p, const ImageLaunch& L, const uint8_t* smem, const int* tile,
+                          int tile_m, int col0, int tid) {
+  const int window = L.window.divisor, out_words = (p.n + 31) / 32;
+  const int* bound = reinterpret_cast<const int*>(smem + kBoundOffset);
+  const uint32_t* flip_word = reinterpret_cast<const uint32_t*>(smem + kFlipOffset);
   uint32_t* out = static_cast<uint32_t*>(p.out);
-  for (int idx = tid; idx < per_tile * p.planes * kTileWords; idx += kThreads) {
-    const int word = idx % kTileWords, plane = (idx / kTileWords) % p.planes, pr = idx / (kTileWords * p.planes);
-    const int q = tile_m * per_tile + pr, first_col = col0 + 32 * word;
-    if (q >= pooled || first_col >= p.n) continue;
-    const int* pre = &s.tile[pr * window * kTileLd + 32 * word];
-    const int* threshold = &s.threshold[plane * kCols + 32 * word];
-    const uint8_t* flip = &s.flip[plane * kCols + 32 * word];
-    const int valid = min(32, p.n - first_col);
-    uint32_t bits = 0;
-    for (int i = 0; i < valid; ++i) {
-      const bool bit = flip[i] ? pre[i] <= threshold[i] : pre[i] >= threshold[i];
-      bits |= uint32_t{bit} << i;
+  for (int idx = tid; idx < L.per_tile * kTileWords; idx += kThreads) {
+    const int word = idx % kTileWords, pr = idx / kTileWords;
+    const int q = tile_m * L.per_tile + pr, first_col = col0 + 32 * word;
+    if (q >= L.pooled || first_col >= p.n) continue;
+    const int4* pre = reinterpret_cast<const int4*>(&tile[pr * window * kTileLd + 32 * word]);
+    for (int plane = 0; plane < p.planes; ++plane) {
+      const int4* plane_bound = reinterpret_cast<const int4*>(&bound[plane * kCols + 32 * word]);
+      uint32_t bits = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int4 v = pre[i], b = plane_bound[i];
+        bits |= uint32_t{v.x >= b.x} << (4 * i) | uint32_t{v.y >= b.y} << (4 * i + 1) |
+                uint32_t{v.z >= b.z} << (4 * i + 2) | uint32_t{v.w >= b.w} << (4 * i + 3);
+      }
+      out[(static_cast<int64_t>(q) * p.planes + plane) * out_words + first_col / 32] =
+          bits ^ flip_word[plane * kTileWords + word];
     }
-    out[(static_cast<int64_t>(q) * p.planes + plane) * out_words + first_col / 32] = bits;
   }
 }
 
-template <int kKBytes>
-__global__ void __launch_bounds__(kThreads, 4) ImageConvKernel(const ImageConvProblem p, const ImageDivisors div) {
-  __shared__ SharedStorage<kKBytes> s;
+template <bool kResidentWeights>
+__global__ void __launch_bounds__(kThreads, kResidentWeights ? 3 : 2) ImageConvKernel(const ImageConvProblem p, const ImageLaunch L) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  int* tile = reinterpret_cast<int*>(smem);
+  const int weight_steps = kResidentWeights ? L.steps : 1;
+  int4* origins = reinterpret_cast<int4*>(smem + OriginOffset(weight_steps));  // [kRows]
+  int2* taps = reinterpret_cast<int2*>(smem + TapOffset(weight_steps));         // [steps or 1][kStepBytes]
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int tile_m = blockIdx.x, col0 = blockIdx.y * kCols;
+  const int col0 = blockIdx.y * kCols;
   const int warp_row = (warp % (kRows / kWarpRows)) * kWarpRows, warp_col = (warp / (kRows / kWarpRows)) * kWarpCols;
-  RowOrigins(p, div, s, tile_m, tid);
-  for (int i = tid; i < p.planes * kCols; i += kThreads) {
-    const int plane = i / kCols, n = col0 + i % kCols;
-    s.threshold[i] = n < p.n ? p.threshold[plane * p.n + n] : 0;
-    s.flip[i] = n < p.n ? p.flip[plane * p.n + n] : 0;
+  int tile_m = blockIdx.x;
+  if (tile_m >= L.row_tiles) return;  // the whole CTA
+  if (p.planes > 0) LoadBounds(p, smem, col0, tid);
+  if constexpr (kResidentWeights) {
+    LoadResidentWeights(p, L, smem, col0, tid);
+    for (int k = tid; k < L.steps * kStepBytes; k += kThreads) taps[k] = TapOf(p, L, k);
+  } else if (tid < kStepBytes) {
+    taps[tid] = TapOf(p, L, tid);
   }
-  Accumulators acc = {};
-  const int k_total = p.kh * p.kw * p.c;
-  for (int k0 = 0; k0 < k_total; k0 += kKBytes) {
-    __syncthreads();  // the origins are written; the last block's fragments are read
-    GatherStage(p, div, s, k0, col0, tid);
-    __syncthreads();
-    Mainloop(s, acc, warp_row, warp_col, lane);
-  }
-  __syncthreads();  // the stage becomes the epilogue tile
-  StoreAccumulators(s, acc, warp_row, warp_col, lane);
+  if (tid < kRows) origins[tid] = RowOrigin(p, L, tile_m, tid);
   __syncthreads();
-  const int window = div.window.divisor;
-  if (window > 1) {
-    PoolInPlace(s, window, tid);
+  Gathered gathered;
+  GatherStep<kResidentWeights>(p, L, origins, taps, 0, col0, tid, gathered);
+  Accumulators acc = {};
+  for (int step = 0;;) {
+    int next_tile = tile_m, next_step = step + 1;
+    if (next_step == L.steps) {
+      next_step = 0;
+      next_tile += gridDim.x;
+    }
+    const bool more = next_tile < L.row_tiles;
+    __syncthreads();  // the previous step's MMAs and the epilogue are done with the stage, its gather with the tables
+    StoreStep<kResidentWeights>(smem, gathered, tid);
+    if (more && next_step == 0 && tid < kRows) origins[tid] = RowOrigin(p, L, next_tile, tid);
+    if (!kResidentWeights && more && tid >= kThreads - kStepBytes) {  // warps the origins leave idle
+      const int e = tid - (kThreads - kStepBytes);
+      taps[e] = TapOf(p, L, next_step * kStepBytes + e);
+    }
     __syncthreads();
+    // the next step's loads go out before this step's MMAs and epilogue
+    if (more) {
+      GatherStep<kResidentWeights>(p, L, origins, taps + (kResidentWeights ? next_step * kStepBytes : 0), next_step,
+                                   col0, tid, gathered);
+    }
+    Mma(smem, smem + kWeightOffset + (kResidentWeights ? step * kWeightStepBytes : 0), acc, warp_row, warp_col, lane);
+    if (step == L.steps - 1) {
+      __syncthreads();  // every warp's MMAs are done: the stage becomes the epilogue tile
+      StoreAccumulators(tile, acc, warp_row, warp_col, lane);
+      __syncthreads();
+      if (L.window.divisor > 1) {
+        PoolInPlace(tile, L.window.divisor, tid);
+        __syncthreads();
+      }
+      if (p.planes == 0) {
+        StoreStream(p, L, tile, tile_m, col0, tid);
+      } else {
+        StoreBits(p, L, smem, tile, tile_m, col0, tid);
+      }
+    }
+    if (!more) break;
+    tile_m = next_tile;
+    step = next_step;
   }
-  if (p.planes == 0) {
-    StoreStream(p, s, tile_m, col0, tid);
-  } else {
-    StoreBits(p, s, tile_m, col0, tid);
+}
+
+// CTAs an SM holds of an instance with `smem` bytes, per device (the occupancy query once per instance, device
+// and size: it was measurable in the launcher's host time at batch 1).
+int CtasPerSm(const void* kernel, int smem, int device) {
+  struct Known {
+    const void* kernel;
+    int smem, device, ctas;
+  };
+  static std::mutex mutex;
+  static std::vector<Known> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const Known& k : known) {
+    if (k.kernel == kernel && k.smem == smem && k.device == device) return k.ctas;
   }
+  int ctas = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads, smem) != cudaSuccess) ctas = 0;
+  known.push_back({kernel, smem, device, ctas});
+  return ctas;
+}
+
+template <bool kResidentWeights>
+cudaError_t LaunchInstance(const ImageConvProblem& p, const ImageLaunch& L, int col_tiles, cudaStream_t stream) {
+  const void* kernel = reinterpret_cast<const void*>(&ImageConvKernel<kResidentWeights>);
+  const int smem = SmemBytes(kResidentWeights, L.steps);
+  int device = 0, sms = 0;
+  cudaError_t err;
+  if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;
+  if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
+  static std::once_flag raised[64];
+  static cudaError_t raise_errors[64];
+  if (device < 0 || device >= 64) return cudaErrorInvalidDevice;
+  std::call_once(raised[device], [&] {  // the largest size an instance takes
+    raise_errors[device] = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                SmemBytes(kResidentWeights, kMaxResidentSteps));
+  });
+  if ((err = raise_errors[device]) != cudaSuccess) return err;
+  const int per_sm = CtasPerSm(kernel, smem, device);
+  if (per_sm < 1) return cudaErrorInvalidConfiguration;
+  // every SM slot busy, each CTA on one column tile, the row tiles shared out
+  const long long slots = static_cast<long long>(per_sm) * sms;
+  const long long per_column = (slots + col_tiles - 1) / col_tiles;
+  const dim3 grid(static_cast<unsigned>(per_column < L.row_tiles ? per_column : L.row_tiles),
+                  static_cast<unsigned>(col_tiles));
+  ImageConvKernel<kResidentWeights><<<grid, kThreads, smem, stream>>>(p, L);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -284,23 +484,23 @@ cudaError_t LaunchImageConv(const ImageConvProblem& p, cudaStream_t stream) {
   if (window < 1 || window > kMaxImagePoolWindow || p.planes < 0 || p.planes > kMaxImagePlanes) {
     return cudaErrorInvalidValue;
   }
-  const int per_tile = kRows / window;
-  const dim3 grid(static_cast<unsigned>((pooled + per_tile - 1) / per_tile),
-                  static_cast<unsigned>((p.n + kCols - 1) / kCols));
-  if (grid.y > kMaxImageColumnTiles) return cudaErrorInvalidValue;
-  ImageDivisors div;
-  div.window = FastDivisor(window);
-  div.pool_w = FastDivisor(p.pool_w);
-  div.out_w = FastDivisor(p.out_w);
-  div.out_hw = FastDivisor(p.out_h * p.out_w);
-  div.c = FastDivisor(p.c);
-  div.kw = FastDivisor(p.kw);
-  if (p.kh * p.kw * p.c <= 32) {
-    ImageConvKernel<32><<<grid, kThreads, 0, stream>>>(p, div);
-  } else {
-    ImageConvKernel<64><<<grid, kThreads, 0, stream>>>(p, div);
-  }
-  return cudaGetLastError();
+  const int col_tiles = (p.n + kCols - 1) / kCols;
+  if (col_tiles > kMaxImageColumnTiles) return cudaErrorInvalidValue;
+  ImageLaunch L;
+  L.window = FastDivisor(window);
+  L.pool_w = FastDivisor(p.pool_w);
+  L.out_w = FastDivisor(p.out_w);
+  L.out_hw = FastDivisor(p.out_h * p.out_w);
+  L.c = FastDivisor(p.c);
+  L.kw = FastDivisor(p.kw);
+  L.k_total = p.kh * p.kw * p.c;
+  L.steps = (L.k_total + kStepBytes - 1) / kStepBytes;
+  L.per_tile = kRows / window;
+  L.pooled = static_cast<int>(pooled);  // int32 by the handler's checks
+  L.row_tiles = static_cast<int>((pooled + L.per_tile - 1) / L.per_tile);
+  L.word_loads = p.c % 4 == 0 && reinterpret_cast<uintptr_t>(p.levels) % 4 == 0;
+  return L.steps <= kMaxResidentSteps ? LaunchInstance<true>(p, L, col_tiles, stream)
+                                      : LaunchInstance<false>(p, L, col_tiles, stream);
 }
 
 }  // namespace jaxbnn::cuda

@@ -775,6 +775,9 @@ std::vector<ImageCase> ImageCases() {
       {3, 21, 21, 3, 64, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 0, 0, true},       // extremes, int32
       {2, 3, 4, 2, 8, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 1, 0, false},         // a kernel larger than the image
       {2, 30, 30, 3, 64, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0, false},      // VALID: every row interior
+      {3, 5, 6, 4, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, false},        // C = 4: aligned words, borders
+      {1, 12, 13, 7, 70, 13, 13, 1, 1, 6, 6, 6, 6, 2, 1, 2, 0, false},    // K = 1183: weights step by step
+      {3, 1, 1, 1100, 40, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 3, false},     // the same, in aligned words
   };
 }
 
