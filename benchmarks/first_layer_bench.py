@@ -8,8 +8,8 @@ int8 levels, the model's kernel, stride, SAME padding and pool, and its epilogue
 bits (one threshold plane; `--planes 2` for a ternary output's two), or the residual stem's int32 stream.
 Batches: 8 (latency) and the TCBNN paper's (1024 for MNIST / CIFAR, 512 for ImageNet), unless --batches.
 Contenders on the same levels and weights, convolution only (no pool, threshold or packing, which favours
-them): XLA int8 (int32 accumulation; on an H200 it returned wrong products for the one-channel MNIST layer,
-docs/design/decisions.md, so it is a speed reference only) and XLA bf16 (float32 accumulation, bf16 out).
+them): XLA int8 (int32 accumulation; where XLA refuses it, as on an H200 with jax 0.11, the row says so) and
+XLA bf16 (float32 accumulation, bf16 out).
 Timing as gpu_bench.py (`timed`, `copies_for` distinct inputs per program). The table replaces this
 script's section of the machine's results file (benchmarks/results/<gpu>.md).
 """
@@ -97,7 +97,7 @@ def bench(name, batch, planes, xla=True):
             row[f"xla {label} ms"] = 1e3 * timed(program(fn, copies), ([s[:2] for s in sets],), copies)
             row[f"vs {label}"] = row[f"xla {label} ms"] / row["ours ms"]
         except jax.errors.JaxRuntimeError as err:  # e.g. no cuDNN algorithm for the integer convolution
-            row[f"xla {label} ms"] = "failed: " + " ".join(str(err).split())[:80]
+            row[f"xla {label} ms"] = "refused: " + str(err).strip().split(":")[0]
     return row
 
 
