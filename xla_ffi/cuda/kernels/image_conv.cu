@@ -1,19 +1,23 @@
 // The first-layer kernel: an implicit GEMM of int8 image levels and int8 weights on IMMA m16n8k32 (mma.sync,
-// sm_80+), 128-row x 64-column tiles. Rows are conv output pixels ordered window by window, so a tile holds
-// whole pool windows; the epilogue pools in shared memory and writes the int32 stream or each threshold
+// sm_80+), 128-row tiles of 64 or 128 columns. Rows are conv output pixels ordered window by window, so a tile
+// holds whole pool windows; the epilogue pools in shared memory and writes the int32 stream or each threshold
 // plane's packed bits, never the int32 pre-activations of a thresholded layer.
 //
 // A first layer reduces over few products (27 for a 3x3 RGB conv, 363 for AlexNet's 11x11) and writes many
-// outputs, so its time is the gathers' latency and the epilogue's instructions, not the tensor cores'. Hence
-// a persistent CTA per SM slot that keeps one column tile: its weights (every K step, where they fit), bounds
-// and flip words are loaded once; each thread gathers its part of the next K step (the next tile's first, at
-// a tile's last) into registers before the current step's MMAs and epilogue run, so the loads are in flight
-// while the tensor cores and the stores work.
+// outputs, so its time is the gathers' latency and instructions and the epilogue's instructions, not the tensor
+// cores'. Hence a persistent CTA per SM slot that keeps one column tile: its weights (every K step, where they
+// fit), bounds and flip words are loaded once; each thread gathers its part of the next K step (the next tile's
+// first, at a tile's last) into registers before the current step's MMAs and epilogue run, so the loads are in
+// flight while the tensor cores and the stores work. Where N > 64 a tile is 128 columns wide (twice the
+// threads), so each row's levels are gathered once for all of them, not once per 64-column tile. A word of
+// four K bytes that lie next to each other in the image (the same kernel row: a run of KW x C levels) is two
+// aligned 32-bit loads and a byte permute, not four byte loads.
 //
-// The pieces: RowOrigin and TapOf (a tile row's receptive field and a K byte's tap, tabled in shared memory:
-// the origins once per tile, the taps once per CTA), GatherStep (a K step's levels, and the weights where they
-// are not resident, into registers), StoreStep (registers to the stage), Mma (the step's IMMAs), the epilogue
-// (StoreAccumulators, PoolInPlace, StoreStream / StoreBits).
+// The pieces: Shape (a tile width's threads and shared memory), RowOrigin and TapOf (a tile row's receptive
+// field and a K byte's tap, tabled in shared memory: the origins once per tile, the taps once per CTA),
+// GatherStep (a K step's levels, and the weights where they are not resident, into registers), StoreStep
+// (registers to the stage), Mma (the step's IMMAs), the epilogue (StoreAccumulators, PoolInPlace, StoreStream /
+// StoreBits).
 #include "cuda/image_conv.h"
 
 #include <climits>
@@ -26,54 +30,69 @@
 namespace jaxbnn::cuda {
 namespace {
 
-constexpr int kRows = 128, kCols = kImageTileColumns, kThreads = 256;
+constexpr int kRows = 128;
 constexpr int kStepBytes = 32;                 // one k32 IMMA step per stage
 constexpr int kRowBytes = kStepBytes + 16;     // fragment loads of 8 rows hit 32 distinct banks (12 words apart)
-constexpr int kWordsPerRow = kStepBytes / 4;   // 8: thread tid gathers word tid % 8 ...
-constexpr int kRowsPerThread = kRows * kWordsPerRow / kThreads;  // ... of rows tid / 8 + 32 i, i < 4
-constexpr int kRowStride = kThreads / kWordsPerRow;
-constexpr int kTileLd = kCols + 4;             // int32 words per row of the epilogue tile (16-byte rows)
-constexpr int kTileWords = kCols / 32;
-constexpr int kWarpRows = 32, kWarpCols = 32;  // 4 x 2 warps
-static_assert(kRows / kWarpRows * (kCols / kWarpCols) * 32 == kThreads, "the warps cover the tile");
-static_assert(kCols * kWordsPerRow % kThreads == 0, "whole weight words a thread");
-// K steps whose weights stay in shared memory for the CTA's life (K <= 1024 bytes: every zoo first layer,
-// the MNIST MLP's 784 included); longer reductions gather each step's weights with its levels.
-constexpr int kMaxResidentSteps = 32;
+constexpr int kWordsPerRow = kStepBytes / 4;   // 8: thread tid gathers word tid % 8 of rows tid / 8 + stride i
+constexpr int kWarpRows = 32, kWarpCols = 32;  // each warp's part of the tile
+constexpr int kOriginBytes = kRows * 16;
+constexpr int kTapBytes = 8;
 
-// Shared memory, carved from the dynamic allocation: the A stage and the epilogue tile share the first
-// region (the tile is written once the last step's MMAs are done); then the bounds, the flip words and the
-// weights (every step's where resident, else one step's).
-constexpr int kTileBytes = kRows * kTileLd * 4;
-static_assert(kRows * kRowBytes <= kTileBytes, "the stage fits the tile's region");
-constexpr int kBoundOffset = kTileBytes;
-constexpr int kFlipOffset = kBoundOffset + kMaxImagePlanes * kCols * 4;
-constexpr int kWeightOffset = kFlipOffset + kMaxImagePlanes * kTileWords * 4;
-constexpr int kWeightStepBytes = kCols * kRowBytes;
-static_assert(kWeightOffset % 16 == 0, "16-byte aligned weights");
+// A tile width's threads and shared memory. Shared memory, carved from the dynamic allocation: the A stage
+// and the epilogue tile share the first region (the tile is written once the last step's MMAs are done); then
+// the bounds, the flip words and the weights (every step's where resident, else one step's); then each tile
+// row's receptive field (RowOrigin) and each K byte's tap (TapOf: every step's where the weights are
+// resident, else the next step's). The kernel writes the next step's origins and taps between the barrier
+// that ends the current step's gather (its loads issued, its origins and taps read) and the one before the
+// next gather, so one buffer of each serves.
+template <int kTileCols>
+struct Shape {
+  static constexpr int kCols = kTileCols;
+  static constexpr int kThreads = kRows / kWarpRows * (kCols / kWarpCols) * 32;  // 4 x (2 or 4) warps
+  static constexpr int kRowStride = kThreads / kWordsPerRow;
+  static constexpr int kRowsPerThread = kRows / kRowStride;
+  static constexpr int kWeightWordsPerThread = kCols * kWordsPerRow / kThreads;
+  static constexpr int kTileLd = kCols + 4;  // int32 words per row of the epilogue tile (16-byte rows)
+  static constexpr int kTileWords = kCols / 32;
+  // K steps whose weights stay in shared memory for the CTA's life (64 columns: K <= 1024 bytes, every zoo
+  // first layer and the MNIST MLP's 784; 128 columns: K <= 512, every zoo conv); longer reductions gather
+  // each step's weights with its levels.
+  static constexpr int kMaxResidentSteps = kCols == 64 ? 32 : 16;
+  static constexpr int kTileBytes = kRows * kTileLd * 4;
+  static constexpr int kBoundOffset = kTileBytes;
+  static constexpr int kFlipOffset = kBoundOffset + kMaxImagePlanes * kCols * 4;
+  static constexpr int kWeightOffset = kFlipOffset + kMaxImagePlanes * kTileWords * 4;
+  static constexpr int kWeightStepBytes = kCols * kRowBytes;
+  static_assert(kRows * kRowBytes <= kTileBytes, "the stage fits the tile's region");
+  static_assert(kWeightOffset % 16 == 0, "16-byte aligned weights");
+  static_assert(kCols * kWordsPerRow % kThreads == 0, "whole weight words a thread");
+  static __host__ __device__ constexpr int TapEntries(bool resident, int steps) {
+    return (resident ? steps : 1) * kStepBytes;
+  }
+  static __host__ __device__ constexpr int OriginOffset(int weight_steps) {
+    return kWeightOffset + weight_steps * kWeightStepBytes;
+  }
+  static __host__ __device__ constexpr int TapOffset(int weight_steps) { return OriginOffset(weight_steps) + kOriginBytes; }
+  static __host__ __device__ constexpr int SmemBytes(bool resident, int steps) {
+    return TapOffset(resident ? steps : 1) + TapEntries(resident, steps) * kTapBytes;
+  }
+};
+using NarrowTile = Shape<kImageTileColumns>;
+using WideTile = Shape<2 * kImageTileColumns>;
+// the taps' kernel row, column and channel fit 10 bits each where the weights are resident (TapOf)
+static_assert(NarrowTile::kMaxResidentSteps * kStepBytes <= 1024 && WideTile::kMaxResidentSteps * kStepBytes <= 1024);
 
 // Launch-time constants: divisors of the index arithmetic (no integer division in the kernel), the number of
-// K steps and row tiles, and whether aligned rows are gathered as words.
+// K steps and row tiles, whether runs of levels are gathered as words and the weights kept resident.
 struct ImageLaunch {
   FastDivisor window, pool_w, out_w, out_hw, c, kw;
   int steps = 0, row_tiles = 0, per_tile = 0, pooled = 0, k_total = 0;
-  // c % 4 == 0 and 4-byte aligned levels: the 4 bytes of a word lie in one tap and channel group, contiguous
-  // and aligned, so an interior row's word is one 32-bit load
-  bool word_loads = false;
+  // 4-byte aligned levels of a whole number of words: the aligned words around a run of levels lie inside the
+  // buffer, so an interior row's word of four adjacent levels is two aligned 32-bit loads (one where aligned)
+  bool run_words = false;
+  // the steps whose weights stay in shared memory: all of them, or none
+  bool resident = false;
 };
-
-// Shared memory past the weights: each tile row's receptive field (RowOrigin) and each K byte's tap (TapOf:
-// every step's where the weights are resident, else the next step's). The kernel writes the next step's
-// between the barrier that ends the current step's gather (its loads issued, its origins and taps read) and
-// the one before the next gather, so one buffer of each serves.
-constexpr int kOriginBytes = kRows * 16;
-constexpr int kTapBytes = 8;
-__host__ __device__ constexpr int TapEntries(bool resident, int steps) { return (resident ? steps : 1) * kStepBytes; }
-__host__ __device__ constexpr int OriginOffset(int weight_steps) { return kWeightOffset + weight_steps * kWeightStepBytes; }
-__host__ __device__ constexpr int TapOffset(int weight_steps) { return OriginOffset(weight_steps) + kOriginBytes; }
-__host__ __device__ constexpr int SmemBytes(bool resident, int steps) {
-  return TapOffset(resident ? steps : 1) + TapEntries(resident, steps) * kTapBytes;
-}
 
 // A tile row's receptive field: x = the level index of its first tap (interior rows) or its image's first
 // pixel index (border rows), y / z = its top row and left column in the frame, w = its kind.
@@ -102,7 +121,7 @@ __device__ __forceinline__ int2 TapOf(const ImageConvProblem& p, const ImageLaun
   // interior rows exist only where the kernel fits the frame: then the offset is an index difference inside the
   // levels
   const int offset = p.kh <= p.in_h && p.kw <= p.in_w ? (ky * p.in_w + kx) * p.c + ch : 0;
-  return make_int2(offset, L.steps <= kMaxResidentSteps ? ky | kx << 10 | ch << 20 : 0);
+  return make_int2(offset, L.resident ? ky | kx << 10 | ch << 20 : 0);
 }
 
 // A predicated byte load into a register that holds 0 where `take` is false: issued here, waited for where the
@@ -120,19 +139,28 @@ __device__ __forceinline__ void LoadWord(uint32_t& reg, const int8_t* address, i
       : "l"(address), "r"(take));
 }
 
-// What a thread gathered of one K step, still as loaded: byte e of word tid % 8 of row i in bytes[i][e]
-// (zero-extended; with word loads the whole word in bytes[i][0]), and, where the weights are not resident,
-// weight words as bytes too.
+// The byte permutes that form a gathered word (Word): kBytesLow places bytes[0] and bytes[1] (zero-extended
+// byte loads) at bytes 0 and 1 and zeros above (byte 1 of bytes[0]); kBytesHigh bytes[2] and bytes[3] at bytes
+// 2 and 3. A run word's first permute takes bytes s .. s + 3 of the aligned pair (bytes[0], bytes[1]), and its
+// bytes[2], bytes[3] are zero.
+constexpr uint32_t kBytesLow = 0x1140, kBytesHigh = 0x4011;
+__device__ __forceinline__ uint32_t RunSelector(uint32_t shift) { return 0x3210u + 0x1111u * shift; }
+
+// What a thread gathered of one K step, still as loaded: for row i, word tid % 8 as bytes[i][e] (byte e,
+// zero-extended) or, for a run of adjacent levels, the aligned words around it in bytes[i][0..1], and the
+// permute that forms it (select[i]); and, where the weights are not resident, weight words as bytes too.
+template <class S>
 struct Gathered {
-  uint32_t bytes[kRowsPerThread][4];
-  uint32_t weight[kCols * kWordsPerRow / kThreads][4];
+  uint32_t bytes[S::kRowsPerThread][4];
+  uint32_t select[S::kRowsPerThread];
+  uint32_t weight[S::kWeightWordsPerThread][4];
 };
 
 // The levels of word tid % 8 of K step `step` for the thread's rows (origins: the tile's RowOrigin buffer;
 // taps: the step's 32 Tap entries), zero outside the frame and past K.
-template <bool kResidentWeights>
+template <class S, bool kResidentWeights>
 __device__ __forceinline__ void GatherStep(const ImageConvProblem& p, const ImageLaunch& L, const int4* origins,
-                                           const int2* taps, int step, int col0, int tid, Gathered& g) {
+                                           const int2* taps, int step, int col0, int tid, Gathered<S>& g) {
   const int q = tid % kWordsPerRow;
   int2 tap[4];
   int real[4];  // the byte lies below K (its tap's offset is not -1)
@@ -141,20 +169,25 @@ __device__ __forceinline__ void GatherStep(const ImageConvProblem& p, const Imag
     tap[e] = taps[4 * q + e];
     real[e] = tap[e].x >= 0;
   }
+  // the word's four levels lie next to each other in an interior row: offsets rise with k, by 1 within a run
+  const bool run = L.run_words && real[3] && tap[3].x - tap[0].x == 3;
 #pragma unroll
-  for (int i = 0; i < kRowsPerThread; ++i) {
-    const int4 o = origins[tid / kWordsPerRow + kRowStride * i];
+  for (int i = 0; i < S::kRowsPerThread; ++i) {
+    const int4 o = origins[tid / kWordsPerRow + S::kRowStride * i];
 #pragma unroll
     for (int e = 0; e < 4; ++e) g.bytes[i][e] = 0;
+    g.select[i] = kBytesLow;
     // level indices as unsigned 32-bit sums: one wide add forms each address (a byte past K, whose offset is
     // -1, wraps, but is not loaded)
-    if (o.w == kInteriorRow) {
-      if (L.word_loads) {
-        LoadWord(g.bytes[i][0], p.levels + static_cast<uint32_t>(o.x + tap[0].x), real[0]);
-      } else {
+    if (o.w == kInteriorRow && run) {
+      const uint32_t first = static_cast<uint32_t>(o.x + tap[0].x), shift = first & 3;
+      const int8_t* aligned = p.levels + (first & ~3u);
+      LoadWord(g.bytes[i][0], aligned, 1);
+      LoadWord(g.bytes[i][1], aligned + 4, shift != 0);  // holds the run's last level where shift > 0
+      g.select[i] = RunSelector(shift);
+    } else if (o.w == kInteriorRow) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) LoadByte(g.bytes[i][e], p.levels + static_cast<uint32_t>(o.x + tap[e].x), real[e]);
-      }
+      for (int e = 0; e < 4; ++e) LoadByte(g.bytes[i][e], p.levels + static_cast<uint32_t>(o.x + tap[e].x), real[e]);
     } else if (o.w == kBorderRow) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -177,8 +210,8 @@ __device__ __forceinline__ void GatherStep(const ImageConvProblem& p, const Imag
   }
   if constexpr (!kResidentWeights) {
 #pragma unroll
-    for (int w = 0; w < kCols * kWordsPerRow / kThreads; ++w) {
-      const int col = tid % kCols, wq = tid / kCols + w * (kThreads / kCols), n = col0 + col;
+    for (int w = 0; w < S::kWeightWordsPerThread; ++w) {
+      const int col = tid % S::kCols, wq = tid / S::kCols + w * (S::kThreads / S::kCols), n = col0 + col;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int k = step * kStepBytes + 4 * wq + e;
@@ -190,42 +223,42 @@ __device__ __forceinline__ void GatherStep(const ImageConvProblem& p, const Imag
   }
 }
 
-// Four loaded bytes as one word, b0 | b1 << 8 | b2 << 16 | b3 << 24 (a word load's whole word in b0, the others
-// 0). In asm volatile, so that it stays after the barrier that precedes it: the loads are then waited for there,
+// The loaded registers as one word: permute(b0, b1, select) | permute(b2, b3, kBytesHigh) (GatherStep's forms).
+// In asm volatile, so that it stays after the barrier that precedes it: the loads are then waited for there,
 // not before the MMAs (compiled plainly, each byte's zero-extension followed its load).
-__device__ __forceinline__ uint32_t Word(const uint32_t (&b)[4]) {
+__device__ __forceinline__ uint32_t Word(const uint32_t (&b)[4], uint32_t select) {
   uint32_t word;
   asm volatile(
-      "{\n .reg .b32 t1, t2, t3;\n shl.b32 t1, %2, 8;\n shl.b32 t2, %3, 16;\n shl.b32 t3, %4, 24;\n"
-      " or.b32 %0, %1, t1;\n or.b32 %0, %0, t2;\n or.b32 %0, %0, t3;\n}\n"
+      "{\n .reg .b32 t;\n prmt.b32 %0, %1, %2, %5;\n prmt.b32 t, %3, %4, %6;\n or.b32 %0, %0, t;\n}\n"
       : "=r"(word)
-      : "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]));
+      : "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(select), "n"(kBytesHigh));
   return word;
 }
 
 // The gathered step into the A stage (and the weights' single step slot where they are not resident).
-template <bool kResidentWeights>
-__device__ __forceinline__ void StoreStep(uint8_t* smem, const Gathered& g, int tid) {
+template <class S, bool kResidentWeights>
+__device__ __forceinline__ void StoreStep(uint8_t* smem, const Gathered<S>& g, int tid) {
   const int q = tid % kWordsPerRow;
 #pragma unroll
-  for (int i = 0; i < kRowsPerThread; ++i) {
-    const int r = tid / kWordsPerRow + kRowStride * i;
-    *reinterpret_cast<uint32_t*>(smem + r * kRowBytes + 4 * q) = Word(g.bytes[i]);
+  for (int i = 0; i < S::kRowsPerThread; ++i) {
+    const int r = tid / kWordsPerRow + S::kRowStride * i;
+    *reinterpret_cast<uint32_t*>(smem + r * kRowBytes + 4 * q) = Word(g.bytes[i], g.select[i]);
   }
   if constexpr (!kResidentWeights) {
 #pragma unroll
-    for (int w = 0; w < kCols * kWordsPerRow / kThreads; ++w) {
-      const int col = tid % kCols, wq = tid / kCols + w * (kThreads / kCols);
-      *reinterpret_cast<uint32_t*>(smem + kWeightOffset + col * kRowBytes + 4 * wq) = Word(g.weight[w]);
+    for (int w = 0; w < S::kWeightWordsPerThread; ++w) {
+      const int col = tid % S::kCols, wq = tid / S::kCols + w * (S::kThreads / S::kCols);
+      *reinterpret_cast<uint32_t*>(smem + S::kWeightOffset + col * kRowBytes + 4 * wq) = Word(g.weight[w], kBytesLow);
     }
   }
 }
 
 // Every K step's weights of the column tile (B[step][col][kk] = kernel[32 step + kk][col0 + col], zero past K
 // and N), once per CTA.
+template <class S>
 __device__ void LoadResidentWeights(const ImageConvProblem& p, const ImageLaunch& L, uint8_t* smem, int col0, int tid) {
-  for (int idx = tid; idx < L.steps * kCols * kWordsPerRow; idx += kThreads) {
-    const int col = idx % kCols, wq = idx / kCols;  // consecutive threads: consecutive columns
+  for (int idx = tid; idx < L.steps * S::kCols * kWordsPerRow; idx += S::kThreads) {
+    const int col = idx % S::kCols, wq = idx / S::kCols;  // consecutive threads: consecutive columns
     const int step = wq / kWordsPerRow, n = col0 + col;
     uint32_t word = 0;
 #pragma unroll
@@ -235,7 +268,8 @@ __device__ void LoadResidentWeights(const ImageConvProblem& p, const ImageLaunch
         word |= uint32_t{__ldg(reinterpret_cast<const uint8_t*>(p.kernel) + static_cast<int64_t>(k) * p.n + n)} << (8 * e);
       }
     }
-    *reinterpret_cast<uint32_t*>(smem + kWeightOffset + step * kWeightStepBytes + col * kRowBytes + 4 * (wq % kWordsPerRow)) = word;
+    *reinterpret_cast<uint32_t*>(smem + S::kWeightOffset + step * S::kWeightStepBytes + col * kRowBytes +
+                                 4 * (wq % kWordsPerRow)) = word;
   }
 }
 
@@ -243,11 +277,12 @@ __device__ void LoadResidentWeights(const ImageConvProblem& p, const ImageLaunch
 // bound = t + 1 where flipped (pre <= t is the negation of pre >= t + 1). t is first clamped to
 // [INT_MIN + 1, INT_MAX - 1], which changes no bit: |pre| < 2^31 - 2^14 by the handler's bound on K. Columns
 // past N get INT_MAX, above every pre-activation, and no flip: their bits stay 0.
+template <class S>
 __device__ void LoadBounds(const ImageConvProblem& p, uint8_t* smem, int col0, int tid) {
-  int* bound = reinterpret_cast<int*>(smem + kBoundOffset);
-  uint32_t* flip_word = reinterpret_cast<uint32_t*>(smem + kFlipOffset);
-  for (int i = tid; i < p.planes * kCols; i += kThreads) {  // whole warps per plane: kCols is a multiple of 32
-    const int plane = i / kCols, n = col0 + i % kCols;
+  int* bound = reinterpret_cast<int*>(smem + S::kBoundOffset);
+  uint32_t* flip_word = reinterpret_cast<uint32_t*>(smem + S::kFlipOffset);
+  for (int i = tid; i < p.planes * S::kCols; i += S::kThreads) {  // whole warps per plane: kCols is a multiple of 32
+    const int plane = i / S::kCols, n = col0 + i % S::kCols;
     const bool real = n < p.n;
     const int t = real ? min(max(p.threshold[plane * p.n + n], INT_MIN + 1), INT_MAX - 1) : 0;
     const bool flip = real && p.flip[plane * p.n + n] != 0;
@@ -298,6 +333,7 @@ __device__ __forceinline__ void Mma(const uint8_t* a_stage, const uint8_t* b_ste
 #endif
 }
 
+template <class S>
 __device__ __forceinline__ void StoreAccumulators(int* tile, Accumulators& acc, int warp_row, int warp_col, int lane) {
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -305,8 +341,8 @@ __device__ __forceinline__ void StoreAccumulators(int* tile, Accumulators& acc, 
 #pragma unroll
     for (int nf = 0; nf < 4; ++nf) {
       const int row = warp_row + 16 * mf + g, col = warp_col + 8 * nf + 2 * t;
-      *reinterpret_cast<int2*>(&tile[row * kTileLd + col]) = make_int2(acc.v[mf][nf][0], acc.v[mf][nf][1]);
-      *reinterpret_cast<int2*>(&tile[(row + 8) * kTileLd + col]) = make_int2(acc.v[mf][nf][2], acc.v[mf][nf][3]);
+      *reinterpret_cast<int2*>(&tile[row * S::kTileLd + col]) = make_int2(acc.v[mf][nf][0], acc.v[mf][nf][1]);
+      *reinterpret_cast<int2*>(&tile[(row + 8) * S::kTileLd + col]) = make_int2(acc.v[mf][nf][2], acc.v[mf][nf][3]);
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc.v[mf][nf][r] = 0;  // the next tile starts from zero
     }
@@ -314,43 +350,46 @@ __device__ __forceinline__ void StoreAccumulators(int* tile, Accumulators& acc, 
 }
 
 // Each window's max into its first row (the window's cells are read and written by one thread only).
+template <class S>
 __device__ void PoolInPlace(int* tile, int window, int tid) {
   const int per_tile = kRows / window;
-  for (int idx = tid; idx < per_tile * kCols; idx += kThreads) {
-    const int first = (idx / kCols) * window, col = idx % kCols;
-    int best = tile[first * kTileLd + col];
-    for (int j = 1; j < window; ++j) best = max(best, tile[(first + j) * kTileLd + col]);
-    tile[first * kTileLd + col] = best;
+  for (int idx = tid; idx < per_tile * S::kCols; idx += S::kThreads) {
+    const int first = (idx / S::kCols) * window, col = idx % S::kCols;
+    int best = tile[first * S::kTileLd + col];
+    for (int j = 1; j < window; ++j) best = max(best, tile[(first + j) * S::kTileLd + col]);
+    tile[first * S::kTileLd + col] = best;
   }
 }
 
+template <class S>
 __device__ void StoreStream(const ImageConvProblem& p, const ImageLaunch& L, const int* tile, int tile_m, int col0,
                             int tid) {
   const int window = L.window.divisor;
   int32_t* out = static_cast<int32_t*>(p.out);
-  for (int idx = tid; idx < L.per_tile * kCols; idx += kThreads) {
-    const int pr = idx / kCols, col = idx % kCols, q = tile_m * L.per_tile + pr;
+  for (int idx = tid; idx < L.per_tile * S::kCols; idx += S::kThreads) {
+    const int pr = idx / S::kCols, col = idx % S::kCols, q = tile_m * L.per_tile + pr;
     if (q < L.pooled && col0 + col < p.n) {
-      out[static_cast<int64_t>(q) * p.n + col0 + col] = tile[pr * window * kTileLd + col] >> p.shift;
+      out[static_cast<int64_t>(q) * p.n + col0 + col] = tile[pr * window * S::kTileLd + col] >> p.shift;
     }
   }
 }
 
 // A thread per (pooled row, 32-column word): each plane's word from the row's 32 pre-activations, read four
 // at a time, against the plane's bounds (LoadBounds).
+template <class S>
 __device__ void StoreBits(const ImageConvProblem& p, const ImageLaunch& L, const uint8_t* smem, const int* tile,
                           int tile_m, int col0, int tid) {
   const int window = L.window.divisor, out_words = (p.n + 31) / 32;
-  const int* bound = reinterpret_cast<const int*>(smem + kBoundOffset);
-  const uint32_t* flip_word = reinterpret_cast<const uint32_t*>(smem + kFlipOffset);
+  const int* bound = reinterpret_cast<const int*>(smem + S::kBoundOffset);
+  const uint32_t* flip_word = reinterpret_cast<const uint32_t*>(smem + S::kFlipOffset);
   uint32_t* out = static_cast<uint32_t*>(p.out);
-  for (int idx = tid; idx < L.per_tile * kTileWords; idx += kThreads) {
-    const int word = idx % kTileWords, pr = idx / kTileWords;
+  for (int idx = tid; idx < L.per_tile * S::kTileWords; idx += S::kThreads) {
+    const int word = idx % S::kTileWords, pr = idx / S::kTileWords;
     const int q = tile_m * L.per_tile + pr, first_col = col0 + 32 * word;
     if (q >= L.pooled || first_col >= p.n) continue;
-    const int4* pre = reinterpret_cast<const int4*>(&tile[pr * window * kTileLd + 32 * word]);
+    const int4* pre = reinterpret_cast<const int4*>(&tile[pr * window * S::kTileLd + 32 * word]);
     for (int plane = 0; plane < p.planes; ++plane) {
-      const int4* plane_bound = reinterpret_cast<const int4*>(&bound[plane * kCols + 32 * word]);
+      const int4* plane_bound = reinterpret_cast<const int4*>(&bound[plane * S::kCols + 32 * word]);
       uint32_t bits = 0;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -359,34 +398,46 @@ __device__ void StoreBits(const ImageConvProblem& p, const ImageLaunch& L, const
                 uint32_t{v.z >= b.z} << (4 * i + 2) | uint32_t{v.w >= b.w} << (4 * i + 3);
       }
       out[(static_cast<int64_t>(q) * p.planes + plane) * out_words + first_col / 32] =
-          bits ^ flip_word[plane * kTileWords + word];
+          bits ^ flip_word[plane * S::kTileWords + word];
     }
   }
 }
 
-template <bool kResidentWeights>
-__global__ void __launch_bounds__(kThreads, kResidentWeights ? 3 : 2) ImageConvKernel(const ImageConvProblem p, const ImageLaunch L) {
+// CTAs an SM holds at least: 64-column tiles 3 with resident weights (80 registers; sm_80's code spilled
+// there, so 2 on it) or 2; 128-column tiles, twice the threads, 1 (~90 registers; AlexNet's resident weights
+// take 150 KB of shared memory).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr int kNarrowResidentCtas = 2;
+#else
+constexpr int kNarrowResidentCtas = 3;
+#endif
+template <class S, bool kResidentWeights>
+constexpr int kMinCtas = S::kCols == 64 ? (kResidentWeights ? kNarrowResidentCtas : 2) : 1;
+
+template <class S, bool kResidentWeights>
+__global__ void __launch_bounds__(S::kThreads, (kMinCtas<S, kResidentWeights>))
+    ImageConvKernel(const ImageConvProblem p, const ImageLaunch L) {
   extern __shared__ __align__(16) uint8_t smem[];
   int* tile = reinterpret_cast<int*>(smem);
   const int weight_steps = kResidentWeights ? L.steps : 1;
-  int4* origins = reinterpret_cast<int4*>(smem + OriginOffset(weight_steps));  // [kRows]
-  int2* taps = reinterpret_cast<int2*>(smem + TapOffset(weight_steps));         // [steps or 1][kStepBytes]
+  int4* origins = reinterpret_cast<int4*>(smem + S::OriginOffset(weight_steps));  // [kRows]
+  int2* taps = reinterpret_cast<int2*>(smem + S::TapOffset(weight_steps));         // [steps or 1][kStepBytes]
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int col0 = blockIdx.y * kCols;
+  const int col0 = blockIdx.y * S::kCols;
   const int warp_row = (warp % (kRows / kWarpRows)) * kWarpRows, warp_col = (warp / (kRows / kWarpRows)) * kWarpCols;
   int tile_m = blockIdx.x;
   if (tile_m >= L.row_tiles) return;  // the whole CTA
-  if (p.planes > 0) LoadBounds(p, smem, col0, tid);
+  if (p.planes > 0) LoadBounds<S>(p, smem, col0, tid);
   if constexpr (kResidentWeights) {
-    LoadResidentWeights(p, L, smem, col0, tid);
-    for (int k = tid; k < L.steps * kStepBytes; k += kThreads) taps[k] = TapOf(p, L, k);
+    LoadResidentWeights<S>(p, L, smem, col0, tid);
+    for (int k = tid; k < L.steps * kStepBytes; k += S::kThreads) taps[k] = TapOf(p, L, k);
   } else if (tid < kStepBytes) {
     taps[tid] = TapOf(p, L, tid);
   }
   if (tid < kRows) origins[tid] = RowOrigin(p, L, tile_m, tid);
   __syncthreads();
-  Gathered gathered;
-  GatherStep<kResidentWeights>(p, L, origins, taps, 0, col0, tid, gathered);
+  Gathered<S> gathered;
+  GatherStep<S, kResidentWeights>(p, L, origins, taps, 0, col0, tid, gathered);
   Accumulators acc = {};
   for (int step = 0;;) {
     int next_tile = tile_m, next_step = step + 1;
@@ -396,31 +447,32 @@ __global__ void __launch_bounds__(kThreads, kResidentWeights ? 3 : 2) ImageConvK
     }
     const bool more = next_tile < L.row_tiles;
     __syncthreads();  // the previous step's MMAs and the epilogue are done with the stage, its gather with the tables
-    StoreStep<kResidentWeights>(smem, gathered, tid);
+    StoreStep<S, kResidentWeights>(smem, gathered, tid);
     if (more && next_step == 0 && tid < kRows) origins[tid] = RowOrigin(p, L, next_tile, tid);
-    if (!kResidentWeights && more && tid >= kThreads - kStepBytes) {  // warps the origins leave idle
-      const int e = tid - (kThreads - kStepBytes);
+    if (!kResidentWeights && more && tid >= S::kThreads - kStepBytes) {  // warps the origins leave idle
+      const int e = tid - (S::kThreads - kStepBytes);
       taps[e] = TapOf(p, L, next_step * kStepBytes + e);
     }
     __syncthreads();
     // the next step's loads go out before this step's MMAs and epilogue
     if (more) {
-      GatherStep<kResidentWeights>(p, L, origins, taps + (kResidentWeights ? next_step * kStepBytes : 0), next_step,
-                                   col0, tid, gathered);
+      GatherStep<S, kResidentWeights>(p, L, origins, taps + (kResidentWeights ? next_step * kStepBytes : 0),
+                                      next_step, col0, tid, gathered);
     }
-    Mma(smem, smem + kWeightOffset + (kResidentWeights ? step * kWeightStepBytes : 0), acc, warp_row, warp_col, lane);
+    Mma(smem, smem + S::kWeightOffset + (kResidentWeights ? step * S::kWeightStepBytes : 0), acc, warp_row, warp_col,
+        lane);
     if (step == L.steps - 1) {
       __syncthreads();  // every warp's MMAs are done: the stage becomes the epilogue tile
-      StoreAccumulators(tile, acc, warp_row, warp_col, lane);
+      StoreAccumulators<S>(tile, acc, warp_row, warp_col, lane);
       __syncthreads();
       if (L.window.divisor > 1) {
-        PoolInPlace(tile, L.window.divisor, tid);
+        PoolInPlace<S>(tile, L.window.divisor, tid);
         __syncthreads();
       }
       if (p.planes == 0) {
-        StoreStream(p, L, tile, tile_m, col0, tid);
+        StoreStream<S>(p, L, tile, tile_m, col0, tid);
       } else {
-        StoreBits(p, L, smem, tile, tile_m, col0, tid);
+        StoreBits<S>(p, L, smem, tile, tile_m, col0, tid);
       }
     }
     if (!more) break;
@@ -431,7 +483,7 @@ __global__ void __launch_bounds__(kThreads, kResidentWeights ? 3 : 2) ImageConvK
 
 // CTAs an SM holds of an instance with `smem` bytes, per device (the occupancy query once per instance, device
 // and size: it was measurable in the launcher's host time at batch 1).
-int CtasPerSm(const void* kernel, int smem, int device) {
+int CtasPerSm(const void* kernel, int threads, int smem, int device) {
   struct Known {
     const void* kernel;
     int smem, device, ctas;
@@ -443,15 +495,17 @@ int CtasPerSm(const void* kernel, int smem, int device) {
     if (k.kernel == kernel && k.smem == smem && k.device == device) return k.ctas;
   }
   int ctas = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads, smem) != cudaSuccess) ctas = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, smem) != cudaSuccess) ctas = 0;
   known.push_back({kernel, smem, device, ctas});
   return ctas;
 }
 
-template <bool kResidentWeights>
-cudaError_t LaunchInstance(const ImageConvProblem& p, const ImageLaunch& L, int col_tiles, cudaStream_t stream) {
-  const void* kernel = reinterpret_cast<const void*>(&ImageConvKernel<kResidentWeights>);
-  const int smem = SmemBytes(kResidentWeights, L.steps);
+template <class S, bool kResidentWeights>
+cudaError_t LaunchInstance(const ImageConvProblem& p, const ImageLaunch& L, cudaStream_t stream) {
+  const void* kernel = reinterpret_cast<const void*>(&ImageConvKernel<S, kResidentWeights>);
+  const int smem = S::SmemBytes(kResidentWeights, L.steps);
+  const int col_tiles = (p.n + S::kCols - 1) / S::kCols;
+  if (col_tiles > kMaxImageColumnTiles) return cudaErrorInvalidValue;
   int device = 0, sms = 0;
   cudaError_t err;
   if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;
@@ -461,17 +515,17 @@ cudaError_t LaunchInstance(const ImageConvProblem& p, const ImageLaunch& L, int 
   if (device < 0 || device >= 64) return cudaErrorInvalidDevice;
   std::call_once(raised[device], [&] {  // the largest size an instance takes
     raise_errors[device] = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                SmemBytes(kResidentWeights, kMaxResidentSteps));
+                                                S::SmemBytes(kResidentWeights, S::kMaxResidentSteps));
   });
   if ((err = raise_errors[device]) != cudaSuccess) return err;
-  const int per_sm = CtasPerSm(kernel, smem, device);
+  const int per_sm = CtasPerSm(kernel, S::kThreads, smem, device);
   if (per_sm < 1) return cudaErrorInvalidConfiguration;
   // every SM slot busy, each CTA on one column tile, the row tiles shared out
   const long long slots = static_cast<long long>(per_sm) * sms;
   const long long per_column = (slots + col_tiles - 1) / col_tiles;
   const dim3 grid(static_cast<unsigned>(per_column < L.row_tiles ? per_column : L.row_tiles),
                   static_cast<unsigned>(col_tiles));
-  ImageConvKernel<kResidentWeights><<<grid, kThreads, smem, stream>>>(p, L);
+  ImageConvKernel<S, kResidentWeights><<<grid, S::kThreads, smem, stream>>>(p, L);
   return cudaGetLastError();
 }
 
@@ -484,8 +538,6 @@ cudaError_t LaunchImageConv(const ImageConvProblem& p, cudaStream_t stream) {
   if (window < 1 || window > kMaxImagePoolWindow || p.planes < 0 || p.planes > kMaxImagePlanes) {
     return cudaErrorInvalidValue;
   }
-  const int col_tiles = (p.n + kCols - 1) / kCols;
-  if (col_tiles > kMaxImageColumnTiles) return cudaErrorInvalidValue;
   ImageLaunch L;
   L.window = FastDivisor(window);
   L.pool_w = FastDivisor(p.pool_w);
@@ -498,9 +550,16 @@ cudaError_t LaunchImageConv(const ImageConvProblem& p, cudaStream_t stream) {
   L.per_tile = kRows / window;
   L.pooled = static_cast<int>(pooled);  // int32 by the handler's checks
   L.row_tiles = static_cast<int>((pooled + L.per_tile - 1) / L.per_tile);
-  L.word_loads = p.c % 4 == 0 && reinterpret_cast<uintptr_t>(p.levels) % 4 == 0;
-  return L.steps <= kMaxResidentSteps ? LaunchInstance<true>(p, L, col_tiles, stream)
-                                      : LaunchInstance<false>(p, L, col_tiles, stream);
+  const int64_t level_bytes = int64_t{p.batch} * p.in_h * p.in_w * p.c;
+  L.run_words = level_bytes % 4 == 0 && reinterpret_cast<uintptr_t>(p.levels) % 4 == 0;
+  // 128-column tiles where a 64-column tile would leave half of N's gathers to another tile and every step's
+  // weights stay resident at that width
+  if (p.n > NarrowTile::kCols && L.steps <= WideTile::kMaxResidentSteps) {
+    L.resident = true;
+    return LaunchInstance<WideTile, true>(p, L, stream);
+  }
+  L.resident = L.steps <= NarrowTile::kMaxResidentSteps;
+  return L.resident ? LaunchInstance<NarrowTile, true>(p, L, stream) : LaunchInstance<NarrowTile, false>(p, L, stream);
 }
 
 }  // namespace jaxbnn::cuda
