@@ -359,11 +359,12 @@ IMAGE_LAYERS = [  # (image (B, H, W, C), kernel (KH, KW), N, stride, padding, po
     ((37, 1, 1, 784), (1, 1), 100, 1, "VALID", None, 1, 0),  # the MNIST MLP: words of four aligned levels
     ((2, 12, 13, 7), (13, 13), 70, 1, "SAME", (2, 1), 2, 0),  # K = 1183: the weights gathered step by step
     ((3, 1, 1, 1100), (1, 1), 40, 1, "VALID", None, 0, 3),  # the same, in aligned words
-    # N > 64: 128-column tiles, on levels of a whole number of words (runs of levels gathered as aligned words)
+    # N > 64 and K of 4 to 16 steps of 32 bytes: 128-column tiles
     ((2, 64, 67, 3), (11, 11), 192, 4, "SAME", (2, 2), 2, 0),  # AlexNet-like, a partial second column tile
-    ((2, 24, 19, 3), (5, 5), 130, (1, 2), "SAME", None, 0, 3),
-    ((1, 16, 16, 2), (1, 1), 128, 1, "VALID", (8, 16), 3, 0),  # the largest window
-    ((2, 12, 12, 8), (9, 9), 96, 1, "SAME", None, 1, 0),  # K = 648: too long to keep 128 columns' weights
+    ((2, 24, 19, 3), (7, 7), 130, (1, 2), "SAME", None, 0, 3),
+    ((1, 16, 16, 128), (1, 1), 128, 1, "VALID", (8, 16), 3, 0),  # the largest window, aligned words
+    ((2, 10, 10, 32), (4, 4), 100, 1, "SAME", None, 2, 0),  # K = 512: the most steps kept resident
+    ((2, 12, 12, 8), (9, 9), 96, 1, "SAME", None, 1, 0),  # K = 648: back to 64-column tiles
 ]
 
 

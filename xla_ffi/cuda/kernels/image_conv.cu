@@ -8,10 +8,9 @@
 // cores'. Hence a persistent CTA per SM slot that keeps one column tile: its weights (every K step, where they
 // fit), bounds and flip words are loaded once; each thread gathers its part of the next K step (the next tile's
 // first, at a tile's last) into registers before the current step's MMAs and epilogue run, so the loads are in
-// flight while the tensor cores and the stores work. Where N > 64 a tile is 128 columns wide (twice the
-// threads), so each row's levels are gathered once for all of them, not once per 64-column tile. A word of
-// four K bytes that lie next to each other in the image (the same kernel row: a run of KW x C levels) is two
-// aligned 32-bit loads and a byte permute, not four byte loads.
+// flight while the tensor cores and the stores work. Where N > 64 and K spans several steps a tile is 128
+// columns wide (twice the threads), so each row's levels are gathered once for all of them, not once per
+// 64-column tile.
 //
 // The pieces: Shape (a tile width's threads and shared memory), RowOrigin and TapOf (a tile row's receptive
 // field and a K byte's tap, tabled in shared memory: the origins once per tile, the taps once per CTA),
@@ -79,17 +78,22 @@ struct Shape {
 };
 using NarrowTile = Shape<kImageTileColumns>;
 using WideTile = Shape<2 * kImageTileColumns>;
+// The fewest K steps that take 128-column tiles (H200, batch 512 / 1024: AlexNet's 12 steps ran 1.33x faster
+// than in 64-column tiles; CIFAR-10 VGG-small's single 3x3 RGB step 1.38x slower, its per-tile epilogue and
+// barriers no longer overlapped by the two other CTAs an SM holds of the narrow form; nothing in between was
+// measured).
+constexpr int kWideMinSteps = 4;
 // the taps' kernel row, column and channel fit 10 bits each where the weights are resident (TapOf)
 static_assert(NarrowTile::kMaxResidentSteps * kStepBytes <= 1024 && WideTile::kMaxResidentSteps * kStepBytes <= 1024);
 
 // Launch-time constants: divisors of the index arithmetic (no integer division in the kernel), the number of
-// K steps and row tiles, whether runs of levels are gathered as words and the weights kept resident.
+// K steps and row tiles, whether aligned rows are gathered as words, whether the weights stay resident.
 struct ImageLaunch {
   FastDivisor window, pool_w, out_w, out_hw, c, kw;
   int steps = 0, row_tiles = 0, per_tile = 0, pooled = 0, k_total = 0;
-  // 4-byte aligned levels of a whole number of words: the aligned words around a run of levels lie inside the
-  // buffer, so an interior row's word of four adjacent levels is two aligned 32-bit loads (one where aligned)
-  bool run_words = false;
+  // c % 4 == 0 and 4-byte aligned levels: the 4 bytes of a word lie in one tap and channel group, contiguous
+  // and aligned, so an interior row's word is one 32-bit load
+  bool word_loads = false;
   // the steps whose weights stay in shared memory: all of them, or none
   bool resident = false;
 };
@@ -139,20 +143,12 @@ __device__ __forceinline__ void LoadWord(uint32_t& reg, const int8_t* address, i
       : "l"(address), "r"(take));
 }
 
-// The byte permutes that form a gathered word (Word): kBytesLow places bytes[0] and bytes[1] (zero-extended
-// byte loads) at bytes 0 and 1 and zeros above (byte 1 of bytes[0]); kBytesHigh bytes[2] and bytes[3] at bytes
-// 2 and 3. A run word's first permute takes bytes s .. s + 3 of the aligned pair (bytes[0], bytes[1]), and its
-// bytes[2], bytes[3] are zero.
-constexpr uint32_t kBytesLow = 0x1140, kBytesHigh = 0x4011;
-__device__ __forceinline__ uint32_t RunSelector(uint32_t shift) { return 0x3210u + 0x1111u * shift; }
-
-// What a thread gathered of one K step, still as loaded: for row i, word tid % 8 as bytes[i][e] (byte e,
-// zero-extended) or, for a run of adjacent levels, the aligned words around it in bytes[i][0..1], and the
-// permute that forms it (select[i]); and, where the weights are not resident, weight words as bytes too.
+// What a thread gathered of one K step, still as loaded: byte e of word tid % 8 of row i in bytes[i][e]
+// (zero-extended; with word loads the whole word in bytes[i][0]), and, where the weights are not resident,
+// weight words as bytes too.
 template <class S>
 struct Gathered {
   uint32_t bytes[S::kRowsPerThread][4];
-  uint32_t select[S::kRowsPerThread];
   uint32_t weight[S::kWeightWordsPerThread][4];
 };
 
@@ -169,25 +165,20 @@ __device__ __forceinline__ void GatherStep(const ImageConvProblem& p, const Imag
     tap[e] = taps[4 * q + e];
     real[e] = tap[e].x >= 0;
   }
-  // the word's four levels lie next to each other in an interior row: offsets rise with k, by 1 within a run
-  const bool run = L.run_words && real[3] && tap[3].x - tap[0].x == 3;
 #pragma unroll
   for (int i = 0; i < S::kRowsPerThread; ++i) {
     const int4 o = origins[tid / kWordsPerRow + S::kRowStride * i];
 #pragma unroll
     for (int e = 0; e < 4; ++e) g.bytes[i][e] = 0;
-    g.select[i] = kBytesLow;
     // level indices as unsigned 32-bit sums: one wide add forms each address (a byte past K, whose offset is
     // -1, wraps, but is not loaded)
-    if (o.w == kInteriorRow && run) {
-      const uint32_t first = static_cast<uint32_t>(o.x + tap[0].x), shift = first & 3;
-      const int8_t* aligned = p.levels + (first & ~3u);
-      LoadWord(g.bytes[i][0], aligned, 1);
-      LoadWord(g.bytes[i][1], aligned + 4, shift != 0);  // holds the run's last level where shift > 0
-      g.select[i] = RunSelector(shift);
-    } else if (o.w == kInteriorRow) {
+    if (o.w == kInteriorRow) {
+      if (L.word_loads) {
+        LoadWord(g.bytes[i][0], p.levels + static_cast<uint32_t>(o.x + tap[0].x), real[0]);
+      } else {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) LoadByte(g.bytes[i][e], p.levels + static_cast<uint32_t>(o.x + tap[e].x), real[e]);
+        for (int e = 0; e < 4; ++e) LoadByte(g.bytes[i][e], p.levels + static_cast<uint32_t>(o.x + tap[e].x), real[e]);
+      }
     } else if (o.w == kBorderRow) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -223,15 +214,16 @@ __device__ __forceinline__ void GatherStep(const ImageConvProblem& p, const Imag
   }
 }
 
-// The loaded registers as one word: permute(b0, b1, select) | permute(b2, b3, kBytesHigh) (GatherStep's forms).
-// In asm volatile, so that it stays after the barrier that precedes it: the loads are then waited for there,
+// Four loaded bytes as one word, b0 | b1 << 8 | b2 << 16 | b3 << 24 (a word load's whole word in b0, the others
+// 0). In asm volatile, so that it stays after the barrier that precedes it: the loads are then waited for there,
 // not before the MMAs (compiled plainly, each byte's zero-extension followed its load).
-__device__ __forceinline__ uint32_t Word(const uint32_t (&b)[4], uint32_t select) {
+__device__ __forceinline__ uint32_t Word(const uint32_t (&b)[4]) {
   uint32_t word;
   asm volatile(
-      "{\n .reg .b32 t;\n prmt.b32 %0, %1, %2, %5;\n prmt.b32 t, %3, %4, %6;\n or.b32 %0, %0, t;\n}\n"
+      "{\n .reg .b32 t1, t2, t3;\n shl.b32 t1, %2, 8;\n shl.b32 t2, %3, 16;\n shl.b32 t3, %4, 24;\n"
+      " or.b32 %0, %1, t1;\n or.b32 %0, %0, t2;\n or.b32 %0, %0, t3;\n}\n"
       : "=r"(word)
-      : "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(select), "n"(kBytesHigh));
+      : "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]));
   return word;
 }
 
@@ -242,13 +234,13 @@ __device__ __forceinline__ void StoreStep(uint8_t* smem, const Gathered<S>& g, i
 #pragma unroll
   for (int i = 0; i < S::kRowsPerThread; ++i) {
     const int r = tid / kWordsPerRow + S::kRowStride * i;
-    *reinterpret_cast<uint32_t*>(smem + r * kRowBytes + 4 * q) = Word(g.bytes[i], g.select[i]);
+    *reinterpret_cast<uint32_t*>(smem + r * kRowBytes + 4 * q) = Word(g.bytes[i]);
   }
   if constexpr (!kResidentWeights) {
 #pragma unroll
     for (int w = 0; w < S::kWeightWordsPerThread; ++w) {
       const int col = tid % S::kCols, wq = tid / S::kCols + w * (S::kThreads / S::kCols);
-      *reinterpret_cast<uint32_t*>(smem + S::kWeightOffset + col * kRowBytes + 4 * wq) = Word(g.weight[w], kBytesLow);
+      *reinterpret_cast<uint32_t*>(smem + S::kWeightOffset + col * kRowBytes + 4 * wq) = Word(g.weight[w]);
     }
   }
 }
@@ -403,16 +395,10 @@ __device__ void StoreBits(const ImageConvProblem& p, const ImageLaunch& L, const
   }
 }
 
-// CTAs an SM holds at least: 64-column tiles 3 with resident weights (80 registers; sm_80's code spilled
-// there, so 2 on it) or 2; 128-column tiles, twice the threads, 1 (~90 registers; AlexNet's resident weights
-// take 150 KB of shared memory).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-constexpr int kNarrowResidentCtas = 2;
-#else
-constexpr int kNarrowResidentCtas = 3;
-#endif
+// CTAs an SM holds at least: 64-column tiles 3 with resident weights (80 registers) or 2; 128-column tiles, twice
+// the threads, 1 (~90 registers; AlexNet's resident weights take 150 KB of shared memory).
 template <class S, bool kResidentWeights>
-constexpr int kMinCtas = S::kCols == 64 ? (kResidentWeights ? kNarrowResidentCtas : 2) : 1;
+constexpr int kMinCtas = S::kCols == 64 ? (kResidentWeights ? 3 : 2) : 1;
 
 template <class S, bool kResidentWeights>
 __global__ void __launch_bounds__(S::kThreads, (kMinCtas<S, kResidentWeights>))
@@ -550,11 +536,10 @@ cudaError_t LaunchImageConv(const ImageConvProblem& p, cudaStream_t stream) {
   L.per_tile = kRows / window;
   L.pooled = static_cast<int>(pooled);  // int32 by the handler's checks
   L.row_tiles = static_cast<int>((pooled + L.per_tile - 1) / L.per_tile);
-  const int64_t level_bytes = int64_t{p.batch} * p.in_h * p.in_w * p.c;
-  L.run_words = level_bytes % 4 == 0 && reinterpret_cast<uintptr_t>(p.levels) % 4 == 0;
-  // 128-column tiles where a 64-column tile would leave half of N's gathers to another tile and every step's
-  // weights stay resident at that width
-  if (p.n > NarrowTile::kCols && L.steps <= WideTile::kMaxResidentSteps) {
+  L.word_loads = p.c % 4 == 0 && reinterpret_cast<uintptr_t>(p.levels) % 4 == 0;
+  // 128-column tiles where a 64-column tile would leave half of N's gathers to another tile, the gathers are
+  // most of the work (several K steps) and every step's weights stay resident at that width
+  if (p.n > NarrowTile::kCols && L.steps >= kWideMinSteps && L.steps <= WideTile::kMaxResidentSteps) {
     L.resident = true;
     return LaunchInstance<WideTile, true>(p, L, stream);
   }

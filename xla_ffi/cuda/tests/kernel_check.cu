@@ -778,11 +778,13 @@ std::vector<ImageCase> ImageCases() {
       {3, 5, 6, 4, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, false},        // C = 4: aligned words, borders
       {1, 12, 13, 7, 70, 13, 13, 1, 1, 6, 6, 6, 6, 2, 1, 2, 0, false},    // K = 1183: weights step by step
       {3, 1, 1, 1100, 40, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 3, false},     // the same, in aligned words
-      // 128-column tiles (N > 64) on levels of a whole number of words (runs gathered as aligned words):
+      // 128-column tiles (N > 64, K of 4 to 16 steps):
       {2, 67, 68, 3, 192, 11, 11, 4, 4, 5, 5, 5, 5, 2, 2, 2, 0, false},   // AlexNet-like, a partial second tile
-      {2, 24, 19, 3, 130, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 8, 0, true},      // extremes, eight planes
-      {3, 21, 20, 3, 96, 3, 3, 2, 2, 1, 0, 1, 0, 1, 1, 0, 7, true},       // extremes, int32, stride 2
-      {1, 16, 16, 2, 128, 1, 1, 1, 1, 0, 0, 0, 0, 8, 16, 3, 0, false},    // a 128-element window
+      {2, 24, 19, 3, 130, 7, 7, 1, 1, 3, 3, 3, 3, 1, 1, 8, 0, true},      // extremes, eight planes
+      {3, 21, 20, 3, 96, 7, 7, 2, 2, 3, 2, 3, 2, 1, 1, 0, 7, true},       // extremes, int32, stride 2
+      {1, 16, 16, 128, 128, 1, 1, 1, 1, 0, 0, 0, 0, 8, 16, 3, 0, false},  // a 128-element window, aligned words
+      {3, 9, 10, 4, 70, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 1, 0, false},       // C = 4: aligned words, borders
+      {2, 10, 10, 32, 100, 4, 4, 1, 1, 2, 1, 2, 1, 1, 1, 2, 0, false},    // K = 512: the most resident steps
       {2, 12, 12, 8, 96, 9, 9, 1, 1, 4, 4, 4, 4, 1, 1, 1, 0, false},      // K = 648: 64-column tiles, resident
   };
 }
