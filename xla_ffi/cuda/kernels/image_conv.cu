@@ -400,25 +400,9 @@ __device__ void StoreBits(const ImageConvProblem& p, const ImageLaunch& L, const
 template <class S, bool kResidentWeights>
 constexpr int kMinCtas = S::kCols == 64 ? (kResidentWeights ? 3 : 2) : 1;
 
-// A K step of a CTA's walk: step `step` of row tile `tile` (past the last tile: none).
-struct Position {
-  int tile, step;
-};
-__device__ __forceinline__ Position After(Position at, const ImageLaunch& L) {
-  return at.step + 1 == L.steps ? Position{at.tile + static_cast<int>(gridDim.x), 0} : Position{at.tile, at.step + 1};
-}
-
-// Steps gathered ahead of the one in the MMAs: 1, or 2 for the 128-column tiles, whose one CTA an SM holds has
-// no other CTA's work to overlap a step's load latency with (their registers hold two steps' levels). The
-// origins and taps tables serve the gather furthest ahead: the gathers before it have read them.
-template <class S>
-constexpr int kGatherDepth = S::kCols == 64 ? 1 : 2;
-
 template <class S, bool kResidentWeights>
 __global__ void __launch_bounds__(S::kThreads, (kMinCtas<S, kResidentWeights>))
     ImageConvKernel(const ImageConvProblem p, const ImageLaunch L) {
-  constexpr int kDepth = kGatherDepth<S>;
-  static_assert(kDepth == 1 || kResidentWeights, "the taps of one step ahead only, where the weights are not resident");
   extern __shared__ __align__(16) uint8_t smem[];
   int* tile = reinterpret_cast<int*>(smem);
   const int weight_steps = kResidentWeights ? L.steps : 1;
@@ -427,8 +411,8 @@ __global__ void __launch_bounds__(S::kThreads, (kMinCtas<S, kResidentWeights>))
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int col0 = blockIdx.y * S::kCols;
   const int warp_row = (warp % (kRows / kWarpRows)) * kWarpRows, warp_col = (warp / (kRows / kWarpRows)) * kWarpCols;
-  Position at{static_cast<int>(blockIdx.x), 0};  // the step in the MMAs
-  if (at.tile >= L.row_tiles) return;  // the whole CTA
+  int tile_m = blockIdx.x;
+  if (tile_m >= L.row_tiles) return;  // the whole CTA
   if (p.planes > 0) LoadBounds<S>(p, smem, col0, tid);
   if constexpr (kResidentWeights) {
     LoadResidentWeights<S>(p, L, smem, col0, tid);
@@ -436,45 +420,34 @@ __global__ void __launch_bounds__(S::kThreads, (kMinCtas<S, kResidentWeights>))
   } else if (tid < kStepBytes) {
     taps[tid] = TapOf(p, L, tid);
   }
-  if (tid < kRows) origins[tid] = RowOrigin(p, L, at.tile, tid);
+  if (tid < kRows) origins[tid] = RowOrigin(p, L, tile_m, tid);
   __syncthreads();
-  auto gather = [&](Position q, Gathered<S>& g) {
-    GatherStep<S, kResidentWeights>(p, L, origins, taps + (kResidentWeights ? q.step * kStepBytes : 0), q.step, col0,
-                                    tid, g);
-  };
-  Gathered<S> gathered[kDepth];
-  gather(at, gathered[0]);
-  if constexpr (kDepth == 2) {
-    const Position second = After(at, L);
-    if (second.tile < L.row_tiles) {
-      if (second.step == 0) {  // a one-step K: the second step is the next tile's
-        __syncthreads();
-        if (tid < kRows) origins[tid] = RowOrigin(p, L, second.tile, tid);
-        __syncthreads();
-      }
-      gather(second, gathered[1]);
-    }
-  }
+  Gathered<S> gathered;
+  GatherStep<S, kResidentWeights>(p, L, origins, taps, 0, col0, tid, gathered);
   Accumulators acc = {};
-  // One step: its gathered levels into the stage, the gather kDepth steps ahead into the freed registers, the
-  // step's MMAs and, at a tile's last step, the epilogue. Returns whether a step follows.
-  auto step = [&](Gathered<S>& g) {
-    Position ahead = After(at, L);  // the step to gather: kDepth ahead
-    if constexpr (kDepth == 2) ahead = After(ahead, L);
-    const bool more = ahead.tile < L.row_tiles;
+  for (int step = 0;;) {
+    int next_tile = tile_m, next_step = step + 1;
+    if (next_step == L.steps) {
+      next_step = 0;
+      next_tile += gridDim.x;
+    }
+    const bool more = next_tile < L.row_tiles;
     __syncthreads();  // the previous step's MMAs and the epilogue are done with the stage, its gather with the tables
-    StoreStep<S, kResidentWeights>(smem, g, tid);
-    if (more && ahead.step == 0 && tid < kRows) origins[tid] = RowOrigin(p, L, ahead.tile, tid);
+    StoreStep<S, kResidentWeights>(smem, gathered, tid);
+    if (more && next_step == 0 && tid < kRows) origins[tid] = RowOrigin(p, L, next_tile, tid);
     if (!kResidentWeights && more && tid >= S::kThreads - kStepBytes) {  // warps the origins leave idle
       const int e = tid - (S::kThreads - kStepBytes);
-      taps[e] = TapOf(p, L, ahead.step * kStepBytes + e);
+      taps[e] = TapOf(p, L, next_step * kStepBytes + e);
     }
     __syncthreads();
-    // the loads go out before this step's MMAs and epilogue
-    if (more) gather(ahead, g);
-    Mma(smem, smem + S::kWeightOffset + (kResidentWeights ? at.step * S::kWeightStepBytes : 0), acc, warp_row,
-        warp_col, lane);
-    if (at.step == L.steps - 1) {
+    // the next step's loads go out before this step's MMAs and epilogue
+    if (more) {
+      GatherStep<S, kResidentWeights>(p, L, origins, taps + (kResidentWeights ? next_step * kStepBytes : 0),
+                                      next_step, col0, tid, gathered);
+    }
+    Mma(smem, smem + S::kWeightOffset + (kResidentWeights ? step * S::kWeightStepBytes : 0), acc, warp_row, warp_col,
+        lane);
+    if (step == L.steps - 1) {
       __syncthreads();  // every warp's MMAs are done: the stage becomes the epilogue tile
       StoreAccumulators<S>(tile, acc, warp_row, warp_col, lane);
       __syncthreads();
@@ -483,20 +456,14 @@ __global__ void __launch_bounds__(S::kThreads, (kMinCtas<S, kResidentWeights>))
         __syncthreads();
       }
       if (p.planes == 0) {
-        StoreStream<S>(p, L, tile, at.tile, col0, tid);
+        StoreStream<S>(p, L, tile, tile_m, col0, tid);
       } else {
-        StoreBits<S>(p, L, smem, tile, at.tile, col0, tid);
+        StoreBits<S>(p, L, smem, tile, tile_m, col0, tid);
       }
     }
-    at = After(at, L);
-    return at.tile < L.row_tiles;
-  };
-  if constexpr (kDepth == 1) {
-    while (step(gathered[0])) {
-    }
-  } else {
-    while (step(gathered[0]) && step(gathered[1])) {
-    }
+    if (!more) break;
+    tile_m = next_tile;
+    step = next_step;
   }
 }
 
