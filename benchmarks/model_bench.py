@@ -24,8 +24,8 @@ Measured:
   of calls queued back to back, ~50 ms each) on an executable compiled first: compile time is measured
   apart and counted nowhere else. After the two required batches the sweep takes the others farthest
   first (log scale) until the model's `--seconds` are spent, so that a cut sweep still spans the range; a
-  contender skips batches from one where it ran out of memory, and those where a forward would take over
-  MAX_FORWARD_S.
+  contender skips batches from one where it ran out of memory, and sweep batches (not the two required
+  ones) where a forward would take over MAX_FORWARD_S.
 - the ratios against XLA bfloat16 and float32, next to the issue's targets (TARGETS), and the TCBNN
   paper's RTX 2080 Ti figures (TCBNN_2080TI);
 - memory at the large batch: the compiled program's `memory_analysis()`, arguments (parameters and
@@ -242,14 +242,15 @@ def sweep_order(plan: Plan) -> list[int]:
     return order
 
 
-def blocked(points: dict[int, Point], batch: int) -> str | None:
-    """Why a contender skips `batch`: it ran out of memory at a batch no larger, or its forward at the
-    largest smaller batch measured, scaled to this one, would take over MAX_FORWARD_S."""
+def blocked(points: dict[int, Point], batch: int, required: bool = False) -> str | None:
+    """Why a contender skips `batch`: it ran out of memory at a batch no larger, or (not for a `required`
+    batch, the targets' latency and large batches) its forward at the largest smaller batch measured, scaled
+    to this one, would take over MAX_FORWARD_S."""
     for b, p in points.items():
         if p.failure and not p.failure.startswith("not measured") and b <= batch:
             return f"not measured ({p.failure} at batch {b})"
     below = [b for b, p in points.items() if p.seconds and b < batch]
-    if below and points[max(below)].seconds * batch / max(below) > MAX_FORWARD_S:
+    if not required and below and points[max(below)].seconds * batch / max(below) > MAX_FORWARD_S:
         return f"not measured (a forward would take over {MAX_FORWARD_S:g} s)"
     return None
 
@@ -269,7 +270,7 @@ def sweep(contenders: list[Contender], plan: Plan, seconds: float) -> dict[str, 
                 continue
         images = random_images(batch, contenders[0].input_shape, seed=batch)
         for c in contenders:
-            reason = blocked(points[c.name], batch)
+            reason = blocked(points[c.name], batch, required=batch in required)
             point = Point(batch, failure=reason) if reason else measure(c.forward, (c.params, images), batch)
             points[c.name][batch] = point
             print(f"  batch {batch:>6} {c.name:<13} {describe(point)}", flush=True)
