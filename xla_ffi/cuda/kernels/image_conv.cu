@@ -4,13 +4,12 @@
 // plane's packed bits, never the int32 pre-activations of a thresholded layer.
 //
 // A first layer reduces over few products (27 for a 3x3 RGB conv, 363 for AlexNet's 11x11) and writes many
-// outputs, so its time is the gathers' latency and instructions and the epilogue's instructions, not the tensor
-// cores'. Hence a persistent CTA per SM slot that keeps one column tile: its weights (every K step, where they
-// fit), bounds and flip words are loaded once; each thread gathers its part of the next K step (the next tile's
-// first, at a tile's last) into registers before the current step's MMAs and epilogue run, so the loads are in
-// flight while the tensor cores and the stores work. Where N > 64 and K spans several steps a tile is 128
-// columns wide (twice the threads), so each row's levels are gathered once for all of them, not once per
-// 64-column tile.
+// outputs, so its time goes to the gathers and the epilogue, not to the tensor cores. Hence a persistent CTA
+// per SM slot that keeps one column tile: its weights (every K step, where they fit), bounds and flip words
+// are loaded once; each thread gathers its part of the next K step (the next tile's first, at a tile's last)
+// into registers before the current step's MMAs and epilogue run, so the loads are in flight while the tensor
+// cores and the stores work. Where N > 64 and K spans several steps a tile is 128 columns wide (twice the
+// threads), so each row's levels are gathered once for all of them, not once per 64-column tile.
 //
 // The pieces: Shape (a tile width's threads and shared memory), RowOrigin and TapOf (a tile row's receptive
 // field and a K byte's tap, tabled in shared memory: the origins once per tile, the taps once per CTA),
