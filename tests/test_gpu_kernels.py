@@ -137,7 +137,7 @@ CONV_CASES = [
     # shortcuts, 2 and 4 words, the second over two column tiles
     (3, 13, 11, 64, 70, (1, 1), (2, 2), ((0, 0), (0, 0)), "zero", None),
     (2, 14, 14, 128, 136, (1, 1), (2, 2), ((0, 0), (0, 0)), "zero", None),
-    # dense taps (C < 32, one channel word, at most 1024 real bits; the 11x11 C = 3 case above too): a
+    # dense taps (C <= 32, one channel word, at most 1024 real bits; the 11x11 C = 3 case above too): a
     # binarized image's first layers, C = 5 pooled, C = 17 with asymmetric padding and stride, N = 3
     (2, 20, 19, 3, 64, (7, 7), (2, 2), ((3, 3), (3, 3)), "zero", None),
     (3, 17, 15, 3, 70, (3, 3), (1, 1), ((1, 1), (1, 1)), "one", None),
@@ -145,6 +145,12 @@ CONV_CASES = [
     (1, 9, 9, 17, 3, (3, 3), (2, 1), ((0, 1), (1, 0)), "zero", None),
     # more tiles than the dense kernel's CTAs: each keeps its column tile (of two) over several row tiles
     (64, 64, 64, 3, 70, (7, 7), (2, 2), ((3, 3), (3, 3)), "zero", None),
+    # dense taps of a whole word a tap (C = 32): MNIST conv's pooled 64C3 at 28 x 28, with more row tiles than
+    # the dense kernel's CTAs; 5x5 at stride 2 in "one" padding; 6x6 (1152 bits: the word layout)
+    (3, 28, 28, 32, 64, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", (2, 2)),
+    (160, 28, 28, 32, 70, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", (2, 2)),
+    (2, 15, 13, 32, 40, (5, 5), (2, 2), ((2, 2), (2, 2)), "one", None),
+    (2, 11, 10, 32, 24, (6, 6), (1, 1), ((2, 3), (3, 2)), "zero", None),
     # AlexNet's conv2 in small (5x5, N = 256: compact classes), 5x5 at stride 2 with asymmetric padding over two
     # column tiles (compact classes), padding 3 around a 3x3 filter (fields wholly outside the frame: the edge
     # table), AlexNet's binarized conv1 in small (11x11 stride 4, C = 3: the dense kernel, the edge table)
@@ -476,7 +482,7 @@ def test_bconv2d_ignores_padding_bits_on_cuda_as_on_the_cpu(c, pad_value):
 
 
 # Residual blocks' second convolutions (the residual epilogue): the band kernel (C = 64 pixel pairs, C = 128), the
-# resident kernel (C = 256 / 512, N = 300: two column tiles), the dense-tap kernel (C = 16), a type-A shortcut
+# resident kernel (C = 256 / 512, N = 300: two column tiles), the dense-tap kernel (C = 16, 32), a type-A shortcut
 # (stride 2, fewer channels), odd N, "one" padding, a shift.
 # (batch, H, W, C, O, pad_value, shortcut (SH, SW, SC), shortcut stride, shift)
 RESIDUAL_CASES = [
@@ -487,6 +493,7 @@ RESIDUAL_CASES = [
     (3, 14, 14, 256, 256, "zero", (27, 28, 128), 2, 3),
     (4, 16, 16, 16, 16, "zero", (16, 16, 16), 1, 0),
     (2, 8, 8, 16, 35, "zero", (16, 15, 16), 2, 2),
+    (2, 9, 9, 32, 40, "one", (9, 9, 32), 1, 1),
 ]
 
 

@@ -1,4 +1,4 @@
-// The dense-tap kernel: convolutions of fewer than 32 channels (UsesDenseTaps) on the mma.sync engine.
+// The dense-tap kernel: convolutions of at most 32 channels (UsesDenseTaps) on the mma.sync engine.
 #include "cuda/kernels/dense_taps.h"
 
 #include <cstdint>
@@ -23,7 +23,7 @@ __device__ __forceinline__ int DenseTapSteps(const BinaryGemmProblem& p) { retur
 // tap (fkh, fkw); store(j, word) receives words 0 .. `words` - 1. Returns the popcount of the stored words.
 template <class FilterRow, class Store>
 __device__ __forceinline__ int PackDenseTaps(const BinaryGemmProblem& p, int words, FilterRow&& filter_row, Store&& store) {
-  const uint32_t mask = (1u << p.c) - 1;
+  const uint32_t mask = ~0u >> (32 - p.c);  // C in 1 .. 32
   uint64_t pending = 0;  // gathered bits not yet stored, the next one at bit `bits`
   int bits = 0, word = 0, popc = 0;
   auto put = [&](uint32_t w) {

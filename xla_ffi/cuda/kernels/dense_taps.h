@@ -8,14 +8,17 @@
 
 namespace jaxbnn::cuda {
 
-// Dense taps: convolutions of fewer than 32 channels (a binarized image's first layer). A tap's C real bits
-// fill one channel word, so the word layout's reduction is 32 / C times the real one (7x7 at C = 3: 49 words
-// for 147 bits, 7 k256 steps, 49 four-byte copies a row). The dense-tap kernel instead gathers every row's
-// and every column's real bits, tap after tap, into ceil(kh kw C / 32) words of one K block. Dot products,
-// row and column popcounts and the padding corrections are those of the same bits in another order, and an
-// out-of-frame tap gathers as zeros, as the word layout's zero fill.
+// Dense taps: convolutions of at most 32 channels, one channel word a tap. Below 32 channels (a binarized
+// image's first layer) a tap's C real bits fill one word, so the word layout's reduction is 32 / C times the
+// real one (7x7 at C = 3: 49 words for 147 bits, 7 k256 steps, 49 four-byte copies a row). The dense-tap
+// kernel instead gathers every row's and every column's real bits, tap after tap, into ceil(kh kw C / 32)
+// words of one K block. Dot products, row and column popcounts and the padding corrections are those of the
+// same bits in another order, and an out-of-frame tap gathers as zeros, as the word layout's zero fill. At
+// C = 32 the gather is the word layout itself; the kernel still runs it, since the word-layout kernels take
+// such a layer by 4-byte copies into one-tile CTAs (MNIST conv's 64C3 at 28 x 28 x 32: their set-up was most
+// of each tile's time).
 inline bool UsesDenseTaps(const BinaryGemmProblem& p) {
-  return p.cw == 1 && p.c < 32 && p.kh * p.kw > 1 && p.kh * p.kw * p.c <= kKBlockWords * 32;
+  return p.cw == 1 && p.kh * p.kw > 1 && p.kh * p.kw * p.c <= kKBlockWords * 32;
 }
 
 // The dense-tap kernel's shared memory: ClassicKernel's regions (two stages, origins, popc_a, the columns,

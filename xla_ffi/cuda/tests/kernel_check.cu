@@ -378,6 +378,7 @@ std::vector<ResidualCase> ResidualCases() {
       {{4, 16, 16, 16, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 16, 0, true},
       {{2, 8, 8, 16, 35, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 2, 16, 2, true},
       {{5, 1, 1, 200, 33, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, true}, 1, 33, 31, true},
+      {{2, 9, 9, 32, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true}, 1, 32, 1, true},
   };
 }
 
@@ -657,6 +658,20 @@ std::vector<ConvCase> BorderTableCases() {
   return cases;
 }
 
+// The dense-tap kernel at C = 32: a whole word a tap, the gather the word layout itself.
+std::vector<ConvCase> WholeWordDenseTapCases() {
+  std::vector<ConvCase> cases;
+  // MNIST conv's pooled 64C3 at 28 x 28 in small and with more row tiles than the CTAs (N = 70: two column
+  // tiles), 5x5 at stride 2 in "one" padding (800 bits), a 3x1 filter (one word a filter row); 6x6 (1152 bits)
+  // takes the word layout
+  cases.push_back({3, 28, 28, 32, 64, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, false});
+  cases.push_back({160, 28, 28, 32, 70, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, false});
+  cases.push_back({2, 15, 13, 32, 40, 5, 5, 2, 2, 2, 2, 2, 2, 1, 1, true});
+  cases.push_back({2, 9, 10, 32, 24, 3, 1, 1, 1, 1, 1, 0, 0, 1, 1, false});
+  cases.push_back({2, 11, 10, 32, 24, 6, 6, 1, 1, 2, 3, 3, 2, 1, 1, false});
+  return cases;
+}
+
 // ---- the first-layer kernel (LaunchImageConv): int8 levels x int8 weights, pool, stream or threshold planes ----
 
 struct ImageCase {
@@ -818,7 +833,7 @@ int main(int argc, char** argv) {
   const bool small = mode == "--small", dense = mode == "--dense";
   // The cases in a fixed order: `--small` picks some of them by index.
   std::vector<ConvCase> cases;
-  for (auto group : {GemmAndConvCases, BandCases, ShortKAndDenseTapCases, BorderTableCases}) {
+  for (auto group : {GemmAndConvCases, BandCases, ShortKAndDenseTapCases, BorderTableCases, WholeWordDenseTapCases}) {
     const std::vector<ConvCase> more = group();
     cases.insert(cases.end(), more.begin(), more.end());
   }
@@ -832,9 +847,12 @@ int main(int argc, char** argv) {
              cases[73], cases[74], cases[75], cases[79], cases[80], cases[85], cases[89],
              cases[94], cases[95]};
     for (const ConvCase& cc : resident_copies) cases.push_back(cc);
+    const std::vector<ConvCase> whole_words = WholeWordDenseTapCases();
+    cases.push_back(whole_words[0]);
+    cases.push_back(whole_words[2]);
   }
   if (dense) {  // convolutions only (a BMM is a 1 x 1 image)
-    auto other = [](const ConvCase& cc) { return cc.c >= 32 || cc.h * cc.w == 1; };
+    auto other = [](const ConvCase& cc) { return cc.c > 32 || cc.h * cc.w == 1; };
     cases.erase(std::remove_if(cases.begin(), cases.end(), other), cases.end());
   }
   long failures = 0;
