@@ -136,13 +136,7 @@ def main():
     parser.add_argument("--out", help="the results file whose section this run replaces")
     parser.add_argument("--commit", default="")
     args = parser.parse_args()
-    device = jax.devices()[0]
-    if device.platform != "gpu":
-        parser.error("a GPU benchmark: jax's default device is " + device.platform)
-    out = args.out or results_file.default_path(results_file.device_kind(device))
-    machine = results_file.device_machine(device)
-    header = results_file.run_header(machine, args.commit or results_file.git_commit(),
-                                     driver=results_file.device_driver(device))
+    out, machine, header = results_file.gpu_run(parser, args)
     rows = []
     for name in args.models:
         rows += measure(name, args.batches)

@@ -123,6 +123,20 @@ def run_header(machine: str, commit: str, *, driver: str | None = None) -> list[
     return lines
 
 
+def gpu_run(parser, args) -> tuple[pathlib.Path, str, list[str]]:
+    """A GPU benchmark's start: jax's default device (a parser error where it is no GPU), then the results
+    file its section goes to (`args.out`, else the machine kind's), the machine and the run's header
+    (`args.commit`, else the checkout's HEAD)."""
+    import jax
+
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        parser.error("a GPU benchmark: jax's default device is " + device.platform)
+    out = pathlib.Path(args.out) if args.out else default_path(device_kind(device))
+    machine = device_machine(device)
+    return out, machine, run_header(machine, args.commit or git_commit(), driver=device_driver(device))
+
+
 def sections(text: str) -> dict[str, str]:
     """{name: body} of a results file's sections, in file order."""
     return {m["name"]: m["body"] for m in SECTION.finditer(text)}
