@@ -245,9 +245,9 @@ __device__ __forceinline__ void StoreStep(uint8_t* smem, const Gathered<S>& g, i
 }
 
 // Every K step's weights of the column tile (B[step][col][kk] = kernel[32 step + kk][col0 + col], zero past K
-// and N), once per CTA. A thread's words go out kWeightWordsInFlight at a time, all their byte loads issued
-// before the first is combined: one word at a time, each load waited for before the next word's went out, a
-// one-tile CTA of the MNIST MLP's first layer (25 steps, 50 words a thread) spent most of its time here.
+// and N), once per CTA. A thread issues the byte loads of kWeightWordsInFlight words before it combines any:
+// a CTA of a single tile (the MNIST MLP's first layer: 25 steps, 50 words a thread) would otherwise wait out a
+// load's latency per word. Eight words spill the 64-column resident instance (80 registers).
 constexpr int kWeightWordsInFlight = 6;
 template <class S>
 __device__ void LoadResidentWeights(const ImageConvProblem& p, const ImageLaunch& L, uint8_t* smem, int col0, int tid) {
