@@ -216,6 +216,17 @@ struct AccumulatorRows {
   int correction[2];
 };
 
+// The excluded taps of a border row's columns lc, lc + 1 (fragment j of its accumulators): its border class's
+// row of the table (class_corrections) where the problem keeps one, else its own sums (excl, BorderCorrections).
+// The table's row is read in place: summing it per value into a local array (BorderCorrections' form) took
+// most of the int32 epilogue's time at 16 x 16 (a 3x3 filter: every warp holds border rows; ncu).
+template <int kValues>
+__device__ __forceinline__ int2 ExcludedPair(const BinaryGemmProblem& p, const int* class_corrections,
+                                             const int (&excl)[kValues], int lc, int j) {
+  if (p.correction_table) return *reinterpret_cast<const int2*>(class_corrections + lc);  // lc even: aligned
+  return make_int2(excl[2 * j], excl[2 * j + 1]);
+}
+
 // The residual epilogue of a thread's two accumulator rows (StoreAccumulatorRows' layout): stream values, and
 // their bits word by word (a word's 32 columns are fragments 4 wd .. 4 wd + 3 of the quad's four lanes).
 // The instances with this epilogue (kResidual) call it in place of StoreAccumulatorRows. kLoads: the shortcut
@@ -230,7 +241,8 @@ __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, co
     if (!rows.valid[h]) continue;  // the same for the whole quad
     const bool border = rows.correction[h] != 0;
     int excl[kAcc / 2];
-    if (border) BorderCorrections(p, cols, PixelOrigin(p, rows.row[h]), col0, 2 * t, excl);
+    if (border && !p.correction_table) BorderCorrections(p, cols, PixelOrigin(p, rows.row[h]), col0, 2 * t, excl);
+    const int* class_corrections = cols.correction[p.correction_table ? rows.correction[h] : 0];
     const int32_t* shortcut = ShortcutRow(p, r, rows.row[h]);
 #pragma unroll
     for (int wd = 0; wd < kAcc / 16; ++wd) {
@@ -248,8 +260,9 @@ __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, co
         int d0 = rows.v0[h] - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h];
         int d1 = rows.v0[h] - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1];
         if (border) {
-          d0 -= excl[2 * j];
-          d1 -= excl[2 * j + 1];
+          const int2 c = ExcludedPair(p, class_corrections, excl, lc, j);
+          d0 -= c.x;
+          d1 -= c.y;
         }
         bits |= StoreResidualPair(p, r, added[q % kLoads], rows.row[h], true, col0 + lc, d0, d1) << (8 * q);
       }
@@ -301,7 +314,8 @@ __device__ __forceinline__ void StoreAccumulatorRows(const BinaryGemmProblem& p,
   for (int h = 0; h < 2; ++h) {
     if (!row_valid[h]) continue;
     int excl[kAcc / 2];
-    if (border[h]) BorderCorrections(p, cols, PixelOrigin(p, row[h]), col0, 2 * t, excl);
+    if (border[h] && !p.correction_table) BorderCorrections(p, cols, PixelOrigin(p, row[h]), col0, 2 * t, excl);
+    const int* class_corrections = cols.correction[p.correction_table ? correction[h] : 0];
 #pragma unroll
     for (int j = 0; j < kAcc / 4; ++j) {
       const int lc = 8 * j + 2 * t, col = col0 + lc;
@@ -309,8 +323,9 @@ __device__ __forceinline__ void StoreAccumulatorRows(const BinaryGemmProblem& p,
       int d0 = v0[h] - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h];
       int d1 = v0[h] - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1];
       if (border[h]) {
-        d0 -= excl[2 * j];
-        d1 -= excl[2 * j + 1];
+        const int2 c = ExcludedPair(p, class_corrections, excl, lc, j);
+        d0 -= c.x;
+        d1 -= c.y;
       }
       StorePair(p, row[h], col, d0, d1, cols.scale[lc], cols.bias[lc], cols.scale[lc + 1], cols.bias[lc + 1]);
     }

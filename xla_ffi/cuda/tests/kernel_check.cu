@@ -382,10 +382,15 @@ std::vector<ResidualCase> ResidualCases() {
   };
 }
 
-// Times the packed-in -> packed-out (threshold bits) op of a case on one engine with CUDA events: the
-// median of 9 single launches after 2 warm-ups, then the mean of 30 launches queued back to back (as XLA
-// runs them). Operands are random bits (any bits make valid FSB weights).
-void TimeCase(const char* name, const ConvCase& cc, KernelPath path) {
+// The outputs a timed case writes: the threshold bits, the int32 dot products, or a residual block's
+// second convolution (stream = dot + a stride-1 shortcut of O channels, and the stream's bits).
+enum class TimedOutput { kBits, kInt32, kResidual };
+
+// Times the op of a case (packed in; `output` out) on one engine with CUDA events: the median of 9 single
+// launches after 2 warm-ups, then the mean of 30 launches queued back to back (as XLA runs them). Operands
+// are random bits (any bits make valid FSB weights). "GB/s": the bytes of int32 written and read (the stream
+// and its shortcut) over the median time.
+void TimeCase(const char* name, const ConvCase& cc, KernelPath path, TimedOutput output = TimedOutput::kBits) {
   const int cw = (cc.c + 31) / 32, taps = cc.kh * cc.kw, k_words = taps * cw;
   const int row_tiles = (cc.o + 7) / 8, k_tiles = (k_words + 3) / 4;
   const std::vector<uint32_t> x = RandomPacked(static_cast<size_t>(cc.batch) * cc.h * cc.w, cw, cc.c);
@@ -396,12 +401,28 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path) {
   p.x = ToDevice(x);
   p.w = ToDevice(w);
   p.tap_popc = ToDevice(tap_popc);
-  p.epilogue = Epilogue::kBits;
+  p.epilogue = output == TimedOutput::kBits ? Epilogue::kBits
+              : output == TimedOutput::kInt32 ? Epilogue::kInt32 : Epilogue::kResidual;
   p.threshold = ToDevice(thr);
   p.flip = ToDevice(flip);
-  uint32_t* out = nullptr;
-  CHECK_CUDA(cudaMalloc(&out, static_cast<size_t>(p.pooled_rows) * ((cc.o + 31) / 32) * 4));
+  const size_t bits_bytes = static_cast<size_t>(p.pooled_rows) * ((cc.o + 31) / 32) * 4;
+  const size_t values_bytes = static_cast<size_t>(p.pooled_rows) * cc.o * 4;
+  uint32_t *out = nullptr, *bits = nullptr;
+  int32_t* shortcut = nullptr;
+  CHECK_CUDA(cudaMalloc(&out, output == TimedOutput::kBits ? bits_bytes : values_bytes));
   p.out = out;
+  jaxbnn::cuda::ResidualOperands r;
+  if (output == TimedOutput::kResidual) {
+    CHECK_CUDA(cudaMalloc(&bits, bits_bytes));
+    CHECK_CUDA(cudaMalloc(&shortcut, values_bytes));
+    CHECK_CUDA(cudaMemset(shortcut, 0, values_bytes));
+    r.shortcut = shortcut;
+    r.height = p.out_h;
+    r.width = p.out_w;
+    r.channels = cc.o;
+    r.bits = bits;
+  }
+  const double int32_bytes = output == TimedOutput::kBits ? 0.0 : (output == TimedOutput::kInt32 ? 1 : 2) * values_bytes;
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
@@ -409,7 +430,7 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path) {
   std::vector<float> ms;
   for (int i = 0; i < 11; ++i) {
     CHECK_CUDA(cudaEventRecord(e0));
-    CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, &ran));
+    CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, &ran, r));
     CHECK_CUDA(cudaEventRecord(e1));
     CHECK_CUDA(cudaEventSynchronize(e1));
     float t;
@@ -421,7 +442,7 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path) {
   constexpr int kQueued = 30;
   CHECK_CUDA(cudaEventRecord(e0));
   const auto host0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kQueued; ++i) CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, &ran));
+  for (int i = 0; i < kQueued; ++i) CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, &ran, r));
   // the launcher's host time per call (what a caller such as an XLA handler pays before the kernel is queued)
   const double host_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - host0).count() / kQueued;
@@ -431,12 +452,15 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path) {
   CHECK_CUDA(cudaEventElapsedTime(&queued_ms, e0, e1));
   const double tq = queued_ms / kQueued;
   const double ops = 2.0 * p.pooled_rows * cc.o * taps * cc.c;
-  std::printf("time %-22s %-8s %9.4f ms %9.1f TOPS   queued %9.4f ms %9.1f TOPS   host %6.2f us a launch\n", name,
+  std::printf("time %-22s %-8s %9.4f ms %9.1f TOPS   queued %9.4f ms %9.1f TOPS   host %6.2f us a launch", name,
               PathName(ran), t, ops / (t * 1e-3) / 1e12, tq, ops / (tq * 1e-3) / 1e12, host_us);
+  if (int32_bytes > 0) std::printf("   %7.0f GB/s", int32_bytes / (t * 1e-3) / 1e9);
+  std::printf("\n");
   CHECK_CUDA(cudaEventDestroy(e0));
   CHECK_CUDA(cudaEventDestroy(e1));
   for (const void* ptr : {static_cast<const void*>(p.x), static_cast<const void*>(p.w), static_cast<const void*>(p.tap_popc),
-                          static_cast<const void*>(p.threshold), static_cast<const void*>(p.flip), static_cast<const void*>(out)}) {
+                          static_cast<const void*>(p.threshold), static_cast<const void*>(p.flip), static_cast<const void*>(out),
+                          static_cast<const void*>(bits), static_cast<const void*>(shortcut)}) {
     CHECK_CUDA(cudaFree(const_cast<void*>(ptr)));
   }
 }
@@ -445,9 +469,9 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path) {
 // --time-wgmma / --time-mma: one engine only. An optional second argument times only the cases of that
 // name (e.g. "bconv C=O=512", for ncu).
 void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
-  auto time = [&](const std::string& name, const ConvCase& cc) {
+  auto time = [&](const std::string& name, const ConvCase& cc, TimedOutput output = TimedOutput::kBits) {
     if (!only.empty() && name != only) return;
-    for (KernelPath path : paths) TimeCase(name.c_str(), cc, path);
+    for (KernelPath path : paths) TimeCase(name.c_str(), cc, path, output);
   };
   for (int s : {1024, 2048, 4096, 8192, 16384}) time("bmm " + std::to_string(s) + "^3", Bmm(s, s, s));
   time("bmm long K", Bmm(128 * 33, 1024, 262144));  // a 128 x 256 mma.sync tile per H100/H200 SM, 256 K blocks
@@ -494,6 +518,17 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
   time("conv r18.l4 b8", ConvCase{8, 7, 7, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   time("conv r18.l4.s2 b8", ConvCase{8, 14, 14, 256, 512, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false});
   time("conv vgg.5 b8", ConvCase{8, 14, 14, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  // the zoo's CIFAR-10 ResNet-14 blocks at batch 1024 (16 x 16 x 128, 8 x 8 x 256, 4 x 4 x 512): the first
+  // convolution's bits, the second's int32 dot products, and the second with the residual epilogue
+  const ConvCase resnet14[] = {{1024, 16, 16, 128, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
+                               {1024, 8, 8, 256, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
+                               {1024, 4, 4, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}};
+  for (int i = 0; i < 3; ++i) {
+    const std::string name = "conv r14.l" + std::to_string(i + 1) + " b1024";
+    time(name, resnet14[i]);
+    time(name + " i32", resnet14[i], TimedOutput::kInt32);
+    time(name + " residual", resnet14[i], TimedOutput::kResidual);
+  }
 }
 
 }  // namespace
