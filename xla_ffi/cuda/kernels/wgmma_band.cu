@@ -41,7 +41,10 @@
 // share where images do not divide evenly (16 images of 66 tiles: 8 tiles on each of 132 SMs, not 9 on
 // 128: two rounds of tiles over the four warpgroups instead of three).
 // CTA b takes items b, b + ctas, ... into two band buffers (the next item's band loads while the current
-// one's tiles run); its warpgroups take the item's tiles in turn.
+// one's tiles run); its warpgroups take the tiles of its items in turn, counted across items, and go on to
+// the next item without waiting for each other: the last warpgroup done with a buffer loads the item after
+// next into it. Five tiles an item (16 x 16 images) over four warpgroups took two tile times a round when
+// every item started at warpgroup 0 and the CTA synchronized after each item.
 #include "cuda/kernels/wgmma_band.h"
 
 #include <cstdint>
@@ -283,11 +286,14 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   const uint32_t base = SmemAddress(smem), weights = base + at.weights;
   const uint32_t band_full = base + at.barriers;  // [buffer]: the band landed
   const uint32_t weights_full = band_full + 16;
+  // [buffer]: the warpgroups done with it, counted up through the kernel (the last of four loads the next band)
+  const uint32_t buffer_done = band_full + 24;
   const int tid = threadIdx.x, wp = band.padded_w.divisor;
   const int odd_pad = kPixelPairs ? p.pad_left & 1 : 0;  // the band's extra first column
   const int wg = tid / 128, wtid = tid % 128, w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
   if (tid == 0) {
     PrefetchTensorMap(band_map);
+    asm volatile("st.shared.v2.u32 [%0], {%1, %1};\n" ::"r"(buffer_done), "r"(0) : "memory");
     BarrierInit(band_full, 1);
     BarrierInit(band_full + 8, 1);
     BarrierInit(weights_full, 1);
@@ -300,6 +306,10 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   if (tid == 0) {
     CopyBand<kPixelPairs>(p, band, band_map, first_item, base, band_full);
+    const int second = blockIdx.x + band.ctas;
+    if (second < band.items) {
+      CopyBand<kPixelPairs>(p, band, band_map, BandItemOf(p, band, second), base + at.buffer_bytes, band_full + 8);
+    }
   } else if (tid / 32 == 1 && !kPixelPairs) {
     CopyBandWeights(p, band, weights, weights_full, tid % 32);
   }
@@ -313,12 +323,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
 
   int round = 0;
   for (int item = blockIdx.x; item < band.items; item += band.ctas, ++round) {
-    const int buffer = round & 1, next = item + band.ctas;
-    // the other buffer's last reader finished before the previous round's closing barrier
-    if (tid == 0 && next < band.items) {
-      CopyBand<kPixelPairs>(p, band, band_map, BandItemOf(p, band, next), base + (buffer ^ 1) * at.buffer_bytes,
-                            band_full + 8 * (buffer ^ 1));
-    }
+    const int buffer = round & 1;
     const BandItem item_tiles = BandItemOf(p, band, item);
     const int tiles = item_tiles.tiles[0] + item_tiles.tiles[1];
     BarrierWait(band_full + 8 * buffer, (round >> 1) & 1);  // every thread: no barrier needed after it
@@ -329,7 +334,11 @@ __global__ void __launch_bounds__(kBandThreads, 1)
     const bool leading_half = wg < kBandWarpgroups / 2;
     if (round == 0 && !leading_half) asm volatile("bar.sync 1, %0;\n" ::"n"(kBandThreads) : "memory");
     if (round == 0 && leading_half && wg >= tiles) asm volatile("bar.arrive 1, %0;\n" ::"n"(kBandThreads) : "memory");
-    for (int i = wg; i < tiles; i += kBandWarpgroups) {
+    // The warpgroups' turns continue from the previous item's (exactly where the CTA's items have equal tile
+    // counts; any common offset gives every tile to one warpgroup). & 3: the residue mod 4 of a negative too.
+    static_assert(kBandWarpgroups == 4, "turns mod 4");
+    const int first = (wg - round * tiles) & 3;
+    for (int i = first; i < tiles; i += kBandWarpgroups) {
       // recomputed per tile (a fast division), not kept from `item_tiles`: ptxas reported the same
       // spills both ways, and no timing compared them
       const BandItem it = BandItemOf(p, band, item);
@@ -364,7 +373,22 @@ __global__ void __launch_bounds__(kBandThreads, 1)
         StoreAccumulatorRows<kBandCols / 2, kQuarter>(p, acc, rows, cols, 0, t, true);
       }
     }
-    __syncthreads();  // this buffer is free for the item after next
+    // This warpgroup's wgmmas have read the buffer (each tile waited for them); the last of the four to get
+    // here loads the item after next into it.
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+    if (wtid == 0) {
+      __threadfence_block();
+      uint32_t done_before;
+      asm volatile("atom.shared.add.u32 %0, [%1], 1;\n" : "=r"(done_before) : "r"(buffer_done + 4 * buffer) : "memory");
+      if (done_before % kBandWarpgroups == kBandWarpgroups - 1) {
+        __threadfence_block();
+        const int after_next = item + 2 * band.ctas;
+        if (after_next < band.items) {
+          CopyBand<kPixelPairs>(p, band, band_map, BandItemOf(p, band, after_next), base + buffer * at.buffer_bytes,
+                                band_full + 8 * buffer);
+        }
+      }
+    }
   }
 #endif
 }

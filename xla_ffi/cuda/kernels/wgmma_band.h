@@ -54,7 +54,8 @@ __host__ __device__ __forceinline__ BandItem BandItemOf(const BinaryGemmProblem&
 
 // Shared memory of BandWgmmaKernel, from a 1024-aligned base: two band buffers of P planes, slack for the
 // reads of dropped rows past the band, the weights, two all-ones row groups (B's columns 128-143 of the
-// m64n144 wgmma: each row's popc(A)), the column table, the steps' A descriptors, three barriers.
+// m64n144 wgmma: each row's popc(A)), the column table, the steps' A descriptors, three barriers, and per band
+// buffer a count of the warpgroups done with it.
 struct BandSmem {
   int buffer_bytes, weights, ones, cols, steps, barriers, total;
 };
@@ -74,7 +75,7 @@ __host__ __device__ __forceinline__ BandSmem BandSmemOf(const BinaryGemmProblem&
   s.cols = s.weights + (PixelPairs(p) ? 2 : 1) * WeightSetBytes(b);  // pixel pairs: a set per parity
   s.steps = (s.cols + static_cast<int>(sizeof(TileColumns<kWgCols>)) + 7) / 8 * 8;
   s.barriers = s.steps + 8 * b.steps;
-  s.total = 1024 + s.barriers + 3 * 8;
+  s.total = 1024 + s.barriers + 3 * 8 + 2 * 4;
   return s;
 }
 
