@@ -357,6 +357,75 @@ def test_bconv2d_handler_refuses_bad_results():
                   (jnp.ones(8, jnp.float32), jnp.zeros(9, jnp.float32)))  # fmt: skip
 
 
+def residual_call(shortcut, out, extra=(), stride=1, shift=0, **attrs):
+    """A jaxbnn_bconv2d_residual_* call on CONV's operands (bits: `extra` = threshold, flip; `out` two results)."""
+    target = "jaxbnn_bconv2d_residual_" + ("bits" if extra else "i32")
+    results = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in out]
+    call = lambda *xs: jax.ffi.ffi_call(target, results if extra else results[0])(  # noqa: E731
+        *xs, **{**CONV_ATTRS, **attrs}, shortcut_stride=I64(stride), shift=I64(shift))
+    return jax.block_until_ready(jax.jit(call)(CONV["x"], CONV["w"], CONV["taps"], shortcut, *extra))
+
+
+STREAM = ((1, 5, 5, 9), jnp.int32)
+STREAM_BITS = ((1, 5, 5, 1), jnp.uint32)
+RESIDUAL_ERRORS = [
+    ("shortcut float32", dict(shortcut=jnp.zeros((1, 5, 5, 9), jnp.float32)),
+     r"operand `shortcut` must be int32 of rank 4"),
+    ("shortcut too short", dict(shortcut=jnp.zeros((1, 4, 5, 9), jnp.int32)),
+     r"operand `shortcut` has shape \(1, 4, 5, 9\); with shortcut_stride 1 it must be \(1, SH, SW, SC\) with "
+     r"ceil\(SH / stride\) = 5, ceil\(SW / stride\) = 5 and 1 <= SC <= 9"),
+    ("shortcut wider than o", dict(shortcut=jnp.zeros((1, 5, 5, 10), jnp.int32)),
+     r"operand `shortcut` has shape \(1, 5, 5, 10\).* and 1 <= SC <= 9"),
+    ("stride 0", dict(stride=0), r"attribute shortcut_stride = 0 is out of range"),
+    ("shift 32", dict(shift=32), r"attribute shift = 32 is out of range \[0, 31\]"),
+    ("pool", dict(pool_h=I64(2), pool_w=I64(2), out=[((1, 2, 2, 9), jnp.int32)]),
+     r"the residual epilogue takes no pool"),
+]
+
+
+@pytest.mark.parametrize("what,change,message", RESIDUAL_ERRORS, ids=[e[0] for e in RESIDUAL_ERRORS])
+def test_residual_handlers_refuse_bad_operands(what, change, message):
+    shortcut = change.pop("shortcut", jnp.zeros((1, 5, 5, 9), jnp.int32))
+    out = change.pop("out", [STREAM])
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bconv2d_residual_i32: " + message):
+        residual_call(shortcut, out, **change)
+
+
+def test_residual_bits_handler_checks_its_thresholds_and_bits():
+    shortcut = jnp.zeros((1, 5, 5, 9), jnp.int32)
+    good = (jnp.zeros(9, jnp.int32), jnp.zeros(9, jnp.uint8))
+    stream, bits = residual_call(shortcut, [STREAM, STREAM_BITS], good)
+    assert stream.shape == (1, 5, 5, 9) and bits.shape == (1, 5, 5, 1)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bconv2d_residual_bits: operand `flip` has shape"):
+        residual_call(shortcut, [STREAM, STREAM_BITS], (good[0], jnp.zeros(8, jnp.uint8)))
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"jaxbnn_bconv2d_residual_bits: result has shape \(1, 5, 5, 2\)"):
+        residual_call(shortcut, [STREAM, ((1, 5, 5, 2), jnp.uint32)], good)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_the_residual_op_is_one_native_call_on_the_cpu(isa, stride):
+    """`bconv2d(..., shortcut=...)` on the CPU, every tier: one jaxbnn_bconv2d_residual_* call (the stream, and
+    with a threshold its bits), the same integers as the int32 convolution plus the reference epilogue
+    (shortcut channels zero-padded, output channels past a whole word, a stride-2 shortcut)."""
+    rng = np.random.default_rng(23 + stride)
+    x = ops.pack_bits(signs(rng, (2, 7, 5, 40)))
+    w = formats.pack_conv_weights(signs(rng, (3, 3, 40, 48)))
+    shortcut = jnp.asarray(rng.integers(-300, 300, (2, 7, 5, 40)), jnp.int32)
+    threshold, flip = jnp.asarray(rng.integers(-9, 9, 48), jnp.int32), jnp.asarray(rng.random(48) < 0.5)
+    conv = dict(stride=stride, shortcut_stride=stride, shift=1)
+    block = jax.jit(lambda x, s: ops.bconv2d(x, w, shortcut=s, threshold=threshold, flip=flip, **conv))
+    text = block.lower(x, shortcut).as_text()
+    assert "@jaxbnn_bconv2d_residual_bits(" in text and "@jaxbnn_bconv2d_i32(" not in text
+    stream, bits = block(x, shortcut)
+    dot = ops.bconv2d(x, w, stride=stride)
+    want = reference.residual_epilogue(dot, shortcut, stride=stride, shift=1, threshold=threshold, flip=flip)
+    np.testing.assert_array_equal(np.asarray(stream), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(bits), np.asarray(want[1]))
+    alone = jax.jit(lambda x, s: ops.bconv2d(x, w, shortcut=s, **conv))(x, shortcut)
+    np.testing.assert_array_equal(np.asarray(alone), np.asarray(want[0]))
+
+
 def test_handlers_accept_empty_outputs():
     """Zero rows, or a pool window larger than the conv output, give empty results (nothing to compute)."""
     assert bmm_call(a=u32(0, 4), out=((0, 10), jnp.int32)).shape == (0, 10)

@@ -19,10 +19,12 @@ namespace jaxbnn {
 
 namespace ffi = xla::ffi;
 
-enum class Epilogue { kInt32, kAffine, kThreshold };
+// kResidual: a residual block's second convolution (jaxbnn_bconv2d_residual_*): the int32 stream
+// (dot >> shift) + shortcut, and with a threshold also the stream's packed bits.
+enum class Epilogue { kInt32, kAffine, kThreshold, kResidual };
 
 // The per-output-column operands of an epilogue: (scale, bias) for kAffine, (threshold, flip) for
-// kThreshold, both null for kInt32.
+// kThreshold (and a kResidual with bits), both null for kInt32.
 struct EpilogueOperands {
   const ffi::AnyBuffer* first = nullptr;
   const ffi::AnyBuffer* second = nullptr;
@@ -366,6 +368,36 @@ inline ffi::Error CheckBconv2d(std::string_view target, Epilogue epilogue, const
   p.epilogue = epilogue;
   *problem = p;
   return ffi::Error::Success();
+}
+
+// Validates the residual operands of a jaxbnn_bconv2d_residual_{i32,bits} call whose convolution `p` (an
+// int32 one, unpooled) CheckBconv2d validated: the shortcut int32 (B, SH, SW, SC) with ceil(SH / stride) = OH,
+// ceil(SW / stride) = OW and 1 <= SC <= o, the shift in [0, 31], the stride >= 1; with `bits` (else null),
+// threshold and flip (o,) and the bits result uint32 (B, OH, OW, ceil(o/32)).
+inline ffi::Error CheckResidual(std::string_view target, const Bconv2dProblem& p, const ffi::AnyBuffer& shortcut,
+                                int64_t stride, int64_t shift, const EpilogueOperands& threshold,
+                                const ffi::AnyBuffer* bits) {
+  using namespace checks;
+  if (p.pool_h * p.pool_w != 1) return Invalid(target, "the residual epilogue takes no pool");
+  if (auto e = CheckAttrRange(target, "shortcut_stride", stride, 1, kMaxAttr); e.failure()) return e;
+  if (auto e = CheckAttrRange(target, "shift", shift, 0, 31); e.failure()) return e;
+  if (auto e = CheckDtypeRank(target, "operand `shortcut`", shortcut, ffi::DataType::S32, 4, "(B, SH, SW, SC)");
+      e.failure()) {
+    return e;
+  }
+  auto dims = shortcut.dimensions();
+  if (dims[0] != p.batch || formats::CeilDiv(dims[1], stride) != p.out_h ||
+      formats::CeilDiv(dims[2], stride) != p.out_w || dims[3] < 1 || dims[3] > p.o) {
+    return Invalid(target, Concat("operand `shortcut` has shape ", ShapeString(dims), "; with shortcut_stride ", stride,
+                                  " it must be (", p.batch, ", SH, SW, SC) with ceil(SH / stride) = ", p.out_h,
+                                  ", ceil(SW / stride) = ", p.out_w, " and 1 <= SC <= ", p.o));
+  }
+  if (CheckedProduct({dims[0], dims[1], dims[2], dims[3]}) < 0) {
+    return Invalid(target, "operand `shortcut` has more elements than int64 counts");
+  }
+  if (bits == nullptr) return ffi::Error::Success();
+  if (auto e = CheckEpilogueOperands(target, Epilogue::kThreshold, threshold, p.o, "o"); e.failure()) return e;
+  return CheckResult(target, Epilogue::kThreshold, *bits, {p.batch, p.out_h, p.out_w}, p.o);
 }
 
 }  // namespace jaxbnn

@@ -111,6 +111,51 @@ ffi::Error Bconv2dBits(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
                  JAXBNN_BCONV2D_ATTRS, *out);
 }
 
+// The residual epilogue (docs/ops.md): the int32 convolution's checks and geometry, then the shortcut's.
+ffi::Error Bconv2dResidual(std::string_view target, ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                           ffi::AnyBuffer w_tap_popcount, ffi::AnyBuffer shortcut, EpilogueOperands threshold,
+                           const Bconv2dAttrs& attrs, int64_t shortcut_stride, int64_t shift, ffi::AnyBuffer stream,
+                           ffi::AnyBuffer* bits) {
+  Bconv2dProblem problem;
+  if (auto error = CheckBconv2d(target, Epilogue::kInt32, x, w, w_tap_popcount, {}, attrs, stream, &problem);
+      error.failure()) {
+    return error;
+  }
+  if (auto error = CheckResidual(target, problem, shortcut, shortcut_stride, shift, threshold, bits);
+      error.failure()) {
+    return error;
+  }
+  problem.epilogue = Epilogue::kResidual;
+  EpilogueData epilogue{Epilogue::kResidual, nullptr, nullptr, nullptr, nullptr, 1};
+  if (bits != nullptr) {
+    epilogue.threshold = static_cast<const int32_t*>(threshold.first->untyped_data());
+    epilogue.flip = static_cast<const uint8_t*>(threshold.second->untyped_data());
+  }
+  const auto dims = shortcut.dimensions();
+  epilogue.residual = ResidualData{static_cast<const int32_t*>(shortcut.untyped_data()), dims[1], dims[2], dims[3],
+                                   shortcut_stride, shift, problem.out_h, problem.out_w,
+                                   bits == nullptr ? nullptr : static_cast<uint32_t*>(bits->untyped_data())};
+  return Guarded(target, [&] {
+    RunBconv2d(problem, static_cast<const uint32_t*>(x.untyped_data()), static_cast<const uint32_t*>(w.untyped_data()),
+               static_cast<const int32_t*>(w_tap_popcount.untyped_data()), epilogue, stream.untyped_data(), &pool);
+  });
+}
+
+ffi::Error Bconv2dResidualI32(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer w_tap_popcount,
+                              ffi::AnyBuffer shortcut, JAXBNN_BCONV2D_ATTR_PARAMS, int64_t shortcut_stride,
+                              int64_t shift, ffi::Result<ffi::AnyBuffer> stream) {
+  return Bconv2dResidual("jaxbnn_bconv2d_residual_i32", pool, x, w, w_tap_popcount, shortcut, {},
+                         JAXBNN_BCONV2D_ATTRS, shortcut_stride, shift, *stream, nullptr);
+}
+
+ffi::Error Bconv2dResidualBits(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                               ffi::AnyBuffer w_tap_popcount, ffi::AnyBuffer shortcut, ffi::AnyBuffer threshold,
+                               ffi::AnyBuffer flip, JAXBNN_BCONV2D_ATTR_PARAMS, int64_t shortcut_stride,
+                               int64_t shift, ffi::Result<ffi::AnyBuffer> stream, ffi::Result<ffi::AnyBuffer> bits) {
+  return Bconv2dResidual("jaxbnn_bconv2d_residual_bits", pool, x, w, w_tap_popcount, shortcut, {&threshold, &flip},
+                         JAXBNN_BCONV2D_ATTRS, shortcut_stride, shift, *stream, &(*bits));
+}
+
 #undef JAXBNN_BCONV2D_ATTRS
 #undef JAXBNN_BCONV2D_ATTR_PARAMS
 
@@ -326,6 +371,31 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dBits, jaxbnn::cpu::Bconv2dBits,
                                                                 .Arg<AnyBuffer>()   // threshold
                                                                 .Arg<AnyBuffer>())  // flip
                                   .Ret<AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualI32, jaxbnn::cpu::Bconv2dResidualI32,
+                              jaxbnn::cpu::BindBconv2dAttrs(ffi::Ffi::Bind()
+                                                                .Ctx<ffi::ThreadPool>()
+                                                                .Arg<AnyBuffer>()   // x
+                                                                .Arg<AnyBuffer>()   // w
+                                                                .Arg<AnyBuffer>()   // w_tap_popcount
+                                                                .Arg<AnyBuffer>())  // shortcut
+                                  .Attr<int64_t>("shortcut_stride")
+                                  .Attr<int64_t>("shift")
+                                  .Ret<AnyBuffer>());  // stream
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualBits, jaxbnn::cpu::Bconv2dResidualBits,
+                              jaxbnn::cpu::BindBconv2dAttrs(ffi::Ffi::Bind()
+                                                                .Ctx<ffi::ThreadPool>()
+                                                                .Arg<AnyBuffer>()   // x
+                                                                .Arg<AnyBuffer>()   // w
+                                                                .Arg<AnyBuffer>()   // w_tap_popcount
+                                                                .Arg<AnyBuffer>()   // shortcut
+                                                                .Arg<AnyBuffer>()   // threshold
+                                                                .Arg<AnyBuffer>())  // flip
+                                  .Attr<int64_t>("shortcut_stride")
+                                  .Attr<int64_t>("shift")
+                                  .Ret<AnyBuffer>()    // stream
+                                  .Ret<AnyBuffer>());  // bits
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI32, jaxbnn::cpu::ImageConv2dI32,
                               jaxbnn::cpu::BindImageAttrs(ffi::Ffi::Bind()

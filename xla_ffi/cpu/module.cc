@@ -28,6 +28,8 @@ nb::dict Registrations() {
   targets["jaxbnn_bconv2d_i32"] = HandlerCapsule(JaxbnnCpuBconv2dI32);
   targets["jaxbnn_bconv2d_f32"] = HandlerCapsule(JaxbnnCpuBconv2dF32);
   targets["jaxbnn_bconv2d_bits"] = HandlerCapsule(JaxbnnCpuBconv2dBits);
+  targets["jaxbnn_bconv2d_residual_i32"] = HandlerCapsule(JaxbnnCpuBconv2dResidualI32);
+  targets["jaxbnn_bconv2d_residual_bits"] = HandlerCapsule(JaxbnnCpuBconv2dResidualBits);
   targets["jaxbnn_image_conv2d_i32"] = HandlerCapsule(JaxbnnCpuImageConv2dI32);
   targets["jaxbnn_image_conv2d_bits"] = HandlerCapsule(JaxbnnCpuImageConv2dBits);
 #define JAXBNN_REGISTER_MIXED(mode, Mode, epi, Epi)                                      \

@@ -337,47 +337,71 @@ JAXBNN_TARGET_AVX512 JAXBNN_ALWAYS_INLINE uint32_t Avx512ThresholdWord(const int
 }
 #endif
 
-// The strip epilogue of one tier, whose 32-column threshold word is WORD (Strip in popcount_kernels.h). The
-// last word of a row may have fewer columns (`valid`): it is computed on zero-padded copies, its padding bits
-// cleared.
-#define JAXBNN_FINISH_STRIP(NAME, ATTR, WORD)                                                    \
-  ATTR void NAME(const Strip& s, const EpilogueData& e) {                                        \
-    int32_t pooled[kStripCols];                                                                  \
-    const int64_t words = (s.n + kWordBits - 1) / kWordBits;                                     \
-    for (int64_t o = 0; o < s.outputs; ++o) {                                                    \
-      const int32_t* dots = s.dots + o * s.window * s.stride;                                    \
-      if (s.window > 1) {                                                                        \
-        PoolRows(dots, s.stride, s.window, s.width, pooled);                                     \
-        dots = pooled;                                                                           \
-      }                                                                                          \
-      const int64_t row = s.first_output + o;                                                    \
-      if (e.kind == Epilogue::kInt32) {                                                          \
-        std::copy(dots, dots + s.width, static_cast<int32_t*>(s.out) + row * s.n + s.col_begin); \
-      } else if (e.kind == Epilogue::kAffine) {                                                  \
-        AffineRow(dots, e.scale + s.col_begin, e.bias + s.col_begin, s.width,                    \
-                  static_cast<float*>(s.out) + row * s.n + s.col_begin);                         \
-      } else {                                                                                   \
-        for (int64_t plane = 0; plane < e.planes; ++plane) {                                     \
-          uint32_t* dst = static_cast<uint32_t*>(s.out) + (row * e.planes + plane) * words +     \
-                          s.col_begin / kWordBits;                                               \
-          const int32_t* threshold = e.threshold + plane * s.n + s.col_begin;                    \
-          const uint8_t* flip = e.flip + plane * s.n + s.col_begin;                              \
-          for (int64_t word = 0; word * kWordBits < s.width; ++word) {                           \
-            const int64_t c = word * kWordBits, valid = std::min(kWordBits, s.width - c);        \
-            if (valid == kWordBits) {                                                            \
-              dst[word] = WORD(dots + c, threshold + c, flip + c);                               \
-              continue;                                                                          \
-            }                                                                                    \
-            int32_t d[kWordBits] = {}, t[kWordBits] = {};                                        \
-            uint8_t f[kWordBits] = {};                                                           \
-            std::copy(dots + c, dots + c + valid, d);                                            \
-            std::copy(threshold + c, threshold + c + valid, t);                                  \
-            std::copy(flip + c, flip + c + valid, f);                                            \
-            dst[word] = WORD(d, t, f) & ((uint32_t{1} << valid) - 1);                            \
-          }                                                                                      \
-        }                                                                                        \
-      }                                                                                          \
-    }                                                                                            \
+// The residual epilogue's stream values of columns [col_begin, col_begin + width) of output row `row` from
+// their dots: (dot >> shift) + the shortcut (0 past its channels), wrapping as int32 arithmetic in XLA does.
+inline void ResidualRow(const ResidualData& r, int64_t row, const int32_t* dots, int64_t col_begin, int64_t width,
+                        int32_t* stream) {
+  const int64_t image_pixels = r.out_h * r.out_w, b = row / image_pixels, in_image = row - b * image_pixels;
+  const int64_t oh = in_image / r.out_w, ow = in_image - oh * r.out_w;
+  const int32_t* shortcut =
+      r.shortcut + ((b * r.height + oh * r.stride) * r.width + ow * r.stride) * r.channels;
+  const int64_t added = std::max<int64_t>(0, std::min(width, r.channels - col_begin));
+  for (int64_t i = 0; i < width; ++i) {
+    const uint32_t term = i < added ? static_cast<uint32_t>(shortcut[col_begin + i]) : 0u;
+    stream[i] = static_cast<int32_t>(static_cast<uint32_t>(dots[i] >> r.shift) + term);
+  }
+}
+
+// The strip epilogue of one tier, whose 32-column threshold word is WORD (Strip in popcount_kernels.h), and
+// its threshold words of a row's values (NAME##Words). The last word of a row may have fewer columns
+// (`valid`): it is computed on zero-padded copies, its padding bits cleared.
+#define JAXBNN_FINISH_STRIP(NAME, ATTR, WORD)                                                          \
+  ATTR void NAME##Words(const int32_t* values, const int32_t* threshold, const uint8_t* flip,          \
+                        int64_t width, uint32_t* dst) {                                                \
+    for (int64_t word = 0; word * kWordBits < width; ++word) {                                         \
+      const int64_t c = word * kWordBits, valid = std::min(kWordBits, width - c);                      \
+      if (valid == kWordBits) {                                                                        \
+        dst[word] = WORD(values + c, threshold + c, flip + c);                                         \
+        continue;                                                                                      \
+      }                                                                                                \
+      int32_t d[kWordBits] = {}, t[kWordBits] = {};                                                    \
+      uint8_t f[kWordBits] = {};                                                                       \
+      std::copy(values + c, values + c + valid, d);                                                    \
+      std::copy(threshold + c, threshold + c + valid, t);                                              \
+      std::copy(flip + c, flip + c + valid, f);                                                        \
+      dst[word] = WORD(d, t, f) & ((uint32_t{1} << valid) - 1);                                        \
+    }                                                                                                  \
+  }                                                                                                    \
+  ATTR void NAME(const Strip& s, const EpilogueData& e) {                                              \
+    int32_t pooled[kStripCols];                                                                        \
+    const int64_t words = (s.n + kWordBits - 1) / kWordBits;                                           \
+    for (int64_t o = 0; o < s.outputs; ++o) {                                                          \
+      const int32_t* dots = s.dots + o * s.window * s.stride;                                          \
+      if (s.window > 1) {                                                                              \
+        PoolRows(dots, s.stride, s.window, s.width, pooled);                                           \
+        dots = pooled;                                                                                 \
+      }                                                                                                \
+      const int64_t row = s.first_output + o;                                                          \
+      if (e.kind == Epilogue::kInt32) {                                                                \
+        std::copy(dots, dots + s.width, static_cast<int32_t*>(s.out) + row * s.n + s.col_begin);       \
+      } else if (e.kind == Epilogue::kAffine) {                                                        \
+        AffineRow(dots, e.scale + s.col_begin, e.bias + s.col_begin, s.width,                          \
+                  static_cast<float*>(s.out) + row * s.n + s.col_begin);                               \
+      } else if (e.kind == Epilogue::kResidual) {                                                      \
+        int32_t* stream = static_cast<int32_t*>(s.out) + row * s.n + s.col_begin;                      \
+        ResidualRow(e.residual, row, dots, s.col_begin, s.width, stream);                              \
+        if (e.threshold != nullptr) {                                                                  \
+          NAME##Words(stream, e.threshold + s.col_begin, e.flip + s.col_begin, s.width,                \
+                      e.residual.bits + row * words + s.col_begin / kWordBits);                        \
+        }                                                                                              \
+      } else {                                                                                         \
+        for (int64_t plane = 0; plane < e.planes; ++plane) {                                           \
+          NAME##Words(dots, e.threshold + plane * s.n + s.col_begin, e.flip + plane * s.n + s.col_begin, \
+                      s.width, static_cast<uint32_t*>(s.out) + (row * e.planes + plane) * words +      \
+                                   s.col_begin / kWordBits);                                           \
+        }                                                                                              \
+      }                                                                                                \
+    }                                                                                                  \
   }
 
 JAXBNN_FINISH_STRIP(FinishStripGeneric, , ScalarThresholdWord)
