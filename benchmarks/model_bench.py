@@ -157,6 +157,7 @@ class Contender:
     weight_bytes: int
     setup_s: float  # build (and export) time
     nodes: list[dict] | None = None  # the packed graph's nodes
+    stream_dtypes: list | None = None  # per node, the type of its stream output (runtime.stream_dtypes)
 
 
 @dataclasses.dataclass
@@ -180,7 +181,7 @@ def packed_contender(model_name: str, mode: str, target: str) -> Contender:
     model.eval()
     net = runtime.from_packed(export_model(model, target=target))
     return Contender(f"packed {mode}", net._forward, net.params, net.input_shape, net.packed_bytes,
-                     time.perf_counter() - start, net.graph["nodes"])
+                     time.perf_counter() - start, net.graph["nodes"], net.stream_dtypes)
 
 
 def float_contenders(model_name: str) -> list[Contender]:
@@ -375,11 +376,11 @@ def timed_alone(fn, args) -> float:
     return timed(several.lower(sets).compile(), [sets], copies)
 
 
-def time_node(node: dict, params, x) -> tuple[float, list[CustomCall]]:
+def time_node(node: dict, params, x, stream_dtype) -> tuple[float, list[CustomCall]]:
     """Seconds per call of the node alone, and its custom calls with the operands they got."""
-    seconds = timed_alone(lambda p, x_: runtime.run_nodes([node], [p], x_), (params, x))
+    seconds = timed_alone(lambda p, x_: runtime.run_nodes([node], [p], x_, [stream_dtype]), (params, x))
     with recording_custom_calls() as calls:
-        recorder = jax.jit(lambda p, x_: runtime.run_nodes([node], [p], x_))
+        recorder = jax.jit(lambda p, x_: runtime.run_nodes([node], [p], x_, [stream_dtype]))
         jax.block_until_ready(recorder(params, x))
         jax.effects_barrier()
     return seconds, list(calls)
@@ -393,11 +394,13 @@ def time_custom_call(call: CustomCall) -> float:
 def per_node(contender: Contender, images) -> list[NodeRow]:
     """Every graph node alone on the value the node before it produced, and its custom calls alone."""
     nodes = contender.nodes
-    outputs = jax.jit(lambda p, x: runtime.run_nodes(nodes, p, x))(contender.params, formats.image_levels(images))
+    dtypes = contender.stream_dtypes
+    outputs = jax.jit(lambda p, x: runtime.run_nodes(nodes, p, x, dtypes))(contender.params,
+                                                                            formats.image_levels(images))
     x = formats.image_levels(images)
     rows = []
-    for index, (node, params, out) in enumerate(zip(nodes, contender.params, outputs)):
-        seconds, calls = time_node(node, params, x)
+    for index, (node, params, out, dtype) in enumerate(zip(nodes, contender.params, outputs, dtypes)):
+        seconds, calls = time_node(node, params, x, dtype)
         rows.append(NodeRow(index, node, seconds, [(c.target, time_custom_call(c)) for c in calls]))
         x = node_output(node, out)
     if not any(row.calls for row in rows):

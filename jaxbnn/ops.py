@@ -28,6 +28,8 @@ MAX_EXTENT = 2**31 - 1
 MAX_REDUCTION = 2**31 - 2
 # Input words and output elements of one call of the CUDA kernels (int32 indexing): the ops split larger batches.
 _KERNEL_INDEX_LIMIT = 2**31 - 1
+# The longest reduction of an int16 result (`out_dtype`): every dot product then lies in [-32767, 32767].
+MAX_INT16_REDUCTION = 2**15 - 1
 # Elements of an output or intermediate: far beyond any memory, so a refusal here only ever replaces an
 # allocation failure, and no product of sizes can overflow int64 inside XLA.
 MAX_ELEMENTS = 2**48
@@ -65,7 +67,7 @@ def _unpack(words, *, k, dtype):
 
 
 def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, threshold=None, flip=None,
-        side_by_side=None):
+        side_by_side=None, out_dtype="int32"):
     """Matrix product `a @ b.T` of packed binary or ternary operands, with a fused epilogue.
 
     a: packed activations uint32 `(..., M, ceil(k/32))`, or ternary activations: a `formats.TernaryPlanes`
@@ -80,7 +82,9 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
        the product (the composite of binary products, docs/ops.md); derived from `b` when not given. A
        concrete one (outside `jax.jit`) is checked against `b`; a traced one is trusted (a wrong one gives
        wrong dot products).
-    Epilogue: none -> int32 `(..., M, N)`; `scale`/`bias` -> float32 `scale * dot + bias`;
+    Epilogue: none -> the dot products `(..., M, N)`, int32, or int16 with `out_dtype=jnp.int16` (k at most
+    `MAX_INT16_REDUCTION`, so every dot product fits: half the bytes to write); `scale`/`bias` -> float32
+    `scale * dot + bias`;
     `threshold`/`flip` -> packed bits uint32 `(..., M, ceil(N/32))` of `dot >= threshold`
     (`dot <= threshold` where flip); integer thresholds of any width, saturated exactly to [-k - 1, k + 1].
     With a ternary operand, `threshold`/`flip` may also be `(P, N)` (1 to `MAX_THRESHOLD_PLANES` planes):
@@ -114,7 +118,7 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
         if given_popcount:
             _check_popcount("b_popcount", b_popcount, b, rows, k, None)
     mode = _mode(len(planes) == 2, ternary_weights)
-    kind, epi, threshold_planes = _epilogue(n, k + 1, scale, bias, threshold, flip, mode)
+    kind, epi, threshold_planes = _epilogue(n, k + 1, scale, bias, threshold, flip, mode, out_dtype, k)
     leading = next(iter(planes.values())).shape[:-1]
     _check_elements("the result", leading + _epilogue_tail(kind, n, threshold_planes))
     _check_side_by_side(side_by_side, DenseBits, mode, threshold_planes,
@@ -128,6 +132,9 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
 def _bmm(planes, b, b_popcount, epi, side_by_side=None, *, k, n, kind, mode, threshold_planes):
     """The checked op as one compiled function per static signature: an eager call compiles once, then
     costs what a cached jitted call costs."""
+    if kind == "i16" and mode != "bnn":  # the int32 products, narrowed (XLA fuses the conversion into the reader)
+        return _bmm(planes, b, b_popcount, epi, side_by_side, k=k, n=n, kind="i32", mode=mode,
+                    threshold_planes=threshold_planes).astype(jnp.int16)
     tail, out_dtype = _epilogue_tail(kind, n, threshold_planes), _epilogue_output(kind, n)[1]
     leading = planes[0].shape[:-1]
     rows = [a.reshape(math.prod(leading), a.shape[-1]) for a in planes]  # batch dims fold into M: one kernel call
@@ -183,15 +190,14 @@ def _bmm(planes, b, b_popcount, epi, side_by_side=None, *, k, n, kind, mode, thr
             composite = lambda *_: bmm_composite(acts, b_, popcount_, prepared_, dict(zip(epi, e)))  # noqa: E731
             native = (*acts, b_, popcount_, *e) if mode == "btn" else (*acts, b_, *e)
             return _dispatch(f"jaxbnn_{mode}_bmm_{kind}", out_type, attrs, composite, *native)
-        return _dispatch(
-            f"jaxbnn_bmm_{kind}",
-            out_type,
-            attrs,
-            spec,
-            *operands,
-            cuda_weights=lambda b_: _default_tiles(b_, n, k),
-            cuda_activations=lambda a_: _clear_padding_bits(a_, k),
-        )
+        cuda_operands = dict(cuda_weights=lambda b_: _default_tiles(b_, n, k),
+                             cuda_activations=lambda a_: _clear_padding_bits(a_, k))
+        reference_fn = spec
+        if kind == "i16":  # where a platform has no int16 kernel: its int32 products, narrowed
+            i32_type = jax.ShapeDtypeStruct(out_type.shape, jnp.int32)
+            reference_fn = lambda *ops: _dispatch("jaxbnn_bmm_i32", i32_type, attrs, spec, *ops,  # noqa: E731
+                                                  **cuda_operands).astype(jnp.int16)
+        return _dispatch(f"jaxbnn_bmm_{kind}", out_type, attrs, reference_fn, *operands, **cuda_operands)
 
     out = _fold_rows(single, activations=len(planes))(*rows, *weights, *epi.values())
     return out.reshape(leading + out.shape[1:])
@@ -217,6 +223,7 @@ def bconv2d(
     shortcut_stride=1,
     shift=0,
     side_by_side=None,
+    out_dtype="int32",
 ):
     """2-D convolution of a packed binary or ternary NHWC image with binary or ternary weights, with optional
     fused max-pool and epilogue.
@@ -234,8 +241,9 @@ def bconv2d(
     against `w`; a traced one is trusted (a wrong one gives wrong dot products: with ternary weights
     everywhere, with binary ones at the border with "zero" padding).
     pool: None or (PH, PW): max-pool of the dot products (window = stride, no padding) before the epilogue.
-    Epilogues as in `bmm` (thresholds saturated to [-K - 1, K + 1], K = KH * KW * C); outputs
-    `(..., B, OH, OW, O)` (int32 / float32), `(..., B, OH, OW, ceil(O/32))`, or with a ternary operand and
+    Epilogues as in `bmm` (thresholds saturated to [-K - 1, K + 1], K = KH * KW * C; `out_dtype=jnp.int16` for
+    K at most `MAX_INT16_REDUCTION`); outputs `(..., B, OH, OW, O)` (int32, int16 / float32),
+    `(..., B, OH, OW, ceil(O/32))`, or with a ternary operand and
     `(P, O)` thresholds `(..., B, OH, OW, P, ceil(O/32))`.
     Residual epilogue (a ResNet block's second convolution; binary operands, no pool, no scale / bias): with
     `shortcut`, the block's int32 input stream `(..., B, SH, SW, SC)`, the output is the new stream, int32
@@ -311,6 +319,8 @@ def bconv2d(
             raise ValueError(f"the residual epilogue (shortcut) takes binary operands, got a {mode} product")
         if pool is not None or scale is not None or bias is not None:
             raise ValueError("the residual epilogue (shortcut) takes no pool, scale or bias")
+        if np.dtype(out_dtype) != np.int32:
+            raise ValueError("the residual epilogue's stream is int32 (out_dtype applies to the plain dot products)")
         stride = _positive_int("shortcut_stride", shortcut_stride)
         if not _is_int(shift) or not 0 <= shift <= 31:
             raise ValueError(f"shift must be an integer in [0, 31], got {shift!r}")
@@ -322,7 +332,8 @@ def bconv2d(
                                  shift=int(shift))
     if not _is_int(shift) or shift != 0 or not _is_int(shortcut_stride) or shortcut_stride != 1:
         raise ValueError("shift and shortcut_stride apply to the residual epilogue: give a shortcut")
-    kind, epi, threshold_planes = _epilogue(o, kh * kw * c + 1, scale, bias, threshold, flip, mode)
+    kind, epi, threshold_planes = _epilogue(o, kh * kw * c + 1, scale, bias, threshold, flip, mode, out_dtype,
+                                            kh * kw * c)
     _check_elements("the result", batch + (oh // ph, ow // pw) + _epilogue_tail(kind, o, threshold_planes))
     _check_elements("the padded input", batch + (h + pt + pb, wd + pl + pr, c))
     _check_side_by_side(side_by_side, ConvBits, mode, threshold_planes,
@@ -339,6 +350,9 @@ _CONV_ATTRS = ("c", "o", "kh", "kw", "stride_h", "stride_w", "pad_top", "pad_bot
 @functools.partial(jax.jit, static_argnames=("attrs", "kind", "pooled", "mode", "threshold_planes"))
 def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, pooled, mode, threshold_planes):
     """The checked op as one compiled function per static signature (as `_bmm`)."""
+    if kind == "i16" and mode != "bnn":  # the int32 products, narrowed (XLA fuses the conversion into the reader)
+        return _bconv2d(planes, w, w_tap_popcount, epi, side_by_side, attrs=attrs, kind="i32", pooled=pooled,
+                        mode=mode, threshold_planes=threshold_planes).astype(jnp.int16)
     c, o, kh, kw, sh, sw, pt, pb, pl, pr, pad_one, ph, pw = attrs
     cw = formats.num_words(c)
     k_bits = kh * kw * cw * formats.WORD_BITS
@@ -422,9 +436,14 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
             flat = dict(attr_values, pool_h=np.int64(1), pool_w=np.int64(1))
             cuda = lambda x_, *ws: pool_threshold_bits(  # noqa: E731
                 jax.ffi.ffi_call(target, unpooled)(x_, *ws, **flat), (ph, pw), formats.pack_bits(ws[-1] != 0))
-        return _dispatch(target, out_type, attr_values, ref, x_, *weights_, cuda=cuda,
-                         cuda_weights=lambda w_: _default_tiles(w_, o, k_bits),
-                         cuda_activations=lambda x_: _clear_padding_bits(x_, c))
+        cuda_operands = dict(cuda_weights=lambda w_: _default_tiles(w_, o, k_bits),
+                             cuda_activations=lambda x_: _clear_padding_bits(x_, c))
+        reference_fn = ref
+        if kind == "i16":  # where a platform has no int16 kernel: its int32 products, narrowed
+            i32_type = jax.ShapeDtypeStruct(out_type.shape, jnp.int32)
+            reference_fn = lambda *ops: _dispatch("jaxbnn_bconv2d_i32", i32_type, attr_values, ref, *ops,  # noqa: E731
+                                                  **cuda_operands).astype(jnp.int16)
+        return _dispatch(target, out_type, attr_values, reference_fn, x_, *weights_, cuda=cuda, **cuda_operands)
 
     out = _fold_rows(single, activations=len(planes))(*images, *weights, *epi.values())
     return out.reshape(batch + out.shape[1:])
@@ -1074,12 +1093,26 @@ def _vector(name, value, n):
     return value
 
 
-def _epilogue(n, bound, scale, bias, threshold, flip, mode="bnn"):
+def _epilogue(n, bound, scale, bias, threshold, flip, mode="bnn", out_dtype=jnp.int32, k_real=0):
     """(kind, operands, threshold planes) of the epilogue chosen by which parameters are given; operands as
-    given, their dtypes and shapes checked. Host thresholds are saturated to [-bound, bound] here (jnp would
+    given, their dtypes and shapes checked; `out_dtype` (int32 or int16, the latter for reductions of at most
+    `MAX_INT16_REDUCTION` products, `k_real`) of the plain dot products. Host thresholds are saturated to [-bound, bound] here (jnp would
     wrap an int64 one), device ones inside the compiled op (`_epilogue_operands`). Threshold planes: 0 for
     a threshold of shape (N,); P for one of shape (P, N), P planes of bits with a plane axis (a ternary
     output's two), which the products with a ternary operand take."""
+    try:
+        out_dtype = np.dtype(out_dtype)
+    except TypeError:
+        raise TypeError(f"out_dtype must be int32 or int16, got {out_dtype!r}") from None
+    if out_dtype not in (np.int32, np.int16):
+        raise TypeError(f"out_dtype must be int32 or int16 (the dot products' type), got {out_dtype}")
+    if out_dtype == np.int16:
+        if threshold is not None or flip is not None or scale is not None or bias is not None:
+            raise ValueError("out_dtype=int16 applies to the plain dot products, not with a threshold or scale / bias")
+        if k_real > MAX_INT16_REDUCTION:
+            raise ValueError(f"an int16 result holds dot products of at most {MAX_INT16_REDUCTION} products; this one "
+                             f"reduces over {k_real}")
+        return "i16", {}, 0
     if threshold is not None:
         if scale is not None or bias is not None:
             raise ValueError("give either threshold/flip (packed output) or scale/bias (float output), not both")
@@ -1159,7 +1192,7 @@ def _epilogue_output(kind, n):
     """(last-axis length, dtype) of an epilogue's output for n output channels."""
     if kind == "bits":
         return formats.num_words(n), jnp.uint32
-    return n, {"i32": jnp.int32, "f32": jnp.float32}[kind]
+    return n, {"i32": jnp.int32, "i16": jnp.int16, "f32": jnp.float32}[kind]
 
 
 def _epilogue_tail(kind, n, threshold_planes):

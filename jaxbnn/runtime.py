@@ -11,10 +11,14 @@ integers from the pixels to the logits:
   packed input (binary bits, or a ternary output's (nonneg, pos) planes; max-pool fused), the affine writing
   the logits, or the int32 dot products of a residual block's stream. Where a platform has no kernel of a
   ternary or mixed product, the op runs it as one binary product over the planes side by side (docs/ops.md);
-- integer thresholds turn int32 pre-activations and the int32 residual stream into bits; the stream is
-  the sum of each residual block's conv2 output and its shortcut, added in jnp: XLA fuses the add with the
-  next block's thresholds and packing, which on an H200 ran faster than the convolution's own residual
-  epilogue (`ops.bconv2d(..., shortcut=...)`, docs/design/decisions.md).
+- integer thresholds turn int32 pre-activations and the residual stream into bits; the stream is the sum
+  of each residual block's conv2 output and its shortcut, added in jnp: XLA fuses the add with the next
+  block's thresholds and packing, which on an H200 ran faster than the convolution's own residual epilogue
+  (`ops.bconv2d(..., shortcut=...)`, docs/design/decisions.md);
+- on a platform whose kernels write int16 dot products (CUDA), a binary ResNet's stream travels as int16
+  wherever every value it can take there fits (`stream_dtypes`: bounds from the graph and the first layer's
+  weights), else as int32: the same integers as the Flax model's int32 stream, in half the bytes per pass
+  over it (conv2 writes them, `ops.bconv2d(out_dtype=...)`).
 
 Images are uint8 pixels, or floats on the scale the file records (`input_range`), quantized to pixels by
 `formats.quantize_images`.
@@ -43,7 +47,7 @@ import numpy as np
 from jaxbnn import _ffi, formats, ops, packed_model
 from jaxbnn.packed_model import PackedModel, uses_conv_layout, weight_geometry
 
-__all__ = ["PackedNet", "InputRangeWarning", "load", "from_packed"]
+__all__ = ["PackedNet", "InputRangeWarning", "load", "from_packed", "run_nodes", "stream_dtypes"]
 
 
 class InputRangeWarning(UserWarning):
@@ -70,7 +74,8 @@ class PackedNet:
     ``images``: uint8 pixels (B, *input_shape), as the model was trained on; or floats on the scale
     ``input_range = (low, high)`` the file records, quantized to pixels by `formats.quantize_images`.
     ``params`` holds the packed parameters (a pytree of arrays); the graph is static. ``trace(images)``
-    returns every node's output as it travels (packed bits, ternary plane pairs, the int32 stream, logits).
+    returns every node's output as it travels (packed bits, ternary plane pairs, the residual stream (int16 or
+    int32, ``stream_dtypes``), logits).
     """
 
     def __init__(self, packed: PackedModel):
@@ -84,8 +89,10 @@ class PackedNet:
         self.params = [_prepare_node(node, _node_tensors(packed.tensors, f"nodes.{i}."))
                        for i, node in enumerate(self.graph["nodes"])]
         nodes = self.graph["nodes"]
-        self._forward = jax.jit(lambda params, x: _run(nodes, params, x)[-1])
-        self._trace = jax.jit(lambda params, x: _run(nodes, params, x))
+        self.stream_dtypes = stream_dtypes(nodes, packed.tensors)
+        dtypes = self.stream_dtypes
+        self._forward = jax.jit(lambda params, x: _run(nodes, params, x, dtypes)[-1])
+        self._trace = jax.jit(lambda params, x: _run(nodes, params, x, dtypes))
 
     def _check_input(self, images):
         """uint8 pixels of `images` (float images quantized on the file's scale)."""
@@ -213,22 +220,67 @@ def _has_native_product(ternary_activations, ternary_weights):
 # --- the forward pass ----------------------------------------------------------------------------------------
 
 
-def _run(nodes, params, pixels):
+def _run(nodes, params, pixels, dtypes):
     """Outputs of every node for uint8 `pixels`, in order (the last one is the logits)."""
-    return run_nodes(nodes, params, formats.image_levels(pixels))
+    return run_nodes(nodes, params, formats.image_levels(pixels), dtypes)
 
 
-def run_nodes(nodes, params, x):
+def stream_dtypes(nodes, tensors, narrow=None) -> list:
+    """Per graph node, the integer type its stream output travels in (None for a node without one): int16
+    where every value the stream can take there lies within [-32767, 32767] and the narrow stream is wanted,
+    else int32. `narrow` (default: whether the default platform's kernels write int16 dot products, CUDA's)
+    applies to graphs whose residual blocks' conv2 are binary products: elsewhere the int16 stream would be
+    the int32 products converted, which measured slower (on the 2-core EPYC and on an H200; decisions.md).
+
+    The stream's values are bounded by the graph: a layer writing it (the stem) by its dot products'
+    magnitude shifted right (the first layer's: 128 times its largest column sum of |weight| (`tensors`, the
+    file's), a packed layer's: its reduction length K), and each residual block adds its conv2's K (the
+    shortcut only subsamples and zero-pads the stream). ResNet-14 stays below 16,200 and ResNet-18 below
+    17,500 with the zoo's ±1 first layers."""
+    if narrow is None:
+        platform = {"gpu": "cuda"}.get(jax.default_backend(), jax.default_backend())
+        narrow = _ffi.has_target(platform, "jaxbnn_bconv2d_i16")
+    narrow = narrow and all(node["conv2"]["operand"] == "binary" and node["conv2"]["weights"] == "binary"
+                            for node in nodes if node["kind"] == "residual")
+    narrowest = jnp.int16 if narrow else jnp.int32
+    dtypes, bound = [], 0
+    for i, node in enumerate(nodes):
+        if node["kind"] == "residual":
+            bound += _stream_bound(node["conv2"], tensors, f"nodes.{i}.conv2.")
+        elif node["kind"] in ("dense", "conv") and node["output"] == "stream":
+            bound = _stream_bound(node, tensors, f"nodes.{i}.")
+        else:
+            dtypes.append(None)
+            continue
+        dtypes.append(narrowest if bound <= np.iinfo(np.int16).max else jnp.int32)
+    return dtypes
+
+
+def _stream_bound(node, tensors, prefix) -> int:
+    """The largest magnitude of a stream-output layer's values, `dot >> stream_shift`."""
+    if node["operand"] == "image":
+        column_sums = np.abs(np.asarray(tensors[prefix + "kernel"], np.int64)).reshape(-1, node["out_channels"]).sum(0)
+        largest = 128 * int(column_sums.max(initial=0))  # the levels lie in [-128, 127]
+    else:
+        _, _, (kh, kw), c = weight_geometry(node)
+        largest = kh * kw * c  # a ±1 or ternary dot product of K terms
+    return -(-largest >> node["stream_shift"])  # floor(-largest / 2**shift) is the most negative value
+
+
+def run_nodes(nodes, params, x, stream_dtypes=None):
     """Outputs of `nodes` in order, from `x`, the value the first of them reads (the image's int8 levels,
-    bits, a ternary plane pair or the int32 stream): the whole graph, or a part of it (per-node timing)."""
+    bits, a ternary plane pair or the stream): the whole graph, or a part of it (per-node timing).
+    stream_dtypes: per node, the type of its stream output (`PackedNet.stream_dtypes` for the same nodes);
+    None: int32 throughout."""
+    dtypes = stream_dtypes or [jnp.int32] * len(nodes)
     outputs = []
-    for node, p in zip(nodes, params):
+    for node, p, dtype in zip(nodes, params, dtypes):
         if node["kind"] in ("dense", "conv"):
-            x = _linear(node, p, x)
+            x = _linear(node, p, x, dtype)
             outputs.append(x)
         elif node["kind"] == "residual":
             inner = _linear(node["conv1"], p["conv1"], x)
-            x = _linear(node["conv2"], p["conv2"], inner) + _shortcut(node, x)
+            x = _linear(node["conv2"], p["conv2"], inner, dtype) + _shortcut(node, x).astype(dtype)
             outputs.append((inner, x))
         else:
             x = _quantize(node["output"], p, jnp.sum(x, axis=(1, 2), dtype=jnp.int32))
@@ -253,12 +305,15 @@ def _quantize(domain, p, z, prefix=""):
                  for plane in ("nonneg", "pos"))
 
 
-def _linear(node, p, x):
+def _linear(node, p, x, stream_dtype=jnp.int32):
+    """A dense or conv node; `stream_dtype`: the type of a stream output."""
     if node["input"] == "stream":
         x = _quantize(node["operand"], p, x, prefix="input_")
     if node["operand"] == "image":
-        return _image_layer(node, p, x)
-    return _packed_layer(node, p, x)
+        out = _image_layer(node, p, x)
+    else:
+        out = _packed_layer(node, p, x, stream_dtype)
+    return out.astype(stream_dtype) if node["output"] == "stream" else out
 
 
 def _flatten(x):
@@ -288,16 +343,19 @@ def _per_feature_levels(node) -> bool:
     return node["output"] == "ternary" and len(node["level_shape"]) > 1
 
 
-def _packed_layer(node, p, x):
+def _packed_layer(node, p, x, stream_dtype):
     """A layer on packed binary bits or ternary planes: one op with the output's epilogue (threshold planes
-    -> the next layer's bits or ternary planes, affine -> logits, none -> the int32 stream, shifted); with
-    thresholds per feature, the op's int32 dot products are thresholded after it."""
+    -> the next layer's bits or ternary planes, affine -> logits, none -> the stream, shifted: unshifted
+    dot products of a `stream_dtype` stream are written in that type); with thresholds per feature, the op's
+    int32 dot products are thresholded after it."""
     output = node["output"]
     per_feature = _per_feature_levels(node)
     if output in ("binary", "ternary") and not per_feature:
         epilogue = _threshold_epilogue(output, p)
     elif output == "affine":
         epilogue = dict(scale=p["scale"], bias=p["bias"])
+    elif output == "stream" and node["stream_shift"] == 0:
+        epilogue = dict(out_dtype=stream_dtype)  # its bound (stream_dtypes) covers these dot products
     else:
         epilogue = {}
     if node["operand"] == "ternary":

@@ -40,7 +40,7 @@ from jaxbnn import _ffi  # noqa: E402, F401  (registers the targets of the built
 GPU = _gpus()[0] if _gpus() else None
 CPU = jax.devices("cpu")[0]
 ENGINES = ["wgmma", "mma_sync", "simt"]
-EPILOGUES = ["i32", "f32", "bits"]
+EPILOGUES = ["i32", "i16", "f32", "bits"]
 
 
 @pytest.fixture(params=ENGINES)
@@ -65,7 +65,7 @@ def _epilogue_operands(rng, n, k_real, kind):
 def _result(kind, rows_shape, n):
     if kind == "bits":
         return jax.ShapeDtypeStruct(rows_shape + (formats.num_words(n),), jnp.uint32)
-    return jax.ShapeDtypeStruct(rows_shape + (n,), jnp.float32 if kind == "f32" else jnp.int32)
+    return jax.ShapeDtypeStruct(rows_shape + (n,), {"f32": jnp.float32, "i16": jnp.int16}.get(kind, jnp.int32))
 
 
 def _call(target, device, result, operands, attrs):
@@ -264,6 +264,26 @@ def test_threshold_bits_at_int32_extremes(engine, case):
                     [x, w.bits, w.tap_popcount, threshold, flip.astype(np.uint8)],
                     _conv_attrs(c, o, kernel, stride, padding, pad_value, pool))
     np.testing.assert_array_equal(got, want)
+
+
+def test_int16_handlers_refuse_reductions_whose_dot_products_may_not_fit():
+    n, k = 8, 32768
+    a, w = np.zeros((2, k // 32), np.uint32), formats.pack_dense_weights(np.ones((k, n), np.float32))
+    with pytest.raises(Exception, match="int16 result holds dot products of at most 32767 products"):
+        _call("jaxbnn_bmm_i16", GPU, _result("i16", (2,), n), [a, w.bits, w.popcount], dict(k=np.int64(k), n=np.int64(n)))
+    got = _call("jaxbnn_bmm_i16", GPU, _result("i16", (2,), n), [a[:, :-1], *_dense_operands(k - 32, n)],
+                dict(k=np.int64(k - 32), n=np.int64(n)))
+    np.testing.assert_array_equal(got, -(k - 32))  # every product -1: the most negative sum that fits
+    x = np.zeros((1, 4, 4, 128), np.uint32)  # 4096 channels, 3x3: 36864 products
+    conv = formats.pack_conv_weights(np.ones((3, 3, 4096, n), np.float32))
+    with pytest.raises(Exception, match="reduces over 36864"):
+        _call("jaxbnn_bconv2d_i16", GPU, _result("i16", (1, 4, 4), n), [x, conv.bits, conv.tap_popcount],
+              _conv_attrs(4096, n, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", None))
+
+
+def _dense_operands(k, n):
+    w = formats.pack_dense_weights(np.ones((k, n), np.float32))
+    return [w.bits, w.popcount]
 
 
 def test_handler_rejects_reductions_past_the_kernels_limit():

@@ -263,6 +263,61 @@ def test_bconv2d_rejects_bad_arguments_before_lowering():
         ops.bconv2d(x, w.bits, in_channels=20, kernel_size=3, out_channels=4, w_tap_popcount=jnp.zeros((9, 3), jnp.int32))
 
 
+@pytest.mark.parametrize("mode", ["bnn", "tbn", "btn", "tnn"])
+def test_int16_dot_products_are_the_int32_ones(mode):
+    """out_dtype=int16: the same integers as the int32 result, in every mode, eager and under jit, for a
+    convolution (odd sizes, "one" padding, pooled) and a matrix product, including products of +-K."""
+    rng = np.random.default_rng(7)
+    ternary_x, ternary_w = mode in ("tbn", "tnn"), mode in ("btn", "tnn")
+
+    def activations(shape):
+        if ternary_x:
+            return formats.pack_ternary_pm_planes(rng.integers(-1, 2, shape))
+        return formats.pack_bits(signs(rng, shape) >= 0)
+
+    def weights(shape, pack):
+        return pack(rng.integers(-1, 2, shape).astype(np.float32)) if ternary_w else pack(signs(rng, shape))
+
+    conv_w = weights((3, 3, 45, 37), formats.pack_ternary_conv_weights if ternary_w else formats.pack_conv_weights)
+    x = activations((2, 7, 9, 45))
+    for kwargs in (dict(pad_value="one"), dict(pool=(2, 2))):
+        want = ops.bconv2d(x, conv_w, **kwargs)
+        got = ops.bconv2d(x, conv_w, out_dtype=jnp.int16, **kwargs)
+        assert got.dtype == jnp.int16 and want.dtype == jnp.int32
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(jax.jit(lambda x: ops.bconv2d(x, conv_w, out_dtype="int16", **kwargs))(x), want)
+    dense_w = weights((300, 21), formats.pack_ternary_dense_weights if ternary_w else formats.pack_dense_weights)
+    a = activations((5, 300))
+    np.testing.assert_array_equal(ops.bmm(a, dense_w, out_dtype=np.int16), ops.bmm(a, dense_w))
+    if mode == "bnn":  # the extremes: a row equal to a weight column and one opposite to it
+        rows = np.stack([signs(rng, 300)] * 2)
+        column = formats.pack_dense_weights(rows[0][:, None])
+        packed = formats.pack_bits(np.stack([rows[0] >= 0, rows[0] < 0]))
+        np.testing.assert_array_equal(ops.bmm(packed, column, out_dtype=jnp.int16), [[300], [-300]])
+
+
+def test_int16_dot_products_refuse_what_does_not_fit_them():
+    x = jnp.zeros((1, 5, 5, 128), jnp.uint32)  # 4096 channels
+    w = formats.pack_conv_weights(jnp.ones((3, 3, 4096, 4)))
+    with pytest.raises(ValueError, match="at most 32767 products; this one reduces over 36864"):
+        ops.bconv2d(x, w, out_dtype=jnp.int16)
+    a, b = jnp.zeros((2, 1), jnp.uint32), formats.pack_dense_weights(jnp.ones((32, 3)))
+    with pytest.raises(ValueError, match="not with a threshold"):
+        ops.bmm(a, b, out_dtype=jnp.int16, threshold=jnp.zeros(3, jnp.int32))
+    with pytest.raises(ValueError, match="not with a threshold"):
+        ops.bmm(a, b, out_dtype=jnp.int16, scale=jnp.ones(3))
+    with pytest.raises(TypeError, match="int32 or int16"):
+        ops.bmm(a, b, out_dtype=jnp.int8)
+    with pytest.raises(TypeError, match="int32 or int16"):
+        ops.bmm(a, b, out_dtype=jnp.float32)
+    with pytest.raises(TypeError, match="int32 or int16"):
+        ops.bmm(a, b, out_dtype="half an int")
+    small = formats.pack_conv_weights(jnp.ones((3, 3, 32, 4)))
+    x = jnp.zeros((1, 5, 5, 1), jnp.uint32)
+    with pytest.raises(ValueError, match="stream is int32"):
+        ops.bconv2d(x, small, shortcut=jnp.zeros((1, 5, 5, 4), jnp.int32), out_dtype=jnp.int16)
+
+
 # --- sizes and values beyond the kernels' range --------------------------------------------------------
 
 

@@ -67,9 +67,9 @@ def tiny_model(seed: int = 0, weights: str = "binary") -> PackedModel:
     return PackedModel(graph=graph, tensors=tensors, target="cpu")
 
 
-def tiny_resnet(seed: int = 0, mode: str = "bnn") -> PackedModel:
+def tiny_resnet(seed: int = 0, mode: str = "bnn", image_channels: int = 2, stem_shift: int = 7) -> PackedModel:
     """The integer stream's nodes, activations and weights binary (bnn) or ternary (tnn): image (5, 5, 2) ->
-    stem (image operand, stride 2, output stream >> 7) -> residual block at stride 2 (conv1 reads the
+    stem (image operand, stride 2, output stream >> 7; other channels and shifts as given) -> residual block at stride 2 (conv1 reads the
     stream through input thresholds: per channel, or per feature for ternary; conv2 outputs the stream,
     shift 0; 4 -> 6 channels) -> global_pool (thresholds per channel) -> dense (affine logits)."""
     rng = np.random.default_rng(seed)
@@ -84,7 +84,7 @@ def tiny_resnet(seed: int = 0, mode: str = "bnn") -> PackedModel:
                 "output": output, **extra}
 
     ternary = {"level_shape": [6]} if domain == "ternary" else {}
-    stem = conv("blocks.0", "image", "image", [5, 5, 2], 4, 2, "stream", stream_shift=7)
+    stem = conv("blocks.0", "image", "image", [5, 5, image_channels], 4, 2, "stream", stream_shift=stem_shift)
     conv1 = conv("blocks.1.conv1", "stream", domain, [3, 3, 4], 6, 2, domain, **ternary,
                  **({"input_level_shape": [3, 3, 4]} if domain == "ternary" else {}))
     conv1["pad_value"] = "one"
@@ -98,7 +98,7 @@ def tiny_resnet(seed: int = 0, mode: str = "bnn") -> PackedModel:
     conv_bits = [formats.pack_conv_weights(as_signs(weight_values(rng, (3, 3, 4 if i == 1 else 6, 6), domain),
                                                     domain)) for i in (1, 2)]
     dense_bits = formats.pack_dense_weights(as_signs(weight_values(rng, (6, 3), domain), domain))
-    tensors = {"nodes.0.kernel": weight_values(rng, (3, 3, 2, 4), domain).astype(np.int8),
+    tensors = {"nodes.0.kernel": weight_values(rng, (3, 3, image_channels, 4), domain).astype(np.int8),
                **thresholds(rng, "nodes.1.conv1.input_", domain, (3, 3, 4) if domain == "ternary" else 4),
                **thresholds(rng, "nodes.1.conv1.", domain, 6),
                **thresholds(rng, "nodes.2.", domain, 6),
@@ -109,7 +109,7 @@ def tiny_resnet(seed: int = 0, mode: str = "bnn") -> PackedModel:
     for key, bits in zip(("conv1", "conv2"), conv_bits):
         tensors[f"nodes.1.{key}.weight"] = np.asarray(bits.bits)
         tensors[f"nodes.1.{key}.weight_tap_popcount"] = np.asarray(bits.tap_popcount)
-    graph = {"name": "tiny-resnet", "mode": mode, "input_shape": [5, 5, 2], "input_range": [-1.0, 1.0],
+    graph = {"name": "tiny-resnet", "mode": mode, "input_shape": [5, 5, image_channels], "input_range": [-1.0, 1.0],
              "num_classes": 3, "nodes": [stem, block, pool, logits]}
     return PackedModel(graph=graph, tensors=tensors, target="cpu")
 

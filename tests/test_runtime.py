@@ -413,11 +413,11 @@ def test_every_node_computes_the_integers_of_the_format(which):
     x[1] = 255
     expected = numpy_forward(packed, x)
     got = net.trace(x)
-    for node, out, want in zip(net.graph["nodes"], got, expected):
+    for node, out, want, stream_dtype in zip(net.graph["nodes"], got, expected, net.stream_dtypes):
         if node["kind"] == "residual":
             np.testing.assert_array_equal(as_values(out[0], node["conv1"]["out_channels"]), want[0])
             out, want = out[1], want[1]
-            assert out.dtype == jnp.int32
+            assert out.dtype == stream_dtype
         if want.dtype == np.float32:
             np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6, atol=1e-6, err_msg=node["name"])
         else:
@@ -426,6 +426,86 @@ def test_every_node_computes_the_integers_of_the_format(which):
         stem = dict(net.graph["nodes"][0], stream_shift=0)
         sums = numpy_linear(stem, packed.tensors, "nodes.0.", x.astype(np.int64) - 128)
         assert ((sums < 0) & (sums % 128 != 0)).any()
+
+
+@pytest.mark.parametrize("mode", ["bnn", "tnn"])
+def test_the_narrow_stream_computes_the_integers_of_the_format(mode):
+    """The stream as int16 (where the platform's kernels write int16 dot products, CUDA; run here on purpose):
+    the same integers as numpy's, the stem's extreme sums included; only a binary conv2 narrows it."""
+    from test_packed_model import tiny_resnet
+
+    packed = tiny_resnet(mode=mode)
+    net = runtime.from_packed(packed)
+    nodes = net.graph["nodes"]
+    dtypes = runtime.stream_dtypes(nodes, packed.tensors, narrow=True)
+    assert dtypes[:2] == ([jnp.int16] * 2 if mode == "bnn" else [jnp.int32] * 2)
+    x = pixels(3, seed=11, shape=net.input_shape)
+    x[0], x[1] = 0, 255
+    got = jax.jit(lambda p, levels: runtime.run_nodes(nodes, p, levels, dtypes))(net.params, formats.image_levels(x))
+    expected = numpy_forward(packed, x)
+    assert got[1][1].dtype == dtypes[1]
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_array_equal(as_values(got[1][0], 6), expected[1][0])
+    np.testing.assert_array_equal(got[1][1], expected[1][1])
+    np.testing.assert_allclose(np.asarray(got[-1]), expected[-1], rtol=1e-6, atol=1e-6)
+
+
+def test_a_stream_beyond_int16_travels_as_int32():
+    """A stem whose sums may pass int16 (3x3 over 32 channels, no shift: up to 128 * 288) makes the stream int32
+    from there on, and every node still computes the format's integers (numpy): nothing wraps."""
+    from test_packed_model import tiny_resnet
+
+    packed = tiny_resnet(image_channels=32, stem_shift=0)
+    net = runtime.from_packed(packed)
+    assert runtime.stream_dtypes(net.graph["nodes"], packed.tensors, narrow=True)[:2] == [jnp.int32, jnp.int32]
+    x = pixels(3, seed=11, shape=net.input_shape)
+    kernel = packed.tensors["nodes.0.kernel"]
+    x[0, 1:4, 1:4] = np.where(kernel[..., 0] > 0, 255, 0)  # the stem's pixel (1, 1): its first column past int16
+    x[1] = 255 - x[0]
+    expected = numpy_forward(packed, x)
+    assert np.abs(expected[0]).max() > np.iinfo(np.int16).max
+    got = net.trace(x)
+    assert got[0].dtype == jnp.int32
+    np.testing.assert_array_equal(got[0], expected[0])
+    assert got[1][1].dtype == jnp.int32
+    np.testing.assert_array_equal(got[1][1], expected[1][1])
+    np.testing.assert_allclose(np.asarray(got[-1]), expected[-1], rtol=1e-6, atol=1e-6)
+
+
+def _stream_graph(stem_column_sum, stem_shift, conv2_reductions):
+    """Graph nodes and tensors for `runtime.stream_dtypes` alone: an image-operand stem of one output column
+    whose |weights| sum to `stem_column_sum`, then residual blocks whose conv2 reduce over the given lengths
+    (1x1 convolutions)."""
+    weights = np.zeros((3, 3, 3, 2), np.int8)
+    weights.reshape(-1, 2)[:, 1] = -1  # the other column sums to 27
+    left, row = stem_column_sum, 0
+    while left:
+        weights.reshape(-1, 2)[row, 0] = min(left, 127)
+        left -= min(left, 127)
+        row += 1
+    nodes = [{"kind": "conv", "operand": "image", "output": "stream", "stream_shift": stem_shift, "out_channels": 2}]
+    for k in conv2_reductions:
+        conv2 = {"kind": "conv", "operand": "binary", "weights": "binary", "in_shape": [4, 4, k],
+                 "kernel_size": [1, 1], "out_channels": 2, "output": "stream", "stream_shift": 0}
+        nodes.append({"kind": "residual", "conv2": conv2})
+    nodes.append({"kind": "global_pool", "output": "binary"})
+    return nodes, {"nodes.0.kernel": weights}
+
+
+@pytest.mark.parametrize("stem_sum, shift, reductions, want", [
+    (255, 0, [127, 1], ["int16", "int16", "int32"]),  # 128 * 255 = 32640, + 127 = 32767: the last that fits
+    (256, 0, [], ["int32"]),  # 32768
+    (2000, 3, [767, 1], ["int16", "int16", "int32"]),  # 128 * 2000 / 2**3 = 32000, + 767 = 32767
+    (255, 9, [32767], ["int16", "int32"]),  # ceil(32640 / 512) = 64
+])
+def test_the_stream_type_follows_the_bound_of_its_values(stem_sum, shift, reductions, want):
+    """int16 while the largest magnitude the stream can reach (the stem's 128 * max column sum of |weight|,
+    shifted; plus each block's conv2 reduction length) is at most 32767, int32 from the first node past it."""
+    nodes, tensors = _stream_graph(stem_sum, shift, reductions)
+    dtypes = runtime.stream_dtypes(nodes, tensors, narrow=True)
+    assert dtypes[-1] is None  # global pooling writes no stream
+    assert [np.dtype(d).name for d in dtypes[:-1]] == want
+    assert runtime.stream_dtypes(nodes, tensors, narrow=False)[:-1] == [jnp.int32] * len(want)
 
 
 def test_run_nodes_runs_any_part_of_a_graph():

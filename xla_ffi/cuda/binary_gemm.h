@@ -16,7 +16,12 @@ namespace jaxbnn::cuda {
 
 // kResidual: a residual block's second convolution. Its int32 output is the new residual stream,
 // (dot >> shift) + shortcut, and with a threshold also that stream's packed bits (the next block's input).
-enum class Epilogue : int { kInt32 = 0, kAffine = 1, kBits = 2, kResidual = 3 };
+// kInt16: the dot products as int16, for reductions of at most 32767 products (k_real), where every dot product
+// fits: half the bytes of kInt32 to store (a ResNet's narrow residual stream).
+enum class Epilogue : int { kInt32 = 0, kAffine = 1, kBits = 2, kResidual = 3, kInt16 = 4 };
+
+// The longest reduction (k_real) whose dot products Epilogue::kInt16 takes: |dot| <= k_real fits int16.
+inline constexpr int kMaxInt16Reduction = 32767;
 
 // Rows above / below and columns left / right of the frame covered by a receptive field.
 struct FrameExcess {
@@ -51,7 +56,7 @@ struct BinaryGemmProblem {
   const float* bias = nullptr;
   const int32_t* threshold = nullptr;
   const uint8_t* flip = nullptr;
-  void* out = nullptr;                 // int32 / float32 (pooled_rows, n) or uint32 (pooled_rows, ceil(n/32))
+  void* out = nullptr;                 // int32 / int16 / float32 (pooled_rows, n) or uint32 (pooled_rows, ceil(n/32))
   // Derived from the shape by the launcher (callers leave them): the largest excess of a receptive field at
   // each side of the frame, and whether the tiles keep the per-border-class correction table. Kernel
   // parameters, so that no thread recomputes them: the kernels did, in their set-up and in every tile's

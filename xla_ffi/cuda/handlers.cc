@@ -91,6 +91,13 @@ std::optional<ffi::Error> CheckReduction(const char* op, int64_t k_words) {
                  std::to_string(32 * kMaxReductionWords) + " bits)");
 }
 
+// Refuses an int16 result (Epilogue::kInt16) of reductions whose dot products may not fit it.
+std::optional<ffi::Error> CheckInt16Reduction(const char* op, Epilogue kind, int64_t k_real) {
+  if (kind != Epilogue::kInt16 || k_real <= kMaxInt16Reduction) return std::nullopt;
+  return Invalid(std::string(op) + "'s int16 result holds dot products of at most " +
+                 std::to_string(kMaxInt16Reduction) + " products; this one reduces over " + std::to_string(k_real));
+}
+
 ffi::Error Run(BinaryGemmProblem& p, cudaStream_t stream, const ResidualOperands& residual = {}) {
   if (p.pooled_rows == 0 || p.n == 0) return ffi::Error::Success();  // empty result, nothing to launch
   KernelPath chosen;
@@ -199,6 +206,7 @@ ffi::Error Bmm(cudaStream_t stream, const ffi::Buffer<ffi::U32>& a, const ffi::B
     return Invalid("bmm operands too large for the CUDA kernels (int32 indexing)");
   }
   if (auto err = CheckReduction("bmm", k_words)) return *err;
+  if (auto err = CheckInt16Reduction("bmm", e.kind, k)) return *err;
   BinaryGemmProblem p;
   p.x = a.typed_data();
   p.w = b.typed_data();
@@ -271,6 +279,7 @@ ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi:
     return Invalid("bconv2d operands too large for the CUDA kernels (int32 indexing)");
   }
   if (auto err = CheckReduction("bconv2d", k_words)) return *err;
+  if (auto err = CheckInt16Reduction("bconv2d", e.kind, taps * at.c)) return *err;
   BinaryGemmProblem p;
   p.x = x.typed_data();
   p.w = w.typed_data();
@@ -410,6 +419,11 @@ ffi::Error BmmI32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> a, ffi::Buffer<
   return Bmm(stream, a, b, b_popc, k, n, EpilogueArgs{}, out->dimensions(), out->untyped_data());
 }
 
+ffi::Error BmmI16Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> a, ffi::Buffer<ffi::U32> b,
+                      ffi::Buffer<ffi::S32> b_popc, int64_t k, int64_t n, ffi::ResultBuffer<ffi::S16> out) {
+  return Bmm(stream, a, b, b_popc, k, n, EpilogueArgs{Epilogue::kInt16}, out->dimensions(), out->untyped_data());
+}
+
 ffi::Error BmmF32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> a, ffi::Buffer<ffi::U32> b,
                       ffi::Buffer<ffi::S32> b_popc, ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> bias, int64_t k,
                       int64_t n, ffi::ResultBuffer<ffi::F32> out) {
@@ -433,6 +447,12 @@ ffi::Error BmmBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> a, ffi::Buffer
 ffi::Error BConvI32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buffer<ffi::U32> w,
                         ffi::Buffer<ffi::S32> tap_popc, JAXBNN_CONV_ATTR_PARAMS, ffi::ResultBuffer<ffi::S32> out) {
   return BConv(stream, x, w, tap_popc, JAXBNN_CONV_ATTRS, EpilogueArgs{}, out->dimensions(), out->untyped_data());
+}
+
+ffi::Error BConvI16Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buffer<ffi::U32> w,
+                        ffi::Buffer<ffi::S32> tap_popc, JAXBNN_CONV_ATTR_PARAMS, ffi::ResultBuffer<ffi::S16> out) {
+  return BConv(stream, x, w, tap_popc, JAXBNN_CONV_ATTRS, EpilogueArgs{Epilogue::kInt16}, out->dimensions(),
+               out->untyped_data());
 }
 
 ffi::Error BConvF32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buffer<ffi::U32> w,
@@ -510,6 +530,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBmmI32, jaxbnn::cuda::BmmI32Impl,
                                   .Ret<ffi::Buffer<ffi::S32>>(),
                               {ffi::Traits::kCmdBufferCompatible});
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBmmI16, jaxbnn::cuda::BmmI16Impl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("k")
+                                  .Attr<int64_t>("n")
+                                  .Ret<ffi::Buffer<ffi::S16>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBmmF32, jaxbnn::cuda::BmmF32Impl,
                               JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
                                   .Arg<ffi::Buffer<ffi::U32>>()
@@ -536,6 +565,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvI32, jaxbnn::cuda::BConvI32Impl,
                               JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
                                   .Arg<ffi::Buffer<ffi::U32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>() JAXBNN_BIND_CONV_ATTRS.Ret<ffi::Buffer<ffi::S32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvI16, jaxbnn::cuda::BConvI16Impl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>() JAXBNN_BIND_CONV_ATTRS.Ret<ffi::Buffer<ffi::S16>>(),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvF32, jaxbnn::cuda::BConvF32Impl,

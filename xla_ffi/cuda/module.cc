@@ -26,9 +26,11 @@ NB_MODULE(_cuda, m) {
   m.def("registrations", [] {
     nb::dict d;
     d["jaxbnn_bmm_i32"] = Capsule(JaxbnnCudaBmmI32);
+    d["jaxbnn_bmm_i16"] = Capsule(JaxbnnCudaBmmI16);
     d["jaxbnn_bmm_f32"] = Capsule(JaxbnnCudaBmmF32);
     d["jaxbnn_bmm_bits"] = Capsule(JaxbnnCudaBmmBits);
     d["jaxbnn_bconv2d_i32"] = Capsule(JaxbnnCudaBConvI32);
+    d["jaxbnn_bconv2d_i16"] = Capsule(JaxbnnCudaBConvI16);
     d["jaxbnn_bconv2d_f32"] = Capsule(JaxbnnCudaBConvF32);
     d["jaxbnn_bconv2d_bits"] = Capsule(JaxbnnCudaBConvBits);
     d["jaxbnn_bconv2d_residual_i32"] = Capsule(JaxbnnCudaBConvResidualI32);

@@ -97,6 +97,32 @@ __device__ __forceinline__ uint32_t StoreResidualPair(const BinaryGemmProblem& p
 // quad's words name only the quad: a full-warp mask would pair shuffles of different paths, or wait forever.
 __device__ __forceinline__ unsigned QuadLanes() { return 0xfu << (threadIdx.x % 32 & ~3u); }
 
+// The int16 epilogue (Epilogue::kInt16): one output row's values in two 8-column fragments of an accumulator quad,
+// whose lane t holds columns col_f + 2 t, + 1 of the first (lo0, lo1) and col_f + 8 + 2 t, + 1 of the second
+// (hi0, hi1). Called by every lane of the quad. With rows of a multiple of 4 values, one exchange with the
+// neighbouring lane gives each lane four adjacent values for one 8-byte store (even lanes the first fragment's,
+// odd lanes the second's): 4-byte pairs stored as they lie made the band kernel's int16 epilogue slower than
+// its int32 one (harness, H200). Values past N are not stored.
+__device__ __forceinline__ void StoreInt16Fragments(const BinaryGemmProblem& p, long long row, int col_f, int t, int lo0,
+                                                    int lo1, int hi0, int hi1) {
+  auto pack = [](int a, int b) { return static_cast<uint32_t>(static_cast<uint16_t>(a)) | static_cast<uint32_t>(b) << 16; };
+  const uint32_t lo = pack(lo0, lo1), hi = pack(hi0, hi1);
+  int16_t* out_row = static_cast<int16_t*>(p.out) + row * p.n;
+  if (p.n % 4 == 0 && reinterpret_cast<uintptr_t>(p.out) % 8 == 0) {
+    const bool odd = t & 1;
+    const uint32_t other = __shfl_xor_sync(QuadLanes(), odd ? lo : hi, 1);
+    const int col = odd ? col_f + 8 + 2 * (t - 1) : col_f + 2 * t;  // a multiple of 4: all four below N, or none
+    if (col < p.n) *reinterpret_cast<uint2*>(out_row + col) = odd ? make_uint2(other, hi) : make_uint2(lo, other);
+    return;
+  }
+  const int values[4] = {lo0, lo1, hi0, hi1};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int col = col_f + 8 * (i / 2) + 2 * t + i % 2;
+    if (col < p.n) out_row[col] = static_cast<int16_t>(values[i]);
+  }
+}
+
 // Completes a stream-bits word of one row held by an accumulator quad, whose lane t holds the bits of
 // columns 8 q + 2 t + e of the word at bit 8 q + e, and stores it from lane (word index % 4). Called by every
 // lane of the quad.
@@ -159,6 +185,8 @@ __device__ void StoreTile(const BinaryGemmProblem& p, const int* acc, const int*
     const int dot = PooledDot<kLd, kCols>(p, acc, popc_a, cols, origins, window, pr, lc, col);
     if (p.epilogue == Epilogue::kInt32) {
       static_cast<int32_t*>(p.out)[pooled * p.n + col] = dot;
+    } else if (p.epilogue == Epilogue::kInt16) {
+      static_cast<int16_t*>(p.out)[pooled * p.n + col] = static_cast<int16_t>(dot);
     } else {  // no contraction into an FMA: the same two roundings as the reference
       static_cast<float*>(p.out)[pooled * p.n + col] =
           __fadd_rn(__fmul_rn(static_cast<float>(dot), cols.scale[lc]), cols.bias[lc]);
@@ -203,7 +231,9 @@ __device__ __forceinline__ int8_t EpilogueRowClass(const BinaryGemmProblem& p, c
   return static_cast<int8_t>(p.correction_table ? BorderClass(p, ExcessOf(p, origin.y, origin.z)) : 1);
 }
 
-// Stores the int32 / affine values of two adjacent columns (col, col + 1) of one output row.
+// Stores the int32 / affine values of two adjacent columns (col, col + 1) of one output row. (The int16 epilogue
+// has stores of its own, StoreInt16Fragments, chosen once per tile: a third form tested here, inside the loops
+// over the values, slowed the resident kernel's int32 epilogue by half; harness, H200.)
 __device__ __forceinline__ void StorePair(const BinaryGemmProblem& p, long long row, int col, int d0, int d1, float s0,
                                           float b0, float s1, float b1) {
   const bool pairs = p.n % 2 == 0;  // 8-byte stores keep their alignment when rows have an even length

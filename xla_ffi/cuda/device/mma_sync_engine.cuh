@@ -94,8 +94,10 @@ struct MmaSyncEngine {
   __device__ static void StoreDirect(const Accumulators& acc, const BinaryGemmProblem& p, const int* popc_a,
                                      const int4* origins, const int8_t* row_class, int* scratch,
                                      const TileColumns<kCols>& cols, int tile_m, int col0, int tid) {
-    if (p.epilogue != Epilogue::kBits) {
-      StoreDirectValues(acc, p, popc_a, origins, cols, tile_m, col0, tid);
+    if (p.epilogue == Epilogue::kInt16) {
+      StoreDirectValues<true>(acc, p, popc_a, origins, cols, tile_m, col0, tid);
+    } else if (p.epilogue != Epilogue::kBits) {
+      StoreDirectValues<false>(acc, p, popc_a, origins, cols, tile_m, col0, tid);
     } else if (PairsBounds(p)) {
       StoreDirectBits<true, kBorderBoundsReady>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
     } else {
@@ -155,7 +157,8 @@ struct MmaSyncEngine {
     store_rows(1, row_word(4), row_word(5), row_word(6), row_word(7));
   }
 
-  // The int32 / affine epilogues.
+  // The int32 / affine epilogues, or (kInt16) the int16 one.
+  template <bool kInt16>
   __device__ static void StoreDirectValues(const Accumulators& acc, const BinaryGemmProblem& p, const int* popc_a,
                                            const int4* origins, const TileColumns<kCols>& cols, int tile_m,
                                            int col0, int tid) {
@@ -175,17 +178,26 @@ struct MmaSyncEngine {
         const int v0 = p.k_real - 2 * popc_a[r];
         int excl[2 * kFrags];
         if (border) BorderCorrections(p, cols, origin, col0, warp_col + 2 * t, excl);
+        auto value = [&](int nf, int e) {
+          const int lc = warp_col + nf * 8 + 2 * t + e;
+          return 4 * acc.v[mf][nf][2 * h + e] + v0 - 2 * cols.popc_b[lc] - (border ? excl[2 * nf + e] : 0);
+        };
+        if constexpr (kInt16) {
+          static_assert(kFrags % 2 == 0, "fragments in pairs");
 #pragma unroll
-        for (int nf = 0; nf < kFrags; ++nf) {
-          const int lc = warp_col + nf * 8 + 2 * t, col = col0 + lc;
-          if (col >= p.n) continue;
-          int d0 = 4 * acc.v[mf][nf][2 * h] + v0 - 2 * cols.popc_b[lc];
-          int d1 = 4 * acc.v[mf][nf][2 * h + 1] + v0 - 2 * cols.popc_b[lc + 1];
-          if (border) {
-            d0 -= excl[2 * nf];
-            d1 -= excl[2 * nf + 1];
+          for (int nf = 0; nf < kFrags; nf += 2) {
+            const int col_f = col0 + warp_col + nf * 8;
+            if (col_f >= p.n) break;  // the same for the whole quad
+            StoreInt16Fragments(p, row, col_f, t, value(nf, 0), value(nf, 1), value(nf + 1, 0), value(nf + 1, 1));
           }
-          StorePair(p, row, col, d0, d1, cols.scale[lc], cols.bias[lc], cols.scale[lc + 1], cols.bias[lc + 1]);
+        } else {
+#pragma unroll
+          for (int nf = 0; nf < kFrags; ++nf) {
+            const int lc = warp_col + nf * 8 + 2 * t, col = col0 + lc;
+            if (col >= p.n) continue;
+            StorePair(p, row, col, value(nf, 0), value(nf, 1), cols.scale[lc], cols.bias[lc], cols.scale[lc + 1],
+                      cols.bias[lc + 1]);
+          }
         }
       }
     }

@@ -271,6 +271,50 @@ __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, co
   }
 }
 
+// The int32 / affine values of a thread's two accumulator rows (StoreAccumulatorRows' layout), or with kInt16
+// the int16 ones (StoreInt16Fragments: the quad's lanes exchange values, so its lanes call it together).
+// border[h]: row h is real and takes "zero"-padding corrections.
+template <bool kInt16, int kAcc>
+__device__ __forceinline__ void StoreValueRows(const BinaryGemmProblem& p, const int (&acc)[kAcc],
+                                               const AccumulatorRows& rows, const bool (&border)[2],
+                                               const TileColumns<kWgCols>& cols, int col0, int t) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (!rows.valid[h]) continue;
+    int excl[kAcc / 2];
+    if (border[h] && !p.correction_table) BorderCorrections(p, cols, PixelOrigin(p, rows.row[h]), col0, 2 * t, excl);
+    const int* class_corrections = cols.correction[p.correction_table ? rows.correction[h] : 0];
+    // the values of fragment j (columns 8 j + 2 t, + 1)
+    auto values = [&](int j) {
+      const int lc = 8 * j + 2 * t;
+      int2 d = make_int2(rows.v0[h] - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h],
+                         rows.v0[h] - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1]);
+      if (border[h]) {
+        const int2 c = ExcludedPair(p, class_corrections, excl, lc, j);
+        d.x -= c.x;
+        d.y -= c.y;
+      }
+      return d;
+    };
+    if constexpr (kInt16) {
+#pragma unroll
+      for (int j = 0; j < kAcc / 4; j += 2) {
+        if (col0 + 8 * j >= p.n) break;  // the same for the whole quad
+        const int2 lo = values(j), hi = values(j + 1);
+        StoreInt16Fragments(p, rows.row[h], col0 + 8 * j, t, lo.x, lo.y, hi.x, hi.y);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kAcc / 4; ++j) {
+        const int lc = 8 * j + 2 * t, col = col0 + lc;
+        if (col >= p.n) continue;
+        const int2 d = values(j);
+        StorePair(p, rows.row[h], col, d.x, d.y, cols.scale[lc], cols.bias[lc], cols.scale[lc + 1], cols.bias[lc + 1]);
+      }
+    }
+  }
+}
+
 // The epilogue straight from the wgmma accumulators (no pool) of thread (warp w, lane g*4+t) of a consumer
 // warpgroup, which holds rows 16 w + g (+8) of the warpgroup's 64 and columns 8 j + 2 t (+1).
 // narrow: the tile has at most 128 columns, so only the first 64 accumulators hold real columns (an m64n256
@@ -310,25 +354,10 @@ __device__ __forceinline__ void StoreAccumulatorRows(const BinaryGemmProblem& p,
     }
     return;
   }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (!row_valid[h]) continue;
-    int excl[kAcc / 2];
-    if (border[h] && !p.correction_table) BorderCorrections(p, cols, PixelOrigin(p, row[h]), col0, 2 * t, excl);
-    const int* class_corrections = cols.correction[p.correction_table ? correction[h] : 0];
-#pragma unroll
-    for (int j = 0; j < kAcc / 4; ++j) {
-      const int lc = 8 * j + 2 * t, col = col0 + lc;
-      if (col >= p.n) continue;
-      int d0 = v0[h] - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h];
-      int d1 = v0[h] - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1];
-      if (border[h]) {
-        const int2 c = ExcludedPair(p, class_corrections, excl, lc, j);
-        d0 -= c.x;
-        d1 -= c.y;
-      }
-      StorePair(p, row[h], col, d0, d1, cols.scale[lc], cols.bias[lc], cols.scale[lc + 1], cols.bias[lc + 1]);
-    }
+  if (p.epilogue == Epilogue::kInt16) {
+    StoreValueRows<true>(p, acc, rows, border, cols, col0, t);
+  } else {
+    StoreValueRows<false>(p, acc, rows, border, cols, col0, t);
   }
 }
 

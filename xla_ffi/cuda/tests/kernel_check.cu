@@ -119,7 +119,9 @@ std::vector<uint32_t> ReferenceOutput(const ConvCase& cc, Epilogue ep, const std
   const int out_h = conv_h / cc.ph, out_w = conv_w / cc.pw;
   const size_t pooled = static_cast<size_t>(cc.batch) * out_h * out_w;
   const int out_cols = ep == Epilogue::kBits ? (cc.o + 31) / 32 : cc.o;
-  std::vector<uint32_t> want(pooled * out_cols, 0);
+  const bool halves = ep == Epilogue::kInt16;  // two values a word
+  std::vector<uint32_t> want(halves ? (pooled * out_cols + 1) / 2 : pooled * out_cols, 0);
+  if (halves && pooled * out_cols % 2 == 1) want.back() = 0xA5A50000u;  // the poison past the last value
   for (int b = 0; b < cc.batch; ++b) {
     for (int ohp = 0; ohp < out_h; ++ohp) {
       for (int owp = 0; owp < out_w; ++owp) {
@@ -148,6 +150,9 @@ std::vector<uint32_t> ReferenceOutput(const ConvCase& cc, Epilogue ep, const std
           }
           if (ep == Epilogue::kInt32) {
             want[pix * out_cols + o] = static_cast<uint32_t>(best);
+          } else if (ep == Epilogue::kInt16) {
+            const size_t i = pix * out_cols + o;
+            want[i / 2] |= static_cast<uint32_t>(static_cast<uint16_t>(best)) << (16 * (i % 2));
           } else if (ep == Epilogue::kAffine) {
             volatile float prod = static_cast<float>(best) * scale[o];
             const float v = prod + bias[o];
@@ -246,7 +251,10 @@ long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose) {
       ++bad;
     }
   }
-  const char* ep_name = ep == Epilogue::kInt32 ? "i32" : ep == Epilogue::kAffine ? "f32" : "bits";
+  const char* ep_name = ep == Epilogue::kInt32   ? "i32"
+                        : ep == Epilogue::kInt16 ? "i16"
+                        : ep == Epilogue::kAffine ? "f32"
+                                                  : "bits";
   std::printf("%-8s %-4s B%d %dx%d c%d o%d k%dx%d s%d,%d pad(%d,%d,%d,%d)%s pool%dx%d: %ld / %zu wrong%s\n",
               PathName(ran), ep_name, cc.batch, cc.h, cc.w, cc.c, cc.o, cc.kh, cc.kw, cc.sh, cc.sw, cc.pt, cc.pb,
               cc.pl, cc.pr, cc.pad_one ? " one" : " zero", cc.ph, cc.pw, bad, got.size(),
@@ -382,13 +390,13 @@ std::vector<ResidualCase> ResidualCases() {
   };
 }
 
-// The outputs a timed case writes: the threshold bits, the int32 dot products, or a residual block's
+// The outputs a timed case writes: the threshold bits, the int32 or int16 dot products, or a residual block's
 // second convolution (stream = dot + a stride-1 shortcut of O channels, and the stream's bits).
-enum class TimedOutput { kBits, kInt32, kResidual };
+enum class TimedOutput { kBits, kInt32, kInt16, kResidual };
 
 // Times the op of a case (packed in; `output` out) on one engine with CUDA events: the median of 9 single
 // launches after 2 warm-ups, then the mean of 30 launches queued back to back (as XLA runs them). Operands
-// are random bits (any bits make valid FSB weights). "GB/s": the bytes of int32 written and read (the stream
+// are random bits (any bits make valid FSB weights). "GB/s": the bytes of integers written and read (the stream
 // and its shortcut) over the median time.
 void TimeCase(const char* name, const ConvCase& cc, KernelPath path, TimedOutput output = TimedOutput::kBits) {
   const int cw = (cc.c + 31) / 32, taps = cc.kh * cc.kw, k_words = taps * cw;
@@ -401,8 +409,10 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path, TimedOutput
   p.x = ToDevice(x);
   p.w = ToDevice(w);
   p.tap_popc = ToDevice(tap_popc);
-  p.epilogue = output == TimedOutput::kBits ? Epilogue::kBits
-              : output == TimedOutput::kInt32 ? Epilogue::kInt32 : Epilogue::kResidual;
+  p.epilogue = output == TimedOutput::kBits    ? Epilogue::kBits
+              : output == TimedOutput::kInt32 ? Epilogue::kInt32
+              : output == TimedOutput::kInt16 ? Epilogue::kInt16
+                                              : Epilogue::kResidual;
   p.threshold = ToDevice(thr);
   p.flip = ToDevice(flip);
   const size_t bits_bytes = static_cast<size_t>(p.pooled_rows) * ((cc.o + 31) / 32) * 4;
@@ -422,7 +432,9 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path, TimedOutput
     r.channels = cc.o;
     r.bits = bits;
   }
-  const double int32_bytes = output == TimedOutput::kBits ? 0.0 : (output == TimedOutput::kInt32 ? 1 : 2) * values_bytes;
+  const double int32_bytes = output == TimedOutput::kBits    ? 0.0
+                             : output == TimedOutput::kInt16 ? 0.5 * values_bytes
+                             : (output == TimedOutput::kInt32 ? 1 : 2) * values_bytes;
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
@@ -519,7 +531,7 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
   time("conv r18.l4.s2 b8", ConvCase{8, 14, 14, 256, 512, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false});
   time("conv vgg.5 b8", ConvCase{8, 14, 14, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   // the zoo's CIFAR-10 ResNet-14 blocks at batch 1024 (16 x 16 x 128, 8 x 8 x 256, 4 x 4 x 512): the first
-  // convolution's bits, the second's int32 dot products, and the second with the residual epilogue
+  // convolution's bits, the second's int32 and int16 dot products, and the second with the residual epilogue
   const ConvCase resnet14[] = {{1024, 16, 16, 128, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
                                {1024, 8, 8, 256, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
                                {1024, 4, 4, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}};
@@ -527,6 +539,7 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
     const std::string name = "conv r14.l" + std::to_string(i + 1) + " b1024";
     time(name, resnet14[i]);
     time(name + " i32", resnet14[i], TimedOutput::kInt32);
+    time(name + " i16", resnet14[i], TimedOutput::kInt16);
     time(name + " residual", resnet14[i], TimedOutput::kResidual);
   }
 }
@@ -900,7 +913,8 @@ int main(int argc, char** argv) {
     }
   }
   for (const ConvCase& cc : cases) {
-    for (Epilogue ep : {Epilogue::kInt32, Epilogue::kAffine, Epilogue::kBits}) {
+    for (Epilogue ep : {Epilogue::kInt32, Epilogue::kInt16, Epilogue::kAffine, Epilogue::kBits}) {
+      if (ep == Epilogue::kInt16 && cc.kh * cc.kw * cc.c > jaxbnn::cuda::kMaxInt16Reduction) continue;
       for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
         failures += RunCase(cc, ep, path, true) != 0;
       }
