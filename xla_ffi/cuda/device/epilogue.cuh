@@ -231,6 +231,17 @@ __device__ __forceinline__ int8_t EpilogueRowClass(const BinaryGemmProblem& p, c
   return static_cast<int8_t>(p.correction_table ? BorderClass(p, ExcessOf(p, origin.y, origin.z)) : 1);
 }
 
+// The int16 epilogue's values of columns col (even) and col + 1 (where below N) of one output row, as a 4-byte pair.
+__device__ __forceinline__ void StoreInt16Pair(const BinaryGemmProblem& p, long long row, int col, int d0, int d1) {
+  int16_t* out = static_cast<int16_t*>(p.out) + row * p.n + col;
+  if (p.n % 2 == 0) {  // 4-byte stores keep their alignment when rows have an even length
+    *reinterpret_cast<uint32_t*>(out) = static_cast<uint16_t>(d0) | static_cast<uint32_t>(static_cast<uint16_t>(d1)) << 16;
+  } else {
+    out[0] = static_cast<int16_t>(d0);
+    if (col + 1 < p.n) out[1] = static_cast<int16_t>(d1);
+  }
+}
+
 // Stores the int32 / affine values of two adjacent columns (col, col + 1) of one output row. (The int16 epilogue
 // has stores of its own, StoreInt16Fragments, chosen once per tile: a third form tested here, inside the loops
 // over the values, slowed the resident kernel's int32 epilogue by half; harness, H200.)

@@ -24,6 +24,10 @@ struct MmaSyncEngine {
   static constexpr int kWarpCols = kCols / kColWarps, kFrags = kWarpCols / 8, kWarpWords = kWarpCols / 32;
   static_assert(kWarpCols % 32 == 0, "a warp's columns make whole output words");
   static constexpr bool kDirectStore = true;  // StoreDirect: the epilogue without the shared int32 tile
+  // The int16 epilogue's 8-byte stores of four values from the quad's exchange (StoreInt16Fragments), except in
+  // the dense-tap engine (64 columns), whose kernel they made spill (14-16 bytes, ptxas) and its threshold
+  // epilogue 1-3% slower (harness, H200): there the pairs are stored as they lie (StoreInt16Pair).
+  static constexpr bool kQuadInt16Stores = kCols > 64;
   // A's stages in 128-byte rows (the weights' in core matrices): LoadActivationStage can then copy a row's
   // K block by one quarter-warp
   static constexpr ALayout kALayout = ALayout::kSwizzledRows;
@@ -178,25 +182,38 @@ struct MmaSyncEngine {
         const int v0 = p.k_real - 2 * popc_a[r];
         int excl[2 * kFrags];
         if (border) BorderCorrections(p, cols, origin, col0, warp_col + 2 * t, excl);
-        auto value = [&](int nf, int e) {
-          const int lc = warp_col + nf * 8 + 2 * t + e;
-          return 4 * acc.v[mf][nf][2 * h + e] + v0 - 2 * cols.popc_b[lc] - (border ? excl[2 * nf + e] : 0);
-        };
         if constexpr (kInt16) {
-          static_assert(kFrags % 2 == 0, "fragments in pairs");
+          static_assert(!kQuadInt16Stores || kFrags % 2 == 0, "fragments in pairs");
+          auto value = [&](int nf, int e) {
+            const int lc = warp_col + nf * 8 + 2 * t + e;
+            return 4 * acc.v[mf][nf][2 * h + e] + v0 - 2 * cols.popc_b[lc] - (border ? excl[2 * nf + e] : 0);
+          };
+          if constexpr (kQuadInt16Stores) {
 #pragma unroll
-          for (int nf = 0; nf < kFrags; nf += 2) {
-            const int col_f = col0 + warp_col + nf * 8;
-            if (col_f >= p.n) break;  // the same for the whole quad
-            StoreInt16Fragments(p, row, col_f, t, value(nf, 0), value(nf, 1), value(nf + 1, 0), value(nf + 1, 1));
+            for (int nf = 0; nf < kFrags; nf += 2) {
+              const int col_f = col0 + warp_col + nf * 8;
+              if (col_f >= p.n) break;  // the same for the whole quad
+              StoreInt16Fragments(p, row, col_f, t, value(nf, 0), value(nf, 1), value(nf + 1, 0), value(nf + 1, 1));
+            }
+          } else {
+#pragma unroll
+            for (int nf = 0; nf < kFrags; ++nf) {
+              const int col = col0 + warp_col + nf * 8 + 2 * t;
+              if (col < p.n) StoreInt16Pair(p, row, col, value(nf, 0), value(nf, 1));
+            }
           }
         } else {
 #pragma unroll
           for (int nf = 0; nf < kFrags; ++nf) {
             const int lc = warp_col + nf * 8 + 2 * t, col = col0 + lc;
             if (col >= p.n) continue;
-            StorePair(p, row, col, value(nf, 0), value(nf, 1), cols.scale[lc], cols.bias[lc], cols.scale[lc + 1],
-                      cols.bias[lc + 1]);
+            int d0 = 4 * acc.v[mf][nf][2 * h] + v0 - 2 * cols.popc_b[lc];
+            int d1 = 4 * acc.v[mf][nf][2 * h + 1] + v0 - 2 * cols.popc_b[lc + 1];
+            if (border) {
+              d0 -= excl[2 * nf];
+              d1 -= excl[2 * nf + 1];
+            }
+            StorePair(p, row, col, d0, d1, cols.scale[lc], cols.bias[lc], cols.scale[lc + 1], cols.bias[lc + 1]);
           }
         }
       }
