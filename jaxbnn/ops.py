@@ -192,12 +192,9 @@ def _bmm(planes, b, b_popcount, epi, side_by_side=None, *, k, n, kind, mode, thr
             return _dispatch(f"jaxbnn_{mode}_bmm_{kind}", out_type, attrs, composite, *native)
         cuda_operands = dict(cuda_weights=lambda b_: _default_tiles(b_, n, k),
                              cuda_activations=lambda a_: _clear_padding_bits(a_, k))
-        reference_fn = spec
-        if kind == "i16":  # where a platform has no int16 kernel: its int32 products, narrowed
-            i32_type = jax.ShapeDtypeStruct(out_type.shape, jnp.int32)
-            reference_fn = lambda *ops: _dispatch("jaxbnn_bmm_i32", i32_type, attrs, spec, *ops,  # noqa: E731
-                                                  **cuda_operands).astype(jnp.int16)
-        return _dispatch(f"jaxbnn_bmm_{kind}", out_type, attrs, reference_fn, *operands, **cuda_operands)
+        return _dispatch(f"jaxbnn_bmm_{kind}", out_type, attrs,
+                         _elsewhere(kind, "jaxbnn_bmm_i32", out_type, attrs, spec, cuda_operands), *operands,
+                         **cuda_operands)
 
     out = _fold_rows(single, activations=len(planes))(*rows, *weights, *epi.values())
     return out.reshape(leading + out.shape[1:])
@@ -438,12 +435,9 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
                 jax.ffi.ffi_call(target, unpooled)(x_, *ws, **flat), (ph, pw), formats.pack_bits(ws[-1] != 0))
         cuda_operands = dict(cuda_weights=lambda w_: _default_tiles(w_, o, k_bits),
                              cuda_activations=lambda x_: _clear_padding_bits(x_, c))
-        reference_fn = ref
-        if kind == "i16":  # where a platform has no int16 kernel: its int32 products, narrowed
-            i32_type = jax.ShapeDtypeStruct(out_type.shape, jnp.int32)
-            reference_fn = lambda *ops: _dispatch("jaxbnn_bconv2d_i32", i32_type, attr_values, ref, *ops,  # noqa: E731
-                                                  **cuda_operands).astype(jnp.int16)
-        return _dispatch(target, out_type, attr_values, reference_fn, x_, *weights_, cuda=cuda, **cuda_operands)
+        return _dispatch(target, out_type, attr_values,
+                         _elsewhere(kind, "jaxbnn_bconv2d_i32", out_type, attr_values, ref, cuda_operands), x_,
+                         *weights_, cuda=cuda, **cuda_operands)
 
     out = _fold_rows(single, activations=len(planes))(*images, *weights, *epi.values())
     return out.reshape(batch + out.shape[1:])
@@ -893,6 +887,15 @@ def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None, cuda_
     if not branches:
         return reference_fn(*operands)
     return jax.lax.platform_dependent(*operands, default=reference_fn, **branches)
+
+
+def _elsewhere(kind, i32_target, out_type, attrs, reference_fn, cuda_operands):
+    """What a binary op runs where a platform has no handler of its own for `kind`: the reference, or for an
+    int16 result the int32 products (native where registered), narrowed."""
+    if kind != "i16":
+        return reference_fn
+    i32_type = jax.ShapeDtypeStruct(out_type.shape, jnp.int32)
+    return lambda *ops: _dispatch(i32_target, i32_type, attrs, reference_fn, *ops, **cuda_operands).astype(jnp.int16)
 
 
 def _fold_rows(single, activations=1):
