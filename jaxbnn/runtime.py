@@ -213,8 +213,12 @@ def _has_native_product(ternary_activations, ternary_weights):
     """Whether the default platform has kernels of this ternary or mixed product (else the op runs it as one
     binary product, on the side-by-side weights built at load)."""
     mode = {(True, True): "tnn", (True, False): "tbn", (False, True): "btn"}[(ternary_activations, ternary_weights)]
-    platform = {"gpu": "cuda"}.get(jax.default_backend(), jax.default_backend())
-    return _ffi.has_target(platform, f"jaxbnn_{mode}_bmm_i32")
+    return _ffi.has_target(_default_platform(), f"jaxbnn_{mode}_bmm_i32")
+
+
+def _default_platform() -> str:
+    """The default backend as `_ffi.has_target` names platforms ("cpu", "cuda")."""
+    return {"gpu": "cuda"}.get(jax.default_backend(), jax.default_backend())
 
 
 # --- the forward pass ----------------------------------------------------------------------------------------
@@ -238,8 +242,7 @@ def stream_dtypes(nodes, tensors, narrow=None) -> list:
     shortcut only subsamples and zero-pads the stream). ResNet-14 stays below 16,200 and ResNet-18 below
     17,500 with the zoo's ±1 first layers."""
     if narrow is None:
-        platform = {"gpu": "cuda"}.get(jax.default_backend(), jax.default_backend())
-        narrow = _ffi.has_target(platform, "jaxbnn_bconv2d_i16")
+        narrow = _ffi.has_target(_default_platform(), "jaxbnn_bconv2d_i16")
     narrow = narrow and all(node["conv2"]["operand"] == "binary" and node["conv2"]["weights"] == "binary"
                             for node in nodes if node["kind"] == "residual")
     narrowest = jnp.int16 if narrow else jnp.int32
