@@ -243,9 +243,10 @@ def bconv2d(
     `(..., B, OH, OW, ceil(O/32))`, or with a ternary operand and
     `(P, O)` thresholds `(..., B, OH, OW, P, ceil(O/32))`.
     Residual epilogue (a ResNet block's second convolution; binary operands, no pool, no scale / bias): with
-    `shortcut`, the block's int32 input stream `(..., B, SH, SW, SC)`, the output is the new stream, int32
-    `(dot >> shift) + shortcut[..., ::s, ::s, :]` (s = `shortcut_stride`, ceil(SH / s) = OH, ceil(SW / s) = OW;
-    channels past SC, 1 <= SC <= O, add 0: the type-A shortcut), wrapping as int32 arithmetic does; with
+    `shortcut`, the block's input stream `(..., B, SH, SW, SC)`, int32 or int16, the output is the new stream
+    in the shortcut's type, `(dot >> shift) + shortcut[..., ::s, ::s, :]` (s = `shortcut_stride`,
+    ceil(SH / s) = OH, ceil(SW / s) = OW; channels past SC, 1 <= SC <= O, add 0: the type-A shortcut), wrapping
+    as that type's arithmetic does (`out_dtype`, if given, must name the same type); with
     `threshold` / `flip` as well (integers within int32, compared with the stream's values) the pair
     (stream, its packed bits `(..., B, OH, OW, ceil(O/32))`): the next block's input, in the same pass.
     side_by_side: as in `bmm` (`side_by_side_weights(w, ...)`).
@@ -316,12 +317,13 @@ def bconv2d(
             raise ValueError(f"the residual epilogue (shortcut) takes binary operands, got a {mode} product")
         if pool is not None or scale is not None or bias is not None:
             raise ValueError("the residual epilogue (shortcut) takes no pool, scale or bias")
-        if np.dtype(out_dtype) != np.int32:
-            raise ValueError("the residual epilogue's stream is int32 (out_dtype applies to the plain dot products)")
         stride = _positive_int("shortcut_stride", shortcut_stride)
         if not _is_int(shift) or not 0 <= shift <= 31:
             raise ValueError(f"shift must be an integer in [0, 31], got {shift!r}")
         shortcut = _shortcut_stream(shortcut, batch, (oh, ow), o, stride)
+        if np.dtype(out_dtype) not in (np.dtype(np.int32), shortcut.dtype):
+            raise ValueError(f"the residual epilogue's stream has the shortcut's type, {shortcut.dtype}; got "
+                             f"out_dtype={np.dtype(out_dtype)}")
         threshold, flip = _stream_threshold(threshold, flip, o)
         _check_elements("the result", batch + (oh, ow, o))
         _check_elements("the padded input", batch + (h + pt + pb, wd + pl + pr, c))
@@ -453,12 +455,12 @@ def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs,
     oh, ow = (h + pt + pb - kh) // sh + 1, (wd + pl + pr - kw) // sw + 1
     bits = threshold is not None
     lead = x.shape[:-3]
-    stream_type = jax.ShapeDtypeStruct((math.prod(lead), oh, ow, o), jnp.int32)
+    stream_type = jax.ShapeDtypeStruct((math.prod(lead), oh, ow, o), shortcut.dtype)
     bits_type = jax.ShapeDtypeStruct((math.prod(lead), oh, ow, formats.num_words(o)), jnp.uint32)
     images = x.reshape((math.prod(lead),) + x.shape[-3:])  # batch dims fold into B: one kernel call
     shortcut = shortcut.reshape((math.prod(lead),) + shortcut.shape[-3:])
     if images.shape[0] == 0:
-        stream, packed = jnp.zeros(stream_type.shape, jnp.int32), jnp.zeros(bits_type.shape, jnp.uint32)
+        stream, packed = jnp.zeros(stream_type.shape, shortcut.dtype), jnp.zeros(bits_type.shape, jnp.uint32)
     else:
         if w.ndim == 2:
             w = formats.to_fsb(w)
@@ -479,7 +481,10 @@ def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs,
                 return reference.residual_epilogue(dot, shortcut_, **residual, **dict(zip(("threshold", "flip"), e)))
 
             out_type = (stream_type, bits_type) if bits else stream_type
-            return _dispatch(f"jaxbnn_bconv2d_residual_{'bits' if bits else 'i32'}", out_type,
+            # the int32 stream's targets: jaxbnn_bconv2d_residual_i32 / _bits; the int16 one's: _i16 / _i16_bits
+            narrow = shortcut_.dtype == jnp.int16
+            target = "jaxbnn_bconv2d_residual_" + ("i16" + "_bits" * bits if narrow else "bits" if bits else "i32")
+            return _dispatch(target, out_type,
                              dict(conv_attrs, shortcut_stride=np.int64(stride), shift=np.int64(shift)), elsewhere,
                              x_, w_, popc_, shortcut_, *epi,
                              cuda_weights=lambda w_: _default_tiles(w_, o, k_bits),
@@ -492,10 +497,11 @@ def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs,
 
 
 def _shortcut_stream(shortcut, batch, out_hw, o, stride):
-    """The residual epilogue's shortcut, checked: int32 (*batch, SH, SW, SC) reaching (OH, OW) at `stride`."""
+    """The residual epilogue's shortcut, checked: int32 or int16 (*batch, SH, SW, SC) reaching (OH, OW) at
+    `stride`."""
     shortcut = shortcut if isinstance(shortcut, jax.Array) else np.asarray(shortcut)
-    if shortcut.dtype != jnp.int32:
-        raise TypeError(f"shortcut must be the int32 residual stream, got dtype {shortcut.dtype}")
+    if shortcut.dtype not in (jnp.int32, jnp.int16):
+        raise TypeError(f"shortcut must be the residual stream, int32 or int16, got dtype {shortcut.dtype}")
     if shortcut.ndim != len(batch) + 3 or shortcut.shape[:-3] != batch:
         raise ValueError(f"shortcut must have shape {batch + ('SH', 'SW', 'SC')} (the batch dims of x), got "
                          f"{shortcut.shape}")

@@ -12,9 +12,11 @@ integers from the pixels to the logits:
   the logits, or the int32 dot products of a residual block's stream. Where a platform has no kernel of a
   ternary or mixed product, the op runs it as one binary product over the planes side by side (docs/ops.md);
 - integer thresholds turn int32 pre-activations and the residual stream into bits; the stream is the sum
-  of each residual block's conv2 output and its shortcut, added in jnp: XLA fuses the add with the next
-  block's thresholds and packing, which on an H200 ran faster than the convolution's own residual epilogue
-  (`ops.bconv2d(..., shortcut=...)`, docs/design/decisions.md);
+  of each residual block's conv2 output and its shortcut: over an int16 stream on CUDA, where conv2 runs on
+  the band kernel (3x3 blocks of 64 or 128 channels), added in conv2's epilogue, which also writes the next
+  block's input bits (`ops.bconv2d(..., shortcut=...)`, `fuses_residual`); elsewhere added in jnp, where XLA
+  fuses the add with the next block's thresholds and packing (faster than the other kernels' residual
+  epilogue on an H200; docs/design/decisions.md);
 - on a platform whose kernels write int16 dot products (CUDA), a binary ResNet's stream travels as int16
   wherever every value it can take there fits (`stream_dtypes`: bounds from the graph and the first layer's
   weights), else as int32: the same integers as the Flax model's int32 stream, in half the bytes per pass
@@ -47,7 +49,7 @@ import numpy as np
 from jaxbnn import _ffi, formats, ops, packed_model
 from jaxbnn.packed_model import PackedModel, uses_conv_layout, weight_geometry
 
-__all__ = ["PackedNet", "InputRangeWarning", "load", "from_packed", "run_nodes", "stream_dtypes"]
+__all__ = ["PackedNet", "InputRangeWarning", "load", "from_packed", "run_nodes", "stream_dtypes", "fuses_residual"]
 
 
 class InputRangeWarning(UserWarning):
@@ -270,25 +272,66 @@ def _stream_bound(node, tensors, prefix) -> int:
     return -(-largest >> node["stream_shift"])  # floor(-largest / 2**shift) is the most negative value
 
 
-def run_nodes(nodes, params, x, stream_dtypes=None):
+def run_nodes(nodes, params, x, stream_dtypes=None, fuse_residual=None):
     """Outputs of `nodes` in order, from `x`, the value the first of them reads (the image's int8 levels,
     bits, a ternary plane pair or the stream): the whole graph, or a part of it (per-node timing).
     stream_dtypes: per node, the type of its stream output (`PackedNet.stream_dtypes` for the same nodes);
-    None: int32 throughout."""
+    None: int32 throughout. fuse_residual: whether the residual blocks over an int16 stream add their shortcut
+    in conv2's epilogue, which also writes the next block's input bits (`ops.bconv2d(..., shortcut=...)`);
+    None: the blocks whose conv2 the default platform runs faster that way (`fuses_residual`)."""
     dtypes = stream_dtypes or [jnp.int32] * len(nodes)
+    platform_fuses = fuse_residual is None and fuses_residual()
     outputs = []
-    for node, p, dtype in zip(nodes, params, dtypes):
+    stream_bits = None  # the stream's bits for the next node's conv1, from the previous block's epilogue
+    for i, (node, p, dtype) in enumerate(zip(nodes, params, dtypes)):
         if node["kind"] in ("dense", "conv"):
             x = _linear(node, p, x, dtype)
             outputs.append(x)
         elif node["kind"] == "residual":
-            inner = _linear(node["conv1"], p["conv1"], x)
-            x = _linear(node["conv2"], p["conv2"], inner, dtype) + _shortcut(node, x).astype(dtype)
+            inner = _linear(node["conv1"], p["conv1"], x, input_bits=stream_bits)
+            fuse = fuse_residual if fuse_residual is not None else platform_fuses and _stages_shortcut(node["conv2"])
+            if fuse and dtype == jnp.int16:
+                following = nodes[i + 1] if i + 1 < len(nodes) else None
+                x, stream_bits = _residual_epilogue(node, p, inner, x, following, params[i + 1:i + 2])
+            else:
+                x = _linear(node["conv2"], p["conv2"], inner, dtype) + _shortcut(node, x).astype(dtype)
+                stream_bits = None
             outputs.append((inner, x))
         else:
             x = _quantize(node["output"], p, jnp.sum(x, axis=(1, 2), dtype=jnp.int32))
             outputs.append(x)
     return outputs
+
+
+def fuses_residual() -> bool:
+    """Whether the default platform adds an int16 stream's shortcut in conv2's epilogue where conv2 runs on a
+    kernel that stages the shortcut (`_stages_shortcut`): CUDA. Elsewhere (the CPU) XLA's add, fused with the
+    next block's thresholds and packing, measured faster (docs/design/decisions.md, "The residual epilogue")."""
+    return _ffi.has_target(_default_platform(), "jaxbnn_bconv2d_residual_i16_bits")
+
+
+def _stages_shortcut(conv2) -> bool:
+    """Whether CUDA runs this conv2's narrow residual epilogue on the band kernel, which copies the shortcut
+    into shared memory while its MMAs run (3x3, stride 1, 64 or 128 channels in, at most 128 out, rows of at
+    most 254 pixels). The other kernels load it after their MMAs, and there the epilogue was slower than
+    XLA's add (H200: 8 x 8 x 256 at batch 1024 0.28 against 0.05 ms plus XLA's pass; decisions.md)."""
+    h, w, c = conv2["in_shape"]
+    return (conv2["kernel_size"] == [3, 3] and conv2["stride"] == [1, 1] and c in (64, 128)
+            and conv2["out_channels"] <= 128 and conv2["pool"] is None and w <= 254)
+
+
+def _residual_epilogue(node, p, inner, stream, following, following_params):
+    """A residual block's conv2 with its shortcut added in the epilogue: the new stream and, where the next
+    node is a residual block reading binary bits, their bits through its conv1's input thresholds (else None)."""
+    conv2 = node["conv2"]
+    bits = following is not None and following["kind"] == "residual" and following["conv1"]["operand"] == "binary"
+    thresholds = {}
+    if bits:
+        q = following_params[0]["conv1"]
+        thresholds = dict(threshold=q["input_threshold"], flip=q["input_flip"])
+    out = ops.bconv2d(inner, p["conv2"]["weight"], shortcut=stream.astype(jnp.int16), shortcut_stride=node["shortcut_stride"],
+                      **_conv_args(conv2), **thresholds)
+    return out if bits else (out, None)
 
 
 def _shortcut(node, x):
@@ -308,9 +351,12 @@ def _quantize(domain, p, z, prefix=""):
                  for plane in ("nonneg", "pos"))
 
 
-def _linear(node, p, x, stream_dtype=jnp.int32):
-    """A dense or conv node; `stream_dtype`: the type of a stream output."""
-    if node["input"] == "stream":
+def _linear(node, p, x, stream_dtype=jnp.int32, input_bits=None):
+    """A dense or conv node; `stream_dtype`: the type of a stream output; `input_bits`: a stream input's bits
+    where the previous epilogue wrote them (else its thresholds run here)."""
+    if input_bits is not None:
+        x = input_bits
+    elif node["input"] == "stream":
         x = _quantize(node["operand"], p, x, prefix="input_")
     if node["operand"] == "image":
         out = _image_layer(node, p, x)

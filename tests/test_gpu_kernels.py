@@ -501,14 +501,16 @@ def test_bconv2d_ignores_padding_bits_on_cuda_as_on_the_cpu(c, pad_value):
         np.testing.assert_array_equal(np.asarray(ops.bconv2d(dirty_x, dirty_rows, **args)), want)
 
 
-# Residual blocks' second convolutions (the residual epilogue): the band kernel (C = 64 pixel pairs, C = 128), the
-# resident kernel (C = 256 / 512, N = 300: two column tiles), the dense-tap kernel (C = 16, 32), a type-A shortcut
-# (stride 2, fewer channels), odd N, "one" padding, a shift.
+# Residual blocks' second convolutions (the residual epilogue): the band kernel (C = 64 pixel pairs, C = 128; the
+# int16 stream's shortcut staged in 16-byte chunks, or element by element for 77 channels), the resident kernel
+# (C = 256 / 512, N = 300: two column tiles), the dense-tap kernel (C = 16, 32), a type-A shortcut (stride 2,
+# fewer channels), odd N, "one" padding, a shift.
 # (batch, H, W, C, O, pad_value, shortcut (SH, SW, SC), shortcut stride, shift)
 RESIDUAL_CASES = [
     (3, 17, 24, 64, 64, "zero", (17, 24, 64), 1, 0),
     (2, 15, 14, 64, 128, "zero", (30, 28, 64), 2, 0),
     (2, 9, 11, 128, 100, "one", (9, 11, 77), 1, 1),
+    (2, 16, 16, 128, 128, "zero", (16, 16, 128), 1, 0),
     (2, 7, 7, 512, 300, "zero", (7, 7, 256), 1, 0),
     (3, 14, 14, 256, 256, "zero", (27, 28, 128), 2, 3),
     (4, 16, 16, 16, 16, "zero", (16, 16, 16), 1, 0),
@@ -517,19 +519,20 @@ RESIDUAL_CASES = [
 ]
 
 
+@pytest.mark.parametrize("stream_dtype", [np.int32, np.int16])
 @pytest.mark.parametrize("with_bits", [False, True])
 @pytest.mark.parametrize("case", RESIDUAL_CASES, ids=lambda c: f"b{c[0]}_{c[1]}x{c[2]}_c{c[3]}_o{c[4]}_s{c[7]}")
-def test_residual_bconv2d_on_cuda_matches_the_cpu(engine, case, with_bits):
-    """ops.bconv2d's residual epilogue on every engine: the stream and its bits as the CPU computes them (its
-    int32 convolution, then the epilogue in jnp: jaxbnn.reference.residual_epilogue)."""
+def test_residual_bconv2d_on_cuda_matches_the_cpu(engine, case, with_bits, stream_dtype):
+    """ops.bconv2d's residual epilogue on every engine, over an int32 or int16 stream: the stream and its bits as
+    the CPU computes them (its int32 convolution, then the epilogue in jnp: jaxbnn.reference.residual_epilogue)."""
     from jaxbnn import ops
 
     batch, h, w_, c, o, pad_value, (sh, sw, sc), stride, shift = case
     rng = np.random.default_rng(zlib.crc32(repr((case, with_bits)).encode()))
     x = np.asarray(formats.pack_bits(_random_signs(rng, (batch, h, w_, c)) >= 0))
     weights = formats.pack_conv_weights(_random_signs(rng, (3, 3, c, o)))
-    shortcut = rng.integers(-3 * 9 * c, 3 * 9 * c, (batch, sh, sw, sc)).astype(np.int32)
-    shortcut[0, 0, 0, 0] = np.iinfo(np.int32).max  # wraps where it meets a positive dot product
+    shortcut = rng.integers(-3 * 9 * c, 3 * 9 * c, (batch, sh, sw, sc)).astype(stream_dtype)
+    shortcut[0, 0, 0, 0] = np.iinfo(stream_dtype).max  # wraps where it meets a positive dot product
     epilogue = dict(threshold=rng.integers(-9 * c, 9 * c, o).astype(np.int32),
                     flip=rng.integers(0, 2, o).astype(bool)) if with_bits else {}
     kwargs = dict(in_channels=c, kernel_size=(3, 3), out_channels=o, padding="SAME", pad_value=pad_value,
@@ -540,6 +543,7 @@ def test_residual_bconv2d_on_cuda_matches_the_cpu(engine, case, with_bits):
     with jax.default_device(CPU):
         want = ops.bconv2d(x, weights.bits, **kwargs)
     for g, wnt in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.dtype == wnt.dtype
         np.testing.assert_array_equal(np.asarray(g), np.asarray(wnt))
 
 

@@ -314,7 +314,7 @@ def test_int16_dot_products_refuse_what_does_not_fit_them():
         ops.bmm(a, b, out_dtype="half an int")
     small = formats.pack_conv_weights(jnp.ones((3, 3, 32, 4)))
     x = jnp.zeros((1, 5, 5, 1), jnp.uint32)
-    with pytest.raises(ValueError, match="stream is int32"):
+    with pytest.raises(ValueError, match="the shortcut's type"):
         ops.bconv2d(x, small, shortcut=jnp.zeros((1, 5, 5, 4), jnp.int32), out_dtype=jnp.int16)
 
 
@@ -820,10 +820,12 @@ def test_ops_read_only_the_real_bits_whatever_the_padding_bits_hold(k):
 
 
 def numpy_residual(dot, shortcut, stride, shift, threshold=None, flip=None):
-    """(dot >> shift) + the type-A shortcut (subsampled, zero channels appended), wrapping as int32."""
+    """(dot >> shift) + the type-A shortcut (subsampled, zero channels appended), wrapping as the shortcut's
+    integer type (int32 or int16)."""
     short = shortcut[..., ::stride, ::stride, :].astype(np.int64)
     short = np.concatenate([short, np.zeros(short.shape[:-1] + (dot.shape[-1] - short.shape[-1],), np.int64)], -1)
-    stream = ((np.asarray(dot, np.int64) >> shift) + short).astype(np.uint64).astype(np.uint32).view(np.int32)
+    unsigned = np.uint32 if shortcut.dtype == np.int32 else np.uint16
+    stream = ((np.asarray(dot, np.int64) >> shift) + short).astype(np.uint64).astype(unsigned).view(shortcut.dtype)
     if threshold is None:
         return stream
     bits = np.where(flip, stream <= threshold, stream >= threshold)
@@ -841,13 +843,14 @@ RESIDUAL_CASES = [
 
 @pytest.mark.parametrize("case", RESIDUAL_CASES)
 @pytest.mark.parametrize("with_bits", [False, True])
-def test_residual_epilogue_adds_the_type_a_shortcut_and_thresholds_the_stream(case, with_bits):
+@pytest.mark.parametrize("stream_dtype", [np.int32, np.int16])
+def test_residual_epilogue_adds_the_type_a_shortcut_and_thresholds_the_stream(case, with_bits, stream_dtype):
     lead, h, w, c, o, k, stride, (sh, sw, sc), s, shift = case
     rng = np.random.default_rng(len(lead) + h + o + s)
     x = formats.pack_bits(signs(rng, lead + (h, w, c)) >= 0)
     weights = formats.pack_conv_weights(signs(rng, (k, k, c, o)))
-    shortcut = rng.integers(-500, 500, lead + (sh, sw, sc)).astype(np.int32)
-    shortcut.reshape(-1)[0] = np.iinfo(np.int32).max  # the sum wraps as int32 arithmetic does
+    shortcut = rng.integers(-500, 500, lead + (sh, sw, sc)).astype(stream_dtype)
+    shortcut.reshape(-1)[0] = np.iinfo(stream_dtype).max  # the sum wraps as the stream's type does
     epilogue = dict(threshold=rng.integers(-60, 60, o).astype(np.int32), flip=rng.integers(0, 2, o).astype(bool))
     conv = dict(kernel_size=(k, k), stride=stride, padding="SAME")
     dot = np.asarray(ops.bconv2d(x, weights, **conv))
@@ -860,7 +863,8 @@ def test_residual_epilogue_adds_the_type_a_shortcut_and_thresholds_the_stream(ca
         assert got[1].dtype == jnp.uint32 and got[1].shape == lead + dot.shape[-3:-1] + (formats.num_words(o),)
     else:
         np.testing.assert_array_equal(np.asarray(got), want)
-        assert got.dtype == jnp.int32
+    stream = got[0] if with_bits else got
+    assert stream.dtype == stream_dtype
 
 
 def test_residual_epilogue_under_jit_and_vmap():
@@ -880,7 +884,9 @@ def test_residual_epilogue_under_jit_and_vmap():
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    (dict(shortcut=np.zeros((2, 6, 6, 64), np.int64)), TypeError, "int32 residual stream"),
+    (dict(shortcut=np.zeros((2, 6, 6, 64), np.int64)), TypeError, "int32 or int16"),
+    (dict(shortcut=np.zeros((2, 6, 6, 64), np.int8)), TypeError, "int32 or int16"),
+    (dict(shortcut=np.zeros((2, 6, 6, 64), np.int32), out_dtype=np.int16), ValueError, "the shortcut's type"),
     (dict(shortcut=np.zeros((6, 6, 64), np.int32)), ValueError, "batch dims of x"),
     (dict(shortcut=np.zeros((2, 6, 6, 65), np.int32)), ValueError, "does not reach"),
     (dict(shortcut=np.zeros((2, 7, 6, 64), np.int32)), ValueError, "does not reach"),

@@ -450,6 +450,42 @@ def test_the_narrow_stream_computes_the_integers_of_the_format(mode):
     np.testing.assert_allclose(np.asarray(got[-1]), expected[-1], rtol=1e-6, atol=1e-6)
 
 
+def test_the_residual_epilogue_carries_the_stream_and_its_bits_as_the_jnp_add_does():
+    """CUDA's form of a narrow-stream ResNet (conv2 adds the shortcut in its epilogue and writes the next block's
+    input bits; the last block the stream alone), run here on purpose: every node's output equals the jnp add's,
+    the strided blocks' subsampled, channel-padded shortcuts included."""
+    model = zoo_model("cifar10-resnet14", "bnn", {})
+    net = runtime.from_packed(export_model(model))
+    nodes = net.graph["nodes"]
+    dtypes = runtime.stream_dtypes(nodes, export_model(model).tensors, narrow=True)
+    assert jnp.int16 in dtypes
+    levels = formats.image_levels(images_for(model, 5, seed=4))
+
+    def run(fuse):
+        return jax.jit(lambda p, x: runtime.run_nodes(nodes, p, x, dtypes, fuse_residual=fuse))(net.params, levels)
+
+    fused, added = run(True), run(False)
+    assert sum(node["kind"] == "residual" for node in nodes) >= 3
+    for node, got, want in zip(nodes, fused, added):
+        for got_part, want_part in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            assert got_part.dtype == want_part.dtype, node["name"]
+            np.testing.assert_array_equal(np.asarray(got_part), np.asarray(want_part), err_msg=node["name"])
+
+
+def test_cuda_adds_the_shortcut_in_the_epilogue_of_the_band_kernel_blocks_only():
+    """The blocks whose conv2 the band kernel runs (3x3, stride 1, 64 or 128 channels in, at most 128 out) stage
+    their shortcut; the wider ones (the resident and mma.sync kernels) keep XLA's add."""
+    def conv2(c, o, size=16, kernel=(3, 3)):
+        return {"in_shape": [size, size, c], "out_channels": o, "kernel_size": list(kernel), "stride": [1, 1],
+                "pool": None}
+
+    assert runtime._stages_shortcut(conv2(128, 128)) and runtime._stages_shortcut(conv2(64, 64, size=56))
+    assert not runtime._stages_shortcut(conv2(256, 256, size=8))
+    assert not runtime._stages_shortcut(conv2(512, 512, size=4))
+    assert not runtime._stages_shortcut(conv2(128, 128, kernel=(1, 1)))
+    assert not runtime._stages_shortcut(conv2(128, 128, size=300))
+
+
 def test_a_stream_beyond_int16_travels_as_int32():
     """A stem whose sums may pass int16 (3x3 over 32 channels, no shift: up to 128 * 288) makes the stream int32
     from there on, and every node still computes the format's integers (numpy): nothing wraps."""

@@ -18,7 +18,14 @@ namespace jaxbnn::cuda {
 // (dot >> shift) + shortcut, and with a threshold also that stream's packed bits (the next block's input).
 // kInt16: the dot products as int16, for reductions of at most 32767 products (k_real), where every dot product
 // fits: half the bytes of kInt32 to store (a ResNet's narrow residual stream).
-enum class Epilogue : int { kInt32 = 0, kAffine = 1, kBits = 2, kResidual = 3, kInt16 = 4 };
+// kResidualInt16: kResidual over an int16 stream (shortcut and output int16, the sum wrapping as int16
+// arithmetic does).
+enum class Epilogue : int { kInt32 = 0, kAffine = 1, kBits = 2, kResidual = 3, kInt16 = 4, kResidualInt16 = 5 };
+
+// Whether `e` is a residual epilogue (the kernels' residual instances run it).
+__host__ __device__ constexpr bool IsResidual(Epilogue e) {
+  return e == Epilogue::kResidual || e == Epilogue::kResidualInt16;
+}
 
 // The longest reduction (k_real) whose dot products Epilogue::kInt16 takes: |dot| <= k_real fits int16.
 inline constexpr int kMaxInt16Reduction = 32767;
@@ -69,14 +76,15 @@ struct BinaryGemmProblem {
   bool edge_corners = false;  // and their corner blocks (KeepsEdgeCorners)
 };
 
-// The residual epilogue's operands (Epilogue::kResidual, unpooled): out[row, col] = (dot >> shift) +
-// shortcut[b, s oh, s ow, col] (0 for col >= channels), the shortcut int32 (batch, height, width, channels)
-// taken every s = stride pixels (ceil(height / s) = out_h, ceil(width / s) = out_w, channels <= n); with
+// The residual epilogue's operands (IsResidual, unpooled): out[row, col] = (dot >> shift) +
+// shortcut[b, s oh, s ow, col] (0 for col >= channels), the shortcut (batch, height, width, channels) of the
+// stream's type (int32; int16 with kResidualInt16) taken every s = stride pixels (ceil(height / s) = out_h,
+// ceil(width / s) = out_w, channels <= n); with
 // `bits` (else null) also the stream's bits (pooled_rows, ceil(n/32)) against the problem's threshold / flip:
 // out >= threshold (out <= threshold where flip). A kernel parameter after the problem's, so that the other
 // epilogues' kernels keep their parameters (and their machine code) as they are.
 struct ResidualOperands {
-  const int32_t* shortcut = nullptr;
+  const void* shortcut = nullptr;  // int32, or int16 with Epilogue::kResidualInt16 (as the output)
   int height = 0, width = 0, channels = 0, stride = 1, shift = 0;
   uint32_t* bits = nullptr;
 };
@@ -89,7 +97,7 @@ inline constexpr int kMaxReductionWords = 1 << 16;
 
 // Launches the kernel for `problem` on `stream`; returns the launch error, if any. `path` forces a kernel
 // when it can run the problem (falls back to kAuto's choice otherwise). `chosen` (may be null) receives
-// the kernel that ran. `residual`: the operands of Epilogue::kResidual.
+// the kernel that ran. `residual`: the operands of a residual epilogue (IsResidual).
 cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, cudaStream_t stream,
                              KernelPath* chosen, const ResidualOperands& residual = {});
 

@@ -137,10 +137,11 @@ std::optional<ffi::Error> SetEpilogue(BinaryGemmProblem& p, const EpilogueArgs& 
 
 int64_t OutputColumns(Epilogue kind, int64_t n) { return kind == Epilogue::kBits ? CeilDiv(n, 32) : n; }
 
-// The residual epilogue's operands (Epilogue::kResidual): the block's input stream as the shortcut, taken
-// every `stride` pixels, the shift of the dot products, and the stream bits' result (null: none).
+// The residual epilogue's operands (IsResidual): the block's input stream as the shortcut (of the stream's
+// type), taken every `stride` pixels, the shift of the dot products, and the stream bits' result (null: none).
 struct ResidualArgs {
-  const ffi::Buffer<ffi::S32>* shortcut = nullptr;
+  const void* shortcut = nullptr;
+  ffi::Span<const int64_t> shortcut_dims;
   int64_t stride = 1, shift = 0;
   ffi::Span<const int64_t> bits_dims;
   uint32_t* bits = nullptr;
@@ -154,7 +155,7 @@ std::optional<ffi::Error> SetResidual(const BinaryGemmProblem& p, const Residual
   if (r.stride < 1 || !FitsInt(r.stride)) {
     return Invalid("bconv2d shortcut_stride must lie in [1, 2^31 - 1], got " + std::to_string(r.stride));
   }
-  const auto dims = r.shortcut->dimensions();
+  const auto dims = r.shortcut_dims;
   if (dims.size() != 4 || dims[0] != batch || CeilDiv(dims[1], r.stride) != out_h ||
       CeilDiv(dims[2], r.stride) != out_w || dims[3] < 1 || dims[3] > n) {
     return Invalid("bconv2d shortcut has shape " + Dims(dims) + "; with shortcut_stride " + std::to_string(r.stride) +
@@ -173,7 +174,7 @@ std::optional<ffi::Error> SetResidual(const BinaryGemmProblem& p, const Residual
                      std::to_string(out_h) + ", " + std::to_string(out_w) + ", " + std::to_string(CeilDiv(n, 32)) + ")");
     }
   }
-  operands.shortcut = r.shortcut->typed_data();
+  operands.shortcut = r.shortcut;
   operands.height = static_cast<int>(dims[1]);
   operands.width = static_cast<int>(dims[2]);
   operands.channels = static_cast<int>(dims[3]);
@@ -233,7 +234,7 @@ struct ConvAttrs {
   int64_t pool_h, pool_w;
 };
 
-// residual: the residual epilogue's operands where e.kind is kResidual (its threshold and flip optional).
+// residual: the residual epilogue's operands where e.kind is one (IsResidual; its threshold and flip optional).
 ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi::Buffer<ffi::U32>& w,
                  const ffi::Buffer<ffi::S32>& tap_popc, const ConvAttrs& at, const EpilogueArgs& e,
                  ffi::Span<const int64_t> out_dims, void* out, const ResidualArgs* residual = nullptr) {
@@ -307,11 +308,11 @@ ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi:
   p.k_real = static_cast<int>(taps * at.c);
   p.pooled_rows = static_cast<int>(batch * out_h * out_w);
   p.out = out;
-  if (e.kind != Epilogue::kResidual) {
+  if (!IsResidual(e.kind)) {
     if (auto err = SetEpilogue(p, e, at.o)) return *err;
     return Run(p, stream);
   }
-  p.epilogue = Epilogue::kResidual;
+  p.epilogue = e.kind;
   if (e.threshold != nullptr) {
     if (auto err = ExpectShape("threshold", *e.threshold, {at.o})) return *err;
     if (auto err = ExpectShape("flip", *e.flip, {at.o})) return *err;
@@ -469,22 +470,28 @@ ffi::Error BConvBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buff
   return BConv(stream, x, w, tap_popc, JAXBNN_CONV_ATTRS, e, out->dimensions(), out->untyped_data());
 }
 
-ffi::Error BConvResidualI32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buffer<ffi::U32> w,
-                                ffi::Buffer<ffi::S32> tap_popc, ffi::Buffer<ffi::S32> shortcut,
-                                JAXBNN_CONV_ATTR_PARAMS, int64_t shortcut_stride, int64_t shift,
-                                ffi::ResultBuffer<ffi::S32> stream_out) {
-  const EpilogueArgs e{Epilogue::kResidual, nullptr, nullptr, nullptr, nullptr};
-  const ResidualArgs r{&shortcut, shortcut_stride, shift, {}, nullptr};
+// The residual convolution over a stream of type T (S32: Epilogue::kResidual, S16: kResidualInt16).
+template <ffi::DataType T>
+ffi::Error BConvResidualImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buffer<ffi::U32> w,
+                             ffi::Buffer<ffi::S32> tap_popc, ffi::Buffer<T> shortcut, JAXBNN_CONV_ATTR_PARAMS,
+                             int64_t shortcut_stride, int64_t shift, ffi::ResultBuffer<T> stream_out) {
+  const EpilogueArgs e{T == ffi::S16 ? Epilogue::kResidualInt16 : Epilogue::kResidual, nullptr, nullptr, nullptr,
+                       nullptr};
+  const ResidualArgs r{shortcut.untyped_data(), shortcut.dimensions(), shortcut_stride, shift, {}, nullptr};
   return BConv(stream, x, w, tap_popc, JAXBNN_CONV_ATTRS, e, stream_out->dimensions(), stream_out->untyped_data(), &r);
 }
 
+// The same with the stream's bits against threshold / flip.
+template <ffi::DataType T>
 ffi::Error BConvResidualBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buffer<ffi::U32> w,
-                                 ffi::Buffer<ffi::S32> tap_popc, ffi::Buffer<ffi::S32> shortcut,
+                                 ffi::Buffer<ffi::S32> tap_popc, ffi::Buffer<T> shortcut,
                                  ffi::Buffer<ffi::S32> threshold, ffi::Buffer<ffi::U8> flip, JAXBNN_CONV_ATTR_PARAMS,
-                                 int64_t shortcut_stride, int64_t shift, ffi::ResultBuffer<ffi::S32> stream_out,
+                                 int64_t shortcut_stride, int64_t shift, ffi::ResultBuffer<T> stream_out,
                                  ffi::ResultBuffer<ffi::U32> bits) {
-  const EpilogueArgs e{Epilogue::kResidual, nullptr, nullptr, &threshold, &flip};
-  const ResidualArgs r{&shortcut, shortcut_stride, shift, bits->dimensions(), bits->typed_data()};
+  const EpilogueArgs e{T == ffi::S16 ? Epilogue::kResidualInt16 : Epilogue::kResidual, nullptr, nullptr, &threshold,
+                       &flip};
+  const ResidualArgs r{shortcut.untyped_data(), shortcut.dimensions(), shortcut_stride, shift, bits->dimensions(),
+                       bits->typed_data()};
   return BConv(stream, x, w, tap_popc, JAXBNN_CONV_ATTRS, e, stream_out->dimensions(), stream_out->untyped_data(), &r);
 }
 
@@ -589,26 +596,32 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvBits, jaxbnn::cuda::BConvBitsImpl,
                                   .Arg<ffi::Buffer<ffi::U8>>() JAXBNN_BIND_CONV_ATTRS.Ret<ffi::Buffer<ffi::U32>>(),
                               {ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvResidualI32, jaxbnn::cuda::BConvResidualI32Impl,
-                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
-                                  .Arg<ffi::Buffer<ffi::U32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>() JAXBNN_BIND_CONV_ATTRS.Attr<int64_t>("shortcut_stride")
-                                  .Attr<int64_t>("shift")
-                                  .Ret<ffi::Buffer<ffi::S32>>(),
-                              {ffi::Traits::kCmdBufferCompatible});
+#define JAXBNN_BIND_RESIDUAL(T)                                                                             \
+  JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()                                                           \
+      .Arg<ffi::Buffer<ffi::U32>>()                                                                         \
+      .Arg<ffi::Buffer<ffi::S32>>()                                                                         \
+      .Arg<ffi::Buffer<T>>() JAXBNN_BIND_CONV_ATTRS.Attr<int64_t>("shortcut_stride")                        \
+      .Attr<int64_t>("shift")                                                                               \
+      .Ret<ffi::Buffer<T>>()
+#define JAXBNN_BIND_RESIDUAL_BITS(T)                                                                        \
+  JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()                                                           \
+      .Arg<ffi::Buffer<ffi::U32>>()                                                                         \
+      .Arg<ffi::Buffer<ffi::S32>>()                                                                         \
+      .Arg<ffi::Buffer<T>>()                                                                                \
+      .Arg<ffi::Buffer<ffi::S32>>()                                                                         \
+      .Arg<ffi::Buffer<ffi::U8>>() JAXBNN_BIND_CONV_ATTRS.Attr<int64_t>("shortcut_stride")                  \
+      .Attr<int64_t>("shift")                                                                               \
+      .Ret<ffi::Buffer<T>>()                                                                                \
+      .Ret<ffi::Buffer<ffi::U32>>()
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvResidualBits, jaxbnn::cuda::BConvResidualBitsImpl,
-                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
-                                  .Arg<ffi::Buffer<ffi::U32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::U8>>() JAXBNN_BIND_CONV_ATTRS.Attr<int64_t>("shortcut_stride")
-                                  .Attr<int64_t>("shift")
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::U32>>(),
-                              {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvResidualI32, jaxbnn::cuda::BConvResidualImpl<ffi::S32>,
+                              JAXBNN_BIND_RESIDUAL(ffi::S32), {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvResidualBits, jaxbnn::cuda::BConvResidualBitsImpl<ffi::S32>,
+                              JAXBNN_BIND_RESIDUAL_BITS(ffi::S32), {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvResidualI16, jaxbnn::cuda::BConvResidualImpl<ffi::S16>,
+                              JAXBNN_BIND_RESIDUAL(ffi::S16), {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvResidualI16Bits, jaxbnn::cuda::BConvResidualBitsImpl<ffi::S16>,
+                              JAXBNN_BIND_RESIDUAL_BITS(ffi::S16), {ffi::Traits::kCmdBufferCompatible});
 
 #define JAXBNN_BIND_IMAGE_ATTRS                                                                                    \
   .Attr<int64_t>("c").Attr<int64_t>("n").Attr<int64_t>("kh").Attr<int64_t>("kw").Attr<int64_t>("stride_h")     \

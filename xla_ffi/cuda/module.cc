@@ -35,6 +35,8 @@ NB_MODULE(_cuda, m) {
     d["jaxbnn_bconv2d_bits"] = Capsule(JaxbnnCudaBConvBits);
     d["jaxbnn_bconv2d_residual_i32"] = Capsule(JaxbnnCudaBConvResidualI32);
     d["jaxbnn_bconv2d_residual_bits"] = Capsule(JaxbnnCudaBConvResidualBits);
+    d["jaxbnn_bconv2d_residual_i16"] = Capsule(JaxbnnCudaBConvResidualI16);
+    d["jaxbnn_bconv2d_residual_i16_bits"] = Capsule(JaxbnnCudaBConvResidualI16Bits);
     d["jaxbnn_image_conv2d_i32"] = Capsule(JaxbnnCudaImageConvI32);
     d["jaxbnn_image_conv2d_bits"] = Capsule(JaxbnnCudaImageConvBits);
     return d;

@@ -1,6 +1,6 @@
 // Epilogue pieces of the mma.sync / CUDA-core kernels: the fused epilogue over a tile staged in shared memory
 // (pooling), a border row's bound class, the int32 / affine stores of a pair of columns, and the residual
-// stream's values and bits (Epilogue::kResidual) shared with the wgmma epilogue.
+// stream's values and bits (the residual epilogues) shared with the wgmma epilogue.
 #pragma once
 
 #include <climits>
@@ -8,50 +8,99 @@
 
 #include "cuda/binary_gemm.h"
 #include "cuda/device/border.cuh"
+#include "cuda/device/common.cuh"
 #include "cuda/device/geometry.cuh"
 #include "cuda/device/tile_columns.cuh"
 
 namespace jaxbnn::cuda {
 
-// ---- the residual epilogue (Epilogue::kResidual) ----
+// ---- the residual epilogues (IsResidual: Epilogue::kResidual, kResidualInt16) ----
 
-// The shortcut's channels at output pixel `row` (a real one): its own pixel of a stride-1 shortcut, else
-// the pixel (b, s oh, s ow) of the block's input.
-__device__ __forceinline__ const int32_t* ShortcutRow(const BinaryGemmProblem& p, const ResidualOperands& r,
-                                                     long long row) {
-  if (r.stride == 1) return r.shortcut + row * r.channels;
+// Whether the problem's stream (shortcut and output) is int16 (Epilogue::kResidualInt16), else int32.
+__device__ __forceinline__ bool NarrowStream(const BinaryGemmProblem& p) {
+  return p.epilogue == Epilogue::kResidualInt16;
+}
+
+// The first element of the shortcut's channels at output pixel `row` (a real one): its own pixel of a stride-1
+// shortcut, else the pixel (b, s oh, s ow) of the block's input.
+__device__ __forceinline__ long long ShortcutOffset(const BinaryGemmProblem& p, const ResidualOperands& r,
+                                                    long long row) {
+  if (r.stride == 1) return row * r.channels;
   const int pixel = static_cast<int>(row), image_pixels = p.out_h * p.out_w;
   const int b = pixel / image_pixels, in_image = pixel - b * image_pixels;
   const int oh = in_image / p.out_w, ow = in_image - oh * p.out_w;
   const long long at =
       (static_cast<long long>(b) * r.height + static_cast<long long>(oh) * r.stride) * r.width +
       static_cast<long long>(ow) * r.stride;
-  return r.shortcut + at * r.channels;
+  return at * r.channels;
 }
 
 // The stream value of dot product `dot` with the shortcut's value `added`: (dot >> shift) + added, wrapping
-// on overflow as int32 arithmetic in XLA does.
+// on overflow as the stream's integer type does in XLA (int32, or int16 for a narrow stream: kNarrow). The
+// stream's type is a template argument in these pieces, chosen once per tile by their callers: tested per
+// value, it made the band kernel's int32 residual instances spill 240-340 bytes (ptxas).
+template <bool kNarrow>
 __device__ __forceinline__ int StreamValue(const ResidualOperands& r, int dot, int added) {
-  return static_cast<int>(static_cast<uint32_t>(dot >> r.shift) + static_cast<uint32_t>(added));
+  const uint32_t sum = static_cast<uint32_t>(dot >> r.shift) + static_cast<uint32_t>(added);
+  return kNarrow ? static_cast<int>(static_cast<int16_t>(sum)) : static_cast<int>(sum);
 }
 
-// The shortcut's values in columns col (even) and col + 1, 0 past its channels. The epilogues load a few pairs
-// together before their stores: a load placed between the stream's stores waits for them in program order
-// (they might alias), which exposed each load's latency (the epilogue took twice the int32 one's time);
-// through the read-only cache instead, the compiler hoisted the whole tile's loads and spilled.
-__device__ __forceinline__ int2 ShortcutPair(const ResidualOperands& r, const int32_t* shortcut, int col) {
+// The two int16 values of a 4-byte pair, sign-extended.
+__device__ __forceinline__ int2 Int16Pair(uint32_t v) {
+  return make_int2(static_cast<int16_t>(v & 0xffffu), static_cast<int16_t>(v >> 16));
+}
+
+// The shortcut's values in columns col (even) and col + 1 of the pixel whose channels start at element `at`
+// (ShortcutOffset), 0 past its channels. The epilogues load a few pairs together before their stores: a load
+// placed between the stream's stores waits for them in program order (they might alias), which exposed each
+// load's latency (the epilogue took twice the int32 one's time); through the read-only cache instead, the
+// compiler hoisted the whole tile's loads and spilled.
+template <bool kNarrow>
+__device__ __forceinline__ int2 ShortcutPair(const ResidualOperands& r, long long at, int col) {
+  if constexpr (kNarrow) {
+    const int16_t* shortcut = static_cast<const int16_t*>(r.shortcut) + at;
+    const bool pairs = r.channels % 2 == 0 && reinterpret_cast<uintptr_t>(r.shortcut) % 4 == 0;  // 4-byte aligned
+    if (pairs && col + 1 < r.channels) return Int16Pair(*reinterpret_cast<const uint32_t*>(shortcut + col));
+    return make_int2(col < r.channels ? shortcut[col] : 0, col + 1 < r.channels ? shortcut[col + 1] : 0);
+  }
+  const int32_t* shortcut = static_cast<const int32_t*>(r.shortcut) + at;
   const bool pairs = r.channels % 2 == 0 && reinterpret_cast<uintptr_t>(r.shortcut) % 8 == 0;  // 8-byte aligned
   if (pairs && col + 1 < r.channels) return *reinterpret_cast<const int2*>(shortcut + col);
   return make_int2(col < r.channels ? shortcut[col] : 0, col + 1 < r.channels ? shortcut[col + 1] : 0);
+}
+
+// The shortcut's value in column `col` (< N) of the pixel whose channels start at element `at`.
+template <bool kNarrow>
+__device__ __forceinline__ int ShortcutValue(const ResidualOperands& r, long long at, int col) {
+  if (col >= r.channels) return 0;
+  if constexpr (kNarrow) return static_cast<const int16_t*>(r.shortcut)[at + col];
+  return static_cast<const int32_t*>(r.shortcut)[at + col];
 }
 
 __device__ __forceinline__ bool StreamBit(int value, int threshold, int flip) {
   return flip ? value <= threshold : value >= threshold;
 }
 
+// The int16 epilogue's values of columns col (even) and col + 1 (where below N) of one output row, as a 4-byte pair.
+__device__ __forceinline__ void StoreInt16Pair(const BinaryGemmProblem& p, long long row, int col, int d0, int d1) {
+  int16_t* out = static_cast<int16_t*>(p.out) + row * p.n + col;
+  if (p.n % 2 == 0) {  // 4-byte stores keep their alignment when rows have an even length
+    *reinterpret_cast<uint32_t*>(out) = static_cast<uint16_t>(d0) | static_cast<uint32_t>(static_cast<uint16_t>(d1)) << 16;
+  } else {
+    out[0] = static_cast<int16_t>(d0);
+    if (col + 1 < p.n) out[1] = static_cast<int16_t>(d1);
+  }
+}
+
 // Stores the stream values of two adjacent columns (col, col + 1 where below N) of one output row: StorePair's
-// int32 form, apart so that the kernels without the residual epilogue compile as they did.
+// int32 form (or StoreInt16Pair's for a narrow stream), apart so that the kernels without the residual epilogue
+// compile as they did.
+template <bool kNarrow>
 __device__ __forceinline__ void StoreStreamPair(const BinaryGemmProblem& p, long long row, int col, int d0, int d1) {
+  if constexpr (kNarrow) {
+    StoreInt16Pair(p, row, col, d0, d1);
+    return;
+  }
   int32_t* out = static_cast<int32_t*>(p.out) + row * p.n + col;
   if (p.n % 2 == 0) {  // 8-byte stores keep their alignment when rows have an even length
     *reinterpret_cast<int2*>(out) = make_int2(d0, d1);
@@ -73,20 +122,88 @@ __device__ __forceinline__ bool StreamBitOf(const BinaryGemmProblem& p, int valu
 __device__ __forceinline__ void PrefetchShortcutRow(const BinaryGemmProblem& p, const ResidualOperands& r,
                                                     long long row, bool valid, int t) {
   if (!valid) return;
-  const char* base = reinterpret_cast<const char*>(ShortcutRow(p, r, row));
-  for (int offset = 128 * t; offset < 4 * r.channels; offset += 512) {
+  const int element_bytes = NarrowStream(p) ? 2 : 4;
+  const char* base = static_cast<const char*>(r.shortcut) + ShortcutOffset(p, r, row) * element_bytes;
+  for (int offset = 128 * t; offset < element_bytes * r.channels; offset += 512) {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(base + offset));
   }
+}
+
+// ---- the narrow stream's shortcut staged in shared memory (kResidualInt16, tiles of at most 128 columns) ----
+
+// A staged row: its 128 int16 values and 16 bytes of skew, so that an accumulator quad's reads of 8 rows (4 bytes
+// at 2 (8 j + 2 t)) fall in 32 distinct banks.
+inline constexpr int kStagedRowBytes = 2 * 128 + 16;
+// The stage of one warp's 16 accumulator rows.
+inline constexpr int kStagedWarpBytes = 16 * kStagedRowBytes;
+
+// Copies the shortcut's values of a warp's 16 accumulator rows into `stage` (16-byte aligned), where N <= 128:
+// local row i is output pixel `row` if row_of(i, row) says it is real (the others are not copied). Issued while
+// the tile's MMAs run, so that the epilogue reads shared memory: loads from global memory in the epilogue waited
+// on memory after the MMAs (docs/design/decisions.md, "The residual epilogue"). Where the shortcut's rows are
+// whole 16-byte chunks (channels a multiple of 8, an aligned base), asynchronous copies of a chunk per lane and
+// row (lane l: chunk l % 16 of rows l / 16, + 2, ...), zeros past the shortcut's channels; else plain loads.
+// The caller waits for them (WaitStagedShortcut) before its epilogue reads the stage.
+template <class RowOf>
+__device__ __forceinline__ void StageShortcut(const BinaryGemmProblem& p, const ResidualOperands& r, uint8_t* stage,
+                                              RowOf row_of, int lane) {
+  __syncwarp();  // the warp's previous epilogue has read the stage
+  const bool chunks = r.channels % 8 == 0 && reinterpret_cast<uintptr_t>(r.shortcut) % 16 == 0;
+  if (chunks) {
+    const int chunk = lane % 16;
+    if (8 * chunk < p.n) {
+#pragma unroll 1
+      for (int i = lane / 16; i < 16; i += 2) {
+        long long row;
+        if (!row_of(i, row)) continue;
+        uint8_t* dst = stage + i * kStagedRowBytes + 16 * chunk;
+        if (8 * chunk < r.channels) {
+          const int16_t* src = static_cast<const int16_t*>(r.shortcut) + ShortcutOffset(p, r, row) + 8 * chunk;
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddress(dst)), "l"(src) : "memory");
+        } else {
+          *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    return;
+  }
+#pragma unroll 1
+  for (int i = lane; i < 16 * p.n; i += 32) {
+    const int local = i / p.n, col = i - local * p.n;
+    long long row;
+    if (!row_of(local, row)) continue;
+    reinterpret_cast<int16_t*>(stage + local * kStagedRowBytes)[col] =
+        static_cast<int16_t>(ShortcutValue<true>(r, ShortcutOffset(p, r, row), col));
+  }
+}
+
+// The narrow stream's threshold of column `col` as (bound, sign): its bit is sign * value >= bound (flip:
+// value <= t, i.e. -value >= -t), the threshold clamped to the int16 stream's range plus one first (no bit
+// changes, and the negation cannot overflow); (1, 0) past N or without thresholds: never a bit. Kept in shared
+// memory for the tile epilogues: read from global memory per value (StreamBitOf), the thresholds took a
+// quarter of the band kernel's residual epilogue (harness, H200).
+__device__ __forceinline__ int2 StreamBounds(const BinaryGemmProblem& p, int col) {
+  if (col >= p.n || p.threshold == nullptr) return make_int2(1, 0);
+  const int t = min(max(p.threshold[col], -(1 << 15) - 1), 1 << 15);
+  return p.flip[col] ? make_int2(-t, -1) : make_int2(t, 1);
+}
+
+// Waits for this warp's StageShortcut: its copies landed and every lane's values are visible to the warp.
+__device__ __forceinline__ void WaitStagedShortcut() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  __syncwarp();
 }
 
 // The residual epilogue of the dot products d0, d1 of columns col and col + 1 of `row` (their shortcut values
 // `added`, ShortcutPair): stores their stream values (nothing for a row that is not real or a column past N)
 // and returns their threshold bits, at bits 0 and 1 (0 without a threshold or past N).
+template <bool kNarrow>
 __device__ __forceinline__ uint32_t StoreResidualPair(const BinaryGemmProblem& p, const ResidualOperands& r,
                                                       int2 added, long long row, bool valid, int col, int d0, int d1) {
   if (!valid || col >= p.n) return 0;
-  const int v0 = StreamValue(r, d0, added.x), v1 = StreamValue(r, d1, added.y);
-  StoreStreamPair(p, row, col, v0, v1);
+  const int v0 = StreamValue<kNarrow>(r, d0, added.x), v1 = StreamValue<kNarrow>(r, d1, added.y);
+  StoreStreamPair<kNarrow>(p, row, col, v0, v1);
   if (r.bits == nullptr) return 0;
   const bool bit1 = col + 1 < p.n && StreamBitOf(p, v1, col + 1);
   return static_cast<uint32_t>(StreamBitOf(p, v0, col)) | static_cast<uint32_t>(bit1) << 1;
@@ -196,8 +313,8 @@ __device__ void StoreTile(const BinaryGemmProblem& p, const int* acc, const int*
 
 // The residual epilogue over a finished tile in shared memory (unpooled: the instances of the kernels that stage
 // their tiles, kResidual), run by kThreads threads: a warp per (row, 32-column word), its lanes' stream values
-// stored and their bits gathered by a ballot.
-template <int kRows, int kCols, int kLd, int kThreads>
+// stored and their bits gathered by a ballot. kNarrow: the int16 stream (kResidualInt16).
+template <int kRows, int kCols, int kLd, int kThreads, bool kNarrow>
 __device__ void StoreResidualTile(const BinaryGemmProblem& p, const ResidualOperands& r, const int* acc,
                                   const int* popc_a, const TileColumns<kCols>& cols, const int4* origins, int tile_m,
                                   int col0, int tid) {
@@ -212,9 +329,13 @@ __device__ void StoreResidualTile(const BinaryGemmProblem& p, const ResidualOper
     const int lc = word * 32 + lane, col = col0 + lc;
     bool bit = false;
     if (col < p.n) {
-      const int added = col < r.channels ? ShortcutRow(p, r, row)[col] : 0;
-      const int value = StreamValue(r, PooledDot<kLd, kCols>(p, acc, popc_a, cols, origins, 1, tr, lc, col), added);
-      static_cast<int32_t*>(p.out)[row * p.n + col] = value;
+      const int added = ShortcutValue<kNarrow>(r, ShortcutOffset(p, r, row), col);
+      const int value = StreamValue<kNarrow>(r, PooledDot<kLd, kCols>(p, acc, popc_a, cols, origins, 1, tr, lc, col), added);
+      if constexpr (kNarrow) {
+        static_cast<int16_t*>(p.out)[row * p.n + col] = static_cast<int16_t>(value);
+      } else {
+        static_cast<int32_t*>(p.out)[row * p.n + col] = value;
+      }
       bit = r.bits != nullptr && StreamBitOf(p, value, col);
     }
     const uint32_t bits = __ballot_sync(0xffffffffu, bit);
@@ -229,17 +350,6 @@ __device__ void StoreResidualTile(const BinaryGemmProblem& p, const ResidualOper
 __device__ __forceinline__ int8_t EpilogueRowClass(const BinaryGemmProblem& p, const int4& origin) {
   if (!BorderRow(p, origin)) return 0;
   return static_cast<int8_t>(p.correction_table ? BorderClass(p, ExcessOf(p, origin.y, origin.z)) : 1);
-}
-
-// The int16 epilogue's values of columns col (even) and col + 1 (where below N) of one output row, as a 4-byte pair.
-__device__ __forceinline__ void StoreInt16Pair(const BinaryGemmProblem& p, long long row, int col, int d0, int d1) {
-  int16_t* out = static_cast<int16_t*>(p.out) + row * p.n + col;
-  if (p.n % 2 == 0) {  // 4-byte stores keep their alignment when rows have an even length
-    *reinterpret_cast<uint32_t*>(out) = static_cast<uint16_t>(d0) | static_cast<uint32_t>(static_cast<uint16_t>(d1)) << 16;
-  } else {
-    out[0] = static_cast<int16_t>(d0);
-    if (col + 1 < p.n) out[1] = static_cast<int16_t>(d1);
-  }
 }
 
 // Stores the int32 / affine values of two adjacent columns (col, col + 1) of one output row. (The int16 epilogue

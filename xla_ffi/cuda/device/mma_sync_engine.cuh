@@ -221,6 +221,8 @@ struct MmaSyncEngine {
   }
 
   // The residual epilogue: stream values, and a warp's one word of stream bits per row (StoreStreamWord).
+  // kNarrow: the int16 stream (kResidualInt16).
+  template <bool kNarrow>
   __device__ static void StoreDirectResidual(const Accumulators& acc, const BinaryGemmProblem& p,
                                              const ResidualOperands& residual, const int* popc_a, const int4* origins,
                                              const TileColumns<kCols>& cols, int tile_m, int col0, int tid) {
@@ -237,13 +239,13 @@ struct MmaSyncEngine {
         const int4 origin = origins[r];
         const bool border = valid && BorderRow(p, origin);
         const int v0 = p.k_real - 2 * popc_a[r];
-        const int32_t* shortcut = valid ? ShortcutRow(p, residual, row) : nullptr;
+        const long long shortcut = valid ? ShortcutOffset(p, residual, row) : 0;
         int excl[2 * kFrags];
         if (border) BorderCorrections(p, cols, origin, col0, warp_col + 2 * t, excl);
         int2 added[kFrags];  // loaded together, ahead of the row's stores
 #pragma unroll
         for (int nf = 0; nf < kFrags; ++nf) {
-          added[nf] = valid ? ShortcutPair(residual, shortcut, col0 + warp_col + nf * 8 + 2 * t) : make_int2(0, 0);
+          added[nf] = valid ? ShortcutPair<kNarrow>(residual, shortcut, col0 + warp_col + nf * 8 + 2 * t) : make_int2(0, 0);
         }
         uint32_t bits = 0;
 #pragma unroll
@@ -255,7 +257,7 @@ struct MmaSyncEngine {
             d0 -= excl[2 * nf];
             d1 -= excl[2 * nf + 1];
           }
-          bits |= StoreResidualPair(p, residual, added[nf], row, valid, col0 + lc, d0, d1) << (8 * nf);
+          bits |= StoreResidualPair<kNarrow>(p, residual, added[nf], row, valid, col0 + lc, d0, d1) << (8 * nf);
         }
         if (residual.bits != nullptr) StoreStreamWord(p, residual, row, valid, col0 + warp_col, bits, t);
       }

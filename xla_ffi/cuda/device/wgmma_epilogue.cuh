@@ -231,8 +231,8 @@ __device__ __forceinline__ int2 ExcludedPair(const BinaryGemmProblem& p, const i
 // their bits word by word (a word's 32 columns are fragments 4 wd .. 4 wd + 3 of the quad's four lanes).
 // The instances with this epilogue (kResidual) call it in place of StoreAccumulatorRows. kLoads: the shortcut
 // pairs loaded together ahead of their stores, 4 or 2 (the most that spill nothing: 4 made the band kernel's
-// generic instances spill, 2 the resident kernel's 256-column ones; ptxas).
-template <int kAcc, int kLoads>
+// generic instances spill, 2 the resident kernel's 256-column ones; ptxas). kNarrow: the int16 stream.
+template <int kAcc, int kLoads, bool kNarrow>
 __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, const ResidualOperands& r,
                                                   const int (&acc)[kAcc], const AccumulatorRows& rows,
                                                   const TileColumns<kWgCols>& cols, int col0, int t) {
@@ -243,7 +243,7 @@ __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, co
     int excl[kAcc / 2];
     if (border && !p.correction_table) BorderCorrections(p, cols, PixelOrigin(p, rows.row[h]), col0, 2 * t, excl);
     const int* class_corrections = cols.correction[p.correction_table ? rows.correction[h] : 0];
-    const int32_t* shortcut = ShortcutRow(p, r, rows.row[h]);
+    const long long shortcut = ShortcutOffset(p, r, rows.row[h]);
 #pragma unroll
     for (int wd = 0; wd < kAcc / 16; ++wd) {
       if (col0 + 32 * wd >= p.n) break;  // the same for the whole quad
@@ -255,7 +255,7 @@ __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, co
         const int j = 4 * wd + q, lc = 8 * j + 2 * t;
         if (q % kLoads == 0) {
 #pragma unroll
-          for (int i = 0; i < kLoads; ++i) added[i] = ShortcutPair(r, shortcut, col0 + lc + 8 * i);
+          for (int i = 0; i < kLoads; ++i) added[i] = ShortcutPair<kNarrow>(r, shortcut, col0 + lc + 8 * i);
         }
         int d0 = rows.v0[h] - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h];
         int d1 = rows.v0[h] - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1];
@@ -264,9 +264,61 @@ __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, co
           d0 -= c.x;
           d1 -= c.y;
         }
-        bits |= StoreResidualPair(p, r, added[q % kLoads], rows.row[h], true, col0 + lc, d0, d1) << (8 * q);
+        bits |= StoreResidualPair<kNarrow>(p, r, added[q % kLoads], rows.row[h], true, col0 + lc, d0, d1) << (8 * q);
       }
       if (r.bits != nullptr) StoreStreamWord(p, r, rows.row[h], true, col0 + 32 * wd, bits, t);
+    }
+  }
+}
+
+// The narrow residual epilogue (kResidualInt16) of a thread's two accumulator rows of a tile of at most 128
+// columns (m64n128 accumulators, col0 = 0), their shortcut staged (StageShortcut: the warp's stage, this
+// thread's rows at g and g + 8): the stream's int16 values in 8-byte stores of four (StoreInt16Fragments), and
+// their bits word by word against the columns' StreamBounds in shared memory. Called by every lane of the quad.
+template <int kAcc>
+__device__ __forceinline__ void StoreStagedResidualRows(const BinaryGemmProblem& p, const ResidualOperands& r,
+                                                        const int (&acc)[kAcc], const AccumulatorRows& rows,
+                                                        const TileColumns<kWgCols>& cols, const uint8_t* stage,
+                                                        const int2* stream_bounds, int g, int t) {
+  static_assert(kAcc == 64, "the m64n128 accumulators of 128 columns");
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (!rows.valid[h]) continue;  // the same for the whole quad
+    const bool border = rows.correction[h] != 0;
+    int excl[kAcc / 2];
+    if (border && !p.correction_table) BorderCorrections(p, cols, PixelOrigin(p, rows.row[h]), 0, 2 * t, excl);
+    const int* class_corrections = cols.correction[p.correction_table ? rows.correction[h] : 0];
+    const uint8_t* staged = stage + (g + 8 * h) * kStagedRowBytes;
+#pragma unroll
+    for (int wd = 0; wd < kAcc / 16; ++wd) {
+      if (32 * wd >= p.n) break;  // the same for the whole quad
+      uint32_t bits = 0;
+#pragma unroll
+      for (int q = 0; q < 4; q += 2) {
+        int v[4];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {  // fragments j and j + 1: the four values of one int16 store
+          const int j = 4 * wd + q + e, lc = 8 * j + 2 * t;
+          int d0 = rows.v0[h] - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h];
+          int d1 = rows.v0[h] - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1];
+          if (border) {
+            const int2 c = ExcludedPair(p, class_corrections, excl, lc, j);
+            d0 -= c.x;
+            d1 -= c.y;
+          }
+          const int2 added = Int16Pair(*reinterpret_cast<const uint32_t*>(staged + 2 * lc));
+          v[2 * e] = StreamValue<true>(r, d0, added.x);
+          v[2 * e + 1] = StreamValue<true>(r, d1, added.y);
+          if (r.bits != nullptr) {
+            const int4 b = *reinterpret_cast<const int4*>(stream_bounds + lc);  // columns lc, lc + 1 (StreamBounds)
+            const bool bit0 = b.y * v[2 * e] >= b.x, bit1 = b.w * v[2 * e + 1] >= b.z;
+            bits |= (static_cast<uint32_t>(bit0) | static_cast<uint32_t>(bit1) << 1) << (8 * (q + e));
+          }
+        }
+        StoreInt16Fragments(p, rows.row[h], 8 * (4 * wd + q), t, v[0], v[1], v[2], v[3]);
+      }
+      if (r.bits != nullptr) StoreStreamWord(p, r, rows.row[h], true, 32 * wd, bits, t);
+      asm volatile("" ::: "memory");  // the next word's loads after this one's stores
     }
   }
 }
@@ -398,7 +450,11 @@ __device__ __forceinline__ void StoreResidualAccumulators(const BinaryGemmProble
     rows.v0[h] = p.k_real - 2 * popc_a[r];
     rows.correction[h] = p.pad_one ? 0 : row_correction[r];
   }
-  StoreResidualRows<kAcc, 4>(p, residual, acc, rows, cols, col0, t);
+  if (NarrowStream(p)) {
+    StoreResidualRows<kAcc, 4, true>(p, residual, acc, rows, cols, col0, t);
+  } else {
+    StoreResidualRows<kAcc, 4, false>(p, residual, acc, rows, cols, col0, t);
+  }
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 

@@ -60,7 +60,7 @@ LaunchPlan PlanClassic(const BinaryGemmProblem& p, bool aligned, KernelPath path
   LaunchPlan plan;
   plan.kind = LaunchPlan::Kind::kClassic;
   plan.path = path;
-  plan.kernel = ClassicKernelInstance<Engine>(aligned, p.epilogue == Epilogue::kResidual);
+  plan.kernel = ClassicKernelInstance<Engine>(aligned, IsResidual(p.epilogue));
   plan.threads = Engine::kThreads;
   plan.smem = ClassicSmemBytes<Engine>();
   plan.p = p;
@@ -80,7 +80,7 @@ LaunchPlan PlanDenseTaps(const BinaryGemmProblem& p, const DeviceInfo& info) {
   plan.kind = LaunchPlan::Kind::kDenseTaps;
   plan.path = KernelPath::kMmaSync;
   const bool edge_borders = DenseBorderBounds(p) && !DensePrefixSums<Engine>(p);
-  plan.kernel = DenseTapKernelInstance(edge_borders, p.epilogue == Epilogue::kResidual);
+  plan.kernel = DenseTapKernelInstance(edge_borders, IsResidual(p.epilogue));
   plan.threads = Engine::kThreads;
   plan.smem = DenseTapSmem<Engine>::kBytes;
   plan.p = p;
@@ -122,7 +122,7 @@ bool PlanResident(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan
   if (!Encode(plan.w_recipe, p.w, plan.w_map)) return false;
   plan.kind = LaunchPlan::Kind::kResident;
   plan.path = KernelPath::kWgmma;
-  plan.kernel = ResidentWgmmaKernelInstance(layout, narrow ? kWgCols / 2 : kWgCols, p.epilogue == Epilogue::kResidual);
+  plan.kernel = ResidentWgmmaKernelInstance(layout, narrow ? kWgCols / 2 : kWgCols, IsResidual(p.epilogue));
   plan.threads = kWgThreads;
   plan.smem = smem;
   plan.programmatic = true;
@@ -159,6 +159,7 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
   band.kw = FastDivisor(p.kw);
   band.steps = pixel_pairs ? p.kh * PixelPairStepsPerRow(p.kw) : (p.kh * p.kw * planes + 1) / 2;
   band.k_tiles = 2 * band.steps;
+  if (!BandTakes(p.epilogue, band.steps, pixel_pairs)) return false;
   // pixel pairs: tiles in pairs over 128-position blocks, so every count of tiles below is even
   const int tile_step = pixel_pairs ? 2 : 1;
   auto round_up = [&](long long tiles) { return (tiles + tile_step - 1) / tile_step * tile_step; };
@@ -243,7 +244,7 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
   plan.kind = LaunchPlan::Kind::kBand;
   plan.path = KernelPath::kWgmma;
   const bool quarter = p.n <= kBandCols / 2;
-  plan.kernel = BandWgmmaKernelInstance(band.steps, pixel_pairs, quarter, p.epilogue == Epilogue::kResidual);
+  plan.kernel = BandWgmmaKernelInstance(band.steps, pixel_pairs, quarter, p.epilogue);
   plan.ctas = static_cast<unsigned>(band.ctas);
   plan.threads = kBandThreads;
   plan.smem = BandSmemOf(p, band).total;
@@ -310,7 +311,7 @@ LaunchPlan Plan(BinaryGemmProblem p, KernelPath path, const DeviceInfo& info) {
       (path == KernelPath::kWgmma && can_wgmma)) {
     run = path;
   }
-  const bool residual = p.epilogue == Epilogue::kResidual;
+  const bool residual = IsResidual(p.epilogue);
   switch (run) {
     case KernelPath::kWgmma: {
       if (LaunchPlan plan; PlanBand(p, info, plan)) return plan;

@@ -101,7 +101,11 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
     if (p.pool_h * p.pool_w == 1) {
       __syncthreads();
       if constexpr (kResidual) {
-        Engine::StoreDirectResidual(acc, p, residual, popc_a, origins, cols, tile_m, col0, tid);
+        if (NarrowStream(p)) {
+          Engine::template StoreDirectResidual<true>(acc, p, residual, popc_a, origins, cols, tile_m, col0, tid);
+        } else {
+          Engine::template StoreDirectResidual<false>(acc, p, residual, popc_a, origins, cols, tile_m, col0, tid);
+        }
       } else {
         Engine::StoreDirect(acc, p, popc_a, origins, row_class, reinterpret_cast<int*>(smem), cols, tile_m, col0, tid);
       }
@@ -113,7 +117,13 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   Engine::Store(acc, acc_tile, kLd, tid);
   __syncthreads();
   if constexpr (kResidual) {
-    StoreResidualTile<kRows, kCols, kLd, kThreads>(p, residual, acc_tile, popc_a, cols, origins, tile_m, col0, tid);
+    if (NarrowStream(p)) {
+      StoreResidualTile<kRows, kCols, kLd, kThreads, true>(p, residual, acc_tile, popc_a, cols, origins, tile_m, col0,
+                                                           tid);
+    } else {
+      StoreResidualTile<kRows, kCols, kLd, kThreads, false>(p, residual, acc_tile, popc_a, cols, origins, tile_m, col0,
+                                                            tid);
+    }
   } else {
     StoreTile<kRows, kCols, kLd, kThreads>(p, acc_tile, popc_a, cols, origins, tile_m, col0, tid);
   }

@@ -221,7 +221,11 @@ __global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
     typename Engine::Accumulators acc = {};
     Engine::Compute(acc, stage, SmemAddress(stage), tid, [](int) {}, steps);
     if constexpr (kResidual) {  // (unpooled)
-      Engine::StoreDirectResidual(acc, p, residual, popc_a, origins, cols, tile_m, col0, tid);
+      if (NarrowStream(p)) {
+        Engine::template StoreDirectResidual<true>(acc, p, residual, popc_a, origins, cols, tile_m, col0, tid);
+      } else {
+        Engine::template StoreDirectResidual<false>(acc, p, residual, popc_a, origins, cols, tile_m, col0, tid);
+      }
     } else if (p.pool_h * p.pool_w == 1) {
       // every thread passes the barrier; the tile's border rows decide whether their bounds are filled
       if (__syncthreads_or(border_bounds && row_class[tid] != 0)) {

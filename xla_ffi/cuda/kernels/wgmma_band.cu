@@ -273,7 +273,7 @@ __device__ __forceinline__ AccumulatorRows BandTileRows(const BinaryGemmProblem&
 // `griddepcontrol.wait`, three latency chains, each started at once in its own warps: the first band's copy
 // (thread 0), the weights' copies (warp 1), the column table (every thread). Thread 0 issuing the copies and
 // the small jobs in turn reached its share of the column table 1.9 us after the wait.
-template <int kUnrolledSteps, bool kExactSteps, bool kPixelPairs, bool kQuarter, bool kResidual>
+template <int kUnrolledSteps, bool kExactSteps, bool kPixelPairs, bool kQuarter, bool kResidual, bool kNarrowStream>
 __global__ void __launch_bounds__(kBandThreads, 1)
     BandWgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap band_map, const BandLayout band,
                     const ResidualOperands residual) {
@@ -314,6 +314,10 @@ __global__ void __launch_bounds__(kBandThreads, 1)
     CopyBandWeights(p, band, weights, weights_full, tid % 32);
   }
   FillBandColumns(p, cols, wg, wtid);
+  int2* stream_bounds = reinterpret_cast<int2*>(smem + at.stream_bounds);
+  if constexpr (kNarrowStream) {
+    if (tid < kBandCols) stream_bounds[tid] = StreamBounds(p, tid);
+  }
   if (kPixelPairs) LoadPixelPairWeights(p, band, smem + at.weights, tid);
   // the zeroed chunks, ones and pixel-pair weights, for the wgmmas
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -355,20 +359,39 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       const int parity = kPixelPairs ? (local0 + odd_pad) & 1 : 0;
       const uint32_t a_shift =
           (buffer * at.buffer_bytes >> 4) + (kPixelPairs ? (local0 + odd_pad - parity) >> 1 : local0);
+      // The narrow stream's shortcut for the warp's rows 16 w + i (band positions q0 + row_step (16 w + i) of
+      // the tile's image), copied while the wgmmas run; issued ahead of them, where the accumulators are not
+      // yet live (issued after them, the exact instances spilled ~290 bytes; ptxas).
+      [[maybe_unused]] uint8_t* stage = smem + at.stage + (tid / 32) * kStagedWarpBytes;
+      if constexpr (kNarrowStream) {
+        {
+          const int image = it.image + seg, row_step = kPixelPairs ? 2 : 1;
+          auto row_of = [&](int i, long long& row) {
+            const int q = q0 + row_step * (16 * w + i);
+            const int oy = Quotient(q, band.padded_w), ox = q - oy * wp;
+            row = (static_cast<long long>(image) * p.out_h + oy) * p.out_w + ox;
+            return oy < p.out_h && ox < p.out_w;
+          };
+          StageShortcut(p, residual, stage, row_of, lane);
+        }
+      }
       IssueBandSteps<kUnrolledSteps, kExactSteps>(acc, popc_a, step_desc, a_shift,
                                                   weights + parity * WeightSetBytes(band), band);
       if (round == 0 && leading_half && i == wg) asm volatile("bar.arrive 1, %0;\n" ::"n"(kBandThreads) : "memory");
       // while the wgmmas run
       AccumulatorRows rows = BandTileRows(p, band, it.image + seg, q0, kPixelPairs ? 2 : 1, w, g);
-      if constexpr (kResidual) {
+      if constexpr (kResidual && !kNarrowStream) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) PrefetchShortcutRow(p, residual, rows.row[h], rows.valid[h], t);
       }
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
       for (int h = 0; h < 2; ++h) rows.v0[h] = p.k_real - 2 * popc_a[2 * h];
-      if constexpr (kResidual) {
-        StoreResidualRows<kBandCols / 2, 2>(p, residual, acc, rows, cols, 0, t);
+      if constexpr (kNarrowStream) {
+        WaitStagedShortcut();
+        StoreStagedResidualRows(p, residual, acc, rows, cols, stage, stream_bounds, g, t);
+      } else if constexpr (kResidual) {
+        StoreResidualRows<kBandCols / 2, 2, false>(p, residual, acc, rows, cols, 0, t);
       } else {
         StoreAccumulatorRows<kBandCols / 2, kQuarter>(p, acc, rows, cols, 0, t, true);
       }
@@ -397,21 +420,30 @@ template <bool kResidual>
 const void* BandInstanceOf(int steps, bool pixel_pairs, bool quarter) {
   const bool unrolled = steps <= kBandUnrolledSteps;
   // the exact instances: 3 steps of pixel pairs (a 3x3 filter at C = 64) or 5 steps (3x3 at C = 128)
-  const bool exact = steps == (pixel_pairs ? 3 : 5);
+  const bool exact = BandStepsAreExact(steps, pixel_pairs);
   return reinterpret_cast<const void*>(
-      !pixel_pairs ? (exact      ? BandWgmmaKernel<5, true, false, false, kResidual>
-                      : unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false, false, false, kResidual>
-                                 : BandWgmmaKernel<0, false, false, false, kResidual>)
-      : quarter    ? (exact      ? BandWgmmaKernel<3, true, true, true, kResidual>
-                      : unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false, true, true, kResidual>
-                                 : BandWgmmaKernel<0, false, true, true, kResidual>)
-                   : (exact      ? BandWgmmaKernel<3, true, true, false, kResidual>
-                      : unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false, true, false, kResidual>
-                                 : BandWgmmaKernel<0, false, true, false, kResidual>));
+      !pixel_pairs ? (exact      ? BandWgmmaKernel<5, true, false, false, kResidual, false>
+                      : unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false, false, false, kResidual, false>
+                                 : BandWgmmaKernel<0, false, false, false, kResidual, false>)
+      : quarter    ? (exact      ? BandWgmmaKernel<3, true, true, true, kResidual, false>
+                      : unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false, true, true, kResidual, false>
+                                 : BandWgmmaKernel<0, false, true, true, kResidual, false>)
+                   : (exact      ? BandWgmmaKernel<3, true, true, false, kResidual, false>
+                      : unrolled ? BandWgmmaKernel<kBandUnrolledSteps, false, true, false, kResidual, false>
+                                 : BandWgmmaKernel<0, false, true, false, kResidual, false>));
 }
 
-const void* BandWgmmaKernelInstance(int steps, bool pixel_pairs, bool quarter, bool residual) {
-  return residual ? BandInstanceOf<true>(steps, pixel_pairs, quarter) : BandInstanceOf<false>(steps, pixel_pairs, quarter);
+// The narrow residual epilogue's instances: the exact ones only (BandTakes).
+const void* NarrowStreamBandInstance(bool pixel_pairs, bool quarter) {
+  return reinterpret_cast<const void*>(!pixel_pairs ? BandWgmmaKernel<5, true, false, false, true, true>
+                                       : quarter    ? BandWgmmaKernel<3, true, true, true, true, true>
+                                                    : BandWgmmaKernel<3, true, true, false, true, true>);
+}
+
+const void* BandWgmmaKernelInstance(int steps, bool pixel_pairs, bool quarter, Epilogue epilogue) {
+  if (epilogue == Epilogue::kResidualInt16) return NarrowStreamBandInstance(pixel_pairs, quarter);
+  return IsResidual(epilogue) ? BandInstanceOf<true>(steps, pixel_pairs, quarter)
+                              : BandInstanceOf<false>(steps, pixel_pairs, quarter);
 }
 
 }  // namespace jaxbnn::cuda

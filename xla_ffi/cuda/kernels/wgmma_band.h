@@ -4,6 +4,7 @@
 
 #include "cuda/binary_gemm.h"
 #include "cuda/device/common.cuh"
+#include "cuda/device/epilogue.cuh"
 #include "cuda/device/tile_columns.cuh"
 #include "cuda/device/wgmma_tile.cuh"
 
@@ -54,10 +55,10 @@ __host__ __device__ __forceinline__ BandItem BandItemOf(const BinaryGemmProblem&
 
 // Shared memory of BandWgmmaKernel, from a 1024-aligned base: two band buffers of P planes, slack for the
 // reads of dropped rows past the band, the weights, two all-ones row groups (B's columns 128-143 of the
-// m64n144 wgmma: each row's popc(A)), the column table, the steps' A descriptors, three barriers, and per band
-// buffer a count of the warpgroups done with it.
+// m64n144 wgmma: each row's popc(A)), the column table, the steps' A descriptors, three barriers, per band
+// buffer a count of the warpgroups done with it, and for the narrow residual epilogue the warps' shortcut stages.
 struct BandSmem {
-  int buffer_bytes, weights, ones, cols, steps, barriers, total;
+  int buffer_bytes, weights, ones, cols, steps, barriers, stage, stream_bounds, total;
 };
 // The all-ones row groups right after the weights' kBandCols rows, at the same row-group stride: the step's
 // m64n144 wgmma reads them as B's columns 128-143 through the weights' descriptor.
@@ -75,7 +76,12 @@ __host__ __device__ __forceinline__ BandSmem BandSmemOf(const BinaryGemmProblem&
   s.cols = s.weights + (PixelPairs(p) ? 2 : 1) * WeightSetBytes(b);  // pixel pairs: a set per parity
   s.steps = (s.cols + static_cast<int>(sizeof(TileColumns<kWgCols>)) + 7) / 8 * 8;
   s.barriers = s.steps + 8 * b.steps;
-  s.total = 1024 + s.barriers + 3 * 8 + 2 * 4;
+  // the narrow residual epilogue's shortcut stages, one per warp (StageShortcut), 16-byte aligned, and its
+  // columns' stream bounds (StreamBounds)
+  s.stage = (s.barriers + 3 * 8 + 2 * 4 + 15) / 16 * 16;
+  const bool narrow = p.epilogue == Epilogue::kResidualInt16;
+  s.stream_bounds = s.stage + (narrow ? kBandThreads / 32 * kStagedWarpBytes : 0);
+  s.total = 1024 + s.stream_bounds + (narrow ? kBandCols * 8 : 0);
   return s;
 }
 
@@ -84,8 +90,21 @@ __host__ __device__ __forceinline__ int PixelPairStepsPerRow(int kw) { return (k
 
 inline constexpr int kBandUnrolledSteps = 16;
 
-// BandWgmmaKernel<steps, exact, pixel_pairs, quarter> for a band of `steps` k256 steps.
-// residual: an instance with the residual epilogue (Epilogue::kResidual), which the others do not run.
-const void* BandWgmmaKernelInstance(int steps, bool pixel_pairs, bool quarter, bool residual);
+// Whether a band of `steps` k256 steps has exact instances: 3 steps of pixel pairs (a 3x3 filter at C = 64) or
+// 5 steps (3x3 at C = 128).
+__host__ __device__ __forceinline__ bool BandStepsAreExact(int steps, bool pixel_pairs) {
+  return steps == (pixel_pairs ? 3 : 5);
+}
+
+// Whether the band kernel has an instance for `epilogue` at `steps`: the narrow residual epilogue
+// (kResidualInt16) has the exact ones only (the ResNets' 3x3 blocks), which keeps the build's instances few.
+__host__ __device__ __forceinline__ bool BandTakes(Epilogue epilogue, int steps, bool pixel_pairs) {
+  return epilogue != Epilogue::kResidualInt16 || BandStepsAreExact(steps, pixel_pairs);
+}
+
+// BandWgmmaKernel<steps, exact, pixel_pairs, quarter, residual, narrow stream> for a band of `steps` k256 steps
+// and the problem's epilogue (BandTakes it): the residual instances run the residual epilogue (kResidual, or
+// kResidualInt16 from the shortcut staged in shared memory), which the others do not run.
+const void* BandWgmmaKernelInstance(int steps, bool pixel_pairs, bool quarter, Epilogue epilogue);
 
 }  // namespace jaxbnn::cuda

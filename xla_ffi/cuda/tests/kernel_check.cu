@@ -278,9 +278,10 @@ struct ResidualCase {
   bool bits;            // with the stream's threshold bits
 };
 
-// Runs one residual case on one engine against the CPU convolution plus the epilogue; returns the number of
-// wrong words of both outputs (each poisoned first).
-long RunResidualCase(const ResidualCase& rc, KernelPath path) {
+// Runs one residual case on one engine against the CPU convolution plus the epilogue, over an int32 stream
+// (Epilogue::kResidual) or an int16 one (`narrow`: kResidualInt16); returns the number of wrong values of both
+// outputs (each poisoned first).
+long RunResidualCase(const ResidualCase& rc, KernelPath path, bool narrow) {
   const ConvCase& cc = rc.conv;
   const int taps = cc.kh * cc.kw;
   const ConvOperands operands = RandomOperands(cc);
@@ -293,7 +294,8 @@ long RunResidualCase(const ResidualCase& rc, KernelPath path) {
   std::vector<int32_t> shortcut(static_cast<size_t>(cc.batch) * sh * sw * rc.channels);
   std::uniform_int_distribution<int> value(-3 * cc.c * taps, 3 * cc.c * taps);
   for (int32_t& v : shortcut) v = value(rng);
-  shortcut[0] = INT32_MAX;  // wraps where it meets a positive dot product, as int32 arithmetic in XLA does
+  // wraps where it meets a positive dot product, as the stream's integer type does in XLA
+  shortcut[0] = narrow ? INT16_MAX : INT32_MAX;
   std::vector<int32_t> threshold(cc.o);
   std::vector<uint8_t> flip(cc.o);
   std::uniform_int_distribution<int> thr(-cc.c * taps, cc.c * taps);
@@ -309,9 +311,9 @@ long RunResidualCase(const ResidualCase& rc, KernelPath path) {
     const size_t at = ((b * sh + oh * rc.stride) * sw + ow * rc.stride) * rc.channels;
     for (int o = 0; o < cc.o; ++o) {
       const uint32_t added = o < rc.channels ? static_cast<uint32_t>(shortcut[at + o]) : 0u;
-      const uint32_t v = static_cast<uint32_t>(static_cast<int32_t>(dots[pix * cc.o + o]) >> rc.shift) + added;
-      want_stream[pix * cc.o + o] = v;
-      const int32_t sv = static_cast<int32_t>(v);
+      const uint32_t sum = static_cast<uint32_t>(static_cast<int32_t>(dots[pix * cc.o + o]) >> rc.shift) + added;
+      const int32_t sv = narrow ? static_cast<int16_t>(sum) : static_cast<int32_t>(sum);
+      want_stream[pix * cc.o + o] = static_cast<uint32_t>(sv);
       const bool bit = flip[o] ? sv <= threshold[o] : sv >= threshold[o];
       want_bits[pix * out_words + o / 32] |= static_cast<uint32_t>(bit) << (o % 32);
     }
@@ -319,19 +321,21 @@ long RunResidualCase(const ResidualCase& rc, KernelPath path) {
   uint32_t* d_x = ToDevice(x);
   uint32_t* d_w = ToDevice(fsb);
   int32_t* d_tp = ToDevice(tap_popc);
-  int32_t* d_short = ToDevice(shortcut);
+  const size_t element_bytes = narrow ? 2 : 4;
+  std::vector<int16_t> narrow_shortcut(shortcut.begin(), shortcut.end());  // the int16 stream's (values fit)
+  void* d_short = narrow ? static_cast<void*>(ToDevice(narrow_shortcut)) : static_cast<void*>(ToDevice(shortcut));
   int32_t* d_thr = ToDevice(threshold);
   uint8_t* d_flip = ToDevice(flip);
   uint32_t *d_stream = nullptr, *d_bits = nullptr;
-  CHECK_CUDA(cudaMalloc(&d_stream, want_stream.size() * 4));
+  CHECK_CUDA(cudaMalloc(&d_stream, want_stream.size() * element_bytes));
   CHECK_CUDA(cudaMalloc(&d_bits, want_bits.size() * 4));
-  CHECK_CUDA(cudaMemset(d_stream, 0xA5, want_stream.size() * 4));  // poison: unwritten words show
+  CHECK_CUDA(cudaMemset(d_stream, 0xA5, want_stream.size() * element_bytes));  // poison: unwritten values show
   CHECK_CUDA(cudaMemset(d_bits, 0xA5, want_bits.size() * 4));
   BinaryGemmProblem p = ProblemShape(cc);
   p.x = d_x;
   p.w = d_w;
   p.tap_popc = d_tp;
-  p.epilogue = Epilogue::kResidual;
+  p.epilogue = narrow ? Epilogue::kResidualInt16 : Epilogue::kResidual;
   p.out = d_stream;
   jaxbnn::cuda::ResidualOperands r;
   r.shortcut = d_short;
@@ -349,7 +353,13 @@ long RunResidualCase(const ResidualCase& rc, KernelPath path) {
   CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, &ran, r));
   CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<uint32_t> got_stream(want_stream.size()), got_bits(want_bits.size());
-  CHECK_CUDA(cudaMemcpy(got_stream.data(), d_stream, got_stream.size() * 4, cudaMemcpyDeviceToHost));
+  if (narrow) {
+    std::vector<int16_t> got(want_stream.size());
+    CHECK_CUDA(cudaMemcpy(got.data(), d_stream, got.size() * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < got.size(); ++i) got_stream[i] = static_cast<uint32_t>(static_cast<int32_t>(got[i]));
+  } else {
+    CHECK_CUDA(cudaMemcpy(got_stream.data(), d_stream, got_stream.size() * 4, cudaMemcpyDeviceToHost));
+  }
   CHECK_CUDA(cudaMemcpy(got_bits.data(), d_bits, got_bits.size() * 4, cudaMemcpyDeviceToHost));
   long bad = 0;
   for (size_t i = 0; i < got_stream.size(); ++i) {
@@ -361,8 +371,8 @@ long RunResidualCase(const ResidualCase& rc, KernelPath path) {
     const uint32_t want = rc.bits ? want_bits[i] : 0xA5A5A5A5u;  // without a threshold: untouched
     if (got_bits[i] != want && bad++ < 3) std::printf("    bits word %zu: got %08x want %08x\n", i, got_bits[i], want);
   }
-  std::printf("%-8s residual%s B%d %dx%d c%d o%d k%dx%d s%d,%d pad(%d,%d,%d,%d)%s shortcut %dx%dx%d /%d >>%d: %ld wrong%s\n",
-              PathName(ran), rc.bits ? "+bits" : "", cc.batch, cc.h, cc.w, cc.c, cc.o, cc.kh, cc.kw, cc.sh, cc.sw,
+  std::printf("%-8s residual%s%s B%d %dx%d c%d o%d k%dx%d s%d,%d pad(%d,%d,%d,%d)%s shortcut %dx%dx%d /%d >>%d: %ld wrong%s\n",
+              PathName(ran), narrow ? " i16" : "", rc.bits ? "+bits" : "", cc.batch, cc.h, cc.w, cc.c, cc.o, cc.kh, cc.kw, cc.sh, cc.sw,
               cc.pt, cc.pb, cc.pl, cc.pr, cc.pad_one ? " one" : " zero", sh, sw, rc.channels, rc.stride, rc.shift, bad,
               ran != path ? " (requested engine cannot run it)" : "");
   for (void* ptr : {static_cast<void*>(d_x), static_cast<void*>(d_w), static_cast<void*>(d_tp),
@@ -374,13 +384,15 @@ long RunResidualCase(const ResidualCase& rc, KernelPath path) {
 }
 
 // Residual blocks' second convolutions on every kernel that takes them: the band kernel (C = 64 pixel pairs,
-// C = 128), the resident kernel (C = 256 / 512, N = 300 over two column tiles), the dense-tap kernel (C = 16),
+// C = 128; the int16 stream's shortcut staged in 16-byte chunks, or element by element for 77 channels), the
+// resident kernel (C = 256 / 512, N = 300 over two column tiles), the dense-tap kernel (C = 16),
 // a stride-2 shortcut with fewer channels (type A), odd N, "one" padding, shifts, no bits.
 std::vector<ResidualCase> ResidualCases() {
   return {
       {{3, 17, 24, 64, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 64, 0, true},
       {{2, 15, 14, 64, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 2, 64, 0, true},
       {{2, 9, 11, 128, 100, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true}, 1, 77, 1, true},
+      {{2, 16, 16, 128, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 128, 0, true},
       {{2, 7, 7, 512, 300, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 256, 0, true},
       {{3, 14, 14, 256, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 2, 128, 3, false},
       {{4, 16, 16, 16, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 16, 0, true},
@@ -392,7 +404,7 @@ std::vector<ResidualCase> ResidualCases() {
 
 // The outputs a timed case writes: the threshold bits, the int32 or int16 dot products, or a residual block's
 // second convolution (stream = dot + a stride-1 shortcut of O channels, and the stream's bits).
-enum class TimedOutput { kBits, kInt32, kInt16, kResidual };
+enum class TimedOutput { kBits, kInt32, kInt16, kResidual, kResidualInt16, kResidualInt16Stream };
 
 // Times the op of a case (packed in; `output` out) on one engine with CUDA events: the median of 9 single
 // launches after 2 warm-ups, then the mean of 30 launches queued back to back (as XLA runs them). Operands
@@ -412,17 +424,18 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path, TimedOutput
   p.epilogue = output == TimedOutput::kBits    ? Epilogue::kBits
               : output == TimedOutput::kInt32 ? Epilogue::kInt32
               : output == TimedOutput::kInt16 ? Epilogue::kInt16
-                                              : Epilogue::kResidual;
+              : output == TimedOutput::kResidual ? Epilogue::kResidual
+                                                 : Epilogue::kResidualInt16;  // with its bits, or the stream alone
   p.threshold = ToDevice(thr);
   p.flip = ToDevice(flip);
   const size_t bits_bytes = static_cast<size_t>(p.pooled_rows) * ((cc.o + 31) / 32) * 4;
   const size_t values_bytes = static_cast<size_t>(p.pooled_rows) * cc.o * 4;
   uint32_t *out = nullptr, *bits = nullptr;
-  int32_t* shortcut = nullptr;
+  void* shortcut = nullptr;
   CHECK_CUDA(cudaMalloc(&out, output == TimedOutput::kBits ? bits_bytes : values_bytes));
   p.out = out;
   jaxbnn::cuda::ResidualOperands r;
-  if (output == TimedOutput::kResidual) {
+  if (jaxbnn::cuda::IsResidual(p.epilogue)) {
     CHECK_CUDA(cudaMalloc(&bits, bits_bytes));
     CHECK_CUDA(cudaMalloc(&shortcut, values_bytes));
     CHECK_CUDA(cudaMemset(shortcut, 0, values_bytes));
@@ -430,11 +443,15 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path, TimedOutput
     r.height = p.out_h;
     r.width = p.out_w;
     r.channels = cc.o;
-    r.bits = bits;
+    r.bits = output == TimedOutput::kResidualInt16Stream ? nullptr : bits;
   }
-  const double int32_bytes = output == TimedOutput::kBits    ? 0.0
-                             : output == TimedOutput::kInt16 ? 0.5 * values_bytes
-                             : (output == TimedOutput::kInt32 ? 1 : 2) * values_bytes;
+  const double int32_bytes = output == TimedOutput::kBits             ? 0.0
+                             : output == TimedOutput::kInt16          ? 0.5 * values_bytes
+                             : output == TimedOutput::kInt32          ? 1.0 * values_bytes
+                             : output == TimedOutput::kResidualInt16 ||
+                                       output == TimedOutput::kResidualInt16Stream
+                                 ? 1.0 * values_bytes
+                                                                      : 2.0 * values_bytes;
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
@@ -541,6 +558,8 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
     time(name + " i32", resnet14[i], TimedOutput::kInt32);
     time(name + " i16", resnet14[i], TimedOutput::kInt16);
     time(name + " residual", resnet14[i], TimedOutput::kResidual);
+    time(name + " residual i16", resnet14[i], TimedOutput::kResidualInt16);
+    time(name + " residual i16 stream", resnet14[i], TimedOutput::kResidualInt16Stream);
   }
 }
 
@@ -872,7 +891,7 @@ int main(int argc, char** argv) {
     long failures = 0;
     for (const ResidualCase& rc : ResidualCases()) {
       for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
-        failures += RunResidualCase(rc, path) != 0;
+        for (bool narrow : {false, true}) failures += RunResidualCase(rc, path, narrow) != 0;
       }
     }
     std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
@@ -908,7 +927,7 @@ int main(int argc, char** argv) {
   if (!dense) {
     for (const ResidualCase& rc : ResidualCases()) {
       for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
-        failures += RunResidualCase(rc, path) != 0;
+        for (bool narrow : {false, true}) failures += RunResidualCase(rc, path, narrow) != 0;
       }
     }
   }
