@@ -329,8 +329,8 @@ def _residual_epilogue(node, p, inner, stream, following, following_params):
     if bits:
         q = following_params[0]["conv1"]
         thresholds = dict(threshold=q["input_threshold"], flip=q["input_flip"])
-    out = ops.bconv2d(inner, p["conv2"]["weight"], shortcut=stream.astype(jnp.int16), shortcut_stride=node["shortcut_stride"],
-                      **_conv_args(conv2), **thresholds)
+    out = ops.bconv2d(inner, p["conv2"]["weight"], shortcut=stream.astype(jnp.int16),
+                      shortcut_stride=node["shortcut_stride"], **_conv_args(conv2), **thresholds)
     return out if bits else (out, None)
 
 

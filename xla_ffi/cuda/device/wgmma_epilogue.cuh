@@ -227,6 +227,25 @@ __device__ __forceinline__ int2 ExcludedPair(const BinaryGemmProblem& p, const i
   return make_int2(excl[2 * j], excl[2 * j + 1]);
 }
 
+// The exact ±1 dot products of fragment j (columns lc = 8 j + 2 t and lc + 1 of the tile) of a thread's
+// accumulator row h: k_real - 2 popc(a) - 2 popc(b) + 4 popc(a AND b), less a border row's excluded taps
+// (ExcludedPair).
+template <int kAcc, int kValues>
+__device__ __forceinline__ int2 FragmentDots(const BinaryGemmProblem& p, const int (&acc)[kAcc],
+                                             const AccumulatorRows& rows, const TileColumns<kWgCols>& cols,
+                                             const int* class_corrections, const int (&excl)[kValues], bool border,
+                                             int h, int j, int t) {
+  const int lc = 8 * j + 2 * t;
+  int2 d = make_int2(rows.v0[h] - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h],
+                     rows.v0[h] - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1]);
+  if (border) {
+    const int2 c = ExcludedPair(p, class_corrections, excl, lc, j);
+    d.x -= c.x;
+    d.y -= c.y;
+  }
+  return d;
+}
+
 // The residual epilogue of a thread's two accumulator rows (StoreAccumulatorRows' layout): stream values, and
 // their bits word by word (a word's 32 columns are fragments 4 wd .. 4 wd + 3 of the quad's four lanes).
 // The instances with this epilogue (kResidual) call it in place of StoreAccumulatorRows. kLoads: the shortcut
@@ -257,6 +276,8 @@ __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, co
 #pragma unroll
           for (int i = 0; i < kLoads; ++i) added[i] = ShortcutPair<kNarrow>(r, shortcut, col0 + lc + 8 * i);
         }
+        // FragmentDots written out, as measured: through it, ptxas schedules 10-23 instructions of the resident
+        // kernel's residual instances differently (cubin .text)
         int d0 = rows.v0[h] - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h];
         int d1 = rows.v0[h] - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1];
         if (border) {
@@ -299,16 +320,10 @@ __device__ __forceinline__ void StoreStagedResidualRows(const BinaryGemmProblem&
 #pragma unroll
         for (int e = 0; e < 2; ++e) {  // fragments j and j + 1: the four values of one int16 store
           const int j = 4 * wd + q + e, lc = 8 * j + 2 * t;
-          int d0 = rows.v0[h] - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h];
-          int d1 = rows.v0[h] - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1];
-          if (border) {
-            const int2 c = ExcludedPair(p, class_corrections, excl, lc, j);
-            d0 -= c.x;
-            d1 -= c.y;
-          }
+          const int2 d = FragmentDots(p, acc, rows, cols, class_corrections, excl, border, h, j, t);
           const int2 added = Int16Pair(*reinterpret_cast<const uint32_t*>(staged + 2 * lc));
-          v[2 * e] = StreamValue<true>(r, d0, added.x);
-          v[2 * e + 1] = StreamValue<true>(r, d1, added.y);
+          v[2 * e] = StreamValue<true>(r, d.x, added.x);
+          v[2 * e + 1] = StreamValue<true>(r, d.y, added.y);
           if (r.bits != nullptr) {
             const int4 b = *reinterpret_cast<const int4*>(stream_bounds + lc);  // columns lc, lc + 1 (StreamBounds)
             const bool bit0 = b.y * v[2 * e] >= b.x, bit1 = b.w * v[2 * e + 1] >= b.z;
@@ -318,7 +333,6 @@ __device__ __forceinline__ void StoreStagedResidualRows(const BinaryGemmProblem&
         StoreInt16Fragments(p, rows.row[h], 8 * (4 * wd + q), t, v[0], v[1], v[2], v[3]);
       }
       if (r.bits != nullptr) StoreStreamWord(p, r, rows.row[h], true, 32 * wd, bits, t);
-      asm volatile("" ::: "memory");  // the next word's loads after this one's stores
     }
   }
 }
@@ -336,18 +350,7 @@ __device__ __forceinline__ void StoreValueRows(const BinaryGemmProblem& p, const
     int excl[kAcc / 2];
     if (border[h] && !p.correction_table) BorderCorrections(p, cols, PixelOrigin(p, rows.row[h]), col0, 2 * t, excl);
     const int* class_corrections = cols.correction[p.correction_table ? rows.correction[h] : 0];
-    // the values of fragment j (columns 8 j + 2 t, + 1)
-    auto values = [&](int j) {
-      const int lc = 8 * j + 2 * t;
-      int2 d = make_int2(rows.v0[h] - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h],
-                         rows.v0[h] - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1]);
-      if (border[h]) {
-        const int2 c = ExcludedPair(p, class_corrections, excl, lc, j);
-        d.x -= c.x;
-        d.y -= c.y;
-      }
-      return d;
-    };
+    auto values = [&](int j) { return FragmentDots(p, acc, rows, cols, class_corrections, excl, border[h], h, j, t); };
     if constexpr (kInt16) {
 #pragma unroll
       for (int j = 0; j < kAcc / 4; j += 2) {
