@@ -867,6 +867,16 @@ def test_residual_epilogue_adds_the_type_a_shortcut_and_thresholds_the_stream(ca
     assert stream.dtype == stream_dtype
 
 
+@pytest.mark.parametrize("stream_dtype", [np.int32, np.int16])
+def test_residual_epilogue_of_an_empty_batch_has_the_stream_type(stream_dtype):
+    weights = formats.pack_conv_weights(np.ones((3, 3, 32, 40), np.float32))
+    x = jnp.zeros((0, 4, 4, 1), jnp.uint32)
+    stream, bits = ops.bconv2d(x, weights, kernel_size=(3, 3), shortcut=jnp.zeros((0, 4, 4, 40), stream_dtype),
+                               threshold=jnp.zeros(40, jnp.int32))
+    assert stream.shape == (0, 4, 4, 40) and stream.dtype == stream_dtype
+    assert bits.shape == (0, 4, 4, 2) and bits.dtype == jnp.uint32
+
+
 def test_residual_epilogue_under_jit_and_vmap():
     rng = np.random.default_rng(7)
     x = formats.pack_bits(signs(rng, (3, 2, 6, 6, 64)) >= 0)
