@@ -291,8 +291,8 @@ def run_nodes(nodes, params, x, stream_dtypes=None, fuse_residual=None):
             inner = _linear(node["conv1"], p["conv1"], x, input_bits=stream_bits)
             fuse = fuse_residual if fuse_residual is not None else platform_fuses and _stages_shortcut(node["conv2"])
             if fuse and dtype == jnp.int16:
-                following = nodes[i + 1] if i + 1 < len(nodes) else None
-                x, stream_bits = _residual_epilogue(node, p, inner, x, following, params[i + 1:i + 2])
+                following = (nodes[i + 1], params[i + 1]) if i + 1 < len(nodes) else None
+                x, stream_bits = _residual_epilogue(node, p, inner, x, following)
             else:
                 x = _linear(node["conv2"], p["conv2"], inner, dtype) + _shortcut(node, x).astype(dtype)
                 stream_bits = None
@@ -320,14 +320,16 @@ def _stages_shortcut(conv2) -> bool:
             and conv2["out_channels"] <= 128 and conv2["pool"] is None and w <= 254)
 
 
-def _residual_epilogue(node, p, inner, stream, following, following_params):
+def _residual_epilogue(node, p, inner, stream, following):
     """A residual block's conv2 with its shortcut added in the epilogue: the new stream and, where the next
-    node is a residual block reading binary bits, their bits through its conv1's input thresholds (else None)."""
+    node (`following`: (node, params) or None) is a residual block reading binary bits, their bits through its
+    conv1's input thresholds (else None)."""
     conv2 = node["conv2"]
-    bits = following is not None and following["kind"] == "residual" and following["conv1"]["operand"] == "binary"
+    next_node, next_params = following or (None, None)
+    bits = next_node is not None and next_node["kind"] == "residual" and next_node["conv1"]["operand"] == "binary"
     thresholds = {}
     if bits:
-        q = following_params[0]["conv1"]
+        q = next_params["conv1"]
         thresholds = dict(threshold=q["input_threshold"], flip=q["input_flip"])
     out = ops.bconv2d(inner, p["conv2"]["weight"], shortcut=stream.astype(jnp.int16),
                       shortcut_stride=node["shortcut_stride"], **_conv_args(conv2), **thresholds)
