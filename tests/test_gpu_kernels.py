@@ -391,6 +391,10 @@ IMAGE_LAYERS = [  # (image (B, H, W, C), kernel (KH, KW), N, stride, padding, po
     ((1, 16, 16, 128), (1, 1), 128, 1, "VALID", (8, 16), 3, 0),  # the largest window, aligned words
     ((2, 10, 10, 32), (4, 4), 100, 1, "SAME", None, 2, 0),  # K = 512: the most steps kept resident
     ((2, 12, 12, 8), (9, 9), 96, 1, "SAME", None, 1, 0),  # K = 648: back to 64-column tiles
+    # the windowed kernel (C <= 4, no pool or 2 x 2): its slot layouts, partial tiles, the stream's scalar stores
+    ((3, 21, 23, 1), (7, 7), 33, 3, "SAME", None, 2, 0),  # one channel: 7 taps in two slots of 4 pixels
+    ((2, 19, 27, 2), (3, 5), 40, (1, 2), "SAME", (2, 2), 1, 0),  # two channels, two pixels a slot
+    ((3, 13, 21, 4), (3, 3), 70, 1, "SAME", (2, 2), 0, 2),  # four channels, a pooled stream of 70 channels
 ]
 
 

@@ -23,7 +23,9 @@
 #include <mutex>
 #include <vector>
 
+#include "cuda/device/byte_loads.cuh"
 #include "cuda/device/common.cuh"
+#include "cuda/kernels/image_window.h"
 
 namespace jaxbnn::cuda {
 namespace {
@@ -127,21 +129,6 @@ __device__ __forceinline__ int2 TapOf(const ImageConvProblem& p, const ImageLaun
   return make_int2(offset, L.resident ? ky | kx << 10 | ch << 20 : 0);
 }
 
-// A predicated byte load into a register that holds 0 where `take` is false: issued here, waited for where the
-// register is first read (StoreStep, after the next barrier), so its latency overlaps the MMAs and the epilogue.
-__device__ __forceinline__ void LoadByte(uint32_t& reg, const int8_t* address, int take) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p ld.global.nc.u8 %0, [%1];\n}\n"
-      : "+r"(reg)
-      : "l"(address), "r"(take));
-}
-__device__ __forceinline__ void LoadWord(uint32_t& reg, const int8_t* address, int take) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p ld.global.nc.u32 %0, [%1];\n}\n"
-      : "+r"(reg)
-      : "l"(address), "r"(take));
-}
-
 // What a thread gathered of one K step, still as loaded: byte e of word tid % 8 of row i in bytes[i][e]
 // (zero-extended; with word loads the whole word in bytes[i][0]), and, where the weights are not resident,
 // weight words as bytes too.
@@ -211,19 +198,6 @@ __device__ __forceinline__ void GatherStep(const ImageConvProblem& p, const Imag
       }
     }
   }
-}
-
-// Four loaded bytes as one word, b0 | b1 << 8 | b2 << 16 | b3 << 24 (a word load's whole word in b0, the others
-// 0). In asm volatile, so that it stays after the barrier that precedes it: the loads are then waited for there,
-// not before the MMAs (compiled plainly, each byte's zero-extension followed its load).
-__device__ __forceinline__ uint32_t Word(const uint32_t (&b)[4]) {
-  uint32_t word;
-  asm volatile(
-      "{\n .reg .b32 t1, t2, t3;\n shl.b32 t1, %2, 8;\n shl.b32 t2, %3, 16;\n shl.b32 t3, %4, 24;\n"
-      " or.b32 %0, %1, t1;\n or.b32 %0, %0, t2;\n or.b32 %0, %0, t3;\n}\n"
-      : "=r"(word)
-      : "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]));
-  return word;
 }
 
 // The gathered step into the A stage (and the weights' single step slot where they are not resident).
@@ -479,25 +453,6 @@ __global__ void __launch_bounds__(S::kThreads, (kMinCtas<S, kResidentWeights>))
   }
 }
 
-// CTAs an SM holds of an instance with `smem` bytes, per device (the occupancy query once per instance, device
-// and size: it was measurable in the launcher's host time at batch 1).
-int CtasPerSm(const void* kernel, int threads, int smem, int device) {
-  struct Known {
-    const void* kernel;
-    int smem, device, ctas;
-  };
-  static std::mutex mutex;
-  static std::vector<Known> known;
-  std::lock_guard<std::mutex> lock(mutex);
-  for (const Known& k : known) {
-    if (k.kernel == kernel && k.smem == smem && k.device == device) return k.ctas;
-  }
-  int ctas = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, smem) != cudaSuccess) ctas = 0;
-  known.push_back({kernel, smem, device, ctas});
-  return ctas;
-}
-
 template <class S, bool kResidentWeights>
 cudaError_t LaunchInstance(const ImageConvProblem& p, const ImageLaunch& L, cudaStream_t stream) {
   const void* kernel = reinterpret_cast<const void*>(&ImageConvKernel<S, kResidentWeights>);
@@ -529,6 +484,23 @@ cudaError_t LaunchInstance(const ImageConvProblem& p, const ImageLaunch& L, cuda
 
 }  // namespace
 
+int CtasPerSm(const void* kernel, int threads, int smem, int device) {
+  struct Known {
+    const void* kernel;
+    int smem, device, ctas;
+  };
+  static std::mutex mutex;
+  static std::vector<Known> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const Known& k : known) {
+    if (k.kernel == kernel && k.smem == smem && k.device == device) return k.ctas;
+  }
+  int ctas = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, smem) != cudaSuccess) ctas = 0;
+  known.push_back({kernel, smem, device, ctas});
+  return ctas;
+}
+
 cudaError_t LaunchImageConv(const ImageConvProblem& p, cudaStream_t stream) {
   const int window = p.pool_h * p.pool_w;
   const int64_t pooled = int64_t{p.batch} * p.out_h * p.out_w;
@@ -536,6 +508,7 @@ cudaError_t LaunchImageConv(const ImageConvProblem& p, cudaStream_t stream) {
   if (window < 1 || window > kMaxImagePoolWindow || p.planes < 0 || p.planes > kMaxImagePlanes) {
     return cudaErrorInvalidValue;
   }
+  if (ImageWindowTakes(p)) return LaunchImageWindow(p, stream);
   ImageLaunch L;
   L.window = FastDivisor(window);
   L.pool_w = FastDivisor(p.pool_w);

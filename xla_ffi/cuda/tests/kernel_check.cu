@@ -868,6 +868,15 @@ std::vector<ImageCase> ImageCases() {
       {3, 9, 10, 4, 70, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 1, 0, false},       // C = 4: aligned words, borders
       {2, 10, 10, 32, 100, 4, 4, 1, 1, 2, 1, 2, 1, 1, 1, 2, 0, false},    // K = 512: the most resident steps
       {2, 12, 12, 8, 96, 9, 9, 1, 1, 4, 4, 4, 4, 1, 1, 1, 0, false},      // K = 648: 64-column tiles, resident
+      // the windowed kernel (C <= 4, no pool or 2 x 2): slot layouts, partial tiles, the stream's scalar stores
+      {2, 19, 23, 2, 40, 3, 5, 1, 2, 1, 1, 2, 2, 2, 2, 1, 0, false},      // C = 2: two pixels a slot, stride (1, 2)
+      {2, 40, 37, 1, 33, 7, 7, 3, 3, 3, 3, 3, 3, 1, 1, 2, 0, false},      // C = 1: 7 taps in two 4-pixel slots
+      {3, 28, 28, 1, 30, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 0, 3, false},      // int32, N % 4 != 0: scalar stores
+      {2, 32, 30, 3, 64, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, 0, 5, true},       // extremes, pooled int32
+      {1, 40, 40, 3, 64, 16, 16, 1, 1, 8, 7, 8, 7, 1, 1, 1, 0, false},    // 256 slots: the most resident steps
+      {5, 13, 21, 3, 17, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, false},      // partial tiles in both directions
+      {2, 15, 17, 1, 64, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, 0, 2, false},      // pool dropping the odd row and column
+      {2, 9, 40, 4, 200, 2, 3, 2, 1, 0, 1, 1, 1, 2, 2, 3, 0, true},       // extremes, C = 4, four column tiles
   };
 }
 

@@ -1,0 +1,522 @@
+// The windowed first-layer kernel: a direct convolution of int8 image levels with int8 weights on IMMA
+// m16n8k32 (mma.sync, sm_80+) for images of at most four channels, the zoo's RGB and grey first layers.
+//
+// A tile is 8 x 16 output pixels (before the pool) of one image and 64 output channels. Its frame window, the
+// pixels its receptive fields cover, is copied once into shared memory as four-byte slots: a slot at (y, x)
+// holds the C' channel bytes (C rounded up to 1, 2 or 4; the fourth byte of an RGB pixel is 0) of the
+// 4 / C' pixels x, x + 1, ... of window row y, zero outside the frame. A kernel row of kw taps is then
+// ceil(kw C' / 4) slots, and every A fragment register of the MMA is one 32-bit shared load at the pixel's
+// slot plus the tap slot's offset: no im2col gather, and a pixel is read from global memory once per tile, not
+// once per tap. The weights are laid out at load time in the same slots (zero past kw and C), resident for
+// the CTA's life, and read with ldmatrix.
+//
+// The fragment rows are placed so that the epilogue needs no shared memory: warp w holds tile rows 2w and 2w + 1
+// (its two 16-row fragments), fragment row g the pixels 2g and 2g + 1 (rows g and g + 8), so a thread's four
+// accumulator rows are one 2 x 2 pool window and the pool is a max in registers. The 64 weight columns are
+// permuted at load time for the stores (ChannelOfColumn): for threshold planes thread t of a quad holds the
+// output channels 16t .. 16t + 15, so a plane's 16 bits are the thread's own and two threads' make a word; for
+// the stream the quad's values of two fragments are 16 consecutive channels, one 64-byte store.
+//
+// The pieces: WindowLaunch (the launch-time geometry), LoadWeights / LoadBounds / the slot table (once per
+// CTA), BuildWindow (the frame window of a tile), the mainloop over K steps, and the epilogue (the pool in
+// registers, StoreStream / StoreBits).
+#include "cuda/kernels/image_window.h"
+
+#include <climits>
+#include <cstdint>
+#include <mutex>
+
+#include "cuda/device/byte_loads.cuh"
+#include "cuda/device/common.cuh"
+
+namespace jaxbnn::cuda {
+namespace {
+
+constexpr int kTileH = 8, kTileW = 16;  // output pixels of a tile, before the pool: 128 rows
+constexpr int kRowWarps = kTileH / 2;   // a warp per two tile rows and 64 columns
+constexpr int kWarpCols = kImageTileColumns;  // 64
+constexpr int kFrags = kWarpCols / 8;
+constexpr int kStepSlots = 8;             // a k32 step: eight four-byte slots
+constexpr int kStepBytes = 4 * kStepSlots;
+constexpr int kWarpStepBytes = kWarpCols * kStepBytes;  // a warp's 64 columns of one step: 2 KB
+constexpr int kMaxSteps = 32;             // the resident weights: 64 KB a 64-column half
+constexpr int kMaxWindowWords = 12 * 1024;  // the frame window: 48 KB (AlexNet's 11 x 11 at stride 4: 12 KB)
+static_assert(kWarpCols == 64 && kTileW == 2 * 8, "the fragment rows and the column permutation assume this tile");
+
+// A CTA: the tile's 128 rows by 64 columns a column warp (1, or 2 where N > 64, so that the window is built once
+// for 128 columns), four CTAs (128 registers) or two an SM.
+template <int kColWarps>
+struct CtaShape {
+  static constexpr int kCols = kColWarps * kWarpCols;
+  static constexpr int kThreads = 32 * kRowWarps * kColWarps;
+  static constexpr int kStepBytes = kColWarps * kWarpStepBytes;
+  static constexpr int kMinCtas = 4 / kColWarps;
+};
+
+// Channel bytes a pixel takes in a slot: C = 3 is padded to 4.
+__host__ __device__ constexpr int ChannelBytes(int c) { return c == 3 ? 4 : c; }
+
+// The launch-time geometry. Shared memory: the weights (steps x 2 KB a column warp), each plane's bounds and flip
+// words, the slot table (each K slot's byte offset in the window), the frame window (window_h rows of
+// row_stride words).
+struct WindowLaunch {
+  int slots_per_row = 0, slots = 0, steps = 0;
+  int window_h = 0, window_w = 0, row_stride = 0;
+  int tiles_x = 0, tiles = 0;
+  int levels_bytes = 0;  // batch * H * W * C: int32 by the handler's checks
+  FastDivisor window_w_div, tiles_x_div, tiles_per_image_div;
+  int bound_offset = 0, flip_offset = 0, slot_offset = 0, window_offset = 0, smem = 0;
+  bool vector_stream = false;  // n % 4 == 0 and a 16-byte aligned output: the stream's 16-byte stores
+};
+
+// Kernel column kc = 8 nf + 2 t + e of the MMA holds an output channel of the tile chosen for the epilogue's
+// stores. Threshold planes: channel 16 t + 2 nf + e, so that thread t of a quad holds channels 16 t .. 16 t + 15
+// (its 16 bits of a word). The stream: channel 16 (nf / 2) + 4 t + 2 (nf % 2) + e, so that the quad's four
+// values of fragments 2 i and 2 i + 1 are 16 consecutive channels, four a thread: one 64-byte store.
+__device__ __forceinline__ int ChannelOfColumn(int kc, bool stream) {
+  const int nf = kc / 8, t = (kc % 8) / 2, e = kc % 2;
+  return stream ? 16 * (nf / 2) + 4 * t + 2 * (nf % 2) + e : 16 * t + 2 * nf + e;
+}
+
+// Byte offset of a 16-byte half of kernel column kc in a weight step: 32-byte columns, the halves swapped in
+// every other group of four columns, so that ldmatrix's eight rows of a half hit 32 distinct banks.
+__device__ __forceinline__ int WeightOffset(int kc, int half) { return kc * 32 + ((half ^ ((kc >> 2) & 1)) << 4); }
+
+// Every K step's weights of the CTA's columns in the slot layout, each column warp's 64 columns of a step together
+// (2 KB): byte i of slot s holds kernel[ky, kx, ch, n] with (ky, j) = (s / slots_per_row, s % slots_per_row),
+// kx = j * (4 / C') + i / C', ch = i % C'; 0 past kw, C, N and the last slot. Four words' byte loads are issued
+// before any is combined.
+template <int kChannelBytes, class S>
+__device__ void LoadWeights(const ImageConvProblem& p, const WindowLaunch& L, uint8_t* smem, int col0, int tid) {
+  constexpr int kPixelsPerSlot = 4 / kChannelBytes;
+  const int words = L.steps * S::kCols * kStepSlots;
+  for (int first = tid; first < words; first += 4 * S::kThreads) {
+    uint32_t bytes[4][4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int idx = first + u * S::kThreads, kc = idx % S::kCols, slot = idx / S::kCols;
+      const int n = col0 + kc / kWarpCols * kWarpCols + ChannelOfColumn(kc % kWarpCols, p.planes == 0);
+      const int ky = slot / L.slots_per_row, j = slot - ky * L.slots_per_row;
+      const bool real = idx < words && slot < L.slots && n < p.n;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int kx = j * kPixelsPerSlot + i / kChannelBytes, ch = i % kChannelBytes;
+        const bool take = real && kx < p.kw && ch < p.c;
+        bytes[u][i] = 0;
+        LoadByte(bytes[u][i], p.kernel + (take ? (static_cast<int64_t>(ky * p.kw + kx) * p.c + ch) * p.n + n : 0),
+                 take);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int idx = first + u * S::kThreads, kc = idx % S::kCols, slot = idx / S::kCols;
+      if (idx < words) {
+        const int step = slot / kStepSlots, w = slot % kStepSlots;
+        *reinterpret_cast<uint32_t*>(smem + step * S::kStepBytes + kc / kWarpCols * kWarpStepBytes +
+                                     WeightOffset(kc % kWarpCols, w / 4) + 4 * (w % 4)) = Word(bytes[u]);
+      }
+    }
+  }
+}
+
+// Each plane's bounds in channel order (bit = (pre >= bound) XOR flip, bound = t + 1 where flipped, t clamped to
+// [INT_MIN + 1, INT_MAX - 1], which changes no bit: |pre| < 2^31 - 2^14 by the handler's bound on K), and its two
+// flip words; channels past N get INT_MAX and no flip, so their bits are 0.
+template <class S>
+__device__ void LoadBounds(const ImageConvProblem& p, const WindowLaunch& L, uint8_t* smem, int col0, int tid) {
+  int* bound = reinterpret_cast<int*>(smem + L.bound_offset);
+  uint32_t* flip_word = reinterpret_cast<uint32_t*>(smem + L.flip_offset);
+  for (int i = tid; i < p.planes * S::kCols; i += S::kThreads) {  // whole warps per plane: kCols is a multiple of 32
+    const int plane = i / S::kCols, n = col0 + i % S::kCols;
+    const bool real = n < p.n;
+    const int t = real ? min(max(p.threshold[plane * p.n + n], INT_MIN + 1), INT_MAX - 1) : 0;
+    const bool flip = real && p.flip[plane * p.n + n] != 0;
+    bound[i] = real ? t + (flip ? 1 : 0) : INT_MAX;
+    const uint32_t flips = __ballot_sync(0xffffffffu, flip);
+    if (i % 32 == 0) flip_word[i / 32] = flips;
+  }
+}
+
+// The frame window of the tile whose top-left receptive field starts at (iy0, ix0) of image `b`: slot (y, x) holds
+// the channel bytes of pixels ix0 + x + i / C' of row iy0 + y, 0 outside the frame. A slot is its four bytes at any
+// alignment, two aligned word loads and a funnel shift, masked to its pixels inside the frame (and, for RGB, to
+// three channels). The loads use offsets from the levels' start (int32 by the handler's checks; the levels
+// 4-byte aligned, ImageWindowTakes): a word wholly outside the levels is not loaded, its bytes being outside the
+// frame; one that straddles their end (a size not a multiple of 4) leaves its slot to a byte-by-byte gather.
+// Each group's loads (four slots a thread) are issued before any is combined.
+template <int kChannelBytes, int kThreads, int kSlots>
+__device__ __forceinline__ void BuildSlots(const ImageConvProblem& p, const WindowLaunch& L, uint32_t* window,
+                                           int image, int iy0, int ix0, int first) {
+  constexpr int kPixelsPerSlot = 4 / kChannelBytes;
+  const int total = L.window_h * L.window_w;
+  const uint32_t last_word = static_cast<uint32_t>(L.levels_bytes - 4);  // the last whole word's offset
+  const uint32_t channels = p.c == 3 ? 0xffffffu : 0xffffffffu;
+  uint32_t low[kSlots], high[kSlots], mask[kSlots];
+  int at[kSlots], offset[kSlots];
+#pragma unroll
+  for (int u = 0; u < kSlots; ++u) {
+    const int idx = first + u * kThreads, y = Quotient(idx, L.window_w_div), x = idx - y * L.window_w;
+    const int iy = iy0 + y, ix = ix0 + x;
+    // the slot's pixels inside the frame: [inside_first, inside_end) of its kPixelsPerSlot
+    const int inside_first = max(0, -ix), inside_end = min(kPixelsPerSlot, p.in_w - ix);
+    const bool some = idx < total && static_cast<unsigned>(iy) < static_cast<unsigned>(p.in_h) &&
+                      inside_first < inside_end;
+    at[u] = idx < total ? y * L.row_stride + x : -1;
+    offset[u] = some ? image + (iy * p.in_w + ix) * p.c : 0;
+    const int aligned = offset[u] & ~3;
+    if constexpr (kPixelsPerSlot == 1) {
+      mask[u] = some ? channels : 0u;
+    } else {
+      mask[u] = some ? static_cast<uint32_t>((uint64_t{1} << (8 * kChannelBytes * inside_end)) -
+                                             (uint64_t{1} << (8 * kChannelBytes * inside_first)))
+                     : 0u;
+    }
+    low[u] = high[u] = 0;
+    LoadWord(low[u], p.levels + aligned, some && static_cast<uint32_t>(aligned) <= last_word);
+    LoadWord(high[u], p.levels + aligned + 4, some && static_cast<uint32_t>(aligned + 4) <= last_word);
+  }
+#pragma unroll
+  for (int u = 0; u < kSlots; ++u) {
+    if (at[u] < 0) continue;
+    uint32_t word = __funnelshift_r(low[u], high[u], 8 * (offset[u] & 3)) & mask[u];
+    // bytes of the slot inside the frame that lie in a word straddling the levels' end
+    if (mask[u] != 0 && (offset[u] & ~3) + 8 > L.levels_bytes && L.levels_bytes % 4 != 0) {
+      uint32_t bytes[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const bool take = (mask[u] >> (8 * i) & 0xffu) != 0;
+        bytes[i] = 0;
+        LoadByte(bytes[i], p.levels + (take ? offset[u] + i : 0), take);
+      }
+      word = Word(bytes);
+    }
+    window[at[u]] = word;
+  }
+}
+
+// Four slots a thread at a time while the window has them, then one.
+template <int kChannelBytes, int kThreads>
+__device__ void BuildWindow(const ImageConvProblem& p, const WindowLaunch& L, uint32_t* window, int b, int iy0,
+                            int ix0, int tid) {
+  const int image = b * p.in_h * p.in_w * p.c, total = L.window_h * L.window_w;
+  int first = tid;
+  for (; first + 3 * kThreads < total; first += 4 * kThreads) {
+    BuildSlots<kChannelBytes, kThreads, 4>(p, L, window, image, iy0, ix0, first);
+  }
+  for (; first < total; first += kThreads) BuildSlots<kChannelBytes, kThreads, 1>(p, L, window, image, iy0, ix0, first);
+}
+
+__device__ __forceinline__ uint32_t LoadShared(uint32_t address) {
+  uint32_t value;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(value) : "r"(address));
+  return value;
+}
+
+__device__ __forceinline__ void LoadMatrices(uint32_t address, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(address));
+}
+
+__device__ __forceinline__ void Imma(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// A thread's 16 values of one output row, value (nf, e) from kernel column 8 nf + 2 t + e (ChannelOfColumn).
+using RowValues = int[kFrags][2];
+
+// The int32 stream of kRows rows: `value >> shift`, fragments 2 i and 2 i + 1 as channels col0 + 16 i + 4 t ..
+// + 3 of the row.
+template <int kRows>
+__device__ __forceinline__ void StoreStream(const ImageConvProblem& p, const WindowLaunch& L,
+                                            const RowValues (&v)[kRows], const int (&q)[kRows],
+                                            const bool (&valid)[kRows], int col0, int t) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (!valid[r]) continue;
+    int32_t* out = static_cast<int32_t*>(p.out) + static_cast<int64_t>(q[r]) * p.n;
+#pragma unroll
+    for (int i = 0; i < kFrags / 2; ++i) {
+      const int first = col0 + 16 * i + 4 * t;
+      const int4 four = make_int4(v[r][2 * i][0] >> p.shift, v[r][2 * i][1] >> p.shift, v[r][2 * i + 1][0] >> p.shift,
+                                  v[r][2 * i + 1][1] >> p.shift);
+      if (L.vector_stream && first + 4 <= p.n) {
+        *reinterpret_cast<int4*>(out + first) = four;
+      } else {
+        if (first < p.n) out[first] = four.x;
+        if (first + 1 < p.n) out[first + 1] = four.y;
+        if (first + 2 < p.n) out[first + 2] = four.z;
+        if (first + 3 < p.n) out[first + 3] = four.w;
+      }
+    }
+  }
+}
+
+// Each plane's word of kRows rows: the thread's 16 bits (channels col0 + 16 t .., the warp's columns from warp_col
+// of the CTA's) against its 16 bounds, loaded once a plane, two threads' halves joined by a shuffle (every lane of the warp takes part; `valid` only gates
+// the store).
+template <int kCtaCols, int kRows>
+__device__ __forceinline__ void StoreBits(const ImageConvProblem& p, const WindowLaunch& L, const uint8_t* smem,
+                                          const RowValues (&v)[kRows], const int (&q)[kRows],
+                                          const bool (&valid)[kRows], int col0, int warp_col, int t) {
+  const int out_words = (p.n + 31) / 32, word = col0 / 32 + t / 2;
+  const bool stores = t % 2 == 0 && col0 + 32 * (t / 2) < p.n;
+  uint32_t* out = static_cast<uint32_t*>(p.out);
+  for (int plane = 0; plane < p.planes; ++plane) {
+    const int4* bound_of_plane =
+        reinterpret_cast<const int4*>(smem + L.bound_offset) + (plane * kCtaCols + warp_col) / 4 + 4 * t;
+    int4 bound[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) bound[i] = bound_of_plane[i];
+    const uint32_t flips =
+        reinterpret_cast<const uint32_t*>(smem + L.flip_offset)[(plane * kCtaCols + warp_col) / 32 + t / 2] >>
+            (16 * (t % 2)) & 0xffffu;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      uint32_t bits = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        bits |= uint32_t{v[r][2 * i][0] >= bound[i].x} << (4 * i) | uint32_t{v[r][2 * i][1] >= bound[i].y} << (4 * i + 1) |
+                uint32_t{v[r][2 * i + 1][0] >= bound[i].z} << (4 * i + 2) |
+                uint32_t{v[r][2 * i + 1][1] >= bound[i].w} << (4 * i + 3);
+      }
+      bits ^= flips;
+      const uint32_t high = __shfl_xor_sync(0xffffffffu, bits, 1);
+      if (stores && valid[r]) out[(static_cast<int64_t>(q[r]) * p.planes + plane) * out_words + word] = bits | high << 16;
+    }
+  }
+}
+
+// The epilogue of kRows rows: the stream, or the threshold planes.
+template <int kCtaCols, int kRows>
+__device__ __forceinline__ void StoreRows(const ImageConvProblem& p, const WindowLaunch& L, const uint8_t* smem,
+                                          const RowValues (&v)[kRows], const int (&q)[kRows],
+                                          const bool (&valid)[kRows], int col0, int warp_col, int t) {
+  if (p.planes == 0) {
+    StoreStream<kRows>(p, L, v, q, valid, col0, t);
+  } else {
+    StoreBits<kCtaCols, kRows>(p, L, smem, v, q, valid, col0, warp_col, t);
+  }
+}
+
+template <int kChannelBytes, bool kPooled, int kColWarps>
+__global__ void __launch_bounds__(CtaShape<kColWarps>::kThreads, CtaShape<kColWarps>::kMinCtas)
+    ImageWindowKernel(const ImageConvProblem p, const WindowLaunch L) {
+  using S = CtaShape<kColWarps>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int kPixelsPerSlot = 4 / kChannelBytes;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int row_warp = warp % kRowWarps, warp_col = warp / kRowWarps * kWarpCols;
+  const int cta_col0 = blockIdx.y * S::kCols, col0 = cta_col0 + warp_col;
+  if (static_cast<int>(blockIdx.x) >= L.tiles) return;  // the whole CTA
+  LoadWeights<kChannelBytes, S>(p, L, smem, cta_col0, tid);
+  if (p.planes > 0) LoadBounds<S>(p, L, smem, cta_col0, tid);
+  int* slot_offset = reinterpret_cast<int*>(smem + L.slot_offset);
+  for (int s = tid; s < L.steps * kStepSlots; s += S::kThreads) {
+    const int ky = s / L.slots_per_row;
+    slot_offset[s] = s < L.slots ? 4 * (ky * L.row_stride + (s - ky * L.slots_per_row) * kPixelsPerSlot) : 0;
+  }
+  uint32_t* window = reinterpret_cast<uint32_t*>(smem + L.window_offset);
+  // fragment row (mf, h) of lane g: tile row 2 row_warp + mf, tile column 2 g + h; as byte addresses in the window
+  uint32_t row_base[2][2];
+#pragma unroll
+  for (int mf = 0; mf < 2; ++mf) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_base[mf][h] = SmemAddress(window) +
+                        4 * ((2 * row_warp + mf) * p.stride_h * L.row_stride + (2 * g + h) * p.stride_w);
+    }
+  }
+  // ldmatrix: lanes 8m .. 8m + 7 address matrix m = (column fragment m / 2 of a pair, K half m % 2)
+  const int m = lane / 8, matrix_column = 8 * (m / 2) + lane % 8;
+  const uint32_t weight_lane =
+      SmemAddress(smem) + warp_col / kWarpCols * kWarpStepBytes + WeightOffset(matrix_column, m % 2);
+  const int tiles_per_image = L.tiles_per_image_div.divisor;
+  for (int tile = blockIdx.x; tile < L.tiles; tile += gridDim.x) {
+    const int b = Quotient(tile, L.tiles_per_image_div), in_image = tile - b * tiles_per_image;
+    const int ty = Quotient(in_image, L.tiles_x_div), tx = in_image - ty * L.tiles_x;
+    const int oy0 = ty * kTileH, ox0 = tx * kTileW;
+    __syncthreads();  // the previous tile's MMAs are done with the window (the first: the tables are written)
+    BuildWindow<kChannelBytes, S::kThreads>(p, L, window, b, oy0 * p.stride_h - p.pad_top,
+                                            ox0 * p.stride_w - p.pad_left, tid);
+    __syncthreads();
+    int acc[2][kFrags][4] = {};
+    // not unrolled: the 128-register budget holds only one step's fragments
+#pragma unroll 1
+    for (int step = 0; step < L.steps; ++step) {
+      const uint32_t low = slot_offset[step * kStepSlots + t], high = slot_offset[step * kStepSlots + t + 4];
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mf = 0; mf < 2; ++mf) {
+        a[mf][0] = LoadShared(row_base[mf][0] + low);
+        a[mf][1] = LoadShared(row_base[mf][1] + low);
+        a[mf][2] = LoadShared(row_base[mf][0] + high);
+        a[mf][3] = LoadShared(row_base[mf][1] + high);
+      }
+      uint32_t bf[kFrags][2];
+      const uint32_t step_address = weight_lane + step * S::kStepBytes;
+#pragma unroll
+      for (int pair = 0; pair < kFrags / 2; ++pair) {
+        LoadMatrices(step_address + pair * 16 * 32, bf[2 * pair][0], bf[2 * pair][1], bf[2 * pair + 1][0],
+                     bf[2 * pair + 1][1]);
+      }
+#pragma unroll
+      for (int mf = 0; mf < 2; ++mf) {
+#pragma unroll
+        for (int nf = 0; nf < kFrags; ++nf) Imma(acc[mf][nf], a[mf], bf[nf][0], bf[nf][1]);
+      }
+    }
+    // the epilogue, from the registers: a 2 x 2 window's max, or each of the four rows
+    if constexpr (kPooled) {
+      int v[1][kFrags][2];
+#pragma unroll
+      for (int nf = 0; nf < kFrags; ++nf) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          v[0][nf][e] = max(max(acc[0][nf][e], acc[0][nf][2 + e]), max(acc[1][nf][e], acc[1][nf][2 + e]));
+        }
+      }
+      const int py = oy0 / 2 + row_warp, px = ox0 / 2 + g;
+      const bool valid[1] = {py < p.out_h && px < p.out_w};
+      const int q[1] = {valid[0] ? (b * p.out_h + py) * p.out_w + px : 0};
+      StoreRows<S::kCols, 1>(p, L, smem, v, q, valid, col0, warp_col, t);
+    } else {
+      int v[4][kFrags][2], q[4];
+      bool valid[4];
+#pragma unroll
+      for (int mf = 0; mf < 2; ++mf) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = 2 * mf + h, oy = oy0 + 2 * row_warp + mf, ox = ox0 + 2 * g + h;
+#pragma unroll
+          for (int nf = 0; nf < kFrags; ++nf) {
+            v[r][nf][0] = acc[mf][nf][2 * h];
+            v[r][nf][1] = acc[mf][nf][2 * h + 1];
+          }
+          valid[r] = oy < p.out_h && ox < p.out_w;
+          q[r] = valid[r] ? (b * p.out_h + oy) * p.out_w + ox : 0;
+        }
+      }
+      StoreRows<S::kCols, 4>(p, L, smem, v, q, valid, col0, warp_col, t);
+    }
+  }
+}
+
+int Align16(int bytes) { return (bytes + 15) / 16 * 16; }
+
+// Window row stride in words: at least the window's width.
+int RowStride(int window_w) { return window_w; }
+
+// A problem's geometry in int64, for ImageWindowTakes to bound before anything is narrowed (conv_h / conv_w: the
+// convolution output that the pooled output needs).
+struct Geometry {
+  int64_t slots_per_row, slots, steps, window_h, window_w, row_stride, conv_h, conv_w, tiles_x, tiles;
+};
+Geometry GeometryOf(const ImageConvProblem& p) {
+  Geometry G;
+  const int pixels_per_slot = 4 / ChannelBytes(p.c);
+  G.slots_per_row = (int64_t{p.kw} + pixels_per_slot - 1) / pixels_per_slot;
+  G.slots = G.slots_per_row * p.kh;
+  G.steps = (G.slots + kStepSlots - 1) / kStepSlots;
+  G.window_h = int64_t{kTileH - 1} * p.stride_h + p.kh;
+  G.window_w = int64_t{kTileW - 1} * p.stride_w + (G.slots_per_row - 1) * pixels_per_slot + 1;
+  G.row_stride = G.window_w <= INT_MAX ? RowStride(static_cast<int>(G.window_w)) : G.window_w;
+  G.conv_h = int64_t{p.out_h} * p.pool_h;
+  G.conv_w = int64_t{p.out_w} * p.pool_w;
+  G.tiles_x = (G.conv_w + kTileW - 1) / kTileW;
+  G.tiles = int64_t{p.batch} * ((G.conv_h + kTileH - 1) / kTileH) * G.tiles_x;
+  return G;
+}
+
+template <int kChannelBytes, bool kPooled, int kColWarps>
+cudaError_t LaunchInstance(const ImageConvProblem& p, const WindowLaunch& L, cudaStream_t stream) {
+  using S = CtaShape<kColWarps>;
+  const void* kernel = reinterpret_cast<const void*>(&ImageWindowKernel<kChannelBytes, kPooled, kColWarps>);
+  const int col_tiles = (p.n + S::kCols - 1) / S::kCols;
+  if (col_tiles > kMaxImageColumnTiles) return cudaErrorInvalidValue;
+  int device = 0, sms = 0;
+  cudaError_t err;
+  if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;
+  if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
+  if (device < 0 || device >= 64) return cudaErrorInvalidDevice;
+  // the dynamic shared memory limit raised per instance and device as far as a launch has needed
+  static std::mutex mutex;
+  static int raised[64] = {};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (L.smem > raised[device]) {
+      if ((err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.smem)) != cudaSuccess) {
+        return err;
+      }
+      raised[device] = L.smem;
+    }
+  }
+  const int per_sm = CtasPerSm(kernel, S::kThreads, L.smem, device);
+  if (per_sm < 1) return cudaErrorInvalidConfiguration;
+  // every SM slot busy, each CTA on one column tile, the pixel tiles shared out
+  const long long per_column = (static_cast<long long>(per_sm) * sms + col_tiles - 1) / col_tiles;
+  const dim3 grid(static_cast<unsigned>(per_column < L.tiles ? per_column : L.tiles), static_cast<unsigned>(col_tiles));
+  ImageWindowKernel<kChannelBytes, kPooled, kColWarps><<<grid, S::kThreads, L.smem, stream>>>(p, L);
+  return cudaGetLastError();
+}
+
+template <int kChannelBytes, bool kPooled>
+cudaError_t LaunchColumns(const ImageConvProblem& p, WindowLaunch& L, cudaStream_t stream) {
+  const int col_warps = p.n > kWarpCols ? 2 : 1;
+  L.bound_offset = L.steps * col_warps * kWarpStepBytes;
+  L.flip_offset = L.bound_offset + Align16(p.planes * col_warps * kWarpCols * 4);
+  L.slot_offset = L.flip_offset + Align16(p.planes * col_warps * (kWarpCols / 32) * 4);
+  L.window_offset = L.slot_offset + Align16(L.steps * kStepSlots * 4);
+  L.smem = L.window_offset + Align16(L.window_h * L.row_stride * 4);
+  return col_warps == 2 ? LaunchInstance<kChannelBytes, kPooled, 2>(p, L, stream)
+                        : LaunchInstance<kChannelBytes, kPooled, 1>(p, L, stream);
+}
+
+}  // namespace
+
+bool ImageWindowTakes(const ImageConvProblem& p) {
+  if (p.c < 1 || p.c > 4 || p.kh < 1 || p.kw < 1 || p.stride_h < 1 || p.stride_w < 1) return false;
+  const bool pooled = p.pool_h == 2 && p.pool_w == 2;
+  if (!pooled && (p.pool_h != 1 || p.pool_w != 1)) return false;
+  if (p.planes < 0 || p.planes > kMaxImagePlanes || reinterpret_cast<uintptr_t>(p.levels) % 4 != 0) return false;
+  const Geometry G = GeometryOf(p);
+  return G.slots <= int64_t{kMaxSteps} * kStepSlots && G.window_h * G.row_stride <= kMaxWindowWords &&
+         3 * G.conv_h >= kTileH && 3 * G.conv_w >= kTileW && G.tiles <= INT_MAX;
+}
+
+cudaError_t LaunchImageWindow(const ImageConvProblem& p, cudaStream_t stream) {
+  if (!ImageWindowTakes(p)) return cudaErrorInvalidValue;
+  const Geometry G = GeometryOf(p);
+  if (G.tiles == 0 || p.n == 0) return cudaSuccess;
+  WindowLaunch L;
+  L.slots_per_row = static_cast<int>(G.slots_per_row);
+  L.slots = static_cast<int>(G.slots);
+  L.steps = static_cast<int>(G.steps);
+  L.window_h = static_cast<int>(G.window_h);
+  L.window_w = static_cast<int>(G.window_w);
+  L.row_stride = static_cast<int>(G.row_stride);
+  L.tiles_x = static_cast<int>(G.tiles_x);
+  L.tiles = static_cast<int>(G.tiles);
+  L.window_w_div = FastDivisor(L.window_w);
+  L.tiles_x_div = FastDivisor(L.tiles_x);
+  L.tiles_per_image_div = FastDivisor(static_cast<int>(G.tiles / p.batch));
+  L.levels_bytes = p.batch * p.in_h * p.in_w * p.c;
+  L.vector_stream = p.n % 4 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
+  const int channel_bytes = ChannelBytes(p.c);
+  const bool pooled = p.pool_h == 2;
+  switch (channel_bytes * 2 + (pooled ? 1 : 0)) {
+    case 2: return LaunchColumns<1, false>(p, L, stream);
+    case 3: return LaunchColumns<1, true>(p, L, stream);
+    case 4: return LaunchColumns<2, false>(p, L, stream);
+    case 5: return LaunchColumns<2, true>(p, L, stream);
+    case 8: return LaunchColumns<4, false>(p, L, stream);
+    default: return LaunchColumns<4, true>(p, L, stream);
+  }
+}
+
+}  // namespace jaxbnn::cuda
