@@ -23,7 +23,7 @@
 #include <mutex>
 #include <vector>
 
-#include "cuda/device/byte_loads.cuh"
+#include "cuda/device/first_layer.cuh"
 #include "cuda/device/common.cuh"
 #include "cuda/kernels/image_window.h"
 
@@ -251,23 +251,11 @@ __device__ void LoadResidentWeights(const ImageConvProblem& p, const ImageLaunch
   }
 }
 
-// The threshold epilogue's form of each plane's columns, once per CTA: bit = (pre >= bound) XOR flip, with
-// bound = t + 1 where flipped (pre <= t is the negation of pre >= t + 1). t is first clamped to
-// [INT_MIN + 1, INT_MAX - 1], which changes no bit: |pre| < 2^31 - 2^14 by the handler's bound on K. Columns
-// past N get INT_MAX, above every pre-activation, and no flip: their bits stay 0.
+// The threshold planes' bounds and flip words of the column tile, once per CTA.
 template <class S>
 __device__ void LoadBounds(const ImageConvProblem& p, uint8_t* smem, int col0, int tid) {
-  int* bound = reinterpret_cast<int*>(smem + S::kBoundOffset);
-  uint32_t* flip_word = reinterpret_cast<uint32_t*>(smem + S::kFlipOffset);
-  for (int i = tid; i < p.planes * S::kCols; i += S::kThreads) {  // whole warps per plane: kCols is a multiple of 32
-    const int plane = i / S::kCols, n = col0 + i % S::kCols;
-    const bool real = n < p.n;
-    const int t = real ? min(max(p.threshold[plane * p.n + n], INT_MIN + 1), INT_MAX - 1) : 0;
-    const bool flip = real && p.flip[plane * p.n + n] != 0;
-    bound[i] = real ? t + (flip ? 1 : 0) : INT_MAX;
-    const uint32_t flips = __ballot_sync(0xffffffffu, flip);
-    if (i % 32 == 0) flip_word[i / 32] = flips;
-  }
+  LoadImageBounds(p, reinterpret_cast<int*>(smem + S::kBoundOffset), reinterpret_cast<uint32_t*>(smem + S::kFlipOffset),
+                  col0, S::kCols, tid, S::kThreads);
 }
 
 // The warp's 32 x 32 accumulators: [16-row fragment][8-column fragment][register].

@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <mutex>
 
-#include "cuda/device/byte_loads.cuh"
+#include "cuda/device/first_layer.cuh"
 #include "cuda/device/common.cuh"
 
 namespace jaxbnn::cuda {
@@ -119,22 +119,11 @@ __device__ void LoadWeights(const ImageConvProblem& p, const WindowLaunch& L, ui
   }
 }
 
-// Each plane's bounds in channel order (bit = (pre >= bound) XOR flip, bound = t + 1 where flipped, t clamped to
-// [INT_MIN + 1, INT_MAX - 1], which changes no bit: |pre| < 2^31 - 2^14 by the handler's bound on K), and its two
-// flip words; channels past N get INT_MAX and no flip, so their bits are 0.
+// Each plane's bounds and flip words of the CTA's columns in channel order, once per CTA.
 template <class S>
 __device__ void LoadBounds(const ImageConvProblem& p, const WindowLaunch& L, uint8_t* smem, int col0, int tid) {
-  int* bound = reinterpret_cast<int*>(smem + L.bound_offset);
-  uint32_t* flip_word = reinterpret_cast<uint32_t*>(smem + L.flip_offset);
-  for (int i = tid; i < p.planes * S::kCols; i += S::kThreads) {  // whole warps per plane: kCols is a multiple of 32
-    const int plane = i / S::kCols, n = col0 + i % S::kCols;
-    const bool real = n < p.n;
-    const int t = real ? min(max(p.threshold[plane * p.n + n], INT_MIN + 1), INT_MAX - 1) : 0;
-    const bool flip = real && p.flip[plane * p.n + n] != 0;
-    bound[i] = real ? t + (flip ? 1 : 0) : INT_MAX;
-    const uint32_t flips = __ballot_sync(0xffffffffu, flip);
-    if (i % 32 == 0) flip_word[i / 32] = flips;
-  }
+  LoadImageBounds(p, reinterpret_cast<int*>(smem + L.bound_offset), reinterpret_cast<uint32_t*>(smem + L.flip_offset),
+                  col0, S::kCols, tid, S::kThreads);
 }
 
 // The frame window of the tile whose top-left receptive field starts at (iy0, ix0) of image `b`: slot (y, x) holds
