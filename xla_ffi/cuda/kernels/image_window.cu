@@ -63,7 +63,7 @@ struct WindowLaunch {
   int slots_per_row = 0, slots = 0, steps = 0;
   int window_h = 0, window_w = 0, row_stride = 0;
   int tiles_x = 0, tiles = 0;
-  int levels_bytes = 0;  // batch * H * W * C: int32 by the handler's checks
+  int levels_bytes = 0;  // batch * H * W * C: 8 to 2^31 - 9 (ImageWindowTakes)
   FastDivisor window_w_div, tiles_x_div, tiles_per_image_div;
   int bound_offset = 0, flip_offset = 0, slot_offset = 0, window_offset = 0, smem = 0;
   bool vector_stream = false;  // n % 4 == 0 and a 16-byte aligned output: the stream's 16-byte stores
@@ -473,6 +473,9 @@ bool ImageWindowTakes(const ImageConvProblem& p) {
   const bool pooled = p.pool_h == 2 && p.pool_w == 2;
   if (!pooled && (p.pool_h != 1 || p.pool_w != 1)) return false;
   if (p.planes < 0 || p.planes > kMaxImagePlanes || reinterpret_cast<uintptr_t>(p.levels) % 4 != 0) return false;
+  // the build's word offsets: at least two whole words of levels, and offsets + 8 within int32
+  const int64_t levels_bytes = int64_t{p.batch} * p.in_h * p.in_w * p.c;
+  if (levels_bytes < 8 || levels_bytes > INT_MAX - 8) return false;
   const Geometry G = GeometryOf(p);
   return G.slots <= int64_t{kMaxSteps} * kStepSlots && G.window_h * G.row_stride <= kMaxWindowWords &&
          3 * G.conv_h >= kTileH && 3 * G.conv_w >= kTileW && G.tiles <= INT_MAX;

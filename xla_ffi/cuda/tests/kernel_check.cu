@@ -877,6 +877,7 @@ std::vector<ImageCase> ImageCases() {
       {5, 13, 21, 3, 17, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, false},      // partial tiles in both directions
       {2, 15, 17, 1, 64, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, 0, 2, false},      // pool dropping the odd row and column
       {2, 9, 40, 4, 200, 2, 3, 2, 1, 0, 1, 1, 1, 2, 2, 3, 0, true},       // extremes, C = 4, four column tiles
+      {1, 1, 1, 3, 16, 1, 1, 1, 1, 5, 5, 5, 5, 1, 1, 1, 0, false},       // 3 bytes of levels: the im2col kernel's
   };
 }
 
