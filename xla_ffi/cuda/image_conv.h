@@ -36,7 +36,8 @@ inline constexpr int kMaxImagePlanes = 8;
 inline constexpr int kMaxImageColumnTiles = 65535;
 inline constexpr int kImageTileColumns = 64;
 
-// Launches the kernel on `stream` (nothing for an empty problem); returns the launch error, if any.
+// Launches the first layer on `stream` (nothing for an empty problem): the windowed kernel where it takes the
+// problem, else the im2col kernel; returns the launch error, if any.
 cudaError_t LaunchImageConv(const ImageConvProblem& problem, cudaStream_t stream);
 
 }  // namespace jaxbnn::cuda

@@ -1,7 +1,8 @@
-// The first-layer kernel: an implicit GEMM of int8 image levels and int8 weights on IMMA m16n8k32 (mma.sync,
-// sm_80+), 128-row tiles of 64 or 128 columns. Rows are conv output pixels ordered window by window, so a tile
-// holds whole pool windows; the epilogue pools in shared memory and writes the int32 stream or each threshold
-// plane's packed bits, never the int32 pre-activations of a thresholded layer.
+// The first-layer kernel of the problems the windowed kernel (kernels/image_window.cu) does not take: an implicit
+// GEMM of int8 image levels and int8 weights on IMMA m16n8k32 (mma.sync, sm_80+), 128-row tiles of 64 or 128
+// columns. Rows are conv output pixels ordered window by window, so a tile holds whole pool windows; the epilogue
+// pools in shared memory and writes the int32 stream or each threshold plane's packed bits, never the int32
+// pre-activations of a thresholded layer.
 //
 // A first layer reduces over few products (27 for a 3x3 RGB conv, 363 for AlexNet's 11x11) and writes many
 // outputs, so its time goes to the gathers and the epilogue, not to the tensor cores. Hence a persistent CTA
@@ -496,6 +497,7 @@ cudaError_t LaunchImageConv(const ImageConvProblem& p, cudaStream_t stream) {
   if (window < 1 || window > kMaxImagePoolWindow || p.planes < 0 || p.planes > kMaxImagePlanes) {
     return cudaErrorInvalidValue;
   }
+  // images of at most four channels: the windowed kernel, where it covers the problem
   if (ImageWindowTakes(p)) return LaunchImageWindow(p, stream);
   ImageLaunch L;
   L.window = FastDivisor(window);

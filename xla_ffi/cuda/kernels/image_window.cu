@@ -1,7 +1,8 @@
 // The windowed first-layer kernel: a direct convolution of int8 image levels with int8 weights on IMMA
 // m16n8k32 (mma.sync, sm_80+) for images of at most four channels, the zoo's RGB and grey first layers.
 //
-// A tile is 8 x 16 output pixels (before the pool) of one image and 64 output channels. Its frame window, the
+// A tile is 8 x 16 output pixels (before the pool) of one image and 64 output channels a column of warps (a CTA
+// has two, 128 channels, where N > 64, and builds the window once for both). Its frame window, the
 // pixels its receptive fields cover, is copied once into shared memory as four-byte slots: a slot at (y, x)
 // holds the C' channel bytes (C rounded up to 1, 2 or 4; the fourth byte of an RGB pixel is 0) of the
 // 4 / C' pixels x, x + 1, ... of window row y, zero outside the frame. A kernel row of kw taps is then
@@ -129,9 +130,9 @@ __device__ void LoadBounds(const ImageConvProblem& p, const WindowLaunch& L, uin
 // The frame window of the tile whose top-left receptive field starts at (iy0, ix0) of image `b`: slot (y, x) holds
 // the channel bytes of pixels ix0 + x + i / C' of row iy0 + y, 0 outside the frame. A slot is its four bytes at any
 // alignment, two aligned word loads and a funnel shift, masked to its pixels inside the frame (and, for RGB, to
-// three channels). The loads use offsets from the levels' start (int32 by the handler's checks; the levels
-// 4-byte aligned, ImageWindowTakes): a word wholly outside the levels is not loaded, its bytes being outside the
-// frame; one that straddles their end (a size not a multiple of 4) leaves its slot to a byte-by-byte gather.
+// three channels). The loads use int32 offsets from the levels' start (ImageWindowTakes: 4-byte aligned levels
+// of 8 bytes to 2^31 - 9): a word wholly outside the levels is not loaded, its bytes being outside the frame; one
+// that straddles their end (a size not a multiple of 4) leaves its slot to a byte-by-byte gather.
 // Each group's loads (four slots a thread) are issued before any is combined.
 template <int kChannelBytes, int kThreads, int kSlots>
 __device__ __forceinline__ void BuildSlots(const ImageConvProblem& p, const WindowLaunch& L, uint32_t* window,
@@ -398,9 +399,6 @@ __global__ void __launch_bounds__(CtaShape<kColWarps>::kThreads, CtaShape<kColWa
 
 int Align16(int bytes) { return (bytes + 15) / 16 * 16; }
 
-// Window row stride in words: at least the window's width.
-int RowStride(int window_w) { return window_w; }
-
 // A problem's geometry in int64, for ImageWindowTakes to bound before anything is narrowed (conv_h / conv_w: the
 // convolution output that the pooled output needs).
 struct Geometry {
@@ -414,7 +412,7 @@ Geometry GeometryOf(const ImageConvProblem& p) {
   G.steps = (G.slots + kStepSlots - 1) / kStepSlots;
   G.window_h = int64_t{kTileH - 1} * p.stride_h + p.kh;
   G.window_w = int64_t{kTileW - 1} * p.stride_w + (G.slots_per_row - 1) * pixels_per_slot + 1;
-  G.row_stride = G.window_w <= INT_MAX ? RowStride(static_cast<int>(G.window_w)) : G.window_w;
+  G.row_stride = G.window_w;  // rows unpadded
   G.conv_h = int64_t{p.out_h} * p.pool_h;
   G.conv_w = int64_t{p.out_w} * p.pool_w;
   G.tiles_x = (G.conv_w + kTileW - 1) / kTileW;
