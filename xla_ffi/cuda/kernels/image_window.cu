@@ -248,8 +248,8 @@ __device__ __forceinline__ void StoreStream(const ImageConvProblem& p, const Win
 }
 
 // Each plane's word of kRows rows: the thread's 16 bits (channels col0 + 16 t .., the warp's columns from warp_col
-// of the CTA's) against its 16 bounds, loaded once a plane, two threads' halves joined by a shuffle (every lane of the warp takes part; `valid` only gates
-// the store).
+// of the CTA's) against its 16 bounds, loaded once a plane, two threads' halves joined by a shuffle (every lane of
+// the warp takes part; `valid` only gates the store).
 template <int kCtaCols, int kRows>
 __device__ __forceinline__ void StoreBits(const ImageConvProblem& p, const WindowLaunch& L, const uint8_t* smem,
                                           const RowValues (&v)[kRows], const int (&q)[kRows],
