@@ -9,6 +9,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "binary_gemm.h"
 #include "image_conv.h"
@@ -328,12 +329,22 @@ struct ImageConvAttrs {
   int64_t c, n, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, pool_h, pool_w;
 };
 
-// The first layer (ops.image_conv2d): int8 levels (B, H, W, C), an int8 HWIO kernel (KH, KW, C, N); planes == 0:
-// int32 (B, OH, OW, N) of the pooled pre-activations >> shift; else threshold / flip (planes, N) and uint32
-// (B, OH, OW, planes, ceil(N/32)).
+// A first layer's results: the stream (int32, or int16 where narrow; (B, OH, OW, N)) and / or the threshold
+// planes' bits (uint32 (B, OH, OW, planes, ceil(N/32))); a null pointer where the call has no such result.
+struct ImageConvResults {
+  void* stream = nullptr;
+  ffi::Span<const int64_t> stream_dims;
+  bool narrow = false;
+  uint32_t* bits = nullptr;
+  ffi::Span<const int64_t> bits_dims;
+};
+
+// The first layer (ops.image_conv2d): int8 levels (B, H, W, C), an int8 HWIO kernel (KH, KW, C, N), the pooled
+// pre-activations >> shift (narrowed to int16 for an int16 stream) as the stream and / or compared with threshold /
+// flip (planes, N) as the bits (ImageConvProblem).
 ffi::Error ImageConv(cudaStream_t stream, const ffi::Buffer<ffi::S8>& levels, const ffi::Buffer<ffi::S8>& kernel,
                      const ImageConvAttrs& at, const ffi::Buffer<ffi::S32>* threshold, const ffi::Buffer<ffi::U8>* flip,
-                     int64_t shift, ffi::Span<const int64_t> out_dims, void* out) {
+                     int64_t shift, const ImageConvResults& results) {
   const HandlerTimer timer;
   for (int64_t value : {at.c, at.n, at.kh, at.kw, at.stride_h, at.stride_w, at.pool_h, at.pool_w}) {
     if (value < 1 || !FitsInt(value)) return Invalid("image_conv2d needs c, n, kernel, stride, pool in [1, 2^31 - 1]");
@@ -366,11 +377,20 @@ ffi::Error ImageConv(cudaStream_t stream, const ffi::Buffer<ffi::S8>& levels, co
     if (auto err = ExpectShape("threshold", *threshold, {planes, at.n})) return *err;
     if (auto err = ExpectShape("flip", *flip, {planes, at.n})) return *err;
   }
-  const bool expected_out =
-      threshold ? out_dims.size() == 5 && out_dims[3] == planes && out_dims[4] == CeilDiv(at.n, 32)
-                : out_dims.size() == 4 && out_dims[3] == at.n;
-  if (!expected_out || out_dims[0] != batch || out_dims[1] != out_h || out_dims[2] != out_w) {
-    return Invalid("image_conv2d result has shape " + Dims(out_dims) + ", not the (B, OH, OW, ...) of the call");
+  if ((results.bits != nullptr) != (threshold != nullptr)) {
+    return Invalid("image_conv2d has threshold planes exactly where it has a bits result");
+  }
+  if (results.stream != nullptr && (results.stream_dims.size() != 4 || results.stream_dims[0] != batch ||
+                                    results.stream_dims[1] != out_h || results.stream_dims[2] != out_w ||
+                                    results.stream_dims[3] != at.n)) {
+    return Invalid("image_conv2d stream result has shape " + Dims(results.stream_dims) + ", not the (B, OH, OW, N) " +
+                   Dims(std::vector<int64_t>{batch, out_h, out_w, at.n}) + " of the call");
+  }
+  if (threshold && (results.bits_dims.size() != 5 || results.bits_dims[0] != batch || results.bits_dims[1] != out_h ||
+                    results.bits_dims[2] != out_w || results.bits_dims[3] != planes ||
+                    results.bits_dims[4] != CeilDiv(at.n, 32))) {
+    return Invalid("image_conv2d bits result has shape " + Dims(results.bits_dims) + ", not the (B, OH, OW, planes, " +
+                   "ceil(N/32)) " + Dims(std::vector<int64_t>{batch, out_h, out_w, planes, CeilDiv(at.n, 32)}) + " of the call");
   }
   if (at.kh * at.kw * at.c > std::numeric_limits<int32_t>::max() / (int64_t{1} << 14)) {
     return Invalid("image_conv2d reduces over " + std::to_string(at.kh * at.kw * at.c) +
@@ -388,7 +408,9 @@ ffi::Error ImageConv(cudaStream_t stream, const ffi::Buffer<ffi::S8>& levels, co
   p.kernel = kernel.typed_data();
   p.threshold = threshold ? threshold->typed_data() : nullptr;
   p.flip = flip ? flip->typed_data() : nullptr;
-  p.out = out;
+  p.out_stream = results.stream;
+  p.out_bits = results.bits;
+  p.narrow_stream = results.narrow;
   p.batch = static_cast<int>(batch);
   p.in_h = static_cast<int>(h);
   p.in_w = static_cast<int>(wd);
@@ -501,17 +523,38 @@ ffi::Error BConvResidualBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, f
 #define JAXBNN_IMAGE_ATTRS \
   ImageConvAttrs { c, n, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, pool_h, pool_w }
 
-ffi::Error ImageConvI32Impl(cudaStream_t stream, ffi::Buffer<ffi::S8> levels, ffi::Buffer<ffi::S8> kernel,
-                            JAXBNN_IMAGE_ATTR_PARAMS, int64_t shift, ffi::ResultBuffer<ffi::S32> out) {
-  return ImageConv(stream, levels, kernel, JAXBNN_IMAGE_ATTRS, nullptr, nullptr, shift, out->dimensions(),
-                   out->untyped_data());
+// The stream alone, int32 (S32) or int16 (S16).
+template <ffi::DataType T>
+ffi::Error ImageConvStreamImpl(cudaStream_t stream, ffi::Buffer<ffi::S8> levels, ffi::Buffer<ffi::S8> kernel,
+                               JAXBNN_IMAGE_ATTR_PARAMS, int64_t shift, ffi::ResultBuffer<T> out) {
+  ImageConvResults results;
+  results.stream = out->untyped_data();
+  results.stream_dims = out->dimensions();
+  results.narrow = T == ffi::S16;
+  return ImageConv(stream, levels, kernel, JAXBNN_IMAGE_ATTRS, nullptr, nullptr, shift, results);
 }
 
 ffi::Error ImageConvBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::S8> levels, ffi::Buffer<ffi::S8> kernel,
                              ffi::Buffer<ffi::S32> threshold, ffi::Buffer<ffi::U8> flip, JAXBNN_IMAGE_ATTR_PARAMS,
                              ffi::ResultBuffer<ffi::U32> out) {
-  return ImageConv(stream, levels, kernel, JAXBNN_IMAGE_ATTRS, &threshold, &flip, 0, out->dimensions(),
-                   out->untyped_data());
+  ImageConvResults results;
+  results.bits = out->typed_data();
+  results.bits_dims = out->dimensions();
+  return ImageConv(stream, levels, kernel, JAXBNN_IMAGE_ATTRS, &threshold, &flip, 0, results);
+}
+
+// The stream (T: S32 or S16) and its threshold planes' bits, from the same values.
+template <ffi::DataType T>
+ffi::Error ImageConvStreamBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::S8> levels, ffi::Buffer<ffi::S8> kernel,
+                                   ffi::Buffer<ffi::S32> threshold, ffi::Buffer<ffi::U8> flip, JAXBNN_IMAGE_ATTR_PARAMS,
+                                   int64_t shift, ffi::ResultBuffer<T> stream_out, ffi::ResultBuffer<ffi::U32> bits) {
+  ImageConvResults results;
+  results.stream = stream_out->untyped_data();
+  results.stream_dims = stream_out->dimensions();
+  results.narrow = T == ffi::S16;
+  results.bits = bits->typed_data();
+  results.bits_dims = bits->dimensions();
+  return ImageConv(stream, levels, kernel, JAXBNN_IMAGE_ATTRS, &threshold, &flip, shift, results);
 }
 
 }  // namespace
@@ -628,11 +671,25 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvResidualI16Bits, jaxbnn::cuda::BCon
       .Attr<int64_t>("stride_w").Attr<int64_t>("pad_top").Attr<int64_t>("pad_bottom").Attr<int64_t>("pad_left") \
       .Attr<int64_t>("pad_right").Attr<int64_t>("pool_h").Attr<int64_t>("pool_w")
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaImageConvI32, jaxbnn::cuda::ImageConvI32Impl,
-                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::S8>>()
-                                  .Arg<ffi::Buffer<ffi::S8>>() JAXBNN_BIND_IMAGE_ATTRS.Attr<int64_t>("shift")
-                                  .Ret<ffi::Buffer<ffi::S32>>(),
-                              {ffi::Traits::kCmdBufferCompatible});
+#define JAXBNN_BIND_IMAGE_STREAM(T)                                                                                \
+  JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::S8>>().Arg<ffi::Buffer<ffi::S8>>() JAXBNN_BIND_IMAGE_ATTRS.Attr<int64_t>( \
+      "shift").Ret<ffi::Buffer<T>>()
+#define JAXBNN_BIND_IMAGE_STREAM_BITS(T)                                                                           \
+  JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::S8>>()                                                                   \
+      .Arg<ffi::Buffer<ffi::S8>>()                                                                                 \
+      .Arg<ffi::Buffer<ffi::S32>>()                                                                                \
+      .Arg<ffi::Buffer<ffi::U8>>() JAXBNN_BIND_IMAGE_ATTRS.Attr<int64_t>("shift")                                  \
+      .Ret<ffi::Buffer<T>>()                                                                                       \
+      .Ret<ffi::Buffer<ffi::U32>>()
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaImageConvI32, jaxbnn::cuda::ImageConvStreamImpl<ffi::S32>,
+                              JAXBNN_BIND_IMAGE_STREAM(ffi::S32), {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaImageConvI16, jaxbnn::cuda::ImageConvStreamImpl<ffi::S16>,
+                              JAXBNN_BIND_IMAGE_STREAM(ffi::S16), {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaImageConvI32Bits, jaxbnn::cuda::ImageConvStreamBitsImpl<ffi::S32>,
+                              JAXBNN_BIND_IMAGE_STREAM_BITS(ffi::S32), {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaImageConvI16Bits, jaxbnn::cuda::ImageConvStreamBitsImpl<ffi::S16>,
+                              JAXBNN_BIND_IMAGE_STREAM_BITS(ffi::S16), {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaImageConvBits, jaxbnn::cuda::ImageConvBitsImpl,
                               JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::S8>>()

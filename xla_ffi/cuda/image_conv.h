@@ -12,21 +12,25 @@ namespace jaxbnn::cuda {
 
 // pre[b, oy, ox, n] = sum over taps (i, j) and channels c of levels[b, oy * stride_h + i - pad_top,
 // ox * stride_w + j - pad_left, c] * kernel[i, j, c, n], out-of-frame taps adding 0 (level 0, pixel 128);
-// max-pooled over (pool_h, pool_w) windows (window = stride, floor). Output: int32 (pooled pixels, n) of
-// `pre >> shift` when planes == 0; else uint32 (pooled pixels, planes, ceil(n / 32)), bit n of plane p being
-// pre >= threshold[p, n] (pre <= threshold[p, n] where flip[p, n]), padding bits 0.
+// max-pooled over (pool_h, pool_w) windows (window = stride, floor); then v = pre >> shift, narrowed to int16 (its
+// low 16 bits, as a two's-complement cast) where narrow_stream. Outputs, at least one of them:
+// - out_stream: v, int32 or int16 (pooled pixels, n), the residual stream;
+// - out_bits: uint32 (pooled pixels, planes, ceil(n / 32)), bit n of plane p being v >= threshold[p, n]
+//   (v <= threshold[p, n] where flip[p, n]), padding bits 0.
 struct ImageConvProblem {
   const int8_t* levels = nullptr;     // (batch, in_h, in_w, c)
   const int8_t* kernel = nullptr;     // (kh, kw, c, n), HWIO
   const int32_t* threshold = nullptr; // (planes, n)
   const uint8_t* flip = nullptr;      // (planes, n)
-  void* out = nullptr;
+  void* out_stream = nullptr;         // nullptr: no stream output
+  uint32_t* out_bits = nullptr;       // nullptr (planes == 0): no threshold planes
   int batch = 0, in_h = 0, in_w = 0, c = 0, n = 0;
   int kh = 1, kw = 1, stride_h = 1, stride_w = 1, pad_top = 0, pad_left = 0;
   int pool_h = 1, pool_w = 1;
   int out_h = 0, out_w = 0;  // pooled
-  int planes = 0;            // 0: the int32 output
+  int planes = 0;
   int shift = 0;
+  bool narrow_stream = false;
 };
 
 // The rows of one tile of the kernel: a pool window must fit in them.

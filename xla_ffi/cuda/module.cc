@@ -39,6 +39,9 @@ NB_MODULE(_cuda, m) {
     d["jaxbnn_bconv2d_residual_i16_bits"] = Capsule(JaxbnnCudaBConvResidualI16Bits);
     d["jaxbnn_image_conv2d_i32"] = Capsule(JaxbnnCudaImageConvI32);
     d["jaxbnn_image_conv2d_bits"] = Capsule(JaxbnnCudaImageConvBits);
+    d["jaxbnn_image_conv2d_i16"] = Capsule(JaxbnnCudaImageConvI16);
+    d["jaxbnn_image_conv2d_i32_bits"] = Capsule(JaxbnnCudaImageConvI32Bits);
+    d["jaxbnn_image_conv2d_i16_bits"] = Capsule(JaxbnnCudaImageConvI16Bits);
     return d;
   });
   m.def(

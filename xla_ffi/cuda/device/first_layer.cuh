@@ -1,6 +1,6 @@
 // What both first-layer kernels use: predicated global loads whose latency overlaps later work (their gathers of
 // int8 levels and weights; each is issued here and waited for where its register is first read), and the
-// threshold planes' bounds and flip words in shared memory.
+// threshold planes' bounds and flip words in shared memory, the value the epilogue writes and compares.
 #pragma once
 
 #include <climits>
@@ -37,11 +37,21 @@ __device__ __forceinline__ uint32_t Word(const uint32_t (&b)[4]) {
   return word;
 }
 
+// The epilogue's value of a (pooled) pre-activation: pre >> shift (floor division by 2^shift), narrowed to int16
+// where the stream is (its low 16 bits, sign-extended); the stream stores it and the threshold planes compare it.
+__device__ __forceinline__ int StreamValue(const ImageConvProblem& p, int pre) {
+  const int v = pre >> p.shift;
+  return p.narrow_stream ? static_cast<int16_t>(v) : v;
+}
+
+// Whether the epilogue's values differ from the pre-activations (a shift or the int16 stream's narrowing).
+__device__ __forceinline__ bool TransformsValues(const ImageConvProblem& p) { return p.shift != 0 || p.narrow_stream; }
+
 // Each plane's bounds and flip words of the `cols` columns from col0 (bound[plane * cols + i], flip_word[(plane *
-// cols + i) / 32]), by `threads` threads: bit = (pre >= bound) XOR flip, with bound = t + 1 where flipped (pre <= t
-// is the negation of pre >= t + 1). t is first clamped to [INT_MIN + 1, INT_MAX - 1], which changes no bit:
-// |pre| < 2^31 - 2^14 by the handler's bound on K. Columns past N get INT_MAX, above every pre-activation, and no
-// flip: their bits stay 0. `cols` is a multiple of 32, so whole warps take a plane's words.
+// cols + i) / 32]), by `threads` threads: bit = (v >= bound) XOR flip for the epilogue's value v (StreamValue),
+// with bound = t + 1 where flipped (v <= t is the negation of v >= t + 1). t is first clamped to [INT_MIN + 1,
+// INT_MAX - 1], which changes no bit: |v| <= |pre| < 2^31 - 2^14 by the handler's bound on K, or |v| <= 2^15.
+// Columns past N get INT_MAX, above every value, and no flip: their bits stay 0. `cols` is a multiple of 32, so whole warps take a plane's words.
 __device__ __forceinline__ void LoadImageBounds(const ImageConvProblem& p, int* bound, uint32_t* flip_word, int col0,
                                                 int cols, int tid, int threads) {
   for (int i = tid; i < p.planes * cols; i += threads) {

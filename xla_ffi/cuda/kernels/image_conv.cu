@@ -1,8 +1,8 @@
 // The first-layer kernel of the problems the windowed kernel (kernels/image_window.cu) does not take: an implicit
 // GEMM of int8 image levels and int8 weights on IMMA m16n8k32 (mma.sync, sm_80+), 128-row tiles of 64 or 128
 // columns. Rows are conv output pixels ordered window by window, so a tile holds whole pool windows; the epilogue
-// pools in shared memory and writes the int32 stream or each threshold plane's packed bits, never the int32
-// pre-activations of a thresholded layer.
+// pools in shared memory and writes the stream (int32 or int16), each threshold plane's packed bits, or both,
+// never the int32 pre-activations of a thresholded layer.
 //
 // A first layer reduces over few products (27 for a 3x3 RGB conv, 363 for AlexNet's 11x11) and writes many
 // outputs, so its time goes to the gathers and the epilogue, not to the tensor cores. Hence a persistent CTA
@@ -316,40 +316,46 @@ __device__ __forceinline__ void StoreAccumulators(int* tile, Accumulators& acc, 
   }
 }
 
-// Each window's max into its first row (the window's cells are read and written by one thread only).
+// Each window's max into its first row as the epilogue's value (StreamValue; the window's cells are read and
+// written by one thread only).
 template <class S>
-__device__ void PoolInPlace(int* tile, int window, int tid) {
+__device__ void PoolInPlace(const ImageConvProblem& p, int* tile, int window, int tid) {
   const int per_tile = kRows / window;
   for (int idx = tid; idx < per_tile * S::kCols; idx += S::kThreads) {
     const int first = (idx / S::kCols) * window, col = idx % S::kCols;
     int best = tile[first * S::kTileLd + col];
     for (int j = 1; j < window; ++j) best = max(best, tile[(first + j) * S::kTileLd + col]);
-    tile[first * S::kTileLd + col] = best;
+    tile[first * S::kTileLd + col] = StreamValue(p, best);
   }
 }
 
+// The stream, int32 or int16 (ImageConvProblem::narrow_stream), a thread per (pooled row, column).
 template <class S>
 __device__ void StoreStream(const ImageConvProblem& p, const ImageLaunch& L, const int* tile, int tile_m, int col0,
                             int tid) {
   const int window = L.window.divisor;
-  int32_t* out = static_cast<int32_t*>(p.out);
   for (int idx = tid; idx < L.per_tile * S::kCols; idx += S::kThreads) {
     const int pr = idx / S::kCols, col = idx % S::kCols, q = tile_m * L.per_tile + pr;
     if (q < L.pooled && col0 + col < p.n) {
-      out[static_cast<int64_t>(q) * p.n + col0 + col] = tile[pr * window * S::kTileLd + col] >> p.shift;
+      const int v = tile[pr * window * S::kTileLd + col];
+      const int64_t at = static_cast<int64_t>(q) * p.n + col0 + col;
+      if (p.narrow_stream) {
+        static_cast<int16_t*>(p.out_stream)[at] = static_cast<int16_t>(v);
+      } else {
+        static_cast<int32_t*>(p.out_stream)[at] = v;
+      }
     }
   }
 }
 
-// A thread per (pooled row, 32-column word): each plane's word from the row's 32 pre-activations, read four
-// at a time, against the plane's bounds (LoadBounds).
+// A thread per (pooled row, 32-column word): each plane's word from the row's 32 values, read four at a time,
+// against the plane's bounds (LoadBounds).
 template <class S>
 __device__ void StoreBits(const ImageConvProblem& p, const ImageLaunch& L, const uint8_t* smem, const int* tile,
                           int tile_m, int col0, int tid) {
   const int window = L.window.divisor, out_words = (p.n + 31) / 32;
   const int* bound = reinterpret_cast<const int*>(smem + S::kBoundOffset);
   const uint32_t* flip_word = reinterpret_cast<const uint32_t*>(smem + S::kFlipOffset);
-  uint32_t* out = static_cast<uint32_t*>(p.out);
   for (int idx = tid; idx < L.per_tile * S::kTileWords; idx += S::kThreads) {
     const int word = idx % S::kTileWords, pr = idx / S::kTileWords;
     const int q = tile_m * L.per_tile + pr, first_col = col0 + 32 * word;
@@ -364,7 +370,7 @@ __device__ void StoreBits(const ImageConvProblem& p, const ImageLaunch& L, const
         bits |= uint32_t{v.x >= b.x} << (4 * i) | uint32_t{v.y >= b.y} << (4 * i + 1) |
                 uint32_t{v.z >= b.z} << (4 * i + 2) | uint32_t{v.w >= b.w} << (4 * i + 3);
       }
-      out[(static_cast<int64_t>(q) * p.planes + plane) * out_words + first_col / 32] =
+      p.out_bits[(static_cast<int64_t>(q) * p.planes + plane) * out_words + first_col / 32] =
           bits ^ flip_word[plane * S::kTileWords + word];
     }
   }
@@ -426,15 +432,12 @@ __global__ void __launch_bounds__(S::kThreads, (kMinCtas<S, kResidentWeights>))
       __syncthreads();  // every warp's MMAs are done: the stage becomes the epilogue tile
       StoreAccumulators<S>(tile, acc, warp_row, warp_col, lane);
       __syncthreads();
-      if (L.window.divisor > 1) {
-        PoolInPlace<S>(tile, L.window.divisor, tid);
+      if (L.window.divisor > 1 || TransformsValues(p)) {
+        PoolInPlace<S>(p, tile, L.window.divisor, tid);
         __syncthreads();
       }
-      if (p.planes == 0) {
-        StoreStream<S>(p, L, tile, tile_m, col0, tid);
-      } else {
-        StoreBits<S>(p, L, smem, tile, tile_m, col0, tid);
-      }
+      if (p.out_stream != nullptr) StoreStream<S>(p, L, tile, tile_m, col0, tid);
+      if (p.planes > 0) StoreBits<S>(p, L, smem, tile, tile_m, col0, tid);
     }
     if (!more) break;
     tile_m = next_tile;

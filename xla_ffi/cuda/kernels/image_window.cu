@@ -14,13 +14,14 @@
 // The fragment rows are placed so that the epilogue needs no shared memory: warp w holds tile rows 2w and 2w + 1
 // (its two 16-row fragments), fragment row g the pixels 2g and 2g + 1 (rows g and g + 8), so a thread's four
 // accumulator rows are one 2 x 2 pool window and the pool is a max in registers. The 64 weight columns are
-// permuted at load time for the stores (ChannelOfColumn): for threshold planes thread t of a quad holds the
-// output channels 16t .. 16t + 15, so a plane's 16 bits are the thread's own and two threads' make a word; for
-// the stream the quad's values of two fragments are 16 consecutive channels, one 64-byte store.
+// permuted at load time for the stores (ChannelOfColumn): thread t of a quad holds the output channels 16t ..
+// 16t + 15, so a plane's 16 bits are the thread's own and two threads' make a word, and an int16 stream's are two
+// 16-byte stores; for an int32 stream alone the quad's values of two fragments are 16 consecutive channels, one
+// 64-byte store.
 //
 // The pieces: WindowLaunch (the launch-time geometry), LoadWeights / LoadBounds / the slot table (once per
 // CTA), BuildWindow (the frame window of a tile), the mainloop over K steps, and the epilogue (the pool in
-// registers, StoreStream / StoreBits).
+// registers, StoreQuadStream / StoreThreadStream / StoreBits).
 #include "cuda/kernels/image_window.h"
 
 #include <climits>
@@ -67,16 +68,24 @@ struct WindowLaunch {
   int levels_bytes = 0;  // batch * H * W * C: 8 to 2^31 - 9 (ImageWindowTakes)
   FastDivisor window_w_div, tiles_x_div, tiles_per_image_div;
   int bound_offset = 0, flip_offset = 0, slot_offset = 0, window_offset = 0, smem = 0;
-  bool vector_stream = false;  // n % 4 == 0 and a 16-byte aligned output: the stream's 16-byte stores
+  bool vector_stream = false;  // rows of whole 16-byte vectors and a 16-byte aligned stream: 16-byte stores
 };
 
 // Kernel column kc = 8 nf + 2 t + e of the MMA holds an output channel of the tile chosen for the epilogue's
-// stores. Threshold planes: channel 16 t + 2 nf + e, so that thread t of a quad holds channels 16 t .. 16 t + 15
-// (its 16 bits of a word). The stream: channel 16 (nf / 2) + 4 t + 2 (nf % 2) + e, so that the quad's four
-// values of fragments 2 i and 2 i + 1 are 16 consecutive channels, four a thread: one 64-byte store.
-__device__ __forceinline__ int ChannelOfColumn(int kc, bool stream) {
+// stores. In general channel 16 t + 2 nf + e, so that thread t of a quad holds channels 16 t .. 16 t + 15 (its 16
+// bits of a word, 32 bytes of an int16 stream). An int32 stream alone: channel 16 (nf / 2) + 4 t +
+// 2 (nf % 2) + e, so that the quad's four values of fragments 2 i and 2 i + 1 are 16 consecutive channels, four a
+// thread: one 64-byte store.
+__device__ __forceinline__ int ChannelOfColumn(int kc, bool quad_stream) {
   const int nf = kc / 8, t = (kc % 8) / 2, e = kc % 2;
-  return stream ? 16 * (nf / 2) + 4 * t + 2 * (nf % 2) + e : 16 * t + 2 * nf + e;
+  return quad_stream ? 16 * (nf / 2) + 4 * t + 2 * (nf % 2) + e : 16 * t + 2 * nf + e;
+}
+
+// The epilogue's two families of kernel instances: the plain forms (an int32 stream alone, in the quad layout, or
+// the threshold planes of the pre-activations) and the stream's values (StreamValue: an int16 stream, or a stream
+// and the threshold planes of its values), so that the stream's forms cost the plain ones no instructions.
+bool TakesStreamValues(const ImageConvProblem& p) {
+  return p.narrow_stream || (p.out_stream != nullptr && p.out_bits != nullptr);
 }
 
 // Byte offset of a 16-byte half of kernel column kc in a weight step: 32-byte columns, the halves swapped in
@@ -87,7 +96,7 @@ __device__ __forceinline__ int WeightOffset(int kc, int half) { return kc * 32 +
 // (2 KB): byte i of slot s holds kernel[ky, kx, ch, n] with (ky, j) = (s / slots_per_row, s % slots_per_row),
 // kx = j * (4 / C') + i / C', ch = i % C'; 0 past kw, C, N and the last slot. Four words' byte loads are issued
 // before any is combined.
-template <int kChannelBytes, class S>
+template <int kChannelBytes, bool kStreamValues, class S>
 __device__ void LoadWeights(const ImageConvProblem& p, const WindowLaunch& L, uint8_t* smem, int col0, int tid) {
   constexpr int kPixelsPerSlot = 4 / kChannelBytes;
   const int words = L.steps * S::kCols * kStepSlots;
@@ -96,7 +105,7 @@ __device__ void LoadWeights(const ImageConvProblem& p, const WindowLaunch& L, ui
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int idx = first + u * S::kThreads, kc = idx % S::kCols, slot = idx / S::kCols;
-      const int n = col0 + kc / kWarpCols * kWarpCols + ChannelOfColumn(kc % kWarpCols, p.planes == 0);
+      const int n = col0 + kc / kWarpCols * kWarpCols + ChannelOfColumn(kc % kWarpCols, !kStreamValues && p.planes == 0);
       const int ky = slot / L.slots_per_row, j = slot - ky * L.slots_per_row;
       const bool real = idx < words && slot < L.slots && n < p.n;
 #pragma unroll
@@ -220,16 +229,16 @@ __device__ __forceinline__ void Imma(int (&d)[4], const uint32_t (&a)[4], uint32
 // A thread's 16 values of one output row, value (nf, e) from kernel column 8 nf + 2 t + e (ChannelOfColumn).
 using RowValues = int[kFrags][2];
 
-// The int32 stream of kRows rows: `value >> shift`, fragments 2 i and 2 i + 1 as channels col0 + 16 i + 4 t ..
-// + 3 of the row.
+// An int32 stream alone, kRows rows in the quad layout: `value >> shift`, fragments 2 i and 2 i + 1
+// as channels col0 + 16 i + 4 t .. + 3 of the row.
 template <int kRows>
-__device__ __forceinline__ void StoreStream(const ImageConvProblem& p, const WindowLaunch& L,
-                                            const RowValues (&v)[kRows], const int (&q)[kRows],
-                                            const bool (&valid)[kRows], int col0, int t) {
+__device__ __forceinline__ void StoreQuadStream(const ImageConvProblem& p, const WindowLaunch& L,
+                                                const RowValues (&v)[kRows], const int (&q)[kRows],
+                                                const bool (&valid)[kRows], int col0, int t) {
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     if (!valid[r]) continue;
-    int32_t* out = static_cast<int32_t*>(p.out) + static_cast<int64_t>(q[r]) * p.n;
+    int32_t* out = static_cast<int32_t*>(p.out_stream) + static_cast<int64_t>(q[r]) * p.n;
 #pragma unroll
     for (int i = 0; i < kFrags / 2; ++i) {
       const int first = col0 + 16 * i + 4 * t;
@@ -247,6 +256,41 @@ __device__ __forceinline__ void StoreStream(const ImageConvProblem& p, const Win
   }
 }
 
+// The stream of kRows rows in the general layout, the values already StreamValue's: the thread's channels col0 +
+// 16 t .. + 15 of a row, 64 bytes of int32 or 32 of int16 (T), as 16-byte stores where the row holds them.
+template <class T, int kRows>
+__device__ __forceinline__ void StoreThreadStream(const ImageConvProblem& p, const WindowLaunch& L,
+                                                  const RowValues (&v)[kRows], const int (&q)[kRows],
+                                                  const bool (&valid)[kRows], int col0, int t) {
+  constexpr int kPerVector = 16 / sizeof(T);
+  const int first = col0 + 16 * t;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (!valid[r]) continue;
+    T* out = static_cast<T*>(p.out_stream) + static_cast<int64_t>(q[r]) * p.n + first;
+    if (L.vector_stream && first + 16 <= p.n) {
+#pragma unroll
+      for (int j = 0; j < 16 / kPerVector; ++j) {
+        uint32_t word[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if constexpr (sizeof(T) == 2) {  // channels 8 j + 2 k and + 1: fragment 4 j + k, both of its values
+            word[k] = __byte_perm(v[r][4 * j + k][0], v[r][4 * j + k][1], 0x5410);
+          } else {  // channel 4 j + k
+            word[k] = v[r][(4 * j + k) / 2][k % 2];
+          }
+        }
+        reinterpret_cast<uint4*>(out)[j] = make_uint4(word[0], word[1], word[2], word[3]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        if (first + i < p.n) out[i] = static_cast<T>(v[r][i / 2][i % 2]);
+      }
+    }
+  }
+}
+
 // Each plane's word of kRows rows: the thread's 16 bits (channels col0 + 16 t .., the warp's columns from warp_col
 // of the CTA's) against its 16 bounds, loaded once a plane, two threads' halves joined by a shuffle (every lane of
 // the warp takes part; `valid` only gates the store).
@@ -256,7 +300,7 @@ __device__ __forceinline__ void StoreBits(const ImageConvProblem& p, const Windo
                                           const bool (&valid)[kRows], int col0, int warp_col, int t) {
   const int out_words = (p.n + 31) / 32, word = col0 / 32 + t / 2;
   const bool stores = t % 2 == 0 && col0 + 32 * (t / 2) < p.n;
-  uint32_t* out = static_cast<uint32_t*>(p.out);
+  uint32_t* out = p.out_bits;
   for (int plane = 0; plane < p.planes; ++plane) {
     const int4* bound_of_plane =
         reinterpret_cast<const int4*>(smem + L.bound_offset) + (plane * kCtaCols + warp_col) / 4 + 4 * t;
@@ -282,19 +326,41 @@ __device__ __forceinline__ void StoreBits(const ImageConvProblem& p, const Windo
   }
 }
 
-// The epilogue of kRows rows: the stream, or the threshold planes.
-template <int kCtaCols, int kRows>
+// The epilogue of kRows rows: the plain forms (an int32 stream alone, or the threshold planes), or the stream's
+// values (StreamValue) stored as the stream, compared as the threshold planes, or both.
+template <int kCtaCols, int kRows, bool kStreamValues>
 __device__ __forceinline__ void StoreRows(const ImageConvProblem& p, const WindowLaunch& L, const uint8_t* smem,
-                                          const RowValues (&v)[kRows], const int (&q)[kRows],
-                                          const bool (&valid)[kRows], int col0, int warp_col, int t) {
-  if (p.planes == 0) {
-    StoreStream<kRows>(p, L, v, q, valid, col0, t);
-  } else {
-    StoreBits<kCtaCols, kRows>(p, L, smem, v, q, valid, col0, warp_col, t);
+                                          RowValues (&v)[kRows], const int (&q)[kRows], const bool (&valid)[kRows],
+                                          int col0, int warp_col, int t) {
+  if constexpr (!kStreamValues) {
+    if (p.planes == 0) {
+      StoreQuadStream<kRows>(p, L, v, q, valid, col0, t);
+    } else {
+      StoreBits<kCtaCols, kRows>(p, L, smem, v, q, valid, col0, warp_col, t);
+    }
+    return;
   }
+  if (TransformsValues(p)) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int nf = 0; nf < kFrags; ++nf) {
+        v[r][nf][0] = StreamValue(p, v[r][nf][0]);
+        v[r][nf][1] = StreamValue(p, v[r][nf][1]);
+      }
+    }
+  }
+  if (p.out_stream != nullptr) {
+    if (p.narrow_stream) {
+      StoreThreadStream<int16_t, kRows>(p, L, v, q, valid, col0, t);
+    } else {
+      StoreThreadStream<int32_t, kRows>(p, L, v, q, valid, col0, t);
+    }
+  }
+  if (p.planes > 0) StoreBits<kCtaCols, kRows>(p, L, smem, v, q, valid, col0, warp_col, t);
 }
 
-template <int kChannelBytes, bool kPooled, int kColWarps>
+template <int kChannelBytes, bool kPooled, int kColWarps, bool kStreamValues>
 __global__ void __launch_bounds__(CtaShape<kColWarps>::kThreads, CtaShape<kColWarps>::kMinCtas)
     ImageWindowKernel(const ImageConvProblem p, const WindowLaunch L) {
   using S = CtaShape<kColWarps>;
@@ -304,7 +370,7 @@ __global__ void __launch_bounds__(CtaShape<kColWarps>::kThreads, CtaShape<kColWa
   const int row_warp = warp % kRowWarps, warp_col = warp / kRowWarps * kWarpCols;
   const int cta_col0 = blockIdx.y * S::kCols, col0 = cta_col0 + warp_col;
   if (static_cast<int>(blockIdx.x) >= L.tiles) return;  // the whole CTA
-  LoadWeights<kChannelBytes, S>(p, L, smem, cta_col0, tid);
+  LoadWeights<kChannelBytes, kStreamValues, S>(p, L, smem, cta_col0, tid);
   if (p.planes > 0) LoadBounds<S>(p, L, smem, cta_col0, tid);
   int* slot_offset = reinterpret_cast<int*>(smem + L.slot_offset);
   for (int s = tid; s < L.steps * kStepSlots; s += S::kThreads) {
@@ -374,7 +440,7 @@ __global__ void __launch_bounds__(CtaShape<kColWarps>::kThreads, CtaShape<kColWa
       const int py = oy0 / 2 + row_warp, px = ox0 / 2 + g;
       const bool valid[1] = {py < p.out_h && px < p.out_w};
       const int q[1] = {valid[0] ? (b * p.out_h + py) * p.out_w + px : 0};
-      StoreRows<S::kCols, 1>(p, L, smem, v, q, valid, col0, warp_col, t);
+      StoreRows<S::kCols, 1, kStreamValues>(p, L, smem, v, q, valid, col0, warp_col, t);
     } else {
       int v[4][kFrags][2], q[4];
       bool valid[4];
@@ -392,7 +458,7 @@ __global__ void __launch_bounds__(CtaShape<kColWarps>::kThreads, CtaShape<kColWa
           q[r] = valid[r] ? (b * p.out_h + oy) * p.out_w + ox : 0;
         }
       }
-      StoreRows<S::kCols, 4>(p, L, smem, v, q, valid, col0, warp_col, t);
+      StoreRows<S::kCols, 4, kStreamValues>(p, L, smem, v, q, valid, col0, warp_col, t);
     }
   }
 }
@@ -420,10 +486,11 @@ Geometry GeometryOf(const ImageConvProblem& p) {
   return G;
 }
 
-template <int kChannelBytes, bool kPooled, int kColWarps>
+template <int kChannelBytes, bool kPooled, int kColWarps, bool kStreamValues>
 cudaError_t LaunchInstance(const ImageConvProblem& p, const WindowLaunch& L, cudaStream_t stream) {
   using S = CtaShape<kColWarps>;
-  const void* kernel = reinterpret_cast<const void*>(&ImageWindowKernel<kChannelBytes, kPooled, kColWarps>);
+  const void* kernel =
+      reinterpret_cast<const void*>(&ImageWindowKernel<kChannelBytes, kPooled, kColWarps, kStreamValues>);
   const int col_tiles = (p.n + S::kCols - 1) / S::kCols;
   if (col_tiles > kMaxImageColumnTiles) return cudaErrorInvalidValue;
   int device = 0, sms = 0;
@@ -448,7 +515,7 @@ cudaError_t LaunchInstance(const ImageConvProblem& p, const WindowLaunch& L, cud
   // every SM slot busy, each CTA on one column tile, the pixel tiles shared out
   const long long per_column = (static_cast<long long>(per_sm) * sms + col_tiles - 1) / col_tiles;
   const dim3 grid(static_cast<unsigned>(per_column < L.tiles ? per_column : L.tiles), static_cast<unsigned>(col_tiles));
-  ImageWindowKernel<kChannelBytes, kPooled, kColWarps><<<grid, S::kThreads, L.smem, stream>>>(p, L);
+  ImageWindowKernel<kChannelBytes, kPooled, kColWarps, kStreamValues><<<grid, S::kThreads, L.smem, stream>>>(p, L);
   return cudaGetLastError();
 }
 
@@ -460,8 +527,12 @@ cudaError_t LaunchColumns(const ImageConvProblem& p, WindowLaunch& L, cudaStream
   L.slot_offset = L.flip_offset + Align16(p.planes * col_warps * (kWarpCols / 32) * 4);
   L.window_offset = L.slot_offset + Align16(L.steps * kStepSlots * 4);
   L.smem = L.window_offset + Align16(L.window_h * L.row_stride * 4);
-  return col_warps == 2 ? LaunchInstance<kChannelBytes, kPooled, 2>(p, L, stream)
-                        : LaunchInstance<kChannelBytes, kPooled, 1>(p, L, stream);
+  if (TakesStreamValues(p)) {
+    return col_warps == 2 ? LaunchInstance<kChannelBytes, kPooled, 2, true>(p, L, stream)
+                          : LaunchInstance<kChannelBytes, kPooled, 1, true>(p, L, stream);
+  }
+  return col_warps == 2 ? LaunchInstance<kChannelBytes, kPooled, 2, false>(p, L, stream)
+                        : LaunchInstance<kChannelBytes, kPooled, 1, false>(p, L, stream);
 }
 
 }  // namespace
@@ -496,7 +567,7 @@ cudaError_t LaunchImageWindow(const ImageConvProblem& p, cudaStream_t stream) {
   L.tiles_x_div = FastDivisor(L.tiles_x);
   L.tiles_per_image_div = FastDivisor(static_cast<int>(G.tiles / p.batch));
   L.levels_bytes = p.batch * p.in_h * p.in_w * p.c;
-  L.vector_stream = p.n % 4 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
+  L.vector_stream = p.n % (p.narrow_stream ? 8 : 4) == 0 && reinterpret_cast<uintptr_t>(p.out_stream) % 16 == 0;
   const int channel_bytes = ChannelBytes(p.c);
   const bool pooled = p.pool_h == 2;
   switch (channel_bytes * 2 + (pooled ? 1 : 0)) {

@@ -743,10 +743,11 @@ std::vector<ConvCase> WholeWordDenseTapCases() {
 
 struct ImageCase {
   int batch, h, w, c, n, kh, kw, sh, sw, pt, pb, pl, pr, ph, pw, planes, shift;
+  int stream;     // the stream's width beside the planes (or alone): 32, 16 (int16) or 0 (none)
   bool extremes;  // levels and weights only -128 / 127: the largest products
 };
 
-// Runs one case into a poisoned output; returns the number of wrong words.
+// Runs one case into poisoned outputs; returns the number of wrong values.
 long RunImageCase(const ImageCase& ic) {
   const int conv_h = (ic.h + ic.pt + ic.pb - ic.kh) / ic.sh + 1, conv_w = (ic.w + ic.pl + ic.pr - ic.kw) / ic.sw + 1;
   const int out_h = conv_h / ic.ph, out_w = conv_w / ic.pw, words = (ic.n + 31) / 32, k = ic.kh * ic.kw * ic.c;
@@ -756,15 +757,15 @@ long RunImageCase(const ImageCase& ic) {
   const int planes = std::max(ic.planes, 1);
   std::vector<int32_t> threshold(static_cast<size_t>(planes) * ic.n);
   std::vector<uint8_t> flip(threshold.size());
-  const int spread = 128 * static_cast<int>(std::sqrt(static_cast<double>(k))) + 1;
+  const int spread = (128 * static_cast<int>(std::sqrt(static_cast<double>(k))) >> ic.shift) + 1;
   for (size_t i = 0; i < threshold.size(); ++i) {
     const uint64_t r = rng();
     threshold[i] = r % 17 == 0 ? INT32_MIN : r % 17 == 1 ? INT32_MAX : static_cast<int>(r % (2 * spread)) - spread;
     flip[i] = (r >> 32) & 1;
   }
   const size_t pooled = static_cast<size_t>(ic.batch) * out_h * out_w;
-  const size_t out_words = ic.planes ? pooled * ic.planes * words : pooled * ic.n;
-  std::vector<uint32_t> want(out_words, 0);
+  const size_t bit_words = ic.planes ? pooled * ic.planes * words : 0, stream_values = ic.stream ? pooled * ic.n : 0;
+  std::vector<uint32_t> want_bits(bit_words, 0), want_stream(stream_values);
   for (size_t q = 0; q < pooled; ++q) {
     const int b = static_cast<int>(q / (out_h * out_w)), py = static_cast<int>(q / out_w % out_h), px = static_cast<int>(q % out_w);
     for (int n = 0; n < ic.n; ++n) {
@@ -784,30 +785,37 @@ long RunImageCase(const ImageCase& ic) {
         }
         best = std::max(best, pre);
       }
-      if (!ic.planes) {
-        want[q * ic.n + n] = static_cast<uint32_t>(static_cast<int32_t>(best >> ic.shift));
-        continue;
+      int64_t value = best >> ic.shift;
+      if (ic.stream == 16) value = static_cast<int16_t>(static_cast<uint16_t>(value & 0xffff));
+      if (ic.stream) {
+        want_stream[q * ic.n + n] = ic.stream == 16 ? static_cast<uint16_t>(value) : static_cast<uint32_t>(value);
       }
       for (int pl = 0; pl < ic.planes; ++pl) {
         const int64_t t = threshold[pl * ic.n + n];
-        const bool bit = flip[pl * ic.n + n] ? best <= t : best >= t;
-        want[(q * ic.planes + pl) * words + n / 32] |= static_cast<uint32_t>(bit) << (n % 32);
+        const bool bit = flip[pl * ic.n + n] ? value <= t : value >= t;
+        want_bits[(q * ic.planes + pl) * words + n / 32] |= static_cast<uint32_t>(bit) << (n % 32);
       }
     }
   }
+  const size_t stream_bytes = stream_values * (ic.stream / 8);
   int8_t* d_levels = ToDevice(levels);
   int8_t* d_kernel = ToDevice(kernel);
   int32_t* d_threshold = ToDevice(threshold);
   uint8_t* d_flip = ToDevice(flip);
-  uint32_t* d_out = nullptr;
-  CHECK_CUDA(cudaMalloc(&d_out, std::max<size_t>(out_words, 1) * 4));
-  CHECK_CUDA(cudaMemset(d_out, 0xA5, std::max<size_t>(out_words, 1) * 4));  // poison: unwritten words show
+  uint32_t* d_bits = nullptr;
+  void* d_stream = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_bits, std::max<size_t>(bit_words, 1) * 4));
+  CHECK_CUDA(cudaMemset(d_bits, 0xA5, std::max<size_t>(bit_words, 1) * 4));  // poison: unwritten values show
+  CHECK_CUDA(cudaMalloc(&d_stream, std::max<size_t>(stream_bytes, 4)));
+  CHECK_CUDA(cudaMemset(d_stream, 0xA5, std::max<size_t>(stream_bytes, 4)));
   jaxbnn::cuda::ImageConvProblem p;
   p.levels = d_levels;
   p.kernel = d_kernel;
   p.threshold = ic.planes ? d_threshold : nullptr;
   p.flip = ic.planes ? d_flip : nullptr;
-  p.out = d_out;
+  p.out_bits = ic.planes ? d_bits : nullptr;
+  p.out_stream = ic.stream ? d_stream : nullptr;
+  p.narrow_stream = ic.stream == 16;
   p.batch = ic.batch;
   p.in_h = ic.h;
   p.in_w = ic.w;
@@ -827,15 +835,25 @@ long RunImageCase(const ImageCase& ic) {
   p.shift = ic.shift;
   CHECK_CUDA(jaxbnn::cuda::LaunchImageConv(p, nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<uint32_t> got(out_words);
-  if (out_words) CHECK_CUDA(cudaMemcpy(got.data(), d_out, out_words * 4, cudaMemcpyDeviceToHost));
+  std::vector<uint32_t> got_bits(bit_words);
+  if (bit_words) CHECK_CUDA(cudaMemcpy(got_bits.data(), d_bits, bit_words * 4, cudaMemcpyDeviceToHost));
   long wrong = 0;
-  for (size_t i = 0; i < out_words; ++i) wrong += got[i] != want[i];
-  std::printf("image %dx%dx%dx%d -> %d, %dx%d /%dx%d pad (%d,%d,%d,%d) pool %dx%d planes %d shift %d%s: %ld / %zu wrong\n",
+  for (size_t i = 0; i < bit_words; ++i) wrong += got_bits[i] != want_bits[i];
+  if (ic.stream == 16) {
+    std::vector<uint16_t> got(stream_values);
+    if (stream_values) CHECK_CUDA(cudaMemcpy(got.data(), d_stream, stream_bytes, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < stream_values; ++i) wrong += got[i] != want_stream[i];
+  } else if (ic.stream == 32) {
+    std::vector<uint32_t> got(stream_values);
+    if (stream_values) CHECK_CUDA(cudaMemcpy(got.data(), d_stream, stream_bytes, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < stream_values; ++i) wrong += got[i] != want_stream[i];
+  }
+  std::printf("image %dx%dx%dx%d -> %d, %dx%d /%dx%d pad (%d,%d,%d,%d) pool %dx%d planes %d stream %d shift %d%s: "
+              "%ld / %zu wrong\n",
               ic.batch, ic.h, ic.w, ic.c, ic.n, ic.kh, ic.kw, ic.sh, ic.sw, ic.pt, ic.pb, ic.pl, ic.pr, ic.ph, ic.pw,
-              ic.planes, ic.shift, ic.extremes ? " extremes" : "", wrong, out_words);
+              ic.planes, ic.stream, ic.shift, ic.extremes ? " extremes" : "", wrong, bit_words + stream_values);
   for (void* d : {static_cast<void*>(d_levels), static_cast<void*>(d_kernel), static_cast<void*>(d_threshold),
-                  static_cast<void*>(d_flip), static_cast<void*>(d_out)}) {
+                  static_cast<void*>(d_flip), static_cast<void*>(d_bits), d_stream}) {
     CHECK_CUDA(cudaFree(d));
   }
   return wrong;
@@ -844,40 +862,50 @@ long RunImageCase(const ImageCase& ic) {
 // The zoo's first layers at small sizes, odd shapes, the largest pool window, the extremes.
 std::vector<ImageCase> ImageCases() {
   return {
-      {3, 28, 28, 1, 64, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, 1, 0, false},      // MNIST conv
-      {2, 32, 32, 3, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2, 0, false},     // VGG-small, ternary output
-      {2, 32, 32, 3, 128, 3, 3, 2, 2, 0, 1, 0, 1, 1, 1, 0, 7, false},     // ResNet-14 stem
-      {1, 45, 47, 3, 64, 7, 7, 4, 4, 3, 2, 3, 3, 1, 1, 0, 7, false},      // ResNet-18 stem
-      {1, 67, 67, 3, 128, 11, 11, 4, 4, 5, 5, 5, 5, 2, 2, 1, 0, false},   // AlexNet
-      {37, 1, 1, 784, 100, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, false},    // MNIST MLP (a 1x1 conv)
-      {2, 9, 13, 5, 33, 2, 3, 1, 2, 0, 3, 4, 0, 3, 2, 2, 0, false},       // pool 3x2 dropping rows
-      {2, 9, 13, 5, 1, 2, 3, 1, 2, 0, 3, 4, 0, 1, 1, 0, 31, false},       // one channel, shift 31
-      {1, 17, 33, 2, 31, 1, 1, 1, 1, 0, 0, 0, 0, 8, 16, 3, 0, false},     // a 128-element window
-      {2, 23, 19, 3, 65, 11, 11, 4, 4, 2, 2, 2, 2, 1, 1, 8, 0, true},     // extremes, eight planes
-      {3, 21, 21, 3, 64, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 0, 0, true},       // extremes, int32
-      {2, 3, 4, 2, 8, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 1, 0, false},         // a kernel larger than the image
-      {2, 30, 30, 3, 64, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0, false},      // VALID: every row interior
-      {3, 5, 6, 4, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, false},        // C = 4: aligned words, borders
-      {1, 12, 13, 7, 70, 13, 13, 1, 1, 6, 6, 6, 6, 2, 1, 2, 0, false},    // K = 1183: weights step by step
-      {3, 1, 1, 1100, 40, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 3, false},     // the same, in aligned words
+      {3, 28, 28, 1, 64, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, 1, 0, 0, false},      // MNIST conv
+      {2, 32, 32, 3, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2, 0, 0, false},     // VGG-small, ternary output
+      {2, 32, 32, 3, 128, 3, 3, 2, 2, 0, 1, 0, 1, 1, 1, 0, 7, 32, false},     // ResNet-14 stem
+      {1, 45, 47, 3, 64, 7, 7, 4, 4, 3, 2, 3, 3, 1, 1, 0, 7, 32, false},      // ResNet-18 stem
+      {1, 67, 67, 3, 128, 11, 11, 4, 4, 5, 5, 5, 5, 2, 2, 1, 0, 0, false},   // AlexNet
+      {37, 1, 1, 784, 100, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, false},    // MNIST MLP (a 1x1 conv)
+      {2, 9, 13, 5, 33, 2, 3, 1, 2, 0, 3, 4, 0, 3, 2, 2, 0, 0, false},       // pool 3x2 dropping rows
+      {2, 9, 13, 5, 1, 2, 3, 1, 2, 0, 3, 4, 0, 1, 1, 0, 31, 32, false},       // one channel, shift 31
+      {1, 17, 33, 2, 31, 1, 1, 1, 1, 0, 0, 0, 0, 8, 16, 3, 0, 0, false},     // a 128-element window
+      {2, 23, 19, 3, 65, 11, 11, 4, 4, 2, 2, 2, 2, 1, 1, 8, 0, 0, true},     // extremes, eight planes
+      {3, 21, 21, 3, 64, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 0, 0, 32, true},       // extremes, int32
+      {2, 3, 4, 2, 8, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 1, 0, 0, false},         // a kernel larger than the image
+      {2, 30, 30, 3, 64, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 32, false},      // VALID: every row interior
+      {3, 5, 6, 4, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, false},        // C = 4: aligned words, borders
+      {1, 12, 13, 7, 70, 13, 13, 1, 1, 6, 6, 6, 6, 2, 1, 2, 0, 0, false},    // K = 1183: weights step by step
+      {3, 1, 1, 1100, 40, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 3, 32, false},     // the same, in aligned words
       // 128-column tiles (N > 64, K of 4 to 16 steps):
-      {2, 67, 68, 3, 192, 11, 11, 4, 4, 5, 5, 5, 5, 2, 2, 2, 0, false},   // AlexNet-like, a partial second tile
-      {2, 24, 19, 3, 130, 7, 7, 1, 1, 3, 3, 3, 3, 1, 1, 8, 0, true},      // extremes, eight planes
-      {3, 21, 20, 3, 96, 7, 7, 2, 2, 3, 2, 3, 2, 1, 1, 0, 7, true},       // extremes, int32, stride 2
-      {1, 16, 16, 128, 128, 1, 1, 1, 1, 0, 0, 0, 0, 8, 16, 3, 0, false},  // a 128-element window, aligned words
-      {3, 9, 10, 4, 70, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 1, 0, false},       // C = 4: aligned words, borders
-      {2, 10, 10, 32, 100, 4, 4, 1, 1, 2, 1, 2, 1, 1, 1, 2, 0, false},    // K = 512: the most resident steps
-      {2, 12, 12, 8, 96, 9, 9, 1, 1, 4, 4, 4, 4, 1, 1, 1, 0, false},      // K = 648: 64-column tiles, resident
+      {2, 67, 68, 3, 192, 11, 11, 4, 4, 5, 5, 5, 5, 2, 2, 2, 0, 0, false},   // AlexNet-like, a partial second tile
+      {2, 24, 19, 3, 130, 7, 7, 1, 1, 3, 3, 3, 3, 1, 1, 8, 0, 0, true},      // extremes, eight planes
+      {3, 21, 20, 3, 96, 7, 7, 2, 2, 3, 2, 3, 2, 1, 1, 0, 7, 32, true},       // extremes, int32, stride 2
+      {1, 16, 16, 128, 128, 1, 1, 1, 1, 0, 0, 0, 0, 8, 16, 3, 0, 0, false},  // a 128-element window, aligned words
+      {3, 9, 10, 4, 70, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 1, 0, 0, false},       // C = 4: aligned words, borders
+      {2, 10, 10, 32, 100, 4, 4, 1, 1, 2, 1, 2, 1, 1, 1, 2, 0, 0, false},    // K = 512: the most resident steps
+      {2, 12, 12, 8, 96, 9, 9, 1, 1, 4, 4, 4, 4, 1, 1, 1, 0, 0, false},      // K = 648: 64-column tiles, resident
       // the windowed kernel (C <= 4, no pool or 2 x 2): slot layouts, partial tiles, the stream's scalar stores
-      {2, 19, 23, 2, 40, 3, 5, 1, 2, 1, 1, 2, 2, 2, 2, 1, 0, false},      // C = 2: two pixels a slot, stride (1, 2)
-      {2, 40, 37, 1, 33, 7, 7, 3, 3, 3, 3, 3, 3, 1, 1, 2, 0, false},      // C = 1: 7 taps in two 4-pixel slots
-      {3, 28, 28, 1, 30, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 0, 3, false},      // int32, N % 4 != 0: scalar stores
-      {2, 32, 30, 3, 64, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, 0, 5, true},       // extremes, pooled int32
-      {1, 40, 40, 3, 64, 16, 16, 1, 1, 8, 7, 8, 7, 1, 1, 1, 0, false},    // 256 slots: the most resident steps
-      {5, 13, 21, 3, 17, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, false},      // partial tiles in both directions
-      {2, 15, 17, 1, 64, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, 0, 2, false},      // pool dropping the odd row and column
-      {2, 9, 40, 4, 200, 2, 3, 2, 1, 0, 1, 1, 1, 2, 2, 3, 0, true},       // extremes, C = 4, four column tiles
-      {1, 1, 1, 3, 16, 1, 1, 1, 1, 5, 5, 5, 5, 1, 1, 1, 0, false},       // 3 bytes of levels: the im2col kernel's
+      {2, 19, 23, 2, 40, 3, 5, 1, 2, 1, 1, 2, 2, 2, 2, 1, 0, 0, false},      // C = 2: two pixels a slot, stride (1, 2)
+      {2, 40, 37, 1, 33, 7, 7, 3, 3, 3, 3, 3, 3, 1, 1, 2, 0, 0, false},      // C = 1: 7 taps in two 4-pixel slots
+      {3, 28, 28, 1, 30, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 0, 3, 32, false},      // int32, N % 4 != 0: scalar stores
+      {2, 32, 30, 3, 64, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, 0, 5, 32, true},       // extremes, pooled int32
+      {1, 40, 40, 3, 64, 16, 16, 1, 1, 8, 7, 8, 7, 1, 1, 1, 0, 0, false},    // 256 slots: the most resident steps
+      {5, 13, 21, 3, 17, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, false},      // partial tiles in both directions
+      {2, 15, 17, 1, 64, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, 0, 2, 32, false},      // pool dropping the odd row and column
+      {2, 9, 40, 4, 200, 2, 3, 2, 1, 0, 1, 1, 1, 2, 2, 3, 0, 0, true},       // extremes, C = 4, four column tiles
+      {1, 1, 1, 3, 16, 1, 1, 1, 1, 5, 5, 5, 5, 1, 1, 1, 0, 0, false},       // 3 bytes of levels: the im2col kernel's
+      // the int16 stream, and the stream with its threshold planes (a ResNet stem writing the next block's bits)
+      {2, 32, 32, 3, 128, 3, 3, 2, 2, 0, 1, 0, 1, 1, 1, 0, 0, 16, false},   // ResNet-14 stem, int16
+      {3, 28, 28, 1, 30, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 0, 2, 16, false},    // int16, N % 8 != 0: scalar stores
+      {1, 45, 47, 3, 64, 7, 7, 4, 4, 3, 2, 3, 3, 1, 1, 1, 0, 16, false},    // ResNet-18 stem, int16 and its bits
+      {2, 32, 30, 3, 64, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, 2, 3, 32, false},    // pooled int32 and two planes, shift 3
+      {2, 21, 21, 3, 96, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 16, true},     // extremes wrapping int16, its bits
+      {2, 19, 23, 2, 70, 3, 5, 1, 2, 1, 1, 2, 2, 2, 2, 2, 1, 16, false},    // pooled int16, partial vectors
+      {2, 9, 13, 5, 33, 2, 3, 1, 2, 0, 3, 4, 0, 3, 2, 0, 1, 16, false},     // the im2col kernel's int16
+      {2, 24, 19, 5, 130, 7, 7, 1, 1, 3, 3, 3, 3, 1, 1, 2, 0, 16, true},    // its extremes wrapping, two planes
+      {3, 1, 1, 1100, 40, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 4, 32, false},   // its int32 and bits, shift 4
   };
 }
 
