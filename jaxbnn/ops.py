@@ -532,9 +532,10 @@ def _stream_threshold(threshold, flip, n):
     return threshold, flip
 
 
-def image_matmul(levels, kernel, *, shift=0, threshold=None, flip=None):
+def image_matmul(levels, kernel, *, shift=0, threshold=None, flip=None, out_dtype="int32", keep_stream=False):
     """Products of int8 image levels `(M, K)` with int8 weight values `(K, N)` (a first dense layer), with
-    the epilogue of `image_conv2d`: int32 `(M, N)` (`>> shift`), or the packed bits of the threshold planes.
+    the epilogue of `image_conv2d`: the stream `(M, N)` (`>> shift`, int32 or int16), the packed bits of the
+    threshold planes, or both.
 
     Exact integer arithmetic on every platform; one custom call where a native handler exists (it runs as
     a 1x1 convolution of a 1x1 image of K channels)."""
@@ -543,23 +544,30 @@ def image_matmul(levels, kernel, *, shift=0, threshold=None, flip=None):
         raise ValueError(f"levels have {levels.shape[1]} features, kernel {kernel.shape[0]} rows")
     m, k = levels.shape
     out = image_conv2d(levels.reshape(m, 1, 1, k), kernel.reshape(1, 1, k, kernel.shape[1]), stride=1,
-                       padding="VALID", shift=shift, threshold=threshold, flip=flip)
-    return out.reshape((m,) + out.shape[3:])
+                       padding="VALID", shift=shift, threshold=threshold, flip=flip, out_dtype=out_dtype,
+                       keep_stream=keep_stream)
+    return jax.tree.map(lambda o: o.reshape((m,) + o.shape[3:]), out)
 
 
-def image_conv2d(levels, kernel, *, stride=1, padding="SAME", pool=None, shift=0, threshold=None, flip=None):
+def image_conv2d(levels, kernel, *, stride=1, padding="SAME", pool=None, shift=0, threshold=None, flip=None,
+                 out_dtype="int32", keep_stream=False):
     """Convolution of int8 image levels `(B, H, W, C)` with int8 weight values `(KH, KW, C, N)` (a first
     conv layer), zero padding (level 0, pixel 128), with a fused max-pool and epilogue; exact on every
     platform.
 
     padding: "SAME", "VALID" or ((top, bottom), (left, right)). pool: None or (PH, PW), a max-pool of the
     int32 pre-activations (window = stride, no padding). Epilogue:
-    - no threshold: int32 `(B, OH, OW, N)`, the (pooled) pre-activations `>> shift` (an arithmetic shift,
-      floor division by 2**shift, 0 <= shift <= 31);
+    - no threshold: the stream `(B, OH, OW, N)`, the (pooled) pre-activations `>> shift` (an arithmetic
+      shift, floor division by 2**shift, 0 <= shift <= 31), int32, or with `out_dtype=jnp.int16` narrowed to
+      int16 as `astype` narrows (the low 16 bits: exact where the values fit, which the caller bounds, as
+      `runtime.stream_dtypes` does for a ResNet's stem);
     - threshold `(N,)` (flip `(N,)`): packed bits uint32 `(B, OH, OW, ceil(N/32))` of `pre >= threshold`
       (`pre <= threshold` where flip);
     - threshold `(P, N)` (flip `(P, N)`): P threshold planes of the same pre-activations (a ternary
-      output's two), uint32 `(B, OH, OW, P, ceil(N/32))`.
+      output's two), uint32 `(B, OH, OW, P, ceil(N/32))`;
+    - threshold with `keep_stream=True`: the pair (stream, bits), the bits those of the stream's values (after
+      the shift and `out_dtype`'s narrowing) against the thresholds, in the same pass: a stem writing its
+      residual stream and the first block's input bits.
     Thresholds are integers of any width, saturated exactly as `bconv2d` saturates its own."""
     levels, kernel = _int8("levels", levels, 4), _int8("kernel", kernel, 4)
     kh, kw, c, n = kernel.shape
@@ -584,53 +592,94 @@ def image_conv2d(levels, kernel, *, stride=1, padding="SAME", pool=None, shift=0
         raise ValueError(f"pool {pool} is larger than the {oh}x{ow} convolution output")
     if not _is_int(shift) or not 0 <= shift <= 31:
         raise ValueError(f"shift must be an integer in [0, 31], got {shift!r}")
+    narrow = _stream_dtype(out_dtype) == np.int16
+    if not isinstance(keep_stream, (bool, np.bool_)):
+        raise TypeError(f"keep_stream must be a bool, got {keep_stream!r}")
+    if keep_stream and threshold is None:
+        raise ValueError("keep_stream applies with a threshold (without one the stream is the output)")
     planes = None
     if threshold is not None:
-        if shift:
-            raise ValueError("shift applies to the int32 output, not with a threshold")
+        if not keep_stream and (shift or narrow):
+            raise ValueError("shift and out_dtype apply to the stream: without a threshold, or with keep_stream=True")
         threshold, flip, stacked = _threshold_planes(threshold, flip, n, _image_bound(kh * kw * c))
         planes = threshold.shape[0]
     elif flip is not None:
         raise ValueError("flip only applies with a threshold")
-    out_tail = (n,) if planes is None else (planes, formats.num_words(n))
-    _check_elements("the result", (levels.shape[0], oh // ph, ow // pw) + out_tail)
+    if planes is None or keep_stream:
+        _check_elements("the result", (levels.shape[0], oh // ph, ow // pw, n))
+    if planes is not None:
+        _check_elements("the result", (levels.shape[0], oh // ph, ow // pw, planes, formats.num_words(n)))
     _check_elements("the gathered taps", (levels.shape[0], oh, ow, kh * kw * c))
     attrs = (c, n, kh, kw, *stride, pt, pb, pl, pr, ph, pw)
-    out = _image_conv2d(levels, kernel, threshold, flip, attrs=attrs, shift=int(shift), pooled=pool is not None)
-    return out if planes is None or stacked else out[..., 0, :]
+    out = _image_conv2d(levels, kernel, threshold, flip, attrs=attrs, shift=int(shift), pooled=pool is not None,
+                        narrow=narrow, keep_stream=bool(keep_stream))
+    if planes is None or stacked:
+        return out
+    return (out[0], out[1][..., 0, :]) if keep_stream else out[..., 0, :]
+
+
+def _stream_dtype(out_dtype):
+    """The stream type `out_dtype` names: int32 or int16."""
+    try:
+        dtype = np.dtype(out_dtype)
+    except TypeError:
+        raise TypeError(f"out_dtype must be int32 or int16, got {out_dtype!r}") from None
+    if dtype not in (np.int32, np.int16):
+        raise TypeError(f"out_dtype must be int32 or int16 (the stream's type), got {dtype}")
+    return dtype
 
 
 _IMAGE_ATTRS = ("c", "n", "kh", "kw", "stride_h", "stride_w", "pad_top", "pad_bottom", "pad_left", "pad_right",
                 "pool_h", "pool_w")
 
 
-@functools.partial(jax.jit, static_argnames=("attrs", "shift", "pooled"))
-def _image_conv2d(levels, kernel, threshold, flip, *, attrs, shift, pooled):
-    """The checked op as one compiled function per static signature (as `_bmm`)."""
+@functools.partial(jax.jit, static_argnames=("attrs", "shift", "pooled", "narrow", "keep_stream"))
+def _image_conv2d(levels, kernel, threshold, flip, *, attrs, shift, pooled, narrow, keep_stream):
+    """The checked op as one compiled function per static signature (as `_bmm`). Targets: the stream alone
+    (`_i32` / `_i16`), the bits alone (`_bits`), both (`_i32_bits` / `_i16_bits`); where a platform has no
+    handler of the call's own, its int32 stream (native where registered) with the rest in jnp."""
     c, n, kh, kw, sh, sw, pt, pb, pl, pr, ph, pw = attrs
     h, wd = levels.shape[1:3]
     oh, ow = ((h + pt + pb - kh) // sh + 1) // ph, ((wd + pl + pr - kw) // sw + 1) // pw
     bits = threshold is not None
+    stream_dtype = jnp.int16 if narrow else jnp.int32
+    out_types = []
+    if not bits or keep_stream:
+        out_types.append(((n,), stream_dtype))
     if bits:
         threshold = _saturate(jnp.asarray(threshold), _image_bound(kh * kw * c))
         flip = _flip_operand(flip, threshold.shape)
-        out_tail, out_dtype = (threshold.shape[0], formats.num_words(n)), jnp.uint32
-    else:
-        out_tail, out_dtype = (n,), jnp.int32
+        out_types.append(((threshold.shape[0], formats.num_words(n)), jnp.uint32))
     if levels.shape[0] == 0:
-        return jnp.zeros((0, oh, ow) + out_tail, out_dtype)
+        outs = tuple(jnp.zeros((0, oh, ow) + tail, dtype) for tail, dtype in out_types)
+        return outs if len(outs) == 2 else outs[0]
     attr_values = {name: np.int64(v) for name, v in zip(_IMAGE_ATTRS, attrs)}
-    if not bits:
+    if not bits or keep_stream:
         attr_values["shift"] = np.int64(shift)
     epilogue = (threshold, flip) if bits else ()
+    stream_name = "i16" if narrow else "i32"
+    target = "jaxbnn_image_conv2d_" + ("bits" if bits and not keep_stream else
+                                       f"{stream_name}_bits" if bits else stream_name)
+    geometry = dict(stride=(sh, sw), padding=((pt, pb), (pl, pr)), pool=(ph, pw) if pooled else None)
 
     def single(levels_, kernel_, *epi):
-        out_type = jax.ShapeDtypeStruct((levels_.shape[0], oh, ow) + out_tail, out_dtype)
+        types = tuple(jax.ShapeDtypeStruct((levels_.shape[0], oh, ow) + tail, dtype) for tail, dtype in out_types)
+        out_type = types if len(types) == 2 else types[0]
         ref = lambda x_, w_, *e: reference.image_conv2d(  # noqa: E731
-            x_, w_, stride=(sh, sw), padding=((pt, pb), (pl, pr)), pool=(ph, pw) if pooled else None, shift=shift,
+            x_, w_, **geometry, shift=shift, out_dtype=stream_dtype, keep_stream=keep_stream,
             **dict(zip(("threshold", "flip"), e)))
-        return _dispatch(f"jaxbnn_image_conv2d_{'bits' if bits else 'i32'}", out_type, attr_values, ref, levels_,
-                         kernel_, *epi)
+        if target in ("jaxbnn_image_conv2d_i32", "jaxbnn_image_conv2d_bits"):
+            return _dispatch(target, out_type, attr_values, ref, levels_, kernel_, *epi)
+
+        def elsewhere(x_, w_, *e):  # the int32 stream, then the narrowing and the thresholds
+            i32_type = jax.ShapeDtypeStruct(types[0].shape, jnp.int32)
+            i32_attrs = {**attr_values, "shift": np.int64(shift)}
+            i32_ref = lambda x2, w2: reference.image_conv2d(x2, w2, **geometry, shift=shift)  # noqa: E731
+            stream = _dispatch("jaxbnn_image_conv2d_i32", i32_type, i32_attrs, i32_ref, x_, w_)
+            return reference.image_epilogue(stream, out_dtype=stream_dtype,
+                                            **dict(zip(("threshold", "flip"), e)), keep_stream=keep_stream)
+
+        return _dispatch(target, out_type, attr_values, elsewhere, levels_, kernel_, *epi)
 
     return _fold_rows(single)(levels, kernel, *epilogue)
 

@@ -147,7 +147,8 @@ def image_matmul(levels, kernel):
                                preferred_element_type=jnp.int32)
 
 
-def image_conv2d(levels, kernel, *, stride, padding, pool=None, shift=0, threshold=None, flip=None):
+def image_conv2d(levels, kernel, *, stride, padding, pool=None, shift=0, threshold=None, flip=None,
+                 out_dtype=jnp.int32, keep_stream=False):
     """Convolution of int8 image levels (B, H, W, C) with int8 weight values (KH, KW, C, N), zero padding
     (level 0), int32: the taps gathered along the channel axis (KH * KW * C per output pixel) and one exact
     integer product; then `image_epilogue`."""
@@ -161,16 +162,20 @@ def image_conv2d(levels, kernel, *, stride, padding, pool=None, shift=0, thresho
     patches = jnp.concatenate(taps, axis=-1)  # (B, OH, OW, KH * KW * C), tap-major like the kernel's rows
     pre = jax.lax.dot_general(patches.astype(jnp.int32), kernel.reshape(kh * kw * c, n).astype(jnp.int32),
                               (((3,), (0,)), ((), ())), preferred_element_type=jnp.int32)  # int32: image_matmul
-    return image_epilogue(pre, pool=pool, shift=shift, threshold=threshold, flip=flip)
+    return image_epilogue(pre, pool=pool, shift=shift, threshold=threshold, flip=flip, out_dtype=out_dtype,
+                          keep_stream=keep_stream)
 
 
-def image_epilogue(pre, *, pool=None, shift=0, threshold=None, flip=None):
+def image_epilogue(pre, *, pool=None, shift=0, threshold=None, flip=None, out_dtype=jnp.int32, keep_stream=False):
     """What the first layer's int32 pre-activations (B, OH, OW, N) become: max-pooled over `pool` windows,
-    then `pre >> shift` (an arithmetic shift: floor division by 2**shift), or with `threshold` (P, N) and
-    `flip` (P, N) the packed bits of each of the P threshold planes, uint32 (B, OH', OW', P, ceil(N/32))."""
+    then the stream `pre >> shift` (an arithmetic shift: floor division by 2**shift) in `out_dtype` (int16: the
+    low 16 bits, as `astype`); with `threshold` (P, N) and `flip` (P, N) the packed bits of each of the P
+    threshold planes of the stream's values, uint32 (B, OH', OW', P, ceil(N/32)), or with `keep_stream` the
+    pair (stream, bits)."""
     if pool is not None:
         pre = max_pool(pre, pool)
+    stream = (pre >> shift).astype(out_dtype)
     if threshold is None:
-        return pre >> shift
-    planes = [formats.pack_bits(formats.binarize(pre, t, f)) for t, f in zip(threshold, flip)]
-    return jnp.stack(planes, axis=-2)
+        return stream
+    bits = jnp.stack([formats.pack_bits(formats.binarize(stream, t, f)) for t, f in zip(threshold, flip)], axis=-2)
+    return (stream, bits) if keep_stream else bits

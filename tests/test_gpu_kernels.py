@@ -430,6 +430,55 @@ def test_image_conv2d_on_cuda_matches_the_cpu(case):
     np.testing.assert_array_equal(got, want)
 
 
+IMAGE_STREAMS = [  # (image, kernel (KH, KW), N, stride, padding, pool, out_dtype, planes beside it (0: none), shift)
+    ((3, 32, 32, 3), (3, 3), 128, 2, "SAME", None, "int16", 0, 7),  # ResNet-14's stem, int16
+    ((3, 32, 32, 3), (3, 3), 128, 2, "SAME", None, "int16", 1, 7),  # and the first block's input bits
+    ((2, 64, 60, 3), (7, 7), 64, 4, "SAME", None, "int16", 1, 7),  # ResNet-18's stem
+    ((2, 64, 60, 3), (7, 7), 64, 4, "SAME", None, "int32", 2, 7),  # an int32 stream, a ternary block's planes
+    ((2, 21, 21, 3), (3, 3), 96, 1, "SAME", None, "int16", 2, 0),  # wrapping int16 values, two column warps
+    ((3, 19, 23, 2), (3, 5), 30, (1, 2), "SAME", (2, 2), "int16", 1, 1),  # pooled, N % 8 != 0: scalar stores
+    ((3, 28, 28, 1), (3, 3), 30, 1, "SAME", None, "int16", 0, 2),
+    ((3, 9, 13, 5), (2, 3), 33, (1, 2), ((0, 3), (4, 0)), (3, 2), "int16", 2, 1),  # the im2col kernel
+    ((2, 12, 12, 8), (3, 3), 130, 1, "SAME", None, "int16", 0, 0),  # its 128-column tiles, wrapping
+    ((37, 1, 1, 784), (1, 1), 100, 1, "VALID", None, "int32", 1, 4),  # a dense first layer's stream and bits
+    ((0, 9, 9, 3), (3, 3), 16, 1, "SAME", None, "int16", 1, 0),  # an empty batch
+]
+
+
+@pytest.mark.parametrize("case", IMAGE_STREAMS, ids=[f"{c[0]}_{c[1]}_n{c[2]}_{c[6]}_p{c[7]}" for c in IMAGE_STREAMS])
+def test_image_conv2d_streams_on_cuda_match_the_cpu(case):
+    """The stem's forms (`out_dtype`, `keep_stream`): the int16 or int32 stream, alone or with the bits of its
+    values, is one custom call and gives the CPU's integers and bits exactly, wrapped int16 values included."""
+    from jaxbnn import ops
+
+    shape, kernel_size, n, stride, padding, pool, out_dtype, planes, shift = case
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    levels = rng.integers(-128, 128, shape, dtype=np.int8)
+    kernel = rng.integers(-128, 128, (*kernel_size, shape[-1], n), dtype=np.int8)
+    kernel[..., : n // 2] = rng.integers(-1, 2, kernel[..., : n // 2].shape)
+    epilogue = dict(shift=shift, out_dtype=out_dtype)
+    if planes:
+        with jax.default_device(CPU):
+            stream = np.asarray(ops.image_conv2d(levels, kernel, stride=stride, padding=padding, pool=pool, **epilogue))
+        ties = stream.ravel()[: planes * n] if stream.size else np.zeros(planes * n, np.int32)
+        threshold = np.resize(ties, (planes, n)).astype(np.int64)
+        threshold[:, ::7] = rng.choice([-(2**31), 2**31 - 1, -(2**40), 2**40], threshold[:, ::7].shape)
+        epilogue.update(threshold=threshold, flip=rng.integers(0, 2, (planes, n)).astype(bool), keep_stream=True)
+
+    def layer(x):
+        return ops.image_conv2d(x, kernel, stride=stride, padding=padding, pool=pool, **epilogue)
+
+    if shape[0]:
+        hlo = jax.jit(layer).lower(jax.device_put(levels, GPU)).as_text()
+        assert f"jaxbnn_image_conv2d_i{out_dtype[3:]}{'_bits' if planes else ''}" in hlo
+    got = jax.tree.map(np.asarray, jax.jit(layer)(jax.device_put(levels, GPU)))
+    with jax.default_device(CPU):
+        want = jax.tree.map(np.asarray, layer(levels))
+    for got_part, want_part in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert got_part.shape == want_part.shape and got_part.dtype == want_part.dtype
+        np.testing.assert_array_equal(got_part, want_part)
+
+
 def test_image_conv2d_handler_rejects_inconsistent_calls():
     levels = np.zeros((2, 8, 8, 3), np.int8)
     kernel = np.zeros((3, 3, 3, 16), np.int8)
@@ -450,6 +499,17 @@ def test_image_conv2d_handler_rejects_inconsistent_calls():
     with pytest.raises(Exception, match="1 to 8 planes"):
         _call("jaxbnn_image_conv2d_bits", GPU, bits, [levels, kernel, np.zeros((9, 16), np.int32),
                                                        np.zeros((9, 16), np.uint8)], attrs)
+    planes = [np.zeros((1, 16), np.int32), np.zeros((1, 16), np.uint8)]
+    stream16, bits1 = jax.ShapeDtypeStruct((2, 8, 8, 16), jnp.int16), jax.ShapeDtypeStruct((2, 8, 8, 1, 1), jnp.uint32)
+    with pytest.raises(Exception, match="bits result has shape"):
+        _call("jaxbnn_image_conv2d_i16_bits", GPU, (stream16, jax.ShapeDtypeStruct((2, 8, 8, 2, 1), jnp.uint32)),
+              [levels, kernel, *planes], dict(attrs, shift=np.int64(0)))
+    with pytest.raises(Exception, match="stream result has shape"):
+        _call("jaxbnn_image_conv2d_i16_bits", GPU, (jax.ShapeDtypeStruct((2, 8, 8, 15), jnp.int16), bits1),
+              [levels, kernel, *planes], dict(attrs, shift=np.int64(0)))
+    with pytest.raises(Exception, match="shift must lie in"):
+        _call("jaxbnn_image_conv2d_i32_bits", GPU, (stream, bits1), [levels, kernel, *planes],
+              dict(attrs, shift=np.int64(-1)))
     with pytest.raises(Exception, match="pool window"):  # a result with elements: XLA skips an empty one's call
         _call("jaxbnn_image_conv2d_i32", GPU, jax.ShapeDtypeStruct((1, 2, 2, 16), jnp.int32), [big, kernel],
               dict(attrs, pool_h=np.int64(16), pool_w=np.int64(16), shift=np.int64(0)))

@@ -685,6 +685,13 @@ def numpy_image_layer(levels, kernel, stride, padding, pool=None, shift=0, thres
         pre = pre[:, : h // ph * ph, : w // pw * pw].reshape(b, h // ph, ph, w // pw, pw, n).max(axis=(2, 4))
     if threshold is None:
         return pre >> shift
+    return numpy_threshold_planes(pre, threshold, flip)
+
+
+def numpy_threshold_planes(values, threshold, flip=None):
+    """The bits of each threshold plane (P, N) of integer `values` (B, OH, OW, N), packed LSB first, as uint32
+    (B, OH, OW, P, words)."""
+    pre = np.asarray(values, np.int64)
     threshold = np.asarray(threshold, object).astype(np.float64)  # exact for |t| < 2**53: the tests' range
     flip = np.zeros(threshold.shape, bool) if flip is None else np.asarray(flip, bool)
     bits = np.where(flip[:, None, None, None], pre[None] <= threshold[:, None, None, None],
@@ -763,11 +770,70 @@ def test_image_thresholds_of_any_width_saturate_exactly():
     assert (np.asarray(ops.image_conv2d(levels, kernel, padding="VALID", threshold=huge))[..., 0, 0] == 0b010).all()
 
 
+def narrowed(values):
+    """int64 values as int16's two's-complement narrowing keeps them (astype's)."""
+    return ((np.asarray(values, np.int64) + 2**15) % 2**16 - 2**15).astype(np.int16)
+
+
+def test_the_image_stream_narrows_to_int16_as_astype_does():
+    """out_dtype=int16: the shifted pre-activations' low 16 bits, wrapped where they do not fit (the extreme
+    levels and weights reach 27 * 2**14), equal where they do."""
+    levels = np.full((2, 6, 6, 3), -128, np.int8)
+    levels[1] = 127
+    kernel = np.full((3, 3, 3, 4), -128, np.int8)
+    kernel[..., 1] = 127
+    kernel[..., 2:] = np.random.default_rng(2).integers(-1, 2, (3, 3, 3, 2))
+    for shift in (0, 3, 7):
+        pre = numpy_image_conv(levels, kernel, (1, 1), "SAME")
+        got = ops.image_conv2d(levels, kernel, shift=shift, out_dtype=jnp.int16)
+        assert got.dtype == jnp.int16
+        np.testing.assert_array_equal(got, narrowed(pre >> shift))
+    assert (np.abs(pre) > 2**15).any()
+
+
+@pytest.mark.parametrize("out_dtype, shift, pool, planes", [(jnp.int16, 7, None, 1), (jnp.int16, 0, (2, 2), 2),
+                                                            (jnp.int32, 3, (2, 2), 2), (jnp.int32, 0, None, 1)])
+def test_image_conv2d_keeps_the_stream_beside_the_bits_of_its_values(out_dtype, shift, pool, planes):
+    """keep_stream=True: the pair (stream, bits), the bits those of the stream's values (shifted and narrowed)
+    against the thresholds, ties and wrapped values included; one plane given as a vector drops the plane axis;
+    under jit and vmap; image_matmul likewise."""
+    rng = np.random.default_rng(planes + shift)
+    levels, kernel = int8_values(rng, (3, 9, 10, 3)), int8_values(rng, (3, 3, 3, 40))
+    kernel[..., :20] = rng.integers(-1, 2, kernel[..., :20].shape)
+    stream = numpy_image_layer(levels, kernel, (1, 1), "SAME", pool, shift=shift)
+    stream = narrowed(stream) if out_dtype == jnp.int16 else stream.astype(np.int32)
+    threshold = rng.choice(np.concatenate([stream.ravel()[:40], [-2**31, 2**31 - 1, 2**40, 0]]), (planes, 40))
+    flip = rng.integers(0, 2, (planes, 40)).astype(bool)
+    bits = numpy_threshold_planes(stream, threshold, flip)
+    call = dict(pool=pool, shift=shift, out_dtype=out_dtype, threshold=threshold, flip=flip, keep_stream=True)
+    got_stream, got_bits = ops.image_conv2d(levels, kernel, **call)
+    assert got_stream.dtype == out_dtype and got_bits.dtype == jnp.uint32
+    np.testing.assert_array_equal(got_stream, stream)
+    np.testing.assert_array_equal(got_bits, bits)
+    single = ops.image_conv2d(levels, kernel, **dict(call, threshold=threshold[0], flip=flip[0]))
+    np.testing.assert_array_equal(single[1], bits[..., 0, :])
+    jitted = jax.jit(lambda x: ops.image_conv2d(x, kernel, **call))(levels)
+    np.testing.assert_array_equal(jitted[1], bits)
+    batched = jax.vmap(lambda x: ops.image_conv2d(x, kernel, **call))(np.stack([levels, levels[::-1]]))
+    np.testing.assert_array_equal(batched[0][1], stream[::-1])
+    np.testing.assert_array_equal(batched[1][1], bits[::-1])
+    unpooled = {k: v for k, v in call.items() if k != "pool"}
+    dense_stream, dense_bits = ops.image_matmul(levels[:, 0, 0], kernel[1, 1], **unpooled)
+    want = ops.image_conv2d(levels[:, :1, :1], kernel[1:2, 1:2], padding="VALID", **unpooled)
+    np.testing.assert_array_equal(dense_stream, want[0][:, 0, 0])
+    np.testing.assert_array_equal(dense_bits, want[1][:, 0, 0])
+
+
 IMAGE_EPILOGUE_ERRORS = [
     (dict(shift=32), ValueError, r"shift must be an integer in \[0, 31\], got 32"),
     (dict(shift=-1), ValueError, "shift must be an integer"),
     (dict(shift=1.0), ValueError, "shift must be an integer"),
-    (dict(threshold=np.zeros(2, np.int32), shift=1), ValueError, "shift applies to the int32 output"),
+    (dict(threshold=np.zeros(2, np.int32), shift=1), ValueError, "shift and out_dtype apply to the stream"),
+    (dict(threshold=np.zeros(2, np.int32), out_dtype=jnp.int16), ValueError, "shift and out_dtype apply to the stream"),
+    (dict(out_dtype=jnp.int8), TypeError, "out_dtype must be int32 or int16"),
+    (dict(out_dtype="float32"), TypeError, "out_dtype must be int32 or int16"),
+    (dict(keep_stream=True), ValueError, "keep_stream applies with a threshold"),
+    (dict(threshold=np.zeros(2, np.int32), keep_stream=1), TypeError, "keep_stream must be a bool"),
     (dict(flip=np.zeros(2, bool)), ValueError, "flip only applies with a threshold"),
     (dict(threshold=np.zeros(3, np.int32)), ValueError, r"threshold must have shape \(2,\) or \(planes, 2\)"),
     (dict(threshold=np.zeros((9, 2), np.int32)), ValueError, "with 1 to 8 planes"),
