@@ -49,7 +49,8 @@ import numpy as np
 from jaxbnn import _ffi, formats, ops, packed_model
 from jaxbnn.packed_model import PackedModel, uses_conv_layout, weight_geometry
 
-__all__ = ["PackedNet", "InputRangeWarning", "load", "from_packed", "run_nodes", "stream_dtypes", "fuses_residual"]
+__all__ = ["PackedNet", "InputRangeWarning", "load", "from_packed", "run_nodes", "stream_dtypes", "fuses_residual",
+           "writes_stem_bits"]
 
 
 class InputRangeWarning(UserWarning):
@@ -272,20 +273,32 @@ def _stream_bound(node, tensors, prefix) -> int:
     return -(-largest >> node["stream_shift"])  # floor(-largest / 2**shift) is the most negative value
 
 
-def run_nodes(nodes, params, x, stream_dtypes=None, fuse_residual=None):
+def run_nodes(nodes, params, x, stream_dtypes=None, fuse_residual=None, stem_bits=None):
     """Outputs of `nodes` in order, from `x`, the value the first of them reads (the image's int8 levels,
     bits, a ternary plane pair or the stream): the whole graph, or a part of it (per-node timing).
     stream_dtypes: per node, the type of its stream output (`PackedNet.stream_dtypes` for the same nodes);
     None: int32 throughout. fuse_residual: whether the residual blocks over an int16 stream add their shortcut
     in conv2's epilogue, which also writes the next block's input bits (`ops.bconv2d(..., shortcut=...)`);
-    None: the blocks whose conv2 the default platform runs faster that way (`fuses_residual`)."""
+    None: the blocks whose conv2 the default platform runs faster that way (`fuses_residual`). stem_bits:
+    whether a first layer writing the stream also writes the first block's input bits (or ternary planes)
+    from the same values (`ops.image_conv2d(..., keep_stream=True)`); None: where the default platform has
+    that kernel (`writes_stem_bits`)."""
     dtypes = stream_dtypes or [jnp.int32] * len(nodes)
     platform_fuses = fuse_residual is None and fuses_residual()
+    stem_bits = writes_stem_bits() if stem_bits is None else stem_bits
     outputs = []
-    stream_bits = None  # the stream's bits for the next node's conv1, from the previous block's epilogue
+    stream_bits = None  # the stream's bits for the next node's conv1, from the epilogue that wrote the stream
     for i, (node, p, dtype) in enumerate(zip(nodes, params, dtypes)):
         if node["kind"] in ("dense", "conv"):
-            x = _linear(node, p, x, dtype)
+            following = nodes[i + 1] if i + 1 < len(nodes) else None
+            next_input = None
+            if (stem_bits and node["operand"] == "image" and node["output"] == "stream" and following is not None
+                    and following["kind"] == "residual"):
+                next_input = _stem_next_input(following["conv1"], params[i + 1]["conv1"], node["out_channels"])
+            if next_input is not None:
+                x, stream_bits = _image_layer(node, p, x, dtype, next_input=next_input)
+            else:
+                x, stream_bits = _linear(node, p, x, dtype), None
             outputs.append(x)
         elif node["kind"] == "residual":
             inner = _linear(node["conv1"], p["conv1"], x, input_bits=stream_bits)
@@ -301,6 +314,12 @@ def run_nodes(nodes, params, x, stream_dtypes=None, fuse_residual=None):
             x = _quantize(node["output"], p, jnp.sum(x, axis=(1, 2), dtype=jnp.int32))
             outputs.append(x)
     return outputs
+
+
+def writes_stem_bits() -> bool:
+    """Whether the default platform's first layer writes the stream and the first block's input bits in one
+    pass (CUDA); elsewhere XLA thresholds and packs the stream after it."""
+    return _ffi.has_target(_default_platform(), "jaxbnn_image_conv2d_i16_bits")
 
 
 def fuses_residual() -> bool:
@@ -361,7 +380,7 @@ def _linear(node, p, x, stream_dtype=jnp.int32, input_bits=None):
     elif node["input"] == "stream":
         x = _quantize(node["operand"], p, x, prefix="input_")
     if node["operand"] == "image":
-        out = _image_layer(node, p, x)
+        out = _image_layer(node, p, x, stream_dtype)
     else:
         out = _packed_layer(node, p, x, stream_dtype)
     return out.astype(stream_dtype) if node["output"] == "stream" else out
@@ -428,14 +447,31 @@ def _packed_layer(node, p, x, stream_dtype):
     return out
 
 
-def _image_layer(node, p, levels):
+def _stem_next_input(conv1, q, channels):
+    """The input thresholds of the conv1 reading a stem's stream as `ops.image_conv2d`'s threshold planes (one
+    per channel; a ternary operand's (nonneg, pos) pair), and whether they are ternary; None where they vary per
+    pixel (`input_level_shape` of rank 3), which the op's epilogue does not take."""
+    if conv1["operand"] == "binary":
+        return dict(threshold=q["input_threshold"], flip=q["input_flip"]), False
+    if len(conv1.get("input_level_shape") or ()) > 1:
+        return None
+    planes = [(jnp.broadcast_to(q[f"input_threshold_{plane}"], (channels,)),
+               jnp.broadcast_to(q[f"input_flip_{plane}"], (channels,))) for plane in ("nonneg", "pos")]
+    return dict(threshold=jnp.stack([t for t, _ in planes]), flip=jnp.stack([f for _, f in planes])), True
+
+
+def _image_layer(node, p, levels, stream_dtype=jnp.int32, next_input=None):
     """First layer: the image's int8 levels times the int8 weight values, with the pool and the output's
-    epilogue in the same op (one custom call on a platform with the native kernel)."""
+    epilogue in the same op (one custom call on a platform with the native kernel). A stream output is written
+    in `stream_dtype`; with `next_input` (`_stem_next_input`: the thresholds of the conv1 reading it) the pair
+    (stream, that conv1's input bits or ternary planes)."""
     output = node["output"]
     if output in ("binary", "ternary"):
         epilogue = _threshold_epilogue(output, p)
     elif output == "stream":
-        epilogue = dict(shift=node["stream_shift"])
+        epilogue = dict(shift=node["stream_shift"], out_dtype=stream_dtype)
+        if next_input is not None:
+            epilogue.update(next_input[0], keep_stream=True)
     else:
         epilogue = {}
     if node["kind"] == "conv":
@@ -445,6 +481,9 @@ def _image_layer(node, p, levels):
                                pool=None if pool is None else tuple(pool), **epilogue)
     else:
         out = ops.image_matmul(_flatten(levels), p["kernel"], **epilogue)
+    if next_input is not None:
+        stream, bits = out
+        return stream, (bits[..., 0, :], bits[..., 1, :]) if next_input[1] else bits
     if output == "ternary":
         return out[..., 0, :], out[..., 1, :]
     if output == "affine":

@@ -472,6 +472,42 @@ def test_the_residual_epilogue_carries_the_stream_and_its_bits_as_the_jnp_add_do
             np.testing.assert_array_equal(np.asarray(got_part), np.asarray(want_part), err_msg=node["name"])
 
 
+@pytest.mark.parametrize("mode, narrow", [("bnn", True), ("bnn", False), ("tnn", False)])
+def test_the_stem_writes_the_first_blocks_input_as_the_jnp_thresholds_do(mode, narrow):
+    """CUDA's stem (`ops.image_conv2d(..., keep_stream=True)`: the stream and the first block's input bits, or
+    its ternary planes, from the same values), run here on purpose: every node's output equals that of the
+    stem writing the stream alone and jnp thresholding it, in the int16 and the int32 stream."""
+    model = zoo_model("cifar10-resnet14", mode, {})
+    packed = export_model(model)
+    net = runtime.from_packed(packed)
+    nodes = net.graph["nodes"]
+    dtypes = runtime.stream_dtypes(nodes, packed.tensors, narrow=narrow)
+    assert dtypes[0] == (jnp.int16 if narrow else jnp.int32)
+    assert runtime._stem_next_input(nodes[1]["conv1"], net.params[1]["conv1"], nodes[0]["out_channels"]) is not None
+    images = images_for(model, 5, seed=6)
+    images[0], images[1] = 0, 255
+    levels = formats.image_levels(images)
+
+    def run(stem_bits):
+        return jax.jit(lambda p, v: runtime.run_nodes(nodes, p, v, dtypes, stem_bits=stem_bits))(net.params, levels)
+
+    fused, separate = run(True), run(False)
+    for node, got, want in zip(nodes, fused, separate):
+        for got_part, want_part in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            assert got_part.dtype == want_part.dtype, node["name"]
+            np.testing.assert_array_equal(np.asarray(got_part), np.asarray(want_part), err_msg=node["name"])
+
+
+def test_a_stem_leaves_thresholds_per_pixel_to_jnp():
+    """A ternary conv1 with thresholds per feature (H, W, C) is not the image op's per-channel epilogue: the
+    stem writes the stream alone there."""
+    from test_packed_model import tiny_resnet
+
+    net = runtime.from_packed(tiny_resnet(mode="tnn"))
+    nodes = net.graph["nodes"]
+    assert runtime._stem_next_input(nodes[1]["conv1"], net.params[1]["conv1"], nodes[0]["out_channels"]) is None
+
+
 def test_cuda_adds_the_shortcut_in_the_epilogue_of_the_band_kernel_blocks_only():
     """The blocks whose conv2 the band kernel runs (3x3, stride 1, 64 or 128 channels in, at most 128 out) stage
     their shortcut; the wider ones (the resident and mma.sync kernels) keep XLA's add."""
