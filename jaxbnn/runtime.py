@@ -5,7 +5,7 @@ integers from the pixels to the logits:
 
 - the first layer multiplies the image's int8 levels (pixel - 128) with its int8 weight values
   (`ops.image_conv2d` / `ops.image_matmul`), its pool and its output's thresholds (or the stream's shift) in
-  the same op;
+  the same op; on CUDA a stem also writes the first residual block's input bits there (`writes_stem_bits`);
 - every other layer, binary or ternary activations times binary or ternary weights (TAB's BNN, TBN, BTN,
   TNN), is one `ops.bmm` / `ops.bconv2d` with its epilogue: the threshold planes writing the next layer's
   packed input (binary bits, or a ternary output's (nonneg, pos) planes; max-pool fused), the affine writing
