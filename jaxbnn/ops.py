@@ -592,7 +592,7 @@ def image_conv2d(levels, kernel, *, stride=1, padding="SAME", pool=None, shift=0
         raise ValueError(f"pool {pool} is larger than the {oh}x{ow} convolution output")
     if not _is_int(shift) or not 0 <= shift <= 31:
         raise ValueError(f"shift must be an integer in [0, 31], got {shift!r}")
-    narrow = _stream_dtype(out_dtype) == np.int16
+    narrow = _out_dtype(out_dtype, "the stream's type") == np.int16
     if not isinstance(keep_stream, (bool, np.bool_)):
         raise TypeError(f"keep_stream must be a bool, got {keep_stream!r}")
     if keep_stream and threshold is None:
@@ -618,14 +618,14 @@ def image_conv2d(levels, kernel, *, stride=1, padding="SAME", pool=None, shift=0
     return (out[0], out[1][..., 0, :]) if keep_stream else out[..., 0, :]
 
 
-def _stream_dtype(out_dtype):
-    """The stream type `out_dtype` names: int32 or int16."""
+def _out_dtype(out_dtype, what):
+    """The integer type `out_dtype` names, int32 or int16 (`what`: the result it types, for the error)."""
     try:
         dtype = np.dtype(out_dtype)
     except TypeError:
         raise TypeError(f"out_dtype must be int32 or int16, got {out_dtype!r}") from None
     if dtype not in (np.int32, np.int16):
-        raise TypeError(f"out_dtype must be int32 or int16 (the stream's type), got {dtype}")
+        raise TypeError(f"out_dtype must be int32 or int16 ({what}), got {dtype}")
     return dtype
 
 
@@ -1158,12 +1158,7 @@ def _epilogue(n, bound, scale, bias, threshold, flip, mode="bnn", out_dtype=jnp.
     wrap an int64 one), device ones inside the compiled op (`_epilogue_operands`). Threshold planes: 0 for
     a threshold of shape (N,); P for one of shape (P, N), P planes of bits with a plane axis (a ternary
     output's two), which the products with a ternary operand take."""
-    try:
-        out_dtype = np.dtype(out_dtype)
-    except TypeError:
-        raise TypeError(f"out_dtype must be int32 or int16, got {out_dtype!r}") from None
-    if out_dtype not in (np.int32, np.int16):
-        raise TypeError(f"out_dtype must be int32 or int16 (the dot products' type), got {out_dtype}")
+    out_dtype = _out_dtype(out_dtype, "the dot products' type")
     if out_dtype == np.int16:
         if threshold is not None or flip is not None or scale is not None or bias is not None:
             raise ValueError("out_dtype=int16 applies to the plain dot products, not with a threshold or scale / bias")
