@@ -581,7 +581,10 @@ def node_lines(r: ModelResult) -> list[str]:
             "operands it received there; either, when shorter than "
             f"{NODE_PROGRAM_S * 1e3:g} ms, as a program of several calls on distinct copies of its inputs (per call: "
             "the device's work, not the host's dispatch of a program). Outside: the node's time less its calls', "
-            "over its time (below 0: the calls alone took longer, timing noise)."),
+            "over its time (below 0: the calls alone took longer, timing noise). Alone, a residual block thresholds "
+            "and packs its input stream itself, and its epilogue writes no bits for a next block; in the whole "
+            "forward, where the stem's or the previous block's epilogue writes those bits (`runtime.run_nodes`), "
+            "it does not."),
         "",
         "| node | kind | wires | out shape | ms | share | custom calls (ms alone) | outside the bit kernels |",
         "|---|---|---|---|---|---|---|---|",
