@@ -302,7 +302,7 @@ def run_nodes(nodes, params, x, stream_dtypes=None, fuse_residual=None, stem_bit
             outputs.append(x)
         elif node["kind"] == "residual":
             inner = _linear(node["conv1"], p["conv1"], x, input_bits=stream_bits)
-            fuse = fuse_residual if fuse_residual is not None else platform_fuses and _stages_shortcut(node["conv2"])
+            fuse = fuse_residual if fuse_residual is not None else platform_fuses and _fuses_shortcut(node["conv2"])
             if fuse and dtype == jnp.int16:
                 following = (nodes[i + 1], params[i + 1]) if i + 1 < len(nodes) else None
                 x, stream_bits = _residual_epilogue(node, p, inner, x, following)
@@ -323,17 +323,19 @@ def writes_stem_bits() -> bool:
 
 
 def fuses_residual() -> bool:
-    """Whether the default platform adds an int16 stream's shortcut in conv2's epilogue where conv2 runs on a
-    kernel that stages the shortcut (`_stages_shortcut`): CUDA. Elsewhere (the CPU) XLA's add, fused with the
-    next block's thresholds and packing, measured faster (docs/design/decisions.md, "The residual epilogue")."""
+    """Whether the default platform adds an int16 stream's shortcut in conv2's epilogue where that was measured
+    faster than XLA's add (`_fuses_shortcut`): CUDA. Elsewhere (the CPU) XLA's add, fused with the next block's
+    thresholds and packing, measured faster (docs/design/decisions.md, "The residual epilogue")."""
     return _ffi.has_target(_default_platform(), "jaxbnn_bconv2d_residual_i16_bits")
 
 
-def _stages_shortcut(conv2) -> bool:
-    """Whether CUDA runs this conv2's narrow residual epilogue on the band kernel, which copies the shortcut
-    into shared memory while its MMAs run (3x3, stride 1, 64 or 128 channels in, at most 128 out, rows of at
-    most 254 pixels). The other kernels load it after their MMAs, and there the epilogue was slower than
-    XLA's add (H200: 8 x 8 x 256 at batch 1024 0.28 against 0.05 ms plus XLA's pass; decisions.md)."""
+def _fuses_shortcut(conv2) -> bool:
+    """Whether CUDA adds the shortcut in this conv2's narrow residual epilogue: where the band kernel runs it (3x3,
+    stride 1, 64 or 128 channels in, at most 128 out, rows of at most 254 pixels), which copies the shortcut into
+    shared memory while its MMAs run. The resident kernel stages it too (3x3 at C = 256 / 512), but its fused
+    epilogue was no faster than the int16 dot products plus XLA's add, fused with the next block's thresholds
+    and packing (H200, whole forwards in one process: ResNet-14 batch 1024 0.722 against 0.712 ms, ResNet-18
+    batch 512 1.975 against 1.980; docs/design/decisions.md)."""
     h, w, c = conv2["in_shape"]
     return (conv2["kernel_size"] == [3, 3] and conv2["stride"] == [1, 1] and c in (64, 128)
             and conv2["out_channels"] <= 128 and conv2["pool"] is None and w <= 254)

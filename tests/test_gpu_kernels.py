@@ -566,9 +566,10 @@ def test_bconv2d_ignores_padding_bits_on_cuda_as_on_the_cpu(c, pad_value):
 
 
 # Residual blocks' second convolutions (the residual epilogue): the band kernel (C = 64 pixel pairs, C = 128; the
-# int16 stream's shortcut staged in 16-byte chunks, or element by element for 77 channels), the resident kernel
-# (C = 256 / 512, N = 300: two column tiles), the dense-tap kernel (C = 16, 32), a type-A shortcut (stride 2,
-# fewer channels), odd N, "one" padding, a shift.
+# int16 stream's shortcut staged in 16-byte chunks, or element by element for 77 channels), the resident kernel's
+# int16 stream (its shortcut staged; 128-column tiles at 7 x 7 and 14 x 14, 256-column ones at batch 72 over two
+# column tiles, a 100-channel shortcut element by element, C = 512 on 128-column tiles), the dense-tap kernel
+# (C = 16, 32), a type-A shortcut (stride 2, fewer channels), odd N, "one" padding, a shift.
 # (batch, H, W, C, O, pad_value, shortcut (SH, SW, SC), shortcut stride, shift)
 RESIDUAL_CASES = [
     (3, 17, 24, 64, 64, "zero", (17, 24, 64), 1, 0),
@@ -577,6 +578,9 @@ RESIDUAL_CASES = [
     (2, 16, 16, 128, 128, "zero", (16, 16, 128), 1, 0),
     (2, 7, 7, 512, 300, "zero", (7, 7, 256), 1, 0),
     (3, 14, 14, 256, 256, "zero", (27, 28, 128), 2, 3),
+    (72, 8, 8, 256, 300, "zero", (8, 8, 256), 1, 2),
+    (72, 8, 8, 256, 260, "zero", (16, 16, 100), 2, 1),
+    (72, 8, 8, 512, 300, "one", (8, 8, 296), 1, 0),
     (4, 16, 16, 16, 16, "zero", (16, 16, 16), 1, 0),
     (2, 8, 8, 16, 35, "zero", (16, 15, 16), 2, 2),
     (2, 9, 9, 32, 40, "one", (9, 9, 32), 1, 1),

@@ -509,17 +509,17 @@ def test_a_stem_leaves_thresholds_per_pixel_to_jnp():
 
 
 def test_cuda_adds_the_shortcut_in_the_epilogue_of_the_band_kernel_blocks_only():
-    """The blocks whose conv2 the band kernel runs (3x3, stride 1, 64 or 128 channels in, at most 128 out) stage
-    their shortcut; the wider ones (the resident and mma.sync kernels) keep XLA's add."""
+    """The blocks whose conv2 the band kernel runs (3x3, stride 1, 64 or 128 channels in, at most 128 out) add
+    their shortcut in its epilogue; the wider ones (the resident and mma.sync kernels) keep XLA's add."""
     def conv2(c, o, size=16, kernel=(3, 3)):
         return {"in_shape": [size, size, c], "out_channels": o, "kernel_size": list(kernel), "stride": [1, 1],
                 "pool": None}
 
-    assert runtime._stages_shortcut(conv2(128, 128)) and runtime._stages_shortcut(conv2(64, 64, size=56))
-    assert not runtime._stages_shortcut(conv2(256, 256, size=8))
-    assert not runtime._stages_shortcut(conv2(512, 512, size=4))
-    assert not runtime._stages_shortcut(conv2(128, 128, kernel=(1, 1)))
-    assert not runtime._stages_shortcut(conv2(128, 128, size=300))
+    assert runtime._fuses_shortcut(conv2(128, 128)) and runtime._fuses_shortcut(conv2(64, 64, size=56))
+    assert not runtime._fuses_shortcut(conv2(256, 256, size=8))
+    assert not runtime._fuses_shortcut(conv2(512, 512, size=4))
+    assert not runtime._fuses_shortcut(conv2(128, 128, kernel=(1, 1)))
+    assert not runtime._fuses_shortcut(conv2(128, 128, size=300))
 
 
 def test_a_stream_beyond_int16_travels_as_int32():

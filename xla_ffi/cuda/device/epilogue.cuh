@@ -129,36 +129,42 @@ __device__ __forceinline__ void PrefetchShortcutRow(const BinaryGemmProblem& p, 
   }
 }
 
-// ---- the narrow stream's shortcut staged in shared memory (kResidualInt16, tiles of at most 128 columns) ----
+// ---- the narrow stream's shortcut staged in shared memory (kResidualInt16) ----
 
-// A staged row: its 128 int16 values and 16 bytes of skew, so that an accumulator quad's reads of 8 rows (4 bytes
-// at 2 (8 j + 2 t)) fall in 32 distinct banks.
-inline constexpr int kStagedRowBytes = 2 * 128 + 16;
+// A staged row of a tile of kCols columns (128: the band kernel's, the resident kernel's narrow tiles; 256: its
+// wide ones): its int16 values and 16 bytes of skew, so that an accumulator quad's reads of 8 rows (4 bytes at
+// 2 (8 j + 2 t)) fall in 32 distinct banks.
+template <int kCols>
+inline constexpr int kStagedRowBytes = 2 * kCols + 16;
 // The stage of one warp's 16 accumulator rows.
-inline constexpr int kStagedWarpBytes = 16 * kStagedRowBytes;
+template <int kCols>
+inline constexpr int kStagedWarpBytes = 16 * kStagedRowBytes<kCols>;
 
-// Copies the shortcut's values of a warp's 16 accumulator rows into `stage` (16-byte aligned), where N <= 128:
-// local row i is output pixel `row` if row_of(i, row) says it is real (the others are not copied). Issued while
-// the tile's MMAs run, so that the epilogue reads shared memory: loads from global memory in the epilogue waited
-// on memory after the MMAs (docs/design/decisions.md, "The residual epilogue"). Where the shortcut's rows are
-// whole 16-byte chunks (channels a multiple of 8, an aligned base), asynchronous copies of a chunk per lane and
-// row (lane l: chunk l % 16 of rows l / 16, + 2, ...), zeros past the shortcut's channels; else plain loads.
-// The caller waits for them (WaitStagedShortcut) before its epilogue reads the stage.
-template <class RowOf>
+// Copies the shortcut's values of a warp's 16 accumulator rows, the tile's columns col0 .. col0 + cols - 1 (cols =
+// min(kCols, N - col0), the caller's), into `stage` (16-byte aligned): local row i is output pixel `row` if row_of(i, row) says it is real (the others are not
+// copied). Issued before the tile's MMAs, so that the epilogue reads shared memory: loads from global memory in
+// the epilogue waited on memory after the MMAs (docs/design/decisions.md, "The residual epilogue"). Where the
+// shortcut's rows are whole 16-byte chunks (channels a multiple of 8, an aligned base), asynchronous copies of a
+// chunk per lane and row (lane l: chunk l % (kCols / 8) of rows l / (kCols / 8), + 32 / (kCols / 8), ...), zeros
+// past the shortcut's channels; else plain loads. The caller waits for them (WaitStagedShortcut) before its
+// epilogue reads the stage.
+template <int kCols, class RowOf>
 __device__ __forceinline__ void StageShortcut(const BinaryGemmProblem& p, const ResidualOperands& r, uint8_t* stage,
-                                              RowOf row_of, int lane) {
+                                              RowOf row_of, int col0, int cols, int lane) {
+  static_assert(kCols == 128 || kCols == 256, "16 or 32 chunks a row");
+  constexpr int kChunks = kCols / 8, kRowStep = 32 / kChunks;
   __syncwarp();  // the warp's previous epilogue has read the stage
   const bool chunks = r.channels % 8 == 0 && reinterpret_cast<uintptr_t>(r.shortcut) % 16 == 0;
   if (chunks) {
-    const int chunk = lane % 16;
-    if (8 * chunk < p.n) {
+    const int chunk = lane % kChunks, col = col0 + 8 * chunk;
+    if (col < p.n) {
 #pragma unroll 1
-      for (int i = lane / 16; i < 16; i += 2) {
+      for (int i = lane / kChunks; i < 16; i += kRowStep) {
         long long row;
         if (!row_of(i, row)) continue;
-        uint8_t* dst = stage + i * kStagedRowBytes + 16 * chunk;
-        if (8 * chunk < r.channels) {
-          const int16_t* src = static_cast<const int16_t*>(r.shortcut) + ShortcutOffset(p, r, row) + 8 * chunk;
+        uint8_t* dst = stage + i * kStagedRowBytes<kCols> + 16 * chunk;
+        if (col < r.channels) {
+          const int16_t* src = static_cast<const int16_t*>(r.shortcut) + ShortcutOffset(p, r, row) + col;
           asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddress(dst)), "l"(src) : "memory");
         } else {
           *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
@@ -169,12 +175,12 @@ __device__ __forceinline__ void StageShortcut(const BinaryGemmProblem& p, const 
     return;
   }
 #pragma unroll 1
-  for (int i = lane; i < 16 * p.n; i += 32) {
-    const int local = i / p.n, col = i - local * p.n;
+  for (int i = lane; i < 16 * cols; i += 32) {
+    const int local = i / cols, col = i - local * cols;
     long long row;
     if (!row_of(local, row)) continue;
-    reinterpret_cast<int16_t*>(stage + local * kStagedRowBytes)[col] =
-        static_cast<int16_t>(ShortcutValue<true>(r, ShortcutOffset(p, r, row), col));
+    reinterpret_cast<int16_t*>(stage + local * kStagedRowBytes<kCols>)[col] =
+        static_cast<int16_t>(ShortcutValue<true>(r, ShortcutOffset(p, r, row), col0 + col));
   }
 }
 
@@ -213,25 +219,31 @@ __device__ __forceinline__ uint32_t StoreResidualPair(const BinaryGemmProblem& p
 // epilogue paths (border rows or not) with different numbers of shuffles, so the shuffles that assemble a
 // quad's words name only the quad: a full-warp mask would pair shuffles of different paths, or wait forever.
 __device__ __forceinline__ unsigned QuadLanes() { return 0xfu << (threadIdx.x % 32 & ~3u); }
+// The whole warp, for the shuffles of epilogues whose quads take the same path.
+inline constexpr unsigned kWarpLanes = 0xffffffffu;
 
 // The int16 epilogue (Epilogue::kInt16): one output row's values in two 8-column fragments of an accumulator quad,
 // whose lane t holds columns col_f + 2 t, + 1 of the first (lo0, lo1) and col_f + 8 + 2 t, + 1 of the second
-// (hi0, hi1). Called by every lane of the quad. With rows of a multiple of 4 values, one exchange with the
+// (hi0, hi1), of a real row where `valid`. Called by every lane of `lanes`: the quad (QuadLanes), or the whole warp
+// (kWarpLanes) where every quad calls it together, real rows or not (a shuffle over a register mask took the
+// wgmma kernels' int16 epilogue a warp-level match and branches; ncu). With rows of a multiple of 4 values, one
+// exchange with the
 // neighbouring lane gives each lane four adjacent values for one 8-byte store (even lanes the first fragment's,
 // odd lanes the second's): 4-byte pairs stored as they lie made the band kernel's int16 epilogue slower than
 // its int32 one (harness, H200). Values past N are not stored.
-__device__ __forceinline__ void StoreInt16Fragments(const BinaryGemmProblem& p, long long row, int col_f, int t, int lo0,
-                                                    int lo1, int hi0, int hi1) {
+__device__ __forceinline__ void StoreInt16Fragments(const BinaryGemmProblem& p, long long row, bool valid, int col_f,
+                                                    int t, int lo0, int lo1, int hi0, int hi1, unsigned lanes) {
   auto pack = [](int a, int b) { return static_cast<uint32_t>(static_cast<uint16_t>(a)) | static_cast<uint32_t>(b) << 16; };
   const uint32_t lo = pack(lo0, lo1), hi = pack(hi0, hi1);
   int16_t* out_row = static_cast<int16_t*>(p.out) + row * p.n;
   if (p.n % 4 == 0 && reinterpret_cast<uintptr_t>(p.out) % 8 == 0) {
     const bool odd = t & 1;
-    const uint32_t other = __shfl_xor_sync(QuadLanes(), odd ? lo : hi, 1);
+    const uint32_t other = __shfl_xor_sync(lanes, odd ? lo : hi, 1);
     const int col = odd ? col_f + 8 + 2 * (t - 1) : col_f + 2 * t;  // a multiple of 4: all four below N, or none
-    if (col < p.n) *reinterpret_cast<uint2*>(out_row + col) = odd ? make_uint2(other, hi) : make_uint2(lo, other);
+    if (valid && col < p.n) *reinterpret_cast<uint2*>(out_row + col) = odd ? make_uint2(other, hi) : make_uint2(lo, other);
     return;
   }
+  if (!valid) return;
   const int values[4] = {lo0, lo1, hi0, hi1};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -241,13 +253,13 @@ __device__ __forceinline__ void StoreInt16Fragments(const BinaryGemmProblem& p, 
 }
 
 // Completes a stream-bits word of one row held by an accumulator quad, whose lane t holds the bits of
-// columns 8 q + 2 t + e of the word at bit 8 q + e, and stores it from lane (word index % 4). Called by every
-// lane of the quad.
+// columns 8 q + 2 t + e of the word at bit 8 q + e, and stores it from lane (word index % 4) where `valid`.
+// Called by every lane of `lanes` (as StoreInt16Fragments).
 __device__ __forceinline__ void StoreStreamWord(const BinaryGemmProblem& p, const ResidualOperands& r, long long row,
-                                                bool valid, int word_col0, uint32_t bits, int t) {
+                                                bool valid, int word_col0, uint32_t bits, int t, unsigned lanes) {
   uint32_t word = bits << (2 * t);
-  word |= __shfl_xor_sync(QuadLanes(), word, 1);
-  word |= __shfl_xor_sync(QuadLanes(), word, 2);
+  word |= __shfl_xor_sync(lanes, word, 1);
+  word |= __shfl_xor_sync(lanes, word, 2);
   if (valid && t == (word_col0 / 32) % 4 && word_col0 < p.n) {
     r.bits[row * ((p.n + 31) / 32) + word_col0 / 32] = word;
   }

@@ -193,7 +193,8 @@ struct MmaSyncEngine {
             for (int nf = 0; nf < kFrags; nf += 2) {
               const int col_f = col0 + warp_col + nf * 8;
               if (col_f >= p.n) break;  // the same for the whole quad
-              StoreInt16Fragments(p, row, col_f, t, value(nf, 0), value(nf, 1), value(nf + 1, 0), value(nf + 1, 1));
+              StoreInt16Fragments(p, row, true, col_f, t, value(nf, 0), value(nf, 1), value(nf + 1, 0), value(nf + 1, 1),
+                                  QuadLanes());
             }
           } else {
 #pragma unroll
@@ -259,7 +260,7 @@ struct MmaSyncEngine {
           }
           bits |= StoreResidualPair<kNarrow>(p, residual, added[nf], row, valid, col0 + lc, d0, d1) << (8 * nf);
         }
-        if (residual.bits != nullptr) StoreStreamWord(p, residual, row, valid, col0 + warp_col, bits, t);
+        if (residual.bits != nullptr) StoreStreamWord(p, residual, row, valid, col0 + warp_col, bits, t, QuadLanes());
       }
     }
   }

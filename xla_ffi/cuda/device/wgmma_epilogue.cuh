@@ -246,12 +246,12 @@ __device__ __forceinline__ int2 FragmentDots(const BinaryGemmProblem& p, const i
   return d;
 }
 
-// The residual epilogue of a thread's two accumulator rows (StoreAccumulatorRows' layout): stream values, and
-// their bits word by word (a word's 32 columns are fragments 4 wd .. 4 wd + 3 of the quad's four lanes).
-// The instances with this epilogue (kResidual) call it in place of StoreAccumulatorRows. kLoads: the shortcut
-// pairs loaded together ahead of their stores, 4 or 2 (the most that spill nothing: 4 made the band kernel's
-// generic instances spill, 2 the resident kernel's 256-column ones; ptxas). kNarrow: the int16 stream.
-template <int kAcc, int kLoads, bool kNarrow>
+// The int32 stream's residual epilogue (Epilogue::kResidual) of a thread's two accumulator rows
+// (StoreAccumulatorRows' layout): stream values, and their bits word by word (a word's 32 columns are fragments
+// 4 wd .. 4 wd + 3 of the quad's four lanes); the band kernel's kResidual instances call it in place of
+// StoreAccumulatorRows. The shortcut is loaded from global memory, two pairs together ahead of their stores
+// (four made the band kernel's generic instances spill; ptxas).
+template <int kAcc>
 __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, const ResidualOperands& r,
                                                   const int (&acc)[kAcc], const AccumulatorRows& rows,
                                                   const TileColumns<kWgCols>& cols, int col0, int t) {
@@ -266,7 +266,7 @@ __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, co
 #pragma unroll
     for (int wd = 0; wd < kAcc / 16; ++wd) {
       if (col0 + 32 * wd >= p.n) break;  // the same for the whole quad
-      static_assert(kLoads == 2 || kLoads == 4, "a word's 4 pairs in whole groups");
+      constexpr int kLoads = 2;
       uint32_t bits = 0;
       int2 added[kLoads];
 #pragma unroll
@@ -274,10 +274,10 @@ __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, co
         const int j = 4 * wd + q, lc = 8 * j + 2 * t;
         if (q % kLoads == 0) {
 #pragma unroll
-          for (int i = 0; i < kLoads; ++i) added[i] = ShortcutPair<kNarrow>(r, shortcut, col0 + lc + 8 * i);
+          for (int i = 0; i < kLoads; ++i) added[i] = ShortcutPair<false>(r, shortcut, col0 + lc + 8 * i);
         }
-        // FragmentDots written out, as measured: through it, ptxas schedules 10-23 instructions of the resident
-        // kernel's residual instances differently (cubin .text)
+        // FragmentDots written out, as measured: through it, ptxas scheduled 10-23 instructions of a residual
+        // kernel differently (cubin .text)
         int d0 = rows.v0[h] - 2 * cols.popc_b[lc] + 4 * acc[4 * j + 2 * h];
         int d1 = rows.v0[h] - 2 * cols.popc_b[lc + 1] + 4 * acc[4 * j + 2 * h + 1];
         if (border) {
@@ -285,34 +285,39 @@ __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, co
           d0 -= c.x;
           d1 -= c.y;
         }
-        bits |= StoreResidualPair<kNarrow>(p, r, added[q % kLoads], rows.row[h], true, col0 + lc, d0, d1) << (8 * q);
+        bits |= StoreResidualPair<false>(p, r, added[q % kLoads], rows.row[h], true, col0 + lc, d0, d1) << (8 * q);
       }
-      if (r.bits != nullptr) StoreStreamWord(p, r, rows.row[h], true, col0 + 32 * wd, bits, t);
+      if (r.bits != nullptr) StoreStreamWord(p, r, rows.row[h], true, col0 + 32 * wd, bits, t, QuadLanes());
     }
   }
 }
 
-// The narrow residual epilogue (kResidualInt16) of a thread's two accumulator rows of a tile of at most 128
-// columns (m64n128 accumulators, col0 = 0), their shortcut staged (StageShortcut: the warp's stage, this
-// thread's rows at g and g + 8): the stream's int16 values in 8-byte stores of four (StoreInt16Fragments), and
-// their bits word by word against the columns' StreamBounds in shared memory. Called by every lane of the quad.
+// The narrow residual epilogue (kResidualInt16) of a thread's two accumulator rows of a tile whose columns start at
+// col0 (kAcc / 4 fragments of 8 columns: 128 columns of m64n128 accumulators, or 256 of m64n256), their shortcut
+// staged (StageShortcut<2 kAcc>: the warp's stage, this thread's rows at g and g + 8): the stream's int16 values in
+// 8-byte stores of four (StoreInt16Fragments), and their bits word by word against the tile's columns'
+// StreamBounds in shared memory (stream_bounds[lc]: local column lc). Called by every lane of the warp (its rows
+// past the output computed but not stored: the shuffles span the warp).
 template <int kAcc>
 __device__ __forceinline__ void StoreStagedResidualRows(const BinaryGemmProblem& p, const ResidualOperands& r,
                                                         const int (&acc)[kAcc], const AccumulatorRows& rows,
                                                         const TileColumns<kWgCols>& cols, const uint8_t* stage,
-                                                        const int2* stream_bounds, int g, int t) {
-  static_assert(kAcc == 64, "the m64n128 accumulators of 128 columns");
+                                                        const int2* stream_bounds, int col0, int g, int t) {
+  static_assert(kAcc == 64 || kAcc == 128, "the m64n128 or m64n256 accumulators");
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    if (!rows.valid[h]) continue;  // the same for the whole quad
-    const bool border = rows.correction[h] != 0;
+    const bool border = rows.valid[h] && rows.correction[h] != 0;
     int excl[kAcc / 2];
-    if (border && !p.correction_table) BorderCorrections(p, cols, PixelOrigin(p, rows.row[h]), 0, 2 * t, excl);
+    if (border && !p.correction_table) BorderCorrections(p, cols, PixelOrigin(p, rows.row[h]), col0, 2 * t, excl);
     const int* class_corrections = cols.correction[p.correction_table ? rows.correction[h] : 0];
-    const uint8_t* staged = stage + (g + 8 * h) * kStagedRowBytes;
+    const uint8_t* staged = stage + (g + 8 * h) * kStagedRowBytes<2 * kAcc>;
 #pragma unroll
     for (int wd = 0; wd < kAcc / 16; ++wd) {
-      if (32 * wd >= p.n) break;  // the same for the whole quad
+      if (col0 + 32 * wd >= p.n) break;  // the same for the whole quad
+      // the word's four shortcut pairs, loaded together ahead of its values and stores
+      uint32_t added_pairs[4];
+#pragma unroll
+      for (int f = 0; f < 4; ++f) added_pairs[f] = *reinterpret_cast<const uint32_t*>(staged + 2 * (8 * (4 * wd + f) + 2 * t));
       uint32_t bits = 0;
 #pragma unroll
       for (int q = 0; q < 4; q += 2) {
@@ -321,7 +326,7 @@ __device__ __forceinline__ void StoreStagedResidualRows(const BinaryGemmProblem&
         for (int e = 0; e < 2; ++e) {  // fragments j and j + 1: the four values of one int16 store
           const int j = 4 * wd + q + e, lc = 8 * j + 2 * t;
           const int2 d = FragmentDots(p, acc, rows, cols, class_corrections, excl, border, h, j, t);
-          const int2 added = Int16Pair(*reinterpret_cast<const uint32_t*>(staged + 2 * lc));
+          const int2 added = Int16Pair(added_pairs[q + e]);
           v[2 * e] = StreamValue<true>(r, d.x, added.x);
           v[2 * e + 1] = StreamValue<true>(r, d.y, added.y);
           if (r.bits != nullptr) {
@@ -330,23 +335,24 @@ __device__ __forceinline__ void StoreStagedResidualRows(const BinaryGemmProblem&
             bits |= (static_cast<uint32_t>(bit0) | static_cast<uint32_t>(bit1) << 1) << (8 * (q + e));
           }
         }
-        StoreInt16Fragments(p, rows.row[h], 8 * (4 * wd + q), t, v[0], v[1], v[2], v[3]);
+        StoreInt16Fragments(p, rows.row[h], rows.valid[h], col0 + 8 * (4 * wd + q), t, v[0], v[1], v[2], v[3],
+                            kWarpLanes);
       }
-      if (r.bits != nullptr) StoreStreamWord(p, r, rows.row[h], true, 32 * wd, bits, t);
+      if (r.bits != nullptr) StoreStreamWord(p, r, rows.row[h], rows.valid[h], col0 + 32 * wd, bits, t, kWarpLanes);
     }
   }
 }
 
 // The int32 / affine values of a thread's two accumulator rows (StoreAccumulatorRows' layout), or with kInt16
-// the int16 ones (StoreInt16Fragments: the quad's lanes exchange values, so its lanes call it together).
-// border[h]: row h is real and takes "zero"-padding corrections.
+// the int16 ones (StoreInt16Fragments: lanes exchange values, so every lane of the warp calls it, its rows past
+// the output computed but not stored). border[h]: row h is real and takes "zero"-padding corrections.
 template <bool kInt16, int kAcc>
 __device__ __forceinline__ void StoreValueRows(const BinaryGemmProblem& p, const int (&acc)[kAcc],
                                                const AccumulatorRows& rows, const bool (&border)[2],
                                                const TileColumns<kWgCols>& cols, int col0, int t) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    if (!rows.valid[h]) continue;
+    if (!kInt16 && !rows.valid[h]) continue;
     int excl[kAcc / 2];
     if (border[h] && !p.correction_table) BorderCorrections(p, cols, PixelOrigin(p, rows.row[h]), col0, 2 * t, excl);
     const int* class_corrections = cols.correction[p.correction_table ? rows.correction[h] : 0];
@@ -356,7 +362,7 @@ __device__ __forceinline__ void StoreValueRows(const BinaryGemmProblem& p, const
       for (int j = 0; j < kAcc / 4; j += 2) {
         if (col0 + 8 * j >= p.n) break;  // the same for the whole quad
         const int2 lo = values(j), hi = values(j + 1);
-        StoreInt16Fragments(p, rows.row[h], col0 + 8 * j, t, lo.x, lo.y, hi.x, hi.y);
+        StoreInt16Fragments(p, rows.row[h], rows.valid[h], col0 + 8 * j, t, lo.x, lo.y, hi.x, hi.y, kWarpLanes);
       }
     } else {
 #pragma unroll
@@ -436,13 +442,17 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
   StoreAccumulatorRows(p, acc, rows, cols, col0, t, narrow);
 }
 
-// StoreAccumulators with the residual epilogue (the instances with kResidual); the rows as StoreAccumulators
-// sets them up, repeated so that its code stays as it is.
+// StoreAccumulators with the narrow stream's residual epilogue (the resident kernel's kResidual instances), the
+// shortcut of this thread's warp staged at `stage` (StageShortcut<2 kAcc>) and the tile's columns' StreamBounds at
+// stream_bounds; the rows as StoreAccumulators sets them up.
 template <int kAcc>
-__device__ __forceinline__ void StoreResidualAccumulators(const BinaryGemmProblem& p, const ResidualOperands& residual,
-                                                          const int (&acc)[kAcc], const int* popc_a,
-                                                          const int8_t* row_correction, const TileColumns<kWgCols>& cols,
-                                                          int tile_m, int col0, int half, int wtid) {
+__device__ __forceinline__ void StoreStagedResidualAccumulators(const BinaryGemmProblem& p,
+                                                                const ResidualOperands& residual,
+                                                                const int (&acc)[kAcc], const int* popc_a,
+                                                                const int8_t* row_correction,
+                                                                const TileColumns<kWgCols>& cols, const uint8_t* stage,
+                                                                const int2* stream_bounds, int tile_m, int col0,
+                                                                int half, int wtid) {
   const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
   AccumulatorRows rows;
 #pragma unroll
@@ -453,11 +463,7 @@ __device__ __forceinline__ void StoreResidualAccumulators(const BinaryGemmProble
     rows.v0[h] = p.k_real - 2 * popc_a[r];
     rows.correction[h] = p.pad_one ? 0 : row_correction[r];
   }
-  if (NarrowStream(p)) {
-    StoreResidualRows<kAcc, 4, true>(p, residual, acc, rows, cols, col0, t);
-  } else {
-    StoreResidualRows<kAcc, 4, false>(p, residual, acc, rows, cols, col0, t);
-  }
+  StoreStagedResidualRows(p, residual, acc, rows, cols, stage, stream_bounds, col0, g, t);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 

@@ -95,34 +95,45 @@ LaunchPlan PlanDenseTaps(const BinaryGemmProblem& p, const DeviceInfo& info) {
 
 // ResidentWgmmaKernel where it can run `p`: unpooled, the column tile's weights within the shared memory left
 // by the rest, at least one CTA per column tile, and activations by TMA in 64-row boxes, or by cp.async where
-// no box takes them (14 x 14 or 7 x 7 images, stride 2) but the grid is small (below): 16-byte copies, more
-// than one short K block (WgmmaKernel's short-K instances take those). False (nothing planned) otherwise.
+// no box takes them (14 x 14 or 7 x 7 images, stride 2) but the grid is small (below) or the epilogue is the
+// int16 stream's residual one: 16-byte copies, more than one short K block (WgmmaKernel's short-K instances take
+// those). A residual epilogue is the int16 stream's only (its shortcut staged: ResidentStagedBytes), on 128-column
+// tiles where 256-column ones do not fit with their stages (a 3x3 convolution at C = 512). False (nothing
+// planned) otherwise.
 bool PlanResident(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& plan) {
+  const bool residual = IsResidual(p.epilogue);
+  if (p.epilogue == Epilogue::kResidual) return false;  // (an int32 stream's tile would not fit staged)
   const int m_tiles = TilesOfRows(p, kWgRows), wide_n_tiles = (p.n + kWgCols - 1) / kWgCols;
   // Column tiles of 128 (m64n128 wgmmas) where N <= 128, and where 256-column tiles would leave half the SMs
   // or more idle (batch-8 layers, small-batch GEMMs): twice the CTAs, each with half the weight bytes and
   // half the tensor work of its tile.
   const bool small_grid = 2ll * m_tiles * wide_n_tiles <= info.sms;
-  const bool narrow = p.n <= kWgCols / 2 || small_grid;
-  const int n_tiles = narrow ? (p.n + kWgCols / 2 - 1) / (kWgCols / 2) : wide_n_tiles;
+  const ALayout layout = ActivationLayout(p, plan.a_recipe, 64);
+  const bool copies = layout == ALayout::kCoreMatrices;
+  auto smem_of = [&](int cols) {
+    return kResidentFixedBytes + ResidentWeightBytes(p.w_k_tiles, cols) +
+           (residual ? ResidentStagedBytes(cols) : copies ? kResidentOriginBytes : 0);
+  };
+  // (the cp.async instance has 128-column tiles only)
+  const bool narrow =
+      p.n <= kWgCols / 2 || small_grid || copies || (residual && smem_of(kWgCols) > info.smem_optin);
+  const int cols = narrow ? kWgCols / 2 : kWgCols, n_tiles = (p.n + cols - 1) / cols;
   if (p.pool_h * p.pool_w != 1 || n_tiles > info.sms || reinterpret_cast<uintptr_t>(p.w) % 16 != 0 ||
       TensorMapEncoder() == nullptr) {
     return false;
   }
-  const ALayout layout = ActivationLayout(p, plan.a_recipe, 64);
-  const bool copies = layout == ALayout::kCoreMatrices;
-  if (copies && !(small_grid && p.cw % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && p.k_words > 24)) {
+  if (copies && !((small_grid || residual) && p.cw % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+                  p.k_words > 24)) {
     return false;
   }
-  const int smem = kResidentFixedBytes + ResidentWeightBytes(p.w_k_tiles, narrow ? kWgCols / 2 : kWgCols) +
-                   (copies ? kResidentOriginBytes : 0);
+  const int smem = smem_of(cols);
   if (smem > info.smem_optin || !Encode(plan.a_recipe, p.x, plan.a_map)) return false;  // (cp.async: no map)
   // the weights by one TMA box (where the driver cannot encode its map, the persistent kernel runs `p`)
-  plan.w_recipe = ResidentWeightRecipe(p, narrow ? kWgCols / 2 : kWgCols);
+  plan.w_recipe = ResidentWeightRecipe(p, cols);
   if (!Encode(plan.w_recipe, p.w, plan.w_map)) return false;
   plan.kind = LaunchPlan::Kind::kResident;
   plan.path = KernelPath::kWgmma;
-  plan.kernel = ResidentWgmmaKernelInstance(layout, narrow ? kWgCols / 2 : kWgCols, IsResidual(p.epilogue));
+  plan.kernel = ResidentWgmmaKernelInstance(layout, cols, residual);
   plan.threads = kWgThreads;
   plan.smem = smem;
   plan.programmatic = true;

@@ -362,7 +362,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       // The narrow stream's shortcut for the warp's rows 16 w + i (band positions q0 + row_step (16 w + i) of
       // the tile's image), copied while the wgmmas run; issued ahead of them, where the accumulators are not
       // yet live (issued after them, the exact instances spilled ~290 bytes; ptxas).
-      [[maybe_unused]] uint8_t* stage = smem + at.stage + (tid / 32) * kStagedWarpBytes;
+      [[maybe_unused]] uint8_t* stage = smem + at.stage + (tid / 32) * kStagedWarpBytes<kBandCols>;
       if constexpr (kNarrowStream) {
         {
           const int image = it.image + seg, row_step = kPixelPairs ? 2 : 1;
@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
             row = (static_cast<long long>(image) * p.out_h + oy) * p.out_w + ox;
             return oy < p.out_h && ox < p.out_w;
           };
-          StageShortcut(p, residual, stage, row_of, lane);
+          StageShortcut<kBandCols>(p, residual, stage, row_of, 0, p.n, lane);
         }
       }
       IssueBandSteps<kUnrolledSteps, kExactSteps>(acc, popc_a, step_desc, a_shift,
@@ -389,9 +389,9 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       for (int h = 0; h < 2; ++h) rows.v0[h] = p.k_real - 2 * popc_a[2 * h];
       if constexpr (kNarrowStream) {
         WaitStagedShortcut();
-        StoreStagedResidualRows(p, residual, acc, rows, cols, stage, stream_bounds, g, t);
+        StoreStagedResidualRows(p, residual, acc, rows, cols, stage, stream_bounds, 0, g, t);
       } else if constexpr (kResidual) {
-        StoreResidualRows<kBandCols / 2, 2, false>(p, residual, acc, rows, cols, 0, t);
+        StoreResidualRows<kBandCols / 2>(p, residual, acc, rows, cols, 0, t);
       } else {
         StoreAccumulatorRows<kBandCols / 2, kQuarter>(p, acc, rows, cols, 0, t, true);
       }

@@ -80,7 +80,7 @@ __host__ __device__ __forceinline__ BandSmem BandSmemOf(const BinaryGemmProblem&
   // columns' stream bounds (StreamBounds)
   s.stage = (s.barriers + 3 * 8 + 2 * 4 + 15) / 16 * 16;
   const bool narrow = p.epilogue == Epilogue::kResidualInt16;
-  s.stream_bounds = s.stage + (narrow ? kBandThreads / 32 * kStagedWarpBytes : 0);
+  s.stream_bounds = s.stage + (narrow ? kBandThreads / 32 * kStagedWarpBytes<kBandCols> : 0);
   s.total = 1024 + s.stream_bounds + (narrow ? kBandCols * 8 : 0);
   return s;
 }

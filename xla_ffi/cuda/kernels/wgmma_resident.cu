@@ -13,6 +13,10 @@
 // half the tensor work of an m64n256 whose upper half would be discarded, and half the weight bytes) or where
 // 256-column tiles would leave half the SMs idle (PlanResident). A 128-column tile still fills the column
 // table's 256 columns from its first (one per consumer thread, as many at once): the upper half is unused.
+// The residual instances (kResidual) run the int16 stream's residual epilogue: each consumer warp copies its 16
+// rows' shortcut into shared memory (cp.async) before the tile's wgmmas, and its epilogue adds it from there
+// (StoreStagedResidualRows, as the band kernel's); loaded after the MMAs instead, the shortcut's latency made
+// the epilogue slower than the int16 dot products plus XLA's add (docs/design/decisions.md).
 #include "cuda/kernels/wgmma_resident.h"
 
 #include <cstdint>
@@ -215,6 +219,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // B of the popc(a) wgmmas: 8 columns of all ones (2 core matrices of k256), 16-byte aligned
   uint32_t* ones = reinterpret_cast<uint32_t*>(smem + ((reinterpret_cast<uint8_t*>(row_correction) + kWgRows - smem + 15) & ~15));
   int4* origins = reinterpret_cast<int4*>(ones + 64);  // kCopies only (kResidentOriginBytes)
+  // kResidual: the tile's columns' StreamBounds, then each consumer warp's shortcut stage (ResidentStagedBytes)
+  int2* stream_bounds = reinterpret_cast<int2*>(origins + kWgRows);
+  uint8_t* stages = reinterpret_cast<uint8_t*>(stream_bounds + kCols);
   const uint32_t base = SmemAddress(smem), weights = base + kResidentRingBytes;
   const uint32_t full0 = SmemAddress(barriers);                  // [half][stage]: the stage landed
   const uint32_t empty0 = full0 + 2 * kResidentStages * 8;    // [half][stage]: its 4 warps read it
@@ -265,6 +272,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const bool class_bounds = p.epilogue == Epilogue::kBits && p.correction_table;
   if (p.correction_table) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
   if (p.edge_table) FillEdgeTable<kWgCols>(p, cols, col0, ctid);
+  // (read by the other warpgroup after the column table's barriers 1 and 4 below)
+  if (kResidual && ctid < kCols) stream_bounds[ctid] = StreamBounds(p, col0 + ctid);
+  [[maybe_unused]] uint8_t* stage = stages + (ctid / 32) * kStagedWarpBytes<kCols>;
   const int fill_kb = half == 0 ? min(1, k_blocks - 1) : -1;
   if (half == 1 && first_tile < m_tiles) {  // (a CTA without tiles: nothing to wait for)
     StageTileColumn(p, cols, col0, ctid, class_bounds);
@@ -281,13 +291,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     int row_popc[4];  // popc(a) of this thread's rows g and g + 8: row_popc[0], [2]
     int previous_stage = 0;
     const uint64_t desc_ones = OperandDescriptor(SmemAddress(ones), 128, 256);
-    if constexpr (kResidual) {  // this thread's two rows of the tile, ahead of its epilogue
-      const int lane = wtid % 32;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const long long row = static_cast<long long>(tile_m) * kWgRows + 64 * half + 16 * (wtid / 32) + lane / 4 + 8 * h;
-        PrefetchShortcutRow(p, residual, row, row < p.pooled_rows, lane % 4);
-      }
+    if constexpr (kResidual) {  // the shortcut of the warp's 16 rows, copied while the tile's wgmmas run
+      const long long warp_row = static_cast<long long>(tile_m) * kWgRows + 64 * half + 16 * (wtid / 32);
+      auto row_of = [&](int i, long long& row) {
+        row = warp_row + i;
+        return row < p.pooled_rows;
+      };
+      StageShortcut<kCols>(p, residual, stage, row_of, col0, min(kCols, p.n - col0), wtid % 32);
     }
     for (int kb = 0; kb < k_blocks; ++kb) {
       BarrierWait(ResidentBarrier(full0, half, at.stage), at.phase);
@@ -318,7 +328,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       asm volatile("bar.sync %0, 128;\n" ::"r"(tile_bar) : "memory");
     }
     if constexpr (kResidual) {
-      StoreResidualAccumulators(p, residual, acc, popc_a, row_correction, cols, tile_m, col0, half, wtid);
+      WaitStagedShortcut();
+      StoreStagedResidualAccumulators(p, residual, acc, popc_a, row_correction, cols, stage, stream_bounds, tile_m,
+                                      col0, half, wtid);
     } else {
       StoreAccumulators(p, acc, popc_a, row_correction, cols, tile_m, col0, half, wtid, p.n - col0 <= kWgCols / 2);
     }

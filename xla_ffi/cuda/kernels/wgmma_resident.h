@@ -1,6 +1,7 @@
 // The resident-weight wgmma kernel (ResidentWgmmaKernel): its shared memory and its instances, for the planner.
 #pragma once
 
+#include "cuda/device/epilogue.cuh"
 #include "cuda/device/tile_columns.cuh"
 #include "cuda/device/loaders.cuh"
 #include "cuda/device/wgmma_tile.cuh"
@@ -19,8 +20,17 @@ __host__ __device__ __forceinline__ int ResidentWeightBytes(int w_k_tiles, int c
 // The cp.async instance's receptive-field origins of a tile's rows (RowOrigin), after the all-ones B.
 constexpr int kResidentOriginBytes = kWgRows * 16;
 
+// The residual instances' shared memory after the origins' place (taken whether or not they copy): the tile's
+// columns' StreamBounds and a shortcut stage per consumer warp (StageShortcut).
+__host__ __device__ constexpr int ResidentStagedBytes(int cols) {
+  constexpr int kConsumerWarps = (kWgThreads - 128) / 32;
+  return kResidentOriginBytes + cols * 8 +
+         kConsumerWarps * (cols == kWgCols ? kStagedWarpBytes<kWgCols> : kStagedWarpBytes<kWgCols / 2>);
+}
+
 // ResidentWgmmaKernel<layout, cols> (cols: kWgCols or kWgCols / 2).
-// residual: an instance with the residual epilogue (Epilogue::kResidual), which the others do not run.
+// residual: an instance with the narrow stream's residual epilogue (Epilogue::kResidualInt16, its shortcut
+// staged), which the others do not run.
 const void* ResidentWgmmaKernelInstance(ALayout layout, int cols, bool residual);
 
 }  // namespace jaxbnn::cuda

@@ -385,8 +385,11 @@ long RunResidualCase(const ResidualCase& rc, KernelPath path, bool narrow) {
 
 // Residual blocks' second convolutions on every kernel that takes them: the band kernel (C = 64 pixel pairs,
 // C = 128; the int16 stream's shortcut staged in 16-byte chunks, or element by element for 77 channels), the
-// resident kernel (C = 256 / 512, N = 300 over two column tiles), the dense-tap kernel (C = 16),
-// a stride-2 shortcut with fewer channels (type A), odd N, "one" padding, shifts, no bits.
+// resident kernel's int16 stream (its shortcut staged: 128-column tiles by cp.async at 7 x 7 and 14 x 14, by TMA
+// at 8 x 8; 256-column tiles at batch 72, N = 300 and 260 over two column tiles, a shortcut of 100 channels
+// element by element; C = 512 on 128-column tiles, the 256-column ones too large with their stages), the
+// dense-tap kernel (C = 16), a stride-2 shortcut with fewer channels (type A), odd N, "one" padding, shifts, no
+// bits.
 std::vector<ResidualCase> ResidualCases() {
   return {
       {{3, 17, 24, 64, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 64, 0, true},
@@ -395,6 +398,9 @@ std::vector<ResidualCase> ResidualCases() {
       {{2, 16, 16, 128, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 128, 0, true},
       {{2, 7, 7, 512, 300, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 256, 0, true},
       {{3, 14, 14, 256, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 2, 128, 3, false},
+      {{72, 8, 8, 256, 300, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 256, 2, true},
+      {{72, 8, 8, 256, 260, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 2, 100, 1, true},
+      {{72, 8, 8, 512, 300, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true}, 1, 296, 0, true},
       {{4, 16, 16, 16, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 16, 0, true},
       {{2, 8, 8, 16, 35, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 2, 16, 2, true},
       {{5, 1, 1, 200, 33, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, true}, 1, 33, 31, true},
@@ -552,6 +558,16 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
   const ConvCase resnet14[] = {{1024, 16, 16, 128, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
                                {1024, 8, 8, 256, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
                                {1024, 4, 4, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}};
+  // and ResNet-18's blocks of the two last stages at batch 512 (14 x 14 x 256, 7 x 7 x 512), whose conv2 the
+  // resident kernel runs by cp.async
+  const ConvCase resnet18[] = {{512, 14, 14, 256, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
+                               {512, 7, 7, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}};
+  for (int i = 0; i < 2; ++i) {
+    const std::string name = "conv r18.l" + std::to_string(i + 3) + " b512";
+    time(name + " i16", resnet18[i], TimedOutput::kInt16);
+    time(name + " residual i16", resnet18[i], TimedOutput::kResidualInt16);
+    time(name + " residual i16 stream", resnet18[i], TimedOutput::kResidualInt16Stream);
+  }
   for (int i = 0; i < 3; ++i) {
     const std::string name = "conv r14.l" + std::to_string(i + 1) + " b1024";
     time(name, resnet14[i]);
