@@ -30,9 +30,10 @@ Measured:
   paper's RTX 2080 Ti figures (TCBNN_2080TI);
 - memory at the large batch: the compiled program's `memory_analysis()`, arguments (parameters and
   images) + outputs + temporaries;
-- per node, at the large batch: each graph node alone (`jaxbnn.runtime.run_nodes([node], ...)`, jitted) on
-  the value the node before it produced, and each of the node's custom calls alone on the operands it
-  received there (recorded through a debug callback), so the node's time outside the kernels is its
+- per node, at the large batch: each graph node alone as it runs in the whole forward
+  (`jaxbnn.runtime.run_node`, jitted: on the value the node before it produced, with the input bits that
+  node's epilogue wrote for it, writing the next node's), and each of the node's custom calls alone on the
+  operands it received there (recorded through a debug callback), so the node's time outside the kernels is its
   time minus its custom calls' (the first layer's is one too: `ops.image_conv2d`). A node or call
   shorter than NODE_PROGRAM_S is timed as a program of several calls on distinct copies of its inputs:
   alone, it would time the host's dispatch of its program.
@@ -376,12 +377,21 @@ def timed_alone(fn, args) -> float:
     return timed(several.lower(sets).compile(), [sets], copies)
 
 
-def time_node(node: dict, params, x, stream_dtype) -> tuple[float, list[CustomCall]]:
-    """Seconds per call of the node alone, and its custom calls with the operands they got."""
-    seconds = timed_alone(lambda p, x_: runtime.run_nodes([node], [p], x_, [stream_dtype]), (params, x))
+def node_in_graph(node: dict, stream_dtype, next_node: dict | None):
+    """The node as it runs in the whole forward (`runtime.run_node`), a function of its parameters, its input,
+    the input bits the node before it wrote (or None) and the next node's parameters (or None): returns its
+    output and the bits it writes for the next node (or None)."""
+    def run(p, x, bits, next_params):
+        following = (next_node, next_params) if next_node is not None else None
+        return runtime.run_node(node, p, x, stream_dtype, input_bits=bits, following=following)
+    return run
+
+
+def time_node(fn, args) -> tuple[float, list[CustomCall]]:
+    """Seconds per call of fn(*args) alone (a node_in_graph), and its custom calls with the operands they got."""
+    seconds = timed_alone(fn, args)
     with recording_custom_calls() as calls:
-        recorder = jax.jit(lambda p, x_: runtime.run_nodes([node], [p], x_, [stream_dtype]))
-        jax.block_until_ready(recorder(params, x))
+        jax.block_until_ready(jax.jit(fn)(*args))
         jax.effects_barrier()
     return seconds, list(calls)
 
@@ -392,16 +402,18 @@ def time_custom_call(call: CustomCall) -> float:
 
 
 def per_node(contender: Contender, images) -> list[NodeRow]:
-    """Every graph node alone on the value the node before it produced, and its custom calls alone."""
-    nodes = contender.nodes
-    dtypes = contender.stream_dtypes
-    outputs = jax.jit(lambda p, x: runtime.run_nodes(nodes, p, x, dtypes))(contender.params,
-                                                                            formats.image_levels(images))
-    x = formats.image_levels(images)
+    """Every graph node alone as it runs in the whole forward (`runtime.run_node`): on the value the node before
+    it produced, with the input bits that node's epilogue wrote for it, writing the next node's where its own
+    epilogue does; and its custom calls alone."""
+    nodes, params, dtypes = contender.nodes, contender.params, contender.stream_dtypes
+    x, bits = formats.image_levels(images), None
     rows = []
-    for index, (node, params, out, dtype) in enumerate(zip(nodes, contender.params, outputs, dtypes)):
-        seconds, calls = time_node(node, params, x, dtype)
+    for index, (node, p, dtype) in enumerate(zip(nodes, params, dtypes)):
+        next_node, next_params = (nodes[index + 1], params[index + 1]) if index + 1 < len(nodes) else (None, None)
+        fn, args = node_in_graph(node, dtype, next_node), (p, x, bits, next_params)
+        seconds, calls = time_node(fn, args)
         rows.append(NodeRow(index, node, seconds, [(c.target, time_custom_call(c)) for c in calls]))
+        out, bits = jax.jit(fn)(*args)
         x = node_output(node, out)
     if not any(row.calls for row in rows):
         print("no custom call recorded in any node: the ops ran their pure-JAX reference (no native module for "
@@ -576,15 +588,14 @@ def node_lines(r: ModelResult) -> list[str]:
     whole_text = f"{whole.seconds * 1e3:.3f} ms" if whole and whole.seconds else "not measured"
     lines = [
         *paragraph(
-            f"Per node at batch {r.plan.large_batch}: each node alone, jitted, on the previous node's output (the "
+            f"Per node at batch {r.plan.large_batch}: each node alone, jitted, as it runs in the forward (the "
             f"whole forward {whole_text}, the nodes' sum {total * 1e3:.3f} ms); each of its custom calls alone on the "
             "operands it received there; either, when shorter than "
             f"{NODE_PROGRAM_S * 1e3:g} ms, as a program of several calls on distinct copies of its inputs (per call: "
             "the device's work, not the host's dispatch of a program). Outside: the node's time less its calls', "
-            "over its time (below 0: the calls alone took longer, timing noise). Alone, a residual block thresholds "
-            "and packs its input stream itself, and its epilogue writes no bits for a next block; in the whole "
-            "forward, where the stem's or the previous block's epilogue writes those bits (`runtime.run_nodes`), "
-            "it does not."),
+            "over its time (below 0: the calls alone took longer, timing noise). As in the forward (`runtime.run_node`), "
+            "a node reads the previous node's output and, where that node's epilogue wrote them (the stem's, a fused "
+            "residual block's), its input bits, and writes the next node's input bits where its own epilogue does."),
         "",
         "| node | kind | wires | out shape | ms | share | custom calls (ms alone) | outside the bit kernels |",
         "|---|---|---|---|---|---|---|---|",

@@ -49,8 +49,8 @@ import numpy as np
 from jaxbnn import _ffi, formats, ops, packed_model
 from jaxbnn.packed_model import PackedModel, uses_conv_layout, weight_geometry
 
-__all__ = ["PackedNet", "InputRangeWarning", "load", "from_packed", "run_nodes", "stream_dtypes", "fuses_residual",
-           "writes_stem_bits"]
+__all__ = ["PackedNet", "InputRangeWarning", "load", "from_packed", "run_nodes", "run_node", "stream_dtypes",
+           "fuses_residual", "writes_stem_bits"]
 
 
 class InputRangeWarning(UserWarning):
@@ -275,7 +275,8 @@ def _stream_bound(node, tensors, prefix) -> int:
 
 def run_nodes(nodes, params, x, stream_dtypes=None, fuse_residual=None, stem_bits=None):
     """Outputs of `nodes` in order, from `x`, the value the first of them reads (the image's int8 levels,
-    bits, a ternary plane pair or the stream): the whole graph, or a part of it (per-node timing).
+    bits, a ternary plane pair or the stream): the whole graph, or a part of it. Each node runs as `run_node`
+    runs it, with the bits the node before it wrote for it and writing those of the node after it.
     stream_dtypes: per node, the type of its stream output (`PackedNet.stream_dtypes` for the same nodes);
     None: int32 throughout. fuse_residual: whether the residual blocks over an int16 stream add their shortcut
     in conv2's epilogue, which also writes the next block's input bits (`ops.bconv2d(..., shortcut=...)`);
@@ -284,36 +285,46 @@ def run_nodes(nodes, params, x, stream_dtypes=None, fuse_residual=None, stem_bit
     from the same values (`ops.image_conv2d(..., keep_stream=True)`); None: where the default platform has
     that kernel (`writes_stem_bits`)."""
     dtypes = stream_dtypes or [jnp.int32] * len(nodes)
-    platform_fuses = fuse_residual is None and fuses_residual()
-    stem_bits = writes_stem_bits() if stem_bits is None else stem_bits
     outputs = []
-    stream_bits = None  # the stream's bits for the next node's conv1, from the epilogue that wrote the stream
+    bits = None  # the stream's bits for the next node's conv1, from the epilogue that wrote the stream
     for i, (node, p, dtype) in enumerate(zip(nodes, params, dtypes)):
-        if node["kind"] in ("dense", "conv"):
-            following = nodes[i + 1] if i + 1 < len(nodes) else None
-            next_input = None
-            if (stem_bits and node["operand"] == "image" and node["output"] == "stream" and following is not None
-                    and following["kind"] == "residual"):
-                next_input = _stem_next_input(following["conv1"], params[i + 1]["conv1"], node["out_channels"])
-            if next_input is not None:
-                x, stream_bits = _image_layer(node, p, x, dtype, next_input=next_input)
-            else:
-                x, stream_bits = _linear(node, p, x, dtype), None
-            outputs.append(x)
-        elif node["kind"] == "residual":
-            inner = _linear(node["conv1"], p["conv1"], x, input_bits=stream_bits)
-            fuse = fuse_residual if fuse_residual is not None else platform_fuses and _fuses_shortcut(node["conv2"])
-            if fuse and dtype == jnp.int16:
-                following = (nodes[i + 1], params[i + 1]) if i + 1 < len(nodes) else None
-                x, stream_bits = _residual_epilogue(node, p, inner, x, following)
-            else:
-                x = _linear(node["conv2"], p["conv2"], inner, dtype) + _shortcut(node, x).astype(dtype)
-                stream_bits = None
-            outputs.append((inner, x))
-        else:
-            x = _quantize(node["output"], p, jnp.sum(x, axis=(1, 2), dtype=jnp.int32))
-            outputs.append(x)
+        following = (nodes[i + 1], params[i + 1]) if i + 1 < len(nodes) else None
+        out, bits = run_node(node, p, x, dtype, input_bits=bits, following=following, fuse_residual=fuse_residual,
+                             stem_bits=stem_bits)
+        outputs.append(out)
+        x = out[1] if node["kind"] == "residual" else out
     return outputs
+
+
+def run_node(node, params, x, stream_dtype=jnp.int32, input_bits=None, following=None, fuse_residual=None,
+             stem_bits=None):
+    """One graph node as it runs inside the graph (`run_nodes`; per-node timing): from `x`, the value it reads,
+    and `input_bits`, that value's bits (or ternary planes) where the epilogue that wrote `x` wrote them too (a
+    residual block's conv1 reads them instead of thresholding the stream; None: it thresholds it). following:
+    (node, params) of the node after it, whose input bits this node's epilogue writes where the platform's does
+    (a stem before a residual block, `writes_stem_bits`; a residual block whose conv2 adds the shortcut in its
+    epilogue, `fuses_residual`); None for the last node. stream_dtype, fuse_residual, stem_bits: as
+    `run_nodes`. Returns (the node's output as `run_nodes` lists it, the bits written for `following` or
+    None)."""
+    next_node, next_params = following or (None, None)
+    if node["kind"] in ("dense", "conv"):
+        stem_bits = writes_stem_bits() if stem_bits is None else stem_bits
+        if (stem_bits and node["operand"] == "image" and node["output"] == "stream" and next_node is not None
+                and next_node["kind"] == "residual"):
+            next_input = _stem_next_input(next_node["conv1"], next_params["conv1"], node["out_channels"])
+            if next_input is not None:
+                return _image_layer(node, params, x, stream_dtype, next_input=next_input)
+        return _linear(node, params, x, stream_dtype), None
+    if node["kind"] == "residual":
+        inner = _linear(node["conv1"], params["conv1"], x, input_bits=input_bits)
+        fuse = (fuse_residual if fuse_residual is not None
+                else fuses_residual() and _fuses_shortcut(node["conv2"]))
+        if fuse and stream_dtype == jnp.int16:
+            stream, bits = _residual_epilogue(node, params, inner, x, following)
+            return (inner, stream), bits
+        stream = _linear(node["conv2"], params["conv2"], inner, stream_dtype) + _shortcut(node, x).astype(stream_dtype)
+        return (inner, stream), None
+    return _quantize(node["output"], params, jnp.sum(x, axis=(1, 2), dtype=jnp.int32)), None
 
 
 def writes_stem_bits() -> bool:

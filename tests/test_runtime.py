@@ -597,6 +597,33 @@ def test_run_nodes_runs_any_part_of_a_graph():
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+def test_run_node_runs_a_node_as_the_graph_runs_it():
+    """Node by node, each with the input bits the node before it wrote and writing the next node's (the stem's
+    and the fused residual epilogues' bits, forced here on purpose), the same outputs as the whole graph; the bits
+    a node writes are the next node's thresholds of its stream."""
+    model = zoo_model("cifar10-resnet14", "bnn", {})
+    packed = export_model(model)
+    net = runtime.from_packed(packed)
+    nodes, params = net.graph["nodes"], net.params
+    dtypes = runtime.stream_dtypes(nodes, packed.tensors, narrow=True)
+    levels = formats.image_levels(images_for(model, 3, seed=8))
+    forced = dict(fuse_residual=True, stem_bits=True)
+    whole = runtime.run_nodes(nodes, params, levels, dtypes, **forced)
+    x, bits, written = levels, None, 0
+    for i, (node, p, dtype) in enumerate(zip(nodes, params, dtypes)):
+        following = (nodes[i + 1], params[i + 1]) if i + 1 < len(nodes) else None
+        out, bits = runtime.run_node(node, p, x, dtype, input_bits=bits, following=following, **forced)
+        for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(whole[i])):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=node["name"])
+        x = out[1] if node["kind"] == "residual" else out
+        if bits is not None:
+            written += 1
+            q = params[i + 1]["conv1"]
+            want = formats.pack_bits(formats.binarize(x, q["input_threshold"], q["input_flip"]))
+            np.testing.assert_array_equal(np.asarray(bits), np.asarray(want), err_msg=node["name"])
+    assert written >= 3  # the stem and the blocks before another block
+
+
 @pytest.mark.parametrize("mode", ["tnn", "tbn", "btn"])
 def test_without_ternary_kernels_the_side_by_side_weights_are_built_once_at_load(mode, monkeypatch):
     """On a platform without kernels of the ternary and mixed products (CUDA), each such layer's weights are
