@@ -593,9 +593,10 @@ def node_lines(r: ModelResult) -> list[str]:
             "operands it received there; either, when shorter than "
             f"{NODE_PROGRAM_S * 1e3:g} ms, as a program of several calls on distinct copies of its inputs (per call: "
             "the device's work, not the host's dispatch of a program). Outside: the node's time less its calls', "
-            "over its time (below 0: the calls alone took longer, timing noise). As in the forward (`runtime.run_node`), "
-            "a node reads the previous node's output and, where that node's epilogue wrote them (the stem's, a fused "
-            "residual block's), its input bits, and writes the next node's input bits where its own epilogue does."),
+            "over its time (below 0: the calls alone took longer, timing noise). As in the forward "
+            "(`runtime.run_node`), a node reads the previous node's output and, where that node's epilogue wrote "
+            "them (the stem's, a fused residual block's), its input bits, and writes the next node's input bits "
+            "where its own epilogue does."),
         "",
         "| node | kind | wires | out shape | ms | share | custom calls (ms alone) | outside the bit kernels |",
         "|---|---|---|---|---|---|---|---|",
