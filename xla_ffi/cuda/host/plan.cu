@@ -102,7 +102,7 @@ LaunchPlan PlanDenseTaps(const BinaryGemmProblem& p, const DeviceInfo& info) {
 // planned) otherwise.
 bool PlanResident(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& plan) {
   const bool residual = IsResidual(p.epilogue);
-  if (p.epilogue == Epilogue::kResidual) return false;  // (an int32 stream's tile would not fit staged)
+  if (p.epilogue == Epilogue::kResidual) return false;  // (its residual instances stage an int16 shortcut only)
   const int m_tiles = TilesOfRows(p, kWgRows), wide_n_tiles = (p.n + kWgCols - 1) / kWgCols;
   // Column tiles of 128 (m64n128 wgmmas) where N <= 128, and where 256-column tiles would leave half the SMs
   // or more idle (batch-8 layers, small-batch GEMMs): twice the CTAs, each with half the weight bytes and
