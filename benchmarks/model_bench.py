@@ -63,7 +63,7 @@ from flax import nnx
 
 import results_file
 from gpu_bench import timed
-from jaxbnn import formats, runtime
+from jaxbnn import runtime
 from jaxbnn.models import MODEL_BUILDERS, build_model
 
 try:
@@ -406,7 +406,7 @@ def per_node(contender: Contender, images) -> list[NodeRow]:
     it produced, with the input bits that node's epilogue wrote for it, writing the next node's where its own
     epilogue does; and its custom calls alone."""
     nodes, params, dtypes = contender.nodes, contender.params, contender.stream_dtypes
-    x, bits = formats.image_levels(images), None
+    x, bits = jnp.asarray(images), None  # the pixels, as the forward gives them to the first layer
     rows = []
     for index, (node, p, dtype) in enumerate(zip(nodes, params, dtypes)):
         next_node, next_params = (nodes[index + 1], params[index + 1]) if index + 1 < len(nodes) else (None, None)

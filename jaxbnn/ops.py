@@ -533,13 +533,14 @@ def _stream_threshold(threshold, flip, n):
 
 
 def image_matmul(levels, kernel, *, shift=0, threshold=None, flip=None, out_dtype="int32", keep_stream=False):
-    """Products of int8 image levels `(M, K)` with int8 weight values `(K, N)` (a first dense layer), with
-    the epilogue of `image_conv2d`: the stream `(M, N)` (`>> shift`, int32 or int16), the packed bits of the
-    threshold planes, or both.
+    """Products of image levels `(M, K)` with int8 weight values `(K, N)` (a first dense layer), with the
+    epilogue of `image_conv2d`: the stream `(M, N)` (`>> shift`, int32 or int16), the packed bits of the
+    threshold planes, or both. levels: int8 levels, or the uint8 pixels p whose levels p - 128 they are
+    (`formats.image_levels`), as `image_conv2d` takes them.
 
     Exact integer arithmetic on every platform; one custom call where a native handler exists (it runs as
     a 1x1 convolution of a 1x1 image of K channels)."""
-    levels, kernel = _int8("levels", levels, 2), _int8("kernel", kernel, 2)
+    levels, kernel = _image_levels_operand(levels, 2), _int8("kernel", kernel, 2)
     if levels.shape[1] != kernel.shape[0]:
         raise ValueError(f"levels have {levels.shape[1]} features, kernel {kernel.shape[0]} rows")
     m, k = levels.shape
@@ -551,9 +552,11 @@ def image_matmul(levels, kernel, *, shift=0, threshold=None, flip=None, out_dtyp
 
 def image_conv2d(levels, kernel, *, stride=1, padding="SAME", pool=None, shift=0, threshold=None, flip=None,
                  out_dtype="int32", keep_stream=False):
-    """Convolution of int8 image levels `(B, H, W, C)` with int8 weight values `(KH, KW, C, N)` (a first
-    conv layer), zero padding (level 0, pixel 128), with a fused max-pool and epilogue; exact on every
-    platform.
+    """Convolution of image levels `(B, H, W, C)` with int8 weight values `(KH, KW, C, N)` (a first conv
+    layer), zero padding (level 0, pixel 128), with a fused max-pool and epilogue; exact on every platform.
+
+    levels: int8 levels, or the uint8 pixels p as images are stored, whose levels p - 128 the layer multiplies
+    (`formats.image_levels`). The CUDA kernels read pixels as they are; elsewhere they are converted first.
 
     padding: "SAME", "VALID" or ((top, bottom), (left, right)). pool: None or (PH, PW), a max-pool of the
     int32 pre-activations (window = stride, no padding). Epilogue:
@@ -569,7 +572,7 @@ def image_conv2d(levels, kernel, *, stride=1, padding="SAME", pool=None, shift=0
       the shift and `out_dtype`'s narrowing) against the thresholds, in the same pass: a stem writing its
       residual stream and the first block's input bits.
     Thresholds are integers of any width, saturated exactly as `bconv2d` saturates its own."""
-    levels, kernel = _int8("levels", levels, 4), _int8("kernel", kernel, 4)
+    levels, kernel = _image_levels_operand(levels, 4), _int8("kernel", kernel, 4)
     kh, kw, c, n = kernel.shape
     if levels.shape[-1] != c or min(kh, kw, n) < 1:
         raise ValueError(f"a kernel of shape {kernel.shape} does not take levels of shape {levels.shape}")
@@ -662,20 +665,23 @@ def _image_conv2d(levels, kernel, threshold, flip, *, attrs, shift, pooled, narr
                                        f"{stream_name}_bits" if bits else stream_name)
     geometry = dict(stride=(sh, sw), padding=((pt, pb), (pl, pr)), pool=(ph, pw) if pooled else None)
 
+    # pixels: the CUDA handlers read them as they are, the CPU's and the reference take their levels
+    to_levels = formats.image_levels if levels.dtype == jnp.uint8 else (lambda x_: x_)
+
     def single(levels_, kernel_, *epi):
         types = tuple(jax.ShapeDtypeStruct((levels_.shape[0], oh, ow) + tail, dtype) for tail, dtype in out_types)
         out_type = types if len(types) == 2 else types[0]
         ref = lambda x_, w_, *e: reference.image_conv2d(  # noqa: E731
-            x_, w_, **geometry, shift=shift, out_dtype=stream_dtype, keep_stream=keep_stream,
+            to_levels(x_), w_, **geometry, shift=shift, out_dtype=stream_dtype, keep_stream=keep_stream,
             **dict(zip(("threshold", "flip"), e)))
         if target in ("jaxbnn_image_conv2d_i32", "jaxbnn_image_conv2d_bits"):
-            return _dispatch(target, out_type, attr_values, ref, levels_, kernel_, *epi)
+            return _dispatch(target, out_type, attr_values, ref, levels_, kernel_, *epi, cpu_activations=to_levels)
 
         def elsewhere(x_, w_, *e):  # the int32 stream, then the narrowing and the thresholds
             i32_type = jax.ShapeDtypeStruct(types[0].shape, jnp.int32)
             i32_attrs = {**attr_values, "shift": np.int64(shift)}
             i32_ref = lambda x2, w2: reference.image_conv2d(x2, w2, **geometry, shift=shift)  # noqa: E731
-            stream = _dispatch("jaxbnn_image_conv2d_i32", i32_type, i32_attrs, i32_ref, x_, w_)
+            stream = _dispatch("jaxbnn_image_conv2d_i32", i32_type, i32_attrs, i32_ref, to_levels(x_), w_)
             return reference.image_epilogue(stream, out_dtype=stream_dtype,
                                             **dict(zip(("threshold", "flip"), e)), keep_stream=keep_stream)
 
@@ -723,6 +729,16 @@ def _check_image_reduction(k):
     if k > MAX_IMAGE_REDUCTION:
         raise ValueError(f"{k} products per output: at most {MAX_IMAGE_REDUCTION} int8 products are sure to sum "
                          "within int32")
+
+
+def _image_levels_operand(value, rank):
+    """An image layer's input: int8 levels or uint8 pixels of rank `rank`, as given."""
+    value = value if isinstance(value, jax.Array) else np.asarray(value)
+    if value.dtype not in (jnp.int8, jnp.uint8):
+        raise TypeError(f"levels must be int8 levels or uint8 pixels, got dtype {value.dtype}")
+    if value.ndim != rank:
+        raise ValueError(f"levels must have rank {rank}, got shape {value.shape}")
+    return value
 
 
 def _int8(name, value, rank):
@@ -928,12 +944,15 @@ def _composite(binary_dot, acts, w, popcount, n, pool, epilogue):
 
 
 def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None, cuda_weights=None,
-              cuda_activations=None):
+              cuda_activations=None, cpu_activations=None):
     """Lower to the native handler of the platform the computation runs on, else to the reference.
     cuda: the CUDA branch, where it is not the handler alone; cuda_weights / cuda_activations: what the
-    CUDA branch does to the weights (the second operand) / the activations (the first) first."""
+    CUDA branch does to the weights (the second operand) / the activations (the first) first;
+    cpu_activations: what the CPU branch does to the activations first."""
     native = lambda *ops: jax.ffi.ffi_call(target, out_type)(*ops, **attrs)  # noqa: E731
     branches = {p: native for p in ("cpu", "cuda") if _ffi.has_target(p, target)}
+    if "cpu" in branches and cpu_activations is not None:
+        branches["cpu"] = lambda x, *rest: native(cpu_activations(x), *rest)
     if "cuda" in branches:
         call = native if cuda is None else cuda
         weights = (lambda w: w) if cuda_weights is None else cuda_weights

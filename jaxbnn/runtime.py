@@ -4,8 +4,9 @@ The graph of the file (`jaxbnn.packed_model`, docs/export.md) runs node by node 
 integers from the pixels to the logits:
 
 - the first layer multiplies the image's int8 levels (pixel - 128) with its int8 weight values
-  (`ops.image_conv2d` / `ops.image_matmul`), its pool and its output's thresholds (or the stream's shift) in
-  the same op; on CUDA a stem also writes the first residual block's input bits there (`writes_stem_bits`);
+  (`ops.image_conv2d` / `ops.image_matmul`, given the pixels: CUDA's kernels read them as stored), its pool
+  and its output's thresholds (or the stream's shift) in the same op; on CUDA a stem also writes the first
+  residual block's input bits there (`writes_stem_bits`);
 - every other layer, binary or ternary activations times binary or ternary weights (TAB's BNN, TBN, BTN,
   TNN), is one `ops.bmm` / `ops.bconv2d` with its epilogue: the threshold planes writing the next layer's
   packed input (binary bits, or a ternary output's (nonneg, pos) planes; max-pool fused), the affine writing
@@ -228,8 +229,9 @@ def _default_platform() -> str:
 
 
 def _run(nodes, params, pixels, dtypes):
-    """Outputs of every node for uint8 `pixels`, in order (the last one is the logits)."""
-    return run_nodes(nodes, params, formats.image_levels(pixels), dtypes)
+    """Outputs of every node for uint8 `pixels`, in order (the last one is the logits). The first layer takes
+    the pixels as they are (`ops.image_conv2d`): on CUDA its kernel reads their levels itself."""
+    return run_nodes(nodes, params, jnp.asarray(pixels), dtypes)
 
 
 def stream_dtypes(nodes, tensors, narrow=None) -> list:
@@ -274,9 +276,9 @@ def _stream_bound(node, tensors, prefix) -> int:
 
 
 def run_nodes(nodes, params, x, stream_dtypes=None, fuse_residual=None, stem_bits=None):
-    """Outputs of `nodes` in order, from `x`, the value the first of them reads (the image's int8 levels,
-    bits, a ternary plane pair or the stream): the whole graph, or a part of it. Each node runs as `run_node`
-    runs it, with the bits the node before it wrote for it and writing those of the node after it.
+    """Outputs of `nodes` in order, from `x`, the value the first of them reads (the image's uint8 pixels or
+    int8 levels, bits, a ternary plane pair or the stream): the whole graph, or a part of it. Each node runs as
+    `run_node` runs it, with the bits the node before it wrote for it and writing those of the node after it.
     stream_dtypes: per node, the type of its stream output (`PackedNet.stream_dtypes` for the same nodes);
     None: int32 throughout. fuse_residual: whether the residual blocks over an int16 stream add their shortcut
     in conv2's epilogue, which also writes the next block's input bits (`ops.bconv2d(..., shortcut=...)`);
@@ -474,10 +476,10 @@ def _stem_next_input(conv1, q, channels):
 
 
 def _image_layer(node, p, levels, stream_dtype=jnp.int32, next_input=None):
-    """First layer: the image's int8 levels times the int8 weight values, with the pool and the output's
-    epilogue in the same op (one custom call on a platform with the native kernel). A stream output is written
-    in `stream_dtype`; with `next_input` (`_stem_next_input`: the thresholds of the conv1 reading it) the pair
-    (stream, that conv1's input bits or ternary planes)."""
+    """First layer: the image's levels (int8, or the uint8 pixels they come from) times the int8 weight values,
+    with the pool and the output's epilogue in the same op (one custom call on a platform with the native
+    kernel). A stream output is written in `stream_dtype`; with `next_input` (`_stem_next_input`: the thresholds
+    of the conv1 reading it) the pair (stream, that conv1's input bits or ternary planes)."""
     output = node["output"]
     if output in ("binary", "ternary"):
         epilogue = _threshold_epilogue(output, p)

@@ -428,6 +428,22 @@ def test_image_conv2d_on_cuda_matches_the_cpu(case):
         want = np.asarray(layer(levels))
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+    # the same image as the uint8 pixels of these levels, read by the kernel as they are
+    pixels = jax.device_put(_pixels_of(levels), GPU)
+    if shape[0]:
+        assert _custom_call_reads_pixels(jax.jit(layer).lower(pixels).as_text())
+    np.testing.assert_array_equal(np.asarray(jax.jit(layer)(pixels)), want)
+
+
+def _pixels_of(levels):
+    """The uint8 pixels p whose levels p - 128 are `levels`."""
+    return (np.asarray(levels).view(np.uint8) ^ 0x80).astype(np.uint8)
+
+
+def _custom_call_reads_pixels(hlo):
+    """Whether the lowered program's image custom call takes a uint8 operand: no pass converts the pixels."""
+    calls = [line for line in hlo.splitlines() if "custom_call @jaxbnn_image_conv2d" in line]
+    return len(calls) == 1 and "xui8>" in calls[0].split("->")[0]
 
 
 IMAGE_STREAMS = [  # (image, kernel (KH, KW), N, stride, padding, pool, out_dtype, planes beside it (0: none), shift)
@@ -477,6 +493,9 @@ def test_image_conv2d_streams_on_cuda_match_the_cpu(case):
     for got_part, want_part in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         assert got_part.shape == want_part.shape and got_part.dtype == want_part.dtype
         np.testing.assert_array_equal(got_part, want_part)
+    from_pixels = jax.tree.map(np.asarray, jax.jit(layer)(jax.device_put(_pixels_of(levels), GPU)))
+    for got_part, want_part in zip(jax.tree.leaves(from_pixels), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(got_part, want_part)
 
 
 def test_image_conv2d_handler_rejects_inconsistent_calls():
@@ -490,6 +509,8 @@ def test_image_conv2d_handler_rejects_inconsistent_calls():
     assert _call("jaxbnn_image_conv2d_i32", GPU, stream, [levels, kernel], dict(attrs, shift=np.int64(7))).shape == (2, 8, 8, 16)
     with pytest.raises(Exception, match="shift must lie in"):
         _call("jaxbnn_image_conv2d_i32", GPU, stream, [levels, kernel], dict(attrs, shift=np.int64(32)))
+    with pytest.raises(Exception, match="takes int8 levels or uint8 pixels"):
+        _call("jaxbnn_image_conv2d_i32", GPU, stream, [levels.astype(np.int16), kernel], dict(attrs, shift=np.int64(0)))
     with pytest.raises(Exception, match="kernel has shape"):
         _call("jaxbnn_image_conv2d_i32", GPU, stream, [levels, kernel[:, :, :2]], dict(attrs, shift=np.int64(0)))
     with pytest.raises(Exception, match="result has shape"):

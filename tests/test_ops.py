@@ -601,7 +601,7 @@ def test_image_conv2d_under_jit_takes_traced_levels():
     levels, kernel = int8_values(rng, (2, 6, 5, 3)), int8_values(rng, (3, 3, 3, 4))
     conv = jax.jit(lambda x, w: ops.image_conv2d(x, w, stride=2, padding=((1, 0), (2, 1))))
     np.testing.assert_array_equal(conv(levels, kernel), numpy_image_conv(levels, kernel, (2, 2), ((1, 0), (2, 1))))
-    with pytest.raises(TypeError, match="levels must be int8, got dtype int32"):
+    with pytest.raises(TypeError, match="levels must be int8 levels or uint8 pixels, got dtype int32"):
         conv(levels.astype(np.int32), kernel)
 
 
@@ -629,10 +629,8 @@ def test_image_ops_are_exact_at_the_extreme_values():
 
 
 IMAGE_OP_ERRORS = [
-    (lambda: ops.image_matmul(np.zeros((2, 3), np.uint8), np.zeros((3, 4), np.int8)), TypeError,
-     "levels must be int8, got dtype uint8"),  # pixels, not their levels
-    (lambda: ops.image_matmul(np.zeros((2, 3), np.float32), np.zeros((3, 4), np.int8)), TypeError,
-     "levels must be int8, got dtype float32"),
+    (lambda: ops.image_matmul(np.zeros((2, 3), np.int16), np.zeros((3, 4), np.int8)), TypeError,
+     "levels must be int8 levels or uint8 pixels, got dtype int16"),
     (lambda: ops.image_matmul(np.zeros((2, 3), np.int8), np.zeros((3, 4), np.int64)), TypeError,
      "kernel must be int8, got dtype int64"),  # reported as given, not as jax would convert it
     (lambda: ops.image_matmul(np.zeros((2, 3, 1), np.int8), np.zeros((3, 4), np.int8)), ValueError,
@@ -642,7 +640,9 @@ IMAGE_OP_ERRORS = [
     (lambda: ops.image_matmul(np.zeros((2, 3), np.int8), np.zeros((4, 4), np.int8)), ValueError,
      "levels have 3 features, kernel 4 rows"),
     (lambda: ops.image_conv2d(jnp.zeros((1, 5, 5, 3), jnp.int32), np.zeros((3, 3, 3, 2), np.int8)), TypeError,
-     "levels must be int8, got dtype int32"),
+     "levels must be int8 levels or uint8 pixels, got dtype int32"),
+    (lambda: ops.image_matmul(np.zeros((2, 3), np.float32), np.zeros((3, 4), np.int8)), TypeError,
+     "levels must be int8 levels or uint8 pixels, got dtype float32"),
     (lambda: ops.image_conv2d(np.zeros((1, 5, 5, 3), np.int8), np.ones((3, 3, 3, 2), np.float32)), TypeError,
      "kernel must be int8, got dtype float32"),
     (lambda: ops.image_conv2d(np.zeros((5, 5, 3), np.int8), np.zeros((3, 3, 3, 2), np.int8)), ValueError,
@@ -757,6 +757,32 @@ def test_image_matmul_thresholds_and_shifts_like_a_one_by_one_conv():
     want = numpy_image_layer(levels[:, None, None], kernel[None, None], (1, 1), "VALID", threshold=threshold[None],
                              flip=flip[None])[:, 0, 0, 0]
     np.testing.assert_array_equal(ops.image_matmul(levels, kernel, threshold=threshold, flip=flip), want)
+
+
+@pytest.mark.parametrize("epilogue", [dict(shift=3), dict(shift=7, out_dtype=jnp.int16),
+                                      dict(threshold=[[0] * 5, [40] * 5], flip=[[0, 1] * 2 + [1]] * 2),
+                                      dict(shift=2, out_dtype=jnp.int16, threshold=[3, 0, -9, 8, 1], keep_stream=True)])
+def test_image_ops_take_the_uint8_pixels_of_their_levels(epilogue):
+    """uint8 pixels p give what their int8 levels p - 128 give (formats.image_levels), in every epilogue, under
+    jit and vmap, with "zero" padding still level 0 (pixel 128); image_matmul likewise."""
+    rng = np.random.default_rng(11)
+    pixels = rng.integers(0, 256, (2, 7, 9, 3), dtype=np.uint8)
+    pixels[0, 0, :3] = [0, 128, 255]
+    levels = np.asarray(formats.image_levels(pixels))
+    kernel = rng.integers(-128, 128, (3, 3, 3, 5), dtype=np.int8)
+
+    def layer(x):
+        return ops.image_conv2d(x, kernel, stride=(1, 2), padding="SAME", **epilogue)
+
+    want = jax.tree.map(np.asarray, layer(levels))
+    for got in (layer(pixels), jax.jit(layer)(pixels), jax.tree.map(lambda v: v[0], jax.vmap(layer)(pixels[None]))):
+        for got_part, want_part in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            assert got_part.dtype == want_part.dtype
+            np.testing.assert_array_equal(got_part, want_part)
+    flat = pixels.reshape(2, -1)[:, :40]
+    dense = rng.integers(-1, 2, (40, 6), dtype=np.int8)
+    np.testing.assert_array_equal(ops.image_matmul(flat, dense, shift=1),
+                                  ops.image_matmul(np.asarray(formats.image_levels(flat)), dense, shift=1))
 
 
 def test_image_thresholds_of_any_width_saturate_exactly():

@@ -339,10 +339,10 @@ struct ImageConvResults {
   ffi::Span<const int64_t> bits_dims;
 };
 
-// The first layer (ops.image_conv2d): int8 levels (B, H, W, C), an int8 HWIO kernel (KH, KW, C, N), the pooled
-// pre-activations >> shift (narrowed to int16 for an int16 stream) as the stream and / or compared with threshold /
-// flip (planes, N) as the bits (ImageConvProblem).
-ffi::Error ImageConv(cudaStream_t stream, const ffi::Buffer<ffi::S8>& levels, const ffi::Buffer<ffi::S8>& kernel,
+// The first layer (ops.image_conv2d): int8 levels or uint8 pixels (B, H, W, C), an int8 HWIO kernel (KH, KW, C, N),
+// the pooled pre-activations >> shift (narrowed to int16 for an int16 stream) as the stream and / or compared with
+// threshold / flip (planes, N) as the bits (ImageConvProblem).
+ffi::Error ImageConv(cudaStream_t stream, const ffi::AnyBuffer& levels, const ffi::Buffer<ffi::S8>& kernel,
                      const ImageConvAttrs& at, const ffi::Buffer<ffi::S32>* threshold, const ffi::Buffer<ffi::U8>* flip,
                      int64_t shift, const ImageConvResults& results) {
   const HandlerTimer timer;
@@ -356,6 +356,9 @@ ffi::Error ImageConv(cudaStream_t stream, const ffi::Buffer<ffi::S8>& levels, co
   if (at.pool_h * at.pool_w > kMaxImagePoolWindow) {
     return Invalid("image_conv2d pool window " + std::to_string(at.pool_h) + "x" + std::to_string(at.pool_w) +
                    " is larger than the kernel takes (" + std::to_string(kMaxImagePoolWindow) + " elements)");
+  }
+  if (levels.element_type() != ffi::S8 && levels.element_type() != ffi::U8) {
+    return Invalid("image_conv2d takes int8 levels or uint8 pixels");
   }
   const auto x_dims = levels.dimensions();
   if (x_dims.size() != 4 || x_dims[3] != at.c) {
@@ -404,7 +407,8 @@ ffi::Error ImageConv(cudaStream_t stream, const ffi::Buffer<ffi::S8>& levels, co
     return Invalid("image_conv2d operands too large for the CUDA kernel (int32 indexing)");
   }
   ImageConvProblem p;
-  p.levels = levels.typed_data();
+  p.levels = static_cast<const int8_t*>(levels.untyped_data());
+  p.pixels = levels.element_type() == ffi::U8;
   p.kernel = kernel.typed_data();
   p.threshold = threshold ? threshold->typed_data() : nullptr;
   p.flip = flip ? flip->typed_data() : nullptr;
@@ -525,7 +529,7 @@ ffi::Error BConvResidualBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, f
 
 // The stream alone, int32 (S32) or int16 (S16).
 template <ffi::DataType T>
-ffi::Error ImageConvStreamImpl(cudaStream_t stream, ffi::Buffer<ffi::S8> levels, ffi::Buffer<ffi::S8> kernel,
+ffi::Error ImageConvStreamImpl(cudaStream_t stream, ffi::AnyBuffer levels, ffi::Buffer<ffi::S8> kernel,
                                JAXBNN_IMAGE_ATTR_PARAMS, int64_t shift, ffi::ResultBuffer<T> out) {
   ImageConvResults results;
   results.stream = out->untyped_data();
@@ -534,7 +538,7 @@ ffi::Error ImageConvStreamImpl(cudaStream_t stream, ffi::Buffer<ffi::S8> levels,
   return ImageConv(stream, levels, kernel, JAXBNN_IMAGE_ATTRS, nullptr, nullptr, shift, results);
 }
 
-ffi::Error ImageConvBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::S8> levels, ffi::Buffer<ffi::S8> kernel,
+ffi::Error ImageConvBitsImpl(cudaStream_t stream, ffi::AnyBuffer levels, ffi::Buffer<ffi::S8> kernel,
                              ffi::Buffer<ffi::S32> threshold, ffi::Buffer<ffi::U8> flip, JAXBNN_IMAGE_ATTR_PARAMS,
                              ffi::ResultBuffer<ffi::U32> out) {
   ImageConvResults results;
@@ -545,7 +549,7 @@ ffi::Error ImageConvBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::S8> levels, f
 
 // The stream (T: S32 or S16) and its threshold planes' bits, from the same values.
 template <ffi::DataType T>
-ffi::Error ImageConvStreamBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::S8> levels, ffi::Buffer<ffi::S8> kernel,
+ffi::Error ImageConvStreamBitsImpl(cudaStream_t stream, ffi::AnyBuffer levels, ffi::Buffer<ffi::S8> kernel,
                                    ffi::Buffer<ffi::S32> threshold, ffi::Buffer<ffi::U8> flip, JAXBNN_IMAGE_ATTR_PARAMS,
                                    int64_t shift, ffi::ResultBuffer<T> stream_out, ffi::ResultBuffer<ffi::U32> bits) {
   ImageConvResults results;
@@ -672,10 +676,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvResidualI16Bits, jaxbnn::cuda::BCon
       .Attr<int64_t>("pad_right").Attr<int64_t>("pool_h").Attr<int64_t>("pool_w")
 
 #define JAXBNN_BIND_IMAGE_STREAM(T)                                                                                \
-  JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::S8>>().Arg<ffi::Buffer<ffi::S8>>() JAXBNN_BIND_IMAGE_ATTRS.Attr<int64_t>( \
+  JAXBNN_BIND_STREAM.Arg<ffi::AnyBuffer>().Arg<ffi::Buffer<ffi::S8>>() JAXBNN_BIND_IMAGE_ATTRS.Attr<int64_t>(     \
       "shift").Ret<ffi::Buffer<T>>()
 #define JAXBNN_BIND_IMAGE_STREAM_BITS(T)                                                                           \
-  JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::S8>>()                                                                   \
+  JAXBNN_BIND_STREAM.Arg<ffi::AnyBuffer>()                                                                         \
       .Arg<ffi::Buffer<ffi::S8>>()                                                                                 \
       .Arg<ffi::Buffer<ffi::S32>>()                                                                                \
       .Arg<ffi::Buffer<ffi::U8>>() JAXBNN_BIND_IMAGE_ATTRS.Attr<int64_t>("shift")                                  \
@@ -692,7 +696,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaImageConvI16Bits, jaxbnn::cuda::ImageCon
                               JAXBNN_BIND_IMAGE_STREAM_BITS(ffi::S16), {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaImageConvBits, jaxbnn::cuda::ImageConvBitsImpl,
-                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::S8>>()
+                              JAXBNN_BIND_STREAM.Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S8>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>() JAXBNN_BIND_IMAGE_ATTRS.Ret<ffi::Buffer<ffi::U32>>(),

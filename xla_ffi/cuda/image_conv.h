@@ -18,7 +18,7 @@ namespace jaxbnn::cuda {
 // - out_bits: uint32 (pooled pixels, planes, ceil(n / 32)), bit n of plane p being v >= threshold[p, n]
 //   (v <= threshold[p, n] where flip[p, n]), padding bits 0.
 struct ImageConvProblem {
-  const int8_t* levels = nullptr;     // (batch, in_h, in_w, c)
+  const int8_t* levels = nullptr;     // (batch, in_h, in_w, c): int8 levels, or uint8 pixels where `pixels`
   const int8_t* kernel = nullptr;     // (kh, kw, c, n), HWIO
   const int32_t* threshold = nullptr; // (planes, n)
   const uint8_t* flip = nullptr;      // (planes, n)
@@ -31,7 +31,13 @@ struct ImageConvProblem {
   int planes = 0;
   int shift = 0;
   bool narrow_stream = false;
+  // `levels` holds the uint8 pixels p as they are stored; the kernels read each byte's level p - 128 (the byte
+  // XOR 0x80), so that no pass over the image converts them first. Out-of-frame taps stay level 0 (pixel 128).
+  bool pixels = false;
 };
+
+// What the kernels XOR into each word they read of `levels`: 0x80 in every byte where they are pixels.
+inline constexpr uint32_t kPixelLevelFlip = 0x80808080u;
 
 // The rows of one tile of the kernel: a pool window must fit in them.
 inline constexpr int kMaxImagePoolWindow = 128;

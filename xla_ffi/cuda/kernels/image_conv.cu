@@ -140,11 +140,15 @@ struct Gathered {
 };
 
 // The levels of word tid % 8 of K step `step` for the thread's rows (origins: the tile's RowOrigin buffer;
-// taps: the step's 32 Tap entries), zero outside the frame and past K.
+// taps: the step's 32 Tap entries), zero outside the frame and past K. Pixels (ImageConvProblem::pixels) are
+// gathered as they lie, the bytes not loaded set to pixel 128, and become levels as the words are stored
+// (StoreStep: the word XOR 0x80808080).
 template <class S, bool kResidentWeights>
 __device__ __forceinline__ void GatherStep(const ImageConvProblem& p, const ImageLaunch& L, const int4* origins,
                                            const int2* taps, int step, int col0, int tid, Gathered<S>& g) {
   const int q = tid % kWordsPerRow;
+  // the value a byte or word register keeps where nothing is loaded into it: level 0 (pixel 128 for pixels)
+  const uint32_t pad_byte = p.pixels ? 0x80u : 0u, pad_word = p.pixels ? kPixelLevelFlip : 0u;
   int2 tap[4];
   int real[4];  // the byte lies below K (its tap's offset is not -1)
 #pragma unroll
@@ -155,8 +159,9 @@ __device__ __forceinline__ void GatherStep(const ImageConvProblem& p, const Imag
 #pragma unroll
   for (int i = 0; i < S::kRowsPerThread; ++i) {
     const int4 o = origins[tid / kWordsPerRow + S::kRowStride * i];
+    const bool words = o.w == kInteriorRow && L.word_loads;  // the whole word in bytes[i][0]
 #pragma unroll
-    for (int e = 0; e < 4; ++e) g.bytes[i][e] = 0;
+    for (int e = 0; e < 4; ++e) g.bytes[i][e] = words ? (e == 0 ? pad_word : 0u) : pad_byte;
     // level indices as unsigned 32-bit sums: one wide add forms each address (a byte past K, whose offset is
     // -1, wraps, but is not loaded)
     if (o.w == kInteriorRow) {
@@ -201,14 +206,15 @@ __device__ __forceinline__ void GatherStep(const ImageConvProblem& p, const Imag
   }
 }
 
-// The gathered step into the A stage (and the weights' single step slot where they are not resident).
+// The gathered step into the A stage (and the weights' single step slot where they are not resident); level_flip:
+// kPixelLevelFlip where the gathered bytes are pixels, else 0.
 template <class S, bool kResidentWeights>
-__device__ __forceinline__ void StoreStep(uint8_t* smem, const Gathered<S>& g, int tid) {
+__device__ __forceinline__ void StoreStep(uint8_t* smem, const Gathered<S>& g, uint32_t level_flip, int tid) {
   const int q = tid % kWordsPerRow;
 #pragma unroll
   for (int i = 0; i < S::kRowsPerThread; ++i) {
     const int r = tid / kWordsPerRow + S::kRowStride * i;
-    *reinterpret_cast<uint32_t*>(smem + r * kRowBytes + 4 * q) = Word(g.bytes[i]);
+    *reinterpret_cast<uint32_t*>(smem + r * kRowBytes + 4 * q) = Word(g.bytes[i]) ^ level_flip;
   }
   if constexpr (!kResidentWeights) {
 #pragma unroll
@@ -414,7 +420,7 @@ __global__ void __launch_bounds__(S::kThreads, (kMinCtas<S, kResidentWeights>))
     }
     const bool more = next_tile < L.row_tiles;
     __syncthreads();  // the previous step's MMAs and the epilogue are done with the stage, its gather with the tables
-    StoreStep<S, kResidentWeights>(smem, gathered, tid);
+    StoreStep<S, kResidentWeights>(smem, gathered, p.pixels ? kPixelLevelFlip : 0u, tid);
     if (more && next_step == 0 && tid < kRows) origins[tid] = RowOrigin(p, L, next_tile, tid);
     if (!kResidentWeights && more && tid >= S::kThreads - kStepBytes) {  // warps the origins leave idle
       const int e = tid - (S::kThreads - kStepBytes);

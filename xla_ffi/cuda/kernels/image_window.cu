@@ -141,7 +141,8 @@ __device__ void LoadBounds(const ImageConvProblem& p, const WindowLaunch& L, uin
 // alignment, two aligned word loads and a funnel shift, masked to its pixels inside the frame (and, for RGB, to
 // three channels). The loads use int32 offsets from the levels' start (ImageWindowTakes: 4-byte aligned levels
 // of 8 bytes to 2^31 - 9): a word wholly outside the levels is not loaded, its bytes being outside the frame; one
-// that straddles their end (a size not a multiple of 4) leaves its slot to a byte-by-byte gather.
+// that straddles their end (a size not a multiple of 4) leaves its slot to a byte-by-byte gather. Pixels become
+// levels in the same masking instruction ((word ^ 0x80808080) & mask, ImageConvProblem::pixels).
 // Each group's loads (four slots a thread) are issued before any is combined.
 template <int kChannelBytes, int kThreads, int kSlots>
 __device__ __forceinline__ void BuildSlots(const ImageConvProblem& p, const WindowLaunch& L, uint32_t* window,
@@ -150,6 +151,7 @@ __device__ __forceinline__ void BuildSlots(const ImageConvProblem& p, const Wind
   const int total = L.window_h * L.window_w;
   const uint32_t last_word = static_cast<uint32_t>(L.levels_bytes - 4);  // the last whole word's offset
   const uint32_t channels = p.c == 3 ? 0xffffffu : 0xffffffffu;
+  const uint32_t level_flip = p.pixels ? kPixelLevelFlip : 0u;
   uint32_t low[kSlots], high[kSlots], mask[kSlots];
   int at[kSlots], offset[kSlots];
 #pragma unroll
@@ -177,7 +179,7 @@ __device__ __forceinline__ void BuildSlots(const ImageConvProblem& p, const Wind
 #pragma unroll
   for (int u = 0; u < kSlots; ++u) {
     if (at[u] < 0) continue;
-    uint32_t word = __funnelshift_r(low[u], high[u], 8 * (offset[u] & 3)) & mask[u];
+    uint32_t word = (__funnelshift_r(low[u], high[u], 8 * (offset[u] & 3)) ^ level_flip) & mask[u];
     // bytes of the slot inside the frame that lie in a word straddling the levels' end
     if (mask[u] != 0 && (offset[u] & ~3) + 8 > L.levels_bytes && L.levels_bytes % 4 != 0) {
       uint32_t bytes[4];
@@ -187,7 +189,7 @@ __device__ __forceinline__ void BuildSlots(const ImageConvProblem& p, const Wind
         bytes[i] = 0;
         LoadByte(bytes[i], p.levels + (take ? offset[u] + i : 0), take);
       }
-      word = Word(bytes);
+      word = (Word(bytes) ^ level_flip) & mask[u];
     }
     window[at[u]] = word;
   }

@@ -2,9 +2,9 @@
 // padding mode, stride, pool and odd shape, run on each engine into poisoned outputs and compared word
 // for word with a direct CPU convolution (XOR-popc, independent of the kernels' AND-popc algebra).
 // Also the workload of the compute-sanitizer runs (`--small`); `--residual` checks only the residual epilogue
-// (Epilogue::kResidual); `--image` checks only the first-layer kernel
-// (LaunchImageConv: int8 levels against a CPU convolution); `--dense` checks only the convolutions of fewer
-// than 32 channels (the dense-tap kernel's and two of the word layout). Exit status 0 only if every case matches.
+// (Epilogue::kResidual); `--image` checks only the first-layer kernel (LaunchImageConv: int8 levels, and the same
+// as uint8 pixels, against a CPU convolution); `--dense` checks only the convolutions of fewer than 32 channels
+// (the dense-tap kernel's and two of the word layout). Exit status 0 only if every case matches.
 //
 //   cmake -S . -B build/kernels -DJAXBNN_CUDA=ON -DJAXBNN_KERNEL_TESTS=ON && cmake --build build/kernels --target kernel_check
 //   ctest --test-dir build/kernels -L check          (or -L sanitizer: memcheck, racecheck, initcheck, synccheck)
@@ -558,12 +558,15 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
   const ConvCase resnet14[] = {{1024, 16, 16, 128, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
                                {1024, 8, 8, 256, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
                                {1024, 4, 4, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}};
-  // and ResNet-18's blocks of the two last stages at batch 512 (14 x 14 x 256, 7 x 7 x 512), whose conv2 the
-  // resident kernel runs by cp.async
-  const ConvCase resnet18[] = {{512, 14, 14, 256, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
+  // and ResNet-18's blocks at batch 512: 56 x 56 x 64 and 28 x 28 x 128 on the band kernel (pixel pairs at
+  // C = 64), 14 x 14 x 256 and 7 x 7 x 512, whose conv2 the resident kernel runs by cp.async
+  const ConvCase resnet18[] = {{512, 56, 56, 64, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
+                               {512, 28, 28, 128, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
+                               {512, 14, 14, 256, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
                                {512, 7, 7, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}};
-  for (int i = 0; i < 2; ++i) {
-    const std::string name = "conv r18.l" + std::to_string(i + 3) + " b512";
+  for (int i = 0; i < 4; ++i) {
+    const std::string name = "conv r18.l" + std::to_string(i + 1) + " b512";
+    time(name, resnet18[i]);
     time(name + " i16", resnet18[i], TimedOutput::kInt16);
     time(name + " residual i16", resnet18[i], TimedOutput::kResidualInt16);
     time(name + " residual i16 stream", resnet18[i], TimedOutput::kResidualInt16Stream);
@@ -763,8 +766,9 @@ struct ImageCase {
   bool extremes;  // levels and weights only -128 / 127: the largest products
 };
 
-// Runs one case into poisoned outputs; returns the number of wrong values.
-long RunImageCase(const ImageCase& ic) {
+// Runs one case into poisoned outputs; returns the number of wrong values. pixels: the kernel reads the levels as
+// the uint8 pixels they come from (level + 128, ImageConvProblem::pixels), for the same results.
+long RunImageCase(const ImageCase& ic, bool pixels) {
   const int conv_h = (ic.h + ic.pt + ic.pb - ic.kh) / ic.sh + 1, conv_w = (ic.w + ic.pl + ic.pr - ic.kw) / ic.sw + 1;
   const int out_h = conv_h / ic.ph, out_w = conv_w / ic.pw, words = (ic.n + 31) / 32, k = ic.kh * ic.kw * ic.c;
   std::vector<int8_t> levels(static_cast<size_t>(ic.batch) * ic.h * ic.w * ic.c), kernel(static_cast<size_t>(k) * ic.n);
@@ -814,7 +818,11 @@ long RunImageCase(const ImageCase& ic) {
     }
   }
   const size_t stream_bytes = stream_values * (ic.stream / 8);
-  int8_t* d_levels = ToDevice(levels);
+  std::vector<int8_t> bytes = levels;
+  if (pixels) {
+    for (int8_t& v : bytes) v = static_cast<int8_t>(static_cast<uint8_t>(v) ^ 0x80u);
+  }
+  int8_t* d_levels = ToDevice(bytes);
   int8_t* d_kernel = ToDevice(kernel);
   int32_t* d_threshold = ToDevice(threshold);
   uint8_t* d_flip = ToDevice(flip);
@@ -826,6 +834,7 @@ long RunImageCase(const ImageCase& ic) {
   CHECK_CUDA(cudaMemset(d_stream, 0xA5, std::max<size_t>(stream_bytes, 4)));
   jaxbnn::cuda::ImageConvProblem p;
   p.levels = d_levels;
+  p.pixels = pixels;
   p.kernel = d_kernel;
   p.threshold = ic.planes ? d_threshold : nullptr;
   p.flip = ic.planes ? d_flip : nullptr;
@@ -864,10 +873,11 @@ long RunImageCase(const ImageCase& ic) {
     if (stream_values) CHECK_CUDA(cudaMemcpy(got.data(), d_stream, stream_bytes, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < stream_values; ++i) wrong += got[i] != want_stream[i];
   }
-  std::printf("image %dx%dx%dx%d -> %d, %dx%d /%dx%d pad (%d,%d,%d,%d) pool %dx%d planes %d stream %d shift %d%s: "
+  std::printf("image %dx%dx%dx%d -> %d, %dx%d /%dx%d pad (%d,%d,%d,%d) pool %dx%d planes %d stream %d shift %d%s%s: "
               "%ld / %zu wrong\n",
               ic.batch, ic.h, ic.w, ic.c, ic.n, ic.kh, ic.kw, ic.sh, ic.sw, ic.pt, ic.pb, ic.pl, ic.pr, ic.ph, ic.pw,
-              ic.planes, ic.stream, ic.shift, ic.extremes ? " extremes" : "", wrong, bit_words + stream_values);
+              ic.planes, ic.stream, ic.shift, ic.extremes ? " extremes" : "", pixels ? " pixels" : "", wrong,
+              bit_words + stream_values);
   for (void* d : {static_cast<void*>(d_levels), static_cast<void*>(d_kernel), static_cast<void*>(d_threshold),
                   static_cast<void*>(d_flip), static_cast<void*>(d_bits), d_stream}) {
     CHECK_CUDA(cudaFree(d));
@@ -937,7 +947,9 @@ int main(int argc, char** argv) {
   }
   if (mode == "--image") {  // the first-layer kernel's cases only
     long failures = 0;
-    for (const ImageCase& ic : ImageCases()) failures += RunImageCase(ic) != 0;
+    for (const ImageCase& ic : ImageCases()) {
+      for (bool pixels : {false, true}) failures += RunImageCase(ic, pixels) != 0;
+    }
     std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
     return failures ? 1 : 0;
   }
@@ -977,7 +989,9 @@ int main(int argc, char** argv) {
     cases.erase(std::remove_if(cases.begin(), cases.end(), other), cases.end());
   }
   long failures = 0;
-  for (const ImageCase& ic : ImageCases()) failures += RunImageCase(ic) != 0;
+  for (const ImageCase& ic : ImageCases()) {
+    for (bool pixels : {false, true}) failures += RunImageCase(ic, pixels) != 0;
+  }
   if (!dense) {
     for (const ResidualCase& rc : ResidualCases()) {
       for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
