@@ -141,21 +141,51 @@ template <int kCols>
 inline constexpr int kStagedWarpBytes = 16 * kStagedRowBytes<kCols>;
 
 // Copies the shortcut's values of a warp's 16 accumulator rows, the tile's columns col0 .. col0 + cols - 1 (cols =
-// min(kCols, N - col0), the caller's), into `stage` (16-byte aligned): local row i is output pixel `row` if row_of(i, row) says it is real (the others are not
-// copied). Issued before the tile's MMAs, so that the epilogue reads shared memory: loads from global memory in
-// the epilogue waited on memory after the MMAs (docs/design/decisions.md, "The residual epilogue"). Where the
-// shortcut's rows are whole 16-byte chunks (channels a multiple of 8, an aligned base), asynchronous copies of a
-// chunk per lane and row (lane l: chunk l % (kCols / 8) of rows l / (kCols / 8), + 32 / (kCols / 8), ...), zeros
-// past the shortcut's channels; else plain loads. The caller waits for them (WaitStagedShortcut) before its
-// epilogue reads the stage.
-template <int kCols, class RowOf>
+// min(kCols, N - col0), the caller's), into `stage` (16-byte aligned): local row i is output pixel `row` if
+// row_of(i, row) says it is real (the others are not copied). Called by every lane of the warp. Issued before the
+// tile's MMAs, so that the epilogue reads shared memory: loads from global memory in the epilogue waited on memory
+// after the MMAs (docs/design/decisions.md, "The residual epilogue"). Where the shortcut's rows are whole 16-byte
+// chunks (channels a multiple of 8, an aligned base), asynchronous copies of a chunk per lane and row, zeros past
+// the shortcut's channels; else plain loads. The caller waits for them (WaitStagedShortcut) before its epilogue
+// reads the stage.
+// kRowsOnce (the band kernel, whose row_of divides a band position into the pixel's row and column): the chunk
+// path finds each of the 16 rows once (lane i % 16) and hands it to the copying lanes by a shuffle, and a tile of
+// at most kCols / 2 columns takes kCols / 16 chunks a row, so that every lane copies. With row_of per copy and
+// the lanes past N idle, the copies were a quarter of the band kernel's residual instructions at C = 64 (ncu).
+// Without it (the resident kernel, whose rows are consecutive): lane l copies chunk l % (kCols / 8) of rows
+// l / (kCols / 8), + 32 / (kCols / 8), ..., row_of per copy (the shuffle made its residual instances 1-3% slower).
+template <int kCols, bool kRowsOnce, class RowOf>
 __device__ __forceinline__ void StageShortcut(const BinaryGemmProblem& p, const ResidualOperands& r, uint8_t* stage,
                                               RowOf row_of, int col0, int cols, int lane) {
   static_assert(kCols == 128 || kCols == 256, "16 or 32 chunks a row");
-  constexpr int kChunks = kCols / 8, kRowStep = 32 / kChunks;
   __syncwarp();  // the warp's previous epilogue has read the stage
   const bool chunks = r.channels % 8 == 0 && reinterpret_cast<uintptr_t>(r.shortcut) % 16 == 0;
+  if (chunks && kRowsOnce) {
+    // a real row's index (< 2^31: the handlers bound the output's elements by int32), -1 for the others
+    long long own_row = 0;
+    const int own = row_of(lane % 16, own_row) ? static_cast<int>(own_row) : -1;
+    const int row_chunks = 2 * cols <= kCols ? kCols / 16 : kCols / 8, rows_at_once = 32 / row_chunks;
+    const int chunk = lane % row_chunks, col = col0 + 8 * chunk;
+    const bool copies = col < p.n && col < r.channels, zeros = col < p.n && col >= r.channels;
+    const int16_t* src = static_cast<const int16_t*>(r.shortcut) + col;
+    uint8_t* dst = stage + 16 * chunk;
+#pragma unroll 1
+    for (int i = lane / row_chunks; i < 16; i += rows_at_once) {  // the same number of turns in every lane
+      const int row = __shfl_sync(0xffffffffu, own, i);
+      if (row < 0) continue;
+      uint8_t* to = dst + i * kStagedRowBytes<kCols>;
+      if (copies) {
+        const int16_t* from = src + ShortcutOffset(p, r, row);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddress(to)), "l"(from) : "memory");
+      } else if (zeros) {
+        *reinterpret_cast<uint4*>(to) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    return;
+  }
   if (chunks) {
+    constexpr int kChunks = kCols / 8, kRowStep = 32 / kChunks;
     const int chunk = lane % kChunks, col = col0 + 8 * chunk;
     if (col < p.n) {
 #pragma unroll 1

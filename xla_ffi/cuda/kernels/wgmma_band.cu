@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
             row = (static_cast<long long>(image) * p.out_h + oy) * p.out_w + ox;
             return oy < p.out_h && ox < p.out_w;
           };
-          StageShortcut<kBandCols>(p, residual, stage, row_of, 0, p.n, lane);
+          StageShortcut<kBandCols, true>(p, residual, stage, row_of, 0, p.n, lane);
         }
       }
       IssueBandSteps<kUnrolledSteps, kExactSteps>(acc, popc_a, step_desc, a_shift,

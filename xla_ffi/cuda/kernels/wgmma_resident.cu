@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         row = warp_row + i;
         return row < p.pooled_rows;
       };
-      StageShortcut<kCols>(p, residual, stage, row_of, col0, min(kCols, p.n - col0), wtid % 32);
+      StageShortcut<kCols, false>(p, residual, stage, row_of, col0, min(kCols, p.n - col0), wtid % 32);
     }
     for (int kb = 0; kb < k_blocks; ++kb) {
       BarrierWait(ResidentBarrier(full0, half, at.stage), at.phase);
