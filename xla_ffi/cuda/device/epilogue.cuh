@@ -257,10 +257,9 @@ inline constexpr unsigned kWarpLanes = 0xffffffffu;
 // (hi0, hi1), of a real row where `valid`. Called by every lane of `lanes`: the quad (QuadLanes), or the whole warp
 // (kWarpLanes) where every quad calls it together, real rows or not (a shuffle over a register mask took the
 // wgmma kernels' int16 epilogue a warp-level match and branches; ncu). With rows of a multiple of 4 values, one
-// exchange with the
-// neighbouring lane gives each lane four adjacent values for one 8-byte store (even lanes the first fragment's,
-// odd lanes the second's): 4-byte pairs stored as they lie made the band kernel's int16 epilogue slower than
-// its int32 one (harness, H200). Values past N are not stored.
+// exchange with the neighbouring lane gives each lane four adjacent values for one 8-byte store (even lanes the
+// first fragment's, odd lanes the second's): 4-byte pairs stored as they lie made the band kernel's int16
+// epilogue slower than its int32 one (harness, H200). Values past N are not stored.
 __device__ __forceinline__ void StoreInt16Fragments(const BinaryGemmProblem& p, long long row, bool valid, int col_f,
                                                     int t, int lo0, int lo1, int hi0, int hi1, unsigned lanes) {
   auto pack = [](int a, int b) { return static_cast<uint32_t>(static_cast<uint16_t>(a)) | static_cast<uint32_t>(b) << 16; };
