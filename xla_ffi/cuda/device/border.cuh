@@ -41,13 +41,14 @@ __device__ __forceinline__ void LoadTapTerms(const BinaryGemmProblem& p, int col
 // threads may share a column: part `part` fills every parts-th (left, right) excess pair's classes (the
 // band kernel's four warpgroups: its "zero"-padding set-up 4.0 -> 3.5 us). add_bounds: the
 // column's ColumnBound (from `th`) is added to every class (AddBoundsToClasses' work, done by a thread that
-// knows the bound without waiting for another's). kSideExcess > 0: no side's excess is larger, and the
+// knows the bound without waiting for another's); with_popcount instead: the column's 2 popc(b), so that a class's
+// entry is all the narrow residual epilogue subtracts from 4 acc + k_real - 2 popc(a) (class 0: 2 popc(b)). kSideExcess > 0: no side's excess is larger, and the
 // class loops run to it unrolled (their runtime form was 297 instructions a warp of the band kernel's 3x3
 // "zero" set-up, much of it loop control: ncu). Returns the column's popc(b), summed over taps.
 template <int kCols, int kSide, int kSideExcess>
 __device__ __forceinline__ int FillCorrectionTableOf(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
                                                      int lc, int part, int parts, bool add_bounds,
-                                                     ColumnThreshold th) {
+                                                     ColumnThreshold th, bool with_popcount) {
   static_assert(kSide <= kTableSide, "the table's filters");
   static_assert(kSideExcess == 0 || kSide < kTableSide, "unrolled classes of an exact filter size only");
   constexpr bool kExact = kSide < kTableSide;
@@ -55,7 +56,7 @@ __device__ __forceinline__ int FillCorrectionTableOf(const BinaryGemmProblem& p,
   int term[kSide][kSide];
   int whole = 0, total = 0;
   LoadTapTerms(p, col, kh, kw, kExact, term, whole, total);
-  const int bound = add_bounds ? ColumnBound(p, col, th.threshold, th.flip, total) : 0;
+  const int bound = add_bounds ? ColumnBound(p, col, th.threshold, th.flip, total) : with_popcount ? 2 * total : 0;
   const FrameExcess m = p.max_excess;
   // BorderClass's strides (four-way product classes: compact ones take FillCorrectionTableByClass)
   const int right_stride = 1, left_stride = m.right + 1, bottom_stride = (m.left + 1) * left_stride,
@@ -171,13 +172,13 @@ __device__ __forceinline__ void NextExcessPair(bool compact, int& first, int& se
 template <int kCols>
 __device__ __forceinline__ int FillCorrectionTableByClass(const BinaryGemmProblem& p, TileColumns<kCols>& cols,
                                                           int col0, int lc, int part, int parts, bool add_bounds,
-                                                          ColumnThreshold th) {
+                                                          ColumnThreshold th, bool with_popcount) {
   constexpr int kSide = kExactTableSide;
   const int col = col0 + lc;
   int term[kSide][kSide];
   int whole = 0, total = 0;
   LoadTapTerms(p, col, p.kh, p.kw, false, term, whole, total);
-  const int bound = add_bounds ? ColumnBound(p, col, th.threshold, th.flip, total) : 0;
+  const int bound = add_bounds ? ColumnBound(p, col, th.threshold, th.flip, total) : with_popcount ? 2 * total : 0;
   const FrameExcess m = p.max_excess;
   const bool compact = p.compact_classes;
   const int vertical = compact ? m.top + m.bottom + 1 : (m.top + 1) * (m.bottom + 1);
@@ -218,18 +219,18 @@ __device__ __forceinline__ int FillCorrectionTableByClass(const BinaryGemmProble
 template <int kCols>
 __device__ __forceinline__ int FillCorrectionTable(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col0,
                                                    int lc, int part = 0, int parts = 1, bool add_bounds = false,
-                                                   ColumnThreshold th = {}) {
+                                                   ColumnThreshold th = {}, bool with_popcount = false) {
   if (p.compact_classes || p.kh > kTableSide || p.kw > kTableSide) {  // 5x5 filters, paddings past 1 at 3x3
-    return FillCorrectionTableByClass<kCols>(p, cols, col0, lc, part, parts, add_bounds, th);
+    return FillCorrectionTableByClass<kCols>(p, cols, col0, lc, part, parts, add_bounds, th, with_popcount);
   }
   if (p.kh == 3 && p.kw == 3) {
     const FrameExcess m = p.max_excess;
     if (max(max(m.top, m.bottom), max(m.left, m.right)) <= 1) {  // padding of at most 1: 16 classes or fewer
-      return FillCorrectionTableOf<kCols, 3, 1>(p, cols, col0, lc, part, parts, add_bounds, th);
+      return FillCorrectionTableOf<kCols, 3, 1>(p, cols, col0, lc, part, parts, add_bounds, th, with_popcount);
     }
-    return FillCorrectionTableOf<kCols, 3, 0>(p, cols, col0, lc, part, parts, add_bounds, th);
+    return FillCorrectionTableOf<kCols, 3, 0>(p, cols, col0, lc, part, parts, add_bounds, th, with_popcount);
   }
-  return FillCorrectionTableOf<kCols, kTableSide, 0>(p, cols, col0, lc, part, parts, add_bounds, th);
+  return FillCorrectionTableOf<kCols, kTableSide, 0>(p, cols, col0, lc, part, parts, add_bounds, th, with_popcount);
 }
 
 // The edge-table rows of a receptive field's out-of-frame taps: its row strip's, its column strip's and its

@@ -214,15 +214,35 @@ __device__ __forceinline__ void StageShortcut(const BinaryGemmProblem& p, const 
   }
 }
 
-// The narrow stream's threshold of column `col` as (bound, sign): its bit is sign * value >= bound (flip:
-// value <= t, i.e. -value >= -t), the threshold clamped to the int16 stream's range plus one first (no bit
-// changes, and the negation cannot overflow); (1, 0) past N or without thresholds: never a bit. Kept in shared
-// memory for the tile epilogues: read from global memory per value (StreamBitOf), the thresholds took a
-// quarter of the band kernel's residual epilogue (harness, H200).
-__device__ __forceinline__ int2 StreamBounds(const BinaryGemmProblem& p, int col) {
-  if (col >= p.n || p.threshold == nullptr) return make_int2(1, 0);
-  const int t = min(max(p.threshold[col], -(1 << 15) - 1), 1 << 15);
-  return p.flip[col] ? make_int2(-t, -1) : make_int2(t, 1);
+// The narrow stream's thresholds of a tile's columns, filled once per CTA (FillStreamColumn): a stream value's bit
+// is (value >= bound[lc]) XOR bit lc % 32 of flip_word[lc / 32], since flip's value <= t is the negation of value
+// >= t + 1. The threshold is clamped to the int16 range plus one first (no bit changes). Past N or without
+// thresholds, a bound above every int16 value and no flip: never a bit. Kept in shared memory for the tile
+// epilogues: read from global memory per value (StreamBitOf), the thresholds took a quarter of the band kernel's
+// residual epilogue (harness, H200); as a (bound, sign) pair per column, a multiply per value.
+template <int kCols>
+struct StreamColumns {
+  int bound[kCols];
+  uint32_t flip_word[kCols / 32];
+};
+inline constexpr int kNoStreamBit = 1 << 16;
+
+// Fills local column lc (global col0 + lc) of `columns`. Called by whole warps for 32 consecutive columns (the
+// flip words are ballots).
+template <int kCols>
+__device__ __forceinline__ void FillStreamColumn(const BinaryGemmProblem& p, StreamColumns<kCols>& columns, int col0,
+                                                 int lc) {
+  const int col = col0 + lc;
+  bool flip = false;
+  int bound = kNoStreamBit;
+  if (col < p.n && p.threshold != nullptr) {
+    const int t = min(max(p.threshold[col], -(1 << 15) - 1), 1 << 15);
+    flip = p.flip[col] != 0;
+    bound = flip ? t + 1 : t;
+  }
+  columns.bound[lc] = bound;
+  const uint32_t flips = __ballot_sync(0xffffffffu, flip);
+  if (lc % 32 == 0) columns.flip_word[lc / 32] = flips;
 }
 
 // Waits for this warp's StageShortcut: its copies landed and every lane's values are visible to the warp.

@@ -18,7 +18,9 @@ struct TileColumns {
   // column's slot holds the PairedBounds of it and the next column: of the class bounds, or without the
   // table, of the plain bounds in row 0 (no other reader then; the persistent kernel has no room for another
   // row). StoreDirectBits also reads the plain bounds unpaired from row 0 of a problem without the table.
-  // Without the table, rows 1 .. may hold the edge table (p.edge_table, FillEdgeTable).
+  // Without the table, rows 1 .. may hold the edge table (p.edge_table, FillEdgeTable). In the narrow residual
+  // epilogue of the band and resident kernels (StoreStagedResidualRows) every entry holds 2 popc(b) too, and row 0
+  // holds 2 popc(b) alone, with or without the table.
   int correction[kTableClasses][kCols];
   int popc_b[kCols];
   int threshold[kCols];

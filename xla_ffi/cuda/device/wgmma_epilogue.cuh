@@ -292,54 +292,123 @@ __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, co
   }
 }
 
+// One word of the narrow residual epilogue (StoreStagedResidualRows) in row h: the stream values of fragments 4 wd
+// .. 4 wd + 3 (columns col0 + 32 wd ..) and their bits. The value of column lc is (4 acc + v0 - table[lc] - its
+// own correction) >> shift plus the staged shortcut, wrapped to int16: `table` is the row's border class's row of
+// the table, whose entries hold 2 popc(b) too (FillCorrectionTable's with_popcount; row 0: 2 popc(b) alone), and
+// kOwnCorrections adds the row's own sums (excl, for border rows of problems without the table). Each shortcut
+// pair is added to the two values packed in one word (the low value's carry falls out of its 16 bits, the high one
+// starts at bit 16), so the sums come out as the int16 pair that is stored. kQuadStores: rows of a multiple of 4
+// columns and an 8-byte-aligned output, whose four values a lane and its neighbour exchange for one 8-byte store
+// at `dst` (this lane's first column of the row, + 8 per fragment); else StoreInt16Fragments per pair.
+template <bool kQuadStores, bool kOwnCorrections, int kAcc>
+__device__ __forceinline__ void StoreStagedResidualWord(const BinaryGemmProblem& p, const ResidualOperands& r,
+                                                        const int (&acc)[kAcc], const AccumulatorRows& rows,
+                                                        const int* table, const int (&excl)[kAcc / 2],
+                                                        const uint8_t* staged, const StreamColumns<2 * kAcc>& stream,
+                                                        int16_t* dst, uint32_t* bits_row, int col0, int h, int wd,
+                                                        int t) {
+  const int v0 = rows.v0[h];
+  const bool odd = t & 1;
+  uint32_t bits = 0;
+#pragma unroll
+  for (int q = 0; q < 4; q += 2) {
+    uint32_t packed[2];
+    int v[4];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {  // fragments j and j + 1: the four values of one 8-byte store
+      const int j = 4 * wd + q + e, lc = 8 * j + 2 * t;
+      const int2 subtracted = *reinterpret_cast<const int2*>(table + lc);  // lc even: aligned
+      const int2 bound = *reinterpret_cast<const int2*>(stream.bound + lc);
+      const uint32_t shortcut = *reinterpret_cast<const uint32_t*>(staged + 16 * j);
+      int d0 = 4 * acc[4 * j + 2 * h] + v0 - subtracted.x, d1 = 4 * acc[4 * j + 2 * h + 1] + v0 - subtracted.y;
+      if constexpr (kOwnCorrections) {
+        d0 -= excl[2 * j];
+        d1 -= excl[2 * j + 1];
+      }
+      const uint32_t lo = static_cast<uint32_t>(d0 >> r.shift) + shortcut;
+      const uint32_t hi = (static_cast<uint32_t>(d1 >> r.shift) << 16) + shortcut;
+      v[2 * e] = static_cast<int16_t>(lo);
+      v[2 * e + 1] = static_cast<int>(hi) >> 16;
+      packed[e] = (lo & 0xffffu) | (hi & 0xffff0000u);
+      bits |= (static_cast<uint32_t>(v[2 * e] >= bound.x) | static_cast<uint32_t>(v[2 * e + 1] >= bound.y) << 1)
+              << (8 * (q + e));
+    }
+    if constexpr (kQuadStores) {
+      const uint32_t other = __shfl_xor_sync(kWarpLanes, odd ? packed[0] : packed[1], 1);
+      const int col = col0 + 8 * (4 * wd + q) + (odd ? 6 + 2 * t : 2 * t);  // a multiple of 4
+      if (rows.valid[h] && col < p.n) {
+        *reinterpret_cast<uint2*>(dst + 8 * (4 * wd + q)) = odd ? make_uint2(other, packed[1]) : make_uint2(packed[0], other);
+      }
+    } else {
+      StoreInt16Fragments(p, rows.row[h], rows.valid[h], col0 + 8 * (4 * wd + q), t, v[0], v[1], v[2], v[3],
+                          kWarpLanes);
+    }
+  }
+  uint32_t word = bits << (2 * t);
+  word |= __shfl_xor_sync(kWarpLanes, word, 1);
+  word |= __shfl_xor_sync(kWarpLanes, word, 2);
+  if (r.bits != nullptr && rows.valid[h] && t == (col0 / 32 + wd) % 4) bits_row[wd] = word ^ stream.flip_word[wd];
+}
+
+// StoreStagedResidualRows in one form (StoreStagedResidualWord's kQuadStores, kOwnCorrections): own[h], whether
+// row h takes its own corrections (kOwnCorrections only).
+template <bool kQuadStores, bool kOwnCorrections, int kAcc>
+__device__ __forceinline__ void StoreStagedResidualRowsAs(const BinaryGemmProblem& p, const ResidualOperands& r,
+                                                          const int (&acc)[kAcc], const AccumulatorRows& rows,
+                                                          const TileColumns<kWgCols>& cols, const uint8_t* stage,
+                                                          const StreamColumns<2 * kAcc>& stream, const bool (&own)[2],
+                                                          int col0, int g, int t) {
+  const int words = (p.n + 31) / 32;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int* table = cols.correction[p.correction_table ? rows.correction[h] : 0];
+    const uint8_t* staged = stage + (g + 8 * h) * kStagedRowBytes<2 * kAcc> + 4 * t;
+    const long long row = rows.row[h];
+    int16_t* dst = static_cast<int16_t*>(p.out) + row * p.n + col0 + ((t & 1) ? 6 + 2 * t : 2 * t);
+    uint32_t* bits_row = r.bits + row * words + col0 / 32;
+    int excl[kAcc / 2];
+    if constexpr (kOwnCorrections) {
+      if (own[h]) {
+        BorderCorrections(p, cols, PixelOrigin(p, row), col0, 2 * t, excl);
+      } else {
+#pragma unroll 1
+        for (int k = 0; k < kAcc / 2; ++k) excl[k] = 0;
+      }
+    }
+#pragma unroll
+    for (int wd = 0; wd < kAcc / 16; ++wd) {
+      if (col0 + 32 * wd >= p.n) break;  // the same for the whole warp
+      StoreStagedResidualWord<kQuadStores, kOwnCorrections>(p, r, acc, rows, table, excl, staged, stream, dst,
+                                                            bits_row, col0, h, wd, t);
+    }
+  }
+}
+
 // The narrow residual epilogue (kResidualInt16) of a thread's two accumulator rows of a tile whose columns start at
 // col0 (kAcc / 4 fragments of 8 columns: 128 columns of m64n128 accumulators, or 256 of m64n256), their shortcut
 // staged (StageShortcut<2 kAcc>: the warp's stage, this thread's rows at g and g + 8): the stream's int16 values in
-// 8-byte stores of four (StoreInt16Fragments), and their bits word by word against the tile's columns'
-// StreamBounds in shared memory (stream_bounds[lc]: local column lc). Called by every lane of the warp (its rows
-// past the output computed but not stored: the shuffles span the warp).
+// 8-byte stores of four, and their bits word by word against the tile's StreamColumns. Called by every lane of the
+// warp (its rows past the output computed but not stored: the shuffles span the warp). Each row's addresses are
+// formed once, and each pair of values takes its class's entries and its bounds in two shared loads: the form
+// that loaded popc(b), the bounds and the class corrections apart, tested for a border row per fragment and formed
+// each store's 64-bit address ran about 26 instructions a value (ncu, the band kernel at C = 64). Warps with a
+// border row of a problem without the table (rows with corrections of their own), and outputs that take no 8-byte
+// stores, run the general form.
 template <int kAcc>
 __device__ __forceinline__ void StoreStagedResidualRows(const BinaryGemmProblem& p, const ResidualOperands& r,
                                                         const int (&acc)[kAcc], const AccumulatorRows& rows,
                                                         const TileColumns<kWgCols>& cols, const uint8_t* stage,
-                                                        const int2* stream_bounds, int col0, int g, int t) {
+                                                        const StreamColumns<2 * kAcc>& stream, int col0, int g, int t) {
   static_assert(kAcc == 64 || kAcc == 128, "the m64n128 or m64n256 accumulators");
+  bool own[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const bool border = rows.valid[h] && rows.correction[h] != 0;
-    int excl[kAcc / 2];
-    if (border && !p.correction_table) BorderCorrections(p, cols, PixelOrigin(p, rows.row[h]), col0, 2 * t, excl);
-    const int* class_corrections = cols.correction[p.correction_table ? rows.correction[h] : 0];
-    const uint8_t* staged = stage + (g + 8 * h) * kStagedRowBytes<2 * kAcc>;
-#pragma unroll
-    for (int wd = 0; wd < kAcc / 16; ++wd) {
-      if (col0 + 32 * wd >= p.n) break;  // the same for the whole quad
-      // the word's four shortcut pairs, loaded together ahead of its values and stores
-      uint32_t added_pairs[4];
-#pragma unroll
-      for (int f = 0; f < 4; ++f) added_pairs[f] = *reinterpret_cast<const uint32_t*>(staged + 2 * (8 * (4 * wd + f) + 2 * t));
-      uint32_t bits = 0;
-#pragma unroll
-      for (int q = 0; q < 4; q += 2) {
-        int v[4];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {  // fragments j and j + 1: the four values of one int16 store
-          const int j = 4 * wd + q + e, lc = 8 * j + 2 * t;
-          const int2 d = FragmentDots(p, acc, rows, cols, class_corrections, excl, border, h, j, t);
-          const int2 added = Int16Pair(added_pairs[q + e]);
-          v[2 * e] = StreamValue<true>(r, d.x, added.x);
-          v[2 * e + 1] = StreamValue<true>(r, d.y, added.y);
-          if (r.bits != nullptr) {
-            const int4 b = *reinterpret_cast<const int4*>(stream_bounds + lc);  // columns lc, lc + 1 (StreamBounds)
-            const bool bit0 = b.y * v[2 * e] >= b.x, bit1 = b.w * v[2 * e + 1] >= b.z;
-            bits |= (static_cast<uint32_t>(bit0) | static_cast<uint32_t>(bit1) << 1) << (8 * (q + e));
-          }
-        }
-        StoreInt16Fragments(p, rows.row[h], rows.valid[h], col0 + 8 * (4 * wd + q), t, v[0], v[1], v[2], v[3],
-                            kWarpLanes);
-      }
-      if (r.bits != nullptr) StoreStreamWord(p, r, rows.row[h], rows.valid[h], col0 + 32 * wd, bits, t, kWarpLanes);
-    }
+  for (int h = 0; h < 2; ++h) own[h] = !p.correction_table && rows.valid[h] && rows.correction[h] != 0;
+  const bool quads = p.n % 4 == 0 && reinterpret_cast<uintptr_t>(p.out) % 8 == 0;
+  if (quads && !__any_sync(kWarpLanes, own[0] || own[1])) {
+    StoreStagedResidualRowsAs<true, false>(p, r, acc, rows, cols, stage, stream, own, col0, g, t);
+  } else {
+    StoreStagedResidualRowsAs<false, true>(p, r, acc, rows, cols, stage, stream, own, col0, g, t);
   }
 }
 
@@ -443,15 +512,15 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
 }
 
 // StoreAccumulators with the narrow stream's residual epilogue (the resident kernel's kResidual instances), the
-// shortcut of this thread's warp staged at `stage` (StageShortcut<2 kAcc>) and the tile's columns' StreamBounds at
-// stream_bounds; the rows as StoreAccumulators sets them up.
+// shortcut of this thread's warp staged at `stage` (StageShortcut<2 kAcc>) and the tile's StreamColumns; the rows
+// as StoreAccumulators sets them up.
 template <int kAcc>
 __device__ __forceinline__ void StoreStagedResidualAccumulators(const BinaryGemmProblem& p,
                                                                 const ResidualOperands& residual,
                                                                 const int (&acc)[kAcc], const int* popc_a,
                                                                 const int8_t* row_correction,
                                                                 const TileColumns<kWgCols>& cols, const uint8_t* stage,
-                                                                const int2* stream_bounds, int tile_m, int col0,
+                                                                const StreamColumns<2 * kAcc>& stream, int tile_m, int col0,
                                                                 int half, int wtid) {
   const int w = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
   AccumulatorRows rows;
@@ -463,7 +532,7 @@ __device__ __forceinline__ void StoreStagedResidualAccumulators(const BinaryGemm
     rows.v0[h] = p.k_real - 2 * popc_a[r];
     rows.correction[h] = p.pad_one ? 0 : row_correction[r];
   }
-  StoreStagedResidualRows(p, residual, acc, rows, cols, stage, stream_bounds, col0, g, t);
+  StoreStagedResidualRows(p, residual, acc, rows, cols, stage, stream, col0, g, t);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 

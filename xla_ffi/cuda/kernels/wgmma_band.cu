@@ -193,18 +193,21 @@ __device__ __forceinline__ void CopyBandWeights(const BinaryGemmProblem& p, cons
 // already holding its bound (the thread computes the bound itself: no second barrier). A column's tap
 // popcounts and threshold are loaded together, one round trip to L2. "Zero" padding's set-up, from the CTA's
 // start: one warpgroup filling all, 4.2 us; the parameters by another warpgroup, 4.0; the table over four,
-// 3.5; this form, 3.3 (the loads were not what "zero" spends over "one").
+// 3.5; this form, 3.3 (the loads were not what "zero" spends over "one"). narrow_stream: the table (or without
+// one, its row 0) as the narrow residual epilogue reads it, 2 popc(b) in every entry (StoreStagedResidualRows).
 __device__ __forceinline__ void FillBandColumns(const BinaryGemmProblem& p, TileColumns<kWgCols>& cols, int wg,
-                                                int wtid) {
+                                                int wtid, bool narrow_stream) {
   static_assert(kBandCols == 128, "a column per thread of each warpgroup");
   constexpr int col0 = 0;  // N <= 128: one column tile
   if (p.correction_table) {
     const ColumnThreshold th = LoadColumnThreshold(p, col0 + wtid);
     const bool class_bounds = p.epilogue == Epilogue::kBits;
-    const int popc_b = FillCorrectionTable<kWgCols>(p, cols, col0, wtid, wg, kBandWarpgroups, class_bounds, th);
+    const int popc_b =
+        FillCorrectionTable<kWgCols>(p, cols, col0, wtid, wg, kBandWarpgroups, class_bounds, th, narrow_stream);
     if (wg == kBandWarpgroups - 1) FillColumnParameters<kWgCols>(p, cols, col0, wtid, popc_b, th);
   } else if (wg == kBandWarpgroups - 1) {
     FillTileColumn<kWgCols>(p, cols, col0, wtid);
+    if (narrow_stream) cols.correction[0][wtid] = 2 * cols.popc_b[wtid];
   } else if (wg == 0 && p.edge_table) {
     FillEdgeTable<kWgCols>(p, cols, col0, wtid);
   }
@@ -313,10 +316,10 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   } else if (tid / 32 == 1 && !kPixelPairs) {
     CopyBandWeights(p, band, weights, weights_full, tid % 32);
   }
-  FillBandColumns(p, cols, wg, wtid);
-  int2* stream_bounds = reinterpret_cast<int2*>(smem + at.stream_bounds);
+  FillBandColumns(p, cols, wg, wtid, kNarrowStream);
+  auto& stream = *reinterpret_cast<StreamColumns<kBandCols>*>(smem + at.stream_columns);
   if constexpr (kNarrowStream) {
-    if (tid < kBandCols) stream_bounds[tid] = StreamBounds(p, tid);
+    if (tid < kBandCols) FillStreamColumn(p, stream, 0, tid);
   }
   if (kPixelPairs) LoadPixelPairWeights(p, band, smem + at.weights, tid);
   // the zeroed chunks, ones and pixel-pair weights, for the wgmmas
@@ -389,7 +392,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       for (int h = 0; h < 2; ++h) rows.v0[h] = p.k_real - 2 * popc_a[2 * h];
       if constexpr (kNarrowStream) {
         WaitStagedShortcut();
-        StoreStagedResidualRows(p, residual, acc, rows, cols, stage, stream_bounds, 0, g, t);
+        StoreStagedResidualRows(p, residual, acc, rows, cols, stage, stream, 0, g, t);
       } else if constexpr (kResidual) {
         StoreResidualRows<kBandCols / 2>(p, residual, acc, rows, cols, 0, t);
       } else {

@@ -58,7 +58,7 @@ __host__ __device__ __forceinline__ BandItem BandItemOf(const BinaryGemmProblem&
 // m64n144 wgmma: each row's popc(A)), the column table, the steps' A descriptors, three barriers, per band
 // buffer a count of the warpgroups done with it, and for the narrow residual epilogue the warps' shortcut stages.
 struct BandSmem {
-  int buffer_bytes, weights, ones, cols, steps, barriers, stage, stream_bounds, total;
+  int buffer_bytes, weights, ones, cols, steps, barriers, stage, stream_columns, total;
 };
 // The all-ones row groups right after the weights' kBandCols rows, at the same row-group stride: the step's
 // m64n144 wgmma reads them as B's columns 128-143 through the weights' descriptor.
@@ -77,11 +77,11 @@ __host__ __device__ __forceinline__ BandSmem BandSmemOf(const BinaryGemmProblem&
   s.steps = (s.cols + static_cast<int>(sizeof(TileColumns<kWgCols>)) + 7) / 8 * 8;
   s.barriers = s.steps + 8 * b.steps;
   // the narrow residual epilogue's shortcut stages, one per warp (StageShortcut), 16-byte aligned, and its
-  // columns' stream bounds (StreamBounds)
+  // columns' stream thresholds (StreamColumns)
   s.stage = (s.barriers + 3 * 8 + 2 * 4 + 15) / 16 * 16;
   const bool narrow = p.epilogue == Epilogue::kResidualInt16;
-  s.stream_bounds = s.stage + (narrow ? kBandThreads / 32 * kStagedWarpBytes<kBandCols> : 0);
-  s.total = 1024 + s.stream_bounds + (narrow ? kBandCols * 8 : 0);
+  s.stream_columns = s.stage + (narrow ? kBandThreads / 32 * kStagedWarpBytes<kBandCols> : 0);
+  s.total = 1024 + s.stream_columns + (narrow ? static_cast<int>(sizeof(StreamColumns<kBandCols>)) : 0);
   return s;
 }
 

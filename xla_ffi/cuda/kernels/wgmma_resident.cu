@@ -63,10 +63,12 @@ __device__ __forceinline__ void ReleaseStage(uint32_t empty) {
 }
 
 // Consumer thread ctid's column of the tile: its parameters, and its bound added to the border classes.
+// narrow_stream without the table: row 0 of the table as the narrow residual epilogue reads it, 2 popc(b).
 __device__ __forceinline__ void StageTileColumn(const BinaryGemmProblem& p, TileColumns<kWgCols>& cols, int col0,
-                                                int ctid, bool class_bounds) {
+                                                int ctid, bool class_bounds, bool narrow_stream) {
   FillTileColumn<kWgCols>(p, cols, col0, ctid);
   if (class_bounds) AddBoundsToClasses(p, cols, ctid);
+  if (narrow_stream && !p.correction_table) cols.correction[0][ctid] = 2 * cols.popc_b[ctid];
 }
 // The popc(a) of a warpgroup's rows (this thread's rows g and g + 8: row_popc[0], [2]) for its epilogue.
 __device__ __forceinline__ void StoreRowPopcounts(int* popc_a, const int (&row_popc)[4], int half, int wtid) {
@@ -219,9 +221,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // B of the popc(a) wgmmas: 8 columns of all ones (2 core matrices of k256), 16-byte aligned
   uint32_t* ones = reinterpret_cast<uint32_t*>(smem + ((reinterpret_cast<uint8_t*>(row_correction) + kWgRows - smem + 15) & ~15));
   int4* origins = reinterpret_cast<int4*>(ones + 64);  // kCopies only (kResidentOriginBytes)
-  // kResidual: the tile's columns' StreamBounds, then each consumer warp's shortcut stage (ResidentStagedBytes)
-  int2* stream_bounds = reinterpret_cast<int2*>(origins + kWgRows);
-  uint8_t* stages = reinterpret_cast<uint8_t*>(stream_bounds + kCols);
+  // kResidual: the tile's StreamColumns, then each consumer warp's shortcut stage (ResidentStagedBytes)
+  auto& stream = *reinterpret_cast<StreamColumns<kCols>*>(origins + kWgRows);
+  uint8_t* stages = reinterpret_cast<uint8_t*>(&stream + 1);
   const uint32_t base = SmemAddress(smem), weights = base + kResidentRingBytes;
   const uint32_t full0 = SmemAddress(barriers);                  // [half][stage]: the stage landed
   const uint32_t empty0 = full0 + 2 * kResidentStages * 8;    // [half][stage]: its 4 warps read it
@@ -270,14 +272,15 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   uint32_t tap_row_step[4];            // kTapRows: where k256 step ks starts in a 64-row stage
   TapRowSteps<64>(a_box_bytes, a_box_log2, tap_row_step);
   const bool class_bounds = p.epilogue == Epilogue::kBits && p.correction_table;
-  if (p.correction_table) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
+  // kResidual: the table's entries hold 2 popc(b) too, as the narrow residual epilogue reads them
+  if (p.correction_table) FillCorrectionTable<kWgCols>(p, cols, col0, ctid, 0, 1, false, {}, kResidual);
   if (p.edge_table) FillEdgeTable<kWgCols>(p, cols, col0, ctid);
   // (read by the other warpgroup after the column table's barriers 1 and 4 below)
-  if (kResidual && ctid < kCols) stream_bounds[ctid] = StreamBounds(p, col0 + ctid);
+  if (kResidual && ctid < kCols) FillStreamColumn(p, stream, col0, ctid);
   [[maybe_unused]] uint8_t* stage = stages + (ctid / 32) * kStagedWarpBytes<kCols>;
   const int fill_kb = half == 0 ? min(1, k_blocks - 1) : -1;
   if (half == 1 && first_tile < m_tiles) {  // (a CTA without tiles: nothing to wait for)
-    StageTileColumn(p, cols, col0, ctid, class_bounds);
+    StageTileColumn(p, cols, col0, ctid, class_bounds, kResidual);
     asm volatile("bar.arrive 1, 256;\n" ::: "memory");
     asm volatile("bar.sync 4, 256;\n" ::: "memory");
   }
@@ -308,7 +311,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       IssueResidentWgmmas<kLayout, kCols>(p, acc, row_popc, stage_a, weights, desc_ones, tap_row_step, a_box_bytes, kb);
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       if (first_tile_of_cta && kb == fill_kb) {
-        StageTileColumn(p, cols, col0, ctid, class_bounds);
+        StageTileColumn(p, cols, col0, ctid, class_bounds, kResidual);
         asm volatile("bar.arrive 4, 256;\n" ::: "memory");
       }
       if (kb == k_blocks - 1 && !p.pad_one && wtid < 64) {
@@ -329,7 +332,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
     if constexpr (kResidual) {
       WaitStagedShortcut();
-      StoreStagedResidualAccumulators(p, residual, acc, popc_a, row_correction, cols, stage, stream_bounds, tile_m,
+      StoreStagedResidualAccumulators(p, residual, acc, popc_a, row_correction, cols, stage, stream, tile_m,
                                       col0, half, wtid);
     } else {
       StoreAccumulators(p, acc, popc_a, row_correction, cols, tile_m, col0, half, wtid, p.n - col0 <= kWgCols / 2);

@@ -21,10 +21,13 @@ __host__ __device__ __forceinline__ int ResidentWeightBytes(int w_k_tiles, int c
 constexpr int kResidentOriginBytes = kWgRows * 16;
 
 // The residual instances' shared memory after the origins' place (taken whether or not they copy): the tile's
-// columns' StreamBounds and a shortcut stage per consumer warp (StageShortcut).
+// columns' StreamColumns (16-byte multiples) and a shortcut stage per consumer warp (StageShortcut).
 __host__ __device__ constexpr int ResidentStagedBytes(int cols) {
   constexpr int kConsumerWarps = (kWgThreads - 128) / 32;
-  return kResidentOriginBytes + cols * 8 +
+  static_assert(sizeof(StreamColumns<kWgCols>) % 16 == 0 && sizeof(StreamColumns<kWgCols / 2>) % 16 == 0,
+                "the stages after the stream columns stay 16-byte aligned");
+  return kResidentOriginBytes +
+         static_cast<int>(cols == kWgCols ? sizeof(StreamColumns<kWgCols>) : sizeof(StreamColumns<kWgCols / 2>)) +
          kConsumerWarps * (cols == kWgCols ? kStagedWarpBytes<kWgCols> : kStagedWarpBytes<kWgCols / 2>);
 }
 

@@ -389,7 +389,8 @@ long RunResidualCase(const ResidualCase& rc, KernelPath path, bool narrow) {
 // at 8 x 8; 256-column tiles at batch 72, N = 300 and 260 over two column tiles, a shortcut of 100 channels
 // element by element; C = 512 on 128-column tiles, the 256-column ones too large with their stages), the
 // dense-tap kernel (C = 16), a stride-2 shortcut with fewer channels (type A), odd N, "one" padding, shifts, no
-// bits.
+// bits; the narrow epilogue's general form: the band kernel's rows of 70 values (no 8-byte stores), a 7x7 filter
+// on the resident kernel (no class table: border rows sum their own corrections).
 std::vector<ResidualCase> ResidualCases() {
   return {
       {{3, 17, 24, 64, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 64, 0, true},
@@ -405,6 +406,8 @@ std::vector<ResidualCase> ResidualCases() {
       {{2, 8, 8, 16, 35, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 2, 16, 2, true},
       {{5, 1, 1, 200, 33, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, true}, 1, 33, 31, true},
       {{2, 9, 9, 32, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true}, 1, 32, 1, true},
+      {{2, 9, 11, 128, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 70, 0, true},
+      {{2, 10, 9, 128, 64, 7, 7, 1, 1, 3, 3, 3, 3, 1, 1, false}, 1, 64, 1, true},
   };
 }
 
