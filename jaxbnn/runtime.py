@@ -13,11 +13,10 @@ integers from the pixels to the logits:
   the logits, or the int32 dot products of a residual block's stream. Where a platform has no kernel of a
   ternary or mixed product, the op runs it as one binary product over the planes side by side (docs/ops.md);
 - integer thresholds turn int32 pre-activations and the residual stream into bits; the stream is the sum
-  of each residual block's conv2 output and its shortcut: over an int16 stream on CUDA, where conv2 runs on
-  the band kernel (3x3 blocks of 64 or 128 channels), added in conv2's epilogue, which also writes the next
+  of each residual block's conv2 output and its shortcut: over an int16 stream on CUDA, where conv2 is a 3x3
+  stride-1 convolution (the band and resident kernels), added in conv2's epilogue, which also writes the next
   block's input bits (`ops.bconv2d(..., shortcut=...)`, `fuses_residual`); elsewhere added in jnp, where XLA
-  fuses the add with the next block's thresholds and packing (faster than the other kernels' residual
-  epilogue on an H200; docs/design/decisions.md);
+  fuses the add with the next block's thresholds and packing (docs/design/decisions.md);
 - on a platform whose kernels write int16 dot products (CUDA), a binary ResNet's stream travels as int16
   wherever every value it can take there fits (`stream_dtypes`: bounds from the graph and the first layer's
   weights), else as int32: the same integers as the Flax model's int32 stream, in half the bytes per pass
@@ -343,15 +342,13 @@ def fuses_residual() -> bool:
 
 
 def _fuses_shortcut(conv2) -> bool:
-    """Whether CUDA adds the shortcut in this conv2's narrow residual epilogue: where the band kernel runs it (3x3,
-    stride 1, 64 or 128 channels in, at most 128 out, rows of at most 254 pixels), which copies the shortcut into
-    shared memory while its MMAs run. The resident kernel stages it too (3x3 at C = 256 / 512), but its fused
-    epilogue was no faster than the int16 dot products plus XLA's add, fused with the next block's thresholds
-    and packing (H200, whole forwards in one process: ResNet-14 batch 1024 0.722 against 0.712 ms, ResNet-18
-    batch 512 1.975 against 1.980; docs/design/decisions.md)."""
-    h, w, c = conv2["in_shape"]
-    return (conv2["kernel_size"] == [3, 3] and conv2["stride"] == [1, 1] and c in (64, 128)
-            and conv2["out_channels"] <= 128 and conv2["pool"] is None and w <= 254)
+    """Whether CUDA adds the shortcut in this conv2's narrow residual epilogue: a 3x3 stride-1 unpooled
+    convolution, which the band kernel (64 or 128 channels) or the resident kernel (256, 512) runs, copying the
+    shortcut into shared memory while its MMAs run. Against the int16 dot products plus XLA's add (fused with the
+    next block's thresholds and packing), whole forwards in one process on an H200: ResNet-18 batch 512 1.53 ms
+    (the band kernel's blocks only: 1.67, XLA's add everywhere: 2.12), ResNet-14 batch 1024 0.54 (0.65, 0.71);
+    docs/design/decisions.md, "The residual epilogue"."""
+    return conv2["kernel_size"] == [3, 3] and conv2["stride"] == [1, 1] and conv2["pool"] is None
 
 
 def _residual_epilogue(node, p, inner, stream, following):

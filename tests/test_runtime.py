@@ -508,18 +508,18 @@ def test_a_stem_leaves_thresholds_per_pixel_to_jnp():
     assert runtime._stem_next_input(nodes[1]["conv1"], net.params[1]["conv1"], nodes[0]["out_channels"]) is None
 
 
-def test_cuda_adds_the_shortcut_in_the_epilogue_of_the_band_kernel_blocks_only():
-    """The blocks whose conv2 the band kernel runs (3x3, stride 1, 64 or 128 channels in, at most 128 out) add
-    their shortcut in its epilogue; the wider ones (the resident and mma.sync kernels) keep XLA's add."""
-    def conv2(c, o, size=16, kernel=(3, 3)):
-        return {"in_shape": [size, size, c], "out_channels": o, "kernel_size": list(kernel), "stride": [1, 1],
-                "pool": None}
+def test_cuda_adds_the_shortcut_in_the_epilogue_of_3x3_stride_1_blocks():
+    """Blocks whose conv2 is a 3x3 stride-1 unpooled convolution (the band kernel at 64 or 128 channels, the
+    resident kernel at 256 or 512) add their shortcut in its epilogue; others keep XLA's add."""
+    def conv2(c, o, size=16, kernel=(3, 3), stride=(1, 1), pool=None):
+        return {"in_shape": [size, size, c], "out_channels": o, "kernel_size": list(kernel), "stride": list(stride),
+                "pool": pool}
 
     assert runtime._fuses_shortcut(conv2(128, 128)) and runtime._fuses_shortcut(conv2(64, 64, size=56))
-    assert not runtime._fuses_shortcut(conv2(256, 256, size=8))
-    assert not runtime._fuses_shortcut(conv2(512, 512, size=4))
+    assert runtime._fuses_shortcut(conv2(256, 256, size=8)) and runtime._fuses_shortcut(conv2(512, 512, size=4))
     assert not runtime._fuses_shortcut(conv2(128, 128, kernel=(1, 1)))
-    assert not runtime._fuses_shortcut(conv2(128, 128, size=300))
+    assert not runtime._fuses_shortcut(conv2(128, 128, stride=(2, 2)))
+    assert not runtime._fuses_shortcut(conv2(128, 128, pool=[2, 2]))
 
 
 def test_a_stream_beyond_int16_travels_as_int32():
