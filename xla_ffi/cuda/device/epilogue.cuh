@@ -21,18 +21,21 @@ __device__ __forceinline__ bool NarrowStream(const BinaryGemmProblem& p) {
   return p.epilogue == Epilogue::kResidualInt16;
 }
 
-// The first element of the shortcut's channels at output pixel `row` (a real one): its own pixel of a stride-1
-// shortcut, else the pixel (b, s oh, s ow) of the block's input.
+// The first element of the shortcut's channels at output pixel (b, oh, ow): the pixel (b, s oh, s ow) of the
+// block's input.
+__device__ __forceinline__ long long ShortcutOffsetAt(const ResidualOperands& r, int b, int oh, int ow) {
+  const long long at = (static_cast<long long>(b) * r.height + static_cast<long long>(oh) * r.stride) * r.width +
+                       static_cast<long long>(ow) * r.stride;
+  return at * r.channels;
+}
+// The same at output pixel `row` (a real one): its own pixel of a stride-1 shortcut.
 __device__ __forceinline__ long long ShortcutOffset(const BinaryGemmProblem& p, const ResidualOperands& r,
                                                     long long row) {
   if (r.stride == 1) return row * r.channels;
   const int pixel = static_cast<int>(row), image_pixels = p.out_h * p.out_w;
   const int b = pixel / image_pixels, in_image = pixel - b * image_pixels;
   const int oh = in_image / p.out_w, ow = in_image - oh * p.out_w;
-  const long long at =
-      (static_cast<long long>(b) * r.height + static_cast<long long>(oh) * r.stride) * r.width +
-      static_cast<long long>(ow) * r.stride;
-  return at * r.channels;
+  return ShortcutOffsetAt(r, b, oh, ow);
 }
 
 // The stream value of dot product `dot` with the shortcut's value `added`: (dot >> shift) + added, wrapping
@@ -141,29 +144,30 @@ template <int kCols>
 inline constexpr int kStagedWarpBytes = 16 * kStagedRowBytes<kCols>;
 
 // Copies the shortcut's values of a warp's 16 accumulator rows, the tile's columns col0 .. col0 + cols - 1 (cols =
-// min(kCols, N - col0), the caller's), into `stage` (16-byte aligned): local row i is output pixel `row` if
-// row_of(i, row) says it is real (the others are not copied). Called by every lane of the warp. Issued before the
-// tile's MMAs, so that the epilogue reads shared memory: loads from global memory in the epilogue waited on memory
-// after the MMAs (docs/design/decisions.md, "The residual epilogue"). Where the shortcut's rows are whole 16-byte
-// chunks (channels a multiple of 8, an aligned base), asynchronous copies of a chunk per lane and row, zeros past
-// the shortcut's channels; else plain loads. The caller waits for them (WaitStagedShortcut) before its epilogue
-// reads the stage.
-// kRowsOnce (the band kernel, whose row_of divides a band position into the pixel's row and column): the chunk
-// path finds each of the 16 rows once (lane i % 16) and hands it to the copying lanes by a shuffle, and a tile of
-// at most kCols / 2 columns takes kCols / 16 chunks a row, so that every lane copies. With row_of per copy and
-// the lanes past N idle, the copies were a quarter of the band kernel's residual instructions at C = 64 (ncu).
-// Without it (the resident kernel, whose rows are consecutive): lane l copies chunk l % (kCols / 8) of rows
-// l / (kCols / 8), + 32 / (kCols / 8), ..., row_of per copy (the shuffle made its residual instances 1-3% slower).
-template <int kCols, bool kRowsOnce, class RowOf>
+// min(kCols, N - col0), the caller's), into `stage` (16-byte aligned): shortcut_of(i, at) says whether local row i
+// is a real output pixel (the others are not copied) and where its shortcut's channels start (ShortcutOffset's
+// element, found by the caller from what it knows of the row: a stride-2 shortcut's runtime divisions per copy made
+// a downsampling block's conv2 take 10-20% longer than its stride-1 twin). Called by every lane of the warp. Issued
+// before the tile's MMAs, so that the epilogue reads shared memory: loads from global memory in the epilogue
+// waited on memory after the MMAs (docs/design/decisions.md, "The residual epilogue"). Where the shortcut's rows
+// are whole 16-byte chunks (channels a multiple of 8, an aligned base), asynchronous copies of a chunk per lane and
+// row, zeros past the shortcut's channels; else plain loads. The caller waits for them (WaitStagedShortcut) before
+// its epilogue reads the stage.
+// kRowsOnce (the band kernel, whose rows come from a division of band positions): the chunk path finds each of the
+// 16 rows once (lane i % 16) and hands it to the copying lanes by a shuffle, and a tile of at most kCols / 2
+// columns takes kCols / 16 chunks a row, so that every lane copies. With each row found per copy and the lanes
+// past N idle, the copies were a quarter of the band kernel's residual instructions at C = 64 (ncu). Without it
+// (the resident kernel, whose rows are consecutive): lane l copies chunk l % (kCols / 8) of rows l / (kCols / 8),
+// + 32 / (kCols / 8), ..., shortcut_of per copy (the shuffle made its residual instances 1-3% slower).
+template <int kCols, bool kRowsOnce, class ShortcutOf>
 __device__ __forceinline__ void StageShortcut(const BinaryGemmProblem& p, const ResidualOperands& r, uint8_t* stage,
-                                              RowOf row_of, int col0, int cols, int lane) {
+                                              ShortcutOf shortcut_of, int col0, int cols, int lane) {
   static_assert(kCols == 128 || kCols == 256, "16 or 32 chunks a row");
   __syncwarp();  // the warp's previous epilogue has read the stage
   const bool chunks = r.channels % 8 == 0 && reinterpret_cast<uintptr_t>(r.shortcut) % 16 == 0;
   if (chunks && kRowsOnce) {
-    // a real row's index (< 2^31: the handlers bound the output's elements by int32), -1 for the others
-    long long own_row = 0;
-    const int own = row_of(lane % 16, own_row) ? static_cast<int>(own_row) : -1;
+    long long own = 0;  // row lane % 16's shortcut element, -1 for a row that is not real
+    if (!shortcut_of(lane % 16, own)) own = -1;
     const int row_chunks = 2 * cols <= kCols ? kCols / 16 : kCols / 8, rows_at_once = 32 / row_chunks;
     const int chunk = lane % row_chunks, col = col0 + 8 * chunk;
     const bool copies = col < p.n && col < r.channels, zeros = col < p.n && col >= r.channels;
@@ -171,12 +175,11 @@ __device__ __forceinline__ void StageShortcut(const BinaryGemmProblem& p, const 
     uint8_t* dst = stage + 16 * chunk;
 #pragma unroll 1
     for (int i = lane / row_chunks; i < 16; i += rows_at_once) {  // the same number of turns in every lane
-      const int row = __shfl_sync(0xffffffffu, own, i);
-      if (row < 0) continue;
+      const long long at = __shfl_sync(0xffffffffu, own, i);
+      if (at < 0) continue;
       uint8_t* to = dst + i * kStagedRowBytes<kCols>;
       if (copies) {
-        const int16_t* from = src + ShortcutOffset(p, r, row);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddress(to)), "l"(from) : "memory");
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddress(to)), "l"(src + at) : "memory");
       } else if (zeros) {
         *reinterpret_cast<uint4*>(to) = make_uint4(0, 0, 0, 0);
       }
@@ -190,11 +193,11 @@ __device__ __forceinline__ void StageShortcut(const BinaryGemmProblem& p, const 
     if (col < p.n) {
 #pragma unroll 1
       for (int i = lane / kChunks; i < 16; i += kRowStep) {
-        long long row;
-        if (!row_of(i, row)) continue;
+        long long at;
+        if (!shortcut_of(i, at)) continue;
         uint8_t* dst = stage + i * kStagedRowBytes<kCols> + 16 * chunk;
         if (col < r.channels) {
-          const int16_t* src = static_cast<const int16_t*>(r.shortcut) + ShortcutOffset(p, r, row) + col;
+          const int16_t* src = static_cast<const int16_t*>(r.shortcut) + at + col;
           asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddress(dst)), "l"(src) : "memory");
         } else {
           *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
@@ -207,10 +210,10 @@ __device__ __forceinline__ void StageShortcut(const BinaryGemmProblem& p, const 
 #pragma unroll 1
   for (int i = lane; i < 16 * cols; i += 32) {
     const int local = i / cols, col = i - local * cols;
-    long long row;
-    if (!row_of(local, row)) continue;
+    long long at;
+    if (!shortcut_of(local, at)) continue;
     reinterpret_cast<int16_t*>(stage + local * kStagedRowBytes<kCols>)[col] =
-        static_cast<int16_t>(ShortcutValue<true>(r, ShortcutOffset(p, r, row), col0 + col));
+        static_cast<int16_t>(ShortcutValue<true>(r, at, col0 + col));
   }
 }
 

@@ -369,13 +369,13 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       if constexpr (kNarrowStream) {
         {
           const int image = it.image + seg, row_step = kPixelPairs ? 2 : 1;
-          auto row_of = [&](int i, long long& row) {
+          auto shortcut_of = [&](int i, long long& at) {
             const int q = q0 + row_step * (16 * w + i);
             const int oy = Quotient(q, band.padded_w), ox = q - oy * wp;
-            row = (static_cast<long long>(image) * p.out_h + oy) * p.out_w + ox;
+            at = ShortcutOffsetAt(residual, image, oy, ox);
             return oy < p.out_h && ox < p.out_w;
           };
-          StageShortcut<kBandCols, true>(p, residual, stage, row_of, 0, p.n, lane);
+          StageShortcut<kBandCols, true>(p, residual, stage, shortcut_of, 0, p.n, lane);
         }
       }
       IssueBandSteps<kUnrolledSteps, kExactSteps>(acc, popc_a, step_desc, a_shift,

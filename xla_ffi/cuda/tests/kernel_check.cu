@@ -412,8 +412,9 @@ std::vector<ResidualCase> ResidualCases() {
 }
 
 // The outputs a timed case writes: the threshold bits, the int32 or int16 dot products, or a residual block's
-// second convolution (stream = dot + a stride-1 shortcut of O channels, and the stream's bits).
-enum class TimedOutput { kBits, kInt32, kInt16, kResidual, kResidualInt16, kResidualInt16Stream };
+// second convolution (stream = dot + a stride-1 shortcut of O channels, and the stream's bits; or a downsampling
+// block's: a stride-2 shortcut of O / 2 channels from an image of twice the height and width).
+enum class TimedOutput { kBits, kInt32, kInt16, kResidual, kResidualInt16, kResidualInt16Stream, kResidualInt16Stride2 };
 
 // Times the op of a case (packed in; `output` out) on one engine with CUDA events: the median of 9 single
 // launches after 2 warm-ups, then the mean of 30 launches queued back to back (as XLA runs them). Operands
@@ -446,12 +447,15 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path, TimedOutput
   jaxbnn::cuda::ResidualOperands r;
   if (jaxbnn::cuda::IsResidual(p.epilogue)) {
     CHECK_CUDA(cudaMalloc(&bits, bits_bytes));
-    CHECK_CUDA(cudaMalloc(&shortcut, values_bytes));
-    CHECK_CUDA(cudaMemset(shortcut, 0, values_bytes));
+    const int stride = output == TimedOutput::kResidualInt16Stride2 ? 2 : 1;
+    const size_t shortcut_bytes = stride * values_bytes;  // a stride-2 one holds twice the output's values
+    CHECK_CUDA(cudaMalloc(&shortcut, shortcut_bytes));
+    CHECK_CUDA(cudaMemset(shortcut, 0, shortcut_bytes));
     r.shortcut = shortcut;
-    r.height = p.out_h;
-    r.width = p.out_w;
-    r.channels = cc.o;
+    r.height = stride * p.out_h;
+    r.width = stride * p.out_w;
+    r.channels = cc.o / stride;
+    r.stride = stride;
     r.bits = output == TimedOutput::kResidualInt16Stream ? nullptr : bits;
   }
   const double int32_bytes = output == TimedOutput::kBits             ? 0.0
@@ -460,6 +464,8 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path, TimedOutput
                              : output == TimedOutput::kResidualInt16 ||
                                        output == TimedOutput::kResidualInt16Stream
                                  ? 1.0 * values_bytes
+                             : output == TimedOutput::kResidualInt16Stride2
+                                 ? 0.75 * values_bytes
                                                                       : 2.0 * values_bytes;
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
@@ -573,6 +579,7 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
     time(name + " i16", resnet18[i], TimedOutput::kInt16);
     time(name + " residual i16", resnet18[i], TimedOutput::kResidualInt16);
     time(name + " residual i16 stream", resnet18[i], TimedOutput::kResidualInt16Stream);
+    if (i > 0) time(name + " residual i16 s2", resnet18[i], TimedOutput::kResidualInt16Stride2);
   }
   for (int i = 0; i < 3; ++i) {
     const std::string name = "conv r14.l" + std::to_string(i + 1) + " b1024";
@@ -582,6 +589,7 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
     time(name + " residual", resnet14[i], TimedOutput::kResidual);
     time(name + " residual i16", resnet14[i], TimedOutput::kResidualInt16);
     time(name + " residual i16 stream", resnet14[i], TimedOutput::kResidualInt16Stream);
+    if (i > 0) time(name + " residual i16 s2", resnet14[i], TimedOutput::kResidualInt16Stride2);
   }
 }
 
