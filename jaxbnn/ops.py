@@ -18,8 +18,8 @@ import numpy as np
 from jaxbnn import _ffi, formats, reference
 from jaxbnn.formats import ConvBits, DenseBits, TernaryConvBits, TernaryDenseBits
 
-__all__ = ["pack_bits", "unpack_bits", "bmm", "bconv2d", "image_matmul", "image_conv2d", "pool_threshold_bits",
-           "side_by_side_weights"]
+__all__ = ["pack_bits", "unpack_bits", "bmm", "bconv2d", "image_matmul", "image_conv2d", "global_sum_bits",
+           "pool_threshold_bits", "side_by_side_weights"]
 
 
 # Every size, padding, stride, pool and extent fits int32, as the kernels' attributes and indices do.
@@ -748,6 +748,69 @@ def _int8(name, value, rank):
     if value.ndim != rank:
         raise ValueError(f"{name} must have rank {rank}, got shape {value.shape}")
     return value
+
+
+def global_sum_bits(stream, threshold, flip=None):
+    """Global sum pooling of an integer stream into the next layer's packed bits (a ResNet's pooled features):
+    per sample and channel the int32 sum over the two spatial axes, wrapping as int32 arithmetic does, then
+    `sum >= threshold` (`sum <= threshold` where `flip`).
+
+    stream: int16 or int32 `(..., H, W, C)`, the residual stream. threshold: integers `(C,)`, or `(P, C)` for P
+    planes (1 to `MAX_THRESHOLD_PLANES`: a ternary output's (nonneg, pos) pair is two), within int32 (the sums'
+    type: a device array of a dtype within int32, host values within its range). flip: bools (or any integers,
+    nonzero meaning set) of the threshold's shape; None: none set.
+    Returns uint32 `(..., ceil(C/32))`, or `(..., P, ceil(C/32))` for threshold planes, padding bits 0.
+    """
+    stream = stream if isinstance(stream, jax.Array) else np.asarray(stream)
+    if stream.dtype not in (jnp.int16, jnp.int32):
+        raise TypeError(f"stream must be the residual stream, int16 or int32, got dtype {stream.dtype}")
+    if stream.ndim < 3 or stream.shape[-1] < 1:
+        raise ValueError(f"stream must have shape (..., H, W, C) with C >= 1, got {stream.shape}")
+    h, w, c = stream.shape[-3:]
+    _positive_int("H * W", max(h * w, 1))
+    threshold = threshold if isinstance(threshold, jax.Array) else np.asarray(threshold)
+    stacked = threshold.ndim == 2
+    if threshold.ndim not in (1, 2) or threshold.shape[-1] != c or not (
+            1 <= (threshold.shape[0] if stacked else 1) <= MAX_THRESHOLD_PLANES):
+        raise ValueError(f"threshold must have shape ({c},) or (planes, {c}) with 1 to {MAX_THRESHOLD_PLANES} "
+                         f"planes, one value per channel, got {threshold.shape}")
+    if not jnp.issubdtype(threshold.dtype, jnp.integer):
+        raise TypeError(f"threshold must be integer (the sums are integers), got {threshold.dtype}")
+    info = np.iinfo(np.int32)
+    if isinstance(threshold, jax.Array):
+        if not (jnp.iinfo(threshold.dtype).min >= info.min and jnp.iinfo(threshold.dtype).max <= info.max):
+            raise TypeError(f"a device threshold must have a dtype within int32, got {threshold.dtype}")
+    elif threshold.size and not (info.min <= threshold.min() and threshold.max() <= info.max):
+        raise ValueError("threshold values must lie within int32: the sums are int32")
+    else:
+        threshold = threshold.astype(np.int32)
+    if flip is not None:
+        flip = flip if isinstance(flip, jax.Array) else np.asarray(flip)
+        if flip.shape != threshold.shape:
+            raise ValueError(f"flip must have the shape of threshold, {threshold.shape}, got {flip.shape}")
+    if not stacked:
+        threshold, flip = threshold[None], None if flip is None else flip[None]
+    _check_elements("the stream", stream.shape)
+    out = _global_sum_bits(stream, threshold, flip)
+    return out if stacked else out[..., 0, :]
+
+
+@jax.jit
+def _global_sum_bits(stream, threshold, flip):
+    """The checked op, compiled (as `_bmm`): one custom call over the samples folded into one batch axis."""
+    threshold = threshold.astype(jnp.int32)
+    flip = _flip_operand(flip, threshold.shape)
+    leading, (h, w, c) = stream.shape[:-3], stream.shape[-3:]
+    tail = (threshold.shape[0], formats.num_words(c))
+    rows = stream.reshape((math.prod(leading), h, w, c))
+    if rows.shape[0] == 0:
+        return jnp.zeros(leading + tail, jnp.uint32)
+
+    def single(x, t, f):
+        out_type = jax.ShapeDtypeStruct((x.shape[0],) + tail, jnp.uint32)
+        return _dispatch("jaxbnn_global_sum_bits", out_type, {}, reference.global_sum_bits, x, t, f)
+
+    return _fold_rows(single)(rows, threshold, flip).reshape(leading + tail)
 
 
 def pool_threshold_bits(bits, pool, flip_words):

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 
 from jaxbnn import formats
 
-__all__ = ["bmm", "bconv2d", "residual_epilogue", "image_matmul", "image_conv2d", "image_epilogue", "epilogue",
-           "max_pool"]
+__all__ = ["bmm", "bconv2d", "residual_epilogue", "global_sum_bits", "image_matmul", "image_conv2d",
+           "image_epilogue", "epilogue", "max_pool"]
 
 
 def _signs(bits, dtype):
@@ -136,6 +136,14 @@ def residual_epilogue(dot, shortcut, *, stride, shift, threshold=None, flip=None
     if threshold is None:
         return stream
     return stream, formats.pack_bits(formats.binarize(stream, threshold, flip))
+
+
+def global_sum_bits(stream, threshold, flip=None):
+    """Global pooling of a stream (B, H, W, C), int16 or int32, into threshold planes: the int32 sum over the
+    pixels of each image and channel (wrapping as int32 arithmetic does), then bits (B, P, ceil(C/32)) of
+    `sum >= threshold[p]` (`<=` where flip[p]) for threshold and flip (P, C)."""
+    total = jnp.sum(stream, axis=(1, 2), dtype=jnp.int32)
+    return epilogue(total, threshold=threshold, flip=flip)
 
 
 def image_matmul(levels, kernel):

@@ -325,7 +325,17 @@ def run_node(node, params, x, stream_dtype=jnp.int32, input_bits=None, following
             return (inner, stream), bits
         stream = _linear(node["conv2"], params["conv2"], inner, stream_dtype) + _shortcut(node, x).astype(stream_dtype)
         return (inner, stream), None
-    return _quantize(node["output"], params, jnp.sum(x, axis=(1, 2), dtype=jnp.int32)), None
+    return _global_pool(node["output"], params, x), None
+
+
+def _global_pool(domain, p, stream):
+    """A global_pool node: each image's int32 sum of the stream over its pixels through the node's thresholds,
+    in one op (`ops.global_sum_bits`): packed bits (binary), or the (nonneg, pos) plane pair (ternary)."""
+    if domain == "binary":
+        return ops.global_sum_bits(stream, p["threshold"], p["flip"])
+    planes = ops.global_sum_bits(stream, jnp.stack([p["threshold_nonneg"], p["threshold_pos"]]),
+                                 jnp.stack([p["flip_nonneg"], p["flip_pos"]]))
+    return planes[:, 0], planes[:, 1]
 
 
 def writes_stem_bits() -> bool:

@@ -723,3 +723,50 @@ def test_ternary_bconv2d_on_cuda_matches_the_cpu_kernels(engine, mode, case):
         got = np.asarray(jax.jit(conv)(_on(GPU, x), _on(GPU, w)))
         want = np.asarray(jax.jit(conv)(_on(CPU, x), _on(CPU, w)))
         np.testing.assert_array_equal(got, want, err_msg=f"epilogue {sorted(epilogue)}")
+
+
+# --- global pooling of the stream (ops.global_sum_bits) --------------------------------------------------------
+
+# (batch, h, w, c, planes): channels within and past whole words, one pixel, ResNet-18's and ResNet-14's last
+# streams, more pixels than the kernel's loads in flight and fewer
+GLOBAL_POOL_CASES = [(3, 7, 7, 70, 1), (1, 1, 1, 1, 2), (2, 4, 4, 512, 2), (5, 13, 11, 33, 1), (16, 7, 7, 512, 1),
+                     (64, 4, 4, 512, 2), (2, 3, 2, 96, 8)]
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.int32])
+@pytest.mark.parametrize("case", GLOBAL_POOL_CASES, ids=lambda c: f"b{c[0]}_{c[1]}x{c[2]}_c{c[3]}_p{c[4]}")
+def test_global_sum_bits_on_cuda_matches_the_cpu(case, dtype):
+    """The CUDA kernel against the reference on the CPU: streams spanning their type's range (an int32 stream's
+    sums wrap), thresholds at the sums (ties) and at the int32 limits, flipped channels."""
+    from jaxbnn import ops
+
+    batch, h, w_, c, planes = case
+    rng = np.random.default_rng(zlib.crc32(repr((case, np.dtype(dtype).name)).encode()))
+    info = np.iinfo(dtype)
+    stream = rng.integers(info.min, info.max, (batch, h, w_, c), endpoint=True, dtype=dtype)
+    total = ((stream.astype(np.int64).sum(axis=(1, 2)) + 2**31) % 2**32 - 2**31).astype(np.int32)
+    threshold = total[rng.integers(0, batch, (planes, c)), np.arange(c)] + rng.integers(-1, 2, (planes, c))
+    ends = np.array([-2**31, 2**31 - 1], np.int64)
+    threshold = np.where(rng.random((planes, c)) < 0.1, ends[rng.integers(0, 2, (planes, c))], threshold)
+    threshold = np.clip(threshold, -2**31, 2**31 - 1).astype(np.int32)
+    flip = rng.integers(0, 2, (planes, c)).astype(bool)
+    got = ops.global_sum_bits(jax.device_put(stream, GPU), jax.device_put(threshold, GPU), jax.device_put(flip, GPU))
+    with jax.default_device(CPU):
+        want = ops.global_sum_bits(stream, threshold, flip)
+    assert got.dtype == want.dtype == jnp.uint32 and got.shape == (batch, planes, formats.num_words(c))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_global_sum_bits_handler_rejects_inconsistent_shapes():
+    stream = np.zeros((2, 3, 3, 40), np.int16)
+    result = jax.ShapeDtypeStruct((2, 1, 2), jnp.uint32)
+    for threshold, flip, res, message in [
+            (np.zeros((1, 41), np.int32), np.zeros((1, 41), np.uint8), result, "threshold"),
+            (np.zeros((1, 40), np.int32), np.zeros((2, 40), np.uint8), result, "flip"),
+            (np.zeros((1, 40), np.int32), np.zeros((1, 40), np.uint8), jax.ShapeDtypeStruct((2, 1, 1), jnp.uint32),
+             "bits result")]:
+        with pytest.raises(Exception, match=message):
+            _call("jaxbnn_global_sum_bits", GPU, res, [stream, threshold, flip], {})
+    with pytest.raises(Exception, match="int16 or int32"):
+        _call("jaxbnn_global_sum_bits", GPU, result, [stream.astype(np.int8), np.zeros((1, 40), np.int32),
+                                                      np.zeros((1, 40), np.uint8)], {})

@@ -106,6 +106,61 @@ def test_pool_threshold_bits_refuses_bad_input():
         ops.pool_threshold_bits(bits, (5, 1), jnp.zeros(2, jnp.uint32))
 
 
+def numpy_global_sum_bits(stream, threshold, flip):
+    """The pooled bits by plain numpy: int64 sums wrapped to int32, compared, packed LSB first."""
+    total = stream.astype(np.int64).sum(axis=(-3, -2))
+    total = ((total + 2**31) % 2**32 - 2**31)[..., None, :]  # wraps as int32 arithmetic does
+    bits = np.where(flip, total <= threshold, total >= threshold)
+    words = -(-bits.shape[-1] // 32)
+    padded = np.zeros(bits.shape[:-1] + (32 * words,), bool)
+    padded[..., : bits.shape[-1]] = bits
+    weights = (np.uint64(1) << np.arange(32, dtype=np.uint64)).astype(np.uint64)
+    return (padded.reshape(bits.shape[:-1] + (words, 32)) * weights).sum(-1).astype(np.uint32)
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.int32])
+@pytest.mark.parametrize("shape, planes", [((3, 7, 7, 70), 1), ((1, 1, 1, 1), 2), ((2, 4, 4, 512), 2),
+                                           ((5, 13, 11, 33), 1)])
+def test_global_sum_bits_is_the_thresholded_int32_sum(shape, planes, dtype):
+    """Each image's int32 sum over its pixels (wrapping, at the int32 stream's extremes), compared with
+    every threshold plane, ties (a threshold equal to the sum) and flipped channels included."""
+    rng = np.random.default_rng(sum(shape) + planes)
+    info = np.iinfo(dtype)
+    stream = rng.integers(info.min, info.max, shape, endpoint=True, dtype=dtype)
+    total = ((stream.astype(np.int64).sum(axis=(1, 2)) + 2**31) % 2**32 - 2**31).astype(np.int32)
+    threshold = np.stack([np.where(rng.random(total.shape[-1]) < 0.5, total[0], total[-1] + rng.integers(-2, 3))
+                          for _ in range(planes)]).astype(np.int32)
+    flip = rng.integers(0, 2, threshold.shape).astype(bool)
+    want = numpy_global_sum_bits(stream, threshold, flip)
+    np.testing.assert_array_equal(np.asarray(ops.global_sum_bits(stream, threshold, flip)), want)
+    np.testing.assert_array_equal(np.asarray(ops.global_sum_bits(stream, threshold[0], flip[0])), want[:, 0])
+    np.testing.assert_array_equal(np.asarray(reference.global_sum_bits(stream, threshold, flip)), want)
+    # leading axes fold into the batch, under jit and vmap
+    stacked = np.stack([stream, stream[::-1]])
+    got = jax.jit(jax.vmap(lambda x: ops.global_sum_bits(x, threshold, flip)))(stacked)
+    np.testing.assert_array_equal(np.asarray(got), np.stack([want, want[::-1]]))
+
+
+def test_global_sum_bits_refuses_bad_input():
+    stream = np.zeros((2, 3, 3, 40), np.int16)
+    threshold = np.zeros(40, np.int32)
+    with pytest.raises(TypeError, match="int16 or int32"):
+        ops.global_sum_bits(stream.astype(np.int8), threshold)
+    with pytest.raises(ValueError, match=r"\(\.\.\., H, W, C\)"):
+        ops.global_sum_bits(stream[0, 0], threshold)
+    with pytest.raises(ValueError, match=r"threshold must have shape \(40,\) or \(planes, 40\)"):
+        ops.global_sum_bits(stream, threshold[:39])
+    with pytest.raises(ValueError, match="1 to 8"):
+        ops.global_sum_bits(stream, np.zeros((9, 40), np.int32))
+    with pytest.raises(TypeError, match="integer"):
+        ops.global_sum_bits(stream, threshold.astype(np.float32))
+    with pytest.raises(ValueError, match="within int32"):
+        ops.global_sum_bits(stream, threshold.astype(np.int64) + 2**31)
+    with pytest.raises(ValueError, match="flip must have the shape of threshold"):
+        ops.global_sum_bits(stream, threshold, np.zeros(41, bool))
+    assert ops.global_sum_bits(stream[:0], threshold).shape == (0, 2)
+
+
 # --- native kernels against the reference ---------------------------------------------------------
 
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "binary_gemm.h"
+#include "global_pool.h"
 #include "image_conv.h"
 #include "common/checks.h"
 #include "common/formats.h"
@@ -439,6 +440,48 @@ ffi::Error ImageConv(cudaStream_t stream, const ffi::AnyBuffer& levels, const ff
   return ffi::Error::Success();
 }
 
+// Global pooling of a stream (B, H, W, C), int16 or int32, into threshold planes' bits (B, planes, ceil(C / 32)).
+ffi::Error GlobalSumBitsImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> threshold,
+                             ffi::Buffer<ffi::U8> flip, ffi::ResultBuffer<ffi::U32> out) {
+  const HandlerTimer timer;
+  if (x.element_type() != ffi::S16 && x.element_type() != ffi::S32) {
+    return Invalid("global_sum_bits takes an int16 or int32 stream");
+  }
+  const auto dims = x.dimensions();
+  if (dims.size() != 4 || dims[3] < 1) {
+    return Invalid("global_sum_bits stream must be (B, H, W, C) with C >= 1, got " + Dims(dims));
+  }
+  const auto t_dims = threshold.dimensions();
+  if (t_dims.size() != 2 || t_dims[0] < 1 || t_dims[0] > kMaxGlobalSumPlanes || t_dims[1] != dims[3]) {
+    return Invalid("global_sum_bits threshold must be (planes, " + std::to_string(dims[3]) + ") with 1 to " +
+                   std::to_string(kMaxGlobalSumPlanes) + " planes, got " + Dims(t_dims));
+  }
+  const int64_t batch = dims[0], pixels = dims[1] * dims[2], channels = dims[3], planes = t_dims[0];
+  if (auto err = ExpectShape("flip", flip, {planes, channels})) return *err;
+  if (auto err = ExpectShape("the bits result", *out, {batch, planes, CeilDiv(channels, 32)})) return *err;
+  // int32: the images, pixels, channels and (image, word) items; the elements are indexed in int64
+  if (!FitsInt(batch) || !ProductFitsInt({dims[1], dims[2]}) || !FitsInt(channels) ||
+      checks::CheckedProduct({batch, pixels, channels}) < 0 ||
+      !FitsInt(checks::CheckedProduct({batch, CeilDiv(channels, 32)}))) {
+    return Invalid("global_sum_bits stream too large for the CUDA kernel");
+  }
+  GlobalSumProblem p;
+  p.stream = x.untyped_data();
+  p.narrow = x.element_type() == ffi::S16;
+  p.threshold = threshold.typed_data();
+  p.flip = flip.typed_data();
+  p.out_bits = out->typed_data();
+  p.batch = static_cast<int>(batch);
+  p.pixels = static_cast<int>(pixels);
+  p.channels = static_cast<int>(channels);
+  p.planes = static_cast<int>(planes);
+  const cudaError_t err = LaunchGlobalSumBits(p, stream);
+  if (err != cudaSuccess) {
+    return ffi::Error::Internal(std::string("jaxbnn CUDA global_sum_bits launch failed: ") + cudaGetErrorString(err));
+  }
+  return ffi::Error::Success();
+}
+
 // ---- the handlers ----
 
 ffi::Error BmmI32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> a, ffi::Buffer<ffi::U32> b,
@@ -700,4 +743,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaImageConvBits, jaxbnn::cuda::ImageConvBi
                                   .Arg<ffi::Buffer<ffi::S8>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>() JAXBNN_BIND_IMAGE_ATTRS.Ret<ffi::Buffer<ffi::U32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaGlobalSumBits, jaxbnn::cuda::GlobalSumBitsImpl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Ret<ffi::Buffer<ffi::U32>>(),
                               {ffi::Traits::kCmdBufferCompatible});

@@ -24,6 +24,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCudaImageConvBits);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCudaImageConvI16);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCudaImageConvI32Bits);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCudaImageConvI16Bits);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCudaGlobalSumBits);
 
 namespace jaxbnn::cuda {
 

@@ -4,7 +4,8 @@
 // Also the workload of the compute-sanitizer runs (`--small`); `--residual` checks only the residual epilogue
 // (Epilogue::kResidual); `--image` checks only the first-layer kernel (LaunchImageConv: int8 levels, and the same
 // as uint8 pixels, against a CPU convolution); `--dense` checks only the convolutions of fewer than 32 channels
-// (the dense-tap kernel's and two of the word layout). Exit status 0 only if every case matches.
+// (the dense-tap kernel's and two of the word layout); `--global-pool` checks only the global pooling kernel
+// (LaunchGlobalSumBits, against a CPU sum). Exit status 0 only if every case matches.
 //
 //   cmake -S . -B build/kernels -DJAXBNN_CUDA=ON -DJAXBNN_KERNEL_TESTS=ON && cmake --build build/kernels --target kernel_check
 //   ctest --test-dir build/kernels -L check          (or -L sanitizer: memcheck, racecheck, initcheck, synccheck)
@@ -22,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/binary_gemm.h"
+#include "cuda/global_pool.h"
 #include "cuda/image_conv.h"
 
 using jaxbnn::cuda::BinaryGemmProblem;
@@ -896,6 +898,78 @@ long RunImageCase(const ImageCase& ic, bool pixels) {
   return wrong;
 }
 
+struct GlobalPoolCase {
+  int batch, h, w, c, planes;
+};
+
+// Runs one global pooling case into poisoned bits (an int16 stream where narrow, else int32, over its whole
+// range: int32 sums wrap); returns the number of wrong words. Thresholds at the sums (ties) and the int32 limits.
+long RunGlobalPoolCase(const GlobalPoolCase& gc, bool narrow) {
+  const size_t pixels = static_cast<size_t>(gc.h) * gc.w, words = (gc.c + 31) / 32;
+  std::vector<int32_t> values(gc.batch * pixels * gc.c);
+  for (int32_t& v : values) v = narrow ? static_cast<int16_t>(rng()) : static_cast<int32_t>(rng());
+  std::vector<int32_t> sums(static_cast<size_t>(gc.batch) * gc.c);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const size_t b = i / (pixels * gc.c), c = i % gc.c;
+    sums[b * gc.c + c] = static_cast<int32_t>(static_cast<uint32_t>(sums[b * gc.c + c]) + static_cast<uint32_t>(values[i]));
+  }
+  std::vector<int32_t> threshold(static_cast<size_t>(gc.planes) * gc.c);
+  std::vector<uint8_t> flip(threshold.size());
+  for (size_t i = 0; i < threshold.size(); ++i) {
+    const uint64_t r = rng();
+    const int32_t at = sums[(r >> 8) % gc.batch * gc.c + i % gc.c];
+    threshold[i] = r % 13 == 0 ? INT32_MIN : r % 13 == 1 ? INT32_MAX : at + static_cast<int32_t>(r % 3) - 1;
+    flip[i] = (r >> 32) & 1;
+  }
+  std::vector<uint32_t> want(gc.batch * gc.planes * words, 0);
+  for (int b = 0; b < gc.batch; ++b) {
+    for (int pl = 0; pl < gc.planes; ++pl) {
+      for (int c = 0; c < gc.c; ++c) {
+        const int32_t sum = sums[static_cast<size_t>(b) * gc.c + c], t = threshold[pl * gc.c + c];
+        const bool bit = flip[pl * gc.c + c] ? sum <= t : sum >= t;
+        want[(static_cast<size_t>(b) * gc.planes + pl) * words + c / 32] |= static_cast<uint32_t>(bit) << (c % 32);
+      }
+    }
+  }
+  std::vector<int16_t> narrow_values(narrow ? values.size() : 0);
+  for (size_t i = 0; i < narrow_values.size(); ++i) narrow_values[i] = static_cast<int16_t>(values[i]);
+  void* d_stream = narrow ? static_cast<void*>(ToDevice(narrow_values)) : static_cast<void*>(ToDevice(values));
+  int32_t* d_threshold = ToDevice(threshold);
+  uint8_t* d_flip = ToDevice(flip);
+  uint32_t* d_bits = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_bits, std::max<size_t>(want.size(), 1) * 4));
+  CHECK_CUDA(cudaMemset(d_bits, 0xA5, std::max<size_t>(want.size(), 1) * 4));  // poison: unwritten words show
+  jaxbnn::cuda::GlobalSumProblem p;
+  p.stream = d_stream;
+  p.narrow = narrow;
+  p.threshold = d_threshold;
+  p.flip = d_flip;
+  p.out_bits = d_bits;
+  p.batch = gc.batch;
+  p.pixels = static_cast<int>(pixels);
+  p.channels = gc.c;
+  p.planes = gc.planes;
+  CHECK_CUDA(jaxbnn::cuda::LaunchGlobalSumBits(p, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<uint32_t> got(want.size());
+  if (!got.empty()) CHECK_CUDA(cudaMemcpy(got.data(), d_bits, got.size() * 4, cudaMemcpyDeviceToHost));
+  long wrong = 0;
+  for (size_t i = 0; i < want.size(); ++i) wrong += got[i] != want[i];
+  std::printf("global pool %dx%dx%dx%d planes %d %s: %ld / %zu wrong\n", gc.batch, gc.h, gc.w, gc.c, gc.planes,
+              narrow ? "int16" : "int32", wrong, want.size());
+  for (void* d : {d_stream, static_cast<void*>(d_threshold), static_cast<void*>(d_flip), static_cast<void*>(d_bits)}) {
+    CHECK_CUDA(cudaFree(d));
+  }
+  return wrong;
+}
+
+// Pixels from one to past a warp's round of loads at every split (one warp an item to eight), channels within and
+// past whole words, the zoo ResNets' last streams, eight planes.
+std::vector<GlobalPoolCase> GlobalPoolCases() {
+  return {{3, 1, 1, 1, 2},   {5, 2, 4, 33, 1},   {2, 3, 3, 70, 2},   {4, 4, 4, 512, 1}, {3, 5, 5, 96, 8},
+          {2, 7, 7, 512, 2}, {9, 8, 9, 64, 1},   {1, 13, 11, 40, 1}, {2, 1, 17, 31, 2}, {33, 7, 7, 128, 1}};
+}
+
 // The zoo's first layers at small sizes, odd shapes, the largest pool window, the extremes.
 std::vector<ImageCase> ImageCases() {
   return {
@@ -964,6 +1038,14 @@ int main(int argc, char** argv) {
     std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
     return failures ? 1 : 0;
   }
+  if (mode == "--global-pool") {  // the global pooling kernel's cases only
+    long failures = 0;
+    for (const GlobalPoolCase& gc : GlobalPoolCases()) {
+      for (bool narrow : {false, true}) failures += RunGlobalPoolCase(gc, narrow) != 0;
+    }
+    std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
+    return failures ? 1 : 0;
+  }
   if (mode == "--residual") {  // the residual epilogue's cases only, on every engine
     long failures = 0;
     for (const ResidualCase& rc : ResidualCases()) {
@@ -1004,6 +1086,9 @@ int main(int argc, char** argv) {
     for (bool pixels : {false, true}) failures += RunImageCase(ic, pixels) != 0;
   }
   if (!dense) {
+    for (const GlobalPoolCase& gc : GlobalPoolCases()) {
+      for (bool narrow : {false, true}) failures += RunGlobalPoolCase(gc, narrow) != 0;
+    }
     for (const ResidualCase& rc : ResidualCases()) {
       for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
         for (bool narrow : {false, true}) failures += RunResidualCase(rc, path, narrow) != 0;
