@@ -519,17 +519,24 @@ def _stream_threshold(threshold, flip, n):
         if flip is not None:
             raise ValueError("flip only applies with a threshold")
         return None, None
-    threshold = _vector("threshold", threshold, n)
+    threshold = _int32_threshold(_vector("threshold", threshold, n), "the stream's values")
+    flip = None if flip is None else _vector("flip", flip, n)
+    return threshold, flip
+
+
+def _int32_threshold(threshold, compared):
+    """Integer thresholds that int32 values (`compared`, named in the errors) meet as they are: a device array of
+    a dtype within int32, or host values within its range (then as int32)."""
     if not jnp.issubdtype(threshold.dtype, jnp.integer):
-        raise TypeError(f"threshold must be integer (the stream holds integers), got {threshold.dtype}")
+        raise TypeError(f"threshold must be integer ({compared} are integers), got {threshold.dtype}")
     info = np.iinfo(np.int32)
     if isinstance(threshold, jax.Array):
         if not (jnp.iinfo(threshold.dtype).min >= info.min and jnp.iinfo(threshold.dtype).max <= info.max):
             raise TypeError(f"a device threshold must have a dtype within int32, got {threshold.dtype}")
-    elif threshold.size and not (info.min <= threshold.min() and threshold.max() <= info.max):
-        raise ValueError("threshold values must lie within int32: the stream's values are int32")
-    flip = None if flip is None else _vector("flip", flip, n)
-    return threshold, flip
+        return threshold
+    if threshold.size and not (info.min <= threshold.min() and threshold.max() <= info.max):
+        raise ValueError(f"threshold values must lie within int32: {compared} are int32")
+    return threshold.astype(np.int32)
 
 
 def image_matmul(levels, kernel, *, shift=0, threshold=None, flip=None, out_dtype="int32", keep_stream=False):
@@ -701,16 +708,25 @@ MAX_IMAGE_POOL_WINDOW = 128  # elements of a first layer's pool window: one tile
 def _threshold_planes(threshold, flip, n, bound):
     """`threshold` and `flip` of `image_conv2d` as (P, N) planes, host thresholds saturated to +-bound, and
     whether they were given as planes."""
+
+    def saturated(t):
+        if not (jnp.issubdtype(t.dtype, jnp.integer) or t.dtype == object):
+            raise TypeError(f"threshold must be integer (the pre-activations are integers), got {t.dtype}")
+        return t if isinstance(t, jax.Array) else _saturate_host(t.reshape(-1), bound).reshape(t.shape)
+
+    return _planes(threshold, flip, n, saturated)
+
+
+def _planes(threshold, flip, n, checked):
+    """`threshold` (N,) or (P, N) with `flip` of its shape as (P, N) planes, the thresholds through `checked`,
+    and whether they were given as planes."""
     threshold = threshold if isinstance(threshold, jax.Array) else np.asarray(threshold)
     stacked = threshold.ndim == 2
     if threshold.ndim not in (1, 2) or threshold.shape[-1] != n or not (
             1 <= (threshold.shape[0] if stacked else 1) <= MAX_THRESHOLD_PLANES):
         raise ValueError(f"threshold must have shape ({n},) or (planes, {n}) with 1 to {MAX_THRESHOLD_PLANES} "
-                         f"planes, one value per output channel, got {threshold.shape}")
-    if not (jnp.issubdtype(threshold.dtype, jnp.integer) or threshold.dtype == object):
-        raise TypeError(f"threshold must be integer (the pre-activations are integers), got {threshold.dtype}")
-    if not isinstance(threshold, jax.Array):
-        threshold = _saturate_host(threshold.reshape(-1), bound).reshape(threshold.shape)
+                         f"planes, one value per channel, got {threshold.shape}")
+    threshold = checked(threshold)
     if flip is not None:
         flip = flip if isinstance(flip, jax.Array) else np.asarray(flip)
         if flip.shape != threshold.shape:
@@ -768,28 +784,7 @@ def global_sum_bits(stream, threshold, flip=None):
         raise ValueError(f"stream must have shape (..., H, W, C) with C >= 1, got {stream.shape}")
     h, w, c = stream.shape[-3:]
     _positive_int("H * W", max(h * w, 1))
-    threshold = threshold if isinstance(threshold, jax.Array) else np.asarray(threshold)
-    stacked = threshold.ndim == 2
-    if threshold.ndim not in (1, 2) or threshold.shape[-1] != c or not (
-            1 <= (threshold.shape[0] if stacked else 1) <= MAX_THRESHOLD_PLANES):
-        raise ValueError(f"threshold must have shape ({c},) or (planes, {c}) with 1 to {MAX_THRESHOLD_PLANES} "
-                         f"planes, one value per channel, got {threshold.shape}")
-    if not jnp.issubdtype(threshold.dtype, jnp.integer):
-        raise TypeError(f"threshold must be integer (the sums are integers), got {threshold.dtype}")
-    info = np.iinfo(np.int32)
-    if isinstance(threshold, jax.Array):
-        if not (jnp.iinfo(threshold.dtype).min >= info.min and jnp.iinfo(threshold.dtype).max <= info.max):
-            raise TypeError(f"a device threshold must have a dtype within int32, got {threshold.dtype}")
-    elif threshold.size and not (info.min <= threshold.min() and threshold.max() <= info.max):
-        raise ValueError("threshold values must lie within int32: the sums are int32")
-    else:
-        threshold = threshold.astype(np.int32)
-    if flip is not None:
-        flip = flip if isinstance(flip, jax.Array) else np.asarray(flip)
-        if flip.shape != threshold.shape:
-            raise ValueError(f"flip must have the shape of threshold, {threshold.shape}, got {flip.shape}")
-    if not stacked:
-        threshold, flip = threshold[None], None if flip is None else flip[None]
+    threshold, flip, stacked = _planes(threshold, flip, c, lambda t: _int32_threshold(t, "the sums"))
     _check_elements("the stream", stream.shape)
     out = _global_sum_bits(stream, threshold, flip)
     return out if stacked else out[..., 0, :]
