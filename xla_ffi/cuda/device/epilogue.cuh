@@ -168,13 +168,17 @@ __device__ __forceinline__ void StageShortcut(const BinaryGemmProblem& p, const 
   if (chunks && kRowsOnce) {
     long long own = 0;  // row lane % 16's shortcut element, -1 for a row that is not real
     if (!shortcut_of(lane % 16, own)) own = -1;
-    const int row_chunks = 2 * cols <= kCols ? kCols / 16 : kCols / 8, rows_at_once = 32 / row_chunks;
-    const int chunk = lane % row_chunks, col = col0 + 8 * chunk;
+    // kCols / 16 or kCols / 8 chunks a row, a power of two: shifts and masks (as a runtime divisor, its
+    // division was ~35 of the band kernel's ~920 instructions a warp and tile at C = 64; ncu)
+    constexpr int kQuarterShift = kCols == 128 ? 3 : 4;
+    const int chunk_shift = 2 * cols <= kCols ? kQuarterShift : kQuarterShift + 1;
+    const int row_chunks = 1 << chunk_shift, rows_at_once = 32 >> chunk_shift;
+    const int chunk = lane & (row_chunks - 1), col = col0 + 8 * chunk;
     const bool copies = col < p.n && col < r.channels, zeros = col < p.n && col >= r.channels;
     const int16_t* src = static_cast<const int16_t*>(r.shortcut) + col;
     uint8_t* dst = stage + 16 * chunk;
 #pragma unroll 1
-    for (int i = lane / row_chunks; i < 16; i += rows_at_once) {  // the same number of turns in every lane
+    for (int i = lane >> chunk_shift; i < 16; i += rows_at_once) {  // the same number of turns in every lane
       const long long at = __shfl_sync(0xffffffffu, own, i);
       if (at < 0) continue;
       uint8_t* to = dst + i * kStagedRowBytes<kCols>;
