@@ -161,6 +161,25 @@ def test_global_sum_bits_refuses_bad_input():
     assert ops.global_sum_bits(stream[:0], threshold).shape == (0, 2)
 
 
+def test_global_sum_bits_is_one_custom_call_on_the_cpu_that_refuses_bad_operands():
+    """The op lowers to the CPU handler; called directly, the handler refuses operands that do not agree."""
+    stream = np.zeros((2, 3, 3, 40), np.int16)
+    threshold, flip = np.zeros((1, 40), np.int32), np.zeros((1, 40), np.uint8)
+    hlo = jax.jit(ops.global_sum_bits).lower(stream, threshold[0]).as_text()
+    assert "jaxbnn_global_sum_bits" in hlo
+    result = jax.ShapeDtypeStruct((2, 1, 2), jnp.uint32)
+    call = lambda res, *operands: jax.ffi.ffi_call("jaxbnn_global_sum_bits", res)(*operands)  # noqa: E731
+    for operands, res, message in [
+            ((stream, np.zeros((1, 41), np.int32), flip), result, "threshold"),
+            ((stream, threshold, np.zeros((2, 40), np.uint8)), result, "flip"),
+            ((stream, threshold, flip), jax.ShapeDtypeStruct((2, 1, 1), jnp.uint32), "result"),
+            ((stream.astype(np.int8), threshold, flip), result, "int16 or int32"),
+            ((stream, np.zeros((9, 40), np.int32), np.zeros((9, 40), np.uint8)),
+             jax.ShapeDtypeStruct((2, 9, 2), jnp.uint32), "1 to 8 planes")]:
+        with pytest.raises(Exception, match=message):
+            jax.block_until_ready(call(res, *operands))
+
+
 # --- native kernels against the reference ---------------------------------------------------------
 
 

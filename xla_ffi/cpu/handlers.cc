@@ -12,6 +12,7 @@
 #include "cpu/bit_kernels.h"
 #include "cpu/image_checks.h"
 #include "cpu/image_kernels.h"
+#include "cpu/pool_kernels.h"
 #include "cpu/ternary_kernels.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -304,6 +305,55 @@ ffi::Error MixedConv2d(std::string_view target, Mix mix, Epilogue kind, ffi::Thr
 JAXBNN_MIXED_TARGETS(JAXBNN_DEFINE_MIXED)
 #undef JAXBNN_DEFINE_MIXED
 
+ffi::Error GlobalSumBits(ffi::ThreadPool pool, ffi::AnyBuffer stream, ffi::AnyBuffer threshold, ffi::AnyBuffer flip,
+                         ffi::Result<ffi::AnyBuffer> out) {
+  using namespace checks;
+  constexpr std::string_view target = "jaxbnn_global_sum_bits";
+  const auto dims = stream.dimensions();
+  if ((stream.element_type() != ffi::DataType::S16 && stream.element_type() != ffi::DataType::S32) ||
+      dims.size() != 4 || dims[3] < 1) {
+    return Invalid(target, Concat("stream must be int16 or int32 of rank 4 (B, H, W, C) with C >= 1, got ",
+                                  DtypeName(stream.element_type()), " of shape ", ShapeString(dims)));
+  }
+  if (auto error = CheckDtypeRank(target, "threshold", threshold, ffi::DataType::S32, 2, "(planes, C)");
+      error.failure()) {
+    return error;
+  }
+  const int64_t planes = threshold.dimensions()[0], channels = dims[3], words = (channels + 31) / 32;
+  if (planes < 1 || planes > kMaxThresholdPlanes) {
+    return Invalid(target, Concat("threshold must have 1 to ", kMaxThresholdPlanes, " planes, got ", planes));
+  }
+  if (auto error = CheckShape(target, "threshold", threshold, {planes, channels}, "the stream's channels");
+      error.failure()) {
+    return error;
+  }
+  if (auto error = CheckDtypeRank(target, "flip", flip, ffi::DataType::U8, 2, "(planes, C)"); error.failure()) {
+    return error;
+  }
+  if (auto error = CheckShape(target, "flip", flip, {planes, channels}, "the threshold"); error.failure()) {
+    return error;
+  }
+  if (auto error = CheckDtypeRank(target, "result", *out, ffi::DataType::U32, 3, "(B, planes, words)");
+      error.failure()) {
+    return error;
+  }
+  if (auto error = CheckShape(target, "result", *out, {dims[0], planes, words}, "the stream and threshold");
+      error.failure()) {
+    return error;
+  }
+  GlobalSumProblem problem;
+  problem.stream = stream.untyped_data();
+  problem.narrow = stream.element_type() == ffi::DataType::S16;
+  problem.threshold = static_cast<const int32_t*>(threshold.untyped_data());
+  problem.flip = static_cast<const uint8_t*>(flip.untyped_data());
+  problem.bits = static_cast<uint32_t*>(out->untyped_data());
+  problem.batch = dims[0];
+  problem.pixels = dims[1] * dims[2];
+  problem.channels = channels;
+  problem.planes = planes;
+  return Guarded(target, [&] { RunGlobalSumBits(problem, &pool); });
+}
+
 }  // namespace
 }  // namespace jaxbnn::cpu
 
@@ -436,3 +486,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dBits, jaxbnn::cpu::ImageConv2d
           .Ret<AnyBuffer>());
 JAXBNN_MIXED_TARGETS(JAXBNN_BIND_MIXED)
 #undef JAXBNN_BIND_MIXED
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuGlobalSumBits, jaxbnn::cpu::GlobalSumBits,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<AnyBuffer>()  // stream
+                                  .Arg<AnyBuffer>()  // threshold
+                                  .Arg<AnyBuffer>()  // flip
+                                  .Ret<AnyBuffer>());

@@ -14,6 +14,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualI32);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualBits);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI32);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dBits);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuGlobalSumBits);
 
 // The ternary and mixed targets jaxbnn_{mode}_{bmm,conv2d}_{epilogue}, as X(mode, Mode, epilogue, Epilogue):
 // their handlers are JaxbnnCpu{Mode}Bmm{Epilogue} and JaxbnnCpu{Mode}Conv2d{Epilogue}.

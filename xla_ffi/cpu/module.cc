@@ -32,6 +32,7 @@ nb::dict Registrations() {
   targets["jaxbnn_bconv2d_residual_bits"] = HandlerCapsule(JaxbnnCpuBconv2dResidualBits);
   targets["jaxbnn_image_conv2d_i32"] = HandlerCapsule(JaxbnnCpuImageConv2dI32);
   targets["jaxbnn_image_conv2d_bits"] = HandlerCapsule(JaxbnnCpuImageConv2dBits);
+  targets["jaxbnn_global_sum_bits"] = HandlerCapsule(JaxbnnCpuGlobalSumBits);
 #define JAXBNN_REGISTER_MIXED(mode, Mode, epi, Epi)                                      \
   targets["jaxbnn_" #mode "_bmm_" #epi] = HandlerCapsule(JaxbnnCpu##Mode##Bmm##Epi);     \
   targets["jaxbnn_" #mode "_conv2d_" #epi] = HandlerCapsule(JaxbnnCpu##Mode##Conv2d##Epi);
