@@ -19,7 +19,7 @@ REPOSITORY = pathlib.Path(__file__).parents[1]
 
 TARGETS = [f"jaxbnn_{op}_{kind}" for op in ("bmm", "bconv2d") for kind in ("i32", "f32", "bits")] + [
     "jaxbnn_bconv2d_residual_i32", "jaxbnn_bconv2d_residual_bits", "jaxbnn_image_conv2d_i32",
-    "jaxbnn_image_conv2d_bits"] + [
+    "jaxbnn_image_conv2d_bits", "jaxbnn_global_sum_bits"] + [
     f"jaxbnn_{mode}_{op}_{kind}" for mode in ("tnn", "tbn", "btn") for op in ("bmm", "conv2d")
     for kind in ("i32", "f32", "bits")]  # fmt: skip
 
