@@ -331,11 +331,8 @@ def run_node(node, params, x, stream_dtype=jnp.int32, input_bits=None, following
 def _global_pool(domain, p, stream):
     """A global_pool node: each image's int32 sum of the stream over its pixels through the node's thresholds,
     in one op (`ops.global_sum_bits`): packed bits (binary), or the (nonneg, pos) plane pair (ternary)."""
-    if domain == "binary":
-        return ops.global_sum_bits(stream, p["threshold"], p["flip"])
-    planes = ops.global_sum_bits(stream, jnp.stack([p["threshold_nonneg"], p["threshold_pos"]]),
-                                 jnp.stack([p["flip_nonneg"], p["flip_pos"]]))
-    return planes[:, 0], planes[:, 1]
+    out = ops.global_sum_bits(stream, **_threshold_epilogue(domain, p))
+    return out if domain == "binary" else (out[:, 0], out[:, 1])
 
 
 def writes_stem_bits() -> bool:
