@@ -395,6 +395,12 @@ IMAGE_LAYERS = [  # (image (B, H, W, C), kernel (KH, KW), N, stride, padding, po
     ((3, 21, 23, 1), (7, 7), 33, 3, "SAME", None, 2, 0),  # one channel: 7 taps in two slots of 4 pixels
     ((2, 19, 27, 2), (3, 5), 40, (1, 2), "SAME", (2, 2), 1, 0),  # two channels, two pixels a slot
     ((3, 13, 21, 4), (3, 3), 70, 1, "SAME", (2, 2), 0, 2),  # four channels, a pooled stream of 70 channels
+    # the GEMM form (1 x 1, stride 1, no padding or pool, C and N multiples of 16): whole K chunks or not, partial
+    # row and column tiles
+    ((37, 1, 1, 784), (1, 1), 1024, 1, "VALID", None, 1, 0),  # the MNIST MLP's first layer
+    ((300, 1, 1, 784), (1, 1), 96, 1, "VALID", None, 2, 0),  # three row tiles, two planes
+    ((3, 5, 7, 48), (1, 1), 80, 1, "VALID", None, 0, 3),  # a 1 x 1 conv over pixels, int32
+    ((130, 1, 1, 1040), (1, 1), 64, 1, "VALID", None, 8, 0),  # K = 8 chunks + 16 bytes, eight planes
 ]
 
 
@@ -457,6 +463,8 @@ IMAGE_STREAMS = [  # (image, kernel (KH, KW), N, stride, padding, pool, out_dtyp
     ((3, 9, 13, 5), (2, 3), 33, (1, 2), ((0, 3), (4, 0)), (3, 2), "int16", 2, 1),  # the im2col kernel
     ((2, 12, 12, 8), (3, 3), 130, 1, "SAME", None, "int16", 0, 0),  # its 128-column tiles, wrapping
     ((37, 1, 1, 784), (1, 1), 100, 1, "VALID", None, "int32", 1, 4),  # a dense first layer's stream and bits
+    ((70, 1, 1, 16), (1, 1), 48, 1, "VALID", None, "int16", 1, 0),  # the GEMM form's int16 stream and bits
+    ((2, 3, 3, 256), (1, 1), 32, 1, "VALID", None, "int32", 2, 2),  # and its int32, two whole K chunks
     ((0, 9, 9, 3), (3, 3), 16, 1, "SAME", None, "int16", 1, 0),  # an empty batch
 ]
 

@@ -47,7 +47,8 @@ inline constexpr int kMaxImageColumnTiles = 65535;
 inline constexpr int kImageTileColumns = 64;
 
 // Launches the first layer on `stream` (nothing for an empty problem): the windowed kernel where it takes the
-// problem, else the im2col kernel; returns the launch error, if any.
+// problem, the GEMM form where it does (a 1 x 1 kernel at stride 1, no padding or pool, C and N multiples of 16),
+// else the im2col kernel; returns the launch error, if any.
 cudaError_t LaunchImageConv(const ImageConvProblem& problem, cudaStream_t stream);
 
 }  // namespace jaxbnn::cuda

@@ -1,4 +1,4 @@
-// The first-layer kernel of the problems the windowed kernel (kernels/image_window.cu) does not take: an implicit
+// The first-layer kernels of the problems the windowed kernel (kernels/image_window.cu) does not take: an implicit
 // GEMM of int8 image levels and int8 weights on IMMA m16n8k32 (mma.sync, sm_80+), 128-row tiles of 64 or 128
 // columns. Rows are conv output pixels ordered window by window, so a tile holds whole pool windows; the epilogue
 // pools in shared memory and writes the stream (int32 or int16), each threshold plane's packed bits, or both,
@@ -16,7 +16,7 @@
 // field and a K byte's tap, tabled in shared memory: the origins once per tile, the taps once per CTA),
 // GatherStep (a K step's levels, and the weights where they are not resident, into registers), StoreStep
 // (registers to the stage), Mma (the step's IMMAs), the epilogue (StoreAccumulators, PoolInPlace, StoreStream /
-// StoreBits).
+// StoreBits). Where nothing needs gathering (a dense first layer) the GEMM form below takes the problem.
 #include "cuda/image_conv.h"
 
 #include <climits>
@@ -56,7 +56,7 @@ struct Shape {
   static constexpr int kTileLd = kCols + 4;  // int32 words per row of the epilogue tile (16-byte rows)
   static constexpr int kTileWords = kCols / 32;
   // K steps whose weights stay in shared memory for the CTA's life (64 columns: K <= 1024 bytes, every zoo
-  // first layer and the MNIST MLP's 784; 128 columns: K <= 512, every zoo conv); longer reductions gather
+  // first layer; 128 columns: K <= 512, every zoo conv); longer reductions gather
   // each step's weights with its levels.
   static constexpr int kMaxResidentSteps = kCols == 64 ? 32 : 16;
   static constexpr int kTileBytes = kRows * kTileLd * 4;
@@ -227,7 +227,7 @@ __device__ __forceinline__ void StoreStep(uint8_t* smem, const Gathered<S>& g, u
 
 // Every K step's weights of the column tile (B[step][col][kk] = kernel[32 step + kk][col0 + col], zero past K
 // and N), once per CTA. A thread issues the byte loads of kWeightWordsInFlight words before it combines any:
-// a CTA of a single tile (the MNIST MLP's first layer: 25 steps, 50 words a thread) would otherwise wait out a
+// a CTA of a single tile (a dense first layer of 784 levels: 25 steps, 50 words a thread) would otherwise wait out a
 // load's latency per word. Eight words spill the 64-column resident instance (80 registers).
 constexpr int kWeightWordsInFlight = 6;
 template <class S>
@@ -451,6 +451,207 @@ __global__ void __launch_bounds__(S::kThreads, (kMinCtas<S, kResidentWeights>))
   }
 }
 
+// ---- The GEMM form: a first layer whose output rows are the levels' rows (a 1 x 1 kernel, stride 1, no padding,
+// no pool: ops.image_matmul's dense first layer, the MNIST MLP's 784 -> 1024) ----
+//
+// Nothing to gather: row q's K bytes lie at levels + q * K, the weights' K rows at kernel + k * N. So every K chunk
+// of a tile's levels and weights arrives by 16-byte cp.async copies, kGemmStages chunks in flight, where the im2col
+// kernel above waits out one step's loads at a time (ncu, the MNIST MLP's first layer: most of its samples on the
+// gathers' latency and on its weights loaded byte by byte, 10.5 M instructions for a 1024-row batch). The MMAs
+// want each column's K bytes contiguous, the weights hold each K row's columns so: each chunk's weights are
+// transposed in shared memory (4 x 4 byte blocks, eight byte permutes a block) before its MMAs. The tile, warps,
+// accumulators and epilogue are the im2col kernel's (GemmTile has NarrowTile's shape).
+constexpr int kGemmChunkBytes = 4 * kStepBytes;              // K bytes a pipeline stage: 4 k32 steps
+constexpr int kGemmStride = kGemmChunkBytes + 16;            // a stage row of levels, a transposed weight column:
+                                                              // fragment loads of 8 rows x 4 words hit 32 banks
+constexpr int kGemmWeightStride = kImageTileColumns + 16;    // a K row of the chunk's weights as they arrive (the
+                                                              // transposition's loads at most 2-way conflicted)
+constexpr int kGemmStages = 3;
+
+struct GemmTile {
+  static constexpr int kCols = kImageTileColumns;
+  static constexpr int kThreads = NarrowTile::kThreads;
+  static constexpr int kTileLd = NarrowTile::kTileLd;
+  static constexpr int kTileWords = NarrowTile::kTileWords;
+  static constexpr int kLevelBytes = kRows * kGemmStride;
+  static constexpr int kStageBytes = kLevelBytes + kGemmChunkBytes * kGemmWeightStride;
+  // the ring of stages, which the epilogue tile reuses once the last chunk's MMAs are done; the chunk's
+  // transposed weights; the threshold planes' bounds and flip words
+  static constexpr int kTransposedOffset = kGemmStages * kStageBytes;
+  static constexpr int kBoundOffset = kTransposedOffset + kCols * kGemmStride;
+  static constexpr int kFlipOffset = kBoundOffset + kMaxImagePlanes * kCols * 4;
+  static constexpr int kSmemBytes = kFlipOffset + kMaxImagePlanes * kTileWords * 4;
+  static_assert(kRows * kTileLd * 4 <= kTransposedOffset, "the epilogue tile fits the ring");
+  static_assert(kThreads == 256 && kCols == 64, "the chunk loads and the transposition's thread layout");
+};
+
+__device__ __forceinline__ void CopyPiece(const uint8_t* dst, const int8_t* src, bool real) {
+  // src-size 0: the 16 bytes are zero-filled, nothing is read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddress(dst)), "l"(src),
+               "r"(real ? 16 : 0)
+               : "memory");
+}
+
+// Chunk `chunk` of the tile's levels (128 rows x 8 pieces of 16 bytes) and weights (128 K rows x 4 pieces of 16
+// columns) into `stage`, zeros past the rows, K and N.
+__device__ __forceinline__ void LoadGemmChunk(const ImageConvProblem& p, const ImageLaunch& L, int row0, int col0,
+                                              int chunk, uint8_t* stage, int tid) {
+  const int k0 = chunk * kGemmChunkBytes;
+#pragma unroll
+  for (int i = 0; i < kRows * 8 / GemmTile::kThreads; ++i) {
+    const int idx = tid + i * GemmTile::kThreads, r = idx / 8, piece = idx % 8;
+    const int row = row0 + r, k = k0 + 16 * piece;
+    const bool real = row < L.pooled && k < L.k_total;
+    CopyPiece(stage + r * kGemmStride + 16 * piece, p.levels + (real ? static_cast<int64_t>(row) * L.k_total + k : 0),
+              real);
+  }
+#pragma unroll
+  for (int i = 0; i < kGemmChunkBytes * 4 / GemmTile::kThreads; ++i) {
+    const int idx = tid + i * GemmTile::kThreads, kr = idx / 4, piece = idx % 4;
+    const int k = k0 + kr, n = col0 + 16 * piece;
+    const bool real = k < L.k_total && n < p.n;
+    CopyPiece(stage + GemmTile::kLevelBytes + kr * kGemmWeightStride + 16 * piece,
+              p.kernel + (real ? static_cast<int64_t>(k) * p.n + n : 0), real);
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// The chunk's weights, K rows of columns as they arrived, into columns of K bytes (transposed[n][k]): each thread
+// two 4 x 4 byte blocks, four words in and four out (lanes over 4 K quads and 8 column quads: the loads 2-way,
+// the stores 4-way bank-conflicted at most).
+__device__ __forceinline__ void TransposeGemmWeights(const uint8_t* rows, uint8_t* transposed, int tid) {
+  const int lane = tid % 32, warp = tid / 32;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int kq = lane % 4 + 4 * warp, nq = lane / 4 + 8 * i;
+    const uint8_t* src = rows + 4 * kq * kGemmWeightStride + 4 * nq;
+    const uint32_t r0 = *reinterpret_cast<const uint32_t*>(src);
+    const uint32_t r1 = *reinterpret_cast<const uint32_t*>(src + kGemmWeightStride);
+    const uint32_t r2 = *reinterpret_cast<const uint32_t*>(src + 2 * kGemmWeightStride);
+    const uint32_t r3 = *reinterpret_cast<const uint32_t*>(src + 3 * kGemmWeightStride);
+    // byte j of word r_i is (K row 4 kq + i, column 4 nq + j); column j's word gets byte j of r0..r3
+    const uint32_t lo01 = __byte_perm(r0, r1, 0x5140), hi01 = __byte_perm(r0, r1, 0x7362);
+    const uint32_t lo23 = __byte_perm(r2, r3, 0x5140), hi23 = __byte_perm(r2, r3, 0x7362);
+    uint8_t* dst = transposed + 4 * nq * kGemmStride + 4 * kq;
+    *reinterpret_cast<uint32_t*>(dst) = __byte_perm(lo01, lo23, 0x5410);
+    *reinterpret_cast<uint32_t*>(dst + kGemmStride) = __byte_perm(lo01, lo23, 0x7632);
+    *reinterpret_cast<uint32_t*>(dst + 2 * kGemmStride) = __byte_perm(hi01, hi23, 0x5410);
+    *reinterpret_cast<uint32_t*>(dst + 3 * kGemmStride) = __byte_perm(hi01, hi23, 0x7632);
+  }
+}
+
+// k32 step `step` of a chunk: Mma's fragments (m16n8k32 .s8), the levels' words XORed with level_flip (pixels).
+__device__ __forceinline__ void GemmMma(const uint8_t* stage, const uint8_t* transposed, int step, uint32_t level_flip,
+                                        Accumulators& acc, int warp_row, int warp_col, int lane) {
+#if __CUDA_ARCH__ >= 800
+  const int g = lane / 4, t = lane % 4;
+  uint32_t a[2][4], b[4][2];
+#pragma unroll
+  for (int mf = 0; mf < 2; ++mf) {
+    const uint8_t* row = stage + (warp_row + 16 * mf + g) * kGemmStride + kStepBytes * step + 4 * t;
+    a[mf][0] = *reinterpret_cast<const uint32_t*>(row) ^ level_flip;
+    a[mf][1] = *reinterpret_cast<const uint32_t*>(row + 8 * kGemmStride) ^ level_flip;
+    a[mf][2] = *reinterpret_cast<const uint32_t*>(row + 16) ^ level_flip;
+    a[mf][3] = *reinterpret_cast<const uint32_t*>(row + 8 * kGemmStride + 16) ^ level_flip;
+  }
+#pragma unroll
+  for (int nf = 0; nf < 4; ++nf) {
+    const uint8_t* col = transposed + (warp_col + 8 * nf + g) * kGemmStride + kStepBytes * step + 4 * t;
+    b[nf][0] = *reinterpret_cast<const uint32_t*>(col);
+    b[nf][1] = *reinterpret_cast<const uint32_t*>(col + 16);
+  }
+#pragma unroll
+  for (int mf = 0; mf < 2; ++mf) {
+#pragma unroll
+    for (int nf = 0; nf < 4; ++nf) {
+      int* d = acc.v[mf][nf];
+      asm volatile(
+          "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+          "{%0,%1,%2,%3};\n"
+          : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+          : "r"(a[mf][0]), "r"(a[mf][1]), "r"(a[mf][2]), "r"(a[mf][3]), "r"(b[nf][0]), "r"(b[nf][1]));
+    }
+  }
+#endif
+}
+
+// One 128 x 64 tile a CTA (blockIdx.x: the row tile, blockIdx.y: the column tile); two CTAs an SM.
+__global__ void __launch_bounds__(GemmTile::kThreads, 2) ImageGemmKernel(const ImageConvProblem p, const ImageLaunch L) {
+  using S = GemmTile;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int tile_m = blockIdx.x, row0 = tile_m * kRows, col0 = blockIdx.y * S::kCols;
+  const int warp_row = (warp % (kRows / kWarpRows)) * kWarpRows, warp_col = (warp / (kRows / kWarpRows)) * kWarpCols;
+  const int chunks = (L.k_total + kGemmChunkBytes - 1) / kGemmChunkBytes;
+  uint8_t* transposed = smem + S::kTransposedOffset;
+  // the first kGemmStages - 1 chunks in flight (a group each, empty past K) while the bounds load
+#pragma unroll
+  for (int c = 0; c < kGemmStages - 1; ++c) {
+    if (c < chunks) {
+      LoadGemmChunk(p, L, row0, col0, c, smem + c * S::kStageBytes, tid);
+    } else {
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
+  }
+  if (p.planes > 0) LoadBounds<S>(p, smem, col0, tid);
+  const uint32_t level_flip = p.pixels ? kPixelLevelFlip : 0u;
+  Accumulators acc = {};
+  for (int c = 0; c < chunks; ++c) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kGemmStages - 2) : "memory");  // this thread's part of chunk c
+    __syncthreads();  // every thread's part of chunk c; every warp done with chunk c - 1 (its stage, the transposed)
+    const int next = c + kGemmStages - 1;
+    if (next < chunks) {
+      LoadGemmChunk(p, L, row0, col0, next, smem + next % kGemmStages * S::kStageBytes, tid);
+    } else {
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
+    const uint8_t* stage = smem + c % kGemmStages * S::kStageBytes;
+    TransposeGemmWeights(stage + S::kLevelBytes, transposed, tid);
+    __syncthreads();
+#pragma unroll
+    for (int step = 0; step < kGemmChunkBytes / kStepBytes; ++step) {
+      GemmMma(stage, transposed, step, level_flip, acc, warp_row, warp_col, lane);
+    }
+  }
+  __syncthreads();  // every warp's MMAs are done: the ring becomes the epilogue tile
+  int* tile = reinterpret_cast<int*>(smem);
+  StoreAccumulators<S>(tile, acc, warp_row, warp_col, lane);
+  __syncthreads();
+  if (TransformsValues(p)) {
+    PoolInPlace<S>(p, tile, 1, tid);
+    __syncthreads();
+  }
+  if (p.out_stream != nullptr) StoreStream<S>(p, L, tile, tile_m, col0, tid);
+  if (p.planes > 0) StoreBits<S>(p, L, smem, tile, tile_m, col0, tid);
+}
+
+// Whether the GEMM form takes `p`: rows of whole 16-byte pieces of levels and weights, 16-byte aligned.
+bool ImageGemmTakes(const ImageConvProblem& p) {
+  return p.kh == 1 && p.kw == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_top == 0 && p.pad_left == 0 &&
+         p.pool_h == 1 && p.pool_w == 1 && p.out_h == p.in_h && p.out_w == p.in_w && p.c % 16 == 0 &&
+         p.n % 16 == 0 && reinterpret_cast<uintptr_t>(p.levels) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.kernel) % 16 == 0;
+}
+
+cudaError_t LaunchImageGemm(const ImageConvProblem& p, const ImageLaunch& L, cudaStream_t stream) {
+  const void* kernel = reinterpret_cast<const void*>(&ImageGemmKernel);
+  const int col_tiles = (p.n + GemmTile::kCols - 1) / GemmTile::kCols;
+  if (col_tiles > kMaxImageColumnTiles) return cudaErrorInvalidValue;
+  int device = 0;
+  cudaError_t err;
+  if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;
+  static std::once_flag raised[64];
+  static cudaError_t raise_errors[64];
+  if (device < 0 || device >= 64) return cudaErrorInvalidDevice;
+  std::call_once(raised[device], [&] {
+    raise_errors[device] = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, GemmTile::kSmemBytes);
+  });
+  if ((err = raise_errors[device]) != cudaSuccess) return err;
+  ImageGemmKernel<<<dim3(static_cast<unsigned>(L.row_tiles), static_cast<unsigned>(col_tiles)), GemmTile::kThreads,
+                    GemmTile::kSmemBytes, stream>>>(p, L);
+  return cudaGetLastError();
+}
+
 template <class S, bool kResidentWeights>
 cudaError_t LaunchInstance(const ImageConvProblem& p, const ImageLaunch& L, cudaStream_t stream) {
   const void* kernel = reinterpret_cast<const void*>(&ImageConvKernel<S, kResidentWeights>);
@@ -521,6 +722,7 @@ cudaError_t LaunchImageConv(const ImageConvProblem& p, cudaStream_t stream) {
   L.pooled = static_cast<int>(pooled);  // int32 by the handler's checks
   L.row_tiles = static_cast<int>((pooled + L.per_tile - 1) / L.per_tile);
   L.word_loads = p.c % 4 == 0 && reinterpret_cast<uintptr_t>(p.levels) % 4 == 0;
+  if (ImageGemmTakes(p)) return LaunchImageGemm(p, L, stream);
   // 128-column tiles where a 64-column tile would leave half of N's gathers to another tile, the gathers are
   // most of the work (several K steps) and every step's weights stay resident at that width
   if (p.n > NarrowTile::kCols && L.steps >= kWideMinSteps && L.steps <= WideTile::kMaxResidentSteps) {

@@ -5,7 +5,8 @@
 // (Epilogue::kResidual); `--image` checks only the first-layer kernel (LaunchImageConv: int8 levels, and the same
 // as uint8 pixels, against a CPU convolution); `--dense` checks only the convolutions of fewer than 32 channels
 // (the dense-tap kernel's and two of the word layout); `--global-pool` checks only the global pooling kernel
-// (LaunchGlobalSumBits, against a CPU sum). Exit status 0 only if every case matches.
+// (LaunchGlobalSumBits, against a CPU sum); `--time-image` times the first layer on the MNIST MLP's shape.
+// Exit status 0 only if every case matches.
 //
 //   cmake -S . -B build/kernels -DJAXBNN_CUDA=ON -DJAXBNN_KERNEL_TESTS=ON && cmake --build build/kernels --target kernel_check
 //   ctest --test-dir build/kernels -L check          (or -L sanitizer: memcheck, racecheck, initcheck, synccheck)
@@ -1017,7 +1018,70 @@ std::vector<ImageCase> ImageCases() {
       {2, 9, 13, 5, 33, 2, 3, 1, 2, 0, 3, 4, 0, 3, 2, 0, 1, 16, false},     // the im2col kernel's int16
       {2, 24, 19, 5, 130, 7, 7, 1, 1, 3, 3, 3, 3, 1, 1, 2, 0, 16, true},    // its extremes wrapping, two planes
       {3, 1, 1, 1100, 40, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 4, 32, false},   // its int32 and bits, shift 4
+      // the GEMM form (1 x 1, stride 1, no padding or pool, C and N multiples of 16): partial row and column
+      // tiles, K within one chunk and past whole chunks, every output
+      {37, 1, 1, 784, 1024, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, false},   // MNIST MLP
+      {300, 1, 1, 784, 96, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 2, 0, 0, true},     // extremes, two planes
+      {129, 1, 1, 1040, 64, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 8, 0, 0, true},    // eight planes, K = 8 chunks + 16
+      {3, 5, 7, 48, 80, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 3, 32, false},      // a 1 x 1 conv: int32, shift 3
+      {130, 1, 1, 16, 16, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 16, false},    // K = 16: int16 and its bits
+      {2, 3, 3, 256, 48, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 2, 32, true},       // two whole chunks, both outputs
   };
+}
+
+// --time-image: the first-layer launcher on the MNIST MLP's 784 -> 1024 (threshold bits) at batches 8, 1024 and
+// 32768: one launch at a time (median of 9) and 30 queued.
+void TimeImage() {
+  for (int batch : {8, 1024, 32768}) {
+    const int k = 784, n = 1024;
+    std::vector<int8_t> levels(static_cast<size_t>(batch) * k), kernel(static_cast<size_t>(k) * n);
+    for (int8_t& v : levels) v = static_cast<int8_t>(rng());
+    for (int8_t& v : kernel) v = static_cast<int8_t>(static_cast<int>(rng() % 3) - 1);
+    std::vector<int32_t> threshold(n, 0);
+    std::vector<uint8_t> flip(n, 0);
+    jaxbnn::cuda::ImageConvProblem p;
+    p.levels = ToDevice(levels);
+    p.kernel = ToDevice(kernel);
+    p.threshold = ToDevice(threshold);
+    p.flip = ToDevice(flip);
+    CHECK_CUDA(cudaMalloc(&p.out_bits, static_cast<size_t>(batch) * (n / 32) * 4));
+    p.pixels = true;
+    p.batch = batch;
+    p.in_h = p.in_w = p.out_h = p.out_w = 1;
+    p.c = k;
+    p.n = n;
+    p.planes = 1;
+    cudaEvent_t e0, e1;
+    CHECK_CUDA(cudaEventCreate(&e0));
+    CHECK_CUDA(cudaEventCreate(&e1));
+    std::vector<float> ms;
+    for (int i = 0; i < 11; ++i) {
+      CHECK_CUDA(cudaEventRecord(e0));
+      CHECK_CUDA(jaxbnn::cuda::LaunchImageConv(p, nullptr));
+      CHECK_CUDA(cudaEventRecord(e1));
+      CHECK_CUDA(cudaEventSynchronize(e1));
+      float t;
+      CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+      if (i >= 2) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    constexpr int kQueued = 30;
+    CHECK_CUDA(cudaEventRecord(e0));
+    for (int i = 0; i < kQueued; ++i) CHECK_CUDA(jaxbnn::cuda::LaunchImageConv(p, nullptr));
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float queued_ms;
+    CHECK_CUDA(cudaEventElapsedTime(&queued_ms, e0, e1));
+    std::printf("time image mlp 784->1024 b%-6d %9.4f ms   queued %9.4f ms\n", batch, ms[ms.size() / 2],
+                queued_ms / kQueued);
+    CHECK_CUDA(cudaEventDestroy(e0));
+    CHECK_CUDA(cudaEventDestroy(e1));
+    for (const void* ptr : {static_cast<const void*>(p.levels), static_cast<const void*>(p.kernel),
+                            static_cast<const void*>(p.threshold), static_cast<const void*>(p.flip),
+                            static_cast<const void*>(p.out_bits)}) {
+      CHECK_CUDA(cudaFree(const_cast<void*>(ptr)));
+    }
+  }
 }
 
 int main(int argc, char** argv) {
@@ -1028,6 +1092,10 @@ int main(int argc, char** argv) {
   if (mode == "--time-mma") timed = {KernelPath::kMmaSync};
   if (!timed.empty()) {
     TimeAll(timed, argc > 2 ? argv[2] : "");
+    return 0;
+  }
+  if (mode == "--time-image") {
+    TimeImage();
     return 0;
   }
   if (mode == "--image") {  // the first-layer kernel's cases only
