@@ -270,6 +270,24 @@ struct Accumulators {
   int v[2][4][4];
 };
 
+// The warp's 2 x 4 IMMAs of one k32 step on its fragments.
+__device__ __forceinline__ void MmaFragments(const uint32_t (&a)[2][4], const uint32_t (&b)[4][2], Accumulators& acc) {
+#if __CUDA_ARCH__ >= 800
+#pragma unroll
+  for (int mf = 0; mf < 2; ++mf) {
+#pragma unroll
+    for (int nf = 0; nf < 4; ++nf) {
+      int* d = acc.v[mf][nf];
+      asm volatile(
+          "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+          "{%0,%1,%2,%3};\n"
+          : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+          : "r"(a[mf][0]), "r"(a[mf][1]), "r"(a[mf][2]), "r"(a[mf][3]), "r"(b[nf][0]), "r"(b[nf][1]));
+    }
+  }
+#endif
+}
+
 // One k32 step. Fragments (PTX ISA, m16n8k32 .s8): lane (g, t) holds A rows g, g + 8 at bytes 4t..4t+3 and
 // 16 + 4t.., B column g at the same bytes, and D rows g, g + 8 at columns 2t, 2t + 1.
 __device__ __forceinline__ void Mma(const uint8_t* a_stage, const uint8_t* b_step, Accumulators& acc, int warp_row,
@@ -291,18 +309,7 @@ __device__ __forceinline__ void Mma(const uint8_t* a_stage, const uint8_t* b_ste
     b[nf][0] = *reinterpret_cast<const uint32_t*>(col);
     b[nf][1] = *reinterpret_cast<const uint32_t*>(col + 16);
   }
-#pragma unroll
-  for (int mf = 0; mf < 2; ++mf) {
-#pragma unroll
-    for (int nf = 0; nf < 4; ++nf) {
-      int* d = acc.v[mf][nf];
-      asm volatile(
-          "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-          "{%0,%1,%2,%3};\n"
-          : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-          : "r"(a[mf][0]), "r"(a[mf][1]), "r"(a[mf][2]), "r"(a[mf][3]), "r"(b[nf][0]), "r"(b[nf][1]));
-    }
-  }
+  MmaFragments(a, b, acc);
 #endif
 }
 
@@ -560,18 +567,7 @@ __device__ __forceinline__ void GemmMma(const uint8_t* stage, const uint8_t* tra
     b[nf][0] = *reinterpret_cast<const uint32_t*>(col);
     b[nf][1] = *reinterpret_cast<const uint32_t*>(col + 16);
   }
-#pragma unroll
-  for (int mf = 0; mf < 2; ++mf) {
-#pragma unroll
-    for (int nf = 0; nf < 4; ++nf) {
-      int* d = acc.v[mf][nf];
-      asm volatile(
-          "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-          "{%0,%1,%2,%3};\n"
-          : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-          : "r"(a[mf][0]), "r"(a[mf][1]), "r"(a[mf][2]), "r"(a[mf][3]), "r"(b[nf][0]), "r"(b[nf][1]));
-    }
-  }
+  MmaFragments(a, b, acc);
 #endif
 }
 

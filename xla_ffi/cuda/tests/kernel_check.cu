@@ -414,13 +414,49 @@ std::vector<ResidualCase> ResidualCases() {
   };
 }
 
+// A launch timed with CUDA events: the median of 9 single launches after 2 warm-ups, and 30 launches queued back to
+// back (as XLA runs them): their mean device time and the launcher's host time per call (what a caller such as an
+// XLA handler pays before the kernel is queued).
+struct LaunchTimes {
+  double alone_ms, queued_ms, host_us;
+};
+template <class Launch>
+LaunchTimes TimeLaunches(Launch launch) {
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i < 11; ++i) {
+    CHECK_CUDA(cudaEventRecord(e0));
+    launch();
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float t;
+    CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+    if (i >= 2) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  constexpr int kQueued = 30;
+  CHECK_CUDA(cudaEventRecord(e0));
+  const auto host0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kQueued; ++i) launch();
+  const double host_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - host0).count() / kQueued;
+  CHECK_CUDA(cudaEventRecord(e1));
+  CHECK_CUDA(cudaEventSynchronize(e1));
+  float queued_ms;
+  CHECK_CUDA(cudaEventElapsedTime(&queued_ms, e0, e1));
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  return {ms[ms.size() / 2], queued_ms / kQueued, host_us};
+}
+
 // The outputs a timed case writes: the threshold bits, the int32 or int16 dot products, or a residual block's
 // second convolution (stream = dot + a stride-1 shortcut of O channels, and the stream's bits; or a downsampling
 // block's: a stride-2 shortcut of O / 2 channels from an image of twice the height and width).
 enum class TimedOutput { kBits, kInt32, kInt16, kResidual, kResidualInt16, kResidualInt16Stream, kResidualInt16Stride2 };
 
-// Times the op of a case (packed in; `output` out) on one engine with CUDA events: the median of 9 single
-// launches after 2 warm-ups, then the mean of 30 launches queued back to back (as XLA runs them). Operands
+// Times the op of a case (packed in; `output` out) on one engine (TimeLaunches). Operands
 // are random bits (any bits make valid FSB weights). "GB/s": the bytes of integers written and read (the stream
 // and its shortcut) over the median time.
 void TimeCase(const char* name, const ConvCase& cc, KernelPath path, TimedOutput output = TimedOutput::kBits) {
@@ -470,41 +506,14 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path, TimedOutput
                              : output == TimedOutput::kResidualInt16Stride2
                                  ? 0.75 * values_bytes
                                                                       : 2.0 * values_bytes;
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
   KernelPath ran;
-  std::vector<float> ms;
-  for (int i = 0; i < 11; ++i) {
-    CHECK_CUDA(cudaEventRecord(e0));
-    CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, &ran, r));
-    CHECK_CUDA(cudaEventRecord(e1));
-    CHECK_CUDA(cudaEventSynchronize(e1));
-    float t;
-    CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
-    if (i >= 2) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  const double t = ms[ms.size() / 2];
-  constexpr int kQueued = 30;
-  CHECK_CUDA(cudaEventRecord(e0));
-  const auto host0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kQueued; ++i) CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, &ran, r));
-  // the launcher's host time per call (what a caller such as an XLA handler pays before the kernel is queued)
-  const double host_us =
-      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - host0).count() / kQueued;
-  CHECK_CUDA(cudaEventRecord(e1));
-  CHECK_CUDA(cudaEventSynchronize(e1));
-  float queued_ms;
-  CHECK_CUDA(cudaEventElapsedTime(&queued_ms, e0, e1));
-  const double tq = queued_ms / kQueued;
+  const LaunchTimes times = TimeLaunches([&] { CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, &ran, r)); });
+  const double t = times.alone_ms, tq = times.queued_ms, host_us = times.host_us;
   const double ops = 2.0 * p.pooled_rows * cc.o * taps * cc.c;
   std::printf("time %-22s %-8s %9.4f ms %9.1f TOPS   queued %9.4f ms %9.1f TOPS   host %6.2f us a launch", name,
               PathName(ran), t, ops / (t * 1e-3) / 1e12, tq, ops / (tq * 1e-3) / 1e12, host_us);
   if (int32_bytes > 0) std::printf("   %7.0f GB/s", int32_bytes / (t * 1e-3) / 1e9);
   std::printf("\n");
-  CHECK_CUDA(cudaEventDestroy(e0));
-  CHECK_CUDA(cudaEventDestroy(e1));
   for (const void* ptr : {static_cast<const void*>(p.x), static_cast<const void*>(p.w), static_cast<const void*>(p.tap_popc),
                           static_cast<const void*>(p.threshold), static_cast<const void*>(p.flip), static_cast<const void*>(out),
                           static_cast<const void*>(bits), static_cast<const void*>(shortcut)}) {
@@ -1051,31 +1060,8 @@ void TimeImage() {
     p.c = k;
     p.n = n;
     p.planes = 1;
-    cudaEvent_t e0, e1;
-    CHECK_CUDA(cudaEventCreate(&e0));
-    CHECK_CUDA(cudaEventCreate(&e1));
-    std::vector<float> ms;
-    for (int i = 0; i < 11; ++i) {
-      CHECK_CUDA(cudaEventRecord(e0));
-      CHECK_CUDA(jaxbnn::cuda::LaunchImageConv(p, nullptr));
-      CHECK_CUDA(cudaEventRecord(e1));
-      CHECK_CUDA(cudaEventSynchronize(e1));
-      float t;
-      CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
-      if (i >= 2) ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    constexpr int kQueued = 30;
-    CHECK_CUDA(cudaEventRecord(e0));
-    for (int i = 0; i < kQueued; ++i) CHECK_CUDA(jaxbnn::cuda::LaunchImageConv(p, nullptr));
-    CHECK_CUDA(cudaEventRecord(e1));
-    CHECK_CUDA(cudaEventSynchronize(e1));
-    float queued_ms;
-    CHECK_CUDA(cudaEventElapsedTime(&queued_ms, e0, e1));
-    std::printf("time image mlp 784->1024 b%-6d %9.4f ms   queued %9.4f ms\n", batch, ms[ms.size() / 2],
-                queued_ms / kQueued);
-    CHECK_CUDA(cudaEventDestroy(e0));
-    CHECK_CUDA(cudaEventDestroy(e1));
+    const LaunchTimes times = TimeLaunches([&] { CHECK_CUDA(jaxbnn::cuda::LaunchImageConv(p, nullptr)); });
+    std::printf("time image mlp 784->1024 b%-6d %9.4f ms   queued %9.4f ms\n", batch, times.alone_ms, times.queued_ms);
     for (const void* ptr : {static_cast<const void*>(p.levels), static_cast<const void*>(p.kernel),
                             static_cast<const void*>(p.threshold), static_cast<const void*>(p.flip),
                             static_cast<const void*>(p.out_bits)}) {
