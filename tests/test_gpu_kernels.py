@@ -151,6 +151,11 @@ CONV_CASES = [
     (160, 28, 28, 32, 70, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", (2, 2)),
     (2, 15, 13, 32, 40, (5, 5), (2, 2), ((2, 2), (2, 2)), "one", None),
     (2, 11, 10, 32, 24, (6, 6), (1, 1), ((2, 3), (3, 2)), "zero", None),
+    # 3 x 2 pool windows (the last two rows of a 128-row tile hold no pooled pixel) at C = 32 and C = 5; C = 32
+    # unpooled at stride 2 with asymmetric padding
+    (2, 12, 12, 32, 33, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", (3, 2)),
+    (2, 12, 12, 5, 20, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", (3, 2)),
+    (2, 13, 11, 32, 40, (3, 3), (2, 2), ((1, 0), (0, 1)), "zero", None),
     # AlexNet's conv2 in small (5x5, N = 256: compact classes), 5x5 at stride 2 with asymmetric padding over two
     # column tiles (compact classes), padding 3 around a 3x3 filter (fields wholly outside the frame: the edge
     # table), AlexNet's binarized conv1 in small (11x11 stride 4, C = 3: the dense kernel, the edge table)

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "cuda/binary_gemm.h"
+#include "cuda/device/common.cuh"
 
 namespace jaxbnn::cuda {
 
@@ -20,6 +21,37 @@ __device__ __forceinline__ int4 RowOrigin(const BinaryGemmProblem& p, int tile_m
   const int owp = pix % p.out_w, rest = pix / p.out_w;
   const int ohp = rest % p.out_h, b = rest / p.out_h;
   const int oh = ohp * p.pool_h + e / p.pool_w, ow = owp * p.pool_w + e % p.pool_w;
+  const int ih0 = oh * p.stride_h - p.pad_top, iw0 = ow * p.stride_w - p.pad_left;
+  origin.x = ((b * p.in_h + ih0) * p.in_w + iw0) * p.cw;
+  origin.y = ih0;
+  origin.z = iw0;
+  origin.w = 1;
+  return origin;
+}
+
+// A tile row's place in its pool window, the same in every tile of `rows_per_tile` rows: a kernel whose thread
+// keeps row r over all its tiles derives it once, and RowOrigin below takes the rest of RowOrigin's work.
+struct WindowRow {
+  int pooled;  // the row's pooled pixel within the tile
+  int dh, dw;  // its output pixel's offset in the pool window
+  bool real;   // false: past the tile's last whole window
+};
+__device__ __forceinline__ WindowRow WindowRowOf(const BinaryGemmProblem& p, int rows_per_tile, int r) {
+  const int window = p.pool_h * p.pool_w, e = r % window;
+  return {r / window, e / p.pool_w, e % p.pool_w, r < rows_per_tile / window * window};
+}
+// RowOrigin of a WindowRow in tile `tile_m`, with the launch's divisors of the (pooled) output for the pixel's
+// image, row and column: the same int4 as RowOrigin.
+__device__ __forceinline__ int4 RowOrigin(const BinaryGemmProblem& p, const LaunchDivisors& div, const WindowRow& row,
+                                          int tile_m, int pooled_per_tile) {
+  int4 origin = make_int4(0, 0, 0, 0);
+  if (!row.real) return origin;
+  const long long pooled = static_cast<long long>(tile_m) * pooled_per_tile + row.pooled;
+  if (pooled >= p.pooled_rows) return origin;
+  const int pix = static_cast<int>(pooled);
+  const int b = Quotient(pix, div.image_pixels), in_image = pix - b * div.image_pixels.divisor;
+  const int ohp = Quotient(in_image, div.out_w), owp = in_image - ohp * div.out_w.divisor;
+  const int oh = ohp * p.pool_h + row.dh, ow = owp * p.pool_w + row.dw;
   const int ih0 = oh * p.stride_h - p.pad_top, iw0 = ow * p.stride_w - p.pad_left;
   origin.x = ((b * p.in_h + ih0) * p.in_w + iw0) * p.cw;
   origin.y = ih0;

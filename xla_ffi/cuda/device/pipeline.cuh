@@ -18,6 +18,8 @@ __device__ __forceinline__ void CopyAsync(uint32_t dst, const void* src, bool va
 }
 template <int kPending>
 __device__ __forceinline__ void CopyAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
+// Waits for every cp.async copy of this thread, in a group or not.
+__device__ __forceinline__ void CopyAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // mbarriers of the stage pipelines (sm_80 has them and cp.async arrivals; try_wait is sm_90's).
 __device__ __forceinline__ void BarrierInit(uint32_t bar, int count) {

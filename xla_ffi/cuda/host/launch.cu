@@ -81,7 +81,7 @@ cudaError_t Launch(LaunchPlan& plan, cudaStream_t stream) {
   void* resident[] = {&plan.p, &plan.a_map, &plan.w_map, &plan.div, &plan.m_tiles, &plan.ctas_per_column,
                       &plan.residual};
   void* band[] = {&plan.p, &plan.a_map, &plan.band, &plan.residual};
-  void* dense_taps[] = {&plan.p, &plan.m_tiles, &plan.ctas_per_column, &plan.residual};
+  void* dense_taps[] = {&plan.p, &plan.div, &plan.m_tiles, &plan.ctas_per_column, &plan.residual};
   void** args = plan.kind == LaunchPlan::Kind::kClassic      ? classic
                 : plan.kind == LaunchPlan::Kind::kPersistent ? persistent
                 : plan.kind == LaunchPlan::Kind::kResident   ? resident

@@ -84,6 +84,7 @@ LaunchPlan PlanDenseTaps(const BinaryGemmProblem& p, const DeviceInfo& info) {
   plan.threads = Engine::kThreads;
   plan.smem = DenseTapSmem<Engine>::kBytes;
   plan.p = p;
+  plan.div = DivisorsOf(p);
   plan.m_tiles = TilesOfRows(p, Engine::kRows);
   const int n_tiles = (p.n + Engine::kCols - 1) / Engine::kCols;
   const int per_sm = std::max(1, std::min(kDenseTapCtasPerSm, info.smem_per_sm / (plan.smem + info.smem_reserved)));

@@ -10,6 +10,7 @@
 #include "cuda/device/epilogue.cuh"
 #include "cuda/device/geometry.cuh"
 #include "cuda/device/loaders.cuh"
+#include "cuda/device/pipeline.cuh"
 #include "cuda/device/threshold_bits.cuh"
 #include "cuda/device/tile_columns.cuh"
 
@@ -63,6 +64,34 @@ __device__ __forceinline__ int PackDenseTaps(const BinaryGemmProblem& p, int wor
   }
   if (bits > 0) put(static_cast<uint32_t>(pending));
   while (word < words) put(0u);
+  return popc;
+}
+
+// Whole-word taps (C = 32, where the gather is the word layout itself): row r's K block of `words` words at
+// `row_words` (swizzled by `swizzle`) by one 4-byte cp.async a tap, zero-filled outside the frame, zeros past
+// the last tap; then the row's popcount, read back. Every copy is in flight at once: in PackDenseTaps each
+// load waited for its use before the next one issued, a third of the kernel's stall samples at MNIST conv's
+// 64C3, batch 1024 (ncu). Returns the popcount of the row's words.
+__device__ __forceinline__ int GatherWholeWordTaps(const BinaryGemmProblem& p, int words, const int4& o,
+                                                   uint8_t* row_words, int swizzle) {
+  const uint32_t row_address = SmemAddress(row_words);
+  int t = 0;
+  for (int fkh = 0; fkh < p.kh; ++fkh) {
+    const bool row_in = o.w && static_cast<unsigned>(o.y + fkh) < static_cast<unsigned>(p.in_h);
+    const uint32_t* taps = p.x + (o.x + fkh * p.in_w);
+#pragma unroll 4
+    for (int fkw = 0; fkw < p.kw; ++fkw, ++t) {
+      const bool in = row_in && static_cast<unsigned>(o.z + fkw) < static_cast<unsigned>(p.in_w);
+      CopyAsync<4>(row_address + ((4 * t) ^ swizzle), in ? taps + fkw : p.x, in);
+    }
+  }
+  for (; t < words; ++t) *reinterpret_cast<uint32_t*>(row_words + ((4 * t) ^ swizzle)) = 0u;
+  CopyAsyncWaitAll();
+  int popc = 0;
+  for (int chunk = 0; chunk < words / 4; ++chunk) {
+    const uint4 v = *reinterpret_cast<const uint4*>(row_words + ((16 * chunk) ^ swizzle));
+    popc += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
+  }
   return popc;
 }
 
@@ -153,7 +182,8 @@ __device__ __forceinline__ void DenseBorderRowBounds(const BinaryGemmProblem& p,
 // instance for both cost ResNet-18's conv1 1.5%. kResidual: the residual epilogue's instance.
 template <class Engine, bool kEdgeBorders, bool kResidual>
 __global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
-    DenseTapKernel(const BinaryGemmProblem p, int m_tiles, int ctas_per_column, const ResidualOperands residual) {
+    DenseTapKernel(const BinaryGemmProblem p, const LaunchDivisors div, int m_tiles, int ctas_per_column,
+                   const ResidualOperands residual) {
   constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kThreads = Engine::kThreads;
   using Smem = DenseTapSmem<Engine>;
   static_assert(kRows == kThreads && kCols <= kThreads, "a thread per row and per column");
@@ -190,33 +220,42 @@ __global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
     if (prefix_sums) BuildDenseBorderPrefix<kCols>(p, prefix, col0, c);
   }
 
+  // row r (thread r in every tile): its place in its pool window, and its K block's line in A
+  static_assert(Engine::kALayout == ALayout::kSwizzledRows, "A's rows are 128-byte swizzled lines");
+  const int r = tid;
+  const WindowRow window_row = WindowRowOf(p, kRows, r);
+  const int pooled_per_tile = kRows / (p.pool_h * p.pool_w);
+  uint8_t* row_words = stage + r * 128;
+  const int swizzle = (r % 8) * 16;
   for (int tile_m = blockIdx.x % ctas_per_column; tile_m < m_tiles; tile_m += ctas_per_column) {
     // row r: its origin, class and K block (every word the k loop reads, zeros past the taps), and its bits.
-    // The gather is most of the kernel's instructions (84% at ResNet-18's conv1, ncu): a filter row's address
-    // and frame test are set up once, a tap's frame test is one compare (the columns in frame are a range),
-    // and a word's place in A's swizzled rows, ChunkOffset(r, j / 4) + (j % 4) * 4, is one XOR.
-    static_assert(Engine::kALayout == ALayout::kSwizzledRows, "A's rows are 128-byte swizzled lines");
-    const int r = tid;
-    const int4 o = RowOrigin(p, tile_m, kRows, r);
+    // Below 32 channels the gather is most of the kernel's instructions (84% at ResNet-18's conv1, ncu): a
+    // filter row's address and frame test are set up once, a tap's frame test is one compare (the columns in
+    // frame are a range), and a word's place in A's swizzled rows, ChunkOffset(r, j / 4) + (j % 4) * 4, is
+    // one XOR. The origin comes from the launch's divisors: RowOrigin's runtime divisions took ~220 of a
+    // warp's ~1,150 instructions a tile at MNIST conv's 64C3 (ncu).
+    const int4 o = RowOrigin(p, div, window_row, tile_m, pooled_per_tile);
     origins[r] = o;
     if (direct_bits) row_class[r] = EpilogueRowClass(p, o);
-    const int first_in = max(0, -o.z);
-    const unsigned in_count = max(0, min(p.kw, p.in_w - o.z) - first_in);
-    uint8_t* row_words = stage + r * 128;
-    const int swizzle = (r % 8) * 16;
-    popc_a[r] = PackDenseTaps(
-        p, 8 * steps,
-        [&](int fkh) {
-          const unsigned row_count = o.w && static_cast<unsigned>(o.y + fkh) < static_cast<unsigned>(p.in_h) ? in_count : 0;
-          // tap (fkh, 0) (outside the frame at its left border), opaque to the compiler: it otherwise rebuilt the
-          // 64-bit address of every tap from the ints (four instructions and a reload of p.x)
-          const uint32_t* taps;
-          asm("mov.b64 %0, %1;\n" : "=l"(taps) : "l"(p.x + (o.x + fkh * p.in_w)));
-          return [=](int fkw) -> uint32_t {
-            return static_cast<unsigned>(fkw - first_in) < row_count ? __ldg(taps + fkw) : 0u;
-          };
-        },
-        [&](int j, uint32_t word) { *reinterpret_cast<uint32_t*>(row_words + ((4 * j) ^ swizzle)) = word; });
+    if (p.c == 32) {
+      popc_a[r] = GatherWholeWordTaps(p, 8 * steps, o, row_words, swizzle);
+    } else {
+      const int first_in = max(0, -o.z);
+      const unsigned in_count = max(0, min(p.kw, p.in_w - o.z) - first_in);
+      popc_a[r] = PackDenseTaps(
+          p, 8 * steps,
+          [&](int fkh) {
+            const unsigned row_count = o.w && static_cast<unsigned>(o.y + fkh) < static_cast<unsigned>(p.in_h) ? in_count : 0;
+            // tap (fkh, 0) (outside the frame at its left border), opaque to the compiler: it otherwise rebuilt the
+            // 64-bit address of every tap from the ints (four instructions and a reload of p.x)
+            const uint32_t* taps;
+            asm("mov.b64 %0, %1;\n" : "=l"(taps) : "l"(p.x + (o.x + fkh * p.in_w)));
+            return [=](int fkw) -> uint32_t {
+              return static_cast<unsigned>(fkw - first_in) < row_count ? __ldg(taps + fkw) : 0u;
+            };
+          },
+          [&](int j, uint32_t word) { *reinterpret_cast<uint32_t*>(row_words + ((4 * j) ^ swizzle)) = word; });
+    }
     __syncthreads();
     typename Engine::Accumulators acc = {};
     Engine::Compute(acc, stage, SmemAddress(stage), tid, [](int) {}, steps);

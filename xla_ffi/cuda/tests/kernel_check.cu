@@ -562,6 +562,10 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
   time("conv alex.2 one b64", ConvCase{64, 28, 28, 128, 256, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, true});
   time("conv alex.1 b64", ConvCase{64, 224, 224, 3, 128, 11, 11, 4, 4, 3, 4, 3, 4, 1, 1, false});
   time("conv alex.1 one b64", ConvCase{64, 224, 224, 3, 128, 11, 11, 4, 4, 3, 4, 3, 4, 1, 1, true});
+  // the zoo's MNIST conv net: its 64C3 over 28 x 28 x 32 (dense taps of a whole word a tap), unpooled as the
+  // network runs it (ops.bconv2d pools a threshold convolution's bits after it)
+  time("conv mnist.2 b8", ConvCase{8, 28, 28, 32, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
+  time("conv mnist.2 b1024", ConvCase{1024, 28, 28, 32, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   // batch 8, grids of 256-column tiles that would leave most SMs idle: the zoo's CIFAR-10 VGG-small (16 x 16
   // at C = O = 256: 16 row tiles; 8 x 8 at 512: 4 x 2 tiles; its first fully connected layer, K = 8192, whose
   // 256-column tile's weights do not fit the resident kernel) and VGG-16's first fully connected layers (one
@@ -778,6 +782,11 @@ std::vector<ConvCase> WholeWordDenseTapCases() {
   cases.push_back({2, 15, 13, 32, 40, 5, 5, 2, 2, 2, 2, 2, 2, 1, 1, true});
   cases.push_back({2, 9, 10, 32, 24, 3, 1, 1, 1, 1, 1, 0, 0, 1, 1, false});
   cases.push_back({2, 11, 10, 32, 24, 6, 6, 1, 1, 2, 3, 3, 2, 1, 1, false});
+  // 3 x 2 pool windows (42 pooled pixels a 128-row tile: its last two rows hold none) at C = 32 and C = 5, and
+  // an unpooled C = 32 layer at stride 2 with asymmetric padding (border rows' bounds from the prefix sums)
+  cases.push_back({2, 12, 12, 32, 33, 3, 3, 1, 1, 1, 1, 1, 1, 3, 2, false});
+  cases.push_back({2, 12, 12, 5, 20, 3, 3, 1, 1, 1, 1, 1, 1, 3, 2, false});
+  cases.push_back({2, 13, 11, 32, 40, 3, 3, 2, 2, 1, 0, 0, 1, 1, 1, false});
   return cases;
 }
 
@@ -1130,6 +1139,8 @@ int main(int argc, char** argv) {
     const std::vector<ConvCase> whole_words = WholeWordDenseTapCases();
     cases.push_back(whole_words[0]);
     cases.push_back(whole_words[2]);
+    cases.push_back(whole_words[5]);
+    cases.push_back(whole_words[7]);
   }
   if (dense) {  // convolutions only (a BMM is a 1 x 1 image)
     auto other = [](const ConvCase& cc) { return cc.c > 32 || cc.h * cc.w == 1; };
