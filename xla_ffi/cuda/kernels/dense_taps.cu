@@ -136,38 +136,48 @@ __device__ __forceinline__ int DenseExcludedTaps(const BinaryGemmProblem& p, con
 }
 
 // The dense-tap kernel's border rows (no class table: 7x7 at stride 2 has 144 excess classes, the table takes
-// 25): every border row's bounds in StoreDirectBits' scratch rows, in BorderRowBounds' form, the work spread
-// over the CTA's threads a (row, column pair) each. Up to 7x7 from the prefix sums, four reads per row and
-// column (BorderRowBounds loaded every excluded tap's popcount for every column of a border row: at
-// ResNet-18's conv1, batch 256, that took 2.5 of the dense kernel's 3.4 ms); larger filters
-// from the edge table (DenseExcludedTaps; kEdgeBorders).
+// 25): every border row's bounds in StoreDirectBits' scratch rows, in BorderRowBounds' form. Warp w takes rows
+// w, w + kWarps, ...: a ballot of their classes, then a border row at a time, a column pair a lane (the rows
+// and pairs of a loop over every (row, column pair) that tested each row's class took ~130 instructions a
+// warp a tile at MNIST conv's 64C3, where a seventh of the rows are border rows). Up to 7x7 from the prefix
+// sums, four reads per row and column (BorderRowBounds loaded every excluded tap's popcount for every column
+// of a border row: at ResNet-18's conv1, batch 256, that took 2.5 of the dense kernel's 3.4 ms); larger
+// filters from the edge table (DenseExcludedTaps; kEdgeBorders). Called by every thread of the CTA.
 template <class Engine, bool kEdgeBorders>
 __device__ __forceinline__ void DenseBorderRowBounds(const BinaryGemmProblem& p, const TileColumns<Engine::kCols>& cols,
                                                      const int16_t* prefix, const int4* origins,
                                                      const int8_t* row_class, int* scratch, int col0, int tid) {
-  constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kThreads = Engine::kThreads;
-  const int side = p.kw + 1;
+  constexpr int kRows = Engine::kRows, kCols = Engine::kCols, kWarps = Engine::kThreads / 32;
+  static_assert(kRows % (32 * kWarps) == 0 && kCols % 2 == 0, "whole ballots of rows, column pairs");
+  const int side = p.kw + 1, warp = tid / 32, lane = tid % 32;
   auto corner = [&](int i, int j, int lc) -> int { return prefix[(i * side + j) * kCols + lc]; };
-  for (int item = tid; item < kRows * (kCols / 2); item += kThreads) {
-    const int r = item / (kCols / 2), lc = 2 * (item % (kCols / 2));
-    if (row_class[r] == 0) continue;
-    const int4 o = origins[r];
-    const FrameExcess e = ExcessOf(p, o.y, o.z);
-    const int i0 = e.top, i1 = p.kh - e.bottom, j0 = e.left, j1 = p.kw - e.right;
-    int bound[2];
+  for (int group = 0; group < kRows / (32 * kWarps); ++group) {
+    const int first = group * 32 * kWarps + warp;  // the group's rows first + kWarps i, i < 32
+    uint32_t border = __ballot_sync(0xffffffffu, row_class[first + kWarps * lane] != 0);
+    while (border != 0) {
+      const int r = first + kWarps * (__ffs(border) - 1);
+      border &= border - 1;
+      const int4 o = origins[r];
+      const FrameExcess e = ExcessOf(p, o.y, o.z);
+      const int i0 = e.top, i1 = p.kh - e.bottom, j0 = e.left, j1 = p.kw - e.right;
+      for (int lc = 2 * lane; lc < kCols; lc += 64) {
+        int bound[2];
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      int excluded;
-      if constexpr (kEdgeBorders) {
-        excluded = DenseExcludedTaps(p, cols, e, lc + k, col0 + lc + k);
-      } else {
-        const int inside = corner(i1, j1, lc + k) - corner(i0, j1, lc + k) - corner(i1, j0, lc + k) + corner(i0, j0, lc + k);
-        excluded = corner(p.kh, p.kw, lc + k) - inside;
+        for (int k = 0; k < 2; ++k) {
+          int excluded;
+          if constexpr (kEdgeBorders) {
+            excluded = DenseExcludedTaps(p, cols, e, lc + k, col0 + lc + k);
+          } else {
+            const int inside =
+                corner(i1, j1, lc + k) - corner(i0, j1, lc + k) - corner(i1, j0, lc + k) + corner(i0, j0, lc + k);
+            excluded = corner(p.kh, p.kw, lc + k) - inside;
+          }
+          const int plain = cols.bound[lc + k];  // columns past N keep their unreachable bound
+          bound[k] = plain == kUnreachableBound ? plain : plain + excluded;
+        }
+        StoreRowBounds(p, scratch + r * kCols, lc, bound[0], bound[1]);
       }
-      const int plain = cols.bound[lc + k];  // columns past N keep their unreachable bound
-      bound[k] = plain == kUnreachableBound ? plain : plain + excluded;
     }
-    StoreRowBounds(p, scratch + r * kCols, lc, bound[0], bound[1]);
   }
 }
 
