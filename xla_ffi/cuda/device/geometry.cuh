@@ -7,26 +7,27 @@
 
 namespace jaxbnn::cuda {
 
+// The origin of output pixel (b, oh, ow) (conv output, before any pool), as RowOrigin returns it.
+__device__ __forceinline__ int4 FieldOrigin(const BinaryGemmProblem& p, int b, int oh, int ow) {
+  const int ih0 = oh * p.stride_h - p.pad_top, iw0 = ow * p.stride_w - p.pad_left;
+  return make_int4(((b * p.in_h + ih0) * p.in_w + iw0) * p.cw, ih0, iw0, 1);
+}
+
 // Per tile row: where its output pixel's receptive field starts. x: word offset of tap (0, 0)
 // (may point outside the image at borders), y/z: input row/column of tap (0, 0), w: 1 if the row is real.
 __device__ __forceinline__ int4 RowOrigin(const BinaryGemmProblem& p, int tile_m, int rows_per_tile, int r) {
   const int window = p.pool_h * p.pool_w;
   const int pooled_per_tile = rows_per_tile / window;
-  int4 origin = make_int4(0, 0, 0, 0);
-  if (r >= pooled_per_tile * window) return origin;
+  const int4 none = make_int4(0, 0, 0, 0);
+  if (r >= pooled_per_tile * window) return none;
   const long long pooled = static_cast<long long>(tile_m) * pooled_per_tile + r / window;
-  if (pooled >= p.pooled_rows) return origin;
+  if (pooled >= p.pooled_rows) return none;
   const int e = r % window;
   const int pix = static_cast<int>(pooled);
   const int owp = pix % p.out_w, rest = pix / p.out_w;
   const int ohp = rest % p.out_h, b = rest / p.out_h;
   const int oh = ohp * p.pool_h + e / p.pool_w, ow = owp * p.pool_w + e % p.pool_w;
-  const int ih0 = oh * p.stride_h - p.pad_top, iw0 = ow * p.stride_w - p.pad_left;
-  origin.x = ((b * p.in_h + ih0) * p.in_w + iw0) * p.cw;
-  origin.y = ih0;
-  origin.z = iw0;
-  origin.w = 1;
-  return origin;
+  return FieldOrigin(p, b, oh, ow);
 }
 
 // A tile row's place in its pool window, the same in every tile of `rows_per_tile` rows: a kernel whose thread
@@ -44,20 +45,15 @@ __device__ __forceinline__ WindowRow WindowRowOf(const BinaryGemmProblem& p, int
 // image, row and column: the same int4 as RowOrigin.
 __device__ __forceinline__ int4 RowOrigin(const BinaryGemmProblem& p, const LaunchDivisors& div, const WindowRow& row,
                                           int tile_m, int pooled_per_tile) {
-  int4 origin = make_int4(0, 0, 0, 0);
-  if (!row.real) return origin;
+  const int4 none = make_int4(0, 0, 0, 0);
+  if (!row.real) return none;
   const long long pooled = static_cast<long long>(tile_m) * pooled_per_tile + row.pooled;
-  if (pooled >= p.pooled_rows) return origin;
+  if (pooled >= p.pooled_rows) return none;
   const int pix = static_cast<int>(pooled);
   const int b = Quotient(pix, div.image_pixels), in_image = pix - b * div.image_pixels.divisor;
   const int ohp = Quotient(in_image, div.out_w), owp = in_image - ohp * div.out_w.divisor;
   const int oh = ohp * p.pool_h + row.dh, ow = owp * p.pool_w + row.dw;
-  const int ih0 = oh * p.stride_h - p.pad_top, iw0 = ow * p.stride_w - p.pad_left;
-  origin.x = ((b * p.in_h + ih0) * p.in_w + iw0) * p.cw;
-  origin.y = ih0;
-  origin.z = iw0;
-  origin.w = 1;
-  return origin;
+  return FieldOrigin(p, b, oh, ow);
 }
 
 // "zero" padding: a pixel whose receptive field leaves the frame gets, per column, the correction
