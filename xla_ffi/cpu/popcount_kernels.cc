@@ -1,33 +1,18 @@
-// Instruction-set tiers of the panel dot-product kernel. Each tier is compiled for its ISA with
-// __attribute__((target(...))) on its own functions only (not per-file flags), so no shared inline code is
-// ever emitted with instructions the running CPU lacks; the tier is picked with __builtin_cpu_supports.
+// Instruction-set tiers of the panel dot-product kernel (panel_words.h: how a tier is compiled); the tier is
+// picked with __builtin_cpu_supports.
 #include "cpu/popcount_kernels.h"
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 
-#if defined(__x86_64__) || defined(__i386__)
-#define JAXBNN_X86 1
-#include <immintrin.h>
-#define JAXBNN_TARGET_POPCNT __attribute__((target("popcnt")))
-#define JAXBNN_TARGET_AVX2 __attribute__((target("avx2,popcnt")))
-#define JAXBNN_TARGET_AVX512 __attribute__((target("avx512f,avx512vpopcntdq,popcnt")))
-#endif
+#include "cpu/panel_words.h"
 
 namespace jaxbnn::cpu {
 namespace {
 
-constexpr int kTileRows = 8;
-constexpr int kChunkWords = 4;
-constexpr int kTileChunkWords = kTileRows * kChunkWords;   // 32 words = one 8 x 128-bit tile
-constexpr int kGroupChunkWords = kGroupRows * kChunkWords;  // one chunk of every row of a panel group
+using namespace panel_words;
 
-inline uint64_t Load64(const uint32_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
+constexpr int kGroupChunkWords = kGroupRows * kChunkWords;  // one chunk of every row of a panel group
 
 // Chunk 0 of panel row r; chunk j follows at + j * kGroupChunkWords.
 inline const uint32_t* PanelRow(const PackedPanel& panel, int64_t r) {
@@ -80,17 +65,8 @@ JAXBNN_SCALAR_PANEL(PanelPopcnt, JAXBNN_TARGET_POPCNT)
 #ifdef JAXBNN_X86
 
 // AVX2: a tile chunk is four 256-bit registers (tile rows 2q, 2q+1 in register q); a panel chunk is
-// broadcast to both 128-bit lanes. Bytes are counted with the nibble lookup table (pshufb) and summed into
-// 64-bit lanes with psadbw.
-JAXBNN_TARGET_AVX2 inline __m256i ByteCountsAvx2(__m256i v) {
-  const __m256i table = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2, 1, 2, 2, 3,
-                                         1, 2, 2, 3, 2, 3, 3, 4);
-  const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
-  __m256i low = _mm256_and_si256(v, low_nibbles);
-  __m256i high = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
-  return _mm256_add_epi8(_mm256_shuffle_epi8(table, low), _mm256_shuffle_epi8(table, high));
-}
-
+// broadcast to both 128-bit lanes. Bytes are counted (ByteCountsAvx2) and summed into 64-bit lanes with
+// psadbw.
 JAXBNN_TARGET_AVX2 void PanelAvx2(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles,
                                   int32_t* dots, int64_t stride) {
   const __m256i zero = _mm256_setzero_si256();
