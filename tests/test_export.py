@@ -19,7 +19,8 @@ from jaxbnn.export import ExportError, export_model, fidelity_report, format_siz
 from jaxbnn import packed_model, runtime
 from jaxbnn.layers import BinaryLinear
 from jaxbnn.models import build_model
-from zoo_cases import CASES, NETWORK_MODES, REAL_SIZE, images_for, randomize, zoo_model
+from zoo_cases import (CASES, NETWORK_MODES, REAL_SIZE, SMALL, TRAINED_ROTATED, images_for, randomize,
+                       trained_options, trained_zoo_model, zoo_model)
 
 
 @pytest.mark.parametrize("name, mode, options", CASES, ids=[f"{n}-{m}-{i}" for i, (n, m, _) in enumerate(CASES)])
@@ -55,6 +56,20 @@ def test_zoo_model_at_its_real_input_size_reproduces_the_flax_model(name, mode):
 def test_every_mode_of_every_zoo_model_at_its_real_input_size_reproduces_the_flax_model(name, mode):
     model = zoo_model(name, mode, {}, seed=5, sizes=REAL_SIZE)
     _assert_exact(model, images_for(model, 3, seed=11))
+
+
+@pytest.mark.parametrize("name, mode", TRAINED_ROTATED, ids=[f"{n}-{m}" for n, m in TRAINED_ROTATED])
+def test_trained_zoo_model_reproduces_the_flax_model(name, mode):
+    model = trained_zoo_model(name, mode, trained_options(mode))
+    _assert_exact(model, images_for(model, 6, seed=13))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", NETWORK_MODES)
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_every_mode_of_every_trained_zoo_model_reproduces_the_flax_model(name, mode):
+    model = trained_zoo_model(name, mode, trained_options(mode), seed=1)
+    _assert_exact(model, images_for(model, 6, seed=17))
 
 
 def test_round_trip_through_the_file_runs_the_same(tmp_path):

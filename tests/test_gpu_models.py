@@ -6,7 +6,9 @@ Random-init networks with random batch-norm statistics on random uint8 images (t
 flipped bit travels to the output): the small models of zoo_cases.py (every network mode, layer options
 included), every zoo model in every mode at its real input size (narrow), and ResNet-18 / VGG-16 at full
 width on 32 x 32 images, whose layers of C = 64 to 512 the planner's rules give to the wgmma kernels (the
-image band, the persistent and resident kernels, VGG-16's pooled threshold convolutions).
+image band, the persistent and resident kernels, VGG-16's pooled threshold convolutions). Trained networks:
+every small zoo model in every mode after a short training run on the GPU (its running statistics, latent
+weights and learned thresholds a training's).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from flax import nnx
 from jaxbnn import _ffi, runtime
 from jaxbnn.export import export_model, fidelity_report
 from jaxbnn.models import build_model
-from zoo_cases import CASES, NETWORK_MODES, REAL_SIZE, images_for, randomize, zoo_model
+from zoo_cases import (CASES, NETWORK_MODES, REAL_SIZE, SMALL, images_for, randomize, trained_options,
+                       trained_zoo_model, zoo_model)
 
 pytestmark = pytest.mark.gpu
 
@@ -93,6 +96,13 @@ def test_small_zoo_model_is_the_same_everywhere(name, mode, options):
 def test_zoo_model_at_its_real_input_size_is_the_same_everywhere(name, mode):
     model = zoo_model(name, mode, {}, seed=3, sizes=REAL_SIZE)
     _check_everywhere(model, images_for(model, 4, seed=9))
+
+
+@pytest.mark.parametrize("mode", NETWORK_MODES)
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_trained_zoo_model_is_the_same_everywhere(name, mode):
+    model = trained_zoo_model(name, mode, trained_options(mode))
+    _check_everywhere(model, images_for(model, 6, seed=13))
 
 
 @pytest.mark.parametrize("name, mode, options", FULL_WIDTH, ids=[n for n, _, _ in FULL_WIDTH])

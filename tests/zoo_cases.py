@@ -1,11 +1,12 @@
 """The model zoo as the export and GPU tests build it: every model at a small input size and width (the
 layer sequence is the architecture's), the network modes and layer options to cover, random batch-norm
-statistics and affine parameters, random uint8 images."""
+statistics and affine parameters or a short training run, random uint8 images."""
 
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxbnn.cli import import_train_module
 from jaxbnn.models import build_model
 
 SMALL = {
@@ -80,6 +81,36 @@ def zoo_model(name, mode, options, seed=0, sizes=SMALL):
     model = build_model(name, mode, num_classes=10, input_shape=spec["input_shape"], width=spec["width"],
                         rngs=nnx.Rngs(seed), layer_options=options)
     return randomize(model, seed + 1)
+
+
+# Every zoo model trained, each in one network mode (taken in turn) in the default suite and in every mode
+# under --run-slow / on the GPU; ternary operands with learned thresholds, so that training moves them too.
+def trained_options(mode):
+    return {"bnn": {}, "tnn": {"input_threshold": "learned", "kernel_threshold": "learned"},
+            "tbn": {"input_threshold": "learned"}, "btn": {"kernel_threshold": "learned"}}[mode]
+
+
+TRAINED_ROTATED = [(name, NETWORK_MODES[(i + 1) % len(NETWORK_MODES)]) for i, name in enumerate(sorted(SMALL))]
+
+
+def trained_zoo_model(name, mode, options, steps=20, seed=0, sizes=SMALL):
+    """A zoo model after `steps` steps of the training loop's own step (`train.loop.train_step`: Adam with
+    cosine decay, batch statistics, straight-through gradients, latent weights clipped) on a fixed batch of
+    random uint8 images and labels, then in eval mode: its batch-norm running statistics, latent weights and
+    learned thresholds are a training run's, not drawn."""
+    loop = import_train_module("loop")
+    spec = sizes[name]
+    model = build_model(name, mode, num_classes=10, input_shape=spec["input_shape"], width=spec["width"],
+                        rngs=nnx.Rngs(seed), layer_options=options)
+    rng = np.random.default_rng(seed)
+    images = jnp.asarray(rng.integers(0, 256, size=(16, *model.input_shape), dtype=np.uint8))
+    labels = jnp.asarray(rng.integers(0, 10, size=16))
+    optimizer = loop.make_optimizer(model, 1e-2, steps)
+    model.train()
+    for _ in range(steps):
+        loop.train_step(model, optimizer, images, labels)
+    model.eval()
+    return model
 
 
 def images_for(model, count, seed):
