@@ -187,24 +187,25 @@ def expected_planes(dot, kind, epi, planes):
                      for p in range(planes)], axis=-2)
 
 
-@pytest.fixture
-def without_ternary_kernels(monkeypatch):
-    """The ternary and mixed products as on a platform without their kernels (CUDA): one binary product over
-    the planes side by side, the binary kernels' epilogues."""
+@pytest.fixture(params=["native", "side by side"])
+def ternary_kernels(request, monkeypatch):
+    """The ternary and mixed products through the platform's own kernels (the CPU's), or as on a platform
+    without them (CUDA): one binary product over the planes side by side, the binary kernels' epilogues."""
     from jaxbnn import _ffi
 
-    has_target = _ffi.has_target
-    monkeypatch.setattr(_ffi, "has_target", lambda platform, target: has_target(platform, target) and not any(
-        target.startswith(f"jaxbnn_{mode}_") for mode in ("tnn", "tbn", "btn")))  # fmt: skip
+    if request.param == "side by side":
+        has_target = _ffi.has_target
+        monkeypatch.setattr(_ffi, "has_target", lambda platform, target: has_target(platform, target) and not any(
+            target.startswith(f"jaxbnn_{mode}_") for mode in ("tnn", "tbn", "btn")))  # fmt: skip
     jax.clear_caches()
-    yield
+    yield request.param
     jax.clear_caches()
 
 
 @fuzz(40)
 @given(st.sampled_from(["tnn", "tbn", "btn"]), st.integers(0, 7), st.integers(1, 200), st.integers(1, 40),
        st.data(), MODES, st.integers(0, 2**32))
-def test_ternary_bmm_without_its_kernels_matches_numpy(without_ternary_kernels, product, m, k, n, data, mode, seed):
+def test_ternary_bmm_matches_numpy(ternary_kernels, product, m, k, n, data, mode, seed):
     rng = np.random.default_rng(seed)
     a_values = ternary_values(rng, (m, k), product in ("tnn", "tbn"))
     w_values = ternary_values(rng, (k, n), product in ("tnn", "btn"))
@@ -225,8 +226,8 @@ def test_ternary_bmm_without_its_kernels_matches_numpy(without_ternary_kernels, 
        st.tuples(st.integers(1, 2), st.integers(1, 2)), st.sampled_from(["SAME", "VALID"]),
        st.sampled_from(["zero", "one"]), st.one_of(st.none(), st.tuples(st.integers(1, 2), st.integers(1, 2))),
        st.data(), st.integers(0, 2**32))
-def test_ternary_bconv2d_without_its_kernels_matches_numpy(without_ternary_kernels, product, b, h, w, c, o, kernel,
-                                                           stride, padding, pad_value, pool, data, seed):
+def test_ternary_bconv2d_matches_numpy(ternary_kernels, product, b, h, w, c, o, kernel, stride, padding, pad_value,
+                                       pool, data, seed):
     rng = np.random.default_rng(seed)
     x_values = ternary_values(rng, (b, h, w, c), product in ("tnn", "tbn"))
     w_values = ternary_values(rng, kernel + (c, o), product in ("tnn", "btn"))
