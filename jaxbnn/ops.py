@@ -550,6 +550,8 @@ def image_matmul(levels, kernel, *, shift=0, threshold=None, flip=None, out_dtyp
     levels, kernel = _image_levels_operand(levels, 2), _int8("kernel", kernel, 2)
     if levels.shape[1] != kernel.shape[0]:
         raise ValueError(f"levels have {levels.shape[1]} features, kernel {kernel.shape[0]} rows")
+    if min(kernel.shape) < 1:
+        raise ValueError(f"kernel must have at least one row and one column, got shape {kernel.shape}")
     m, k = levels.shape
     out = image_conv2d(levels.reshape(m, 1, 1, k), kernel.reshape(1, 1, k, kernel.shape[1]), stride=1,
                        padding="VALID", shift=shift, threshold=threshold, flip=flip, out_dtype=out_dtype,
@@ -581,7 +583,9 @@ def image_conv2d(levels, kernel, *, stride=1, padding="SAME", pool=None, shift=0
     Thresholds are integers of any width, saturated exactly as `bconv2d` saturates its own."""
     levels, kernel = _image_levels_operand(levels, 4), _int8("kernel", kernel, 4)
     kh, kw, c, n = kernel.shape
-    if levels.shape[-1] != c or min(kh, kw, n) < 1:
+    if min(kernel.shape) < 1:
+        raise ValueError(f"kernel (KH, KW, C, N) must have every size at least 1, got shape {kernel.shape}")
+    if levels.shape[-1] != c:
         raise ValueError(f"a kernel of shape {kernel.shape} does not take levels of shape {levels.shape}")
     _check_image_reduction(kh * kw * c)
     stride = _pair("stride", stride)
