@@ -15,13 +15,39 @@ TARGETS = ("jaxbnn_image_conv2d_i32", "jaxbnn_image_conv2d_bits")
 INT32_MIN, INT32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
 
 
-@pytest.fixture(params=_cpu.supported_isas())
+def _tiers():
+    """(ISA, AMX tiles) of every first-layer tier this CPU runs: AMX-INT8 where usable (the best ISA's calls
+    of enough rows and reduction), then each ISA without it (AVX-512 VNNI, AVX2, portable)."""
+    isas = _cpu.supported_isas()
+    return ([(isas[0], True)] if _cpu.amx_usable() else []) + [(isa, False) for isa in isas]
+
+
+@pytest.fixture(params=_tiers(), ids=lambda tier: tier[0] + ("+amx" if tier[1] else ""))
 def isa(request):
-    """Runs the test once per kernel tier this CPU supports (AVX-512 VNNI, AVX2, portable)."""
-    previous = _cpu.active_isa()
-    _cpu.set_isa(request.param)
-    yield request.param
+    """Runs the test once per kernel tier this CPU supports."""
+    name, amx = request.param
+    previous, previous_amx = _cpu.active_isa(), _cpu.first_layer_amx()
+    _cpu.set_isa(name)
+    _cpu.set_first_layer_amx(amx)
+    yield name
     _cpu.set_isa(previous)
+    _cpu.set_first_layer_amx(previous_amx)
+
+
+def test_amx_tiles_are_used_where_the_cpu_has_them():
+    """AMX-INT8 is detected from the CPU and granted by the OS (Linux lists amx_int8 and amx_tile in
+    /proc/cpuinfo where both hold); on by default where usable, and refused where not."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = set(cpuinfo.read().split())
+    except OSError:
+        flags = None
+    if flags is not None and "amx_int8" in flags and "amx_tile" in flags:
+        assert _cpu.amx_usable() and _cpu.first_layer_amx()
+    if not _cpu.amx_usable():
+        assert not _cpu.first_layer_amx()
+        with pytest.raises(ValueError, match="no AMX-INT8"):
+            _cpu.set_first_layer_amx(True)
 
 
 def test_targets_are_registered_and_the_ops_lower_to_them():
@@ -74,6 +100,11 @@ IMAGE_CASES = [
     (1, 4, 4, 3, 70, (3, 3), (2, 2), "VALID", None),
     (2, 5, 5, 5, 33, (3, 3), (1, 1), "VALID", (2, 2)),  # 8 rows, a pool window of 4 across register blocks
     (1, 4, 5, 2, 100, (2, 2), (1, 1), "VALID", (1, 3)),  # 9 rows, K = 8: packed again
+    # reductions of at least 320 levels over at least 32 rows (the AMX tiles): passes of 32 rows cut by the
+    # task's last rows, pool windows across passes, a 32-column last block, K not a multiple of 64
+    (3, 12, 11, 7, 70, (7, 7), (1, 1), "SAME", (2, 2)),
+    (2, 9, 9, 40, 33, (3, 3), (2, 2), ((1, 2), (0, 1)), (1, 2)),
+    (1, 7, 6, 320, 129, (1, 1), (1, 1), "VALID", None),  # K = 64 * 5 exactly
 ]
 
 

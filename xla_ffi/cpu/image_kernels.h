@@ -16,6 +16,14 @@ namespace jaxbnn::cpu {
 void RunImageConv2d(const ImageConv2dProblem& problem, const int8_t* levels, const int8_t* kernel,
                     const int32_t* threshold, const uint8_t* flip, void* out, ffi::ThreadPool* pool);
 
+// Whether this CPU has AMX-INT8 and the OS grants this process its tile state (asked once, at the first call).
+bool AmxUsable();
+// Whether the AVX-512 tier runs calls of enough rows on the AMX tiles (by default where AmxUsable).
+bool FirstLayerUsesAmx();
+// Turns that on or off (for tests and benchmarks that compare the tiers); false (nothing changed) when
+// turning it on where AMX is not usable.
+bool SetFirstLayerAmx(bool enabled);
+
 }  // namespace jaxbnn::cpu
 
 #endif  // JAXBNN_XLA_FFI_CPU_IMAGE_KERNELS_H_

@@ -9,6 +9,7 @@
 
 #include "common/formats.h"
 #include "cpu/handlers.h"
+#include "cpu/image_kernels.h"
 #include "cpu/popcount_kernels.h"
 
 namespace nb = nanobind;
@@ -90,4 +91,17 @@ NB_MODULE(_cpu, m) {
         }
       },
       nb::arg("name"), "Forces a kernel tier (for tests that compare tiers); see supported_isas().");
+  m.def("amx_usable", &jaxbnn::cpu::AmxUsable,
+        "Whether this CPU has AMX-INT8 and the OS grants the process its tile state.");
+  m.def("first_layer_amx", &jaxbnn::cpu::FirstLayerUsesAmx,
+        "Whether the avx512_vpopcntdq tier runs the first layer (image_conv2d / image_matmul) on AMX-INT8 tiles "
+        "where a call has enough rows.");
+  m.def(
+      "set_first_layer_amx",
+      [](bool enabled) {
+        if (!jaxbnn::cpu::SetFirstLayerAmx(enabled)) {
+          throw nb::value_error("this CPU has no AMX-INT8, or the OS does not grant the process its tile state");
+        }
+      },
+      nb::arg("enabled"), "Turns the first layer's AMX-INT8 tiles on or off (for tests that compare tiers).");
 }
