@@ -277,6 +277,8 @@ def main():
                         help="TAB's four products on its layers (the 'cpu_bench.py modes' section) instead of the "
                              "bmm / ResNet-18 sweep")
     args = parser.parse_args()
+    # the CPU's kernels and XLA's CPU backend, also on a machine with a GPU (jax would default to the GPU)
+    jax.config.update("jax_platforms", "cpu")
     out = args.out or results_file.default_path(results_file.cpu_kind())
     commit = results_file.git_commit(("xla_ffi/cpu", "xla_ffi/common", "jaxbnn"))
     if args.modes:

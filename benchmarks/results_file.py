@@ -25,7 +25,7 @@ RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 REPO_DIR = RESULTS_DIR.parent.parent
 SECTION = re.compile(r"<!-- section: (?P<name>.+?) -->\n(?P<body>.*?)<!-- end: (?P=name) -->\n?", re.S)
 # environment variables that change what a run measures: they are part of its command line
-RELEVANT_ENV = ("XLA_FLAGS", "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_ALLOCATOR", "CUDA_VISIBLE_DEVICES")
+RELEVANT_ENV = ("JAX_PLATFORMS", "XLA_FLAGS", "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_ALLOCATOR", "CUDA_VISIBLE_DEVICES")
 
 
 def slug(text: str) -> str:
