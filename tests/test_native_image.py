@@ -149,8 +149,10 @@ def test_extreme_levels_and_weights_are_exact_on_every_tier(isa):
     included)."""
     k = ops.MAX_IMAGE_REDUCTION
     for level in (-128, 127):
-        got = np.asarray(jax.jit(ops.image_matmul)(np.full((2, k), level, np.int8), np.full((k, 3), -128, np.int8)))
-        np.testing.assert_array_equal(got, np.full((2, 3), k * level * -128))
+        for rows in (2, 33):  # 33: the AMX tiles too
+            got = np.asarray(jax.jit(ops.image_matmul)(np.full((rows, k), level, np.int8),
+                                                       np.full((k, 3), -128, np.int8)))  # fmt: skip
+            np.testing.assert_array_equal(got, np.full((rows, 3), k * level * -128))
     levels = np.full((1, 19, 19, 3), -128, np.int8)
     levels[0, ::2, ::3] = 127
     kernel = np.full((11, 11, 3, 5), -128, np.int8)
