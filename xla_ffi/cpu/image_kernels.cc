@@ -697,7 +697,7 @@ constexpr int kAmxDepth = 64;         // reduction bytes of a tile row (the pack
 // Where the tiles win (measured, 2-core Xeon, A/B in one process): a call of at least 32 gathered rows and a
 // reduction of at least 320 levels (784 x 1024 at 256 rows 0.79 -> 0.56 ms, AlexNet's 11 x 11 x 3 1.07 ->
 // 0.91 ms); shorter reductions lose to VNNI, each pass's 32 x 32 epilogue then outweighing a few tdpbusd
-// (7 x 7 x 3 1.27 -> 1.78 ms, 5 x 5 x 8 4.7 -> 6.2 ms, 3 x 3 x 3 2.3x slower).
+// (7 x 7 x 3 1.27 -> 1.78 ms, 5 x 5 x 8 4.7 -> 6.2 ms, 3 x 3 x 3 2.2x slower).
 constexpr int64_t kAmxMinRows = 32;
 constexpr int64_t kAmxMinReduction = 320;
 
