@@ -59,11 +59,15 @@ struct BinaryGemmProblem {
   int k_real = 0;                      // kh * kw * c: the number of real ±1 products of a dot
   int pooled_rows = 0;                 // batch * out_h * out_w
   Epilogue epilogue = Epilogue::kInt32;
+  // Epilogue::kBits: the threshold planes (1 to kMaxBitsPlanes): threshold / flip are (planes, n), out is
+  // (pooled_rows, planes, ceil(n/32)), plane q's bits compare each dot product with threshold[q n + col]. Every
+  // plane comes from the same accumulators: a ternary output (two planes) costs one product, not two.
+  int planes = 1;
   const float* scale = nullptr;
   const float* bias = nullptr;
   const int32_t* threshold = nullptr;
   const uint8_t* flip = nullptr;
-  void* out = nullptr;                 // int32 / int16 / float32 (pooled_rows, n) or uint32 (pooled_rows, ceil(n/32))
+  void* out = nullptr;                 // int32 / int16 / float32 (pooled_rows, n) or uint32 (pooled_rows, planes, ceil(n/32))
   // Derived from the shape by the launcher (callers leave them): the largest excess of a receptive field at
   // each side of the frame, and whether the tiles keep the per-border-class correction table. Kernel
   // parameters, so that no thread recomputes them: the kernels did, in their set-up and in every tile's
@@ -91,6 +95,9 @@ struct ResidualOperands {
 
 // The largest pool window (pool_h * pool_w) the kernels take: a window must fit in one CTA's rows.
 inline constexpr int kMaxPoolWindow = 64;
+// The most threshold planes (BinaryGemmProblem::planes) the bit epilogues write from one product: a ternary
+// output's two (TileColumns keeps the second plane's parameters where the affine epilogue keeps its own).
+inline constexpr int kMaxBitsPlanes = 2;
 // The longest reduction the kernels take, in 32-bit words (k_words; 2^21 bits): the threshold epilogue
 // keeps its integers below 2^25 in magnitude (ColumnBound, StoreBitsRows).
 inline constexpr int kMaxReductionWords = 1 << 16;

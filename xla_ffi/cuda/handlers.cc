@@ -121,6 +121,21 @@ struct EpilogueArgs {
   const ffi::Buffer<ffi::U8>* flip = nullptr;
 };
 
+// The threshold planes of a bits epilogue: 1 for a threshold of shape (n,), P for (P, n), -1 for other ranks.
+int64_t BitsPlanes(const EpilogueArgs& e) {
+  const auto dims = e.threshold->dimensions();
+  return dims.size() == 1 ? 1 : dims.size() == 2 ? dims[0] : -1;
+}
+
+// A bits epilogue's threshold of rank 1, or of rank 2 with 1 to kMaxBitsPlanes planes.
+std::optional<ffi::Error> CheckBitsPlanes(const EpilogueArgs& e) {
+  if (e.kind != Epilogue::kBits) return std::nullopt;
+  const int64_t planes = BitsPlanes(e);
+  if (planes >= 1 && planes <= kMaxBitsPlanes) return std::nullopt;
+  return Invalid("the threshold must be (n,) or (planes, n) with 1 to " + std::to_string(kMaxBitsPlanes) +
+                 " planes, got " + Dims(e.threshold->dimensions()));
+}
+
 std::optional<ffi::Error> SetEpilogue(BinaryGemmProblem& p, const EpilogueArgs& e, int64_t n) {
   p.epilogue = e.kind;
   if (e.kind == Epilogue::kAffine) {
@@ -129,15 +144,29 @@ std::optional<ffi::Error> SetEpilogue(BinaryGemmProblem& p, const EpilogueArgs& 
     p.scale = e.scale->typed_data();
     p.bias = e.bias->typed_data();
   } else if (e.kind == Epilogue::kBits) {
-    if (auto err = ExpectShape("threshold", *e.threshold, {n})) return err;
-    if (auto err = ExpectShape("flip", *e.flip, {n})) return err;
+    const int64_t planes = BitsPlanes(e);
+    if (auto err = CheckBitsPlanes(e)) return err;
+    if (e.threshold->dimensions().size() == 1) {
+      if (auto err = ExpectShape("threshold", *e.threshold, {n})) return err;
+      if (auto err = ExpectShape("flip", *e.flip, {n})) return err;
+    } else {
+      if (auto err = ExpectShape("threshold", *e.threshold, {planes, n})) return err;
+      if (auto err = ExpectShape("flip", *e.flip, {planes, n})) return err;
+    }
     p.threshold = e.threshold->typed_data();
     p.flip = e.flip->typed_data();
+    p.planes = static_cast<int>(planes);
   }
   return std::nullopt;
 }
 
-int64_t OutputColumns(Epilogue kind, int64_t n) { return kind == Epilogue::kBits ? CeilDiv(n, 32) : n; }
+// The trailing dimensions of a result after its rows: (n) values, or the bits as (ceil(n/32)) words for a
+// threshold of shape (n,) and (planes, ceil(n/32)) for one of (planes, n).
+std::vector<int64_t> OutputTail(const EpilogueArgs& e, int64_t n) {
+  if (e.kind != Epilogue::kBits) return {n};
+  if (e.threshold->dimensions().size() == 1) return {CeilDiv(n, 32)};
+  return {BitsPlanes(e), CeilDiv(n, 32)};
+}
 
 // The residual epilogue's operands (IsResidual): the block's input stream as the shortcut (of the stream's
 // type), taken every `stride` pixels, the shift of the dot products, and the stream bits' result (null: none).
@@ -200,10 +229,11 @@ ffi::Error Bmm(cudaStream_t stream, const ffi::Buffer<ffi::U32>& a, const ffi::B
   }
   if (auto err = CheckWeights(b, n, k_words)) return *err;
   if (auto err = ExpectShape("b_popc", b_popc, {n})) return *err;
-  const int64_t out_cols = OutputColumns(e.kind, n);
-  if (out_dims.size() != 2 || out_dims[0] != m || out_dims[1] != out_cols) {
-    return Invalid("bmm result has shape " + Dims(out_dims) + ", expected (" + std::to_string(m) + ", " +
-                   std::to_string(out_cols) + ")");
+  if (auto err = CheckBitsPlanes(e)) return *err;
+  std::vector<int64_t> expected_out{m};
+  for (int64_t d : OutputTail(e, n)) expected_out.push_back(d);
+  if (std::vector<int64_t>(out_dims.begin(), out_dims.end()) != expected_out) {
+    return Invalid("bmm result has shape " + Dims(out_dims) + ", expected " + Dims(expected_out));
   }
   if (!ProductFitsInt({m, k_words}) || !FitsInt(k) || !ProductFitsInt({m, std::max<int64_t>(n, 1)})) {
     return Invalid("bmm operands too large for the CUDA kernels (int32 indexing)");
@@ -270,11 +300,17 @@ ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi:
   const int64_t taps = at.kh * at.kw, k_words = taps * cw;
   if (auto err = CheckWeights(w, at.o, k_words)) return *err;
   if (auto err = ExpectShape("w_tap_popc", tap_popc, {taps, at.o})) return *err;
-  const int64_t out_c = OutputColumns(e.kind, at.o);
-  if (out_dims.size() != 4 || out_dims[0] != batch || out_dims[1] != out_h || out_dims[2] != out_w ||
-      out_dims[3] != out_c) {
-    return Invalid("bconv2d result has shape " + Dims(out_dims) + ", expected (" + std::to_string(batch) + ", " +
-                   std::to_string(out_h) + ", " + std::to_string(out_w) + ", " + std::to_string(out_c) + ")");
+  if (!IsResidual(e.kind)) {
+    if (auto err = CheckBitsPlanes(e)) return *err;
+  }
+  std::vector<int64_t> expected_out{batch, out_h, out_w};
+  if (IsResidual(e.kind)) {
+    expected_out.push_back(at.o);
+  } else {
+    for (int64_t d : OutputTail(e, at.o)) expected_out.push_back(d);
+  }
+  if (std::vector<int64_t>(out_dims.begin(), out_dims.end()) != expected_out) {
+    return Invalid("bconv2d result has shape " + Dims(out_dims) + ", expected " + Dims(expected_out));
   }
   if (!ProductFitsInt({batch, h, wd, cw}) || !ProductFitsInt({taps, at.c}) ||
       !ProductFitsInt({batch, out_h, out_w, at.o}) || !FitsInt(k_words) || !FitsInt(conv_h) || !FitsInt(conv_w) ||

@@ -11,6 +11,21 @@
 
 namespace jaxbnn::cuda {
 
+// The second threshold plane's parameters of local column `lc` (TileColumns::second_delta ...), plane 0's bound
+// `bound` filled. Called by whole warps for 32 consecutive columns (pairs are shuffled, flip words ballots).
+template <int kCols>
+__device__ __forceinline__ void FillSecondPlane(const BinaryGemmProblem& p, TileColumns<kCols>& cols, int col, int lc,
+                                                int bound, int popc_b) {
+  const bool real = col < p.n;
+  const int threshold = real ? p.threshold[p.n + col] : 0, flip = real ? p.flip[p.n + col] : 0;
+  const int delta = ColumnBound(p, col, threshold, flip, popc_b) - bound;
+  cols.second_delta[lc] = delta;
+  const int next = __shfl_xor_sync(0xffffffffu, delta, 1);
+  if (lc % 2 == 0) cols.second_paired_delta[lc / 2] = static_cast<uint32_t>(delta) + (static_cast<uint32_t>(next) << 16);
+  const uint32_t flips = __ballot_sync(0xffffffffu, flip != 0);
+  if (lc % 32 == 0) cols.second_flip_word[lc / 32] = flips;
+}
+
 // Fills the epilogue parameters of local column `lc` (all but the correction table) from its popc(b) summed
 // over taps and its threshold. Called by whole warps for 32 consecutive columns (the flip words are ballots).
 template <int kCols>
@@ -21,12 +36,14 @@ __device__ __forceinline__ void FillColumnParameters(const BinaryGemmProblem& p,
   if (p.epilogue == Epilogue::kBits) {
     cols.threshold[lc] = th.threshold;
     cols.flip[lc] = th.flip;
-    cols.bound[lc] = ColumnBound(p, col, th.threshold, th.flip, popc_b);
+    const int bound = ColumnBound(p, col, th.threshold, th.flip, popc_b);
+    cols.bound[lc] = bound;
     if (PairsBounds(p) && !p.correction_table) {
-      StorePairedBounds(p, cols.bound[lc], lc, reinterpret_cast<uint32_t*>(&cols.correction[0][lc]));
+      StorePairedBounds(p, bound, lc, reinterpret_cast<uint32_t*>(&cols.correction[0][lc]));
     }
     const uint32_t flips = __ballot_sync(0xffffffffu, th.flip != 0);
     if (lc % 32 == 0) cols.flip_word[lc / 32] = flips;
+    if (p.planes > 1) FillSecondPlane(p, cols, col, lc, bound, popc_b);
   } else if (p.epilogue == Epilogue::kAffine) {
     cols.scale[lc] = col < p.n ? p.scale[col] : 0.f;
     cols.bias[lc] = col < p.n ? p.bias[col] : 0.f;

@@ -353,13 +353,22 @@ __device__ void StoreTile(const BinaryGemmProblem& p, const int* acc, const int*
       const long long pooled = pooled0 + pr;
       if (pooled >= p.pooled_rows || col0 + word * 32 >= p.n) continue;  // warp-uniform
       const int lc = word * 32 + lane, col = col0 + lc;
-      bool bit = false;
+      bool bit = false, second = false;
       if (col < p.n) {
         const int dot = PooledDot<kLd, kCols>(p, acc, popc_a, cols, origins, window, pr, lc, col);
         bit = cols.flip[lc] ? dot <= cols.threshold[lc] : dot >= cols.threshold[lc];
+        if (p.planes > 1) {  // TileColumns' bound form: dot + 2 popc(b) >= bound, then the flip
+          const bool flip = (cols.second_flip_word[word] >> lane) & 1u;
+          second = (dot + 2 * cols.popc_b[lc] >= cols.bound[lc] + cols.second_delta[lc]) != flip;
+        }
       }
+      uint32_t* dst = out + pooled * p.planes * out_words + col0 / 32 + word;
       const uint32_t bits = __ballot_sync(0xffffffffu, bit);
-      if (lane == 0) out[pooled * out_words + col0 / 32 + word] = bits;
+      if (lane == 0) dst[0] = bits;
+      if (p.planes > 1) {
+        const uint32_t second_bits = __ballot_sync(0xffffffffu, second);
+        if (lane == 0) dst[out_words] = second_bits;
+      }
     }
     return;
   }

@@ -103,17 +103,31 @@ struct MmaSyncEngine {
     } else if (p.epilogue != Epilogue::kBits) {
       StoreDirectValues<false>(acc, p, popc_a, origins, cols, tile_m, col0, tid);
     } else if (PairsBounds(p)) {
-      StoreDirectBits<true, kBorderBoundsReady>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
+      StoreDirectBitsOfPlanes<true, kBorderBoundsReady>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
     } else {
-      StoreDirectBits<false, kBorderBoundsReady>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
+      StoreDirectBitsOfPlanes<false, kBorderBoundsReady>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
+    }
+  }
+
+  // StoreDirectBits of the problem's threshold planes.
+  template <bool kPaired, bool kBorderBoundsReady>
+  __device__ static void StoreDirectBitsOfPlanes(const Accumulators& acc, const BinaryGemmProblem& p, const int* popc_a,
+                                                 const int4* origins, const int8_t* row_class, int* scratch,
+                                                 const TileColumns<kCols>& cols, int tile_m, int col0, int tid) {
+    if (p.planes > 1) {
+      StoreDirectBits<kPaired, kBorderBoundsReady, 2>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
+    } else {
+      StoreDirectBits<kPaired, kBorderBoundsReady, 1>(acc, p, popc_a, origins, row_class, scratch, cols, tile_m, col0, tid);
     }
   }
 
   // The threshold epilogue. A thread's rows warp_row + 8 i + g (i = 2 mf + h) each compare with one row of
   // bounds: cols.correction[class] (class 0: the plain bounds), or for a border row of a problem without
   // the table, its own row in `scratch`. The quad's words are completed by a reduce-scatter, after which
-  // lane t stores rows 4 q + t: 6 shuffles and 2 stores a thread for 8 rows, not 16 and 8.
-  template <bool kPaired, bool kBorderBoundsReady>
+  // lane t stores rows 4 q + t: 6 shuffles and 2 stores a thread for 8 rows, not 16 and 8. kPlanes: the
+  // threshold planes (BinaryGemmProblem::planes), the second one's bounds plane 0's plus TileColumns'
+  // second-plane deltas, from the same accumulators.
+  template <bool kPaired, bool kBorderBoundsReady, int kPlanes>
   __device__ static void StoreDirectBits(const Accumulators& acc, const BinaryGemmProblem& p, const int* popc_a,
                                          const int4* origins, const int8_t* row_class, int* scratch,
                                          const TileColumns<kCols>& cols, int tile_m, int col0, int tid) {
@@ -129,7 +143,7 @@ struct MmaSyncEngine {
       }
     }
     // row i's word of this thread's pairs of columns
-    auto row_word = [&](int i) {
+    auto row_word = [&](int i, int plane) {
       const int r = warp_row + 8 * i + g, mf = i / 2, h = i % 2;
       const int cls = row_class[r];
       const int* bounds = (cls != 0 && !p.correction_table ? scratch + r * kCols : cols.correction[cls]) + first_lc;
@@ -140,25 +154,41 @@ struct MmaSyncEngine {
         a[j][1] = acc.v[mf][j][2 * h + 1];
       }
       const int v0 = p.k_real - 2 * popc_a[r];
-      return (kPaired ? ThresholdBitsPaired(a, v0, bounds) : ThresholdBitsUnpaired(a, v0, bounds)) << (2 * t);
+      if (plane == 0) {
+        return (kPaired ? ThresholdBitsPaired(a, v0, bounds) : ThresholdBitsUnpaired(a, v0, bounds)) << (2 * t);
+      }
+      return (kPaired ? ThresholdBitsPaired(a, v0, bounds, &cols.second_paired_delta[first_lc / 2])
+                      : ThresholdBitsUnpaired(a, v0, bounds, &cols.second_delta[first_lc]))
+             << (2 * t);
     };
     const long long row0 = static_cast<long long>(tile_m) * kRows + warp_row + g;
     const int out_words = (p.n + 31) / 32;
+    const long long row_words = static_cast<long long>(p.planes) * out_words;
     const bool inside = col0 + warp_col < p.n;
     uint32_t* out = static_cast<uint32_t*>(p.out) + (col0 + warp_col) / 32;
-    const uint32_t flip = cols.flip_word[warp_col / 32];
     // The quad's words of rows 4 q .. 4 q + 3 in, lane t's row 4 q + t out. Lanes 0, 1 first keep rows 4 q + j,
     // lanes 2, 3 rows 4 q + 2 + j. Four words a call, not an array of eight indexed by q: with the array,
     // nvcc kept all eight in local memory as dead stores (8 STL a thread and tile; ncu at 16384^3).
-    auto store_rows = [&](int q, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+    auto store_rows = [&](int q, int plane, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
       const uint32_t half0 = ((t & 2) ? w2 : w0) | __shfl_xor_sync(0xffffffffu, (t & 2) ? w0 : w2, 2);
       const uint32_t half1 = ((t & 2) ? w3 : w1) | __shfl_xor_sync(0xffffffffu, (t & 2) ? w1 : w3, 2);
       const uint32_t mine = ((t & 1) ? half1 : half0) | __shfl_xor_sync(0xffffffffu, (t & 1) ? half0 : half1, 1);
       const long long row = row0 + 8 * (4 * q + t);
-      if (inside && row < p.pooled_rows) out[row * out_words] = mine ^ flip;
+      const uint32_t flip = (plane == 0 ? cols.flip_word : cols.second_flip_word)[warp_col / 32];
+      if (inside && row < p.pooled_rows) out[row * row_words + plane * out_words] = mine ^ flip;
     };
-    store_rows(0, row_word(0), row_word(1), row_word(2), row_word(3));
-    store_rows(1, row_word(4), row_word(5), row_word(6), row_word(7));
+    // every plane of four rows from their accumulators together (a pass per plane would keep them all live)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      uint32_t w[kPlanes][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int plane = 0; plane < kPlanes; ++plane) w[plane][i] = row_word(4 * q + i, plane);
+      }
+#pragma unroll
+      for (int plane = 0; plane < kPlanes; ++plane) store_rows(q, plane, w[plane][0], w[plane][1], w[plane][2], w[plane][3]);
+    }
   }
 
   // The int32 / affine epilogues, or (kInt16) the int16 one.

@@ -37,12 +37,16 @@ __device__ __forceinline__ uint32_t BytePermute(uint32_t a, uint32_t b, uint32_t
 // Paired (PairsBounds: PairedBounds in the even slots): two columns per 32-bit addition; bits 15 and 31 of
 // y are their bits, gathered by byte permutes that copy a byte's top bit over the byte: 2.1 instructions a
 // value against 3 unpaired.
-__device__ __forceinline__ uint32_t ThresholdBitsPaired(const int (&a)[4][2], int v0, const int* bounds) {
+// paired_delta (the second threshold plane, else null): TileColumns::second_paired_delta from the pair of the
+// first column on, subtracted from each pair of bounds.
+__device__ __forceinline__ uint32_t ThresholdBitsPaired(const int (&a)[4][2], int v0, const int* bounds,
+                                                        const uint32_t* paired_delta = nullptr) {
   const uint32_t v0_pair = static_cast<uint32_t>(v0) * 0x10001u;
   uint32_t y[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const uint32_t bound = static_cast<uint32_t>(bounds[8 * j]);
+    uint32_t bound = static_cast<uint32_t>(bounds[8 * j]);
+    if (paired_delta != nullptr) bound -= paired_delta[4 * j];
     const uint32_t pair = static_cast<uint32_t>(a[j][0]) + (static_cast<uint32_t>(a[j][1]) << 16);
     y[j] = (pair << 2) + v0_pair + bound;
   }
@@ -57,11 +61,19 @@ __device__ __forceinline__ uint32_t ThresholdBitsPaired(const int (&a)[4][2], in
 // epilogue, 5.7 with a compare, a select and an OR per value instead (ncu). The values go in
 // from the highest position down, even columns by 1 bit (their sign), odd ones by 7 (bits 25-31: the sign
 // and, where |difference| < 2^25 (ColumnBound), six copies of it that fill the gap to the next pair).
-__device__ __forceinline__ uint32_t ThresholdBitsUnpaired(const int (&a)[4][2], int v0, const int* bounds) {
+// delta (the second threshold plane, else null): TileColumns::second_delta from the first column on, added to
+// the bounds.
+__device__ __forceinline__ uint32_t ThresholdBitsUnpaired(const int (&a)[4][2], int v0, const int* bounds,
+                                                          const int* delta = nullptr) {
   uint32_t below = 0;
 #pragma unroll
   for (int j = 3; j >= 0; --j) {
-    const int2 bound = *reinterpret_cast<const int2*>(&bounds[8 * j]);
+    int2 bound = *reinterpret_cast<const int2*>(&bounds[8 * j]);
+    if (delta != nullptr) {
+      const int2 d = *reinterpret_cast<const int2*>(&delta[8 * j]);
+      bound.x += d.x;
+      bound.y += d.y;
+    }
     const int x0 = 4 * a[j][0] + v0, x1 = 4 * a[j][1] + v0;
     below = __funnelshift_l(static_cast<uint32_t>(x1 - bound.y), below, 7);
     below = __funnelshift_l(static_cast<uint32_t>(x0 - bound.x), below, 1);

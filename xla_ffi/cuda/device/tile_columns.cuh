@@ -29,8 +29,22 @@ struct TileColumns {
   // bound = threshold + 2 popc_b, plus 1 where flipped (dot <= t is the negation of dot >= t + 1).
   int bound[kCols];
   uint32_t flip_word[kCols / 32];  // the flip flags of 32 columns, bit c % 32 for column c
-  float scale[kCols];
-  float bias[kCols];
+  // The affine epilogue's terms, or the threshold epilogue's second plane (BinaryGemmProblem::planes == 2), in
+  // the same bytes: the tile's shared memory stays as it is for every epilogue.
+  union {
+    struct {
+      float scale[kCols];
+      float bias[kCols];
+    };
+    struct {
+      // plane 1's bound less plane 0's (0 past N: both unreachable), so that every row's bounds of plane 1,
+      // border classes included, are plane 0's plus these
+      int second_delta[kCols];
+      // where PairsBounds: the deltas of columns 2 i, 2 i + 1 as PairedBounds subtracts them (lo + hi 2^16)
+      uint32_t second_paired_delta[kCols / 2];
+      uint32_t second_flip_word[kCols / 32];  // plane 1's flip flags, as flip_word
+    };
+  };
 };
 
 // The threshold epilogue's bound of column `col` (TileColumns::bound) from its threshold, flip and popc(b).

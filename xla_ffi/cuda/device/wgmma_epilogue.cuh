@@ -68,74 +68,91 @@ __device__ __forceinline__ void AddBoundsToClasses(const BinaryGemmProblem& p, T
 // loaded separately); kPaired: their PairedBounds (in the even slots of a table row, TileColumns). kWords:
 // output words per row (8: a 256-column tile; 4: a narrow tile of at most 128 columns, whose accumulators
 // are the first 64; 2: at most 64 columns, the first 32). kAcc: the accumulators a thread holds (128 for
-// m64n256, 64 for m64n128).
-template <bool kClassBounds, bool kPaired, int kWords, int kAcc>
+// m64n256, 64 for m64n128). kPlanes: the threshold planes (BinaryGemmProblem::planes), the second one's bounds
+// plane 0's plus TileColumns' second-plane deltas.
+template <bool kClassBounds, bool kPaired, int kWords, int kPlanes, int kAcc>
 __device__ __forceinline__ void StoreBitsRows(const BinaryGemmProblem& p, const int (&acc)[kAcc],
                                               const TileColumns<kWgCols>& cols, const int (&v0)[2],
                                               const long long (&row)[2], const bool (&row_valid)[2],
                                               const int* const (&bounds)[2], int col0, int t) {
   static_assert(16 * kWords <= kAcc, "a word of 32 columns takes 16 accumulators of each thread");
-  uint32_t words[2][kWords];
+  uint32_t words[kPlanes][2][kWords];
   // the values of fragments 4 wd .. 4 wd + 3 of row h, and that row's bounds from the word's first column
-  auto word_bits = [&](int h, int wd) {
+  auto word_bits = [&](int plane, int h, int wd) {
     int a[4][2];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       a[q][0] = acc[4 * (4 * wd + q) + 2 * h];
       a[q][1] = acc[4 * (4 * wd + q) + 2 * h + 1];
     }
-    const int* row_bounds = &bounds[kClassBounds ? h : 0][32 * wd + 2 * t];
-    return kPaired ? ThresholdBitsPaired(a, v0[h], row_bounds) : ThresholdBitsUnpaired(a, v0[h], row_bounds);
+    const int lc = 32 * wd + 2 * t;
+    const int* row_bounds = &bounds[kClassBounds ? h : 0][lc];
+    if (plane == 0) {
+      return kPaired ? ThresholdBitsPaired(a, v0[h], row_bounds) : ThresholdBitsUnpaired(a, v0[h], row_bounds);
+    }
+    return kPaired ? ThresholdBitsPaired(a, v0[h], row_bounds, &cols.second_paired_delta[lc / 2])
+                   : ThresholdBitsUnpaired(a, v0[h], row_bounds, &cols.second_delta[lc]);
   };
-  // word by word, both rows (the paired form went row by row: BandWgmmaKernel<0> spilled 8 bytes that way)
+  // word by word, both rows (the paired form went row by row: BandWgmmaKernel<0> spilled 8 bytes that way),
+  // every plane from the same values (a pass per plane kept every accumulator live through the first: ptxas
+  // spilled hundreds of bytes)
 #pragma unroll
   for (int wd = 0; wd < kWords; ++wd) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) words[h][wd] = word_bits(h, wd);
-  }
-  uint32_t* out = static_cast<uint32_t*>(p.out);
-  if constexpr (kWords == 2) {
-    // two words a row: lanes 0, 1 gather word 0 and lanes 2, 3 word 1, then lanes 0 and 2 store them
-    const int out_words = (p.n + 31) / 32, wd = t / 2;
-#pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const uint32_t lo = words[h][0] << (2 * t), hi = words[h][1] << (2 * t);
-      uint32_t word = ((t & 2) ? hi : lo) | __shfl_xor_sync(QuadLanes(), (t & 2) ? lo : hi, 2);
-      word |= __shfl_xor_sync(QuadLanes(), word, 1);
-      if (row_valid[h] && t % 2 == 0 && col0 + 32 * wd < p.n) {
-        out[row[h] * out_words + col0 / 32 + wd] = word ^ cols.flip_word[wd];
-      }
+#pragma unroll
+      for (int plane = 0; plane < kPlanes; ++plane) words[plane][h][wd] = word_bits(plane, h, wd);
     }
-  } else {
-    // The OR over the quad as a reduce-scatter: after two exchanges lane t holds the finished words
-    // kPerLane t .. kPerLane t + kPerLane - 1 of each row (3 shuffles per row and 8 words, not 16), which
-    // it stores together (one 8-byte store where the rows are 8-byte aligned; stores were 3-8% of the
-    // resident kernel's time).
-    constexpr int kPerLane = kWords / 4;
-    const int out_words = (p.n + 31) / 32, first = kPerLane * t;
-    const bool pairs = kPerLane == 2 && out_words % 2 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  }
+  const int out_words = (p.n + 31) / 32;
+  const long long row_words = static_cast<long long>(p.planes) * out_words;  // rows of p.planes planes' words
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      uint32_t half[kWords / 2], mine[kPerLane];
+  for (int plane = 0; plane < kPlanes; ++plane) {
+    uint32_t* out = static_cast<uint32_t*>(p.out) + plane * out_words;
+    const uint32_t* flip_words = plane == 0 ? cols.flip_word : cols.second_flip_word;
+    if constexpr (kWords == 2) {
+      // two words a row: lanes 0, 1 gather word 0 and lanes 2, 3 word 1, then lanes 0 and 2 store them
+      const int wd = t / 2;
 #pragma unroll
-      for (int i = 0; i < kWords / 2; ++i) {  // lanes 0, 1 keep the first half, lanes 2, 3 the second
-        const uint32_t lo = words[h][i] << (2 * t), hi = words[h][kWords / 2 + i] << (2 * t);
-        half[i] = ((t & 2) ? hi : lo) | __shfl_xor_sync(QuadLanes(), (t & 2) ? lo : hi, 2);
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t lo = words[plane][h][0] << (2 * t), hi = words[plane][h][1] << (2 * t);
+        uint32_t word = ((t & 2) ? hi : lo) | __shfl_xor_sync(QuadLanes(), (t & 2) ? lo : hi, 2);
+        word |= __shfl_xor_sync(QuadLanes(), word, 1);
+        if (row_valid[h] && t % 2 == 0 && col0 + 32 * wd < p.n) {
+          out[row[h] * row_words + col0 / 32 + wd] = word ^ flip_words[wd];
+        }
       }
+    } else {
+      // The OR over the quad as a reduce-scatter: after two exchanges lane t holds the finished words
+      // kPerLane t .. kPerLane t + kPerLane - 1 of each row (3 shuffles per row and 8 words, not 16), which
+      // it stores together (one 8-byte store where the rows are 8-byte aligned; stores were 3-8% of the
+      // resident kernel's time).
+      constexpr int kPerLane = kWords / 4;
+      const int first = kPerLane * t;
+      const bool pairs = kPerLane == 2 && out_words % 2 == 0 && reinterpret_cast<uintptr_t>(p.out) % 8 == 0;
 #pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {  // then lanes 0, 2 the first quarter, lanes 1, 3 the second
-        const uint32_t lo = half[i], hi = half[kPerLane + i];
-        mine[i] = ((t & 1) ? hi : lo) | __shfl_xor_sync(QuadLanes(), (t & 1) ? lo : hi, 1);
-        mine[i] ^= cols.flip_word[first + i];
-      }
-      if (!row_valid[h]) continue;
-      uint32_t* dst = out + row[h] * out_words + col0 / 32 + first;
-      if (pairs && col0 + 32 * (first + 1) < p.n) {
-        *reinterpret_cast<uint2*>(dst) = make_uint2(mine[0], mine[kPerLane - 1]);
-      } else {
+      for (int h = 0; h < 2; ++h) {
+        uint32_t half[kWords / 2], mine[kPerLane];
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
-          if (col0 + 32 * (first + i) < p.n) dst[i] = mine[i];
+        for (int i = 0; i < kWords / 2; ++i) {  // lanes 0, 1 keep the first half, lanes 2, 3 the second
+          const uint32_t lo = words[plane][h][i] << (2 * t), hi = words[plane][h][kWords / 2 + i] << (2 * t);
+          half[i] = ((t & 2) ? hi : lo) | __shfl_xor_sync(QuadLanes(), (t & 2) ? lo : hi, 2);
+        }
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) {  // then lanes 0, 2 the first quarter, lanes 1, 3 the second
+          const uint32_t lo = half[i], hi = half[kPerLane + i];
+          mine[i] = ((t & 1) ? hi : lo) | __shfl_xor_sync(QuadLanes(), (t & 1) ? lo : hi, 1);
+          mine[i] ^= flip_words[first + i];
+        }
+        if (!row_valid[h]) continue;
+        uint32_t* dst = out + row[h] * row_words + col0 / 32 + first;
+        if (pairs && col0 + 32 * (first + 1) < p.n) {
+          *reinterpret_cast<uint2*>(dst) = make_uint2(mine[0], mine[kPerLane - 1]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kPerLane; ++i) {
+            if (col0 + 32 * (first + i) < p.n) dst[i] = mine[i];
+          }
         }
       }
     }
@@ -149,7 +166,7 @@ __device__ __forceinline__ int4 PixelOrigin(const BinaryGemmProblem& p, long lon
 
 // The same for one row (h) whose receptive field may leave the frame, for problems without the
 // border-class table: corrections summed per value.
-template <int kAcc>
+template <int kPlanes, int kAcc>
 __device__ __forceinline__ void StoreBitsBorderRow(const BinaryGemmProblem& p, const int (&acc)[kAcc],
                                                    const TileColumns<kWgCols>& cols, int v0, long long row,
                                                    bool row_valid, bool border, int h, int col0, int t) {
@@ -161,28 +178,40 @@ __device__ __forceinline__ void StoreBitsBorderRow(const BinaryGemmProblem& p, c
 #pragma unroll 1
     for (int k = 0; k < kAcc / 2; ++k) excl[k] = 0;
   }
-  uint32_t words[kWords] = {};
+  uint32_t words[kPlanes][kWords] = {};
 #pragma unroll
   for (int j = 0; j < 4 * kWords; ++j) {
-    const int2 bound = *reinterpret_cast<const int2*>(&cols.bound[8 * j + 2 * t]);
+    int2 bound = *reinterpret_cast<const int2*>(&cols.bound[8 * j + 2 * t]);
     const int x0 = 4 * acc[4 * j + 2 * h] + v0 - excl[2 * j], x1 = 4 * acc[4 * j + 2 * h + 1] + v0 - excl[2 * j + 1];
-    words[j / 4] |= static_cast<uint32_t>(x0 >= bound.x) << (8 * (j % 4)) |
-                    static_cast<uint32_t>(x1 >= bound.y) << (8 * (j % 4) + 1);
+#pragma unroll
+    for (int plane = 0; plane < kPlanes; ++plane) {
+      if (plane == 1) {
+        const int2 d = *reinterpret_cast<const int2*>(&cols.second_delta[8 * j + 2 * t]);
+        bound.x += d.x;
+        bound.y += d.y;
+      }
+      words[plane][j / 4] |= static_cast<uint32_t>(x0 >= bound.x) << (8 * (j % 4)) |
+                             static_cast<uint32_t>(x1 >= bound.y) << (8 * (j % 4) + 1);
+    }
   }
-  uint32_t* out = static_cast<uint32_t*>(p.out);
   const int out_words = (p.n + 31) / 32;
 #pragma unroll
-  for (int wd = 0; wd < kWords; ++wd) {
-    uint32_t v = words[wd] << (2 * t);
-    v |= __shfl_xor_sync(QuadLanes(), v, 1);
-    v |= __shfl_xor_sync(QuadLanes(), v, 2);
-    if (t == (wd & 3) && row_valid && col0 + 32 * wd < p.n) out[row * out_words + col0 / 32 + wd] = v ^ cols.flip_word[wd];
+  for (int plane = 0; plane < kPlanes; ++plane) {
+    uint32_t* out = static_cast<uint32_t*>(p.out) + (row * p.planes + plane) * out_words;
+    const uint32_t* flip_words = plane == 0 ? cols.flip_word : cols.second_flip_word;
+#pragma unroll
+    for (int wd = 0; wd < kWords; ++wd) {
+      uint32_t v = words[plane][wd] << (2 * t);
+      v |= __shfl_xor_sync(QuadLanes(), v, 1);
+      v |= __shfl_xor_sync(QuadLanes(), v, 2);
+      if (t == (wd & 3) && row_valid && col0 + 32 * wd < p.n) out[col0 / 32 + wd] = v ^ flip_words[wd];
+    }
   }
 }
 
 // StoreBitsRows in the form of the problem: paired bounds or not (PairsBounds), the tile's 256 columns or
-// (narrow, or m64n128 accumulators) its first 128, or (kQuarter) its first 64.
-template <bool kClassBounds, bool kQuarter, int kAcc>
+// (narrow, or m64n128 accumulators) its first 128, or (kQuarter) its first 64; kPlanes threshold planes.
+template <bool kClassBounds, bool kQuarter, int kPlanes, int kAcc>
 __device__ __forceinline__ void StoreBitsRowsOfProblem(const BinaryGemmProblem& p, const int (&acc)[kAcc],
                                                        const TileColumns<kWgCols>& cols, const int (&v0)[2],
                                                        const long long (&row)[2], const bool (&row_valid)[2],
@@ -190,20 +219,20 @@ __device__ __forceinline__ void StoreBitsRowsOfProblem(const BinaryGemmProblem& 
                                                        bool narrow) {
   if constexpr (kQuarter) {
     if (paired) {
-      StoreBitsRows<kClassBounds, true, 2>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+      StoreBitsRows<kClassBounds, true, 2, kPlanes>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
     } else {
-      StoreBitsRows<kClassBounds, false, 2>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+      StoreBitsRows<kClassBounds, false, 2, kPlanes>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
     }
   } else if (kAcc == 64 || narrow) {
     if (paired) {
-      StoreBitsRows<kClassBounds, true, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+      StoreBitsRows<kClassBounds, true, 4, kPlanes>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
     } else {
-      StoreBitsRows<kClassBounds, false, 4>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+      StoreBitsRows<kClassBounds, false, 4, kPlanes>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
     }
   } else if (paired) {
-    StoreBitsRows<kClassBounds, true, kAcc / 16>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+    StoreBitsRows<kClassBounds, true, kAcc / 16, kPlanes>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
   } else {
-    StoreBitsRows<kClassBounds, false, kAcc / 16>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
+    StoreBitsRows<kClassBounds, false, kAcc / 16, kPlanes>(p, acc, cols, v0, row, row_valid, bounds, col0, t);
   }
 }
 
@@ -445,6 +474,38 @@ __device__ __forceinline__ void StoreValueRows(const BinaryGemmProblem& p, const
   }
 }
 
+// The threshold bits of kPlanes planes of a thread's two accumulator rows (StoreAccumulatorRows' kBits form).
+// border[h]: row h is real and takes "zero"-padding corrections.
+template <int kPlanes, bool kQuarter, int kAcc>
+__device__ __forceinline__ void StoreBitsPlanes(const BinaryGemmProblem& p, const int (&acc)[kAcc],
+                                               const AccumulatorRows& rows, const bool (&border)[2],
+                                               const TileColumns<kWgCols>& cols, int col0, int t, bool narrow) {
+  const int(&v0)[2] = rows.v0;
+  const int(&correction)[2] = rows.correction;
+  const long long(&row)[2] = rows.row;
+  const bool(&row_valid)[2] = rows.valid;
+  // One code path per problem where possible: the epilogue is fetch-bound (ncu: "no instruction" was
+  // the first stall reason), and warps of one CTA in two variants fetch twice the code.
+  // (a problem takes one of the paired and unpaired forms in all its tiles)
+  const bool paired = PairsBounds(p);
+  if (p.correction_table) {
+    // every row compares with its border class's bounds; class 0 (inside the frame) holds the plain ones
+    const int* const bounds[2] = {cols.correction[border[0] ? correction[0] : 0],
+                                  cols.correction[border[1] ? correction[1] : 0]};
+    StoreBitsRowsOfProblem<true, kQuarter, kPlanes>(p, acc, cols, v0, row, row_valid, bounds, col0, t, paired, narrow);
+  } else if (!__any_sync(0xffffffffu, border[0] || border[1])) {
+    // one path per warp: a warp whose quads took both paths would run both
+    const int* const plain = paired ? cols.correction[0] : cols.bound;
+    const int* const bounds[2] = {plain, plain};
+    StoreBitsRowsOfProblem<false, kQuarter, kPlanes>(p, acc, cols, v0, row, row_valid, bounds, col0, t, paired, narrow);
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      StoreBitsBorderRow<kPlanes>(p, acc, cols, v0[h], row[h], row_valid[h], border[h], h, col0, t);
+    }
+  }
+}
+
 // The epilogue straight from the wgmma accumulators (no pool) of thread (warp w, lane g*4+t) of a consumer
 // warpgroup, which holds rows 16 w + g (+8) of the warpgroup's 64 and columns 8 j + 2 t (+1).
 // narrow: the tile has at most 128 columns, so only the first 64 accumulators hold real columns (an m64n256
@@ -454,33 +515,14 @@ template <int kAcc, bool kQuarter = false>
 __device__ __forceinline__ void StoreAccumulatorRows(const BinaryGemmProblem& p, const int (&acc)[kAcc],
                                                      const AccumulatorRows& rows, const TileColumns<kWgCols>& cols,
                                                      int col0, int t, bool narrow) {
-  const int(&v0)[2] = rows.v0;
-  const int(&correction)[2] = rows.correction;
-  const long long(&row)[2] = rows.row;
-  const bool(&row_valid)[2] = rows.valid;
   bool border[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) border[h] = row_valid[h] && correction[h] != 0;
+  for (int h = 0; h < 2; ++h) border[h] = rows.valid[h] && rows.correction[h] != 0;
   if (p.epilogue == Epilogue::kBits) {
-    // One code path per problem where possible: the epilogue is fetch-bound (ncu: "no instruction" was
-    // the first stall reason), and warps of one CTA in two variants fetch twice the code.
-    // (a problem takes one of the paired and unpaired forms in all its tiles)
-    const bool paired = PairsBounds(p);
-    if (p.correction_table) {
-      // every row compares with its border class's bounds; class 0 (inside the frame) holds the plain ones
-      const int* const bounds[2] = {cols.correction[border[0] ? correction[0] : 0],
-                                    cols.correction[border[1] ? correction[1] : 0]};
-      StoreBitsRowsOfProblem<true, kQuarter>(p, acc, cols, v0, row, row_valid, bounds, col0, t, paired, narrow);
-    } else if (!__any_sync(0xffffffffu, border[0] || border[1])) {
-      // one path per warp: a warp whose quads took both paths would run both
-      const int* const plain = paired ? cols.correction[0] : cols.bound;
-      const int* const bounds[2] = {plain, plain};
-      StoreBitsRowsOfProblem<false, kQuarter>(p, acc, cols, v0, row, row_valid, bounds, col0, t, paired, narrow);
+    if (p.planes > 1) {
+      StoreBitsPlanes<2, kQuarter>(p, acc, rows, border, cols, col0, t, narrow);
     } else {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        StoreBitsBorderRow(p, acc, cols, v0[h], row[h], row_valid[h], border[h], h, col0, t);
-      }
+      StoreBitsPlanes<1, kQuarter>(p, acc, rows, border, cols, col0, t, narrow);
     }
     return;
   }

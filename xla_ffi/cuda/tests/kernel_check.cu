@@ -112,16 +112,18 @@ BinaryGemmProblem ProblemShape(const ConvCase& cc) {
 }
 
 // The expected output words of a case (int32, float32 bits or packed threshold bits): a direct convolution on
-// the CPU, XOR-popc per in-frame tap, independent of the kernels' AND-popc algebra.
+// the CPU, XOR-popc per in-frame tap, independent of the kernels' AND-popc algebra. Epilogue::kBits: `planes`
+// planes of bits, threshold / flip (planes, o), the words (pooled_rows, planes, ceil(o/32)).
 std::vector<uint32_t> ReferenceOutput(const ConvCase& cc, Epilogue ep, const std::vector<uint32_t>& x,
                                       const std::vector<uint32_t>& wrows, const std::vector<int32_t>& tap_popc,
                                       const std::vector<float>& scale, const std::vector<float>& bias,
-                                      const std::vector<int32_t>& threshold, const std::vector<uint8_t>& flip) {
+                                      const std::vector<int32_t>& threshold, const std::vector<uint8_t>& flip,
+                                      int planes = 1) {
   const int cw = (cc.c + 31) / 32, taps = cc.kh * cc.kw;
   const int conv_h = (cc.h + cc.pt + cc.pb - cc.kh) / cc.sh + 1, conv_w = (cc.w + cc.pl + cc.pr - cc.kw) / cc.sw + 1;
   const int out_h = conv_h / cc.ph, out_w = conv_w / cc.pw;
   const size_t pooled = static_cast<size_t>(cc.batch) * out_h * out_w;
-  const int out_cols = ep == Epilogue::kBits ? (cc.o + 31) / 32 : cc.o;
+  const int words = (cc.o + 31) / 32, out_cols = ep == Epilogue::kBits ? planes * words : cc.o;
   const bool halves = ep == Epilogue::kInt16;  // two values a word
   std::vector<uint32_t> want(halves ? (pooled * out_cols + 1) / 2 : pooled * out_cols, 0);
   if (halves && pooled * out_cols % 2 == 1) want.back() = 0xA5A50000u;  // the poison past the last value
@@ -161,8 +163,11 @@ std::vector<uint32_t> ReferenceOutput(const ConvCase& cc, Epilogue ep, const std
             const float v = prod + bias[o];
             std::memcpy(&want[pix * out_cols + o], &v, 4);
           } else {
-            const bool bit = flip[o] ? best <= threshold[o] : best >= threshold[o];
-            want[pix * out_cols + o / 32] |= static_cast<uint32_t>(bit) << (o % 32);
+            for (int q = 0; q < planes; ++q) {
+              const int32_t t = threshold[q * cc.o + o];
+              const bool bit = flip[q * cc.o + o] ? best <= t : best >= t;
+              want[pix * out_cols + q * words + o / 32] |= static_cast<uint32_t>(bit) << (o % 32);
+            }
           }
         }
       }
@@ -202,24 +207,41 @@ ConvOperands RandomOperands(const ConvCase& cc) {
   return ops;
 }
 
-// Runs one case on one engine; returns the number of wrong output words.
-long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose) {
+// Runs one case on one engine; returns the number of wrong output words. `planes`: Epilogue::kBits' threshold
+// planes (BinaryGemmProblem::planes).
+long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose, int planes = 1) {
   const ConvOperands operands = RandomOperands(cc);
   const std::vector<uint32_t>&x = operands.x, &wrows = operands.wrows, &fsb = operands.fsb;
   const std::vector<int32_t>& tap_popc = operands.tap_popc;
   std::vector<float> scale(cc.o), bias(cc.o);
-  std::vector<int32_t> threshold(cc.o);
-  std::vector<uint8_t> flip(cc.o);
+  std::vector<int32_t> threshold(static_cast<size_t>(planes) * cc.o);
+  std::vector<uint8_t> flip(threshold.size());
   std::uniform_real_distribution<float> uni(-2.f, 2.f);
-  std::uniform_int_distribution<int> thr(-cc.c / 4 - 2, cc.c / 4 + 2);
+  std::uniform_int_distribution<int> thr(-cc.c / 4 - 2, cc.c / 4 + 2), offset(0, cc.c / 8 + 2);
   for (int i = 0; i < cc.o; ++i) {
     scale[i] = uni(rng);
     bias[i] = uni(rng);
     threshold[i] = thr(rng);
     flip[i] = rng() & 1;
   }
+  // Later planes mostly as a ternary output's (plane 0's threshold and flip, the threshold a little higher: the
+  // planes overlap), else drawn on their own: flips and bounds that differ in every way.
+  for (size_t i = cc.o; i < threshold.size(); ++i) {
+    const bool overlap = rng() % 4 != 0;
+    threshold[i] = overlap ? threshold[i - cc.o] + offset(rng) : thr(rng);
+    flip[i] = overlap ? flip[i - cc.o] : rng() & 1;
+  }
+  // A few columns of every plane at the dot products' limits and past them (the kernels clamp thresholds to
+  // [-k_real - 1, k_real + 1]): bits all set or all clear, and the widest gaps between two planes' bounds.
+  const int k_real = cc.kh * cc.kw * cc.c;
+  const int32_t extremes[] = {INT32_MIN, INT32_MAX, -k_real - 1, k_real + 1, -k_real, k_real};
+  for (int32_t& t : threshold) {
+    const uint64_t r = rng();
+    if (r % 10 == 0) t = extremes[(r >> 8) % 6];
+  }
 
-  const std::vector<uint32_t> want = ReferenceOutput(cc, ep, x, wrows, tap_popc, scale, bias, threshold, flip);
+  const std::vector<uint32_t> want =
+      ReferenceOutput(cc, ep, x, wrows, tap_popc, scale, bias, threshold, flip, planes);
 
   uint32_t* d_x = ToDevice(x);
   uint32_t* d_w = ToDevice(fsb);
@@ -241,6 +263,7 @@ long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose) {
   p.bias = d_bias;
   p.threshold = d_thr;
   p.flip = d_flip;
+  p.planes = planes;
   p.out = d_out;
   KernelPath ran;
   CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, &ran));
@@ -254,12 +277,13 @@ long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose) {
       ++bad;
     }
   }
-  const char* ep_name = ep == Epilogue::kInt32   ? "i32"
-                        : ep == Epilogue::kInt16 ? "i16"
-                        : ep == Epilogue::kAffine ? "f32"
-                                                  : "bits";
-  std::printf("%-8s %-4s B%d %dx%d c%d o%d k%dx%d s%d,%d pad(%d,%d,%d,%d)%s pool%dx%d: %ld / %zu wrong%s\n",
-              PathName(ran), ep_name, cc.batch, cc.h, cc.w, cc.c, cc.o, cc.kh, cc.kw, cc.sh, cc.sw, cc.pt, cc.pb,
+  const std::string ep_name = ep == Epilogue::kInt32    ? "i32"
+                             : ep == Epilogue::kInt16  ? "i16"
+                             : ep == Epilogue::kAffine ? "f32"
+                             : planes > 1              ? "bits" + std::to_string(planes)
+                                                       : "bits";
+  std::printf("%-8s %-5s B%d %dx%d c%d o%d k%dx%d s%d,%d pad(%d,%d,%d,%d)%s pool%dx%d: %ld / %zu wrong%s\n",
+              PathName(ran), ep_name.c_str(), cc.batch, cc.h, cc.w, cc.c, cc.o, cc.kh, cc.kw, cc.sh, cc.sw, cc.pt, cc.pb,
               cc.pl, cc.pr, cc.pad_one ? " one" : " zero", cc.ph, cc.pw, bad, got.size(),
               ran != path ? " (requested engine cannot run it)" : "");
   for (void* ptr : {static_cast<void*>(d_x), static_cast<void*>(d_w), static_cast<void*>(d_tp),
@@ -1129,7 +1153,21 @@ int main(int argc, char** argv) {
   const ConvCase resident_copies[] = {{2, 7, 7, 512, 300, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
                                       {3, 14, 14, 256, 200, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, true}};
   for (const ConvCase& cc : resident_copies) cases.push_back(cc);
+  // Two threshold planes on every engine, over a subset that adds about a quarter to the bits cases' run time:
+  // every BMM (M = 1, N past multiples of 32 and over several column tiles, persistent CTAs), both paddings,
+  // 1x1 to 15x15 filters, stride 2, pools (2x2, 3x3, 2x1, past 128 columns), N <= 64, <= 128 and > 256,
+  // reductions either side of the paired bounds (k_real 6400, 7200, 12544, 18432; a BMM of 8192), and each
+  // kernel's forms: TMA boxes, W-byte taps, band channel planes and pixel pairs, short K blocks, dense taps,
+  // the border tables, whole-word taps, the resident copies.
+  std::vector<ConvCase> two_planes;
+  for (int i : {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 14, 16, 17, 18, 19, 20, 21,
+                22, 23, 29, 31, 34, 35, 37, 38, 39, 41, 52, 53, 56, 60, 62, 63, 66, 68, 69, 70,
+                73, 75, 79, 82, 85, 86, 87, 88, 89, 90, 92, 95, 96, 97, 99, 102, 104, 105, 106}) {
+    two_planes.push_back(cases[i]);
+  }
   if (small) {
+    // pooled, unpooled 3x3 with "zero" padding, the unpaired bounds (k_real 12544), dense taps, a BMM
+    two_planes = {Bmm(129, 257, 1000), cases[10], cases[14], cases[17], cases[70]};
     cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[14], cases[17], cases[21], cases[23],
              cases[28], cases[31], cases[32], cases[35], cases[38], cases[42], cases[43], cases[46], cases[49],
              cases[52], cases[56], cases[59], cases[60], cases[62], cases[66], cases[67], cases[68], cases[70],
@@ -1145,6 +1183,7 @@ int main(int argc, char** argv) {
   if (dense) {  // convolutions only (a BMM is a 1 x 1 image)
     auto other = [](const ConvCase& cc) { return cc.c > 32 || cc.h * cc.w == 1; };
     cases.erase(std::remove_if(cases.begin(), cases.end(), other), cases.end());
+    two_planes.erase(std::remove_if(two_planes.begin(), two_planes.end(), other), two_planes.end());
   }
   long failures = 0;
   for (const ImageCase& ic : ImageCases()) {
@@ -1168,9 +1207,18 @@ int main(int argc, char** argv) {
       }
     }
   }
+  for (const ConvCase& cc : two_planes) {
+    for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
+      failures += RunCase(cc, Epilogue::kBits, path, true, 2) != 0;
+    }
+  }
   // Operands over 24 MiB: the wgmma engine's grouped raster (other problems take runs of tile pairs),
-  // with a narrow last column tile. Large, so only the wgmma engine and the bits epilogue.
-  if (!small && !dense) failures += RunCase(Bmm(100000, 264, 2048), Epilogue::kBits, KernelPath::kWgmma, true) != 0;
+  // with a narrow last column tile. Large, so only the wgmma engine and the bits epilogue (one and two planes).
+  if (!small && !dense) {
+    for (int planes : {1, 2}) {
+      failures += RunCase(Bmm(100000, 264, 2048), Epilogue::kBits, KernelPath::kWgmma, true, planes) != 0;
+    }
+  }
   std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
   return failures ? 1 : 0;
 }
