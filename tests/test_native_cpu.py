@@ -293,6 +293,27 @@ def test_bmm_handler_refuses_bad_results_and_epilogue_operands():
         bmm_call("jaxbnn_bmm_bits", ((4, 10), jnp.uint32), (threshold, flip))
 
 
+def test_binary_bits_handlers_take_threshold_planes_as_one_call_each():
+    """A threshold of shape (P, N) gives P planes of bits from one product, each the bits of its own row of
+    thresholds (what a ternary output asks of a binary product where the ternary kernels are absent)."""
+    threshold = jnp.array([[-3, 0, 2, 5, -1, 0, 1, 7, -8, 4], [0] * 10], jnp.int32)
+    flip = jnp.array([[0, 1] * 5, [1, 1, 0, 0, 1] * 2], jnp.uint8)
+    planes = bmm_call("jaxbnn_bmm_bits", ((4, 2, 1), jnp.uint32), (threshold, flip))
+    for plane in range(2):
+        one = bmm_call("jaxbnn_bmm_bits", ((4, 1), jnp.uint32), (threshold[plane], flip[plane]))
+        np.testing.assert_array_equal(np.asarray(planes[:, plane]), np.asarray(one))
+    conv_planes = conv_call("jaxbnn_bconv2d_bits", ((1, 5, 5, 2, 1), jnp.uint32), (threshold[:, :9], flip[:, :9]))
+    for plane in range(2):
+        one = conv_call("jaxbnn_bconv2d_bits", ((1, 5, 5, 1), jnp.uint32), (threshold[plane, :9], flip[plane, :9]))
+        np.testing.assert_array_equal(np.asarray(conv_planes[..., plane, :]), np.asarray(one))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bmm_bits: operand `threshold` of shape \(9, 10\) "
+                                                          r"has 9 planes; 1 to 8 are supported"):
+        bmm_call("jaxbnn_bmm_bits", ((4, 9, 1), jnp.uint32), (jnp.zeros((9, 10), jnp.int32), jnp.zeros((9, 10), jnp.uint8)))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bmm_bits: result has shape \(4, 1\), expected "
+                                                          r"leading dims \(4, 2\)"):
+        bmm_call("jaxbnn_bmm_bits", ((4, 1), jnp.uint32), (threshold, flip))
+
+
 def test_handler_refuses_wrongly_typed_or_missing_attributes():
     """Decoding errors come from XLA's FFI layer itself: still an error, not a crash."""
     with pytest.raises(jax.errors.JaxRuntimeError, match="expected S64 but got S32"):

@@ -226,6 +226,42 @@ inline ffi::Error CheckResult(std::string_view target, Epilogue epilogue, const 
   return ffi::Error::Success();
 }
 
+// The threshold planes of a `_bits` call (every product's: a ternary output's two planes, and more): 0 where threshold and flip are (columns,) as in checks.h (one
+// plane, no plane axis in the result), else P where they are (P, columns) (P planes, a plane axis before the
+// words). Other epilogues: 0.
+inline ffi::Error CheckThresholdPlanes(std::string_view target, Epilogue epilogue, const EpilogueOperands& operands,
+                                       int64_t columns, const char* columns_name, int64_t* planes) {
+  *planes = 0;
+  if (epilogue != Epilogue::kThreshold || operands.first->dimensions().size() != 2) {
+    return CheckEpilogueOperands(target, epilogue, operands, columns, columns_name);
+  }
+  const ffi::AnyBuffer& threshold = *operands.first;
+  if (auto e = CheckDtypeRank(target, "operand `threshold`", threshold, ffi::DataType::S32, 2, "(P, N)");
+      e.failure()) {
+    return e;
+  }
+  const int64_t count = threshold.dimensions()[0];
+  if (count < 1 || count > kMaxThresholdPlanes) {
+    return Invalid(target, "operand `threshold` of shape " + ShapeString(threshold.dimensions()) + " has " +
+                               std::to_string(count) + " planes; 1 to " + std::to_string(kMaxThresholdPlanes) +
+                               " are supported");
+  }
+  std::string why = std::string("one value per output column (") + columns_name + " = " +
+                    std::to_string(columns) + ") of each plane";
+  if (auto e = CheckShape(target, "operand `threshold`", threshold, {count, columns}, why.c_str()); e.failure()) {
+    return e;
+  }
+  if (auto e = CheckDtypeRank(target, "operand `flip`", *operands.second, ffi::DataType::U8, 2, "(P, N)");
+      e.failure()) {
+    return e;
+  }
+  if (auto e = CheckShape(target, "operand `flip`", *operands.second, {count, columns}, why.c_str()); e.failure()) {
+    return e;
+  }
+  *planes = count;
+  return ffi::Error::Success();
+}
+
 }  // namespace checks
 
 // Validates a jaxbnn_bmm_{i32,f32,bits} call; on success fills `problem`.
@@ -258,8 +294,12 @@ inline ffi::Error CheckBmm(std::string_view target, Epilogue epilogue, const ffi
   if (auto e = CheckShape(target, "operand `b_popcount`", b_popcount, {n}, why_n.c_str()); e.failure()) {
     return e;
   }
-  if (auto e = CheckEpilogueOperands(target, epilogue, epilogue_operands, n, "n"); e.failure()) return e;
-  if (auto e = CheckResult(target, epilogue, out, {m}, n); e.failure()) return e;
+  int64_t planes;
+  if (auto e = CheckThresholdPlanes(target, epilogue, epilogue_operands, n, "n", &planes); e.failure()) return e;
+  if (auto e = planes ? CheckResult(target, epilogue, out, {m, planes}, n) : CheckResult(target, epilogue, out, {m}, n);
+      e.failure()) {
+    return e;
+  }
   auto b_dims = b.dimensions();
   *problem = BmmProblem{m, k, n, k_words, b_dims[0], b_dims[1], b_dims[2], b_dims[3], epilogue};
   return ffi::Error::Success();
@@ -359,10 +399,15 @@ inline ffi::Error CheckBconv2d(std::string_view target, Epilogue epilogue, const
       e.failure()) {
     return e;
   }
-  if (auto e = CheckEpilogueOperands(target, epilogue, epilogue_operands, attrs.o, "o"); e.failure()) {
+  int64_t planes;
+  if (auto e = CheckThresholdPlanes(target, epilogue, epilogue_operands, attrs.o, "o", &planes); e.failure()) {
     return e;
   }
-  if (auto e = CheckResult(target, epilogue, out, {p.batch, p.out_h, p.out_w}, attrs.o); e.failure()) return e;
+  if (auto e = planes ? CheckResult(target, epilogue, out, {p.batch, p.out_h, p.out_w, planes}, attrs.o)
+                      : CheckResult(target, epilogue, out, {p.batch, p.out_h, p.out_w}, attrs.o);
+      e.failure()) {
+    return e;
+  }
   auto w_dims = w.dimensions();
   p.o_tiles = w_dims[0], p.k_tiles = w_dims[1], p.tile_rows = w_dims[2], p.tile_words = w_dims[3];
   p.epilogue = epilogue;

@@ -73,42 +73,6 @@ inline ffi::Error CheckMixedWeights(std::string_view target, const MixedOperands
   return CheckShape(target, popcount_name, *operands.w_popcount, popcount_shape, why_popcount.c_str());
 }
 
-// The threshold planes of a `_bits` call: 0 where threshold and flip are (columns,) as in checks.h (one
-// plane, no plane axis in the result), else P where they are (P, columns) (P planes, a plane axis before the
-// words). Other epilogues: 0.
-inline ffi::Error CheckThresholdPlanes(std::string_view target, Epilogue epilogue, const EpilogueOperands& operands,
-                                       int64_t columns, const char* columns_name, int64_t* planes) {
-  *planes = 0;
-  if (epilogue != Epilogue::kThreshold || operands.first->dimensions().size() != 2) {
-    return CheckEpilogueOperands(target, epilogue, operands, columns, columns_name);
-  }
-  const ffi::AnyBuffer& threshold = *operands.first;
-  if (auto e = CheckDtypeRank(target, "operand `threshold`", threshold, ffi::DataType::S32, 2, "(P, N)");
-      e.failure()) {
-    return e;
-  }
-  const int64_t count = threshold.dimensions()[0];
-  if (count < 1 || count > kMaxThresholdPlanes) {
-    return Invalid(target, "operand `threshold` of shape " + ShapeString(threshold.dimensions()) + " has " +
-                               std::to_string(count) + " planes; 1 to " + std::to_string(kMaxThresholdPlanes) +
-                               " are supported");
-  }
-  std::string why = std::string("one value per output column (") + columns_name + " = " +
-                    std::to_string(columns) + ") of each plane";
-  if (auto e = CheckShape(target, "operand `threshold`", threshold, {count, columns}, why.c_str()); e.failure()) {
-    return e;
-  }
-  if (auto e = CheckDtypeRank(target, "operand `flip`", *operands.second, ffi::DataType::U8, 2, "(P, N)");
-      e.failure()) {
-    return e;
-  }
-  if (auto e = CheckShape(target, "operand `flip`", *operands.second, {count, columns}, why.c_str()); e.failure()) {
-    return e;
-  }
-  *planes = count;
-  return ffi::Error::Success();
-}
-
 }  // namespace checks
 
 // Validates a jaxbnn_{tnn,tbn,btn}_bmm_{i32,f32,bits} call; on success fills `problem` (n: output columns;
