@@ -179,8 +179,9 @@ def _bmm(planes, b, b_popcount, epi, side_by_side=None, *, k, n, kind, mode, thr
         x, epilogue = _side_by_side_operands(mode, acts, epilogue, kind=kind, c=k, bound=k + 1,
                                              threshold_planes=threshold_planes, reduction_bits=reduction_bits)
         out = _bmm((x,), blocks, block_popcount, epilogue, k=reduction_bits,
-                   n=_side_by_side_columns(n, threshold_planes), kind=kind, mode="bnn", threshold_planes=0)
-        return _side_by_side_result(out, mode, kind, threshold_planes)
+                   n=_side_by_side_columns(n, threshold_planes), kind=kind, mode="bnn",
+                   threshold_planes=_native_planes(threshold_planes, n))
+        return _side_by_side_result(out, mode, kind, threshold_planes, n)
 
     def single(*operands):
         out_type = jax.ShapeDtypeStruct((operands[0].shape[0],) + tail, out_dtype)
@@ -359,7 +360,6 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
     conv_hw = ((h + pt + pb - kh) // sh + 1, (wd + pl + pr - kw) // sw + 1)
     oh, ow = conv_hw[0] // ph, conv_hw[1] // pw
     tail, out_dtype = _epilogue_tail(kind, o, threshold_planes), _epilogue_output(kind, o)[1]
-    out_ch = tail[-1]
     # batch dims fold into B: one kernel call
     images = [x.reshape((math.prod(batch),) + x.shape[-3:]) for x in planes]
     if images[0].shape[0] == 0:
@@ -403,8 +403,8 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
                                              threshold_planes=threshold_planes, reduction_bits=kh * kw * block_channels)
         out = _bconv2d((x,), blocks, block_popcount, epilogue,
                        attrs=(block_channels, _side_by_side_columns(o, threshold_planes)) + attrs[2:], kind=kind,
-                       pooled=pooled, mode="bnn", threshold_planes=0)
-        return _side_by_side_result(out, mode, kind, threshold_planes)
+                       pooled=pooled, mode="bnn", threshold_planes=_native_planes(threshold_planes, o))
+        return _side_by_side_result(out, mode, kind, threshold_planes, o)
 
     def ref(x_, w_, _popcount, *e):
         return reference.bconv2d(
@@ -431,10 +431,15 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
             # no pool; the pooled tiles' staged epilogue ran VGG-16's 1_2 ~25x slower, docs/design/decisions.md)
             # and its bits are pooled after: the threshold test is monotone in the dot product,
             # so the bit of a window's max is the OR of the window's bits, and with `flip` their AND.
-            unpooled = jax.ShapeDtypeStruct((x_.shape[0], *conv_hw, out_ch), out_dtype)
+            # (a plane axis folds into the words: each word pools on its own)
+            unpooled = jax.ShapeDtypeStruct((x_.shape[0], *conv_hw) + tail, out_dtype)
             flat = dict(attr_values, pool_h=np.int64(1), pool_w=np.int64(1))
-            cuda = lambda x_, *ws: pool_threshold_bits(  # noqa: E731
-                jax.ffi.ffi_call(target, unpooled)(x_, *ws, **flat), (ph, pw), formats.pack_bits(ws[-1] != 0))
+
+            def cuda(x_, *ws):
+                bits = jax.ffi.ffi_call(target, unpooled)(x_, *ws, **flat)
+                pooled_bits = pool_threshold_bits(bits.reshape(bits.shape[:3] + (-1,)), (ph, pw),
+                                                  formats.pack_bits(ws[-1] != 0).reshape(-1))
+                return pooled_bits.reshape(pooled_bits.shape[:3] + tail)
         cuda_operands = dict(cuda_weights=lambda w_: _default_tiles(w_, o, k_bits),
                              cuda_activations=lambda x_: _clear_padding_bits(x_, c))
         return _dispatch(target, out_type, attr_values,
@@ -844,8 +849,9 @@ def side_by_side_weights(w, *, ternary_activations, threshold_planes=0):
     """The weights a ternary or mixed product runs as on a platform without kernels of its own (CUDA):
     binary weights of one ±1 product over the planes side by side along the reduction (docs/ops.md), a
     `formats.DenseBits` (from `DenseBits` / `TernaryDenseBits`) or `formats.ConvBits` (from `ConvBits` /
-    `TernaryConvBits`) of 2 or 4 times the reduction and `threshold_planes * 32 ceil(N/32)` columns (N without
-    planes). `bmm` / `bconv2d` build them on every call unless given them (`side_by_side=`): build them once
+    `TernaryConvBits`) of 2 or 4 times the reduction and N columns: the kernels' bit epilogue writes up to two
+    threshold planes (a ternary output) from one product. For more planes, or planes whose columns all fit one
+    128-column tile, `threshold_planes * 32 ceil(N/32)` columns, each plane's weights again. `bmm` / `bconv2d` build them on every call unless given them (`side_by_side=`): build them once
     where weights stay (`jaxbnn.runtime` does at load).
 
     ternary_activations: whether the product's activations are ternary (`TernaryPlanes`); threshold_planes:
@@ -904,11 +910,29 @@ _REDUCTION_BLOCKS = {
 }
 # The longest reduction the CUDA kernels take, in words (kMaxReductionWords in xla_ffi/cuda/binary_gemm.h).
 _KERNEL_REDUCTION_WORDS = 1 << 16
+# The threshold planes the CUDA bit epilogue writes from one product (kMaxBitsPlanes): a ternary output's two.
+# More planes run as columns side by side, each plane's weights again; so do planes whose columns all fit the
+# narrowest tile (`_NARROW_TILE_COLUMNS`), which computes them at no extra cost: there the planes' longer
+# epilogue made ResNet-18's 56 x 56 x 64 layer slower (docs/design/decisions.md).
+_KERNEL_BITS_PLANES = 2
+_NARROW_TILE_COLUMNS = 128
+
+
+def _planes_as_columns(threshold_planes, n):
+    """The threshold planes the side-by-side product of `n` columns runs as columns side by side (0: none,
+    the bit epilogue writes them as planes)."""
+    columns = threshold_planes * formats.num_words(n) * formats.WORD_BITS
+    return threshold_planes if threshold_planes > _KERNEL_BITS_PLANES or columns <= _NARROW_TILE_COLUMNS else 0
+
+
+def _native_planes(threshold_planes, n):
+    """The threshold planes the side-by-side binary product takes as planes (0: as columns, or none)."""
+    return 0 if _planes_as_columns(threshold_planes, n) else threshold_planes
 
 
 def _side_by_side_fits(mode, reduction_words, n, threshold_planes):
     """Whether the side-by-side product's reduction and columns fit the binary kernels."""
-    columns = max(threshold_planes, 1) * formats.num_words(n) * formats.WORD_BITS
+    columns = max(_planes_as_columns(threshold_planes, n), 1) * formats.num_words(n) * formats.WORD_BITS
     return len(_REDUCTION_BLOCKS[mode]) * reduction_words <= _KERNEL_REDUCTION_WORDS and columns <= MAX_EXTENT
 
 
@@ -923,9 +947,10 @@ def _side_by_side_matrix(mode, matrix, popcount, *, o, c, threshold_planes):
     ±1 products cancel; "zero" padding excludes every block of an outside tap, "one" padding makes each of
     its activation bits 0 (-1 in every plane), exactly as the ternary product pads.
 
-    matrix: the weight rows `(planes * o, taps * cw)`; popcount: `(taps, planes * o)`. Threshold planes become
-    `planes * 32 ceil(o / 32)` columns (each plane's weights again, its padding columns never set), so one bit
-    epilogue writes every plane's words in place. Returns (FSB tiles, tap popcounts `(taps, columns)`)."""
+    matrix: the weight rows `(planes * o, taps * cw)`; popcount: `(taps, planes * o)`. Up to
+    `_KERNEL_BITS_PLANES` threshold planes come from the binary kernels' bit epilogue, out of one product; more
+    become `planes * 32 ceil(o / 32)` columns (each plane's weights again, its padding columns never set), so
+    one bit epilogue writes every plane's words in place. Returns (FSB tiles, tap popcounts `(taps, columns)`)."""
     blocks = _REDUCTION_BLOCKS[mode]
     taps = popcount.shape[0]
     cw = matrix.shape[-1] // taps
@@ -935,6 +960,7 @@ def _side_by_side_matrix(mode, matrix, popcount, *, o, c, threshold_planes):
     counts = popcount.reshape(taps, -1, o).astype(jnp.int32)
     padding_ones = sum(ones for _, _, ones in blocks) * (cw * formats.WORD_BITS - c)
     counts = sum(counts[:, p] for _, p, _ in blocks) + padding_ones
+    threshold_planes = _planes_as_columns(threshold_planes, o)
     if threshold_planes:
         pad = formats.num_words(o) * formats.WORD_BITS - o
         w = jnp.tile(jnp.pad(w, ((0, pad), (0, 0), (0, 0))), (threshold_planes, 1, 1))
@@ -943,7 +969,8 @@ def _side_by_side_matrix(mode, matrix, popcount, *, o, c, threshold_planes):
 
 
 def _side_by_side_columns(o, threshold_planes):
-    return threshold_planes * formats.num_words(o) * formats.WORD_BITS if threshold_planes else o
+    planes = _planes_as_columns(threshold_planes, o)
+    return planes * formats.num_words(o) * formats.WORD_BITS if planes else o
 
 
 def _real_bit_mask(cw, c):
@@ -967,7 +994,7 @@ def _side_by_side_operands(mode, acts, epilogue, *, kind, c, bound, threshold_pl
     elif kind == "bits":
         threshold = jnp.clip(epilogue["threshold"], -bound, bound) * parts
         epilogue = dict(epilogue, threshold=threshold)
-        if threshold_planes:
+        if _planes_as_columns(threshold_planes, threshold.shape[-1]):
             o = threshold.shape[-1]
             pad = formats.num_words(o) * formats.WORD_BITS - o
             threshold = jnp.pad(threshold, ((0, 0), (0, pad)), constant_values=reduction_bits + 1)
@@ -976,11 +1003,11 @@ def _side_by_side_operands(mode, acts, epilogue, *, kind, c, bound, threshold_pl
     return x, epilogue
 
 
-def _side_by_side_result(out, mode, kind, threshold_planes):
+def _side_by_side_result(out, mode, kind, threshold_planes, n):
     """The ternary or mixed product's output from its side-by-side binary product's."""
     if kind == "i32":
         return out // len(_REDUCTION_BLOCKS[mode])  # exact: a multiple of `parts`
-    if threshold_planes:
+    if _planes_as_columns(threshold_planes, n):
         return out.reshape(out.shape[:-1] + (threshold_planes, out.shape[-1] // threshold_planes))
     return out
 

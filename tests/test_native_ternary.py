@@ -400,9 +400,11 @@ def test_side_by_side_weights_built_once_give_what_each_call_builds(without_tern
     x, x_values, weights, w_values = operands(rng, mode, (2, 7, 6, 40), (3, 3, 40, 21), conv=True)
     want = numpy_conv(x_values, w_values, (1, 1), ((1, 1), (1, 1)), "zero")
     epi = epilogue_operands(rng, want, planes=2)
+    three = dict(threshold=np.concatenate([epi["threshold_planes"], epi["threshold"][None]]),
+                 flip=np.concatenate([epi["flip_planes"], epi["flip"][None]]))
     for planes, epilogue in ((0, {}), (0, dict(scale=epi["scale"], bias=epi["bias"])),
                              (0, dict(threshold=epi["threshold"], flip=epi["flip"])),
-                             (2, dict(threshold=epi["threshold_planes"], flip=epi["flip_planes"]))):
+                             (2, dict(threshold=epi["threshold_planes"], flip=epi["flip_planes"])), (3, three)):
         prepared = ops.side_by_side_weights(weights, ternary_activations=mode != "btn", threshold_planes=planes)
         conv = jax.jit(lambda x, w, s: ops.bconv2d(x, w, side_by_side=s, **epilogue))
         np.testing.assert_array_equal(np.asarray(conv(x, weights, prepared)), np.asarray(conv(x, weights, None)))
@@ -412,6 +414,21 @@ def test_side_by_side_weights_built_once_give_what_each_call_builds(without_tern
     np.testing.assert_array_equal(np.asarray(ops.bmm(a, dense, threshold=threshold, side_by_side=prepared)),
                                   np.asarray(reference.epilogue(jnp.asarray((a_values @ d_values).astype(np.int32)),
                                                                 threshold=threshold)))  # fmt: skip
+
+
+def test_side_by_side_weights_of_a_ternary_output_are_the_product_s_own():
+    """The kernels' bit epilogue writes a ternary output's two planes from one product: the side-by-side weights
+    of two threshold planes have the product's N columns, not a copy per plane, unless every plane's columns fit
+    one narrow tile (2 x 32 ceil(N/32) <= 128), or there are more than two planes."""
+    rng = np.random.default_rng(18)
+    _, _, w, _ = operands(rng, "tnn", (5, 70), (70, 70), conv=False)
+    two_planes = ops.side_by_side_weights(w, ternary_activations=True, threshold_planes=2)
+    one_plane = ops.side_by_side_weights(w, ternary_activations=True)
+    assert (two_planes.k, two_planes.n) == (one_plane.k, one_plane.n) == (384, 70)
+    np.testing.assert_array_equal(np.asarray(two_planes.bits), np.asarray(one_plane.bits))
+    assert ops.side_by_side_weights(w, ternary_activations=True, threshold_planes=3).n == 3 * 96
+    _, _, narrow, _ = operands(rng, "tnn", (5, 70), (70, 64), conv=False)
+    assert ops.side_by_side_weights(narrow, ternary_activations=True, threshold_planes=2).n == 128
 
 
 def test_side_by_side_weights_of_another_product_are_refused():
