@@ -127,7 +127,8 @@ class PlanCache {
     Key key;
     LaunchPlan plan;
   };
-  // (max_excess, compact_classes, class_numbering and the tables' flags are Plan's, derived from the key's fields)
+  // (max_excess, compact_classes, class_numbering and the tables' flags are Plan's, derived from the key's fields;
+  // no plan depends on the threshold planes, which only the epilogue reads)
   static_assert(sizeof(BinaryGemmProblem) == 208, "a field was added to BinaryGemmProblem: add it to KeyOf");
   static Key KeyOf(const BinaryGemmProblem& p, KernelPath path, int device) {
     const auto x = reinterpret_cast<uintptr_t>(p.x), w = reinterpret_cast<uintptr_t>(p.w);
@@ -144,6 +145,10 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
                              KernelPath* chosen, const ResidualOperands& residual) {
   // every kernel needs a K block: the wgmma consumers fill the column parameters inside their k loop
   if (problem.k_words < 1 || problem.k_words > kMaxReductionWords) return cudaErrorInvalidValue;
+  if (problem.planes < 1 || problem.planes > kMaxBitsPlanes ||
+      (problem.planes > 1 && problem.epilogue != Epilogue::kBits)) {
+    return cudaErrorInvalidValue;
+  }
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
