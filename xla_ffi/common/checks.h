@@ -11,6 +11,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "common/formats.h"
 #include "xla/ffi/api/ffi.h"
@@ -206,7 +207,7 @@ inline ffi::Error CheckEpilogueOperands(std::string_view target, Epilogue epilog
 
 // The result buffer: int32 / float32 (..., columns) or packed uint32 (..., ceil(columns / 32)).
 inline ffi::Error CheckResult(std::string_view target, Epilogue epilogue, const ffi::AnyBuffer& out,
-                              std::initializer_list<int64_t> leading, int64_t columns) {
+                              const std::vector<int64_t>& leading, int64_t columns) {
   ffi::DataType dtype = epilogue == Epilogue::kInt32    ? ffi::DataType::S32
                         : epilogue == Epilogue::kAffine ? ffi::DataType::F32
                                                         : ffi::DataType::U32;
@@ -262,6 +263,17 @@ inline ffi::Error CheckThresholdPlanes(std::string_view target, Epilogue epilogu
   return ffi::Error::Success();
 }
 
+// The epilogue operands (threshold planes included, CheckThresholdPlanes) and the result they give:
+// (leading..., columns), or with P threshold planes packed (leading..., P, ceil(columns / 32)).
+inline ffi::Error CheckEpilogueAndResult(std::string_view target, Epilogue epilogue, const EpilogueOperands& operands,
+                                         int64_t columns, const char* columns_name, const ffi::AnyBuffer& out,
+                                         std::vector<int64_t> leading) {
+  int64_t planes;
+  if (auto e = CheckThresholdPlanes(target, epilogue, operands, columns, columns_name, &planes); e.failure()) return e;
+  if (planes) leading.push_back(planes);
+  return CheckResult(target, epilogue, out, leading, columns);
+}
+
 }  // namespace checks
 
 // Validates a jaxbnn_bmm_{i32,f32,bits} call; on success fills `problem`.
@@ -294,12 +306,7 @@ inline ffi::Error CheckBmm(std::string_view target, Epilogue epilogue, const ffi
   if (auto e = CheckShape(target, "operand `b_popcount`", b_popcount, {n}, why_n.c_str()); e.failure()) {
     return e;
   }
-  int64_t planes;
-  if (auto e = CheckThresholdPlanes(target, epilogue, epilogue_operands, n, "n", &planes); e.failure()) return e;
-  if (auto e = planes ? CheckResult(target, epilogue, out, {m, planes}, n) : CheckResult(target, epilogue, out, {m}, n);
-      e.failure()) {
-    return e;
-  }
+  if (auto e = CheckEpilogueAndResult(target, epilogue, epilogue_operands, n, "n", out, {m}); e.failure()) return e;
   auto b_dims = b.dimensions();
   *problem = BmmProblem{m, k, n, k_words, b_dims[0], b_dims[1], b_dims[2], b_dims[3], epilogue};
   return ffi::Error::Success();
@@ -399,12 +406,8 @@ inline ffi::Error CheckBconv2d(std::string_view target, Epilogue epilogue, const
       e.failure()) {
     return e;
   }
-  int64_t planes;
-  if (auto e = CheckThresholdPlanes(target, epilogue, epilogue_operands, attrs.o, "o", &planes); e.failure()) {
-    return e;
-  }
-  if (auto e = planes ? CheckResult(target, epilogue, out, {p.batch, p.out_h, p.out_w, planes}, attrs.o)
-                      : CheckResult(target, epilogue, out, {p.batch, p.out_h, p.out_w}, attrs.o);
+  if (auto e = CheckEpilogueAndResult(target, epilogue, epilogue_operands, attrs.o, "o", out,
+                                      {p.batch, p.out_h, p.out_w});
       e.failure()) {
     return e;
   }

@@ -99,12 +99,7 @@ inline ffi::Error CheckMixedBmm(std::string_view target, Epilogue epilogue, cons
       e.failure()) {
     return e;
   }
-  int64_t planes;
-  if (auto e = CheckThresholdPlanes(target, epilogue, epilogue_operands, n, "n", &planes); e.failure()) return e;
-  if (auto e = planes ? CheckResult(target, epilogue, out, {m, planes}, n) : CheckResult(target, epilogue, out, {m}, n);
-      e.failure()) {
-    return e;
-  }
+  if (auto e = CheckEpilogueAndResult(target, epilogue, epilogue_operands, n, "n", out, {m}); e.failure()) return e;
   auto w_dims = operands.w->dimensions();
   *problem = BmmProblem{m, k, n, k_words, w_dims[0], w_dims[1], w_dims[2], w_dims[3], epilogue};
   return ffi::Error::Success();
@@ -129,12 +124,8 @@ inline ffi::Error CheckMixedConv2d(std::string_view target, Epilogue epilogue, c
       e.failure()) {
     return e;
   }
-  int64_t planes;
-  if (auto e = CheckThresholdPlanes(target, epilogue, epilogue_operands, attrs.o, "o", &planes); e.failure()) {
-    return e;
-  }
-  if (auto e = planes ? CheckResult(target, epilogue, out, {p.batch, p.out_h, p.out_w, planes}, attrs.o)
-                      : CheckResult(target, epilogue, out, {p.batch, p.out_h, p.out_w}, attrs.o);
+  if (auto e = CheckEpilogueAndResult(target, epilogue, epilogue_operands, attrs.o, "o", out,
+                                      {p.batch, p.out_h, p.out_w});
       e.failure()) {
     return e;
   }
