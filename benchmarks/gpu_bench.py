@@ -278,7 +278,7 @@ def bmm_problem(size):
         shape=f"BMM {size}^3", ops=2.0 * m * n * k, n=n, x_shape=(m, k), w_shape=(k, n),
         bytes_per_copy=m * k * 2 + m * n * 4,  # the largest contender's: bf16 in, float32 out
         pack=(formats.pack_dense_weights, formats.pack_ternary_dense_weights),
-        ours=lambda x, w, threshold: ops.bmm(x, w, threshold=threshold),
+        ours=lambda x, w, threshold, side_by_side: ops.bmm(x, w, threshold=threshold, side_by_side=side_by_side),
         xla=lambda x, w, dtype: jnp.dot(x, w, preferred_element_type=jnp.int32 if dtype == jnp.int8 else jnp.float32),
     )  # fmt: skip
 
@@ -298,8 +298,8 @@ def conv_problem(name, batch, hw, c, o, kernel, stride):
         x_shape=(batch, hw, hw, c), w_shape=(kernel, kernel, c, o),
         bytes_per_copy=batch * hw * hw * c * 2 + batch * oh * oh * o * 4,  # bf16 in, int8's int32 out
         pack=(formats.pack_conv_weights, formats.pack_ternary_conv_weights),
-        ours=lambda x, w, threshold: ops.bconv2d(x, w, stride=stride, padding=padding, pad_value="zero",
-                                                 threshold=threshold),
+        ours=lambda x, w, threshold, side_by_side: ops.bconv2d(x, w, stride=stride, padding=padding, pad_value="zero",
+                                                               threshold=threshold, side_by_side=side_by_side),
         xla=xla,
     )  # fmt: skip
 
@@ -352,12 +352,17 @@ def bench_modes(problems, modes, rows, save, deadline=float("inf")):
             w = p["pack"][w_kind == "ternary"](w_values[w_kind])
             xs = [formats.pack_ternary_pm_planes(x) if x_kind == "ternary" else formats.pack_bits(x >= 0)
                   for x in x_values[x_kind]]
+            kernel = mode_kernel(mode, op)
             for output in ("binary", "ternary") if x_kind == "ternary" else ("binary",):
+                # the composite's weights side by side built once, as the runtime holds them (not per call)
+                side_by_side = (ops.side_by_side_weights(w, ternary_activations=x_kind == "ternary",
+                                                         threshold_planes=2 if output == "ternary" else 0)
+                                if kernel == "composite" else None)
                 # a new function object per program: jax caches executables per function
-                fn = jax.jit(lambda w_, t_, *a: [p["ours"](x, w_, t_) for x in a])
-                t = timed(fn, [w, epilogues[output], *xs], copies)
-                rows.append(dict(shape=p["shape"], mode=mode, output=output, kernel=mode_kernel(mode, op), ops=p["ops"],
-                                 seconds=t, **xla))  # fmt: skip
+                fn = jax.jit(lambda w_, t_, s_, *a: [p["ours"](x, w_, t_, s_) for x in a])
+                t = timed(fn, [w, epilogues[output], side_by_side, *xs], copies)
+                rows.append(dict(shape=p["shape"], mode=mode, output=output, kernel=kernel, ops=p["ops"], seconds=t,
+                                 **xla))  # fmt: skip
                 save()
                 print(modes_table(rows).splitlines()[-1], flush=True)
             del w, xs
@@ -528,7 +533,8 @@ def modes_section(header, rows):
         "`(N,)`); `ternary`, thresholds `(2, N)` = (0, 1), the (nonneg, pos) planes of sign(dot) that a ternary",
         "layer writes for the next (products with ternary activations). `kernel`: `native`, the platform's kernel",
         "of the product; `composite`, where the platform has none, the op's one binary product over the planes",
-        "side by side (docs/ops.md); `reference`, the pure-JAX spec (no native module). TOPS = 2 x M x N x K /",
+        "side by side (docs/ops.md), its weights built once outside the timed program as `jaxbnn.runtime` holds",
+        "them (`ops.side_by_side_weights`); `reference`, the pure-JAX spec (no native module). TOPS = 2 x M x N x K /",
         "time in every product. `/ bnn`: time over BNN's on the same shape (a ternary output against BNN's",
         "binary one: each network's own layer); `target`: issue 56's bound on it. XLA: the ternary values",
         "(-1 / 0 / +1) as int8 (int32 out) and bf16 (`dot`: float32 out; convolution: bf16 out, as the BConv",
