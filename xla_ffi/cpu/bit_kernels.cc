@@ -76,9 +76,17 @@ struct ConvRows {
     // tap in the panel's chunk-interleaved layout one by one.
     uint32_t* line = Grow(scratch.line, row_words);
     std::fill(line, line + row_words, 0u);
-    const int64_t run = p.kw * p.c_words;
+    const int64_t run = p.kw * p.c_words, image_row = windows.PixelOffset(0, 1, 0);
+    const int32_t k_all = static_cast<int32_t>(taps * p.c);
     for (int64_t r = 0; r < rows; ++r) {
       const auto [b, y0, x0] = origins[r];
+      if (last_mask == ~0u && windows.FieldInFrame(origins[r])) {
+        // whole channel words, every tap in frame: the kernel rows' runs go straight into the panel
+        PanelRow(panel, chunks, r).PutRuns(x + windows.PixelOffset(b, y0, x0), image_row, p.kh, run, chunks);
+        k_valid[r] = k_all;
+        excluded[r] = 0;
+        continue;
+      }
       int64_t in_frame = 0;
       for (int64_t dy = 0; dy < p.kh; ++dy) {
         const int64_t iy = y0 + dy;

@@ -113,6 +113,17 @@ class PanelRow {
     if (count > 0) *At(count - 1) &= last_mask;
   }
 
+  // `runs` runs of `run` words back to back from word 0, run i read from src + i * stride (a receptive field
+  // wholly in frame, straight from the image's rows), then zeros to the end of the row's `chunks` chunks.
+  JAXBNN_ALWAYS_INLINE void PutRuns(const uint32_t* src, int64_t stride, int64_t runs, int64_t run,
+                                    int64_t chunks) const {
+    int64_t word = 0;
+    for (int64_t i = 0; i < runs; ++i, src += stride) {
+      for (int64_t j = 0; j < run; ++j, ++word) *At(word) = src[j];
+    }
+    for (; word < chunks * kChunkWords; ++word) *At(word) = 0;
+  }
+
  private:
   JAXBNN_ALWAYS_INLINE uint32_t* At(int64_t word) const {
     return base_ + (word / kChunkWords) * kGroupRows * kPlanes * kChunkWords + word % kChunkWords;
@@ -141,6 +152,10 @@ struct ConvWindows {
   const Bconv2dProblem& p;
 
   bool InFrame(int64_t iy, int64_t ix) const { return iy >= 0 && iy < p.height && ix >= 0 && ix < p.width; }
+  // Every tap of the receptive field at `origin` is in frame.
+  bool FieldInFrame(const RowOrigin& origin) const {
+    return origin.y0 >= 0 && origin.y0 + p.kh <= p.height && origin.x0 >= 0 && origin.x0 + p.kw <= p.width;
+  }
   // The kw taps of kernel row dy are all in frame (and contiguous in the image and in a panel row).
   bool RowInFrame(const RowOrigin& origin, int64_t dy) const {
     const int64_t iy = origin.y0 + dy;
