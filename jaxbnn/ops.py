@@ -851,8 +851,9 @@ def side_by_side_weights(w, *, ternary_activations, threshold_planes=0):
     `formats.DenseBits` (from `DenseBits` / `TernaryDenseBits`) or `formats.ConvBits` (from `ConvBits` /
     `TernaryConvBits`) of 2 or 4 times the reduction and N columns: the kernels' bit epilogue writes up to two
     threshold planes (a ternary output) from one product. For more planes, or planes whose columns all fit one
-    128-column tile, `threshold_planes * 32 ceil(N/32)` columns, each plane's weights again. `bmm` / `bconv2d` build them on every call unless given them (`side_by_side=`): build them once
-    where weights stay (`jaxbnn.runtime` does at load).
+    128-column tile, `threshold_planes * 32 ceil(N/32)` columns, each plane's weights again. `bmm` / `bconv2d`
+    build them on every call unless given them (`side_by_side=`): build them once where weights stay
+    (`jaxbnn.runtime` does at load).
 
     ternary_activations: whether the product's activations are ternary (`TernaryPlanes`); threshold_planes:
     the threshold planes (`P` of a `(P, N)` threshold, 2 for a ternary output) the calls will take, 0 for a
@@ -947,9 +948,9 @@ def _side_by_side_matrix(mode, matrix, popcount, *, o, c, threshold_planes):
     ±1 products cancel; "zero" padding excludes every block of an outside tap, "one" padding makes each of
     its activation bits 0 (-1 in every plane), exactly as the ternary product pads.
 
-    matrix: the weight rows `(planes * o, taps * cw)`; popcount: `(taps, planes * o)`. Up to
-    `_KERNEL_BITS_PLANES` threshold planes come from the binary kernels' bit epilogue, out of one product; more
-    become `planes * 32 ceil(o / 32)` columns (each plane's weights again, its padding columns never set), so
+    matrix: the weight rows `(planes * o, taps * cw)`; popcount: `(taps, planes * o)`. Threshold planes come from
+    the binary kernels' bit epilogue, out of one product, except where `_planes_as_columns`: there they become
+    `planes * 32 ceil(o / 32)` columns (each plane's weights again, its padding columns never set), so
     one bit epilogue writes every plane's words in place. Returns (FSB tiles, tap popcounts `(taps, columns)`)."""
     blocks = _REDUCTION_BLOCKS[mode]
     taps = popcount.shape[0]

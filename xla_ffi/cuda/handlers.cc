@@ -144,8 +144,7 @@ std::optional<ffi::Error> SetEpilogue(BinaryGemmProblem& p, const EpilogueArgs& 
     p.scale = e.scale->typed_data();
     p.bias = e.bias->typed_data();
   } else if (e.kind == Epilogue::kBits) {
-    const int64_t planes = BitsPlanes(e);
-    if (auto err = CheckBitsPlanes(e)) return err;
+    const int64_t planes = BitsPlanes(e);  // checked by the caller (CheckBitsPlanes) before the result's shape
     if (e.threshold->dimensions().size() == 1) {
       if (auto err = ExpectShape("threshold", *e.threshold, {n})) return err;
       if (auto err = ExpectShape("flip", *e.flip, {n})) return err;
@@ -300,13 +299,11 @@ ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi:
   const int64_t taps = at.kh * at.kw, k_words = taps * cw;
   if (auto err = CheckWeights(w, at.o, k_words)) return *err;
   if (auto err = ExpectShape("w_tap_popc", tap_popc, {taps, at.o})) return *err;
-  if (!IsResidual(e.kind)) {
-    if (auto err = CheckBitsPlanes(e)) return *err;
-  }
   std::vector<int64_t> expected_out{batch, out_h, out_w};
   if (IsResidual(e.kind)) {
     expected_out.push_back(at.o);
   } else {
+    if (auto err = CheckBitsPlanes(e)) return *err;
     for (int64_t d : OutputTail(e, at.o)) expected_out.push_back(d);
   }
   if (std::vector<int64_t>(out_dims.begin(), out_dims.end()) != expected_out) {
