@@ -5,7 +5,9 @@
 // (Epilogue::kResidual); `--image` checks only the first-layer kernel (LaunchImageConv: int8 levels, and the same
 // as uint8 pixels, against a CPU convolution); `--dense` checks only the convolutions of fewer than 32 channels
 // (the dense-tap kernel's and two of the word layout); `--global-pool` checks only the global pooling kernel
-// (LaunchGlobalSumBits, against a CPU sum); `--time-image` times the first layer on the MNIST MLP's shape.
+// (LaunchGlobalSumBits, against a CPU sum); `--planes` checks only the bit epilogue's two threshold planes (the
+// full set of those cases; `--small-planes`: the small set's, a sanitizer workload of a few seconds);
+// `--time-image` times the first layer on the MNIST MLP's shape.
 // Exit status 0 only if every case matches.
 //
 //   cmake -S . -B build/kernels -DJAXBNN_CUDA=ON -DJAXBNN_KERNEL_TESTS=ON && cmake --build build/kernels --target kernel_check
@@ -1143,7 +1145,8 @@ int main(int argc, char** argv) {
     std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
     return failures ? 1 : 0;
   }
-  const bool small = mode == "--small", dense = mode == "--dense";
+  const bool planes_only = mode == "--planes" || mode == "--small-planes";
+  const bool small = mode == "--small" || mode == "--small-planes", dense = mode == "--dense";
   // The cases in a fixed order: `--small` picks some of them by index.
   std::vector<ConvCase> cases;
   for (auto group : {GemmAndConvCases, BandCases, ShortKAndDenseTapCases, BorderTableCases, WholeWordDenseTapCases}) {
@@ -1185,11 +1188,12 @@ int main(int argc, char** argv) {
     cases.erase(std::remove_if(cases.begin(), cases.end(), other), cases.end());
     two_planes.erase(std::remove_if(two_planes.begin(), two_planes.end(), other), two_planes.end());
   }
+  if (planes_only) cases.clear();
   long failures = 0;
-  for (const ImageCase& ic : ImageCases()) {
+  for (const ImageCase& ic : planes_only ? std::vector<ImageCase>{} : ImageCases()) {
     for (bool pixels : {false, true}) failures += RunImageCase(ic, pixels) != 0;
   }
-  if (!dense) {
+  if (!dense && !planes_only) {
     for (const GlobalPoolCase& gc : GlobalPoolCases()) {
       for (bool narrow : {false, true}) failures += RunGlobalPoolCase(gc, narrow) != 0;
     }
@@ -1216,6 +1220,7 @@ int main(int argc, char** argv) {
   // with a narrow last column tile. Large, so only the wgmma engine and the bits epilogue (one and two planes).
   if (!small && !dense) {
     for (int planes : {1, 2}) {
+      if (planes_only && planes == 1) continue;
       failures += RunCase(Bmm(100000, 264, 2048), Epilogue::kBits, KernelPath::kWgmma, true, planes) != 0;
     }
   }
