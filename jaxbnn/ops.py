@@ -122,8 +122,7 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
     leading = next(iter(planes.values())).shape[:-1]
     _check_elements("the result", leading + _epilogue_tail(kind, n, threshold_planes))
     _check_side_by_side(side_by_side, DenseBits, mode, threshold_planes,
-                        dict(k=len(_REDUCTION_BLOCKS.get(mode, ())) * formats.num_words(k) * formats.WORD_BITS,
-                             n=_side_by_side_columns(n, threshold_planes)))
+                        dict(k=_side_by_side_channels(mode, k), n=_side_by_side_columns(n, threshold_planes)))
     return _bmm(tuple(planes.values()), b, b_popcount, epi, side_by_side, k=k, n=n, kind=kind, mode=mode,
                 threshold_planes=threshold_planes)
 
@@ -175,7 +174,7 @@ def _bmm(planes, b, b_popcount, epi, side_by_side=None, *, k, n, kind, mode, thr
             blocks, block_popcount = _side_by_side_matrix(mode, formats.from_fsb(b_, weight_rows, k), popcount_[None],
                                                           o=n, c=k, threshold_planes=threshold_planes)
             block_popcount = block_popcount[0]
-        reduction_bits = len(_REDUCTION_BLOCKS[mode]) * kw * formats.WORD_BITS
+        reduction_bits = _side_by_side_channels(mode, k)
         x, epilogue = _side_by_side_operands(mode, acts, epilogue, kind=kind, c=k, bound=k + 1,
                                              threshold_planes=threshold_planes, reduction_bits=reduction_bits)
         out = _bmm((x,), blocks, block_popcount, epilogue, k=reduction_bits,
@@ -338,7 +337,7 @@ def bconv2d(
     _check_elements("the padded input", batch + (h + pt + pb, wd + pl + pr, c))
     _check_side_by_side(side_by_side, ConvBits, mode, threshold_planes,
                         dict(kernel_size=(kh, kw), out_channels=_side_by_side_columns(o, threshold_planes),
-                             in_channels=len(_REDUCTION_BLOCKS.get(mode, ())) * cw * formats.WORD_BITS))
+                             in_channels=_side_by_side_channels(mode, c)))
     return _bconv2d(tuple(planes.values()), w, w_tap_popcount, epi, side_by_side, attrs=attrs, kind=kind,
                     pooled=pool is not None, mode=mode, threshold_planes=threshold_planes)
 
@@ -398,7 +397,7 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
         else:
             blocks, block_popcount = _side_by_side_matrix(mode, formats.from_fsb(w_, rows, k_bits), popcount_, o=o,
                                                           c=c, threshold_planes=threshold_planes)
-        block_channels = len(_REDUCTION_BLOCKS[mode]) * cw * formats.WORD_BITS
+        block_channels = _side_by_side_channels(mode, c)
         x, epilogue = _side_by_side_operands(mode, acts, epilogue, kind=kind, c=c, bound=kh * kw * c + 1,
                                              threshold_planes=threshold_planes, reduction_bits=kh * kw * block_channels)
         out = _bconv2d((x,), blocks, block_popcount, epilogue,
@@ -875,14 +874,13 @@ def side_by_side_weights(w, *, ternary_activations, threshold_planes=0):
         matrix = formats.from_fsb(w.bits, rows * o, kh * kw * cw * formats.WORD_BITS)
         bits, counts = _side_by_side_matrix(mode, matrix, jnp.asarray(w.tap_popcount), o=o, c=c,
                                             threshold_planes=threshold_planes)
-        return ConvBits(bits, counts, kernel_size=(kh, kw), in_channels=len(_REDUCTION_BLOCKS[mode]) * cw * 32,
+        return ConvBits(bits, counts, kernel_size=(kh, kw), in_channels=_side_by_side_channels(mode, c),
                         out_channels=_side_by_side_columns(o, threshold_planes))
     k, n = w.k, w.n
     matrix = formats.from_fsb(w.bits, rows * n, k)
     bits, counts = _side_by_side_matrix(mode, matrix, jnp.asarray(w.popcount)[None], o=n, c=k,
                                         threshold_planes=threshold_planes)
-    return DenseBits(bits, counts[0], k=len(_REDUCTION_BLOCKS[mode]) * formats.num_words(k) * 32,
-                     n=_side_by_side_columns(n, threshold_planes))
+    return DenseBits(bits, counts[0], k=_side_by_side_channels(mode, k), n=_side_by_side_columns(n, threshold_planes))
 
 
 def _check_side_by_side(side_by_side, kind, mode, threshold_planes, geometry):
@@ -946,7 +944,9 @@ def _side_by_side_matrix(mode, matrix, popcount, *, o, c, threshold_planes):
     ±1 product: one accumulator, the binary kernels' pool and epilogues. The padding bits of each block (past
     `c`) are 0 in the activations and, in the weights, 0 in half the blocks and 1 in the other half, so their
     ±1 products cancel; "zero" padding excludes every block of an outside tap, "one" padding makes each of
-    its activation bits 0 (-1 in every plane), exactly as the ternary product pads.
+    its activation bits 0 (-1 in every plane), exactly as the ternary product pads. Where every block fits
+    one word together (`_dense_blocks`: `parts * c <= 32`, a layer of a few channels) the blocks lie channel
+    after channel in that word instead, `parts * c` channels with no padding between them.
 
     matrix: the weight rows `(planes * o, taps * cw)`; popcount: `(taps, planes * o)`. Threshold planes come from
     the binary kernels' bit epilogue, out of one product, except where `_planes_as_columns`: there they become
@@ -957,16 +957,32 @@ def _side_by_side_matrix(mode, matrix, popcount, *, o, c, threshold_planes):
     cw = matrix.shape[-1] // taps
     real = jnp.asarray(_real_bit_mask(cw, c))
     planes = matrix.reshape(-1, o, taps, cw)
-    w = jnp.concatenate([planes[p] & real | (~real if ones else 0) for _, p, ones in blocks], axis=-1)
     counts = popcount.reshape(taps, -1, o).astype(jnp.int32)
-    padding_ones = sum(ones for _, _, ones in blocks) * (cw * formats.WORD_BITS - c)
-    counts = sum(counts[:, p] for _, p, _ in blocks) + padding_ones
+    counts = sum(counts[:, p] for _, p, _ in blocks)
+    if _dense_blocks(mode, c):
+        w = functools.reduce(jnp.bitwise_or, [(planes[p] & real) << (j * c) for j, (_, p, _) in enumerate(blocks)])
+    else:
+        w = jnp.concatenate([planes[p] & real | (~real if ones else 0) for _, p, ones in blocks], axis=-1)
+        counts = counts + sum(ones for _, _, ones in blocks) * (cw * formats.WORD_BITS - c)
     threshold_planes = _planes_as_columns(threshold_planes, o)
     if threshold_planes:
         pad = formats.num_words(o) * formats.WORD_BITS - o
         w = jnp.tile(jnp.pad(w, ((0, pad), (0, 0), (0, 0))), (threshold_planes, 1, 1))
         counts = jnp.tile(jnp.pad(counts, ((0, 0), (0, pad))), (1, threshold_planes))
     return formats.to_fsb(w.reshape(w.shape[0], -1)), counts
+
+
+def _dense_blocks(mode, c):
+    """Whether the side-by-side blocks of `c` channels lie channel after channel in one word (`parts * c <= 32`)
+    rather than in word-aligned blocks of `32 ceil(c / 32)` bits each: a first layer on 3 colour channels then
+    reduces 4 * 3 bits a tap (TNN), not 4 * 32, and runs on the binary kernels' dense-tap engine."""
+    return len(_REDUCTION_BLOCKS.get(mode, ())) * c <= formats.WORD_BITS
+
+
+def _side_by_side_channels(mode, c):
+    """The channels of the side-by-side product (its reduction bits per tap) of a product over `c` channels."""
+    parts = len(_REDUCTION_BLOCKS.get(mode, ()))
+    return parts * c if _dense_blocks(mode, c) else parts * formats.num_words(c) * formats.WORD_BITS
 
 
 def _side_by_side_columns(o, threshold_planes):
@@ -990,7 +1006,11 @@ def _side_by_side_operands(mode, acts, epilogue, *, kind, c, bound, threshold_pl
     blocks = _REDUCTION_BLOCKS[mode]
     parts = len(blocks)
     acts = _materialized(acts)
-    x = jnp.concatenate([_clear_padding_bits(acts[a], c) for a, _, _ in blocks], axis=-1)
+    if _dense_blocks(mode, c):
+        x = functools.reduce(jnp.bitwise_or, [_clear_padding_bits(acts[a], c) << (j * c)
+                                              for j, (a, _, _) in enumerate(blocks)])
+    else:
+        x = jnp.concatenate([_clear_padding_bits(acts[a], c) for a, _, _ in blocks], axis=-1)
     if kind == "f32":
         epilogue = dict(epilogue, scale=epilogue["scale"] / parts)
     elif kind == "bits":

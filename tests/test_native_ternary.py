@@ -381,6 +381,36 @@ def test_without_ternary_kernels_conv2d_is_one_binary_convolution(without_ternar
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("b,h,w,c,o,kernel,stride,padding,pad_value,pool", [
+    (2, 9, 8, 5, 13, (3, 3), 2, "SAME", "one", None),    # 10 / 20 channels side by side
+    (1, 7, 9, 8, 40, (5, 3), 1, "SAME", "zero", (2, 2)),  # TNN's 4 x 8: the whole word
+    (2, 6, 5, 9, 7, (3, 3), 1, "SAME", "one", None),      # TBN / BTN 18 channels; TNN's 36 take blocks of a word
+    (1, 5, 6, 1, 33, (7, 7), 1, "SAME", "zero", None),
+])  # fmt: skip
+def test_without_ternary_kernels_few_channels_lie_side_by_side_in_one_word(without_ternary_kernels, mode, b, h, w, c,
+                                                                          o, kernel, stride, padding, pad_value,
+                                                                          pool):  # fmt: skip
+    """Where all the blocks' channels fit one word (a first layer on colour planes), the binary product reduces
+    parts * C channels a tap, not parts word-aligned blocks: the same results, both paddings."""
+    parts = {"tnn": 4, "tbn": 2, "btn": 2}[mode]
+    rng = np.random.default_rng(b * 1009 + h * 101 + c * 7 + o + 3)
+    x, x_values, weights, w_values = operands(rng, mode, (b, h, w, c), kernel + (c, o), conv=True)
+    pads = ops._conv_padding(padding, (h, w), kernel, (stride, stride))
+    want = numpy_max_pool(numpy_conv(x_values, w_values, (stride, stride), pads, pad_value), pool)
+    prepared = ops.side_by_side_weights(weights, ternary_activations=mode != "btn")
+    assert prepared.in_channels == (parts * c if parts * c <= 32 else parts * 32)
+
+    def run(**epi):
+        return jax.jit(lambda x: ops.bconv2d(x, weights, stride=stride, padding=padding, pad_value=pad_value,
+                                             pool=pool, **epi))(x)
+
+    assert_all_epilogues(run, want, epilogue_operands(rng, want))
+    a, a_values, dense, d_values = operands(rng, mode, (6, c), (c, o), conv=False)
+    np.testing.assert_array_equal(np.asarray(ops.bmm(a, dense)), (a_values @ d_values).astype(np.int32))
+    assert ops.side_by_side_weights(dense, ternary_activations=mode != "btn").k == prepared.in_channels
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_without_ternary_kernels_too_long_a_reduction_runs_as_separate_binary_products(without_ternary_kernels,
                                                                                       mode, monkeypatch):
     """Where the planes side by side would exceed the kernels' longest reduction, the 2 or 4 binary products
