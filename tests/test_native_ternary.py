@@ -383,9 +383,7 @@ def test_without_ternary_kernels_conv2d_is_one_binary_convolution(without_ternar
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("b,h,w,c,o,kernel,stride,padding,pad_value,pool", [
     (2, 9, 8, 5, 13, (3, 3), 2, "SAME", "one", None),    # 10 / 20 channels side by side
-    (1, 7, 9, 8, 40, (5, 3), 1, "SAME", "zero", (2, 2)),  # TNN's 4 x 8: the whole word
-    (2, 6, 5, 9, 7, (3, 3), 1, "SAME", "one", None),      # TBN / BTN 18 channels; TNN's 36 take blocks of a word
-    (1, 5, 6, 1, 33, (7, 7), 1, "SAME", "zero", None),
+    (1, 7, 9, 8, 40, (5, 3), 1, "SAME", "zero", (2, 2)),  # TNN's 4 x 8: the whole word; TBN / BTN 16
 ])  # fmt: skip
 def test_without_ternary_kernels_few_channels_lie_side_by_side_in_one_word(without_ternary_kernels, mode, b, h, w, c,
                                                                           o, kernel, stride, padding, pad_value,
