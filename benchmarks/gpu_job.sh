@@ -56,7 +56,7 @@ if has sass; then
     echo "BMMA AND.POPC: $(grep -c 'BMMA.*AND\.POPC' "$OUT/sass_full.txt")"
     echo "XOR.POPC: $(grep -c 'XOR\.POPC' "$OUT/sass_full.txt")"
     echo "CALL: $(grep -c 'CALL' "$OUT/sass_full.txt") (their targets: sass_calls.py below; an emulation subroutine would show there)"
-    echo "local memory (LDL/STL: the epilogues' border-row correction arrays, and the 4-16 bytes that ptxas spills in six wgmma kernels): $(grep -cE '\b(LDL|STL)\b' "$OUT/sass_full.txt")"
+    echo "local memory (LDL/STL: the epilogues' border-row correction arrays, and what ptxas spills (benchmarks/ptxas_report.py lists it per kernel)): $(grep -cE '\b(LDL|STL)\b' "$OUT/sass_full.txt")"
     grep -m3 'BGMMA' "$OUT/sass_full.txt"; grep -m3 'BMMA' "$OUT/sass_full.txt"
     $PY benchmarks/sass_calls.py jaxbnn/_cuda*.so
   } 2>&1 | tee "$OUT/sass.txt" | tee -a "$LOG"
