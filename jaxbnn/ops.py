@@ -1026,9 +1026,9 @@ def _side_by_side_operands(mode, acts, epilogue, *, kind, c, bound, threshold_pl
 
 
 def _materialized(acts):
-    """The activation planes as arrays of their own before a concatenation reads them. Where a plane is computed
-    in the same program (a stream's thresholds and packing), XLA's GPU fusion otherwise put that reduction inside
-    the concatenation, once per block reading it: a ternary ResNet-18 block at batch 512 took 3.2 ms instead of
+    """The activation planes as arrays of their own before the side-by-side operand (their concatenation, or the
+    dense blocks' shifts) reads them. Where a plane is computed in the same program (a stream's thresholds and
+    packing), XLA's GPU fusion otherwise put that reduction inside the concatenation, once per block reading it: a ternary ResNet-18 block at batch 512 took 3.2 ms instead of
     1.15 (H200, docs/design/decisions.md)."""
     return jax.lax.optimization_barrier(tuple(acts))
 
