@@ -242,14 +242,16 @@ def bconv2d(
     K at most `MAX_INT16_REDUCTION`); outputs `(..., B, OH, OW, O)` (int32, int16 / float32),
     `(..., B, OH, OW, ceil(O/32))`, or with a ternary operand and
     `(P, O)` thresholds `(..., B, OH, OW, P, ceil(O/32))`.
-    Residual epilogue (a ResNet block's second convolution; binary operands, no pool, no scale / bias): with
-    `shortcut`, the block's input stream `(..., B, SH, SW, SC)`, int32 or int16, the output is the new stream
-    in the shortcut's type, `(dot >> shift) + shortcut[..., ::s, ::s, :]` (s = `shortcut_stride`,
+    Residual epilogue (a ResNet block's second convolution, of any of the four products; no pool, no scale /
+    bias): with `shortcut`, the block's input stream `(..., B, SH, SW, SC)`, int32 or int16, the output is the
+    new stream in the shortcut's type, `(dot >> shift) + shortcut[..., ::s, ::s, :]` (s = `shortcut_stride`,
     ceil(SH / s) = OH, ceil(SW / s) = OW; channels past SC, 1 <= SC <= O, add 0: the type-A shortcut), wrapping
     as that type's arithmetic does (`out_dtype`, if given, must name the same type); with
-    `threshold` / `flip` as well (integers within int32, compared with the stream's values) the pair
-    (stream, its packed bits `(..., B, OH, OW, ceil(O/32))`): the next block's input, in the same pass.
-    side_by_side: as in `bmm` (`side_by_side_weights(w, ...)`).
+    `threshold` / `flip` as well (integers within int32, compared with the stream's values; `(O,)`, or `(P, O)`
+    for P planes, a ternary operand's (nonneg, pos) pair) the pair (stream, its packed bits
+    `(..., B, OH, OW, ceil(O/32))`, or `(..., B, OH, OW, P, ceil(O/32))`): the next block's input, in the same
+    pass (on CUDA the kernel writes one plane; more planes are thresholded from the stream after it).
+    side_by_side: as in `bmm` (`side_by_side_weights(w, ...)`; with a shortcut, `threshold_planes=0`).
     Every size, padding, stride and output extent must be at most `MAX_EXTENT` (ValueError naming it).
     """
     given_popcount = w_tap_popcount is not None  # the dataclasses' own popcounts are consistent by construction
@@ -311,10 +313,6 @@ def bconv2d(
     attrs = (c, o, kh, kw, sh, sw, pt, pb, pl, pr, pad_value == "one", ph, pw)
     mode = _mode(len(planes) == 2, ternary_weights)
     if shortcut is not None:
-        if side_by_side is not None:
-            raise ValueError("side_by_side weights belong to a product with a ternary operand, not the residual epilogue")
-        if mode != "bnn":
-            raise ValueError(f"the residual epilogue (shortcut) takes binary operands, got a {mode} product")
         if pool is not None or scale is not None or bias is not None:
             raise ValueError("the residual epilogue (shortcut) takes no pool, scale or bias")
         stride = _positive_int("shortcut_stride", shortcut_stride)
@@ -327,8 +325,15 @@ def bconv2d(
         threshold, flip = _stream_threshold(threshold, flip, o)
         _check_elements("the result", batch + (oh, ow, o))
         _check_elements("the padded input", batch + (h + pt + pb, wd + pl + pr, c))
-        return _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, attrs=attrs, stride=stride,
-                                 shift=int(shift))
+        if mode == "bnn":
+            if side_by_side is not None:
+                raise ValueError("side_by_side weights belong to a product with a ternary operand; this one is binary")
+            return _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, attrs=attrs, stride=stride,
+                                     shift=int(shift))
+        _check_side_by_side(side_by_side, ConvBits, mode, 0, dict(kernel_size=(kh, kw), out_channels=o,
+                                                                  in_channels=_side_by_side_channels(mode, c)))
+        return _ternary_residual(tuple(planes.values()), w, w_tap_popcount, side_by_side, shortcut, threshold, flip,
+                                 attrs=attrs, mode=mode, stride=stride, shift=int(shift))
     if not _is_int(shift) or shift != 0 or not _is_int(shortcut_stride) or shortcut_stride != 1:
         raise ValueError("shift and shortcut_stride apply to the residual epilogue: give a shortcut")
     kind, epi, threshold_planes = _epilogue(o, kh * kw * c + 1, scale, bias, threshold, flip, mode, out_dtype,
@@ -452,6 +457,13 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
 @functools.partial(jax.jit, static_argnames=("attrs", "stride", "shift"))
 def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs, stride, shift):
     """The checked residual convolution as one compiled function per static signature (as `_bmm`)."""
+    if threshold is not None and threshold.ndim == 2:  # threshold planes: the kernels write one plane of bits
+        if threshold.shape[0] == 1:
+            stream, bits = _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold[0],
+                                             None if flip is None else flip[0], attrs=attrs, stride=stride, shift=shift)
+            return stream, bits[..., None, :]
+        stream = _bconv2d_residual(x, w, w_tap_popcount, shortcut, None, None, attrs=attrs, stride=stride, shift=shift)
+        return stream, reference.epilogue(stream, threshold=threshold, flip=flip)
     c, o, kh, kw, sh, sw, pt, pb, pl, pr, pad_one, _, _ = attrs
     cw = formats.num_words(c)
     k_bits = kh * kw * cw * formats.WORD_BITS
@@ -500,6 +512,54 @@ def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs,
     return (stream, packed.reshape(lead + packed.shape[1:])) if bits else stream
 
 
+@functools.partial(jax.jit, static_argnames=("attrs", "mode", "stride", "shift"))
+def _ternary_residual(planes, w, w_tap_popcount, side_by_side, shortcut, threshold, flip, *, attrs, mode, stride,
+                      shift):
+    """The residual convolution of a product with a ternary operand. Where the platform has the product's own
+    kernel (the CPU), its int32 dot products, then the epilogue in jnp; elsewhere (CUDA) the side-by-side binary
+    product (`_side_by_side_matrix`) through the binary residual epilogue. That product is `parts` (2 or 4, a
+    power of two) times the ternary one, so shifting it right by `shift + log2(parts)` more gives the same stream
+    (capped at 31: past it either shift leaves only the sign, as |dot| < 2**21 there)."""
+    c, o, kh, kw = attrs[:4]
+    parts = len(_REDUCTION_BLOCKS[mode])
+    lead = planes[0].shape[:-3]
+    residual = dict(stride=stride, shift=shift, threshold=threshold, flip=flip)
+
+    def direct():
+        dot = _bconv2d(planes, w, w_tap_popcount, {}, attrs=attrs, kind="i32", pooled=False, mode=mode,
+                       threshold_planes=0)
+        images = math.prod(lead)
+        out = reference.residual_epilogue(dot.reshape((images,) + dot.shape[-3:]),
+                                          shortcut.reshape((images,) + shortcut.shape[-3:]), **residual)
+        return jax.tree.map(lambda v: v.reshape(lead + v.shape[1:]), out)
+
+    def composite():
+        if side_by_side is None:
+            k_bits = kh * kw * formats.num_words(c) * formats.WORD_BITS
+            rows = 2 * o if mode in ("btn", "tnn") else o
+            tiles = formats.to_fsb(w) if w.ndim == 2 else w
+            popcount = w_tap_popcount
+            if popcount is None:
+                popcount = _real_bit_popcount(tiles, rows=rows, k_bits=k_bits, taps=(kh * kw, formats.num_words(c), c))
+            matrix = formats.from_fsb(tiles, rows, k_bits)
+            blocks, block_popcount = _side_by_side_matrix(mode, matrix, popcount, o=o, c=c, threshold_planes=0)
+        else:
+            blocks, block_popcount = side_by_side.bits, side_by_side.tap_popcount
+        block_channels = _side_by_side_channels(mode, c)
+        x, _ = _side_by_side_operands(mode, planes, {}, kind="i32", c=c, bound=kh * kw * c + 1, threshold_planes=0,
+                                      reduction_bits=kh * kw * block_channels)
+        return _bconv2d_residual(x, blocks, block_popcount, shortcut, threshold, flip,
+                                 attrs=(block_channels, o) + attrs[2:], stride=stride,
+                                 shift=min(shift + parts.bit_length() - 1, 31))
+
+    if not _side_by_side_fits(mode, kh * kw * formats.num_words(c), o, 0):
+        return direct()
+    native = {p: direct for p in ("cpu", "cuda") if _ffi.has_target(p, f"jaxbnn_{mode}_conv2d_i32")}
+    if not native:
+        return composite()
+    return jax.lax.platform_dependent(default=composite, **native)
+
+
 def _shortcut_stream(shortcut, batch, out_hw, o, stride):
     """The residual epilogue's shortcut, checked: int32 or int16 (*batch, SH, SW, SC) reaching (OH, OW) at
     `stride`."""
@@ -517,15 +577,14 @@ def _shortcut_stream(shortcut, batch, out_hw, o, stride):
 
 
 def _stream_threshold(threshold, flip, n):
-    """The residual stream's threshold and flip, checked: integer vectors (n,), thresholds within int32 (they
-    are compared with int32 values as they are)."""
+    """The residual stream's threshold and flip, checked: integers of shape (n,) or (P, n) (P planes, a ternary
+    operand's two), thresholds within int32 (they are compared with int32 values as they are)."""
     if threshold is None:
         if flip is not None:
             raise ValueError("flip only applies with a threshold")
         return None, None
-    threshold = _int32_threshold(_vector("threshold", threshold, n), "the stream's values")
-    flip = None if flip is None else _vector("flip", flip, n)
-    return threshold, flip
+    threshold, flip, stacked = _planes(threshold, flip, n, lambda t: _int32_threshold(t, "the stream's values"))
+    return (threshold, flip) if stacked else (threshold[0], None if flip is None else flip[0])
 
 
 def _int32_threshold(threshold, compared):

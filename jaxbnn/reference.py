@@ -126,8 +126,8 @@ def bconv2d(
 def residual_epilogue(dot, shortcut, *, stride, shift, threshold=None, flip=None):
     """A residual block's new stream from its second convolution's int32 dot products (B, OH, OW, O):
     `(dot >> shift) + shortcut[:, ::stride, ::stride, :]`, the shortcut's channels zero-padded to O (type A),
-    in the shortcut's integer type (int32 or int16; wrapping); with `threshold` / `flip` (O,) also the stream's
-    packed bits."""
+    in the shortcut's integer type (int32 or int16; wrapping); with `threshold` / `flip` (O,) or (P, O) also the
+    stream's packed bits, as `epilogue` writes them."""
     shortcut = shortcut[:, ::stride, ::stride, :]
     extra = dot.shape[-1] - shortcut.shape[-1]
     if extra:
@@ -135,7 +135,7 @@ def residual_epilogue(dot, shortcut, *, stride, shift, threshold=None, flip=None
     stream = (dot >> shift).astype(shortcut.dtype) + shortcut
     if threshold is None:
         return stream
-    return stream, formats.pack_bits(formats.binarize(stream, threshold, flip))
+    return stream, epilogue(stream, threshold=threshold, flip=flip)
 
 
 def global_sum_bits(stream, threshold, flip=None):

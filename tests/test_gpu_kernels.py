@@ -738,6 +738,43 @@ def test_ternary_bconv2d_on_cuda_matches_the_cpu_kernels(engine, mode, case):
         np.testing.assert_array_equal(got, want, err_msg=f"epilogue {sorted(epilogue)}")
 
 
+# Ternary and mixed residual blocks' second convolutions: the side-by-side binary product through the residual
+# epilogue (ResNet-18's 64-channel block: TBN's 128 side-by-side channels on the band kernel, TNN's 256 on the
+# resident one; a type-A shortcut at 128 channels; odd channels with "one" padding; 256 channels at 7 x 7).
+# (batch, H, W, C, O, pad_value, shortcut (SH, SW, SC), shortcut stride, shift)
+TERNARY_RESIDUAL_CASES = [
+    (3, 17, 24, 64, 64, "zero", (17, 24, 64), 1, 0),
+    (2, 16, 16, 128, 128, "zero", (32, 31, 64), 2, 1),
+    (2, 9, 11, 40, 70, "one", (9, 11, 70), 1, 2),
+    (2, 7, 7, 256, 256, "zero", (7, 7, 256), 1, 0),
+]
+
+
+@pytest.mark.parametrize("stream_dtype", [np.int16, np.int32])
+@pytest.mark.parametrize("mode", TERNARY_MODES)
+@pytest.mark.parametrize("case", TERNARY_RESIDUAL_CASES, ids=lambda c: f"b{c[0]}_{c[1]}x{c[2]}_c{c[3]}_o{c[4]}_s{c[7]}")
+def test_ternary_residual_bconv2d_on_cuda_matches_the_cpu_kernels(engine, case, mode, stream_dtype):
+    """The stream, its bits and a ternary conv1's two planes, as the CPU's own ternary kernels and the jnp
+    epilogue give them."""
+    from jaxbnn import ops
+
+    batch, h, w_, c, o, pad_value, (sh, sw, sc), stride, shift = case
+    rng = np.random.default_rng(zlib.crc32(repr((case, mode)).encode()))
+    x, w = _ternary_operands(rng, mode, (batch, h, w_, c), (3, 3, c, o))
+    shortcut = rng.integers(-3 * 9 * c, 3 * 9 * c, (batch, sh, sw, sc)).astype(stream_dtype)
+    shortcut[0, 0, 0, 0] = np.iinfo(stream_dtype).max  # wraps where it meets a positive dot product
+    for epilogue in [{}] + _ternary_epilogues(rng, o, 9 * c)[2:]:
+        def conv(x, w, s):
+            return ops.bconv2d(x, w, padding="SAME", pad_value=pad_value, shortcut=s, shortcut_stride=stride,
+                               shift=shift, **epilogue)
+
+        got = jax.jit(conv)(_on(GPU, x), _on(GPU, w), _on(GPU, shortcut))
+        want = jax.jit(conv)(_on(CPU, x), _on(CPU, w), _on(CPU, shortcut))
+        for g, wnt in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            assert g.dtype == wnt.dtype
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(wnt), err_msg=f"epilogue {sorted(epilogue)}")
+
+
 # --- global pooling of the stream (ops.global_sum_bits) --------------------------------------------------------
 
 # (batch, h, w, c, planes): channels within and past whole words, one pixel, ResNet-18's and ResNet-14's last

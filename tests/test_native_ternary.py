@@ -478,6 +478,67 @@ def test_side_by_side_weights_of_another_product_are_refused():
         ops.bconv2d(x, cw, side_by_side=one_plane)
 
 
+# --- the residual epilogue: a ternary or mixed ResNet block's second convolution ---------------------
+
+# (batch dims, h, w, c, o, pad_value, shortcut (SH, SW, SC), shortcut stride, shift, stream type): the identity
+# shortcut; type A (stride 2, fewer channels) over leading batch dims with a shift; a few channels (the dense
+# blocks of the side-by-side product)
+TERNARY_RESIDUAL_CASES = [
+    ((2,), 6, 7, 40, 40, "zero", (6, 7, 40), 1, 0, np.int16),
+    ((2, 1), 5, 4, 33, 70, "one", (9, 8, 30), 2, 3, np.int32),
+    ((1,), 6, 6, 5, 9, "zero", (6, 6, 9), 1, 1, np.int16),
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case, kernels", [(TERNARY_RESIDUAL_CASES[0], "side by side"),
+                                           (TERNARY_RESIDUAL_CASES[1], "side by side"),
+                                           (TERNARY_RESIDUAL_CASES[1], "native"),
+                                           (TERNARY_RESIDUAL_CASES[2], "side by side")],
+                         ids=lambda v: v if isinstance(v, str) else f"c{v[3]}_o{v[4]}_s{v[7]}")
+def test_residual_epilogue_of_a_ternary_product_is_its_dot_plus_the_shortcut(request, mode, kernels, case):
+    """`(dot >> shift) + shortcut` in the shortcut's type, and the stream's bits through one threshold or a
+    ternary pair of planes: from the product's own kernel, and from the side-by-side binary product (the GPU's
+    way: `parts` times the dot, shifted by log2(parts) more)."""
+    if kernels == "side by side":
+        request.getfixturevalue("without_ternary_kernels")
+    lead, h, w, c, o, pad_value, (sh, sw, sc), stride, shift, stream_dtype = case
+    rng = np.random.default_rng(h * 31 + c * 7 + o + stride)
+    x, x_values, weights, w_values = operands(rng, mode, lead + (h, w, c), (3, 3, c, o), conv=True)
+    flat = x_values.reshape((-1, h, w, c))
+    dot = numpy_conv(flat, w_values, (1, 1), ((1, 1), (1, 1)), pad_value).reshape(lead + (h, w, o))
+    epi = epilogue_operands(rng, dot, planes=2)
+    shortcut = rng.integers(-300, 300, lead + (sh, sw, sc)).astype(stream_dtype)
+    shortcut.reshape(-1)[0] = np.iinfo(stream_dtype).max  # the sum wraps as the stream's type does
+    short = np.zeros(lead + (h, w, o), np.int64)
+    short[..., :sc] = shortcut[..., ::stride, ::stride, :]
+    unsigned = np.uint16 if stream_dtype == np.int16 else np.uint32
+    want = ((dot.astype(np.int64) >> shift) + short).astype(np.uint64).astype(unsigned).view(stream_dtype)
+    for threshold, flip in ((None, None), (epi["threshold"], epi["flip"]), (epi["threshold_planes"], epi["flip_planes"])):
+        conv = jax.jit(lambda x, s: ops.bconv2d(x, weights, padding="SAME", pad_value=pad_value, shortcut=s,
+                                                shortcut_stride=stride, shift=shift, threshold=threshold, flip=flip))
+        got = conv(x, shortcut)
+        stream = got if threshold is None else got[0]
+        assert stream.dtype == stream_dtype
+        np.testing.assert_array_equal(np.asarray(stream), want)
+        if threshold is not None:
+            want_bits = reference.epilogue(jnp.asarray(want.astype(np.int32)), threshold=threshold, flip=flip)
+            np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want_bits))
+    prepared = ops.side_by_side_weights(weights, ternary_activations=mode != "btn")
+    with_prepared = ops.bconv2d(x, weights, padding="SAME", pad_value=pad_value, shortcut=shortcut,
+                                shortcut_stride=stride, shift=shift, side_by_side=prepared)
+    np.testing.assert_array_equal(np.asarray(with_prepared), want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_residual_epilogue_of_a_ternary_product_refuses_side_by_side_weights_of_another_epilogue(mode):
+    rng = np.random.default_rng(16)
+    x, _, weights, _ = operands(rng, mode, (1, 5, 5, 40), (3, 3, 40, 40), conv=True)
+    planes = ops.side_by_side_weights(weights, ternary_activations=mode != "btn", threshold_planes=3)
+    with pytest.raises(ValueError, match="threshold_planes=0"):
+        ops.bconv2d(x, weights, padding="SAME", shortcut=np.zeros((1, 5, 5, 40), np.int16), side_by_side=planes)
+
+
 @pytest.mark.parametrize("mode", ["bnn"] + MODES)
 def test_batches_past_the_kernels_int32_indexing_run_in_chunks(mode, monkeypatch):
     """A call whose input words or output elements exceed int32 (VGG-16's first layers at batch 512 with a
