@@ -14,10 +14,12 @@ integers from the pixels to the logits:
   ternary or mixed product, the op runs it as one binary product over the planes side by side (docs/ops.md);
 - integer thresholds turn int32 pre-activations and the residual stream into bits; the stream is the sum
   of each residual block's conv2 output and its shortcut: over an int16 stream on CUDA, where conv2 is a 3x3
-  stride-1 convolution (the band and resident kernels), added in conv2's epilogue, which also writes the next
-  block's input bits (`ops.bconv2d(..., shortcut=...)`, `fuses_residual`); elsewhere added in jnp, where XLA
-  fuses the add with the next block's thresholds and packing (docs/design/decisions.md);
-- on a platform whose kernels write int16 dot products (CUDA), a binary ResNet's stream travels as int16
+  stride-1 convolution (the band and resident kernels), added in conv2's epilogue (a ternary or mixed conv2:
+  its side-by-side binary product's), which also writes the next block's input bits (binary; a ternary
+  conv1's two planes are thresholded from the stream after it) (`ops.bconv2d(..., shortcut=...)`,
+  `fuses_residual`); elsewhere added in jnp, where XLA fuses the add with the next block's thresholds and
+  packing (docs/design/decisions.md);
+- on a platform whose kernels write int16 dot products (CUDA), a ResNet's stream travels as int16
   wherever every value it can take there fits (`stream_dtypes`: bounds from the graph and the first layer's
   weights), else as int32: the same integers as the Flax model's int32 stream, in half the bytes per pass
   over it (conv2 writes them, `ops.bconv2d(out_dtype=...)`).
@@ -238,8 +240,9 @@ def stream_dtypes(nodes, tensors, narrow=None) -> list:
     """Per graph node, the integer type its stream output travels in (None for a node without one): int16
     where every value the stream can take there lies within [-32767, 32767] and the narrow stream is wanted,
     else int32. `narrow` (default: whether the default platform's kernels write int16 dot products, CUDA's)
-    applies to graphs whose residual blocks' conv2 are binary products: elsewhere the int16 stream would be
-    the int32 products converted, which measured slower (on the 2-core EPYC and on an H200; decisions.md).
+    applies to graphs whose residual blocks' conv2 are binary products or add the shortcut in their epilogue
+    (`fuses_residual`, any product): elsewhere the int16 stream would be the int32 products converted, which
+    measured slower (on the 2-core EPYC and on an H200; decisions.md).
 
     The stream's values are bounded by the graph: a layer writing it (the stem) by its dot products'
     magnitude shifted right (the first layer's: 128 times its largest column sum of |weight| (`tensors`, the
@@ -248,7 +251,8 @@ def stream_dtypes(nodes, tensors, narrow=None) -> list:
     17,500 with the zoo's ±1 first layers."""
     if narrow is None:
         narrow = _ffi.has_target(_default_platform(), "jaxbnn_bconv2d_i16")
-    narrow = narrow and all(node["conv2"]["operand"] == "binary" and node["conv2"]["weights"] == "binary"
+    narrow = narrow and all((node["conv2"]["operand"] == "binary" and node["conv2"]["weights"] == "binary")
+                            or (fuses_residual() and _fuses_shortcut(node["conv2"]))
                             for node in nodes if node["kind"] == "residual")
     narrowest = jnp.int16 if narrow else jnp.int32
     dtypes, bound = [], 0
@@ -313,7 +317,7 @@ def run_node(node, params, x, stream_dtype=jnp.int32, input_bits=None, following
         stem_bits = writes_stem_bits() if stem_bits is None else stem_bits
         if (stem_bits and node["operand"] == "image" and node["output"] == "stream" and next_node is not None
                 and next_node["kind"] == "residual"):
-            next_input = _stem_next_input(next_node["conv1"], next_params["conv1"], node["out_channels"])
+            next_input = _conv1_input_thresholds(next_node["conv1"], next_params["conv1"], node["out_channels"])
             if next_input is not None:
                 return _image_layer(node, params, x, stream_dtype, next_input=next_input)
         return _linear(node, params, x, stream_dtype), None
@@ -360,19 +364,23 @@ def _fuses_shortcut(conv2) -> bool:
 
 
 def _residual_epilogue(node, p, inner, stream, following):
-    """A residual block's conv2 with its shortcut added in the epilogue: the new stream and, where the next
-    node (`following`: (node, params) or None) is a residual block reading binary bits, their bits through its
-    conv1's input thresholds (else None)."""
+    """A residual block's conv2 (any product) with its shortcut added in the epilogue: the new stream and, where
+    the next node (`following`: (node, params) or None) is a residual block whose conv1 thresholds the stream per
+    channel, its input bits or ternary planes through those thresholds (else None)."""
     conv2 = node["conv2"]
     next_node, next_params = following or (None, None)
-    bits = next_node is not None and next_node["kind"] == "residual" and next_node["conv1"]["operand"] == "binary"
-    thresholds = {}
-    if bits:
-        q = next_params["conv1"]
-        thresholds = dict(threshold=q["input_threshold"], flip=q["input_flip"])
+    next_input = None
+    if next_node is not None and next_node["kind"] == "residual":
+        next_input = _conv1_input_thresholds(next_node["conv1"], next_params["conv1"], node["out_shape"][-1])
+    if conv2["operand"] == "ternary":
+        inner = formats.TernaryPlanes(*inner)
     out = ops.bconv2d(inner, p["conv2"]["weight"], shortcut=stream.astype(jnp.int16),
-                      shortcut_stride=node["shortcut_stride"], **_conv_args(conv2), **thresholds)
-    return out if bits else (out, None)
+                      shortcut_stride=node["shortcut_stride"], side_by_side=p["conv2"].get("side_by_side"),
+                      **_conv_args(conv2), **({} if next_input is None else next_input[0]))
+    if next_input is None:
+        return out, None
+    stream, bits = out
+    return stream, (bits[..., 0, :], bits[..., 1, :]) if next_input[1] else bits
 
 
 def _shortcut(node, x):
@@ -467,10 +475,11 @@ def _packed_layer(node, p, x, stream_dtype):
     return out
 
 
-def _stem_next_input(conv1, q, channels):
-    """The input thresholds of the conv1 reading a stem's stream as `ops.image_conv2d`'s threshold planes (one
-    per channel; a ternary operand's (nonneg, pos) pair), and whether they are ternary; None where they vary per
-    pixel (`input_level_shape` of rank 3), which the op's epilogue does not take."""
+def _conv1_input_thresholds(conv1, q, channels):
+    """The input thresholds of a residual block's conv1, which reads the stream, as the threshold epilogue of the
+    op writing that stream takes them (one per channel; a ternary operand's (nonneg, pos) pair as planes), and
+    whether they are ternary; None where they vary per pixel (`input_level_shape` of rank 3), which the ops'
+    epilogues do not take."""
     if conv1["operand"] == "binary":
         return dict(threshold=q["input_threshold"], flip=q["input_flip"]), False
     if len(conv1.get("input_level_shape") or ()) > 1:
@@ -483,7 +492,7 @@ def _stem_next_input(conv1, q, channels):
 def _image_layer(node, p, levels, stream_dtype=jnp.int32, next_input=None):
     """First layer: the image's levels (int8, or the uint8 pixels they come from) times the int8 weight values,
     with the pool and the output's epilogue in the same op (one custom call on a platform with the native
-    kernel). A stream output is written in `stream_dtype`; with `next_input` (`_stem_next_input`: the thresholds
+    kernel). A stream output is written in `stream_dtype`; with `next_input` (`_conv1_input_thresholds`: the thresholds
     of the conv1 reading it) the pair (stream, that conv1's input bits or ternary planes)."""
     output = node["output"]
     if output in ("binary", "ternary"):

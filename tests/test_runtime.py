@@ -450,15 +450,19 @@ def test_the_narrow_stream_computes_the_integers_of_the_format(mode):
     np.testing.assert_allclose(np.asarray(got[-1]), expected[-1], rtol=1e-6, atol=1e-6)
 
 
-def test_the_residual_epilogue_carries_the_stream_and_its_bits_as_the_jnp_add_does():
+@pytest.mark.parametrize("mode", ["bnn", "tnn", "btn"])
+def test_the_residual_epilogue_carries_the_stream_and_its_bits_as_the_jnp_add_does(mode, monkeypatch):
     """CUDA's form of a narrow-stream ResNet (conv2 adds the shortcut in its epilogue and writes the next block's
-    input bits; the last block the stream alone), run here on purpose: every node's output equals the jnp add's,
-    the strided blocks' subsampled, channel-padded shortcuts included."""
-    model = zoo_model("cifar10-resnet14", "bnn", {})
-    net = runtime.from_packed(export_model(model))
+    input bits, or a ternary conv1's planes; the last block the stream alone), run here on purpose: every node's
+    output equals the jnp add's, the strided blocks' subsampled, channel-padded shortcuts included. A ternary or
+    mixed conv2 adds it in its side-by-side binary product's epilogue, where the platform has none of its own."""
+    monkeypatch.setattr(runtime, "fuses_residual", lambda: True)
+    model = zoo_model("cifar10-resnet14", mode, {})
+    packed = export_model(model)
+    net = runtime.from_packed(packed)
     nodes = net.graph["nodes"]
-    dtypes = runtime.stream_dtypes(nodes, export_model(model).tensors, narrow=True)
-    assert jnp.int16 in dtypes
+    dtypes = runtime.stream_dtypes(nodes, packed.tensors, narrow=True)
+    assert jnp.int32 not in dtypes
     levels = formats.image_levels(images_for(model, 5, seed=4))
 
     def run(fuse):
@@ -483,7 +487,7 @@ def test_the_stem_writes_the_first_blocks_input_as_the_jnp_thresholds_do(mode, n
     nodes = net.graph["nodes"]
     dtypes = runtime.stream_dtypes(nodes, packed.tensors, narrow=narrow)
     assert dtypes[0] == (jnp.int16 if narrow else jnp.int32)
-    assert runtime._stem_next_input(nodes[1]["conv1"], net.params[1]["conv1"], nodes[0]["out_channels"]) is not None
+    assert runtime._conv1_input_thresholds(nodes[1]["conv1"], net.params[1]["conv1"], nodes[0]["out_channels"]) is not None
     images = images_for(model, 5, seed=6)
     images[0], images[1] = 0, 255
     levels = formats.image_levels(images)
@@ -505,7 +509,7 @@ def test_a_stem_leaves_thresholds_per_pixel_to_jnp():
 
     net = runtime.from_packed(tiny_resnet(mode="tnn"))
     nodes = net.graph["nodes"]
-    assert runtime._stem_next_input(nodes[1]["conv1"], net.params[1]["conv1"], nodes[0]["out_channels"]) is None
+    assert runtime._conv1_input_thresholds(nodes[1]["conv1"], net.params[1]["conv1"], nodes[0]["out_channels"]) is None
 
 
 def test_cuda_adds_the_shortcut_in_the_epilogue_of_3x3_stride_1_blocks():
