@@ -30,9 +30,10 @@ Images are uint8 pixels, or floats on the scale the file records (`input_range`)
 The file holds every operand as the ops take it (ternary weights as their two ±1 planes stacked along the
 output axis, `formats.TernaryDenseBits` / `TernaryConvBits`; popcounts per row or per conv tap), so
 loading moves the arrays to the device as they are (the bool flips as uint8, the handlers' dtype) and packs,
-unpacks and derives nothing, with one exception: where the default platform has no kernels of a layer's
-ternary or mixed product (CUDA), the weights that product runs as (`ops.side_by_side_weights`) are built
-once at load rather than inside every call.
+unpacks and derives nothing, with two exceptions, built once at load rather than inside every call: a
+ternary layer's (nonneg, pos) thresholds stacked into the `(2, N)` planes the epilogues take, and where the
+default platform has no kernels of a layer's ternary or mixed product (CUDA), the weights that product runs as
+(`ops.side_by_side_weights`).
 
 This module never imports the exporter or the training code.
 """
@@ -183,7 +184,8 @@ def _prepare_node(node: dict, tensors: dict) -> dict:
         return _prepare_linear(node, tensors)
     if node["kind"] == "residual":
         return {key: _prepare_linear(node[key], _node_tensors(tensors, f"{key}.")) for key in ("conv1", "conv2")}
-    return {name: _on_device(value) for name, value in tensors.items()}  # global pooling: its thresholds
+    params = {name: _on_device(value) for name, value in tensors.items()}  # global pooling: its thresholds
+    return {**params, **_threshold_planes(node, params)}
 
 
 def _on_device(value):
@@ -192,9 +194,28 @@ def _on_device(value):
     return jnp.asarray(value.astype(np.uint8) if value.dtype == np.bool_ else value)
 
 
+def _threshold_planes(node: dict, params: dict) -> dict:
+    """A ternary output's thresholds and flips as the ops' epilogues take them, (2, N) (nonneg, pos) planes, and
+    those of a ternary operand read from the stream (a residual block's conv1: `input_threshold_planes`), stacked
+    once here: stacked in the forward, each was a small kernel of its own per layer and call. Not where the
+    thresholds vary per feature (`_per_feature_levels`), which the epilogues do not take."""
+    planes = {}
+    if node["output"] == "ternary" and len(node.get("level_shape") or ()) <= 1:
+        planes["threshold_planes"] = jnp.stack([params["threshold_nonneg"], params["threshold_pos"]])
+        planes["flip_planes"] = jnp.stack([params["flip_nonneg"], params["flip_pos"]])
+    reads_ternary_stream = node.get("input") == "stream" and node.get("operand") == "ternary"
+    if reads_ternary_stream and len(node.get("input_level_shape") or ()) <= 1:
+        for name in ("threshold", "flip"):
+            planes[f"input_{name}_planes"] = jnp.stack([params[f"input_{name}_{p}"] for p in ("nonneg", "pos")])
+    return planes
+
+
 def _prepare_linear(node: dict, tensors: dict) -> dict:
-    """The node's tensors as the ops take them: no unpacking, no packing, nothing derived."""
+    """The node's tensors as the ops take them: no unpacking, no packing; derived only the threshold planes
+    (`_threshold_planes`) and, where the platform has no kernel of a ternary or mixed product, its side-by-side
+    weights."""
     params = {name: _on_device(value) for name, value in tensors.items()}
+    params.update(_threshold_planes(node, params))
     if node["operand"] == "image":
         return params
     rows, k_bits, kernel, c = weight_geometry(node)
@@ -317,7 +338,7 @@ def run_node(node, params, x, stream_dtype=jnp.int32, input_bits=None, following
         stem_bits = writes_stem_bits() if stem_bits is None else stem_bits
         if (stem_bits and node["operand"] == "image" and node["output"] == "stream" and next_node is not None
                 and next_node["kind"] == "residual"):
-            next_input = _conv1_input_thresholds(next_node["conv1"], next_params["conv1"], node["out_channels"])
+            next_input = _conv1_input_thresholds(next_node["conv1"], next_params["conv1"])
             if next_input is not None:
                 return _image_layer(node, params, x, stream_dtype, next_input=next_input)
         return _linear(node, params, x, stream_dtype), None
@@ -371,7 +392,7 @@ def _residual_epilogue(node, p, inner, stream, following):
     next_node, next_params = following or (None, None)
     next_input = None
     if next_node is not None and next_node["kind"] == "residual":
-        next_input = _conv1_input_thresholds(next_node["conv1"], next_params["conv1"], node["out_shape"][-1])
+        next_input = _conv1_input_thresholds(next_node["conv1"], next_params["conv1"])
     if conv2["operand"] == "ternary":
         inner = formats.TernaryPlanes(*inner)
     out = ops.bconv2d(inner, p["conv2"]["weight"], shortcut=stream.astype(jnp.int16),
@@ -431,8 +452,7 @@ def _threshold_epilogue(output, p):
     """The thresholds of a binary output, or the (nonneg, pos) threshold planes of a ternary one."""
     if output == "binary":
         return dict(threshold=p["threshold"], flip=p["flip"])
-    return dict(threshold=jnp.stack([p["threshold_nonneg"], p["threshold_pos"]]),
-                flip=jnp.stack([p["flip_nonneg"], p["flip_pos"]]))
+    return dict(threshold=p["threshold_planes"], flip=p["flip_planes"])
 
 
 def _per_feature_levels(node) -> bool:
@@ -475,18 +495,16 @@ def _packed_layer(node, p, x, stream_dtype):
     return out
 
 
-def _conv1_input_thresholds(conv1, q, channels):
+def _conv1_input_thresholds(conv1, q):
     """The input thresholds of a residual block's conv1, which reads the stream, as the threshold epilogue of the
     op writing that stream takes them (one per channel; a ternary operand's (nonneg, pos) pair as planes), and
     whether they are ternary; None where they vary per pixel (`input_level_shape` of rank 3), which the ops'
     epilogues do not take."""
     if conv1["operand"] == "binary":
         return dict(threshold=q["input_threshold"], flip=q["input_flip"]), False
-    if len(conv1.get("input_level_shape") or ()) > 1:
+    if "input_threshold_planes" not in q:
         return None
-    planes = [(jnp.broadcast_to(q[f"input_threshold_{plane}"], (channels,)),
-               jnp.broadcast_to(q[f"input_flip_{plane}"], (channels,))) for plane in ("nonneg", "pos")]
-    return dict(threshold=jnp.stack([t for t, _ in planes]), flip=jnp.stack([f for _, f in planes])), True
+    return dict(threshold=q["input_threshold_planes"], flip=q["input_flip_planes"]), True
 
 
 def _image_layer(node, p, levels, stream_dtype=jnp.int32, next_input=None):

@@ -232,10 +232,14 @@ FORMAT_FUNCTIONS = ("binarize", "pack_bits", "unpack_bits", "to_fsb", "from_fsb"
 
 
 def _parameters_by_tensor_name(net) -> dict:
-    """The loaded parameters of every node, named as the file's tensors."""
+    """The loaded parameters of every node, named as the file's tensors; the threshold planes stacked at load
+    (`runtime._threshold_planes`) are checked against the thresholds they stack."""
     def linear(prefix, params):
         for key, value in params.items():
-            if isinstance(value, (formats.ConvBits, formats.TernaryConvBits)):
+            if key.endswith("_planes"):
+                nonneg, pos = (params[key.replace("_planes", f"_{plane}")] for plane in ("nonneg", "pos"))
+                np.testing.assert_array_equal(np.asarray(value), np.stack([np.asarray(nonneg), np.asarray(pos)]))
+            elif isinstance(value, (formats.ConvBits, formats.TernaryConvBits)):
                 yield prefix + "weight", value.bits
                 yield prefix + "weight_tap_popcount", value.tap_popcount
             elif isinstance(value, (formats.DenseBits, formats.TernaryDenseBits)):
@@ -487,7 +491,7 @@ def test_the_stem_writes_the_first_blocks_input_as_the_jnp_thresholds_do(mode, n
     nodes = net.graph["nodes"]
     dtypes = runtime.stream_dtypes(nodes, packed.tensors, narrow=narrow)
     assert dtypes[0] == (jnp.int16 if narrow else jnp.int32)
-    assert runtime._conv1_input_thresholds(nodes[1]["conv1"], net.params[1]["conv1"], nodes[0]["out_channels"]) is not None
+    assert runtime._conv1_input_thresholds(nodes[1]["conv1"], net.params[1]["conv1"]) is not None
     images = images_for(model, 5, seed=6)
     images[0], images[1] = 0, 255
     levels = formats.image_levels(images)
@@ -509,7 +513,7 @@ def test_a_stem_leaves_thresholds_per_pixel_to_jnp():
 
     net = runtime.from_packed(tiny_resnet(mode="tnn"))
     nodes = net.graph["nodes"]
-    assert runtime._conv1_input_thresholds(nodes[1]["conv1"], net.params[1]["conv1"], nodes[0]["out_channels"]) is None
+    assert runtime._conv1_input_thresholds(nodes[1]["conv1"], net.params[1]["conv1"]) is None
 
 
 def test_cuda_adds_the_shortcut_in_the_epilogue_of_3x3_stride_1_blocks():
