@@ -202,7 +202,7 @@ def ternary_kernels(request, monkeypatch):
     jax.clear_caches()
 
 
-@fuzz(40)
+@fuzz(16)
 @given(st.sampled_from(["tnn", "tbn", "btn"]), st.integers(0, 7), st.integers(1, 200), st.integers(1, 40),
        st.data(), MODES, st.integers(0, 2**32))
 def test_ternary_bmm_matches_numpy(ternary_kernels, product, m, k, n, data, mode, seed):
@@ -220,7 +220,7 @@ def test_ternary_bmm_matches_numpy(ternary_kernels, product, m, k, n, data, mode
     assert_matches(got, expected_planes((a_values @ w_values).astype(np.int32), kind, epi, planes), kind)
 
 
-@fuzz(40)
+@fuzz(16)
 @given(st.sampled_from(["tnn", "tbn", "btn"]), st.integers(0, 2), st.integers(1, 8), st.integers(1, 8),
        st.integers(1, 70), st.integers(1, 40), st.tuples(st.integers(1, 4), st.integers(1, 4)),
        st.tuples(st.integers(1, 2), st.integers(1, 2)), st.sampled_from(["SAME", "VALID"]),

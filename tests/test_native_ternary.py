@@ -490,11 +490,10 @@ TERNARY_RESIDUAL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("case, kernels", [(TERNARY_RESIDUAL_CASES[0], "side by side"),
-                                           (TERNARY_RESIDUAL_CASES[1], "side by side"),
-                                           (TERNARY_RESIDUAL_CASES[1], "native"),
-                                           (TERNARY_RESIDUAL_CASES[2], "side by side")],
+@pytest.mark.parametrize("mode, case, kernels", [("tnn", TERNARY_RESIDUAL_CASES[0], "side by side"),
+                                                 ("tbn", TERNARY_RESIDUAL_CASES[1], "side by side"),
+                                                 ("btn", TERNARY_RESIDUAL_CASES[2], "side by side"),
+                                                 ("tnn", TERNARY_RESIDUAL_CASES[1], "native")],
                          ids=lambda v: v if isinstance(v, str) else f"c{v[3]}_o{v[4]}_s{v[7]}")
 def test_residual_epilogue_of_a_ternary_product_is_its_dot_plus_the_shortcut(request, mode, kernels, case):
     """`(dot >> shift) + shortcut` in the shortcut's type, and the stream's bits through one threshold or a
@@ -514,7 +513,8 @@ def test_residual_epilogue_of_a_ternary_product_is_its_dot_plus_the_shortcut(req
     short[..., :sc] = shortcut[..., ::stride, ::stride, :]
     unsigned = np.uint16 if stream_dtype == np.int16 else np.uint32
     want = ((dot.astype(np.int64) >> shift) + short).astype(np.uint64).astype(unsigned).view(stream_dtype)
-    for threshold, flip in ((None, None), (epi["threshold"], epi["flip"]), (epi["threshold_planes"], epi["flip_planes"])):
+    epilogues = ((None, None), (epi["threshold"], epi["flip"]), (epi["threshold_planes"], epi["flip_planes"]))
+    for threshold, flip in epilogues:
         conv = jax.jit(lambda x, s: ops.bconv2d(x, weights, padding="SAME", pad_value=pad_value, shortcut=s,
                                                 shortcut_stride=stride, shift=shift, threshold=threshold, flip=flip))
         got = conv(x, shortcut)
@@ -530,11 +530,10 @@ def test_residual_epilogue_of_a_ternary_product_is_its_dot_plus_the_shortcut(req
     np.testing.assert_array_equal(np.asarray(with_prepared), want)
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_residual_epilogue_of_a_ternary_product_refuses_side_by_side_weights_of_another_epilogue(mode):
+def test_residual_epilogue_of_a_ternary_product_refuses_side_by_side_weights_of_another_epilogue():
     rng = np.random.default_rng(16)
-    x, _, weights, _ = operands(rng, mode, (1, 5, 5, 40), (3, 3, 40, 40), conv=True)
-    planes = ops.side_by_side_weights(weights, ternary_activations=mode != "btn", threshold_planes=3)
+    x, _, weights, _ = operands(rng, "tnn", (1, 5, 5, 40), (3, 3, 40, 40), conv=True)
+    planes = ops.side_by_side_weights(weights, ternary_activations=True, threshold_planes=3)
     with pytest.raises(ValueError, match="threshold_planes=0"):
         ops.bconv2d(x, weights, padding="SAME", shortcut=np.zeros((1, 5, 5, 40), np.int16), side_by_side=planes)
 

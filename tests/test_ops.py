@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from jaxbnn import _ffi, formats, ops, reference
 from numpy_spec import numpy_conv
 
-SETTINGS = settings(max_examples=15, deadline=None)
-QUICK = settings(max_examples=10, deadline=None)
+SETTINGS = settings(max_examples=8, deadline=None)
+QUICK = settings(max_examples=6, deadline=None)
 TARGETS = [f"jaxbnn_{op}_{kind}" for op in ("bmm", "bconv2d") for kind in ("i32", "f32", "bits")]
 
 
