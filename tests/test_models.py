@@ -287,7 +287,9 @@ def test_an_image_gives_the_same_logits_and_trace_in_any_batch_ties_included():
     together = _jit_trace(model, batch)
     for block_alone, block_together in zip(alone, together):
         np.testing.assert_array_equal(block_alone[0], block_together[5])
-    np.testing.assert_array_equal(np.asarray(model(image))[0], together[-1][5])  # eager, op by op
+    # eager, op by op: the logits up to the float32 rounding of the final affine, whose products XLA may sum in
+    # another order op by op than compiled whole (it did with most optimizations off, tests/conftest.py)
+    np.testing.assert_allclose(np.asarray(model(image))[0], together[-1][5], rtol=4e-6, atol=0)
 
     report = fidelity_report(model, runtime.from_packed(export_model(model)), batch)
     assert report.exact and report.logits_max_rel_diff <= 4e-6, report.summary()
