@@ -960,11 +960,13 @@ def _check_side_by_side(side_by_side, kind, mode, threshold_planes, geometry):
 
 # A product with a ternary operand as one ±1 product over a longer reduction (docs/ops.md): per mode, the
 # blocks of that reduction as (activation plane, weight plane, whether the weight block's padding bits are set)
-# of each block; the planes as `TernaryPlanes` / the ternary weights' rows order them, (nonneg, pos).
+# of each block; the planes as `TernaryPlanes` / the ternary weights' rows order them, (nonneg, pos). The
+# activation blocks are the operand's planes in order, repeated (`_side_by_side_operands`): a ternary operand's
+# pair as a kernel's epilogue wrote it, `(..., 2, W)`, is then its first two blocks as they lie.
 _REDUCTION_BLOCKS = {
     "tbn": ((0, 0, False), (1, 0, True)),
     "btn": ((0, 0, False), (0, 1, True)),
-    "tnn": ((0, 0, False), (0, 1, True), (1, 0, False), (1, 1, True)),
+    "tnn": ((0, 0, False), (1, 0, True), (0, 1, False), (1, 1, True)),
 }
 # The longest reduction the CUDA kernels take, in words (kMaxReductionWords in xla_ffi/cuda/binary_gemm.h).
 _KERNEL_REDUCTION_WORDS = 1 << 16
@@ -1064,12 +1066,18 @@ def _side_by_side_operands(mode, acts, epilogue, *, kind, c, bound, threshold_pl
     stay 0."""
     blocks = _REDUCTION_BLOCKS[mode]
     parts = len(blocks)
-    acts = _materialized(acts)
     if _dense_blocks(mode, c):
+        acts = _materialized(acts)
         x = functools.reduce(jnp.bitwise_or, [_clear_padding_bits(acts[a], c) << (j * c)
                                               for j, (a, _, _) in enumerate(blocks)])
     else:
-        x = jnp.concatenate([_clear_padding_bits(acts[a], c) for a, _, _ in blocks], axis=-1)
+        # The planes stacked, (..., planes, W), and read as one row of words: where an epilogue wrote the pair
+        # that way (a ternary output), XLA's simplifier folds the stack of its slices back into that array, so
+        # the operand is the kernel's output as it lies (the barrier on the row: on the stacked pair, XLA copied
+        # it); the blocks past the planes repeat them (TNN, BTN: one copy).
+        planes = jnp.stack([_clear_padding_bits(a, c) for a in acts], axis=-2)
+        x = _materialized(planes.reshape(planes.shape[:-2] + (len(acts) * planes.shape[-1],)))
+        x = jnp.concatenate([x] * (parts // len(acts)), axis=-1) if parts > len(acts) else x
     if kind == "f32":
         epilogue = dict(epilogue, scale=epilogue["scale"] / parts)
     elif kind == "bits":
@@ -1085,11 +1093,12 @@ def _side_by_side_operands(mode, acts, epilogue, *, kind, c, bound, threshold_pl
 
 
 def _materialized(acts):
-    """The activation planes as arrays of their own before the side-by-side operand (their concatenation, or the
-    dense blocks' shifts) reads them. Where a plane is computed in the same program (a stream's thresholds and
-    packing), XLA's GPU fusion otherwise put that reduction inside the concatenation, once per block reading it: a ternary ResNet-18 block at batch 512 took 3.2 ms instead of
+    """The activation planes (a tuple of arrays, or one stacked array) as arrays of their own before the
+    side-by-side operand (their repetition, or the dense blocks' shifts) reads them. Where a plane is computed in
+    the same program (a stream's thresholds and packing), XLA's GPU fusion otherwise put that reduction inside
+    the concatenation, once per block reading it: a ternary ResNet-18 block at batch 512 took 3.2 ms instead of
     1.15 (H200, docs/design/decisions.md)."""
-    return jax.lax.optimization_barrier(tuple(acts))
+    return jax.lax.optimization_barrier(acts if isinstance(acts, jax.Array) else tuple(acts))
 
 
 def _side_by_side_result(out, mode, kind, threshold_planes, n):

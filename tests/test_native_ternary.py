@@ -459,6 +459,38 @@ def test_side_by_side_weights_of_a_ternary_output_are_the_product_s_own():
     assert ops.side_by_side_weights(narrow, ternary_activations=True, threshold_planes=2).n == 128
 
 
+@pytest.mark.parametrize("o", [64, 96])  # its planes as columns side by side / as the epilogue's planes
+def test_without_ternary_kernels_a_ternary_output_is_the_next_products_operand_as_it_lies(without_ternary_kernels, o):
+    """TBN layer to TBN layer: the first call's (..., 2, W) planes are the second's side-by-side operand
+    `[nonneg | pos]` as they lie, so the compiled program copies nothing between the two calls (XLA folds the
+    stack of the pair's slices back into the first call's output)."""
+    rng = np.random.default_rng(o)
+    x, x_values, w1, w1_values = operands(rng, "tbn", (2, 6, 6, 64), (3, 3, 64, o), conv=True)
+    _, _, w2, w2_values = operands(rng, "tbn", (2, 6, 6, o), (3, 3, o, 32), conv=True)
+    threshold = np.stack([np.full(o, -2), np.full(o, 3)]).astype(np.int32)
+    first = ops.side_by_side_weights(w1, ternary_activations=True, threshold_planes=2)
+    second = ops.side_by_side_weights(w2, ternary_activations=True)
+
+    def two_layers(x):
+        planes = ops.bconv2d(x, w1, padding="SAME", threshold=threshold, side_by_side=first)
+        return ops.bconv2d(formats.TernaryPlanes(planes[..., 0, :], planes[..., 1, :]), w2, padding="SAME",
+                           side_by_side=second)
+
+    hlo = jax.jit(two_layers).lower(x).compile().as_text()
+    entry = {name: (op, operand) for name, op, operand in
+             re.findall(r"(%[\w.]+) = \S+ ([\w-]+)\((%[\w.]+)", hlo[hlo.index("ENTRY"):])}
+    first_call, second_call = [name for name, (op, _) in entry.items() if op == "custom-call"]
+    operand = entry[second_call][1]
+    while entry[operand][0] == "bitcast":  # a bitcast reinterprets the buffer: no copy
+        operand = entry[operand][1]
+    assert operand == first_call, hlo
+    same = ((1, 1), (1, 1))
+    first_dot = numpy_conv(x_values, w1_values, (1, 1), same, "zero")
+    ternary_output = (first_dot >= -2).astype(np.float32) + (first_dot >= 3) - 1
+    np.testing.assert_array_equal(np.asarray(jax.jit(two_layers)(x)),
+                                  numpy_conv(ternary_output, w2_values, (1, 1), same, "zero"))
+
+
 def test_side_by_side_weights_of_another_product_are_refused():
     rng = np.random.default_rng(16)
     a, _, w, _ = operands(rng, "tnn", (5, 70), (70, 9), conv=False)
