@@ -41,9 +41,8 @@ def _weight_values(rows, k, ternary):
 def epilogue(dot, scale=None, bias=None, threshold=None, flip=None):
     """What an int32 dot product becomes: itself, `scale * dot + bias` (float32), or packed bits; with
     `threshold` / `flip` of shape (P, N), the packed bits of each of the P planes (..., P, ceil(N/32))."""
-    if threshold is not None and jnp.ndim(threshold) == 2:
-        flips = [None] * len(threshold) if flip is None else flip
-        return jnp.stack([formats.pack_bits(formats.binarize(dot, t, f)) for t, f in zip(threshold, flips)], axis=-2)
+    if threshold is not None and jnp.ndim(threshold) == 2:  # every plane's words from one reduction, as one array
+        return formats.pack_bits(formats.binarize(dot[..., None, :], threshold, flip))
     if threshold is not None:
         return formats.pack_bits(formats.binarize(dot, threshold, flip))
     if scale is not None:
