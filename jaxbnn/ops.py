@@ -250,7 +250,8 @@ def bconv2d(
     `threshold` / `flip` as well (integers within int32, compared with the stream's values; `(O,)`, or `(P, O)`
     for P planes, a ternary operand's (nonneg, pos) pair) the pair (stream, its packed bits
     `(..., B, OH, OW, ceil(O/32))`, or `(..., B, OH, OW, P, ceil(O/32))`): the next block's input, in the same
-    pass (on CUDA the kernel writes one plane; more planes are thresholded from the stream after it).
+    pass (on CUDA the kernel writes one plane; more planes are thresholded from the stream after it, by a
+    kernel of their own).
     side_by_side: as in `bmm` (`side_by_side_weights(w, ...)`; with a shortcut, `threshold_planes=0`).
     Every size, padding, stride and output extent must be at most `MAX_EXTENT` (ValueError naming it).
     """
@@ -463,7 +464,7 @@ def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs,
                                              None if flip is None else flip[0], attrs=attrs, stride=stride, shift=shift)
             return stream, bits[..., None, :]
         stream = _bconv2d_residual(x, w, w_tap_popcount, shortcut, None, None, attrs=attrs, stride=stride, shift=shift)
-        return stream, reference.epilogue(stream, threshold=threshold, flip=flip)
+        return stream, _stream_planes(stream, threshold, flip)
     c, o, kh, kw, sh, sw, pt, pb, pl, pr, pad_one, _, _ = attrs
     cw = formats.num_words(c)
     k_bits = kh * kw * cw * formats.WORD_BITS
@@ -510,6 +511,19 @@ def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs,
         stream, packed = out if bits else (out, None)
     stream = stream.reshape(lead + stream.shape[1:])
     return (stream, packed.reshape(lead + packed.shape[1:])) if bits else stream
+
+
+def _stream_planes(stream, threshold, flip):
+    """The stream's bits through checked threshold planes `(P, N)`, `(..., P, ceil(N/32))`, after the residual
+    kernels, whose epilogue writes one plane: on CUDA a pass of its own (`jaxbnn_stream_bits`), elsewhere the
+    reference's. XLA's reduction over each word's 32 bits read ResNet-18's first stream at 0.7 TB/s
+    (docs/design/decisions.md, "The residual epilogue")."""
+    out_type = jax.ShapeDtypeStruct(stream.shape[:-1] + (threshold.shape[0], formats.num_words(stream.shape[-1])),
+                                    jnp.uint32)
+    threshold = threshold.astype(jnp.int32)
+    flip = _flip_operand(flip, threshold.shape)
+    return _dispatch("jaxbnn_stream_bits", out_type, {},
+                     lambda x, t, f: reference.epilogue(x, threshold=t, flip=f), stream, threshold, flip)
 
 
 @functools.partial(jax.jit, static_argnames=("attrs", "mode", "stride", "shift"))

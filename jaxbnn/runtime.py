@@ -16,7 +16,7 @@ integers from the pixels to the logits:
   of each residual block's conv2 output and its shortcut: over an int16 stream on CUDA, where conv2 is a 3x3
   stride-1 convolution (the band and resident kernels), added in conv2's epilogue (a ternary or mixed conv2:
   its side-by-side binary product's), which also writes the next block's input bits (binary; a ternary
-  conv1's two planes are thresholded from the stream after it) (`ops.bconv2d(..., shortcut=...)`,
+  conv1's two planes are thresholded from the stream after it, on CUDA by a kernel of their own) (`ops.bconv2d(..., shortcut=...)`,
   `fuses_residual`); elsewhere added in jnp, where XLA fuses the add with the next block's thresholds and
   packing (docs/design/decisions.md);
 - on a platform whose kernels write int16 dot products (CUDA), a ResNet's stream travels as int16

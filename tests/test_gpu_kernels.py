@@ -807,6 +807,56 @@ def test_global_sum_bits_on_cuda_matches_the_cpu(case, dtype):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+# --- the stream's threshold planes after a residual kernel (ops._stream_planes) -----------------------------------
+
+# (stream shape, planes): whole 32-channel words (the vector path; the rows' count not a multiple of a warp's
+# vectors), channels past a word (the word path), one channel, leading batch dims
+STREAM_PLANE_CASES = [((3, 5, 7, 64), 2), ((2, 9, 9, 96), 3), ((2, 4, 4, 70), 2), ((5, 1), 1), ((2, 3, 2, 2, 32), 8)]
+
+
+@pytest.mark.parametrize("case", STREAM_PLANE_CASES, ids=lambda c: "x".join(map(str, c[0])) + f"_p{c[1]}")
+@pytest.mark.parametrize("dtype", [np.int16, np.int32])
+def test_stream_planes_on_cuda_match_the_reference(case, dtype):
+    """The CUDA pass against the reference on the CPU: values over their type's whole range, thresholds at the
+    values (ties) and at the int32 limits, flipped channels."""
+    from jaxbnn import ops
+
+    shape, planes = case
+    rng = np.random.default_rng(zlib.crc32(repr((case, np.dtype(dtype).name)).encode()))
+    info = np.iinfo(dtype)
+    stream = rng.integers(info.min, info.max, shape, endpoint=True, dtype=dtype)
+    c = shape[-1]
+    values = stream.reshape(-1, c)
+    threshold = values[rng.integers(0, len(values), (planes, c)), np.arange(c)].astype(np.int64)
+    threshold += rng.integers(-1, 2, (planes, c))
+    ends = np.array([-2**31, 2**31 - 1], np.int64)
+    threshold = np.where(rng.random((planes, c)) < 0.1, ends[rng.integers(0, 2, (planes, c))], threshold)
+    threshold = np.clip(threshold, -2**31, 2**31 - 1).astype(np.int32)
+    flip = rng.integers(0, 2, (planes, c)).astype(np.uint8)
+    got = jax.jit(ops._stream_planes)(*(jax.device_put(v, GPU) for v in (stream, threshold, flip)))
+    want = reference.epilogue(jax.device_put(stream, CPU), threshold=threshold, flip=flip)
+    assert got.dtype == jnp.uint32 and got.shape == shape[:-1] + (planes, formats.num_words(c))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_stream_planes_handler_rejects_inconsistent_shapes():
+    stream = np.zeros((2, 3, 40), np.int16)
+    result = jax.ShapeDtypeStruct((2, 3, 1, 2), jnp.uint32)
+    for threshold, flip, res, message in [
+            (np.zeros((1, 41), np.int32), np.zeros((1, 41), np.uint8), result, "threshold"),
+            (np.zeros((9, 40), np.int32), np.zeros((9, 40), np.uint8), result, "threshold"),
+            (np.zeros((1, 40), np.int32), np.zeros((2, 40), np.uint8), result, "flip"),
+            (np.zeros((1, 40), np.int32), np.zeros((1, 40), np.uint8), jax.ShapeDtypeStruct((2, 3, 1, 1), jnp.uint32),
+             "result"),
+            (np.zeros((1, 40), np.int32), np.zeros((1, 40), np.uint8), jax.ShapeDtypeStruct((3, 2, 1, 2), jnp.uint32),
+             "result")]:
+        with pytest.raises(Exception, match=message):
+            _call("jaxbnn_stream_bits", GPU, res, [stream, threshold, flip], {})
+    with pytest.raises(Exception, match="int16 or int32"):
+        _call("jaxbnn_stream_bits", GPU, result, [stream.astype(np.int8), np.zeros((1, 40), np.int32),
+                                                  np.zeros((1, 40), np.uint8)], {})
+
+
 def test_global_sum_bits_handler_rejects_inconsistent_shapes():
     stream = np.zeros((2, 3, 3, 40), np.int16)
     result = jax.ShapeDtypeStruct((2, 1, 2), jnp.uint32)

@@ -14,6 +14,7 @@
 #include "binary_gemm.h"
 #include "global_pool.h"
 #include "image_conv.h"
+#include "stream_bits.h"
 #include "common/checks.h"
 #include "common/formats.h"
 #include "xla/ffi/api/ffi.h"
@@ -515,6 +516,54 @@ ffi::Error GlobalSumBitsImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<
   return ffi::Error::Success();
 }
 
+// The threshold planes of a stream (..., C), int16 or int32, pixel by pixel: bits (..., planes, ceil(C / 32)).
+ffi::Error StreamBitsImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> threshold,
+                          ffi::Buffer<ffi::U8> flip, ffi::ResultBuffer<ffi::U32> out) {
+  const HandlerTimer timer;
+  if (x.element_type() != ffi::S16 && x.element_type() != ffi::S32) {
+    return Invalid("stream_bits takes an int16 or int32 stream");
+  }
+  const auto dims = x.dimensions();
+  if (dims.size() < 1 || dims.back() < 1) {
+    return Invalid("stream_bits stream must be (..., C) with C >= 1, got " + Dims(dims));
+  }
+  const int64_t channels = dims.back();
+  const auto t_dims = threshold.dimensions();
+  if (t_dims.size() != 2 || t_dims[0] < 1 || t_dims[0] > kMaxStreamBitsPlanes || t_dims[1] != channels) {
+    return Invalid("stream_bits threshold must be (planes, " + std::to_string(channels) + ") with 1 to " +
+                   std::to_string(kMaxStreamBitsPlanes) + " planes, got " + Dims(t_dims));
+  }
+  const int64_t planes = t_dims[0];
+  if (auto err = ExpectShape("flip", flip, {planes, channels})) return *err;
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) rows = checks::CheckedProduct({rows, dims[i]});
+  const auto o_dims = out->dimensions();
+  bool out_matches = o_dims.size() == dims.size() + 1 && o_dims[dims.size() - 1] == planes &&
+                     o_dims[dims.size()] == CeilDiv(channels, 32);
+  for (size_t i = 0; out_matches && i + 1 < dims.size(); ++i) out_matches = o_dims[i] == dims[i];
+  if (!out_matches) return Invalid("stream_bits result must be (..., " + std::to_string(planes) + ", " +
+                                   std::to_string(CeilDiv(channels, 32)) + "), got " + Dims(o_dims));
+  // int64: the rows and the elements (and the bits' words); int32: the channels
+  if (rows < 0 || !FitsInt(channels) || checks::CheckedProduct({rows, channels}) < 0 ||
+      checks::CheckedProduct({rows, planes, CeilDiv(channels, 32)}) < 0) {
+    return Invalid("stream_bits stream too large for the CUDA kernel");
+  }
+  StreamBitsProblem p;
+  p.stream = x.untyped_data();
+  p.narrow = x.element_type() == ffi::S16;
+  p.threshold = threshold.typed_data();
+  p.flip = flip.typed_data();
+  p.out_bits = out->typed_data();
+  p.rows = rows;
+  p.channels = static_cast<int>(channels);
+  p.planes = static_cast<int>(planes);
+  const cudaError_t err = LaunchStreamBits(p, stream);
+  if (err != cudaSuccess) {
+    return ffi::Error::Internal(std::string("jaxbnn CUDA stream_bits launch failed: ") + cudaGetErrorString(err));
+  }
+  return ffi::Error::Success();
+}
+
 // ---- the handlers ----
 
 ffi::Error BmmI32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> a, ffi::Buffer<ffi::U32> b,
@@ -779,6 +828,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaImageConvBits, jaxbnn::cuda::ImageConvBi
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaGlobalSumBits, jaxbnn::cuda::GlobalSumBitsImpl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Ret<ffi::Buffer<ffi::U32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaStreamBits, jaxbnn::cuda::StreamBitsImpl,
                               JAXBNN_BIND_STREAM.Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>()

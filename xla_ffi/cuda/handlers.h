@@ -25,6 +25,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCudaImageConvI16);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCudaImageConvI32Bits);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCudaImageConvI16Bits);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCudaGlobalSumBits);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCudaStreamBits);
 
 namespace jaxbnn::cuda {
 

@@ -43,6 +43,7 @@ NB_MODULE(_cuda, m) {
     d["jaxbnn_image_conv2d_i32_bits"] = Capsule(JaxbnnCudaImageConvI32Bits);
     d["jaxbnn_image_conv2d_i16_bits"] = Capsule(JaxbnnCudaImageConvI16Bits);
     d["jaxbnn_global_sum_bits"] = Capsule(JaxbnnCudaGlobalSumBits);
+    d["jaxbnn_stream_bits"] = Capsule(JaxbnnCudaStreamBits);
     return d;
   });
   m.def(
