@@ -398,11 +398,8 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
     def conv_composite(acts, w_, popcount_, prepared, pool_window, epilogue):
         if not _side_by_side_fits(mode, kh * kw * cw, o, threshold_planes):
             return _composite(binary_dot, acts, w_, popcount_, o, pool_window, epilogue)
-        if prepared:
-            blocks, block_popcount = prepared
-        else:
-            blocks, block_popcount = _side_by_side_matrix(mode, formats.from_fsb(w_, rows, k_bits), popcount_, o=o,
-                                                          c=c, threshold_planes=threshold_planes)
+        blocks, block_popcount = prepared or _conv_side_by_side_weights(mode, w_, popcount_, c=c, o=o, taps=kh * kw,
+                                                                        threshold_planes=threshold_planes)
         block_channels = _side_by_side_channels(mode, c)
         x, epilogue = _side_by_side_operands(mode, acts, epilogue, kind=kind, c=c, bound=kh * kw * c + 1,
                                              threshold_planes=threshold_planes, reduction_bits=kh * kw * block_channels)
@@ -549,14 +546,8 @@ def _ternary_residual(planes, w, w_tap_popcount, side_by_side, shortcut, thresho
 
     def composite():
         if side_by_side is None:
-            k_bits = kh * kw * formats.num_words(c) * formats.WORD_BITS
-            rows = 2 * o if mode in ("btn", "tnn") else o
-            tiles = formats.to_fsb(w) if w.ndim == 2 else w
-            popcount = w_tap_popcount
-            if popcount is None:
-                popcount = _real_bit_popcount(tiles, rows=rows, k_bits=k_bits, taps=(kh * kw, formats.num_words(c), c))
-            matrix = formats.from_fsb(tiles, rows, k_bits)
-            blocks, block_popcount = _side_by_side_matrix(mode, matrix, popcount, o=o, c=c, threshold_planes=0)
+            blocks, block_popcount = _conv_side_by_side_weights(mode, w, w_tap_popcount, c=c, o=o, taps=kh * kw,
+                                                                threshold_planes=0)
         else:
             blocks, block_popcount = side_by_side.bits, side_by_side.tap_popcount
         block_channels = _side_by_side_channels(mode, c)
@@ -943,10 +934,9 @@ def side_by_side_weights(w, *, ternary_activations, threshold_planes=0):
     rows = 2 if ternary_weights else 1
     if isinstance(w, (ConvBits, TernaryConvBits)):
         kh, kw = w.kernel_size
-        c, o, cw = w.in_channels, w.out_channels, formats.num_words(w.in_channels)
-        matrix = formats.from_fsb(w.bits, rows * o, kh * kw * cw * formats.WORD_BITS)
-        bits, counts = _side_by_side_matrix(mode, matrix, jnp.asarray(w.tap_popcount), o=o, c=c,
-                                            threshold_planes=threshold_planes)
+        c, o = w.in_channels, w.out_channels
+        bits, counts = _conv_side_by_side_weights(mode, w.bits, jnp.asarray(w.tap_popcount), c=c, o=o, taps=kh * kw,
+                                                  threshold_planes=threshold_planes)
         return ConvBits(bits, counts, kernel_size=(kh, kw), in_channels=_side_by_side_channels(mode, c),
                         out_channels=_side_by_side_columns(o, threshold_planes))
     k, n = w.k, w.n
@@ -1045,6 +1035,19 @@ def _side_by_side_matrix(mode, matrix, popcount, *, o, c, threshold_planes):
         w = jnp.tile(jnp.pad(w, ((0, pad), (0, 0), (0, 0))), (threshold_planes, 1, 1))
         counts = jnp.tile(jnp.pad(counts, ((0, 0), (0, pad))), (1, threshold_planes))
     return formats.to_fsb(w.reshape(w.shape[0], -1)), counts
+
+
+def _conv_side_by_side_weights(mode, w, tap_popcount, *, c, o, taps, threshold_planes):
+    """`_side_by_side_matrix` of a convolution's weights as the ops take them: FSB tiles (or the bit matrix) of
+    `o` (binary) or `2o` (ternary) rows over `taps` taps of `c` channels, and their tap popcounts (None: counted
+    here)."""
+    cw = formats.num_words(c)
+    k_bits, rows = taps * cw * formats.WORD_BITS, 2 * o if mode in ("btn", "tnn") else o
+    tiles = formats.to_fsb(w) if w.ndim == 2 else w
+    if tap_popcount is None:
+        tap_popcount = _real_bit_popcount(tiles, rows=rows, k_bits=k_bits, taps=(taps, cw, c))
+    return _side_by_side_matrix(mode, formats.from_fsb(tiles, rows, k_bits), tap_popcount, o=o, c=c,
+                                threshold_planes=threshold_planes)
 
 
 def _dense_blocks(mode, c):
