@@ -809,9 +809,12 @@ def test_global_sum_bits_on_cuda_matches_the_cpu(case, dtype):
 
 # --- the stream's threshold planes after a residual kernel (ops._stream_planes) -----------------------------------
 
-# (stream shape, planes): whole 32-channel words (the vector path; the rows' count not a multiple of a warp's
-# vectors), channels past a word (the word path), one channel, leading batch dims
-STREAM_PLANE_CASES = [((3, 5, 7, 64), 2), ((2, 9, 9, 96), 3), ((2, 4, 4, 70), 2), ((5, 1), 1), ((2, 3, 2, 2, 32), 8)]
+# (stream shape, planes). The rows kernel (whole 32-channel words, one or two planes): rows not a multiple of a
+# CTA's, a CTA's threads not a multiple of a row's vectors (96 channels), one row a CTA (2048 int16 channels; int32
+# ones take the word kernel), more rows than the grid's CTAs cover in one round. The word kernel: three and eight
+# planes, channels past a word, one channel. Leading batch dims.
+STREAM_PLANE_CASES = [((3, 5, 7, 64), 2), ((2, 9, 9, 96), 2), ((3, 2048), 1), ((5, 1024), 2), ((300000, 32), 2),
+                      ((2, 9, 9, 96), 3), ((2, 3, 2, 2, 32), 8), ((2, 4, 4, 70), 2), ((5, 1), 1)]
 
 
 @pytest.mark.parametrize("case", STREAM_PLANE_CASES, ids=lambda c: "x".join(map(str, c[0])) + f"_p{c[1]}")

@@ -1,11 +1,12 @@
-// The stream's threshold planes (StreamBitsKernel), a memory-bound pass: XLA's reduction over the 32 bits of each
-// word read a ResNet-18 stream (512 x 56 x 56 x 64 int16) at 0.7 TB/s (docs/design/decisions.md, "The residual
-// epilogue"). Where the rows are whole 32-channel words of 16-byte vectors (kVec > 1), a lane loads kVec
-// consecutive channels of the stream viewed as one array, 32 / kVec lanes hold a word and OR their bits together,
-// and a warp keeps kLoadsInFlight loads in flight; else a warp takes a (row, word) item and ballots its lanes'
-// bits.
+// The stream's threshold planes, a memory-bound pass: XLA's reduction over the 32 bits of each word read a
+// ResNet-18 stream (512 x 56 x 56 x 64 int16) at 0.7 TB/s (docs/design/decisions.md, "The residual epilogue").
+// Where rows are whole 32-channel words of 16-byte vectors and a CTA holds at least one row (StreamBitsRowsKernel),
+// each thread keeps one column of vectors: its channels' bounds sit in registers for the whole pass and it
+// streams rows with kLoadsInFlight loads in flight; else a warp takes a (row, word) item and ballots its lanes'
+// bits (StreamBitsWordKernel).
 #include "cuda/stream_bits.h"
 
+#include <climits>
 #include <cstdint>
 #include <type_traits>
 
@@ -13,10 +14,26 @@ namespace jaxbnn::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kLoadsInFlight = 4;  // per lane and round (vector path)
+constexpr int kLoadsInFlight = 4;  // rows per thread and round (rows kernel)
+constexpr int kMaxRowsKernelPlanes = 2;
 
 __device__ __forceinline__ bool Bit(int value, int threshold, bool flip) {
   return flip ? value <= threshold : value >= threshold;
+}
+
+// Bit(value, threshold, flip) as one range test, low <= value <= low + span, in wrapping 32-bit arithmetic.
+struct Bounds {
+  int low;
+  uint32_t span;
+};
+
+__device__ __forceinline__ Bounds BoundsOf(int threshold, bool flip) {
+  return flip ? Bounds{INT_MIN, static_cast<uint32_t>(threshold) - static_cast<uint32_t>(INT_MIN)}
+              : Bounds{threshold, static_cast<uint32_t>(INT_MAX) - static_cast<uint32_t>(threshold)};
+}
+
+__device__ __forceinline__ bool InBounds(int value, Bounds b) {
+  return static_cast<uint32_t>(value) - static_cast<uint32_t>(b.low) <= b.span;
 }
 
 // index / count, in 32 bits where the index fits (a 64-bit division is a long instruction sequence).
@@ -25,51 +42,57 @@ __device__ __forceinline__ long long RowOf(long long index, int count) {
   return index / count;
 }
 
-// The vector path: lane l of warp chunk u holds vector 32 u + l, channels kVec (32 u + l) .. of the flattened
-// stream; 32 % channels == 0 keeps a word's vectors in one row and in 32 / kVec consecutive lanes.
-template <typename T, int kVec>
-__global__ void __launch_bounds__(kThreads) StreamBitsVectorKernel(const StreamBitsProblem p) {
+// Thread t of a CTA holds vector column t % columns (channels kVec * column ..) of rows t / columns + k * stride:
+// channels % 32 == 0 keeps a word's 32 / kVec vectors in consecutive, aligned lanes of one warp, which OR their
+// bits together. Every thread of a CTA runs the same rounds (the shuffles take the whole warp).
+template <typename T, int kPlanes>
+__global__ void __launch_bounds__(kThreads) StreamBitsRowsKernel(const StreamBitsProblem p) {
   using Load = typename std::conditional<sizeof(T) == 2, uint4, int4>::type;
-  constexpr int kLanesPerWord = 32 / kVec;
-  const int lane = threadIdx.x % 32;
-  const long long vectors = p.rows * p.channels / kVec, chunks = (vectors + 31) / 32;
-  const long long warps = static_cast<long long>(gridDim.x) * (kThreads / 32);
-  const int words = p.channels / 32;
-  for (long long u0 = blockIdx.x * (kThreads / 32) + threadIdx.x / 32; u0 < chunks; u0 += kLoadsInFlight * warps) {
-    Load v[kLoadsInFlight] = {};
+  constexpr int kVec = 16 / sizeof(T), kLanesPerWord = 32 / kVec;
+  const int columns = p.channels / kVec, rows_per_cta = kThreads / columns;
+  const int column = threadIdx.x % columns, words = p.channels / 32, word = column / kLanesPerWord;
+  const bool active = threadIdx.x < rows_per_cta * columns;
+  const int lane_shift = kVec * (column % kLanesPerWord);
+  Bounds bounds[kPlanes][kVec];
+#pragma unroll
+  for (int plane = 0; plane < kPlanes; ++plane) {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      const int c = plane * p.channels + (active ? kVec * column + e : 0);
+      bounds[plane][e] = BoundsOf(__ldg(p.threshold + c), __ldg(p.flip + c) != 0);
+    }
+  }
+  const long long stride = static_cast<long long>(gridDim.x) * rows_per_cta;
+  const long long first_row = static_cast<long long>(blockIdx.x) * rows_per_cta + threadIdx.x / columns;
+  for (long long round = static_cast<long long>(blockIdx.x) * rows_per_cta; round < p.rows;
+       round += kLoadsInFlight * stride) {
+    const long long row0 = first_row + (round - static_cast<long long>(blockIdx.x) * rows_per_cta);
+    Load v[kLoadsInFlight];
 #pragma unroll
     for (int i = 0; i < kLoadsInFlight; ++i) {  // the loads first, then the bits
-      const long long vector = (u0 + i * warps) * 32 + lane;
-      if (vector < vectors) v[i] = __ldg(reinterpret_cast<const Load*>(p.stream) + vector);
+      const long long row = row0 + i * stride;
+      v[i] = active && row < p.rows
+                 ? __ldg(reinterpret_cast<const Load*>(static_cast<const T*>(p.stream) + row * p.channels) + column)
+                 : Load{};
     }
 #pragma unroll
     for (int i = 0; i < kLoadsInFlight; ++i) {
-      if (u0 + i * warps >= chunks) break;  // the same for the whole warp
-      const long long vector = (u0 + i * warps) * 32 + lane;
-      const bool real = vector < vectors;
-      const long long flat_word = real ? vector / (32 / kVec) : 0;  // the word's index in the flattened stream
-      const long long row = RowOf(flat_word, words);
-      const int col = 32 * static_cast<int>(flat_word - row * words) + kVec * (lane % kLanesPerWord);
-      int values[kVec];
+      const long long row = row0 + i * stride;
+      const bool real = active && row < p.rows;
       const uint32_t raw[4] = {static_cast<uint32_t>(v[i].x), static_cast<uint32_t>(v[i].y),
                                static_cast<uint32_t>(v[i].z), static_cast<uint32_t>(v[i].w)};
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        values[e] = sizeof(T) == 2 ? static_cast<int16_t>(raw[e / 2] >> (16 * (e % 2))) : static_cast<int>(raw[e]);
-      }
-      for (int plane = 0; plane < p.planes; ++plane) {
+      for (int plane = 0; plane < kPlanes; ++plane) {
         uint32_t bits = 0;
-        if (real) {
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) {
-            const int c = plane * p.channels + col + e;
-            bits |= static_cast<uint32_t>(Bit(values[e], __ldg(p.threshold + c), __ldg(p.flip + c) != 0)) << e;
-          }
+        for (int e = 0; e < kVec; ++e) {
+          const int value = sizeof(T) == 2 ? static_cast<int16_t>(raw[e / 2] >> (16 * (e % 2))) : static_cast<int>(raw[e]);
+          bits |= static_cast<uint32_t>(InBounds(value, bounds[plane][e])) << e;
         }
-        bits <<= kVec * (lane % kLanesPerWord);
+        bits = real ? bits << lane_shift : 0;
 #pragma unroll
         for (int offset = 1; offset < kLanesPerWord; offset *= 2) bits |= __shfl_xor_sync(0xffffffffu, bits, offset);
-        if (real && lane % kLanesPerWord == 0) p.out_bits[(row * p.planes + plane) * words + col / 32] = bits;
+        if (real && lane_shift == 0) p.out_bits[(row * kPlanes + plane) * words + word] = bits;
       }
     }
   }
@@ -94,24 +117,30 @@ __global__ void __launch_bounds__(kThreads) StreamBitsWordKernel(const StreamBit
   }
 }
 
-// Enough CTAs to fill the device a few times over; the warps stride over the rest.
-unsigned BlocksFor(long long warp_items) {
+// Enough CTAs to fill the device a few times over (at most `wanted`); the CTAs stride over the rest.
+unsigned BlocksFor(long long wanted) {
   int device = 0, sms = 132;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  const long long wanted = (warp_items + kThreads / 32 - 1) / (kThreads / 32);
   return static_cast<unsigned>(wanted < 8LL * sms ? (wanted > 0 ? wanted : 1) : 8LL * sms);
 }
 
 template <typename T>
 void Launch(const StreamBitsProblem& p, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
-  const bool vectors = p.channels % 32 == 0 && reinterpret_cast<uintptr_t>(p.stream) % 16 == 0;
-  if (vectors) {
-    const long long chunks = (p.rows * p.channels / kVec + 31) / 32;
-    StreamBitsVectorKernel<T, kVec><<<BlocksFor((chunks + kLoadsInFlight - 1) / kLoadsInFlight), kThreads, 0, stream>>>(p);
+  const bool rows = p.channels % 32 == 0 && p.channels / kVec <= kThreads && p.planes <= kMaxRowsKernelPlanes &&
+                    reinterpret_cast<uintptr_t>(p.stream) % 16 == 0;
+  if (rows) {
+    const int rows_per_cta = kThreads / (p.channels / kVec);
+    const unsigned blocks = BlocksFor((p.rows + kLoadsInFlight * rows_per_cta - 1) / (kLoadsInFlight * rows_per_cta));
+    if (p.planes == 1) {
+      StreamBitsRowsKernel<T, 1><<<blocks, kThreads, 0, stream>>>(p);
+    } else {
+      StreamBitsRowsKernel<T, 2><<<blocks, kThreads, 0, stream>>>(p);
+    }
   } else {
-    StreamBitsWordKernel<T><<<BlocksFor(p.rows * ((p.channels + 31) / 32)), kThreads, 0, stream>>>(p);
+    StreamBitsWordKernel<T><<<BlocksFor((p.rows * ((p.channels + 31) / 32) + kThreads / 32 - 1) / (kThreads / 32)),
+                              kThreads, 0, stream>>>(p);
   }
 }
 

@@ -5,7 +5,8 @@
 // (Epilogue::kResidual); `--image` checks only the first-layer kernel (LaunchImageConv: int8 levels, and the same
 // as uint8 pixels, against a CPU convolution); `--dense` checks only the convolutions of fewer than 32 channels
 // (the dense-tap kernel's and two of the word layout); `--global-pool` checks only the global pooling kernel
-// (LaunchGlobalSumBits, against a CPU sum); `--planes` checks only the bit epilogue's two threshold planes (the
+// (LaunchGlobalSumBits, against a CPU sum); `--stream-bits` checks only the stream's threshold planes
+// (LaunchStreamBits, against CPU comparisons); `--planes` checks only the bit epilogue's two threshold planes (the
 // full set of those cases; `--small-planes`: the small set's, a sanitizer workload of a few seconds);
 // `--time-image` times the first layer on the MNIST MLP's shape.
 // Exit status 0 only if every case matches.
@@ -28,6 +29,7 @@
 #include "cuda/binary_gemm.h"
 #include "cuda/global_pool.h"
 #include "cuda/image_conv.h"
+#include "cuda/stream_bits.h"
 
 using jaxbnn::cuda::BinaryGemmProblem;
 using jaxbnn::cuda::Epilogue;
@@ -1015,6 +1017,80 @@ std::vector<GlobalPoolCase> GlobalPoolCases() {
           {2, 7, 7, 512, 2}, {9, 8, 9, 64, 1},   {1, 13, 11, 40, 1}, {2, 1, 17, 31, 2}, {33, 7, 7, 128, 1}};
 }
 
+struct StreamBitsCase {
+  long long rows;
+  int channels, planes;
+  bool offset;  // the stream one element past a 16-byte boundary: the word kernel
+};
+
+// Runs one stream-bits case into poisoned bits (an int16 stream where narrow, else int32, over its whole range);
+// returns the number of wrong words. Thresholds at the values (ties) and the int32 limits, flipped channels.
+long RunStreamBitsCase(const StreamBitsCase& sc, bool narrow) {
+  const size_t count = static_cast<size_t>(sc.rows) * sc.channels, words = (sc.channels + 31) / 32;
+  std::vector<int32_t> values(count);
+  for (int32_t& v : values) v = narrow ? static_cast<int16_t>(rng()) : static_cast<int32_t>(rng());
+  std::vector<int32_t> threshold(static_cast<size_t>(sc.planes) * sc.channels);
+  std::vector<uint8_t> flip(threshold.size());
+  for (size_t i = 0; i < threshold.size(); ++i) {
+    const uint64_t r = rng();
+    const int32_t at = values[(r >> 8) % sc.rows * sc.channels + i % sc.channels];
+    threshold[i] = r % 13 == 0 ? INT32_MIN : r % 13 == 1 ? INT32_MAX : at + static_cast<int32_t>(r % 3) - 1;
+    flip[i] = (r >> 32) & 1;
+  }
+  std::vector<uint32_t> want(static_cast<size_t>(sc.rows) * sc.planes * words, 0);
+  for (size_t i = 0; i < count; ++i) {
+    const size_t row = i / sc.channels, c = i % sc.channels;
+    for (int pl = 0; pl < sc.planes; ++pl) {
+      const int32_t t = threshold[pl * sc.channels + c];
+      const bool bit = flip[pl * sc.channels + c] ? values[i] <= t : values[i] >= t;
+      want[(row * sc.planes + pl) * words + c / 32] |= static_cast<uint32_t>(bit) << (c % 32);
+    }
+  }
+  const size_t element = narrow ? 2 : 4, shift = sc.offset ? element : 0;
+  char* d_base = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_base, count * element + shift));
+  std::vector<int16_t> narrow_values(narrow ? count : 0);
+  for (size_t i = 0; i < narrow_values.size(); ++i) narrow_values[i] = static_cast<int16_t>(values[i]);
+  CHECK_CUDA(cudaMemcpy(d_base + shift, narrow ? static_cast<const void*>(narrow_values.data()) : values.data(),
+                        count * element, cudaMemcpyHostToDevice));
+  int32_t* d_threshold = ToDevice(threshold);
+  uint8_t* d_flip = ToDevice(flip);
+  uint32_t* d_bits = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_bits, want.size() * 4));
+  CHECK_CUDA(cudaMemset(d_bits, 0xA5, want.size() * 4));  // poison: unwritten words show
+  jaxbnn::cuda::StreamBitsProblem p;
+  p.stream = d_base + shift;
+  p.narrow = narrow;
+  p.threshold = d_threshold;
+  p.flip = d_flip;
+  p.out_bits = d_bits;
+  p.rows = sc.rows;
+  p.channels = sc.channels;
+  p.planes = sc.planes;
+  CHECK_CUDA(jaxbnn::cuda::LaunchStreamBits(p, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<uint32_t> got(want.size());
+  CHECK_CUDA(cudaMemcpy(got.data(), d_bits, got.size() * 4, cudaMemcpyDeviceToHost));
+  long wrong = 0;
+  for (size_t i = 0; i < want.size(); ++i) wrong += got[i] != want[i];
+  std::printf("stream bits %lldx%d planes %d %s%s: %ld / %zu wrong\n", sc.rows, sc.channels, sc.planes,
+              narrow ? "int16" : "int32", sc.offset ? " offset" : "", wrong, want.size());
+  for (void* d : {static_cast<void*>(d_base), static_cast<void*>(d_threshold), static_cast<void*>(d_flip),
+                  static_cast<void*>(d_bits)}) {
+    CHECK_CUDA(cudaFree(d));
+  }
+  return wrong;
+}
+
+// The rows kernel (whole words, one or two planes): rows past a CTA's, a CTA's threads not a multiple of a row's
+// vectors (96), one row a CTA (2048 int16 channels; int32's take the word kernel), more rows than one round of the
+// grid; the word kernel: three and eight planes, channels past a word, one channel, a stream off 16-byte alignment.
+std::vector<StreamBitsCase> StreamBitsCases() {
+  return {{105, 64, 2, false}, {162, 96, 2, false}, {3, 2048, 1, false}, {5, 1024, 2, false},
+          {300000, 32, 2, false}, {162, 96, 3, false}, {12, 32, 8, false}, {32, 70, 2, false},
+          {5, 1, 1, false}, {77, 64, 2, true}};
+}
+
 // The zoo's first layers at small sizes, odd shapes, the largest pool window, the extremes.
 std::vector<ImageCase> ImageCases() {
   return {
@@ -1135,6 +1211,14 @@ int main(int argc, char** argv) {
     std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
     return failures ? 1 : 0;
   }
+  if (mode == "--stream-bits") {  // the stream's threshold planes only
+    long failures = 0;
+    for (const StreamBitsCase& sc : StreamBitsCases()) {
+      for (bool narrow : {false, true}) failures += RunStreamBitsCase(sc, narrow) != 0;
+    }
+    std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
+    return failures ? 1 : 0;
+  }
   if (mode == "--residual") {  // the residual epilogue's cases only, on every engine
     long failures = 0;
     for (const ResidualCase& rc : ResidualCases()) {
@@ -1196,6 +1280,9 @@ int main(int argc, char** argv) {
   if (!dense && !planes_only) {
     for (const GlobalPoolCase& gc : GlobalPoolCases()) {
       for (bool narrow : {false, true}) failures += RunGlobalPoolCase(gc, narrow) != 0;
+    }
+    for (const StreamBitsCase& sc : StreamBitsCases()) {
+      for (bool narrow : {false, true}) failures += RunStreamBitsCase(sc, narrow) != 0;
     }
     for (const ResidualCase& rc : ResidualCases()) {
       for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
