@@ -1,7 +1,7 @@
 """Where a whole forward's time goes on the GPU itself: each kernel of a packed zoo forward and of its XLA
 bf16 contender, from the device's own record (jax.profiler), next to the host's dispatch of one forward.
 
-    python benchmarks/kernel_times.py [--models mnist-mlp mnist-conv] [--batches 8 1024] [--out PATH]
+    python benchmarks/kernel_times.py [--models mnist-mlp mnist-conv] [--batches 8 1024] [--mode tnn] [--out PATH]
 
 `model_bench.py` times forwards queued back to back: a forward whose kernels take less time than the host
 needs to dispatch it is paced by the host, and its per-node table cannot tell the two apart. Here one
@@ -9,8 +9,9 @@ forward (after warm-up) runs under `jax.profiler.trace`; its perfetto trace's de
 kernel's and copy's duration (`device us`: their sum; a forward replayed from XLA's command buffer leaves
 no gaps between them). `host us`: the median time one call takes to return on an idle queue (the host's
 dispatch of the whole forward). Where host us exceeds device us, queued forwards run at the host's pace.
-Batches: 8 and the TCBNN paper's (1024 for MNIST / CIFAR, 512 for ImageNet), unless --batches. The table
-replaces this script's section of the machine's results file (benchmarks/results/<gpu>.md).
+Batches: 8 and the TCBNN paper's (1024 for MNIST / CIFAR, 512 for ImageNet), unless --batches. --mode: the
+packed models' mode (bnn unless given: tnn, tbn, btn). The table replaces this script's section for the mode
+in the machine's results file (benchmarks/results/<gpu>.md).
 """
 
 from __future__ import annotations
@@ -79,14 +80,14 @@ def profile(compiled, args) -> dict:
     return {"kernels": kernels, "device_us": sum(d for _, d in kernels), "host_us": statistics.median(host) * 1e6}
 
 
-def measure(name: str, batches) -> list[dict]:
-    packed = model_bench.packed_contender(name, "bnn", "sm90")
+def measure(name: str, batches, mode: str = "bnn") -> list[dict]:
+    packed = model_bench.packed_contender(name, mode, "sm90")
     bf16 = model_bench.float_contenders(name)[0]
     plan = model_bench.plan_for(name, "gpu")
     rows = []
     for batch in batches or (plan.latency_batch, plan.large_batch):
         images = model_bench.random_images(batch, packed.input_shape, seed=batch)
-        row = {"model": name, "batch": batch}
+        row = {"model": name, "batch": batch, "mode": mode}
         for key, c in (("packed", packed), ("bf16", bf16)):
             compiled = c.forward.lower(c.params, images).compile()
             row[key] = profile(compiled, (c.params, images))
@@ -109,7 +110,7 @@ def summary_table(rows) -> str:
 
 def kernel_table(row) -> str:
     p = row["packed"]
-    lines = [f"{row['model']}, batch {row['batch']}, packed bnn ({p['device_us']:.1f} us on the device):", "",
+    lines = [f"{row['model']}, batch {row['batch']}, packed {row['mode']} ({p['device_us']:.1f} us on the device):", "",
              "| # | kernel | us | share |", "|---|---|---|---|"]
     for i, (name, us) in enumerate(p["kernels"]):
         share = us / p["device_us"] if p["device_us"] else 0.0
@@ -117,9 +118,13 @@ def kernel_table(row) -> str:
     return "\n".join(lines)
 
 
-def section(header, rows) -> str:
+def section_name(mode: str) -> str:
+    return SECTION if mode == "bnn" else f"{SECTION} {mode}"
+
+
+def section(header, rows, mode: str = "bnn") -> str:
     parts = [*header, "",
-             "One forward of each zoo model (bnn, random-init eval mode, random uint8 images) under jax.profiler:",
+             f"One forward of each zoo model ({mode}, random-init eval mode, random uint8 images) under jax.profiler:",
              "the device's kernels and copies (`device us`, their sum) and the host's dispatch of one call on an",
              "idle queue (`host us`, median of 100). A forward whose host us exceeds its device us runs, queued,",
              "at the host's pace (`model_bench.py`'s figures). XLA bf16: the same architecture as",
@@ -133,16 +138,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=sorted(model_bench.MODEL_BUILDERS), default=list(DEFAULT_MODELS))
     parser.add_argument("--batches", type=int, nargs="+", help="default: 8 and each model's TCBNN batch")
+    parser.add_argument("--mode", choices=("bnn", "tnn", "tbn", "btn"), default="bnn")
     parser.add_argument("--out", help="the results file whose section this run replaces")
     parser.add_argument("--commit", default="")
     args = parser.parse_args()
     out, machine, header = results_file.gpu_run(parser, args)
     rows = []
     for name in args.models:
-        rows += measure(name, args.batches)
-        results_file.write_section(out, SECTION, section(header, rows), machine)
-    print(section(header, rows))
-    print(f"(written to {out}, section {SECTION})")
+        rows += measure(name, args.batches, args.mode)
+        results_file.write_section(out, section_name(args.mode), section(header, rows, args.mode), machine)
+    print(section(header, rows, args.mode))
+    print(f"(written to {out}, section {section_name(args.mode)})")
 
 
 if __name__ == "__main__":
