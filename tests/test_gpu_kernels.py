@@ -740,13 +740,16 @@ def test_ternary_bconv2d_on_cuda_matches_the_cpu_kernels(engine, mode, case):
 
 # Ternary and mixed residual blocks' second convolutions: the side-by-side binary product through the residual
 # epilogue (ResNet-18's 64-channel block: TBN's 128 side-by-side channels on the band kernel, TNN's 256 on the
-# resident one; a type-A shortcut at 128 channels; odd channels with "one" padding; 256 channels at 7 x 7).
+# resident one; a type-A shortcut at 128 channels; odd channels with "one" padding; 256 channels at 7 x 7, TNN's
+# 1024 past the resident kernel's weights: the persistent one; ResNet-18's last block with a type-A shortcut, TNN's
+# and TBN's 2048 and 1024 side-by-side channels on the persistent kernel).
 # (batch, H, W, C, O, pad_value, shortcut (SH, SW, SC), shortcut stride, shift)
 TERNARY_RESIDUAL_CASES = [
     (3, 17, 24, 64, 64, "zero", (17, 24, 64), 1, 0),
     (2, 16, 16, 128, 128, "zero", (32, 31, 64), 2, 1),
     (2, 9, 11, 40, 70, "one", (9, 11, 70), 1, 2),
     (2, 7, 7, 256, 256, "zero", (7, 7, 256), 1, 0),
+    (2, 7, 7, 512, 512, "zero", (14, 13, 256), 2, 0),
 ]
 
 

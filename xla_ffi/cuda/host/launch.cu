@@ -77,7 +77,7 @@ cudaError_t Launch(LaunchPlan& plan, cudaStream_t stream) {
   // the kernels' parameters, in their order
   void* classic[] = {&plan.p, &plan.div, &plan.m_tiles, &plan.n_tiles, &plan.residual};
   void* persistent[] = {&plan.p, &plan.a_map, &plan.w_map, &plan.weights_by_tma, &plan.div,
-                        &plan.m_pairs, &plan.n_tiles, &plan.runs};
+                        &plan.m_pairs, &plan.n_tiles, &plan.runs, &plan.residual};
   void* resident[] = {&plan.p, &plan.a_map, &plan.w_map, &plan.div, &plan.m_tiles, &plan.ctas_per_column,
                       &plan.residual};
   void* band[] = {&plan.p, &plan.a_map, &plan.band, &plan.residual};

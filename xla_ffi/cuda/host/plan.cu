@@ -266,8 +266,8 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
   return true;
 }
 
-// Clusters of two CTAs over pairs of row tiles: persistent (one CTA per SM) unless the pooled epilogue
-// needs one tile per CTA.
+// Clusters of two CTAs over pairs of row tiles: persistent (one CTA per SM) unless the pooled epilogue or the
+// int16 stream's residual one stages its tile in the pipeline's stages and so needs one tile per CTA.
 LaunchPlan PlanPersistent(const BinaryGemmProblem& p, const DeviceInfo& info) {
   LaunchPlan plan;
   plan.kind = LaunchPlan::Kind::kPersistent;
@@ -275,7 +275,8 @@ LaunchPlan PlanPersistent(const BinaryGemmProblem& p, const DeviceInfo& info) {
   const long long m_pairs = (TilesOfRows(p, kWgRows) + kWgCluster - 1) / kWgCluster;
   const long long n_tiles = (p.n + kWgCols - 1) / kWgCols;
   const long long pairs = m_pairs * n_tiles;
-  const long long max_clusters = p.pool_h * p.pool_w > 1 ? pairs : info.sms / kWgCluster;
+  const bool residual = p.epilogue == Epilogue::kResidualInt16;
+  const long long max_clusters = p.pool_h * p.pool_w > 1 || residual ? pairs : info.sms / kWgCluster;
   const long long clusters = pairs < max_clusters ? pairs : max_clusters;
   // ctas 0: too many tiles (refused at launch)
   plan.ctas = pairs > INT_MAX || clusters * kWgCluster > INT_MAX ? 0 : static_cast<unsigned>(clusters * kWgCluster);
@@ -292,8 +293,8 @@ LaunchPlan PlanPersistent(const BinaryGemmProblem& p, const DeviceInfo& info) {
                                   static_cast<long long>(p.w_row_tiles) * p.w_k_tiles * 128;
   plan.runs = operand_bytes <= (24ll << 20);
   // one short K block (unpooled, by cp.async): 1 or 3 k256 steps (K <= 8 or 24 words)
-  const bool short_k = layout == ALayout::kCoreMatrices && p.k_words <= 24 && p.pool_h * p.pool_w == 1;
-  plan.kernel = PersistentWgmmaKernelInstance(layout, !short_k ? 4 : p.k_words <= 8 ? 1 : 3);
+  const bool short_k = layout == ALayout::kCoreMatrices && p.k_words <= 24 && p.pool_h * p.pool_w == 1 && !residual;
+  plan.kernel = PersistentWgmmaKernelInstance(layout, !short_k ? 4 : p.k_words <= 8 ? 1 : 3, residual);
   plan.threads = kWgThreads;
   plan.smem = kWgSmemBytes;
   // Programmatic dependent launch: the CTAs' start-up (barrier init, cluster sync: ~1.3 us in a clock64
@@ -328,8 +329,9 @@ LaunchPlan Plan(BinaryGemmProblem p, KernelPath path, const DeviceInfo& info) {
     case KernelPath::kWgmma: {
       if (LaunchPlan plan; PlanBand(p, info, plan)) return plan;
       if (LaunchPlan plan; PlanResident(p, info, plan)) return plan;
-      if (!residual) return PlanPersistent(p, info);
-      run = KernelPath::kMmaSync;  // the persistent kernel has no residual instance
+      // the persistent kernel's residual instances take the int16 stream only
+      if (!residual || p.epilogue == Epilogue::kResidualInt16) return PlanPersistent(p, info);
+      run = KernelPath::kMmaSync;
       [[fallthrough]];
     }
     case KernelPath::kMmaSync:

@@ -7,6 +7,9 @@
 // Activations: one TMA tensor copy per stage (128B swizzle) when the rows of A are rows of a matrix
 // (bmm, 1x1 stride-1 convolutions), else cp.async by the producer warpgroup with the implicit-GEMM
 // addressing (zero fill of out-of-frame taps).
+// The residual instances run the int16 stream's residual epilogue where the resident kernel cannot hold a column
+// tile's weights (a 3x3 convolution past C = 512 bits of reduction a column: the side-by-side products of ternary
+// layers): one tile per CTA, whose shortcut is staged in the pipeline's stages once the tile's copies have landed.
 #include "cuda/kernels/wgmma_persistent.h"
 
 #include <cstdint>
@@ -187,6 +190,42 @@ __device__ __forceinline__ void StoreStagedTile(const BinaryGemmProblem& p, uint
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
   StoreTile<kWgRows, kWgCols, kWgLd, 256>(p, acc_tile, popc_a, cols, origins, tile_m, col0, ctid);
 }
+
+// The int16 stream's residual epilogue of consumer warpgroup `half`, one tile per CTA (PlanPersistent): every copy
+// of the tile has landed (the consumers waited for all of them) and both warpgroups' wgmmas are done, so the stages
+// are free for each consumer warp's shortcut stage (StageShortcut) and the tile's StreamColumns, which the stages
+// leave no room for beside them. The shortcut's copies are issued after the MMAs (the resident kernel issues them
+// before): its latency is the price of running on the tensor cores at all (else the mma.sync engine).
+__device__ __forceinline__ void StoreStagedResidualTile(const BinaryGemmProblem& p, const ResidualOperands& residual,
+                                                        uint8_t* smem, const int (&acc)[128], const int* popc_a,
+                                                        const int8_t* row_correction, const TileColumns<kWgCols>& cols,
+                                                        const LaunchDivisors& div, int tile_m, int col0, int half,
+                                                        int ctid, int wtid) {
+  constexpr int kConsumerWarps = (kWgThreads - 128) / 32;
+  static_assert(kConsumerWarps * kStagedWarpBytes<kWgCols> + sizeof(StreamColumns<kWgCols>) <= kWgStages * kWgStageBytes,
+                "the shortcut stages and the stream columns fit the pipeline's stages");
+  uint8_t* stage = smem + (ctid / 32) * kStagedWarpBytes<kWgCols>;
+  auto& stream = *reinterpret_cast<StreamColumns<kWgCols>*>(smem + kConsumerWarps * kStagedWarpBytes<kWgCols>);
+  const long long warp_row = static_cast<long long>(tile_m) * kWgRows + 64 * half + 16 * (wtid / 32);
+  auto shortcut_of = [&](int i, long long& at) {
+    const long long row = warp_row + i;
+    if (row >= p.pooled_rows) return false;
+    if (residual.stride == 1) {
+      at = row * residual.channels;
+    } else {  // the launch's divisors, as the resident kernel
+      const int pixel = static_cast<int>(row), b = Quotient(pixel, div.image_pixels);
+      const int in_image = pixel - b * div.image_pixels.divisor, oh = Quotient(in_image, div.out_w);
+      at = ShortcutOffsetAt(residual, b, oh, in_image - oh * div.out_w.divisor);
+    }
+    return true;
+  };
+  StageShortcut<kWgCols, false>(p, residual, stage, shortcut_of, col0, min(kWgCols, p.n - col0), wtid % 32);
+  FillStreamColumn(p, stream, col0, ctid);
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the stream columns
+  WaitStagedShortcut();
+  StoreStagedResidualAccumulators(p, residual, acc, popc_a, row_correction, cols, stage, stream, tile_m, col0, half,
+                                  wtid);
+}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // The persistent wgmma kernel: over tile pairs (one pair per cluster and step) unless the epilogue pools, which
@@ -211,11 +250,13 @@ __device__ __forceinline__ void StoreStagedTile(const BinaryGemmProblem& p, uint
 // out of the tile loop and spilled it (ncu, 16384^3 BMM: local-memory reloads at every tile end; +6% with
 // the re-read); the convolution layouts keep it: the re-read moved their register allocation, and they ran
 // 3-5% slower with it.
-template <ALayout kLayout, int kSteps = 4>
+// kResidual: the int16 stream's residual epilogue (Epilogue::kResidualInt16, StoreStagedResidualTile), one tile pair
+// per cluster as the pooled epilogue; `residual` is read by those instances only.
+template <ALayout kLayout, int kSteps = 4, bool kResidual = false>
 __global__ void __launch_bounds__(kWgThreads, 1)
     WgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map,
                 const __grid_constant__ CUtensorMap w_map, bool weights_by_tma, const LaunchDivisors div,
-                int m_pairs, int n_tiles, bool runs) {
+                int m_pairs, int n_tiles, bool runs, const ResidualOperands residual) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Traits = PersistentWgmmaTraits<kLayout, kSteps>;
   constexpr bool kTensorA = Traits::kTensorA;
@@ -288,7 +329,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the previous epilogue is done with cols and popc_a
     // The border-class corrections stay while the column tile does; filled before the accumulators are live.
     const bool new_columns = tile_n != staged_tile_n;
-    if (new_columns && p.correction_table) FillCorrectionTable<kWgCols>(p, cols, col0, ctid);
+    // kResidual: the table's entries hold 2 popc(b) too, as the narrow residual epilogue reads them
+    if (new_columns && p.correction_table) FillCorrectionTable<kWgCols>(p, cols, col0, ctid, 0, 1, false, {}, kResidual);
     if (new_columns && p.edge_table) FillEdgeTable<kWgCols>(p, cols, col0, ctid);
     staged_tile_n = tile_n;
     int acc[128];
@@ -308,6 +350,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       if (kb == fill_kb && new_columns) {
         FillTileColumn<kWgCols>(p, cols, col0, ctid);
         if (class_bounds) AddBoundsToClasses(p, cols, ctid);
+        // without the table: row 0 as the narrow residual epilogue reads it, 2 popc(b)
+        if (kResidual && !p.correction_table) cols.correction[0][ctid] = 2 * cols.popc_b[ctid];
       }
       // each warpgroup its own 64 rows' corrections ("zero" padding; read by the unpooled epilogue only)
       if (kb == 0 && !p.pad_one && !staged && wtid < 64) {
@@ -324,6 +368,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const int epilogue_wtid = kLayout == ALayout::kSwizzledRows ? FreshThreadIndex() % 128 : wtid;
     if (const int row = RowOfPopcount<64, 128>(epilogue_wtid); row >= 0) popc_a[64 * half + row] = row_popc;
     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // popc_a, row_correction, cols complete; all wgmmas done
+    if constexpr (kResidual) {
+      StoreStagedResidualTile(p, residual, smem, acc, popc_a, row_correction, cols, div, tile_m, col0, half, ctid, wtid);
+      continue;
+    }
     if (!staged) {
       // tiles of at most 128 columns (N <= 128, or the last column tile) store half the accumulators
       StoreAccumulators(p, acc, popc_a, row_correction, cols, tile_m, col0, half, epilogue_wtid,
@@ -337,7 +385,14 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #endif
 }
 
-const void* PersistentWgmmaKernelInstance(ALayout layout, int steps) {
+const void* PersistentWgmmaKernelInstance(ALayout layout, int steps, bool residual) {
+  if (residual) {
+    const auto kernel = layout == ALayout::kSwizzledRows ? WgmmaKernel<ALayout::kSwizzledRows, 4, true>
+                        : layout == ALayout::kChunkSlabs ? WgmmaKernel<ALayout::kChunkSlabs, 4, true>
+                        : layout == ALayout::kTapRows    ? WgmmaKernel<ALayout::kTapRows, 4, true>
+                                                         : WgmmaKernel<ALayout::kCoreMatrices, 4, true>;
+    return reinterpret_cast<const void*>(kernel);
+  }
   const auto kernel = layout == ALayout::kSwizzledRows ? WgmmaKernel<ALayout::kSwizzledRows>
                       : layout == ALayout::kChunkSlabs ? WgmmaKernel<ALayout::kChunkSlabs>
                       : layout == ALayout::kTapRows    ? WgmmaKernel<ALayout::kTapRows>

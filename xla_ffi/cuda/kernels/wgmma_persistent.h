@@ -5,7 +5,8 @@
 
 namespace jaxbnn::cuda {
 
-// WgmmaKernel<layout, 4>, or for one short K block by cp.async (layout kCoreMatrices) <kCoreMatrices, steps>.
-const void* PersistentWgmmaKernelInstance(ALayout layout, int steps);
+// WgmmaKernel<layout, 4>, or for one short K block by cp.async (layout kCoreMatrices) <kCoreMatrices, steps>;
+// residual: the instance with the int16 stream's residual epilogue (4 steps, any K), which the others do not run.
+const void* PersistentWgmmaKernelInstance(ALayout layout, int steps, bool residual);
 
 }  // namespace jaxbnn::cuda

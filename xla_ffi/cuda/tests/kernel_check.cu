@@ -421,7 +421,11 @@ long RunResidualCase(const ResidualCase& rc, KernelPath path, bool narrow) {
 // element by element; C = 512 on 128-column tiles, the 256-column ones too large with their stages), the
 // dense-tap kernel (C = 16), a stride-2 shortcut with fewer channels (type A), odd N, "one" padding, shifts, no
 // bits; the narrow epilogue's general form: the band kernel's rows of 70 values (no 8-byte stores), a 7x7 filter
-// on the resident kernel (no class table: border rows sum their own corrections).
+// on the resident kernel (no class table: border rows sum their own corrections). Reductions past the resident
+// kernel's weights (a ternary layer's side-by-side channels, 1024 and 2048) on the persistent kernel's int16
+// instances: one row tile (its pair's second empty), seven pairs with a stride-2 shortcut and "one" padding, two
+// column tiles (N = 300) with a shortcut of 296 channels, a shortcut of 77 channels element by element without bits,
+// a stride-2 convolution (cp.async activations).
 std::vector<ResidualCase> ResidualCases() {
   return {
       {{3, 17, 24, 64, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 64, 0, true},
@@ -439,6 +443,11 @@ std::vector<ResidualCase> ResidualCases() {
       {{2, 9, 9, 32, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true}, 1, 32, 1, true},
       {{2, 9, 11, 128, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 70, 0, true},
       {{2, 10, 9, 128, 64, 7, 7, 1, 1, 3, 3, 3, 3, 1, 1, false}, 1, 64, 1, true},
+      {{2, 7, 7, 1024, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 512, 1, true},
+      {{9, 14, 14, 1024, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true}, 2, 128, 2, true},
+      {{3, 7, 7, 2048, 300, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 296, 0, true},
+      {{2, 7, 7, 1024, 100, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 77, 3, false},
+      {{2, 14, 14, 1024, 128, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false}, 1, 128, 0, true},
   };
 }
 
