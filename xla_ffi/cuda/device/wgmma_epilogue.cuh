@@ -553,6 +553,29 @@ __device__ __forceinline__ void StoreAccumulators(const BinaryGemmProblem& p, co
   StoreAccumulatorRows(p, acc, rows, cols, col0, t, narrow);
 }
 
+// StageShortcut of a wgmma kernel's consumer warp: the 16 rows of warp wtid / 32 of warpgroup `half` in row tile
+// tile_m, each row's shortcut element found with the launch's divisors (ShortcutOffset's divisions per copy: 10-20%
+// of the kernel's time).
+template <int kCols>
+__device__ __forceinline__ void StageWarpShortcut(const BinaryGemmProblem& p, const ResidualOperands& residual,
+                                                  const LaunchDivisors& div, uint8_t* stage, int tile_m, int col0,
+                                                  int half, int wtid) {
+  const long long warp_row = static_cast<long long>(tile_m) * kWgRows + 64 * half + 16 * (wtid / 32);
+  auto shortcut_of = [&](int i, long long& at) {
+    const long long row = warp_row + i;
+    if (row >= p.pooled_rows) return false;
+    if (residual.stride == 1) {
+      at = row * residual.channels;
+    } else {
+      const int pixel = static_cast<int>(row), b = Quotient(pixel, div.image_pixels);
+      const int in_image = pixel - b * div.image_pixels.divisor, oh = Quotient(in_image, div.out_w);
+      at = ShortcutOffsetAt(residual, b, oh, in_image - oh * div.out_w.divisor);
+    }
+    return true;
+  };
+  StageShortcut<kCols, false>(p, residual, stage, shortcut_of, col0, min(kCols, p.n - col0), wtid % 32);
+}
+
 // StoreAccumulators with the narrow stream's residual epilogue (the resident kernel's kResidual instances), the
 // shortcut of this thread's warp staged at `stage` (StageShortcut<2 kAcc>) and the tile's StreamColumns; the rows
 // as StoreAccumulators sets them up.

@@ -206,20 +206,7 @@ __device__ __forceinline__ void StoreStagedResidualTile(const BinaryGemmProblem&
                 "the shortcut stages and the stream columns fit the pipeline's stages");
   uint8_t* stage = smem + (ctid / 32) * kStagedWarpBytes<kWgCols>;
   auto& stream = *reinterpret_cast<StreamColumns<kWgCols>*>(smem + kConsumerWarps * kStagedWarpBytes<kWgCols>);
-  const long long warp_row = static_cast<long long>(tile_m) * kWgRows + 64 * half + 16 * (wtid / 32);
-  auto shortcut_of = [&](int i, long long& at) {
-    const long long row = warp_row + i;
-    if (row >= p.pooled_rows) return false;
-    if (residual.stride == 1) {
-      at = row * residual.channels;
-    } else {  // the launch's divisors, as the resident kernel
-      const int pixel = static_cast<int>(row), b = Quotient(pixel, div.image_pixels);
-      const int in_image = pixel - b * div.image_pixels.divisor, oh = Quotient(in_image, div.out_w);
-      at = ShortcutOffsetAt(residual, b, oh, in_image - oh * div.out_w.divisor);
-    }
-    return true;
-  };
-  StageShortcut<kWgCols, false>(p, residual, stage, shortcut_of, col0, min(kWgCols, p.n - col0), wtid % 32);
+  StageWarpShortcut<kWgCols>(p, residual, div, stage, tile_m, col0, half, wtid);
   FillStreamColumn(p, stream, col0, ctid);
   asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the stream columns
   WaitStagedShortcut();

@@ -295,20 +295,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     int previous_stage = 0;
     const uint64_t desc_ones = OperandDescriptor(SmemAddress(ones), 128, 256);
     if constexpr (kResidual) {  // the shortcut of the warp's 16 rows, copied while the tile's wgmmas run
-      const long long warp_row = static_cast<long long>(tile_m) * kWgRows + 64 * half + 16 * (wtid / 32);
-      auto shortcut_of = [&](int i, long long& at) {
-        const long long row = warp_row + i;
-        if (row >= p.pooled_rows) return false;
-        if (residual.stride == 1) {
-          at = row * residual.channels;
-        } else {  // the launch's divisors (ShortcutOffset's divisions per copy: 10-20% of the kernel's time)
-          const int pixel = static_cast<int>(row), b = Quotient(pixel, div.image_pixels);
-          const int in_image = pixel - b * div.image_pixels.divisor, oh = Quotient(in_image, div.out_w);
-          at = ShortcutOffsetAt(residual, b, oh, in_image - oh * div.out_w.divisor);
-        }
-        return true;
-      };
-      StageShortcut<kCols, false>(p, residual, stage, shortcut_of, col0, min(kCols, p.n - col0), wtid % 32);
+      StageWarpShortcut<kCols>(p, residual, div, stage, tile_m, col0, half, wtid);
     }
     for (int kb = 0; kb < k_blocks; ++kb) {
       BarrierWait(ResidentBarrier(full0, half, at.stage), at.phase);

@@ -954,6 +954,20 @@ long RunImageCase(const ImageCase& ic, bool pixels) {
   return wrong;
 }
 
+// Thresholds of `planes` planes over the columns of `values` ((rows, channels)): a random row's value, one below or
+// above it (ties), 1 in 13 at each int32 limit; random flips.
+void RandomThresholdsAt(const std::vector<int32_t>& values, size_t rows, int channels, int planes,
+                        std::vector<int32_t>& threshold, std::vector<uint8_t>& flip) {
+  threshold.assign(static_cast<size_t>(planes) * channels, 0);
+  flip.assign(threshold.size(), 0);
+  for (size_t i = 0; i < threshold.size(); ++i) {
+    const uint64_t r = rng();
+    const int32_t at = values[(r >> 8) % rows * channels + i % channels];
+    threshold[i] = r % 13 == 0 ? INT32_MIN : r % 13 == 1 ? INT32_MAX : at + static_cast<int32_t>(r % 3) - 1;
+    flip[i] = (r >> 32) & 1;
+  }
+}
+
 struct GlobalPoolCase {
   int batch, h, w, c, planes;
 };
@@ -969,14 +983,9 @@ long RunGlobalPoolCase(const GlobalPoolCase& gc, bool narrow) {
     const size_t b = i / (pixels * gc.c), c = i % gc.c;
     sums[b * gc.c + c] = static_cast<int32_t>(static_cast<uint32_t>(sums[b * gc.c + c]) + static_cast<uint32_t>(values[i]));
   }
-  std::vector<int32_t> threshold(static_cast<size_t>(gc.planes) * gc.c);
-  std::vector<uint8_t> flip(threshold.size());
-  for (size_t i = 0; i < threshold.size(); ++i) {
-    const uint64_t r = rng();
-    const int32_t at = sums[(r >> 8) % gc.batch * gc.c + i % gc.c];
-    threshold[i] = r % 13 == 0 ? INT32_MIN : r % 13 == 1 ? INT32_MAX : at + static_cast<int32_t>(r % 3) - 1;
-    flip[i] = (r >> 32) & 1;
-  }
+  std::vector<int32_t> threshold;
+  std::vector<uint8_t> flip;
+  RandomThresholdsAt(sums, gc.batch, gc.c, gc.planes, threshold, flip);
   std::vector<uint32_t> want(gc.batch * gc.planes * words, 0);
   for (int b = 0; b < gc.batch; ++b) {
     for (int pl = 0; pl < gc.planes; ++pl) {
@@ -1038,14 +1047,9 @@ long RunStreamBitsCase(const StreamBitsCase& sc, bool narrow) {
   const size_t count = static_cast<size_t>(sc.rows) * sc.channels, words = (sc.channels + 31) / 32;
   std::vector<int32_t> values(count);
   for (int32_t& v : values) v = narrow ? static_cast<int16_t>(rng()) : static_cast<int32_t>(rng());
-  std::vector<int32_t> threshold(static_cast<size_t>(sc.planes) * sc.channels);
-  std::vector<uint8_t> flip(threshold.size());
-  for (size_t i = 0; i < threshold.size(); ++i) {
-    const uint64_t r = rng();
-    const int32_t at = values[(r >> 8) % sc.rows * sc.channels + i % sc.channels];
-    threshold[i] = r % 13 == 0 ? INT32_MIN : r % 13 == 1 ? INT32_MAX : at + static_cast<int32_t>(r % 3) - 1;
-    flip[i] = (r >> 32) & 1;
-  }
+  std::vector<int32_t> threshold;
+  std::vector<uint8_t> flip;
+  RandomThresholdsAt(values, sc.rows, sc.channels, sc.planes, threshold, flip);
   std::vector<uint32_t> want(static_cast<size_t>(sc.rows) * sc.planes * words, 0);
   for (size_t i = 0; i < count; ++i) {
     const size_t row = i / sc.channels, c = i % sc.channels;
