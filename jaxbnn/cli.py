@@ -7,11 +7,14 @@ it in ``COMMANDS``.
 
 from __future__ import annotations
 
+import _thread
 import argparse
+import contextlib
 import errno
 import importlib
 import math
 import sys
+import threading
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -426,10 +429,34 @@ def describe(error: BaseException) -> str:
     return str(error)
 
 
+@contextlib.contextmanager
+def interrupts_kept():
+    """Ctrl-C always stops the command. Python drops an exception raised in a garbage-collection callback (jax
+    registers one) after printing "Exception ignored", so a KeyboardInterrupt that lands there would be lost and
+    the command would run on; this hands it back to the main thread instead. From another thread, a moment
+    later: delivered at once, it was raised inside this hook, where Python drops it the same way."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            redelivery = threading.Timer(0.01, _thread.interrupt_main)
+            redelivery.daemon = True
+            redelivery.start()
+        else:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
+        with interrupts_kept():
+            return args.run(args)
     except (ValueError, OSError, FloatingPointError) as error:
         print(f"jaxbnn {args.command}: error: {describe(error)}", file=sys.stderr)
         return 2

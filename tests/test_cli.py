@@ -1,6 +1,7 @@
 """The command line as a user meets it: help that explains the options, --version, one-line errors for
 bad paths, Ctrl-C without a traceback, no files left behind, and the bench table."""
 
+import gc
 import os
 import signal
 import subprocess
@@ -130,6 +131,26 @@ def interrupt_after(argv, cwd, line_start: str) -> subprocess.CompletedProcess:
     finally:
         process.kill()
     return subprocess.CompletedProcess(argv, process.returncode, "".join(lines) + stdout, stderr)
+
+
+def test_ctrl_c_that_lands_in_a_garbage_collection_callback_still_stops_training(tmp_path, capsys):
+    """Python drops a KeyboardInterrupt raised in a gc callback (jax registers one): the command still stops."""
+    interrupted = []
+
+    def ctrl_c_at_the_first_collection(phase, info):
+        if phase == "start" and not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    gc.callbacks.append(ctrl_c_at_the_first_collection)
+    try:
+        status = cli.main(["train", "--epochs", "2", "--width", "0.125", "--no-progress", "--out", str(tmp_path / "run")])
+    finally:
+        gc.callbacks.remove(ctrl_c_at_the_first_collection)
+        signal.signal(signal.SIGINT, previous)
+    assert interrupted and status == 130
+    assert "jaxbnn train: interrupted" in capsys.readouterr().err
 
 
 def test_ctrl_c_during_training_says_how_to_resume_and_the_advice_holds(tmp_path):
