@@ -84,13 +84,16 @@ struct BinaryGemmProblem {
 // shortcut[b, s oh, s ow, col] (0 for col >= channels), the shortcut (batch, height, width, channels) of the
 // stream's type (int32; int16 with kResidualInt16) taken every s = stride pixels (ceil(height / s) = out_h,
 // ceil(width / s) = out_w, channels <= n); with
-// `bits` (else null) also the stream's bits (pooled_rows, ceil(n/32)) against the problem's threshold / flip:
-// out >= threshold (out <= threshold where flip). A kernel parameter after the problem's, so that the other
-// epilogues' kernels keep their parameters (and their machine code) as they are.
+// `bits` (else null) also the stream's bits (pooled_rows, planes, ceil(n/32)) against the problem's threshold /
+// flip (planes, n): plane q's bit is out >= threshold[q n + col] (<= where flip). A ternary conv1 after the block
+// takes two planes: the wgmma kernels' staged epilogue (int16 stream) writes both from the sum; elsewhere the
+// launcher writes them by a stream-bits pass after the kernel. A kernel parameter after the problem's, so that
+// the other epilogues' kernels keep their parameters (and their machine code) as they are.
 struct ResidualOperands {
   const void* shortcut = nullptr;  // int32, or int16 with Epilogue::kResidualInt16 (as the output)
   int height = 0, width = 0, channels = 0, stride = 1, shift = 0;
   uint32_t* bits = nullptr;
+  int planes = 1;  // the stream bits' threshold planes: 1 to kMaxBitsPlanes
 };
 
 // The largest pool window (pool_h * pool_w) the kernels take: a window must fit in one CTA's rows.

@@ -222,7 +222,8 @@ __device__ __forceinline__ void StageShortcut(const BinaryGemmProblem& p, const 
 }
 
 // The narrow stream's thresholds of a tile's columns, filled once per CTA (FillStreamColumn): a stream value's bit
-// is (value >= bound[lc]) XOR bit lc % 32 of flip_word[lc / 32], since flip's value <= t is the negation of value
+// in plane q is (value >= bound) XOR bit lc % 32 of flip_word[q][lc / 32], bound = bound[lc] in plane 0 and
+// second_bound[lc] in plane 1 (ResidualOperands::planes == 2), since flip's value <= t is the negation of value
 // >= t + 1. The threshold is clamped to the int16 range plus one first (no bit changes). Past N or without
 // thresholds, a bound above every int16 value and no flip: never a bit. Kept in shared memory for the tile
 // epilogues: read from global memory per value (StreamBitOf), the thresholds took a quarter of the band kernel's
@@ -230,26 +231,29 @@ __device__ __forceinline__ void StageShortcut(const BinaryGemmProblem& p, const 
 template <int kCols>
 struct StreamColumns {
   int bound[kCols];
-  uint32_t flip_word[kCols / 32];
+  int second_bound[kCols];
+  uint32_t flip_word[kMaxBitsPlanes][kCols / 32];
 };
 inline constexpr int kNoStreamBit = 1 << 16;
 
-// Fills local column lc (global col0 + lc) of `columns`. Called by whole warps for 32 consecutive columns (the
-// flip words are ballots).
+// Fills local column lc (global col0 + lc) of `columns` for `planes` threshold planes (1 or 2). Called by whole
+// warps for 32 consecutive columns (the flip words are ballots).
 template <int kCols>
 __device__ __forceinline__ void FillStreamColumn(const BinaryGemmProblem& p, StreamColumns<kCols>& columns, int col0,
-                                                 int lc) {
+                                                 int lc, int planes) {
   const int col = col0 + lc;
-  bool flip = false;
-  int bound = kNoStreamBit;
-  if (col < p.n && p.threshold != nullptr) {
-    const int t = min(max(p.threshold[col], -(1 << 15) - 1), 1 << 15);
-    flip = p.flip[col] != 0;
-    bound = flip ? t + 1 : t;
+  for (int plane = 0; plane < planes; ++plane) {
+    bool flip = false;
+    int bound = kNoStreamBit;
+    if (col < p.n && p.threshold != nullptr) {
+      const int t = min(max(p.threshold[plane * p.n + col], -(1 << 15) - 1), 1 << 15);
+      flip = p.flip[plane * p.n + col] != 0;
+      bound = flip ? t + 1 : t;
+    }
+    (plane == 0 ? columns.bound : columns.second_bound)[lc] = bound;
+    const uint32_t flips = __ballot_sync(0xffffffffu, flip);
+    if (lc % 32 == 0) columns.flip_word[plane][lc / 32] = flips;
   }
-  columns.bound[lc] = bound;
-  const uint32_t flips = __ballot_sync(0xffffffffu, flip);
-  if (lc % 32 == 0) columns.flip_word[lc / 32] = flips;
 }
 
 // Waits for this warp's StageShortcut: its copies landed and every lane's values are visible to the warp.

@@ -329,17 +329,18 @@ __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, co
 // pair is added to the two values packed in one word (the low value's carry falls out of its 16 bits, the high one
 // starts at bit 16), so the sums come out as the int16 pair that is stored. kQuadStores: rows of a multiple of 4
 // columns and an 8-byte-aligned output, whose four values a lane and its neighbour exchange for one 8-byte store
-// at `dst` (this lane's first column of the row, + 8 per fragment); else StoreInt16Fragments per pair.
-template <bool kQuadStores, bool kOwnCorrections, int kAcc>
+// at `dst` (this lane's first column of the row, + 8 per fragment); else StoreInt16Fragments per pair. kPlanes:
+// the stream bits' threshold planes (1 or 2), plane q's word at bits_row[q words + wd].
+template <bool kQuadStores, bool kOwnCorrections, int kPlanes, int kAcc>
 __device__ __forceinline__ void StoreStagedResidualWord(const BinaryGemmProblem& p, const ResidualOperands& r,
                                                         const int (&acc)[kAcc], const AccumulatorRows& rows,
                                                         const int* table, const int (&excl)[kAcc / 2],
                                                         const uint8_t* staged, const StreamColumns<2 * kAcc>& stream,
-                                                        int16_t* dst, uint32_t* bits_row, int col0, int h, int wd,
-                                                        int t) {
+                                                        int16_t* dst, uint32_t* bits_row, int words, int col0,
+                                                        int h, int wd, int t) {
   const int v0 = rows.v0[h];
   const bool odd = t & 1;
-  uint32_t bits = 0;
+  uint32_t bits[kPlanes] = {};
 #pragma unroll
   for (int q = 0; q < 4; q += 2) {
     uint32_t packed[2];
@@ -360,8 +361,13 @@ __device__ __forceinline__ void StoreStagedResidualWord(const BinaryGemmProblem&
       v[2 * e] = static_cast<int16_t>(lo);
       v[2 * e + 1] = static_cast<int>(hi) >> 16;
       packed[e] = (lo & 0xffffu) | (hi & 0xffff0000u);
-      bits |= (static_cast<uint32_t>(v[2 * e] >= bound.x) | static_cast<uint32_t>(v[2 * e + 1] >= bound.y) << 1)
-              << (8 * (q + e));
+      bits[0] |= (static_cast<uint32_t>(v[2 * e] >= bound.x) | static_cast<uint32_t>(v[2 * e + 1] >= bound.y) << 1)
+                 << (8 * (q + e));
+      if constexpr (kPlanes == 2) {
+        const int2 second = *reinterpret_cast<const int2*>(stream.second_bound + lc);
+        bits[1] |= (static_cast<uint32_t>(v[2 * e] >= second.x) | static_cast<uint32_t>(v[2 * e + 1] >= second.y) << 1)
+                   << (8 * (q + e));
+      }
     }
     if constexpr (kQuadStores) {
       const uint32_t other = __shfl_xor_sync(kWarpLanes, odd ? packed[0] : packed[1], 1);
@@ -374,15 +380,20 @@ __device__ __forceinline__ void StoreStagedResidualWord(const BinaryGemmProblem&
                           kWarpLanes);
     }
   }
-  uint32_t word = bits << (2 * t);
-  word |= __shfl_xor_sync(kWarpLanes, word, 1);
-  word |= __shfl_xor_sync(kWarpLanes, word, 2);
-  if (r.bits != nullptr && rows.valid[h] && t == (col0 / 32 + wd) % 4) bits_row[wd] = word ^ stream.flip_word[wd];
+#pragma unroll
+  for (int plane = 0; plane < kPlanes; ++plane) {
+    uint32_t word = bits[plane] << (2 * t);
+    word |= __shfl_xor_sync(kWarpLanes, word, 1);
+    word |= __shfl_xor_sync(kWarpLanes, word, 2);
+    if (r.bits != nullptr && rows.valid[h] && t == (col0 / 32 + wd) % 4) {
+      bits_row[plane * words + wd] = word ^ stream.flip_word[plane][wd];
+    }
+  }
 }
 
-// StoreStagedResidualRows in one form (StoreStagedResidualWord's kQuadStores, kOwnCorrections): own[h], whether
-// row h takes its own corrections (kOwnCorrections only).
-template <bool kQuadStores, bool kOwnCorrections, int kAcc>
+// StoreStagedResidualRows in one form (StoreStagedResidualWord's kQuadStores, kOwnCorrections, kPlanes): own[h],
+// whether row h takes its own corrections (kOwnCorrections only).
+template <bool kQuadStores, bool kOwnCorrections, int kPlanes, int kAcc>
 __device__ __forceinline__ void StoreStagedResidualRowsAs(const BinaryGemmProblem& p, const ResidualOperands& r,
                                                           const int (&acc)[kAcc], const AccumulatorRows& rows,
                                                           const TileColumns<kWgCols>& cols, const uint8_t* stage,
@@ -395,7 +406,7 @@ __device__ __forceinline__ void StoreStagedResidualRowsAs(const BinaryGemmProble
     const uint8_t* staged = stage + (g + 8 * h) * kStagedRowBytes<2 * kAcc> + 4 * t;
     const long long row = rows.row[h];
     int16_t* dst = static_cast<int16_t*>(p.out) + row * p.n + col0 + ((t & 1) ? 6 + 2 * t : 2 * t);
-    uint32_t* bits_row = r.bits + row * words + col0 / 32;
+    uint32_t* bits_row = r.bits + row * kPlanes * words + col0 / 32;
     int excl[kAcc / 2];
     if constexpr (kOwnCorrections) {
       if (own[h]) {
@@ -408,8 +419,8 @@ __device__ __forceinline__ void StoreStagedResidualRowsAs(const BinaryGemmProble
 #pragma unroll
     for (int wd = 0; wd < kAcc / 16; ++wd) {
       if (col0 + 32 * wd >= p.n) break;  // the same for the whole warp
-      StoreStagedResidualWord<kQuadStores, kOwnCorrections>(p, r, acc, rows, table, excl, staged, stream, dst,
-                                                            bits_row, col0, h, wd, t);
+      StoreStagedResidualWord<kQuadStores, kOwnCorrections, kPlanes>(p, r, acc, rows, table, excl, staged, stream,
+                                                                     dst, bits_row, words, col0, h, wd, t);
     }
   }
 }
@@ -423,7 +434,7 @@ __device__ __forceinline__ void StoreStagedResidualRowsAs(const BinaryGemmProble
 // that loaded popc(b), the bounds and the class corrections apart, tested for a border row per fragment and formed
 // each store's 64-bit address ran about 26 instructions a value (ncu, the band kernel at C = 64). Warps with a
 // border row of a problem without the table (rows with corrections of their own), and outputs that take no 8-byte
-// stores, run the general form.
+// stores, run the general form. Two threshold planes (a ternary conv1's input) take forms of their own.
 template <int kAcc>
 __device__ __forceinline__ void StoreStagedResidualRows(const BinaryGemmProblem& p, const ResidualOperands& r,
                                                         const int (&acc)[kAcc], const AccumulatorRows& rows,
@@ -434,10 +445,17 @@ __device__ __forceinline__ void StoreStagedResidualRows(const BinaryGemmProblem&
 #pragma unroll
   for (int h = 0; h < 2; ++h) own[h] = !p.correction_table && rows.valid[h] && rows.correction[h] != 0;
   const bool quads = p.n % 4 == 0 && reinterpret_cast<uintptr_t>(p.out) % 8 == 0;
-  if (quads && !__any_sync(kWarpLanes, own[0] || own[1])) {
-    StoreStagedResidualRowsAs<true, false>(p, r, acc, rows, cols, stage, stream, own, col0, g, t);
+  const bool general = !quads || __any_sync(kWarpLanes, own[0] || own[1]);
+  if (r.planes == 1) {
+    if (!general) {
+      StoreStagedResidualRowsAs<true, false, 1>(p, r, acc, rows, cols, stage, stream, own, col0, g, t);
+    } else {
+      StoreStagedResidualRowsAs<false, true, 1>(p, r, acc, rows, cols, stage, stream, own, col0, g, t);
+    }
+  } else if (!general) {
+    StoreStagedResidualRowsAs<true, false, 2>(p, r, acc, rows, cols, stage, stream, own, col0, g, t);
   } else {
-    StoreStagedResidualRowsAs<false, true>(p, r, acc, rows, cols, stage, stream, own, col0, g, t);
+    StoreStagedResidualRowsAs<false, true, 2>(p, r, acc, rows, cols, stage, stream, own, col0, g, t);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda/host/plan.h"
+#include "cuda/stream_bits.h"
 
 namespace jaxbnn::cuda {
 
@@ -141,12 +142,26 @@ class PlanCache {
   std::vector<Entry> entries_;
 };
 
+// Whether the plan's kernel writes a residual stream's bits of more than one threshold plane: the wgmma kernels'
+// staged epilogue of the int16 stream (StoreStagedResidualRows).
+bool WritesStreamPlanes(const LaunchPlan& plan) {
+  return plan.p.epilogue == Epilogue::kResidualInt16 &&
+         (plan.kind == LaunchPlan::Kind::kBand || plan.kind == LaunchPlan::Kind::kResident ||
+          plan.kind == LaunchPlan::Kind::kPersistent);
+}
+
 cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, cudaStream_t stream,
                              KernelPath* chosen, const ResidualOperands& residual) {
   // every kernel needs a K block: the wgmma consumers fill the column parameters inside their k loop
   if (problem.k_words < 1 || problem.k_words > kMaxReductionWords) return cudaErrorInvalidValue;
   if (problem.planes < 1 || problem.planes > kMaxBitsPlanes ||
       (problem.planes > 1 && problem.epilogue != Epilogue::kBits)) {
+    return cudaErrorInvalidValue;
+  }
+  // stream planes: a residual epilogue's bits against a threshold of each
+  if (residual.planes < 1 || residual.planes > kMaxBitsPlanes ||
+      (residual.planes > 1 && (!IsResidual(problem.epilogue) || residual.bits == nullptr ||
+                               problem.threshold == nullptr || problem.flip == nullptr))) {
     return cudaErrorInvalidValue;
   }
   int device = 0;
@@ -163,7 +178,20 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
   plan.residual = residual;  // operands only: no plan depends on them
   if (chosen != nullptr) *chosen = plan.path;
   if ((err = AllowSharedMemory(device, plan.kernel, plan.smem)) != cudaSuccess) return err;
-  return Launch(plan, stream);
+  if (residual.planes == 1 || WritesStreamPlanes(plan)) return Launch(plan, stream);
+  // the stream first, then its planes by a pass of their own
+  plan.residual.bits = nullptr;
+  if ((err = Launch(plan, stream)) != cudaSuccess) return err;
+  StreamBitsProblem bits;
+  bits.stream = problem.out;
+  bits.threshold = problem.threshold;
+  bits.flip = problem.flip;
+  bits.out_bits = residual.bits;
+  bits.rows = problem.pooled_rows;
+  bits.channels = problem.n;
+  bits.planes = residual.planes;
+  bits.narrow = problem.epilogue == Epilogue::kResidualInt16;
+  return LaunchStreamBits(bits, stream);
 }
 
 }  // namespace jaxbnn::cuda

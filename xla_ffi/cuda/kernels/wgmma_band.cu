@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   FillBandColumns(p, cols, wg, wtid, kNarrowStream);
   auto& stream = *reinterpret_cast<StreamColumns<kBandCols>*>(smem + at.stream_columns);
   if constexpr (kNarrowStream) {
-    if (tid < kBandCols) FillStreamColumn(p, stream, 0, tid);
+    if (tid < kBandCols) FillStreamColumn(p, stream, 0, tid, residual.planes);
   }
   if (kPixelPairs) LoadPixelPairWeights(p, band, smem + at.weights, tid);
   // the zeroed chunks, ones and pixel-pair weights, for the wgmmas

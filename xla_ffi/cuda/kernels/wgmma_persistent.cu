@@ -207,7 +207,7 @@ __device__ __forceinline__ void StoreStagedResidualTile(const BinaryGemmProblem&
   uint8_t* stage = smem + (ctid / 32) * kStagedWarpBytes<kWgCols>;
   auto& stream = *reinterpret_cast<StreamColumns<kWgCols>*>(smem + kConsumerWarps * kStagedWarpBytes<kWgCols>);
   StageWarpShortcut<kWgCols>(p, residual, div, stage, tile_m, col0, half, wtid);
-  FillStreamColumn(p, stream, col0, ctid);
+  FillStreamColumn(p, stream, col0, ctid, residual.planes);
   asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the stream columns
   WaitStagedShortcut();
   StoreStagedResidualAccumulators(p, residual, acc, popc_a, row_correction, cols, stage, stream, tile_m, col0, half,

@@ -276,7 +276,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   if (p.correction_table) FillCorrectionTable<kWgCols>(p, cols, col0, ctid, 0, 1, false, {}, kResidual);
   if (p.edge_table) FillEdgeTable<kWgCols>(p, cols, col0, ctid);
   // (read by the other warpgroup after the column table's barriers 1 and 4 below)
-  if (kResidual && ctid < kCols) FillStreamColumn(p, stream, col0, ctid);
+  if (kResidual && ctid < kCols) FillStreamColumn(p, stream, col0, ctid, residual.planes);
   [[maybe_unused]] uint8_t* stage = stages + (ctid / 32) * kStagedWarpBytes<kCols>;
   const int fill_kb = half == 0 ? min(1, k_blocks - 1) : -1;
   if (half == 1 && first_tile < m_tiles) {  // (a CTA without tiles: nothing to wait for)

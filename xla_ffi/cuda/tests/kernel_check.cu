@@ -310,9 +310,10 @@ struct ResidualCase {
 };
 
 // Runs one residual case on one engine against the CPU convolution plus the epilogue, over an int32 stream
-// (Epilogue::kResidual) or an int16 one (`narrow`: kResidualInt16); returns the number of wrong values of both
-// outputs (each poisoned first).
-long RunResidualCase(const ResidualCase& rc, KernelPath path, bool narrow) {
+// (Epilogue::kResidual) or an int16 one (`narrow`: kResidualInt16), its bits of `planes` threshold planes (two: a
+// ternary conv1's input, some thresholds at the int16 range's ends and past them); returns the number of wrong values
+// of both outputs (each poisoned first).
+long RunResidualCase(const ResidualCase& rc, KernelPath path, bool narrow, int planes = 1) {
   const ConvCase& cc = rc.conv;
   const int taps = cc.kh * cc.kw;
   const ConvOperands operands = RandomOperands(cc);
@@ -327,16 +328,17 @@ long RunResidualCase(const ResidualCase& rc, KernelPath path, bool narrow) {
   for (int32_t& v : shortcut) v = value(rng);
   // wraps where it meets a positive dot product, as the stream's integer type does in XLA
   shortcut[0] = narrow ? INT16_MAX : INT32_MAX;
-  std::vector<int32_t> threshold(cc.o);
-  std::vector<uint8_t> flip(cc.o);
+  std::vector<int32_t> threshold(static_cast<size_t>(planes) * cc.o);
+  std::vector<uint8_t> flip(threshold.size());
   std::uniform_int_distribution<int> thr(-cc.c * taps, cc.c * taps);
-  for (int i = 0; i < cc.o; ++i) {
-    threshold[i] = thr(rng);
+  constexpr int32_t kEnds[] = {INT32_MIN, -32770, -32769, -32768, -32767, 32766, 32767, 32768, 32769, INT32_MAX};
+  for (size_t i = 0; i < threshold.size(); ++i) {
+    threshold[i] = planes > 1 && rng() % 8 == 0 ? kEnds[rng() % 10] : thr(rng);
     flip[i] = rng() & 1;
   }
   const size_t pixels = static_cast<size_t>(cc.batch) * out_h * out_w;
   const int out_words = (cc.o + 31) / 32;
-  std::vector<uint32_t> want_stream(pixels * cc.o), want_bits(pixels * out_words, 0);
+  std::vector<uint32_t> want_stream(pixels * cc.o), want_bits(pixels * planes * out_words, 0);
   for (size_t pix = 0; pix < pixels; ++pix) {
     const size_t b = pix / (out_h * out_w), oh = pix / out_w % out_h, ow = pix % out_w;
     const size_t at = ((b * sh + oh * rc.stride) * sw + ow * rc.stride) * rc.channels;
@@ -345,8 +347,11 @@ long RunResidualCase(const ResidualCase& rc, KernelPath path, bool narrow) {
       const uint32_t sum = static_cast<uint32_t>(static_cast<int32_t>(dots[pix * cc.o + o]) >> rc.shift) + added;
       const int32_t sv = narrow ? static_cast<int16_t>(sum) : static_cast<int32_t>(sum);
       want_stream[pix * cc.o + o] = static_cast<uint32_t>(sv);
-      const bool bit = flip[o] ? sv <= threshold[o] : sv >= threshold[o];
-      want_bits[pix * out_words + o / 32] |= static_cast<uint32_t>(bit) << (o % 32);
+      for (int q = 0; q < planes; ++q) {
+        const size_t at_q = static_cast<size_t>(q) * cc.o + o;
+        const bool bit = flip[at_q] ? sv <= threshold[at_q] : sv >= threshold[at_q];
+        want_bits[(pix * planes + q) * out_words + o / 32] |= static_cast<uint32_t>(bit) << (o % 32);
+      }
     }
   }
   uint32_t* d_x = ToDevice(x);
@@ -379,6 +384,7 @@ long RunResidualCase(const ResidualCase& rc, KernelPath path, bool narrow) {
     p.threshold = d_thr;
     p.flip = d_flip;
     r.bits = d_bits;
+    r.planes = planes;
   }
   KernelPath ran;
   CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, &ran, r));
@@ -402,8 +408,8 @@ long RunResidualCase(const ResidualCase& rc, KernelPath path, bool narrow) {
     const uint32_t want = rc.bits ? want_bits[i] : 0xA5A5A5A5u;  // without a threshold: untouched
     if (got_bits[i] != want && bad++ < 3) std::printf("    bits word %zu: got %08x want %08x\n", i, got_bits[i], want);
   }
-  std::printf("%-8s residual%s%s B%d %dx%d c%d o%d k%dx%d s%d,%d pad(%d,%d,%d,%d)%s shortcut %dx%dx%d /%d >>%d: %ld wrong%s\n",
-              PathName(ran), narrow ? " i16" : "", rc.bits ? "+bits" : "", cc.batch, cc.h, cc.w, cc.c, cc.o, cc.kh, cc.kw, cc.sh, cc.sw,
+  std::printf("%-8s residual%s%s%s B%d %dx%d c%d o%d k%dx%d s%d,%d pad(%d,%d,%d,%d)%s shortcut %dx%dx%d /%d >>%d: %ld wrong%s\n",
+              PathName(ran), narrow ? " i16" : "", rc.bits ? "+bits" : "", planes > 1 ? " 2 planes" : "", cc.batch, cc.h, cc.w, cc.c, cc.o, cc.kh, cc.kw, cc.sh, cc.sw,
               cc.pt, cc.pb, cc.pl, cc.pr, cc.pad_one ? " one" : " zero", sh, sw, rc.channels, rc.stride, rc.shift, bad,
               ran != path ? " (requested engine cannot run it)" : "");
   for (void* ptr : {static_cast<void*>(d_x), static_cast<void*>(d_w), static_cast<void*>(d_tp),
@@ -412,6 +418,17 @@ long RunResidualCase(const ResidualCase& rc, KernelPath path, bool narrow) {
     CHECK_CUDA(cudaFree(ptr));
   }
   return bad;
+}
+
+// The failing runs of a residual case's forms on one engine: int32 and int16 streams, and with bits also their two
+// threshold planes (the int16 stream's wgmma kernels write both; elsewhere the launcher's stream-bits pass).
+long RunResidualForms(const ResidualCase& rc, KernelPath path) {
+  long failures = 0;
+  for (bool narrow : {false, true}) {
+    failures += RunResidualCase(rc, path, narrow) != 0;
+    if (rc.bits) failures += RunResidualCase(rc, path, narrow, 2) != 0;
+  }
+  return failures;
 }
 
 // Residual blocks' second convolutions on every kernel that takes them: the band kernel (C = 64 pixel pairs,
@@ -1239,7 +1256,7 @@ int main(int argc, char** argv) {
     long failures = 0;
     for (const ResidualCase& rc : ResidualCases()) {
       for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
-        for (bool narrow : {false, true}) failures += RunResidualCase(rc, path, narrow) != 0;
+        failures += RunResidualForms(rc, path);
       }
     }
     std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
@@ -1302,7 +1319,7 @@ int main(int argc, char** argv) {
     }
     for (const ResidualCase& rc : ResidualCases()) {
       for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
-        for (bool narrow : {false, true}) failures += RunResidualCase(rc, path, narrow) != 0;
+        failures += RunResidualForms(rc, path);
       }
     }
   }
