@@ -455,11 +455,13 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
 @functools.partial(jax.jit, static_argnames=("attrs", "stride", "shift"))
 def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs, stride, shift):
     """The checked residual convolution as one compiled function per static signature (as `_bmm`)."""
-    if threshold is not None and threshold.ndim == 2:  # threshold planes: the kernels write one plane of bits
-        if threshold.shape[0] == 1:
-            stream, bits = _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold[0],
-                                             None if flip is None else flip[0], attrs=attrs, stride=stride, shift=shift)
-            return stream, bits[..., None, :]
+    planes = threshold is not None and threshold.ndim == 2
+    if planes and threshold.shape[0] == 1:
+        stream, bits = _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold[0],
+                                         None if flip is None else flip[0], attrs=attrs, stride=stride, shift=shift)
+        return stream, bits[..., None, :]
+    if planes and (threshold.shape[0] > _KERNEL_BITS_PLANES or shortcut.dtype != jnp.int16):
+        # the int16 stream's kernels write up to two planes; others, a pass of their own
         stream = _bconv2d_residual(x, w, w_tap_popcount, shortcut, None, None, attrs=attrs, stride=stride, shift=shift)
         return stream, _stream_planes(stream, threshold, flip)
     c, o, kh, kw, sh, sw, pt, pb, pl, pr, pad_one, _, _ = attrs
@@ -470,7 +472,8 @@ def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs,
     bits = threshold is not None
     lead = x.shape[:-3]
     stream_type = jax.ShapeDtypeStruct((math.prod(lead), oh, ow, o), shortcut.dtype)
-    bits_type = jax.ShapeDtypeStruct((math.prod(lead), oh, ow, formats.num_words(o)), jnp.uint32)
+    bits_type = jax.ShapeDtypeStruct((math.prod(lead), oh, ow) + (threshold.shape[:-1] if planes else ()) +
+                                     (formats.num_words(o),), jnp.uint32)
     images = x.reshape((math.prod(lead),) + x.shape[-3:])  # batch dims fold into B: one kernel call
     shortcut = shortcut.reshape((math.prod(lead),) + shortcut.shape[-3:])
     if images.shape[0] == 0:
@@ -485,7 +488,7 @@ def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs,
         conv = dict(in_channels=c, out_channels=o, kernel_size=(kh, kw), stride=(sh, sw), padding=((pt, pb), (pl, pr)),
                     pad_value="one" if pad_one else "zero")
         residual = dict(stride=stride, shift=shift)
-        epilogue = (threshold.astype(jnp.int32), _flip_operand(flip, (o,))) if bits else ()
+        epilogue = (threshold.astype(jnp.int32), _flip_operand(flip, threshold.shape)) if bits else ()
 
         def single(x_, w_, popc_, shortcut_, *epi):
             def elsewhere(x_, w_, popc_, shortcut_, *e):
@@ -511,9 +514,9 @@ def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs,
 
 
 def _stream_planes(stream, threshold, flip):
-    """The stream's bits through checked threshold planes `(P, N)`, `(..., P, ceil(N/32))`, after the residual
-    kernels, whose epilogue writes one plane: on CUDA a pass of its own (`jaxbnn_stream_bits`), elsewhere the
-    reference's. XLA's reduction over each word's 32 bits read ResNet-18's first stream at 0.7 TB/s
+    """The stream's bits through checked threshold planes `(P, N)`, `(..., P, ceil(N/32))`, where the residual
+    kernels do not write them (an int32 stream, more than two planes): on CUDA a pass of its own
+    (`jaxbnn_stream_bits`), elsewhere the reference's. XLA's reduction over each word's 32 bits read ResNet-18's first stream at 0.7 TB/s
     (docs/design/decisions.md, "The residual epilogue")."""
     out_type = jax.ShapeDtypeStruct(stream.shape[:-1] + (threshold.shape[0], formats.num_words(stream.shape[-1])),
                                     jnp.uint32)

@@ -603,7 +603,9 @@ def test_bconv2d_ignores_padding_bits_on_cuda_as_on_the_cpu(c, pad_value):
 # int16 stream's shortcut staged in 16-byte chunks, or element by element for 77 channels), the resident kernel's
 # int16 stream (its shortcut staged; 128-column tiles at 7 x 7 and 14 x 14, 256-column ones at batch 72 over two
 # column tiles, a 100-channel shortcut element by element, C = 512 on 128-column tiles), the dense-tap kernel
-# (C = 16, 32), a type-A shortcut (stride 2, fewer channels), odd N, "one" padding, a shift.
+# (C = 16, 32), a type-A shortcut (stride 2, fewer channels), odd N, "one" padding, a shift. The stream's bits of
+# one threshold, or of two planes (a ternary conv1's input: the int16 stream's wgmma kernels write both, other
+# kernels the launcher's stream-bits pass), some thresholds at the int16 range's ends and past them.
 # (batch, H, W, C, O, pad_value, shortcut (SH, SW, SC), shortcut stride, shift)
 RESIDUAL_CASES = [
     (3, 17, 24, 64, 64, "zero", (17, 24, 64), 1, 0),
@@ -622,21 +624,26 @@ RESIDUAL_CASES = [
 
 
 @pytest.mark.parametrize("stream_dtype", [np.int32, np.int16])
-@pytest.mark.parametrize("with_bits", [False, True])
+@pytest.mark.parametrize("bits", ["none", "bits", "planes"])
 @pytest.mark.parametrize("case", RESIDUAL_CASES, ids=lambda c: f"b{c[0]}_{c[1]}x{c[2]}_c{c[3]}_o{c[4]}_s{c[7]}")
-def test_residual_bconv2d_on_cuda_matches_the_cpu(engine, case, with_bits, stream_dtype):
+def test_residual_bconv2d_on_cuda_matches_the_cpu(engine, case, bits, stream_dtype):
     """ops.bconv2d's residual epilogue on every engine, over an int32 or int16 stream: the stream and its bits as
     the CPU computes them (its int32 convolution, then the epilogue in jnp: jaxbnn.reference.residual_epilogue)."""
     from jaxbnn import ops
 
     batch, h, w_, c, o, pad_value, (sh, sw, sc), stride, shift = case
-    rng = np.random.default_rng(zlib.crc32(repr((case, with_bits)).encode()))
+    rng = np.random.default_rng(zlib.crc32(repr((case, bits)).encode()))
     x = np.asarray(formats.pack_bits(_random_signs(rng, (batch, h, w_, c)) >= 0))
     weights = formats.pack_conv_weights(_random_signs(rng, (3, 3, c, o)))
     shortcut = rng.integers(-3 * 9 * c, 3 * 9 * c, (batch, sh, sw, sc)).astype(stream_dtype)
     shortcut[0, 0, 0, 0] = np.iinfo(stream_dtype).max  # wraps where it meets a positive dot product
-    epilogue = dict(threshold=rng.integers(-9 * c, 9 * c, o).astype(np.int32),
-                    flip=rng.integers(0, 2, o).astype(bool)) if with_bits else {}
+    shape = {"none": None, "bits": (o,), "planes": (2, o)}[bits]
+    epilogue = {}
+    if shape:
+        threshold = rng.integers(-9 * c, 9 * c, shape)
+        ends = np.array([-2**31, -32770, -32769, -32768, -32767, 32766, 32767, 32768, 32769, 2**31 - 1])
+        threshold = np.where(rng.random(shape) < 0.15, ends[rng.integers(0, len(ends), shape)], threshold)
+        epilogue = dict(threshold=threshold.astype(np.int32), flip=rng.integers(0, 2, shape).astype(bool))
     kwargs = dict(in_channels=c, kernel_size=(3, 3), out_channels=o, padding="SAME", pad_value=pad_value,
                   w_tap_popcount=weights.tap_popcount, shortcut=shortcut, shortcut_stride=stride, shift=shift,
                   **epilogue)
@@ -661,6 +668,30 @@ def test_residual_handler_rejects_inconsistent_shortcuts():
         call = dict(attrs, shortcut_stride=np.int64(stride), shift=np.int64(shift))
         with pytest.raises(Exception, match="shortcut|shift"):
             _call("jaxbnn_bconv2d_residual_i32", GPU, result, [x, w.bits, w.tap_popcount, shortcut], call)
+
+
+def test_residual_bits_handler_rejects_inconsistent_threshold_planes():
+    rng = np.random.default_rng(6)
+    x = np.asarray(formats.pack_bits(_random_signs(rng, (2, 6, 6, 64)) >= 0))
+    w = formats.pack_conv_weights(_random_signs(rng, (3, 3, 64, 40)))
+    attrs = dict(_conv_attrs(64, 40, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", None),
+                 shortcut_stride=np.int64(1), shift=np.int64(0))
+    shortcut = np.zeros((2, 6, 6, 40), np.int16)
+    stream = jax.ShapeDtypeStruct((2, 6, 6, 40), jnp.int16)
+
+    def bits(*tail):
+        return jax.ShapeDtypeStruct((2, 6, 6) + tail, jnp.uint32)
+
+    for planes, flip_planes, result, message in [
+            (3, 3, bits(3, 2), "1 to 2 planes"),  # more planes than the kernels write
+            (2, 1, bits(2, 2), "flip"),
+            (2, 2, bits(2, 1), "stream bits have shape"),
+            (2, 2, bits(2), "stream bits have shape"),
+            (1, 1, bits(2, 2), "stream bits have shape")]:
+        threshold, flip = np.zeros((planes, 40), np.int32), np.zeros((flip_planes, 40), np.uint8)
+        with pytest.raises(Exception, match=message):
+            _call("jaxbnn_bconv2d_residual_i16_bits", GPU, (stream, result),
+                  [x, w.bits, w.tap_popcount, shortcut, threshold, flip], attrs)
 
 
 # --- ternary and mixed products (TNN, TBN, BTN) through the ops: one binary call over the planes side by side --

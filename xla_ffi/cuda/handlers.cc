@@ -130,7 +130,7 @@ int64_t BitsPlanes(const EpilogueArgs& e) {
 
 // A bits epilogue's threshold of rank 1, or of rank 2 with 1 to kMaxBitsPlanes planes.
 std::optional<ffi::Error> CheckBitsPlanes(const EpilogueArgs& e) {
-  if (e.kind != Epilogue::kBits) return std::nullopt;
+  if (e.kind != Epilogue::kBits && (!IsResidual(e.kind) || e.threshold == nullptr)) return std::nullopt;
   const int64_t planes = BitsPlanes(e);
   if (planes >= 1 && planes <= kMaxBitsPlanes) return std::nullopt;
   return Invalid("the threshold must be (n,) or (planes, n) with 1 to " + std::to_string(kMaxBitsPlanes) +
@@ -178,9 +178,11 @@ struct ResidualArgs {
   uint32_t* bits = nullptr;
 };
 
-// Checks the residual epilogue's operands against the problem `p` and fills `operands`.
+// Checks the residual epilogue's operands against the problem `p` and fills `operands`; `bits_tail`: the
+// stream bits' shape past the pixels ((ceil(n/32)) for a threshold (n,), (P, ceil(n/32)) for (P, n)).
 std::optional<ffi::Error> SetResidual(const BinaryGemmProblem& p, const ResidualArgs& r, int64_t batch, int64_t out_h,
-                                      int64_t out_w, int64_t n, ResidualOperands& operands) {
+                                      int64_t out_w, int64_t n, const std::vector<int64_t>& bits_tail,
+                                      ResidualOperands& operands) {
   if (p.pool_h * p.pool_w != 1) return Invalid("bconv2d's residual epilogue takes no pool");
   if (r.shift < 0 || r.shift > 31) return Invalid("bconv2d shift must lie in [0, 31], got " + std::to_string(r.shift));
   if (r.stride < 1 || !FitsInt(r.stride)) {
@@ -199,11 +201,15 @@ std::optional<ffi::Error> SetResidual(const BinaryGemmProblem& p, const Residual
     return Invalid("bconv2d shortcut too large for the CUDA kernels");
   }
   if (r.bits != nullptr) {
-    const auto& b = r.bits_dims;
-    if (b.size() != 4 || b[0] != batch || b[1] != out_h || b[2] != out_w || b[3] != CeilDiv(n, 32)) {
-      return Invalid("bconv2d stream bits have shape " + Dims(b) + ", expected (" + std::to_string(batch) + ", " +
-                     std::to_string(out_h) + ", " + std::to_string(out_w) + ", " + std::to_string(CeilDiv(n, 32)) + ")");
+    std::vector<int64_t> expected{batch, out_h, out_w};
+    expected.insert(expected.end(), bits_tail.begin(), bits_tail.end());
+    if (std::vector<int64_t>(r.bits_dims.begin(), r.bits_dims.end()) != expected) {
+      return Invalid("bconv2d stream bits have shape " + Dims(r.bits_dims) + ", expected " + Dims(expected));
     }
+    if (!ProductFitsInt({batch, out_h, out_w, bits_tail.size() == 2 ? bits_tail[0] : 1, n})) {
+      return Invalid("bconv2d stream bits too large for the CUDA kernels (int32 indexing)");
+    }
+    operands.planes = bits_tail.size() == 2 ? static_cast<int>(bits_tail[0]) : 1;
   }
   operands.shortcut = r.shortcut;
   operands.height = static_cast<int>(dims[1]);
@@ -349,14 +355,23 @@ ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi:
     return Run(p, stream);
   }
   p.epilogue = e.kind;
-  if (e.threshold != nullptr) {
-    if (auto err = ExpectShape("threshold", *e.threshold, {at.o})) return *err;
-    if (auto err = ExpectShape("flip", *e.flip, {at.o})) return *err;
+  std::vector<int64_t> bits_tail;
+  if (e.threshold != nullptr) {  // (o,), or (P, o) threshold planes
+    if (auto err = CheckBitsPlanes(e)) return *err;
+    if (e.threshold->dimensions().size() == 1) {
+      if (auto err = ExpectShape("threshold", *e.threshold, {at.o})) return *err;
+      if (auto err = ExpectShape("flip", *e.flip, {at.o})) return *err;
+    } else {
+      const int64_t planes = BitsPlanes(e);
+      if (auto err = ExpectShape("threshold", *e.threshold, {planes, at.o})) return *err;
+      if (auto err = ExpectShape("flip", *e.flip, {planes, at.o})) return *err;
+    }
     p.threshold = e.threshold->typed_data();
     p.flip = e.flip->typed_data();
+    bits_tail = OutputTail(EpilogueArgs{Epilogue::kBits, nullptr, nullptr, e.threshold, e.flip}, at.o);
   }
   ResidualOperands operands;
-  if (auto err = SetResidual(p, *residual, batch, out_h, out_w, at.o, operands)) return *err;
+  if (auto err = SetResidual(p, *residual, batch, out_h, out_w, at.o, bits_tail, operands)) return *err;
   return Run(p, stream, operands);
 }
 
