@@ -1,5 +1,6 @@
-// The residual stream's threshold planes, pixel by pixel (the bits of a ternary conv1's two planes after a
-// residual kernel, whose epilogue writes one plane): outside the binary engine, like global pooling.
+// The residual stream's threshold planes, pixel by pixel (a ternary conv1's two planes of an int32 stream, more
+// than two planes; and LaunchBinaryGemm's pass after a residual kernel whose epilogue writes one plane): outside
+// the binary engine, like global pooling.
 #ifndef JAXBNN_XLA_FFI_CUDA_STREAM_BITS_H_
 #define JAXBNN_XLA_FFI_CUDA_STREAM_BITS_H_
 
