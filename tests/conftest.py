@@ -16,7 +16,8 @@ on a machine with a usable CUDA device they run in one process.
 Without a usable CUDA device (CI's machine) XLA compiles the tests' own programs with most of its
 optimizations off (`jax_disable_most_optimizations`; JAX_DISABLE_MOST_OPTIMIZATIONS=0 keeps them on): most of
 the suite's time there is XLA compiling small programs once each (tests/test_ops.py on a 2-core CPU: 123 -> 93
-s), and the tests check integers and exactness, which must not depend on how XLA optimizes. The commands the
+s), and the tests check integers and exactness, which must not depend on how XLA optimizes; the run's processes
+share a compilation cache (a temporary folder, removed at the end), so each program compiles once. The commands the
 tests run in subprocesses (the docs' code, the CLI), the GPU runs and the benchmarks compile as users do.
 """
 
@@ -26,6 +27,8 @@ import functools
 import importlib
 import importlib.metadata
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -61,11 +64,35 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(cores, 4))
 
 
-def pytest_configure(config):
-    if "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ and gpu_unavailable_reason() is not None:
-        import jax
+# The run's XLA compilation cache (see pytest_configure): made by the process that starts the run and handed to
+# pytest-xdist's workers, which inherit its environment.
+XLA_CACHE_VARIABLE = "JAXBNN_TEST_XLA_CACHE"
 
+
+def pytest_configure(config):
+    if gpu_unavailable_reason() is None:
+        return
+    import jax
+
+    if "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ:
         jax.config.update("jax_disable_most_optimizations", True)
+    # Many tests compile the same small programs (the eager ops that pack operands and compute the spec, once per
+    # kernel tier and mode): a compilation cache for the run, shared by its workers, compiles each once
+    # (tests/test_native_ternary.py -k every_tier on 2 cores: 171 -> 137 s). Executables come back from it as XLA
+    # compiled them; the kernels' tier is chosen when they run.
+    if not hasattr(config, "workerinput") and XLA_CACHE_VARIABLE not in os.environ:
+        config.jaxbnn_xla_cache = tempfile.mkdtemp(prefix="jaxbnn-xla-cache-")
+        os.environ[XLA_CACHE_VARIABLE] = config.jaxbnn_xla_cache
+    jax.config.update("jax_compilation_cache_dir", os.environ[XLA_CACHE_VARIABLE])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "jaxbnn_xla_cache", None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop(XLA_CACHE_VARIABLE, None)
 
 
 def pytest_addoption(parser):
