@@ -516,8 +516,8 @@ def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs,
 def _stream_planes(stream, threshold, flip):
     """The stream's bits through checked threshold planes `(P, N)`, `(..., P, ceil(N/32))`, where the residual
     kernels do not write them (an int32 stream, more than two planes): on CUDA a pass of its own
-    (`jaxbnn_stream_bits`), elsewhere the reference's. XLA's reduction over each word's 32 bits read ResNet-18's first stream at 0.7 TB/s
-    (docs/design/decisions.md, "The residual epilogue")."""
+    (`jaxbnn_stream_bits`), elsewhere the reference's. XLA's reduction over each word's 32 bits read ResNet-18's
+    first stream at 0.7 TB/s (docs/design/decisions.md, "The residual epilogue")."""
     out_type = jax.ShapeDtypeStruct(stream.shape[:-1] + (threshold.shape[0], formats.num_words(stream.shape[-1])),
                                     jnp.uint32)
     threshold = threshold.astype(jnp.int32)
