@@ -221,20 +221,22 @@ __device__ __forceinline__ void StageShortcut(const BinaryGemmProblem& p, const 
   }
 }
 
-// The narrow stream's thresholds of a tile's columns, filled once per CTA (FillStreamColumn): a stream value's bit
-// in plane q is (value >= bound) XOR bit lc % 32 of flip_word[q][lc / 32], bound = bound[lc] in plane 0 and
-// second_bound[lc] in plane 1 (ResidualOperands::planes == 2), since flip's value <= t is the negation of value
-// >= t + 1. The threshold is clamped to the int16 range plus one first (no bit changes). Past N or without
-// thresholds, a bound above every int16 value and no flip: never a bit. Kept in shared memory for the tile
-// epilogues: read from global memory per value (StreamBitOf), the thresholds took a quarter of the band kernel's
-// residual epilogue (harness, H200); as a (bound, sign) pair per column, a multiply per value.
+// The narrow stream's thresholds of a tile's columns, filled once per CTA (FillStreamColumn), in the form the
+// epilogue compares them with an int16 value v held in the upper half of a word (v 2^16 plus any bits below it): a
+// value's bit in plane q is (that word >= scaled_bound[lc]) XOR bit lc % 32 of flip_word[q][lc / 32], the bound of
+// plane 0 in scaled_bound and of plane 1 in second_scaled_bound (ResidualOperands::planes == 2). The bound is the
+// threshold, or with flip the threshold + 1 (value <= t is the negation of value >= t + 1), times 2^16: INT32_MIN
+// where every int16 value reaches it, and where none does (past N, no thresholds, a bound above 32767) INT32_MIN
+// with the column's flip toggled, so that every bound is a whole multiple of 2^16 within the int32 range. Kept in
+// shared memory for the tile epilogues: read from global memory per value (StreamBitOf), the thresholds took a
+// quarter of the band kernel's residual epilogue (harness, H200); as a (bound, sign) pair per column, a multiply
+// per value.
 template <int kCols>
 struct StreamColumns {
-  int bound[kCols];
-  int second_bound[kCols];
+  int scaled_bound[kCols];
+  int second_scaled_bound[kCols];
   uint32_t flip_word[kMaxBitsPlanes][kCols / 32];
 };
-inline constexpr int kNoStreamBit = 1 << 16;
 
 // Fills local column lc (global col0 + lc) of `columns` for `planes` threshold planes (1 or 2). Called by whole
 // warps for 32 consecutive columns (the flip words are ballots).
@@ -244,13 +246,16 @@ __device__ __forceinline__ void FillStreamColumn(const BinaryGemmProblem& p, Str
   const int col = col0 + lc;
   for (int plane = 0; plane < planes; ++plane) {
     bool flip = false;
-    int bound = kNoStreamBit;
+    int bound = INT16_MAX + 1;  // never
     if (col < p.n && p.threshold != nullptr) {
-      const int t = min(max(p.threshold[plane * p.n + col], -(1 << 15) - 1), 1 << 15);
+      const int t = min(max(p.threshold[plane * p.n + col], INT16_MIN - 1), INT16_MAX + 1);
       flip = p.flip[plane * p.n + col] != 0;
       bound = flip ? t + 1 : t;
     }
-    (plane == 0 ? columns.bound : columns.second_bound)[lc] = bound;
+    const bool never = bound > INT16_MAX;
+    flip ^= never;
+    (plane == 0 ? columns.scaled_bound : columns.second_scaled_bound)[lc] =
+        never ? INT32_MIN : max(bound, INT16_MIN) * (1 << 16);
     const uint32_t flips = __ballot_sync(0xffffffffu, flip);
     if (lc % 32 == 0) columns.flip_word[plane][lc / 32] = flips;
   }

@@ -325,9 +325,11 @@ __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, co
 // .. 4 wd + 3 (columns col0 + 32 wd ..) and their bits. The value of column lc is (4 acc + v0 - table[lc] - its
 // own correction) >> shift plus the staged shortcut, wrapped to int16: `table` is the row's border class's row of
 // the table, whose entries hold 2 popc(b) too (FillCorrectionTable's with_popcount; row 0: 2 popc(b) alone), and
-// kOwnCorrections adds the row's own sums (excl, for border rows of problems without the table). Each shortcut
-// pair is added to the two values packed in one word (the low value's carry falls out of its 16 bits, the high one
-// starts at bit 16), so the sums come out as the int16 pair that is stored. kQuadStores: rows of a multiple of 4
+// kOwnCorrections adds the row's own sums (excl, for border rows of problems without the table). The shortcut pair
+// is added to the low value in one word and to the high value shifted up by 16 in another (the low sum's carry
+// falls out of its 16 bits; the high sum has the low shortcut below it), so each word holds a value's int16: the
+// stored pair is their halves, and the bits compare the high one, and the low one shifted up, with StreamColumns'
+// scaled bounds as they are (no sign extension). kQuadStores: rows of a multiple of 4
 // columns and an 8-byte-aligned output, whose four values a lane and its neighbour exchange for one 8-byte store
 // at `dst` (this lane's first column of the row, + 8 per fragment); else StoreInt16Fragments per pair. kPlanes:
 // the stream bits' threshold planes (1 or 2), plane q's word at bits_row[q words + wd].
@@ -349,7 +351,7 @@ __device__ __forceinline__ void StoreStagedResidualWord(const BinaryGemmProblem&
     for (int e = 0; e < 2; ++e) {  // fragments j and j + 1: the four values of one 8-byte store
       const int j = 4 * wd + q + e, lc = 8 * j + 2 * t;
       const int2 subtracted = *reinterpret_cast<const int2*>(table + lc);  // lc even: aligned
-      const int2 bound = *reinterpret_cast<const int2*>(stream.bound + lc);
+      const int2 bound = *reinterpret_cast<const int2*>(stream.scaled_bound + lc);
       const uint32_t shortcut = *reinterpret_cast<const uint32_t*>(staged + 16 * j);
       int d0 = 4 * acc[4 * j + 2 * h] + v0 - subtracted.x, d1 = 4 * acc[4 * j + 2 * h + 1] + v0 - subtracted.y;
       if constexpr (kOwnCorrections) {
@@ -358,15 +360,15 @@ __device__ __forceinline__ void StoreStagedResidualWord(const BinaryGemmProblem&
       }
       const uint32_t lo = static_cast<uint32_t>(d0 >> r.shift) + shortcut;
       const uint32_t hi = (static_cast<uint32_t>(d1 >> r.shift) << 16) + shortcut;
-      v[2 * e] = static_cast<int16_t>(lo);
+      v[2 * e] = static_cast<int16_t>(lo);  // (the general form's stores)
       v[2 * e + 1] = static_cast<int>(hi) >> 16;
-      packed[e] = (lo & 0xffffu) | (hi & 0xffff0000u);
-      bits[0] |= (static_cast<uint32_t>(v[2 * e] >= bound.x) | static_cast<uint32_t>(v[2 * e + 1] >= bound.y) << 1)
-                 << (8 * (q + e));
+      packed[e] = __byte_perm(lo, hi, 0x7610);  // lo's low half, hi's high half
+      const int lo_up = static_cast<int>(lo << 16), hi_up = static_cast<int>(hi);
+      const uint32_t at = 1u << (8 * (q + e));  // the pair's bits, at and 2 at
+      bits[0] |= (lo_up >= bound.x ? at : 0u) | (hi_up >= bound.y ? 2 * at : 0u);
       if constexpr (kPlanes == 2) {
-        const int2 second = *reinterpret_cast<const int2*>(stream.second_bound + lc);
-        bits[1] |= (static_cast<uint32_t>(v[2 * e] >= second.x) | static_cast<uint32_t>(v[2 * e + 1] >= second.y) << 1)
-                   << (8 * (q + e));
+        const int2 second = *reinterpret_cast<const int2*>(stream.second_scaled_bound + lc);
+        bits[1] |= (lo_up >= second.x ? at : 0u) | (hi_up >= second.y ? 2 * at : 0u);
       }
     }
     if constexpr (kQuadStores) {
