@@ -29,6 +29,7 @@ __all__ = [
     "ternarize",
     "ternarize_ste",
     "twn_thresholds",
+    "fixed_order_sum",
     "xnor_weight_scale",
     "ternary_weight_scale",
     "xnor_input_scale_dense",
@@ -188,9 +189,32 @@ def twn_thresholds(w: jax.Array, factor: float = 0.7, per_channel: bool = False)
     thresholds follow the weights, they are not trained through.
     """
     w = jax.lax.stop_gradient(w)
-    axes = tuple(range(w.ndim - 1)) if per_channel else None
-    alpha = factor * jnp.mean(jnp.abs(w), axis=axes)
+    n = w.size // w.shape[-1] if per_channel else w.size
+    alpha = fixed_order_sum(jnp.abs(w), per_channel) * jnp.float32(factor / max(n, 1))
     return alpha, -alpha
+
+
+def fixed_order_sum(x: jax.Array, per_channel: bool = False) -> jax.Array:
+    """The sum of ``x`` (per_channel: over all axes but the last, shape (N,)), added in one fixed order on every
+    platform: pairwise, as explicit float adds of halves (padded with zeros to a power of two). XLA's reductions
+    add in an order of the platform's choosing, so a threshold from ``jnp.mean`` differed by an ulp between the
+    CPU and the GPU, and a weight equal to it ternarized differently (a random-init BTN ResNet-18's Flax forward,
+    off by one in one channel on an H200). Differentiable, as the sum."""
+    rows = x.reshape(-1, x.shape[-1]) if per_channel else x.reshape(-1)
+    if not per_channel:  # blocks of 1024: each level's adds run in parallel, not as one serial chain
+        blocks = -(-rows.shape[0] // 1024) if rows.shape[0] else 1
+        rows = jnp.pad(rows, (0, blocks * 1024 - rows.shape[0])).reshape(blocks, 1024)
+        return _pairwise_leading_sum(_pairwise_leading_sum(rows))
+    return _pairwise_leading_sum(rows)
+
+
+def _pairwise_leading_sum(x: jax.Array) -> jax.Array:
+    """Sum over the leading axis: halves added until one row is left (padded with zero rows to 2^k)."""
+    size = 1 << max(x.shape[0] - 1, 0).bit_length()
+    x = jnp.pad(x, [(0, size - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
+    while x.shape[0] > 1:
+        x = x[: x.shape[0] // 2] + x[x.shape[0] // 2:]
+    return x[0]
 
 
 # --- XNOR-Net scaling -------------------------------------------------------------------------------------
@@ -198,15 +222,18 @@ def twn_thresholds(w: jax.Array, factor: float = 0.7, per_channel: bool = False)
 
 
 def xnor_weight_scale(w: jax.Array) -> jax.Array:
-    """Per-output-channel alpha = mean|W| over all axes but the last; shape (N,). Trained through."""
-    return jnp.mean(jnp.abs(w), axis=tuple(range(w.ndim - 1)))
+    """Per-output-channel alpha = mean|W| over all axes but the last; shape (N,). Trained through. Summed in a
+    fixed order (`fixed_order_sum`): the same float on every platform."""
+    return fixed_order_sum(jnp.abs(w), per_channel=True) * jnp.float32(1.0 / max(w.size // w.shape[-1], 1))
 
 
 def ternary_weight_scale(w: jax.Array, w_ternary: jax.Array) -> jax.Array:
-    """TWN scale per output channel: mean |w| over the entries that ternarize to non-zero; shape (N,)."""
+    """TWN scale per output channel: mean |w| over the entries that ternarize to non-zero; shape (N,). Summed in a
+    fixed order (`fixed_order_sum`; the count is an integer, exact)."""
     axes = tuple(range(w.ndim - 1))
     mask = jax.lax.stop_gradient(jnp.abs(w_ternary))
-    return jnp.sum(jnp.abs(w) * mask, axis=axes) / jnp.maximum(jnp.sum(mask, axis=axes), 1.0)
+    kept = fixed_order_sum(jnp.abs(w) * mask, per_channel=True)
+    return kept / jnp.maximum(jnp.sum(mask, axis=axes), 1.0)
 
 
 def xnor_input_scale_dense(x: jax.Array) -> jax.Array:

@@ -113,6 +113,33 @@ def test_twn_thresholds_per_tensor_and_per_channel():
     assert not np.any(np.asarray(g))
 
 
+def _pairwise_in_numpy(rows):
+    """The leading-axis sum in fixed_order_sum's order, in float32 numpy: halves of a zero-padded 2^k rows."""
+    rows = np.concatenate([rows, np.zeros((max(1 << max(len(rows) - 1, 0).bit_length(), 1) - len(rows),)
+                                          + rows.shape[1:], np.float32)])
+    while len(rows) > 1:
+        rows = rows[: len(rows) // 2] + rows[len(rows) // 2:]
+    return rows[0]
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (1, 1), (5,), (3, 3, 5, 7), (1025, 3), (3, 3, 64, 40), (2, 2, 700, 1)])
+def test_fixed_order_sum_adds_in_its_documented_order_bit_for_bit(shape):
+    """The thresholds and scales of the weights sum in one order on every platform (XLA's reductions choose
+    theirs): jitted or not, the sum is numpy's float32 adds in that order, bit for bit."""
+    rng = np.random.default_rng(sum(shape))
+    x = (np.abs(rng.normal(size=shape)) * 1e-3 ** rng.integers(0, 3, size=shape)).astype(np.float32)
+    flat = x.reshape(-1)
+    blocks = max(-(-flat.size // 1024), 1)
+    want_all = _pairwise_in_numpy(_pairwise_in_numpy(np.pad(flat, (0, blocks * 1024 - flat.size)).reshape(blocks, 1024)))
+    want_channels = _pairwise_in_numpy(x.reshape(-1, shape[-1]))
+    for fn in (q.fixed_order_sum, jax.jit(q.fixed_order_sum, static_argnums=1)):
+        assert np.asarray(fn(jnp.asarray(x), False)).tobytes() == np.float32(want_all).tobytes()
+        assert np.asarray(fn(jnp.asarray(x), True)).tobytes() == want_channels.tobytes()
+    np.testing.assert_allclose(float(q.fixed_order_sum(jnp.asarray(x))), x.sum(dtype=np.float64), rtol=1e-5)
+    grad = jax.grad(lambda v: q.fixed_order_sum(v, True).sum())(jnp.asarray(x))
+    np.testing.assert_array_equal(np.asarray(grad), np.ones(shape, np.float32))
+
+
 def test_xnor_weight_scale_is_the_least_squares_optimum():
     rng = np.random.default_rng(3)
     w = rng.normal(size=(50, 7)).astype(np.float32)
