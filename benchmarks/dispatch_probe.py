@@ -112,7 +112,8 @@ def conv_programs(batch, hw, calls):
     thr, flip = jnp.zeros((o,), jnp.int32), jnp.zeros((o,), jnp.uint8)
     i64 = np.int64
     attrs = dict(c=i64(c), o=i64(o), kh=i64(3), kw=i64(3), stride_h=i64(1), stride_w=i64(1), pad_top=i64(1),
-                 pad_bottom=i64(1), pad_left=i64(1), pad_right=i64(1), pad_one=False, pool_h=i64(1), pool_w=i64(1))
+                 pad_bottom=i64(1), pad_left=i64(1), pad_right=i64(1), pad_one=False, pool_h=i64(1), pool_w=i64(1),
+                 x_repeats=i64(1))
     oh = conv_out(hw, 3, 1)
     call = jax.ffi.ffi_call("jaxbnn_bconv2d_bits", jax.ShapeDtypeStruct((batch, oh, oh, formats.num_words(o)), jnp.uint32))
 

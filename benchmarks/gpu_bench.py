@@ -190,7 +190,7 @@ def bench_conv(layers, engines, rows, save, deadline=float("inf")):
         i64 = np.int64
         attrs = dict(c=i64(c), o=i64(o), kh=i64(kernel), kw=i64(kernel), stride_h=i64(stride), stride_w=i64(stride),
                      pad_top=i64(pad), pad_bottom=i64(pad), pad_left=i64(pad), pad_right=i64(pad), pad_one=False,
-                     pool_h=i64(1), pool_w=i64(1))
+                     pool_h=i64(1), pool_w=i64(1), x_repeats=i64(1))
         call = jax.ffi.ffi_call("jaxbnn_bconv2d_bits",
                                 jax.ShapeDtypeStruct((batch, oh, oh, formats.num_words(o)), jnp.uint32))
         def program(wb, wp, t_, f_, *a):

@@ -175,8 +175,8 @@ def _bmm(planes, b, b_popcount, epi, side_by_side=None, *, k, n, kind, mode, thr
                                                           o=n, c=k, threshold_planes=threshold_planes)
             block_popcount = block_popcount[0]
         reduction_bits = _side_by_side_channels(mode, k)
-        x, epilogue = _side_by_side_operands(mode, acts, epilogue, kind=kind, c=k, bound=k + 1,
-                                             threshold_planes=threshold_planes, reduction_bits=reduction_bits)
+        x, epilogue, _ = _side_by_side_operands(mode, acts, epilogue, kind=kind, c=k, bound=k + 1,
+                                                threshold_planes=threshold_planes, reduction_bits=reduction_bits)
         out = _bmm((x,), blocks, block_popcount, epilogue, k=reduction_bits,
                    n=_side_by_side_columns(n, threshold_planes), kind=kind, mode="bnn",
                    threshold_planes=_native_planes(threshold_planes, n))
@@ -352,9 +352,12 @@ _CONV_ATTRS = ("c", "o", "kh", "kw", "stride_h", "stride_w", "pad_top", "pad_bot
                "pad_one", "pool_h", "pool_w")
 
 
-@functools.partial(jax.jit, static_argnames=("attrs", "kind", "pooled", "mode", "threshold_planes"))
-def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, pooled, mode, threshold_planes):
-    """The checked op as one compiled function per static signature (as `_bmm`)."""
+@functools.partial(jax.jit, static_argnames=("attrs", "kind", "pooled", "mode", "threshold_planes", "x_repeats"))
+def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, pooled, mode, threshold_planes,
+             x_repeats=1):
+    """The checked op as one compiled function per static signature (as `_bmm`). x_repeats (binary products
+    only): each tap reads the input's words that many times, `c` channels from `ceil(c / 32) / x_repeats` words a
+    pixel (`_side_by_side_operands`); the CUDA kernels read them in place, elsewhere they are copied first."""
     if kind == "i16" and mode != "bnn":  # the int32 products, narrowed (XLA fuses the conversion into the reader)
         return _bconv2d(planes, w, w_tap_popcount, epi, side_by_side, attrs=attrs, kind="i32", pooled=pooled,
                         mode=mode, threshold_planes=threshold_planes).astype(jnp.int16)
@@ -373,7 +376,7 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
     chunk = _KERNEL_INDEX_LIMIT // max(h * wd * images[0].shape[-1], conv_hw[0] * conv_hw[1] * o * max(threshold_planes, 1))
     if 1 <= chunk < images[0].shape[0]:
         outs = [_bconv2d(tuple(x[i:i + chunk] for x in images), w, w_tap_popcount, epi, side_by_side, attrs=attrs,
-                         kind=kind, pooled=pooled, mode=mode, threshold_planes=threshold_planes)
+                         kind=kind, pooled=pooled, mode=mode, threshold_planes=threshold_planes, x_repeats=x_repeats)
                 for i in range(0, images[0].shape[0], chunk)]
         return jnp.concatenate(outs).reshape(batch + outs[0].shape[1:])
     ternary_weights = mode in ("btn", "tnn")
@@ -401,11 +404,13 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
         blocks, block_popcount = prepared or _conv_side_by_side_weights(mode, w_, popcount_, c=c, o=o, taps=kh * kw,
                                                                         threshold_planes=threshold_planes)
         block_channels = _side_by_side_channels(mode, c)
-        x, epilogue = _side_by_side_operands(mode, acts, epilogue, kind=kind, c=c, bound=kh * kw * c + 1,
-                                             threshold_planes=threshold_planes, reduction_bits=kh * kw * block_channels)
+        x, epilogue, x_repeats = _side_by_side_operands(
+            mode, acts, epilogue, kind=kind, c=c, bound=kh * kw * c + 1, threshold_planes=threshold_planes,
+            reduction_bits=kh * kw * block_channels, read_twice=True)
         out = _bconv2d((x,), blocks, block_popcount, epilogue,
                        attrs=(block_channels, _side_by_side_columns(o, threshold_planes)) + attrs[2:], kind=kind,
-                       pooled=pooled, mode="bnn", threshold_planes=_native_planes(threshold_planes, o))
+                       pooled=pooled, mode="bnn", threshold_planes=_native_planes(threshold_planes, o),
+                       x_repeats=x_repeats)
         return _side_by_side_result(out, mode, kind, threshold_planes, o)
 
     def ref(x_, w_, _popcount, *e):
@@ -427,6 +432,7 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
             return _dispatch(f"jaxbnn_{mode}_conv2d_{kind}", out_type, attr_values, composite, *native)
         x_, *weights_ = operands
         target = f"jaxbnn_bconv2d_{kind}"
+        cuda_attrs = {"x_repeats": np.int64(x_repeats)}
         cuda = None
         if kind == "bits" and ph * pw > 1 and _ffi.has_target("cuda", target):
             # On CUDA, a pooled threshold convolution runs unpooled (the image-band and resident kernels take
@@ -435,7 +441,7 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
             # so the bit of a window's max is the OR of the window's bits, and with `flip` their AND.
             # (a plane axis folds into the words: each word pools on its own)
             unpooled = jax.ShapeDtypeStruct((x_.shape[0], *conv_hw) + tail, out_dtype)
-            flat = dict(attr_values, pool_h=np.int64(1), pool_w=np.int64(1))
+            flat = dict(attr_values, **cuda_attrs, pool_h=np.int64(1), pool_w=np.int64(1))
 
             def cuda(x_, *ws):
                 bits = jax.ffi.ffi_call(target, unpooled)(x_, *ws, **flat)
@@ -443,26 +449,31 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
                                                   formats.pack_bits(ws[-1] != 0).reshape(-1))
                 return pooled_bits.reshape(pooled_bits.shape[:3] + tail)
         cuda_operands = dict(cuda_weights=lambda w_: _default_tiles(w_, o, k_bits),
-                             cuda_activations=lambda x_: _clear_padding_bits(x_, c))
-        return _dispatch(target, out_type, attr_values,
-                         _elsewhere(kind, "jaxbnn_bconv2d_i32", out_type, attr_values, ref, cuda_operands), x_,
-                         *weights_, cuda=cuda, **cuda_operands)
+                             cuda_activations=lambda x_: _clear_padding_bits(x_, c // x_repeats))
+        elsewhere = _elsewhere(kind, "jaxbnn_bconv2d_i32", out_type, attr_values, ref, cuda_operands,
+                               cuda_attrs={"x_repeats": np.int64(1)})
+        return _dispatch(target, out_type, attr_values, lambda x_, *rest: elsewhere(_read_input(x_, x_repeats), *rest),
+                         x_, *weights_, cuda=cuda, cuda_attrs=cuda_attrs,
+                         cpu_activations=lambda x_: _read_input(x_, x_repeats), **cuda_operands)
 
     out = _fold_rows(single, activations=len(planes))(*images, *weights, *epi.values())
     return out.reshape(batch + out.shape[1:])
 
 
-@functools.partial(jax.jit, static_argnames=("attrs", "stride", "shift"))
-def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs, stride, shift):
-    """The checked residual convolution as one compiled function per static signature (as `_bmm`)."""
+@functools.partial(jax.jit, static_argnames=("attrs", "stride", "shift", "x_repeats"))
+def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs, stride, shift, x_repeats=1):
+    """The checked residual convolution as one compiled function per static signature (as `_bmm`); x_repeats as
+    `_bconv2d`'s."""
     planes = threshold is not None and threshold.ndim == 2
     if planes and threshold.shape[0] == 1:
         stream, bits = _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold[0],
-                                         None if flip is None else flip[0], attrs=attrs, stride=stride, shift=shift)
+                                         None if flip is None else flip[0], attrs=attrs, stride=stride, shift=shift,
+                                         x_repeats=x_repeats)
         return stream, bits[..., None, :]
     if planes and (threshold.shape[0] > _KERNEL_BITS_PLANES or shortcut.dtype != jnp.int16):
         # the int16 stream's kernels write up to two planes; others, a pass of their own
-        stream = _bconv2d_residual(x, w, w_tap_popcount, shortcut, None, None, attrs=attrs, stride=stride, shift=shift)
+        stream = _bconv2d_residual(x, w, w_tap_popcount, shortcut, None, None, attrs=attrs, stride=stride, shift=shift,
+                                   x_repeats=x_repeats)
         return stream, _stream_planes(stream, threshold, flip)
     c, o, kh, kw, sh, sw, pt, pb, pl, pr, pad_one, _, _ = attrs
     cw = formats.num_words(c)
@@ -494,7 +505,8 @@ def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs,
             def elsewhere(x_, w_, popc_, shortcut_, *e):
                 # the int32 convolution (native where the platform has it), then the epilogue in jnp
                 dot = _dispatch("jaxbnn_bconv2d_i32", jax.ShapeDtypeStruct((x_.shape[0], oh, ow, o), jnp.int32), conv_attrs,
-                                lambda *ops: reference.bconv2d(*ops[:2], **conv), x_, w_, popc_)
+                                lambda *ops: reference.bconv2d(*ops[:2], **conv), x_, w_, popc_,
+                                cuda_attrs={"x_repeats": np.int64(1)})
                 return reference.residual_epilogue(dot, shortcut_, **residual, **dict(zip(("threshold", "flip"), e)))
 
             out_type = (stream_type, bits_type) if bits else stream_type
@@ -502,10 +514,13 @@ def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs,
             narrow = shortcut_.dtype == jnp.int16
             target = "jaxbnn_bconv2d_residual_" + ("i16" + "_bits" * bits if narrow else "bits" if bits else "i32")
             return _dispatch(target, out_type,
-                             dict(conv_attrs, shortcut_stride=np.int64(stride), shift=np.int64(shift)), elsewhere,
+                             dict(conv_attrs, shortcut_stride=np.int64(stride), shift=np.int64(shift)),
+                             lambda x_, *rest: elsewhere(_read_input(x_, x_repeats), *rest),
                              x_, w_, popc_, shortcut_, *epi,
                              cuda_weights=lambda w_: _default_tiles(w_, o, k_bits),
-                             cuda_activations=lambda x_: _clear_padding_bits(x_, c))
+                             cuda_activations=lambda x_: _clear_padding_bits(x_, c // x_repeats),
+                             cpu_activations=lambda x_: _read_input(x_, x_repeats),
+                             cuda_attrs={"x_repeats": np.int64(x_repeats)})
 
         out = _fold_rows(single)(images, w, w_tap_popcount, shortcut, *epilogue)
         stream, packed = out if bits else (out, None)
@@ -554,11 +569,12 @@ def _ternary_residual(planes, w, w_tap_popcount, side_by_side, shortcut, thresho
         else:
             blocks, block_popcount = side_by_side.bits, side_by_side.tap_popcount
         block_channels = _side_by_side_channels(mode, c)
-        x, _ = _side_by_side_operands(mode, planes, {}, kind="i32", c=c, bound=kh * kw * c + 1, threshold_planes=0,
-                                      reduction_bits=kh * kw * block_channels)
+        x, _, x_repeats = _side_by_side_operands(mode, planes, {}, kind="i32", c=c, bound=kh * kw * c + 1,
+                                                 threshold_planes=0, reduction_bits=kh * kw * block_channels,
+                                                 read_twice=True)
         return _bconv2d_residual(x, blocks, block_popcount, shortcut, threshold, flip,
                                  attrs=(block_channels, o) + attrs[2:], stride=stride,
-                                 shift=min(shift + parts.bit_length() - 1, 31))
+                                 shift=min(shift + parts.bit_length() - 1, 31), x_repeats=x_repeats)
 
     if not _side_by_side_fits(mode, kh * kw * formats.num_words(c), o, 0):
         return direct()
@@ -1079,11 +1095,14 @@ def _real_bit_mask(cw, c):
     return real
 
 
-def _side_by_side_operands(mode, acts, epilogue, *, kind, c, bound, threshold_planes, reduction_bits):
+def _side_by_side_operands(mode, acts, epilogue, *, kind, c, bound, threshold_planes, reduction_bits,
+                           read_twice=False):
     """The activations and epilogue operands of the binary product of `_side_by_side_matrix`: the planes side by
     side, the threshold times `parts` (saturated first), the scale divided by it (a power of two: exact), the
     threshold planes' padding columns given a threshold past every product (`reduction_bits`), so their bits
-    stay 0."""
+    stay 0. read_twice: where the blocks repeat the planes (TNN, BTN) and a pixel's planes are whole 16-byte
+    chunks, the planes once, which the convolution reads twice a tap (its `x_repeats`), instead of their copy.
+    Returns (activations, epilogue, x_repeats)."""
     blocks = _REDUCTION_BLOCKS[mode]
     parts = len(blocks)
     if _dense_blocks(mode, c):
@@ -1094,10 +1113,21 @@ def _side_by_side_operands(mode, acts, epilogue, *, kind, c, bound, threshold_pl
         # The planes stacked, (..., planes, W), and read as one row of words: where an epilogue wrote the pair
         # that way (a ternary output), XLA's simplifier folds the stack of its slices back into that array, so
         # the operand is the kernel's output as it lies (the barrier on the row: on the stacked pair, XLA copied
-        # it); the blocks past the planes repeat them (TNN, BTN: one copy).
+        # it); the blocks past the planes repeat them (TNN, BTN: one copy, or the kernel reading them twice).
         planes = jnp.stack([_clear_padding_bits(a, c) for a in acts], axis=-2)
         x = _materialized(planes.reshape(planes.shape[:-2] + (len(acts) * planes.shape[-1],)))
-        x = jnp.concatenate([x] * (parts // len(acts)), axis=-1) if parts > len(acts) else x
+        repeats = parts // len(acts)
+        # The tensor-core kernels take a pixel in 16-byte chunks: read twice, a pixel of 8 bytes (BTN's C = 64
+        # input) left the band kernel for the persistent one's 8-byte copies, BTN ResNet-18 1.7x slower (H200).
+        if repeats > 1 and read_twice and x.shape[-1] % 4 == 0:
+            return x, _side_by_side_epilogue(mode, epilogue, kind, bound, threshold_planes, reduction_bits), repeats
+        x = jnp.concatenate([x] * repeats, axis=-1) if repeats > 1 else x
+    return x, _side_by_side_epilogue(mode, epilogue, kind, bound, threshold_planes, reduction_bits), 1
+
+
+def _side_by_side_epilogue(mode, epilogue, kind, bound, threshold_planes, reduction_bits):
+    """The epilogue operands of `_side_by_side_operands`."""
+    parts = len(_REDUCTION_BLOCKS[mode])
     if kind == "f32":
         epilogue = dict(epilogue, scale=epilogue["scale"] / parts)
     elif kind == "bits":
@@ -1109,7 +1139,7 @@ def _side_by_side_operands(mode, acts, epilogue, *, kind, c, bound, threshold_pl
             threshold = jnp.pad(threshold, ((0, 0), (0, pad)), constant_values=reduction_bits + 1)
             flip = jnp.pad(epilogue["flip"], ((0, 0), (0, pad)))
             epilogue = dict(threshold=threshold.reshape(-1), flip=flip.reshape(-1))
-    return x, epilogue
+    return epilogue
 
 
 def _materialized(acts):
@@ -1151,17 +1181,20 @@ def _composite(binary_dot, acts, w, popcount, n, pool, epilogue):
 
 
 def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None, cuda_weights=None,
-              cuda_activations=None, cpu_activations=None):
+              cuda_activations=None, cpu_activations=None, cuda_attrs=None):
     """Lower to the native handler of the platform the computation runs on, else to the reference.
     cuda: the CUDA branch, where it is not the handler alone; cuda_weights / cuda_activations: what the
     CUDA branch does to the weights (the second operand) / the activations (the first) first;
-    cpu_activations: what the CPU branch does to the activations first."""
+    cpu_activations: what the CPU branch does to the activations first; cuda_attrs: attributes only the CUDA
+    handler takes (the convolutions' x_repeats)."""
     native = lambda *ops: jax.ffi.ffi_call(target, out_type)(*ops, **attrs)  # noqa: E731
     branches = {p: native for p in ("cpu", "cuda") if _ffi.has_target(p, target)}
     if "cpu" in branches and cpu_activations is not None:
         branches["cpu"] = lambda x, *rest: native(cpu_activations(x), *rest)
     if "cuda" in branches:
-        call = native if cuda is None else cuda
+        cuda_native = native if cuda_attrs is None else (
+            lambda *ops: jax.ffi.ffi_call(target, out_type)(*ops, **attrs, **cuda_attrs))
+        call = cuda_native if cuda is None else cuda
         weights = (lambda w: w) if cuda_weights is None else cuda_weights
         activations = (lambda x: x) if cuda_activations is None else cuda_activations
         branches["cuda"] = lambda x, w, *rest: call(activations(x), weights(w), *rest)
@@ -1170,13 +1203,14 @@ def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None, cuda_
     return jax.lax.platform_dependent(*operands, default=reference_fn, **branches)
 
 
-def _elsewhere(kind, i32_target, out_type, attrs, reference_fn, cuda_operands):
+def _elsewhere(kind, i32_target, out_type, attrs, reference_fn, cuda_operands, cuda_attrs=None):
     """What a binary op runs where a platform has no handler of its own for `kind`: the reference, or for an
     int16 result the int32 products (native where registered), narrowed."""
     if kind != "i16":
         return reference_fn
     i32_type = jax.ShapeDtypeStruct(out_type.shape, jnp.int32)
-    return lambda *ops: _dispatch(i32_target, i32_type, attrs, reference_fn, *ops, **cuda_operands).astype(jnp.int16)
+    return lambda *ops: _dispatch(i32_target, i32_type, attrs, reference_fn, *ops, **cuda_operands,
+                                  cuda_attrs=cuda_attrs).astype(jnp.int16)
 
 
 def _fold_rows(single, activations=1):
@@ -1307,6 +1341,11 @@ def _default_tiles(fsb, rows, k_bits):
 def _derived_popcount(fsb, n, k):
     """The +1 count of each weight row's k real bits (padding bits, whatever they hold, not counted)."""
     return _real_bit_popcount(fsb, rows=n, k_bits=k, taps=None)
+
+
+def _read_input(x, x_repeats):
+    """A convolution's input as its taps read it: each pixel's words `x_repeats` times (`_bconv2d`)."""
+    return x if x_repeats == 1 else jnp.concatenate([x] * x_repeats, axis=-1)
 
 
 def _clear_padding_bits(x, bits):

@@ -79,7 +79,8 @@ def _random_signs(rng, shape):
 
 def _check_against_cpu_handler(target, result, operands, attrs, got):
     if _ffi.has_target("cpu", target):
-        np.testing.assert_array_equal(got, _call(target, CPU, result, operands, attrs))
+        cpu_attrs = {name: v for name, v in attrs.items() if name != "x_repeats"}  # (a CUDA attribute)
+        np.testing.assert_array_equal(got, _call(target, CPU, result, operands, cpu_attrs))
 
 
 # Small grids (N > 128 over few row tiles: the wgmma engine's 128-column tiles, the last one partial; a batch-8
@@ -178,13 +179,13 @@ CONV_CASES = [
 ]
 
 
-def _conv_attrs(c, o, kernel, stride, padding, pad_value, pool):
+def _conv_attrs(c, o, kernel, stride, padding, pad_value, pool, x_repeats=1):
     (pt, pb), (pl, pr) = padding
     ph, pw = pool or (1, 1)
     i64 = np.int64
     return dict(c=i64(c), o=i64(o), kh=i64(kernel[0]), kw=i64(kernel[1]), stride_h=i64(stride[0]),
                 stride_w=i64(stride[1]), pad_top=i64(pt), pad_bottom=i64(pb), pad_left=i64(pl), pad_right=i64(pr),
-                pad_one=pad_value == "one", pool_h=i64(ph), pool_w=i64(pw))
+                pad_one=pad_value == "one", pool_h=i64(ph), pool_w=i64(pw), x_repeats=i64(x_repeats))
 
 
 @pytest.mark.parametrize("kind", EPILOGUES)
@@ -692,6 +693,72 @@ def test_residual_bits_handler_rejects_inconsistent_threshold_planes():
         with pytest.raises(Exception, match=message):
             _call("jaxbnn_bconv2d_residual_i16_bits", GPU, (stream, result),
                   [x, w.bits, w.tap_popcount, shortcut, threshold, flip], attrs)
+
+
+# Inputs whose taps read each pixel's words twice (x_repeats 2: a TNN / BTN layer's side-by-side activation blocks):
+# the band kernel (C = 256 read as 4 + 4 words; "one" padding), the resident kernel (N = 256 on 8 x 8), stride 2
+# (cp.async), stored pixels of 2 and 1 words, a 1x1 convolution.
+REPEATED_CONV_CASES = [(3, 14, 14, 256, 64, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero"),
+                       (2, 15, 13, 256, 128, (3, 3), (1, 1), ((1, 1), (1, 1)), "one"),
+                       (4, 8, 8, 512, 256, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero"),
+                       (3, 14, 14, 512, 128, (3, 3), (2, 2), ((1, 1), (1, 1)), "zero"),
+                       (2, 10, 9, 128, 70, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero"),
+                       (2, 9, 9, 64, 40, (3, 3), (1, 1), ((1, 1), (1, 1)), "one"),
+                       (2, 8, 8, 512, 64, (1, 1), (1, 1), ((0, 0), (0, 0)), "zero")]
+
+
+@pytest.mark.parametrize("kind", ["i32", "bits"])
+@pytest.mark.parametrize("case", REPEATED_CONV_CASES, ids=lambda c: f"b{c[0]}_{c[1]}x{c[2]}_c{c[3]}_o{c[4]}_s{c[6][0]}")
+def test_conv_handler_reads_a_repeated_input_in_place(engine, case, kind):
+    """x_repeats 2 on the stored half equals x_repeats 1 on the input written out twice, and the reference."""
+    batch, h, w_, c, o, kernel, stride, padding, pad_value = case
+    rng = np.random.default_rng(zlib.crc32(repr((case, kind)).encode()))
+    stored = np.asarray(formats.pack_bits(_random_signs(rng, (batch, h, w_, c // 2)) >= 0))
+    x = np.concatenate([stored, stored], axis=-1)
+    w = formats.pack_conv_weights(_random_signs(rng, (*kernel, c, o)))
+    epi_kwargs, epi_operands = _epilogue_operands(rng, o, kernel[0] * kernel[1] * c, kind)
+    with jax.default_device(CPU):
+        want = np.asarray(reference.bconv2d(x, w.bits, in_channels=c, out_channels=o, kernel_size=kernel,
+                                            stride=stride, padding=padding, pad_value=pad_value, **epi_kwargs))
+    target, result = f"jaxbnn_bconv2d_{kind}", _result(kind, want.shape[:3], o)
+    attrs = _conv_attrs(c, o, kernel, stride, padding, pad_value, None)
+    got = _call(target, GPU, result, [stored, w.bits, w.tap_popcount, *epi_operands], dict(attrs, x_repeats=np.int64(2)))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(_call(target, GPU, result, [x, w.bits, w.tap_popcount, *epi_operands], attrs), want)
+
+
+def test_residual_handler_reads_a_repeated_input_in_place():
+    """The int16 stream's residual kernel over a TNN block's repeated activation blocks, with both threshold planes."""
+    rng = np.random.default_rng(8)
+    c, o = 256, 64
+    stored = np.asarray(formats.pack_bits(_random_signs(rng, (3, 12, 12, c // 2)) >= 0))
+    w = formats.pack_conv_weights(_random_signs(rng, (3, 3, c, o)))
+    shortcut = rng.integers(-3000, 3000, (3, 12, 12, o)).astype(np.int16)
+    threshold, flip = rng.integers(-400, 400, (2, o)).astype(np.int32), rng.integers(0, 2, (2, o)).astype(np.uint8)
+    attrs = dict(_conv_attrs(c, o, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", None), shortcut_stride=np.int64(1),
+                 shift=np.int64(1))
+    result = (jax.ShapeDtypeStruct((3, 12, 12, o), jnp.int16), jax.ShapeDtypeStruct((3, 12, 12, 2, 2), jnp.uint32))
+
+    def run(x, x_repeats):
+        operands = [jax.device_put(v, GPU) for v in (x, w.bits, w.tap_popcount, shortcut, threshold, flip)]
+        call = jax.ffi.ffi_call("jaxbnn_bconv2d_residual_i16_bits", result)
+        return [np.asarray(v) for v in call(*operands, **dict(attrs, x_repeats=np.int64(x_repeats)))]
+
+    for got, want in zip(run(stored, 2), run(np.concatenate([stored, stored], axis=-1), 1)):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("c,words,x_repeats,message", [
+    (256, 4, 3, "x_repeats must be 1, or 2 with c a multiple of 64"),
+    (96, 2, 2, "x_repeats must be 1, or 2 with c a multiple of 64"),
+    (256, 8, 2, "8 words per pixel"),
+    (256, 4, 1, "4 words per pixel")])
+def test_conv_handler_refuses_inconsistent_repeats(c, words, x_repeats, message):
+    x = np.zeros((1, 6, 6, words), np.uint32)
+    w = formats.pack_conv_weights(np.ones((3, 3, c, 8), np.float32))
+    attrs = _conv_attrs(c, 8, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", None, x_repeats=x_repeats)
+    with pytest.raises(Exception, match=message):
+        _call("jaxbnn_bconv2d_i32", GPU, _result("i32", (1, 6, 6), 8), [x, w.bits, w.tap_popcount], attrs)
 
 
 # --- ternary and mixed products (TNN, TBN, BTN) through the ops: one binary call over the planes side by side --

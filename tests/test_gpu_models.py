@@ -28,7 +28,9 @@ from zoo_cases import (CASES, NETWORK_MODES, REAL_SIZE, SMALL, images_for, rando
 pytestmark = pytest.mark.gpu
 
 CPU = jax.devices("cpu")[0]
-FULL_WIDTH = [("imagenet-resnet18", "bnn", {}), ("imagenet-vgg16", "bnn", {"padding_value": "one"})]
+# (TNN and BTN at full width: their convolutions read the repeated side-by-side planes in place, x_repeats 2)
+FULL_WIDTH = [("imagenet-resnet18", "bnn", {}), ("imagenet-vgg16", "bnn", {"padding_value": "one"}),
+              ("imagenet-resnet18", "tnn", {}), ("imagenet-resnet18", "btn", {})]
 
 
 def _gpu():
@@ -105,8 +107,21 @@ def test_trained_zoo_model_is_the_same_everywhere(name, mode):
     _check_everywhere(model, images_for(model, 6, seed=13))
 
 
-@pytest.mark.parametrize("name, mode, options", FULL_WIDTH, ids=[n for n, _, _ in FULL_WIDTH])
+@pytest.mark.parametrize("name, mode, options", FULL_WIDTH, ids=[f"{n}-{m}" for n, m, _ in FULL_WIDTH])
 def test_full_width_model_is_the_same_everywhere(name, mode, options):
     model = randomize(build_model(name, mode, num_classes=10, input_shape=(32, 32, 3), width=1.0,
                                   rngs=nnx.Rngs(0), layer_options=options), 1)
     _check_everywhere(model, images_for(model, 4, seed=8))
+
+
+@pytest.mark.parametrize("mode", ["tnn", "btn"])
+def test_full_width_ternary_convolutions_read_their_repeated_planes_in_place(mode):
+    """TNN's and BTN's side-by-side blocks repeat the activation planes; the CUDA convolutions read them twice a
+    tap (x_repeats = 2) where a pixel's planes are whole 16-byte chunks (ResNet-18's C >= 64 for TNN, >= 128 for
+    BTN), not a copy."""
+    model = build_model("imagenet-resnet18", mode, num_classes=10, input_shape=(32, 32, 3), width=1.0,
+                        rngs=nnx.Rngs(0))
+    net = runtime.from_packed(export_model(model, target="sm90"))
+    with jax.default_device(_gpu()):
+        text = net._trace.lower(net.params, images_for(model, 2, seed=3)).as_text()
+    assert "x_repeats = 2" in text

@@ -49,6 +49,10 @@ struct BinaryGemmProblem {
   const uint32_t* w = nullptr;         // FSB tiles (w_row_tiles, w_k_tiles, 8, 4)
   const int32_t* tap_popc = nullptr;   // (kh * kw, n): +1 count of each tap of each output channel
   int batch = 0, in_h = 0, in_w = 0, cw = 0, c = 0;
+  // Words per pixel of `x` as it lies in memory: cw, or cw / 2 where each tap's reduction reads the pixel's words
+  // twice (a side-by-side ternary product's repeated activation blocks, docs/ops.md: the operand is not copied
+  // twice over first). Set by the caller; the kernels gather tap word w from stored word w % x_cw.
+  int x_cw = 0;
   int kh = 1, kw = 1, stride_h = 1, stride_w = 1, pad_top = 0, pad_left = 0;
   bool pad_one = false;                // out-of-frame taps are -1 inputs (else they are excluded)
   int pool_h = 1, pool_w = 1;

@@ -252,7 +252,7 @@ ffi::Error Bmm(cudaStream_t stream, const ffi::Buffer<ffi::U32>& a, const ffi::B
   p.tap_popc = b_popc.typed_data();
   p.batch = static_cast<int>(m);
   p.in_h = p.in_w = 1;
-  p.cw = static_cast<int>(k_words);
+  p.cw = p.x_cw = static_cast<int>(k_words);
   p.c = static_cast<int>(k);
   p.out_h = p.out_w = 1;
   p.n = static_cast<int>(n);
@@ -266,10 +266,13 @@ ffi::Error Bmm(cudaStream_t stream, const ffi::Buffer<ffi::U32>& a, const ffi::B
   return Run(p, stream);
 }
 
+// x_repeats: how many times each tap reads its input pixel's words (1, or 2: a side-by-side ternary product's
+// repeated activation blocks, BinaryGemmProblem::x_cw; c then whole words, a multiple of 64); the input holds
+// ceil(c / 32) / x_repeats words a pixel.
 struct ConvAttrs {
   int64_t c, o, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right;
   bool pad_one;
-  int64_t pool_h, pool_w;
+  int64_t pool_h, pool_w, x_repeats;
 };
 
 // residual: the residual epilogue's operands where e.kind is one (IsResidual; its threshold and flip optional).
@@ -293,9 +296,13 @@ ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi:
   const auto x_dims = x.dimensions();
   if (x_dims.size() != 4) return Invalid("bconv2d input must be packed NHWC (B, H, W, ceil(C/32)), got " + Dims(x_dims));
   const int64_t batch = x_dims[0], h = x_dims[1], wd = x_dims[2], cw = formats::WordsForBits(at.c);
-  if (x_dims[3] != cw) {
+  if ((at.x_repeats != 1 && at.x_repeats != 2) || (at.x_repeats == 2 && at.c % 64 != 0)) {
+    return Invalid("bconv2d x_repeats must be 1, or 2 with c a multiple of 64, got " + std::to_string(at.x_repeats) +
+                   " with c=" + std::to_string(at.c));
+  }
+  if (x_dims[3] * at.x_repeats != cw) {
     return Invalid("bconv2d input has " + std::to_string(x_dims[3]) + " words per pixel, c=" + std::to_string(at.c) +
-                   " needs " + std::to_string(cw));
+                   " read " + std::to_string(at.x_repeats) + " time(s) a tap needs " + std::to_string(cw / at.x_repeats));
   }
   const int64_t conv_h = (h + at.pad_top + at.pad_bottom - at.kh) / at.stride_h + 1;
   const int64_t conv_w = (wd + at.pad_left + at.pad_right - at.kw) / at.stride_w + 1;
@@ -331,6 +338,7 @@ ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi:
   p.in_h = static_cast<int>(h);
   p.in_w = static_cast<int>(wd);
   p.cw = static_cast<int>(cw);
+  p.x_cw = static_cast<int>(cw / at.x_repeats);
   p.c = static_cast<int>(at.c);
   p.kh = static_cast<int>(at.kh);
   p.kw = static_cast<int>(at.kw);
@@ -607,9 +615,12 @@ ffi::Error BmmBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> a, ffi::Buffer
 
 #define JAXBNN_CONV_ATTR_PARAMS                                                                             \
   int64_t c, int64_t o, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t pad_top,       \
-      int64_t pad_bottom, int64_t pad_left, int64_t pad_right, bool pad_one, int64_t pool_h, int64_t pool_w
-#define JAXBNN_CONV_ATTRS \
-  ConvAttrs { c, o, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, pad_one, pool_h, pool_w }
+      int64_t pad_bottom, int64_t pad_left, int64_t pad_right, bool pad_one, int64_t pool_h, int64_t pool_w, \
+      int64_t x_repeats
+#define JAXBNN_CONV_ATTRS                                                                                       \
+  ConvAttrs {                                                                                                   \
+    c, o, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, pad_one, pool_h, pool_w, x_repeats \
+  }
 
 ffi::Error BConvI32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buffer<ffi::U32> w,
                         ffi::Buffer<ffi::S32> tap_popc, JAXBNN_CONV_ATTR_PARAMS, ffi::ResultBuffer<ffi::S32> out) {
@@ -713,7 +724,8 @@ HandlerStats GetHandlerStats() { return {g_handler_calls.load(), g_handler_nanos
 #define JAXBNN_BIND_CONV_ATTRS                                                                                     \
   .Attr<int64_t>("c").Attr<int64_t>("o").Attr<int64_t>("kh").Attr<int64_t>("kw").Attr<int64_t>("stride_h")     \
       .Attr<int64_t>("stride_w").Attr<int64_t>("pad_top").Attr<int64_t>("pad_bottom").Attr<int64_t>("pad_left") \
-      .Attr<int64_t>("pad_right").Attr<bool>("pad_one").Attr<int64_t>("pool_h").Attr<int64_t>("pool_w")
+      .Attr<int64_t>("pad_right").Attr<bool>("pad_one").Attr<int64_t>("pool_h").Attr<int64_t>("pool_w")     \
+      .Attr<int64_t>("x_repeats")
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBmmI32, jaxbnn::cuda::BmmI32Impl,
                               JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()

@@ -10,10 +10,10 @@ namespace jaxbnn::cuda {
 // The origin of output pixel (b, oh, ow) (conv output, before any pool), as RowOrigin returns it.
 __device__ __forceinline__ int4 FieldOrigin(const BinaryGemmProblem& p, int b, int oh, int ow) {
   const int ih0 = oh * p.stride_h - p.pad_top, iw0 = ow * p.stride_w - p.pad_left;
-  return make_int4(((b * p.in_h + ih0) * p.in_w + iw0) * p.cw, ih0, iw0, 1);
+  return make_int4(((b * p.in_h + ih0) * p.in_w + iw0) * p.x_cw, ih0, iw0, 1);
 }
 
-// Per tile row: where its output pixel's receptive field starts. x: word offset of tap (0, 0)
+// Per tile row: where its output pixel's receptive field starts. x: stored word offset of tap (0, 0)
 // (may point outside the image at borders), y/z: input row/column of tap (0, 0), w: 1 if the row is real.
 __device__ __forceinline__ int4 RowOrigin(const BinaryGemmProblem& p, int tile_m, int rows_per_tile, int r) {
   const int window = p.pool_h * p.pool_w;

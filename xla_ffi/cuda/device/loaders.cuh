@@ -29,6 +29,12 @@ __host__ __device__ __forceinline__ int TapRowBytes(int cw) {
   return bytes == 32 || bytes == 64 ? bytes : bytes % 128 == 0 ? 128 : 0;
 }
 
+// The byte of a pixel's stored words that byte `tap_byte` of a tap's channel bytes reads (BinaryGemmProblem::x_cw:
+// the second reading of a repeated pixel starts again at its first byte).
+__device__ __forceinline__ int StoredByte(const BinaryGemmProblem& p, int tap_byte) {
+  return tap_byte < p.x_cw * 4 ? tap_byte : tap_byte - p.x_cw * 4;
+}
+
 // kTapRows: where k256 step ks of a K block (32 bytes of K) starts in a stage of kRows-row slabs of W =
 // a_box_bytes = 1 << a_box_log2 bytes: in slab ks * 32 / W, ks * 32 % W bytes into a row.
 template <int kRows>
@@ -56,7 +62,7 @@ __device__ __forceinline__ uint32_t ChunkOffset(int row, int chunk, int row_byte
 }
 
 // Copies K block `kb` of the activation rows of a tile into a stage. kVec words per copy (4 when every
-// tap's words are 16-byte aligned, else 1). Each thread keeps one word position, so the tap division runs
+// tap's words and every pixel's stored words are 16-byte aligned, else 1: a copy never crosses a repeat). Each thread keeps one word position, so the tap division runs
 // once per stage, and copies the same compile-time number of rows, kThreads / kCopiesPerRow apart: an
 // unrolled loop with constant stage offsets. Which copies share a quarter-warp (8 lanes, one request):
 //   along rows: 8 consecutive rows at one word position. For a tap of 16 bytes (C <= 128) these are 8
@@ -85,7 +91,8 @@ __device__ __forceinline__ void LoadActivationStage(const BinaryGemmProblem& p, 
   const int tap = Quotient(kword, div.cw);
   const int cword = kword - tap * p.cw;
   const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
-  const int tap_offset = (fkh * p.in_w + fkw) * p.cw + cword;
+  // the stored word of the tap's word cword (a repeated pixel's second reading: x_cw words back)
+  const int tap_offset = (fkh * p.in_w + fkw) * p.x_cw + (cword < p.x_cw ? cword : cword - p.x_cw);
   // row0 + kRowStep i lies kRowStep i 128-byte rows further in either layout (kRowStep is a multiple of 8)
   const uint32_t dst0 = stage + ChunkOffset<kLayout, kRows>(row0, part * kVec / 4, 7) + (part * kVec % 4) * 4;
 #pragma unroll

@@ -123,18 +123,18 @@ class PlanCache {
 
  private:
   static constexpr size_t kEntries = 64;
-  using Key = std::array<int64_t, 27>;
+  using Key = std::array<int64_t, 28>;
   struct Entry {
     Key key;
     LaunchPlan plan;
   };
   // (max_excess, compact_classes, class_numbering and the tables' flags are Plan's, derived from the key's fields;
   // no plan depends on the threshold planes, which only the epilogue reads)
-  static_assert(sizeof(BinaryGemmProblem) == 208, "a field was added to BinaryGemmProblem: add it to KeyOf");
+  static_assert(sizeof(BinaryGemmProblem) == 216, "a field was added to BinaryGemmProblem: add it to KeyOf");
   static Key KeyOf(const BinaryGemmProblem& p, KernelPath path, int device) {
     const auto x = reinterpret_cast<uintptr_t>(p.x), w = reinterpret_cast<uintptr_t>(p.w);
     return {device, static_cast<int>(path), static_cast<int64_t>(x % 16), static_cast<int64_t>(w % 16),
-            p.batch, p.in_h, p.in_w, p.cw, p.c, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_top, p.pad_left,
+            p.batch, p.in_h, p.in_w, p.cw, p.x_cw, p.c, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_top, p.pad_left,
             p.pad_one, p.pool_h, p.pool_w, p.out_h, p.out_w, p.n, p.w_row_tiles, p.w_k_tiles, p.k_words,
             p.k_real, p.pooled_rows, static_cast<int>(p.epilogue)};
   }
@@ -154,6 +154,11 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
                              KernelPath* chosen, const ResidualOperands& residual) {
   // every kernel needs a K block: the wgmma consumers fill the column parameters inside their k loop
   if (problem.k_words < 1 || problem.k_words > kMaxReductionWords) return cudaErrorInvalidValue;
+  // a pixel's stored words, read once or twice per tap (then whole words: no padding bits between the readings)
+  if (problem.x_cw != problem.cw &&
+      (problem.x_cw < 1 || problem.x_cw * 2 != problem.cw || problem.c != 32 * problem.cw)) {
+    return cudaErrorInvalidValue;
+  }
   if (problem.planes < 1 || problem.planes > kMaxBitsPlanes ||
       (problem.planes > 1 && problem.epilogue != Epilogue::kBits)) {
     return cudaErrorInvalidValue;

@@ -123,7 +123,7 @@ bool PlanResident(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan
       TensorMapEncoder() == nullptr) {
     return false;
   }
-  if (copies && !((small_grid || residual) && p.cw % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+  if (copies && !((small_grid || residual) && p.x_cw % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
                   p.k_words > 24)) {
     return false;
   }
@@ -149,7 +149,8 @@ bool PlanResident(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan
 
 // BandWgmmaKernel where it can run `p`: an unpooled stride-1 convolution with taps (not a GEMM: the resident
 // kernel's rows need no band) of at most 128 output channels, 16-byte channel chunks in planes it can pair
-// (P = 1 or even) or pixel pairs (C = 64, an even input width), a padded row of at most 256 positions (a
+// (P = 1 or even; a repeated pixel's band holds its stored planes once) or pixel pairs (C = 64, an even input
+// width, not repeated), a padded row of at most 256 positions (a
 // TMA box side), and a band of a tile per warpgroup in the shared memory left by the weights. False (nothing
 // planned) otherwise.
 bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& plan) {
@@ -158,8 +159,10 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
   // of pixels (a TMA row stride is a multiple of 16 bytes)
   const bool pixel_pairs = PixelPairs(p);
   const int planes = pixel_pairs ? 1 : p.cw / 4, position_bytes = pixel_pairs ? 8 : 16;
+  const int stored_planes = pixel_pairs ? 1 : p.x_cw / 4;  // a band buffer's
   const int wp = pixel_pairs ? (p.out_w + p.kw - 1 + (p.pad_left & 1) + 1) / 2 * 2 : p.out_w + p.kw - 1;
-  const bool chunks_pair = pixel_pairs ? p.in_w % 2 == 0 : p.cw % 4 == 0 && (planes == 1 || planes % 2 == 0);
+  const bool chunks_pair = pixel_pairs ? p.in_w % 2 == 0 && p.x_cw == p.cw
+                                       : p.x_cw % 4 == 0 && (planes == 1 || planes % 2 == 0);
   if (TensorMapEncoder() == nullptr || p.n > kBandCols || p.pool_h * p.pool_w != 1 || p.stride_h != 1 ||
       p.stride_w != 1 || p.kh * p.kw == 1 || !chunks_pair || wp > 256 ||
       reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || reinterpret_cast<uintptr_t>(p.w) % 16 != 0) {
@@ -217,8 +220,8 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
     band.slot_positions = 0;
     band.plane_bytes = 0;
     const int fixed = BandSmemOf(p, band).total;
-    const int row_bytes = 2 * planes * wp * position_bytes;  // two buffers
-    const int max_rows = std::min(256, (smem_optin - fixed - 2 * planes * 128 * tile_step) / row_bytes);
+    const int row_bytes = 2 * stored_planes * wp * position_bytes;  // two buffers
+    const int max_rows = std::min(256, (smem_optin - fixed - 2 * stored_planes * 128 * tile_step) / row_bytes);
     if (max_rows < p.kh + 1) return false;
     // bands of fewer tiles than warpgroups would leave warpgroups idle
     const int smem_tiles = ((max_rows - p.kh - 1) * wp + 1) / 64 / tile_step * tile_step;
@@ -235,10 +238,10 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
   // per segment where it fits a box side; else one (16 bytes, Wp, band rows) box of NHWC bytes per plane and
   // segment.
   TensorMapRecipe& r = plan.a_recipe;
-  const cuuint64_t pixel_bytes = static_cast<cuuint64_t>(p.cw) * 4;
-  band.whole_rows = pixel_pairs || (planes == 1 && 2 * wp <= 256);
+  const cuuint64_t pixel_bytes = static_cast<cuuint64_t>(p.x_cw) * 4;
+  band.whole_rows = pixel_pairs || (stored_planes == 1 && 2 * wp <= 256);
   if (band.whole_rows) {
-    const cuuint64_t pixel_elements = static_cast<cuuint64_t>(p.cw) / 2;  // 8-byte elements
+    const cuuint64_t pixel_elements = static_cast<cuuint64_t>(p.x_cw) / 2;  // 8-byte elements
     r.data_type = CU_TENSOR_MAP_DATA_TYPE_UINT64;
     r.rank = 3;
     r.dims[0] = pixel_elements * p.in_w;
@@ -289,7 +292,7 @@ LaunchPlan PlanPersistent(const BinaryGemmProblem& p, const DeviceInfo& info) {
   plan.weights_by_tma = Encode(plan.w_recipe, p.w, plan.w_map);  // else bulk copies
   if (!plan.weights_by_tma) plan.w_recipe = TensorMapRecipe{};
   // Runs of pairs per cluster when activations and weights together take at most 24 MiB of the 50 MiB L2.
-  const long long operand_bytes = static_cast<long long>(p.batch) * p.in_h * p.in_w * p.cw * 4 +
+  const long long operand_bytes = static_cast<long long>(p.batch) * p.in_h * p.in_w * p.x_cw * 4 +
                                   static_cast<long long>(p.w_row_tiles) * p.w_k_tiles * 128;
   plan.runs = operand_bytes <= (24ll << 20);
   // one short K block (unpooled, by cp.async): 1 or 3 k256 steps (K <= 8 or 24 words)
@@ -313,10 +316,11 @@ LaunchPlan PlanPersistent(const BinaryGemmProblem& p, const DeviceInfo& info) {
 // it), with the fields derived from the shape (DeriveFromShape).
 LaunchPlan Plan(BinaryGemmProblem p, KernelPath path, const DeviceInfo& info) {
   DeriveFromShape(p);
-  // 16-byte copies need every tap's words 16-byte aligned (the classic kernels' kVec, the wgmma TMA boxes).
-  const bool aligned = p.cw % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+  // 16-byte copies need every tap's words and every pixel's stored words 16-byte aligned (the classic kernels'
+  // kVec, the wgmma TMA boxes).
+  const bool aligned = p.cw % 4 == 0 && p.x_cw % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   // the wgmma kernel's cp.async producer also copies 8 bytes at a time (a tap of 2 words: C = 64)
-  const bool half_aligned = p.cw % 2 == 0 && reinterpret_cast<uintptr_t>(p.x) % 8 == 0;
+  const bool half_aligned = p.cw % 2 == 0 && p.x_cw % 2 == 0 && reinterpret_cast<uintptr_t>(p.x) % 8 == 0;
   const bool can_wgmma = info.major == 9 && info.minor == 0 && (aligned || half_aligned);
   const bool can_mma = info.major >= 8;
   KernelPath run = can_wgmma ? KernelPath::kWgmma : can_mma ? KernelPath::kMmaSync : KernelPath::kSimt;

@@ -35,7 +35,7 @@ bool Encode(const TensorMapRecipe& r, const void* address, CUtensorMap& map) {
 // box_h, 1) boxes; coordinates outside the image (padding) arrive as zeros.
 TensorMapRecipe NhwcBytes(const BinaryGemmProblem& p, int box_bytes, int box_w, int box_h,
                           CUtensorMapSwizzle swizzle) {
-  const cuuint64_t pixel_bytes = static_cast<cuuint64_t>(p.cw) * 4;
+  const cuuint64_t pixel_bytes = static_cast<cuuint64_t>(p.x_cw) * 4;  // as stored
   TensorMapRecipe r;
   r.rank = 4;
   r.dims[0] = pixel_bytes;
@@ -54,8 +54,8 @@ TensorMapRecipe NhwcBytes(const BinaryGemmProblem& p, int box_bytes, int box_w, 
 }
 
 // How the wgmma kernel takes the activations of `p`, with the recipe of the TMA tensor map it needs:
-//   rows of a plain matrix (bmm, 1x1 stride-1 unpadded convolutions): bytes x rows, 128 x 128 boxes,
-//   128B swizzle (kSwizzledRows);
+//   rows of a plain matrix (bmm, 1x1 stride-1 unpadded convolutions, pixels read once): bytes x rows,
+//   128 x 128 boxes, 128B swizzle (kSwizzledRows);
 //   stride-1 convolutions whose 128-row tiles are whole output rows (128 % out_w == 0, tiles inside an
 //   image) or 128-pixel runs of one (out_w % 128 == 0): NHWC bytes, out-of-frame taps zero-filled by the
 //   TMA unit; one (W bytes, pixels) box per W bytes of K with the W-byte swizzle where a tap's channel
@@ -65,10 +65,11 @@ TensorMapRecipe NhwcBytes(const BinaryGemmProblem& p, int box_bytes, int box_w, 
 // `rows`: the rows of a box (128: WgmmaKernel's tiles; 64: ResidentWgmmaKernel's halves).
 ALayout ActivationLayout(const BinaryGemmProblem& p, TensorMapRecipe& r, int rows) {
   r = TensorMapRecipe{};
-  // the boxes take 16 bytes (4 words) of a tap at least
-  if (p.pool_h * p.pool_w != 1 || p.stride_h != 1 || p.stride_w != 1 || p.cw % 4 != 0) return ALayout::kCoreMatrices;
+  // the boxes take 16 bytes (4 words) of a stored pixel at least
+  if (p.pool_h * p.pool_w != 1 || p.stride_h != 1 || p.stride_w != 1 || p.x_cw % 4 != 0) return ALayout::kCoreMatrices;
   const cuuint64_t row_bytes = static_cast<cuuint64_t>(p.cw) * 4;
-  if (p.kh == 1 && p.kw == 1 && p.pad_top == 0 && p.pad_left == 0 && p.out_h == p.in_h && p.out_w == p.in_w) {
+  if (p.x_cw == p.cw && p.kh == 1 && p.kw == 1 && p.pad_top == 0 && p.pad_left == 0 && p.out_h == p.in_h &&
+      p.out_w == p.in_w) {
     r.rank = 2;
     r.dims[0] = row_bytes;
     r.dims[1] = static_cast<cuuint64_t>(p.pooled_rows);
@@ -81,8 +82,9 @@ ALayout ActivationLayout(const BinaryGemmProblem& p, TensorMapRecipe& r, int row
   const int box_w = p.out_w < rows ? p.out_w : rows, box_h = rows / box_w;
   const bool whole_rows = rows % p.out_w == 0 && p.out_h % box_h == 0;
   if (!(whole_rows || p.out_w % rows == 0)) return ALayout::kCoreMatrices;
-  // Tap rows where a tap's bytes allow (W-byte boxes with the W-byte swizzle), else 16-byte chunk boxes.
-  const int tap_row_bytes = TapRowBytes(p.cw);
+  // Tap rows where a tap's bytes allow (W-byte boxes with the W-byte swizzle), else 16-byte chunk boxes; the
+  // stored pixel's bytes, so that a box never crosses a repeat.
+  const int tap_row_bytes = TapRowBytes(p.x_cw);
   r = NhwcBytes(p, tap_row_bytes ? tap_row_bytes : 16, box_w, box_h,
                 tap_row_bytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
                 : tap_row_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B

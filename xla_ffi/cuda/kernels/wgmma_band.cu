@@ -4,7 +4,8 @@
 //
 // A CTA keeps its column tile's weights and a band of input rows of one image in shared memory. In the
 // band, the zero-padded frame (the TMA unit fills out-of-frame pixels with zeros) lies row after row,
-// Wp = out_w + kw - 1 positions per row, 16 bytes per position in each of the P = cw / 4 channel planes.
+// Wp = out_w + kw - 1 positions per row, 16 bytes per position in each of the P = cw / 4 channel planes (a
+// pixel that each tap reads twice, x_cw = cw / 2: its P / 2 stored planes, each read for two chunks).
 // Output position q = oy Wp + ox takes tap (i, j) of chunk c from position q + i Wp + j of plane c: 64
 // consecutive positions are 64 rows of 16 contiguous bytes, a no-swizzle wgmma operand (8-row groups 128
 // bytes apart) whatever the tap. So each k256 step's A operand is the band itself at a shifted start, and
@@ -95,11 +96,11 @@ __device__ __forceinline__ int BandFirstRow(const BandLayout& band, const BandIt
 
 // One thread copies item `it`'s band into buffer `buffer` (at dst), arriving on its barrier `full`: one 3-D
 // box of whole padded rows per segment (pixel pairs: from the even column at or left of the frame's first;
-// one plane of C = 128), else one 4-D box per channel plane and segment.
+// one plane of C = 128), else one 4-D box per stored channel plane and segment.
 template <bool kPixelPairs>
 __device__ __forceinline__ void CopyBand(const BinaryGemmProblem& p, const BandLayout& band, const CUtensorMap& band_map,
                                          const BandItem& it, uint32_t dst, uint32_t full) {
-  const int segments = it.tiles[1] > 0 ? 2 : 1, planes = band.planes.divisor;
+  const int segments = it.tiles[1] > 0 ? 2 : 1, planes = StoredBandPlanes(p);
   const int position_bytes = kPixelPairs ? 8 : 16, odd_pad = kPixelPairs ? p.pad_left & 1 : 0;
   BarrierArriveExpectBytes(full, segments * planes * band.band_rows * band.padded_w.divisor * position_bytes);
   for (int s = 0; s < segments; ++s) {
@@ -132,7 +133,8 @@ __device__ __forceinline__ void CopyBand(const BinaryGemmProblem& p, const BandL
 // window sums per row took ~0.4 us of the first tile's start; an m64n128 and an m64n8 wgmma per step before).
 // Pixel pairs: ones over the halves of real taps, in both sets.
 // Step s takes chunks 2s, 2s + 1 of K: chunk k is plane k % P of tap k / P, at plane_bytes (k % P) + 16 (i Wp
-// + j) from the band's start for tile position 0 (the partner of an odd last chunk: 16 bytes on). Pixel pairs:
+// + j) from the band's start for tile position 0 (a repeated pixel's plane k % P read from stored plane
+// k % P % (x_cw / 4)) (the partner of an odd last chunk: 16 bytes on). Pixel pairs:
 // step s of filter row dy reads four positions from dy Wp + 4 (s % steps per row) on, relative to the tile's
 // first aligned one (the tile adds it); its two 16-byte chunks lie 16 bytes apart.
 template <bool kPixelPairs>
@@ -158,10 +160,13 @@ __device__ __forceinline__ void PrepareBandOperands(const BinaryGemmProblem& p, 
     *reinterpret_cast<uint4*>(smem + at.ones + set * WeightSetBytes(band) + 16 * (i % ones_per_set)) =
         make_uint4(first, first, second, second);
   }
+  const int stored = StoredBandPlanes(p);
   auto chunk_offset = [&](int k) {
     const int tap = Quotient(k, band.planes), c = k - tap * planes;
     const int i = Quotient(tap, band.kw);  // tap (i, j) at i Wp + j
-    return c * band.plane_bytes + 16 * (i * wp + tap - i * p.kw);
+    // plane c of a tap that reads its pixel twice: stored plane c % stored (two chunks of one step may then
+    // be the same bytes: a leading byte offset of 0)
+    return (c < stored ? c : c - stored) * band.plane_bytes + 16 * (i * wp + tap - i * p.kw);
   };
   for (int s = from_last; s < band.steps; s += kBandThreads) {
     if (kPixelPairs) {

@@ -16,7 +16,7 @@ inline constexpr int kBandCols = 128, kBandWarpgroups = 4, kBandThreads = 128 * 
 // were single-thread dependent chains on the way to the first tile (clock64 trace).
 struct BandLayout {
   FastDivisor padded_w;  // Wp
-  FastDivisor planes;    // P
+  FastDivisor planes;    // P: the chunks of a tap (a band buffer holds StoredBandPlanes)
   FastDivisor kw;        // the filter's width
   int tiles_per_image;   // 64-position tiles: ceil(out_h Wp / 64)
   FastDivisor image_tiles;  // tile slots per image: tiles_per_image, or a multiple of tiles_per_item
@@ -34,6 +34,12 @@ struct BandLayout {
 
 // Whether the band kernel takes `p` as pixel pairs (C = 64: 8 bytes a position, two sets of weights; above).
 __host__ __device__ __forceinline__ bool PixelPairs(const BinaryGemmProblem& p) { return p.cw == 2; }
+
+// The channel planes a band buffer holds: a pixel's stored 16-byte chunks (x_cw / 4; pixel pairs: 1), which a
+// tap that reads its pixel twice takes twice.
+__host__ __device__ __forceinline__ int StoredBandPlanes(const BinaryGemmProblem& p) {
+  return PixelPairs(p) ? 1 : p.x_cw / 4;
+}
 
 // The segments of an item: tiles [first_tile, first_tile + tiles[0]) of `image`, then (where it runs past
 // its image) tiles [0, tiles[1]) of image + 1.
@@ -69,7 +75,7 @@ __host__ __device__ __forceinline__ int WeightSetBytes(const BandLayout& b) {
 }
 __host__ __device__ __forceinline__ BandSmem BandSmemOf(const BinaryGemmProblem& p, const BandLayout& b) {
   BandSmem s;
-  s.buffer_bytes = (PixelPairs(p) ? 1 : p.cw / 4) * b.plane_bytes;
+  s.buffer_bytes = StoredBandPlanes(p) * b.plane_bytes;
   const int slack = (16 * (p.kw + 64) + 127) / 128 * 128;
   s.weights = 2 * s.buffer_bytes + slack;
   s.ones = s.weights + kBandCols / 8 * b.k_tiles * 128;

@@ -102,7 +102,7 @@ __device__ __forceinline__ void ProduceStages(const BinaryGemmProblem& p, const 
       const int k_byte = kb * 128 + tid * a_box_bytes, tap_bytes = p.cw * 4;
       const int tap = Quotient(k_byte, div.tap_bytes);
       const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
-      const int channel_byte = k_byte < p.k_words * 4 ? k_byte - tap * tap_bytes : tap_bytes;
+      const int channel_byte = k_byte < p.k_words * 4 ? StoredByte(p, k_byte - tap * tap_bytes) : p.x_cw * 4;
       if (it >= kWgStages) BarrierWait(empty0 + 8 * s, ((it / kWgStages) - 1) & 1);
       const uint32_t stage = base + s * kWgStageBytes;
       // FSB tiles past K are not copied either: what stays there meets zero-filled activation words.
@@ -120,8 +120,8 @@ __device__ __forceinline__ void ProduceStages(const BinaryGemmProblem& p, const 
                        oh0 + fkh - p.pad_top, image, full);
         }
       } else {
-        // 8-byte copies where a tap has an even but not a multiple-of-4 number of words (C = 64: 2)
-        if (p.cw % 4 == 0) {
+        // 8-byte copies where a stored pixel has an even but not a multiple-of-4 number of words (C = 64: 2)
+        if (p.x_cw % 4 == 0) {
           LoadActivationStage<kWgRows, 4, 128, kStageLayout, (kSteps < 4)>(p, div, origins, stage, kb, tid);
         } else {
           LoadActivationStage<kWgRows, 2, 128, kStageLayout, (kSteps < 4)>(p, div, origins, stage, kb, tid);
@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const bool staged = p.pool_h * p.pool_w > 1;
   // Bytes of K per row of one activation slab (one TMA box): 16 in the chunk slabs, W in the tap rows, 128
   // (a whole stage row) in the other layouts; a power of two.
-  const int a_box_bytes = kLayout == ALayout::kChunkSlabs ? 16 : kLayout == ALayout::kTapRows ? TapRowBytes(p.cw) : 128;
+  const int a_box_bytes = kLayout == ALayout::kChunkSlabs ? 16 : kLayout == ALayout::kTapRows ? TapRowBytes(p.x_cw) : 128;
   const int a_box_log2 = __ffs(a_box_bytes) - 1;
   const int a_boxes = 128 >> a_box_log2;           // per stage
   uint32_t tap_row_step[4];

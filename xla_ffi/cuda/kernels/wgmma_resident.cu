@@ -131,11 +131,12 @@ __device__ __forceinline__ void ProduceBoxedStages(const BinaryGemmProblem& p, c
     const int image = Quotient(first, div.image_pixels), in_image = first - image * div.image_pixels.divisor;
     const int oh0 = Quotient(in_image, div.out_w), ow0 = in_image - oh0 * p.out_w;
     for (int kb = 0; kb < k_blocks; ++kb) {
-      // box `lane`: a_box_bytes of one tap's channel bytes; boxes past K start past them (zeros)
+      // box `lane`: a_box_bytes of one tap's channel bytes (where the tap reads its pixel twice, of the stored
+      // bytes it reads); boxes past K start past them (zeros)
       const int k_byte = kb * 128 + lane * a_box_bytes;
       const int tap = Quotient(k_byte, div.tap_bytes);
       const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
-      const int channel_byte = k_byte < p.k_words * 4 ? k_byte - tap * tap_bytes : tap_bytes;
+      const int channel_byte = k_byte < p.k_words * 4 ? StoredByte(p, k_byte - tap * tap_bytes) : p.x_cw * 4;
       if (!first_round) BarrierWait(ResidentBarrier(empty0, half, at.stage), at.phase ^ 1);
       const uint32_t stage = base + ResidentRingOffset(half, at.stage), full = ResidentBarrier(full0, half, at.stage);
       if (lane == 0) BarrierArriveExpectBytes(full, kResidentStageBytes);
@@ -232,7 +233,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int tile_n = blockIdx.x / ctas_per_column, first_tile = blockIdx.x % ctas_per_column;
   const int col0 = tile_n * kCols;
   const int k_blocks = (p.k_words + kKBlockWords - 1) / kKBlockWords;
-  const int a_box_bytes = kLayout == ALayout::kChunkSlabs ? 16 : kLayout == ALayout::kTapRows ? TapRowBytes(p.cw) : 128;
+  const int a_box_bytes = kLayout == ALayout::kChunkSlabs ? 16 : kLayout == ALayout::kTapRows ? TapRowBytes(p.x_cw) : 128;
   const int a_box_log2 = __ffs(a_box_bytes) - 1;
   if (tid == 0) {
     if (!kCopies) PrefetchTensorMap(a_map);  // (the cp.async instance has no activation map)

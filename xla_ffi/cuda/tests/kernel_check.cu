@@ -6,7 +6,8 @@
 // as uint8 pixels, against a CPU convolution); `--dense` checks only the convolutions of fewer than 32 channels
 // (the dense-tap kernel's and two of the word layout); `--global-pool` checks only the global pooling kernel
 // (LaunchGlobalSumBits, against a CPU sum); `--stream-bits` checks only the stream's threshold planes
-// (LaunchStreamBits, against CPU comparisons); `--planes` checks only the bit epilogue's two threshold planes (the
+// (LaunchStreamBits, against CPU comparisons); `--repeats` checks only the inputs whose taps read each pixel twice
+// (BinaryGemmProblem::x_cw); `--planes` checks only the bit epilogue's two threshold planes (the
 // full set of those cases; `--small-planes`: the small set's, a sanitizer workload of a few seconds);
 // `--time-image` times the first layer on the MNIST MLP's shape.
 // Exit status 0 only if every case matches.
@@ -46,9 +47,11 @@ using jaxbnn::cuda::KernelPath;
 
 namespace {
 
+// x_repeats 2: every tap reads its pixel's words twice (BinaryGemmProblem::x_cw = cw / 2), c a multiple of 64.
 struct ConvCase {
   int batch, h, w, c, o, kh, kw, sh, sw, pt, pb, pl, pr, ph, pw;
   bool pad_one;
+  int x_repeats = 1;
 };
 
 std::mt19937_64 rng(12345);
@@ -94,6 +97,7 @@ BinaryGemmProblem ProblemShape(const ConvCase& cc) {
   p.in_h = cc.h;
   p.in_w = cc.w;
   p.cw = cw;
+  p.x_cw = cw / cc.x_repeats;
   p.c = cc.c;
   p.kh = cc.kh;
   p.kw = cc.kw;
@@ -191,6 +195,9 @@ ConvOperands RandomOperands(const ConvCase& cc) {
   const int cw = (cc.c + 31) / 32, taps = cc.kh * cc.kw, k_words = taps * cw;
   ConvOperands ops;
   ops.x = RandomPacked(static_cast<size_t>(cc.batch) * cc.h * cc.w, cw, cc.c);
+  if (cc.x_repeats == 2) {  // each pixel's second half a copy of its first: the input as the taps read it
+    for (size_t px = 0; px < ops.x.size() / cw; ++px) std::copy_n(&ops.x[px * cw], cw / 2, &ops.x[px * cw + cw / 2]);
+  }
   ops.wrows = RandomPacked(static_cast<size_t>(cc.o) * taps, cw, cc.c);
   const int row_tiles = (cc.o + 7) / 8, k_tiles = (k_words + 3) / 4;
   ops.fsb.assign(static_cast<size_t>(row_tiles) * k_tiles * 32, 0);
@@ -209,6 +216,14 @@ ConvOperands RandomOperands(const ConvCase& cc) {
     }
   }
   return ops;
+}
+
+// The words of a case's input as they lie in memory: each pixel's first x_cw of the cw its taps read.
+std::vector<uint32_t> StoredInput(const ConvCase& cc, const std::vector<uint32_t>& x) {
+  const int cw = (cc.c + 31) / 32, x_cw = cw / cc.x_repeats;
+  std::vector<uint32_t> stored(x.size() / cw * x_cw);
+  for (size_t px = 0; px < x.size() / cw; ++px) std::copy_n(&x[px * cw], x_cw, &stored[px * x_cw]);
+  return stored;
 }
 
 // Runs one case on one engine; returns the number of wrong output words. `planes`: Epilogue::kBits' threshold
@@ -247,7 +262,7 @@ long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose, int
   const std::vector<uint32_t> want =
       ReferenceOutput(cc, ep, x, wrows, tap_popc, scale, bias, threshold, flip, planes);
 
-  uint32_t* d_x = ToDevice(x);
+  uint32_t* d_x = ToDevice(StoredInput(cc, x));
   uint32_t* d_w = ToDevice(fsb);
   int32_t* d_tp = ToDevice(tap_popc);
   float* d_scale = ToDevice(scale);
@@ -286,8 +301,8 @@ long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose, int
                              : ep == Epilogue::kAffine ? "f32"
                              : planes > 1              ? "bits" + std::to_string(planes)
                                                        : "bits";
-  std::printf("%-8s %-5s B%d %dx%d c%d o%d k%dx%d s%d,%d pad(%d,%d,%d,%d)%s pool%dx%d: %ld / %zu wrong%s\n",
-              PathName(ran), ep_name.c_str(), cc.batch, cc.h, cc.w, cc.c, cc.o, cc.kh, cc.kw, cc.sh, cc.sw, cc.pt, cc.pb,
+  std::printf("%-8s %-5s B%d %dx%d c%d%s o%d k%dx%d s%d,%d pad(%d,%d,%d,%d)%s pool%dx%d: %ld / %zu wrong%s\n",
+              PathName(ran), ep_name.c_str(), cc.batch, cc.h, cc.w, cc.c, cc.x_repeats > 1 ? " (read twice)" : "", cc.o, cc.kh, cc.kw, cc.sh, cc.sw, cc.pt, cc.pb,
               cc.pl, cc.pr, cc.pad_one ? " one" : " zero", cc.ph, cc.pw, bad, got.size(),
               ran != path ? " (requested engine cannot run it)" : "");
   for (void* ptr : {static_cast<void*>(d_x), static_cast<void*>(d_w), static_cast<void*>(d_tp),
@@ -354,7 +369,7 @@ long RunResidualCase(const ResidualCase& rc, KernelPath path, bool narrow, int p
       }
     }
   }
-  uint32_t* d_x = ToDevice(x);
+  uint32_t* d_x = ToDevice(StoredInput(cc, x));
   uint32_t* d_w = ToDevice(fsb);
   int32_t* d_tp = ToDevice(tap_popc);
   const size_t element_bytes = narrow ? 2 : 4;
@@ -408,8 +423,9 @@ long RunResidualCase(const ResidualCase& rc, KernelPath path, bool narrow, int p
     const uint32_t want = rc.bits ? want_bits[i] : 0xA5A5A5A5u;  // without a threshold: untouched
     if (got_bits[i] != want && bad++ < 3) std::printf("    bits word %zu: got %08x want %08x\n", i, got_bits[i], want);
   }
-  std::printf("%-8s residual%s%s%s B%d %dx%d c%d o%d k%dx%d s%d,%d pad(%d,%d,%d,%d)%s shortcut %dx%dx%d /%d >>%d: %ld wrong%s\n",
-              PathName(ran), narrow ? " i16" : "", rc.bits ? "+bits" : "", planes > 1 ? " 2 planes" : "", cc.batch, cc.h, cc.w, cc.c, cc.o, cc.kh, cc.kw, cc.sh, cc.sw,
+  std::printf("%-8s residual%s%s%s B%d %dx%d c%d%s o%d k%dx%d s%d,%d pad(%d,%d,%d,%d)%s shortcut %dx%dx%d /%d >>%d: %ld wrong%s\n",
+              PathName(ran), narrow ? " i16" : "", rc.bits ? "+bits" : "", planes > 1 ? " 2 planes" : "", cc.batch, cc.h, cc.w, cc.c,
+              cc.x_repeats > 1 ? " (read twice)" : "", cc.o, cc.kh, cc.kw, cc.sh, cc.sw,
               cc.pt, cc.pb, cc.pl, cc.pr, cc.pad_one ? " one" : " zero", sh, sw, rc.channels, rc.stride, rc.shift, bad,
               ran != path ? " (requested engine cannot run it)" : "");
   for (void* ptr : {static_cast<void*>(d_x), static_cast<void*>(d_w), static_cast<void*>(d_tp),
@@ -468,6 +484,43 @@ std::vector<ResidualCase> ResidualCases() {
       {{2, 14, 14, 1024, 128, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false}, 1, 128, 0, true},
       {{2, 14, 14, 64, 64, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, false}, 1, 64, 0, true},
       {{2, 14, 14, 64, 128, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false}, 1, 128, 1, true},
+  };
+}
+
+// Inputs whose taps read each pixel's words twice (a side-by-side ternary product's repeated activation blocks,
+// BinaryGemmProblem::x_cw = cw / 2) on every kernel form that takes them: the band kernel with one stored plane
+// (C = 256 read as 4 + 4 words: a TNN layer of 64 channels) and two (C = 512), "one" and "zero" padding; the
+// resident kernel's tap rows of the stored 32 bytes (8 x 8 images, N = 256) and its chunk slabs (16 x 16, N =
+// 200); stride 2 and pools by cp.async; stored pixels of 2 words (8-byte copies) and 1 word (the classic kernels'
+// word copies); a 1x1 convolution and a 1 x 1 image (not the plain-matrix TMA layout); C = 2048 on 7 x 7.
+std::vector<ConvCase> RepeatedInputCases() {
+  return {
+      {3, 14, 14, 256, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false, 2},
+      {2, 15, 13, 256, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true, 2},
+      {2, 9, 11, 512, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false, 2},
+      {4, 8, 8, 512, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false, 2},
+      {2, 16, 16, 256, 200, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true, 2},
+      {3, 14, 14, 256, 128, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false, 2},
+      {2, 12, 12, 512, 96, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, false, 2},
+      {2, 10, 9, 128, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false, 2},
+      {2, 9, 9, 64, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true, 2},
+      {2, 8, 8, 512, 64, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, false, 2},
+      {33, 1, 1, 1024, 100, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, false, 2},
+      {2, 7, 7, 2048, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false, 2},
+  };
+}
+
+// Residual blocks' second convolutions over inputs read twice: the int16 stream's resident kernel (C = 256 and 512:
+// a TNN block's conv2 of 64 and 128 channels), a stride-2 shortcut with "one" padding, 7 x 7 at C = 1024, a stored
+// pixel of 2 words, a stride-2 convolution (cp.async).
+std::vector<ResidualCase> RepeatedInputResidualCases() {
+  return {
+      {{3, 17, 24, 256, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false, 2}, 1, 64, 2, true},
+      {{2, 16, 16, 512, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false, 2}, 1, 128, 2, true},
+      {{2, 14, 14, 256, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true, 2}, 2, 64, 1, true},
+      {{3, 7, 7, 1024, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false, 2}, 1, 256, 2, true},
+      {{2, 9, 11, 128, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false, 2}, 1, 64, 0, true},
+      {{2, 14, 14, 512, 128, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false, 2}, 1, 128, 1, true},
   };
 }
 
@@ -1252,6 +1305,24 @@ int main(int argc, char** argv) {
     std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
     return failures ? 1 : 0;
   }
+  if (mode == "--repeats") {  // the inputs read twice only: every epilogue (both planes' counts), every engine
+    long failures = 0;
+    for (const ResidualCase& rc : RepeatedInputResidualCases()) {
+      for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
+        failures += RunResidualForms(rc, path);
+      }
+    }
+    for (const ConvCase& cc : RepeatedInputCases()) {
+      for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
+        for (Epilogue ep : {Epilogue::kInt32, Epilogue::kInt16, Epilogue::kAffine, Epilogue::kBits}) {
+          failures += RunCase(cc, ep, path, true) != 0;
+        }
+        failures += RunCase(cc, Epilogue::kBits, path, true, 2) != 0;
+      }
+    }
+    std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
+    return failures ? 1 : 0;
+  }
   if (mode == "--residual") {  // the residual epilogue's cases only, on every engine
     long failures = 0;
     for (const ResidualCase& rc : ResidualCases()) {
@@ -1266,7 +1337,8 @@ int main(int argc, char** argv) {
   const bool small = mode == "--small" || mode == "--small-planes", dense = mode == "--dense";
   // The cases in a fixed order: `--small` picks some of them by index.
   std::vector<ConvCase> cases;
-  for (auto group : {GemmAndConvCases, BandCases, ShortKAndDenseTapCases, BorderTableCases, WholeWordDenseTapCases}) {
+  for (auto group : {GemmAndConvCases, BandCases, ShortKAndDenseTapCases, BorderTableCases, WholeWordDenseTapCases,
+                     RepeatedInputCases}) {
     const std::vector<ConvCase> more = group();
     cases.insert(cases.end(), more.begin(), more.end());
   }
@@ -1317,7 +1389,9 @@ int main(int argc, char** argv) {
     for (const StreamBitsCase& sc : StreamBitsCases()) {
       for (bool narrow : {false, true}) failures += RunStreamBitsCase(sc, narrow) != 0;
     }
-    for (const ResidualCase& rc : ResidualCases()) {
+    std::vector<ResidualCase> residual_cases = ResidualCases();
+    for (const ResidualCase& rc : RepeatedInputResidualCases()) residual_cases.push_back(rc);
+    for (const ResidualCase& rc : residual_cases) {
       for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
         failures += RunResidualForms(rc, path);
       }
