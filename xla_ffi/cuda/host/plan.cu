@@ -150,9 +150,8 @@ bool PlanResident(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan
 // BandWgmmaKernel where it can run `p`: an unpooled stride-1 convolution with taps (not a GEMM: the resident
 // kernel's rows need no band) of at most 128 output channels, 16-byte channel chunks in planes it can pair
 // (P = 1 or even; a repeated pixel's band holds its stored planes once) or pixel pairs (C = 64, an even input
-// width, not repeated), a padded row of at most 256 positions (a
-// TMA box side), and a band of a tile per warpgroup in the shared memory left by the weights. False (nothing
-// planned) otherwise.
+// width, not repeated), a padded row of at most 256 positions (a TMA box side), and a band of a tile per
+// warpgroup in the shared memory left by the weights. False (nothing planned) otherwise.
 bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& plan) {
   const int sms = info.sms, smem_optin = info.smem_optin;
   // pixel pairs: an even Wp with the extra first column of an odd left padding, and rows of an even number
