@@ -190,7 +190,7 @@ def twn_thresholds(w: jax.Array, factor: float = 0.7, per_channel: bool = False)
     """
     w = jax.lax.stop_gradient(w)
     n = w.size // w.shape[-1] if per_channel else w.size
-    alpha = fixed_order_sum(jnp.abs(w), per_channel) * jnp.float32(factor / max(n, 1))
+    alpha = fixed_order_sum(jnp.abs(w), per_channel) * jnp.asarray(factor / max(n, 1), w.dtype)
     return alpha, -alpha
 
 
@@ -224,7 +224,7 @@ def _pairwise_leading_sum(x: jax.Array) -> jax.Array:
 def xnor_weight_scale(w: jax.Array) -> jax.Array:
     """Per-output-channel alpha = mean|W| over all axes but the last; shape (N,). Trained through. Summed in a
     fixed order (`fixed_order_sum`): the same float on every platform."""
-    return fixed_order_sum(jnp.abs(w), per_channel=True) * jnp.float32(1.0 / max(w.size // w.shape[-1], 1))
+    return fixed_order_sum(jnp.abs(w), per_channel=True) * jnp.asarray(1.0 / max(w.size // w.shape[-1], 1), w.dtype)
 
 
 def ternary_weight_scale(w: jax.Array, w_ternary: jax.Array) -> jax.Array:
