@@ -722,7 +722,8 @@ def test_conv_handler_reads_a_repeated_input_in_place(engine, case, kind):
                                             stride=stride, padding=padding, pad_value=pad_value, **epi_kwargs))
     target, result = f"jaxbnn_bconv2d_{kind}", _result(kind, want.shape[:3], o)
     attrs = _conv_attrs(c, o, kernel, stride, padding, pad_value, None)
-    got = _call(target, GPU, result, [stored, w.bits, w.tap_popcount, *epi_operands], dict(attrs, x_repeats=np.int64(2)))
+    got = _call(target, GPU, result, [stored, w.bits, w.tap_popcount, *epi_operands],
+                dict(attrs, x_repeats=np.int64(2)))
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(_call(target, GPU, result, [x, w.bits, w.tap_popcount, *epi_operands], attrs), want)
 

@@ -130,7 +130,8 @@ def test_fixed_order_sum_adds_in_its_documented_order_bit_for_bit(shape):
     x = (np.abs(rng.normal(size=shape)) * 1e-3 ** rng.integers(0, 3, size=shape)).astype(np.float32)
     flat = x.reshape(-1)
     blocks = max(-(-flat.size // 1024), 1)
-    want_all = _pairwise_in_numpy(_pairwise_in_numpy(np.pad(flat, (0, blocks * 1024 - flat.size)).reshape(blocks, 1024)))
+    padded = np.pad(flat, (0, blocks * 1024 - flat.size)).reshape(blocks, 1024)
+    want_all = _pairwise_in_numpy(_pairwise_in_numpy(padded))
     want_channels = _pairwise_in_numpy(x.reshape(-1, shape[-1]))
     for fn in (q.fixed_order_sum, jax.jit(q.fixed_order_sum, static_argnums=1)):
         assert np.asarray(fn(jnp.asarray(x), False)).tobytes() == np.float32(want_all).tobytes()

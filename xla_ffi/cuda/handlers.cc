@@ -302,7 +302,8 @@ ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi:
   }
   if (x_dims[3] * at.x_repeats != cw) {
     return Invalid("bconv2d input has " + std::to_string(x_dims[3]) + " words per pixel, c=" + std::to_string(at.c) +
-                   " read " + std::to_string(at.x_repeats) + " time(s) a tap needs " + std::to_string(cw / at.x_repeats));
+                   " read " + std::to_string(at.x_repeats) + " time(s) a tap needs " +
+                   std::to_string(cw / at.x_repeats));
   }
   const int64_t conv_h = (h + at.pad_top + at.pad_bottom - at.kh) / at.stride_h + 1;
   const int64_t conv_w = (wd + at.pad_left + at.pad_right - at.kw) / at.stride_w + 1;

@@ -61,10 +61,11 @@ __device__ __forceinline__ uint32_t ChunkOffset(int row, int chunk, int row_byte
   return StageOffset(row, chunk);
 }
 
-// Copies K block `kb` of the activation rows of a tile into a stage. kVec words per copy (4 when every
-// tap's words and every pixel's stored words are 16-byte aligned, else 1: a copy never crosses a repeat). Each thread keeps one word position, so the tap division runs
-// once per stage, and copies the same compile-time number of rows, kThreads / kCopiesPerRow apart: an
-// unrolled loop with constant stage offsets. Which copies share a quarter-warp (8 lanes, one request):
+// Copies K block `kb` of the activation rows of a tile into a stage. kVec words per copy (4 when every tap's words
+// and every pixel's stored words are 16-byte aligned, else 1: a copy never crosses a repeat). Each thread keeps one
+// word position, so the tap division runs once per stage, and copies the same compile-time number of rows, kThreads /
+// kCopiesPerRow apart: an unrolled loop with constant stage offsets. Which copies share a quarter-warp (8 lanes, one
+// request):
 //   along rows: 8 consecutive rows at one word position. For a tap of 16 bytes (C <= 128) these are 8
 //     consecutive pixels, 128 contiguous bytes; in the core-matrix layout their shared-memory writes fill one
 //     128-byte row block. Where a tap has more bytes (and in a bmm) the 8 rows lie apart: 8 half-used 32-byte

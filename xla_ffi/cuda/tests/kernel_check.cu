@@ -302,9 +302,9 @@ long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose, int
                              : planes > 1              ? "bits" + std::to_string(planes)
                                                        : "bits";
   std::printf("%-8s %-5s B%d %dx%d c%d%s o%d k%dx%d s%d,%d pad(%d,%d,%d,%d)%s pool%dx%d: %ld / %zu wrong%s\n",
-              PathName(ran), ep_name.c_str(), cc.batch, cc.h, cc.w, cc.c, cc.x_repeats > 1 ? " (read twice)" : "", cc.o, cc.kh, cc.kw, cc.sh, cc.sw, cc.pt, cc.pb,
-              cc.pl, cc.pr, cc.pad_one ? " one" : " zero", cc.ph, cc.pw, bad, got.size(),
-              ran != path ? " (requested engine cannot run it)" : "");
+              PathName(ran), ep_name.c_str(), cc.batch, cc.h, cc.w, cc.c, cc.x_repeats > 1 ? " (read twice)" : "",
+              cc.o, cc.kh, cc.kw, cc.sh, cc.sw, cc.pt, cc.pb, cc.pl, cc.pr, cc.pad_one ? " one" : " zero", cc.ph, cc.pw,
+              bad, got.size(), ran != path ? " (requested engine cannot run it)" : "");
   for (void* ptr : {static_cast<void*>(d_x), static_cast<void*>(d_w), static_cast<void*>(d_tp),
                     static_cast<void*>(d_scale), static_cast<void*>(d_bias), static_cast<void*>(d_thr),
                     static_cast<void*>(d_flip), static_cast<void*>(d_out)}) {
