@@ -1105,6 +1105,7 @@ def _side_by_side_operands(mode, acts, epilogue, *, kind, c, bound, threshold_pl
     Returns (activations, epilogue, x_repeats)."""
     blocks = _REDUCTION_BLOCKS[mode]
     parts = len(blocks)
+    x_repeats = 1
     if _dense_blocks(mode, c):
         acts = _materialized(acts)
         x = functools.reduce(jnp.bitwise_or, [_clear_padding_bits(acts[a], c) << (j * c)
@@ -1119,15 +1120,10 @@ def _side_by_side_operands(mode, acts, epilogue, *, kind, c, bound, threshold_pl
         repeats = parts // len(acts)
         # The tensor-core kernels take a pixel in 16-byte chunks: read twice, a pixel of 8 bytes (BTN's C = 64
         # input) left the band kernel for the persistent one's 8-byte copies, BTN ResNet-18 1.7x slower (H200).
-        if repeats > 1 and read_twice and x.shape[-1] % 4 == 0:
-            return x, _side_by_side_epilogue(mode, epilogue, kind, bound, threshold_planes, reduction_bits), repeats
-        x = jnp.concatenate([x] * repeats, axis=-1) if repeats > 1 else x
-    return x, _side_by_side_epilogue(mode, epilogue, kind, bound, threshold_planes, reduction_bits), 1
-
-
-def _side_by_side_epilogue(mode, epilogue, kind, bound, threshold_planes, reduction_bits):
-    """The epilogue operands of `_side_by_side_operands`."""
-    parts = len(_REDUCTION_BLOCKS[mode])
+        if read_twice and x.shape[-1] % 4 == 0:
+            x_repeats = repeats
+        elif repeats > 1:
+            x = jnp.concatenate([x] * repeats, axis=-1)
     if kind == "f32":
         epilogue = dict(epilogue, scale=epilogue["scale"] / parts)
     elif kind == "bits":
@@ -1139,7 +1135,7 @@ def _side_by_side_epilogue(mode, epilogue, kind, bound, threshold_planes, reduct
             threshold = jnp.pad(threshold, ((0, 0), (0, pad)), constant_values=reduction_bits + 1)
             flip = jnp.pad(epilogue["flip"], ((0, 0), (0, pad)))
             epilogue = dict(threshold=threshold.reshape(-1), flip=flip.reshape(-1))
-    return epilogue
+    return x, epilogue, x_repeats
 
 
 def _materialized(acts):
