@@ -441,15 +441,18 @@ const void* BandInstanceOf(int steps, bool pixel_pairs, bool quarter) {
                                  : BandWgmmaKernel<0, false, true, false, kResidual, false>));
 }
 
-// The narrow residual epilogue's instances: the exact ones only (BandTakes).
-const void* NarrowStreamBandInstance(bool pixel_pairs, bool quarter) {
-  return reinterpret_cast<const void*>(!pixel_pairs ? BandWgmmaKernel<5, true, false, false, true, true>
-                                       : quarter    ? BandWgmmaKernel<3, true, true, true, true, true>
-                                                    : BandWgmmaKernel<3, true, true, false, true, true>);
+// The narrow residual epilogue's instances (BandTakes): the exact ones, and without pixel pairs the one of a
+// runtime number of steps.
+const void* NarrowStreamBandInstance(int steps, bool pixel_pairs, bool quarter) {
+  return reinterpret_cast<const void*>(
+      !pixel_pairs ? (BandStepsAreExact(steps, pixel_pairs) ? BandWgmmaKernel<5, true, false, false, true, true>
+                                                            : BandWgmmaKernel<0, false, false, false, true, true>)
+      : quarter    ? BandWgmmaKernel<3, true, true, true, true, true>
+                   : BandWgmmaKernel<3, true, true, false, true, true>);
 }
 
 const void* BandWgmmaKernelInstance(int steps, bool pixel_pairs, bool quarter, Epilogue epilogue) {
-  if (epilogue == Epilogue::kResidualInt16) return NarrowStreamBandInstance(pixel_pairs, quarter);
+  if (epilogue == Epilogue::kResidualInt16) return NarrowStreamBandInstance(steps, pixel_pairs, quarter);
   return IsResidual(epilogue) ? BandInstanceOf<true>(steps, pixel_pairs, quarter)
                               : BandInstanceOf<false>(steps, pixel_pairs, quarter);
 }
