@@ -601,7 +601,8 @@ def test_bconv2d_ignores_padding_bits_on_cuda_as_on_the_cpu(c, pad_value):
 
 
 # Residual blocks' second convolutions (the residual epilogue): the band kernel (C = 64 pixel pairs, C = 128; the
-# int16 stream's shortcut staged in 16-byte chunks, or element by element for 77 channels), the resident kernel's
+# int16 stream's shortcut staged in 16-byte chunks, or element by element for 77 channels; C = 512 and 1024 at
+# N <= 128, its instance of a runtime number of steps, as TNN's side-by-side planes give it), the resident kernel's
 # int16 stream (its shortcut staged; 128-column tiles at 7 x 7 and 14 x 14, 256-column ones at batch 72 over two
 # column tiles, a 100-channel shortcut element by element, C = 512 on 128-column tiles), the dense-tap kernel
 # (C = 16, 32), a type-A shortcut (stride 2, fewer channels), odd N, "one" padding, a shift. The stream's bits of
@@ -621,6 +622,8 @@ RESIDUAL_CASES = [
     (4, 16, 16, 16, 16, "zero", (16, 16, 16), 1, 0),
     (2, 8, 8, 16, 35, "zero", (16, 15, 16), 2, 2),
     (2, 9, 9, 32, 40, "one", (9, 9, 32), 1, 1),
+    (2, 12, 12, 512, 128, "zero", (12, 12, 128), 1, 0),
+    (2, 10, 9, 1024, 100, "one", (10, 9, 77), 1, 2),
 ]
 
 
