@@ -104,11 +104,11 @@ __host__ __device__ __forceinline__ bool BandStepsAreExact(int steps, bool pixel
 
 // Whether the band kernel has an instance for `epilogue` at `steps`: the narrow residual epilogue
 // (kResidualInt16) has the exact ones (the binary ResNets' 3x3 blocks) and, without pixel pairs, the one of a
-// runtime number of steps past kBandUnrolledSteps (TNN's 3x3 blocks at C = 128: 18 steps). An unrolled narrow
-// instance spilled and ran TNN's C = 64 blocks slower than the resident kernel (docs/design/decisions.md).
+// runtime number of steps (the ternary and mixed ResNets' 3x3 blocks: TNN's 9 and 18 steps at C = 64 and 128,
+// TBN's and BTN's 9 at C = 128). An unrolled narrow instance spilled and ran TNN's C = 64 blocks slower than the
+// resident kernel (docs/design/decisions.md).
 __host__ __device__ __forceinline__ bool BandTakes(Epilogue epilogue, int steps, bool pixel_pairs) {
-  return epilogue != Epilogue::kResidualInt16 || BandStepsAreExact(steps, pixel_pairs) ||
-         (!pixel_pairs && steps > kBandUnrolledSteps);
+  return epilogue != Epilogue::kResidualInt16 || BandStepsAreExact(steps, pixel_pairs) || !pixel_pairs;
 }
 
 // BandWgmmaKernel<steps, exact, pixel_pairs, quarter, residual, narrow stream> for a band of `steps` k256 steps
