@@ -128,10 +128,11 @@ def test_every_tier_matches_reference(isa, b, h, w, c, n, kernel, stride, paddin
 
 def test_image_matmul_every_tier(isa):
     """The dense first layer: few rows (the columns split over threads; the VNNI tier reads the kernel as it
-    is up to K rows, the others pack their own columns) and many rows (the weights packed once)."""
+    is up to 64 rows, the others pack their own columns) and more rows, fewer or more than K (the weights
+    packed once)."""
     rng = np.random.default_rng(7)
     kernels = {k: int8_values(rng, (k, 300)) for k in (784, 785)}
-    for k, m in ((784, 1), (785, 5), (785, 8), (784, 9), (784, 200), (785, 786)):
+    for k, m in ((784, 1), (785, 5), (785, 8), (784, 9), (784, 64), (785, 65), (784, 200), (785, 786)):
         kernel = kernels[k]
         levels = int8_values(rng, (m, k))
         pre = levels.astype(np.int64) @ kernel.astype(np.int64)

@@ -10,8 +10,8 @@
 //   0x80, so level 0 is the byte 0x80), the weights as they are, and the accumulators start at -128 * the
 //   column sums of the weights: sum (l + 128) w - 128 sum w = sum l w. The partial sums may wrap, but int32
 //   addition wraps modulo 2**32 and the result fits int32 (the reduction is capped), so it is exact. A call
-//   with no more gathered rows than reduction elements (a dense first layer) reads the kernel unpacked
-//   instead, the offset on the weights (VnniRawBlock).
+//   of few gathered rows (no more than the reduction's elements and kVnniRawMaxRows: a dense first layer at a
+//   small batch) reads the kernel unpacked instead, the offset on the weights (VnniRawBlock).
 // - AMX-INT8 (tdpbusd: a 16 x 16 int32 tile += 16 x 64 u8 times 64 x 16 s8 per instruction), where the CPU and
 //   the OS grant the tile state: the VNNI tier's operands (offset levels, quads, accumulators' start) in
 //   tiles, 32 rows x 32 columns per pass, the VNNI tier's epilogue on the stored sums; for calls of enough
@@ -541,8 +541,8 @@ JAXBNN_TARGET_VNNI void VnniBlock(const BlockJob& job, const ImageEpilogue& epi)
 }
 
 // --- AVX-512 VNNI on the kernel as it is: a call of few gathered rows ------------------------------------
-// Packing the weights is a pass over all of them per call, which a call of fewer gathered rows than
-// reduction elements (a dense first layer) does not win back. This variant reads the (k, n) kernel directly: four kernel
+// Packing the weights is a pass over all of them per call, which a call of few gathered rows (a dense first
+// layer at a small batch) does not win back. This variant reads the (k, n) kernel directly: four kernel
 // rows' bytes of 64 columns become quads in registers (VnniPack's byte and word unpacks; the accumulators
 // keep that lane order until a transpose before the epilogue), and the offset moves to the weights: vpdpbusd
 // takes w XOR 0x80 = w + 128 as its unsigned operand and the levels as they are, and the accumulators lose
@@ -553,6 +553,7 @@ JAXBNN_TARGET_VNNI void VnniBlock(const BlockJob& job, const ImageEpilogue& epi)
 constexpr int kVnniRawRows = 4;       // rows of a register block
 constexpr int kVnniRawBlocks = 4;     // 64-column blocks x rows of a register block, at most
 constexpr int64_t kVnniRawCols = 256;  // columns of a block job
+constexpr int64_t kVnniRawMaxRows = 64;  // the most gathered rows of a call that reads the kernel as it is
 
 // Kernel rows 4 g .. 4 g + 3 (the first `rows` of them; the others 0) of the B 64-column blocks from
 // `kernel` (`columns[b]` masks the real ones), offset by 128, times the levels 4 g .. 4 g + 3 of R rows.
@@ -1194,9 +1195,11 @@ void RunImageConv2d(const ImageConv2dProblem& problem, const int8_t* levels, con
           return RunTier<AmxTier>(problem, levels, kernel, threshold, flip, out, pool);
         }
 #endif
-        // Packing pays where the gathered rows outnumber the reduction (measured, 2 cores: a dense 784 x 1024
-        // layer reads its kernel as it is faster up to ~1000 rows, a 3x3 conv over 28 x 28 packs 1.5x faster).
-        if (rows <= problem.kh * problem.kw * problem.c) {
+        // Packing the kernel is one pass over it, and reading it as it is regroups it again for every
+        // register block of rows: packing pays where the gathered rows outnumber the reduction (a 3x3 conv
+        // over 28 x 28 packs 1.5x faster) or pass kVnniRawMaxRows (a dense 784 x 1024 layer on a Zen 5 VM:
+        // equal at 64 rows, packed 20-30% faster from 128; docs/design/decisions.md).
+        if (rows <= std::min<int64_t>(problem.kh * problem.kw * problem.c, kVnniRawMaxRows)) {
           return RunTier<VnniRawTier>(problem, levels, kernel, threshold, flip, out, pool);
         }
         return RunTier<VnniTier>(problem, levels, kernel, threshold, flip, out, pool);
