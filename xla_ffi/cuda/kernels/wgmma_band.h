@@ -108,7 +108,7 @@ __host__ __device__ __forceinline__ bool BandStepsAreExact(int steps, bool pixel
 // TBN's and BTN's 9 at C = 128). An unrolled narrow instance spilled and ran TNN's C = 64 blocks slower than the
 // resident kernel (docs/design/decisions.md).
 __host__ __device__ __forceinline__ bool BandTakes(Epilogue epilogue, int steps, bool pixel_pairs) {
-  return epilogue != Epilogue::kResidualInt16 || BandStepsAreExact(steps, pixel_pairs) || !pixel_pairs;
+  return epilogue != Epilogue::kResidualInt16 || !pixel_pairs || BandStepsAreExact(steps, pixel_pairs);
 }
 
 // BandWgmmaKernel<steps, exact, pixel_pairs, quarter, residual, narrow stream> for a band of `steps` k256 steps
