@@ -21,6 +21,8 @@ def load(path):
     rows = list(csv.reader(open(path)))
     header_at = next(i for i, r in enumerate(rows[:10]) if "Address" in r)
     header, data = rows[header_at], rows[header_at + 1:]
+    # an export may list the kernel's code more than once, each copy under its own "Kernel Name" row
+    data = data[:next((i for i, r in enumerate(data) if r[:1] == ["Kernel Name"]), len(data))]
     reasons = [h for h in header if h.startswith("stall_") and "(" not in h]
     col = {h: header.index(h) for h in header}
     records = []
