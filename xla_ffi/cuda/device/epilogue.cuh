@@ -143,6 +143,31 @@ inline constexpr int kStagedRowBytes = 2 * kCols + 16;
 template <int kCols>
 inline constexpr int kStagedWarpBytes = 16 * kStagedRowBytes<kCols>;
 
+// StageShortcut's copies where each of the 16 rows is found once (kRowsOnce): 2^kChunkShift chunks a row, lane l
+// copying chunk l % 2^kChunkShift of rows l >> kChunkShift, + 32 >> kChunkShift, ...; `own`, row lane % 16's
+// shortcut element (-1: not a real row), handed to the copying lanes by a shuffle. The rows' loop is unrolled:
+// as a loop, its branches and its 64-bit address arithmetic per turn were ~90 of the band kernel's ~800
+// residual instructions a warp and tile at C = 64 (ncu).
+template <int kCols, int kChunkShift>
+__device__ __forceinline__ void CopyShortcutRows(const BinaryGemmProblem& p, const ResidualOperands& r,
+                                                 uint8_t* stage, long long own, int col0, int lane) {
+  constexpr int kRowChunks = 1 << kChunkShift, kRowsAtOnce = 32 >> kChunkShift;
+  const int chunk = lane & (kRowChunks - 1), col = col0 + 8 * chunk, first_row = lane >> kChunkShift;
+  const bool copies = col < p.n && col < r.channels, zeros = col < p.n && col >= r.channels;
+  const int16_t* src = static_cast<const int16_t*>(r.shortcut) + col;
+  uint8_t* dst = stage + 16 * chunk + first_row * kStagedRowBytes<kCols>;
+#pragma unroll
+  for (int k = 0; k < 16 / kRowsAtOnce; ++k) {  // the same turns in every lane: the shuffles span the warp
+    const long long at = __shfl_sync(0xffffffffu, own, first_row + k * kRowsAtOnce);
+    uint8_t* to = dst + k * kRowsAtOnce * kStagedRowBytes<kCols>;
+    if (at >= 0 && copies) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddress(to)), "l"(src + at) : "memory");
+    } else if (at >= 0 && zeros) {
+      *reinterpret_cast<uint4*>(to) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
 // Copies the shortcut's values of a warp's 16 accumulator rows, the tile's columns col0 .. col0 + cols - 1 (cols =
 // min(kCols, N - col0), the caller's), into `stage` (16-byte aligned): shortcut_of(i, at) says whether local row i
 // is a real output pixel (the others are not copied) and where its shortcut's channels start (ShortcutOffset's
@@ -168,25 +193,13 @@ __device__ __forceinline__ void StageShortcut(const BinaryGemmProblem& p, const 
   if (chunks && kRowsOnce) {
     long long own = 0;  // row lane % 16's shortcut element, -1 for a row that is not real
     if (!shortcut_of(lane % 16, own)) own = -1;
-    // kCols / 16 or kCols / 8 chunks a row, a power of two: shifts and masks (as a runtime divisor, its
+    // kCols / 16 or kCols / 8 chunks a row, a power of two known at compile time (as a runtime divisor, its
     // division was ~35 of the band kernel's ~920 instructions a warp and tile at C = 64; ncu)
     constexpr int kQuarterShift = kCols == 128 ? 3 : 4;
-    const int chunk_shift = 2 * cols <= kCols ? kQuarterShift : kQuarterShift + 1;
-    const int row_chunks = 1 << chunk_shift, rows_at_once = 32 >> chunk_shift;
-    const int chunk = lane & (row_chunks - 1), col = col0 + 8 * chunk;
-    const bool copies = col < p.n && col < r.channels, zeros = col < p.n && col >= r.channels;
-    const int16_t* src = static_cast<const int16_t*>(r.shortcut) + col;
-    uint8_t* dst = stage + 16 * chunk;
-#pragma unroll 1
-    for (int i = lane >> chunk_shift; i < 16; i += rows_at_once) {  // the same number of turns in every lane
-      const long long at = __shfl_sync(0xffffffffu, own, i);
-      if (at < 0) continue;
-      uint8_t* to = dst + i * kStagedRowBytes<kCols>;
-      if (copies) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddress(to)), "l"(src + at) : "memory");
-      } else if (zeros) {
-        *reinterpret_cast<uint4*>(to) = make_uint4(0, 0, 0, 0);
-      }
+    if (2 * cols <= kCols) {
+      CopyShortcutRows<kCols, kQuarterShift>(p, r, stage, own, col0, lane);
+    } else {
+      CopyShortcutRows<kCols, kQuarterShift + 1>(p, r, stage, own, col0, lane);
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     return;

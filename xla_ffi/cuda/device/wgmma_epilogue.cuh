@@ -332,8 +332,10 @@ __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, co
 // scaled bounds as they are (no sign extension). kQuadStores: rows of a multiple of 4
 // columns and an 8-byte-aligned output, whose four values a lane and its neighbour exchange for one 8-byte store
 // at `dst` (this lane's first column of the row, + 8 per fragment); else StoreInt16Fragments per pair. kPlanes:
-// the stream bits' threshold planes (1 or 2), plane q's word at bits_row[q words + wd].
-template <bool kQuadStores, bool kOwnCorrections, int kPlanes, int kAcc>
+// the stream bits' threshold planes (1 or 2), plane q's word at bits_row[q words + wd]. kShifted: the dots are
+// shifted (r.shift, which is 0 in the binary blocks: without the shift, each pair's values take about 4
+// instructions fewer).
+template <bool kQuadStores, bool kOwnCorrections, int kPlanes, bool kShifted, int kAcc>
 __device__ __forceinline__ void StoreStagedResidualWord(const BinaryGemmProblem& p, const ResidualOperands& r,
                                                         const int (&acc)[kAcc], const AccumulatorRows& rows,
                                                         const int* table, const int (&excl)[kAcc / 2],
@@ -358,8 +360,9 @@ __device__ __forceinline__ void StoreStagedResidualWord(const BinaryGemmProblem&
         d0 -= excl[2 * j];
         d1 -= excl[2 * j + 1];
       }
-      const uint32_t lo = static_cast<uint32_t>(d0 >> r.shift) + shortcut;
-      const uint32_t hi = (static_cast<uint32_t>(d1 >> r.shift) << 16) + shortcut;
+      const int shift = kShifted ? r.shift : 0;
+      const uint32_t lo = static_cast<uint32_t>(d0 >> shift) + shortcut;
+      const uint32_t hi = (static_cast<uint32_t>(d1 >> shift) << 16) + shortcut;
       v[2 * e] = static_cast<int16_t>(lo);  // (the general form's stores)
       v[2 * e + 1] = static_cast<int>(hi) >> 16;
       packed[e] = __byte_perm(lo, hi, 0x7610);  // lo's low half, hi's high half
@@ -393,9 +396,9 @@ __device__ __forceinline__ void StoreStagedResidualWord(const BinaryGemmProblem&
   }
 }
 
-// StoreStagedResidualRows in one form (StoreStagedResidualWord's kQuadStores, kOwnCorrections, kPlanes): own[h],
-// whether row h takes its own corrections (kOwnCorrections only).
-template <bool kQuadStores, bool kOwnCorrections, int kPlanes, int kAcc>
+// StoreStagedResidualRows in one form (StoreStagedResidualWord's kQuadStores, kOwnCorrections, kPlanes, kShifted):
+// own[h], whether row h takes its own corrections (kOwnCorrections only).
+template <bool kQuadStores, bool kOwnCorrections, int kPlanes, bool kShifted, int kAcc>
 __device__ __forceinline__ void StoreStagedResidualRowsAs(const BinaryGemmProblem& p, const ResidualOperands& r,
                                                           const int (&acc)[kAcc], const AccumulatorRows& rows,
                                                           const TileColumns<kWgCols>& cols, const uint8_t* stage,
@@ -421,8 +424,9 @@ __device__ __forceinline__ void StoreStagedResidualRowsAs(const BinaryGemmProble
 #pragma unroll
     for (int wd = 0; wd < kAcc / 16; ++wd) {
       if (col0 + 32 * wd >= p.n) break;  // the same for the whole warp
-      StoreStagedResidualWord<kQuadStores, kOwnCorrections, kPlanes>(p, r, acc, rows, table, excl, staged, stream,
-                                                                     dst, bits_row, words, col0, h, wd, t);
+      StoreStagedResidualWord<kQuadStores, kOwnCorrections, kPlanes, kShifted>(p, r, acc, rows, table, excl, staged,
+                                                                               stream, dst, bits_row, words, col0, h,
+                                                                               wd, t);
     }
   }
 }
@@ -436,8 +440,11 @@ __device__ __forceinline__ void StoreStagedResidualRowsAs(const BinaryGemmProble
 // that loaded popc(b), the bounds and the class corrections apart, tested for a border row per fragment and formed
 // each store's 64-bit address ran about 26 instructions a value (ncu, the band kernel at C = 64). Warps with a
 // border row of a problem without the table (rows with corrections of their own), and outputs that take no 8-byte
-// stores, run the general form. Two threshold planes (a ternary conv1's input) take forms of their own.
-template <int kAcc>
+// stores, run the general form. Two threshold planes (a ternary conv1's input) take forms of their own, and the
+// 8-byte-store forms of 128-column tiles one without the dots' shift (r.shift == 0: the binary blocks) where
+// kUnshiftedForms (the band kernel's runtime-length instance leaves them out: the zoo's blocks that take it are
+// ternary, always shifted, and with them it spilled 4 bytes).
+template <bool kUnshiftedForms = true, int kAcc>
 __device__ __forceinline__ void StoreStagedResidualRows(const BinaryGemmProblem& p, const ResidualOperands& r,
                                                         const int (&acc)[kAcc], const AccumulatorRows& rows,
                                                         const TileColumns<kWgCols>& cols, const uint8_t* stage,
@@ -448,16 +455,27 @@ __device__ __forceinline__ void StoreStagedResidualRows(const BinaryGemmProblem&
   for (int h = 0; h < 2; ++h) own[h] = !p.correction_table && rows.valid[h] && rows.correction[h] != 0;
   const bool quads = p.n % 4 == 0 && reinterpret_cast<uintptr_t>(p.out) % 8 == 0;
   const bool general = !quads || __any_sync(kWarpLanes, own[0] || own[1]);
+  // the unshifted forms for m64n128 accumulators only: with them, the 256-column resident instances spilled
+  // 20-28 bytes (ptxas)
+  const bool shifted = !kUnshiftedForms || kAcc != 64 || r.shift != 0;
   if (r.planes == 1) {
     if (!general) {
-      StoreStagedResidualRowsAs<true, false, 1>(p, r, acc, rows, cols, stage, stream, own, col0, g, t);
+      if (shifted) {
+        StoreStagedResidualRowsAs<true, false, 1, true>(p, r, acc, rows, cols, stage, stream, own, col0, g, t);
+      } else {
+        StoreStagedResidualRowsAs<true, false, 1, false>(p, r, acc, rows, cols, stage, stream, own, col0, g, t);
+      }
     } else {
-      StoreStagedResidualRowsAs<false, true, 1>(p, r, acc, rows, cols, stage, stream, own, col0, g, t);
+      StoreStagedResidualRowsAs<false, true, 1, true>(p, r, acc, rows, cols, stage, stream, own, col0, g, t);
     }
   } else if (!general) {
-    StoreStagedResidualRowsAs<true, false, 2>(p, r, acc, rows, cols, stage, stream, own, col0, g, t);
+    if (shifted) {
+      StoreStagedResidualRowsAs<true, false, 2, true>(p, r, acc, rows, cols, stage, stream, own, col0, g, t);
+    } else {
+      StoreStagedResidualRowsAs<true, false, 2, false>(p, r, acc, rows, cols, stage, stream, own, col0, g, t);
+    }
   } else {
-    StoreStagedResidualRowsAs<false, true, 2>(p, r, acc, rows, cols, stage, stream, own, col0, g, t);
+    StoreStagedResidualRowsAs<false, true, 2, true>(p, r, acc, rows, cols, stage, stream, own, col0, g, t);
   }
 }
 

@@ -397,7 +397,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       for (int h = 0; h < 2; ++h) rows.v0[h] = p.k_real - 2 * popc_a[2 * h];
       if constexpr (kNarrowStream) {
         WaitStagedShortcut();
-        StoreStagedResidualRows(p, residual, acc, rows, cols, stage, stream, 0, g, t);
+        StoreStagedResidualRows<kExactSteps>(p, residual, acc, rows, cols, stage, stream, 0, g, t);
       } else if constexpr (kResidual) {
         StoreResidualRows<kBandCols / 2>(p, residual, acc, rows, cols, 0, t);
       } else {
