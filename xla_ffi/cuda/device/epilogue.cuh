@@ -146,7 +146,7 @@ inline constexpr int kStagedWarpBytes = 16 * kStagedRowBytes<kCols>;
 // StageShortcut's copies where each of the 16 rows is found once (kRowsOnce): 2^kChunkShift chunks a row, lane l
 // copying chunk l % 2^kChunkShift of rows l >> kChunkShift, + 32 >> kChunkShift, ...; `own`, row lane % 16's
 // shortcut element (-1: not a real row), handed to the copying lanes by a shuffle. The rows' loop is unrolled:
-// as a loop, its branches and its 64-bit address arithmetic per turn were ~90 of the band kernel's ~800
+// as a loop, its branches and its 64-bit address arithmetic per turn were ~90 of the band kernel's ~870
 // residual instructions a warp and tile at C = 64 (ncu).
 template <int kCols, int kChunkShift>
 __device__ __forceinline__ void CopyShortcutRows(const BinaryGemmProblem& p, const ResidualOperands& r,

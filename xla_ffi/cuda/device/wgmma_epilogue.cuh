@@ -333,8 +333,8 @@ __device__ __forceinline__ void StoreResidualRows(const BinaryGemmProblem& p, co
 // columns and an 8-byte-aligned output, whose four values a lane and its neighbour exchange for one 8-byte store
 // at `dst` (this lane's first column of the row, + 8 per fragment); else StoreInt16Fragments per pair. kPlanes:
 // the stream bits' threshold planes (1 or 2), plane q's word at bits_row[q words + wd]. kShifted: the dots are
-// shifted (r.shift, which is 0 in the binary blocks: without the shift, each pair's values take about 4
-// instructions fewer).
+// shifted (r.shift, which is 0 in the binary blocks: without it, no shift per value, and the high value's
+// shift and add fold into one multiply-add).
 template <bool kQuadStores, bool kOwnCorrections, int kPlanes, bool kShifted, int kAcc>
 __device__ __forceinline__ void StoreStagedResidualWord(const BinaryGemmProblem& p, const ResidualOperands& r,
                                                         const int (&acc)[kAcc], const AccumulatorRows& rows,
