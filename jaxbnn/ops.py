@@ -652,7 +652,7 @@ def image_conv2d(levels, kernel, *, stride=1, padding="SAME", pool=None, shift=0
     layer), zero padding (level 0, pixel 128), with a fused max-pool and epilogue; exact on every platform.
 
     levels: int8 levels, or the uint8 pixels p as images are stored, whose levels p - 128 the layer multiplies
-    (`formats.image_levels`). The CUDA kernels read pixels as they are; elsewhere they are converted first.
+    (`formats.image_levels`). The CUDA and CPU kernels read pixels as they are; the reference converts them.
 
     padding: "SAME", "VALID" or ((top, bottom), (left, right)). pool: None or (PH, PW), a max-pool of the
     int32 pre-activations (window = stride, no padding). Epilogue:
@@ -763,7 +763,7 @@ def _image_conv2d(levels, kernel, threshold, flip, *, attrs, shift, pooled, narr
                                        f"{stream_name}_bits" if bits else stream_name)
     geometry = dict(stride=(sh, sw), padding=((pt, pb), (pl, pr)), pool=(ph, pw) if pooled else None)
 
-    # pixels: the CUDA handlers read them as they are, the CPU's and the reference take their levels
+    # pixels: the handlers read them as they are, the reference takes their levels
     to_levels = formats.image_levels if levels.dtype == jnp.uint8 else (lambda x_: x_)
 
     def single(levels_, kernel_, *epi):
@@ -773,13 +773,13 @@ def _image_conv2d(levels, kernel, threshold, flip, *, attrs, shift, pooled, narr
             to_levels(x_), w_, **geometry, shift=shift, out_dtype=stream_dtype, keep_stream=keep_stream,
             **dict(zip(("threshold", "flip"), e)))
         if target in ("jaxbnn_image_conv2d_i32", "jaxbnn_image_conv2d_bits"):
-            return _dispatch(target, out_type, attr_values, ref, levels_, kernel_, *epi, cpu_activations=to_levels)
+            return _dispatch(target, out_type, attr_values, ref, levels_, kernel_, *epi)
 
         def elsewhere(x_, w_, *e):  # the int32 stream, then the narrowing and the thresholds
             i32_type = jax.ShapeDtypeStruct(types[0].shape, jnp.int32)
             i32_attrs = {**attr_values, "shift": np.int64(shift)}
-            i32_ref = lambda x2, w2: reference.image_conv2d(x2, w2, **geometry, shift=shift)  # noqa: E731
-            stream = _dispatch("jaxbnn_image_conv2d_i32", i32_type, i32_attrs, i32_ref, to_levels(x_), w_)
+            i32_ref = lambda x2, w2: reference.image_conv2d(to_levels(x2), w2, **geometry, shift=shift)  # noqa: E731
+            stream = _dispatch("jaxbnn_image_conv2d_i32", i32_type, i32_attrs, i32_ref, x_, w_)
             return reference.image_epilogue(stream, out_dtype=stream_dtype,
                                             **dict(zip(("threshold", "flip"), e)), keep_stream=keep_stream)
 

@@ -61,6 +61,17 @@ def test_targets_are_registered_and_the_ops_lower_to_them():
     assert "jaxbnn_image_conv2d_bits" in dense.lower(np.zeros((4, 12), np.int8)).as_text()
 
 
+def test_the_handlers_read_uint8_pixels_as_they_are():
+    """Pixels reach the custom call as the uint8 they are: no conversion to their levels before it."""
+    pixels, kernel = np.zeros((2, 8, 8, 3), np.uint8), np.ones((3, 3, 3, 5), np.int8)
+    for layer in (lambda x: ops.image_conv2d(x, kernel, pool=(2, 2), shift=3),
+                  lambda x: ops.image_conv2d(x, kernel, threshold=np.zeros(5, np.int32))):
+        hlo = jax.jit(layer).lower(pixels).as_text()
+        (call,) = [line for line in hlo.splitlines() if "custom_call @jaxbnn_image_conv2d" in line]
+        assert "(%arg0," in call and "tensor<2x8x8x3xui8>" in call
+        assert "xor" not in hlo and "convert" not in hlo
+
+
 # --- every tier against the reference ---------------------------------------------------------------
 
 
@@ -114,22 +125,25 @@ def test_every_tier_matches_reference(isa, b, h, w, c, n, kernel, stride, paddin
     levels, weights = int8_values(rng, (b, h, w, c)), int8_values(rng, (*kernel, c, n))
     pads = ops._conv_padding(padding, (h, w), kernel, stride)
     pre = reference_conv(levels, weights, stride, pads, pool)
+    pixels = levels.view(np.uint8) ^ 0x80  # whose levels p - 128 are `levels`
     for shift in (0, 7, 31):
-        got = jax.jit(lambda x: ops.image_conv2d(x, weights, stride=stride, padding=padding, pool=pool, shift=shift))(
-            levels)
-        np.testing.assert_array_equal(np.asarray(got), pre >> shift)
+        layer = jax.jit(lambda x: ops.image_conv2d(x, weights, stride=stride, padding=padding, pool=pool, shift=shift))
+        np.testing.assert_array_equal(np.asarray(layer(levels)), pre >> shift)
+        if shift == 7:
+            np.testing.assert_array_equal(np.asarray(layer(pixels)), pre >> shift)
     for planes in (1, 2):
         threshold, flip = thresholds_with_ties(rng, pre, planes)
-        got = jax.jit(lambda x: ops.image_conv2d(x, weights, stride=stride, padding=padding, pool=pool,
-                                                 threshold=threshold, flip=flip))(levels)  # fmt: skip
+        layer = jax.jit(lambda x: ops.image_conv2d(x, weights, stride=stride, padding=padding, pool=pool,
+                                                   threshold=threshold, flip=flip))  # fmt: skip
         want = reference_conv(levels, weights, stride, pads, pool, threshold=threshold, flip=flip)
-        np.testing.assert_array_equal(np.asarray(got), want)
+        np.testing.assert_array_equal(np.asarray(layer(levels)), want)
+        np.testing.assert_array_equal(np.asarray(layer(pixels)), want)
 
 
 def test_image_matmul_every_tier(isa):
     """The dense first layer: few rows (the columns split over threads; the VNNI tier reads the kernel as it
     is up to 64 rows, the others pack their own columns) and more rows, fewer or more than K (the weights
-    packed once)."""
+    packed once); int8 levels and the uint8 pixels they come from."""
     rng = np.random.default_rng(7)
     kernels = {k: int8_values(rng, (k, 300)) for k in (784, 785)}
     for k, m in ((784, 1), (785, 5), (785, 8), (784, 9), (784, 64), (785, 65), (784, 200), (785, 786)):
@@ -137,6 +151,8 @@ def test_image_matmul_every_tier(isa):
         levels = int8_values(rng, (m, k))
         pre = levels.astype(np.int64) @ kernel.astype(np.int64)
         np.testing.assert_array_equal(np.asarray(jax.jit(ops.image_matmul)(levels, kernel)), pre)
+        pixels = levels.view(np.uint8) ^ 0x80
+        np.testing.assert_array_equal(np.asarray(jax.jit(ops.image_matmul)(pixels, kernel)), pre)
         threshold, flip = thresholds_with_ties(rng, pre, 2)
         got = jax.jit(lambda x: ops.image_matmul(x, kernel, threshold=threshold, flip=flip))(levels)
         want = reference.image_epilogue(jnp.asarray(pre.astype(np.int32))[:, None, None], threshold=threshold,

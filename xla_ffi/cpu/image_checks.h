@@ -1,5 +1,5 @@
 // Validation of the jaxbnn_image_conv2d_{i32,bits} FFI calls (docs/ops.md "Native contract"): the first
-// layer, int8 image levels times int8 weight values. Header-only on top of common/checks.h and free of CPU
+// layer, int8 image levels (or the uint8 pixels they come from) times int8 weight values. Header-only on top of common/checks.h and free of CPU
 // code, so that another backend's handlers can refuse the same calls with the same messages.
 #ifndef JAXBNN_XLA_FFI_CPU_IMAGE_CHECKS_H_
 #define JAXBNN_XLA_FFI_CPU_IMAGE_CHECKS_H_
@@ -20,7 +20,7 @@ struct ImageConv2dAttrs {
   int64_t c, n, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, pool_h, pool_w, shift;
 };
 
-// A validated image_conv2d call on int8 levels (batch, height, width, c) and an int8 HWIO kernel.
+// A validated image_conv2d call on int8 levels or uint8 pixels (batch, height, width, c) and an int8 HWIO kernel.
 struct ImageConv2dProblem {
   int64_t batch, height, width, c, n;
   int64_t kh, kw, stride_h, stride_w, pad_top, pad_left;
@@ -28,6 +28,7 @@ struct ImageConv2dProblem {
   int64_t out_h, out_w;  // after pooling
   int64_t planes;        // threshold planes of the bits output; 0 for the int32 output
   int64_t shift;         // of the int32 output
+  bool pixels;           // the operand holds uint8 pixels p, whose levels p - 128 (p XOR 0x80) the layer takes
 };
 
 namespace checks {
@@ -65,7 +66,9 @@ inline ffi::Error CheckImageConv2d(std::string_view target, const ffi::AnyBuffer
                                " int8 products, the most that always sum within int32");
   }
 
-  if (auto e = CheckDtypeRank(target, "operand `levels`", levels, ffi::DataType::S8, 4, "(B, H, W, C)");
+  const bool pixels = levels.element_type() == ffi::DataType::U8;
+  if (auto e = CheckDtypeRank(target, "operand `levels`", levels, pixels ? ffi::DataType::U8 : ffi::DataType::S8, 4,
+                              "(B, H, W, C)");
       e.failure()) {
     return e;
   }
@@ -138,7 +141,7 @@ inline ffi::Error CheckImageConv2d(std::string_view target, const ffi::AnyBuffer
   *problem = ImageConv2dProblem{batch,         height,        width,       attrs.c,     attrs.n,
                                 attrs.kh,      attrs.kw,      attrs.stride_h, attrs.stride_w, attrs.pad_top,
                                 attrs.pad_left, attrs.pool_h, attrs.pool_w, out_h,       out_w,
-                                planes,        bits ? 0 : attrs.shift};
+                                planes,        bits ? 0 : attrs.shift, pixels};
   return ffi::Error::Success();
 }
 

@@ -918,9 +918,11 @@ class ImageConv {
   using Elem = typename Tier::Elem;
   using Weight = typename Tier::Weight;
 
+  // levels: the operand's bytes, int8 levels or uint8 pixels (p.pixels)
   ImageConv(const ImageConv2dProblem& p, const int8_t* levels, const int8_t* kernel)
       : p_(p),
         levels_(levels),
+        to_level_(static_cast<int8_t>(p.pixels ? 0x80 : 0)),
         kernel_(kernel),
         levels_size_(p.batch * p.height * p.width * p.c),
         k_(p.kh * p.kw * p.c),
@@ -1103,12 +1105,15 @@ class ImageConv {
     }
   }
 
-  // kChunk levels as kChunk elements (through locals: no aliasing for the compiler to fear).
-  static void CopyChunk(const int8_t* src, Elem* dst) {
+  // The level of a stored byte: itself, or a pixel p's p XOR 0x80 (p - 128).
+  int8_t LevelOf(int8_t stored) const { return static_cast<int8_t>(stored ^ to_level_); }
+
+  // kChunk stored bytes as kChunk elements (through locals: no aliasing for the compiler to fear).
+  void CopyChunk(const int8_t* src, Elem* dst) const {
     int8_t in[kChunk];
     Elem out[kChunk];
     std::memcpy(in, src, sizeof(in));
-    for (int64_t j = 0; j < kChunk; ++j) out[j] = Level<Tier>(in[j]);
+    for (int64_t j = 0; j < kChunk; ++j) out[j] = Level<Tier>(LevelOf(in[j]));
     std::memcpy(dst, out, sizeof(out));
   }
 
@@ -1134,7 +1139,7 @@ class ImageConv {
           // Whole chunks: a few vector moves for the short runs of an image's first layer.
           for (int64_t i = 0; i < inside; i += kChunk) CopyChunk(levels_ + offset + i, mid + i);
         } else {
-          for (int64_t i = 0; i < inside; ++i) mid[i] = Level<Tier>(levels_[offset + i]);
+          for (int64_t i = 0; i < inside; ++i) mid[i] = Level<Tier>(LevelOf(levels_[offset + i]));
         }
       }
       std::fill(mid + inside, dst + run, pad);
@@ -1144,6 +1149,7 @@ class ImageConv {
 
   const ImageConv2dProblem& p_;
   const int8_t* levels_;
+  const int8_t to_level_;  // XORed into each stored byte: 0x80 for pixels, else 0
   const int8_t* kernel_;
   const int64_t levels_size_, k_, k_padded_, n_padded_, window_, blocks_;
 };
