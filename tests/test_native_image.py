@@ -254,7 +254,7 @@ def test_handlers_accept_empty_outputs():
 
 I32_ERRORS = [
     ("levels float32", dict(levels=jnp.zeros((1, 5, 5, 3), jnp.float32)),
-     r"operand `levels` must be int8 of rank 4 \(B, H, W, C\), got float32"),
+     r"operand `levels` must be int8 levels or uint8 pixels \(B, H, W, C\), got float32"),
     ("levels rank 3", dict(levels=jnp.zeros((5, 5, 3), jnp.int8)), r"operand `levels` must be int8 of rank 4"),
     ("levels channels", dict(levels=jnp.zeros((1, 5, 5, 4), jnp.int8)),
      r"operand `levels` has shape \(1, 5, 5, 4\) but c = 3 requires \(1, 5, 5, 3\)"),

@@ -1,6 +1,7 @@
 // Validation of the jaxbnn_image_conv2d_{i32,bits} FFI calls (docs/ops.md "Native contract"): the first
-// layer, int8 image levels (or the uint8 pixels they come from) times int8 weight values. Header-only on top of common/checks.h and free of CPU
-// code, so that another backend's handlers can refuse the same calls with the same messages.
+// layer, int8 image levels (or the uint8 pixels they come from) times int8 weight values. Header-only on top
+// of common/checks.h and free of CPU code, so that another backend's handlers can refuse the same calls with
+// the same messages.
 #ifndef JAXBNN_XLA_FFI_CPU_IMAGE_CHECKS_H_
 #define JAXBNN_XLA_FFI_CPU_IMAGE_CHECKS_H_
 
@@ -20,7 +21,8 @@ struct ImageConv2dAttrs {
   int64_t c, n, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, pool_h, pool_w, shift;
 };
 
-// A validated image_conv2d call on int8 levels or uint8 pixels (batch, height, width, c) and an int8 HWIO kernel.
+// A validated image_conv2d call on int8 levels or uint8 pixels (batch, height, width, c) and an int8 HWIO
+// kernel.
 struct ImageConv2dProblem {
   int64_t batch, height, width, c, n;
   int64_t kh, kw, stride_h, stride_w, pad_top, pad_left;
@@ -67,6 +69,10 @@ inline ffi::Error CheckImageConv2d(std::string_view target, const ffi::AnyBuffer
   }
 
   const bool pixels = levels.element_type() == ffi::DataType::U8;
+  if (!pixels && levels.element_type() != ffi::DataType::S8) {
+    return Invalid(target, Concat("operand `levels` must be int8 levels or uint8 pixels (B, H, W, C), got ",
+                                  DtypeName(levels.element_type())));
+  }
   if (auto e = CheckDtypeRank(target, "operand `levels`", levels, pixels ? ffi::DataType::U8 : ffi::DataType::S8, 4,
                               "(B, H, W, C)");
       e.failure()) {
