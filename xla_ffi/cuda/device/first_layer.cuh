@@ -1,6 +1,7 @@
-// What both first-layer kernels use: predicated global loads whose latency overlaps later work (their gathers of
-// int8 levels and weights; each is issued here and waited for where its register is first read), and the
-// threshold planes' bounds and flip words in shared memory, the value the epilogue writes and compares.
+// What both first-layer kernels use: predicated global loads whose latency overlaps later work (the im2col
+// kernel's gathers of int8 levels, both kernels' weights; each is issued here and waited for where its register is
+// first read), and the threshold planes' bounds and flip words in shared memory, the value the epilogue writes
+// and compares.
 #pragma once
 
 #include <climits>

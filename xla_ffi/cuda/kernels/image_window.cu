@@ -3,9 +3,11 @@
 //
 // A tile is 8 x 16 output pixels (before the pool) of one image and 64 output channels a column of warps (a CTA
 // has two, 128 channels, where N > 64, and builds the window once for both). Its frame window, the
-// pixels its receptive fields cover, is copied once into shared memory as four-byte slots: a slot at (y, x)
+// pixels its receptive fields cover, is built once in shared memory as four-byte slots: a slot at (y, x)
 // holds the C' channel bytes (C rounded up to 1, 2 or 4; the fourth byte of an RGB pixel is 0) of the
-// 4 / C' pixels x, x + 1, ... of window row y, zero outside the frame. A kernel row of kw taps is then
+// 4 / C' pixels x, x + 1, ... of window row y, zero outside the frame. The window's rows are first staged as
+// they lie in the levels, by cp.async copies issued while the CTA's previous tile is multiplied, so that
+// building the window waits for no global load. A kernel row of kw taps is then
 // ceil(kw C' / 4) slots, and every A fragment register of the MMA is one 32-bit shared load at the pixel's
 // slot plus the tap slot's offset: no im2col gather, and a pixel is read from global memory once per tile, not
 // once per tap. The weights are laid out at load time in the same slots (zero past kw and C), resident for
@@ -20,16 +22,18 @@
 // 64-byte store.
 //
 // The pieces: WindowLaunch (the launch-time geometry), LoadWeights / LoadBounds / the slot table (once per
-// CTA), BuildWindow (the frame window of a tile), the mainloop over K steps, and the epilogue (the pool in
-// registers, StoreQuadStream / StoreThreadStream / StoreBits).
+// CTA), StageRows (the next tile's rows, in flight) and ExpandWindow (the frame window of a tile from them), the
+// mainloop over K steps, and the epilogue (the pool in registers, StoreQuadStream / StoreThreadStream /
+// StoreBits).
 #include "cuda/kernels/image_window.h"
 
 #include <climits>
 #include <cstdint>
 #include <mutex>
 
-#include "cuda/device/first_layer.cuh"
 #include "cuda/device/common.cuh"
+#include "cuda/device/first_layer.cuh"
+#include "cuda/device/pipeline.cuh"
 
 namespace jaxbnn::cuda {
 namespace {
@@ -60,14 +64,19 @@ __host__ __device__ constexpr int ChannelBytes(int c) { return c == 3 ? 4 : c; }
 
 // The launch-time geometry. Shared memory: the weights (steps x 2 KB a column warp), each plane's bounds and flip
 // words, the slot table (each K slot's byte offset in the window), the frame window (window_h rows of
-// row_stride words).
+// window_w words), the staged rows (window_h rows of stage_stride bytes) and their StagedRow table.
 struct WindowLaunch {
   int slots_per_row = 0, slots = 0, steps = 0;
-  int window_h = 0, window_w = 0, row_stride = 0;
+  int window_h = 0, window_w = 0;  // rows of window_w slots, unpadded
+  int span_pixels = 0;   // the pixels of a window row: window_w + (4 / C') - 1
+  int stage_stride = 0;  // a staged row's bytes: its pixels' bytes and room for the phase and the last slot's words
+  int copies_per_row = 0;
+  bool wide_copies = false;  // 16-byte copies (16-byte aligned levels), else 4-byte ones
   int tiles_x = 0, tiles = 0;
-  int levels_bytes = 0;  // batch * H * W * C: 8 to 2^31 - 9 (ImageWindowTakes)
-  FastDivisor window_w_div, tiles_x_div, tiles_per_image_div;
-  int bound_offset = 0, flip_offset = 0, slot_offset = 0, window_offset = 0, smem = 0;
+  int levels_bytes = 0;  // batch * H * W * C: up to 2^31 - 33 (ImageWindowTakes)
+  FastDivisor window_w_div, copies_per_row_div, tiles_x_div, tiles_per_image_div;
+  int bound_offset = 0, flip_offset = 0, slot_offset = 0, window_offset = 0, stage_offset = 0, rows_offset = 0;
+  int smem = 0;
   bool vector_stream = false;  // rows of whole 16-byte vectors and a 16-byte aligned stream: 16-byte stores
 };
 
@@ -136,81 +145,109 @@ __device__ void LoadBounds(const ImageConvProblem& p, const WindowLaunch& L, uin
                   col0, S::kCols, tid, S::kThreads);
 }
 
-// The frame window of the tile whose top-left receptive field starts at (iy0, ix0) of image `b`: slot (y, x) holds
-// the channel bytes of pixels ix0 + x + i / C' of row iy0 + y, 0 outside the frame. A slot is its four bytes at any
-// alignment, two aligned word loads and a funnel shift, masked to its pixels inside the frame (and, for RGB, to
-// three channels). The loads use int32 offsets from the levels' start (ImageWindowTakes: 4-byte aligned levels
-// of 8 bytes to 2^31 - 9): a word wholly outside the levels is not loaded, its bytes being outside the frame; one
-// that straddles their end (a size not a multiple of 4) leaves its slot to a byte-by-byte gather. Pixels become
-// levels in the same masking instruction ((word ^ 0x80808080) & mask, ImageConvProblem::pixels).
-// Each group's loads (four slots a thread) are issued before any is combined.
-template <int kChannelBytes, int kThreads, int kSlots>
-__device__ __forceinline__ void BuildSlots(const ImageConvProblem& p, const WindowLaunch& L, uint32_t* window,
-                                           int image, int iy0, int ix0, int first) {
-  constexpr int kPixelsPerSlot = 4 / kChannelBytes;
-  const int total = L.window_h * L.window_w;
-  const uint32_t last_word = static_cast<uint32_t>(L.levels_bytes - 4);  // the last whole word's offset
-  const uint32_t channels = p.c == 3 ? 0xffffffu : 0xffffffffu;
-  const uint32_t level_flip = p.pixels ? kPixelLevelFlip : 0u;
-  uint32_t low[kSlots], high[kSlots], mask[kSlots];
-  int at[kSlots], offset[kSlots];
-#pragma unroll
-  for (int u = 0; u < kSlots; ++u) {
-    const int idx = first + u * kThreads, y = Quotient(idx, L.window_w_div), x = idx - y * L.window_w;
-    const int iy = iy0 + y, ix = ix0 + x;
-    // the slot's pixels inside the frame: [inside_first, inside_end) of its kPixelsPerSlot
-    const int inside_first = max(0, -ix), inside_end = min(kPixelsPerSlot, p.in_w - ix);
-    const bool some = idx < total && static_cast<unsigned>(iy) < static_cast<unsigned>(p.in_h) &&
-                      inside_first < inside_end;
-    at[u] = idx < total ? y * L.row_stride + x : -1;
-    offset[u] = some ? image + (iy * p.in_w + ix) * p.c : 0;
-    const int aligned = offset[u] & ~3;
-    if constexpr (kPixelsPerSlot == 1) {
-      mask[u] = some ? channels : 0u;
-    } else {
-      mask[u] = some ? static_cast<uint32_t>((uint64_t{1} << (8 * kChannelBytes * inside_end)) -
-                                             (uint64_t{1} << (8 * kChannelBytes * inside_first)))
-                     : 0u;
-    }
-    low[u] = high[u] = 0;
-    LoadWord(low[u], p.levels + aligned, some && static_cast<uint32_t>(aligned) <= last_word);
-    LoadWord(high[u], p.levels + aligned + 4, some && static_cast<uint32_t>(aligned + 4) <= last_word);
-  }
-#pragma unroll
-  for (int u = 0; u < kSlots; ++u) {
-    if (at[u] < 0) continue;
-    uint32_t word = (__funnelshift_r(low[u], high[u], 8 * (offset[u] & 3)) ^ level_flip) & mask[u];
-    // bytes of the slot inside the frame that lie in a word straddling the levels' end
-    if (mask[u] != 0 && (offset[u] & ~3) + 8 > L.levels_bytes && L.levels_bytes % 4 != 0) {
-      uint32_t bytes[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const bool take = (mask[u] >> (8 * i) & 0xffu) != 0;
-        bytes[i] = 0;
-        LoadByte(bytes[i], p.levels + (take ? offset[u] + i : 0), take);
-      }
-      word = (Word(bytes) ^ level_flip) & mask[u];
-    }
-    window[at[u]] = word;
-  }
-}
-
-// Four slots a thread at a time while the window has them, then one.
-template <int kChannelBytes, int kThreads>
-__device__ void BuildWindow(const ImageConvProblem& p, const WindowLaunch& L, uint32_t* window, int b, int iy0,
-                            int ix0, int tid) {
-  const int image = b * p.in_h * p.in_w * p.c, total = L.window_h * L.window_w;
-  int first = tid;
-  for (; first + 3 * kThreads < total; first += 4 * kThreads) {
-    BuildSlots<kChannelBytes, kThreads, 4>(p, L, window, image, iy0, ix0, first);
-  }
-  for (; first < total; first += kThreads) BuildSlots<kChannelBytes, kThreads, 1>(p, L, window, image, iy0, ix0, first);
-}
-
 __device__ __forceinline__ uint32_t LoadShared(uint32_t address) {
   uint32_t value;
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(value) : "r"(address));
   return value;
+}
+
+// Where a tile lies: its image's first level, its first output pixel (before the pool) and its frame window's
+// first pixel (iy0, ix0) (negative inside the padding).
+struct TileOrigin {
+  int b, image, oy0, ox0, iy0, ix0;
+};
+__device__ __forceinline__ TileOrigin OriginOf(const ImageConvProblem& p, const WindowLaunch& L, int tile) {
+  TileOrigin o;
+  o.b = Quotient(tile, L.tiles_per_image_div);
+  const int in_image = tile - o.b * L.tiles_per_image_div.divisor, ty = Quotient(in_image, L.tiles_x_div);
+  o.oy0 = ty * kTileH;
+  o.ox0 = (in_image - ty * L.tiles_x) * kTileW;
+  o.image = o.b * p.in_h * p.in_w * p.c;
+  o.iy0 = o.oy0 * p.stride_h - p.pad_top;
+  o.ix0 = o.ox0 * p.stride_w - p.pad_left;
+  return o;
+}
+
+// A window row as ExpandWindow reads it: the shared address of its first window pixel's byte among the staged
+// rows, and the mask of its slots (0 for a row outside the frame, whose address is then its staged row's start,
+// so that every load stays inside the staged rows).
+struct StagedRow {
+  uint32_t first_byte, mask;
+};
+
+// Stages the tile's frame window as it lies in the levels: for each window row inside the frame, the bytes of its
+// pixels inside the frame, by cp.async copies aligned to the levels' start (16 bytes where the levels are 16-byte
+// aligned, else 4; the levels' last bytes one by one where they end inside a copy); the bytes around them are left
+// as they are (ExpandWindow masks them off). Row y's bytes lie at staged + y * stage_stride from its first window
+// pixel's level offset rounded down to 16 (negative inside the padding), so that a 16-byte copy lands aligned;
+// the rows' StagedRow table is written with them. Not waited for here: the copies land while the previous tile
+// is multiplied.
+template <int kThreads>
+__device__ __forceinline__ void StageRows(const ImageConvProblem& p, const WindowLaunch& L, uint8_t* smem,
+                                          const TileOrigin& o, int tid) {
+  const uint32_t staged = SmemAddress(smem) + L.stage_offset;
+  const uint32_t channels = p.c == 3 ? 0xffffffu : 0xffffffffu;
+  StagedRow* rows = reinterpret_cast<StagedRow*>(smem + L.rows_offset);
+  for (int y = tid; y < L.window_h; y += kThreads) {
+    const int iy = o.iy0 + y;
+    const bool inside = static_cast<unsigned>(iy) < static_cast<unsigned>(p.in_h);
+    const int phase = (o.image + (iy * p.in_w + o.ix0) * p.c) & 15;
+    rows[y] = {staged + y * L.stage_stride + (inside ? phase : 0), inside ? channels : 0u};
+  }
+  const int first_pixel = max(o.ix0, 0), end_pixel = min(o.ix0 + L.span_pixels, p.in_w);
+  if (first_pixel >= end_pixel) return;  // no window column inside the frame
+  const int copy_bytes = L.wide_copies ? 16 : 4, copies = L.window_h * L.copies_per_row;
+#pragma unroll 1
+  for (int idx = tid; idx < copies; idx += kThreads) {
+    const int y = Quotient(idx, L.copies_per_row_div), iy = o.iy0 + y;
+    if (static_cast<unsigned>(iy) >= static_cast<unsigned>(p.in_h)) continue;
+    const int row = o.image + iy * p.in_w * p.c, end = row + end_pixel * p.c;
+    const int offset = ((row + first_pixel * p.c) & -copy_bytes) + (idx - y * L.copies_per_row) * copy_bytes;
+    if (offset >= end) continue;
+    const int to = y * L.stage_stride + (offset - ((row + o.ix0 * p.c) & ~15));
+    if (offset + copy_bytes <= L.levels_bytes) {
+      if (L.wide_copies) {
+        CopyAsync<16>(staged + to, p.levels + offset, true);
+      } else {
+        CopyAsync<4>(staged + to, p.levels + offset, true);
+      }
+    } else {  // the levels' last bytes, one by one: a cp.async may read all of its size
+      for (int i = 0; offset + i < L.levels_bytes; ++i) smem[L.stage_offset + to + i] = p.levels[offset + i];
+    }
+  }
+}
+
+// The frame window of the tile from its staged rows: slot (y, x) holds the channel bytes of pixels ix0 + x + i / C'
+// of row iy0 + y, 0 outside the frame: two staged words and a funnel shift, masked to the slot's pixels inside the
+// frame (its row's mask: for RGB three channels, 0 outside the frame). Pixels become levels in the same masking
+// instruction ((word ^ 0x80808080) & mask, ImageConvProblem::pixels). No branch: the loads of a masked slot read
+// staged bytes that the mask discards.
+template <int kChannelBytes, int kThreads>
+__device__ __forceinline__ void ExpandWindow(const ImageConvProblem& p, const WindowLaunch& L, uint8_t* smem,
+                                             const TileOrigin& o, int tid) {
+  constexpr int kPixelsPerSlot = 4 / kChannelBytes;
+  const StagedRow* rows = reinterpret_cast<const StagedRow*>(smem + L.rows_offset);
+  uint32_t* window = reinterpret_cast<uint32_t*>(smem + L.window_offset);
+  const uint32_t level_flip = p.pixels ? kPixelLevelFlip : 0u;
+  const int total = L.window_h * L.window_w;
+#pragma unroll 4
+  for (int idx = tid; idx < total; idx += kThreads) {
+    const int y = Quotient(idx, L.window_w_div), x = idx - y * L.window_w, ix = o.ix0 + x;
+    const uint2 row = reinterpret_cast<const uint2*>(rows)[y];  // one 8-byte load: first_byte, mask
+    uint32_t mask;
+    if constexpr (kPixelsPerSlot == 1) {
+      mask = static_cast<unsigned>(ix) < static_cast<unsigned>(p.in_w) ? row.y : 0u;
+    } else {  // the slot's pixels inside the frame: [inside_first, inside_end) of its kPixelsPerSlot
+      const int inside_first = max(0, -ix), inside_end = min(kPixelsPerSlot, p.in_w - ix);
+      const int low_bit = 8 * kChannelBytes * inside_first, end_bit = 8 * kChannelBytes * inside_end;
+      mask = inside_first < inside_end
+                 ? row.y & static_cast<uint32_t>((uint64_t{1} << end_bit) - (uint64_t{1} << low_bit))
+                 : 0u;
+    }
+    const uint32_t at = row.x + x * p.c, from = at & ~3u;
+    // the funnel shift takes its amount modulo 32: 8 (at % 4)
+    window[idx] = (__funnelshift_r(LoadShared(from), LoadShared(from + 4), at << 3) ^ level_flip) & mask;
+  }
 }
 
 __device__ __forceinline__ void LoadMatrices(uint32_t address, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
@@ -377,7 +414,7 @@ __global__ void __launch_bounds__(CtaShape<kColWarps>::kThreads, CtaShape<kColWa
   int* slot_offset = reinterpret_cast<int*>(smem + L.slot_offset);
   for (int s = tid; s < L.steps * kStepSlots; s += S::kThreads) {
     const int ky = s / L.slots_per_row;
-    slot_offset[s] = s < L.slots ? 4 * (ky * L.row_stride + (s - ky * L.slots_per_row) * kPixelsPerSlot) : 0;
+    slot_offset[s] = s < L.slots ? 4 * (ky * L.window_w + (s - ky * L.slots_per_row) * kPixelsPerSlot) : 0;
   }
   uint32_t* window = reinterpret_cast<uint32_t*>(smem + L.window_offset);
   // fragment row (mf, h) of lane g: tile row 2 row_warp + mf, tile column 2 g + h; as byte addresses in the window
@@ -387,22 +424,24 @@ __global__ void __launch_bounds__(CtaShape<kColWarps>::kThreads, CtaShape<kColWa
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       row_base[mf][h] = SmemAddress(window) +
-                        4 * ((2 * row_warp + mf) * p.stride_h * L.row_stride + (2 * g + h) * p.stride_w);
+                        4 * ((2 * row_warp + mf) * p.stride_h * L.window_w + (2 * g + h) * p.stride_w);
     }
   }
   // ldmatrix: lanes 8m .. 8m + 7 address matrix m = (column fragment m / 2 of a pair, K half m % 2)
   const int m = lane / 8, matrix_column = 8 * (m / 2) + lane % 8;
   const uint32_t weight_lane =
       SmemAddress(smem) + warp_col / kWarpCols * kWarpStepBytes + WeightOffset(matrix_column, m % 2);
-  const int tiles_per_image = L.tiles_per_image_div.divisor;
+  const auto stage_tile = [&](int tile) {
+    StageRows<S::kThreads>(p, L, smem, OriginOf(p, L, tile), tid);
+  };
+  stage_tile(blockIdx.x);
   for (int tile = blockIdx.x; tile < L.tiles; tile += gridDim.x) {
-    const int b = Quotient(tile, L.tiles_per_image_div), in_image = tile - b * tiles_per_image;
-    const int ty = Quotient(in_image, L.tiles_x_div), tx = in_image - ty * L.tiles_x;
-    const int oy0 = ty * kTileH, ox0 = tx * kTileW;
-    __syncthreads();  // the previous tile's MMAs are done with the window (the first: the tables are written)
-    BuildWindow<kChannelBytes, S::kThreads>(p, L, window, b, oy0 * p.stride_h - p.pad_top,
-                                            ox0 * p.stride_w - p.pad_left, tid);
-    __syncthreads();
+    CopyAsyncWaitAll();
+    __syncthreads();  // the tile's rows are staged; the previous tile's MMAs are done with the window (the first:
+                      // the tables are written)
+    ExpandWindow<kChannelBytes, S::kThreads>(p, L, smem, OriginOf(p, L, tile), tid);
+    __syncthreads();  // the window is built; the staged rows are free for the next tile's
+    if (tile + static_cast<int>(gridDim.x) < L.tiles) stage_tile(tile + gridDim.x);
     int acc[2][kFrags][4] = {};
     // not unrolled: the 128-register budget holds only one step's fragments
 #pragma unroll 1
@@ -429,7 +468,9 @@ __global__ void __launch_bounds__(CtaShape<kColWarps>::kThreads, CtaShape<kColWa
         for (int nf = 0; nf < kFrags; ++nf) Imma(acc[mf][nf], a[mf], bf[nf][0], bf[nf][1]);
       }
     }
-    // the epilogue, from the registers: a 2 x 2 window's max, or each of the four rows
+    // the epilogue, from the registers: a 2 x 2 window's max, or each of the four rows (the tile's origin found
+    // again rather than held through the K loop)
+    const TileOrigin o = OriginOf(p, L, tile);
     if constexpr (kPooled) {
       int v[1][kFrags][2];
 #pragma unroll
@@ -439,9 +480,9 @@ __global__ void __launch_bounds__(CtaShape<kColWarps>::kThreads, CtaShape<kColWa
           v[0][nf][e] = max(max(acc[0][nf][e], acc[0][nf][2 + e]), max(acc[1][nf][e], acc[1][nf][2 + e]));
         }
       }
-      const int py = oy0 / 2 + row_warp, px = ox0 / 2 + g;
+      const int py = o.oy0 / 2 + row_warp, px = o.ox0 / 2 + g;
       const bool valid[1] = {py < p.out_h && px < p.out_w};
-      const int q[1] = {valid[0] ? (b * p.out_h + py) * p.out_w + px : 0};
+      const int q[1] = {valid[0] ? (o.b * p.out_h + py) * p.out_w + px : 0};
       StoreRows<S::kCols, 1, kStreamValues>(p, L, smem, v, q, valid, col0, warp_col, t);
     } else {
       int v[4][kFrags][2], q[4];
@@ -450,14 +491,14 @@ __global__ void __launch_bounds__(CtaShape<kColWarps>::kThreads, CtaShape<kColWa
       for (int mf = 0; mf < 2; ++mf) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int r = 2 * mf + h, oy = oy0 + 2 * row_warp + mf, ox = ox0 + 2 * g + h;
+          const int r = 2 * mf + h, oy = o.oy0 + 2 * row_warp + mf, ox = o.ox0 + 2 * g + h;
 #pragma unroll
           for (int nf = 0; nf < kFrags; ++nf) {
             v[r][nf][0] = acc[mf][nf][2 * h];
             v[r][nf][1] = acc[mf][nf][2 * h + 1];
           }
           valid[r] = oy < p.out_h && ox < p.out_w;
-          q[r] = valid[r] ? (b * p.out_h + oy) * p.out_w + ox : 0;
+          q[r] = valid[r] ? (o.b * p.out_h + oy) * p.out_w + ox : 0;
         }
       }
       StoreRows<S::kCols, 4, kStreamValues>(p, L, smem, v, q, valid, col0, warp_col, t);
@@ -465,12 +506,11 @@ __global__ void __launch_bounds__(CtaShape<kColWarps>::kThreads, CtaShape<kColWa
   }
 }
 
-int Align16(int bytes) { return (bytes + 15) / 16 * 16; }
-
 // A problem's geometry in int64, for ImageWindowTakes to bound before anything is narrowed (conv_h / conv_w: the
-// convolution output that the pooled output needs).
+// convolution output that the pooled output needs; smem: the bytes of shared memory a CTA takes).
 struct Geometry {
-  int64_t slots_per_row, slots, steps, window_h, window_w, row_stride, conv_h, conv_w, tiles_x, tiles;
+  int64_t slots_per_row, slots, steps, window_h, window_w, span_pixels, stage_stride, conv_h, conv_w,
+      tiles_x, tiles, col_warps, bound_offset, flip_offset, slot_offset, window_offset, stage_offset, rows_offset, smem;
 };
 Geometry GeometryOf(const ImageConvProblem& p) {
   Geometry G;
@@ -480,11 +520,22 @@ Geometry GeometryOf(const ImageConvProblem& p) {
   G.steps = (G.slots + kStepSlots - 1) / kStepSlots;
   G.window_h = int64_t{kTileH - 1} * p.stride_h + p.kh;
   G.window_w = int64_t{kTileW - 1} * p.stride_w + (G.slots_per_row - 1) * pixels_per_slot + 1;
-  G.row_stride = G.window_w;  // rows unpadded
+  G.span_pixels = G.window_w + pixels_per_slot - 1;
+  // a row's bytes from its phase (up to 15), a 16-byte copy's overhang past them, the last slot's second word
+  G.stage_stride = (G.span_pixels * p.c + 32 + 15) / 16 * 16;
   G.conv_h = int64_t{p.out_h} * p.pool_h;
   G.conv_w = int64_t{p.out_w} * p.pool_w;
   G.tiles_x = (G.conv_w + kTileW - 1) / kTileW;
   G.tiles = int64_t{p.batch} * ((G.conv_h + kTileH - 1) / kTileH) * G.tiles_x;
+  G.col_warps = p.n > kWarpCols ? 2 : 1;
+  const auto align16 = [](int64_t bytes) { return (bytes + 15) / 16 * 16; };
+  G.bound_offset = G.steps * G.col_warps * kWarpStepBytes;
+  G.flip_offset = G.bound_offset + align16(int64_t{p.planes} * G.col_warps * kWarpCols * 4);
+  G.slot_offset = G.flip_offset + align16(int64_t{p.planes} * G.col_warps * (kWarpCols / 32) * 4);
+  G.window_offset = G.slot_offset + align16(G.steps * kStepSlots * 4);
+  G.stage_offset = G.window_offset + align16(G.window_h * G.window_w * 4);
+  G.rows_offset = G.stage_offset + G.window_h * G.stage_stride;
+  G.smem = G.rows_offset + G.window_h * 8;
   return G;
 }
 
@@ -522,13 +573,7 @@ cudaError_t LaunchInstance(const ImageConvProblem& p, const WindowLaunch& L, cud
 }
 
 template <int kChannelBytes, bool kPooled>
-cudaError_t LaunchColumns(const ImageConvProblem& p, WindowLaunch& L, cudaStream_t stream) {
-  const int col_warps = p.n > kWarpCols ? 2 : 1;
-  L.bound_offset = L.steps * col_warps * kWarpStepBytes;
-  L.flip_offset = L.bound_offset + Align16(p.planes * col_warps * kWarpCols * 4);
-  L.slot_offset = L.flip_offset + Align16(p.planes * col_warps * (kWarpCols / 32) * 4);
-  L.window_offset = L.slot_offset + Align16(L.steps * kStepSlots * 4);
-  L.smem = L.window_offset + Align16(L.window_h * L.row_stride * 4);
+cudaError_t LaunchColumns(const ImageConvProblem& p, const WindowLaunch& L, int col_warps, cudaStream_t stream) {
   if (TakesStreamValues(p)) {
     return col_warps == 2 ? LaunchInstance<kChannelBytes, kPooled, 2, true>(p, L, stream)
                           : LaunchInstance<kChannelBytes, kPooled, 1, true>(p, L, stream);
@@ -544,12 +589,18 @@ bool ImageWindowTakes(const ImageConvProblem& p) {
   const bool pooled = p.pool_h == 2 && p.pool_w == 2;
   if (!pooled && (p.pool_h != 1 || p.pool_w != 1)) return false;
   if (p.planes < 0 || p.planes > kMaxImagePlanes || reinterpret_cast<uintptr_t>(p.levels) % 4 != 0) return false;
-  // the build's word offsets: at least two whole words of levels, and offsets + 8 within int32
+  // the staging copies' offsets and their 16-byte overhang within int32
   const int64_t levels_bytes = int64_t{p.batch} * p.in_h * p.in_w * p.c;
-  if (levels_bytes < 8 || levels_bytes > INT_MAX - 8) return false;
+  if (levels_bytes > INT_MAX - 32) return false;
   const Geometry G = GeometryOf(p);
-  return G.slots <= int64_t{kMaxSteps} * kStepSlots && G.window_h * G.row_stride <= kMaxWindowWords &&
-         3 * G.conv_h >= kTileH && 3 * G.conv_w >= kTileW && G.tiles <= INT_MAX;
+  if (G.slots > int64_t{kMaxSteps} * kStepSlots || G.window_h * G.window_w > kMaxWindowWords ||
+      3 * G.conv_h < kTileH || 3 * G.conv_w < kTileW || G.tiles > INT_MAX) {
+    return false;
+  }
+  int device = 0, smem_limit = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
+         G.smem <= smem_limit;
 }
 
 cudaError_t LaunchImageWindow(const ImageConvProblem& p, cudaStream_t stream) {
@@ -562,23 +613,35 @@ cudaError_t LaunchImageWindow(const ImageConvProblem& p, cudaStream_t stream) {
   L.steps = static_cast<int>(G.steps);
   L.window_h = static_cast<int>(G.window_h);
   L.window_w = static_cast<int>(G.window_w);
-  L.row_stride = static_cast<int>(G.row_stride);
+  L.span_pixels = static_cast<int>(G.span_pixels);
+  L.stage_stride = static_cast<int>(G.stage_stride);
+  L.wide_copies = reinterpret_cast<uintptr_t>(p.levels) % 16 == 0;
+  const int copy_bytes = L.wide_copies ? 16 : 4;
+  L.copies_per_row = (L.span_pixels * p.c + 2 * copy_bytes - 2) / copy_bytes;  // a row's bytes at any alignment
+  L.copies_per_row_div = FastDivisor(L.copies_per_row);
   L.tiles_x = static_cast<int>(G.tiles_x);
   L.tiles = static_cast<int>(G.tiles);
   L.window_w_div = FastDivisor(L.window_w);
   L.tiles_x_div = FastDivisor(L.tiles_x);
   L.tiles_per_image_div = FastDivisor(static_cast<int>(G.tiles / p.batch));
   L.levels_bytes = p.batch * p.in_h * p.in_w * p.c;
+  L.bound_offset = static_cast<int>(G.bound_offset);
+  L.flip_offset = static_cast<int>(G.flip_offset);
+  L.slot_offset = static_cast<int>(G.slot_offset);
+  L.window_offset = static_cast<int>(G.window_offset);
+  L.stage_offset = static_cast<int>(G.stage_offset);
+  L.rows_offset = static_cast<int>(G.rows_offset);
+  L.smem = static_cast<int>(G.smem);
   L.vector_stream = p.n % (p.narrow_stream ? 8 : 4) == 0 && reinterpret_cast<uintptr_t>(p.out_stream) % 16 == 0;
-  const int channel_bytes = ChannelBytes(p.c);
+  const int channel_bytes = ChannelBytes(p.c), col_warps = static_cast<int>(G.col_warps);
   const bool pooled = p.pool_h == 2;
   switch (channel_bytes * 2 + (pooled ? 1 : 0)) {
-    case 2: return LaunchColumns<1, false>(p, L, stream);
-    case 3: return LaunchColumns<1, true>(p, L, stream);
-    case 4: return LaunchColumns<2, false>(p, L, stream);
-    case 5: return LaunchColumns<2, true>(p, L, stream);
-    case 8: return LaunchColumns<4, false>(p, L, stream);
-    default: return LaunchColumns<4, true>(p, L, stream);
+    case 2: return LaunchColumns<1, false>(p, L, col_warps, stream);
+    case 3: return LaunchColumns<1, true>(p, L, col_warps, stream);
+    case 4: return LaunchColumns<2, false>(p, L, col_warps, stream);
+    case 5: return LaunchColumns<2, true>(p, L, col_warps, stream);
+    case 8: return LaunchColumns<4, false>(p, L, col_warps, stream);
+    default: return LaunchColumns<4, true>(p, L, col_warps, stream);
   }
 }
 

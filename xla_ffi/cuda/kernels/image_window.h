@@ -11,8 +11,8 @@ namespace jaxbnn::cuda {
 
 // Whether the windowed kernel computes `p`: 1 to 4 channels, no pool or a 2 x 2 one, a kernel of at most 256
 // four-byte slots (kh * ceil(kw * C' / 4), C' the channels rounded up to 1, 2 or 4), a frame window that fits
-// its shared memory, an output at least a third of a tile wide and tall, 4-byte aligned levels of 8 bytes to
-// 2^31 - 9.
+// its shared memory and a CTA's shared memory within the current device's, an output at least a third of a tile
+// wide and tall, 4-byte aligned levels of at most 2^31 - 33 bytes.
 bool ImageWindowTakes(const ImageConvProblem& p);
 
 // Launches it on `stream` (`p` non-empty and taken); returns the launch error, if any.

@@ -3,8 +3,8 @@
 // for word with a direct CPU convolution (XOR-popc, independent of the kernels' AND-popc algebra).
 // Also the workload of the compute-sanitizer runs (`--small`); `--residual` checks only the residual epilogue
 // (Epilogue::kResidual); `--image` checks only the first-layer kernel (LaunchImageConv: int8 levels, and the same
-// as uint8 pixels, against a CPU convolution); `--dense` checks only the convolutions of fewer than 32 channels
-// (the dense-tap kernel's and two of the word layout); `--global-pool` checks only the global pooling kernel
+// as uint8 pixels, aligned and not, against a CPU convolution); `--dense` checks only the convolutions of fewer
+// than 32 channels (the dense-tap kernel's and two of the word layout); `--global-pool` checks only the global pooling kernel
 // (LaunchGlobalSumBits, against a CPU sum); `--stream-bits` checks only the stream's threshold planes
 // (LaunchStreamBits, against CPU comparisons); `--repeats` checks only the inputs whose taps read each pixel twice
 // (BinaryGemmProblem::x_cw); `--planes` checks only the bit epilogue's two threshold planes (the
@@ -909,8 +909,10 @@ struct ImageCase {
 };
 
 // Runs one case into poisoned outputs; returns the number of wrong values. pixels: the kernel reads the levels as
-// the uint8 pixels they come from (level + 128, ImageConvProblem::pixels), for the same results.
-long RunImageCase(const ImageCase& ic, bool pixels) {
+// the uint8 pixels they come from (level + 128, ImageConvProblem::pixels), for the same results. misaligned: the
+// levels start 4 bytes past a 16-byte boundary (the windowed kernel's 4-byte copies) and end where their
+// allocation does.
+long RunImageCase(const ImageCase& ic, bool pixels, bool misaligned) {
   const int conv_h = (ic.h + ic.pt + ic.pb - ic.kh) / ic.sh + 1, conv_w = (ic.w + ic.pl + ic.pr - ic.kw) / ic.sw + 1;
   const int out_h = conv_h / ic.ph, out_w = conv_w / ic.pw, words = (ic.n + 31) / 32, k = ic.kh * ic.kw * ic.c;
   std::vector<int8_t> levels(static_cast<size_t>(ic.batch) * ic.h * ic.w * ic.c), kernel(static_cast<size_t>(k) * ic.n);
@@ -964,7 +966,10 @@ long RunImageCase(const ImageCase& ic, bool pixels) {
   if (pixels) {
     for (int8_t& v : bytes) v = static_cast<int8_t>(static_cast<uint8_t>(v) ^ 0x80u);
   }
-  int8_t* d_levels = ToDevice(bytes);
+  int8_t* d_levels_allocation = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_levels_allocation, std::max<size_t>(bytes.size() + (misaligned ? 4 : 0), 1)));
+  int8_t* d_levels = d_levels_allocation + (misaligned ? 4 : 0);
+  CHECK_CUDA(cudaMemcpy(d_levels, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
   int8_t* d_kernel = ToDevice(kernel);
   int32_t* d_threshold = ToDevice(threshold);
   uint8_t* d_flip = ToDevice(flip);
@@ -1015,13 +1020,13 @@ long RunImageCase(const ImageCase& ic, bool pixels) {
     if (stream_values) CHECK_CUDA(cudaMemcpy(got.data(), d_stream, stream_bytes, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < stream_values; ++i) wrong += got[i] != want_stream[i];
   }
-  std::printf("image %dx%dx%dx%d -> %d, %dx%d /%dx%d pad (%d,%d,%d,%d) pool %dx%d planes %d stream %d shift %d%s%s: "
+  std::printf("image %dx%dx%dx%d -> %d, %dx%d /%dx%d pad (%d,%d,%d,%d) pool %dx%d planes %d stream %d shift %d%s%s%s: "
               "%ld / %zu wrong\n",
               ic.batch, ic.h, ic.w, ic.c, ic.n, ic.kh, ic.kw, ic.sh, ic.sw, ic.pt, ic.pb, ic.pl, ic.pr, ic.ph, ic.pw,
-              ic.planes, ic.stream, ic.shift, ic.extremes ? " extremes" : "", pixels ? " pixels" : "", wrong,
-              bit_words + stream_values);
-  for (void* d : {static_cast<void*>(d_levels), static_cast<void*>(d_kernel), static_cast<void*>(d_threshold),
-                  static_cast<void*>(d_flip), static_cast<void*>(d_bits), d_stream}) {
+              ic.planes, ic.stream, ic.shift, ic.extremes ? " extremes" : "", pixels ? " pixels" : "",
+              misaligned ? " misaligned" : "", wrong, bit_words + stream_values);
+  for (void* d : {static_cast<void*>(d_levels_allocation), static_cast<void*>(d_kernel),
+                  static_cast<void*>(d_threshold), static_cast<void*>(d_flip), static_cast<void*>(d_bits), d_stream}) {
     CHECK_CUDA(cudaFree(d));
   }
   return wrong;
@@ -1284,7 +1289,8 @@ int main(int argc, char** argv) {
   if (mode == "--image") {  // the first-layer kernel's cases only
     long failures = 0;
     for (const ImageCase& ic : ImageCases()) {
-      for (bool pixels : {false, true}) failures += RunImageCase(ic, pixels) != 0;
+      for (bool pixels : {false, true}) failures += RunImageCase(ic, pixels, false) != 0;
+      failures += RunImageCase(ic, true, true) != 0;
     }
     std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
     return failures ? 1 : 0;
@@ -1380,7 +1386,8 @@ int main(int argc, char** argv) {
   if (planes_only) cases.clear();
   long failures = 0;
   for (const ImageCase& ic : planes_only ? std::vector<ImageCase>{} : ImageCases()) {
-    for (bool pixels : {false, true}) failures += RunImageCase(ic, pixels) != 0;
+    for (bool pixels : {false, true}) failures += RunImageCase(ic, pixels, false) != 0;
+    failures += RunImageCase(ic, true, true) != 0;
   }
   if (!dense && !planes_only) {
     for (const GlobalPoolCase& gc : GlobalPoolCases()) {
