@@ -74,6 +74,7 @@ struct WindowLaunch {
   bool wide_copies = false;  // 16-byte copies (16-byte aligned levels), else 4-byte ones
   int tiles_x = 0, tiles = 0;
   int levels_bytes = 0;  // batch * H * W * C: up to 2^31 - 33 (ImageWindowTakes)
+  int image_bytes = 0, row_bytes = 0;  // H * W * C, W * C: operands from the parameters, not registers held
   FastDivisor window_w_div, copies_per_row_div, tiles_x_div, tiles_per_image_div;
   int bound_offset = 0, flip_offset = 0, slot_offset = 0, window_offset = 0, stage_offset = 0, rows_offset = 0;
   int smem = 0;
@@ -162,7 +163,7 @@ __device__ __forceinline__ TileOrigin OriginOf(const ImageConvProblem& p, const 
   const int in_image = tile - o.b * L.tiles_per_image_div.divisor, ty = Quotient(in_image, L.tiles_x_div);
   o.oy0 = ty * kTileH;
   o.ox0 = (in_image - ty * L.tiles_x) * kTileW;
-  o.image = o.b * p.in_h * p.in_w * p.c;
+  o.image = o.b * L.image_bytes;
   o.iy0 = o.oy0 * p.stride_h - p.pad_top;
   o.ix0 = o.ox0 * p.stride_w - p.pad_left;
   return o;
@@ -191,7 +192,7 @@ __device__ __forceinline__ void StageRows(const ImageConvProblem& p, const Windo
   for (int y = tid; y < L.window_h; y += kThreads) {
     const int iy = o.iy0 + y;
     const bool inside = static_cast<unsigned>(iy) < static_cast<unsigned>(p.in_h);
-    const int phase = (o.image + (iy * p.in_w + o.ix0) * p.c) & 15;
+    const int phase = (o.image + iy * L.row_bytes + o.ix0 * p.c) & 15;
     rows[y] = {staged + y * L.stage_stride + (inside ? phase : 0), inside ? channels : 0u};
   }
   const int first_pixel = max(o.ix0, 0), end_pixel = min(o.ix0 + L.span_pixels, p.in_w);
@@ -201,7 +202,7 @@ __device__ __forceinline__ void StageRows(const ImageConvProblem& p, const Windo
   for (int idx = tid; idx < copies; idx += kThreads) {
     const int y = Quotient(idx, L.copies_per_row_div), iy = o.iy0 + y;
     if (static_cast<unsigned>(iy) >= static_cast<unsigned>(p.in_h)) continue;
-    const int row = o.image + iy * p.in_w * p.c, end = row + end_pixel * p.c;
+    const int row = o.image + iy * L.row_bytes, end = row + end_pixel * p.c;
     const int offset = ((row + first_pixel * p.c) & -copy_bytes) + (idx - y * L.copies_per_row) * copy_bytes;
     if (offset >= end) continue;
     const int to = y * L.stage_stride + (offset - ((row + o.ix0 * p.c) & ~15));
@@ -625,6 +626,8 @@ cudaError_t LaunchImageWindow(const ImageConvProblem& p, cudaStream_t stream) {
   L.tiles_x_div = FastDivisor(L.tiles_x);
   L.tiles_per_image_div = FastDivisor(static_cast<int>(G.tiles / p.batch));
   L.levels_bytes = p.batch * p.in_h * p.in_w * p.c;
+  L.image_bytes = p.in_h * p.in_w * p.c;
+  L.row_bytes = p.in_w * p.c;
   L.bound_offset = static_cast<int>(G.bound_offset);
   L.flip_offset = static_cast<int>(G.flip_offset);
   L.slot_offset = static_cast<int>(G.slot_offset);
