@@ -1218,7 +1218,7 @@ std::vector<ImageCase> ImageCases() {
       {5, 13, 21, 3, 17, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, false},      // partial tiles in both directions
       {2, 15, 17, 1, 64, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, 0, 2, 32, false},      // pool dropping the odd row and column
       {2, 9, 40, 4, 200, 2, 3, 2, 1, 0, 1, 1, 1, 2, 2, 3, 0, 0, true},       // extremes, C = 4, four column tiles
-      {1, 1, 1, 3, 16, 1, 1, 1, 1, 5, 5, 5, 5, 1, 1, 1, 0, 0, false},       // 3 bytes of levels: the im2col kernel's
+      {1, 1, 1, 3, 16, 1, 1, 1, 1, 5, 5, 5, 5, 1, 1, 1, 0, 0, false},       // 3 bytes of levels: less than one copy
       // the int16 stream, and the stream with its threshold planes (a ResNet stem writing the next block's bits)
       {2, 32, 32, 3, 128, 3, 3, 2, 2, 0, 1, 0, 1, 1, 1, 0, 0, 16, false},   // ResNet-14 stem, int16
       {3, 28, 28, 1, 30, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 0, 2, 16, false},    // int16, N % 8 != 0: scalar stores
