@@ -157,6 +157,11 @@ CONV_CASES = [
     (3, 6, 5, 128, 8, (3, 3), 1, "SAME", "one", None, (8, 128)),
     # more columns than one 128-column strip of the epilogue, the last strip not a whole word, pooled
     (2, 6, 7, 40, 150, (3, 3), 1, "SAME", "zero", (2, 2), (8, 128)),
+    # whole channel words, each receptive field in frame gathered run by run: runs of 3, 9 and 25 words, rows
+    # ending inside a chunk
+    (2, 9, 8, 32, 20, (3, 3), 1, "SAME", "zero", (2, 2), (8, 128)),
+    (1, 7, 9, 96, 16, (3, 3), 1, "SAME", "one", None, (8, 128)),
+    (1, 8, 8, 160, 12, (5, 5), 1, "SAME", "zero", None, (8, 128)),
 ]
 
 
