@@ -7,8 +7,10 @@
 // holds the C' channel bytes (C rounded up to 1, 2 or 4; the fourth byte of an RGB pixel is 0) of the
 // 4 / C' pixels x, x + 1, ... of window row y, zero outside the frame. The window's rows are first staged as
 // they lie in the levels, by cp.async copies issued while the CTA's previous tile is multiplied, so that
-// building the window waits for no global load. A kernel row of kw taps is then
-// ceil(kw C' / 4) slots, and every A fragment register of the MMA is one 32-bit shared load at the pixel's
+// building the window waits for no global load. Where the stride is a multiple of 4 / C' pixels, the slots are
+// only those the fragments read, the rows' bytes word by word; an RGB image at a stride that is a multiple of 4 is
+// read as a grey one three times as wide (WindowForm), so that its slots hold no padding byte. A kernel row of kw
+// taps is then ceil(kw C' / 4) slots, and every A fragment register of the MMA is one 32-bit shared load at the pixel's
 // slot plus the tap slot's offset: no im2col gather, and a pixel is read from global memory once per tile, not
 // once per tap. The weights are laid out at load time in the same slots (zero past kw and C), resident for
 // the CTA's life, and read with ldmatrix.
@@ -64,11 +66,12 @@ __host__ __device__ constexpr int ChannelBytes(int c) { return c == 3 ? 4 : c; }
 
 // The launch-time geometry. Shared memory: the weights (steps x 2 KB a column warp), each plane's bounds and flip
 // words, the slot table (each K slot's byte offset in the window), the frame window (window_h rows of
-// window_w words), the staged rows (window_h rows of stage_stride bytes) and their StagedRow table.
+// window_w words), the staged rows (window_h rows of stage_stride bytes), their StagedRow table and, where C' < 4,
+// the window columns' masks.
 struct WindowLaunch {
   int slots_per_row = 0, slots = 0, steps = 0;
   int window_h = 0, window_w = 0;  // rows of window_w slots, unpadded
-  int span_pixels = 0;   // the pixels of a window row: window_w + (4 / C') - 1
+  int span_pixels = 0;   // the pixels of a window row: window_w slot_step + 4 / C' - slot_step
   int stage_stride = 0;  // a staged row's bytes: its pixels' bytes and room for the phase and the last slot's words
   int copies_per_row = 0;
   bool wide_copies = false;  // 16-byte copies (16-byte aligned levels), else 4-byte ones
@@ -79,6 +82,11 @@ struct WindowLaunch {
   int bound_offset = 0, flip_offset = 0, slot_offset = 0, window_offset = 0, stage_offset = 0, rows_offset = 0;
   int smem = 0;
   bool vector_stream = false;  // rows of whole 16-byte vectors and a 16-byte aligned stream: 16-byte stores
+  // Where C' < 4: the pixels from one window slot to the next along a row (1, or 4 / C' where the stride is a
+  // multiple of it: the slots are then the row's bytes word by word), and in slots, a K slot's width (4 / C' /
+  // slot_step) and the stride (stride_w / slot_step)
+  int slot_step = 1, slot_words = 1, column_words = 1;
+  int columns_offset = 0;  // where C' < 4: each window column's mask of its bytes inside the frame
 };
 
 // Kernel column kc = 8 nf + 2 t + e of the MMA holds an output channel of the tile chosen for the epilogue's
@@ -181,11 +189,13 @@ struct StagedRow {
 // aligned, else 4; the levels' last bytes one by one where they end inside a copy); the bytes around them are left
 // as they are (ExpandWindow masks them off). Row y's bytes lie at staged + y * stage_stride from its first window
 // pixel's level offset rounded down to 16 (negative inside the padding), so that a 16-byte copy lands aligned;
-// the rows' StagedRow table is written with them. Not waited for here: the copies land while the previous tile
-// is multiplied.
-template <int kThreads>
+// the rows' StagedRow table is written with them, and where a slot holds several pixels (C' < 4), each window
+// column's mask of the bytes of its pixels inside the frame. Not waited for here: the copies land while the
+// previous tile is multiplied.
+template <int kChannelBytes, int kThreads>
 __device__ __forceinline__ void StageRows(const ImageConvProblem& p, const WindowLaunch& L, uint8_t* smem,
                                           const TileOrigin& o, int tid) {
+  constexpr int kPixelsPerSlot = 4 / kChannelBytes;
   const uint32_t staged = SmemAddress(smem) + L.stage_offset;
   const uint32_t channels = p.c == 3 ? 0xffffffu : 0xffffffffu;
   StagedRow* rows = reinterpret_cast<StagedRow*>(smem + L.rows_offset);
@@ -194,6 +204,17 @@ __device__ __forceinline__ void StageRows(const ImageConvProblem& p, const Windo
     const bool inside = static_cast<unsigned>(iy) < static_cast<unsigned>(p.in_h);
     const int phase = (o.image + iy * L.row_bytes + o.ix0 * p.c) & 15;
     rows[y] = {staged + y * L.stage_stride + (inside ? phase : 0), inside ? channels : 0u};
+  }
+  if constexpr (kPixelsPerSlot > 1) {  // the slot's pixels inside the frame: [inside_first, inside_end) of them
+    uint32_t* columns = reinterpret_cast<uint32_t*>(smem + L.columns_offset);
+    for (int x = tid; x < L.window_w; x += kThreads) {
+      const int ix = o.ix0 + x * L.slot_step;
+      const int inside_first = max(0, -ix), inside_end = min(kPixelsPerSlot, p.in_w - ix);
+      const int low_bit = 8 * kChannelBytes * inside_first, end_bit = 8 * kChannelBytes * inside_end;
+      columns[x] = inside_first < inside_end
+                       ? static_cast<uint32_t>((uint64_t{1} << end_bit) - (uint64_t{1} << low_bit))
+                       : 0u;
+    }
   }
   const int first_pixel = max(o.ix0, 0), end_pixel = min(o.ix0 + L.span_pixels, p.in_w);
   if (first_pixel >= end_pixel) return;  // no window column inside the frame
@@ -218,9 +239,9 @@ __device__ __forceinline__ void StageRows(const ImageConvProblem& p, const Windo
   }
 }
 
-// The frame window of the tile from its staged rows: slot (y, x) holds the channel bytes of pixels ix0 + x + i / C'
-// of row iy0 + y, 0 outside the frame: two staged words and a funnel shift, masked to the slot's pixels inside the
-// frame (its row's mask: for RGB three channels, 0 outside the frame). Pixels become levels in the same masking
+// The frame window of the tile from its staged rows: slot (y, x) holds the channel bytes of pixels ix0 + x slot_step +
+// i / C' of row iy0 + y, 0 outside the frame: two staged words and a funnel shift, masked to the slot's pixels inside the
+// frame (its row's mask: for RGB three channels, 0 outside the frame; where C' < 4, and its column's). Pixels become levels in the same masking
 // instruction ((word ^ 0x80808080) & mask, ImageConvProblem::pixels). No branch: the loads of a masked slot read
 // staged bytes that the mask discards.
 template <int kChannelBytes, int kThreads>
@@ -233,19 +254,17 @@ __device__ __forceinline__ void ExpandWindow(const ImageConvProblem& p, const Wi
   const int total = L.window_h * L.window_w;
 #pragma unroll 4
   for (int idx = tid; idx < total; idx += kThreads) {
-    const int y = Quotient(idx, L.window_w_div), x = idx - y * L.window_w, ix = o.ix0 + x;
+    const int y = Quotient(idx, L.window_w_div), x = idx - y * L.window_w;
+    const int slot_pixel = kPixelsPerSlot == 1 ? x : x * L.slot_step;
     const uint2 row = reinterpret_cast<const uint2*>(rows)[y];  // one 8-byte load: first_byte, mask
     uint32_t mask;
     if constexpr (kPixelsPerSlot == 1) {
+      const int ix = o.ix0 + x;
       mask = static_cast<unsigned>(ix) < static_cast<unsigned>(p.in_w) ? row.y : 0u;
-    } else {  // the slot's pixels inside the frame: [inside_first, inside_end) of its kPixelsPerSlot
-      const int inside_first = max(0, -ix), inside_end = min(kPixelsPerSlot, p.in_w - ix);
-      const int low_bit = 8 * kChannelBytes * inside_first, end_bit = 8 * kChannelBytes * inside_end;
-      mask = inside_first < inside_end
-                 ? row.y & static_cast<uint32_t>((uint64_t{1} << end_bit) - (uint64_t{1} << low_bit))
-                 : 0u;
+    } else {
+      mask = row.y & reinterpret_cast<const uint32_t*>(smem + L.columns_offset)[x];
     }
-    const uint32_t at = row.x + x * p.c, from = at & ~3u;
+    const uint32_t at = row.x + slot_pixel * p.c, from = at & ~3u;
     // the funnel shift takes its amount modulo 32: 8 (at % 4)
     window[idx] = (__funnelshift_r(LoadShared(from), LoadShared(from + 4), at << 3) ^ level_flip) & mask;
   }
@@ -412,10 +431,13 @@ __global__ void __launch_bounds__(CtaShape<kColWarps>::kThreads, CtaShape<kColWa
   if (static_cast<int>(blockIdx.x) >= L.tiles) return;  // the whole CTA
   LoadWeights<kChannelBytes, kStreamValues, S>(p, L, smem, cta_col0, tid);
   if (p.planes > 0) LoadBounds<S>(p, L, smem, cta_col0, tid);
+  // window slots from a K slot to the next of a kernel row, and from an output column to the next
+  const int slot_words = kPixelsPerSlot == 1 ? 1 : L.slot_words;
+  const int column_words = kPixelsPerSlot == 1 ? p.stride_w : L.column_words;
   int* slot_offset = reinterpret_cast<int*>(smem + L.slot_offset);
   for (int s = tid; s < L.steps * kStepSlots; s += S::kThreads) {
     const int ky = s / L.slots_per_row;
-    slot_offset[s] = s < L.slots ? 4 * (ky * L.window_w + (s - ky * L.slots_per_row) * kPixelsPerSlot) : 0;
+    slot_offset[s] = s < L.slots ? 4 * (ky * L.window_w + (s - ky * L.slots_per_row) * slot_words) : 0;
   }
   uint32_t* window = reinterpret_cast<uint32_t*>(smem + L.window_offset);
   // fragment row (mf, h) of lane g: tile row 2 row_warp + mf, tile column 2 g + h; as byte addresses in the window
@@ -425,7 +447,7 @@ __global__ void __launch_bounds__(CtaShape<kColWarps>::kThreads, CtaShape<kColWa
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       row_base[mf][h] = SmemAddress(window) +
-                        4 * ((2 * row_warp + mf) * p.stride_h * L.window_w + (2 * g + h) * p.stride_w);
+                        4 * ((2 * row_warp + mf) * p.stride_h * L.window_w + (2 * g + h) * column_words);
     }
   }
   // ldmatrix: lanes 8m .. 8m + 7 address matrix m = (column fragment m / 2 of a pair, K half m % 2)
@@ -433,7 +455,7 @@ __global__ void __launch_bounds__(CtaShape<kColWarps>::kThreads, CtaShape<kColWa
   const uint32_t weight_lane =
       SmemAddress(smem) + warp_col / kWarpCols * kWarpStepBytes + WeightOffset(matrix_column, m % 2);
   const auto stage_tile = [&](int tile) {
-    StageRows<S::kThreads>(p, L, smem, OriginOf(p, L, tile), tid);
+    StageRows<kChannelBytes, S::kThreads>(p, L, smem, OriginOf(p, L, tile), tid);
   };
   stage_tile(blockIdx.x);
   for (int tile = blockIdx.x; tile < L.tiles; tile += gridDim.x) {
@@ -510,8 +532,9 @@ __global__ void __launch_bounds__(CtaShape<kColWarps>::kThreads, CtaShape<kColWa
 // A problem's geometry in int64, for ImageWindowTakes to bound before anything is narrowed (conv_h / conv_w: the
 // convolution output that the pooled output needs; smem: the bytes of shared memory a CTA takes).
 struct Geometry {
-  int64_t slots_per_row, slots, steps, window_h, window_w, span_pixels, stage_stride, conv_h, conv_w,
-      tiles_x, tiles, col_warps, bound_offset, flip_offset, slot_offset, window_offset, stage_offset, rows_offset, smem;
+  int64_t slots_per_row, slots, steps, slot_step, window_h, window_w, span_pixels, stage_stride, conv_h, conv_w,
+      tiles_x, tiles, col_warps, bound_offset, flip_offset, slot_offset, window_offset, stage_offset, rows_offset,
+      columns_offset, smem;
 };
 Geometry GeometryOf(const ImageConvProblem& p) {
   Geometry G;
@@ -519,9 +542,13 @@ Geometry GeometryOf(const ImageConvProblem& p) {
   G.slots_per_row = (int64_t{p.kw} + pixels_per_slot - 1) / pixels_per_slot;
   G.slots = G.slots_per_row * p.kh;
   G.steps = (G.slots + kStepSlots - 1) / kStepSlots;
+  // a slot at every pixel (the A fragments' pixels at any stride), or at every 4 / C'-th where the stride is a
+  // multiple of that: the rows' bytes word by word
+  G.slot_step = p.stride_w % pixels_per_slot == 0 ? pixels_per_slot : 1;
   G.window_h = int64_t{kTileH - 1} * p.stride_h + p.kh;
-  G.window_w = int64_t{kTileW - 1} * p.stride_w + (G.slots_per_row - 1) * pixels_per_slot + 1;
-  G.span_pixels = G.window_w + pixels_per_slot - 1;
+  G.window_w = G.slot_step == 1 ? int64_t{kTileW - 1} * p.stride_w + (G.slots_per_row - 1) * pixels_per_slot + 1
+                                : int64_t{kTileW - 1} * p.stride_w / G.slot_step + G.slots_per_row;
+  G.span_pixels = G.window_w * G.slot_step + pixels_per_slot - G.slot_step;
   // a row's bytes from its phase (up to 15), a 16-byte copy's overhang past them, the last slot's second word
   G.stage_stride = (G.span_pixels * p.c + 32 + 15) / 16 * 16;
   G.conv_h = int64_t{p.out_h} * p.pool_h;
@@ -536,7 +563,8 @@ Geometry GeometryOf(const ImageConvProblem& p) {
   G.window_offset = G.slot_offset + align16(G.steps * kStepSlots * 4);
   G.stage_offset = G.window_offset + align16(G.window_h * G.window_w * 4);
   G.rows_offset = G.stage_offset + G.window_h * G.stage_stride;
-  G.smem = G.rows_offset + G.window_h * 8;
+  G.columns_offset = G.rows_offset + G.window_h * 8;
+  G.smem = G.columns_offset + (pixels_per_slot > 1 ? G.window_w * 4 : 0);
   return G;
 }
 
@@ -583,10 +611,32 @@ cudaError_t LaunchColumns(const ImageConvProblem& p, const WindowLaunch& L, int 
                         : LaunchInstance<kChannelBytes, kPooled, 1, false>(p, L, stream);
 }
 
+// An RGB problem at a horizontal stride that is a multiple of 4 as the same bytes read as a grey one: an image row
+// a row of 3 W grey pixels, a kernel row 3 kw taps (the same HWIO bytes), the stride and the left padding three
+// times theirs. Its slots are then the window rows' bytes word by word (the grey stride a multiple of 4 pixels),
+// where an RGB pixel would take a slot of its own with a zero fourth byte: a quarter fewer K steps and window slots
+// (ResNet-18's stem and AlexNet's first layer).
+ImageConvProblem WindowForm(const ImageConvProblem& p) {
+  // the columns the tiles reach, in bytes within int32 (the tiles' origins and the window's offsets)
+  const int64_t reach = (int64_t{p.out_w} * p.pool_w + kTileW) * p.stride_w + p.kw + p.pad_left + p.in_w;
+  if (p.c != 3 || p.stride_w % 4 != 0 || 3 * reach > INT_MAX) return p;
+  ImageConvProblem grey = p;
+  grey.c = 1;
+  grey.in_w = 3 * p.in_w;
+  grey.kw = 3 * p.kw;
+  grey.stride_w = 3 * p.stride_w;
+  grey.pad_left = 3 * p.pad_left;
+  return grey;
+}
+
 }  // namespace
 
-bool ImageWindowTakes(const ImageConvProblem& p) {
-  if (p.c < 1 || p.c > 4 || p.kh < 1 || p.kw < 1 || p.stride_h < 1 || p.stride_w < 1) return false;
+bool ImageWindowTakes(const ImageConvProblem& problem) {
+  if (problem.c < 1 || problem.c > 4 || problem.kh < 1 || problem.kw < 1 || problem.stride_h < 1 ||
+      problem.stride_w < 1) {
+    return false;
+  }
+  const ImageConvProblem p = WindowForm(problem);
   const bool pooled = p.pool_h == 2 && p.pool_w == 2;
   if (!pooled && (p.pool_h != 1 || p.pool_w != 1)) return false;
   if (p.planes < 0 || p.planes > kMaxImagePlanes || reinterpret_cast<uintptr_t>(p.levels) % 4 != 0) return false;
@@ -604,8 +654,9 @@ bool ImageWindowTakes(const ImageConvProblem& p) {
          G.smem <= smem_limit;
 }
 
-cudaError_t LaunchImageWindow(const ImageConvProblem& p, cudaStream_t stream) {
-  if (!ImageWindowTakes(p)) return cudaErrorInvalidValue;
+cudaError_t LaunchImageWindow(const ImageConvProblem& problem, cudaStream_t stream) {
+  if (!ImageWindowTakes(problem)) return cudaErrorInvalidValue;
+  const ImageConvProblem p = WindowForm(problem);
   const Geometry G = GeometryOf(p);
   if (G.tiles == 0 || p.n == 0) return cudaSuccess;
   WindowLaunch L;
@@ -614,6 +665,9 @@ cudaError_t LaunchImageWindow(const ImageConvProblem& p, cudaStream_t stream) {
   L.steps = static_cast<int>(G.steps);
   L.window_h = static_cast<int>(G.window_h);
   L.window_w = static_cast<int>(G.window_w);
+  L.slot_step = static_cast<int>(G.slot_step);
+  L.slot_words = 4 / ChannelBytes(p.c) / L.slot_step;
+  L.column_words = p.stride_w / L.slot_step;
   L.span_pixels = static_cast<int>(G.span_pixels);
   L.stage_stride = static_cast<int>(G.stage_stride);
   L.wide_copies = reinterpret_cast<uintptr_t>(p.levels) % 16 == 0;
@@ -634,6 +688,7 @@ cudaError_t LaunchImageWindow(const ImageConvProblem& p, cudaStream_t stream) {
   L.window_offset = static_cast<int>(G.window_offset);
   L.stage_offset = static_cast<int>(G.stage_offset);
   L.rows_offset = static_cast<int>(G.rows_offset);
+  L.columns_offset = static_cast<int>(G.columns_offset);
   L.smem = static_cast<int>(G.smem);
   L.vector_stream = p.n % (p.narrow_stream ? 8 : 4) == 0 && reinterpret_cast<uintptr_t>(p.out_stream) % 16 == 0;
   const int channel_bytes = ChannelBytes(p.c), col_warps = static_cast<int>(G.col_warps);

@@ -1219,6 +1219,11 @@ std::vector<ImageCase> ImageCases() {
       {2, 15, 17, 1, 64, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, 0, 2, 32, false},      // pool dropping the odd row and column
       {2, 9, 40, 4, 200, 2, 3, 2, 1, 0, 1, 1, 1, 2, 2, 3, 0, 0, true},       // extremes, C = 4, four column tiles
       {1, 1, 1, 3, 16, 1, 1, 1, 1, 5, 5, 5, 5, 1, 1, 1, 0, 0, false},       // 3 bytes of levels: less than one copy
+      // slots a word of the rows' bytes apart (the stride a multiple of a slot's pixels; RGB read as grey)
+      {2, 37, 45, 1, 48, 5, 6, 2, 4, 2, 1, 1, 3, 1, 1, 1, 0, 16, false},    // C = 1 at stride 4
+      {2, 18, 26, 2, 36, 3, 4, 2, 2, 1, 0, 3, 2, 2, 2, 1, 3, 16, true},     // C = 2 at stride 2, pooled extremes
+      {2, 17, 29, 3, 64, 4, 3, 1, 4, 1, 1, 1, 0, 1, 1, 1, 0, 16, false},    // RGB at stride 4, 3 taps: 9 grey ones
+      {3, 30, 61, 3, 70, 5, 9, 3, 8, 0, 2, 7, 1, 2, 2, 2, 2, 32, true},     // RGB at stride 8, pooled extremes
       // the int16 stream, and the stream with its threshold planes (a ResNet stem writing the next block's bits)
       {2, 32, 32, 3, 128, 3, 3, 2, 2, 0, 1, 0, 1, 1, 1, 0, 0, 16, false},   // ResNet-14 stem, int16
       {3, 28, 28, 1, 30, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 0, 2, 16, false},    // int16, N % 8 != 0: scalar stores
