@@ -1228,6 +1228,9 @@ std::vector<ImageCase> ImageCases() {
       {2, 32, 32, 3, 128, 3, 3, 2, 2, 0, 1, 0, 1, 1, 1, 0, 0, 16, false},   // ResNet-14 stem, int16
       {3, 28, 28, 1, 30, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 0, 2, 16, false},    // int16, N % 8 != 0: scalar stores
       {1, 45, 47, 3, 64, 7, 7, 4, 4, 3, 2, 3, 3, 1, 1, 1, 0, 16, false},    // ResNet-18 stem, int16 and its bits
+      {1, 45, 47, 3, 64, 7, 7, 4, 4, 3, 2, 3, 3, 1, 1, 1, 7, 16, true},     // its shift 7: sums >> 7 within int16
+      {2, 19, 21, 1, 40, 2, 2, 1, 1, 1, 0, 1, 0, 1, 1, 2, 1, 16, true},     // K = 4 >> 1: one sum wraps (2^15)
+      {2, 19, 21, 1, 40, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 2, 0, 16, true},     // K = 1: every sum within int16
       {2, 32, 30, 3, 64, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, 2, 3, 32, false},    // pooled int32 and two planes, shift 3
       {2, 21, 21, 3, 96, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 16, true},     // extremes wrapping int16, its bits
       {2, 19, 23, 2, 70, 3, 5, 1, 2, 1, 1, 2, 2, 2, 2, 2, 1, 16, false},    // pooled int16, partial vectors
