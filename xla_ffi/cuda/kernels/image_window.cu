@@ -87,9 +87,6 @@ struct WindowLaunch {
   // slot_step) and the stride (stride_w / slot_step)
   int slot_step = 1, slot_words = 1, column_words = 1;
   int columns_offset = 0;  // where C' < 4: each window column's mask of its bytes inside the frame
-  // An int16 stream's values narrowed before the compares: only where a sum >> shift can leave int16 (the stores
-  // keep the low halves either way), so that a stem's compares skip the sign extension.
-  bool narrow_values = false;
 };
 
 // Kernel column kc = 8 nf + 2 t + e of the MMA holds an output channel of the tile chosen for the epilogue's
@@ -402,22 +399,13 @@ __device__ __forceinline__ void StoreRows(const ImageConvProblem& p, const Windo
     }
     return;
   }
-  if (L.narrow_values) {
+  if (TransformsValues(p)) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
 #pragma unroll
       for (int nf = 0; nf < kFrags; ++nf) {
         v[r][nf][0] = StreamValue(p, v[r][nf][0]);
         v[r][nf][1] = StreamValue(p, v[r][nf][1]);
-      }
-    }
-  } else if (p.shift != 0) {  // StreamValue's, the narrowing changing none of them
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-      for (int nf = 0; nf < kFrags; ++nf) {
-        v[r][nf][0] >>= p.shift;
-        v[r][nf][1] >>= p.shift;
       }
     }
   }
@@ -703,9 +691,6 @@ cudaError_t LaunchImageWindow(const ImageConvProblem& problem, cudaStream_t stre
   L.columns_offset = static_cast<int>(G.columns_offset);
   L.smem = static_cast<int>(G.smem);
   L.vector_stream = p.n % (p.narrow_stream ? 8 : 4) == 0 && reinterpret_cast<uintptr_t>(p.out_stream) % 16 == 0;
-  // |a sum| <= K 2^14 (int8 levels and weights), so its >> shift lies in [-ceil(K 2^14 / 2^shift), K 2^14 >> shift]
-  const int64_t largest_sum = int64_t{p.kh} * p.kw * p.c << 14;
-  L.narrow_values = p.narrow_stream && (largest_sum + (int64_t{1} << p.shift) - 1) >> p.shift > 32767;
   const int channel_bytes = ChannelBytes(p.c), col_warps = static_cast<int>(G.col_warps);
   const bool pooled = p.pool_h == 2;
   switch (channel_bytes * 2 + (pooled ? 1 : 0)) {
