@@ -8,11 +8,11 @@
 // 4 / C' pixels x, x + 1, ... of window row y, zero outside the frame. The window's rows are first staged as
 // they lie in the levels, by cp.async copies issued while the CTA's previous tile is multiplied, so that
 // building the window waits for no global load. Where the stride is a multiple of 4 / C' pixels, the slots are
-// only those the fragments read, the rows' bytes word by word; an RGB image at a stride that is a multiple of 4 is
-// read as a grey one three times as wide (WindowForm), so that its slots hold no padding byte. A kernel row of kw
-// taps is then ceil(kw C' / 4) slots, and every A fragment register of the MMA is one 32-bit shared load at the pixel's
-// slot plus the tap slot's offset: no im2col gather, and a pixel is read from global memory once per tile, not
-// once per tap. The weights are laid out at load time in the same slots (zero past kw and C), resident for
+// only those the fragments read, the rows' bytes word by word; an RGB image at a stride that is a multiple of 4
+// is read as a grey one three times as wide (WindowForm), so that its slots hold no padding byte. A kernel row of
+// kw taps is then ceil(kw C' / 4) slots, and every A fragment register of the MMA is one 32-bit shared load at
+// the pixel's slot plus the tap slot's offset: no im2col gather, and a pixel is read from global memory once per
+// tile, not once per tap. The weights are laid out at load time in the same slots (zero past kw and C), resident for
 // the CTA's life, and read with ldmatrix.
 //
 // The fragment rows are placed so that the epilogue needs no shared memory: warp w holds tile rows 2w and 2w + 1
@@ -239,11 +239,11 @@ __device__ __forceinline__ void StageRows(const ImageConvProblem& p, const Windo
   }
 }
 
-// The frame window of the tile from its staged rows: slot (y, x) holds the channel bytes of pixels ix0 + x slot_step +
-// i / C' of row iy0 + y, 0 outside the frame: two staged words and a funnel shift, masked to the slot's pixels inside the
-// frame (its row's mask: for RGB three channels, 0 outside the frame; where C' < 4, and its column's). Pixels become levels in the same masking
-// instruction ((word ^ 0x80808080) & mask, ImageConvProblem::pixels). No branch: the loads of a masked slot read
-// staged bytes that the mask discards.
+// The frame window of the tile from its staged rows: slot (y, x) holds the channel bytes of pixels
+// ix0 + x slot_step + i / C' of row iy0 + y, 0 outside the frame: two staged words and a funnel shift, masked to
+// the slot's pixels inside the frame (its row's mask: for RGB three channels, 0 outside the frame; where C' < 4,
+// and its column's). Pixels become levels in the same masking instruction ((word ^ 0x80808080) & mask,
+// ImageConvProblem::pixels). No branch: the loads of a masked slot read staged bytes that the mask discards.
 template <int kChannelBytes, int kThreads>
 __device__ __forceinline__ void ExpandWindow(const ImageConvProblem& p, const WindowLaunch& L, uint8_t* smem,
                                              const TileOrigin& o, int tid) {
