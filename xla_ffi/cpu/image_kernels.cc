@@ -1067,38 +1067,46 @@ class ImageConv {
   }
 
   // Rows are written in order, each overwriting what the copies of the one before wrote past its end; one
-  // output row of the image at a time. kChunks: the chunks of a kernel row, or 0 for any number.
+  // output row of the image at a time. kChunks: the chunks of a kernel row, or 0 for any number. The
+  // problem's fields are read into locals first: the rows' stores are of byte types (the VNNI tiers'), which
+  // may alias any member, so the compiler would load each field again after every store.
   template <int kChunks>
   void GatherRows(int64_t first, int64_t count, Elem* patches) const {
-    const int64_t run = p_.kw * p_.c, image_row = p_.width * p_.c;
-    const int64_t reach = (p_.kh - 1) * image_row + RoundUp(run, kChunk);  // of the reads of a receptive field
+    const int64_t kh = p_.kh, kw = p_.kw, c = p_.c, width = p_.width, height = p_.height;
+    const int64_t out_h = p_.out_h, out_w = p_.out_w, pool_h = p_.pool_h, pool_w = p_.pool_w;
+    const int64_t stride_h = p_.stride_h, stride_w = p_.stride_w, pad_top = p_.pad_top, pad_left = p_.pad_left;
+    const int64_t k_padded = k_padded_, tail = k_padded_ - k_, levels_size = levels_size_;
+    const int8_t* const levels = levels_;
+    const int8_t to_level = to_level_;
+    const int64_t run = kw * c, image_row = width * c;
+    const int64_t reach = (kh - 1) * image_row + RoundUp(run, kChunk);  // of the reads of a receptive field
     const Elem pad = Level<Tier>(0);
     Elem* dst = patches;
-    for (int64_t wy = 0; wy < p_.pool_h; ++wy) {
-      for (int64_t wx = 0; wx < p_.pool_w; ++wx) {
+    for (int64_t wy = 0; wy < pool_h; ++wy) {
+      for (int64_t wx = 0; wx < pool_w; ++wx) {
         for (int64_t o = first; o < first + count;) {
-          const int64_t b = o / (p_.out_h * p_.out_w), oy = o / p_.out_w % p_.out_h, ox0 = o % p_.out_w;
-          const int64_t end = std::min(first + count, o + p_.out_w - ox0);
-          const int64_t y0 = (oy * p_.pool_h + wy) * p_.stride_h - p_.pad_top;
-          const bool rows_inside = y0 >= 0 && y0 + p_.kh <= p_.height;
-          for (int64_t ox = ox0; o < end; ++o, ++ox, dst += k_padded_) {
-            const int64_t x0 = (ox * p_.pool_w + wx) * p_.stride_w - p_.pad_left;
-            const int64_t offset = ((b * p_.height + y0) * p_.width + x0) * p_.c;
-            if (!rows_inside || x0 < 0 || x0 + p_.kw > p_.width || offset + reach > levels_size_) {
+          const int64_t b = o / (out_h * out_w), oy = o / out_w % out_h, ox0 = o % out_w;
+          const int64_t end = std::min(first + count, o + out_w - ox0);
+          const int64_t y0 = (oy * pool_h + wy) * stride_h - pad_top;
+          const bool rows_inside = y0 >= 0 && y0 + kh <= height;
+          for (int64_t ox = ox0; o < end; ++o, ++ox, dst += k_padded) {
+            const int64_t x0 = (ox * pool_w + wx) * stride_w - pad_left;
+            const int64_t offset = ((b * height + y0) * width + x0) * c;
+            if (!rows_inside || x0 < 0 || x0 + kw > width || offset + reach > levels_size) {
               GatherBorderRow(b, y0, x0, dst);
               continue;
             }
             // Inside the image (most rows): kh runs of whole chunks, a few vector moves each.
-            const int8_t* src = levels_ + offset;
+            const int8_t* src = levels + offset;
             Elem* row = dst;
-            for (int64_t dy = 0; dy < p_.kh; ++dy, src += image_row, row += run) {
+            for (int64_t dy = 0; dy < kh; ++dy, src += image_row, row += run) {
               if constexpr (kChunks > 0) {
-                for (int i = 0; i < kChunks; ++i) CopyChunk(src + i * kChunk, row + i * kChunk);
+                for (int i = 0; i < kChunks; ++i) CopyChunk(src + i * kChunk, row + i * kChunk, to_level);
               } else {
-                for (int64_t i = 0; i < run; i += kChunk) CopyChunk(src + i, row + i);
+                for (int64_t i = 0; i < run; i += kChunk) CopyChunk(src + i, row + i, to_level);
               }
             }
-            for (int64_t i = 0; i < k_padded_ - k_; ++i) row[i] = pad;
+            for (int64_t i = 0; i < tail; ++i) row[i] = pad;
           }
         }
       }
@@ -1108,12 +1116,13 @@ class ImageConv {
   // The level of a stored byte: itself, or a pixel p's p XOR 0x80 (p - 128).
   int8_t LevelOf(int8_t stored) const { return static_cast<int8_t>(stored ^ to_level_); }
 
-  // kChunk stored bytes as kChunk elements (through locals: no aliasing for the compiler to fear).
-  void CopyChunk(const int8_t* src, Elem* dst) const {
+  // kChunk stored bytes as kChunk elements, each XORed with to_level (to_level_; through locals: no aliasing
+  // for the compiler to fear).
+  static void CopyChunk(const int8_t* src, Elem* dst, int8_t to_level) {
     int8_t in[kChunk];
     Elem out[kChunk];
     std::memcpy(in, src, sizeof(in));
-    for (int64_t j = 0; j < kChunk; ++j) out[j] = Level<Tier>(LevelOf(in[j]));
+    for (int64_t j = 0; j < kChunk; ++j) out[j] = Level<Tier>(static_cast<int8_t>(in[j] ^ to_level));
     std::memcpy(dst, out, sizeof(out));
   }
 
@@ -1137,7 +1146,7 @@ class ImageConv {
         const int64_t offset = ((b * p_.height + iy) * p_.width + x0 + left) * p_.c;
         if (offset + RoundUp(inside, kChunk) <= levels_size_) {
           // Whole chunks: a few vector moves for the short runs of an image's first layer.
-          for (int64_t i = 0; i < inside; i += kChunk) CopyChunk(levels_ + offset + i, mid + i);
+          for (int64_t i = 0; i < inside; i += kChunk) CopyChunk(levels_ + offset + i, mid + i, to_level_);
         } else {
           for (int64_t i = 0; i < inside; ++i) mid[i] = Level<Tier>(LevelOf(levels_[offset + i]));
         }
