@@ -452,17 +452,33 @@ def interrupts_kept():
         sys.unraisablehook = previous
 
 
+def caused_by_ctrl_c(error: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is in the error's chain: a library may turn a Ctrl-C that lands inside it into
+    an error of its own (jax's pytree comparisons raise a ValueError from it)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         with interrupts_kept():
             return args.run(args)
-    except (ValueError, OSError, FloatingPointError) as error:
-        print(f"jaxbnn {args.command}: error: {describe(error)}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print(f"\njaxbnn {args.command}: {COMMANDS[args.command].on_interrupt}", file=sys.stderr)
-        return 130
+        pass
+    except Exception as error:
+        if not caused_by_ctrl_c(error):
+            if not isinstance(error, (ValueError, OSError, FloatingPointError)):
+                raise
+            print(f"jaxbnn {args.command}: error: {describe(error)}", file=sys.stderr)
+            return 2
+    print(f"\njaxbnn {args.command}: {COMMANDS[args.command].on_interrupt}", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

@@ -153,6 +153,33 @@ def test_ctrl_c_that_lands_in_a_garbage_collection_callback_still_stops_training
     assert "jaxbnn train: interrupted" in capsys.readouterr().err
 
 
+def test_ctrl_c_that_jax_turns_into_a_value_error_still_stops_the_command(monkeypatch, capsys):
+    """A KeyboardInterrupt raised while jax compares two pytrees' metadata comes out as jax's ValueError from it:
+    the command still ends as interrupted, not as an error."""
+    class CtrlCOnCompare:
+        def __eq__(self, other):
+            raise KeyboardInterrupt
+
+        def __hash__(self):
+            return 0
+
+    class Node:
+        pass
+
+    jax.tree_util.register_pytree_node(Node, lambda node: ((), CtrlCOnCompare()), lambda aux, children: Node())
+
+    def train_interrupted_inside_jax(args):
+        return jax.tree.structure(Node()) == jax.tree.structure(Node())
+
+    with pytest.raises(ValueError) as raised:  # what jax raises, so that this test fails where it no longer does
+        train_interrupted_inside_jax(None)
+    assert isinstance(raised.value.__cause__ or raised.value.__context__, KeyboardInterrupt)
+    monkeypatch.setitem(cli.COMMANDS, "train", cli.COMMANDS["train"]._replace(run=train_interrupted_inside_jax))
+    assert cli.main(["train", "--out", "unused"]) == 130
+    assert capsys.readouterr().err.strip() == ("jaxbnn train: interrupted; to continue from the last checkpoint, "
+                                               "run the same command with --resume")
+
+
 def test_ctrl_c_during_training_says_how_to_resume_and_the_advice_holds(tmp_path):
     argv = ["train", "--epochs", "50", "--width", "0.125", "--no-progress", "--out", "run"]
     first = interrupt_after(argv, tmp_path, "epoch 1:")
