@@ -89,8 +89,8 @@ def measure(name: str, batches, mode: str = "bnn") -> list[dict]:
         images = model_bench.random_images(batch, packed.input_shape, seed=batch)
         row = {"model": name, "batch": batch, "mode": mode}
         for key, c in (("packed", packed), ("bf16", bf16)):
-            compiled = c.forward.lower(c.params, images).compile()
-            row[key] = profile(compiled, (c.params, images))
+            compiled = c.forward.lower(*c.args(images)).compile()
+            row[key] = profile(compiled, c.args(images))
         print(summary_table([row]).splitlines()[-1], flush=True)
         rows.append(row)
     return rows

@@ -11,10 +11,13 @@ same random uint8 images:
 
 - packed: the model in network mode bnn (`--modes`: also tnn, tbn, btn) with its default (untrained)
   parameters, in eval mode, exported for the device (`target="sm90"` on a GPU, `"cpu"` on the CPU) and run
-  by `jaxbnn.runtime` (the jitted forward pass of `PackedNet`). Timing does not depend on the values.
+  by `jaxbnn.runtime` (the jitted forward pass of `PackedNet`, as a call runs it: the parameters as constants of
+  the executable where they take at most `runtime.EMBEDDED_PARAMETERS_BYTES`, else arguments). Timing does not
+  depend on the values.
 - XLA bfloat16 / XLA float32: the same architecture in network mode `float`, eval mode, its float forward
-  (`BinaryNet.float_forward`, on the same image levels) jitted, with the floating parameters cast to the
-  dtype. The layers' dots and convolutions ask for HIGHEST precision: float32 is true float32 (no TF32).
+  (`BinaryNet.float_forward`, on the same image levels) jitted (its state passed as arguments, as a jitted
+  Flax model's is), with the floating parameters cast to the dtype. The layers' dots and convolutions ask
+  for HIGHEST precision: float32 is true float32 (no TF32).
 
 Measured:
 
@@ -149,7 +152,8 @@ def plan_for(model: str, platform: str, quick: bool = False, batches=None) -> Pl
 
 @dataclasses.dataclass
 class Contender:
-    """One way to run a model: `forward(params, uint8 images)`, jitted."""
+    """One way to run a model: `forward(params, uint8 images)`, jitted, or `forward(uint8 images)` where its
+    executable holds the parameters (`params_embedded`: a small packed model's call)."""
 
     name: str
     forward: object
@@ -159,6 +163,15 @@ class Contender:
     setup_s: float  # build (and export) time
     nodes: list[dict] | None = None  # the packed graph's nodes
     stream_dtypes: list | None = None  # per node, the type of its stream output (runtime.stream_dtypes)
+    params_embedded: bool = False
+
+    def args(self, images) -> tuple:
+        """The forward's arguments for `images`."""
+        return (images,) if self.params_embedded else (self.params, images)
+
+    def embedded_bytes(self) -> int:
+        """The bytes of the parameters the executable holds (memory_analysis counts arguments, not those)."""
+        return sum(a.nbytes for a in jax.tree.leaves(self.params)) if self.params_embedded else 0
 
 
 @dataclasses.dataclass
@@ -181,8 +194,10 @@ def packed_contender(model_name: str, mode: str, target: str) -> Contender:
     model = build_model(model_name, mode)
     model.eval()
     net = runtime.from_packed(export_model(model, target=target))
-    return Contender(f"packed {mode}", net._forward, net.params, net.input_shape, net.packed_bytes,
-                     time.perf_counter() - start, net.graph["nodes"], net.stream_dtypes)
+    # the forward a call runs (`PackedNet.__call__` without its input checks)
+    forward = net._embedded_forward if net.embeds_parameters else net._forward
+    return Contender(f"packed {mode}", forward, net.params, net.input_shape, net.packed_bytes,
+                     time.perf_counter() - start, net.graph["nodes"], net.stream_dtypes, net.embeds_parameters)
 
 
 def float_contenders(model_name: str) -> list[Contender]:
@@ -217,14 +232,15 @@ def is_out_of_memory(err: Exception) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
 
 
-def measure(forward, args, batch: int) -> Point:
+def measure(forward, args, batch: int, embedded_bytes: int = 0) -> Point:
     """Compile `forward` for `args`, then time it (gpu_bench.timed); out of memory -> a Point that says so."""
     try:
         start = time.perf_counter()
         compiled = forward.lower(*args).compile()
         compile_s = time.perf_counter() - start
         seconds = timed(compiled, args, 1)
-        return Point(batch, seconds, compile_s, memory_bytes(compiled))
+        memory = memory_bytes(compiled)
+        return Point(batch, seconds, compile_s, memory + embedded_bytes if memory is not None else None)
     except Exception as err:  # noqa: BLE001  the sweep goes on without this contender; the table says why
         if is_out_of_memory(err):
             return Point(batch, failure="out of memory")
@@ -273,7 +289,7 @@ def sweep(contenders: list[Contender], plan: Plan, seconds: float) -> dict[str, 
         images = random_images(batch, contenders[0].input_shape, seed=batch)
         for c in contenders:
             reason = blocked(points[c.name], batch, required=batch in required)
-            point = Point(batch, failure=reason) if reason else measure(c.forward, (c.params, images), batch)
+            point = Point(batch, failure=reason) if reason else measure(c.forward, c.args(images), batch, c.embedded_bytes())
             points[c.name][batch] = point
             print(f"  batch {batch:>6} {c.name:<13} {describe(point)}", flush=True)
         del images
@@ -533,7 +549,8 @@ def summary_lines(results: list[ModelResult], targets: Targets) -> list[str]:
             "TCBNN: \"Accelerating Binarized Neural Networks via Bit-Tensor-Cores in Turing GPUs\", Table VII (RTX "
             "2080 Ti, BTC-FMT): batch-8 latency and images/s at batch 1024 (MNIST, CIFAR-10) / 512 (ImageNet); "
             "packed / TCBNN compares at those batches (GPU runs). Memory: arguments (parameters, images) + outputs + "
-            "temporaries of the compiled program at the large batch (`memory_analysis()`), MiB. Saturation: the "
+            "temporaries of the compiled program at the large batch (`memory_analysis()`; parameters the executable "
+            "holds as constants added), MiB. Saturation: the "
             f"smallest batch reaching {SATURATION:.0%} of the contender's best images/s in the sweep."),
         "",
         "| model | packed / f32: latency batch, large batch | TCBNN 2080 Ti: ms, images/s | packed speedup over "
@@ -634,7 +651,8 @@ def section(mode: str, results: list[ModelResult], header: list[str], targets: T
         "",
         *paragraph(
             f"Zoo models with default (untrained) parameters in eval mode, random uint8 images. Packed: exported for "
-            f"{target}, `jaxbnn.runtime`'s jitted forward. XLA bfloat16 / float32: the same architecture in network "
+            f"{target}, `jaxbnn.runtime`'s jitted forward as a call runs it (the parameters as constants of the "
+            "executable where they take at most 4 MiB). XLA bfloat16 / float32: the same architecture in network "
             "mode float (`float_forward`, its dots at HIGHEST precision: float32 is true float32), jitted. Time per "
             "forward of calls queued back to back (`gpu_bench.timed`), compile time excluded."),
         "",

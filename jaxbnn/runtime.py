@@ -27,6 +27,11 @@ integers from the pixels to the logits:
 Images are uint8 pixels, or floats on the scale the file records (`input_range`), quantized to pixels by
 `formats.quantize_images`.
 
+A call's executable holds the parameters as constants where they take at most `EMBEDDED_PARAMETERS_BYTES`
+(`embed_parameters`): each argument buffer costs the host a little on every call, which made a small
+network's call at batch 1 on the CPU take 35 us instead of 21 (the MNIST MLP, 19 arrays). Larger models pass
+them as arguments, so that an executable per batch shape does not copy them again.
+
 The file holds every operand as the ops take it (ternary weights as their two ±1 planes stacked along the
 output axis, `formats.TernaryDenseBits` / `TernaryConvBits`; popcounts per row or per conv tap), so
 loading moves the arrays to the device as they are (the bool flips as uint8, the handlers' dtype) and packs,
@@ -53,7 +58,11 @@ from jaxbnn import _ffi, formats, ops, packed_model
 from jaxbnn.packed_model import PackedModel, uses_conv_layout, weight_geometry
 
 __all__ = ["PackedNet", "InputRangeWarning", "load", "from_packed", "run_nodes", "run_node", "stream_dtypes",
-           "fuses_residual", "writes_stem_bits"]
+           "fuses_residual", "writes_stem_bits", "EMBEDDED_PARAMETERS_BYTES"]
+
+# The largest packed parameters (bytes) a call's executable holds as constants unless told (`embed_parameters`):
+# the MNIST and CIFAR-10 zoo models and ResNet-18 in bnn, not AlexNet, VGG-16 or Darknet-19.
+EMBEDDED_PARAMETERS_BYTES = 4 << 20
 
 
 class InputRangeWarning(UserWarning):
@@ -62,16 +71,17 @@ class InputRangeWarning(UserWarning):
     it an error."""
 
 
-def load(path: str | os.PathLike) -> "PackedNet":
-    """Load and validate a `.jbnn` packed checkpoint; returns the jitted inference model."""
-    return PackedNet(packed_model.load(path))
+def load(path: str | os.PathLike, *, embed_parameters: bool | None = None) -> "PackedNet":
+    """Load and validate a `.jbnn` packed checkpoint; returns the jitted inference model. embed_parameters:
+    see `PackedNet`."""
+    return PackedNet(packed_model.load(path), embed_parameters=embed_parameters)
 
 
-def from_packed(packed: PackedModel) -> "PackedNet":
+def from_packed(packed: PackedModel, *, embed_parameters: bool | None = None) -> "PackedNet":
     """The inference model of an in-memory packed model (the exporter returns one), validated as `load`
     validates a file."""
     packed_model.validate(packed)
-    return PackedNet(packed)
+    return PackedNet(packed, embed_parameters=embed_parameters)
 
 
 class PackedNet:
@@ -82,9 +92,15 @@ class PackedNet:
     ``params`` holds the packed parameters (a pytree of arrays); the graph is static. ``trace(images)``
     returns every node's output as it travels (packed bits, ternary plane pairs, the residual stream (int16 or
     int32, ``stream_dtypes``), logits).
+
+    ``embed_parameters``: whether a call's executable holds ``params`` as constants (``embeds_parameters``);
+    None: where the packed parameters take at most `EMBEDDED_PARAMETERS_BYTES`. ``trace`` takes them as
+    arguments either way.
     """
 
-    def __init__(self, packed: PackedModel):
+    def __init__(self, packed: PackedModel, *, embed_parameters: bool | None = None):
+        if embed_parameters is not None and not isinstance(embed_parameters, (bool, np.bool_)):
+            raise TypeError(f"embed_parameters must be True, False or None, got {embed_parameters!r}")
         self.graph = packed.graph
         self.target = packed.target
         self.tile = packed.tile
@@ -99,6 +115,20 @@ class PackedNet:
         dtypes = self.stream_dtypes
         self._forward = jax.jit(lambda params, x: _run(nodes, params, x, dtypes)[-1])
         self._trace = jax.jit(lambda params, x: _run(nodes, params, x, dtypes))
+        self.embeds_parameters = bool(self.packed_bytes <= EMBEDDED_PARAMETERS_BYTES if embed_parameters is None
+                                      else embed_parameters)
+        if self.embeds_parameters:
+            # The parameters closed over by a jit around the one above: traced straight into one function, the
+            # same program (identical HLO after optimization) ran the MNIST conv net's call at batch 1 on the
+            # CPU in 66-82 us instead of 43-55 (not explained; measured in one process, alternating).
+            params, forward = self.params, self._forward
+            self._embedded_forward = jax.jit(lambda x: forward(params, x))
+
+    def _call(self, images):
+        """The jitted forward of uint8 `images` (checked), as a call runs it."""
+        if self.embeds_parameters:
+            return self._embedded_forward(images)
+        return self._forward(self.params, images)
 
     def _check_input(self, images):
         """uint8 pixels of `images` (float images quantized on the file's scale)."""
@@ -136,7 +166,7 @@ class PackedNet:
         warnings.warn(f"{scale}: {advice}", InputRangeWarning, stacklevel=4)
 
     def __call__(self, images) -> jax.Array:
-        return self._forward(self.params, self._check_input(images))
+        return self._call(self._check_input(images))
 
     def trace(self, images) -> list:
         """Every node's output for `images`: a list, one entry per graph node (residual nodes give the
@@ -164,10 +194,10 @@ class PackedNet:
     def throughput(self, images, repeats: int = 5) -> float:
         """Images per second of the jitted call on `images` (one batch, compiled first)."""
         images = self._check_input(images)
-        self._forward(self.params, images).block_until_ready()
+        self._call(images).block_until_ready()
         start = time.perf_counter()
         for _ in range(repeats):
-            out = self._forward(self.params, images)
+            out = self._call(images)
         out.block_until_ready()
         return repeats * images.shape[0] / (time.perf_counter() - start)
 

@@ -74,11 +74,18 @@ def test_one_batch_row_at_a_time_gives_the_same_logits(net):
         np.testing.assert_array_equal(np.asarray(net(x[i:i + 1]))[0], whole[i])
 
 
+def _lowered_call(net, x):
+    """The program a call of `net` on uint8 `x` runs, lowered."""
+    if net.embeds_parameters:
+        return net._embedded_forward.lower(x)
+    return net._forward.lower(net.params, x)
+
+
 def test_the_compiled_program_calls_the_native_targets_where_registered(net):
     """The program takes uint8 pixels; the first conv with its pool and thresholds is one native custom call
     (or, without the module, the spec's exact integer dot of the gathered taps), the layers after it the
     native custom calls."""
-    text = net._forward.lower(net.params, jnp.zeros((2, 12, 12, 1), jnp.uint8)).as_text()
+    text = _lowered_call(net, jnp.zeros((2, 12, 12, 1), jnp.uint8)).as_text()
     assert "tensor<2x12x12x1xui8>" in text
     if _ffi.has_target("cpu", "jaxbnn_image_conv2d_bits"):
         assert "jaxbnn_image_conv2d_bits" in text
@@ -102,9 +109,41 @@ def test_the_compiled_program_calls_the_native_targets_where_registered(net):
     (jnp.zeros((2, 12, 12, 1), jnp.uint16), TypeError, "got uint16"),
 ])
 def test_bad_input_is_refused_before_lowering(net, monkeypatch, bad, error, message):
-    monkeypatch.setattr(net, "_forward", lambda *args: pytest.fail("the input reached the jitted forward"))
+    monkeypatch.setattr(net, "_call", lambda *args: pytest.fail("the input reached the jitted forward"))
     with pytest.raises(error, match=message):
         net(bad)
+
+
+def test_a_small_model_s_call_holds_its_parameters_and_takes_the_images_alone(net):
+    """Below EMBEDDED_PARAMETERS_BYTES the call's executable holds the parameters as constants: its only
+    argument is the images (each argument buffer costs the host time on every call)."""
+    assert net.packed_bytes <= runtime.EMBEDDED_PARAMETERS_BYTES and net.embeds_parameters
+    args, _ = _lowered_call(net, jnp.zeros((2, 12, 12, 1), jnp.uint8)).args_info
+    assert len(jax.tree.leaves(args)) == 1
+
+
+def test_parameters_as_constants_or_arguments_give_the_same_logits(net, tmp_path, monkeypatch, conv_model):
+    path = tmp_path / "conv.jbnn"
+    packed_model.save(path, export_model(conv_model))
+    monkeypatch.setattr(runtime, "EMBEDDED_PARAMETERS_BYTES", net.packed_bytes - 1)
+    larger = runtime.load(path)  # past the limit: arguments
+    assert not larger.embeds_parameters
+    args, _ = _lowered_call(larger, jnp.zeros((2, 12, 12, 1), jnp.uint8)).args_info
+    assert len(jax.tree.leaves(args)) == 1 + len(jax.tree.leaves(larger.params))
+    told = runtime.load(path, embed_parameters=True)
+    assert told.embeds_parameters
+    x = pixels(5, seed=4)
+    for other in (larger, told, runtime.load(path, embed_parameters=False)):
+        np.testing.assert_array_equal(np.asarray(other(x)), np.asarray(net(x)))
+        np.testing.assert_array_equal(other.predict(x, batch_size=2), net.predict(x, batch_size=2))
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, 0.0])
+def test_embed_parameters_takes_a_bool_or_none(net, tmp_path, conv_model, bad):
+    path = tmp_path / "conv.jbnn"
+    packed_model.save(path, export_model(conv_model))
+    with pytest.raises(TypeError, match=f"embed_parameters must be True, False or None, got {bad!r}"):
+        runtime.load(path, embed_parameters=bad)
 
 
 def test_predict_refuses_a_batch_size_below_one(net):
