@@ -95,7 +95,8 @@ class PackedNet:
 
     ``embed_parameters``: whether a call's executable holds ``params`` as constants (``embeds_parameters``);
     None: where the packed parameters take at most `EMBEDDED_PARAMETERS_BYTES`. ``trace`` takes them as
-    arguments either way.
+    arguments either way. An embedding call compiles ``params`` into its executable per batch shape, so a
+    net's parameters are fixed once it is built: a model with other parameters is another `PackedNet`.
     """
 
     def __init__(self, packed: PackedModel, *, embed_parameters: bool | None = None):
