@@ -652,7 +652,8 @@ def section(mode: str, results: list[ModelResult], header: list[str], targets: T
         *paragraph(
             f"Zoo models with default (untrained) parameters in eval mode, random uint8 images. Packed: exported for "
             f"{target}, `jaxbnn.runtime`'s jitted forward as a call runs it (the parameters as constants of the "
-            "executable where they take at most 1.25 MiB). XLA bfloat16 / float32: the same architecture in network "
+            f"executable where they take at most {runtime.EMBEDDED_PARAMETERS_BYTES / 2**20:g} MiB). XLA bfloat16 / "
+            "float32: the same architecture in network "
             "mode float (`float_forward`, its dots at HIGHEST precision: float32 is true float32), jitted. Time per "
             "forward of calls queued back to back (`gpu_bench.timed`), compile time excluded."),
         "",
