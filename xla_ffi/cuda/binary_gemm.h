@@ -82,6 +82,12 @@ struct BinaryGemmProblem {
   bool correction_table = false;
   bool edge_table = false;    // without the class table: the border rows' edge-strip sums (KeepsEdgeTable),
   bool edge_corners = false;  // and their corner blocks (KeepsEdgeCorners)
+  // The products of the first doubled_k_blocks K blocks (kKBlockWords words each) count twice: the accumulators
+  // are doubled once those blocks are in, before the rest of the reduction adds to them (0: none). A ternary
+  // product in three blocks instead of four (docs/ops.md). A BMM's (1 x 1 taps), unpooled, not residual; the
+  // persistent wgmma kernel and the classic kernels run it. Last, so that the other kernels' parameters keep
+  // their offsets (and those kernels their machine code).
+  int doubled_k_blocks = 0;
 };
 
 // The residual epilogue's operands (IsResidual, unpooled): out[row, col] = (dot >> shift) +

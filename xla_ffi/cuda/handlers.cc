@@ -221,9 +221,10 @@ std::optional<ffi::Error> SetResidual(const BinaryGemmProblem& p, const Residual
   return std::nullopt;
 }
 
+// doubled_k_blocks: BinaryGemmProblem's (the bmm_doubled handlers'), 0 for the plain product.
 ffi::Error Bmm(cudaStream_t stream, const ffi::Buffer<ffi::U32>& a, const ffi::Buffer<ffi::U32>& b,
                const ffi::Buffer<ffi::S32>& b_popc, int64_t k, int64_t n, const EpilogueArgs& e,
-               ffi::Span<const int64_t> out_dims, void* out) {
+               ffi::Span<const int64_t> out_dims, void* out, int64_t doubled_k_blocks = 0) {
   const HandlerTimer timer;
   if (k < 1 || n < 1) return Invalid("bmm needs k >= 1 and n >= 1, got k=" + std::to_string(k) + ", n=" + std::to_string(n));
   const auto a_dims = a.dimensions();
@@ -246,6 +247,14 @@ ffi::Error Bmm(cudaStream_t stream, const ffi::Buffer<ffi::U32>& a, const ffi::B
   }
   if (auto err = CheckReduction("bmm", k_words)) return *err;
   if (auto err = CheckInt16Reduction("bmm", e.kind, k)) return *err;
+  if (doubled_k_blocks != 0) {
+    const int64_t k_blocks = CeilDiv(k_words, 32);
+    if (doubled_k_blocks < 1 || doubled_k_blocks >= k_blocks || k_words > (1 << 15)) {
+      return Invalid("bmm_doubled needs 1 <= doubled_k_blocks < ceil(k / 1024) = " + std::to_string(k_blocks) +
+                     " and k <= 2^20, got k=" + std::to_string(k) + ", doubled_k_blocks=" +
+                     std::to_string(doubled_k_blocks));
+    }
+  }
   BinaryGemmProblem p;
   p.x = a.typed_data();
   p.w = b.typed_data();
@@ -262,6 +271,11 @@ ffi::Error Bmm(cudaStream_t stream, const ffi::Buffer<ffi::U32>& a, const ffi::B
   p.k_real = p.c;
   p.pooled_rows = static_cast<int>(m);
   p.out = out;
+  p.doubled_k_blocks = static_cast<int>(doubled_k_blocks);
+  // A doubled product's accumulator reaches 2 D + (k - D) (D: the doubled bits): with k_real = 2 (D + k) in the
+  // place of k, every x = 4 acc + k_real - 2 popc(a) lies in [-k_real, 3 k_real] as the threshold epilogues
+  // assume (the caller gives each column's popcount so that the dot products lie within +-k_real).
+  if (doubled_k_blocks != 0) p.k_real = static_cast<int>(2 * (doubled_k_blocks * 1024 + k));
   if (auto err = SetEpilogue(p, e, n)) return *err;
   return Run(p, stream);
 }
@@ -614,6 +628,28 @@ ffi::Error BmmBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> a, ffi::Buffer
   return Bmm(stream, a, b, b_popc, k, n, e, out->dimensions(), out->untyped_data());
 }
 
+// The products whose first doubled_k_blocks K blocks of 1024 bits count twice (BinaryGemmProblem::doubled_k_blocks):
+// a ternary product's three-block form (jaxbnn.ops).
+ffi::Error BmmDoubledI32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> a, ffi::Buffer<ffi::U32> b,
+                             ffi::Buffer<ffi::S32> b_popc, int64_t k, int64_t n, int64_t doubled_k_blocks,
+                             ffi::ResultBuffer<ffi::S32> out) {
+  return Bmm(stream, a, b, b_popc, k, n, EpilogueArgs{}, out->dimensions(), out->untyped_data(), doubled_k_blocks);
+}
+
+ffi::Error BmmDoubledF32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> a, ffi::Buffer<ffi::U32> b,
+                             ffi::Buffer<ffi::S32> b_popc, ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> bias,
+                             int64_t k, int64_t n, int64_t doubled_k_blocks, ffi::ResultBuffer<ffi::F32> out) {
+  EpilogueArgs e{Epilogue::kAffine, &scale, &bias, nullptr, nullptr};
+  return Bmm(stream, a, b, b_popc, k, n, e, out->dimensions(), out->untyped_data(), doubled_k_blocks);
+}
+
+ffi::Error BmmDoubledBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> a, ffi::Buffer<ffi::U32> b,
+                              ffi::Buffer<ffi::S32> b_popc, ffi::Buffer<ffi::S32> threshold, ffi::Buffer<ffi::U8> flip,
+                              int64_t k, int64_t n, int64_t doubled_k_blocks, ffi::ResultBuffer<ffi::U32> out) {
+  EpilogueArgs e{Epilogue::kBits, nullptr, nullptr, &threshold, &flip};
+  return Bmm(stream, a, b, b_popc, k, n, e, out->dimensions(), out->untyped_data(), doubled_k_blocks);
+}
+
 #define JAXBNN_CONV_ATTR_PARAMS                                                                             \
   int64_t c, int64_t o, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t pad_top,       \
       int64_t pad_bottom, int64_t pad_left, int64_t pad_right, bool pad_one, int64_t pool_h, int64_t pool_w, \
@@ -765,6 +801,40 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBmmBits, jaxbnn::cuda::BmmBitsImpl,
                                   .Arg<ffi::Buffer<ffi::U8>>()
                                   .Attr<int64_t>("k")
                                   .Attr<int64_t>("n")
+                                  .Ret<ffi::Buffer<ffi::U32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBmmDoubledI32, jaxbnn::cuda::BmmDoubledI32Impl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("k")
+                                  .Attr<int64_t>("n")
+                                  .Attr<int64_t>("doubled_k_blocks")
+                                  .Ret<ffi::Buffer<ffi::S32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBmmDoubledF32, jaxbnn::cuda::BmmDoubledF32Impl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("k")
+                                  .Attr<int64_t>("n")
+                                  .Attr<int64_t>("doubled_k_blocks")
+                                  .Ret<ffi::Buffer<ffi::F32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBmmDoubledBits, jaxbnn::cuda::BmmDoubledBitsImpl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Attr<int64_t>("k")
+                                  .Attr<int64_t>("n")
+                                  .Attr<int64_t>("doubled_k_blocks")
                                   .Ret<ffi::Buffer<ffi::U32>>(),
                               {ffi::Traits::kCmdBufferCompatible});
 

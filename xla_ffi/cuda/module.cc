@@ -29,6 +29,9 @@ NB_MODULE(_cuda, m) {
     d["jaxbnn_bmm_i16"] = Capsule(JaxbnnCudaBmmI16);
     d["jaxbnn_bmm_f32"] = Capsule(JaxbnnCudaBmmF32);
     d["jaxbnn_bmm_bits"] = Capsule(JaxbnnCudaBmmBits);
+    d["jaxbnn_bmm_doubled_i32"] = Capsule(JaxbnnCudaBmmDoubledI32);
+    d["jaxbnn_bmm_doubled_f32"] = Capsule(JaxbnnCudaBmmDoubledF32);
+    d["jaxbnn_bmm_doubled_bits"] = Capsule(JaxbnnCudaBmmDoubledBits);
     d["jaxbnn_bconv2d_i32"] = Capsule(JaxbnnCudaBConvI32);
     d["jaxbnn_bconv2d_i16"] = Capsule(JaxbnnCudaBConvI16);
     d["jaxbnn_bconv2d_f32"] = Capsule(JaxbnnCudaBConvF32);

@@ -33,6 +33,14 @@ struct MmaSyncEngine {
   static constexpr ALayout kALayout = ALayout::kSwizzledRows;
   struct Accumulators {
     int v[4][kFrags][4];  // [16-row fragment][8-column fragment][register]
+    __device__ void Double() {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < kFrags; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) v[i][j][r] *= 2;
+    }
   };
 
   // stage: the stage (A rows, then B rows) as a generic pointer and as a shared-window address.

@@ -14,6 +14,12 @@ struct SimtEngine {
   static constexpr ALayout kALayout = ALayout::kCoreMatrices;
   struct Accumulators {
     int v[4][4];  // rows ty + 16 i, columns tx + 16 j: conflict-free 16-byte shared loads
+    __device__ void Double() {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[i][j] *= 2;
+    }
   };
 
   // after_step as in MmaSyncEngine, every step's call ahead of the popcounts: a CUDA-core k loop has no

@@ -123,20 +123,20 @@ class PlanCache {
 
  private:
   static constexpr size_t kEntries = 64;
-  using Key = std::array<int64_t, 28>;
+  using Key = std::array<int64_t, 29>;
   struct Entry {
     Key key;
     LaunchPlan plan;
   };
   // (max_excess, compact_classes, class_numbering and the tables' flags are Plan's, derived from the key's fields;
   // no plan depends on the threshold planes, which only the epilogue reads)
-  static_assert(sizeof(BinaryGemmProblem) == 216, "a field was added to BinaryGemmProblem: add it to KeyOf");
+  static_assert(sizeof(BinaryGemmProblem) == 224, "a field was added to BinaryGemmProblem: add it to KeyOf");
   static Key KeyOf(const BinaryGemmProblem& p, KernelPath path, int device) {
     const auto x = reinterpret_cast<uintptr_t>(p.x), w = reinterpret_cast<uintptr_t>(p.w);
     return {device, static_cast<int>(path), static_cast<int64_t>(x % 16), static_cast<int64_t>(w % 16),
             p.batch, p.in_h, p.in_w, p.cw, p.x_cw, p.c, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_top, p.pad_left,
             p.pad_one, p.pool_h, p.pool_w, p.out_h, p.out_w, p.n, p.w_row_tiles, p.w_k_tiles, p.k_words,
-            p.k_real, p.pooled_rows, static_cast<int>(p.epilogue)};
+            p.k_real, p.pooled_rows, static_cast<int>(p.epilogue), p.doubled_k_blocks};
   }
   std::mutex mutex_;
   std::vector<Entry> entries_;
@@ -167,6 +167,13 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
   if (residual.planes < 1 || residual.planes > kMaxBitsPlanes ||
       (residual.planes > 1 && (!IsResidual(problem.epilogue) || residual.bits == nullptr ||
                                problem.threshold == nullptr || problem.flip == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  // doubled K blocks: a BMM's, unpooled, not residual, with at least one K block after them
+  if (problem.doubled_k_blocks != 0 &&
+      (problem.doubled_k_blocks < 0 || problem.doubled_k_blocks >= (problem.k_words + kKBlockWords - 1) / kKBlockWords ||
+       problem.kh != 1 || problem.kw != 1 || problem.in_h != 1 || problem.in_w != 1 || problem.x_cw != problem.cw ||
+       problem.pool_h * problem.pool_w != 1 || IsResidual(problem.epilogue))) {
     return cudaErrorInvalidValue;
   }
   int device = 0;

@@ -60,7 +60,7 @@ LaunchPlan PlanClassic(const BinaryGemmProblem& p, bool aligned, KernelPath path
   LaunchPlan plan;
   plan.kind = LaunchPlan::Kind::kClassic;
   plan.path = path;
-  plan.kernel = ClassicKernelInstance<Engine>(aligned, IsResidual(p.epilogue));
+  plan.kernel = ClassicKernelInstance<Engine>(aligned, IsResidual(p.epilogue), p.doubled_k_blocks > 0);
   plan.threads = Engine::kThreads;
   plan.smem = ClassicSmemBytes<Engine>();
   plan.p = p;
@@ -296,7 +296,8 @@ LaunchPlan PlanPersistent(const BinaryGemmProblem& p, const DeviceInfo& info) {
   plan.runs = operand_bytes <= (24ll << 20);
   // one short K block (unpooled, by cp.async): 1 or 3 k256 steps (K <= 8 or 24 words)
   const bool short_k = layout == ALayout::kCoreMatrices && p.k_words <= 24 && p.pool_h * p.pool_w == 1 && !residual;
-  plan.kernel = PersistentWgmmaKernelInstance(layout, !short_k ? 4 : p.k_words <= 8 ? 1 : 3, residual);
+  plan.kernel = PersistentWgmmaKernelInstance(layout, !short_k ? 4 : p.k_words <= 8 ? 1 : 3, residual,
+                                             p.doubled_k_blocks > 0);
   plan.threads = kWgThreads;
   plan.smem = kWgSmemBytes;
   // Programmatic dependent launch: the CTAs' start-up (barrier init, cluster sync: ~1.3 us in a clock64
@@ -328,8 +329,11 @@ LaunchPlan Plan(BinaryGemmProblem p, KernelPath path, const DeviceInfo& info) {
     run = path;
   }
   const bool residual = IsResidual(p.epilogue);
+  // doubled K blocks: the persistent and the classic kernels' instances that double (the others do not)
+  const bool doubled = p.doubled_k_blocks > 0;
   switch (run) {
     case KernelPath::kWgmma: {
+      if (doubled) return PlanPersistent(p, info);
       if (LaunchPlan plan; PlanBand(p, info, plan)) return plan;
       if (LaunchPlan plan; PlanResident(p, info, plan)) return plan;
       // the persistent kernel's residual instances take the int16 stream only
@@ -338,7 +342,7 @@ LaunchPlan Plan(BinaryGemmProblem p, KernelPath path, const DeviceInfo& info) {
       [[fallthrough]];
     }
     case KernelPath::kMmaSync:
-      if (UsesDenseTaps(p)) return PlanDenseTaps(p, info);
+      if (!doubled && UsesDenseTaps(p)) return PlanDenseTaps(p, info);
       // wide tiles where N needs them and the device's shared memory takes them
       if (p.n > MmaSyncNarrow::kCols && info.smem_optin >= ClassicSmemBytes<MmaSyncWide>()) {
         return PlanClassic<MmaSyncWide>(p, aligned, run);

@@ -16,7 +16,7 @@
 
 namespace jaxbnn::cuda {
 
-template <class Engine, int kVec, bool kResidual>
+template <class Engine, int kVec, bool kResidual, bool kDoubled = false>
 __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const BinaryGemmProblem p,
                                                                       const LaunchDivisors div, int m_tiles,
                                                                       int n_tiles, const ResidualOperands residual) {
@@ -91,6 +91,9 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
       }
     });
     row_popc += StageRowPopcount<kRows, kThreads, Engine::kALayout>(smem + s * kStageBytes, tid);
+    if constexpr (kDoubled) {
+      if (kb + 1 == p.doubled_k_blocks) acc.Double();
+    }
     // Every thread arrives: with one arrival per warp after __syncwarp, compute-sanitizer's racecheck
     // reported the other lanes' reads as racing with the next fill's copies.
     BarrierArrive(empty0 + 8 * s);
@@ -130,13 +133,17 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
 }
 
 template <class Engine>
-const void* ClassicKernelInstance(bool aligned, bool residual) {
+const void* ClassicKernelInstance(bool aligned, bool residual, bool doubled) {
+  if (doubled) {
+    return reinterpret_cast<const void*>(aligned ? ClassicKernel<Engine, 4, false, true>
+                                                 : ClassicKernel<Engine, 1, false, true>);
+  }
   return reinterpret_cast<const void*>(
       residual ? (aligned ? ClassicKernel<Engine, 4, true> : ClassicKernel<Engine, 1, true>)
                : (aligned ? ClassicKernel<Engine, 4, false> : ClassicKernel<Engine, 1, false>));
 }
-template const void* ClassicKernelInstance<MmaSyncNarrow>(bool, bool);
-template const void* ClassicKernelInstance<MmaSyncWide>(bool, bool);
-template const void* ClassicKernelInstance<SimtEngine>(bool, bool);
+template const void* ClassicKernelInstance<MmaSyncNarrow>(bool, bool, bool);
+template const void* ClassicKernelInstance<MmaSyncWide>(bool, bool, bool);
+template const void* ClassicKernelInstance<SimtEngine>(bool, bool, bool);
 
 }  // namespace jaxbnn::cuda

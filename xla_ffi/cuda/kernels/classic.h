@@ -23,8 +23,9 @@ constexpr int ClassicSmemBytes() {
 static_assert(ClassicSmemBytes<MmaSyncNarrow>() <= 163 * 1024, "the narrow mma.sync engine runs on an A100");
 
 // ClassicKernel<Engine, 4> (16-byte activation copies: every tap's words 16-byte aligned) or <Engine, 1>.
-// residual: an instance with the residual epilogue (Epilogue::kResidual), which the others do not run.
+// residual: an instance with the residual epilogue (Epilogue::kResidual), which the others do not run; doubled:
+// one that doubles its accumulators after BinaryGemmProblem::doubled_k_blocks K blocks (not residual).
 template <class Engine>
-const void* ClassicKernelInstance(bool aligned, bool residual);
+const void* ClassicKernelInstance(bool aligned, bool residual, bool doubled);
 
 }  // namespace jaxbnn::cuda

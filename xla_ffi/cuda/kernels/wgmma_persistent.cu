@@ -238,8 +238,10 @@ __device__ __forceinline__ void StoreStagedResidualTile(const BinaryGemmProblem&
 // the re-read); the convolution layouts keep it: the re-read moved their register allocation, and they ran
 // 3-5% slower with it.
 // kResidual: the int16 stream's residual epilogue (Epilogue::kResidualInt16, StoreStagedResidualTile), one tile pair
-// per cluster as the pooled epilogue; `residual` is read by those instances only.
-template <ALayout kLayout, int kSteps = 4, bool kResidual = false>
+// per cluster as the pooled epilogue; `residual` is read by those instances only. kDoubled: the accumulators are
+// doubled once the first p.doubled_k_blocks K blocks' wgmmas are done (all of them waited for: one drain of the
+// tensor cores a tile).
+template <ALayout kLayout, int kSteps = 4, bool kResidual = false, bool kDoubled = false>
 __global__ void __launch_bounds__(kWgThreads, 1)
     WgmmaKernel(const BinaryGemmProblem p, const __grid_constant__ CUtensorMap a_map,
                 const __grid_constant__ CUtensorMap w_map, bool weights_by_tma, const LaunchDivisors div,
@@ -348,6 +350,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       row_popc += StageRowPopcount<64, 128, kStageLayout, kWgRows>(smem + s * kWgStageBytes + half_offset, wtid, a_box_log2);
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
       if (kb > 0) release((it - 1) % kWgStages);
+      if constexpr (kDoubled) {
+        if (kb + 1 == p.doubled_k_blocks) {
+          asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+          for (int i = 0; i < 128; ++i) acc[i] *= 2;
+        }
+      }
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     release((it - 1) % kWgStages);
@@ -372,7 +381,14 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #endif
 }
 
-const void* PersistentWgmmaKernelInstance(ALayout layout, int steps, bool residual) {
+const void* PersistentWgmmaKernelInstance(ALayout layout, int steps, bool residual, bool doubled) {
+  if (doubled) {
+    const auto kernel = layout == ALayout::kSwizzledRows ? WgmmaKernel<ALayout::kSwizzledRows, 4, false, true>
+                        : layout == ALayout::kChunkSlabs ? WgmmaKernel<ALayout::kChunkSlabs, 4, false, true>
+                        : layout == ALayout::kTapRows    ? WgmmaKernel<ALayout::kTapRows, 4, false, true>
+                                                         : WgmmaKernel<ALayout::kCoreMatrices, 4, false, true>;
+    return reinterpret_cast<const void*>(kernel);
+  }
   if (residual) {
     const auto kernel = layout == ALayout::kSwizzledRows ? WgmmaKernel<ALayout::kSwizzledRows, 4, true>
                         : layout == ALayout::kChunkSlabs ? WgmmaKernel<ALayout::kChunkSlabs, 4, true>
