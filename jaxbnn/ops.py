@@ -122,7 +122,7 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
     leading = next(iter(planes.values())).shape[:-1]
     _check_elements("the result", leading + _epilogue_tail(kind, n, threshold_planes))
     _check_side_by_side(side_by_side, DenseBits, mode, threshold_planes,
-                        dict(k=_side_by_side_channels(mode, k), n=_side_by_side_columns(n, threshold_planes)))
+                        dict(k=_dense_side_by_side_channels(mode, k), n=_side_by_side_columns(n, threshold_planes)))
     return _bmm(tuple(planes.values()), b, b_popcount, epi, side_by_side, k=k, n=n, kind=kind, mode=mode,
                 threshold_planes=threshold_planes)
 
@@ -166,6 +166,11 @@ def _bmm(planes, b, b_popcount, epi, side_by_side=None, *, k, n, kind, mode, thr
 
     def bmm_composite(acts, b_, popcount_, prepared, epilogue):
         kw = formats.num_words(k)
+        if _takes_doubled_blocks(mode, k):
+            if not _doubled_fits(k, n, threshold_planes):
+                return _composite(binary_dot, acts, b_, popcount_, n, None, epilogue)
+            return _tnn_doubled_bmm(acts, b_, prepared, epilogue, k=k, n=n, kind=kind,
+                                    threshold_planes=threshold_planes)
         if not _side_by_side_fits(mode, kw, n, threshold_planes):
             return _composite(binary_dot, acts, b_, popcount_, n, None, epilogue)
         if prepared:
@@ -960,9 +965,13 @@ def side_by_side_weights(w, *, ternary_activations, threshold_planes=0):
                         out_channels=_side_by_side_columns(o, threshold_planes))
     k, n = w.k, w.n
     matrix = formats.from_fsb(w.bits, rows * n, k)
-    bits, counts = _side_by_side_matrix(mode, matrix, jnp.asarray(w.popcount)[None], o=n, c=k,
-                                        threshold_planes=threshold_planes)
-    return DenseBits(bits, counts[0], k=_side_by_side_channels(mode, k), n=_side_by_side_columns(n, threshold_planes))
+    if _takes_doubled_blocks(mode, k):
+        bits, counts = _doubled_matrix(matrix, k=k, n=n, threshold_planes=threshold_planes)
+    else:
+        bits, counts = _side_by_side_matrix(mode, matrix, jnp.asarray(w.popcount)[None], o=n, c=k,
+                                            threshold_planes=threshold_planes)
+        counts = counts[0]
+    return DenseBits(bits, counts, k=_dense_side_by_side_channels(mode, k), n=_side_by_side_columns(n, threshold_planes))
 
 
 def _check_side_by_side(side_by_side, kind, mode, threshold_planes, geometry):
@@ -1093,6 +1102,133 @@ def _real_bit_mask(cw, c):
     if c % formats.WORD_BITS:
         real[-1] = (1 << c % formats.WORD_BITS) - 1
     return real
+
+
+# A dense TNN product in three blocks instead of four (docs/ops.md): with P = [t = +1], N = [t = -1] and Z = [t != 0]
+# of the activations and P, N and E = [t = 0] of the weights, the AND-popc counts of the blocks (P, P), (N, N) and
+# (Z, E), the first two doubled (BinaryGemmProblem::doubled_k_blocks), make the binary kernels' dot product
+# R - 2 popc(a) - 2 popc(b) + 4 (2 (S_PP + S_NN) + S_ZE) equal 4 t_a . t_b when every weight column's popcount is
+# given as R / 2 (R: `_doubled_range`): position by position (each block's padding bits are 0 in the activations)
+# -2 popc(a) + 4 (...) is 4 t_a t_b for every pair of values. Each block takes a whole number of half K blocks, so
+# that the doubled pair ends on a K block.
+_DOUBLED_BLOCK_BITS = 512
+_DOUBLED_SPLIT_BITS = 1024  # a K block of the CUDA kernels (kKBlockWords)
+_DOUBLED_REDUCTION_WORDS = 1 << 15  # the bmm_doubled handlers' longest reduction
+_DOUBLED_PARTS = 4  # the product is 4 times the ternary one, as the four-block form's
+
+
+def _doubled_block_words(k):
+    return -(-k // _DOUBLED_BLOCK_BITS) * (_DOUBLED_BLOCK_BITS // formats.WORD_BITS)
+
+
+def _takes_doubled_blocks(mode, k):
+    """Whether a dense product over `k` runs as the three doubled blocks: TNN, where they are shorter than the four
+    word-aligned blocks (each doubled block takes whole 512-bit halves of a K block: k from 385 to 512, 769 to
+    1024, and most k past 1024), within the bmm_doubled handlers' longest reduction (2^15 words: `_doubled_range`)."""
+    words = 3 * _doubled_block_words(k)
+    return mode == "tnn" and words < 4 * formats.num_words(k) and words <= _DOUBLED_REDUCTION_WORDS
+
+
+def _dense_side_by_side_channels(mode, k):
+    """The reduction bits of a dense side-by-side product over `k`: the three doubled blocks, or the blocks."""
+    if _takes_doubled_blocks(mode, k):
+        return 3 * _doubled_block_words(k) * formats.WORD_BITS
+    return _side_by_side_channels(mode, k)
+
+
+def _doubled_fits(k, n, threshold_planes):
+    """Whether the three-block product's columns fit the binary kernels."""
+    columns = max(_planes_as_columns(threshold_planes, n), 1) * formats.num_words(n) * formats.WORD_BITS
+    return columns <= MAX_EXTENT
+
+
+def _doubled_range(reduction_bits, doubled_k_blocks):
+    """The k_real of a doubled product (the CUDA handler's): 2 (D + K), D the doubled bits. Every column's popcount
+    given as half of it makes the dot product K - 2 popc(a) - 2 popcount + 4 (2 S_1 + S_2) with K this range."""
+    return 2 * (doubled_k_blocks * _DOUBLED_SPLIT_BITS + reduction_bits)
+
+
+def _doubled_matrix(matrix, *, k, n, threshold_planes):
+    """The three-block TNN weights (P | N | E per column, each block zero-padded to `_doubled_block_words(k)`) of
+    ternary weight rows `(2n, ceil(k / 32))` (nonneg rows, then pos rows), as FSB tiles, and the columns'
+    popcounts (every one half of `_doubled_range`); planes as columns as `_side_by_side_matrix` lays them."""
+    real = jnp.asarray(_real_bit_mask(matrix.shape[-1], k))
+    nonneg, pos = matrix[:n] & real, matrix[n:] & real
+    block = _doubled_block_words(k)
+    pad = ((0, 0), (0, block - matrix.shape[-1]))
+    w = jnp.concatenate([jnp.pad(plane, pad) for plane in (pos, ~nonneg & real, nonneg & ~pos)], axis=-1)
+    threshold_planes = _planes_as_columns(threshold_planes, n)
+    columns = n
+    if threshold_planes:
+        columns = threshold_planes * formats.num_words(n) * formats.WORD_BITS
+        w = jnp.tile(jnp.pad(w, ((0, columns // threshold_planes - n), (0, 0))), (threshold_planes, 1))
+    counts = jnp.full((columns,), _doubled_range(3 * block * formats.WORD_BITS, 2 * block // 32) // 2, jnp.int32)
+    return formats.to_fsb(w), counts
+
+
+def _doubled_activations(acts, k):
+    """The three-block TNN activations (P | N | Z per row, each block zero-padded) of the (nonneg, pos) planes."""
+    nonneg, pos = (_clear_padding_bits(a, k) for a in _materialized(acts))
+    real = jnp.asarray(_real_bit_mask(nonneg.shape[-1], k))
+    neg = ~nonneg & real
+    pad = ((0, 0), (0, _doubled_block_words(k) - nonneg.shape[-1]))
+    return jnp.concatenate([jnp.pad(plane, pad) for plane in (pos, neg, pos | neg)], axis=-1)
+
+
+def _tnn_doubled_bmm(acts, b, prepared, epilogue, *, k, n, kind, threshold_planes):
+    """A dense TNN product as the three-block binary product with its first two blocks doubled."""
+    if prepared:
+        blocks, counts = prepared
+    else:
+        blocks, counts = _doubled_matrix(formats.from_fsb(b, 2 * n, k), k=k, n=n, threshold_planes=threshold_planes)
+    block = _doubled_block_words(k)
+    reduction_bits = 3 * block * formats.WORD_BITS
+    x = _doubled_activations(acts, k)
+    columns = _side_by_side_columns(n, threshold_planes)
+    if kind == "f32":
+        epilogue = dict(epilogue, scale=epilogue["scale"] / _DOUBLED_PARTS)
+    elif kind == "bits":
+        threshold = jnp.clip(epilogue["threshold"], -(k + 1), k + 1) * _DOUBLED_PARTS
+        epilogue = dict(epilogue, threshold=threshold)
+        if _planes_as_columns(threshold_planes, threshold.shape[-1]):
+            pad = columns // threshold_planes - n
+            threshold = jnp.pad(threshold, ((0, 0), (0, pad)), constant_values=reduction_bits + 1)
+            flip = jnp.pad(epilogue["flip"], ((0, 0), (0, pad)))
+            epilogue = dict(threshold=threshold.reshape(-1), flip=flip.reshape(-1))
+    out = _doubled_binary_bmm(x, blocks, counts, epilogue, k=reduction_bits, n=columns, kind=kind,
+                              doubled_k_blocks=2 * block // 32)
+    if kind == "i32":
+        return out // _DOUBLED_PARTS  # exact: 4 times the ternary product
+    if _planes_as_columns(threshold_planes, n):
+        return out.reshape(out.shape[:-1] + (threshold_planes, out.shape[-1] // threshold_planes))
+    return out
+
+
+def _doubled_binary_bmm(x, b, popcount, epilogue, *, k, n, kind, doubled_k_blocks):
+    """The binary product whose first `doubled_k_blocks` K blocks of 1024 bits count twice: k - 2 popc(a) -
+    2 popcount + 4 (2 S_1 + S_2), S_1 and S_2 the AND-popc counts before and after them, with the epilogue; CUDA's
+    `bmm_doubled` handlers, else the same integers in jnp."""
+    rows = x.shape[0]
+    tail, out_dtype = _epilogue_tail(kind, n, 0 if kind != "bits" or epilogue["threshold"].ndim == 1
+                                     else epilogue["threshold"].shape[0]), _epilogue_output(kind, n)[1]
+    out_type = jax.ShapeDtypeStruct((rows,) + tail, out_dtype)
+    epi = _epilogue_operands(kind, epilogue, n, _doubled_range(k, doubled_k_blocks) + 1)
+    attrs = dict(k=np.int64(k), n=np.int64(n), doubled_k_blocks=np.int64(doubled_k_blocks))
+    split = doubled_k_blocks * _DOUBLED_SPLIT_BITS
+    k_range = _doubled_range(k, doubled_k_blocks)
+
+    def spec(a_, b_, popcount_, *e):
+        a_bits = formats.unpack_bits(a_, k).astype(jnp.int32)
+        b_bits = formats.unpack_bits(formats.from_fsb(b_, n, k), k).astype(jnp.int32)
+        dot = lambda lo, hi: jnp.matmul(a_bits[:, lo:hi], b_bits[:, lo:hi].T,  # noqa: E731
+                                        preferred_element_type=jnp.int32)
+        sums = 2 * dot(0, split) + dot(split, k)
+        d = k_range - 2 * a_bits.sum(-1, dtype=jnp.int32)[:, None] - 2 * popcount_[None, :] + 4 * sums
+        return reference.epilogue(d, **dict(zip(epi, e)))
+
+    return _dispatch(f"jaxbnn_bmm_doubled_{kind}", out_type, attrs, spec, x, b, popcount, *epi.values(),
+                     cuda_weights=lambda b_: _default_tiles(b_, n, k))
+
 
 
 def _side_by_side_operands(mode, acts, epilogue, *, kind, c, bound, threshold_planes, reduction_bits,

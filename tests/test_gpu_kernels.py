@@ -809,10 +809,12 @@ def _on(device, tree):
 
 
 @pytest.mark.parametrize("mode", TERNARY_MODES)
-@pytest.mark.parametrize("m,k,n", [(1, 3, 1), (5, 300, 33), (129, 1000, 257), (64, 512, 128)])
+@pytest.mark.parametrize("m,k,n", [(1, 3, 1), (5, 300, 33), (129, 1000, 257), (64, 512, 128), (3, 1500, 65),
+                                   (300, 4096, 300)])
 def test_ternary_bmm_on_cuda_matches_the_cpu_kernels(engine, mode, m, k, n):
-    """On CUDA the ternary and mixed products run as one binary product over their planes side by side: the
-    same integers, bits and affine values as the CPU's own ternary kernels, on every engine."""
+    """On CUDA the ternary and mixed products run as one binary product over their planes side by side (a long
+    TNN one as three blocks, the first two doubled): the same integers, bits and affine values as the CPU's own
+    ternary kernels, on every engine."""
     from jaxbnn import ops
 
     rng = np.random.default_rng(zlib.crc32(repr((mode, m, k, n)).encode()))
@@ -821,6 +823,21 @@ def test_ternary_bmm_on_cuda_matches_the_cpu_kernels(engine, mode, m, k, n):
         got = np.asarray(jax.jit(lambda a, w: ops.bmm(a, w, **epilogue))(_on(GPU, a), _on(GPU, w)))
         want = np.asarray(jax.jit(lambda a, w: ops.bmm(a, w, **epilogue))(_on(CPU, a), _on(CPU, w)))
         np.testing.assert_array_equal(got, want, err_msg=f"epilogue {sorted(epilogue)}")
+
+
+@pytest.mark.parametrize("m,k,n,doubled", [(1, 1056, 8, 1), (130, 3072, 257, 2), (64, 5000, 40, 3), (300, 2048, 300, 1)])
+def test_doubled_bmm_on_cuda_matches_its_jnp_form(engine, m, k, n, doubled):
+    """The binary product whose first K blocks count twice (`bmm_doubled`), random bits and popcounts within the
+    range: the handler's int32 values equal the jnp form's, on every engine."""
+    from jaxbnn import ops
+
+    rng = np.random.default_rng(zlib.crc32(repr((m, k, n, doubled)).encode()))
+    a = formats.pack_bits(rng.integers(0, 2, (m, k)).astype(bool))
+    w = formats.to_fsb(formats.pack_bits(rng.integers(0, 2, (n, k)).astype(bool)))
+    popcount = rng.integers(0, k + 1, n).astype(np.int32)
+    run = jax.jit(lambda a, w, c: ops._doubled_binary_bmm(a, w, c, {}, k=k, n=n, kind="i32", doubled_k_blocks=doubled))
+    np.testing.assert_array_equal(np.asarray(run(*_on(GPU, (a, w, popcount)))),
+                                  np.asarray(run(*_on(CPU, (a, w, popcount)))))
 
 
 @pytest.mark.parametrize("mode", TERNARY_MODES)

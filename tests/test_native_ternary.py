@@ -408,6 +408,42 @@ def test_without_ternary_kernels_few_channels_lie_side_by_side_in_one_word(witho
     assert ops.side_by_side_weights(dense, ternary_activations=mode != "btn").k == prepared.in_channels
 
 
+@pytest.mark.parametrize("m,k,n", [(5, 500, 33), (3, 1000, 70), (2, 1500, 9), (1, 4096, 1)])
+def test_without_ternary_kernels_long_tnn_bmm_runs_as_three_blocks_the_first_two_doubled(without_ternary_kernels, m,
+                                                                                        k, n):
+    """A dense TNN product where three blocks are shorter than four: P, N and Z of the activations against P, N
+    and E of the weights, the first two blocks' counts doubled, is 4 times the ternary product (on CUDA one
+    bmm_doubled call; here its jnp form), with every epilogue, and the same from weights built once."""
+    rng = np.random.default_rng(k * 31 + n)
+    a, a_values, w, w_values = operands(rng, "tnn", (m, k), (k, n), conv=False)
+    want = (a_values @ w_values).astype(np.int32)
+    epi = epilogue_operands(rng, want)
+    run = lambda **e: jax.jit(lambda a, w: ops.bmm(a, w, **e))(a, w)  # noqa: E731
+    assert_all_epilogues(run, want, epi)
+    prepared = ops.side_by_side_weights(w, ternary_activations=True, threshold_planes=2)
+    assert prepared.k == 3 * 512 * -(-k // 512)
+    np.testing.assert_array_equal(
+        np.asarray(ops.bmm(a, w, threshold=epi["threshold_planes"][:2], flip=epi["flip_planes"][:2],
+                           side_by_side=prepared)),
+        np.asarray(reference.epilogue(jnp.asarray(want), threshold=epi["threshold_planes"][:2],
+                                      flip=epi["flip_planes"][:2])))  # fmt: skip
+
+
+def test_the_doubled_product_counts_the_first_blocks_twice():
+    """The doubled binary product's jnp form (the CUDA handlers' spec): R - 2 popc(a) - 2 popcount + 4 (2 S_1 + S_2),
+    R = 2 (D + K), S_1 / S_2 the AND counts of the first D bits and the rest."""
+    rng = np.random.default_rng(21)
+    m, n, k, doubled = 4, 5, 2048 + 96, 2
+    a_bits, w_bits = rng.integers(0, 2, (m, k)), rng.integers(0, 2, (n, k))
+    popcount = rng.integers(0, k, n).astype(np.int32)
+    got = ops._doubled_binary_bmm(ops.pack_bits(2 * a_bits - 1), formats.to_fsb(ops.pack_bits(2 * w_bits - 1)),
+                                  jnp.asarray(popcount), {}, k=k, n=n, kind="i32", doubled_k_blocks=doubled)
+    split = 1024 * doubled
+    sums = 2 * a_bits[:, :split] @ w_bits[:, :split].T + a_bits[:, split:] @ w_bits[:, split:].T
+    want = 2 * (split + k) - 2 * a_bits.sum(1)[:, None] - 2 * popcount[None, :] + 4 * sums
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_without_ternary_kernels_too_long_a_reduction_runs_as_separate_binary_products(without_ternary_kernels,
                                                                                       mode, monkeypatch):
