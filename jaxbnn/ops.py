@@ -1185,16 +1185,10 @@ def _tnn_doubled_bmm(acts, b, prepared, epilogue, *, k, n, kind, threshold_plane
     reduction_bits = 3 * block * formats.WORD_BITS
     x = _doubled_activations(acts, k)
     columns = _side_by_side_columns(n, threshold_planes)
-    if kind == "f32":
-        epilogue = dict(epilogue, scale=epilogue["scale"] / _DOUBLED_PARTS)
-    elif kind == "bits":
-        threshold = jnp.clip(epilogue["threshold"], -(k + 1), k + 1) * _DOUBLED_PARTS
-        epilogue = dict(epilogue, threshold=threshold)
-        if _planes_as_columns(threshold_planes, threshold.shape[-1]):
-            pad = columns // threshold_planes - n
-            threshold = jnp.pad(threshold, ((0, 0), (0, pad)), constant_values=reduction_bits + 1)
-            flip = jnp.pad(epilogue["flip"], ((0, 0), (0, pad)))
-            epilogue = dict(threshold=threshold.reshape(-1), flip=flip.reshape(-1))
+    # (a padding column's threshold past the doubled product's range: its bits stay 0)
+    epilogue = _scaled_epilogue(epilogue, kind=kind, parts=_DOUBLED_PARTS, bound=k + 1,
+                                threshold_planes=threshold_planes,
+                                reduction_bits=_doubled_range(reduction_bits, 2 * block // 32))
     out = _doubled_binary_bmm(x, blocks, counts, epilogue, k=reduction_bits, n=columns, kind=kind,
                               doubled_k_blocks=2 * block // 32)
     if kind == "i32":
@@ -1260,18 +1254,28 @@ def _side_by_side_operands(mode, acts, epilogue, *, kind, c, bound, threshold_pl
             x_repeats = repeats
         elif repeats > 1:
             x = jnp.concatenate([x] * repeats, axis=-1)
-    if kind == "f32":
-        epilogue = dict(epilogue, scale=epilogue["scale"] / parts)
-    elif kind == "bits":
-        threshold = jnp.clip(epilogue["threshold"], -bound, bound) * parts
-        epilogue = dict(epilogue, threshold=threshold)
-        if _planes_as_columns(threshold_planes, threshold.shape[-1]):
-            o = threshold.shape[-1]
-            pad = formats.num_words(o) * formats.WORD_BITS - o
-            threshold = jnp.pad(threshold, ((0, 0), (0, pad)), constant_values=reduction_bits + 1)
-            flip = jnp.pad(epilogue["flip"], ((0, 0), (0, pad)))
-            epilogue = dict(threshold=threshold.reshape(-1), flip=flip.reshape(-1))
+    epilogue = _scaled_epilogue(epilogue, kind=kind, parts=parts, bound=bound, threshold_planes=threshold_planes,
+                                reduction_bits=reduction_bits)
     return x, epilogue, x_repeats
+
+
+def _scaled_epilogue(epilogue, *, kind, parts, bound, threshold_planes, reduction_bits):
+    """The epilogue operands of a binary product equal to `parts` times the product's: the threshold times `parts`
+    (saturated first), the scale divided by it (a power of two: exact), the threshold planes' padding columns
+    given a threshold past every product (`reduction_bits`), so their bits stay 0."""
+    if kind == "f32":
+        return dict(epilogue, scale=epilogue["scale"] / parts)
+    if kind != "bits":
+        return epilogue
+    threshold = jnp.clip(epilogue["threshold"], -bound, bound) * parts
+    epilogue = dict(epilogue, threshold=threshold)
+    if _planes_as_columns(threshold_planes, threshold.shape[-1]):
+        o = threshold.shape[-1]
+        pad = formats.num_words(o) * formats.WORD_BITS - o
+        threshold = jnp.pad(threshold, ((0, 0), (0, pad)), constant_values=reduction_bits + 1)
+        flip = jnp.pad(epilogue["flip"], ((0, 0), (0, pad)))
+        epilogue = dict(threshold=threshold.reshape(-1), flip=flip.reshape(-1))
+    return epilogue
 
 
 def _materialized(acts):
