@@ -139,8 +139,10 @@ def _bmm(planes, b, b_popcount, epi, side_by_side=None, *, k, n, kind, mode, thr
     rows = [a.reshape(math.prod(leading), a.shape[-1]) for a in planes]  # batch dims fold into M: one kernel call
     if rows[0].shape[0] == 0 or n == 0:
         return jnp.zeros(leading + tail, out_dtype)
-    # the CUDA kernels index the activation words and the output elements of a call in int32
-    chunk = _KERNEL_INDEX_LIMIT // max(rows[0].shape[-1], n * max(threshold_planes, 1))
+    # the CUDA kernels index the activation words and the output elements of a call in int32 (of a product with a
+    # ternary operand: its side-by-side operand's words)
+    words = rows[0].shape[-1] if mode == "bnn" else formats.num_words(_dense_side_by_side_channels(mode, k))
+    chunk = _KERNEL_INDEX_LIMIT // max(words, n * max(threshold_planes, 1))
     if 1 <= chunk < rows[0].shape[0]:
         outs = [_bmm(tuple(a[i:i + chunk] for a in rows), b, b_popcount, epi, side_by_side, k=k, n=n, kind=kind,
                      mode=mode, threshold_planes=threshold_planes)

@@ -632,6 +632,24 @@ def test_batches_past_the_kernels_int32_indexing_run_in_chunks(mode, monkeypatch
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_dense_batches_chunk_by_the_side_by_side_operand_s_words(without_ternary_kernels, mode, monkeypatch):
+    """Where the platform runs a product with a ternary operand side by side, a dense call's rows are chunked by
+    the side-by-side operand's words (2, 3 or 4 times the planes' words), which the kernels index: the same
+    result from calls of at most limit / words rows."""
+    rng = np.random.default_rng(19)
+    a, a_values, w, w_values = operands(rng, mode, (13, 1000), (1000, 9), conv=False)
+    want = (a_values @ w_values).astype(np.int32)
+    words = ops._dense_side_by_side_channels(mode, 1000) // 32
+    monkeypatch.setattr(ops, "_KERNEL_INDEX_LIMIT", 4 * words)
+    jax.clear_caches()
+    hlo = jax.jit(lambda a, w: ops.bmm(a, w)).lower(a, w).as_text("hlo")
+    rows = {int(m) for m in re.findall(r"s32\[(\d+),\d+\]\S* (?:custom-call|dot)\(", hlo)}
+    assert rows and max(rows) <= 4
+    np.testing.assert_array_equal(np.asarray(ops.bmm(a, w)), want)
+    jax.clear_caches()
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_empty_batches_give_empty_results(mode):
     rng = np.random.default_rng(6)
     a, _, w, _ = operands(rng, mode, (0, 70), (70, 9), conv=False)
