@@ -938,7 +938,9 @@ def side_by_side_weights(w, *, ternary_activations, threshold_planes=0):
     """The weights a ternary or mixed product runs as on a platform without kernels of its own (CUDA):
     binary weights of one ±1 product over the planes side by side along the reduction (docs/ops.md), a
     `formats.DenseBits` (from `DenseBits` / `TernaryDenseBits`) or `formats.ConvBits` (from `ConvBits` /
-    `TernaryConvBits`) of 2 or 4 times the reduction and N columns: the kernels' bit epilogue writes up to two
+    `TernaryConvBits`) of 2 or 4 times the reduction and N columns (a dense TNN product where three blocks are
+    shorter: 3 times the reduction rounded up to 512 bits a block, the first two blocks' counts doubled, each
+    column's popcount half the doubled product's range), and the kernels' bit epilogue writes up to two
     threshold planes (a ternary output) from one product. For more planes, or planes whose columns all fit one
     128-column tile, `threshold_planes * 32 ceil(N/32)` columns, each plane's weights again. `bmm` / `bconv2d`
     build them on every call unless given them (`side_by_side=`): build them once where weights stay
