@@ -1147,8 +1147,8 @@ def _doubled_fits(k, n, threshold_planes):
 
 
 def _doubled_range(reduction_bits, doubled_k_blocks):
-    """The k_real of a doubled product (the CUDA handler's): 2 (D + K), D the doubled bits. Every column's popcount
-    given as half of it makes the dot product K - 2 popc(a) - 2 popcount + 4 (2 S_1 + S_2) with K this range."""
+    """R, the k_real of a doubled product over K bits (the CUDA handlers'): 2 (D + K), D the doubled bits, so that
+    R - 2 popc(a) + 4 (2 S_1 + S_2) lies in [-R, 3 R] as the threshold epilogues assume."""
     return 2 * (doubled_k_blocks * _DOUBLED_SPLIT_BITS + reduction_bits)
 
 
@@ -1226,7 +1226,6 @@ def _doubled_binary_bmm(x, b, popcount, epilogue, *, k, n, kind, doubled_k_block
 
     return _dispatch(f"jaxbnn_bmm_doubled_{kind}", out_type, attrs, spec, x, b, popcount, *epi.values(),
                      cuda_weights=lambda b_: _default_tiles(b_, n, k))
-
 
 
 def _side_by_side_operands(mode, acts, epilogue, *, kind, c, bound, threshold_planes, reduction_bits,
