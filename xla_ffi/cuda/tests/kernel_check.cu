@@ -7,8 +7,10 @@
 // than 32 channels (the dense-tap kernel's and two of the word layout); `--global-pool` checks only the global pooling kernel
 // (LaunchGlobalSumBits, against a CPU sum); `--stream-bits` checks only the stream's threshold planes
 // (LaunchStreamBits, against CPU comparisons); `--repeats` checks only the inputs whose taps read each pixel twice
-// (BinaryGemmProblem::x_cw); `--planes` checks only the bit epilogue's two threshold planes (the
-// full set of those cases; `--small-planes`: the small set's, a sanitizer workload of a few seconds);
+// (BinaryGemmProblem::x_cw); `--doubled` checks only the products with doubled K blocks (the three-block
+// ternary product; `--small-doubled`: two of them, a sanitizer workload); `--planes` checks only the bit
+// epilogue's two threshold planes (the full set of those cases; `--small-planes`: the small set's, a sanitizer
+// workload of a few seconds);
 // `--time-image` times the first layer on the MNIST MLP's shape.
 // Exit status 0 only if every case matches.
 //
@@ -236,7 +238,9 @@ long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose, int
   std::vector<int32_t> threshold(static_cast<size_t>(planes) * cc.o);
   std::vector<uint8_t> flip(threshold.size());
   std::uniform_real_distribution<float> uni(-2.f, 2.f);
-  std::uniform_int_distribution<int> thr(-cc.c / 4 - 2, cc.c / 4 + 2), offset(0, cc.c / 8 + 2);
+  // thresholds where the dot products lie (a spread of a few standard deviations, sqrt(k_real), at most C / 4)
+  const int spread = std::min(cc.c / 4, 4 * static_cast<int>(std::sqrt(cc.kh * cc.kw * cc.c))) + 2;
+  std::uniform_int_distribution<int> thr(-spread, spread), offset(0, cc.c / 8 + 2);
   for (int i = 0; i < cc.o; ++i) {
     scale[i] = uni(rng);
     bias[i] = uni(rng);
@@ -314,6 +318,170 @@ long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose, int
 }
 
 ConvCase Bmm(int m, int n, int k) { return ConvCase{m, 1, 1, k, n, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, true}; }
+
+// ---- doubled K blocks (BinaryGemmProblem::doubled_k_blocks): the three-block ternary product ----
+
+// A dense ternary product of m x k values against n x k as the binary kernels run it in three blocks: the
+// activations [P | N | Z] (t = +1, t = -1, t != 0) against the weights [P | N | E] (t' = +1, t' = -1, t' = 0),
+// each block zero-padded to whole 512-bit halves of a K block, the first two blocks (whole K blocks) doubled,
+// every column's popcount R / 2 (R = 2 (D + K), the doubled bits D): then every value is 4 t . t'. The
+// reference is that ternary dot product, counted value by value (independent of the AND-popc algebra).
+struct DoubledCase {
+  int m, n, k;
+};
+
+long RunDoubledCase(const DoubledCase& dc, Epilogue ep, KernelPath path, bool verbose, int planes = 1) {
+  const int block_words = (dc.k + 511) / 512 * 16, k_words = 3 * block_words, k_bits = 32 * k_words;
+  const int doubled_k_blocks = 2 * block_words / 32;
+  const int k_real = 2 * (doubled_k_blocks * 1024 + k_bits);
+  std::uniform_int_distribution<int> trit(-1, 1);
+  auto random_trits = [&](int rows) {
+    std::vector<int8_t> t(static_cast<size_t>(rows) * dc.k);
+    for (int8_t& v : t) v = static_cast<int8_t>(trit(rng));
+    return t;
+  };
+  const std::vector<int8_t> xt = random_trits(dc.m), wt = random_trits(dc.n);
+  // Row r's three blocks: bit i of block b set where value i is in that block's class.
+  auto blocks = [&](const std::vector<int8_t>& t, int r, bool weights) {
+    std::vector<uint32_t> words(k_words, 0);
+    for (int i = 0; i < dc.k; ++i) {
+      const int v = t[static_cast<size_t>(r) * dc.k + i];
+      const bool bits[3] = {v == 1, v == -1, weights ? v == 0 : v != 0};
+      for (int b = 0; b < 3; ++b) {
+        if (bits[b]) words[b * block_words + i / 32] |= 1u << (i % 32);
+      }
+    }
+    return words;
+  };
+  std::vector<uint32_t> x;
+  for (int r = 0; r < dc.m; ++r) {
+    const std::vector<uint32_t> row = blocks(xt, r, false);
+    x.insert(x.end(), row.begin(), row.end());
+  }
+  const int row_tiles = (dc.n + 7) / 8, k_tiles = (k_words + 3) / 4;
+  std::vector<uint32_t> fsb(static_cast<size_t>(row_tiles) * k_tiles * 32, 0);
+  for (int r = 0; r < dc.n; ++r) {
+    const std::vector<uint32_t> row = blocks(wt, r, true);
+    for (int k = 0; k < k_words; ++k) {
+      fsb[((static_cast<size_t>(r / 8) * k_tiles + k / 4) * 8 + r % 8) * 4 + k % 4] = row[k];
+    }
+  }
+  const std::vector<int32_t> popcount(dc.n, k_real / 2);
+
+  std::vector<int32_t> dots(static_cast<size_t>(dc.m) * dc.n);
+  for (int r = 0; r < dc.m; ++r) {
+    for (int o = 0; o < dc.n; ++o) {
+      int dot = 0;
+      for (int i = 0; i < dc.k; ++i) {
+        dot += xt[static_cast<size_t>(r) * dc.k + i] * wt[static_cast<size_t>(o) * dc.k + i];
+      }
+      dots[static_cast<size_t>(r) * dc.n + o] = 4 * dot;
+    }
+  }
+  std::vector<float> scale(dc.n), bias(dc.n);
+  std::vector<int32_t> threshold(static_cast<size_t>(planes) * dc.n);
+  std::vector<uint8_t> flip(threshold.size());
+  std::uniform_real_distribution<float> uni(-2.f, 2.f);
+  const int spread = 4 * static_cast<int>(std::sqrt(static_cast<double>(dc.k))) + 4;
+  std::uniform_int_distribution<int> thr(-spread, spread);
+  // thresholds among the values, and a few at and past the range's ends (the kernels clamp to +-(k_real + 1))
+  const int32_t extremes[] = {INT32_MIN, INT32_MAX, -k_real - 1, k_real + 1, -k_real, k_real, -4 * dc.k, 4 * dc.k};
+  for (int o = 0; o < dc.n; ++o) {
+    scale[o] = uni(rng);
+    bias[o] = uni(rng);
+  }
+  for (size_t i = 0; i < threshold.size(); ++i) {
+    const uint64_t r = rng();
+    threshold[i] = r % 10 == 0 ? extremes[(r >> 8) % 8] : thr(rng);
+    flip[i] = (r >> 16) & 1;
+  }
+  const int words = (dc.n + 31) / 32, out_cols = ep == Epilogue::kBits ? planes * words : dc.n;
+  std::vector<uint32_t> want(static_cast<size_t>(dc.m) * out_cols, 0);
+  for (int r = 0; r < dc.m; ++r) {
+    for (int o = 0; o < dc.n; ++o) {
+      const int32_t d = dots[static_cast<size_t>(r) * dc.n + o];
+      if (ep == Epilogue::kInt32) {
+        want[static_cast<size_t>(r) * out_cols + o] = static_cast<uint32_t>(d);
+      } else if (ep == Epilogue::kAffine) {
+        volatile float prod = static_cast<float>(d) * scale[o];
+        const float v = prod + bias[o];
+        std::memcpy(&want[static_cast<size_t>(r) * out_cols + o], &v, 4);
+      } else {
+        for (int q = 0; q < planes; ++q) {
+          const int32_t t = threshold[q * dc.n + o];
+          const bool bit = flip[q * dc.n + o] ? d <= t : d >= t;
+          want[static_cast<size_t>(r) * out_cols + q * words + o / 32] |= static_cast<uint32_t>(bit) << (o % 32);
+        }
+      }
+    }
+  }
+
+  uint32_t* d_x = ToDevice(x);
+  uint32_t* d_w = ToDevice(fsb);
+  int32_t* d_popc = ToDevice(popcount);
+  float* d_scale = ToDevice(scale);
+  float* d_bias = ToDevice(bias);
+  int32_t* d_thr = ToDevice(threshold);
+  uint8_t* d_flip = ToDevice(flip);
+  uint32_t* d_out = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_out, std::max<size_t>(want.size(), 1) * 4));
+  CHECK_CUDA(cudaMemset(d_out, 0xA5, std::max<size_t>(want.size(), 1) * 4));  // poison: unwritten words show
+  BinaryGemmProblem p = ProblemShape(Bmm(dc.m, dc.n, k_bits));
+  p.k_real = k_real;
+  p.doubled_k_blocks = doubled_k_blocks;
+  p.x = d_x;
+  p.w = d_w;
+  p.tap_popc = d_popc;
+  p.epilogue = ep;
+  p.scale = d_scale;
+  p.bias = d_bias;
+  p.threshold = d_thr;
+  p.flip = d_flip;
+  p.planes = planes;
+  p.out = d_out;
+  KernelPath ran;
+  CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, &ran));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<uint32_t> got(want.size());
+  if (!got.empty()) CHECK_CUDA(cudaMemcpy(got.data(), d_out, got.size() * 4, cudaMemcpyDeviceToHost));
+  long bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) {
+      if (bad < 3 && verbose) std::printf("    word %zu: got %08x want %08x\n", i, got[i], want[i]);
+      ++bad;
+    }
+  }
+  const std::string ep_name = ep == Epilogue::kInt32    ? "i32"
+                             : ep == Epilogue::kAffine ? "f32"
+                             : planes > 1              ? "bits" + std::to_string(planes)
+                                                       : "bits";
+  std::printf("%-8s %-5s doubled: ternary %dx%d . %dx%d, %d K blocks of %d doubled: %ld / %zu wrong%s\n",
+              PathName(ran), ep_name.c_str(), dc.m, dc.k, dc.n, dc.k, (k_words + 31) / 32, doubled_k_blocks, bad,
+              got.size(), ran != path ? " (requested engine cannot run it)" : "");
+  for (void* ptr : {static_cast<void*>(d_x), static_cast<void*>(d_w), static_cast<void*>(d_popc),
+                    static_cast<void*>(d_scale), static_cast<void*>(d_bias), static_cast<void*>(d_thr),
+                    static_cast<void*>(d_flip), static_cast<void*>(d_out)}) {
+    CHECK_CUDA(cudaFree(ptr));
+  }
+  return bad;
+}
+
+// Every epilogue of the doubled product (int32, affine, one and two threshold planes) on every engine.
+long RunDoubledForms(const DoubledCase& dc, KernelPath path) {
+  long failures = 0;
+  for (Epilogue ep : {Epilogue::kInt32, Epilogue::kAffine, Epilogue::kBits}) {
+    failures += RunDoubledCase(dc, ep, path, true) != 0;
+  }
+  failures += RunDoubledCase(dc, Epilogue::kBits, path, true, 2) != 0;
+  return failures;
+}
+
+// One doubled K block and half a block after it (k = 385: the shortest that takes the form), several blocks
+// with a partial last one, M = 1, N across column tiles and past multiples of 32, and enough tiles for the
+// persistent CTAs to take several each.
+std::vector<DoubledCase> DoubledCases() {
+  return {{5, 33, 385}, {129, 257, 1000}, {1, 300, 4096}, {300, 70, 1500}, {1000, 600, 700}, {64, 520, 2049}};
+}
 
 // ---- the residual epilogue (Epilogue::kResidual): stream = (dot >> shift) + shortcut, and its bits ----
 
@@ -564,7 +732,10 @@ LaunchTimes TimeLaunches(Launch launch) {
 // The outputs a timed case writes: the threshold bits, the int32 or int16 dot products, or a residual block's
 // second convolution (stream = dot + a stride-1 shortcut of O channels, and the stream's bits; or a downsampling
 // block's: a stride-2 shortcut of O / 2 channels from an image of twice the height and width).
-enum class TimedOutput { kBits, kInt32, kInt16, kResidual, kResidualInt16, kResidualInt16Stream, kResidualInt16Stride2 };
+// kTwoPlanes: threshold bits of two planes (a ternary output)
+enum class TimedOutput {
+  kBits, kTwoPlanes, kInt32, kInt16, kResidual, kResidualInt16, kResidualInt16Stream, kResidualInt16Stride2
+};
 
 // Times the op of a case (packed in; `output` out) on one engine (TimeLaunches). Operands
 // are random bits (any bits make valid FSB weights). "GB/s": the bytes of integers written and read (the stream
@@ -574,24 +745,27 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path, TimedOutput
   const int row_tiles = (cc.o + 7) / 8, k_tiles = (k_words + 3) / 4;
   const std::vector<uint32_t> x = RandomPacked(static_cast<size_t>(cc.batch) * cc.h * cc.w, cw, cc.c);
   const std::vector<uint32_t> w = RandomPacked(static_cast<size_t>(row_tiles) * k_tiles * 8, 4, 128);
-  const std::vector<int32_t> tap_popc(static_cast<size_t>(taps) * cc.o, cc.c / 2), thr(cc.o, 0);
-  const std::vector<uint8_t> flip(cc.o, 0);
+  const int planes = output == TimedOutput::kTwoPlanes ? 2 : 1;
+  const bool bits_out = output == TimedOutput::kBits || output == TimedOutput::kTwoPlanes;
+  const std::vector<int32_t> tap_popc(static_cast<size_t>(taps) * cc.o, cc.c / 2), thr(planes * cc.o, 0);
+  const std::vector<uint8_t> flip(planes * cc.o, 0);
   BinaryGemmProblem p = ProblemShape(cc);
+  p.planes = planes;
   p.x = ToDevice(x);
   p.w = ToDevice(w);
   p.tap_popc = ToDevice(tap_popc);
-  p.epilogue = output == TimedOutput::kBits    ? Epilogue::kBits
+  p.epilogue = bits_out                       ? Epilogue::kBits
               : output == TimedOutput::kInt32 ? Epilogue::kInt32
               : output == TimedOutput::kInt16 ? Epilogue::kInt16
               : output == TimedOutput::kResidual ? Epilogue::kResidual
                                                  : Epilogue::kResidualInt16;  // with its bits, or the stream alone
   p.threshold = ToDevice(thr);
   p.flip = ToDevice(flip);
-  const size_t bits_bytes = static_cast<size_t>(p.pooled_rows) * ((cc.o + 31) / 32) * 4;
+  const size_t bits_bytes = static_cast<size_t>(p.pooled_rows) * planes * ((cc.o + 31) / 32) * 4;
   const size_t values_bytes = static_cast<size_t>(p.pooled_rows) * cc.o * 4;
   uint32_t *out = nullptr, *bits = nullptr;
   void* shortcut = nullptr;
-  CHECK_CUDA(cudaMalloc(&out, output == TimedOutput::kBits ? bits_bytes : values_bytes));
+  CHECK_CUDA(cudaMalloc(&out, bits_out ? bits_bytes : values_bytes));
   p.out = out;
   jaxbnn::cuda::ResidualOperands r;
   if (jaxbnn::cuda::IsResidual(p.epilogue)) {
@@ -607,7 +781,7 @@ void TimeCase(const char* name, const ConvCase& cc, KernelPath path, TimedOutput
     r.stride = stride;
     r.bits = output == TimedOutput::kResidualInt16Stream ? nullptr : bits;
   }
-  const double int32_bytes = output == TimedOutput::kBits             ? 0.0
+  const double int32_bytes = bits_out                                 ? 0.0
                              : output == TimedOutput::kInt16          ? 0.5 * values_bytes
                              : output == TimedOutput::kInt32          ? 1.0 * values_bytes
                              : output == TimedOutput::kResidualInt16 ||
@@ -641,6 +815,10 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
   };
   for (int s : {1024, 2048, 4096, 8192, 16384}) time("bmm " + std::to_string(s) + "^3", Bmm(s, s, s));
   time("bmm long K", Bmm(128 * 33, 1024, 262144));  // a 128 x 256 mma.sync tile per H100/H200 SM, 256 K blocks
+  // the TBN product of 4096^3 as the ops run it: the two planes side by side (K = 8192), one and two threshold
+  // planes (a binary and a ternary output)
+  time("bmm tbn 4096^3", Bmm(4096, 4096, 8192));
+  time("bmm tbn 4096^3 ternary", Bmm(4096, 4096, 8192), TimedOutput::kTwoPlanes);
   for (int c : {64, 128, 256, 512, 1024, 2048}) {
     time("bconv C=O=" + std::to_string(c), ConvCase{16, 64, 64, c, c, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false});
   }
@@ -1337,6 +1515,18 @@ int main(int argc, char** argv) {
     std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
     return failures ? 1 : 0;
   }
+  if (mode == "--doubled" || mode == "--small-doubled") {  // the doubled K blocks' cases only, on every engine
+    long failures = 0;
+    std::vector<DoubledCase> doubled_cases = DoubledCases();
+    if (mode == "--small-doubled") doubled_cases.resize(2);
+    for (const DoubledCase& dc : doubled_cases) {
+      for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
+        failures += RunDoubledForms(dc, path);
+      }
+    }
+    std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
+    return failures ? 1 : 0;
+  }
   if (mode == "--residual") {  // the residual epilogue's cases only, on every engine
     long failures = 0;
     for (const ResidualCase& rc : ResidualCases()) {
@@ -1359,6 +1549,15 @@ int main(int argc, char** argv) {
   const ConvCase resident_copies[] = {{2, 7, 7, 512, 300, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
                                       {3, 14, 14, 256, 200, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, true}};
   for (const ConvCase& cc : resident_copies) cases.push_back(cc);
+  // Reductions past the threshold epilogue's paired bounds (kPairedBoundsMaxK) where nothing is corrected for the
+  // border: BMMs of 8192, 9000, 16383 and 16384 bits, N whole words or not, and convolutions that pad nothing
+  // (9000, 9216 pooled) or pad with ones (13500).
+  const std::vector<ConvCase> unbordered_long = {Bmm(77, 320, 8192), Bmm(33, 64, 16383), Bmm(20, 64, 16384),
+                                                  Bmm(9, 300, 9000),
+                                                  {2, 9, 9, 1000, 96, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, false},
+                                                  {2, 8, 8, 1024, 64, 3, 3, 1, 1, 0, 0, 0, 0, 2, 2, false},
+                                                  {2, 8, 8, 1500, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true}};
+  cases.insert(cases.end(), unbordered_long.begin(), unbordered_long.end());
   // Two threshold planes on every engine, over a subset that adds about a quarter to the bits cases' run time:
   // every BMM (M = 1, N past multiples of 32 and over several column tiles, persistent CTAs), both paddings,
   // 1x1 to 15x15 filters, stride 2, pools (2x2, 3x3, 2x1, past 128 columns), N <= 64, <= 128 and > 256,
@@ -1371,15 +1570,18 @@ int main(int argc, char** argv) {
                 73, 75, 79, 82, 85, 86, 87, 88, 89, 90, 92, 95, 96, 97, 99, 102, 104, 105, 106}) {
     two_planes.push_back(cases[i]);
   }
+  two_planes.insert(two_planes.end(), unbordered_long.begin(), unbordered_long.end());
   if (small) {
     // pooled, unpooled 3x3 with "zero" padding, the unpaired bounds (k_real 12544), dense taps, a BMM
-    two_planes = {Bmm(129, 257, 1000), cases[10], cases[14], cases[17], cases[70]};
+    two_planes = {Bmm(129, 257, 1000), cases[10], cases[14], cases[17], cases[70], unbordered_long[0]};
     cases = {Bmm(5, 33, 31), Bmm(129, 257, 1000), cases[10], cases[12], cases[14], cases[17], cases[21], cases[23],
              cases[28], cases[31], cases[32], cases[35], cases[38], cases[42], cases[43], cases[46], cases[49],
              cases[52], cases[56], cases[59], cases[60], cases[62], cases[66], cases[67], cases[68], cases[70],
              cases[73], cases[74], cases[75], cases[79], cases[80], cases[85], cases[89],
              cases[94], cases[95]};
     for (const ConvCase& cc : resident_copies) cases.push_back(cc);
+    cases.push_back(unbordered_long[0]);
+    cases.push_back(unbordered_long[4]);
     const std::vector<ConvCase> whole_words = WholeWordDenseTapCases();
     cases.push_back(whole_words[0]);
     cases.push_back(whole_words[2]);
@@ -1409,6 +1611,13 @@ int main(int argc, char** argv) {
     for (const ResidualCase& rc : residual_cases) {
       for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
         failures += RunResidualForms(rc, path);
+      }
+    }
+    std::vector<DoubledCase> doubled_cases = DoubledCases();
+    if (small) doubled_cases.resize(2);
+    for (const DoubledCase& dc : doubled_cases) {
+      for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
+        failures += RunDoubledForms(dc, path);
       }
     }
   }
