@@ -56,7 +56,9 @@ def _epilogue_operands(rng, n, k_real, kind):
         bias = rng.uniform(-2, 2, n).astype(np.float32)
         return dict(scale=scale, bias=bias), [scale, bias]
     if kind == "bits":
-        threshold = rng.integers(-(k_real // 4) - 2, k_real // 4 + 3, n).astype(np.int32)
+        # where the dot products lie: a few standard deviations (sqrt(k_real)), at most k_real / 4
+        spread = min(k_real // 4, 4 * int(np.sqrt(k_real))) + 2
+        threshold = rng.integers(-spread, spread + 1, n).astype(np.int32)
         flip = rng.integers(0, 2, n).astype(bool)
         return dict(threshold=threshold, flip=flip), [threshold, flip.astype(np.uint8)]
     return {}, []
@@ -85,9 +87,10 @@ def _check_against_cpu_handler(target, result, operands, attrs, got):
 
 # Small grids (N > 128 over few row tiles: the wgmma engine's 128-column tiles, the last one partial; a batch-8
 # fully connected layer whose 256-column tiles' weights would not fit in shared memory), and one of enough row
-# tiles to keep 256-column tiles on an H100 / H200 (9000 rows)
+# tiles to keep 256-column tiles on an H100 / H200 (9000 rows); reductions of 8192 (N ending inside a word),
+# 16383 and 16384 bits
 BMM_SHAPES = [(1, 3, 100), (5, 33, 31), (1, 1, 1), (129, 257, 1000), (64, 64, 128), (300, 520, 2144), (17, 300, 4096),
-              (8, 1000, 8192), (9000, 300, 1000)]
+              (8, 1000, 8192), (9000, 300, 1000), (40, 320, 16383), (20, 64, 16384)]
 
 
 @pytest.mark.parametrize("kind", EPILOGUES)
@@ -798,7 +801,8 @@ def _ternary_operands(rng, mode, x_shape, w_shape):
 
 
 def _ternary_epilogues(rng, n, k):
-    threshold = rng.integers(-(k // 4) - 2, k // 4 + 3, (2, n)).astype(np.int32)
+    spread = min(k // 4, 3 * int(np.sqrt(k))) + 2  # where the dot products lie: a few standard deviations
+    threshold = rng.integers(-spread, spread + 1, (2, n)).astype(np.int32)
     flip = rng.integers(0, 2, (2, n)).astype(bool)
     return [dict(), dict(scale=rng.uniform(-2, 2, n).astype(np.float32), bias=rng.uniform(-2, 2, n).astype(np.float32)),
             dict(threshold=threshold[0], flip=flip[0]), dict(threshold=threshold, flip=flip)]
