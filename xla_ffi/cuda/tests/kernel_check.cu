@@ -228,6 +228,66 @@ std::vector<uint32_t> StoredInput(const ConvCase& cc, const std::vector<uint32_t
   return stored;
 }
 
+// The host operands of one launch of LaunchBinaryGemm (the input words as they lie in memory, FSB weights,
+// popcounts, epilogue terms).
+struct HostOperands {
+  std::vector<uint32_t> x, fsb;
+  std::vector<int32_t> popcount;
+  std::vector<float> scale, bias;
+  std::vector<int32_t> threshold;
+  std::vector<uint8_t> flip;
+};
+
+// Runs `p` (its shape and epilogue set; the operand pointers filled here) on engine `path` into a poisoned
+// output of want.size() words; returns the number of words that differ from `want`, the engine in `ran`.
+long RunProblem(BinaryGemmProblem p, const HostOperands& h, const std::vector<uint32_t>& want, KernelPath path,
+                bool verbose, KernelPath& ran) {
+  uint32_t* d_x = ToDevice(h.x);
+  uint32_t* d_w = ToDevice(h.fsb);
+  int32_t* d_popc = ToDevice(h.popcount);
+  float* d_scale = ToDevice(h.scale);
+  float* d_bias = ToDevice(h.bias);
+  int32_t* d_thr = ToDevice(h.threshold);
+  uint8_t* d_flip = ToDevice(h.flip);
+  uint32_t* d_out = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_out, std::max<size_t>(want.size(), 1) * 4));
+  CHECK_CUDA(cudaMemset(d_out, 0xA5, std::max<size_t>(want.size(), 1) * 4));  // poison: unwritten words show
+  p.x = d_x;
+  p.w = d_w;
+  p.tap_popc = d_popc;
+  p.scale = d_scale;
+  p.bias = d_bias;
+  p.threshold = d_thr;
+  p.flip = d_flip;
+  p.out = d_out;
+  CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, &ran));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<uint32_t> got(want.size());
+  if (!got.empty()) CHECK_CUDA(cudaMemcpy(got.data(), d_out, got.size() * 4, cudaMemcpyDeviceToHost));
+  long bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) {
+      if (bad < 3 && verbose) std::printf("    word %zu: got %08x want %08x\n", i, got[i], want[i]);
+      ++bad;
+    }
+  }
+  for (void* ptr : {static_cast<void*>(d_x), static_cast<void*>(d_w), static_cast<void*>(d_popc),
+                    static_cast<void*>(d_scale), static_cast<void*>(d_bias), static_cast<void*>(d_thr),
+                    static_cast<void*>(d_flip), static_cast<void*>(d_out)}) {
+    CHECK_CUDA(cudaFree(ptr));
+  }
+  return bad;
+}
+
+// The name of an epilogue in the harness's lines.
+std::string EpilogueName(Epilogue ep, int planes) {
+  return ep == Epilogue::kInt32    ? "i32"
+         : ep == Epilogue::kInt16  ? "i16"
+         : ep == Epilogue::kAffine ? "f32"
+         : planes > 1              ? "bits" + std::to_string(planes)
+                                   : "bits";
+}
+
 // Runs one case on one engine; returns the number of wrong output words. `planes`: Epilogue::kBits' threshold
 // planes (BinaryGemmProblem::planes).
 long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose, int planes = 1) {
@@ -266,54 +326,17 @@ long RunCase(const ConvCase& cc, Epilogue ep, KernelPath path, bool verbose, int
   const std::vector<uint32_t> want =
       ReferenceOutput(cc, ep, x, wrows, tap_popc, scale, bias, threshold, flip, planes);
 
-  uint32_t* d_x = ToDevice(StoredInput(cc, x));
-  uint32_t* d_w = ToDevice(fsb);
-  int32_t* d_tp = ToDevice(tap_popc);
-  float* d_scale = ToDevice(scale);
-  float* d_bias = ToDevice(bias);
-  int32_t* d_thr = ToDevice(threshold);
-  uint8_t* d_flip = ToDevice(flip);
-  uint32_t* d_out = nullptr;
-  CHECK_CUDA(cudaMalloc(&d_out, std::max<size_t>(want.size(), 1) * 4));
-  CHECK_CUDA(cudaMemset(d_out, 0xA5, std::max<size_t>(want.size(), 1) * 4));  // poison: unwritten words show
-
   BinaryGemmProblem p = ProblemShape(cc);
-  p.x = d_x;
-  p.w = d_w;
-  p.tap_popc = d_tp;
   p.epilogue = ep;
-  p.scale = d_scale;
-  p.bias = d_bias;
-  p.threshold = d_thr;
-  p.flip = d_flip;
   p.planes = planes;
-  p.out = d_out;
   KernelPath ran;
-  CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, &ran));
-  CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<uint32_t> got(want.size());
-  if (!got.empty()) CHECK_CUDA(cudaMemcpy(got.data(), d_out, got.size() * 4, cudaMemcpyDeviceToHost));
-  long bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (got[i] != want[i]) {
-      if (bad < 3 && verbose) std::printf("    word %zu: got %08x want %08x\n", i, got[i], want[i]);
-      ++bad;
-    }
-  }
-  const std::string ep_name = ep == Epilogue::kInt32    ? "i32"
-                             : ep == Epilogue::kInt16  ? "i16"
-                             : ep == Epilogue::kAffine ? "f32"
-                             : planes > 1              ? "bits" + std::to_string(planes)
-                                                       : "bits";
+  const long bad = RunProblem(p, {StoredInput(cc, x), fsb, tap_popc, scale, bias, threshold, flip}, want, path,
+                              verbose, ran);
   std::printf("%-8s %-5s B%d %dx%d c%d%s o%d k%dx%d s%d,%d pad(%d,%d,%d,%d)%s pool%dx%d: %ld / %zu wrong%s\n",
-              PathName(ran), ep_name.c_str(), cc.batch, cc.h, cc.w, cc.c, cc.x_repeats > 1 ? " (read twice)" : "",
-              cc.o, cc.kh, cc.kw, cc.sh, cc.sw, cc.pt, cc.pb, cc.pl, cc.pr, cc.pad_one ? " one" : " zero", cc.ph, cc.pw,
-              bad, got.size(), ran != path ? " (requested engine cannot run it)" : "");
-  for (void* ptr : {static_cast<void*>(d_x), static_cast<void*>(d_w), static_cast<void*>(d_tp),
-                    static_cast<void*>(d_scale), static_cast<void*>(d_bias), static_cast<void*>(d_thr),
-                    static_cast<void*>(d_flip), static_cast<void*>(d_out)}) {
-    CHECK_CUDA(cudaFree(ptr));
-  }
+              PathName(ran), EpilogueName(ep, planes).c_str(), cc.batch, cc.h, cc.w, cc.c,
+              cc.x_repeats > 1 ? " (read twice)" : "", cc.o, cc.kh, cc.kw, cc.sh, cc.sw, cc.pt, cc.pb, cc.pl, cc.pr,
+              cc.pad_one ? " one" : " zero", cc.ph, cc.pw, bad, want.size(),
+              ran != path ? " (requested engine cannot run it)" : "");
   return bad;
 }
 
@@ -416,53 +439,16 @@ long RunDoubledCase(const DoubledCase& dc, Epilogue ep, KernelPath path, bool ve
     }
   }
 
-  uint32_t* d_x = ToDevice(x);
-  uint32_t* d_w = ToDevice(fsb);
-  int32_t* d_popc = ToDevice(popcount);
-  float* d_scale = ToDevice(scale);
-  float* d_bias = ToDevice(bias);
-  int32_t* d_thr = ToDevice(threshold);
-  uint8_t* d_flip = ToDevice(flip);
-  uint32_t* d_out = nullptr;
-  CHECK_CUDA(cudaMalloc(&d_out, std::max<size_t>(want.size(), 1) * 4));
-  CHECK_CUDA(cudaMemset(d_out, 0xA5, std::max<size_t>(want.size(), 1) * 4));  // poison: unwritten words show
   BinaryGemmProblem p = ProblemShape(Bmm(dc.m, dc.n, k_bits));
   p.k_real = k_real;
   p.doubled_k_blocks = doubled_k_blocks;
-  p.x = d_x;
-  p.w = d_w;
-  p.tap_popc = d_popc;
   p.epilogue = ep;
-  p.scale = d_scale;
-  p.bias = d_bias;
-  p.threshold = d_thr;
-  p.flip = d_flip;
   p.planes = planes;
-  p.out = d_out;
   KernelPath ran;
-  CHECK_CUDA(jaxbnn::cuda::LaunchBinaryGemm(p, path, nullptr, &ran));
-  CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<uint32_t> got(want.size());
-  if (!got.empty()) CHECK_CUDA(cudaMemcpy(got.data(), d_out, got.size() * 4, cudaMemcpyDeviceToHost));
-  long bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (got[i] != want[i]) {
-      if (bad < 3 && verbose) std::printf("    word %zu: got %08x want %08x\n", i, got[i], want[i]);
-      ++bad;
-    }
-  }
-  const std::string ep_name = ep == Epilogue::kInt32    ? "i32"
-                             : ep == Epilogue::kAffine ? "f32"
-                             : planes > 1              ? "bits" + std::to_string(planes)
-                                                       : "bits";
+  const long bad = RunProblem(p, {x, fsb, popcount, scale, bias, threshold, flip}, want, path, verbose, ran);
   std::printf("%-8s %-5s doubled: ternary %dx%d . %dx%d, %d K blocks of %d doubled: %ld / %zu wrong%s\n",
-              PathName(ran), ep_name.c_str(), dc.m, dc.k, dc.n, dc.k, (k_words + 31) / 32, doubled_k_blocks, bad,
-              got.size(), ran != path ? " (requested engine cannot run it)" : "");
-  for (void* ptr : {static_cast<void*>(d_x), static_cast<void*>(d_w), static_cast<void*>(d_popc),
-                    static_cast<void*>(d_scale), static_cast<void*>(d_bias), static_cast<void*>(d_thr),
-                    static_cast<void*>(d_flip), static_cast<void*>(d_out)}) {
-    CHECK_CUDA(cudaFree(ptr));
-  }
+              PathName(ran), EpilogueName(ep, planes).c_str(), dc.m, dc.k, dc.n, dc.k, (k_words + 31) / 32,
+              doubled_k_blocks, bad, want.size(), ran != path ? " (requested engine cannot run it)" : "");
   return bad;
 }
 
