@@ -237,6 +237,7 @@ struct MmaSyncEngine {
           } else {
 #pragma unroll
             for (int nf = 0; nf < kFrags; ++nf) {
+              if (col0 + warp_col + nf * 8 >= p.n) break;  // the same for the whole warp
               const int col = col0 + warp_col + nf * 8 + 2 * t;
               if (col < p.n) StoreInt16Pair(p, row, col, value(nf, 0), value(nf, 1));
             }
@@ -244,6 +245,7 @@ struct MmaSyncEngine {
         } else {
 #pragma unroll
           for (int nf = 0; nf < kFrags; ++nf) {
+            if (col0 + warp_col + nf * 8 >= p.n) break;  // the same for the whole warp (as StoreValueRows)
             const int lc = warp_col + nf * 8 + 2 * t, col = col0 + lc;
             if (col >= p.n) continue;
             int d0 = 4 * acc.v[mf][nf][2 * h] + v0 - 2 * cols.popc_b[lc];

@@ -503,6 +503,10 @@ __device__ __forceinline__ void StoreValueRows(const BinaryGemmProblem& p, const
     } else {
 #pragma unroll
       for (int j = 0; j < kAcc / 4; ++j) {
+        // Leaving at the first fragment past N (the same for the whole quad) skips the rest of the unrolled
+        // fragments' code; stepping through it, a 10-column classifier's one-tile CTAs fetched all of it cold
+        // (ncu: "no instruction" stalls).
+        if (col0 + 8 * j >= p.n) break;
         const int lc = 8 * j + 2 * t, col = col0 + lc;
         if (col >= p.n) continue;
         const int2 d = values(j);
