@@ -129,6 +129,21 @@ def test_bmm_every_tier_matches_reference(isa, m, k, n, tile):
     assert_all_epilogues(run, want, epilogue_operands(rng, want))
 
 
+@pytest.mark.parametrize("k", [4096, 8392])  # 32 chunks of 128 bits, unmasked; 66 chunks, the last one masked
+def test_bmm_extreme_dots_over_long_reductions(isa, k):
+    """Rows equal to every column and rows opposite to it: every bit of the reduction agrees or differs, the
+    counts the kernels' partial sums must hold without wrapping (dots of exactly +k and -k)."""
+    rng = np.random.default_rng(k)
+    w_signs = signs(rng, (16, k))
+    a_signs = np.concatenate([w_signs[:3], -w_signs[3:6]])
+    rows = ops.pack_bits(w_signs)
+    want = (a_signs @ w_signs.T).astype(np.int32)
+    assert (np.diag(want[:3]) == k).all() and (np.diag(want[3:, 3:]) == -k).all()
+    got = jax.jit(lambda a, b: ops.bmm(a, b, k, n=16, b_popcount=formats.popcount(rows)))(
+        ops.pack_bits(a_signs), formats.to_fsb(rows, (8, 128)))
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
 @pytest.mark.parametrize("k", [165, 96])  # padding bits in the last word; whole padding words in the last chunk
 def test_bmm_ignores_garbage_in_padding_bits(isa, k):
     """Padding bits are 0 by the format; the kernels mask them anyway, so garbage cannot leak in."""

@@ -142,6 +142,21 @@ def test_bmm_every_tier_matches_reference(isa, mode, m, k, n, tile):
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("k", [4096, 8392])  # 32 chunks of 128 bits; 66 chunks, the last one partly padding
+def test_bmm_extreme_dots_over_long_reductions(isa, mode, k):
+    """Activations equal to a weight column and opposite to it, no zeros: every position of the reduction
+    counts in the same direction, the counts the kernels' partial sums must hold without wrapping (+k, -k)."""
+    rng = np.random.default_rng(k)
+    w = signs(rng, (k, 16))  # ternary weights without zeros where the mode has them
+    x = np.concatenate([w[:, :3].T, -w[:, 3:6].T])
+    packed_x = formats.pack_ternary_pm_planes(x) if mode in ("tnn", "tbn") else ops.pack_bits(x)
+    packed_w = formats.pack_ternary_dense_weights(w) if mode in ("tnn", "btn") else formats.pack_dense_weights(w)
+    want = (x @ w).astype(np.int32)
+    assert (np.diag(want[:3]) == k).all() and (np.diag(want[3:, 3:]) == -k).all()
+    np.testing.assert_array_equal(np.asarray(jax.jit(ops.bmm)(packed_x, packed_w)), want)
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_bmm_batch_dims_fold_and_vmap(mode):
     rng = np.random.default_rng(1)
     a, a_values, w, w_values = operands(rng, mode, (2, 3, 11, 90), (90, 21), conv=False)

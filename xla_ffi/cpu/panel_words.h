@@ -31,8 +31,8 @@ inline uint64_t Load64(const uint32_t* p) {
 }
 
 #ifdef JAXBNN_X86
-// AVX2 has no vector popcount: bytes are counted with the nibble lookup table (pshufb); callers sum them
-// into 64-bit lanes with psadbw.
+// AVX2 has no vector popcount: bytes are counted with the nibble lookup table (pshufb); callers sum them in
+// byte lanes, then into 64-bit lanes with psadbw.
 JAXBNN_TARGET_AVX2 inline __m256i ByteCountsAvx2(__m256i v) {
   const __m256i table = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2, 1, 2, 2, 3,
                                          1, 2, 2, 3, 2, 3, 3, 4);
@@ -40,6 +40,24 @@ JAXBNN_TARGET_AVX2 inline __m256i ByteCountsAvx2(__m256i v) {
   __m256i low = _mm256_and_si256(v, low_nibbles);
   __m256i high = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
   return _mm256_add_epi8(_mm256_shuffle_epi8(table, low), _mm256_shuffle_epi8(table, high));
+}
+
+// Byte counts are summed in byte lanes over at most this many chunks (each adds at most 8 to a byte: 31 * 8 =
+// 248 cannot wrap), then into 64-bit lanes with psadbw: per 256 bits the two lookups and their adds, not a
+// psadbw and a 64-bit add each as well.
+inline constexpr int64_t kAvx2ByteChunks = 31;
+
+// The eight column sums of a tile row from the 64-bit lane sums of its four registers (register q: lanes 0, 1
+// column 2q, lanes 2, 3 column 2q + 1), as 32-bit lanes in column order (every sum fits 32 bits).
+JAXBNN_TARGET_AVX2 inline __m256i ColumnSumsAvx2(const __m256i (&total)[4]) {
+  // [c0, c2, c1, c3] and [c4, c6, c5, c7] as 64-bit sums
+  const __m256i low =
+      _mm256_add_epi64(_mm256_unpacklo_epi64(total[0], total[1]), _mm256_unpackhi_epi64(total[0], total[1]));
+  const __m256i high =
+      _mm256_add_epi64(_mm256_unpacklo_epi64(total[2], total[3]), _mm256_unpackhi_epi64(total[2], total[3]));
+  // 32-bit lanes [c0, c4, c2, c6, c1, c5, c3, c7], then in column order
+  const __m256i both = _mm256_blend_epi32(low, _mm256_slli_epi64(high, 32), 0xaa);
+  return _mm256_permutevar8x32_epi32(both, _mm256_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7));
 }
 #endif
 

@@ -64,41 +64,79 @@ JAXBNN_SCALAR_PANEL(PanelPopcnt, JAXBNN_TARGET_POPCNT)
 
 #ifdef JAXBNN_X86
 
+// How the vector kernels apply the weight mask: not at all (every bit counts), on every chunk, or on the last
+// chunk only (the reduction fills whole words of whole 32-bit runs, and only its last chunk has padding
+// words), then with both of that chunk's 64-bit halves or, where the second is all padding, with the first.
+enum AvxMask { kNoMask, kEveryChunk, kLastHalf, kLastChunk };
+
+// Which AvxMask a panel's weight mask needs.
+AvxMask MaskUseOf(const PackedPanel& panel) {
+  if (panel.weight_mask == nullptr) return kNoMask;
+  const uint32_t* last = panel.weight_mask + (panel.chunks - 1) * kChunkWords;
+  for (const uint32_t* word = panel.weight_mask; word < last; ++word) {
+    if (*word != ~0u) return kEveryChunk;
+  }
+  return last[2] == 0 && last[3] == 0 ? kLastHalf : kLastChunk;
+}
+
 // AVX2: a tile chunk is four 256-bit registers (tile rows 2q, 2q+1 in register q); a panel chunk is
-// broadcast to both 128-bit lanes. Bytes are counted (ByteCountsAvx2) and summed into 64-bit lanes with
-// psadbw.
-JAXBNN_TARGET_AVX2 void PanelAvx2(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles,
-                                  int32_t* dots, int64_t stride) {
+// broadcast to both 128-bit lanes. Bytes are counted (ByteCountsAvx2) and summed in byte lanes over up to
+// kAvx2ByteChunks chunks, then into 64-bit lanes with psadbw. The weight mask is applied only to the chunks
+// that have padding (MaskUseOf).
+
+// Adds chunk j of panel row x against a tile row's chunk to the byte counts of its four registers.
+template <bool kMasked>
+JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void AddChunkAvx2(const uint32_t* x, const uint32_t* tile_row,
+                                                                            const uint32_t* mask, int64_t j,
+                                                                            __m256i (&bytes)[4]) {
+  const uint32_t* w = tile_row + j * kTileChunkWords;
+  const __m256i xj =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j * kGroupChunkWords)));
+  [[maybe_unused]] __m256i mj;
+  if constexpr (kMasked) {
+    mj = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mask + j * kChunkWords)));
+  }
+  for (int q = 0; q < 4; ++q) {
+    __m256i bits = _mm256_xor_si256(xj, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * q)));
+    if constexpr (kMasked) bits = _mm256_and_si256(bits, mj);
+    bytes[q] = _mm256_add_epi8(bytes[q], ByteCountsAvx2(bits));
+  }
+}
+
+// kMask: kNoMask, kEveryChunk, or kLastChunk (the last chunk alone masked; kLastHalf runs as it).
+template <AvxMask kMask>
+JAXBNN_TARGET_AVX2 void PanelAvx2Masked(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles,
+                                        int32_t* dots, int64_t stride) {
   const __m256i zero = _mm256_setzero_si256();
-  const __m256i all_ones = _mm256_set1_epi32(-1);
-  const int64_t chunks = panel.chunks;
+  const int64_t chunks = panel.chunks, body = kMask == kLastChunk ? chunks - 1 : chunks;
   for (int64_t r = 0; r < panel.rows; ++r) {
     const uint32_t* x = PanelRow(panel, r);
     for (int64_t t = 0; t < tiles; ++t) {
       const uint32_t* tile_row = tile_rows + t * chunks * kTileChunkWords;
-      __m256i acc[4] = {zero, zero, zero, zero};
-      for (int64_t j = 0; j < chunks; ++j) {
-        const uint32_t* w = tile_row + j * kTileChunkWords;
-        const __m256i xj = _mm256_broadcastsi128_si256(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j * kGroupChunkWords)));
-        const __m256i mj = panel.weight_mask == nullptr
-                               ? all_ones
-                               : _mm256_broadcastsi128_si256(_mm_loadu_si128(
-                                     reinterpret_cast<const __m128i*>(panel.weight_mask + j * kChunkWords)));
-        for (int q = 0; q < 4; ++q) {
-          const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * q));
-          const __m256i bits = _mm256_and_si256(_mm256_xor_si256(xj, wq), mj);
-          acc[q] = _mm256_add_epi64(acc[q], _mm256_sad_epu8(ByteCountsAvx2(bits), zero));
+      __m256i total[4] = {zero, zero, zero, zero};
+      for (int64_t j0 = 0; j0 < chunks; j0 += kAvx2ByteChunks) {
+        const int64_t j1 = std::min(chunks, j0 + kAvx2ByteChunks);
+        __m256i bytes[4] = {zero, zero, zero, zero};
+        for (int64_t j = j0; j < std::min(j1, body); ++j) {
+          AddChunkAvx2<kMask == kEveryChunk>(x, tile_row, panel.weight_mask, j, bytes);
         }
+        if (j1 > body) AddChunkAvx2<true>(x, tile_row, panel.weight_mask, body, bytes);
+        for (int q = 0; q < 4; ++q) total[q] = _mm256_add_epi64(total[q], _mm256_sad_epu8(bytes[q], zero));
       }
-      for (int q = 0; q < 4; ++q) {
-        alignas(32) uint64_t lanes[4];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[q]);
-        dots[r * stride + t * kTileRows + 2 * q] = panel.k_valid[r] - 2 * static_cast<int32_t>(lanes[0] + lanes[1]);
-        dots[r * stride + t * kTileRows + 2 * q + 1] =
-            panel.k_valid[r] - 2 * static_cast<int32_t>(lanes[2] + lanes[3]);
-      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dots + r * stride + t * kTileRows),
+                          _mm256_sub_epi32(_mm256_set1_epi32(panel.k_valid[r]),
+                                           _mm256_slli_epi32(ColumnSumsAvx2(total), 1)));
     }
+  }
+}
+
+JAXBNN_TARGET_AVX2 void PanelAvx2(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles,
+                                  int32_t* dots, int64_t stride) {
+  switch (MaskUseOf(panel)) {
+    case kNoMask: return PanelAvx2Masked<kNoMask>(panel, tile_rows, tiles, dots, stride);
+    case kEveryChunk: return PanelAvx2Masked<kEveryChunk>(panel, tile_rows, tiles, dots, stride);
+    case kLastHalf:
+    case kLastChunk: return PanelAvx2Masked<kLastChunk>(panel, tile_rows, tiles, dots, stride);
   }
 }
 
@@ -109,11 +147,6 @@ JAXBNN_TARGET_AVX2 void PanelAvx2(const PackedPanel& panel, const uint32_t* tile
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
-
-// How the AVX-512 kernel applies the weight mask: not at all (every bit counts), on every chunk, or on the last
-// chunk only (the reduction fills whole words of whole 32-bit runs, and only its last chunk has padding
-// words), then with both of that chunk's 64-bit halves or, where the second is all padding, with the first.
-enum AvxMask { kNoMask, kEveryChunk, kLastHalf, kLastChunk };
 
 // AVX-512 VPOPCNTDQ, one register block: kRows panel rows x kTiles tile rows (8 output columns each). The
 // two 64-bit halves of a tile chunk are regrouped into one register per half (8 columns x 64 bits), so
@@ -216,16 +249,6 @@ void PanelAvx512Masked(const PackedPanel& panel, const uint32_t* tile_rows, int6
     PanelGroupsAvx512<2, kMask>(panel, tile_rows + t * tile_row_words, dots + t * kTileRows, stride);
   }
   if (t < tiles) PanelGroupsAvx512<1, kMask>(panel, tile_rows + t * tile_row_words, dots + t * kTileRows, stride);
-}
-
-// Which AvxMask a panel's weight mask needs.
-AvxMask MaskUseOf(const PackedPanel& panel) {
-  if (panel.weight_mask == nullptr) return kNoMask;
-  const uint32_t* last = panel.weight_mask + (panel.chunks - 1) * kChunkWords;
-  for (const uint32_t* word = panel.weight_mask; word < last; ++word) {
-    if (*word != ~0u) return kEveryChunk;
-  }
-  return last[2] == 0 && last[3] == 0 ? kLastHalf : kLastChunk;
 }
 
 void PanelAvx512(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* dots,

@@ -83,14 +83,14 @@ JAXBNN_SCALAR_MIXED(MixedPopcnt, JAXBNN_TARGET_POPCNT)
 #ifdef JAXBNN_X86
 
 // AVX2: a tile chunk is four 256-bit registers (tile rows 2q, 2q+1 in register q); a panel chunk is
-// broadcast to both 128-bit lanes. Bytes are counted (ByteCountsAvx2) and summed into 64-bit lanes with
-// psadbw.
+// broadcast to both 128-bit lanes. Bytes are counted (ByteCountsAvx2) and summed in byte lanes over up to
+// kAvx2ByteChunks chunks, then into 64-bit lanes with psadbw.
 JAXBNN_TARGET_AVX2 inline __m256i Broadcast128(const uint32_t* p) {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-JAXBNN_TARGET_AVX2 inline __m256i SumBytes(__m256i acc, __m256i bits) {
-  return _mm256_add_epi64(acc, _mm256_sad_epu8(ByteCountsAvx2(bits), _mm256_setzero_si256()));
+JAXBNN_TARGET_AVX2 inline __m256i AddByteCounts(__m256i bytes, __m256i bits) {
+  return _mm256_add_epi8(bytes, ByteCountsAvx2(bits));
 }
 
 template <Mix kMix>
@@ -103,41 +103,47 @@ JAXBNN_TARGET_AVX2 void MixedAvx2(const MixedPanel& panel, const MixedWeights& w
     const uint32_t* x = PanelRowWords<kMix>(panel, r);
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t tile_row = t * chunks * kTileChunkWords;
-      __m256i plus[4] = {zero, zero, zero, zero}, gated[4] = {zero, zero, zero, zero};
-      for (int64_t j = 0; j < chunks; ++j) {
-        const uint32_t* xj = x + j * GroupChunkWords<kMix>();
-        const __m256i x0 = Broadcast128(xj);
-        const __m256i x1 = kPlanes == 2 ? Broadcast128(xj + kChunkWords) : zero;
-        const __m256i m = TernaryWeights(kMix) ? Broadcast128(w.mask + j * kChunkWords) : zero;
-        for (int q = 0; q < 4; ++q) {
-          const int64_t at = tile_row + j * kTileChunkWords + 8 * q;
-          const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.nonneg + at));
-          if constexpr (kMix == Mix::kTbn) {
-            gated[q] = SumBytes(gated[q], _mm256_and_si256(_mm256_xor_si256(x0, w0), x1));
-          } else {
-            const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.pos + at));
-            const __m256i z = _mm256_andnot_si256(_mm256_xor_si256(w0, w1), m);
-            if constexpr (kMix == Mix::kTnn) {
-              const __m256i g = _mm256_and_si256(z, x1);
-              plus[q] = SumBytes(plus[q], g);
-              gated[q] = SumBytes(gated[q], _mm256_and_si256(_mm256_xor_si256(x0, w1), g));
+      __m256i plus_total[4] = {zero, zero, zero, zero}, gated_total[4] = {zero, zero, zero, zero};
+      for (int64_t j0 = 0; j0 < chunks; j0 += kAvx2ByteChunks) {
+        const int64_t j1 = std::min(chunks, j0 + kAvx2ByteChunks);
+        __m256i plus[4] = {zero, zero, zero, zero}, gated[4] = {zero, zero, zero, zero};
+        for (int64_t j = j0; j < j1; ++j) {
+          const uint32_t* xj = x + j * GroupChunkWords<kMix>();
+          const __m256i x0 = Broadcast128(xj);
+          const __m256i x1 = kPlanes == 2 ? Broadcast128(xj + kChunkWords) : zero;
+          const __m256i m = TernaryWeights(kMix) ? Broadcast128(w.mask + j * kChunkWords) : zero;
+          for (int q = 0; q < 4; ++q) {
+            const int64_t at = tile_row + j * kTileChunkWords + 8 * q;
+            const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.nonneg + at));
+            if constexpr (kMix == Mix::kTbn) {
+              gated[q] = AddByteCounts(gated[q], _mm256_and_si256(_mm256_xor_si256(x0, w0), x1));
             } else {
-              gated[q] = SumBytes(gated[q], _mm256_and_si256(_mm256_xor_si256(x0, w1), z));
+              const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.pos + at));
+              const __m256i z = _mm256_andnot_si256(_mm256_xor_si256(w0, w1), m);
+              if constexpr (kMix == Mix::kTnn) {
+                const __m256i g = _mm256_and_si256(z, x1);
+                plus[q] = AddByteCounts(plus[q], g);
+                gated[q] = AddByteCounts(gated[q], _mm256_and_si256(_mm256_xor_si256(x0, w1), g));
+              } else {
+                gated[q] = AddByteCounts(gated[q], _mm256_and_si256(_mm256_xor_si256(x0, w1), z));
+              }
             }
           }
         }
-      }
-      for (int q = 0; q < 4; ++q) {
-        alignas(32) uint64_t p[4], g[4];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(p), plus[q]);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(g), gated[q]);
-        for (int half = 0; half < 2; ++half) {
-          const int64_t c = t * kTileRows + 2 * q + half;
-          dots[r * stride + c] = panel.row_term[r] + w.col_term[c] +
-                                 static_cast<int32_t>(p[2 * half] + p[2 * half + 1]) -
-                                 2 * static_cast<int32_t>(g[2 * half] + g[2 * half + 1]);
+        for (int q = 0; q < 4; ++q) {
+          if constexpr (kMix == Mix::kTnn) {
+            plus_total[q] = _mm256_add_epi64(plus_total[q], _mm256_sad_epu8(plus[q], zero));
+          }
+          gated_total[q] = _mm256_add_epi64(gated_total[q], _mm256_sad_epu8(gated[q], zero));
         }
       }
+      // row_term + col_term + plus - 2 gated, the tile row's eight columns at once
+      const int64_t c0 = t * kTileRows;
+      __m256i out = _mm256_add_epi32(_mm256_set1_epi32(panel.row_term[r]),
+                                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.col_term + c0)));
+      if constexpr (kMix == Mix::kTnn) out = _mm256_add_epi32(out, ColumnSumsAvx2(plus_total));
+      out = _mm256_sub_epi32(out, _mm256_slli_epi32(ColumnSumsAvx2(gated_total), 1));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dots + r * stride + c0), out);
     }
   }
 }
