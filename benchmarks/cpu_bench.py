@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import results_file
-from jaxbnn import _cpu, formats, ops
+from jaxbnn import formats, ops
 
 BMM_SIZES = [128, 256, 512, 1024, 2048, 4096]  # TCBNN's square BMM sizes: M = N = K
 # ResNet-18 3x3 convolutions (stride 1, SAME): (batch, height/width, in channels, out channels)
@@ -192,7 +192,7 @@ def mode_sweep():
 
 
 def machine_description():
-    return f"{results_file.cpu_model()}, {os.cpu_count()} cores, kernel tier {_cpu.active_isa()}"
+    return f"{results_file.cpu_model()}, {os.cpu_count()} cores, kernel tier {results_file.cpu_tier()}"
 
 
 def table(rows):
@@ -287,7 +287,7 @@ def main():
         print()
         print(body)
         if args.out != "-":
-            results_file.write_section(out, MODES_SECTION, body, f"{results_file.cpu_model()}, {os.cpu_count()} cores")
+            results_file.write_section(out, MODES_SECTION, body, machine_description())
             print(f"(written to {out}, section {MODES_SECTION})")
         return
     runs = [sweep() for _ in range(args.runs)]
@@ -318,7 +318,7 @@ def main():
     print()
     print(body)
     if args.out != "-":
-        results_file.write_section(out, SECTION, body, f"{results_file.cpu_model()}, {os.cpu_count()} cores")
+        results_file.write_section(out, SECTION, body, machine_description())
         print(f"(written to {out}, section {SECTION})")
 
 

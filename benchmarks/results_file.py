@@ -48,11 +48,24 @@ def cpu_model() -> str:
         return platform.processor() or "unknown CPU"
 
 
+def cpu_tier() -> str:
+    """The CPU kernels' instruction-set tier on this machine (jaxbnn's CPU module), or 'unknown'."""
+    try:
+        from jaxbnn import _cpu
+    except ImportError:
+        return "unknown"
+    return _cpu.active_isa()
+
+
 def cpu_kind() -> str:
     """The machine kind of this CPU: its model name without trademarks, speeds and core counts, and the
-    cores this process sees ('AMD EPYC' on 2 cores -> 'cpu-amd-epyc-2core')."""
+    cores this process sees ('AMD EPYC' on 2 cores -> 'cpu-amd-epyc-2core'); where the kernels' tier is below
+    AVX-512, the tier too ('cpu-amd-epyc-2core-avx2'): a virtual machine's model name ('AMD EPYC') is the same
+    for CPUs with and without AVX-512, whose kernels differ several times in speed."""
     name = re.sub(r"\((r|tm)\)|\bprocessor\b|\bcpu\b|@.*|\b\d+-core\b", " ", cpu_model().lower())
-    return f"cpu-{slug(name) or 'unknown'}-{os.cpu_count()}core"
+    tier = cpu_tier()
+    suffix = "" if tier.startswith("avx512") else f"-{slug(tier)}"
+    return f"cpu-{slug(name) or 'unknown'}-{os.cpu_count()}core{suffix}"
 
 
 def default_path(kind: str) -> pathlib.Path:
@@ -76,7 +89,7 @@ def device_machine(device) -> str:
     """A jax device as the results name it: a GPU's kind and, where jax knows it, its number of SMs; a CPU's
     model and cores."""
     if device.platform == "cpu":
-        return f"{cpu_model()}, {os.cpu_count()} cores"
+        return f"{cpu_model()}, {os.cpu_count()} cores, kernel tier {cpu_tier()}"
     sms = getattr(device, "core_count", None)
     return f"{device.device_kind} ({sms} SMs)" if sms else device.device_kind
 
