@@ -87,7 +87,7 @@ def git_commit(paths: tuple[str, ...] = ()) -> str:
 
 def device_machine(device) -> str:
     """A jax device as the results name it: a GPU's kind and, where jax knows it, its number of SMs; a CPU's
-    model and cores."""
+    model, cores and kernel tier."""
     if device.platform == "cpu":
         return f"{cpu_model()}, {os.cpu_count()} cores, kernel tier {cpu_tier()}"
     sms = getattr(device, "core_count", None)
