@@ -111,6 +111,7 @@ IMAGE_CASES = [
     (1, 4, 4, 3, 70, (3, 3), (2, 2), "VALID", None),
     (2, 5, 5, 5, 33, (3, 3), (1, 1), "VALID", (2, 2)),  # 8 rows, a pool window of 4 across register blocks
     (1, 4, 5, 2, 100, (2, 2), (1, 1), "VALID", (1, 3)),  # 9 rows, K = 8: packed again
+    (1, 3, 4, 3, 40, (2, 2), (1, 1), "VALID", (1, 3)),  # 6 rows (AVX2 reads the kernel as it is), pool windows of 3
     # reductions of at least 320 levels over at least 32 rows (the AMX tiles): passes of 32 rows cut by the
     # task's last rows, pool windows across passes, a 32-column last block, K not a multiple of 64
     (3, 12, 11, 7, 70, (7, 7), (1, 1), "SAME", (2, 2)),

@@ -16,7 +16,9 @@
 //   the OS grant the tile state: the VNNI tier's operands (offset levels, quads, accumulators' start) in
 //   tiles, 32 rows x 32 columns per pass, the VNNI tier's epilogue on the stored sums; for calls of enough
 //   gathered rows and a long enough reduction (kAmxMinRows, kAmxMinReduction).
-// - AVX2 (vpmaddwd on int16 pairs); portable (the same pairs in plain loops).
+// - AVX2 (vpmaddwd on int16 pairs); a call of at most kAvx2RawMaxRows gathered rows (a dense first layer at
+//   batch 1) reads the kernel as it is, its pairs made in registers (Avx2RawBlock). Portable: the same pairs
+//   in plain loops.
 #include "cpu/image_kernels.h"
 
 #include <algorithm>
@@ -32,6 +34,7 @@
 #define JAXBNN_X86 1
 #include <immintrin.h>
 #define JAXBNN_TARGET_AVX2 __attribute__((target("avx2")))
+#define JAXBNN_AVX2_INLINE inline __attribute__((always_inline))
 #define JAXBNN_TARGET_VNNI __attribute__((target("avx2,avx512f,avx512bw,avx512vnni")))
 #define JAXBNN_VNNI_INLINE inline __attribute__((always_inline))
 #define JAXBNN_TARGET_AMX __attribute__((target("avx2,avx512f,avx512bw,avx512vnni,amx-tile,amx-int8")))
@@ -232,31 +235,12 @@ constexpr int kAvx2Cols = kPairCols;
 // __m256i, 4 x int64, GCC 12 copied and spilled them inside the loop).
 typedef int V8si __attribute__((vector_size(32)));
 
+// A register block's (pooled) accumulators, 32 columns in order from job.col_begin: the running max of a pool
+// window into the tile, or the shifted int32 store / the threshold planes' bits.
 template <int R, int kMode>
-JAXBNN_TARGET_AVX2 void Avx2Rows(const BlockJob& job, const ImageEpilogue& epi, const int16_t* x, int64_t r0) {
+JAXBNN_TARGET_AVX2 JAXBNN_AVX2_INLINE void Avx2Epilogue(const BlockJob& job, const ImageEpilogue& epi,
+                                                      __m256i (&acc)[R][kAvx2Cols / 8], int64_t r0) {
   constexpr int V = kAvx2Cols / 8;
-  const auto* weights = static_cast<const int16_t*>(job.weights);
-  const int64_t pairs = job.k_padded / 2, stride = job.k_padded;
-  V8si sum[R][V] = {};
-  for (int64_t g = 0; g < pairs; ++g) {
-    __m256i wv[V];
-#pragma GCC unroll 8
-    for (int v = 0; v < V; ++v) {
-      wv[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(weights + (g * V + v) * 16));
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m256i xr = _mm256_set1_epi32(Load32(x + r * stride + 2 * g));
-#pragma GCC unroll 8
-      for (int v = 0; v < V; ++v) sum[r][v] += reinterpret_cast<V8si>(_mm256_madd_epi16(xr, wv[v]));
-    }
-  }
-  __m256i acc[R][V];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-    for (int v = 0; v < V; ++v) acc[r][v] = reinterpret_cast<__m256i>(sum[r][v]);
-  }
   if constexpr (kMode == kMiddle || kMode == kLast) {
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
@@ -312,6 +296,34 @@ JAXBNN_TARGET_AVX2 void Avx2Rows(const BlockJob& job, const ImageEpilogue& epi, 
   }
 }
 
+template <int R, int kMode>
+JAXBNN_TARGET_AVX2 void Avx2Rows(const BlockJob& job, const ImageEpilogue& epi, const int16_t* x, int64_t r0) {
+  constexpr int V = kAvx2Cols / 8;
+  const auto* weights = static_cast<const int16_t*>(job.weights);
+  const int64_t pairs = job.k_padded / 2, stride = job.k_padded;
+  V8si sum[R][V] = {};
+  for (int64_t g = 0; g < pairs; ++g) {
+    __m256i wv[V];
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      wv[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(weights + (g * V + v) * 16));
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256i xr = _mm256_set1_epi32(Load32(x + r * stride + 2 * g));
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) sum[r][v] += reinterpret_cast<V8si>(_mm256_madd_epi16(xr, wv[v]));
+    }
+  }
+  __m256i acc[R][V];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) acc[r][v] = reinterpret_cast<__m256i>(sum[r][v]);
+  }
+  Avx2Epilogue<R, kMode>(job, epi, acc, r0);
+}
+
 template <int R>
 JAXBNN_TARGET_AVX2 void Avx2Window(const BlockJob& job, const ImageEpilogue& epi, int64_t r0) {
   const auto* patches = static_cast<const int16_t*>(job.patches);
@@ -334,6 +346,116 @@ JAXBNN_TARGET_AVX2 void Avx2Block(const BlockJob& job, const ImageEpilogue& epi)
       case 2: Avx2Window<2>(job, epi, r0); break;
       default: Avx2Window<1>(job, epi, r0); break;
     }
+  }
+}
+
+// --- AVX2 on the kernel as it is: a call of few gathered rows ---------------------------------------------
+// As the VNNI tier's VnniRawBlock: packing the int16 pairs is a pass over the whole kernel, written at twice its
+// size, on every call, which a call of few gathered rows does not win back (a dense 784 x 1024 first layer at
+// batch 1 took 80 us, nearly all of it the packing). Here two kernel rows' bytes of 16 columns become int16
+// pairs in registers (vpmovsxbw, then the word unpacks), times the pair of levels of each row (vpmaddwd: any
+// int8 weights, exact in int32). The accumulators keep the unpacks' lane order (columns 0-3 and 8-11 in one,
+// 4-7 and 12-15 in the other) until two lane permutes before the epilogue.
+
+constexpr int kAvx2RawRows = 2;           // rows of a register block
+constexpr int64_t kAvx2RawCols = 64;      // columns of a block job: one pass of one row, two of two rows
+constexpr int64_t kAvx2RawMaxRows = 6;    // the most gathered rows of a call that reads the kernel as it is
+
+// 16 kernel bytes of a row from column `col` as int16 (zeros past the row's `real` columns, which may end
+// before the kernel does).
+JAXBNN_TARGET_AVX2 JAXBNN_AVX2_INLINE __m256i KernelWords(const int8_t* row, int64_t real) {
+  if (real >= 16) return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
+  alignas(16) int8_t bytes[16] = {};
+  if (real > 0) std::memcpy(bytes, row, real);
+  return _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(bytes)));
+}
+
+// Kernel rows row0 and row1 (null: zeros) of G 16-column groups (`real`: each group's columns in the kernel)
+// times the levels 2 g and 2 g + 1 of R rows.
+template <int R, int G>
+JAXBNN_TARGET_AVX2 JAXBNN_AVX2_INLINE void RawPair(const int8_t* row0, const int8_t* row1, const int64_t (&real)[G],
+                                                  const int16_t* x, int64_t stride, int64_t g, V8si (&sum)[R][G][2]) {
+  __m256i xr[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) xr[r] = _mm256_set1_epi32(Load32(x + r * stride + 2 * g));
+#pragma GCC unroll 4
+  for (int b = 0; b < G; ++b) {
+    const __m256i a = KernelWords(row0 + 16 * b, real[b]);
+    const __m256i c = row1 == nullptr ? _mm256_setzero_si256() : KernelWords(row1 + 16 * b, real[b]);
+    const __m256i lo = _mm256_unpacklo_epi16(a, c), hi = _mm256_unpackhi_epi16(a, c);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      sum[r][b][0] += reinterpret_cast<V8si>(_mm256_madd_epi16(lo, xr[r]));
+      sum[r][b][1] += reinterpret_cast<V8si>(_mm256_madd_epi16(hi, xr[r]));
+    }
+  }
+}
+
+// R rows x G 16-column groups of a job from its group `first`: sums over the reduction, then the epilogue in
+// passes of 32 columns.
+template <int R, int G, int kMode>
+JAXBNN_TARGET_AVX2 void Avx2RawRows(const BlockJob& job, const ImageEpilogue& epi, const int16_t* x, int64_t r0,
+                                    int64_t first) {
+  static_assert(G % 2 == 0, "whole 32-column epilogues");
+  const int64_t n = epi.n, stride = job.k_padded, pairs = job.k / 2;
+  const auto* kernel = static_cast<const int8_t*>(job.weights) + 16 * first;
+  int64_t real[G];
+#pragma GCC unroll 4
+  for (int b = 0; b < G; ++b) real[b] = n - (job.col_begin + 16 * (first + b));
+  V8si sum[R][G][2] = {};
+  for (int64_t g = 0; g < pairs; ++g) {
+    RawPair<R, G>(kernel + 2 * g * n, kernel + (2 * g + 1) * n, real, x, stride, g, sum);
+  }
+  if (job.k % 2 != 0) RawPair<R, G>(kernel + (job.k - 1) * n, nullptr, real, x, stride, pairs, sum);
+#pragma GCC unroll 4
+  for (int half = 0; half < G / 2; ++half) {
+    __m256i acc[R][kAvx2Cols / 8];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int j = 0; j < 2; ++j) {
+        const __m256i lo = reinterpret_cast<__m256i>(sum[r][2 * half + j][0]);
+        const __m256i hi = reinterpret_cast<__m256i>(sum[r][2 * half + j][1]);
+        acc[r][2 * j] = _mm256_permute2x128_si256(lo, hi, 0x20);
+        acc[r][2 * j + 1] = _mm256_permute2x128_si256(lo, hi, 0x31);
+      }
+    }
+    BlockJob block = job;
+    block.col_begin = job.col_begin + 16 * first + 32 * half;
+    block.tile = job.tile + 16 * first + 32 * half;
+    Avx2Epilogue<R, kMode>(block, epi, acc, r0);
+  }
+}
+
+template <int R, int G>
+JAXBNN_TARGET_AVX2 void Avx2RawPass(const BlockJob& job, const ImageEpilogue& epi, int64_t r0, int64_t first) {
+  const auto* patches = static_cast<const int16_t*>(job.patches);
+  for (int64_t w = 0; w < job.window; ++w) {
+    const int16_t* x = patches + (w * job.rows + r0) * job.k_padded;
+    switch (ModeOf(w, job.window)) {
+      case kOnly: Avx2RawRows<R, G, kOnly>(job, epi, x, r0, first); break;
+      case kFirst: Avx2RawRows<R, G, kFirst>(job, epi, x, r0, first); break;
+      case kMiddle: Avx2RawRows<R, G, kMiddle>(job, epi, x, r0, first); break;
+      case kLast: Avx2RawRows<R, G, kLast>(job, epi, x, r0, first); break;
+    }
+  }
+}
+
+// A job's rows in register blocks of up to 2: one row takes 64 columns a pass, two rows 32 (16 accumulators
+// and operands within AVX2's 16 registers).
+JAXBNN_TARGET_AVX2 void Avx2RawBlock(const BlockJob& job, const ImageEpilogue& epi) {
+  static_assert(kAvx2RawRows == 2 && kAvx2RawCols == 64, "one case per register block shape");
+  const int64_t groups = job.cols / 16;  // 2 or 4: a job's columns are whole 32-column words
+  for (int64_t r0 = 0; r0 < job.rows; r0 += kAvx2RawRows) {
+    if (job.rows - r0 == 1) {
+      if (groups == 4) {
+        Avx2RawPass<1, 4>(job, epi, r0, 0);
+      } else {
+        Avx2RawPass<1, 2>(job, epi, r0, 0);
+      }
+      continue;
+    }
+    for (int64_t first = 0; first < groups; first += 2) Avx2RawPass<2, 2>(job, epi, r0, first);
   }
 }
 
@@ -847,6 +969,15 @@ struct Avx2Tier {
   static constexpr bool kOffsetLevels = false;
 };
 
+struct Avx2RawTier {
+  using Elem = int16_t;
+  using Weight = int8_t;
+  static constexpr int kGroup = 2, kBlockCols = kAvx2RawCols, kRows = kAvx2RawRows;
+  static constexpr PackBlockFn kPack = nullptr;
+  static constexpr BlockFn kBlock = Avx2RawBlock;
+  static constexpr bool kOffsetLevels = false;
+};
+
 struct VnniTier {
   using Elem = uint8_t;
   using Weight = int8_t;
@@ -1169,6 +1300,18 @@ void RunTier(const ImageConv2dProblem& problem, const int8_t* levels, const int8
   ImageConv<Tier>(problem, levels, kernel).Run(threshold, flip, out, pool);
 }
 
+#ifdef JAXBNN_X86
+// The AVX2 tiers: the kernel read as it is for a call of few gathered rows, packed beyond (as the VNNI tiers).
+void RunAvx2(const ImageConv2dProblem& problem, const int8_t* levels, const int8_t* kernel, const int32_t* threshold,
+             const uint8_t* flip, void* out, ffi::ThreadPool* pool) {
+  const int64_t rows = problem.batch * problem.out_h * problem.out_w * problem.pool_h * problem.pool_w;
+  if (rows <= std::min<int64_t>(problem.kh * problem.kw * problem.c, kAvx2RawMaxRows)) {
+    return RunTier<Avx2RawTier>(problem, levels, kernel, threshold, flip, out, pool);
+  }
+  RunTier<Avx2Tier>(problem, levels, kernel, threshold, flip, out, pool);
+}
+#endif
+
 }  // namespace
 
 bool AmxUsable() {
@@ -1219,8 +1362,8 @@ void RunImageConv2d(const ImageConv2dProblem& problem, const int8_t* levels, con
         }
         return RunTier<VnniTier>(problem, levels, kernel, threshold, flip, out, pool);
       }
-      return RunTier<Avx2Tier>(problem, levels, kernel, threshold, flip, out, pool);
-    case Isa::kAvx2: return RunTier<Avx2Tier>(problem, levels, kernel, threshold, flip, out, pool);
+      return RunAvx2(problem, levels, kernel, threshold, flip, out, pool);
+    case Isa::kAvx2: return RunAvx2(problem, levels, kernel, threshold, flip, out, pool);
     default: break;
   }
 #endif
