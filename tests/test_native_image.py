@@ -179,6 +179,41 @@ def test_extreme_levels_and_weights_are_exact_on_every_tier(isa):
     np.testing.assert_array_equal(np.asarray(got), reference_conv(levels, kernel, (4, 4), pads, None))
 
 
+def test_unit_kernels_are_exact_on_every_tier(isa):
+    """Kernels of -1, 0 and +1, every zoo model's first layer (the AVX2 tier multiplies them as bytes and sums
+    64 quads' products in int16 before widening): the image cases with such kernels, and the largest sums of
+    those runs, +-127 (pixels 0 and 255) times +-1 over reductions of one run, a run and a quad, and many runs."""
+    rng = np.random.default_rng(11)
+    for b, h, w, c, n, kernel, stride, padding, pool in IMAGE_CASES:
+        levels, weights = int8_values(rng, (b, h, w, c)), rng.integers(-1, 2, (*kernel, c, n)).astype(np.int8)
+        pads = ops._conv_padding(padding, (h, w), kernel, stride)
+        pre = reference_conv(levels, weights, stride, pads, pool)
+        layer = jax.jit(lambda x: ops.image_conv2d(x, weights, stride=stride, padding=padding, pool=pool))
+        np.testing.assert_array_equal(np.asarray(layer(levels)), pre)
+        threshold, flip = thresholds_with_ties(rng, pre, 2)
+        layer = jax.jit(lambda x: ops.image_conv2d(x, weights, stride=stride, padding=padding, pool=pool,
+                                                   threshold=threshold, flip=flip))  # fmt: skip
+        want = reference_conv(levels, weights, stride, pads, pool, threshold=threshold, flip=flip)
+        np.testing.assert_array_equal(np.asarray(layer(levels.view(np.uint8) ^ 0x80)), want)
+    for k in (256, 260, 4097):
+        for level in (-128, 127):
+            for value in (-1, 1):
+                got = jax.jit(ops.image_matmul)(np.full((9, k), level, np.int8), np.full((k, 40), value, np.int8))
+                np.testing.assert_array_equal(np.asarray(got), np.full((9, 40), k * level * value))
+
+
+def test_a_single_value_past_the_unit_range_is_exact_on_every_tier(isa):
+    """A -1 / +1 kernel whose last element (past the last whole 32 bytes of the kernel) is -128, paired in the
+    reduction with a -1: the AVX2 tier's check of the values must see it, since that pair's byte products
+    (255 * -1 + 255 * -128) overflow int16."""
+    k, n = 258, 35
+    kernel = np.where(np.random.default_rng(5).random((k, n)) < 0.5, -1, 1).astype(np.int8)
+    kernel[-2, -1], kernel[-1, -1] = -1, -128
+    levels = np.full((9, k), 127, np.int8)
+    want = levels.astype(np.int64) @ kernel.astype(np.int64)
+    np.testing.assert_array_equal(np.asarray(jax.jit(ops.image_matmul)(levels, kernel)), want)
+
+
 def test_repeated_parallel_calls_are_identical():
     """Work is split over XLA's thread pool (by outputs and by columns); the split must not change a bit."""
     rng = np.random.default_rng(3)

@@ -16,9 +16,11 @@
 //   the OS grant the tile state: the VNNI tier's operands (offset levels, quads, accumulators' start) in
 //   tiles, 32 rows x 32 columns per pass, the VNNI tier's epilogue on the stored sums; for calls of enough
 //   gathered rows and a long enough reduction (kAmxMinRows, kAmxMinReduction).
-// - AVX2 (vpmaddwd on int16 pairs); a call of at most kAvx2RawMaxRows gathered rows (a dense first layer at
-//   batch 1) reads the kernel as it is, its pairs made in registers (Avx2RawBlock). Portable: the same pairs
-//   in plain loops.
+// - AVX2: a kernel of -1, 0 and +1 (every zoo model's) as bytes (vpmaddubsw on the offset levels, as VNNI's
+//   operands, 64 quads' products summed in int16 before widening: Avx2ByteBlock), any other int8 kernel as
+//   int16 pairs (vpmaddwd); a call of at most kAvx2RawMaxRows gathered rows (a dense first layer at batch 1)
+//   reads the kernel as it is, its pairs made in registers (Avx2RawBlock).
+// - portable: int16 pairs in plain loops.
 #include "cpu/image_kernels.h"
 
 #include <algorithm>
@@ -74,6 +76,13 @@ template <class T>
 T* Grow(std::vector<T>& vector, int64_t size) {
   if (static_cast<int64_t>(vector.size()) < size) vector.resize(size);
   return vector.data();
+}
+
+// Grow's bytes from a 64-byte boundary: the packed weights are read by 32-byte (AVX2) or 64-byte loads, which
+// cost twice where they cross a cache line (a vector's data is only 16-byte aligned).
+uint8_t* GrowAligned(std::vector<uint8_t>& vector, int64_t size) {
+  uint8_t* data = Grow(vector, size + 63);
+  return data + (-reinterpret_cast<uintptr_t>(data) & 63);
 }
 
 // The epilogue of a call, on the padded columns (n_padded = 32 * words). A threshold bit is one compare:
@@ -456,6 +465,173 @@ JAXBNN_TARGET_AVX2 void Avx2RawBlock(const BlockJob& job, const ImageEpilogue& e
       continue;
     }
     for (int64_t first = 0; first < groups; first += 2) Avx2RawPass<2, 2>(job, epi, r0, first);
+  }
+}
+
+// --- AVX2 on bytes, for kernels of -1, 0 and +1: vpmaddubsw on u8 quads ----------------------------------
+// vpmaddubsw multiplies 32 unsigned bytes with 32 signed ones and adds adjacent pairs into int16: twice the
+// products of vpmaddwd per instruction. The levels enter offset by 128 (u8, as in the VNNI tier, with the same
+// accumulators' start, -128 * the column sums), the weights as bytes in quads: a pair's sum is at most 2 * 255 *
+// |w| in magnitude, so with |w| <= 1 (every zoo model's first layer: binary or ternary) 64 quads' pairs add in
+// int16 without overflow (64 * 510 = 32,640) before vpmaddwd with ones widens them to int32 (their wrap-free
+// sum: below 2**31 as the reduction is capped). A kernel with any other value takes the int16 pairs
+// (Avx2Tier); the call checks its values first (KernelWithinUnit).
+
+constexpr int kAvx2ByteRows = 3;
+constexpr int kAvx2ByteCols = 32;  // 4 registers of 8 columns' quads
+constexpr int kAvx2ByteRun = 64;   // quads summed in int16 before widening
+
+// Whether every value of the (k, n) kernel is -1, 0 or +1.
+JAXBNN_TARGET_AVX2 bool KernelWithinUnit(const int8_t* kernel, int64_t size) {
+  const __m256i one = _mm256_set1_epi8(1);
+  __m256i largest = _mm256_setzero_si256();  // of w + 1 as unsigned bytes: 0, 1 or 2 for -1, 0, +1
+  int64_t i = 0;
+  for (; i + 32 <= size; i += 32) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kernel + i));
+    largest = _mm256_max_epu8(largest, _mm256_add_epi8(w, one));
+  }
+  alignas(32) uint8_t lanes[32];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), largest);
+  uint8_t most = 0;
+  for (int j = 0; j < 32; ++j) most = std::max(most, lanes[j]);
+  for (; i < size; ++i) most = std::max<uint8_t>(most, static_cast<uint8_t>(kernel[i] + 1));
+  return most <= 2;
+}
+
+// 32 bytes of kernel row kk from column `col` (zeros past the row's `real` columns and past k).
+JAXBNN_TARGET_AVX2 JAXBNN_AVX2_INLINE __m256i KernelBytes(const KernelBlock& block, int64_t kk, int64_t col,
+                                                          int64_t real) {
+  if (kk >= block.k || real <= 0) return _mm256_setzero_si256();
+  const int8_t* src = block.kernel + kk * block.n + col;
+  if (real >= 32) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+  alignas(32) int8_t bytes[32] = {};
+  std::memcpy(bytes, src, real);
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(bytes));
+}
+
+// Blocks of kAvx2ByteCols columns as quads (four kernel rows' bytes of a column side by side: byte then word
+// unpacks, then the 128-bit lanes put in column order), 8 columns a register; and their accumulators' start,
+// -128 * their column sums, in the same pass.
+JAXBNN_TARGET_AVX2 void Avx2BytePack(const KernelBlock& block, void* packed, int32_t* bias) {
+  auto* dst = static_cast<int8_t*>(packed);
+  const int64_t blocks = CeilDiv(block.cols, kAvx2ByteCols), quads = block.k_padded / 4;
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t col = block.col_begin + b * kAvx2ByteCols;
+    const int64_t real = std::clamp<int64_t>(block.n - col, 0, kAvx2ByteCols);
+    int8_t* block_dst = dst + b * kAvx2ByteCols * block.k_padded;
+    __m256i sums[4] = {};
+    for (int64_t g = 0; g < quads; ++g) {
+      __m256i rows[4];
+      for (int e = 0; e < 4; ++e) {
+        const int64_t kk = 4 * g + e;
+        if (kk + kPrefetchRows < block.k && real > 0) {
+          _mm_prefetch(reinterpret_cast<const char*>(block.kernel + (kk + kPrefetchRows) * block.n + col), _MM_HINT_T0);
+        }
+        rows[e] = KernelBytes(block, kk, col, real);
+      }
+      const __m256i pairs01_lo = _mm256_unpacklo_epi8(rows[0], rows[1]);
+      const __m256i pairs01_hi = _mm256_unpackhi_epi8(rows[0], rows[1]);
+      const __m256i pairs23_lo = _mm256_unpacklo_epi8(rows[2], rows[3]);
+      const __m256i pairs23_hi = _mm256_unpackhi_epi8(rows[2], rows[3]);
+      // quads_j: columns 4 j .. 4 j + 3 in the low lane, 16 + 4 j .. in the high one
+      const __m256i quads_0 = _mm256_unpacklo_epi16(pairs01_lo, pairs23_lo);
+      const __m256i quads_1 = _mm256_unpackhi_epi16(pairs01_lo, pairs23_lo);
+      const __m256i quads_2 = _mm256_unpacklo_epi16(pairs01_hi, pairs23_hi);
+      const __m256i quads_3 = _mm256_unpackhi_epi16(pairs01_hi, pairs23_hi);
+      // out[v]: columns 8 v .. 8 v + 7
+      const __m256i out[4] = {_mm256_permute2x128_si256(quads_0, quads_1, 0x20),
+                              _mm256_permute2x128_si256(quads_2, quads_3, 0x20),
+                              _mm256_permute2x128_si256(quads_0, quads_1, 0x31),
+                              _mm256_permute2x128_si256(quads_2, quads_3, 0x31)};
+      for (int v = 0; v < 4; ++v) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(block_dst + (g * 4 + v) * 32), out[v]);
+        sums[v] = _mm256_add_epi32(sums[v], _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, out[v]), ones16));
+      }
+    }
+    for (int v = 0; v < 4 && 8 * v < block.cols - b * kAvx2ByteCols; ++v) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bias + b * kAvx2ByteCols + 8 * v),
+                          _mm256_mullo_epi32(sums[v], _mm256_set1_epi32(-128)));
+    }
+  }
+}
+
+// The int16 sums as 16 x int16 (as __m256i, GCC 12 copied every sum to another register each step).
+typedef short V16hi __attribute__((vector_size(32)));
+
+// acc16 widened into sum: each column's two int16 pair sums added as int32.
+template <int R>
+JAXBNN_TARGET_AVX2 JAXBNN_AVX2_INLINE void WidenByteSums(V16hi (&acc16)[R][4], V8si (&sum)[R][4]) {
+  const __m256i ones16 = _mm256_set1_epi16(1);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      sum[r][v] += reinterpret_cast<V8si>(_mm256_madd_epi16(reinterpret_cast<__m256i>(acc16[r][v]), ones16));
+      acc16[r][v] = V16hi{};
+    }
+  }
+}
+
+template <int R, int kMode>
+JAXBNN_TARGET_AVX2 void Avx2ByteRows(const BlockJob& job, const ImageEpilogue& epi, const uint8_t* x, int64_t r0) {
+  const auto* weights = static_cast<const int8_t*>(job.weights);
+  const int64_t quads = job.k_padded / 4, stride = job.k_padded;
+  V8si sum[R][4];
+#pragma GCC unroll 4
+  for (int v = 0; v < 4; ++v) {
+    V8si bias;
+    std::memcpy(&bias, job.bias + 8 * v, sizeof(bias));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) sum[r][v] = bias;
+  }
+  V16hi acc16[R][4] = {};
+  for (int64_t g0 = 0; g0 < quads; g0 += kAvx2ByteRun) {
+    const int64_t end = std::min<int64_t>(quads, g0 + kAvx2ByteRun);
+    for (int64_t g = g0; g < end; ++g) {
+      const auto* wg = reinterpret_cast<const __m256i*>(weights + g * 128);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m256i xr = _mm256_set1_epi32(Load32(x + r * stride + 4 * g));
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) {
+          acc16[r][v] += reinterpret_cast<V16hi>(_mm256_maddubs_epi16(xr, _mm256_loadu_si256(wg + v)));
+        }
+      }
+    }
+    WidenByteSums<R>(acc16, sum);
+  }
+  __m256i acc[R][kAvx2Cols / 8];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) acc[r][v] = reinterpret_cast<__m256i>(sum[r][v]);
+  }
+  Avx2Epilogue<R, kMode>(job, epi, acc, r0);
+}
+
+template <int R>
+JAXBNN_TARGET_AVX2 void Avx2ByteWindow(const BlockJob& job, const ImageEpilogue& epi, int64_t r0) {
+  const auto* patches = static_cast<const uint8_t*>(job.patches);
+  for (int64_t w = 0; w < job.window; ++w) {
+    const uint8_t* x = patches + (w * job.rows + r0) * job.k_padded;
+    switch (ModeOf(w, job.window)) {
+      case kOnly: Avx2ByteRows<R, kOnly>(job, epi, x, r0); break;
+      case kFirst: Avx2ByteRows<R, kFirst>(job, epi, x, r0); break;
+      case kMiddle: Avx2ByteRows<R, kMiddle>(job, epi, x, r0); break;
+      case kLast: Avx2ByteRows<R, kLast>(job, epi, x, r0); break;
+    }
+  }
+}
+
+JAXBNN_TARGET_AVX2 void Avx2ByteBlock(const BlockJob& job, const ImageEpilogue& epi) {
+  static_assert(kAvx2ByteRows == 3 && kAvx2ByteCols == kAvx2Cols, "one case per register block height");
+  for (int64_t r0 = 0; r0 < job.rows; r0 += kAvx2ByteRows) {
+    switch (std::min<int64_t>(kAvx2ByteRows, job.rows - r0)) {
+      case 3: Avx2ByteWindow<3>(job, epi, r0); break;
+      case 2: Avx2ByteWindow<2>(job, epi, r0); break;
+      default: Avx2ByteWindow<1>(job, epi, r0); break;
+    }
   }
 }
 
@@ -978,6 +1154,15 @@ struct Avx2RawTier {
   static constexpr bool kOffsetLevels = false;
 };
 
+struct Avx2ByteTier {
+  using Elem = uint8_t;
+  using Weight = int8_t;
+  static constexpr int kGroup = 4, kBlockCols = kAvx2ByteCols, kRows = kAvx2ByteRows;
+  static constexpr PackBlockFn kPack = Avx2BytePack;
+  static constexpr BlockFn kBlock = Avx2ByteBlock;
+  static constexpr bool kOffsetLevels = true;
+};
+
 struct VnniTier {
   using Elem = uint8_t;
   using Weight = int8_t;
@@ -1093,7 +1278,7 @@ class ImageConv {
     const Weight* weights = nullptr;
     const int32_t* bias = nullptr;
     if (kPacked && row_tasks > 1) {
-      auto* packed = reinterpret_cast<Weight*>(Grow(call.weights, n_padded_ * k_padded_ * sizeof(Weight)));
+      auto* packed = reinterpret_cast<Weight*>(GrowAligned(call.weights, n_padded_ * k_padded_ * sizeof(Weight)));
       int32_t* packed_bias = Grow(call.bias, n_padded_);
       ParallelFor(pool, CeilDiv(blocks_, kPackBlocks), threads > 1 && n_padded_ * k_padded_ >= kMinParallelPack,
                   [&](int64_t task) {
@@ -1167,7 +1352,7 @@ class ImageConv {
     if (kPacked && weights == nullptr) {
       base = BlockBegin(first_block);
       const int64_t cols = std::min(n_padded_, BlockBegin(end_block)) - base;
-      auto* own = reinterpret_cast<Weight*>(Grow(scratch.weights, cols * k_padded_ * sizeof(Weight)));
+      auto* own = reinterpret_cast<Weight*>(GrowAligned(scratch.weights, cols * k_padded_ * sizeof(Weight)));
       int32_t* own_bias = Grow(scratch.bias, cols);
       Pack(first_block, end_block, own, own_bias);
       weights = own;
@@ -1301,12 +1486,17 @@ void RunTier(const ImageConv2dProblem& problem, const int8_t* levels, const int8
 }
 
 #ifdef JAXBNN_X86
-// The AVX2 tiers: the kernel read as it is for a call of few gathered rows, packed beyond (as the VNNI tiers).
+// The AVX2 tiers: the kernel read as it is for a call of few gathered rows; packed beyond, as bytes where its
+// values are -1, 0 and +1, else as int16 pairs.
 void RunAvx2(const ImageConv2dProblem& problem, const int8_t* levels, const int8_t* kernel, const int32_t* threshold,
              const uint8_t* flip, void* out, ffi::ThreadPool* pool) {
   const int64_t rows = problem.batch * problem.out_h * problem.out_w * problem.pool_h * problem.pool_w;
-  if (rows <= std::min<int64_t>(problem.kh * problem.kw * problem.c, kAvx2RawMaxRows)) {
+  const int64_t k = problem.kh * problem.kw * problem.c;
+  if (rows <= std::min<int64_t>(k, kAvx2RawMaxRows)) {
     return RunTier<Avx2RawTier>(problem, levels, kernel, threshold, flip, out, pool);
+  }
+  if (KernelWithinUnit(kernel, k * problem.n)) {
+    return RunTier<Avx2ByteTier>(problem, levels, kernel, threshold, flip, out, pool);
   }
   RunTier<Avx2Tier>(problem, levels, kernel, threshold, flip, out, pool);
 }
