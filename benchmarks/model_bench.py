@@ -152,8 +152,9 @@ def plan_for(model: str, platform: str, quick: bool = False, batches=None) -> Pl
 
 @dataclasses.dataclass
 class Contender:
-    """One way to run a model: `forward(params, uint8 images)`, jitted, or `forward(uint8 images)` where its
-    executable holds the parameters (`params_embedded`: a small packed model's call)."""
+    """One way to run a model: `forward(params, uint8 images)`, jitted, or, for a packed model, `forward` on the
+    arguments a call passes (`call_arguments(images)`: the images alone, and its uniform parameter arrays, where
+    its executable holds the parameters, `params_embedded`: a small packed model's call)."""
 
     name: str
     forward: object
@@ -164,10 +165,11 @@ class Contender:
     nodes: list[dict] | None = None  # the packed graph's nodes
     stream_dtypes: list | None = None  # per node, the type of its stream output (runtime.stream_dtypes)
     params_embedded: bool = False
+    call_arguments: object = None  # images -> the forward's arguments (packed models)
 
     def args(self, images) -> tuple:
         """The forward's arguments for `images`."""
-        return (images,) if self.params_embedded else (self.params, images)
+        return self.call_arguments(images) if self.call_arguments is not None else (self.params, images)
 
     def embedded_bytes(self) -> int:
         """The bytes of the parameters the executable holds (memory_analysis counts arguments, not those)."""
@@ -195,9 +197,9 @@ def packed_contender(model_name: str, mode: str, target: str) -> Contender:
     model.eval()
     net = runtime.from_packed(export_model(model, target=target))
     # the forward a call runs (`PackedNet.__call__` without its input checks)
-    forward = net._embedded_forward if net.embeds_parameters else net._forward
-    return Contender(f"packed {mode}", forward, net.params, net.input_shape, net.packed_bytes,
-                     time.perf_counter() - start, net.graph["nodes"], net.stream_dtypes, net.embeds_parameters)
+    return Contender(f"packed {mode}", net._call_forward, net.params, net.input_shape, net.packed_bytes,
+                     time.perf_counter() - start, net.graph["nodes"], net.stream_dtypes, net.embeds_parameters,
+                     net._call_arguments)
 
 
 def float_contenders(model_name: str) -> list[Contender]:

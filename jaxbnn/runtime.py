@@ -30,7 +30,10 @@ Images are uint8 pixels, or floats on the scale the file records (`input_range`)
 A call's executable holds the parameters as constants where they take at most `EMBEDDED_PARAMETERS_BYTES`
 (`embed_parameters`): each argument buffer costs the host a little on every call, which made a small
 network's call at batch 1 on the CPU take 35 us instead of 21 (the MNIST MLP, 19 arrays). Larger models pass
-them as arguments, so that an executable per batch shape does not copy them again.
+them as arguments, so that an executable per batch shape does not copy them again. Even an embedding call
+takes its uniform parameter arrays (every element the same: an untrained model's thresholds, the flips of a
+layer with none) as arguments, one per distinct shape, type and value: XLA holds such a constant as a scalar
+and broadcasts it on every call, on a GPU a kernel each (`_uniform_parameters`).
 
 The file holds every operand as the ops take it (ternary weights as their two ±1 planes stacked along the
 output axis, `formats.TernaryDenseBits` / `TernaryConvBits`; popcounts per row or per conv tap), so
@@ -62,8 +65,7 @@ __all__ = ["PackedNet", "InputRangeWarning", "load", "from_packed", "run_nodes",
 
 # The largest packed parameters (bytes) a call's executable holds as constants unless told (`embed_parameters`):
 # the MNIST zoo models in bnn (1.17 and 0.26 MiB). The next ones up, ResNet-14 and -18 and VGG-small (1.5-2.0
-# MiB), run forwards long enough that their arguments' host time was lost in the noise (CPU, batch 1), and on a
-# GPU an untrained model's uniform thresholds become constants that XLA turns into broadcasts run every call.
+# MiB), run forwards long enough that their arguments' host time was lost in the noise (CPU, batch 1).
 EMBEDDED_PARAMETERS_BYTES = 5 << 18
 
 
@@ -120,18 +122,29 @@ class PackedNet:
         self._trace = jax.jit(lambda params, x: _run(nodes, params, x, dtypes))
         self.embeds_parameters = bool(self.packed_bytes <= EMBEDDED_PARAMETERS_BYTES if embed_parameters is None
                                       else embed_parameters)
+        self._uniform_arguments = ()
         if self.embeds_parameters:
             # The parameters closed over by a jit around the one above: traced straight into one function, the
             # same program (identical HLO after optimization) ran the MNIST conv net's call at batch 1 on the
             # CPU in 66-82 us instead of 43-55 (not explained; measured in one process, alternating).
-            params, forward = self.params, self._forward
-            self._embedded_forward = jax.jit(lambda x: forward(params, x))
+            self._uniform_arguments, with_uniform = _uniform_parameters(self.params)
+            forward = self._forward
+            self._embedded_forward = jax.jit(lambda x, *uniform: forward(with_uniform(uniform), x))
 
     def _call(self, images):
         """The jitted forward of uint8 `images` (checked), as a call runs it."""
+        return self._call_forward(*self._call_arguments(images))
+
+    @property
+    def _call_forward(self):
+        """The jitted function a call runs, on `_call_arguments(images)`."""
+        return self._embedded_forward if self.embeds_parameters else self._forward
+
+    def _call_arguments(self, images) -> tuple:
+        """The arguments of `_call_forward` for `images`."""
         if self.embeds_parameters:
-            return self._embedded_forward(images)
-        return self._forward(self.params, images)
+            return (images, *self._uniform_arguments)
+        return (self.params, images)
 
     def _check_input(self, images):
         """uint8 pixels of `images` (float images quantized on the file's scale)."""
@@ -203,6 +216,33 @@ class PackedNet:
             out = self._call(images)
         out.block_until_ready()
         return repeats * images.shape[0] / (time.perf_counter() - start)
+
+
+def _uniform_parameters(params) -> tuple:
+    """(arguments, with_uniform) for a forward that holds `params` as constants: `arguments` one array per
+    distinct (shape, dtype, bytes of the value) of the arrays of more than one element whose elements are all the
+    same bytes, and `with_uniform(arguments)` the parameters with those arrays replaced by their argument (the
+    others as they are: the constants). XLA keeps a uniform constant as a scalar and materializes its broadcast on
+    every call, a kernel each on a GPU (ten in the untrained MNIST conv net's forward: 144.6 against 152.0 us of
+    device time at batch 1024 on an H200); an argument is a buffer."""
+    leaves, tree = jax.tree.flatten(params)
+    slots, arguments, index = [], [], {}
+    for leaf in leaves:
+        value = np.asarray(leaf)
+        rows = value.reshape(-1).view(np.uint8).reshape(value.size, value.dtype.itemsize) if value.size else None
+        if value.size > 1 and (rows == rows[0]).all():
+            key = (value.shape, value.dtype.str, rows[0].tobytes())
+            if key not in index:
+                index[key] = len(arguments)
+                arguments.append(leaf)
+            slots.append(index[key])
+        else:
+            slots.append(None)
+
+    def with_uniform(uniform):
+        return jax.tree.unflatten(tree, [leaf if slot is None else uniform[slot] for leaf, slot in zip(leaves, slots)])
+
+    return tuple(arguments), with_uniform
 
 
 def _node_tensors(tensors: dict, prefix: str) -> dict:

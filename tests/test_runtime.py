@@ -76,9 +76,7 @@ def test_one_batch_row_at_a_time_gives_the_same_logits(net):
 
 def _lowered_call(net, x):
     """The program a call of `net` on uint8 `x` runs, lowered."""
-    if net.embeds_parameters:
-        return net._embedded_forward.lower(x)
-    return net._forward.lower(net.params, x)
+    return net._call_forward.lower(*net._call_arguments(x))
 
 
 def test_the_compiled_program_calls_the_native_targets_where_registered(net):
@@ -115,11 +113,45 @@ def test_bad_input_is_refused_before_lowering(net, monkeypatch, bad, error, mess
 
 
 def test_a_small_model_s_call_holds_its_parameters_and_takes_the_images_alone(net):
-    """Below EMBEDDED_PARAMETERS_BYTES the call's executable holds the parameters as constants: its only
-    argument is the images (each argument buffer costs the host time on every call)."""
+    """Below EMBEDDED_PARAMETERS_BYTES the call's executable holds the parameters as constants: its arguments
+    are the images and the parameter arrays of one value, one per distinct value (each argument buffer costs the
+    host time on every call)."""
     assert net.packed_bytes <= runtime.EMBEDDED_PARAMETERS_BYTES and net.embeds_parameters
     args, _ = _lowered_call(net, jnp.zeros((2, 12, 12, 1), jnp.uint8)).args_info
-    assert len(jax.tree.leaves(args)) == 1
+    assert len(jax.tree.leaves(args)) == 1 + len(net._uniform_arguments)
+
+
+def test_uniform_parameters_are_arguments_of_the_call_not_broadcasts(tmp_path):
+    """An untrained model's thresholds (one value a layer) and flips (none set): XLA would hold each such
+    constant as a scalar broadcast on every call; the call takes them as arguments instead, one per distinct
+    shape, type and value, and its compiled program broadcasts nothing. The logits are the argument form's."""
+    model = build_model("mnist-conv", "bnn", input_shape=(12, 12, 1), num_classes=10, width=0.25, rngs=nnx.Rngs(5))
+    model.eval()
+    path = tmp_path / "untrained.jbnn"
+    packed_model.save(path, export_model(model))
+    net = runtime.load(path)
+    uniform = [a for a in jax.tree.leaves(net.params) if a.size > 1 and np.unique(np.asarray(a)).size == 1]
+    distinct = {(a.shape, a.dtype.str, np.asarray(a).reshape(-1)[0].item()) for a in uniform}
+    assert net.embeds_parameters and len(distinct) > 1
+    assert len(net._uniform_arguments) == len(distinct)
+    x = jnp.asarray(pixels(3, seed=6))
+    assert not re.search(r"\bbroadcast\(", _lowered_call(net, x).compile().as_text())
+    np.testing.assert_array_equal(np.asarray(net(x)), np.asarray(runtime.load(path, embed_parameters=False)(x)))
+
+
+def test_only_arrays_of_one_value_in_every_byte_are_uniform():
+    """Uniform means the same bytes in every element: 0.0 and -0.0 differ (a bias of -0.0 is not one of 0.0),
+    NaNs of one pattern are uniform, a single element is left as it is; equal arrays share one argument."""
+    params = {"zeros": np.zeros(4, np.int32), "same": np.zeros(4, np.int32), "signed": np.array([0.0, -0.0], np.float32),
+              "nan": np.full(3, np.nan, np.float32), "one": np.ones(1, np.float32),
+              "varied": np.arange(3, dtype=np.int32), "flips": np.zeros(4, np.uint8)}
+    arguments, with_uniform = runtime._uniform_parameters(params)
+    assert len(arguments) == 3  # zeros and same as one, nan, flips (the same bytes as zeros, another dtype)
+    rebuilt = with_uniform(arguments)
+    for name, value in params.items():
+        assert np.asarray(rebuilt[name]).dtype == value.dtype
+        assert np.asarray(rebuilt[name]).tobytes() == value.tobytes(), name
+    assert rebuilt["signed"] is params["signed"] and rebuilt["one"] is params["one"]
 
 
 def test_parameters_as_constants_or_arguments_give_the_same_logits(net, tmp_path, monkeypatch, conv_model):
