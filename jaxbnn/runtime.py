@@ -64,9 +64,11 @@ __all__ = ["PackedNet", "InputRangeWarning", "load", "from_packed", "run_nodes",
            "fuses_residual", "writes_stem_bits", "EMBEDDED_PARAMETERS_BYTES"]
 
 # The largest packed parameters (bytes) a call's executable holds as constants unless told (`embed_parameters`):
-# the MNIST zoo models in bnn (1.17 and 0.26 MiB). The next ones up, ResNet-14 and -18 and VGG-small (1.5-2.0
-# MiB), run forwards long enough that their arguments' host time was lost in the noise (CPU, batch 1).
-EMBEDDED_PARAMETERS_BYTES = 5 << 18
+# the zoo models in bnn up to VGG-small (1.95 MiB; ResNet-14 1.52, ResNet-18 1.62, the MNIST models 1.17 and
+# 0.26). At batch 8 on an H200 their calls dispatch faster without 39-63 argument buffers (VGG-small 74-103
+# against 137-166 us a forward, ResNet-14 121 against 145-149); on the CPU the same or faster. The next one up,
+# AlexNet, holds 11.9 MiB, which would be HLO text at every compile and a second copy on the device.
+EMBEDDED_PARAMETERS_BYTES = 2 << 20
 
 
 class InputRangeWarning(UserWarning):
