@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <vector>
 
 #include "cpu/panel_words.h"
 
@@ -103,29 +104,67 @@ JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void AddChunkAvx2(const
   }
 }
 
-// kMask: kNoMask, kEveryChunk, or kLastChunk (the last chunk alone masked; kLastHalf runs as it).
+// The first 64 bits of each row of the last chunk of every tile row, masked: (tiles, 8 rows, 2 words), two
+// registers a tile row (rows 0-3, rows 4-7). Where the rest of the last chunk is padding (kLastHalf: 3x3 at C = 32
+// and 64), those two registers take the chunk's popcounts instead of four, each 64-bit lane one output column.
+JAXBNN_TARGET_AVX2 const uint32_t* LastHalvesAvx2(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles) {
+  thread_local std::vector<uint32_t> halves;
+  if (static_cast<int64_t>(halves.size()) < tiles * 2 * kTileRows) halves.resize(tiles * 2 * kTileRows);
+  const int64_t last = panel.chunks - 1;
+  const uint32_t* mask = panel.weight_mask + last * kChunkWords;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const uint32_t* chunk = tile_rows + (t * panel.chunks + last) * kTileChunkWords;
+    for (int i = 0; i < kTileRows; ++i) {
+      halves[(t * kTileRows + i) * 2] = chunk[i * kChunkWords] & mask[0];
+      halves[(t * kTileRows + i) * 2 + 1] = chunk[i * kChunkWords + 1] & mask[1];
+    }
+  }
+  return halves.data();
+}
+
+// kMask: kNoMask, kEveryChunk, kLastHalf (LastHalvesAvx2) or kLastChunk (the last chunk alone masked).
 template <AvxMask kMask>
 JAXBNN_TARGET_AVX2 void PanelAvx2Masked(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles,
                                         int32_t* dots, int64_t stride) {
   const __m256i zero = _mm256_setzero_si256();
-  const int64_t chunks = panel.chunks, body = kMask == kLastChunk ? chunks - 1 : chunks;
+  const int64_t chunks = panel.chunks, body = kMask == kLastChunk || kMask == kLastHalf ? chunks - 1 : chunks;
+  [[maybe_unused]] const uint32_t* last_halves = nullptr;
+  [[maybe_unused]] uint64_t last_mask = 0;
+  if constexpr (kMask == kLastHalf) {
+    last_halves = LastHalvesAvx2(panel, tile_rows, tiles);
+    last_mask = Load64(panel.weight_mask + body * kChunkWords);
+  }
   for (int64_t r = 0; r < panel.rows; ++r) {
     const uint32_t* x = PanelRow(panel, r);
+    [[maybe_unused]] __m256i x_last;
+    if constexpr (kMask == kLastHalf) {
+      x_last = _mm256_set1_epi64x(static_cast<long long>(Load64(x + body * kGroupChunkWords) & last_mask));
+    }
     for (int64_t t = 0; t < tiles; ++t) {
       const uint32_t* tile_row = tile_rows + t * chunks * kTileChunkWords;
       __m256i total[4] = {zero, zero, zero, zero};
-      for (int64_t j0 = 0; j0 < chunks; j0 += kAvx2ByteChunks) {
+      for (int64_t j0 = 0; j0 < (kMask == kLastHalf ? body : chunks); j0 += kAvx2ByteChunks) {
         const int64_t j1 = std::min(chunks, j0 + kAvx2ByteChunks);
         __m256i bytes[4] = {zero, zero, zero, zero};
         for (int64_t j = j0; j < std::min(j1, body); ++j) {
           AddChunkAvx2<kMask == kEveryChunk>(x, tile_row, panel.weight_mask, j, bytes);
         }
-        if (j1 > body) AddChunkAvx2<true>(x, tile_row, panel.weight_mask, body, bytes);
+        if (kMask == kLastChunk && j1 > body) AddChunkAvx2<true>(x, tile_row, panel.weight_mask, body, bytes);
         for (int q = 0; q < 4; ++q) total[q] = _mm256_add_epi64(total[q], _mm256_sad_epu8(bytes[q], zero));
       }
+      __m256i popcounts = ColumnSumsAvx2(total);
+      if constexpr (kMask == kLastHalf) {
+        const __m256i* halves = reinterpret_cast<const __m256i*>(last_halves + t * 2 * kTileRows);
+        // 64-bit sums of columns 0-3 and 4-7, then as 32-bit lanes [c0, c4, c1, c5, c2, c6, c3, c7], then in order
+        const __m256i low = _mm256_sad_epu8(ByteCountsAvx2(_mm256_xor_si256(_mm256_loadu_si256(halves), x_last)), zero);
+        const __m256i high =
+            _mm256_sad_epu8(ByteCountsAvx2(_mm256_xor_si256(_mm256_loadu_si256(halves + 1), x_last)), zero);
+        const __m256i both = _mm256_blend_epi32(low, _mm256_slli_epi64(high, 32), 0xaa);
+        popcounts = _mm256_add_epi32(
+            popcounts, _mm256_permutevar8x32_epi32(both, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)));
+      }
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dots + r * stride + t * kTileRows),
-                          _mm256_sub_epi32(_mm256_set1_epi32(panel.k_valid[r]),
-                                           _mm256_slli_epi32(ColumnSumsAvx2(total), 1)));
+                          _mm256_sub_epi32(_mm256_set1_epi32(panel.k_valid[r]), _mm256_slli_epi32(popcounts, 1)));
     }
   }
 }
@@ -135,7 +174,7 @@ JAXBNN_TARGET_AVX2 void PanelAvx2(const PackedPanel& panel, const uint32_t* tile
   switch (MaskUseOf(panel)) {
     case kNoMask: return PanelAvx2Masked<kNoMask>(panel, tile_rows, tiles, dots, stride);
     case kEveryChunk: return PanelAvx2Masked<kEveryChunk>(panel, tile_rows, tiles, dots, stride);
-    case kLastHalf:
+    case kLastHalf: return PanelAvx2Masked<kLastHalf>(panel, tile_rows, tiles, dots, stride);
     case kLastChunk: return PanelAvx2Masked<kLastChunk>(panel, tile_rows, tiles, dots, stride);
   }
 }
