@@ -13,7 +13,8 @@ namespace jaxbnn::cuda {
 // pre[b, oy, ox, n] = sum over taps (i, j) and channels c of levels[b, oy * stride_h + i - pad_top,
 // ox * stride_w + j - pad_left, c] * kernel[i, j, c, n], out-of-frame taps adding 0 (level 0, pixel 128);
 // max-pooled over (pool_h, pool_w) windows (window = stride, floor); then v = pre >> shift, narrowed to int16 (its
-// low 16 bits, as a two's-complement cast) where narrow_stream. Outputs, at least one of them:
+// low 16 bits, as a two's-complement cast) where narrow_stream (shift and narrow_stream with out_stream only: the
+// launcher refuses them without it). Outputs, at least one of them:
 // - out_stream: v, int32 or int16 (pooled pixels, n), the residual stream;
 // - out_bits: uint32 (pooled pixels, planes, ceil(n / 32)), bit n of plane p being v >= threshold[p, n]
 //   (v <= threshold[p, n] where flip[p, n]), padding bits 0.
@@ -46,9 +47,10 @@ inline constexpr int kMaxImagePlanes = 8;
 inline constexpr int kMaxImageColumnTiles = 65535;
 inline constexpr int kImageTileColumns = 64;
 
-// Launches the first layer on `stream` (nothing for an empty problem): the windowed kernel where it takes the
-// problem, the GEMM form where it does (a 1 x 1 kernel at stride 1, no padding or pool, C and N multiples of 16),
-// else the im2col kernel; returns the launch error, if any.
+// Launches the first layer on `stream` (nothing for an empty problem): the direct kernel where it takes the problem
+// (threshold planes of at most 64 channels from at most 12 products), else the windowed kernel where it does, the
+// GEMM form where it does (a 1 x 1 kernel at stride 1, no padding or pool, C and N multiples of 16), else the
+// im2col kernel; returns the launch error, if any.
 cudaError_t LaunchImageConv(const ImageConvProblem& problem, cudaStream_t stream);
 
 }  // namespace jaxbnn::cuda

@@ -26,6 +26,7 @@
 
 #include "cuda/device/first_layer.cuh"
 #include "cuda/device/common.cuh"
+#include "cuda/kernels/image_direct.h"
 #include "cuda/kernels/image_window.h"
 
 namespace jaxbnn::cuda {
@@ -700,10 +701,13 @@ cudaError_t LaunchImageConv(const ImageConvProblem& p, cudaStream_t stream) {
   const int window = p.pool_h * p.pool_w;
   const int64_t pooled = int64_t{p.batch} * p.out_h * p.out_w;
   if (pooled == 0 || p.n == 0) return cudaSuccess;
-  if (window < 1 || window > kMaxImagePoolWindow || p.planes < 0 || p.planes > kMaxImagePlanes) {
+  if (window < 1 || window > kMaxImagePoolWindow || p.planes < 0 || p.planes > kMaxImagePlanes ||
+      (p.out_stream == nullptr && (p.shift != 0 || p.narrow_stream))) {
     return cudaErrorInvalidValue;
   }
-  // images of at most four channels: the windowed kernel, where it covers the problem
+  // a few products into few channels of threshold planes: the direct kernel on the CUDA cores; images of at most
+  // four channels: the windowed kernel, where it covers the problem
+  if (ImageDirectTakes(p)) return LaunchImageDirect(p, stream);
   if (ImageWindowTakes(p)) return LaunchImageWindow(p, stream);
   ImageLaunch L;
   L.window = FastDivisor(window);

@@ -2,8 +2,9 @@
 // padding mode, stride, pool and odd shape, run on each engine into poisoned outputs and compared word
 // for word with a direct CPU convolution (XOR-popc, independent of the kernels' AND-popc algebra).
 // Also the workload of the compute-sanitizer runs (`--small`); `--residual` checks only the residual epilogue
-// (Epilogue::kResidual); `--image` checks only the first-layer kernel (LaunchImageConv: int8 levels, and the same
-// as uint8 pixels, aligned and not, against a CPU convolution); `--dense` checks only the convolutions of fewer
+// (Epilogue::kResidual); `--image` checks only the first-layer kernels (LaunchImageConv: int8 levels, and the same
+// as uint8 pixels, aligned and not, against a CPU convolution; `--image-direct`: the direct kernel's cases, a
+// sanitizer workload); `--dense` checks only the convolutions of fewer
 // than 32 channels (the dense-tap kernel's and two of the word layout); `--global-pool` checks only the global pooling kernel
 // (LaunchGlobalSumBits, against a CPU sum); `--stream-bits` checks only the stream's threshold planes
 // (LaunchStreamBits, against CPU comparisons); `--repeats` checks only the inputs whose taps read each pixel twice
@@ -11,7 +12,7 @@
 // ternary product; `--small-doubled`: two of them, a sanitizer workload); `--planes` checks only the bit
 // epilogue's two threshold planes (the full set of those cases; `--small-planes`: the small set's, a sanitizer
 // workload of a few seconds);
-// `--time-image` times the first layer on the MNIST MLP's shape.
+// `--time-image` times the first-layer kernels (the direct against the windowed one, the MNIST MLP's shape).
 // Exit status 0 only if every case matches.
 //
 //   cmake -S . -B build/kernels -DJAXBNN_CUDA=ON -DJAXBNN_KERNEL_TESTS=ON && cmake --build build/kernels --target kernel_check
@@ -22,9 +23,11 @@
 #include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -32,6 +35,8 @@
 #include "cuda/binary_gemm.h"
 #include "cuda/global_pool.h"
 #include "cuda/image_conv.h"
+#include "cuda/kernels/image_direct.h"
+#include "cuda/kernels/image_window.h"
 #include "cuda/stream_bits.h"
 
 using jaxbnn::cuda::BinaryGemmProblem;
@@ -1140,9 +1145,7 @@ long RunImageCase(const ImageCase& ic, bool pixels, bool misaligned) {
   uint32_t* d_bits = nullptr;
   void* d_stream = nullptr;
   CHECK_CUDA(cudaMalloc(&d_bits, std::max<size_t>(bit_words, 1) * 4));
-  CHECK_CUDA(cudaMemset(d_bits, 0xA5, std::max<size_t>(bit_words, 1) * 4));  // poison: unwritten values show
   CHECK_CUDA(cudaMalloc(&d_stream, std::max<size_t>(stream_bytes, 4)));
-  CHECK_CUDA(cudaMemset(d_stream, 0xA5, std::max<size_t>(stream_bytes, 4)));
   jaxbnn::cuda::ImageConvProblem p;
   p.levels = d_levels;
   p.pixels = pixels;
@@ -1169,26 +1172,39 @@ long RunImageCase(const ImageCase& ic, bool pixels, bool misaligned) {
   p.out_w = out_w;
   p.planes = ic.planes;
   p.shift = ic.shift;
-  CHECK_CUDA(jaxbnn::cuda::LaunchImageConv(p, nullptr));
-  CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<uint32_t> got_bits(bit_words);
-  if (bit_words) CHECK_CUDA(cudaMemcpy(got_bits.data(), d_bits, bit_words * 4, cudaMemcpyDeviceToHost));
-  long wrong = 0;
-  for (size_t i = 0; i < bit_words; ++i) wrong += got_bits[i] != want_bits[i];
-  if (ic.stream == 16) {
-    std::vector<uint16_t> got(stream_values);
-    if (stream_values) CHECK_CUDA(cudaMemcpy(got.data(), d_stream, stream_bytes, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < stream_values; ++i) wrong += got[i] != want_stream[i];
-  } else if (ic.stream == 32) {
-    std::vector<uint32_t> got(stream_values);
-    if (stream_values) CHECK_CUDA(cudaMemcpy(got.data(), d_stream, stream_bytes, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < stream_values; ++i) wrong += got[i] != want_stream[i];
+  // The launcher's choice; and where the direct kernel is that choice, the windowed kernel too where it takes the
+  // problem, so that it stays checked on the small problems it no longer runs.
+  std::vector<std::pair<const char*, cudaError_t (*)(const jaxbnn::cuda::ImageConvProblem&, cudaStream_t)>> launchers = {
+      {"", &jaxbnn::cuda::LaunchImageConv}};
+  if (jaxbnn::cuda::ImageDirectTakes(p) && jaxbnn::cuda::ImageWindowTakes(p)) {
+    launchers.push_back({" (windowed kernel)", &jaxbnn::cuda::LaunchImageWindow});
   }
-  std::printf("image %dx%dx%dx%d -> %d, %dx%d /%dx%d pad (%d,%d,%d,%d) pool %dx%d planes %d stream %d shift %d%s%s%s: "
-              "%ld / %zu wrong\n",
-              ic.batch, ic.h, ic.w, ic.c, ic.n, ic.kh, ic.kw, ic.sh, ic.sw, ic.pt, ic.pb, ic.pl, ic.pr, ic.ph, ic.pw,
-              ic.planes, ic.stream, ic.shift, ic.extremes ? " extremes" : "", pixels ? " pixels" : "",
-              misaligned ? " misaligned" : "", wrong, bit_words + stream_values);
+  long wrong = 0;
+  for (const auto& [label, launch] : launchers) {
+    CHECK_CUDA(cudaMemset(d_bits, 0xA5, std::max<size_t>(bit_words, 1) * 4));  // poison: unwritten values show
+    CHECK_CUDA(cudaMemset(d_stream, 0xA5, std::max<size_t>(stream_bytes, 4)));
+    CHECK_CUDA(launch(p, nullptr));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<uint32_t> got_bits(bit_words);
+    if (bit_words) CHECK_CUDA(cudaMemcpy(got_bits.data(), d_bits, bit_words * 4, cudaMemcpyDeviceToHost));
+    long launch_wrong = 0;
+    for (size_t i = 0; i < bit_words; ++i) launch_wrong += got_bits[i] != want_bits[i];
+    if (ic.stream == 16) {
+      std::vector<uint16_t> got(stream_values);
+      if (stream_values) CHECK_CUDA(cudaMemcpy(got.data(), d_stream, stream_bytes, cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < stream_values; ++i) launch_wrong += got[i] != want_stream[i];
+    } else if (ic.stream == 32) {
+      std::vector<uint32_t> got(stream_values);
+      if (stream_values) CHECK_CUDA(cudaMemcpy(got.data(), d_stream, stream_bytes, cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < stream_values; ++i) launch_wrong += got[i] != want_stream[i];
+    }
+    std::printf("image %dx%dx%dx%d -> %d, %dx%d /%dx%d pad (%d,%d,%d,%d) pool %dx%d planes %d stream %d shift %d%s%s%s%s: "
+                "%ld / %zu wrong\n",
+                ic.batch, ic.h, ic.w, ic.c, ic.n, ic.kh, ic.kw, ic.sh, ic.sw, ic.pt, ic.pb, ic.pl, ic.pr, ic.ph, ic.pw,
+                ic.planes, ic.stream, ic.shift, ic.extremes ? " extremes" : "", pixels ? " pixels" : "",
+                misaligned ? " misaligned" : "", label, launch_wrong, bit_words + stream_values);
+    wrong += launch_wrong;
+  }
   for (void* d : {static_cast<void*>(d_levels_allocation), static_cast<void*>(d_kernel),
                   static_cast<void*>(d_threshold), static_cast<void*>(d_flip), static_cast<void*>(d_bits), d_stream}) {
     CHECK_CUDA(cudaFree(d));
@@ -1383,6 +1399,17 @@ std::vector<ImageCase> ImageCases() {
       {2, 15, 17, 1, 64, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, 0, 2, 32, false},      // pool dropping the odd row and column
       {2, 9, 40, 4, 200, 2, 3, 2, 1, 0, 1, 1, 1, 2, 2, 3, 0, 0, true},       // extremes, C = 4, four column tiles
       {1, 1, 1, 3, 16, 1, 1, 1, 1, 5, 5, 5, 5, 1, 1, 1, 0, 0, false},       // 3 bytes of levels: less than one copy
+      // the direct kernel (threshold planes of at most 64 channels from at most 12 products): K4 of 1, 2 and 3, both
+      // column tiles, pools, strides, planes; more pixels than its CTAs' threads (the stride loop)
+      {300, 28, 28, 1, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, false},   // MNIST conv's first layer
+      {2, 15, 14, 3, 64, 2, 2, 2, 1, 2, 1, 0, 3, 1, 1, 2, 0, 0, true},      // K = 12, N = 64, extremes, two planes
+      {3, 19, 23, 1, 33, 3, 3, 2, 1, 1, 1, 1, 1, 3, 2, 3, 0, 0, false},     // N = 33, pool 3x2, three planes
+      {2, 7, 9, 1, 5, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, false},        // K = 1
+      {2, 9, 11, 4, 40, 1, 3, 2, 2, 1, 0, 0, 1, 2, 2, 8, 0, 0, true},       // C = 4, K = 12, eight planes, extremes
+      {2, 6, 8, 10, 17, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, false},      // C = 10 (no windowed form), K = 10
+      {1, 3, 2, 1, 63, 3, 3, 1, 1, 2, 2, 2, 2, 1, 1, 2, 0, 0, false},       // fields mostly outside a 3 x 2 image
+      {2, 8, 8, 1, 64, 2, 2, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, true},        // K = 4, N = 64, extremes
+      {2, 11, 10, 2, 20, 2, 2, 1, 1, 1, 0, 1, 0, 2, 2, 1, 0, 0, false},     // K = 8: two level words
       // slots a word of the rows' bytes apart (the stride a multiple of a slot's pixels; RGB read as grey)
       {2, 37, 45, 1, 48, 5, 6, 2, 4, 2, 1, 1, 3, 1, 1, 1, 0, 16, false},    // C = 1 at stride 4
       {2, 18, 26, 2, 36, 3, 4, 2, 2, 1, 0, 3, 2, 2, 2, 1, 3, 16, true},     // C = 2 at stride 2, pooled extremes
@@ -1412,9 +1439,57 @@ std::vector<ImageCase> ImageCases() {
   };
 }
 
-// --time-image: the first-layer launcher on the MNIST MLP's 784 -> 1024 (threshold bits) at batches 8, 1024 and
-// 32768: one launch at a time (median of 9) and 30 queued.
+// --time-image: the direct first-layer kernel against the windowed one on problems both take, the MNIST conv net's
+// first layer (28 x 28 grey, 3 x 3 SAME, 32 channels of threshold bits) at batches 8, 1024 and 32768, the same
+// with 64 channels, and 32 x 32 RGB, 2 x 2, 64 channels (K = 12, the direct kernel's most) at 8 and 1024; then the
+// first-layer
+// launcher on the MNIST MLP's 784 -> 1024 at batches 8, 1024 and 32768. Each: one launch at a time (median of 9)
+// and 30 queued.
 void TimeImage() {
+  struct Shape {
+    const char* name;
+    int h, w, c, n, k;
+    std::vector<int> batches;
+  };
+  for (const Shape& s : {Shape{"mnist conv 28x28x1->32", 28, 28, 1, 32, 3, {8, 1024, 32768}},
+                         Shape{"28x28x1->64 3x3", 28, 28, 1, 64, 3, {8, 1024}},
+                         Shape{"32x32x3->64 2x2", 32, 32, 3, 64, 2, {8, 1024}}}) {
+    for (int batch : s.batches) {
+      std::vector<int8_t> levels(static_cast<size_t>(batch) * s.h * s.w * s.c), kernel(static_cast<size_t>(s.k * s.k) * s.c * s.n);
+      for (int8_t& v : levels) v = static_cast<int8_t>(rng());
+      for (int8_t& v : kernel) v = static_cast<int8_t>(static_cast<int>(rng() % 3) - 1);
+      std::vector<int32_t> threshold(s.n, 0);
+      std::vector<uint8_t> flip(s.n, 0);
+      jaxbnn::cuda::ImageConvProblem p;
+      p.levels = ToDevice(levels);
+      p.kernel = ToDevice(kernel);
+      p.threshold = ToDevice(threshold);
+      p.flip = ToDevice(flip);
+      CHECK_CUDA(cudaMalloc(&p.out_bits, static_cast<size_t>(batch) * s.h * s.w * ((s.n + 31) / 32) * 4));
+      p.pixels = true;
+      p.batch = batch;
+      p.in_h = p.out_h = s.h;
+      p.in_w = p.out_w = s.w;
+      p.c = s.c;
+      p.n = s.n;
+      p.kh = p.kw = s.k;
+      p.pad_top = p.pad_left = s.k / 2;
+      p.planes = 1;
+      if (!jaxbnn::cuda::ImageDirectTakes(p) || !jaxbnn::cuda::ImageWindowTakes(p)) {
+        std::printf("time image %s b%d: not taken by both kernels\n", s.name, batch);
+        std::exit(1);
+      }
+      const LaunchTimes direct = TimeLaunches([&] { CHECK_CUDA(jaxbnn::cuda::LaunchImageDirect(p, nullptr)); });
+      const LaunchTimes window = TimeLaunches([&] { CHECK_CUDA(jaxbnn::cuda::LaunchImageWindow(p, nullptr)); });
+      std::printf("time image %s b%-6d direct %9.4f ms queued %9.4f ms   windowed %9.4f ms queued %9.4f ms\n", s.name,
+                  batch, direct.alone_ms, direct.queued_ms, window.alone_ms, window.queued_ms);
+      for (const void* ptr : {static_cast<const void*>(p.levels), static_cast<const void*>(p.kernel),
+                              static_cast<const void*>(p.threshold), static_cast<const void*>(p.flip),
+                              static_cast<const void*>(p.out_bits)}) {
+        CHECK_CUDA(cudaFree(const_cast<void*>(ptr)));
+      }
+    }
+  }
   for (int batch : {8, 1024, 32768}) {
     const int k = 784, n = 1024;
     std::vector<int8_t> levels(static_cast<size_t>(batch) * k), kernel(static_cast<size_t>(k) * n);
@@ -1458,9 +1533,12 @@ int main(int argc, char** argv) {
     TimeImage();
     return 0;
   }
-  if (mode == "--image") {  // the first-layer kernel's cases only
+  if (mode == "--image" || mode == "--image-direct") {  // the first-layer kernels' cases only (or the direct one's)
     long failures = 0;
     for (const ImageCase& ic : ImageCases()) {
+      // the direct kernel's rule (ImageDirectTakes) on a case's fields
+      const bool direct = ic.planes >= 1 && ic.stream == 0 && ic.kh * ic.kw * ic.c <= 12 && ic.n <= 64;
+      if (mode == "--image-direct" && !direct) continue;
       for (bool pixels : {false, true}) failures += RunImageCase(ic, pixels, false) != 0;
       failures += RunImageCase(ic, true, true) != 0;
     }
