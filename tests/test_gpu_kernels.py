@@ -404,10 +404,10 @@ IMAGE_LAYERS = [  # (image (B, H, W, C), kernel (KH, KW), N, stride, padding, po
     ((3, 21, 23, 1), (7, 7), 33, 3, "SAME", None, 2, 0),  # one channel: 7 taps in two slots of 4 pixels
     ((2, 19, 27, 2), (3, 5), 40, (1, 2), "SAME", (2, 2), 1, 0),  # two channels, two pixels a slot
     ((3, 13, 21, 4), (3, 3), 70, 1, "SAME", (2, 2), 0, 2),  # four channels, a pooled stream of 70 channels
-    # the direct kernel (threshold planes of at most 64 channels from at most 12 products)
+    # the direct kernel (threshold planes of at most 32 channels from at most 12 products)
     ((9, 28, 28, 1), (3, 3), 32, 1, "SAME", None, 1, 0),  # the MNIST conv net's first layer
-    ((2, 15, 14, 3), (2, 2), 64, (2, 1), ((2, 1), (0, 3)), None, 2, 0),  # K = 12, N = 64: two column tiles
-    ((3, 19, 23, 1), (3, 3), 33, (2, 1), "SAME", (3, 2), 3, 0),  # pool 3 x 2, three planes
+    ((2, 15, 14, 3), (2, 2), 32, (2, 1), ((2, 1), (0, 3)), None, 2, 0),  # K = 12, two planes
+    ((3, 19, 23, 1), (3, 3), 31, (2, 1), "SAME", (3, 2), 3, 0),  # pool 3 x 2, three planes, a partial word
     ((2, 6, 8, 10), (1, 1), 17, 1, "VALID", None, 1, 0),  # ten channels, K = 10
     # the GEMM form (1 x 1, stride 1, no padding or pool, C and N multiples of 16): whole K chunks or not, partial
     # row and column tiles

@@ -48,7 +48,7 @@ inline constexpr int kMaxImageColumnTiles = 65535;
 inline constexpr int kImageTileColumns = 64;
 
 // Launches the first layer on `stream` (nothing for an empty problem): the direct kernel where it takes the problem
-// (threshold planes of at most 64 channels from at most 12 products), else the windowed kernel where it does, the
+// (threshold planes of at most 32 channels from at most 12 products), else the windowed kernel where it does, the
 // GEMM form where it does (a 1 x 1 kernel at stride 1, no padding or pool, C and N multiples of 16), else the
 // im2col kernel; returns the launch error, if any.
 cudaError_t LaunchImageConv(const ImageConvProblem& problem, cudaStream_t stream);

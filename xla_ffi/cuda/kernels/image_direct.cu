@@ -1,5 +1,5 @@
 // The direct first-layer kernel: a convolution of int8 image levels with int8 weights on the CUDA cores (dp4a),
-// for first layers that sum at most 12 products and write at most 64 channels of threshold planes, as the MNIST
+// for first layers that sum at most 12 products and write at most 32 channels of threshold planes, as the MNIST
 // conv net's 3 x 3 grey layer (9 products, 32 channels). The tensor-core kernels' k32 step would be mostly
 // padding there, and their tiles' window building and barriers cost more than the products
 // (docs/design/decisions.md).

@@ -12,7 +12,7 @@ namespace jaxbnn::cuda {
 // The most products a pre-activation of the direct kernel sums (kh * kw * C) and the most output channels it
 // writes.
 inline constexpr int kMaxDirectProducts = 12;
-inline constexpr int kMaxDirectChannels = 64;
+inline constexpr int kMaxDirectChannels = 32;
 
 // Whether the direct kernel computes `p`: threshold planes only (no stream, shift 0), at most kMaxDirectProducts
 // products and kMaxDirectChannels channels, a padded frame under 65535 rows and columns, a tap's offset from its

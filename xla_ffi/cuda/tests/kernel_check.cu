@@ -1362,6 +1362,30 @@ std::vector<StreamBitsCase> StreamBitsCases() {
           {5, 1, 1, false}, {77, 64, 2, true}};
 }
 
+// The launcher refuses a shift or an int16 narrowing without a stream to apply them to (the bits alone compare the
+// pre-activations): an error, nothing launched. Returns the number of problems it did not refuse.
+long ImageRefusals() {
+  long accepted = 0;
+  for (int shift : {0, 3}) {
+    for (bool narrow : {false, true}) {
+      if (shift == 0 && !narrow) continue;
+      jaxbnn::cuda::ImageConvProblem p;
+      p.batch = p.in_h = p.in_w = p.out_h = p.out_w = p.c = p.n = p.planes = 1;
+      p.shift = shift;
+      p.narrow_stream = narrow;
+      uint32_t* bits = nullptr;
+      CHECK_CUDA(cudaMalloc(&bits, 4));
+      p.out_bits = bits;
+      const cudaError_t err = jaxbnn::cuda::LaunchImageConv(p, nullptr);
+      std::printf("image refusal: shift %d narrow %d without a stream: %s\n", shift, narrow ? 1 : 0,
+                  err == cudaErrorInvalidValue ? "refused" : "NOT refused");
+      accepted += err != cudaErrorInvalidValue;
+      CHECK_CUDA(cudaFree(bits));
+    }
+  }
+  return accepted;
+}
+
 // The zoo's first layers at small sizes, odd shapes, the largest pool window, the extremes.
 std::vector<ImageCase> ImageCases() {
   return {
@@ -1399,17 +1423,20 @@ std::vector<ImageCase> ImageCases() {
       {2, 15, 17, 1, 64, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2, 0, 2, 32, false},      // pool dropping the odd row and column
       {2, 9, 40, 4, 200, 2, 3, 2, 1, 0, 1, 1, 1, 2, 2, 3, 0, 0, true},       // extremes, C = 4, four column tiles
       {1, 1, 1, 3, 16, 1, 1, 1, 1, 5, 5, 5, 5, 1, 1, 1, 0, 0, false},       // 3 bytes of levels: less than one copy
-      // the direct kernel (threshold planes of at most 64 channels from at most 12 products): K4 of 1, 2 and 3, both
-      // column tiles, pools, strides, planes; more pixels than its CTAs' threads (the stride loop)
+      // the direct kernel (threshold planes of at most 32 channels from at most 12 products): K4 of 1, 2 and 3,
+      // pools, strides, planes, partial words; more pixels than its CTAs' threads (the stride loop); and just past
+      // its limits (33 channels, 13 products: the windowed and im2col kernels)
       {300, 28, 28, 1, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, false},   // MNIST conv's first layer
-      {2, 15, 14, 3, 64, 2, 2, 2, 1, 2, 1, 0, 3, 1, 1, 2, 0, 0, true},      // K = 12, N = 64, extremes, two planes
-      {3, 19, 23, 1, 33, 3, 3, 2, 1, 1, 1, 1, 1, 3, 2, 3, 0, 0, false},     // N = 33, pool 3x2, three planes
+      {2, 15, 14, 3, 32, 2, 2, 2, 1, 2, 1, 0, 3, 1, 1, 2, 0, 0, true},      // K = 12, extremes, two planes
+      {3, 19, 23, 1, 31, 3, 3, 2, 1, 1, 1, 1, 1, 3, 2, 3, 0, 0, false},     // N = 31, pool 3x2, three planes
       {2, 7, 9, 1, 5, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, false},        // K = 1
-      {2, 9, 11, 4, 40, 1, 3, 2, 2, 1, 0, 0, 1, 2, 2, 8, 0, 0, true},       // C = 4, K = 12, eight planes, extremes
+      {2, 9, 11, 4, 20, 1, 3, 2, 2, 1, 0, 0, 1, 2, 2, 8, 0, 0, true},       // C = 4, K = 12, eight planes, extremes
       {2, 6, 8, 10, 17, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, false},      // C = 10 (no windowed form), K = 10
-      {1, 3, 2, 1, 63, 3, 3, 1, 1, 2, 2, 2, 2, 1, 1, 2, 0, 0, false},       // fields mostly outside a 3 x 2 image
-      {2, 8, 8, 1, 64, 2, 2, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, true},        // K = 4, N = 64, extremes
+      {1, 3, 2, 1, 30, 3, 3, 1, 1, 2, 2, 2, 2, 1, 1, 2, 0, 0, false},       // fields mostly outside a 3 x 2 image
+      {2, 8, 8, 1, 32, 2, 2, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, true},        // K = 4, extremes
       {2, 11, 10, 2, 20, 2, 2, 1, 1, 1, 0, 1, 0, 2, 2, 1, 0, 0, false},     // K = 8: two level words
+      {2, 12, 13, 1, 33, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, false},     // 33 channels: not direct
+      {2, 12, 13, 13, 32, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, false},    // 13 products: not direct
       // slots a word of the rows' bytes apart (the stride a multiple of a slot's pixels; RGB read as grey)
       {2, 37, 45, 1, 48, 5, 6, 2, 4, 2, 1, 1, 3, 1, 1, 1, 0, 16, false},    // C = 1 at stride 4
       {2, 18, 26, 2, 36, 3, 4, 2, 2, 1, 0, 3, 2, 2, 2, 1, 3, 16, true},     // C = 2 at stride 2, pooled extremes
@@ -1440,9 +1467,8 @@ std::vector<ImageCase> ImageCases() {
 }
 
 // --time-image: the direct first-layer kernel against the windowed one on problems both take, the MNIST conv net's
-// first layer (28 x 28 grey, 3 x 3 SAME, 32 channels of threshold bits) at batches 8, 1024 and 32768, the same
-// with 64 channels, and 32 x 32 RGB, 2 x 2, 64 channels (K = 12, the direct kernel's most) at 8 and 1024; then the
-// first-layer
+// first layer (28 x 28 grey, 3 x 3 SAME, 32 channels of threshold bits) at batches 8, 1024 and 32768, and 32 x 32
+// RGB, 2 x 2, 32 channels (K = 12, the direct kernel's most products) at 8 and 1024; then the first-layer
 // launcher on the MNIST MLP's 784 -> 1024 at batches 8, 1024 and 32768. Each: one launch at a time (median of 9)
 // and 30 queued.
 void TimeImage() {
@@ -1452,8 +1478,7 @@ void TimeImage() {
     std::vector<int> batches;
   };
   for (const Shape& s : {Shape{"mnist conv 28x28x1->32", 28, 28, 1, 32, 3, {8, 1024, 32768}},
-                         Shape{"28x28x1->64 3x3", 28, 28, 1, 64, 3, {8, 1024}},
-                         Shape{"32x32x3->64 2x2", 32, 32, 3, 64, 2, {8, 1024}}}) {
+                         Shape{"32x32x3->32 2x2", 32, 32, 3, 32, 2, {8, 1024}}}) {
     for (int batch : s.batches) {
       std::vector<int8_t> levels(static_cast<size_t>(batch) * s.h * s.w * s.c), kernel(static_cast<size_t>(s.k * s.k) * s.c * s.n);
       for (int8_t& v : levels) v = static_cast<int8_t>(rng());
@@ -1537,11 +1562,12 @@ int main(int argc, char** argv) {
     long failures = 0;
     for (const ImageCase& ic : ImageCases()) {
       // the direct kernel's rule (ImageDirectTakes) on a case's fields
-      const bool direct = ic.planes >= 1 && ic.stream == 0 && ic.kh * ic.kw * ic.c <= 12 && ic.n <= 64;
+      const bool direct = ic.planes >= 1 && ic.stream == 0 && ic.kh * ic.kw * ic.c <= 12 && ic.n <= 32;
       if (mode == "--image-direct" && !direct) continue;
       for (bool pixels : {false, true}) failures += RunImageCase(ic, pixels, false) != 0;
       failures += RunImageCase(ic, true, true) != 0;
     }
+    failures += ImageRefusals();
     std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
     return failures ? 1 : 0;
   }
@@ -1663,6 +1689,7 @@ int main(int argc, char** argv) {
     for (bool pixels : {false, true}) failures += RunImageCase(ic, pixels, false) != 0;
     failures += RunImageCase(ic, true, true) != 0;
   }
+  if (!planes_only) failures += ImageRefusals();
   if (!dense && !planes_only) {
     for (const GlobalPoolCase& gc : GlobalPoolCases()) {
       for (bool narrow : {false, true}) failures += RunGlobalPoolCase(gc, narrow) != 0;
