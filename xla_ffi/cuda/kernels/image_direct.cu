@@ -7,10 +7,11 @@
 // A thread computes one pooled pixel's 32 channels, one word of each threshold plane: for each pixel of its pool
 // window it gathers the receptive field's levels into K4 = ceil(K / 4) words (byte k the product k of the HWIO
 // kernel's order, tap (i, j) and channel c; 0 outside the frame and past K), takes K4 dp4a a channel against the
-// weights, keeps the max over the window, and writes each plane's word. A CTA takes one 32-channel column tile
-// and strides over the pixels; each thread holds the tile's weights (32 K4 words) and the products' tap offsets in
-// registers for its life, so that its loop reads shared memory only for the bounds (16-byte loads). Hence at most
-// 12 products: 16 took every register and spilled.
+// weights, keeps the max over the window, and writes each plane's word. CTAs stride over the pixels; each thread
+// holds the weights (32 K4 words) and the products' tap offsets in registers for its life, so that its loop reads
+// shared memory only for the bounds (16-byte loads). Hence at most 12 products: 16 took every register and
+// spilled. More channels would be more column tiles, each gathering every field again: at 64 channels that ran
+// slower than the windowed kernel.
 #include "cuda/kernels/image_direct.h"
 
 #include <climits>
@@ -24,11 +25,12 @@ namespace jaxbnn::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kCols = 32;  // a column tile: one word of each plane
+constexpr int kCols = 32;  // the channels: one word of each plane
+static_assert(kCols == kMaxDirectChannels, "a thread writes every channel's bit");
 
-// Launch-time constants: the pooled pixels, the products, the plane words, the divisors of a pixel's index.
+// Launch-time constants: the pooled pixels, the products, the divisors of a pixel's index.
 struct DirectLaunch {
-  int pooled = 0, products = 0, words = 0;
+  int pooled = 0, products = 0;
   FastDivisor out_hw, out_w;
 };
 
@@ -40,16 +42,16 @@ __global__ void __launch_bounds__(kThreads) ImageDirectKernel(const ImageConvPro
   __shared__ uint32_t tap_place[kProducts];     // its tap (i, j) as i | j << 16
   __shared__ int4 bound[kMaxImagePlanes * kCols / 4];
   __shared__ uint32_t flip_word[kMaxImagePlanes];
-  const int tid = threadIdx.x, col0 = blockIdx.y * kCols;
+  const int tid = threadIdx.x;
   for (int idx = tid; idx < kCols * kWords; idx += kThreads) {
     const int n = idx / kWords, w = idx % kWords;
     uint32_t bytes[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int k = 4 * w + i;
-      const bool take = k < L.products && col0 + n < p.n;
+      const bool take = k < L.products && n < p.n;
       bytes[i] = 0;
-      LoadByte(bytes[i], p.kernel + (take ? k * p.n + col0 + n : 0), take);
+      LoadByte(bytes[i], p.kernel + (take ? k * p.n + n : 0), take);
     }
     weights[idx] = Word(bytes);
   }
@@ -59,10 +61,10 @@ __global__ void __launch_bounds__(kThreads) ImageDirectKernel(const ImageConvPro
     tap_offset[k] = (i * p.in_w + j) * p.c + c;
     tap_place[k] = static_cast<uint32_t>(i) | static_cast<uint32_t>(j) << 16;
   }
-  LoadImageBounds(p, reinterpret_cast<int*>(bound), flip_word, col0, kCols, tid, kThreads);
+  LoadImageBounds(p, reinterpret_cast<int*>(bound), flip_word, 0, kCols, tid, kThreads);
   __syncthreads();
-  // The tile's weights and the taps in registers for the thread's life: the loop below reads no shared memory
-  // but the bounds.
+  // The weights and the taps in registers for the thread's life: the loop below reads no shared memory but the
+  // bounds.
   uint32_t column_words[kCols][kWords];
 #pragma unroll
   for (int n = 0; n < kCols; ++n) {
@@ -129,7 +131,7 @@ __global__ void __launch_bounds__(kThreads) ImageDirectKernel(const ImageConvPro
         word |= static_cast<uint32_t>(best[4 * v + 2] >= b4.z) << (4 * v + 2);
         word |= static_cast<uint32_t>(best[4 * v + 3] >= b4.w) << (4 * v + 3);
       }
-      p.out_bits[(int64_t{q} * p.planes + plane) * L.words + blockIdx.y] = word ^ flip_word[plane];
+      p.out_bits[int64_t{q} * p.planes + plane] = word ^ flip_word[plane];
     }
   }
 }
@@ -146,8 +148,7 @@ cudaError_t LaunchInstance(const ImageConvProblem& p, const DirectLaunch& L, cud
   // every SM slot busy once, each CTA striding over the pixels, so that each loads its tile's weights once
   const long long needed = (static_cast<long long>(L.pooled) + kThreads - 1) / kThreads;
   const long long slots = static_cast<long long>(per_sm) * sms;
-  const dim3 grid(static_cast<unsigned>(needed < slots ? needed : slots), static_cast<unsigned>(L.words));
-  ImageDirectKernel<kWords><<<grid, kThreads, 0, stream>>>(p, L);
+  ImageDirectKernel<kWords><<<static_cast<unsigned>(needed < slots ? needed : slots), kThreads, 0, stream>>>(p, L);
   return cudaGetLastError();
 }
 
@@ -176,7 +177,6 @@ cudaError_t LaunchImageDirect(const ImageConvProblem& p, cudaStream_t stream) {
   L.pooled = static_cast<int>(int64_t{p.batch} * p.out_h * p.out_w);
   if (L.pooled == 0) return cudaSuccess;
   L.products = p.kh * p.kw * p.c;
-  L.words = (p.n + kCols - 1) / kCols;
   L.out_hw = FastDivisor(p.out_h * p.out_w);
   L.out_w = FastDivisor(p.out_w);
   switch ((L.products + 3) / 4) {
