@@ -12,7 +12,7 @@
 // ternary product; `--small-doubled`: two of them, a sanitizer workload); `--planes` checks only the bit
 // epilogue's two threshold planes (the full set of those cases; `--small-planes`: the small set's, a sanitizer
 // workload of a few seconds);
-// `--time-image` times the first-layer kernels (the direct against the windowed one, the MNIST MLP's shape).
+// `--time-image` times the first-layer launcher (and the direct kernel against the windowed one) on three shapes.
 // Exit status 0 only if every case matches.
 //
 //   cmake -S . -B build/kernels -DJAXBNN_CUDA=ON -DJAXBNN_KERNEL_TESTS=ON && cmake --build build/kernels --target kernel_check
@@ -1466,11 +1466,11 @@ std::vector<ImageCase> ImageCases() {
   };
 }
 
-// --time-image: the direct first-layer kernel against the windowed one on problems both take, the MNIST conv net's
-// first layer (28 x 28 grey, 3 x 3 SAME, 32 channels of threshold bits) at batches 8, 1024 and 32768, and 32 x 32
-// RGB, 2 x 2, 32 channels (K = 12, the direct kernel's most products) at 8 and 1024; then the first-layer
-// launcher on the MNIST MLP's 784 -> 1024 at batches 8, 1024 and 32768. Each: one launch at a time (median of 9)
-// and 30 queued.
+// --time-image: the first-layer launcher on each shape below (uint8 pixels, weights of -1, 0, +1, one plane of
+// threshold bits, "SAME" padding), one launch at a time (median of 9) and 30 queued; where the direct kernel takes
+// the shape, it against the windowed kernel in the same process. The MNIST conv net's first layer (28 x 28 grey,
+// 3 x 3, 32 channels), 32 x 32 RGB 2 x 2 into 32 (12 products, the direct kernel's most), the MNIST MLP's 784 ->
+// 1024 (a 1 x 1 image of 784 channels: the GEMM form).
 void TimeImage() {
   struct Shape {
     const char* name;
@@ -1478,7 +1478,8 @@ void TimeImage() {
     std::vector<int> batches;
   };
   for (const Shape& s : {Shape{"mnist conv 28x28x1->32", 28, 28, 1, 32, 3, {8, 1024, 32768}},
-                         Shape{"32x32x3->32 2x2", 32, 32, 3, 32, 2, {8, 1024}}}) {
+                         Shape{"32x32x3->32 2x2", 32, 32, 3, 32, 2, {8, 1024}},
+                         Shape{"mlp 784->1024", 1, 1, 784, 1024, 1, {8, 1024, 32768}}}) {
     for (int batch : s.batches) {
       std::vector<int8_t> levels(static_cast<size_t>(batch) * s.h * s.w * s.c), kernel(static_cast<size_t>(s.k * s.k) * s.c * s.n);
       for (int8_t& v : levels) v = static_cast<int8_t>(rng());
@@ -1500,46 +1501,18 @@ void TimeImage() {
       p.kh = p.kw = s.k;
       p.pad_top = p.pad_left = s.k / 2;
       p.planes = 1;
-      if (!jaxbnn::cuda::ImageDirectTakes(p) || !jaxbnn::cuda::ImageWindowTakes(p)) {
-        std::printf("time image %s b%d: not taken by both kernels\n", s.name, batch);
-        std::exit(1);
+      const LaunchTimes times = TimeLaunches([&] { CHECK_CUDA(jaxbnn::cuda::LaunchImageConv(p, nullptr)); });
+      std::printf("time image %s b%-6d %9.4f ms queued %9.4f ms", s.name, batch, times.alone_ms, times.queued_ms);
+      if (jaxbnn::cuda::ImageDirectTakes(p) && jaxbnn::cuda::ImageWindowTakes(p)) {
+        const LaunchTimes window = TimeLaunches([&] { CHECK_CUDA(jaxbnn::cuda::LaunchImageWindow(p, nullptr)); });
+        std::printf("   (direct)   windowed %9.4f ms queued %9.4f ms", window.alone_ms, window.queued_ms);
       }
-      const LaunchTimes direct = TimeLaunches([&] { CHECK_CUDA(jaxbnn::cuda::LaunchImageDirect(p, nullptr)); });
-      const LaunchTimes window = TimeLaunches([&] { CHECK_CUDA(jaxbnn::cuda::LaunchImageWindow(p, nullptr)); });
-      std::printf("time image %s b%-6d direct %9.4f ms queued %9.4f ms   windowed %9.4f ms queued %9.4f ms\n", s.name,
-                  batch, direct.alone_ms, direct.queued_ms, window.alone_ms, window.queued_ms);
+      std::printf("\n");
       for (const void* ptr : {static_cast<const void*>(p.levels), static_cast<const void*>(p.kernel),
                               static_cast<const void*>(p.threshold), static_cast<const void*>(p.flip),
                               static_cast<const void*>(p.out_bits)}) {
         CHECK_CUDA(cudaFree(const_cast<void*>(ptr)));
       }
-    }
-  }
-  for (int batch : {8, 1024, 32768}) {
-    const int k = 784, n = 1024;
-    std::vector<int8_t> levels(static_cast<size_t>(batch) * k), kernel(static_cast<size_t>(k) * n);
-    for (int8_t& v : levels) v = static_cast<int8_t>(rng());
-    for (int8_t& v : kernel) v = static_cast<int8_t>(static_cast<int>(rng() % 3) - 1);
-    std::vector<int32_t> threshold(n, 0);
-    std::vector<uint8_t> flip(n, 0);
-    jaxbnn::cuda::ImageConvProblem p;
-    p.levels = ToDevice(levels);
-    p.kernel = ToDevice(kernel);
-    p.threshold = ToDevice(threshold);
-    p.flip = ToDevice(flip);
-    CHECK_CUDA(cudaMalloc(&p.out_bits, static_cast<size_t>(batch) * (n / 32) * 4));
-    p.pixels = true;
-    p.batch = batch;
-    p.in_h = p.in_w = p.out_h = p.out_w = 1;
-    p.c = k;
-    p.n = n;
-    p.planes = 1;
-    const LaunchTimes times = TimeLaunches([&] { CHECK_CUDA(jaxbnn::cuda::LaunchImageConv(p, nullptr)); });
-    std::printf("time image mlp 784->1024 b%-6d %9.4f ms   queued %9.4f ms\n", batch, times.alone_ms, times.queued_ms);
-    for (const void* ptr : {static_cast<const void*>(p.levels), static_cast<const void*>(p.kernel),
-                            static_cast<const void*>(p.threshold), static_cast<const void*>(p.flip),
-                            static_cast<const void*>(p.out_bits)}) {
-      CHECK_CUDA(cudaFree(const_cast<void*>(ptr)));
     }
   }
 }
