@@ -15,7 +15,7 @@ inline constexpr int kMaxDirectProducts = 12;
 inline constexpr int kMaxDirectChannels = 32;
 
 // Whether the direct kernel computes `p`: threshold planes only (no stream, shift 0), at most kMaxDirectProducts
-// products and kMaxDirectChannels channels, a padded frame under 65535 rows and columns, a tap's offset from its
+// products and kMaxDirectChannels channels, the padded frame, the fields' reach and a tap's offset from its
 // receptive field's first pixel within int32.
 bool ImageDirectTakes(const ImageConvProblem& p);
 
