@@ -72,27 +72,67 @@ __device__ __forceinline__ int PackDenseTaps(const BinaryGemmProblem& p, int wor
 // the last tap; then the row's popcount, read back. Every copy is in flight at once: in PackDenseTaps each
 // load waited for its use before the next one issued (15% of the kernel's stall samples, its gather a third,
 // at MNIST conv's 64C3, batch 1024; ncu). Returns the popcount of the row's words.
+//
+// kKh x kKw: a filter size fixed at compile time (0 x 0: the problem's), for which the taps unroll: a tap is a
+// copy from its filter row's base at a constant offset, predicated on its row's and column's frame tests, and
+// the zeros past the taps and the popcounts are whole chunks where they can be. The runtime form took ~400 of
+// the kernel's ~1,030 instructions a warp a tile at MNIST conv's 64C3 (ncu, source lines), ~18 a tap.
+template <int kKh, int kKw>
 __device__ __forceinline__ int GatherWholeWordTaps(const BinaryGemmProblem& p, int words, const int4& o,
                                                    uint8_t* row_words, int swizzle) {
   const uint32_t row_address = SmemAddress(row_words);
-  int t = 0;
-  for (int fkh = 0; fkh < p.kh; ++fkh) {
-    const bool row_in = o.w && static_cast<unsigned>(o.y + fkh) < static_cast<unsigned>(p.in_h);
-    const uint32_t* taps = p.x + (o.x + fkh * p.in_w);
-#pragma unroll 4
-    for (int fkw = 0; fkw < p.kw; ++fkw, ++t) {
-      const bool in = row_in && static_cast<unsigned>(o.z + fkw) < static_cast<unsigned>(p.in_w);
-      CopyAsync<4>(row_address + ((4 * t) ^ swizzle), in ? taps + fkw : p.x, in);
+  if constexpr (kKh > 0) {
+    constexpr int kTaps = kKh * kKw, kWords = 8 * ((kTaps + 7) / 8);  // whole k256 steps (DenseTapSteps at C = 32)
+    bool column_in[kKw];
+#pragma unroll
+    for (int fkw = 0; fkw < kKw; ++fkw) column_in[fkw] = static_cast<unsigned>(o.z + fkw) < static_cast<unsigned>(p.in_w);
+#pragma unroll
+    for (int fkh = 0; fkh < kKh; ++fkh) {
+      const bool row_in = o.w && static_cast<unsigned>(o.y + fkh) < static_cast<unsigned>(p.in_h);
+      // the filter row's first tap where the row is in frame (a tap outside the frame copies no byte: src-size 0),
+      // else the tensor's first word
+      const uint32_t* taps = p.x + (row_in ? o.x + fkh * p.in_w : 0);
+#pragma unroll
+      for (int fkw = 0; fkw < kKw; ++fkw) {
+        const int t = fkh * kKw + fkw;
+        CopyAsync<4>(row_address + ((4 * t) ^ swizzle), taps + fkw, row_in && column_in[fkw]);
+      }
     }
+    constexpr int kZeroChunk = (kTaps + 3) / 4;  // the first chunk past the taps
+#pragma unroll
+    for (int t = kTaps; t < 4 * kZeroChunk; ++t) *reinterpret_cast<uint32_t*>(row_words + ((4 * t) ^ swizzle)) = 0u;
+#pragma unroll
+    for (int chunk = kZeroChunk; chunk < kWords / 4; ++chunk) {
+      *reinterpret_cast<uint4*>(row_words + ((16 * chunk) ^ swizzle)) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    CopyAsyncWaitAll();
+    int popc = 0;
+#pragma unroll
+    for (int chunk = 0; chunk < (kTaps + 3) / 4; ++chunk) {  // the chunks past the taps are zeros
+      const uint4 v = *reinterpret_cast<const uint4*>(row_words + ((16 * chunk) ^ swizzle));
+      popc += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
+    }
+    return popc;
+  } else {
+    int t = 0;
+    for (int fkh = 0; fkh < p.kh; ++fkh) {
+      const bool row_in = o.w && static_cast<unsigned>(o.y + fkh) < static_cast<unsigned>(p.in_h);
+      const uint32_t* taps = p.x + (o.x + fkh * p.in_w);
+#pragma unroll 4
+      for (int fkw = 0; fkw < p.kw; ++fkw, ++t) {
+        const bool in = row_in && static_cast<unsigned>(o.z + fkw) < static_cast<unsigned>(p.in_w);
+        CopyAsync<4>(row_address + ((4 * t) ^ swizzle), in ? taps + fkw : p.x, in);
+      }
+    }
+    for (; t < words; ++t) *reinterpret_cast<uint32_t*>(row_words + ((4 * t) ^ swizzle)) = 0u;
+    CopyAsyncWaitAll();
+    int popc = 0;
+    for (int chunk = 0; chunk < words / 4; ++chunk) {
+      const uint4 v = *reinterpret_cast<const uint4*>(row_words + ((16 * chunk) ^ swizzle));
+      popc += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
+    }
+    return popc;
   }
-  for (; t < words; ++t) *reinterpret_cast<uint32_t*>(row_words + ((4 * t) ^ swizzle)) = 0u;
-  CopyAsyncWaitAll();
-  int popc = 0;
-  for (int chunk = 0; chunk < words / 4; ++chunk) {
-    const uint4 v = *reinterpret_cast<const uint4*>(row_words + ((16 * chunk) ^ swizzle));
-    popc += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
-  }
-  return popc;
 }
 
 // Column c's 2-D prefix sums of its tap terms C - 2 popc_tap (0 past N), built once per CTA:
@@ -248,7 +288,8 @@ __global__ void __launch_bounds__(Engine::kThreads, kDenseTapCtasPerSm)
     origins[r] = o;
     if (direct_bits) row_class[r] = EpilogueRowClass(p, o);
     if (p.c == 32) {
-      popc_a[r] = GatherWholeWordTaps(p, 8 * steps, o, row_words, swizzle);
+      popc_a[r] = p.kh == 3 && p.kw == 3 ? GatherWholeWordTaps<3, 3>(p, 8 * steps, o, row_words, swizzle)
+                                         : GatherWholeWordTaps<0, 0>(p, 8 * steps, o, row_words, swizzle);
     } else {
       const int first_in = max(0, -o.z);
       const unsigned in_count = max(0, min(p.kw, p.in_w - o.z) - first_in);

@@ -5,7 +5,8 @@
 // (Epilogue::kResidual); `--image` checks only the first-layer kernels (LaunchImageConv: int8 levels, and the same
 // as uint8 pixels, aligned and not, against a CPU convolution; `--image-direct`: the direct kernel's cases, a
 // sanitizer workload); `--dense` checks only the convolutions of fewer
-// than 32 channels (the dense-tap kernel's and two of the word layout); `--global-pool` checks only the global pooling kernel
+// than 32 channels (the dense-tap kernel's and two of the word layout); `--whole-words` checks only the dense-tap
+// kernel's convolutions of 32 channels (a sanitizer workload); `--global-pool` checks only the global pooling kernel
 // (LaunchGlobalSumBits, against a CPU sum); `--stream-bits` checks only the stream's threshold planes
 // (LaunchStreamBits, against CPU comparisons); `--repeats` checks only the inputs whose taps read each pixel twice
 // (BinaryGemmProblem::x_cw); `--doubled` checks only the products with doubled K blocks (the three-block
@@ -1602,6 +1603,7 @@ int main(int argc, char** argv) {
   }
   const bool planes_only = mode == "--planes" || mode == "--small-planes";
   const bool small = mode == "--small" || mode == "--small-planes", dense = mode == "--dense";
+  const bool whole_words_only = mode == "--whole-words";
   // The cases in a fixed order: `--small` picks some of them by index.
   std::vector<ConvCase> cases;
   for (auto group : {GemmAndConvCases, BandCases, ShortKAndDenseTapCases, BorderTableCases, WholeWordDenseTapCases,
@@ -1621,6 +1623,10 @@ int main(int argc, char** argv) {
                                                   {2, 8, 8, 1024, 64, 3, 3, 1, 1, 0, 0, 0, 0, 2, 2, false},
                                                   {2, 8, 8, 1500, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true}};
   cases.insert(cases.end(), unbordered_long.begin(), unbordered_long.end());
+  // The dense-tap kernel's fixed-size gather (3 x 3 at C = 32) unpooled in "one" padding (WholeWordDenseTapCases
+  // take it pooled and in "zero" padding)
+  const ConvCase whole_word_one = {2, 10, 9, 32, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true};
+  cases.push_back(whole_word_one);
   // Two threshold planes on every engine, over a subset that adds about a quarter to the bits cases' run time:
   // every BMM (M = 1, N past multiples of 32 and over several column tiles, persistent CTAs), both paddings,
   // 1x1 to 15x15 filters, stride 2, pools (2x2, 3x3, 2x1, past 128 columns), N <= 64, <= 128 and > 256,
@@ -1650,20 +1656,27 @@ int main(int argc, char** argv) {
     cases.push_back(whole_words[2]);
     cases.push_back(whole_words[5]);
     cases.push_back(whole_words[7]);
+    cases.push_back(whole_word_one);
   }
   if (dense) {  // convolutions only (a BMM is a 1 x 1 image)
     auto other = [](const ConvCase& cc) { return cc.c > 32 || cc.h * cc.w == 1; };
     cases.erase(std::remove_if(cases.begin(), cases.end(), other), cases.end());
     two_planes.erase(std::remove_if(two_planes.begin(), two_planes.end(), other), two_planes.end());
   }
+  if (whole_words_only) {
+    cases = WholeWordDenseTapCases();
+    cases.push_back(whole_word_one);
+    two_planes = cases;
+  }
   if (planes_only) cases.clear();
+  const bool convolutions_only = planes_only || whole_words_only;
   long failures = 0;
-  for (const ImageCase& ic : planes_only ? std::vector<ImageCase>{} : ImageCases()) {
+  for (const ImageCase& ic : convolutions_only ? std::vector<ImageCase>{} : ImageCases()) {
     for (bool pixels : {false, true}) failures += RunImageCase(ic, pixels, false) != 0;
     failures += RunImageCase(ic, true, true) != 0;
   }
-  if (!planes_only) failures += ImageRefusals();
-  if (!dense && !planes_only) {
+  if (!convolutions_only) failures += ImageRefusals();
+  if (!dense && !convolutions_only) {
     for (const GlobalPoolCase& gc : GlobalPoolCases()) {
       for (bool narrow : {false, true}) failures += RunGlobalPoolCase(gc, narrow) != 0;
     }
