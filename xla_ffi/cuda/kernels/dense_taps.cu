@@ -67,6 +67,17 @@ __device__ __forceinline__ int PackDenseTaps(const BinaryGemmProblem& p, int wor
   return popc;
 }
 
+// The popcount of a row's first `chunks` 16-byte chunks of K words (swizzled by `swizzle`), read back.
+__device__ __forceinline__ int ChunksPopcount(const uint8_t* row_words, int swizzle, int chunks) {
+  int popc = 0;
+#pragma unroll
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    const uint4 v = *reinterpret_cast<const uint4*>(row_words + ((16 * chunk) ^ swizzle));
+    popc += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
+  }
+  return popc;
+}
+
 // Whole-word taps (C = 32, where the gather is the word layout itself): row r's K block of `words` words at
 // `row_words` (swizzled by `swizzle`) by one 4-byte cp.async a tap, zero-filled outside the frame, zeros past
 // the last tap; then the row's popcount, read back. Every copy is in flight at once: in PackDenseTaps each
@@ -106,13 +117,7 @@ __device__ __forceinline__ int GatherWholeWordTaps(const BinaryGemmProblem& p, i
       *reinterpret_cast<uint4*>(row_words + ((16 * chunk) ^ swizzle)) = make_uint4(0u, 0u, 0u, 0u);
     }
     CopyAsyncWaitAll();
-    int popc = 0;
-#pragma unroll
-    for (int chunk = 0; chunk < (kTaps + 3) / 4; ++chunk) {  // the chunks past the taps are zeros
-      const uint4 v = *reinterpret_cast<const uint4*>(row_words + ((16 * chunk) ^ swizzle));
-      popc += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
-    }
-    return popc;
+    return ChunksPopcount(row_words, swizzle, kZeroChunk);  // the chunks past the taps are zeros
   } else {
     int t = 0;
     for (int fkh = 0; fkh < p.kh; ++fkh) {
@@ -126,12 +131,7 @@ __device__ __forceinline__ int GatherWholeWordTaps(const BinaryGemmProblem& p, i
     }
     for (; t < words; ++t) *reinterpret_cast<uint32_t*>(row_words + ((4 * t) ^ swizzle)) = 0u;
     CopyAsyncWaitAll();
-    int popc = 0;
-    for (int chunk = 0; chunk < words / 4; ++chunk) {
-      const uint4 v = *reinterpret_cast<const uint4*>(row_words + ((16 * chunk) ^ swizzle));
-      popc += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
-    }
-    return popc;
+    return ChunksPopcount(row_words, swizzle, words / 4);
   }
 }
 
