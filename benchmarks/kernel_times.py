@@ -17,15 +17,12 @@ in the machine's results file (benchmarks/results/<gpu>.md).
 from __future__ import annotations
 
 import argparse
-import glob
-import gzip
-import json
 import statistics
-import tempfile
 import time
 
 import jax
 
+import device_trace
 import model_bench
 import results_file
 
@@ -34,49 +31,16 @@ DEFAULT_MODELS = ("mnist-mlp", "mnist-conv", "cifar10-vgg", "cifar10-resnet14", 
 HOST_CALLS = 100
 
 
-def short_name(name: str) -> str:
-    """'void jaxbnn::cuda::ResidentWgmmaKernel<(jaxbnn::cuda::ALayout)1, 128, false>(...)' ->
-    'ResidentWgmmaKernel<(ALayout)1, 128, false>'; XLA's fusions keep their names."""
-    for noise in ("void ", "(anonymous namespace)::", "jaxbnn::cuda::"):
-        name = name.replace(noise, "")
-    depth = 0
-    for i, ch in enumerate(name):
-        depth += ch == "<"
-        depth -= ch == ">"
-        if ch == "(" and depth == 0 and i > 0:
-            return name[:i]
-    return name
-
-
-def device_events(trace_dir: str) -> list[dict]:
-    """The GPU's events ("X" slices of the GPU processes) in the trace's perfetto file, in time order."""
-    paths = sorted(glob.glob(f"{trace_dir}/**/*perfetto_trace.json.gz", recursive=True))
-    if not paths:
-        raise RuntimeError(f"jax.profiler wrote no perfetto trace under {trace_dir}")
-    with gzip.open(paths[-1]) as f:
-        data = json.load(f)
-    events = data["traceEvents"] if isinstance(data, dict) else data
-    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
-    gpu = {pid for pid, name in names.items() if "GPU" in name.upper()}
-    return sorted((e for e in events if e.get("ph") == "X" and e.get("pid") in gpu), key=lambda e: e["ts"])
-
-
 def profile(compiled, args) -> dict:
     """One forward's device events and the host's median dispatch time of a call on an idle queue."""
-    for _ in range(5):
-        jax.block_until_ready(compiled(*args))
-    with tempfile.TemporaryDirectory() as trace_dir:
-        jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
-        jax.block_until_ready(compiled(*args))
-        jax.profiler.stop_trace()
-        events = device_events(trace_dir)
+    events = device_trace.traced_events(compiled, args)
     host = []
     for _ in range(HOST_CALLS):
         start = time.perf_counter()
         out = compiled(*args)
         host.append(time.perf_counter() - start)
         jax.block_until_ready(out)
-    kernels = [(short_name(e["name"]), float(e["dur"])) for e in events]
+    kernels = [(device_trace.short_name(e["name"]), float(e["dur"])) for e in events]
     return {"kernels": kernels, "device_us": sum(d for _, d in kernels), "host_us": statistics.median(host) * 1e6}
 
 

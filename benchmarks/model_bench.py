@@ -38,8 +38,9 @@ Measured:
   node's epilogue wrote for it, writing the next node's), and each of the node's custom calls alone on the
   operands it received there (recorded through a debug callback), so the node's time outside the kernels is its
   time minus its custom calls' (the first layer's is one too: `ops.image_conv2d`). A node or call
-  shorter than NODE_PROGRAM_S is timed as a program of several calls on distinct copies of its inputs:
-  alone, it would time the host's dispatch of its program.
+  shorter than NODE_PROGRAM_S is timed as a program of several calls on distinct copies of its inputs; on a
+  GPU these times are the device's, from the profiler's trace of the program (timed from the host, a small
+  node's time was the host's dispatch of its program).
 
 Output: one section per network mode in the machine's results file (benchmarks/results/<machine>.md, see
 results_file.py), rewritten after each model; the sweep as CSV next to it; a PNG per model (images/s
@@ -64,6 +65,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+import device_trace
 import results_file
 from gpu_bench import timed
 from jaxbnn import runtime
@@ -380,19 +382,29 @@ def node_output(node: dict, output):
     return output[1] if node["kind"] == "residual" else output
 
 
+def on_gpu() -> bool:
+    return jax.devices()[0].platform == "gpu"
+
+
 def timed_alone(fn, args) -> float:
-    """Seconds per call of fn(*args), jitted. A call shorter than NODE_PROGRAM_S runs again as a program of
-    several calls on distinct copies of `args` (up to MAX_COPIES, within COPY_BYTES): one call of a small
-    node would time the host's dispatch of its program, not the GPU's work."""
-    one = jax.jit(fn)
-    seconds = timed(one.lower(*args).compile(), args, 1)
+    """Seconds per call of fn(*args), jitted, as the per-node table counts them. A call shorter than
+    NODE_PROGRAM_S runs again as a program of several calls on distinct copies of `args` (up to MAX_COPIES,
+    within COPY_BYTES). On a GPU the time is the device's (`device_trace.device_seconds`: the program under the
+    profiler, from its first kernel's start to its last one's end): timed from the host, a small node's
+    program ran at the pace of the host's dispatch of its arguments (ResNet-14's dense nodes at batch 1024:
+    about 10 us a call for 3.9 us of kernels), so the node's extra arguments read as time outside its kernels.
+    On the CPU the host's time is the work."""
+    one = jax.jit(fn).lower(*args).compile()
+    seconds = timed(one, args, 1)
     size = sum(a.nbytes for a in jax.tree.leaves(args))
     copies = min(MAX_COPIES, math.ceil(NODE_PROGRAM_S / seconds), max(1, int(COPY_BYTES // max(size, 1))))
     if copies < 2:
-        return seconds
+        return device_trace.device_seconds(one, args) if on_gpu() else seconds
     sets = [jax.tree.map(jnp.copy, args) for _ in range(copies)]
-    several = jax.jit(lambda sets_: [fn(*a) for a in sets_])
-    return timed(several.lower(sets).compile(), [sets], copies)
+    several = jax.jit(lambda sets_: [fn(*a) for a in sets_]).lower(sets).compile()
+    if on_gpu():
+        return device_trace.device_seconds(several, [sets], copies)
+    return timed(several, [sets], copies)
 
 
 def node_in_graph(node: dict, stream_dtype, next_node: dict | None):
@@ -610,8 +622,9 @@ def node_lines(r: ModelResult) -> list[str]:
             f"Per node at batch {r.plan.large_batch}: each node alone, jitted, as it runs in the forward (the "
             f"whole forward {whole_text}, the nodes' sum {total * 1e3:.3f} ms); each of its custom calls alone on the "
             "operands it received there; either, when shorter than "
-            f"{NODE_PROGRAM_S * 1e3:g} ms, as a program of several calls on distinct copies of its inputs (per call: "
-            "the device's work, not the host's dispatch of a program). Outside: the node's time less its calls', "
+            f"{NODE_PROGRAM_S * 1e3:g} ms, as a program of several calls on distinct copies of its inputs. "
+            f"{'On the GPU, times are the device time of each program per call (jax.profiler: its first kernel start to its last end, the gaps between kernels included). ' if on_gpu() else ''}"
+            "Outside: the node's time less its calls', "
             "over its time (below 0: the calls alone took longer, timing noise). As in the forward "
             "(`runtime.run_node`), a node reads the previous node's output and, where that node's epilogue wrote "
             "them (the stem's, a fused residual block's), its input bits, and writes the next node's input bits "
