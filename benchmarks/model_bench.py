@@ -611,6 +611,10 @@ def model_lines(r: ModelResult, machine_kind: str, plots_dir: pathlib.Path) -> l
     return lines
 
 
+DEVICE_TIME_NOTE = ("On the GPU, times are the device time of each program per call (jax.profiler: its first kernel "
+                    "start to its last end, the gaps between kernels included). ")
+
+
 def node_lines(r: ModelResult) -> list[str]:
     if r.nodes is None:
         return []
@@ -623,7 +627,7 @@ def node_lines(r: ModelResult) -> list[str]:
             f"whole forward {whole_text}, the nodes' sum {total * 1e3:.3f} ms); each of its custom calls alone on the "
             "operands it received there; either, when shorter than "
             f"{NODE_PROGRAM_S * 1e3:g} ms, as a program of several calls on distinct copies of its inputs. "
-            f"{'On the GPU, times are the device time of each program per call (jax.profiler: its first kernel start to its last end, the gaps between kernels included). ' if on_gpu() else ''}"
+            f"{DEVICE_TIME_NOTE if on_gpu() else ''}"
             "Outside: the node's time less its calls', "
             "over its time (below 0: the calls alone took longer, timing noise). As in the forward "
             "(`runtime.run_node`), a node reads the previous node's output and, where that node's epilogue wrote "
