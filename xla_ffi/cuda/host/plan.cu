@@ -151,8 +151,9 @@ bool PlanResident(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan
 // kernel's rows need no band) of at most 128 output channels, 16-byte channel chunks in planes it can pair
 // (P = 1 or even; a repeated pixel's band holds its stored planes once) or pixel pairs (C = 64, an even input
 // width, not repeated), a padded row of at most 256 positions (a TMA box side), and a band of a tile per
-// warpgroup in the shared memory left by the weights. False (nothing planned) otherwise.
-bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& plan) {
+// warpgroup in the shared memory left by the weights. False (nothing planned) otherwise. with_row_table: the
+// tile rows' table where it is small enough (PlanBand takes the plan without it where the table leaves no room).
+bool PlanBandWith(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& plan, bool with_row_table) {
   const int sms = info.sms, smem_optin = info.smem_optin;
   // pixel pairs: an even Wp with the extra first column of an odd left padding, and rows of an even number
   // of pixels (a TMA row stride is a multiple of 16 bytes)
@@ -178,6 +179,8 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
   const int tile_step = pixel_pairs ? 2 : 1;
   auto round_up = [&](long long tiles) { return (tiles + tile_step - 1) / tile_step * tile_step; };
   band.tiles_per_image = static_cast<int>(round_up((p.out_h * wp + 63) / 64));
+  const int table_entries = 64 * band.tiles_per_image;
+  band.row_table = with_row_table && table_entries <= kBandRowTableEntries ? table_entries : 0;
   // Input rows of a band segment of tiles [t0, t0 + tiles) of an image: T tiles span at most (64 T - 1) / Wp + 2
   // output rows, so kh - 1 more input rows.
   auto segment_rows = [&](int t0, int tiles) { return (64 * (t0 + tiles) - 1) / wp - 64 * t0 / wp + p.kh; };
@@ -266,6 +269,10 @@ bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& pl
   plan.p = p;
   plan.band = band;
   return true;
+}
+
+bool PlanBand(const BinaryGemmProblem& p, const DeviceInfo& info, LaunchPlan& plan) {
+  return PlanBandWith(p, info, plan, true) || PlanBandWith(p, info, plan, false);
 }
 
 // Clusters of two CTAs over pairs of row tiles: persistent (one CTA per SM) unless the pooled epilogue or the

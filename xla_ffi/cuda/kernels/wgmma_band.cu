@@ -249,20 +249,50 @@ __device__ __forceinline__ void IssueBandSteps(int (&acc)[kBandCols / 2], int (&
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 
+// Band position q of an image (q = oy Wp + ox): its output pixel (oy, ox), whether it is one, and its border
+// correction (AccumulatorRows::correction: its class, 1 for corrections of its own, 0 for none).
+struct BandPosition {
+  int oy, ox, correction;
+  bool valid;
+};
+__device__ __forceinline__ BandPosition BandPositionOf(const BinaryGemmProblem& p, const BandLayout& band, int q) {
+  BandPosition pos;
+  pos.oy = Quotient(q, band.padded_w);
+  pos.ox = q - pos.oy * band.padded_w.divisor;
+  pos.valid = pos.oy < p.out_h && pos.ox < p.out_w;
+  const FrameExcess e = ExcessOf(p, pos.oy - p.pad_top, pos.ox - p.pad_left);
+  const bool border = !p.pad_one && pos.valid && e.top + e.bottom + e.left + e.right > 0;
+  pos.correction = border ? (p.correction_table ? BorderClass(p, e) : 1) : 0;
+  return pos;
+}
+// Band position q from the tile rows' table (band.row_table) where there is one, else computed.
+__device__ __forceinline__ BandPosition BandPositionAt(const BinaryGemmProblem& p, const BandLayout& band,
+                                                       const int* row_table, int q) {
+  if (band.row_table == 0) return BandPositionOf(p, band, q);
+  const int entry = row_table[q];
+  return {entry & 0xfff, entry >> 12 & 0xfff, entry >> 24 & 0x7f, entry >= 0};
+}
+// Fills the tile rows' table (where the layout has one), thread `tid` of the CTA every kBandThreads-th entry.
+__device__ __forceinline__ void FillBandRowTable(const BinaryGemmProblem& p, const BandLayout& band, int* row_table,
+                                                 int tid) {
+  for (int q = tid; q < band.row_table; q += kBandThreads) {
+    const BandPosition pos = BandPositionOf(p, band, q);
+    row_table[q] = BandRowEntry(pos.oy, pos.ox, pos.correction, pos.valid);
+  }
+}
+
 // The output rows of this thread (rows g and g + 8 of warp w's 16) in a tile whose row r is band position
 // q0 + row_step r of `image`: their output pixel, whether it is one, and their border correction.
-__device__ __forceinline__ AccumulatorRows BandTileRows(const BinaryGemmProblem& p, const BandLayout& band, int image,
-                                                        int q0, int row_step, int w, int g) {
+__device__ __forceinline__ AccumulatorRows BandTileRows(const BinaryGemmProblem& p, const BandLayout& band,
+                                                        const int* row_table, int image, int q0, int row_step, int w,
+                                                        int g) {
   AccumulatorRows rows;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = 16 * w + g + 8 * h, q = q0 + row_step * r;
-    const int oy = Quotient(q, band.padded_w), ox = q - oy * band.padded_w.divisor;
-    rows.valid[h] = oy < p.out_h && ox < p.out_w;
-    rows.row[h] = (static_cast<long long>(image) * p.out_h + oy) * p.out_w + ox;
-    const FrameExcess e = ExcessOf(p, oy - p.pad_top, ox - p.pad_left);
-    const bool border = !p.pad_one && rows.valid[h] && e.top + e.bottom + e.left + e.right > 0;
-    rows.correction[h] = border ? (p.correction_table ? BorderClass(p, e) : 1) : 0;
+    const BandPosition pos = BandPositionAt(p, band, row_table, q0 + row_step * (16 * w + g + 8 * h));
+    rows.valid[h] = pos.valid;
+    rows.row[h] = (static_cast<long long>(image) * p.out_h + pos.oy) * p.out_w + pos.ox;
+    rows.correction[h] = pos.correction;
   }
   return rows;
 }
@@ -309,6 +339,8 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   }
   const BandItem first_item = BandItemOf(p, band, blockIdx.x);  // every CTA has an item
   PrepareBandOperands<kPixelPairs>(p, band, at, smem, step_desc, base, kBandThreads - 1 - tid);
+  const int* row_table = reinterpret_cast<const int*>(smem + at.row_table);
+  FillBandRowTable(p, band, reinterpret_cast<int*>(smem + at.row_table), tid);
   __syncthreads();
   // a programmatic dependent launch, as the other wgmma kernels: no global access before this
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -374,11 +406,10 @@ __global__ void __launch_bounds__(kBandThreads, 1)
       if constexpr (kNarrowStream) {
         {
           const int image = it.image + seg, row_step = kPixelPairs ? 2 : 1;
-          auto shortcut_of = [&](int i, long long& at) {
-            const int q = q0 + row_step * (16 * w + i);
-            const int oy = Quotient(q, band.padded_w), ox = q - oy * wp;
-            at = ShortcutOffsetAt(residual, image, oy, ox);
-            return oy < p.out_h && ox < p.out_w;
+          auto shortcut_of = [&](int i, long long& offset) {
+            const BandPosition pos = BandPositionAt(p, band, row_table, q0 + row_step * (16 * w + i));
+            offset = ShortcutOffsetAt(residual, image, pos.oy, pos.ox);
+            return pos.valid;
           };
           StageShortcut<kBandCols, true>(p, residual, stage, shortcut_of, 0, p.n, lane);
         }
@@ -387,20 +418,23 @@ __global__ void __launch_bounds__(kBandThreads, 1)
                                                   weights + parity * WeightSetBytes(band), band);
       if (round == 0 && leading_half && i == wg) asm volatile("bar.arrive 1, %0;\n" ::"n"(kBandThreads) : "memory");
       // while the wgmmas run
-      AccumulatorRows rows = BandTileRows(p, band, it.image + seg, q0, kPixelPairs ? 2 : 1, w, g);
+      AccumulatorRows rows = BandTileRows(p, band, row_table, it.image + seg, q0, kPixelPairs ? 2 : 1, w, g);
       if constexpr (kResidual && !kNarrowStream) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) PrefetchShortcutRow(p, residual, rows.row[h], rows.valid[h], t);
       }
+      // A warp whose 16 rows are all past its image's last output row (the tail of an image's last tile) stores
+      // nothing and skips its epilogue: 2 of the 20 warp tiles of a 16 x 16 image.
+      const bool warp_stores = __any_sync(0xffffffffu, rows.valid[0] || rows.valid[1]);
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
       for (int h = 0; h < 2; ++h) rows.v0[h] = p.k_real - 2 * popc_a[2 * h];
       if constexpr (kNarrowStream) {
         WaitStagedShortcut();
-        StoreStagedResidualRows<kExactSteps>(p, residual, acc, rows, cols, stage, stream, 0, g, t);
+        if (warp_stores) StoreStagedResidualRows<kExactSteps>(p, residual, acc, rows, cols, stage, stream, 0, g, t);
       } else if constexpr (kResidual) {
-        StoreResidualRows<kBandCols / 2>(p, residual, acc, rows, cols, 0, t);
-      } else {
+        if (warp_stores) StoreResidualRows<kBandCols / 2>(p, residual, acc, rows, cols, 0, t);
+      } else if (warp_stores) {
         StoreAccumulatorRows<kBandCols / 2, kQuarter>(p, acc, rows, cols, 0, t, true);
       }
     }

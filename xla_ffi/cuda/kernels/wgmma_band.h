@@ -30,7 +30,21 @@ struct BandLayout {
                          // zeros)
   bool whole_rows = false;  // pixel pairs, or one plane (C = 128) and 2 Wp <= 256: the band map's boxes are whole
                             // padded rows of 8-byte elements, not a box row of 16 bytes per position
+  int row_table = 0;        // entries of the tile rows' table in shared memory (BandRowEntry): 64 tiles_per_image,
+                            // or 0 where that passes kBandRowTableEntries (each tile computes its rows)
 };
+
+// The tile rows' table: per position q of an image's tiles (q = oy Wp + ox), its output pixel and border class,
+// the same for every image, filled once per CTA under the previous kernel's tail. A tile's rows were a fast
+// division, the frame excess and the class each (the band kernel's 16 x 16 x 128 threshold instance: a fifth
+// of its instructions; ncu). At most kBandRowTableEntries (16 KiB) of shared memory.
+inline constexpr int kBandRowTableEntries = 4096;
+// An entry: oy | ox << 12 | correction << 24 (AccumulatorRows::correction: 0 where the position is no output
+// pixel, else below 128), and the sign bit set where the position is no output pixel (oy, ox < 4096: Wp <= 256
+// and at most 4096 positions).
+__host__ __device__ __forceinline__ int BandRowEntry(int oy, int ox, int correction, bool valid) {
+  return static_cast<int>(static_cast<uint32_t>(oy | ox << 12 | correction << 24) | (valid ? 0u : 0x80000000u));
+}
 
 // Whether the band kernel takes `p` as pixel pairs (C = 64: 8 bytes a position, two sets of weights; above).
 __host__ __device__ __forceinline__ bool PixelPairs(const BinaryGemmProblem& p) { return p.cw == 2; }
@@ -62,9 +76,10 @@ __host__ __device__ __forceinline__ BandItem BandItemOf(const BinaryGemmProblem&
 // Shared memory of BandWgmmaKernel, from a 1024-aligned base: two band buffers of P planes, slack for the
 // reads of dropped rows past the band, the weights, two all-ones row groups (B's columns 128-143 of the
 // m64n144 wgmma: each row's popc(A)), the column table, the steps' A descriptors, three barriers, per band
-// buffer a count of the warpgroups done with it, and for the narrow residual epilogue the warps' shortcut stages.
+// buffer a count of the warpgroups done with it, for the narrow residual epilogue the warps' shortcut stages, and
+// the tile rows' table.
 struct BandSmem {
-  int buffer_bytes, weights, ones, cols, steps, barriers, stage, stream_columns, total;
+  int buffer_bytes, weights, ones, cols, steps, barriers, stage, stream_columns, row_table, total;
 };
 // The all-ones row groups right after the weights' kBandCols rows, at the same row-group stride: the step's
 // m64n144 wgmma reads them as B's columns 128-143 through the weights' descriptor.
@@ -87,7 +102,8 @@ __host__ __device__ __forceinline__ BandSmem BandSmemOf(const BinaryGemmProblem&
   s.stage = (s.barriers + 3 * 8 + 2 * 4 + 15) / 16 * 16;
   const bool narrow = p.epilogue == Epilogue::kResidualInt16;
   s.stream_columns = s.stage + (narrow ? kBandThreads / 32 * kStagedWarpBytes<kBandCols> : 0);
-  s.total = 1024 + s.stream_columns + (narrow ? static_cast<int>(sizeof(StreamColumns<kBandCols>)) : 0);
+  s.row_table = s.stream_columns + (narrow ? static_cast<int>(sizeof(StreamColumns<kBandCols>)) : 0);
+  s.total = 1024 + s.row_table + 4 * b.row_table;
   return s;
 }
 

@@ -6,7 +6,8 @@
 // as uint8 pixels, aligned and not, against a CPU convolution; `--image-direct`: the direct kernel's cases, a
 // sanitizer workload); `--dense` checks only the convolutions of fewer
 // than 32 channels (the dense-tap kernel's and two of the word layout); `--whole-words` checks only the dense-tap
-// kernel's convolutions of 32 channels (a sanitizer workload); `--global-pool` checks only the global pooling kernel
+// kernel's convolutions of 32 channels (a sanitizer workload); `--band` checks only the image-band kernel's
+// convolutions (BandCases, every epilogue and engine); `--global-pool` checks only the global pooling kernel
 // (LaunchGlobalSumBits, against a CPU sum); `--stream-bits` checks only the stream's threshold planes
 // (LaunchStreamBits, against CPU comparisons); `--repeats` checks only the inputs whose taps read each pixel twice
 // (BinaryGemmProblem::x_cw); `--doubled` checks only the products with doubled K blocks (the three-block
@@ -608,7 +609,8 @@ long RunResidualForms(const ResidualCase& rc, KernelPath path) {
 }
 
 // Residual blocks' second convolutions on every kernel that takes them: the band kernel (C = 64 pixel pairs,
-// C = 128; the int16 stream's shortcut staged in 16-byte chunks, or element by element for 77 channels), the
+// C = 128; the int16 stream's shortcut staged in 16-byte chunks, or element by element for 77 channels; 64 x 64
+// pixels, whose 4,224 band positions pass its tile rows' table), the
 // resident kernel's int16 stream (its shortcut staged: 128-column tiles by cp.async at 7 x 7 and 14 x 14, by TMA
 // at 8 x 8; 256-column tiles at batch 72, N = 300 and 260 over two column tiles, a shortcut of 100 channels
 // element by element; C = 512 on 128-column tiles, the 256-column ones too large with their stages), the
@@ -626,6 +628,7 @@ std::vector<ResidualCase> ResidualCases() {
       {{2, 15, 14, 64, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 2, 64, 0, true},
       {{2, 9, 11, 128, 100, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true}, 1, 77, 1, true},
       {{2, 16, 16, 128, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 128, 0, true},
+      {{1, 64, 64, 128, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 128, 0, true},
       {{2, 7, 7, 512, 300, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 256, 0, true},
       {{3, 14, 14, 256, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 2, 128, 3, false},
       {{72, 8, 8, 256, 300, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 256, 2, true},
@@ -1603,7 +1606,7 @@ int main(int argc, char** argv) {
   }
   const bool planes_only = mode == "--planes" || mode == "--small-planes";
   const bool small = mode == "--small" || mode == "--small-planes", dense = mode == "--dense";
-  const bool whole_words_only = mode == "--whole-words";
+  const bool whole_words_only = mode == "--whole-words", band_only = mode == "--band";
   // The cases in a fixed order: `--small` picks some of them by index.
   std::vector<ConvCase> cases;
   for (auto group : {GemmAndConvCases, BandCases, ShortKAndDenseTapCases, BorderTableCases, WholeWordDenseTapCases,
@@ -1668,8 +1671,14 @@ int main(int argc, char** argv) {
     cases.push_back(whole_word_one);
     two_planes = cases;
   }
+  std::vector<KernelPath> engines = {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt};
+  if (band_only) {  // the image-band kernel's cases on its engine, wgmma (their residual ones: --residual)
+    cases = BandCases();
+    two_planes = cases;
+    engines = {KernelPath::kWgmma};
+  }
   if (planes_only) cases.clear();
-  const bool convolutions_only = planes_only || whole_words_only;
+  const bool convolutions_only = planes_only || whole_words_only || band_only;
   long failures = 0;
   for (const ImageCase& ic : convolutions_only ? std::vector<ImageCase>{} : ImageCases()) {
     for (bool pixels : {false, true}) failures += RunImageCase(ic, pixels, false) != 0;
@@ -1701,19 +1710,19 @@ int main(int argc, char** argv) {
   for (const ConvCase& cc : cases) {
     for (Epilogue ep : {Epilogue::kInt32, Epilogue::kInt16, Epilogue::kAffine, Epilogue::kBits}) {
       if (ep == Epilogue::kInt16 && cc.kh * cc.kw * cc.c > jaxbnn::cuda::kMaxInt16Reduction) continue;
-      for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
+      for (KernelPath path : engines) {
         failures += RunCase(cc, ep, path, true) != 0;
       }
     }
   }
   for (const ConvCase& cc : two_planes) {
-    for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
+    for (KernelPath path : engines) {
       failures += RunCase(cc, Epilogue::kBits, path, true, 2) != 0;
     }
   }
   // Operands over 24 MiB: the wgmma engine's grouped raster (other problems take runs of tile pairs),
   // with a narrow last column tile. Large, so only the wgmma engine and the bits epilogue (one and two planes).
-  if (!small && !dense) {
+  if (!small && !dense && !band_only) {
     for (int planes : {1, 2}) {
       if (planes_only && planes == 1) continue;
       failures += RunCase(Bmm(100000, 264, 2048), Epilogue::kBits, KernelPath::kWgmma, true, planes) != 0;
