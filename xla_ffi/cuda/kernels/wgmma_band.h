@@ -35,8 +35,8 @@ struct BandLayout {
 };
 
 // The tile rows' table: per position q of an image's tiles (q = oy Wp + ox), its output pixel and border class,
-// the same for every image, filled once per CTA under the previous kernel's tail. A tile's rows were a fast
-// division, the frame excess and the class each (the band kernel's 16 x 16 x 128 threshold instance: a fifth
+// the same for every image, filled once per CTA under the previous kernel's tail. Without it each tile row takes
+// a fast division, the frame excess and the class (in the band kernel's 16 x 16 x 128 threshold instance a fifth
 // of its instructions; ncu). At most kBandRowTableEntries (16 KiB) of shared memory.
 inline constexpr int kBandRowTableEntries = 4096;
 // An entry: oy | ox << 12 | correction << 24 (AccumulatorRows::correction: 0 where the position is no output
