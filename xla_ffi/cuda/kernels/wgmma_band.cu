@@ -339,8 +339,8 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   }
   const BandItem first_item = BandItemOf(p, band, blockIdx.x);  // every CTA has an item
   PrepareBandOperands<kPixelPairs>(p, band, at, smem, step_desc, base, kBandThreads - 1 - tid);
-  const int* row_table = reinterpret_cast<const int*>(smem + at.row_table);
-  FillBandRowTable(p, band, reinterpret_cast<int*>(smem + at.row_table), tid);
+  int* const row_table = reinterpret_cast<int*>(smem + at.row_table);
+  FillBandRowTable(p, band, row_table, tid);
   __syncthreads();
   // a programmatic dependent launch, as the other wgmma kernels: no global access before this
   asm volatile("griddepcontrol.wait;\n" ::: "memory");

@@ -7,7 +7,7 @@
 // sanitizer workload); `--dense` checks only the convolutions of fewer
 // than 32 channels (the dense-tap kernel's and two of the word layout); `--whole-words` checks only the dense-tap
 // kernel's convolutions of 32 channels (a sanitizer workload); `--band` checks only the image-band kernel's
-// convolutions (BandCases, every epilogue and engine); `--global-pool` checks only the global pooling kernel
+// convolutions (BandCases, every epilogue, on its engine: wgmma); `--global-pool` checks only the global pooling kernel
 // (LaunchGlobalSumBits, against a CPU sum); `--stream-bits` checks only the stream's threshold planes
 // (LaunchStreamBits, against CPU comparisons); `--repeats` checks only the inputs whose taps read each pixel twice
 // (BinaryGemmProblem::x_cw); `--doubled` checks only the products with doubled K blocks (the three-block
