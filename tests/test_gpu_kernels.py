@@ -179,6 +179,11 @@ CONV_CASES = [
     # columns, the last one partial
     (2, 7, 7, 512, 300, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", None),
     (3, 14, 14, 256, 200, (3, 3), (2, 2), ((1, 1), (1, 1)), "one", None),
+    # the wgmma engine's TMA boxes over strided taps (16 x 16 -> 8 x 8: every other pixel, 16-byte chunks; 8 x 8 ->
+    # 4 x 4: 32-byte tap rows) and over whole 4 x 4 images (four a box, the last box past the batch)
+    (2, 16, 16, 128, 256, (3, 3), (2, 2), ((1, 1), (1, 1)), "zero", None),
+    (3, 8, 8, 256, 130, (3, 3), (2, 2), ((1, 1), (1, 1)), "one", None),
+    (5, 4, 4, 512, 70, (3, 3), (1, 1), ((1, 1), (1, 1)), "zero", None),
 ]
 
 

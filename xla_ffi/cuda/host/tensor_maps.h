@@ -20,12 +20,14 @@ struct TensorMapRecipe {
   cuuint64_t dims[4] = {};
   cuuint64_t strides[3] = {};  // rank - 1 of them
   cuuint32_t box[4] = {};
+  cuuint32_t element_strides[4] = {1, 1, 1, 1};  // every element_strides[i]-th element along dimension i
   CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_NONE;
 };
 
 // Encodes the map of `r` at `address` (a zeroed map where r.rank is 0); false where the driver cannot.
 bool Encode(const TensorMapRecipe& r, const void* address, CUtensorMap& map);
-TensorMapRecipe NhwcBytes(const BinaryGemmProblem& p, int box_bytes, int box_w, int box_h, CUtensorMapSwizzle swizzle);
+TensorMapRecipe NhwcBytes(const BinaryGemmProblem& p, int box_bytes, int box_w, int box_h, CUtensorMapSwizzle swizzle,
+                          int box_images = 1);
 ALayout ActivationLayout(const BinaryGemmProblem& p, TensorMapRecipe& r, int rows = kWgRows);
 TensorMapRecipe WeightRecipe(const BinaryGemmProblem& p);
 TensorMapRecipe ResidentWeightRecipe(const BinaryGemmProblem& p, int cols);

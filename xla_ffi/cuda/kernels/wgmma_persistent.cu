@@ -114,10 +114,10 @@ __device__ __forceinline__ void ProduceStages(const BinaryGemmProblem& p, const 
         if constexpr (kLayout == ALayout::kSwizzledRows) {
           if (tid == 0) TensorCopy(stage, a_map, kb * 128, tile_m * kWgRows, full);
         } else if (tid < a_boxes) {
-          // the tile's block of output pixels shifted by the tap; pixels out of the frame or past the
-          // batch arrive as zeros
-          TensorCopy4d(stage + tid * kWgRows * a_box_bytes, a_map, channel_byte, ow0 + fkw - p.pad_left,
-                       oh0 + fkh - p.pad_top, image, full);
+          // the input pixels of the tile's block of output pixels (every stride-th: the map's element
+          // strides) shifted by the tap; pixels out of the frame or past the batch arrive as zeros
+          TensorCopy4d(stage + tid * kWgRows * a_box_bytes, a_map, channel_byte,
+                       p.stride_w * ow0 + fkw - p.pad_left, p.stride_h * oh0 + fkh - p.pad_top, image, full);
         }
       } else {
         // 8-byte copies where a stored pixel has an even but not a multiple-of-4 number of words (C = 64: 2)

@@ -143,8 +143,8 @@ __device__ __forceinline__ void ProduceBoxedStages(const BinaryGemmProblem& p, c
       if constexpr (kLayout == ALayout::kSwizzledRows) {
         if (lane == 0) TensorCopy(stage, a_map, kb * 128, first, full);
       } else if (lane < a_boxes) {
-        TensorCopy4d(stage + lane * 64 * a_box_bytes, a_map, channel_byte, ow0 + fkw - p.pad_left,
-                     oh0 + fkh - p.pad_top, image, full);
+        TensorCopy4d(stage + lane * 64 * a_box_bytes, a_map, channel_byte, p.stride_w * ow0 + fkw - p.pad_left,
+                     p.stride_h * oh0 + fkh - p.pad_top, image, full);  // every stride-th pixel: the map's
       }
       at.Advance();
       if (at.stage == 0) first_round = false;

@@ -13,7 +13,8 @@
 // (BinaryGemmProblem::x_cw); `--doubled` checks only the products with doubled K blocks (the three-block
 // ternary product; `--small-doubled`: two of them, a sanitizer workload); `--planes` checks only the bit
 // epilogue's two threshold planes (the full set of those cases; `--small-planes`: the small set's, a sanitizer
-// workload of a few seconds);
+// workload of a few seconds); `--boxes` checks only the wgmma kernels' TMA boxes over strided taps and whole
+// images (StridedAndWholeImageBoxCases and ResidualBoxCases, every epilogue, every engine; a sanitizer workload);
 // `--time-image` times the first-layer launcher (and the direct kernel against the windowed one) on three shapes.
 // Exit status 0 only if every case matches.
 //
@@ -608,6 +609,15 @@ long RunResidualForms(const ResidualCase& rc, KernelPath path) {
   return failures;
 }
 
+// The resident kernel's residual instances on TMA boxes over whole 4 x 4 images (ResNet-14's last conv2, with its
+// stride-2 shortcut) and over strided taps (16 x 16 -> 8 x 8, "one" padding).
+std::vector<ResidualCase> ResidualBoxCases() {
+  return {
+      {{3, 4, 4, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 2, 256, 0, true},
+      {{2, 16, 16, 128, 256, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, true}, 1, 200, 1, true},
+  };
+}
+
 // Residual blocks' second convolutions on every kernel that takes them: the band kernel (C = 64 pixel pairs,
 // C = 128; the int16 stream's shortcut staged in 16-byte chunks, or element by element for 77 channels; 64 x 64
 // pixels, whose 4,224 band positions pass its tile rows' table), the
@@ -621,9 +631,9 @@ long RunResidualForms(const ResidualCase& rc, KernelPath path) {
 // instances: one row tile (its pair's second empty), seven pairs with a stride-2 shortcut and "one" padding, two
 // column tiles (N = 300) with a shortcut of 296 channels, a shortcut of 77 channels element by element without bits,
 // a stride-2 convolution (cp.async activations); short reductions by cp.async, which the resident kernel leaves to it
-// (a 1x1 and a 3x3 stride-2 convolution at C = 64: 2 and 18 words).
+// (a 1x1 and a 3x3 stride-2 convolution at C = 64: 2 and 18 words); and ResidualBoxCases.
 std::vector<ResidualCase> ResidualCases() {
-  return {
+  std::vector<ResidualCase> cases = {
       {{3, 17, 24, 64, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 1, 64, 0, true},
       {{2, 15, 14, 64, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false}, 2, 64, 0, true},
       {{2, 9, 11, 128, 100, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true}, 1, 77, 1, true},
@@ -648,6 +658,9 @@ std::vector<ResidualCase> ResidualCases() {
       {{2, 14, 14, 64, 64, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, false}, 1, 64, 0, true},
       {{2, 14, 14, 64, 128, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false}, 1, 128, 1, true},
   };
+  const std::vector<ResidualCase> boxes = ResidualBoxCases();
+  cases.insert(cases.end(), boxes.begin(), boxes.end());
+  return cases;
 }
 
 // Inputs whose taps read each pixel's words twice (a side-by-side ternary product's repeated activation blocks,
@@ -880,6 +893,9 @@ void TimeAll(const std::vector<KernelPath>& paths, const std::string& only) {
     time(name + " residual i16 stream", resnet18[i], TimedOutput::kResidualInt16Stream);
     if (i > 0) time(name + " residual i16 s2", resnet18[i], TimedOutput::kResidualInt16Stride2);
   }
+  // and its downsampling blocks' first convolutions (stride 2: 16 x 16 -> 8 x 8, 8 x 8 -> 4 x 4)
+  time("conv r14.l2.s2 b1024", ConvCase{1024, 16, 16, 128, 256, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false});
+  time("conv r14.l3.s2 b1024", ConvCase{1024, 8, 8, 256, 512, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false});
   for (int i = 0; i < 3; ++i) {
     const std::string name = "conv r14.l" + std::to_string(i + 1) + " b1024";
     time(name, resnet14[i]);
@@ -1071,6 +1087,35 @@ std::vector<ConvCase> WholeWordDenseTapCases() {
   cases.push_back({2, 12, 12, 5, 20, 3, 3, 1, 1, 1, 1, 1, 1, 3, 2, false});
   cases.push_back({2, 13, 11, 32, 40, 3, 3, 2, 2, 1, 0, 0, 1, 1, 1, false});
   return cases;
+}
+
+// The wgmma kernels' TMA boxes over strided taps (every stride-th pixel: the map's element strides) and over
+// whole images (tiles of several small images). Strided: 16 x 16 -> 8 x 8 at C = 128 (16-byte chunk boxes) in
+// both paddings, 8 x 8 -> 4 x 4 at C = 256 (whole images, the last box past the batch), an odd height with 64-byte
+// tap rows, asymmetric ("SAME" stride-2) padding with 128-byte rows, 5x5, stride 3, strides (2, 1), a 1x1 stride-2
+// convolution of more than one short K block, an input read twice, and C = 2048, whose weights leave it to the
+// persistent kernel (128-row tiles: two 8 x 8 or eight 4 x 4 images). Whole images at stride 1: 4 x 4 (batch 5),
+// 2 x 2 in "one" padding, 1 x 1 images under a 3x3 filter (64 a box, batch 70), and C = 2048 on the persistent
+// kernel.
+std::vector<ConvCase> StridedAndWholeImageBoxCases() {
+  return {
+      {2, 16, 16, 128, 256, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false},
+      {2, 16, 16, 128, 256, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, true},
+      {3, 8, 8, 256, 512, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false},
+      {2, 15, 16, 512, 70, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, true},
+      {2, 32, 32, 1024, 40, 3, 3, 2, 2, 0, 1, 0, 1, 1, 1, false},
+      {1, 31, 32, 256, 33, 5, 5, 2, 2, 2, 2, 2, 2, 1, 1, false},
+      {2, 24, 24, 128, 64, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, false},
+      {2, 16, 8, 128, 64, 3, 3, 2, 1, 1, 1, 1, 1, 1, 1, false},
+      {2, 16, 16, 1024, 64, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, false},
+      {3, 16, 16, 256, 128, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false, 2},
+      {2, 16, 16, 2048, 300, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false},
+      {3, 8, 8, 2048, 300, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, true},
+      {5, 4, 4, 512, 130, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
+      {3, 2, 2, 256, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true},
+      {70, 1, 1, 256, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
+      {3, 4, 4, 2048, 300, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
+  };
 }
 
 // ---- the first-layer kernel (LaunchImageConv): int8 levels x int8 weights, pool, stream or threshold planes ----
@@ -1594,6 +1639,22 @@ int main(int argc, char** argv) {
     std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
     return failures ? 1 : 0;
   }
+  if (mode == "--boxes") {  // the TMA boxes over strided taps and whole images only, every epilogue, every engine
+    long failures = 0;
+    const std::vector<KernelPath> engines = {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt};
+    for (const ConvCase& cc : StridedAndWholeImageBoxCases()) {
+      for (Epilogue ep : {Epilogue::kInt32, Epilogue::kInt16, Epilogue::kAffine, Epilogue::kBits}) {
+        if (ep == Epilogue::kInt16 && cc.kh * cc.kw * cc.c > jaxbnn::cuda::kMaxInt16Reduction) continue;
+        for (KernelPath path : engines) failures += RunCase(cc, ep, path, true) != 0;
+      }
+      for (KernelPath path : engines) failures += RunCase(cc, Epilogue::kBits, path, true, 2) != 0;
+    }
+    for (const ResidualCase& rc : ResidualBoxCases()) {
+      for (KernelPath path : engines) failures += RunResidualForms(rc, path);
+    }
+    std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
+    return failures ? 1 : 0;
+  }
   if (mode == "--residual") {  // the residual epilogue's cases only, on every engine
     long failures = 0;
     for (const ResidualCase& rc : ResidualCases()) {
@@ -1630,6 +1691,8 @@ int main(int argc, char** argv) {
   // take it pooled and in "zero" padding)
   const ConvCase whole_word_one = {2, 10, 9, 32, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true};
   cases.push_back(whole_word_one);
+  const std::vector<ConvCase> strided_boxes = StridedAndWholeImageBoxCases();
+  cases.insert(cases.end(), strided_boxes.begin(), strided_boxes.end());
   // Two threshold planes on every engine, over a subset that adds about a quarter to the bits cases' run time:
   // every BMM (M = 1, N past multiples of 32 and over several column tiles, persistent CTAs), both paddings,
   // 1x1 to 15x15 filters, stride 2, pools (2x2, 3x3, 2x1, past 128 columns), N <= 64, <= 128 and > 256,
@@ -1660,6 +1723,8 @@ int main(int argc, char** argv) {
     cases.push_back(whole_words[5]);
     cases.push_back(whole_words[7]);
     cases.push_back(whole_word_one);
+    cases.push_back(strided_boxes[1]);
+    cases.push_back(strided_boxes[2]);
   }
   if (dense) {  // convolutions only (a BMM is a 1 x 1 image)
     auto other = [](const ConvCase& cc) { return cc.c > 32 || cc.h * cc.w == 1; };
