@@ -1065,8 +1065,6 @@ std::vector<ConvCase> BorderTableCases() {
   // A fully connected layer at batch 8 whose 256-column tiles' weights would not fit the resident kernel: its
   // 128-column tiles (K = 8192, 128 KB of weights), the last of 104 columns
   cases.push_back(Bmm(8, 1000, 8192));
-  // Small grids whose tiles no TMA box takes (7 x 7 and 14 x 14 images, stride 2): the resident kernel's cp.async
-  // instance, 128-column tiles (N = 300: the last of 44 columns), both paddings
   return cases;
 }
 
@@ -1675,6 +1673,8 @@ int main(int argc, char** argv) {
     const std::vector<ConvCase> more = group();
     cases.insert(cases.end(), more.begin(), more.end());
   }
+  // Small grids whose tiles no TMA box takes (7 x 7 and 14 x 14 images, stride 2): the resident kernel's cp.async
+  // instance, 128-column tiles (N = 300: the last of 44 columns), both paddings
   const ConvCase resident_copies[] = {{2, 7, 7, 512, 300, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false},
                                       {3, 14, 14, 256, 200, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, true}};
   for (const ConvCase& cc : resident_copies) cases.push_back(cc);
