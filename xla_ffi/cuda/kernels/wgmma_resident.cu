@@ -143,8 +143,10 @@ __device__ __forceinline__ void ProduceBoxedStages(const BinaryGemmProblem& p, c
       if constexpr (kLayout == ALayout::kSwizzledRows) {
         if (lane == 0) TensorCopy(stage, a_map, kb * 128, first, full);
       } else if (lane < a_boxes) {
+        // the input pixels of the half's output pixels (every stride-th: the map's element strides) shifted by
+        // the tap; pixels out of the frame or past the batch arrive as zeros
         TensorCopy4d(stage + lane * 64 * a_box_bytes, a_map, channel_byte, p.stride_w * ow0 + fkw - p.pad_left,
-                     p.stride_h * oh0 + fkh - p.pad_top, image, full);  // every stride-th pixel: the map's
+                     p.stride_h * oh0 + fkh - p.pad_top, image, full);
       }
       at.Advance();
       if (at.stage == 0) first_round = false;
