@@ -223,6 +223,7 @@ def bconv2d(
     bias=None,
     threshold=None,
     flip=None,
+    flip_words=None,
     shortcut=None,
     shortcut_stride=1,
     shift=0,
@@ -260,6 +261,10 @@ def bconv2d(
     pass (on CUDA the kernel writes one plane; more planes are thresholded from the stream after it, by a
     kernel of their own).
     side_by_side: as in `bmm` (`side_by_side_weights(w, ...)`; with a shortcut, `threshold_planes=0`).
+    flip_words: `pack_bits(flip != 0)` (uint32, flip's shape with its last axis in words), for a pooled
+    threshold convolution whose caller keeps them: CUDA runs it unpooled and pools its bits with them
+    (`pool_threshold_bits`), otherwise packing `flip` on every call (a small XLA kernel of its own). Concrete
+    ones are checked against a concrete `flip`; traced ones are trusted (as `w_tap_popcount`).
     Every size, padding, stride and output extent must be at most `MAX_EXTENT` (ValueError naming it).
     """
     given_popcount = w_tap_popcount is not None  # the dataclasses' own popcounts are consistent by construction
@@ -320,6 +325,8 @@ def bconv2d(
     batch = x.shape[:-3]
     attrs = (c, o, kh, kw, sh, sw, pt, pb, pl, pr, pad_value == "one", ph, pw)
     mode = _mode(len(planes) == 2, ternary_weights)
+    if flip_words is not None and (pool is None or threshold is None or flip is None or shortcut is not None):
+        raise ValueError("flip_words belong to a pooled threshold convolution with a flip")
     if shortcut is not None:
         if pool is not None or scale is not None or bias is not None:
             raise ValueError("the residual epilogue (shortcut) takes no pool, scale or bias")
@@ -346,13 +353,28 @@ def bconv2d(
         raise ValueError("shift and shortcut_stride apply to the residual epilogue: give a shortcut")
     kind, epi, threshold_planes = _epilogue(o, kh * kw * c + 1, scale, bias, threshold, flip, mode, out_dtype,
                                             kh * kw * c)
+    if flip_words is not None:
+        flip_words = _flip_words(flip_words, epi["flip"], o)
     _check_elements("the result", batch + (oh // ph, ow // pw) + _epilogue_tail(kind, o, threshold_planes))
     _check_elements("the padded input", batch + (h + pt + pb, wd + pl + pr, c))
     _check_side_by_side(side_by_side, ConvBits, mode, threshold_planes,
                         dict(kernel_size=(kh, kw), out_channels=_side_by_side_columns(o, threshold_planes),
                              in_channels=_side_by_side_channels(mode, c)))
-    return _bconv2d(tuple(planes.values()), w, w_tap_popcount, epi, side_by_side, attrs=attrs, kind=kind,
+    return _bconv2d(tuple(planes.values()), w, w_tap_popcount, epi, side_by_side, flip_words, attrs=attrs, kind=kind,
                     pooled=pool is not None, mode=mode, threshold_planes=threshold_planes)
+
+
+def _flip_words(flip_words, flip, n):
+    """Checked flip words of `flip` ((..., n) -> uint32 (..., ceil(n/32))): the same bits where both are concrete."""
+    flip_words = _packed("flip_words", flip_words, min_rank=1)
+    want = tuple(np.shape(flip)[:-1]) + (formats.num_words(n),)
+    if flip_words.shape != want:
+        raise ValueError(f"flip_words must have shape {want} (flip's, in words), got {flip_words.shape}")
+    if not isinstance(flip_words, jax.core.Tracer) and not isinstance(flip, jax.core.Tracer):
+        packed = np.asarray(formats.pack_bits(np.asarray(flip) != 0))
+        if not np.array_equal(np.asarray(flip_words), packed):
+            raise ValueError("flip_words are not pack_bits(flip != 0)")
+    return flip_words
 
 
 _CONV_ATTRS = ("c", "o", "kh", "kw", "stride_h", "stride_w", "pad_top", "pad_bottom", "pad_left", "pad_right",
@@ -360,11 +382,12 @@ _CONV_ATTRS = ("c", "o", "kh", "kw", "stride_h", "stride_w", "pad_top", "pad_bot
 
 
 @functools.partial(jax.jit, static_argnames=("attrs", "kind", "pooled", "mode", "threshold_planes", "x_repeats"))
-def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, pooled, mode, threshold_planes,
-             x_repeats=1):
+def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, flip_words=None, *, attrs, kind, pooled, mode,
+             threshold_planes, x_repeats=1):
     """The checked op as one compiled function per static signature (as `_bmm`). x_repeats (binary products
     only): each tap reads the input's words that many times, `c` channels from `ceil(c / 32) / x_repeats` words a
-    pixel (`_side_by_side_operands`); the CUDA kernels read them in place, elsewhere they are copied first."""
+    pixel (`_side_by_side_operands`); the CUDA kernels read them in place, elsewhere they are copied first.
+    flip_words: the checked `pack_bits(flip != 0)` of a pooled threshold convolution, or None."""
     if kind == "i16" and mode != "bnn":  # the int32 products, narrowed (XLA fuses the conversion into the reader)
         return _bconv2d(planes, w, w_tap_popcount, epi, side_by_side, attrs=attrs, kind="i32", pooled=pooled,
                         mode=mode, threshold_planes=threshold_planes).astype(jnp.int16)
@@ -382,8 +405,9 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
     # the CUDA kernels index the input words and the (unpooled) output elements of a call in int32
     chunk = _KERNEL_INDEX_LIMIT // max(h * wd * images[0].shape[-1], conv_hw[0] * conv_hw[1] * o * max(threshold_planes, 1))
     if 1 <= chunk < images[0].shape[0]:
-        outs = [_bconv2d(tuple(x[i:i + chunk] for x in images), w, w_tap_popcount, epi, side_by_side, attrs=attrs,
-                         kind=kind, pooled=pooled, mode=mode, threshold_planes=threshold_planes, x_repeats=x_repeats)
+        outs = [_bconv2d(tuple(x[i:i + chunk] for x in images), w, w_tap_popcount, epi, side_by_side, flip_words,
+                         attrs=attrs, kind=kind, pooled=pooled, mode=mode, threshold_planes=threshold_planes,
+                         x_repeats=x_repeats)
                 for i in range(0, images[0].shape[0], chunk)]
         return jnp.concatenate(outs).reshape(batch + outs[0].shape[1:])
     ternary_weights = mode in ("btn", "tnn")
@@ -428,6 +452,9 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
         )  # fmt: skip
 
     def single(*operands):
+        words_ = None  # flip_words, the last operand where given
+        if flip_words is not None:
+            *operands, words_ = operands
         out_type = jax.ShapeDtypeStruct((operands[0].shape[0], oh, ow) + tail, out_dtype)
         if mode != "bnn":
             acts, (w_, popcount_, *prepared_), e = (operands[:a_count], operands[a_count:a_count + len(weights)],
@@ -452,8 +479,8 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
 
             def cuda(x_, *ws):
                 bits = jax.ffi.ffi_call(target, unpooled)(x_, *ws, **flat)
-                pooled_bits = pool_threshold_bits(bits.reshape(bits.shape[:3] + (-1,)), (ph, pw),
-                                                  formats.pack_bits(ws[-1] != 0).reshape(-1))
+                words = formats.pack_bits(ws[-1] != 0) if words_ is None else words_
+                pooled_bits = pool_threshold_bits(bits.reshape(bits.shape[:3] + (-1,)), (ph, pw), words.reshape(-1))
                 return pooled_bits.reshape(pooled_bits.shape[:3] + tail)
         cuda_operands = dict(cuda_weights=lambda w_: _default_tiles(w_, o, k_bits),
                              cuda_activations=lambda x_: _clear_padding_bits(x_, c // x_repeats))
@@ -463,7 +490,8 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, *, attrs, kind, 
                          x_, *weights_, cuda=cuda, cuda_attrs=cuda_attrs,
                          cpu_activations=lambda x_: _read_input(x_, x_repeats), **cuda_operands)
 
-    out = _fold_rows(single, activations=len(planes))(*images, *weights, *epi.values())
+    given_words = () if flip_words is None else (flip_words,)
+    out = _fold_rows(single, activations=len(planes))(*images, *weights, *epi.values(), *given_words)
     return out.reshape(batch + out.shape[1:])
 
 

@@ -287,12 +287,17 @@ def _threshold_planes(node: dict, params: dict) -> dict:
 
 def _prepare_linear(node: dict, tensors: dict) -> dict:
     """The node's tensors as the ops take them: no unpacking, no packing; derived only the threshold planes
-    (`_threshold_planes`) and, where the platform has no kernel of a ternary or mixed product, its side-by-side
-    weights."""
+    (`_threshold_planes`), a pooled threshold convolution's flip words (`ops.bconv2d`'s flip_words: packed in
+    the forward, they were an XLA kernel of their own per layer and call) and, where the platform has no kernel
+    of a ternary or mixed product, its side-by-side weights."""
     params = {name: _on_device(value) for name, value in tensors.items()}
     params.update(_threshold_planes(node, params))
     if node["operand"] == "image":
         return params
+    if node["kind"] == "conv" and node.get("pool") and node["output"] in ("binary", "ternary") \
+            and not _per_feature_levels(node):
+        flip = _threshold_epilogue(node["output"], params)["flip"]
+        params["flip_words"] = formats.pack_bits(flip != 0)
     rows, k_bits, kernel, c = weight_geometry(node)
     n = node["out_channels"]
     ternary = node["weights"] == "ternary"
@@ -552,6 +557,8 @@ def _packed_layer(node, p, x, stream_dtype):
     per_feature = _per_feature_levels(node)
     if output in ("binary", "ternary") and not per_feature:
         epilogue = _threshold_epilogue(output, p)
+        if "flip_words" in p:
+            epilogue["flip_words"] = p["flip_words"]
     elif output == "affine":
         epilogue = dict(scale=p["scale"], bias=p["bias"])
     elif output == "stream" and node["stream_shift"] == 0:

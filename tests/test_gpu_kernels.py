@@ -379,6 +379,11 @@ def test_pooled_threshold_bconv2d_on_cuda_matches_the_cpu(c, pool):
     with jax.default_device(CPU):
         want = np.asarray(ops.bconv2d(x, cw.bits, w_tap_popcount=cw.tap_popcount, **args))
     np.testing.assert_array_equal(got, want)
+    # the flip's words given (as the runtime keeps them), traced: the same bits
+    words = jax.device_put(np.asarray(formats.pack_bits(flip)), GPU)
+    with_words = jax.jit(lambda x_, w_, p_, words_: ops.bconv2d(x_, w_, w_tap_popcount=p_, flip_words=words_, **args))
+    got = with_words(*(jax.device_put(v, GPU) for v in (x, cw.bits, cw.tap_popcount)), words)
+    np.testing.assert_array_equal(np.asarray(got), want)
 
 
 # --- the first-layer kernel: int8 levels x int8 weights on IMMA, pool, stream shift or threshold planes -------

@@ -96,6 +96,45 @@ def test_pooled_threshold_bits_are_the_unpooled_bits_pooled(pool, pad_value):
     assert 0 < np.asarray(formats.unpack_bits(pooled, 45)).mean() < 1
 
 
+@pytest.mark.parametrize("mode", ["bnn", "tnn"])
+def test_flip_words_given_give_the_same_pooled_bits(mode):
+    """flip_words (`pack_bits(flip != 0)`, which the runtime keeps for CUDA's pooled threshold convolutions), given
+    concrete or traced, leave the bits as they are: one threshold plane, and a ternary output's two."""
+    rng = np.random.default_rng(5)
+    x = (formats.pack_ternary_pm_planes(rng.integers(-1, 2, (2, 9, 11, 40))) if mode == "tnn"
+         else formats.pack_bits(signs(rng, (2, 9, 11, 40)) >= 0))
+    w = (formats.pack_ternary_conv_weights(rng.integers(-1, 2, (3, 3, 40, 45)).astype(np.float32)) if mode == "tnn"
+         else formats.pack_conv_weights(signs(rng, (3, 3, 40, 45))))
+    shape = (2, 45) if mode == "tnn" else (45,)
+    threshold, flip = rng.integers(-30, 30, shape).astype(np.int32), rng.random(shape) < 0.5
+    want = ops.bconv2d(x, w, pool=(2, 2), threshold=threshold, flip=flip)
+    words = formats.pack_bits(flip)
+    got = ops.bconv2d(x, w, pool=(2, 2), threshold=threshold, flip=flip, flip_words=words)
+    traced = jax.jit(lambda x, words: ops.bconv2d(x, w, pool=(2, 2), threshold=threshold, flip=flip,
+                                                  flip_words=words))(x, words)
+    for out in (got, traced):
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+
+
+def test_flip_words_are_checked():
+    rng = np.random.default_rng(6)
+    x = formats.pack_bits(signs(rng, (2, 6, 6, 40)) >= 0)
+    w = formats.pack_conv_weights(signs(rng, (3, 3, 40, 45)))
+    threshold, flip = rng.integers(-9, 9, 45).astype(np.int32), rng.random(45) < 0.5
+    words = formats.pack_bits(flip)
+    block = dict(threshold=threshold, flip=flip)
+    with pytest.raises(ValueError, match="pooled threshold convolution with a flip"):
+        ops.bconv2d(x, w, flip_words=words, **block)  # no pool
+    with pytest.raises(ValueError, match="pooled threshold convolution with a flip"):
+        ops.bconv2d(x, w, pool=(2, 2), threshold=threshold, flip_words=words)
+    with pytest.raises(ValueError, match=r"flip_words must have shape \(2,\)"):
+        ops.bconv2d(x, w, pool=(2, 2), flip_words=jnp.zeros(3, jnp.uint32), **block)
+    with pytest.raises(TypeError, match="uint32"):
+        ops.bconv2d(x, w, pool=(2, 2), flip_words=np.asarray(words).astype(np.int32), **block)
+    with pytest.raises(ValueError, match="not pack_bits"):
+        ops.bconv2d(x, w, pool=(2, 2), flip_words=formats.pack_bits(~flip), **block)
+
+
 def test_pool_threshold_bits_refuses_bad_input():
     bits = jnp.zeros((1, 4, 4, 2), jnp.uint32)
     with pytest.raises(TypeError, match="uint32"):

@@ -300,17 +300,23 @@ LOAD_CASES = [("mnist-conv", mode, {}) for mode in ("bnn", "tnn", "tbn", "btn")]
     ("cifar10-resnet14", "tnn", {}),
 ]
 
-FORMAT_FUNCTIONS = ("binarize", "pack_bits", "unpack_bits", "to_fsb", "from_fsb", "popcount", "ternary_planes",
+# (pack_bits is not among them: a pooled threshold convolution's flip words are packed at load; the stored
+# weights and thresholds are compared with the loaded ones below)
+FORMAT_FUNCTIONS = ("binarize", "unpack_bits", "to_fsb", "from_fsb", "popcount", "ternary_planes",
                     "pack_ternary", "unpack_ternary", "ternary_pm_planes", "ternary_weight_signs",
                     "pack_dense_weights", "pack_conv_weights")
 
 
 def _parameters_by_tensor_name(net) -> dict:
     """The loaded parameters of every node, named as the file's tensors; the threshold planes stacked at load
-    (`runtime._threshold_planes`) are checked against the thresholds they stack."""
+    (`runtime._threshold_planes`) are checked against the thresholds they stack, and a pooled threshold
+    convolution's flip words against its flips."""
     def linear(prefix, params):
         for key, value in params.items():
-            if key.endswith("_planes"):
+            if key == "flip_words":
+                flip = params["flip_planes"] if "flip_planes" in params else params["flip"]
+                np.testing.assert_array_equal(np.asarray(value), np.asarray(formats.pack_bits(np.asarray(flip) != 0)))
+            elif key.endswith("_planes"):
                 nonneg, pos = (params[key.replace("_planes", f"_{plane}")] for plane in ("nonneg", "pos"))
                 np.testing.assert_array_equal(np.asarray(value), np.stack([np.asarray(nonneg), np.asarray(pos)]))
             elif isinstance(value, (formats.ConvBits, formats.TernaryConvBits)):
@@ -360,6 +366,22 @@ def test_loading_runs_the_stored_tensors_as_they_are(tmp_path, monkeypatch, name
     assert report.exact, (report.summary(), [n for n in report.nodes if n.mismatches])
     assert report.logits_max_rel_diff <= 4e-6, report.summary()
     np.testing.assert_array_equal(net.predict(images, batch_size=4), np.argmax(np.asarray(model(images)), axis=-1))
+
+
+@pytest.mark.parametrize("mode", ["bnn", "tnn"])
+def test_pooled_threshold_convolutions_keep_their_flip_words(mode):
+    """A pooled conv with a threshold epilogue holds its flips' words from load (`ops.bconv2d`'s flip_words, which
+    CUDA's pool of the bits reads), the planes' words for a ternary output; no other node has any."""
+    net = runtime.from_packed(export_model(zoo_model("mnist-conv", mode, {})))
+    pooled = 0
+    for node, params in zip(net.graph["nodes"], net.params):
+        if node["kind"] == "conv" and node.get("pool") and node["operand"] != "image":
+            pooled += 1
+            flip = params["flip_planes"] if node["output"] == "ternary" else params["flip"]
+            np.testing.assert_array_equal(np.asarray(params["flip_words"]), np.asarray(formats.pack_bits(flip != 0)))
+        else:
+            assert "flip_words" not in params, node["name"]
+    assert pooled == 2
 
 
 def test_an_in_memory_model_with_a_wrong_tap_popcount_is_refused(conv_model):
