@@ -287,8 +287,8 @@ def _threshold_planes(node: dict, params: dict) -> dict:
 
 def _prepare_linear(node: dict, tensors: dict) -> dict:
     """The node's tensors as the ops take them: no unpacking, no packing; derived only the threshold planes
-    (`_threshold_planes`), a pooled threshold convolution's flip words (`ops.bconv2d`'s flip_words: packed in
-    the forward, they were an XLA kernel of their own per layer and call) and, where the platform has no kernel
+    (`_threshold_planes`), a pooled threshold convolution's flip words (`ops.bconv2d`'s flip_words, which the
+    forward would otherwise pack per layer and call, an XLA kernel each) and, where the platform has no kernel
     of a ternary or mixed product, its side-by-side weights."""
     params = {name: _on_device(value) for name, value in tensors.items()}
     params.update(_threshold_planes(node, params))
