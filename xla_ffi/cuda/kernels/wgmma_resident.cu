@@ -171,7 +171,8 @@ __device__ __forceinline__ void ProduceBoxedStages(const BinaryGemmProblem& p, c
 // and POPC between the wgmmas and the wait) they cost C = 512 8%; these wgmmas gain less (C = 512 unchanged,
 // C = 256 +4%, one-padded C = 512 +3.5%); producer warps counting the stages instead made C = 512 27% slower.
 // The first block's first step replaces the accumulators. kSteps: the block's real steps (RealSteps), each
-// count a straight sequence (a branch between the wgmmas made ptxas fence each of them).
+// count a straight sequence (a loop leaving at the first step past K, ptxas injected twice as many warpgroup
+// arrives, C7519).
 template <ALayout kLayout, int kCols, int kSteps>
 __device__ __forceinline__ void IssueResidentSteps(const BinaryGemmProblem& p, int (&acc)[kCols / 2],
                                                    int (&row_popc)[4], uint32_t stage_a, uint32_t weights,
