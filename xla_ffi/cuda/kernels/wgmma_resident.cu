@@ -59,8 +59,7 @@ __device__ __forceinline__ void InitResidentBarriers(uint32_t full0, uint32_t em
 }
 // The k256 steps (32 bytes of K) of K block kb that hold any of the reduction's bytes: 4 but in the last block,
 // whose other steps would multiply zeros (a 3x3 convolution at C = 128 or 256 pads K to whole 1024-bit blocks: 3
-// of its 8 or 12 steps), so the instances without the residual epilogue neither load nor multiply them. (In the
-// residual instances the same made ResNet-18's 14 x 14 x 256 conv2 3.5% slower: ptxas fenced their wgmmas.)
+// of its 8 or 12 steps), so the kernel neither loads nor multiplies them.
 __device__ __forceinline__ int RealSteps(const BinaryGemmProblem& p, int kb) {
   return min(4, (p.k_words * 4 - kb * 128 + 31) / 32);
 }
@@ -125,8 +124,8 @@ __device__ __forceinline__ void ProduceCopiedStages(const BinaryGemmProblem& p, 
 
 // The producer of the TMA instances: warp `half` feeds consumer warpgroup half's ring, a stage per K block of
 // each of the CTA's row tiles: one box of 64 swizzled rows (kSwizzledRows), or one box of a_box_bytes of a
-// tap's channels per lane; with kRealStepsOnly, the boxes of the block's real steps only (RealSteps).
-template <ALayout kLayout, bool kRealStepsOnly>
+// tap's channels per lane: the boxes of the block's real steps only (RealSteps).
+template <ALayout kLayout>
 __device__ __forceinline__ void ProduceBoxedStages(const BinaryGemmProblem& p, const CUtensorMap& a_map,
                                                    const LaunchDivisors& div, int m_tiles, int ctas_per_column,
                                                    int first_tile, int k_blocks, int a_box_bytes, int a_box_log2,
@@ -145,11 +144,11 @@ __device__ __forceinline__ void ProduceBoxedStages(const BinaryGemmProblem& p, c
       const int tap = Quotient(k_byte, div.tap_bytes);
       const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
       const int channel_byte = k_byte < p.k_words * 4 ? StoredByte(p, k_byte - tap * tap_bytes) : p.x_cw * 4;
-      const int boxes = kRealStepsOnly ? min(a_boxes, (RealSteps(p, kb) * 32 + a_box_bytes - 1) >> a_box_log2) : a_boxes;
+      const int boxes = min(a_boxes, (RealSteps(p, kb) * 32 + a_box_bytes - 1) >> a_box_log2);
       if (!first_round) BarrierWait(ResidentBarrier(empty0, half, at.stage), at.phase ^ 1);
       const uint32_t stage = base + ResidentRingOffset(half, at.stage), full = ResidentBarrier(full0, half, at.stage);
       if (lane == 0) {
-        const bool whole = kLayout == ALayout::kSwizzledRows || !kRealStepsOnly;  // (a_boxes boxes make a stage)
+        const bool whole = kLayout == ALayout::kSwizzledRows;  // (a_boxes boxes make a stage)
         BarrierArriveExpectBytes(full, whole ? kResidentStageBytes : boxes * 64 * a_box_bytes);
       }
       if constexpr (kLayout == ALayout::kSwizzledRows) {
@@ -199,15 +198,11 @@ __device__ __forceinline__ void IssueResidentSteps(const BinaryGemmProblem& p, i
     wgmma_m64n8k256_and_popc(row_popc, desc_a, desc_ones, (kb | ks) != 0);
   }
 }
-template <ALayout kLayout, int kCols, bool kRealStepsOnly>
+template <ALayout kLayout, int kCols>
 __device__ __forceinline__ void IssueResidentWgmmas(const BinaryGemmProblem& p, int (&acc)[kCols / 2],
                                                     int (&row_popc)[4], uint32_t stage_a, uint32_t weights,
                                                     uint64_t desc_ones, const uint32_t (&tap_row_step)[4],
                                                     int a_box_bytes, int kb) {
-  if constexpr (!kRealStepsOnly) {
-    IssueResidentSteps<kLayout, kCols, 4>(p, acc, row_popc, stage_a, weights, desc_ones, tap_row_step, a_box_bytes, kb);
-    return;
-  }
   switch (RealSteps(p, kb)) {  // (the same for the whole warpgroup)
     case 4:
       IssueResidentSteps<kLayout, kCols, 4>(p, acc, row_popc, stage_a, weights, desc_ones, tap_row_step, a_box_bytes, kb);
@@ -300,7 +295,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         TensorCopy3d(weights, w_map, 0, 0, col0 / 8, weights_full);
       }
     } else {
-      ProduceBoxedStages<kLayout, !kResidual>(p, a_map, div, m_tiles, ctas_per_column, first_tile, k_blocks, a_box_bytes,
+      ProduceBoxedStages<kLayout>(p, a_map, div, m_tiles, ctas_per_column, first_tile, k_blocks, a_box_bytes,
                                               a_box_log2, base, full0, empty0, warp, lane);
     }
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -343,8 +338,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       if constexpr (kCopies) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
       const uint32_t stage_a = base + ResidentRingOffset(half, at.stage);
-      IssueResidentWgmmas<kLayout, kCols, !kResidual>(p, acc, row_popc, stage_a, weights, desc_ones, tap_row_step,
-                                                      a_box_bytes, kb);
+      IssueResidentWgmmas<kLayout, kCols>(p, acc, row_popc, stage_a, weights, desc_ones, tap_row_step, a_box_bytes,
+                                          kb);
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       if (first_tile_of_cta && kb == fill_kb) {
         StageTileColumn(p, cols, col0, ctid, class_bounds, kResidual);
