@@ -25,11 +25,10 @@ Measured:
   batch (1024 for MNIST and CIFAR-10, 512 for ImageNet; smaller on the CPU) and over a sweep of batches,
   to find where it saturates. Each point is `gpu_bench.timed` (0.1 s warm-up, then the median of 5 batches
   of calls queued back to back, ~50 ms each; on the CPU the fastest of CPU_TIMING_ROUNDS such timings) on an
-  executable compiled first: compile time is measured
-  apart and counted nowhere else. After the two required batches the sweep takes the others farthest
-  first (log scale) until the model's `--seconds` are spent, so that a cut sweep still spans the range; a
-  contender skips batches from one where it ran out of memory, and sweep batches (not the two required
-  ones) where a forward would take over MAX_FORWARD_S.
+  executable compiled first: compile time is measured apart and counted nowhere else. After the two
+  required batches the sweep takes the others farthest first (log scale) until the model's `--seconds` are
+  spent, so that a cut sweep still spans the range; a contender skips batches from one where it ran out of
+  memory, and sweep batches (not the two required ones) where a forward would take over MAX_FORWARD_S.
 - the ratios against XLA bfloat16 and float32, next to the issue's targets (TARGETS), and the TCBNN
   paper's RTX 2080 Ti figures (TCBNN_2080TI);
 - memory at the large batch: the compiled program's `memory_analysis()`, arguments (parameters and
