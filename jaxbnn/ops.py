@@ -18,7 +18,7 @@ import numpy as np
 from jaxbnn import _ffi, formats, reference
 from jaxbnn.formats import ConvBits, DenseBits, TernaryConvBits, TernaryDenseBits
 
-__all__ = ["pack_bits", "unpack_bits", "bmm", "bconv2d", "image_matmul", "image_conv2d", "global_sum_bits",
+__all__ = ["pack_bits", "unpack_bits", "bmm", "bmm_chain", "chain_fits_one_kernel", "bconv2d", "image_matmul", "image_conv2d", "global_sum_bits",
            "pool_threshold_bits", "side_by_side_weights"]
 
 
@@ -205,6 +205,145 @@ def _bmm(planes, b, b_popcount, epi, side_by_side=None, *, k, n, kind, mode, thr
 
     out = _fold_rows(single, activations=len(planes))(*rows, *weights, *epi.values())
     return out.reshape(leading + out.shape[1:])
+
+
+# The chains that CUDA runs as one kernel (`bmm_chain`): at most this many layers, each k and n at most this many
+# bits (the CTA's activations stay in shared memory at that width), their weights and column parameters within
+# this many bytes of shared memory a CTA (`_chain_smem_bytes`; every GPU of the mma.sync engine gives a CTA as much).
+MAX_CHAIN_LAYERS = 8
+MAX_CHAIN_BITS = 4096
+MAX_CHAIN_SHARED_BYTES = 99 * 1024
+_CHAIN_LAYER_KEYS = frozenset({"b", "k", "n", "b_popcount", "threshold", "flip", "scale", "bias"})
+
+
+def bmm_chain(a, layers):
+    """`bmm` layer after layer in one op: `a` through each of `layers`, bit for bit what
+    `bmm(... bmm(a, **layers[0]) ..., **layers[-1])` gives.
+
+    a: packed binary activations uint32 `(..., M, ceil(k/32))`.
+    layers: a sequence of dicts of `bmm`'s arguments: `b` (binary weights: FSB tiles, a row-packed matrix or a
+       `formats.DenseBits`), with `k`, `n`, `b_popcount` as `bmm` takes them, and the epilogue: `threshold` /
+       `flip` (a threshold of shape (N,): packed bits, the next layer's activations) for every layer but the
+       last, which may give `scale` / `bias` instead (float32 logits). Layer i + 1's k is layer i's n.
+    Returns the last layer's output: uint32 `(..., M, ceil(N/32))` or float32 `(..., M, N)`.
+
+    On CUDA a chain of at most `MAX_CHAIN_LAYERS` layers whose every k and n is at most `MAX_CHAIN_BITS` and
+    whose weights fit a CTA's shared memory (`MAX_CHAIN_SHARED_BYTES`, `chain_fits_one_kernel`) runs as one
+    kernel: each CTA copies the weights once and takes blocks of 16 rows through every layer, the activations
+    between layers in shared memory (small dense layers are bound by their launches, not their arithmetic;
+    docs/ops.md). Elsewhere the layers run as `bmm` calls (the CPU's kernels)."""
+    if isinstance(layers, dict) or not isinstance(layers, (list, tuple)) or not layers:
+        raise ValueError("bmm_chain takes a non-empty list of layers, each a dict of bmm's arguments")
+    planes = _activations("a", a, min_rank=2)
+    if len(planes) != 1:
+        raise TypeError("bmm_chain takes packed binary activations, not ternary planes")
+    x = next(iter(planes.values()))
+    weights, popcounts, epilogues, ks, ns, kinds = [], [], [], [], [], []
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, dict):
+            raise TypeError(f"bmm_chain layer {i} must be a dict of bmm's arguments, got {type(layer).__name__}")
+        unknown = sorted(set(layer) - _CHAIN_LAYER_KEYS)
+        if unknown:
+            raise ValueError(f"bmm_chain layer {i} has arguments {unknown}; a layer takes {sorted(_CHAIN_LAYER_KEYS)}")
+        if "b" not in layer:
+            raise ValueError(f"bmm_chain layer {i} has no weights `b`")
+        b, k, n, b_popcount = layer["b"], layer.get("k"), layer.get("n"), layer.get("b_popcount")
+        given_popcount = b_popcount is not None
+        if isinstance(b, TernaryDenseBits):
+            raise TypeError(f"bmm_chain layer {i} has ternary weights; the chain takes binary layers")
+        if isinstance(b, DenseBits):
+            k = b.k if k is None else k
+            n = b.n if n is None else n
+            b_popcount = b.popcount if b_popcount is None else b_popcount
+            b = b.bits
+        if k is None:
+            raise ValueError(f"bmm_chain layer {i} needs k, the number of real bits per row")
+        k = _positive_int("k", k, MAX_REDUCTION)
+        if i == 0:
+            _check_words("a", x, k)
+        elif k != ns[-1]:
+            raise ValueError(f"bmm_chain layer {i} reduces over k={k} bits, but layer {i - 1} writes n={ns[-1]}")
+        b, n = _weights("b", b, k, n)
+        if b_popcount is not None:
+            b_popcount = _int32_array("b_popcount", b_popcount, (n,))
+            if given_popcount:
+                _check_popcount("b_popcount", b_popcount, b, n, k, None)
+        kind, epi, threshold_planes = _epilogue(n, k + 1, layer.get("scale"), layer.get("bias"),
+                                                layer.get("threshold"), layer.get("flip"), "bnn", jnp.int32, k)
+        last = i == len(layers) - 1
+        if threshold_planes or kind not in (("bits", "f32") if last else ("bits",)):
+            raise ValueError(f"bmm_chain layer {i} must give a threshold of shape ({n},)"
+                             + (" or scale / bias" if last else " (its bits are the next layer's activations)"))
+        weights.append(b)
+        popcounts.append(b_popcount)
+        epilogues.append(epi)
+        ks.append(k)
+        ns.append(n)
+        kinds.append(kind)
+    leading = x.shape[:-1]
+    _check_elements("the result", leading + _epilogue_tail(kinds[-1], ns[-1], 0))
+    return _bmm_chain(x, tuple(weights), tuple(popcounts), tuple(epilogues), ks=tuple(ks), ns=tuple(ns),
+                      last_kind=kinds[-1])
+
+
+def chain_fits_one_kernel(ks, ns) -> bool:
+    """Whether a `bmm_chain` of layers of these k and n runs as one kernel where the platform has it (CUDA; else
+    as `bmm` calls)."""
+    return (len(ks) <= MAX_CHAIN_LAYERS and max(ks) <= MAX_CHAIN_BITS and max(ns) <= MAX_CHAIN_BITS
+            and _chain_smem_bytes(ks, ns) <= MAX_CHAIN_SHARED_BYTES)
+
+
+def _chain_smem_bytes(ks, ns) -> int:
+    """The shared memory of a chain kernel's CTA (xla_ffi/cuda/dense_chain.h, DenseChainSmemBytes): two blocks of
+    16 rows of activations and their popcounts, then per layer its FSB weights (8-row tiles of 128 bits) and its
+    columns' three int32 parameters (n rounded up to 32)."""
+    rows = 2 * 16 * (MAX_CHAIN_BITS // 32 + 4) * 4 + 16 * 4
+    return rows + sum(-(-n // 8) * -(-k // 128) * 128 + 12 * -(-n // 32) * 32 for k, n in zip(ks, ns))
+
+
+@functools.partial(jax.jit, static_argnames=("ks", "ns", "last_kind"))
+def _bmm_chain(x, weights, popcounts, epilogues, *, ks, ns, last_kind):
+    """The checked chain as one compiled function per static signature."""
+    leading = x.shape[:-1]
+    tail, out_dtype = _epilogue_tail(last_kind, ns[-1], 0), _epilogue_output(last_kind, ns[-1])[1]
+    rows = x.reshape(math.prod(leading), x.shape[-1])
+    if rows.shape[0] == 0:
+        return jnp.zeros(leading + tail, out_dtype)
+    kinds = ["bits"] * (len(ks) - 1) + [last_kind]
+    operands = []
+    for b, popcount, epi, k, n, kind in zip(weights, popcounts, epilogues, ks, ns, kinds):
+        b = formats.to_fsb(b) if b.ndim == 2 else b
+        popcount = _derived_popcount(b, n, k) if popcount is None else popcount.astype(jnp.int32)
+        operands += [b, popcount, *_epilogue_operands(kind, epi, n, k + 1).values()]
+
+    def layer_by_layer(x_, *operands_):
+        for i, (k, n, kind) in enumerate(zip(ks, ns, kinds)):
+            b, popcount, *e = operands_[4 * i:4 * i + 4]
+            names = ("threshold", "flip") if kind == "bits" else ("scale", "bias")
+            x_ = _bmm((x_,), b, popcount, dict(zip(names, e)), k=k, n=n, kind=kind, mode="bnn", threshold_planes=0)
+        return x_
+
+    def single(x_, *operands_):
+        target = f"jaxbnn_bmm_chain_{last_kind}"
+        if not (chain_fits_one_kernel(ks, ns) and _ffi.has_target("cuda", target)):
+            return layer_by_layer(x_, *operands_)
+        out_type = jax.ShapeDtypeStruct((x_.shape[0],) + tail, out_dtype)
+        attrs = dict(ks=np.array(ks, np.int64), ns=np.array(ns, np.int64))
+
+        def one_kernel(x__, *ops_):
+            ops_ = list(ops_)
+            for i, (k, n) in enumerate(zip(ks, ns)):
+                ops_[4 * i] = _default_tiles(ops_[4 * i], n, k)
+            return jax.ffi.ffi_call(target, out_type)(x__, *ops_, **attrs)
+
+        return jax.lax.platform_dependent(x_, *operands_, default=layer_by_layer, cuda=one_kernel)
+
+    # the kernel indexes the activation words and the result's elements of a call in int32
+    chunk = _KERNEL_INDEX_LIMIT // max(rows.shape[-1], ns[-1])
+    if chunk < rows.shape[0]:
+        outs = [_fold_rows(single)(rows[i:i + chunk], *operands) for i in range(0, rows.shape[0], chunk)]
+        return jnp.concatenate(outs).reshape(leading + tail)
+    return _fold_rows(single)(rows, *operands).reshape(leading + tail)
 
 
 def bconv2d(

@@ -71,6 +71,13 @@ def bmm(a, b, k, n, *, ternary_weights=False, scale=None, bias=None, threshold=N
     return epilogue(dot, scale, bias, threshold, flip)
 
 
+def bmm_chain(a, layers):
+    """`bmm` layer after layer: `layers` a sequence of (b, k, n, epilogue keyword arguments)."""
+    for b, k, n, epi in layers:
+        a = bmm(a, b, k, n, **epi)
+    return a
+
+
 def bconv2d(
     x,
     w,

@@ -19,6 +19,8 @@ integers from the pixels to the logits:
   conv1's two planes are thresholded from the stream after it, on CUDA by a kernel of their own) (`ops.bconv2d(..., shortcut=...)`,
   `fuses_residual`); elsewhere added in jnp, where XLA fuses the add with the next block's thresholds and
   packing (docs/design/decisions.md);
+- on CUDA a run of small dense layers on packed bits (a ResNet's tail after its global pool) is one
+  `ops.bmm_chain`, one kernel, where its weights fit a CTA's shared memory (`dense_chains_of`);
 - on a platform whose kernels write int16 dot products (CUDA), a ResNet's stream travels as int16
   wherever every value it can take there fits (`stream_dtypes`: bounds from the graph and the first layer's
   weights), else as int32: the same integers as the Flax model's int32 stream, in half the bytes per pass
@@ -61,7 +63,8 @@ from jaxbnn import _ffi, formats, ops, packed_model
 from jaxbnn.packed_model import PackedModel, uses_conv_layout, weight_geometry
 
 __all__ = ["PackedNet", "InputRangeWarning", "load", "from_packed", "run_nodes", "run_node", "stream_dtypes",
-           "fuses_residual", "writes_stem_bits", "EMBEDDED_PARAMETERS_BYTES"]
+           "fuses_residual", "fuses_dense_chains", "dense_chains_of", "writes_stem_bits", "CHAIN_MAX_ROWS",
+           "EMBEDDED_PARAMETERS_BYTES"]
 
 # The largest packed parameters (bytes) a call's executable holds as constants unless told (`embed_parameters`):
 # the zoo models in bnn up to VGG-small (1.95 MiB; ResNet-14 1.52, ResNet-18 1.62, the MNIST models 1.17 and
@@ -380,7 +383,7 @@ def _stream_bound(node, tensors, prefix) -> int:
     return -(-largest >> node["stream_shift"])  # floor(-largest / 2**shift) is the most negative value
 
 
-def run_nodes(nodes, params, x, stream_dtypes=None, fuse_residual=None, stem_bits=None):
+def run_nodes(nodes, params, x, stream_dtypes=None, fuse_residual=None, stem_bits=None, dense_chains=None):
     """Outputs of `nodes` in order, from `x`, the value the first of them reads (the image's uint8 pixels or
     int8 levels, bits, a ternary plane pair or the stream): the whole graph, or a part of it. Each node runs as
     `run_node` runs it, with the bits the node before it wrote for it and writing those of the node after it.
@@ -390,17 +393,77 @@ def run_nodes(nodes, params, x, stream_dtypes=None, fuse_residual=None, stem_bit
     None: the blocks whose conv2 the default platform runs faster that way (`fuses_residual`). stem_bits:
     whether a first layer writing the stream also writes the first block's input bits (or ternary planes)
     from the same values (`ops.image_conv2d(..., keep_stream=True)`); None: where the default platform has
-    that kernel (`writes_stem_bits`)."""
+    that kernel (`writes_stem_bits`). dense_chains: whether runs of small dense layers run as one op each
+    (`ops.bmm_chain`, `dense_chains`); None: where the default platform runs such a chain as one kernel
+    (`fuses_dense_chains`). A chain gives its last node's output; the nodes before it in the chain still list
+    theirs, computed layer by layer (XLA drops them where nothing reads them: in a forward that returns the
+    logits)."""
     dtypes = stream_dtypes or [jnp.int32] * len(nodes)
-    outputs = []
+    fuse_dense = fuses_dense_chains() if dense_chains is None else dense_chains
+    chain_starts = {end: start for start, end in dense_chains_of(nodes, x.shape[0])} if fuse_dense else {}
+    outputs, inputs = [], []
     bits = None  # the stream's bits for the next node's conv1, from the epilogue that wrote the stream
     for i, (node, p, dtype) in enumerate(zip(nodes, params, dtypes)):
         following = (nodes[i + 1], params[i + 1]) if i + 1 < len(nodes) else None
-        out, bits = run_node(node, p, x, dtype, input_bits=bits, following=following, fuse_residual=fuse_residual,
-                             stem_bits=stem_bits)
+        inputs.append(x)
+        if i in chain_starts:
+            start = chain_starts[i]
+            out, bits = _dense_chain(params[start:i + 1], nodes[start:i + 1], inputs[start]), None
+        else:
+            out, bits = run_node(node, p, x, dtype, input_bits=bits, following=following,
+                                 fuse_residual=fuse_residual, stem_bits=stem_bits)
         outputs.append(out)
         x = out[1] if node["kind"] == "residual" else out
     return outputs
+
+
+# The most rows a fused dense chain takes (`dense_chains_of`): its kernel's CTAs take blocks of 16 rows in turn,
+# each block through every layer, which is latency-bound; the layers' own kernels spread larger batches wider.
+CHAIN_MAX_ROWS = 4096
+
+
+def fuses_dense_chains() -> bool:
+    """Whether the default platform runs a chain of small dense layers as one kernel (`ops.bmm_chain`): CUDA."""
+    return _ffi.has_target(_default_platform(), "jaxbnn_bmm_chain_f32")
+
+
+def _chain_layer(node) -> bool:
+    """Whether a node can be a layer of a dense chain: a dense layer of binary weights on packed binary
+    activations (not a packed image), writing the next layer's bits or the logits."""
+    return (node["kind"] == "dense" and node["operand"] == "binary" and node["weights"] == "binary"
+            and node.get("input") == "binary" and not uses_conv_layout(node)
+            and node["output"] in ("binary", "affine"))
+
+
+def dense_chains_of(nodes, rows) -> list:
+    """The runs of nodes that `run_nodes` fuses into one `ops.bmm_chain` each at a batch of `rows`: (start,
+    end) index pairs, end inclusive. At most CHAIN_MAX_ROWS rows; consecutive chain layers (`_chain_layer`; only
+    the last may write the logits), at least two, as many as one kernel takes
+    (`ops.chain_fits_one_kernel`: widths, layers, the weights in a CTA's shared memory)."""
+    if rows > CHAIN_MAX_ROWS:
+        return []
+    chains, i = [], 0
+    while i < len(nodes):
+        j = i
+        while j < len(nodes) and _chain_layer(nodes[j]) and ops.chain_fits_one_kernel(
+                [node["in_shape"][-1] for node in nodes[i:j + 1]], [node["out_channels"] for node in nodes[i:j + 1]]):
+            j += 1
+            if nodes[j - 1]["output"] != "binary":
+                break
+        if j - i >= 2:
+            chains.append((i, j - 1))
+        i = max(j, i + 1)
+    return chains
+
+
+def _dense_chain(params, nodes, x):
+    """The last output of a run of dense chain layers, by one `ops.bmm_chain`."""
+    layers = []
+    for node, p in zip(nodes, params):
+        epilogue = (dict(threshold=p["threshold"], flip=p["flip"]) if node["output"] == "binary"
+                    else dict(scale=p["scale"], bias=p["bias"]))
+        layers.append(dict(b=p["weight"], **epilogue))
+    return ops.bmm_chain(x, layers)
 
 
 def run_node(node, params, x, stream_dtype=jnp.int32, input_bits=None, following=None, fuse_residual=None,

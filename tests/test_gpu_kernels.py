@@ -1014,3 +1014,99 @@ def test_global_sum_bits_handler_rejects_inconsistent_shapes():
     with pytest.raises(Exception, match="int16 or int32"):
         _call("jaxbnn_global_sum_bits", GPU, result, [stream.astype(np.int8), np.zeros((1, 40), np.int32),
                                                       np.zeros((1, 40), np.uint8)], {})
+
+
+# --- dense chains in one kernel (ops.bmm_chain) ------------------------------------------------------------------
+
+# (rows, widths k_0, n_0 = k_1, ..., last epilogue): ResNet-14's tail, one layer, eight, widths off every word /
+# tile / k256 step, the widest reduction (4096), rows off the CTA's 16 and past one block a CTA; and a chain whose
+# weights pass a CTA's shared memory (two 1024-wide layers: the op runs its layers' kernels)
+CHAIN_CASES = [(1024, (512, 512, 512, 10), "f32"), (37, (77, 45, 300, 10), "f32"), (17, (33, 1), "bits"),
+               (1, (1, 64, 1, 95), "bits"), (3000, (4096, 100, 33), "bits"),
+               (16, (257, 255, 129, 31, 64, 96, 8, 300, 2), "f32"), (5000, (2000, 33, 10), "f32"),
+               (8, (1024, 1024, 1024, 10), "f32")]
+
+
+def _chain_layers(rng, widths, last_kind, tie_rows):
+    """Layers of random ±1 weights; the thresholds of each layer at the dot products of its input `tie_rows`
+    (ties), a few at the saturation ends and past them, flips at random."""
+    layers, x = [], tie_rows
+    for i, (k, n) in enumerate(zip(widths[:-1], widths[1:])):
+        w = formats.pack_dense_weights(_random_signs(rng, (k, n)))
+        if i == len(widths) - 2 and last_kind == "f32":
+            layers.append(dict(b=w, scale=rng.uniform(-2, 2, n).astype(np.float32),
+                               bias=rng.uniform(-2, 2, n).astype(np.float32)))
+            break
+        with jax.default_device(CPU):
+            dots = np.asarray(reference.bmm(x, w.bits, k, n))
+        threshold = dots[rng.integers(0, len(dots), n), np.arange(n)].astype(np.int64)
+        ends = np.array([-k - 1, k + 1, -2**31, 2**31 - 1, -k - 5, k + 7])
+        threshold = np.where(rng.random(n) < 0.1, ends[rng.integers(0, len(ends), n)], threshold).astype(np.int32)
+        flip = rng.integers(0, 2, n).astype(bool)
+        layers.append(dict(b=w, threshold=threshold, flip=flip))
+        with jax.default_device(CPU):
+            x = np.asarray(reference.bmm(x, w.bits, k, n, threshold=threshold, flip=flip))
+    return layers
+
+
+@pytest.mark.parametrize("case", CHAIN_CASES, ids=lambda c: f"m{c[0]}_" + "-".join(map(str, c[1])) + f"_{c[2]}")
+def test_bmm_chain_on_cuda_is_the_reference_layer_after_layer(case):
+    """The chain's kernel against the reference on the CPU and against the layers' own kernels on the GPU, bit for
+    bit (the logits too: the same two roundings); padding bits of the input set (the kernel ignores them). Ties:
+    thresholds at the dot products of the first rows."""
+    from jaxbnn import ops
+
+    m, widths, last_kind = case
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    x = np.asarray(formats.pack_bits(_random_signs(rng, (m, widths[0])) >= 0))
+    layers = _chain_layers(rng, widths, last_kind, x[: min(m, 64)])
+    text = jax.jit(lambda a: ops.bmm_chain(a, layers)).lower(jax.device_put(x, GPU)).as_text()
+    assert (f"jaxbnn_bmm_chain_{last_kind}" in text) == ops.chain_fits_one_kernel(widths[:-1], widths[1:])
+    got = np.asarray(ops.bmm_chain(jax.device_put(x, GPU), layers))
+    with jax.default_device(CPU):
+        want = np.asarray(reference.bmm_chain(x, [(layer["b"].bits, k, n, {e: v for e, v in layer.items() if e != "b"})
+                                                   for layer, k, n in zip(layers, widths[:-1], widths[1:])]))
+    np.testing.assert_array_equal(got, want)
+    layer_by_layer = jax.device_put(x, GPU)
+    for layer in layers:
+        layer_by_layer = ops.bmm(layer_by_layer, **layer)
+    np.testing.assert_array_equal(got, np.asarray(layer_by_layer))
+    if widths[0] % 32:  # the last input word's padding bits set: the same result
+        padded = x.copy()
+        padded[:, -1] |= np.uint32((0xFFFFFFFF << (widths[0] % 32)) & 0xFFFFFFFF)
+        np.testing.assert_array_equal(np.asarray(ops.bmm_chain(jax.device_put(padded, GPU), layers)), got)
+
+
+def test_bmm_chain_handler_rejects_inconsistent_calls():
+    rng = np.random.default_rng(3)
+    w1, w2 = (formats.pack_dense_weights(_random_signs(rng, kn)) for kn in ((64, 40), (40, 10)))
+    x = np.zeros((5, 2), np.uint32)
+    t40, f40 = np.zeros(40, np.int32), np.zeros(40, np.uint8)
+    s10, b10 = np.ones(10, np.float32), np.zeros(10, np.float32)
+    good = [x, w1.bits, w1.popcount, t40, f40, w2.bits, w2.popcount, s10, b10]
+    result = jax.ShapeDtypeStruct((5, 10), jnp.float32)
+
+    def call(operands, ks=(64, 40), ns=(40, 10), res=result, target="jaxbnn_bmm_chain_f32"):
+        return _call(target, GPU, res, operands, dict(ks=np.array(ks, np.int64), ns=np.array(ns, np.int64)))
+
+    assert call(good).shape == (5, 10)
+    # two 1024-wide layers: 128 KiB of weights, past a CTA's shared memory
+    wide = [np.zeros((5, 32), np.uint32), np.zeros((128, 8, 8, 4), np.uint32), np.zeros(1024, np.int32),
+            np.zeros(1024, np.int32), np.zeros(1024, np.uint8), np.zeros((2, 8, 8, 4), np.uint32),
+            np.zeros(10, np.int32), s10, b10]
+    for kwargs, message in [
+            (dict(operands=good[:-1]), "four operands a layer"),
+            (dict(operands=good, ns=(40,)), "each with its k and n"),
+            (dict(operands=good, ks=(64, 41)), "reduces over k=41 bits, but the layer before writes n=40"),
+            (dict(operands=good, ks=(8192, 40)), "must lie in \\[1, 4096\\]"),
+            (dict(operands=wide, ks=(1024, 1024), ns=(1024, 10)), "shared memory"),
+            (dict(operands=[np.zeros((5, 3), np.uint32)] + good[1:]), "activations"),
+            (dict(operands=good, res=jax.ShapeDtypeStruct((5, 11), jnp.float32)), "result has shape"),
+            (dict(operands=good[:3] + [t40[:-1]] + good[4:]), "threshold"),
+            (dict(operands=good[:3] + [t40.astype(np.float32)] + good[4:]), "int32 threshold"),
+            (dict(operands=good[:7] + [s10.astype(np.int32)] + good[8:]), "float32 scale"),
+            (dict(operands=good[:2] + [w1.popcount[:-1]] + good[3:]), "popcounts"),
+            (dict(operands=good, res=jax.ShapeDtypeStruct((5, 1), jnp.uint32), target="jaxbnn_bmm_chain_bits"),
+             "int32 threshold")]:
+        with pytest.raises(Exception, match=message):
+            call(**kwargs)

@@ -125,3 +125,23 @@ def test_full_width_ternary_convolutions_read_their_repeated_planes_in_place(mod
     with jax.default_device(_gpu()):
         text = net._trace.lower(net.params, images_for(model, 2, seed=3)).as_text()
     assert "x_repeats = 2" in text
+
+
+@pytest.mark.parametrize("name", ["cifar10-resnet14", "imagenet-resnet18"])
+def test_dense_chains_give_the_logits_of_the_layers_one_by_one(name):
+    """At full width the ResNets' dense tails run as one kernel on CUDA (`ops.bmm_chain`): the forward calls it,
+    and its logits are exactly those of the same layers run one kernel a layer, at a batch of one CTA's rows and
+    at one past several CTAs."""
+    model = randomize(build_model(name, "bnn", input_shape=(32, 32, 3), rngs=nnx.Rngs(0)), 2)
+    net = runtime.from_packed(export_model(model, target="sm90"))
+    nodes = net.graph["nodes"]
+    for batch in (8, 37):
+        images = jax.device_put(images_for(model, batch, seed=batch), _gpu())
+        assert runtime.dense_chains_of(nodes, batch), name
+        with jax.default_device(_gpu()):
+            forward = jax.jit(lambda p, x: runtime.run_nodes(nodes, p, x, net.stream_dtypes)[-1])
+            assert "jaxbnn_bmm_chain_" in forward.lower(net.params, images).as_text()
+            chained = np.asarray(forward(net.params, images))
+            one_by_one = np.asarray(jax.jit(lambda p, x: runtime.run_nodes(nodes, p, x, net.stream_dtypes,
+                                                                          dense_chains=False)[-1])(net.params, images))
+        np.testing.assert_array_equal(chained, one_by_one)

@@ -331,6 +331,83 @@ def test_packed_output_feeds_the_next_layer():
     np.testing.assert_array_equal(out, h @ np.where(w2 >= 0, 1.0, -1.0))
 
 
+
+def chain_layers(rng, widths, last_kind):
+    """bmm_chain layers of the given widths (k_0, n_0 = k_1, ...), every one but the last writing bits, the last
+    `last_kind` ("bits" or "f32"); weights given as DenseBits, FSB tiles and row-packed matrices in turn."""
+    layers = []
+    for i, (k, n) in enumerate(zip(widths[:-1], widths[1:])):
+        dense = formats.pack_dense_weights(signs(rng, (k, n)))
+        b = [dict(b=dense), dict(b=dense.bits, k=k, n=n), dict(b=formats.from_fsb(dense.bits, n, k), k=k)][i % 3]
+        kind = last_kind if i == len(widths) - 2 else "bits"
+        layers.append(dict(b, **random_epilogue(rng, kind, n, max(1, int(np.sqrt(k))))))
+    return layers
+
+
+def layer_by_layer(x, layers):
+    for layer in layers:
+        x = ops.bmm(x, **layer)
+    return x
+
+
+@pytest.mark.parametrize("widths", [(77, 45, 300, 10), (512, 512, 512, 10), (33, 1), (1, 64, 1, 95), (4096, 100, 4096)])
+@pytest.mark.parametrize("last_kind", ["bits", "f32"])
+def test_bmm_chain_is_bmm_layer_after_layer(widths, last_kind):
+    rng = np.random.default_rng(len(widths) * 1000 + widths[0] + (last_kind == "f32"))
+    layers = chain_layers(rng, widths, last_kind)
+    x = ops.pack_bits(signs(rng, (37, widths[0])))
+    want = layer_by_layer(x, layers)
+    got = ops.bmm_chain(x, layers)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    spec = reference.bmm_chain(x, [(formats.to_fsb(layer["b"]) if np.ndim(layer["b"]) == 2 else getattr(
+        layer["b"], "bits", layer["b"]), k, n, {e: layer[e] for e in ("threshold", "flip", "scale", "bias") if e in layer})
+        for layer, k, n in zip(layers, widths[:-1], widths[1:])])
+    assert_same(got, spec, last_kind)
+
+
+def test_bmm_chain_batch_dims_jit_and_vmap():
+    rng = np.random.default_rng(9)
+    layers = chain_layers(rng, (200, 70, 10), "f32")
+    x = ops.pack_bits(signs(rng, (2, 3, 200)))
+    want = layer_by_layer(x.reshape(6, -1), layers).reshape(2, 3, 10)
+    np.testing.assert_array_equal(np.asarray(ops.bmm_chain(x, layers)), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda a: ops.bmm_chain(a, layers))(x)), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(jax.vmap(lambda a: ops.bmm_chain(a, layers))(x)), np.asarray(want))
+    assert ops.bmm_chain(x[:, :0], layers).shape == (2, 0, 10)
+
+
+def test_bmm_chain_rejects_bad_chains_before_lowering():
+    rng = np.random.default_rng(5)
+    first, second, last = chain_layers(rng, (64, 40, 30, 10), "f32")
+    x = ops.pack_bits(signs(rng, (4, 64)))
+    with pytest.raises(ValueError, match="non-empty list"):
+        ops.bmm_chain(x, [])
+    with pytest.raises(ValueError, match="non-empty list"):
+        ops.bmm_chain(x, first)
+    with pytest.raises(TypeError, match="dict"):
+        ops.bmm_chain(x, [first, (second["b"],)])
+    with pytest.raises(ValueError, match="layer 1 reduces over k=64 bits, but layer 0 writes n=40"):
+        ops.bmm_chain(x, [first, first])
+    with pytest.raises(ValueError, match="layer 0 must give a threshold of shape \\(40,\\) \\(its bits"):
+        ops.bmm_chain(x, [dict(b=first["b"]), second])
+    with pytest.raises(ValueError, match="layer 1 must give a threshold of shape \\(30,\\) or scale"):
+        ops.bmm_chain(x, [first, dict(second, threshold=None, flip=None)])
+    with pytest.raises(ValueError, match="layer 1 must give a threshold of shape \\(30,\\) \\(its bits"):
+        ops.bmm_chain(x, [first, dict(second, threshold=None, flip=None, scale=np.ones(30, np.float32)), last])
+    with pytest.raises(ValueError, match="arguments \\['out_dtype'\\]"):
+        ops.bmm_chain(x, [dict(first, out_dtype=jnp.int16)])
+    with pytest.raises(ValueError, match="no weights"):
+        ops.bmm_chain(x, [{"threshold": first["threshold"]}])
+    with pytest.raises(TypeError, match="ternary weights"):
+        ternary = formats.pack_ternary_dense_weights(rng.integers(-1, 2, (64, 40)).astype(np.float32))
+        ops.bmm_chain(x, [dict(first, b=ternary)])
+    with pytest.raises(TypeError, match="binary activations"):
+        ops.bmm_chain(formats.TernaryPlanes(x, x), [first])
+    with pytest.raises(ValueError, match="words"):
+        ops.bmm_chain(x[:, :1], [first])
+
+
 # --- errors ---------------------------------------------------------------------------------------
 
 

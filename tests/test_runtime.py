@@ -756,3 +756,31 @@ def test_without_ternary_kernels_the_side_by_side_weights_are_built_once_at_load
     assert "stablehlo.transpose" not in text
     jax.tree.map(np.testing.assert_array_equal, net.trace(x), want)
     jax.clear_caches()
+
+
+def test_dense_chains_of_the_zoo_s_tails():
+    """Which runs of dense layers the forward fuses into one `ops.bmm_chain` (`runtime.dense_chains_of`): layers
+    on packed bits whose weights fit a CTA's shared memory together, never the first layer (it reads the image)
+    nor VGG-small's first dense layer (it reads a packed image, as a convolution), at most CHAIN_MAX_ROWS rows."""
+    def chains(name, rows):
+        return runtime.dense_chains_of(export_model(build_model(name, "bnn", rngs=nnx.Rngs(0))).graph["nodes"], rows)
+
+    assert chains("cifar10-resnet14", 1024) == [(8, 10)]  # global pool, then 512-512-512-10
+    assert chains("cifar10-resnet14", runtime.CHAIN_MAX_ROWS + 1) == []
+    assert chains("mnist-mlp", 8) == []  # 1024-wide layers: 128 KiB of weights each
+    assert chains("cifar10-vgg", 8) == []
+    assert chains("imagenet-alexnet", 8) == []
+
+
+@pytest.mark.parametrize("name", ["mnist-mlp", "cifar10-resnet14"])
+def test_a_fused_dense_chain_gives_the_logits_of_its_layers(name):
+    """run_nodes with the dense chains fused and without: the same node outputs (on the CPU the chain's op runs
+    its layers' kernels in turn; on CUDA one kernel, tests/test_gpu_models.py)."""
+    model = zoo_model(name, "bnn", {}, seed=2)
+    net = runtime.from_packed(export_model(model))
+    images = jnp.asarray(images_for(model, 5, seed=4))
+    assert runtime.dense_chains_of(net.graph["nodes"], 5)
+    fused = runtime.run_nodes(net.graph["nodes"], net.params, images, net.stream_dtypes, dense_chains=True)
+    plain = runtime.run_nodes(net.graph["nodes"], net.params, images, net.stream_dtypes, dense_chains=False)
+    for a, b in zip(jax.tree.leaves(fused), jax.tree.leaves(plain)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

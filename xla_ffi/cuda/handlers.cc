@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "binary_gemm.h"
+#include "dense_chain.h"
 #include "global_pool.h"
 #include "image_conv.h"
 #include "stream_bits.h"
@@ -602,6 +603,107 @@ ffi::Error StreamBitsImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi
   return ffi::Error::Success();
 }
 
+// A chain of dense binary layers in one kernel (ops.bmm_chain): x (M, ceil(k_0 / 32)), then per layer its FSB
+// weights, the popcounts of its rows (n,), and its epilogue's two operands: threshold (n,) int32 and flip (n,)
+// uint8, or for an affine last layer scale and bias (n,) float32. ks, ns: each layer's k and n.
+ffi::Error BmmChain(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi::RemainingArgs& layers,
+                    ffi::Span<const int64_t> ks, ffi::Span<const int64_t> ns, bool affine,
+                    ffi::Span<const int64_t> out_dims, void* out) {
+  const HandlerTimer timer;
+  const int64_t count = static_cast<int64_t>(ks.size());
+  if (count < 1 || count > kChainMaxLayers || ns.size() != ks.size()) {
+    return Invalid("bmm_chain takes 1 to " + std::to_string(kChainMaxLayers) + " layers, each with its k and n; got " +
+                   std::to_string(ks.size()) + " k and " + std::to_string(ns.size()) + " n");
+  }
+  if (static_cast<int64_t>(layers.size()) != 4 * count) {
+    return Invalid("bmm_chain takes four operands a layer (weights, popcounts, two epilogue operands); got " +
+                   std::to_string(layers.size()) + " for " + std::to_string(count) + " layers");
+  }
+  for (int64_t l = 0; l < count; ++l) {
+    if (ks[l] < 1 || ks[l] > kChainMaxBits || ns[l] < 1 || ns[l] > kChainMaxBits) {
+      return Invalid("bmm_chain layer " + std::to_string(l) + " has k=" + std::to_string(ks[l]) + ", n=" +
+                     std::to_string(ns[l]) + "; each must lie in [1, " + std::to_string(kChainMaxBits) + "]");
+    }
+    if (l > 0 && ks[l] != ns[l - 1]) {
+      return Invalid("bmm_chain layer " + std::to_string(l) + " reduces over k=" + std::to_string(ks[l]) +
+                     " bits, but the layer before writes n=" + std::to_string(ns[l - 1]));
+    }
+  }
+  const int64_t smem = DenseChainSmemBytes(ks.begin(), ns.begin(), static_cast<int>(count));
+  if (smem > kChainMaxSmemBytes) {
+    return Invalid("bmm_chain's layers need " + std::to_string(smem) + " bytes of shared memory a CTA (weights and "
+                   "columns); the kernel takes at most " + std::to_string(kChainMaxSmemBytes));
+  }
+  const auto x_dims = x.dimensions();
+  if (x_dims.size() != 2 || x_dims[1] != formats::WordsForBits(ks[0])) {
+    return Invalid("bmm_chain activations must be (M, " + std::to_string(formats::WordsForBits(ks[0])) + "), got " +
+                   Dims(x_dims));
+  }
+  const int64_t m = x_dims[0], n_out = ns[count - 1];
+  const std::vector<int64_t> expected_out{m, affine ? n_out : formats::WordsForBits(n_out)};
+  if (std::vector<int64_t>(out_dims.begin(), out_dims.end()) != expected_out) {
+    return Invalid("bmm_chain result has shape " + Dims(out_dims) + ", expected " + Dims(expected_out));
+  }
+  if (!ProductFitsInt({m, formats::WordsForBits(ks[0])}) || !ProductFitsInt({m, n_out})) {
+    return Invalid("bmm_chain operands too large for the CUDA kernel (int32 indexing)");
+  }
+  DenseChainProblem p;
+  p.x = x.typed_data();
+  p.out = out;
+  p.m = static_cast<int>(m);
+  p.layers = static_cast<int>(count);
+  p.affine = affine;
+  for (int64_t l = 0; l < count; ++l) {
+    const std::string name = "bmm_chain layer " + std::to_string(l);
+    const auto w = layers.get<ffi::Buffer<ffi::U32>>(4 * l);
+    const auto popc = layers.get<ffi::Buffer<ffi::S32>>(4 * l + 1);
+    if (!w.has_value() || !popc.has_value()) {
+      return Invalid(name + " needs uint32 FSB weights and int32 popcounts");
+    }
+    if (auto err = CheckWeights(*w, ns[l], formats::WordsForBits(ks[l]))) return *err;
+    if (auto err = ExpectShape((name + " popcounts").c_str(), *popc, {ns[l]})) return *err;
+    DenseChainLayer& layer = p.layer[l];
+    layer.w = w->typed_data();
+    layer.popc_b = popc->typed_data();
+    layer.k = static_cast<int>(ks[l]);
+    layer.n = static_cast<int>(ns[l]);
+    if (affine && l == count - 1) {
+      const auto scale = layers.get<ffi::Buffer<ffi::F32>>(4 * l + 2);
+      const auto bias = layers.get<ffi::Buffer<ffi::F32>>(4 * l + 3);
+      if (!scale.has_value() || !bias.has_value()) return Invalid(name + " needs float32 scale and bias");
+      if (auto err = ExpectShape((name + " scale").c_str(), *scale, {ns[l]})) return *err;
+      if (auto err = ExpectShape((name + " bias").c_str(), *bias, {ns[l]})) return *err;
+      layer.scale = scale->typed_data();
+      layer.bias = bias->typed_data();
+    } else {
+      const auto threshold = layers.get<ffi::Buffer<ffi::S32>>(4 * l + 2);
+      const auto flip = layers.get<ffi::Buffer<ffi::U8>>(4 * l + 3);
+      if (!threshold.has_value() || !flip.has_value()) {
+        return Invalid(name + " needs an int32 threshold and a uint8 flip");
+      }
+      if (auto err = ExpectShape((name + " threshold").c_str(), *threshold, {ns[l]})) return *err;
+      if (auto err = ExpectShape((name + " flip").c_str(), *flip, {ns[l]})) return *err;
+      layer.threshold = threshold->typed_data();
+      layer.flip = flip->typed_data();
+    }
+  }
+  const cudaError_t err = LaunchDenseChain(p, stream);
+  if (err != cudaSuccess) {
+    return ffi::Error::Internal(std::string("jaxbnn CUDA bmm_chain launch failed: ") + cudaGetErrorString(err));
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error BmmChainF32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::RemainingArgs layers,
+                           ffi::Span<const int64_t> ks, ffi::Span<const int64_t> ns, ffi::ResultBuffer<ffi::F32> out) {
+  return BmmChain(stream, x, layers, ks, ns, true, out->dimensions(), out->untyped_data());
+}
+
+ffi::Error BmmChainBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::RemainingArgs layers,
+                            ffi::Span<const int64_t> ks, ffi::Span<const int64_t> ns, ffi::ResultBuffer<ffi::U32> out) {
+  return BmmChain(stream, x, layers, ks, ns, false, out->dimensions(), out->untyped_data());
+}
+
 // ---- the handlers ----
 
 ffi::Error BmmI32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> a, ffi::Buffer<ffi::U32> b,
@@ -801,6 +903,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBmmBits, jaxbnn::cuda::BmmBitsImpl,
                                   .Arg<ffi::Buffer<ffi::U8>>()
                                   .Attr<int64_t>("k")
                                   .Attr<int64_t>("n")
+                                  .Ret<ffi::Buffer<ffi::U32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBmmChainF32, jaxbnn::cuda::BmmChainF32Impl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
+                                  .RemainingArgs()
+                                  .Attr<ffi::Span<const int64_t>>("ks")
+                                  .Attr<ffi::Span<const int64_t>>("ns")
+                                  .Ret<ffi::Buffer<ffi::F32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBmmChainBits, jaxbnn::cuda::BmmChainBitsImpl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
+                                  .RemainingArgs()
+                                  .Attr<ffi::Span<const int64_t>>("ks")
+                                  .Attr<ffi::Span<const int64_t>>("ns")
                                   .Ret<ffi::Buffer<ffi::U32>>(),
                               {ffi::Traits::kCmdBufferCompatible});
 

@@ -29,6 +29,8 @@ NB_MODULE(_cuda, m) {
     d["jaxbnn_bmm_i16"] = Capsule(JaxbnnCudaBmmI16);
     d["jaxbnn_bmm_f32"] = Capsule(JaxbnnCudaBmmF32);
     d["jaxbnn_bmm_bits"] = Capsule(JaxbnnCudaBmmBits);
+    d["jaxbnn_bmm_chain_f32"] = Capsule(JaxbnnCudaBmmChainF32);
+    d["jaxbnn_bmm_chain_bits"] = Capsule(JaxbnnCudaBmmChainBits);
     d["jaxbnn_bmm_doubled_i32"] = Capsule(JaxbnnCudaBmmDoubledI32);
     d["jaxbnn_bmm_doubled_f32"] = Capsule(JaxbnnCudaBmmDoubledF32);
     d["jaxbnn_bmm_doubled_bits"] = Capsule(JaxbnnCudaBmmDoubledBits);

@@ -15,7 +15,8 @@
 // epilogue's two threshold planes (the full set of those cases; `--small-planes`: the small set's, a sanitizer
 // workload of a few seconds); `--boxes` checks only the wgmma kernels' TMA boxes over strided taps and whole
 // images (StridedAndWholeImageBoxCases and ResidualBoxCases, every epilogue, every engine; a sanitizer workload);
-// `--time-image` times the first-layer launcher (and the direct kernel against the windowed one) on three shapes.
+// `--chain` checks only the dense-chain kernel (LaunchDenseChain, against CPU layers one by one; `--small-chain`: its
+// first cases, a sanitizer workload); `--time-image` times the first-layer launcher (and the direct kernel against the windowed one) on three shapes.
 // Exit status 0 only if every case matches.
 //
 //   cmake -S . -B build/kernels -DJAXBNN_CUDA=ON -DJAXBNN_KERNEL_TESTS=ON && cmake --build build/kernels --target kernel_check
@@ -36,6 +37,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/binary_gemm.h"
+#include "cuda/dense_chain.h"
 #include "cuda/global_pool.h"
 #include "cuda/image_conv.h"
 #include "cuda/kernels/image_direct.h"
@@ -1333,6 +1335,141 @@ long RunGlobalPoolCase(const GlobalPoolCase& gc, bool narrow) {
   return wrong;
 }
 
+// A dense chain: m rows through layers of widths k_0, n_0 = k_1, ..., the last affine (float32) or bits.
+struct ChainCase {
+  int m;
+  std::vector<int> widths;
+  bool affine;
+};
+
+// Runs one dense-chain case into a poisoned result; returns the number of wrong elements. The input's padding bits
+// set (the kernel ignores them); each layer's thresholds at its dot products (ties) and the int32 limits; the CPU
+// layers by XOR-popc. `fits`: false where the chain passes the kernel's shared memory, whose launch must refuse.
+long RunChainCase(const ChainCase& cc) {
+  namespace cu = jaxbnn::cuda;
+  const int layers = static_cast<int>(cc.widths.size()) - 1;
+  const int k0 = cc.widths[0], in_words = (k0 + 31) / 32;
+  std::vector<uint32_t> x = RandomPacked(cc.m, in_words, k0), padded = x;
+  if (k0 % 32) {
+    for (int r = 0; r < cc.m; ++r) padded[static_cast<size_t>(r) * in_words + in_words - 1] |= ~((1u << (k0 % 32)) - 1) & RandomWord();
+  }
+  std::vector<void*> allocations{ToDevice(padded)};
+  cu::DenseChainProblem p;
+  p.x = static_cast<const uint32_t*>(allocations[0]);
+  p.m = cc.m;
+  p.layers = layers;
+  p.affine = cc.affine;
+  std::vector<uint32_t> act = x;  // the CPU's rows of the current layer's input, padding bits 0
+  std::vector<float> want_f32;
+  for (int l = 0; l < layers; ++l) {
+    const int k = cc.widths[l], n = cc.widths[l + 1], kw = (k + 31) / 32, nw = (n + 31) / 32;
+    const std::vector<uint32_t> rows = RandomPacked(n, kw, k);
+    const int row_tiles = (n + 7) / 8, k_tiles = (kw + 3) / 4;
+    std::vector<uint32_t> fsb(static_cast<size_t>(row_tiles) * k_tiles * 32, 0);
+    std::vector<int32_t> popc(n, 0);
+    for (int r = 0; r < n; ++r) {
+      for (int i = 0; i < kw; ++i) {
+        fsb[((static_cast<size_t>(r / 8) * k_tiles + i / 4) * 8 + r % 8) * 4 + i % 4] = rows[static_cast<size_t>(r) * kw + i];
+        popc[r] += __builtin_popcount(rows[static_cast<size_t>(r) * kw + i]);
+      }
+    }
+    std::vector<int32_t> dots(static_cast<size_t>(cc.m) * n);
+    for (int r = 0; r < cc.m; ++r) {
+      for (int c = 0; c < n; ++c) {
+        int differ = 0;
+        for (int i = 0; i < kw; ++i) differ += __builtin_popcount(act[static_cast<size_t>(r) * kw + i] ^ rows[static_cast<size_t>(c) * kw + i]);
+        dots[static_cast<size_t>(r) * n + c] = k - 2 * differ;
+      }
+    }
+    cu::DenseChainLayer& layer = p.layer[l];
+    layer.w = ToDevice(fsb);
+    layer.popc_b = ToDevice(popc);
+    layer.k = k;
+    layer.n = n;
+    allocations.push_back(const_cast<uint32_t*>(layer.w));
+    allocations.push_back(const_cast<int32_t*>(layer.popc_b));
+    if (cc.affine && l == layers - 1) {
+      std::vector<float> scale(n), bias(n);
+      for (int c = 0; c < n; ++c) {
+        scale[c] = static_cast<float>(static_cast<int>(RandomWord() % 2001) - 1000) / 257.0f;
+        bias[c] = static_cast<float>(static_cast<int>(RandomWord() % 2001) - 1000) / 129.0f;
+      }
+      want_f32.resize(static_cast<size_t>(cc.m) * n);
+      for (size_t i = 0; i < want_f32.size(); ++i) {
+        const volatile float product = static_cast<float>(dots[i]) * scale[i % n];  // two roundings, as the kernel
+        want_f32[i] = product + bias[i % n];
+      }
+      layer.scale = ToDevice(scale);
+      layer.bias = ToDevice(bias);
+      allocations.push_back(const_cast<float*>(layer.scale));
+      allocations.push_back(const_cast<float*>(layer.bias));
+      break;
+    }
+    std::vector<int32_t> threshold;
+    std::vector<uint8_t> flip;
+    RandomThresholdsAt(dots, cc.m, n, 1, threshold, flip);
+    act.assign(static_cast<size_t>(cc.m) * nw, 0);
+    for (int r = 0; r < cc.m; ++r) {
+      for (int c = 0; c < n; ++c) {
+        const int32_t d = dots[static_cast<size_t>(r) * n + c];
+        const bool bit = flip[c] ? d <= threshold[c] : d >= threshold[c];
+        act[static_cast<size_t>(r) * nw + c / 32] |= static_cast<uint32_t>(bit) << (c % 32);
+      }
+    }
+    layer.threshold = ToDevice(threshold);
+    layer.flip = ToDevice(flip);
+    allocations.push_back(const_cast<int32_t*>(layer.threshold));
+    allocations.push_back(const_cast<uint8_t*>(layer.flip));
+  }
+  std::vector<int64_t> ks(cc.widths.begin(), cc.widths.end() - 1), ns(cc.widths.begin() + 1, cc.widths.end());
+  const bool fits = cu::DenseChainSmemBytes(ks.data(), ns.data(), layers) <= cu::kChainMaxSmemBytes;
+  const size_t out_elements = cc.affine ? want_f32.size() : act.size();
+  void* d_out = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_out, std::max<size_t>(out_elements, 1) * 4));
+  CHECK_CUDA(cudaMemset(d_out, 0xA5, std::max<size_t>(out_elements, 1) * 4));  // poison: unwritten elements show
+  p.out = d_out;
+  allocations.push_back(d_out);
+  const cudaError_t launched = cu::LaunchDenseChain(p, nullptr);
+  long wrong = 0;
+  if (!fits) {  // refused, nothing launched
+    wrong = launched == cudaErrorInvalidValue ? 0 : 1;
+  } else {
+    CHECK_CUDA(launched);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<uint32_t> got(out_elements);
+    if (!got.empty()) CHECK_CUDA(cudaMemcpy(got.data(), d_out, got.size() * 4, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < out_elements; ++i) {
+      uint32_t want_word = 0;
+      if (cc.affine) {
+        std::memcpy(&want_word, &want_f32[i], 4);
+      } else {
+        want_word = act[i];
+      }
+      wrong += got[i] != want_word;
+    }
+  }
+  std::string widths;
+  for (int w : cc.widths) widths += (widths.empty() ? "" : "-") + std::to_string(w);
+  std::printf("dense chain m %d %s %s%s: %ld / %zu wrong\n", cc.m, widths.c_str(), cc.affine ? "affine" : "bits",
+              fits ? "" : " (refused: past shared memory)", wrong, out_elements);
+  for (void* d : allocations) CHECK_CUDA(cudaFree(d));
+  return wrong;
+}
+
+// ResNet-14's tail, widths off every word / tile / k256 step, one layer, eight, the widest reduction, rows off the
+// CTA's 16 and past one block a CTA; last, a chain past the kernel's shared memory (refused).
+std::vector<ChainCase> ChainCases() {
+  return {{37, {77, 45, 300, 10}, true},
+          {17, {33, 1}, false},
+          {1, {1, 64, 1, 95}, false},
+          {70, {512, 512, 512, 10}, true},
+          {16, {257, 255, 129, 31, 64, 96, 8, 300, 2}, true},
+          {1024, {512, 512, 512, 10}, true},
+          {3000, {4096, 100, 33}, false},
+          {5000, {2000, 33, 10}, true},
+          {8, {1024, 1024, 1024, 10}, true}};
+}
+
 // Pixels from one to past a warp's round of loads at every split (one warp an item to eight), channels within and
 // past whole words, the zoo ResNets' last streams, eight planes.
 std::vector<GlobalPoolCase> GlobalPoolCases() {
@@ -1599,6 +1736,14 @@ int main(int argc, char** argv) {
     std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
     return failures ? 1 : 0;
   }
+  if (mode == "--chain" || mode == "--small-chain") {  // the dense-chain kernel's cases only
+    long failures = 0;
+    std::vector<ChainCase> chain_cases = ChainCases();
+    if (mode == "--small-chain") chain_cases.resize(5);
+    for (const ChainCase& cc : chain_cases) failures += RunChainCase(cc) != 0;
+    std::printf("%s: %ld failing runs\n", failures ? "FAILED" : "ALL OK", failures);
+    return failures ? 1 : 0;
+  }
   if (mode == "--stream-bits") {  // the stream's threshold planes only
     long failures = 0;
     for (const StreamBitsCase& sc : StreamBitsCases()) {
@@ -1757,6 +1902,9 @@ int main(int argc, char** argv) {
     for (const StreamBitsCase& sc : StreamBitsCases()) {
       for (bool narrow : {false, true}) failures += RunStreamBitsCase(sc, narrow) != 0;
     }
+    std::vector<ChainCase> chain_cases = ChainCases();
+    if (small) chain_cases.resize(5);
+    for (const ChainCase& cc : chain_cases) failures += RunChainCase(cc) != 0;
     std::vector<ResidualCase> residual_cases = ResidualCases();
     for (const ResidualCase& rc : RepeatedInputResidualCases()) residual_cases.push_back(rc);
     for (const ResidualCase& rc : residual_cases) {
