@@ -51,8 +51,8 @@ __device__ __forceinline__ Columns ColumnsOf(uint8_t* smem, const DenseChainLaye
   return {at, at + n32, at + 2 * n32};
 }
 
-// Copies every layer's weights (cp.async) and derives its column parameters into shared memory (Columns).
-__device__ __forceinline__ void LoadLayers(const DenseChainProblem& p, uint8_t* smem, int tid) {
+// Issues the copies of every layer's weights into shared memory (cp.async, one group).
+__device__ __forceinline__ void CopyWeights(const DenseChainProblem& p, uint8_t* smem, int tid) {
   for (int l = 0; l < p.layers; ++l) {
     const DenseChainLayer& layer = p.layer[l];
     const int bytes = static_cast<int>(DenseChainWeightBytes(layer.k, layer.n));
@@ -63,30 +63,64 @@ __device__ __forceinline__ void LoadLayers(const DenseChainProblem& p, uint8_t* 
     }
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
-  const int lane = tid % 32;
+}
+
+// A column of the chain's columns, all layers' in turn, each layer's n rounded up to 32 (whole warps a word).
+struct ChainColumn {
+  int layer, col;  // layer == -1: past the last layer's
+};
+__device__ __forceinline__ ChainColumn ChainColumnOf(const DenseChainProblem& p, int j) {
   for (int l = 0; l < p.layers; ++l) {
-    const DenseChainLayer& layer = p.layer[l];
-    const bool affine = p.affine && l == p.layers - 1;
-    const Columns c = ColumnsOf(smem, layer);
-    // whole warps over 32 consecutive columns (the flip words are ballots), past n to the last word's end
-    for (int base = tid - lane; base < layer.n; base += kThreads) {
-      const int col = base + lane;
+    const int n32 = (p.layer[l].n + 31) / 32 * 32;
+    if (j < n32) return {l, j};
+    j -= n32;
+  }
+  return {-1, 0};
+}
+
+// Derives every layer's column parameters (Columns) in shared memory, whole warps over 32 consecutive columns (the
+// flip words are ballots), past n to the last word's end. A thread's loads of kColumnTurns turns, whichever layers
+// they fall in, are in flight together: per layer, the layers' loads came one memory latency after another.
+constexpr int kColumnTurns = 4;
+__device__ __forceinline__ void LoadColumns(const DenseChainProblem& p, uint8_t* smem, int tid) {
+  const int lane = tid % 32;
+  int total = 0;
+  for (int l = 0; l < p.layers; ++l) total += (p.layer[l].n + 31) / 32 * 32;
+  for (int base = tid - lane; base < total; base += kColumnTurns * kThreads) {
+    ChainColumn at[kColumnTurns];
+    int popc_b[kColumnTurns], first[kColumnTurns], second[kColumnTurns];
+#pragma unroll
+    for (int u = 0; u < kColumnTurns; ++u) {
+      at[u] = ChainColumnOf(p, base + u * kThreads + lane);
+      popc_b[u] = first[u] = second[u] = 0;
+      if (at[u].layer < 0) continue;
+      const DenseChainLayer& layer = p.layer[at[u].layer];
+      if (at[u].col >= layer.n) continue;
+      const bool affine = p.affine && at[u].layer == p.layers - 1;
+      popc_b[u] = __ldg(layer.popc_b + at[u].col);
+      first[u] = affine ? __float_as_int(__ldg(layer.scale + at[u].col)) : __ldg(layer.threshold + at[u].col);
+      second[u] = affine ? __float_as_int(__ldg(layer.bias + at[u].col)) : __ldg(layer.flip + at[u].col) != 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kColumnTurns; ++u) {
+      if (at[u].layer < 0) continue;  // the same for the whole warp: its 32 columns are one word of one layer
+      const DenseChainLayer& layer = p.layer[at[u].layer];
+      const Columns c = ColumnsOf(smem, layer);
+      const int col = at[u].col;
       const bool real = col < layer.n;
-      const int popc_b = real ? __ldg(layer.popc_b + col) : 0;
-      if (affine) {
-        c.bound[col] = layer.k - 2 * popc_b;
-        c.second[col] = real ? __float_as_int(__ldg(layer.scale + col)) : 0;
-        c.third[col] = real ? __float_as_int(__ldg(layer.bias + col)) : 0;
+      if (p.affine && at[u].layer == p.layers - 1) {
+        c.bound[col] = layer.k - 2 * popc_b[u];
+        c.second[col] = first[u];
+        c.third[col] = second[u];
         continue;
       }
-      const bool flip = real && __ldg(layer.flip + col) != 0;
-      const int threshold = real ? min(max(__ldg(layer.threshold + col), -layer.k - 1), layer.k + 1) : 0;
-      c.bound[col] = real ? threshold + (flip ? 1 : 0) - layer.k + 2 * popc_b : kNeverBound;
+      const bool flip = real && second[u] != 0;
+      const int threshold = min(max(first[u], -layer.k - 1), layer.k + 1);
+      c.bound[col] = real ? threshold + (flip ? 1 : 0) - layer.k + 2 * popc_b[u] : kNeverBound;
       const uint32_t flips = __ballot_sync(0xffffffffu, flip);
       if (lane == 0) c.second[col / 32] = static_cast<int>(flips);
     }
   }
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
 // Rows row0 .. row0 + 15 of x into `rows`, the bits past k cleared, zeros past them (to the last k256 step's end)
@@ -217,11 +251,15 @@ __global__ void __launch_bounds__(kThreads) DenseChainKernel(const __grid_consta
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  LoadLayers(p, smem, tid);
+  // the weights' copies, the first block's rows and the columns' loads all in flight together
+  CopyWeights(p, smem, tid);
   const int blocks = (p.m + kRows - 1) / kRows;
+  if (blockIdx.x < blocks) LoadInputRows(p, rows[0], static_cast<long long>(blockIdx.x) * kRows, tid);
+  LoadColumns(p, smem, tid);
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
   for (int block = blockIdx.x; block < blocks; block += gridDim.x) {
     const long long row0 = static_cast<long long>(block) * kRows;
-    LoadInputRows(p, rows[0], row0, tid);
+    if (block != blockIdx.x) LoadInputRows(p, rows[0], row0, tid);
     __syncthreads();  // the rows, and (first block) every thread's weights and columns
     for (int l = 0; l < p.layers; ++l) RunLayer(p, smem, l, rows[l & 1], rows[(l + 1) & 1], popc_a, row0, tid);
   }
