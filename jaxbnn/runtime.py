@@ -417,9 +417,11 @@ def run_nodes(nodes, params, x, stream_dtypes=None, fuse_residual=None, stem_bit
     return outputs
 
 
-# The most rows a fused dense chain takes (`dense_chains_of`): its kernel's CTAs take blocks of 16 rows in turn,
-# each block through every layer, which is latency-bound; the layers' own kernels spread larger batches wider.
-CHAIN_MAX_ROWS = 4096
+# The most rows a fused dense chain takes (`dense_chains_of`): 128 blocks of 16 rows, one block a CTA on an H100 /
+# H200 (132 SMs), the regime it was measured in (ResNet-14 at 8 and 1024, ResNet-18 at 8 and 512). Past it the
+# chain kernel's CTAs take blocks in turn, each block through every layer, latency-bound and not measured against
+# the layers' own kernels, which spread larger batches wider.
+CHAIN_MAX_ROWS = 2048
 
 
 def fuses_dense_chains() -> bool:
