@@ -18,8 +18,8 @@ import numpy as np
 from jaxbnn import _ffi, formats, reference
 from jaxbnn.formats import ConvBits, DenseBits, TernaryConvBits, TernaryDenseBits
 
-__all__ = ["pack_bits", "unpack_bits", "bmm", "bmm_chain", "chain_fits_one_kernel", "bconv2d", "image_matmul", "image_conv2d", "global_sum_bits",
-           "pool_threshold_bits", "side_by_side_weights"]
+__all__ = ["pack_bits", "unpack_bits", "bmm", "bmm_chain", "chain_fits_one_kernel", "bconv2d", "image_matmul",
+           "image_conv2d", "global_sum_bits", "pool_threshold_bits", "side_by_side_weights"]
 
 
 # Every size, padding, stride, pool and extent fits int32, as the kernels' attributes and indices do.

@@ -394,7 +394,7 @@ def run_nodes(nodes, params, x, stream_dtypes=None, fuse_residual=None, stem_bit
     whether a first layer writing the stream also writes the first block's input bits (or ternary planes)
     from the same values (`ops.image_conv2d(..., keep_stream=True)`); None: where the default platform has
     that kernel (`writes_stem_bits`). dense_chains: whether runs of small dense layers run as one op each
-    (`ops.bmm_chain`, `dense_chains`); None: where the default platform runs such a chain as one kernel
+    (`ops.bmm_chain`, `dense_chains_of`); None: where the default platform runs such a chain as one kernel
     (`fuses_dense_chains`). A chain gives its last node's output; the nodes before it in the chain still list
     theirs, computed layer by layer (XLA drops them where nothing reads them: in a forward that returns the
     logits)."""
