@@ -378,9 +378,10 @@ class NodeRow:
     """A graph node's time alone, and its custom calls' times alone."""
 
     index: int
-    node: dict
+    node: dict  # a fused dense chain's row: its own summary (`chain_summary`)
     seconds: float
     calls: list[tuple[str, float]]  # (target, seconds alone)
+    through: int | None = None  # a fused dense chain's last node
 
     @property
     def outside(self) -> float:
@@ -442,24 +443,51 @@ def time_custom_call(call: CustomCall) -> float:
     return timed_alone(lambda *ops: call.make()(*ops, **call.attrs), operands)
 
 
-def per_node(contender: Contender, images) -> list[NodeRow]:
+def chain_in_graph(nodes: list[dict]):
+    """A fused dense chain of the forward (`runtime.dense_chains_of`) as the forward runs it, one `ops.bmm_chain`:
+    a function of its nodes' parameters, its input, and two unused arguments (as `node_in_graph`'s), returning its
+    last node's output and no bits."""
+    def run(p, x, bits, next_params):
+        return runtime.run_dense_chain(nodes, p, x), None
+    return run
+
+
+def chain_summary(nodes: list[dict]) -> dict:
+    """The per-node table's description of a fused dense chain: its first node's input, its last node's output."""
+    return {"kind": "dense chain", "name": f"{nodes[0].get('name', '')} .. {nodes[-1].get('name', '')}",
+            "input": nodes[0].get("input", "stream"), "output": nodes[-1]["output"],
+            "out_shape": nodes[-1].get("out_shape", ())}
+
+
+def per_node(contender: Contender, images, dense_chains: bool | None = None) -> list[NodeRow]:
     """Every graph node alone as it runs in the whole forward (`runtime.run_node`): on the value the node before
     it produced, with the input bits that node's epilogue wrote for it, writing the next node's where its own
-    epilogue does; and its custom calls alone."""
+    epilogue does; and its custom calls alone. A run of dense nodes the forward fuses into one `ops.bmm_chain`
+    (`runtime.dense_chains_of`, where the platform fuses them: `dense_chains` None) is one row, its chain.
+    dense_chains: fuse them or not, whatever the platform does."""
     nodes, params, dtypes = contender.nodes, contender.params, contender.stream_dtypes
     x, bits = jnp.asarray(images), None  # the pixels, as the forward gives them to the first layer
-    rows = []
-    for index, (node, p, dtype) in enumerate(zip(nodes, params, dtypes)):
-        next_node, next_params = (nodes[index + 1], params[index + 1]) if index + 1 < len(nodes) else (None, None)
-        fn, args = node_in_graph(node, dtype, next_node), (p, x, bits, next_params)
+    fuse = runtime.fuses_dense_chains() if dense_chains is None else dense_chains
+    chain_ends = dict(runtime.dense_chains_of(nodes, x.shape[0])) if fuse else {}
+    rows, index = [], 0
+    while index < len(nodes):
+        node, p, dtype, end = nodes[index], params[index], dtypes[index], chain_ends.get(index)
+        last = index if end is None else end
+        next_node, next_params = (nodes[last + 1], params[last + 1]) if last + 1 < len(nodes) else (None, None)
+        if end is None:
+            fn, args, shown = node_in_graph(node, dtype, next_node), (p, x, bits, next_params), node
+        else:
+            fn, args, shown = chain_in_graph(nodes[index:end + 1]), (params[index:end + 1], x, None, None), \
+                chain_summary(nodes[index:end + 1])
         seconds, calls = time_node(fn, args)
         call_seconds = [time_custom_call(c) for c in calls]
         for _ in range((1 if on_gpu() else CPU_NODE_ROUNDS) - 1):
             seconds = min(seconds, timed_alone(fn, args))
             call_seconds = [min(t, time_custom_call(c)) for t, c in zip(call_seconds, calls)]
-        rows.append(NodeRow(index, node, seconds, [(c.target, t) for c, t in zip(calls, call_seconds)]))
+        rows.append(NodeRow(index, shown, seconds, [(c.target, t) for c, t in zip(calls, call_seconds)], end))
         out, bits = jax.jit(fn)(*args)
-        x = node_output(node, out)
+        x = node_output(nodes[last], out)
+        index = last + 1
     if not any(row.calls for row in rows):
         print("no custom call recorded in any node: the ops ran their pure-JAX reference (no native module for "
               "this platform), or they no longer call jax.ffi.ffi_call", file=sys.stderr)
@@ -541,7 +569,8 @@ def outside_cell(r: ModelResult, target: float) -> str:
     if worst is None:
         return "not measured"
     verdict_text = "met" if worst.outside <= target else f"missed ({sum(n.outside > target for n in r.nodes)} nodes)"
-    return f"{worst.outside:.0%} (node {worst.index}, {worst.node['kind']}), {r.outside_all():.0%}: {verdict_text}"
+    where = worst.index if worst.through is None else f"{worst.index}-{worst.through}"
+    return f"{worst.outside:.0%} (node {where}, {worst.node['kind']}), {r.outside_all():.0%}: {verdict_text}"
 
 
 def summary_lines(results: list[ModelResult], targets: Targets) -> list[str]:
@@ -651,14 +680,16 @@ def node_lines(r: ModelResult) -> list[str]:
             "over its time (below 0: the calls alone took longer, timing noise). As in the forward "
             "(`runtime.run_node`), a node reads the previous node's output and, where that node's epilogue wrote "
             "them (the stem's, a fused residual block's), its input bits, and writes the next node's input bits "
-            "where its own epilogue does."),
+            "where its own epilogue does; a run of dense nodes the forward fuses into one chain "
+            "(`runtime.dense_chains_of`) is one row."),
         "",
         "| node | kind | wires | out shape | ms | share | custom calls (ms alone) | outside the bit kernels |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in r.nodes:
         calls = ", ".join(f"{t.removeprefix('jaxbnn_')} {s * 1e3:.3f}" for t, s in row.calls) or "none"
-        lines.append(f"| {row.index} {row.node.get('name', '')} | {row.node['kind']} | {wires(row.node)} "
+        shown = row.index if row.through is None else f"{row.index}-{row.through}"
+        lines.append(f"| {shown} {row.node.get('name', '')} | {row.node['kind']} | {wires(row.node)} "
                      f"| {tuple(row.node.get('out_shape', ()))} | {row.seconds * 1e3:.3f} | {row.seconds / total:.0%} "
                      f"| {calls} | {row.outside:.0%} |")
     return lines

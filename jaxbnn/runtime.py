@@ -62,9 +62,9 @@ import numpy as np
 from jaxbnn import _ffi, formats, ops, packed_model
 from jaxbnn.packed_model import PackedModel, uses_conv_layout, weight_geometry
 
-__all__ = ["PackedNet", "InputRangeWarning", "load", "from_packed", "run_nodes", "run_node", "stream_dtypes",
-           "fuses_residual", "fuses_dense_chains", "dense_chains_of", "writes_stem_bits", "CHAIN_MAX_ROWS",
-           "EMBEDDED_PARAMETERS_BYTES"]
+__all__ = ["PackedNet", "InputRangeWarning", "load", "from_packed", "run_nodes", "run_node", "run_dense_chain",
+           "stream_dtypes", "fuses_residual", "fuses_dense_chains", "dense_chains_of", "writes_stem_bits",
+           "CHAIN_MAX_ROWS", "EMBEDDED_PARAMETERS_BYTES"]
 
 # The largest packed parameters (bytes) a call's executable holds as constants unless told (`embed_parameters`):
 # the zoo models in bnn up to VGG-small (1.95 MiB; ResNet-14 1.52, ResNet-18 1.62, the MNIST models 1.17 and
@@ -408,7 +408,7 @@ def run_nodes(nodes, params, x, stream_dtypes=None, fuse_residual=None, stem_bit
         inputs.append(x)
         if i in chain_starts:
             start = chain_starts[i]
-            out, bits = _dense_chain(params[start:i + 1], nodes[start:i + 1], inputs[start]), None
+            out, bits = run_dense_chain(nodes[start:i + 1], params[start:i + 1], inputs[start]), None
         else:
             out, bits = run_node(node, p, x, dtype, input_bits=bits, following=following,
                                  fuse_residual=fuse_residual, stem_bits=stem_bits)
@@ -458,8 +458,9 @@ def dense_chains_of(nodes, rows) -> list:
     return chains
 
 
-def _dense_chain(params, nodes, x):
-    """The last output of a run of dense chain layers, by one `ops.bmm_chain`."""
+def run_dense_chain(nodes, params, x):
+    """A run of dense nodes that `run_nodes` fuses (`dense_chains_of`) as it runs them: their last output, by one
+    `ops.bmm_chain` on `x`, the first node's input (per-node timing)."""
     layers = []
     for node, p in zip(nodes, params):
         epilogue = (dict(threshold=p["threshold"], flip=p["flip"]) if node["output"] == "binary"
