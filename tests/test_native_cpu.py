@@ -112,6 +112,10 @@ BMM_CASES = [
     (45, 384, 40, (8, 128)),
     (33, 128, 8, (8, 128)),
     (100, 4096, 136, (8, 128)),
+    # one row (a dense layer at batch 1) and 8n + 1 rows, whose last group is one row, over long reductions,
+    # unmasked and masked
+    (1, 4096, 24, (8, 128)),
+    (9, 8392, 17, (8, 128)),
 ]
 
 
