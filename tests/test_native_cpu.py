@@ -402,9 +402,10 @@ def test_bconv2d_handler_refuses_bad_results():
                   (jnp.ones(8, jnp.float32), jnp.zeros(9, jnp.float32)))  # fmt: skip
 
 
-def residual_call(shortcut, out, extra=(), stride=1, shift=0, **attrs):
-    """A jaxbnn_bconv2d_residual_* call on CONV's operands (bits: `extra` = threshold, flip; `out` two results)."""
-    target = "jaxbnn_bconv2d_residual_" + ("bits" if extra else "i32")
+def residual_call(shortcut, out, extra=(), stride=1, shift=0, target=None, **attrs):
+    """A jaxbnn_bconv2d_residual_* call on CONV's operands (bits: `extra` = threshold, flip; `out` two results;
+    `target` by default the int32 stream's)."""
+    target = target or "jaxbnn_bconv2d_residual_" + ("bits" if extra else "i32")
     results = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in out]
     call = lambda *xs: jax.ffi.ffi_call(target, results if extra else results[0])(  # noqa: E731
         *xs, **{**CONV_ATTRS, **attrs}, shortcut_stride=I64(stride), shift=I64(shift))
@@ -436,6 +437,24 @@ def test_residual_handlers_refuse_bad_operands(what, change, message):
         residual_call(shortcut, out, **change)
 
 
+def test_int16_residual_handlers_take_int16_streams_only():
+    shortcut16 = jnp.zeros((1, 5, 5, 9), jnp.int16)
+    stream16 = ((1, 5, 5, 9), jnp.int16)
+    assert residual_call(shortcut16, [stream16], target="jaxbnn_bconv2d_residual_i16").dtype == jnp.int16
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"jaxbnn_bconv2d_residual_i16: operand `shortcut` must be int16 of rank 4"):
+        residual_call(jnp.zeros((1, 5, 5, 9), jnp.int32), [stream16], target="jaxbnn_bconv2d_residual_i16")
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bconv2d_residual_i16: result must be int16"):
+        residual_call(shortcut16, [STREAM], target="jaxbnn_bconv2d_residual_i16")
+    good = (jnp.zeros((2, 9), jnp.int32), jnp.zeros((2, 9), jnp.uint8))
+    stream, bits = residual_call(shortcut16, [stream16, ((1, 5, 5, 2, 1), jnp.uint32)], good,
+                                 target="jaxbnn_bconv2d_residual_i16_bits")
+    assert bits.shape == (1, 5, 5, 2, 1)
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"jaxbnn_bconv2d_residual_i16_bits: result has shape \(1, 5, 5, 1\)"):
+        residual_call(shortcut16, [stream16, STREAM_BITS], good, target="jaxbnn_bconv2d_residual_i16_bits")
+
+
 def test_residual_bits_handler_checks_its_thresholds_and_bits():
     shortcut = jnp.zeros((1, 5, 5, 9), jnp.int32)
     good = (jnp.zeros(9, jnp.int32), jnp.zeros(9, jnp.uint8))
@@ -448,27 +467,54 @@ def test_residual_bits_handler_checks_its_thresholds_and_bits():
         residual_call(shortcut, [STREAM, ((1, 5, 5, 2), jnp.uint32)], good)
 
 
+@pytest.mark.parametrize("stream_dtype", [jnp.int32, jnp.int16])
 @pytest.mark.parametrize("stride", [1, 2])
-def test_the_residual_op_is_one_native_call_on_the_cpu(isa, stride):
-    """`bconv2d(..., shortcut=...)` on the CPU, every tier: one jaxbnn_bconv2d_residual_* call (the stream, and
-    with a threshold its bits), the same integers as the int32 convolution plus the reference epilogue
-    (shortcut channels zero-padded, output channels past a whole word, a stride-2 shortcut)."""
+def test_the_residual_op_is_one_native_call_on_the_cpu(isa, stride, stream_dtype):
+    """`bconv2d(..., shortcut=...)` on the CPU, every tier: one jaxbnn_bconv2d_residual_* call (the stream in the
+    shortcut's type, and with a threshold its bits), the same integers as the int32 convolution plus the
+    reference epilogue (shortcut channels zero-padded, output channels past a whole word, a stride-2 shortcut,
+    shortcuts over the type's whole range: sums that wrap)."""
     rng = np.random.default_rng(23 + stride)
     x = ops.pack_bits(signs(rng, (2, 7, 5, 40)))
     w = formats.pack_conv_weights(signs(rng, (3, 3, 40, 48)))
-    shortcut = jnp.asarray(rng.integers(-300, 300, (2, 7, 5, 40)), jnp.int32)
-    threshold, flip = jnp.asarray(rng.integers(-9, 9, 48), jnp.int32), jnp.asarray(rng.random(48) < 0.5)
+    limits = np.iinfo(stream_dtype)
+    shortcut = jnp.asarray(rng.integers(limits.min, limits.max, (2, 7, 5, 40), endpoint=True), stream_dtype)
+    threshold = jnp.asarray(rng.integers(-9, 9, 48), jnp.int32)
+    flip = jnp.asarray(rng.random(48) < 0.5)
     conv = dict(stride=stride, shortcut_stride=stride, shift=1)
     block = jax.jit(lambda x, s: ops.bconv2d(x, w, shortcut=s, threshold=threshold, flip=flip, **conv))
     text = block.lower(x, shortcut).as_text()
-    assert "@jaxbnn_bconv2d_residual_bits(" in text and "@jaxbnn_bconv2d_i32(" not in text
+    narrow = "_i16" if stream_dtype == jnp.int16 else ""
+    assert f"@jaxbnn_bconv2d_residual{narrow}_bits(" in text and "@jaxbnn_bconv2d_i32(" not in text
     stream, bits = block(x, shortcut)
     dot = ops.bconv2d(x, w, stride=stride)
     want = reference.residual_epilogue(dot, shortcut, stride=stride, shift=1, threshold=threshold, flip=flip)
+    assert stream.dtype == stream_dtype
     np.testing.assert_array_equal(np.asarray(stream), np.asarray(want[0]))
     np.testing.assert_array_equal(np.asarray(bits), np.asarray(want[1]))
-    alone = jax.jit(lambda x, s: ops.bconv2d(x, w, shortcut=s, **conv))(x, shortcut)
-    np.testing.assert_array_equal(np.asarray(alone), np.asarray(want[0]))
+    alone = jax.jit(lambda x, s: ops.bconv2d(x, w, shortcut=s, **conv))
+    assert f"@jaxbnn_bconv2d_residual_{narrow[1:] or 'i32'}(" in alone.lower(x, shortcut).as_text()
+    np.testing.assert_array_equal(np.asarray(alone(x, shortcut)), np.asarray(want[0]))
+
+
+def test_the_int16_residual_op_writes_two_threshold_planes_in_its_call(isa):
+    """A ternary conv1's (nonneg, pos) thresholds of the int16 stream, (2, O): the one residual call writes both
+    planes, (..., 2, ceil(O/32)), as the reference epilogue does (thresholds at the stream's values: ties)."""
+    rng = np.random.default_rng(5)
+    x = ops.pack_bits(signs(rng, (3, 6, 6, 64)))
+    w = formats.pack_conv_weights(signs(rng, (3, 3, 64, 70)))
+    shortcut = jnp.asarray(rng.integers(-40, 40, (3, 6, 6, 70)), jnp.int16)
+    threshold = jnp.asarray(rng.integers(-30, 30, (2, 70)), jnp.int32)
+    flip = jnp.asarray(rng.random((2, 70)) < 0.5)
+    block = jax.jit(lambda x, s: ops.bconv2d(x, w, shortcut=s, threshold=threshold, flip=flip))
+    text = block.lower(x, shortcut).as_text()
+    assert text.count("@jaxbnn_bconv2d_residual_i16_bits(") == 1 and "jaxbnn_stream_bits" not in text
+    stream, bits = block(x, shortcut)
+    want = reference.residual_epilogue(ops.bconv2d(x, w), shortcut, stride=1, shift=0, threshold=threshold,
+                                       flip=flip)
+    assert bits.shape == (3, 6, 6, 2, 3)
+    np.testing.assert_array_equal(np.asarray(stream), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(bits), np.asarray(want[1]))
 
 
 def test_handlers_accept_empty_outputs():

@@ -1,4 +1,4 @@
-"""The native CPU first layer, jaxbnn_image_conv2d_{i32,bits}: registered and used by `ops.image_conv2d` /
+"""The native CPU first layer, jaxbnn_image_conv2d_{i32,i16,bits,i32_bits,i16_bits}: registered and used by `ops.image_conv2d` /
 `ops.image_matmul`, every kernel ISA tier bit for bit against `jaxbnn.reference` (odd channel and output
 counts, strides, asymmetric padding, pools that drop rows, threshold planes, flips, ties, thresholds at the
 int32 extremes, every shift, the extreme levels and weights, sizes split over threads), and the handlers' own
@@ -11,7 +11,8 @@ import pytest
 
 from jaxbnn import _cpu, _ffi, ops, reference  # the CPU module is part of every build: no skip
 
-TARGETS = ("jaxbnn_image_conv2d_i32", "jaxbnn_image_conv2d_bits")
+TARGETS = ("jaxbnn_image_conv2d_i32", "jaxbnn_image_conv2d_i16", "jaxbnn_image_conv2d_bits",
+           "jaxbnn_image_conv2d_i32_bits", "jaxbnn_image_conv2d_i16_bits")
 INT32_MIN, INT32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
 
 
@@ -139,6 +140,50 @@ def test_every_tier_matches_reference(isa, b, h, w, c, n, kernel, stride, paddin
         want = reference_conv(levels, weights, stride, pads, pool, threshold=threshold, flip=flip)
         np.testing.assert_array_equal(np.asarray(layer(levels)), want)
         np.testing.assert_array_equal(np.asarray(layer(pixels)), want)
+
+
+STREAM_CASES = [  # b, h, w, c, n, kernel, stride, padding, pool, out_dtype, planes beside the stream (0: none), shift
+    (3, 32, 32, 3, 128, (3, 3), (2, 2), "SAME", None, "int16", 1, 7),  # ResNet-14's stem and the first block's bits
+    (2, 21, 23, 3, 64, (7, 7), (4, 4), "SAME", None, "int32", 2, 7),  # ResNet-18's, a ternary block's two planes
+    (2, 21, 21, 3, 96, (3, 3), (1, 1), "SAME", None, "int16", 2, 0),  # int16 values that wrap
+    (3, 19, 23, 2, 30, (3, 5), (1, 2), "SAME", (2, 2), "int16", 1, 1),  # pooled, N % 8 != 0: partial stores
+    (2, 9, 13, 5, 33, (2, 3), (1, 2), ((0, 3), (4, 0)), (3, 2), "int16", 0, 3),  # the int16 stream alone
+    (37, 1, 1, 784, 100, (1, 1), (1, 1), "VALID", None, "int32", 1, 4),  # a dense first layer's stream and bits
+    (1, 4, 4, 3, 70, (3, 3), (2, 2), "VALID", None, "int16", 1, 0),  # few rows: the kernel read as it is
+    (3, 12, 11, 7, 70, (7, 7), (1, 1), "SAME", (2, 2), "int16", 2, 2),  # the AMX tiles' passes, where usable
+]
+
+
+@pytest.mark.parametrize("case", STREAM_CASES, ids=[f"{c[:5]}_{c[9]}_p{c[10]}" for c in STREAM_CASES])
+def test_the_stream_forms_match_reference_on_every_tier(isa, case):
+    """The stem's forms (`out_dtype`, `keep_stream`): the int32 or int16 stream (`>> shift`, its low 16 bits),
+    alone or with the bits of its values, is one custom call of its own target, exact against the reference
+    (ties at the stream's values, thresholds at the int32 extremes, wrapped int16 values)."""
+    b, h, w, c, n, kernel, stride, padding, pool, out_dtype, planes, shift = case
+    rng = np.random.default_rng(b * 1009 + h * 101 + c * 7 + n + planes)
+    levels, weights = int8_values(rng, (b, h, w, c)), int8_values(rng, (*kernel, c, n))
+    weights[..., : n // 2] = rng.integers(-1, 2, weights[..., : n // 2].shape)
+    pads = ops._conv_padding(padding, (h, w), kernel, stride)
+    stream = reference_conv(levels, weights, stride, pads, pool, shift=shift, out_dtype=out_dtype)
+    epilogue = dict(shift=shift, out_dtype=out_dtype)
+    if planes:
+        threshold, flip = thresholds_with_ties(rng, stream.astype(np.int32), planes)
+        epilogue.update(threshold=threshold, flip=flip, keep_stream=True)
+    layer = jax.jit(lambda x: ops.image_conv2d(x, weights, stride=stride, padding=padding, pool=pool, **epilogue))
+    hlo = layer.lower(levels).as_text()
+    target = f"jaxbnn_image_conv2d_i{out_dtype[3:]}{'_bits' if planes else ''}"
+    assert hlo.count("custom_call @jaxbnn_image_conv2d") == 1 and f"@{target}(" in hlo
+    want = reference.image_conv2d(jnp.asarray(levels), jnp.asarray(weights), stride=stride, padding=pads, pool=pool,
+                                  **epilogue)
+    for got in (layer(levels), layer(pixels_of(levels))):
+        for got_part, want_part in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            assert got_part.dtype == want_part.dtype
+            np.testing.assert_array_equal(np.asarray(got_part), np.asarray(want_part))
+
+
+def pixels_of(levels):
+    """The uint8 pixels whose levels p - 128 are `levels`."""
+    return levels.view(np.uint8) ^ 0x80
 
 
 def test_image_matmul_every_tier(isa):
@@ -279,6 +324,26 @@ def test_direct_calls_match_reference_with_thresholds_at_the_int32_extremes(isa)
     np.testing.assert_array_equal(got, want)
     assert (got[..., 0, 0] & 0xFF == 0b10100101).all()  # plane 0, columns 7..0
     np.testing.assert_array_equal(np.asarray(i32_call(shift=I64(31))), pre >> 31)
+
+
+def stream_bits_call(target, stream_out, bits_out=((1, 5, 5, 2, 1), jnp.uint32), shift=I64(0)):
+    results = [jax.ShapeDtypeStruct(*stream_out), jax.ShapeDtypeStruct(*bits_out)]
+    call = lambda *xs: jax.ffi.ffi_call(target, results)(*xs, **ATTRS, shift=shift)  # noqa: E731
+    return jax.block_until_ready(jax.jit(call)(LEVELS, KERNEL, THRESHOLD, FLIP))
+
+
+def test_stream_handlers_check_the_stream_type_and_both_results():
+    assert ffi("jaxbnn_image_conv2d_i16", (1, 5, 5, 9), jnp.int16, LEVELS, KERNEL, **ATTRS, shift=I64(0)).dtype == jnp.int16
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_image_conv2d_i16: result must be int16, got int32"):
+        ffi("jaxbnn_image_conv2d_i16", (1, 5, 5, 9), jnp.int32, LEVELS, KERNEL, **ATTRS, shift=I64(0))
+    stream, bits = stream_bits_call("jaxbnn_image_conv2d_i16_bits", ((1, 5, 5, 9), jnp.int16))
+    assert stream.shape == (1, 5, 5, 9) and bits.shape == (1, 5, 5, 2, 1)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_image_conv2d_i32_bits: result must be int32"):
+        stream_bits_call("jaxbnn_image_conv2d_i32_bits", ((1, 5, 5, 9), jnp.int16))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_image_conv2d_i16_bits: result has shape \(1, 5, 5, 1\)"):
+        stream_bits_call("jaxbnn_image_conv2d_i16_bits", ((1, 5, 5, 9), jnp.int16), ((1, 5, 5, 1), jnp.uint32))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"attribute shift = 32 is out of range"):
+        stream_bits_call("jaxbnn_image_conv2d_i32_bits", ((1, 5, 5, 9), jnp.int32), shift=I64(32))
 
 
 def test_handlers_accept_empty_outputs():

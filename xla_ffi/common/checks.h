@@ -20,8 +20,8 @@ namespace jaxbnn {
 
 namespace ffi = xla::ffi;
 
-// kResidual: a residual block's second convolution (jaxbnn_bconv2d_residual_*): the int32 stream
-// (dot >> shift) + shortcut, and with a threshold also the stream's packed bits.
+// kResidual: a residual block's second convolution (jaxbnn_bconv2d_residual_*): the stream (dot >> shift) +
+// shortcut in the shortcut's type (int32 or int16), and with a threshold also the stream's packed bits.
 enum class Epilogue { kInt32, kAffine, kThreshold, kResidual };
 
 // The per-output-column operands of an epilogue: (scale, bias) for kAffine, (threshold, flip) for
@@ -205,10 +205,12 @@ inline ffi::Error CheckEpilogueOperands(std::string_view target, Epilogue epilog
   return CheckShape(target, second, *operands.second, {columns}, why.c_str());
 }
 
-// The result buffer: int32 / float32 (..., columns) or packed uint32 (..., ceil(columns / 32)).
+// The result buffer: integers of `int_type` (int32, or a narrower stream's type) / float32 (..., columns) or
+// packed uint32 (..., ceil(columns / 32)).
 inline ffi::Error CheckResult(std::string_view target, Epilogue epilogue, const ffi::AnyBuffer& out,
-                              const std::vector<int64_t>& leading, int64_t columns) {
-  ffi::DataType dtype = epilogue == Epilogue::kInt32    ? ffi::DataType::S32
+                              const std::vector<int64_t>& leading, int64_t columns,
+                              ffi::DataType int_type = ffi::DataType::S32) {
+  ffi::DataType dtype = epilogue == Epilogue::kInt32    ? int_type
                         : epilogue == Epilogue::kAffine ? ffi::DataType::F32
                                                         : ffi::DataType::U32;
   int64_t last = epilogue == Epilogue::kThreshold ? formats::WordsForBits(columns) : columns;
@@ -267,11 +269,11 @@ inline ffi::Error CheckThresholdPlanes(std::string_view target, Epilogue epilogu
 // (leading..., columns), or with P threshold planes packed (leading..., P, ceil(columns / 32)).
 inline ffi::Error CheckEpilogueAndResult(std::string_view target, Epilogue epilogue, const EpilogueOperands& operands,
                                          int64_t columns, const char* columns_name, const ffi::AnyBuffer& out,
-                                         std::vector<int64_t> leading) {
+                                         std::vector<int64_t> leading, ffi::DataType int_type = ffi::DataType::S32) {
   int64_t planes;
   if (auto e = CheckThresholdPlanes(target, epilogue, operands, columns, columns_name, &planes); e.failure()) return e;
   if (planes) leading.push_back(planes);
-  return CheckResult(target, epilogue, out, leading, columns);
+  return CheckResult(target, epilogue, out, leading, columns, int_type);
 }
 
 }  // namespace checks
@@ -379,11 +381,13 @@ inline ffi::Error CheckConvInput(std::string_view target, const Bconv2dAttrs& at
   return ffi::Error::Success();
 }
 
-// Validates a jaxbnn_bconv2d_{i32,f32,bits} call; on success fills `problem`.
+// Validates a jaxbnn_bconv2d_{i32,f32,bits} call (`int_type`: that of an integer result); on success fills
+// `problem`.
 inline ffi::Error CheckBconv2d(std::string_view target, Epilogue epilogue, const ffi::AnyBuffer& x,
                                const ffi::AnyBuffer& w, const ffi::AnyBuffer& w_tap_popcount,
                                const EpilogueOperands& epilogue_operands, const Bconv2dAttrs& attrs,
-                               const ffi::AnyBuffer& out, Bconv2dProblem* problem) {
+                               const ffi::AnyBuffer& out, Bconv2dProblem* problem,
+                               ffi::DataType int_type = ffi::DataType::S32) {
   using namespace checks;
   Bconv2dProblem p;
   if (auto e = CheckConvInput(target, attrs, x, "operand `x`", &p); e.failure()) return e;
@@ -407,7 +411,7 @@ inline ffi::Error CheckBconv2d(std::string_view target, Epilogue epilogue, const
     return e;
   }
   if (auto e = CheckEpilogueAndResult(target, epilogue, epilogue_operands, attrs.o, "o", out,
-                                      {p.batch, p.out_h, p.out_w});
+                                      {p.batch, p.out_h, p.out_w}, int_type);
       e.failure()) {
     return e;
   }
@@ -418,18 +422,20 @@ inline ffi::Error CheckBconv2d(std::string_view target, Epilogue epilogue, const
   return ffi::Error::Success();
 }
 
-// Validates the residual operands of a jaxbnn_bconv2d_residual_{i32,bits} call whose convolution `p` (an
-// int32 one, unpooled) CheckBconv2d validated: the shortcut int32 (B, SH, SW, SC) with ceil(SH / stride) = OH,
-// ceil(SW / stride) = OW and 1 <= SC <= o, the shift in [0, 31], the stride >= 1; with `bits` (else null),
-// threshold and flip (o,) and the bits result uint32 (B, OH, OW, ceil(o/32)).
+// Validates the residual operands of a jaxbnn_bconv2d_residual_{i32,bits,i16,i16_bits} call whose convolution
+// `p` (unpooled, its stream of `stream_type` int32 or int16) CheckBconv2d validated: the shortcut of that type
+// (B, SH, SW, SC) with ceil(SH / stride) = OH, ceil(SW / stride) = OW and 1 <= SC <= o, the shift in [0, 31],
+// the stride >= 1; with `bits` (else null), threshold and flip (o,) and the bits result uint32 (B, OH, OW,
+// ceil(o/32)), or (P, o) and (B, OH, OW, P, ceil(o/32)) for P planes (`planes`: 1 where they are (o,)).
 inline ffi::Error CheckResidual(std::string_view target, const Bconv2dProblem& p, const ffi::AnyBuffer& shortcut,
-                                int64_t stride, int64_t shift, const EpilogueOperands& threshold,
-                                const ffi::AnyBuffer* bits) {
+                                ffi::DataType stream_type, int64_t stride, int64_t shift,
+                                const EpilogueOperands& threshold, const ffi::AnyBuffer* bits, int64_t* planes) {
   using namespace checks;
+  *planes = 1;
   if (p.pool_h * p.pool_w != 1) return Invalid(target, "the residual epilogue takes no pool");
   if (auto e = CheckAttrRange(target, "shortcut_stride", stride, 1, kMaxAttr); e.failure()) return e;
   if (auto e = CheckAttrRange(target, "shift", shift, 0, 31); e.failure()) return e;
-  if (auto e = CheckDtypeRank(target, "operand `shortcut`", shortcut, ffi::DataType::S32, 4, "(B, SH, SW, SC)");
+  if (auto e = CheckDtypeRank(target, "operand `shortcut`", shortcut, stream_type, 4, "(B, SH, SW, SC)");
       e.failure()) {
     return e;
   }
@@ -444,8 +450,13 @@ inline ffi::Error CheckResidual(std::string_view target, const Bconv2dProblem& p
     return Invalid(target, "operand `shortcut` has more elements than int64 counts");
   }
   if (bits == nullptr) return ffi::Error::Success();
-  if (auto e = CheckEpilogueOperands(target, Epilogue::kThreshold, threshold, p.o, "o"); e.failure()) return e;
-  return CheckResult(target, Epilogue::kThreshold, *bits, {p.batch, p.out_h, p.out_w}, p.o);
+  if (auto e = CheckEpilogueAndResult(target, Epilogue::kThreshold, threshold, p.o, "o", *bits,
+                                      {p.batch, p.out_h, p.out_w});
+      e.failure()) {
+    return e;
+  }
+  if (threshold.first->dimensions().size() == 2) *planes = threshold.first->dimensions()[0];
+  return ffi::Error::Success();
 }
 
 }  // namespace jaxbnn

@@ -112,29 +112,33 @@ ffi::Error Bconv2dBits(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
                  JAXBNN_BCONV2D_ATTRS, *out);
 }
 
-// The residual epilogue (docs/ops.md): the int32 convolution's checks and geometry, then the shortcut's.
-ffi::Error Bconv2dResidual(std::string_view target, ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
-                           ffi::AnyBuffer w_tap_popcount, ffi::AnyBuffer shortcut, EpilogueOperands threshold,
-                           const Bconv2dAttrs& attrs, int64_t shortcut_stride, int64_t shift, ffi::AnyBuffer stream,
-                           ffi::AnyBuffer* bits) {
+// The residual epilogue (docs/ops.md) over a stream of `stream_type` (int32 or int16): the convolution's checks
+// and geometry, then the shortcut's.
+ffi::Error Bconv2dResidual(std::string_view target, ffi::DataType stream_type, ffi::ThreadPool pool, ffi::AnyBuffer x,
+                           ffi::AnyBuffer w, ffi::AnyBuffer w_tap_popcount, ffi::AnyBuffer shortcut,
+                           EpilogueOperands threshold, const Bconv2dAttrs& attrs, int64_t shortcut_stride, int64_t shift,
+                           ffi::AnyBuffer stream, ffi::AnyBuffer* bits) {
   Bconv2dProblem problem;
-  if (auto error = CheckBconv2d(target, Epilogue::kInt32, x, w, w_tap_popcount, {}, attrs, stream, &problem);
+  if (auto error = CheckBconv2d(target, Epilogue::kInt32, x, w, w_tap_popcount, {}, attrs, stream, &problem,
+                                stream_type);
       error.failure()) {
     return error;
   }
-  if (auto error = CheckResidual(target, problem, shortcut, shortcut_stride, shift, threshold, bits);
+  int64_t planes;
+  if (auto error = CheckResidual(target, problem, shortcut, stream_type, shortcut_stride, shift, threshold, bits,
+                                 &planes);
       error.failure()) {
     return error;
   }
   problem.epilogue = Epilogue::kResidual;
-  EpilogueData epilogue{Epilogue::kResidual, nullptr, nullptr, nullptr, nullptr, 1};
+  EpilogueData epilogue{Epilogue::kResidual, nullptr, nullptr, nullptr, nullptr, planes};
   if (bits != nullptr) {
     epilogue.threshold = static_cast<const int32_t*>(threshold.first->untyped_data());
     epilogue.flip = static_cast<const uint8_t*>(threshold.second->untyped_data());
   }
   const auto dims = shortcut.dimensions();
-  epilogue.residual = ResidualData{static_cast<const int32_t*>(shortcut.untyped_data()), dims[1], dims[2], dims[3],
-                                   shortcut_stride, shift, problem.out_h, problem.out_w,
+  epilogue.residual = ResidualData{shortcut.untyped_data(), stream_type == ffi::DataType::S16, dims[1], dims[2],
+                                   dims[3], shortcut_stride, shift, problem.out_h, problem.out_w,
                                    bits == nullptr ? nullptr : static_cast<uint32_t*>(bits->untyped_data())};
   return Guarded(target, [&] {
     RunBconv2d(problem, static_cast<const uint32_t*>(x.untyped_data()), static_cast<const uint32_t*>(w.untyped_data()),
@@ -145,7 +149,7 @@ ffi::Error Bconv2dResidual(std::string_view target, ffi::ThreadPool pool, ffi::A
 ffi::Error Bconv2dResidualI32(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer w_tap_popcount,
                               ffi::AnyBuffer shortcut, JAXBNN_BCONV2D_ATTR_PARAMS, int64_t shortcut_stride,
                               int64_t shift, ffi::Result<ffi::AnyBuffer> stream) {
-  return Bconv2dResidual("jaxbnn_bconv2d_residual_i32", pool, x, w, w_tap_popcount, shortcut, {},
+  return Bconv2dResidual("jaxbnn_bconv2d_residual_i32", ffi::DataType::S32, pool, x, w, w_tap_popcount, shortcut, {},
                          JAXBNN_BCONV2D_ATTRS, shortcut_stride, shift, *stream, nullptr);
 }
 
@@ -153,8 +157,24 @@ ffi::Error Bconv2dResidualBits(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyB
                                ffi::AnyBuffer w_tap_popcount, ffi::AnyBuffer shortcut, ffi::AnyBuffer threshold,
                                ffi::AnyBuffer flip, JAXBNN_BCONV2D_ATTR_PARAMS, int64_t shortcut_stride,
                                int64_t shift, ffi::Result<ffi::AnyBuffer> stream, ffi::Result<ffi::AnyBuffer> bits) {
-  return Bconv2dResidual("jaxbnn_bconv2d_residual_bits", pool, x, w, w_tap_popcount, shortcut, {&threshold, &flip},
-                         JAXBNN_BCONV2D_ATTRS, shortcut_stride, shift, *stream, &(*bits));
+  return Bconv2dResidual("jaxbnn_bconv2d_residual_bits", ffi::DataType::S32, pool, x, w, w_tap_popcount, shortcut,
+                         {&threshold, &flip}, JAXBNN_BCONV2D_ATTRS, shortcut_stride, shift, *stream, &(*bits));
+}
+
+ffi::Error Bconv2dResidualI16(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer w_tap_popcount,
+                              ffi::AnyBuffer shortcut, JAXBNN_BCONV2D_ATTR_PARAMS, int64_t shortcut_stride,
+                              int64_t shift, ffi::Result<ffi::AnyBuffer> stream) {
+  return Bconv2dResidual("jaxbnn_bconv2d_residual_i16", ffi::DataType::S16, pool, x, w, w_tap_popcount, shortcut, {},
+                         JAXBNN_BCONV2D_ATTRS, shortcut_stride, shift, *stream, nullptr);
+}
+
+ffi::Error Bconv2dResidualI16Bits(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                                  ffi::AnyBuffer w_tap_popcount, ffi::AnyBuffer shortcut, ffi::AnyBuffer threshold,
+                                  ffi::AnyBuffer flip, JAXBNN_BCONV2D_ATTR_PARAMS, int64_t shortcut_stride,
+                                  int64_t shift, ffi::Result<ffi::AnyBuffer> stream, ffi::Result<ffi::AnyBuffer> bits) {
+  return Bconv2dResidual("jaxbnn_bconv2d_residual_i16_bits", ffi::DataType::S16, pool, x, w, w_tap_popcount,
+                         shortcut, {&threshold, &flip}, JAXBNN_BCONV2D_ATTRS, shortcut_stride, shift, *stream,
+                         &(*bits));
 }
 
 #undef JAXBNN_BCONV2D_ATTRS
@@ -178,19 +198,23 @@ auto BindBconv2dAttrs(Binding binding) {
       .template Attr<int64_t>("pool_w");
 }
 
+// The first layer: `stream` (of `stream_type`) and / or `bits` (with threshold and flip) written, the other null.
 ffi::Error ImageConv2d(std::string_view target, ffi::ThreadPool pool, ffi::AnyBuffer levels, ffi::AnyBuffer kernel,
                        const ffi::AnyBuffer* threshold, const ffi::AnyBuffer* flip, const ImageConv2dAttrs& attrs,
-                       ffi::AnyBuffer out) {
+                       ffi::AnyBuffer* stream, ffi::DataType stream_type, ffi::AnyBuffer* bits) {
   ImageConv2dProblem problem;
-  if (auto error = CheckImageConv2d(target, levels, kernel, threshold, flip, attrs, out, &problem); error.failure()) {
+  if (auto error =
+          CheckImageConv2d(target, levels, kernel, threshold, flip, attrs, stream, stream_type, bits, &problem);
+      error.failure()) {
     return error;
   }
+  const ImageOutputs outputs{stream == nullptr ? nullptr : stream->untyped_data(),
+                             bits == nullptr ? nullptr : static_cast<uint32_t*>(bits->untyped_data())};
   return Guarded(target, [&] {
     RunImageConv2d(problem, static_cast<const int8_t*>(levels.untyped_data()),
                    static_cast<const int8_t*>(kernel.untyped_data()),
                    threshold == nullptr ? nullptr : static_cast<const int32_t*>(threshold->untyped_data()),
-                   flip == nullptr ? nullptr : static_cast<const uint8_t*>(flip->untyped_data()), out.untyped_data(),
-                   &pool);
+                   flip == nullptr ? nullptr : static_cast<const uint8_t*>(flip->untyped_data()), outputs, &pool);
   });
 }
 
@@ -198,23 +222,43 @@ ffi::Error ImageConv2d(std::string_view target, ffi::ThreadPool pool, ffi::AnyBu
   int64_t c, int64_t n, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t pad_top,           \
       int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t pool_h, int64_t pool_w
 
+#define JAXBNN_IMAGE_ATTRS(shift) \
+  ImageConv2dAttrs { c, n, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, pool_h, pool_w, shift }
+
 ffi::Error ImageConv2dI32(ffi::ThreadPool pool, ffi::AnyBuffer levels, ffi::AnyBuffer kernel, JAXBNN_IMAGE_ATTR_PARAMS,
                           int64_t shift, ffi::Result<ffi::AnyBuffer> out) {
-  return ImageConv2d("jaxbnn_image_conv2d_i32", pool, levels, kernel, nullptr, nullptr,
-                     ImageConv2dAttrs{c, n, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right,
-                                      pool_h, pool_w, shift},
-                     *out);
+  return ImageConv2d("jaxbnn_image_conv2d_i32", pool, levels, kernel, nullptr, nullptr, JAXBNN_IMAGE_ATTRS(shift),
+                     &(*out), ffi::DataType::S32, nullptr);
+}
+
+ffi::Error ImageConv2dI16(ffi::ThreadPool pool, ffi::AnyBuffer levels, ffi::AnyBuffer kernel, JAXBNN_IMAGE_ATTR_PARAMS,
+                          int64_t shift, ffi::Result<ffi::AnyBuffer> out) {
+  return ImageConv2d("jaxbnn_image_conv2d_i16", pool, levels, kernel, nullptr, nullptr, JAXBNN_IMAGE_ATTRS(shift),
+                     &(*out), ffi::DataType::S16, nullptr);
 }
 
 ffi::Error ImageConv2dBits(ffi::ThreadPool pool, ffi::AnyBuffer levels, ffi::AnyBuffer kernel,
                            ffi::AnyBuffer threshold, ffi::AnyBuffer flip, JAXBNN_IMAGE_ATTR_PARAMS,
                            ffi::Result<ffi::AnyBuffer> out) {
-  return ImageConv2d("jaxbnn_image_conv2d_bits", pool, levels, kernel, &threshold, &flip,
-                     ImageConv2dAttrs{c, n, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right,
-                                      pool_h, pool_w, 0},
-                     *out);
+  return ImageConv2d("jaxbnn_image_conv2d_bits", pool, levels, kernel, &threshold, &flip, JAXBNN_IMAGE_ATTRS(0),
+                     nullptr, ffi::DataType::S32, &(*out));
 }
 
+ffi::Error ImageConv2dI32Bits(ffi::ThreadPool pool, ffi::AnyBuffer levels, ffi::AnyBuffer kernel,
+                              ffi::AnyBuffer threshold, ffi::AnyBuffer flip, JAXBNN_IMAGE_ATTR_PARAMS, int64_t shift,
+                              ffi::Result<ffi::AnyBuffer> stream, ffi::Result<ffi::AnyBuffer> bits) {
+  return ImageConv2d("jaxbnn_image_conv2d_i32_bits", pool, levels, kernel, &threshold, &flip,
+                     JAXBNN_IMAGE_ATTRS(shift), &(*stream), ffi::DataType::S32, &(*bits));
+}
+
+ffi::Error ImageConv2dI16Bits(ffi::ThreadPool pool, ffi::AnyBuffer levels, ffi::AnyBuffer kernel,
+                              ffi::AnyBuffer threshold, ffi::AnyBuffer flip, JAXBNN_IMAGE_ATTR_PARAMS, int64_t shift,
+                              ffi::Result<ffi::AnyBuffer> stream, ffi::Result<ffi::AnyBuffer> bits) {
+  return ImageConv2d("jaxbnn_image_conv2d_i16_bits", pool, levels, kernel, &threshold, &flip,
+                     JAXBNN_IMAGE_ATTRS(shift), &(*stream), ffi::DataType::S16, &(*bits));
+}
+
+#undef JAXBNN_IMAGE_ATTRS
 #undef JAXBNN_IMAGE_ATTR_PARAMS
 
 template <class Binding>
@@ -447,6 +491,31 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualBits, jaxbnn::cpu::Bconv2d
                                   .Ret<AnyBuffer>()    // stream
                                   .Ret<AnyBuffer>());  // bits
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualI16, jaxbnn::cpu::Bconv2dResidualI16,
+                              jaxbnn::cpu::BindBconv2dAttrs(ffi::Ffi::Bind()
+                                                                .Ctx<ffi::ThreadPool>()
+                                                                .Arg<AnyBuffer>()   // x
+                                                                .Arg<AnyBuffer>()   // w
+                                                                .Arg<AnyBuffer>()   // w_tap_popcount
+                                                                .Arg<AnyBuffer>())  // shortcut
+                                  .Attr<int64_t>("shortcut_stride")
+                                  .Attr<int64_t>("shift")
+                                  .Ret<AnyBuffer>());  // stream
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualI16Bits, jaxbnn::cpu::Bconv2dResidualI16Bits,
+                              jaxbnn::cpu::BindBconv2dAttrs(ffi::Ffi::Bind()
+                                                                .Ctx<ffi::ThreadPool>()
+                                                                .Arg<AnyBuffer>()   // x
+                                                                .Arg<AnyBuffer>()   // w
+                                                                .Arg<AnyBuffer>()   // w_tap_popcount
+                                                                .Arg<AnyBuffer>()   // shortcut
+                                                                .Arg<AnyBuffer>()   // threshold
+                                                                .Arg<AnyBuffer>())  // flip
+                                  .Attr<int64_t>("shortcut_stride")
+                                  .Attr<int64_t>("shift")
+                                  .Ret<AnyBuffer>()    // stream
+                                  .Ret<AnyBuffer>());  // bits
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI32, jaxbnn::cpu::ImageConv2dI32,
                               jaxbnn::cpu::BindImageAttrs(ffi::Ffi::Bind()
                                                               .Ctx<ffi::ThreadPool>()
@@ -463,6 +532,36 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dBits, jaxbnn::cpu::ImageConv2d
                                                               .Arg<AnyBuffer>()   // threshold
                                                               .Arg<AnyBuffer>())  // flip
                                   .Ret<AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI16, jaxbnn::cpu::ImageConv2dI16,
+                              jaxbnn::cpu::BindImageAttrs(ffi::Ffi::Bind()
+                                                              .Ctx<ffi::ThreadPool>()
+                                                              .Arg<AnyBuffer>()   // levels
+                                                              .Arg<AnyBuffer>())  // kernel
+                                  .Attr<int64_t>("shift")
+                                  .Ret<AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI32Bits, jaxbnn::cpu::ImageConv2dI32Bits,
+                              jaxbnn::cpu::BindImageAttrs(ffi::Ffi::Bind()
+                                                              .Ctx<ffi::ThreadPool>()
+                                                              .Arg<AnyBuffer>()   // levels
+                                                              .Arg<AnyBuffer>()   // kernel
+                                                              .Arg<AnyBuffer>()   // threshold
+                                                              .Arg<AnyBuffer>())  // flip
+                                  .Attr<int64_t>("shift")
+                                  .Ret<AnyBuffer>()    // stream
+                                  .Ret<AnyBuffer>());  // bits
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI16Bits, jaxbnn::cpu::ImageConv2dI16Bits,
+                              jaxbnn::cpu::BindImageAttrs(ffi::Ffi::Bind()
+                                                              .Ctx<ffi::ThreadPool>()
+                                                              .Arg<AnyBuffer>()   // levels
+                                                              .Arg<AnyBuffer>()   // kernel
+                                                              .Arg<AnyBuffer>()   // threshold
+                                                              .Arg<AnyBuffer>())  // flip
+                                  .Attr<int64_t>("shift")
+                                  .Ret<AnyBuffer>()    // stream
+                                  .Ret<AnyBuffer>());  // bits
 
 // The buffer operands of each mode and epilogue, in the order of the handlers' parameters.
 #define JAXBNN_MIXED_ARGS_tnn .Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>()

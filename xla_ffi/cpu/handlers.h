@@ -12,8 +12,13 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBconv2dF32);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBconv2dBits);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualI32);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualBits);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualI16);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualI16Bits);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI32);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dBits);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI16);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI32Bits);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI16Bits);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuGlobalSumBits);
 
 // The ternary and mixed targets jaxbnn_{mode}_{bmm,conv2d}_{epilogue}, as X(mode, Mode, epilogue, Epilogue):

@@ -1,4 +1,4 @@
-// Validation of the jaxbnn_image_conv2d_{i32,bits} FFI calls (docs/ops.md "Native contract"): the first
+// Validation of the jaxbnn_image_conv2d_{i32,i16,bits,i32_bits,i16_bits} FFI calls (docs/ops.md "Native contract"): the first
 // layer, int8 image levels (or the uint8 pixels they come from) times int8 weight values. Header-only on top
 // of common/checks.h and free of CPU code, so that another backend's handlers can refuse the same calls with
 // the same messages.
@@ -16,7 +16,7 @@
 
 namespace jaxbnn {
 
-// The attributes of a jaxbnn_image_conv2d_* call, as named in docs/ops.md (shift: the i32 call only).
+// The attributes of a jaxbnn_image_conv2d_* call, as named in docs/ops.md (shift: the calls writing the stream).
 struct ImageConv2dAttrs {
   int64_t c, n, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, pool_h, pool_w, shift;
 };
@@ -28,9 +28,10 @@ struct ImageConv2dProblem {
   int64_t kh, kw, stride_h, stride_w, pad_top, pad_left;
   int64_t pool_h, pool_w;
   int64_t out_h, out_w;  // after pooling
-  int64_t planes;        // threshold planes of the bits output; 0 for the int32 output
-  int64_t shift;         // of the int32 output
+  int64_t planes;        // threshold planes of the bits output; 0 without one
+  int64_t shift;         // of the stream output
   bool pixels;           // the operand holds uint8 pixels p, whose levels p - 128 (p XOR 0x80) the layer takes
+  bool narrow = false;   // the stream output is int16 (its values' low 16 bits)
 };
 
 namespace checks {
@@ -40,12 +41,14 @@ inline constexpr int64_t kMaxImageReduction = std::numeric_limits<int32_t>::max(
 
 }  // namespace checks
 
-// Validates a jaxbnn_image_conv2d_{i32,bits} call (`threshold` and `flip` null for i32); on success fills
+// Validates a jaxbnn_image_conv2d_* call: `stream` the stream result of `stream_type` (int32 or int16), null
+// for the bits alone; `threshold`, `flip` and the `bits` result null for the stream alone. On success fills
 // `problem`.
 inline ffi::Error CheckImageConv2d(std::string_view target, const ffi::AnyBuffer& levels,
                                    const ffi::AnyBuffer& kernel, const ffi::AnyBuffer* threshold,
                                    const ffi::AnyBuffer* flip, const ImageConv2dAttrs& attrs,
-                                   const ffi::AnyBuffer& out, ImageConv2dProblem* problem) {
+                                   const ffi::AnyBuffer* stream, ffi::DataType stream_type,
+                                   const ffi::AnyBuffer* bits_out, ImageConv2dProblem* problem) {
   using namespace checks;
   const bool bits = threshold != nullptr;
   if (auto e = CheckConvAttrs(target,
@@ -57,7 +60,7 @@ inline ffi::Error CheckImageConv2d(std::string_view target, const ffi::AnyBuffer
       e.failure()) {
     return e;
   }
-  if (!bits) {
+  if (stream != nullptr) {
     if (auto e = CheckAttrRange(target, "shift", attrs.shift, 0, 31); e.failure()) return e;
   }
   // kh, kw <= 2**31 - 1: their product fits int64.
@@ -137,17 +140,22 @@ inline ffi::Error CheckImageConv2d(std::string_view target, const ffi::AnyBuffer
     if (auto e = CheckShape(target, "operand `flip`", *flip, {planes, attrs.n}, why_flip.c_str()); e.failure()) {
       return e;
     }
-    if (auto e = CheckResult(target, Epilogue::kThreshold, out, {batch, out_h, out_w, planes}, attrs.n);
+    if (auto e = CheckResult(target, Epilogue::kThreshold, *bits_out, {batch, out_h, out_w, planes}, attrs.n);
         e.failure()) {
       return e;
     }
-  } else if (auto e = CheckResult(target, Epilogue::kInt32, out, {batch, out_h, out_w}, attrs.n); e.failure()) {
-    return e;
+  }
+  if (stream != nullptr) {
+    if (auto e = CheckResult(target, Epilogue::kInt32, *stream, {batch, out_h, out_w}, attrs.n, stream_type);
+        e.failure()) {
+      return e;
+    }
   }
   *problem = ImageConv2dProblem{batch,         height,        width,       attrs.c,     attrs.n,
                                 attrs.kh,      attrs.kw,      attrs.stride_h, attrs.stride_w, attrs.pad_top,
                                 attrs.pad_left, attrs.pool_h, attrs.pool_w, out_h,       out_w,
-                                planes,        bits ? 0 : attrs.shift, pixels};
+                                planes,        stream != nullptr ? attrs.shift : 0, pixels,
+                                stream != nullptr && stream_type == ffi::DataType::S16};
   return ffi::Error::Success();
 }
 

@@ -85,18 +85,27 @@ uint8_t* GrowAligned(std::vector<uint8_t>& vector, int64_t size) {
   return data + (-reinterpret_cast<uintptr_t>(data) & 63);
 }
 
-// The epilogue of a call, on the padded columns (n_padded = 32 * words). A threshold bit is one compare:
-// (dot > bound) XOR flip, with bound = threshold - 1 (INT32_MIN stays: no dot is INT32_MIN, the products are
-// capped at 2**31 - 2**14 in magnitude) for dot >= threshold, and bound = threshold for the flipped test
-// dot <= threshold = not (dot > threshold).
+// The epilogue of a call, on the padded columns (n_padded = 32 * words): the stream (dot >> shift, int32, or
+// int16 where `narrow`: its low 16 bits) and / or the threshold planes' bits, of the stream's values where both
+// are written. A threshold bit is one compare: (value > bound) XOR flip, with bound = threshold - 1 (INT32_MIN
+// stays: no value is INT32_MIN, the products are capped at 2**31 - 2**14 in magnitude) for value >= threshold,
+// and bound = threshold for the flipped test value <= threshold = not (value > threshold).
 struct ImageEpilogue {
-  int64_t planes;         // 0: the int32 output
-  int64_t shift;          // of the int32 output
+  int64_t planes;         // threshold planes of the bits output; 0: none
+  int64_t shift;          // of the stream
   const int32_t* bound;   // (planes, n_padded); the padding columns hold INT32_MAX (their dots are 0)
   const uint32_t* flip;   // (planes, words): bit c % 32 of word c / 32 is flip[plane, c] != 0
   int64_t n, n_padded, words;
-  void* out;              // one output row: n int32, or planes * words uint32
+  void* stream;           // the stream's rows of n values, or null (the bits alone)
+  bool narrow;            // the stream is int16
+  uint32_t* bits;         // the bits' rows of planes * words words, or null (the stream alone)
 };
+
+// A stream value from a dot: dot >> shift, narrowed to int16 (and widened again) where `narrow`.
+inline int32_t StreamValue(int32_t dot, int64_t shift, bool narrow) {
+  const int32_t value = dot >> shift;
+  return narrow ? static_cast<int16_t>(value) : value;
+}
 
 // One column block of a task: `rows` pooled outputs of `window` conv pixels each; the gathered row of
 // window position w of output r is patches + (w * rows + r) * k_padded elements.
@@ -215,12 +224,17 @@ void PortableBlock(const BlockJob& job, const ImageEpilogue& epi) {
           continue;
         }
         const int64_t row = job.first_output + r0 + r;
-        if (epi.planes == 0) {
-          int32_t* dst = static_cast<int32_t*>(epi.out) + row * epi.n + job.col_begin;
-          for (int64_t c = 0; c < std::min(cols, epi.n - job.col_begin); ++c) dst[c] = acc[r][c] >> epi.shift;
-          continue;
+        if (epi.stream != nullptr) {
+          const int64_t valid = std::min(cols, epi.n - job.col_begin), at = row * epi.n + job.col_begin;
+          for (int64_t c = 0; c < cols; ++c) acc[r][c] = StreamValue(acc[r][c], epi.shift, epi.narrow);
+          if (epi.narrow) {
+            std::copy(acc[r], acc[r] + valid, static_cast<int16_t*>(epi.stream) + at);
+          } else {
+            std::copy(acc[r], acc[r] + valid, static_cast<int32_t*>(epi.stream) + at);
+          }
+          if (epi.planes == 0) continue;
         }
-        uint32_t* dst = static_cast<uint32_t*>(epi.out) + row * epi.planes * epi.words + job.col_begin / kWordBits;
+        uint32_t* dst = epi.bits + row * epi.planes * epi.words + job.col_begin / kWordBits;
         for (int64_t p = 0; p < epi.planes; ++p) {
           for (int64_t c = 0; c < cols; c += kWordBits) {
             const int64_t col = job.col_begin + c;
@@ -273,24 +287,39 @@ JAXBNN_TARGET_AVX2 JAXBNN_AVX2_INLINE void Avx2Epilogue(const BlockJob& job, con
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const int64_t row = job.first_output + r0 + r;
-    if (epi.planes == 0) {
-      int32_t* dst = static_cast<int32_t*>(epi.out) + row * epi.n;
+    if (epi.stream != nullptr) {
       const __m128i shift = _mm_cvtsi32_si128(static_cast<int>(epi.shift));
 #pragma GCC unroll 8
       for (int v = 0; v < V; ++v) {
         const int64_t col = job.col_begin + 8 * v;
-        const __m256i value = _mm256_sra_epi32(acc[r][v], shift);
+        acc[r][v] = _mm256_sra_epi32(acc[r][v], shift);
+        if (epi.narrow) {
+          // the low 16 bits, sign-extended: within int16, so that the saturating pack keeps them
+          acc[r][v] = _mm256_srai_epi32(_mm256_slli_epi32(acc[r][v], 16), 16);
+          const __m128i halves = _mm256_castsi256_si128(
+              _mm256_permute4x64_epi64(_mm256_packs_epi32(acc[r][v], acc[r][v]), 0x08));
+          int16_t* dst = static_cast<int16_t*>(epi.stream) + row * epi.n + col;
+          if (col + 8 <= epi.n) {
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), halves);
+          } else if (col < epi.n) {
+            alignas(16) int16_t lanes[8];
+            _mm_store_si128(reinterpret_cast<__m128i*>(lanes), halves);
+            std::copy(lanes, lanes + (epi.n - col), dst);
+          }
+          continue;
+        }
+        int32_t* dst = static_cast<int32_t*>(epi.stream) + row * epi.n + col;
         if (col + 8 <= epi.n) {
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + col), value);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), acc[r][v]);
         } else if (col < epi.n) {
           const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
           const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(epi.n - col)), lanes);
-          _mm256_maskstore_epi32(dst + col, mask, value);
+          _mm256_maskstore_epi32(dst, mask, acc[r][v]);
         }
       }
-      continue;
+      if (epi.planes == 0) continue;
     }
-    uint32_t* dst = static_cast<uint32_t*>(epi.out) + row * epi.planes * epi.words + job.col_begin / kWordBits;
+    uint32_t* dst = epi.bits + row * epi.planes * epi.words + job.col_begin / kWordBits;
     for (int64_t p = 0; p < epi.planes; ++p) {
       const int32_t* bound = epi.bound + p * epi.n_padded + job.col_begin;
       uint32_t above = 0;
@@ -738,22 +767,34 @@ JAXBNN_TARGET_VNNI JAXBNN_VNNI_INLINE void VnniEpilogue(const BlockJob& job, con
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const int64_t row = job.first_output + r0 + r;
-    if (epi.planes == 0) {
-      int32_t* dst = static_cast<int32_t*>(epi.out) + row * epi.n;
+    if (epi.stream != nullptr) {
       const __m128i shift = _mm_cvtsi32_si128(static_cast<int>(epi.shift));
 #pragma GCC unroll 8
       for (int v = 0; v < V; ++v) {
         const int64_t col = job.col_begin + 16 * v;
-        const __m512i value = _mm512_sra_epi32(acc[r][v], shift);
-        if (col + 16 <= epi.n) {
-          _mm512_storeu_si512(dst + col, value);
-        } else if (col < epi.n) {
-          _mm512_mask_storeu_epi32(dst + col, static_cast<__mmask16>((1u << (epi.n - col)) - 1), value);
+        acc[r][v] = _mm512_sra_epi32(acc[r][v], shift);
+        const __mmask16 valid =
+            col + 16 <= epi.n ? __mmask16{0xffff} : static_cast<__mmask16>((1u << std::max<int64_t>(0, epi.n - col)) - 1);
+        if (epi.narrow) {
+          acc[r][v] = _mm512_srai_epi32(_mm512_slli_epi32(acc[r][v], 16), 16);  // the low 16 bits, sign-extended
+          int16_t* dst = static_cast<int16_t*>(epi.stream) + row * epi.n + col;
+          if (valid == 0xffff) {
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(acc[r][v]));
+          } else if (valid != 0) {
+            _mm512_mask_cvtepi32_storeu_epi16(dst, valid, acc[r][v]);
+          }
+          continue;
+        }
+        int32_t* dst = static_cast<int32_t*>(epi.stream) + row * epi.n + col;
+        if (valid == 0xffff) {
+          _mm512_storeu_si512(dst, acc[r][v]);
+        } else if (valid != 0) {
+          _mm512_mask_storeu_epi32(dst, valid, acc[r][v]);
         }
       }
-      continue;
+      if (epi.planes == 0) continue;
     }
-    uint32_t* dst = static_cast<uint32_t*>(epi.out) + row * epi.planes * epi.words + job.col_begin / kWordBits;
+    uint32_t* dst = epi.bits + row * epi.planes * epi.words + job.col_begin / kWordBits;
     for (int64_t p = 0; p < epi.planes; ++p) {
       const int32_t* bound = epi.bound + p * epi.n_padded + job.col_begin;
       const uint32_t* flip = epi.flip + p * epi.words + job.col_begin / kWordBits;
@@ -1247,7 +1288,7 @@ class ImageConv {
         window_(p.pool_h * p.pool_w),
         blocks_(CeilDiv(n_padded_, Tier::kBlockCols)) {}
 
-  void Run(const int32_t* threshold, const uint8_t* flip, void* out, ffi::ThreadPool* pool) {
+  void Run(const int32_t* threshold, const uint8_t* flip, const ImageOutputs& out, ffi::ThreadPool* pool) {
     const int64_t outputs = p_.batch * p_.out_h * p_.out_w;
     if (outputs == 0) return;
     const int64_t threads = PoolThreads(pool);
@@ -1317,9 +1358,10 @@ class ImageConv {
     }
   }
 
-  ImageEpilogue MakeEpilogue(const int32_t* threshold, const uint8_t* flip, void* out, CallScratch& call) const {
+  ImageEpilogue MakeEpilogue(const int32_t* threshold, const uint8_t* flip, const ImageOutputs& out,
+                             CallScratch& call) const {
     const int64_t words = n_padded_ / kWordBits;
-    ImageEpilogue epi{p_.planes, p_.shift, nullptr, nullptr, p_.n, n_padded_, words, out};
+    ImageEpilogue epi{p_.planes, p_.shift, nullptr, nullptr, p_.n, n_padded_, words, out.stream, p_.narrow, out.bits};
     if (p_.planes == 0) return epi;
     int32_t* bound = Grow(call.bound, p_.planes * n_padded_);
     uint32_t* f = Grow(call.flip, p_.planes * words);
@@ -1481,7 +1523,7 @@ class ImageConv {
 
 template <class Tier>
 void RunTier(const ImageConv2dProblem& problem, const int8_t* levels, const int8_t* kernel, const int32_t* threshold,
-             const uint8_t* flip, void* out, ffi::ThreadPool* pool) {
+             const uint8_t* flip, const ImageOutputs& out, ffi::ThreadPool* pool) {
   ImageConv<Tier>(problem, levels, kernel).Run(threshold, flip, out, pool);
 }
 
@@ -1489,7 +1531,7 @@ void RunTier(const ImageConv2dProblem& problem, const int8_t* levels, const int8
 // The AVX2 tiers: the kernel read as it is for a call of few gathered rows; packed beyond, as bytes where its
 // values are -1, 0 and +1, else as int16 pairs.
 void RunAvx2(const ImageConv2dProblem& problem, const int8_t* levels, const int8_t* kernel, const int32_t* threshold,
-             const uint8_t* flip, void* out, ffi::ThreadPool* pool) {
+             const uint8_t* flip, const ImageOutputs& out, ffi::ThreadPool* pool) {
   const int64_t rows = problem.batch * problem.out_h * problem.out_w * problem.pool_h * problem.pool_w;
   const int64_t k = problem.kh * problem.kw * problem.c;
   if (rows <= std::min<int64_t>(k, kAvx2RawMaxRows)) {
@@ -1530,7 +1572,7 @@ bool SetFirstLayerAmx(bool enabled) {
 }
 
 void RunImageConv2d(const ImageConv2dProblem& problem, const int8_t* levels, const int8_t* kernel,
-                    const int32_t* threshold, const uint8_t* flip, void* out, ffi::ThreadPool* pool) {
+                    const int32_t* threshold, const uint8_t* flip, const ImageOutputs& out, ffi::ThreadPool* pool) {
 #ifdef JAXBNN_X86
   switch (ActiveIsa()) {
     case Isa::kAvx512:

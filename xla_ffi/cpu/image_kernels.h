@@ -10,11 +10,17 @@
 
 namespace jaxbnn::cpu {
 
+// The outputs of a call, each null where not written: the stream (batch, out_h, out_w, n), int32 or, where the
+// problem is narrow, int16; the bits uint32 (batch, out_h, out_w, planes, ceil(n/32)).
+struct ImageOutputs {
+  void* stream = nullptr;
+  uint32_t* bits = nullptr;
+};
+
 // levels: int8 (batch, height, width, c); kernel: int8 (kh, kw, c, n). threshold: int32 (planes, n) and flip:
-// uint8 (planes, n) for the bits output, null for the int32 one. Output: int32 (batch, out_h, out_w, n) or
-// uint32 (batch, out_h, out_w, planes, ceil(n/32)).
+// uint8 (planes, n) for the bits output, null without one.
 void RunImageConv2d(const ImageConv2dProblem& problem, const int8_t* levels, const int8_t* kernel,
-                    const int32_t* threshold, const uint8_t* flip, void* out, ffi::ThreadPool* pool);
+                    const int32_t* threshold, const uint8_t* flip, const ImageOutputs& out, ffi::ThreadPool* pool);
 
 // Whether this CPU has AMX-INT8 and the OS grants this process its tile state (asked once, at the first call).
 bool AmxUsable();

@@ -31,8 +31,13 @@ nb::dict Registrations() {
   targets["jaxbnn_bconv2d_bits"] = HandlerCapsule(JaxbnnCpuBconv2dBits);
   targets["jaxbnn_bconv2d_residual_i32"] = HandlerCapsule(JaxbnnCpuBconv2dResidualI32);
   targets["jaxbnn_bconv2d_residual_bits"] = HandlerCapsule(JaxbnnCpuBconv2dResidualBits);
+  targets["jaxbnn_bconv2d_residual_i16"] = HandlerCapsule(JaxbnnCpuBconv2dResidualI16);
+  targets["jaxbnn_bconv2d_residual_i16_bits"] = HandlerCapsule(JaxbnnCpuBconv2dResidualI16Bits);
   targets["jaxbnn_image_conv2d_i32"] = HandlerCapsule(JaxbnnCpuImageConv2dI32);
   targets["jaxbnn_image_conv2d_bits"] = HandlerCapsule(JaxbnnCpuImageConv2dBits);
+  targets["jaxbnn_image_conv2d_i16"] = HandlerCapsule(JaxbnnCpuImageConv2dI16);
+  targets["jaxbnn_image_conv2d_i32_bits"] = HandlerCapsule(JaxbnnCpuImageConv2dI32Bits);
+  targets["jaxbnn_image_conv2d_i16_bits"] = HandlerCapsule(JaxbnnCpuImageConv2dI16Bits);
   targets["jaxbnn_global_sum_bits"] = HandlerCapsule(JaxbnnCpuGlobalSumBits);
 #define JAXBNN_REGISTER_MIXED(mode, Mode, epi, Epi)                                      \
   targets["jaxbnn_" #mode "_bmm_" #epi] = HandlerCapsule(JaxbnnCpu##Mode##Bmm##Epi);     \

@@ -375,18 +375,46 @@ JAXBNN_TARGET_AVX512 JAXBNN_ALWAYS_INLINE uint32_t Avx512ThresholdWord(const int
 }
 #endif
 
-// The residual epilogue's stream values of columns [col_begin, col_begin + width) of output row `row` from
-// their dots: (dot >> shift) + the shortcut (0 past its channels), wrapping as int32 arithmetic in XLA does.
-inline void ResidualRow(const ResidualData& r, int64_t row, const int32_t* dots, int64_t col_begin, int64_t width,
-                        int32_t* stream) {
-  const int64_t image_pixels = r.out_h * r.out_w, b = row / image_pixels, in_image = row - b * image_pixels;
-  const int64_t oh = in_image / r.out_w, ow = in_image - oh * r.out_w;
-  const int32_t* shortcut =
-      r.shortcut + ((b * r.height + oh * r.stride) * r.width + ow * r.stride) * r.channels;
-  const int64_t added = std::max<int64_t>(0, std::min(width, r.channels - col_begin));
-  for (int64_t i = 0; i < width; ++i) {
-    const uint32_t term = i < added ? static_cast<uint32_t>(shortcut[col_begin + i]) : 0u;
-    stream[i] = static_cast<int32_t>(static_cast<uint32_t>(dots[i] >> r.shift) + term);
+// The shortcut pixels of consecutive output rows of the residual epilogue: output pixel (b, oh, ow) reads
+// (b, oh * stride, ow * stride), stepped row by row (divisions only for a strip's first row).
+class ShortcutRows {
+ public:
+  ShortcutRows(const ResidualData& r, int64_t row) : r_(r) {
+    const int64_t image_pixels = r.out_h * r.out_w;
+    b_ = row / image_pixels;
+    const int64_t in_image = row - b_ * image_pixels;
+    oh_ = in_image / r.out_w;
+    ow_ = in_image - oh_ * r.out_w;
+  }
+  // The element offset of the current row's shortcut pixel.
+  int64_t Offset() const { return ((b_ * r_.height + oh_ * r_.stride) * r_.width + ow_ * r_.stride) * r_.channels; }
+  void Next() {
+    if (++ow_ < r_.out_w) return;
+    ow_ = 0;
+    if (++oh_ == r_.out_h) oh_ = 0, ++b_;
+  }
+
+ private:
+  const ResidualData& r_;
+  int64_t b_, oh_, ow_;
+};
+
+// The stream values of `width` columns from their dots: (dot >> shift) + the shortcut's first `added`
+// columns (0 past them), in T's arithmetic (int16: the low 16 bits of the int32 sum), stored into `stream`
+// and, where given, as int32 into `values` (what the thresholds compare).
+template <class T>
+JAXBNN_ALWAYS_INLINE void ResidualValues(const int32_t* dots, const T* shortcut, int64_t added, int64_t width,
+                                         int64_t shift, T* stream, int32_t* values) {
+  for (int64_t i = 0; i < added; ++i) {
+    const T value =
+        static_cast<T>(static_cast<uint32_t>(dots[i] >> shift) + static_cast<uint32_t>(static_cast<int32_t>(shortcut[i])));
+    stream[i] = value;
+    if (values != nullptr) values[i] = value;
+  }
+  for (int64_t i = added; i < width; ++i) {
+    const T value = static_cast<T>(dots[i] >> shift);
+    stream[i] = value;
+    if (values != nullptr) values[i] = value;
   }
 }
 
@@ -410,7 +438,37 @@ inline void ResidualRow(const ResidualData& r, int64_t row, const int32_t* dots,
       dst[word] = WORD(d, t, f) & ((uint32_t{1} << valid) - 1);                                        \
     }                                                                                                  \
   }                                                                                                    \
+  /* the residual epilogue (unpooled): the stream, then each threshold plane's bits of its values */   \
+  ATTR void NAME##Residual(const Strip& s, const EpilogueData& e) {                                    \
+    const ResidualData& r = e.residual;                                                                \
+    const int64_t words = (s.n + kWordBits - 1) / kWordBits;                                           \
+    const int64_t added = std::max<int64_t>(0, std::min(s.width, r.channels - s.col_begin));           \
+    int32_t narrow_values[kStripCols];                                                                 \
+    ShortcutRows shortcut(r, s.first_output);                                                          \
+    for (int64_t o = 0; o < s.outputs; ++o, shortcut.Next()) {                                         \
+      const int64_t row = s.first_output + o, at = row * s.n + s.col_begin;                            \
+      const int64_t from = added > 0 ? shortcut.Offset() + s.col_begin : 0;                            \
+      const int32_t* dots = s.dots + o * s.stride;                                                     \
+      const int32_t* values;                                                                           \
+      if (r.narrow) {                                                                                  \
+        ResidualValues(dots, static_cast<const int16_t*>(r.shortcut) + from, added, s.width, r.shift,  \
+                       static_cast<int16_t*>(s.out) + at, narrow_values);                              \
+        values = narrow_values;                                                                        \
+      } else {                                                                                         \
+        int32_t* stream = static_cast<int32_t*>(s.out) + at;                                           \
+        ResidualValues(dots, static_cast<const int32_t*>(r.shortcut) + from, added, s.width, r.shift,  \
+                       stream, static_cast<int32_t*>(nullptr));                                        \
+        values = stream;                                                                               \
+      }                                                                                                \
+      if (e.threshold == nullptr) continue;                                                            \
+      for (int64_t plane = 0; plane < e.planes; ++plane) {                                             \
+        NAME##Words(values, e.threshold + plane * s.n + s.col_begin, e.flip + plane * s.n + s.col_begin, \
+                    s.width, r.bits + (row * e.planes + plane) * words + s.col_begin / kWordBits);    \
+      }                                                                                                \
+    }                                                                                                  \
+  }                                                                                                    \
   ATTR void NAME(const Strip& s, const EpilogueData& e) {                                              \
+    if (e.kind == Epilogue::kResidual) return NAME##Residual(s, e);                                    \
     int32_t pooled[kStripCols];                                                                        \
     const int64_t words = (s.n + kWordBits - 1) / kWordBits;                                           \
     for (int64_t o = 0; o < s.outputs; ++o) {                                                          \
@@ -425,13 +483,6 @@ inline void ResidualRow(const ResidualData& r, int64_t row, const int32_t* dots,
       } else if (e.kind == Epilogue::kAffine) {                                                        \
         AffineRow(dots, e.scale + s.col_begin, e.bias + s.col_begin, s.width,                          \
                   static_cast<float*>(s.out) + row * s.n + s.col_begin);                               \
-      } else if (e.kind == Epilogue::kResidual) {                                                      \
-        int32_t* stream = static_cast<int32_t*>(s.out) + row * s.n + s.col_begin;                      \
-        ResidualRow(e.residual, row, dots, s.col_begin, s.width, stream);                              \
-        if (e.threshold != nullptr) {                                                                  \
-          NAME##Words(stream, e.threshold + s.col_begin, e.flip + s.col_begin, s.width,                \
-                      e.residual.bits + row * words + s.col_begin / kWordBits);                        \
-        }                                                                                              \
       } else {                                                                                         \
         for (int64_t plane = 0; plane < e.planes; ++plane) {                                           \
           NAME##Words(dots, e.threshold + plane * s.n + s.col_begin, e.flip + plane * s.n + s.col_begin, \
