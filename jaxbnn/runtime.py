@@ -4,27 +4,29 @@ The graph of the file (`jaxbnn.packed_model`, docs/export.md) runs node by node 
 integers from the pixels to the logits:
 
 - the first layer multiplies the image's int8 levels (pixel - 128) with its int8 weight values
-  (`ops.image_conv2d` / `ops.image_matmul`, given the pixels: CUDA's kernels read them as stored), its pool
-  and its output's thresholds (or the stream's shift) in the same op; on CUDA a stem also writes the first
-  residual block's input bits there (`writes_stem_bits`);
+  (`ops.image_conv2d` / `ops.image_matmul`, given the pixels: the kernels read them as stored), its pool
+  and its output's thresholds (or the stream's shift) in the same op; a stem also writes the first residual
+  block's input bits there (`writes_stem_bits`);
 - every other layer, binary or ternary activations times binary or ternary weights (TAB's BNN, TBN, BTN,
   TNN), is one `ops.bmm` / `ops.bconv2d` with its epilogue: the threshold planes writing the next layer's
   packed input (binary bits, or a ternary output's (nonneg, pos) planes; max-pool fused), the affine writing
   the logits, or the int32 dot products of a residual block's stream. Where a platform has no kernel of a
   ternary or mixed product, the op runs it as one binary product over the planes side by side (docs/ops.md);
 - integer thresholds turn int32 pre-activations and the residual stream into bits; the stream is the sum
-  of each residual block's conv2 output and its shortcut: over an int16 stream on CUDA, where conv2 is a 3x3
-  stride-1 convolution (the band and resident kernels), added in conv2's epilogue (a ternary or mixed conv2:
-  its side-by-side binary product's), which also writes the next block's input bits (binary; a ternary
-  conv1's two planes are thresholded from the stream after it, on CUDA by a kernel of their own) (`ops.bconv2d(..., shortcut=...)`,
-  `fuses_residual`); elsewhere added in jnp, where XLA fuses the add with the next block's thresholds and
-  packing (docs/design/decisions.md);
+  of each residual block's conv2 output and its shortcut: over an int16 stream, where conv2 is a 3x3
+  stride-1 convolution, added in conv2's epilogue, which also writes the next block's input bits
+  (`ops.bconv2d(..., shortcut=...)`, `fuses_residual`): on CUDA by the band and resident kernels (a ternary or
+  mixed conv2: its side-by-side binary product's; a ternary conv1's two planes are thresholded from the
+  stream after it, by a kernel of their own), on the CPU by the strip epilogue (both planes; a ternary or
+  mixed conv2: its own product's int32 dot products, the add in jnp); elsewhere (an int32 stream) added in
+  jnp, where XLA fuses the add with the next block's thresholds and packing (docs/design/decisions.md);
 - on CUDA a run of small dense layers on packed bits (a ResNet's tail after its global pool) is one
   `ops.bmm_chain`, one kernel, where its weights fit a CTA's shared memory (`dense_chains_of`);
-- on a platform whose kernels write int16 dot products (CUDA), a ResNet's stream travels as int16
-  wherever every value it can take there fits (`stream_dtypes`: bounds from the graph and the first layer's
-  weights), else as int32: the same integers as the Flax model's int32 stream, in half the bytes per pass
-  over it (conv2 writes them, `ops.bconv2d(out_dtype=...)`).
+- on a platform whose kernels write the int16 stream (CUDA's int16 dot products and residual epilogues, the
+  CPU's residual epilogues), a ResNet's stream travels as int16 wherever every value it can take there fits
+  (`stream_dtypes`: bounds from the graph and the first layer's weights), else as int32: the same integers
+  as the Flax model's int32 stream, in half the bytes per pass over it (conv2 writes them,
+  `ops.bconv2d(out_dtype=...)` or its residual epilogue).
 
 Images are uint8 pixels, or floats on the scale the file records (`input_range`), quantized to pixels by
 `formats.quantize_images`.
@@ -343,21 +345,23 @@ def _run(nodes, params, pixels, dtypes):
 def stream_dtypes(nodes, tensors, narrow=None) -> list:
     """Per graph node, the integer type its stream output travels in (None for a node without one): int16
     where every value the stream can take there lies within [-32767, 32767] and the narrow stream is wanted,
-    else int32. `narrow` (default: whether the default platform's kernels write int16 dot products, CUDA's)
-    applies to graphs whose residual blocks' conv2 are binary products or add the shortcut in their epilogue
-    (`fuses_residual`, any product): elsewhere the int16 stream would be the int32 products converted, which
-    measured slower (on the 2-core EPYC and on an H200; decisions.md).
+    else int32. `narrow` (default: whether the default platform's kernels write int16 dot products, CUDA's, or
+    add the shortcut of every block to an int16 stream in their epilogue, the CPU's binary products,
+    `fuses_residual`) applies to graphs whose residual blocks' conv2 are binary products or add the shortcut in
+    their epilogue (`fuses_residual`, any product): elsewhere the int16 stream would be the int32 products
+    converted, which measured slower (on the 2-core EPYC and on an H200; decisions.md).
 
     The stream's values are bounded by the graph: a layer writing it (the stem) by its dot products'
     magnitude shifted right (the first layer's: 128 times its largest column sum of |weight| (`tensors`, the
     file's), a packed layer's: its reduction length K), and each residual block adds its conv2's K (the
     shortcut only subsamples and zero-pads the stream). ResNet-14 stays below 16,200 and ResNet-18 below
     17,500 with the zoo's ±1 first layers."""
+    conv2s = [node["conv2"] for node in nodes if node["kind"] == "residual"]
     if narrow is None:
-        narrow = _ffi.has_target(_default_platform(), "jaxbnn_bconv2d_i16")
-    narrow = narrow and all((node["conv2"]["operand"] == "binary" and node["conv2"]["weights"] == "binary")
-                            or (fuses_residual() and _fuses_shortcut(node["conv2"]))
-                            for node in nodes if node["kind"] == "residual")
+        narrow = (_ffi.has_target(_default_platform(), "jaxbnn_bconv2d_i16")
+                  or (fuses_residual() and all(_fuses_shortcut(conv2) for conv2 in conv2s)))
+    narrow = narrow and all((conv2["operand"] == "binary" and conv2["weights"] == "binary")
+                            or (fuses_residual() and _fuses_shortcut(conv2)) for conv2 in conv2s)
     narrowest = jnp.int16 if narrow else jnp.int32
     dtypes, bound = [], 0
     for i, node in enumerate(nodes):
@@ -509,25 +513,33 @@ def _global_pool(domain, p, stream):
 
 def writes_stem_bits() -> bool:
     """Whether the default platform's first layer writes the stream and the first block's input bits in one
-    pass (CUDA); elsewhere XLA thresholds and packs the stream after it."""
+    pass (CUDA and the CPU); elsewhere XLA thresholds and packs the stream after it."""
     return _ffi.has_target(_default_platform(), "jaxbnn_image_conv2d_i16_bits")
 
 
 def fuses_residual() -> bool:
     """Whether the default platform adds an int16 stream's shortcut in conv2's epilogue where that was measured
-    faster than XLA's add (`_fuses_shortcut`): CUDA. Elsewhere (the CPU) XLA's add, fused with the next block's
-    thresholds and packing, measured faster (docs/design/decisions.md, "The residual epilogue")."""
+    faster than XLA's add (`_fuses_shortcut`): CUDA and the CPU (docs/design/decisions.md, "The residual
+    epilogue"). Elsewhere, and for an int32 stream, XLA's add, fused with the next block's thresholds and
+    packing."""
     return _ffi.has_target(_default_platform(), "jaxbnn_bconv2d_residual_i16_bits")
 
 
 def _fuses_shortcut(conv2) -> bool:
-    """Whether CUDA adds the shortcut in this conv2's narrow residual epilogue: a 3x3 stride-1 unpooled
-    convolution, which the band kernel (64 or 128 channels) or the resident kernel (256, 512) runs, copying the
-    shortcut into shared memory while its MMAs run. Against the int16 dot products plus XLA's add (fused with the
-    next block's thresholds and packing), whole forwards in one process on an H200: ResNet-18 batch 512 1.53 ms
-    (the band kernel's blocks only: 1.67, XLA's add everywhere: 2.12), ResNet-14 batch 1024 0.54 (0.65, 0.71);
-    docs/design/decisions.md, "The residual epilogue"."""
-    return conv2["kernel_size"] == [3, 3] and conv2["stride"] == [1, 1] and conv2["pool"] is None
+    """Whether the platform (`fuses_residual`) adds the shortcut in this conv2's narrow residual epilogue: a 3x3
+    stride-1 unpooled convolution whose product the platform runs as a binary one. On CUDA every product (a
+    ternary or mixed one as the side-by-side binary product), the band kernel (64 or 128 channels) or the
+    resident kernel (256, 512) copying the shortcut into shared memory while its MMAs run: against the int16 dot
+    products plus XLA's add (fused with the next block's thresholds and packing), whole forwards in one process
+    on an H200: ResNet-18 batch 512 1.53 ms (the band kernel's blocks only: 1.67, XLA's add everywhere: 2.12),
+    ResNet-14 batch 1024 0.54 (0.65, 0.71). On the CPU the binary product, in its strip epilogue; a ternary or
+    mixed product runs on its own kernel there, without a residual epilogue (the add in jnp measured slower
+    over an int16 stream than over the int32 one). docs/design/decisions.md, "The residual epilogue"."""
+    if not (conv2["kernel_size"] == [3, 3] and conv2["stride"] == [1, 1] and conv2["pool"] is None):
+        return False
+    ternary_activations, ternary_weights = conv2.get("operand") == "ternary", conv2.get("weights") == "ternary"
+    return (not (ternary_activations or ternary_weights)
+            or not _ffi.has_target(_default_platform(), f"jaxbnn_{ops._mode(ternary_activations, ternary_weights)}_conv2d_i32"))
 
 
 def _residual_epilogue(node, p, inner, stream, following):
