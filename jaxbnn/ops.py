@@ -719,14 +719,17 @@ def _stream_planes(stream, threshold, flip):
 def _ternary_residual(planes, w, w_tap_popcount, side_by_side, shortcut, threshold, flip, *, attrs, mode, stride,
                       shift):
     """The residual convolution of a product with a ternary operand. Where the platform has the product's own
-    kernel (the CPU), its int32 dot products, then the epilogue in jnp; elsewhere (CUDA) the side-by-side binary
-    product (`_side_by_side_matrix`) through the binary residual epilogue. That product is `parts` (2 or 4, a
-    power of two) times the ternary one, so shifting it right by `shift + log2(parts)` more gives the same stream
-    (capped at 31: past it either shift leaves only the sign, as |dot| < 2**21 there)."""
+    kernel (the CPU): over an int16 stream, that kernel with the residual epilogue
+    (`jaxbnn_{mode}_conv2d_residual_i16`, `_i16_bits`); over an int32 one, its int32 dot products, then the
+    epilogue in jnp. Elsewhere (CUDA) the side-by-side binary product (`_side_by_side_matrix`) through the binary
+    residual epilogue. That product is `parts` (2 or 4, a power of two) times the ternary one, so shifting it
+    right by `shift + log2(parts)` more gives the same stream (capped at 31: past it either shift leaves only the
+    sign, as |dot| < 2**21 there)."""
     c, o, kh, kw = attrs[:4]
     parts = len(_REDUCTION_BLOCKS[mode])
     lead = planes[0].shape[:-3]
     residual = dict(stride=stride, shift=shift, threshold=threshold, flip=flip)
+    fused_target = f"jaxbnn_{mode}_conv2d_residual_i16" + ("" if threshold is None else "_bits")
 
     def direct():
         dot = _bconv2d(planes, w, w_tap_popcount, {}, attrs=attrs, kind="i32", pooled=False, mode=mode,
@@ -750,9 +753,45 @@ def _ternary_residual(planes, w, w_tap_popcount, side_by_side, shortcut, thresho
                                  attrs=(block_channels, o) + attrs[2:], stride=stride,
                                  shift=min(shift + parts.bit_length() - 1, 31), x_repeats=x_repeats)
 
-    if not _side_by_side_fits(mode, kh * kw * formats.num_words(c), o, 0):
-        return direct()
+    def fused():
+        cw = formats.num_words(c)
+        k_bits = kh * kw * cw * formats.WORD_BITS
+        w_ = formats.to_fsb(w) if w.ndim == 2 else w
+        popcount = w_tap_popcount
+        if popcount is None:
+            rows = 2 * o if mode in ("btn", "tnn") else o
+            popcount = _real_bit_popcount(w_, rows=rows, k_bits=k_bits, taps=(kh * kw, cw, c))
+        images = math.prod(lead)
+        if images == 0:
+            return direct()
+        sh, sw, pt, pb, pl, pr = attrs[4:10]
+        oh, ow = (planes[0].shape[-3] + pt + pb - kh) // sh + 1, (planes[0].shape[-2] + pl + pr - kw) // sw + 1
+        stream_type = jax.ShapeDtypeStruct((oh, ow, o), jnp.int16)
+        epilogue = () if threshold is None else (threshold.astype(jnp.int32), _flip_operand(flip, threshold.shape))
+        bits_type = None if threshold is None else jax.ShapeDtypeStruct(
+            (oh, ow) + threshold.shape[:-1] + (formats.num_words(o),), jnp.uint32)
+        conv_attrs = {name: v if name == "pad_one" else np.int64(v) for name, v in zip(_CONV_ATTRS, attrs)}
+
+        def single(*operands):
+            acts, (w_, popcount_, shortcut_), e = (operands[:len(planes)], operands[len(planes):len(planes) + 3],
+                                                   operands[len(planes) + 3:])
+            rows = acts[0].shape[0]
+            types = tuple(jax.ShapeDtypeStruct((rows,) + t.shape, t.dtype) for t in (stream_type, bits_type) if t)
+            native = (*acts, w_, popcount_) if mode == "btn" else (*acts, w_)
+            return jax.ffi.ffi_call(fused_target, types if len(types) == 2 else types[0])(
+                *native, shortcut_, *e, **conv_attrs, shortcut_stride=np.int64(stride), shift=np.int64(shift))
+
+        acts = tuple(x.reshape((images,) + x.shape[-3:]) for x in planes)
+        out = _fold_rows(single, activations=len(planes))(
+            *acts, w_, popcount.astype(jnp.int32), shortcut.reshape((images,) + shortcut.shape[-3:]), *epilogue)
+        return jax.tree.map(lambda v: v.reshape(lead + v.shape[1:]), out)
+
     native = {p: direct for p in ("cpu", "cuda") if _ffi.has_target(p, f"jaxbnn_{mode}_conv2d_i32")}
+    if shortcut.dtype == jnp.int16:
+        native.update({p: fused for p in native if _ffi.has_target(p, fused_target)})
+    if not _side_by_side_fits(mode, kh * kw * formats.num_words(c), o, 0):
+        own = {p: f for p, f in native.items() if f is fused}
+        return jax.lax.platform_dependent(default=direct, **own) if own else direct()
     if not native:
         return composite()
     return jax.lax.platform_dependent(default=composite, **native)

@@ -17,9 +17,8 @@ integers from the pixels to the logits:
   stride-1 convolution, added in conv2's epilogue, which also writes the next block's input bits
   (`ops.bconv2d(..., shortcut=...)`, `fuses_residual`): on CUDA by the band and resident kernels (a ternary or
   mixed conv2: its side-by-side binary product's; a ternary conv1's two planes are thresholded from the
-  stream after it, by a kernel of their own), on the CPU by the strip epilogue (both planes; a ternary or
-  mixed conv2: its own product's int32 dot products, the add in jnp); elsewhere (an int32 stream) added in
-  jnp, where XLA fuses the add with the next block's thresholds and packing (docs/design/decisions.md);
+  stream after it, by a kernel of their own), on the CPU by each product's kernel in its strip epilogue (both
+  planes); elsewhere (an int32 stream) added in jnp, where XLA fuses the add with the next block's thresholds and packing (docs/design/decisions.md);
 - on CUDA a run of small dense layers on packed bits (a ResNet's tail after its global pool) is one
   `ops.bmm_chain`, one kernel, where its weights fit a CTA's shared memory (`dense_chains_of`);
 - on a platform whose kernels write the int16 stream (CUDA's int16 dot products and residual epilogues, the
@@ -346,8 +345,7 @@ def stream_dtypes(nodes, tensors, narrow=None) -> list:
     """Per graph node, the integer type its stream output travels in (None for a node without one): int16
     where every value the stream can take there lies within [-32767, 32767] and the narrow stream is wanted,
     else int32. `narrow` (default: whether the default platform's kernels write int16 dot products, CUDA's, or
-    add the shortcut of every block to an int16 stream in their epilogue, the CPU's binary products,
-    `fuses_residual`) applies to graphs whose residual blocks' conv2 are binary products or add the shortcut in
+    add the shortcut of every block to an int16 stream in their epilogue, the CPU's, `fuses_residual`) applies to graphs whose residual blocks' conv2 are binary products or add the shortcut in
     their epilogue (`fuses_residual`, any product): elsewhere the int16 stream would be the int32 products
     converted, which measured slower (on the 2-core EPYC and on an H200; decisions.md).
 
@@ -527,19 +525,19 @@ def fuses_residual() -> bool:
 
 def _fuses_shortcut(conv2) -> bool:
     """Whether the platform (`fuses_residual`) adds the shortcut in this conv2's narrow residual epilogue: a 3x3
-    stride-1 unpooled convolution whose product the platform runs as a binary one. On CUDA every product (a
-    ternary or mixed one as the side-by-side binary product), the band kernel (64 or 128 channels) or the
-    resident kernel (256, 512) copying the shortcut into shared memory while its MMAs run: against the int16 dot
-    products plus XLA's add (fused with the next block's thresholds and packing), whole forwards in one process
-    on an H200: ResNet-18 batch 512 1.53 ms (the band kernel's blocks only: 1.67, XLA's add everywhere: 2.12),
-    ResNet-14 batch 1024 0.54 (0.65, 0.71). On the CPU the binary product, in its strip epilogue; a ternary or
-    mixed product runs on its own kernel there, without a residual epilogue (the add in jnp measured slower
-    over an int16 stream than over the int32 one). docs/design/decisions.md, "The residual epilogue"."""
+    stride-1 unpooled convolution whose product has one. On CUDA every product (a ternary or mixed one as the
+    side-by-side binary product): the band kernel (64 or 128 channels) or the resident kernel (256, 512) copies
+    the shortcut into shared memory while its MMAs run; against the int16 dot products plus XLA's add (fused with
+    the next block's thresholds and packing), whole forwards in one process on an H200: ResNet-18 batch 512
+    1.53 ms (the band kernel's blocks only: 1.67, XLA's add everywhere: 2.12), ResNet-14 batch 1024 0.54 (0.65,
+    0.71). On the CPU every product's kernel adds it in its strip epilogue. docs/design/decisions.md, "The
+    residual epilogue"."""
     if not (conv2["kernel_size"] == [3, 3] and conv2["stride"] == [1, 1] and conv2["pool"] is None):
         return False
-    ternary_activations, ternary_weights = conv2.get("operand") == "ternary", conv2.get("weights") == "ternary"
-    return (not (ternary_activations or ternary_weights)
-            or not _ffi.has_target(_default_platform(), f"jaxbnn_{ops._mode(ternary_activations, ternary_weights)}_conv2d_i32"))
+    mode = ops._mode(conv2.get("operand") == "ternary", conv2.get("weights") == "ternary")
+    platform = _default_platform()
+    return (mode == "bnn" or not _ffi.has_target(platform, f"jaxbnn_{mode}_conv2d_i32")
+            or _ffi.has_target(platform, f"jaxbnn_{mode}_conv2d_residual_i16_bits"))
 
 
 def _residual_epilogue(node, p, inner, stream, following):

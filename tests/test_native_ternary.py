@@ -613,6 +613,43 @@ def test_residual_epilogue_of_a_ternary_product_is_its_dot_plus_the_shortcut(req
     np.testing.assert_array_equal(np.asarray(with_prepared), want)
 
 
+NATIVE_RESIDUAL_CASES = [  # as TERNARY_RESIDUAL_CASES, every stream int16
+    ((2,), 6, 7, 40, 40, "zero", (6, 7, 40), 1, 0),
+    ((2, 1), 5, 4, 33, 70, "one", (9, 8, 30), 2, 3),
+    ((1,), 6, 6, 5, 9, "zero", (6, 6, 9), 1, 1),
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", NATIVE_RESIDUAL_CASES, ids=lambda v: f"c{v[3]}_o{v[4]}_s{v[7]}")
+def test_the_cpu_adds_an_int16_shortcut_in_the_products_own_kernel(isa, mode, case):
+    """Over an int16 stream the product's own kernel adds the shortcut in its strip epilogue, one
+    jaxbnn_{mode}_conv2d_residual_i16 / _i16_bits call, every tier: the stream wrapping as int16 and its bits
+    through one threshold or a ternary pair of planes, as numpy says."""
+    lead, h, w, c, o, pad_value, (sh, sw, sc), stride, shift = case
+    rng = np.random.default_rng(h * 37 + c * 5 + o + stride)
+    x, x_values, weights, w_values = operands(rng, mode, lead + (h, w, c), (3, 3, c, o), conv=True)
+    flat = x_values.reshape((-1, h, w, c))
+    dot = numpy_conv(flat, w_values, (1, 1), ((1, 1), (1, 1)), pad_value).reshape(lead + (h, w, o))
+    epi = epilogue_operands(rng, dot, planes=2)
+    shortcut = rng.integers(-32768, 32768, lead + (sh, sw, sc)).astype(np.int16)  # sums that wrap
+    short = np.zeros(lead + (h, w, o), np.int64)
+    short[..., :sc] = shortcut[..., ::stride, ::stride, :]
+    want = ((dot.astype(np.int64) >> shift) + short).astype(np.uint64).astype(np.uint16).view(np.int16)
+    for threshold, flip in ((None, None), (epi["threshold"], epi["flip"]), (epi["threshold_planes"], epi["flip_planes"])):
+        conv = jax.jit(lambda x, s: ops.bconv2d(x, weights, padding="SAME", pad_value=pad_value, shortcut=s,
+                                                shortcut_stride=stride, shift=shift, threshold=threshold, flip=flip))
+        target = f"jaxbnn_{mode}_conv2d_residual_i16" + ("" if threshold is None else "_bits")
+        assert f"@{target}(" in conv.lower(x, shortcut).as_text()
+        got = conv(x, shortcut)
+        stream = got if threshold is None else got[0]
+        assert stream.dtype == np.int16
+        np.testing.assert_array_equal(np.asarray(stream), want)
+        if threshold is not None:
+            want_bits = reference.epilogue(jnp.asarray(want.astype(np.int32)), threshold=threshold, flip=flip)
+            np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want_bits))
+
+
 def test_residual_epilogue_of_a_ternary_product_refuses_side_by_side_weights_of_another_epilogue():
     rng = np.random.default_rng(16)
     x, _, weights, _ = operands(rng, "tnn", (1, 5, 5, 40), (3, 3, 40, 40), conv=True)

@@ -557,10 +557,8 @@ def test_the_residual_epilogue_carries_the_stream_and_its_bits_as_the_jnp_add_do
     """CUDA's form of a narrow-stream ResNet (conv2 adds the shortcut in its epilogue and writes the next block's
     input bits, or a ternary conv1's planes; the last block the stream alone), run here on purpose: every node's
     output equals the jnp add's, the strided blocks' subsampled, channel-padded shortcuts included. A ternary or
-    mixed conv2 adds it in its side-by-side binary product's epilogue, where the platform has none of its own
-    (the CPU's own ternary and mixed products: their int32 dot products, the add in jnp)."""
+    mixed conv2 adds it in its side-by-side binary product's epilogue, where the platform has none of its own."""
     monkeypatch.setattr(runtime, "fuses_residual", lambda: True)
-    monkeypatch.setattr(runtime, "_fuses_shortcut", lambda conv2: True)  # CUDA's: every product
     model = zoo_model("cifar10-resnet14", mode, {})
     packed = export_model(model)
     net = runtime.from_packed(packed)
@@ -619,7 +617,7 @@ def test_a_stem_leaves_thresholds_per_pixel_to_jnp():
 def test_the_shortcut_is_added_in_the_epilogue_of_3x3_stride_1_blocks():
     """Blocks whose conv2 is a 3x3 stride-1 unpooled convolution (on CUDA the band kernel at 64 or 128 channels,
     the resident kernel at 256 or 512) add their shortcut in its epilogue; others keep XLA's add. A ternary or
-    mixed conv2 too on CUDA (its side-by-side binary product), not on the CPU (its own product's kernel)."""
+    mixed conv2 too (on CUDA its side-by-side binary product, on the CPU its own product's kernel)."""
     def conv2(c, o, size=16, kernel=(3, 3), stride=(1, 1), pool=None):
         return {"in_shape": [size, size, c], "out_channels": o, "kernel_size": list(kernel), "stride": list(stride),
                 "pool": pool}
@@ -630,15 +628,15 @@ def test_the_shortcut_is_added_in_the_epilogue_of_3x3_stride_1_blocks():
     assert not runtime._fuses_shortcut(conv2(128, 128, stride=(2, 2)))
     assert not runtime._fuses_shortcut(conv2(128, 128, pool=[2, 2]))
     for operand, weights in (("ternary", "ternary"), ("ternary", "binary"), ("binary", "ternary")):
-        mixed = dict(conv2(128, 128), operand=operand, weights=weights)
-        assert runtime._fuses_shortcut(mixed) == (jax.default_backend() == "gpu")
+        assert runtime._fuses_shortcut(dict(conv2(128, 128), operand=operand, weights=weights))
 
 
-@pytest.mark.parametrize("mode", ["bnn", "tnn"])
-def test_the_cpu_carries_a_binary_resnets_int16_stream_in_its_kernels(mode):
-    """On the CPU a bnn ResNet's stream is int16: the stem writes it with the first block's input bits, each
-    block's conv2 adds its shortcut and writes the next block's bits in its epilogue (one custom call a
-    layer); a tnn one keeps the int32 stream and the jnp add (its conv2 runs on the ternary kernel). Both compute the integers of the same graph with every form off."""
+@pytest.mark.parametrize("mode", ["bnn", "tnn", "tbn", "btn"])
+def test_the_cpu_carries_a_resnets_int16_stream_in_its_kernels(mode):
+    """On the CPU a ResNet's stream is int16 in every mode: the stem writes it with the first block's input bits
+    (or ternary planes), each block's conv2 (the product's own kernel) adds its shortcut and writes the next
+    block's input in its epilogue (one custom call a layer), and the network computes the integers of the same
+    graph with every fused form off."""
     if jax.default_backend() != "cpu":
         pytest.skip("the CPU's forms")
     model = zoo_model("cifar10-resnet14", mode, {})
@@ -648,14 +646,11 @@ def test_the_cpu_carries_a_binary_resnets_int16_stream_in_its_kernels(mode):
     images = images_for(model, 3, seed=8)
     hlo = net._call_forward.lower(*net._call_arguments(images)).compile().as_text()  # every call inlined
     calls = re.findall(r'custom_call_target="(\w+)"', hlo)
-    if mode == "bnn":
-        assert set(net.stream_dtypes) - {None} == {jnp.int16}
-        assert calls.count("jaxbnn_image_conv2d_i16_bits") == 1
-        assert calls.count("jaxbnn_bconv2d_residual_i16_bits") == blocks - 1
-        assert calls.count("jaxbnn_bconv2d_residual_i16") == 1  # the last block's stream, for the global pool
-    else:
-        assert set(net.stream_dtypes) - {None} == {jnp.int32}
-        assert not any("residual" in call for call in calls)
+    residual = "jaxbnn_bconv2d_residual_i16" if mode == "bnn" else f"jaxbnn_{mode}_conv2d_residual_i16"
+    assert set(net.stream_dtypes) - {None} == {jnp.int16}
+    assert calls.count("jaxbnn_image_conv2d_i16_bits") == 1
+    assert calls.count(residual + "_bits") == blocks - 1
+    assert calls.count(residual) == 1  # the last block's stream, for the global pool
     levels = formats.image_levels(images)
     plain = jax.jit(lambda p, x: runtime.run_nodes(nodes, p, x, fuse_residual=False, stem_bits=False,
                                                    dense_chains=False))(net.params, levels)

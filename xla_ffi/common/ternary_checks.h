@@ -105,11 +105,13 @@ inline ffi::Error CheckMixedBmm(std::string_view target, Epilogue epilogue, cons
   return ffi::Error::Success();
 }
 
-// Validates a jaxbnn_{tnn,tbn,btn}_conv2d_{i32,f32,bits} call (the attributes of jaxbnn_bconv2d_*); on
-// success fills `problem` (o: output channels).
+// Validates a jaxbnn_{tnn,tbn,btn}_conv2d_{i32,f32,bits} call (the attributes of jaxbnn_bconv2d_*; `int_type`:
+// that of an integer result, the residual targets' int16 stream); on success fills `problem` (o: output
+// channels).
 inline ffi::Error CheckMixedConv2d(std::string_view target, Epilogue epilogue, const MixedOperands& operands,
                                    const EpilogueOperands& epilogue_operands, const Bconv2dAttrs& attrs,
-                                   const ffi::AnyBuffer& out, Bconv2dProblem* problem) {
+                                   const ffi::AnyBuffer& out, Bconv2dProblem* problem,
+                                   ffi::DataType int_type = ffi::DataType::S32) {
   using namespace checks;
   if (auto e = CheckAttrRange(target, "o", attrs.o, 1, kMaxAttr / 2); e.failure()) return e;
   const char* x_name = operands.second == nullptr ? "operand `x`" : "operand `nonneg`";
@@ -125,7 +127,7 @@ inline ffi::Error CheckMixedConv2d(std::string_view target, Epilogue epilogue, c
     return e;
   }
   if (auto e = CheckEpilogueAndResult(target, epilogue, epilogue_operands, attrs.o, "o", out,
-                                      {p.batch, p.out_h, p.out_w});
+                                      {p.batch, p.out_h, p.out_w}, int_type);
       e.failure()) {
     return e;
   }

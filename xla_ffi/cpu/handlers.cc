@@ -177,9 +177,6 @@ ffi::Error Bconv2dResidualI16Bits(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::A
                          &(*bits));
 }
 
-#undef JAXBNN_BCONV2D_ATTRS
-#undef JAXBNN_BCONV2D_ATTR_PARAMS
-
 // Binds the attributes of docs/ops.md in order.
 template <class Binding>
 auto BindBconv2dAttrs(Binding binding) {
@@ -312,6 +309,38 @@ ffi::Error MixedConv2d(std::string_view target, Mix mix, Epilogue kind, ffi::Thr
   });
 }
 
+// The residual epilogue of a ternary or mixed convolution over an int16 stream (as Bconv2dResidual).
+ffi::Error MixedConv2dResidual(std::string_view target, Mix mix, ffi::ThreadPool pool, const MixedOperands& operands,
+                               ffi::AnyBuffer shortcut, EpilogueOperands threshold, const Bconv2dAttrs& attrs,
+                               int64_t shortcut_stride, int64_t shift, ffi::AnyBuffer stream, ffi::AnyBuffer* bits) {
+  Bconv2dProblem problem;
+  if (auto error = CheckMixedConv2d(target, Epilogue::kInt32, operands, {}, attrs, stream, &problem,
+                                    ffi::DataType::S16);
+      error.failure()) {
+    return error;
+  }
+  int64_t planes;
+  if (auto error = CheckResidual(target, problem, shortcut, ffi::DataType::S16, shortcut_stride, shift, threshold,
+                                 bits, &planes);
+      error.failure()) {
+    return error;
+  }
+  problem.epilogue = Epilogue::kResidual;
+  EpilogueData epilogue{Epilogue::kResidual, nullptr, nullptr, nullptr, nullptr, planes};
+  if (bits != nullptr) {
+    epilogue.threshold = static_cast<const int32_t*>(threshold.first->untyped_data());
+    epilogue.flip = static_cast<const uint8_t*>(threshold.second->untyped_data());
+  }
+  const auto dims = shortcut.dimensions();
+  epilogue.residual = ResidualData{shortcut.untyped_data(), true, dims[1], dims[2], dims[3], shortcut_stride, shift,
+                                   problem.out_h, problem.out_w,
+                                   bits == nullptr ? nullptr : static_cast<uint32_t*>(bits->untyped_data())};
+  return Guarded(target, [&] {
+    RunMixedConv2d(mix, problem, ActivationPlanes{Words(operands.first), Words(operands.second)},
+                   Words(operands.w), Popcounts(operands.w_popcount), epilogue, stream.untyped_data(), &pool);
+  });
+}
+
 // The operands of each mode (docs/ops.md): ternary activations as two planes, BTN's weights with their
 // popcounts.
 #define JAXBNN_MIXED_PARAMS_tnn ffi::AnyBuffer nonneg, ffi::AnyBuffer pos, ffi::AnyBuffer w
@@ -348,6 +377,27 @@ ffi::Error MixedConv2d(std::string_view target, Mix mix, Epilogue kind, ffi::Thr
   }
 JAXBNN_MIXED_TARGETS(JAXBNN_DEFINE_MIXED)
 #undef JAXBNN_DEFINE_MIXED
+
+#define JAXBNN_DEFINE_MIXED_RESIDUAL(mode, Mode)                                                                 \
+  ffi::Error Mode##Conv2dResidualI16(ffi::ThreadPool pool, JAXBNN_MIXED_PARAMS_##mode, ffi::AnyBuffer shortcut, \
+                                     JAXBNN_BCONV2D_ATTR_PARAMS, int64_t shortcut_stride, int64_t shift,         \
+                                     ffi::Result<ffi::AnyBuffer> stream) {                                        \
+    return MixedConv2dResidual("jaxbnn_" #mode "_conv2d_residual_i16", Mix::k##Mode, pool,                      \
+                               JAXBNN_MIXED_OPERANDS_##mode, shortcut, {}, JAXBNN_BCONV2D_ATTRS, shortcut_stride, \
+                               shift, *stream, nullptr);                                                          \
+  }                                                                                                               \
+  ffi::Error Mode##Conv2dResidualI16Bits(ffi::ThreadPool pool, JAXBNN_MIXED_PARAMS_##mode, ffi::AnyBuffer shortcut, \
+                                         ffi::AnyBuffer threshold, ffi::AnyBuffer flip, JAXBNN_BCONV2D_ATTR_PARAMS,  \
+                                         int64_t shortcut_stride, int64_t shift, ffi::Result<ffi::AnyBuffer> stream, \
+                                         ffi::Result<ffi::AnyBuffer> bits) {                                        \
+    return MixedConv2dResidual("jaxbnn_" #mode "_conv2d_residual_i16_bits", Mix::k##Mode, pool,                    \
+                               JAXBNN_MIXED_OPERANDS_##mode, shortcut, {&threshold, &flip}, JAXBNN_BCONV2D_ATTRS,   \
+                               shortcut_stride, shift, *stream, &(*bits));                                          \
+  }
+JAXBNN_MIXED_RESIDUAL_TARGETS(JAXBNN_DEFINE_MIXED_RESIDUAL)
+#undef JAXBNN_DEFINE_MIXED_RESIDUAL
+#undef JAXBNN_BCONV2D_ATTRS
+#undef JAXBNN_BCONV2D_ATTR_PARAMS
 
 ffi::Error GlobalSumBits(ffi::ThreadPool pool, ffi::AnyBuffer stream, ffi::AnyBuffer threshold, ffi::AnyBuffer flip,
                          ffi::Result<ffi::AnyBuffer> out) {
@@ -585,6 +635,25 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI16Bits, jaxbnn::cpu::ImageCon
           .Ret<AnyBuffer>());
 JAXBNN_MIXED_TARGETS(JAXBNN_BIND_MIXED)
 #undef JAXBNN_BIND_MIXED
+
+#define JAXBNN_BIND_MIXED_RESIDUAL(mode, Mode)                                                                      \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpu##Mode##Conv2dResidualI16, jaxbnn::cpu::Mode##Conv2dResidualI16,        \
+                                jaxbnn::cpu::BindBconv2dAttrs(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()               \
+                                                                  JAXBNN_MIXED_ARGS_##mode.Arg<AnyBuffer>())       \
+                                    .Attr<int64_t>("shortcut_stride")                                               \
+                                    .Attr<int64_t>("shift")                                                         \
+                                    .Ret<AnyBuffer>());                                                             \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpu##Mode##Conv2dResidualI16Bits, jaxbnn::cpu::Mode##Conv2dResidualI16Bits, \
+                                jaxbnn::cpu::BindBconv2dAttrs(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()               \
+                                                                  JAXBNN_MIXED_ARGS_##mode.Arg<AnyBuffer>()        \
+                                                                      .Arg<AnyBuffer>()                             \
+                                                                      .Arg<AnyBuffer>())                            \
+                                    .Attr<int64_t>("shortcut_stride")                                               \
+                                    .Attr<int64_t>("shift")                                                         \
+                                    .Ret<AnyBuffer>()                                                               \
+                                    .Ret<AnyBuffer>());
+JAXBNN_MIXED_RESIDUAL_TARGETS(JAXBNN_BIND_MIXED_RESIDUAL)
+#undef JAXBNN_BIND_MIXED_RESIDUAL
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuGlobalSumBits, jaxbnn::cpu::GlobalSumBits,
                               ffi::Ffi::Bind()

@@ -34,4 +34,13 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpuGlobalSumBits);
 JAXBNN_MIXED_TARGETS(JAXBNN_DECLARE_MIXED)
 #undef JAXBNN_DECLARE_MIXED
 
+// The residual epilogue of the ternary and mixed convolutions over an int16 stream,
+// jaxbnn_{mode}_conv2d_residual_i16 and _i16_bits: JaxbnnCpu{Mode}Conv2dResidualI16 and _I16Bits.
+#define JAXBNN_MIXED_RESIDUAL_TARGETS(X) X(tnn, Tnn) X(tbn, Tbn) X(btn, Btn)
+#define JAXBNN_DECLARE_MIXED_RESIDUAL(mode, Mode)                \
+  XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpu##Mode##Conv2dResidualI16); \
+  XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxbnnCpu##Mode##Conv2dResidualI16Bits);
+JAXBNN_MIXED_RESIDUAL_TARGETS(JAXBNN_DECLARE_MIXED_RESIDUAL)
+#undef JAXBNN_DECLARE_MIXED_RESIDUAL
+
 #endif  // JAXBNN_XLA_FFI_CPU_HANDLERS_H_

@@ -44,6 +44,11 @@ nb::dict Registrations() {
   targets["jaxbnn_" #mode "_conv2d_" #epi] = HandlerCapsule(JaxbnnCpu##Mode##Conv2d##Epi);
   JAXBNN_MIXED_TARGETS(JAXBNN_REGISTER_MIXED)
 #undef JAXBNN_REGISTER_MIXED
+#define JAXBNN_REGISTER_MIXED_RESIDUAL(mode, Mode)                                                          \
+  targets["jaxbnn_" #mode "_conv2d_residual_i16"] = HandlerCapsule(JaxbnnCpu##Mode##Conv2dResidualI16);     \
+  targets["jaxbnn_" #mode "_conv2d_residual_i16_bits"] = HandlerCapsule(JaxbnnCpu##Mode##Conv2dResidualI16Bits);
+  JAXBNN_MIXED_RESIDUAL_TARGETS(JAXBNN_REGISTER_MIXED_RESIDUAL)
+#undef JAXBNN_REGISTER_MIXED_RESIDUAL
   return targets;
 }
 
