@@ -683,7 +683,8 @@ def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs,
                                 cuda_attrs={"x_repeats": np.int64(1)})
                 return reference.residual_epilogue(dot, shortcut_, **residual, **dict(zip(("threshold", "flip"), e)))
 
-            out_type = (stream_type, bits_type) if bits else stream_type
+            types = tuple(jax.ShapeDtypeStruct((x_.shape[0],) + t.shape[1:], t.dtype) for t in (stream_type, bits_type))
+            out_type = types if bits else types[0]
             # the int32 stream's targets: jaxbnn_bconv2d_residual_i32 / _bits; the int16 one's: _i16 / _i16_bits
             narrow = shortcut_.dtype == jnp.int16
             target = "jaxbnn_bconv2d_residual_" + ("i16" + "_bits" * bits if narrow else "bits" if bits else "i32")
@@ -696,7 +697,7 @@ def _bconv2d_residual(x, w, w_tap_popcount, shortcut, threshold, flip, *, attrs,
                              cpu_activations=lambda x_: _read_input(x_, x_repeats),
                              cuda_attrs={"x_repeats": np.int64(x_repeats)})
 
-        out = _fold_rows(single)(images, w, w_tap_popcount, shortcut, *epilogue)
+        out = _fold_rows(single, row_operands=(3,))(images, w, w_tap_popcount, shortcut, *epilogue)
         stream, packed = out if bits else (out, None)
     stream = stream.reshape(lead + stream.shape[1:])
     return (stream, packed.reshape(lead + packed.shape[1:])) if bits else stream
@@ -782,7 +783,7 @@ def _ternary_residual(planes, w, w_tap_popcount, side_by_side, shortcut, thresho
                 *native, shortcut_, *e, **conv_attrs, shortcut_stride=np.int64(stride), shift=np.int64(shift))
 
         acts = tuple(x.reshape((images,) + x.shape[-3:]) for x in planes)
-        out = _fold_rows(single, activations=len(planes))(
+        out = _fold_rows(single, activations=len(planes), row_operands=(len(planes) + 2,))(
             *acts, w_, popcount.astype(jnp.int32), shortcut.reshape((images,) + shortcut.shape[-3:]), *epilogue)
         return jax.tree.map(lambda v: v.reshape(lead + v.shape[1:]), out)
 
@@ -1558,11 +1559,12 @@ def _elsewhere(kind, i32_target, out_type, attrs, reference_fn, cuda_operands, c
                                   cuda_attrs=cuda_attrs).astype(jnp.int16)
 
 
-def _fold_rows(single, activations=1):
+def _fold_rows(single, activations=1, row_operands=()):
     """Make `single(*rows, *weights)` vmappable, `rows` the first `activations` operands (the planes of
-    ternary activations, of one shape): a batch of rows only folds into their leading axis (one kernel
-    call); batched weights (a residual shortcut among them) fall back to a sequential map. Outputs may be
-    tuples."""
+    ternary activations, of one shape) and the operands at `row_operands` (a residual shortcut: one per row):
+    a batch of rows only folds into their leading axis (one kernel call), an unbatched row operand broadcast
+    along with them; batched weights fall back to a sequential map. Outputs may be tuples."""
+    rows_at = set(range(activations)) | set(row_operands)
 
     @jax.custom_batching.custom_vmap
     def call(*operands):
@@ -1570,11 +1572,12 @@ def _fold_rows(single, activations=1):
 
     @call.def_vmap
     def _rule(axis_size, in_batched, *operands):
-        if not any(in_batched[activations:]):
-            rows = [x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
-                    for x, batched in zip(operands[:activations], in_batched)]
-            out = call(*(x.reshape((-1,) + x.shape[2:]) for x in rows), *operands[activations:])
-            out = jax.tree.map(lambda o: o.reshape((axis_size, rows[0].shape[1]) + o.shape[1:]), out)
+        if not any(batched for i, batched in enumerate(in_batched) if i not in rows_at):
+            args = [x if i not in rows_at or batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
+                    for i, (x, batched) in enumerate(zip(operands, in_batched))]
+            rows = args[0].shape[1]
+            out = call(*(x.reshape((-1,) + x.shape[2:]) if i in rows_at else x for i, x in enumerate(args)))
+            out = jax.tree.map(lambda o: o.reshape((axis_size, rows) + o.shape[1:]), out)
         else:
             args = [
                 arg if batched else jnp.broadcast_to(arg, (axis_size,) + arg.shape)

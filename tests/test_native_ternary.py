@@ -650,6 +650,32 @@ def test_the_cpu_adds_an_int16_shortcut_in_the_products_own_kernel(isa, mode, ca
             np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want_bits))
 
 
+@pytest.mark.parametrize("mode", ["bnn"] + MODES)
+@pytest.mark.parametrize("stream_dtype", [np.int16, np.int32])
+def test_the_residual_op_under_vmap_is_its_loop(mode, stream_dtype):
+    """vmap of `bconv2d(..., shortcut=...)` over the activations, the shortcut or both: each vmapped row with its
+    own shortcut, as a loop over them gives (an unbatched shortcut goes with every row)."""
+    rng = np.random.default_rng(31)
+    x, _, weights, _ = operands(rng, mode, (3, 2, 5, 6, 40), (3, 3, 40, 36), conv=True)
+    shortcut = rng.integers(-300, 300, (3, 2, 5, 6, 36)).astype(stream_dtype)
+    threshold, flip = rng.integers(-9, 9, (2, 36)).astype(np.int32), rng.random((2, 36)) < 0.5
+
+    def block(x, s):
+        return ops.bconv2d(x, weights, shortcut=s, threshold=threshold, flip=flip)
+
+    def row(tree, i):
+        return jax.tree.map(lambda v: v[i], tree)
+
+    for in_axes, pick in (((0, 0), lambda i: (row(x, i), shortcut[i])), ((0, None), lambda i: (row(x, i), shortcut[0])),
+                          ((None, 0), lambda i: (row(x, 0), shortcut[i]))):
+        got = jax.jit(jax.vmap(block, in_axes=in_axes))(x, shortcut if in_axes[1] == 0 else shortcut[0]) \
+            if in_axes[0] == 0 else jax.jit(jax.vmap(block, in_axes=in_axes))(row(x, 0), shortcut)
+        for i in range(3):
+            want = block(*pick(i))
+            for got_part, want_part in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+                np.testing.assert_array_equal(np.asarray(got_part[i]), np.asarray(want_part), err_msg=str(in_axes))
+
+
 def test_residual_epilogue_of_a_ternary_product_refuses_side_by_side_weights_of_another_epilogue():
     rng = np.random.default_rng(16)
     x, _, weights, _ = operands(rng, "tnn", (1, 5, 5, 40), (3, 3, 40, 40), conv=True)
