@@ -708,12 +708,17 @@ def _stream_planes(stream, threshold, flip):
     kernels do not write them (an int32 stream, more than two planes): on CUDA a pass of its own
     (`jaxbnn_stream_bits`), elsewhere the reference's. XLA's reduction over each word's 32 bits read ResNet-18's
     first stream at 0.7 TB/s (docs/design/decisions.md, "The residual epilogue")."""
-    out_type = jax.ShapeDtypeStruct(stream.shape[:-1] + (threshold.shape[0], formats.num_words(stream.shape[-1])),
-                                    jnp.uint32)
     threshold = threshold.astype(jnp.int32)
     flip = _flip_operand(flip, threshold.shape)
-    return _dispatch("jaxbnn_stream_bits", out_type, {},
-                     lambda x, t, f: reference.epilogue(x, threshold=t, flip=f), stream, threshold, flip)
+    tail = (threshold.shape[0], formats.num_words(stream.shape[-1]))
+    rows = stream.reshape((-1,) + stream.shape[-3:])  # (..., B, H, W, C): one call over the images
+
+    def single(x, t, f):
+        out_type = jax.ShapeDtypeStruct(x.shape[:-1] + tail, jnp.uint32)
+        return _dispatch("jaxbnn_stream_bits", out_type, {},
+                         lambda x_, t_, f_: reference.epilogue(x_, threshold=t_, flip=f_), x, t, f)
+
+    return _fold_rows(single)(rows, threshold, flip).reshape(stream.shape[:-1] + tail)
 
 
 @functools.partial(jax.jit, static_argnames=("attrs", "mode", "stride", "shift"))

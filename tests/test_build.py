@@ -18,10 +18,12 @@ from jaxbnn import _ffi
 REPOSITORY = pathlib.Path(__file__).parents[1]
 
 TARGETS = [f"jaxbnn_{op}_{kind}" for op in ("bmm", "bconv2d") for kind in ("i32", "f32", "bits")] + [
-    "jaxbnn_bconv2d_residual_i32", "jaxbnn_bconv2d_residual_bits", "jaxbnn_image_conv2d_i32",
-    "jaxbnn_image_conv2d_bits", "jaxbnn_global_sum_bits"] + [
+    f"jaxbnn_bconv2d_residual_{kind}" for kind in ("i32", "bits", "i16", "i16_bits")] + [
+    f"jaxbnn_image_conv2d_{kind}" for kind in ("i32", "i16", "bits", "i32_bits", "i16_bits")] + [
+    "jaxbnn_global_sum_bits"] + [
     f"jaxbnn_{mode}_{op}_{kind}" for mode in ("tnn", "tbn", "btn") for op in ("bmm", "conv2d")
-    for kind in ("i32", "f32", "bits")]  # fmt: skip
+    for kind in ("i32", "f32", "bits")] + [
+    f"jaxbnn_{mode}_conv2d_residual_{kind}" for mode in ("tnn", "tbn", "btn") for kind in ("i16", "i16_bits")]  # fmt: skip
 
 
 def test_cpu_module_exposes_every_target_as_a_capsule():

@@ -650,9 +650,21 @@ def test_the_cpu_adds_an_int16_shortcut_in_the_products_own_kernel(isa, mode, ca
             np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want_bits))
 
 
+@pytest.fixture(params=["this platform", "every CUDA branch traced"])
+def cuda_branches(request, monkeypatch):
+    """The ops as traced here, and with every CUDA target taken as registered: `platform_dependent` traces each
+    platform's branch, so a CUDA branch that cannot be vmapped fails here too (its lowering is never asked)."""
+    if request.param != "this platform":
+        registered = _ffi.has_target
+        monkeypatch.setattr(_ffi, "has_target", lambda platform, target: platform == "cuda" or registered(platform, target))
+    jax.clear_caches()  # the ops' jitted functions would keep the traces of the other registrations
+    yield request.param
+    jax.clear_caches()
+
+
 @pytest.mark.parametrize("mode", ["bnn"] + MODES)
 @pytest.mark.parametrize("stream_dtype", [np.int16, np.int32])
-def test_the_residual_op_under_vmap_is_its_loop(mode, stream_dtype):
+def test_the_residual_op_under_vmap_is_its_loop(cuda_branches, mode, stream_dtype):
     """vmap of `bconv2d(..., shortcut=...)` over the activations, the shortcut or both: each vmapped row with its
     own shortcut, as a loop over them gives (an unbatched shortcut goes with every row)."""
     rng = np.random.default_rng(31)
