@@ -274,6 +274,61 @@ auto BindImageAttrs(Binding binding) {
       .template Attr<int64_t>("pool_w");
 }
 
+// The binding of a residual convolution: x, w, w_tap_popcount, shortcut [, threshold, flip], the conv's
+// attributes, shortcut_stride and shift; the stream [and its bits].
+template <bool kBits>
+auto BindResidual() {
+  using ffi::AnyBuffer;
+  if constexpr (kBits) {
+    return BindBconv2dAttrs(ffi::Ffi::Bind()
+                                .Ctx<ffi::ThreadPool>()
+                                .Arg<AnyBuffer>()   // x
+                                .Arg<AnyBuffer>()   // w
+                                .Arg<AnyBuffer>()   // w_tap_popcount
+                                .Arg<AnyBuffer>()   // shortcut
+                                .Arg<AnyBuffer>()   // threshold
+                                .Arg<AnyBuffer>())  // flip
+        .Attr<int64_t>("shortcut_stride")
+        .Attr<int64_t>("shift")
+        .Ret<AnyBuffer>()   // stream
+        .Ret<AnyBuffer>();  // bits
+  } else {
+    return BindBconv2dAttrs(ffi::Ffi::Bind()
+                                .Ctx<ffi::ThreadPool>()
+                                .Arg<AnyBuffer>()   // x
+                                .Arg<AnyBuffer>()   // w
+                                .Arg<AnyBuffer>()   // w_tap_popcount
+                                .Arg<AnyBuffer>())  // shortcut
+        .Attr<int64_t>("shortcut_stride")
+        .Attr<int64_t>("shift")
+        .Ret<AnyBuffer>();  // stream
+  }
+}
+
+// The binding of a first layer writing the stream (levels, kernel, its attributes and shift), the bits
+// (levels, kernel, threshold, flip and its attributes) or both (the bits' operands, + shift).
+enum class ImageOutputsOf { kStream, kBits, kStreamAndBits };
+
+template <ImageOutputsOf kOutputs>
+auto BindImageConv2d() {
+  using ffi::AnyBuffer;
+  if constexpr (kOutputs == ImageOutputsOf::kStream) {
+    return BindImageAttrs(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<AnyBuffer>().Arg<AnyBuffer>())
+        .Attr<int64_t>("shift")
+        .Ret<AnyBuffer>();
+  } else if constexpr (kOutputs == ImageOutputsOf::kBits) {
+    return BindImageAttrs(
+               ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>())
+        .Ret<AnyBuffer>();
+  } else {
+    return BindImageAttrs(
+               ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>())
+        .Attr<int64_t>("shift")
+        .Ret<AnyBuffer>()   // stream
+        .Ret<AnyBuffer>();  // bits
+  }
+}
+
 const uint32_t* Words(const ffi::AnyBuffer* buffer) {
   return buffer == nullptr ? nullptr : static_cast<const uint32_t*>(buffer->untyped_data());
 }
@@ -517,101 +572,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dBits, jaxbnn::cpu::Bconv2dBits,
                                   .Ret<AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualI32, jaxbnn::cpu::Bconv2dResidualI32,
-                              jaxbnn::cpu::BindBconv2dAttrs(ffi::Ffi::Bind()
-                                                                .Ctx<ffi::ThreadPool>()
-                                                                .Arg<AnyBuffer>()   // x
-                                                                .Arg<AnyBuffer>()   // w
-                                                                .Arg<AnyBuffer>()   // w_tap_popcount
-                                                                .Arg<AnyBuffer>())  // shortcut
-                                  .Attr<int64_t>("shortcut_stride")
-                                  .Attr<int64_t>("shift")
-                                  .Ret<AnyBuffer>());  // stream
-
+                              jaxbnn::cpu::BindResidual</*kBits=*/false>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualBits, jaxbnn::cpu::Bconv2dResidualBits,
-                              jaxbnn::cpu::BindBconv2dAttrs(ffi::Ffi::Bind()
-                                                                .Ctx<ffi::ThreadPool>()
-                                                                .Arg<AnyBuffer>()   // x
-                                                                .Arg<AnyBuffer>()   // w
-                                                                .Arg<AnyBuffer>()   // w_tap_popcount
-                                                                .Arg<AnyBuffer>()   // shortcut
-                                                                .Arg<AnyBuffer>()   // threshold
-                                                                .Arg<AnyBuffer>())  // flip
-                                  .Attr<int64_t>("shortcut_stride")
-                                  .Attr<int64_t>("shift")
-                                  .Ret<AnyBuffer>()    // stream
-                                  .Ret<AnyBuffer>());  // bits
-
+                              jaxbnn::cpu::BindResidual</*kBits=*/true>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualI16, jaxbnn::cpu::Bconv2dResidualI16,
-                              jaxbnn::cpu::BindBconv2dAttrs(ffi::Ffi::Bind()
-                                                                .Ctx<ffi::ThreadPool>()
-                                                                .Arg<AnyBuffer>()   // x
-                                                                .Arg<AnyBuffer>()   // w
-                                                                .Arg<AnyBuffer>()   // w_tap_popcount
-                                                                .Arg<AnyBuffer>())  // shortcut
-                                  .Attr<int64_t>("shortcut_stride")
-                                  .Attr<int64_t>("shift")
-                                  .Ret<AnyBuffer>());  // stream
-
+                              jaxbnn::cpu::BindResidual</*kBits=*/false>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualI16Bits, jaxbnn::cpu::Bconv2dResidualI16Bits,
-                              jaxbnn::cpu::BindBconv2dAttrs(ffi::Ffi::Bind()
-                                                                .Ctx<ffi::ThreadPool>()
-                                                                .Arg<AnyBuffer>()   // x
-                                                                .Arg<AnyBuffer>()   // w
-                                                                .Arg<AnyBuffer>()   // w_tap_popcount
-                                                                .Arg<AnyBuffer>()   // shortcut
-                                                                .Arg<AnyBuffer>()   // threshold
-                                                                .Arg<AnyBuffer>())  // flip
-                                  .Attr<int64_t>("shortcut_stride")
-                                  .Attr<int64_t>("shift")
-                                  .Ret<AnyBuffer>()    // stream
-                                  .Ret<AnyBuffer>());  // bits
+                              jaxbnn::cpu::BindResidual</*kBits=*/true>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI32, jaxbnn::cpu::ImageConv2dI32,
-                              jaxbnn::cpu::BindImageAttrs(ffi::Ffi::Bind()
-                                                              .Ctx<ffi::ThreadPool>()
-                                                              .Arg<AnyBuffer>()   // levels
-                                                              .Arg<AnyBuffer>())  // kernel
-                                  .Attr<int64_t>("shift")
-                                  .Ret<AnyBuffer>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dBits, jaxbnn::cpu::ImageConv2dBits,
-                              jaxbnn::cpu::BindImageAttrs(ffi::Ffi::Bind()
-                                                              .Ctx<ffi::ThreadPool>()
-                                                              .Arg<AnyBuffer>()   // levels
-                                                              .Arg<AnyBuffer>()   // kernel
-                                                              .Arg<AnyBuffer>()   // threshold
-                                                              .Arg<AnyBuffer>())  // flip
-                                  .Ret<AnyBuffer>());
-
+                              jaxbnn::cpu::BindImageConv2d<jaxbnn::cpu::ImageOutputsOf::kStream>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI16, jaxbnn::cpu::ImageConv2dI16,
-                              jaxbnn::cpu::BindImageAttrs(ffi::Ffi::Bind()
-                                                              .Ctx<ffi::ThreadPool>()
-                                                              .Arg<AnyBuffer>()   // levels
-                                                              .Arg<AnyBuffer>())  // kernel
-                                  .Attr<int64_t>("shift")
-                                  .Ret<AnyBuffer>());
-
+                              jaxbnn::cpu::BindImageConv2d<jaxbnn::cpu::ImageOutputsOf::kStream>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dBits, jaxbnn::cpu::ImageConv2dBits,
+                              jaxbnn::cpu::BindImageConv2d<jaxbnn::cpu::ImageOutputsOf::kBits>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI32Bits, jaxbnn::cpu::ImageConv2dI32Bits,
-                              jaxbnn::cpu::BindImageAttrs(ffi::Ffi::Bind()
-                                                              .Ctx<ffi::ThreadPool>()
-                                                              .Arg<AnyBuffer>()   // levels
-                                                              .Arg<AnyBuffer>()   // kernel
-                                                              .Arg<AnyBuffer>()   // threshold
-                                                              .Arg<AnyBuffer>())  // flip
-                                  .Attr<int64_t>("shift")
-                                  .Ret<AnyBuffer>()    // stream
-                                  .Ret<AnyBuffer>());  // bits
-
+                              jaxbnn::cpu::BindImageConv2d<jaxbnn::cpu::ImageOutputsOf::kStreamAndBits>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI16Bits, jaxbnn::cpu::ImageConv2dI16Bits,
-                              jaxbnn::cpu::BindImageAttrs(ffi::Ffi::Bind()
-                                                              .Ctx<ffi::ThreadPool>()
-                                                              .Arg<AnyBuffer>()   // levels
-                                                              .Arg<AnyBuffer>()   // kernel
-                                                              .Arg<AnyBuffer>()   // threshold
-                                                              .Arg<AnyBuffer>())  // flip
-                                  .Attr<int64_t>("shift")
-                                  .Ret<AnyBuffer>()    // stream
-                                  .Ret<AnyBuffer>());  // bits
+                              jaxbnn::cpu::BindImageConv2d<jaxbnn::cpu::ImageOutputsOf::kStreamAndBits>());
 
 // The buffer operands of each mode and epilogue, in the order of the handlers' parameters.
 #define JAXBNN_MIXED_ARGS_tnn .Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>()
