@@ -18,7 +18,8 @@ integers from the pixels to the logits:
   (`ops.bconv2d(..., shortcut=...)`, `fuses_residual`): on CUDA by the band and resident kernels (a ternary or
   mixed conv2: its side-by-side binary product's; a ternary conv1's two planes are thresholded from the
   stream after it, by a kernel of their own), on the CPU by each product's kernel in its strip epilogue (both
-  planes); elsewhere (an int32 stream) added in jnp, where XLA fuses the add with the next block's thresholds and packing (docs/design/decisions.md);
+  planes); elsewhere (an int32 stream) added in jnp, where XLA fuses the add with the next block's thresholds
+  and packing (docs/design/decisions.md);
 - on CUDA a run of small dense layers on packed bits (a ResNet's tail after its global pool) is one
   `ops.bmm_chain`, one kernel, where its weights fit a CTA's shared memory (`dense_chains_of`);
 - on a platform whose kernels write the int16 stream (CUDA's int16 dot products and residual epilogues, the
@@ -345,9 +346,10 @@ def stream_dtypes(nodes, tensors, narrow=None) -> list:
     """Per graph node, the integer type its stream output travels in (None for a node without one): int16
     where every value the stream can take there lies within [-32767, 32767] and the narrow stream is wanted,
     else int32. `narrow` (default: whether the default platform's kernels write int16 dot products, CUDA's, or
-    add the shortcut of every block to an int16 stream in their epilogue, the CPU's, `fuses_residual`) applies to graphs whose residual blocks' conv2 are binary products or add the shortcut in
-    their epilogue (`fuses_residual`, any product): elsewhere the int16 stream would be the int32 products
-    converted, which measured slower (on the 2-core EPYC and on an H200; decisions.md).
+    add the shortcut of every block to an int16 stream in their epilogue, the CPU's, `fuses_residual`)
+    applies to graphs whose residual blocks' conv2 are binary products or add the shortcut in their epilogue
+    (`fuses_residual`, any product): elsewhere the int16 stream would be the int32 products converted, which
+    measured slower (on the 2-core EPYC and on an H200; decisions.md).
 
     The stream's values are bounded by the graph: a layer writing it (the stem) by its dot products'
     magnitude shifted right (the first layer's: 128 times its largest column sum of |weight| (`tensors`, the

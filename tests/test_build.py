@@ -23,7 +23,8 @@ TARGETS = [f"jaxbnn_{op}_{kind}" for op in ("bmm", "bconv2d") for kind in ("i32"
     "jaxbnn_global_sum_bits"] + [
     f"jaxbnn_{mode}_{op}_{kind}" for mode in ("tnn", "tbn", "btn") for op in ("bmm", "conv2d")
     for kind in ("i32", "f32", "bits")] + [
-    f"jaxbnn_{mode}_conv2d_residual_{kind}" for mode in ("tnn", "tbn", "btn") for kind in ("i16", "i16_bits")]  # fmt: skip
+    f"jaxbnn_{mode}_conv2d_residual_{kind}" for mode in ("tnn", "tbn", "btn")
+    for kind in ("i16", "i16_bits")]  # fmt: skip
 
 
 def test_cpu_module_exposes_every_target_as_a_capsule():

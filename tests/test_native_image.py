@@ -333,14 +333,16 @@ def stream_bits_call(target, stream_out, bits_out=((1, 5, 5, 2, 1), jnp.uint32),
 
 
 def test_stream_handlers_check_the_stream_type_and_both_results():
-    assert ffi("jaxbnn_image_conv2d_i16", (1, 5, 5, 9), jnp.int16, LEVELS, KERNEL, **ATTRS, shift=I64(0)).dtype == jnp.int16
+    stream16 = ffi("jaxbnn_image_conv2d_i16", (1, 5, 5, 9), jnp.int16, LEVELS, KERNEL, **ATTRS, shift=I64(0))
+    assert stream16.dtype == jnp.int16
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_image_conv2d_i16: result must be int16, got int32"):
         ffi("jaxbnn_image_conv2d_i16", (1, 5, 5, 9), jnp.int32, LEVELS, KERNEL, **ATTRS, shift=I64(0))
     stream, bits = stream_bits_call("jaxbnn_image_conv2d_i16_bits", ((1, 5, 5, 9), jnp.int16))
     assert stream.shape == (1, 5, 5, 9) and bits.shape == (1, 5, 5, 2, 1)
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_image_conv2d_i32_bits: result must be int32"):
         stream_bits_call("jaxbnn_image_conv2d_i32_bits", ((1, 5, 5, 9), jnp.int16))
-    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_image_conv2d_i16_bits: result has shape \(1, 5, 5, 1\)"):
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"jaxbnn_image_conv2d_i16_bits: result has shape \(1, 5, 5, 1\)"):
         stream_bits_call("jaxbnn_image_conv2d_i16_bits", ((1, 5, 5, 9), jnp.int16), ((1, 5, 5, 1), jnp.uint32))
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"attribute shift = 32 is out of range"):
         stream_bits_call("jaxbnn_image_conv2d_i32_bits", ((1, 5, 5, 9), jnp.int32), shift=I64(32))

@@ -636,7 +636,8 @@ def test_the_cpu_adds_an_int16_shortcut_in_the_products_own_kernel(isa, mode, ca
     short = np.zeros(lead + (h, w, o), np.int64)
     short[..., :sc] = shortcut[..., ::stride, ::stride, :]
     want = ((dot.astype(np.int64) >> shift) + short).astype(np.uint64).astype(np.uint16).view(np.int16)
-    for threshold, flip in ((None, None), (epi["threshold"], epi["flip"]), (epi["threshold_planes"], epi["flip_planes"])):
+    epilogues = ((None, None), (epi["threshold"], epi["flip"]), (epi["threshold_planes"], epi["flip_planes"]))
+    for threshold, flip in epilogues:
         conv = jax.jit(lambda x, s: ops.bconv2d(x, weights, padding="SAME", pad_value=pad_value, shortcut=s,
                                                 shortcut_stride=stride, shift=shift, threshold=threshold, flip=flip))
         target = f"jaxbnn_{mode}_conv2d_residual_i16" + ("" if threshold is None else "_bits")
@@ -656,7 +657,8 @@ def cuda_branches(request, monkeypatch):
     platform's branch, so a CUDA branch that cannot be vmapped fails here too (its lowering is never asked)."""
     if request.param != "this platform":
         registered = _ffi.has_target
-        monkeypatch.setattr(_ffi, "has_target", lambda platform, target: platform == "cuda" or registered(platform, target))
+        monkeypatch.setattr(_ffi, "has_target",
+                            lambda platform, target: platform == "cuda" or registered(platform, target))
     jax.clear_caches()  # the ops' jitted functions would keep the traces of the other registrations
     yield request.param
     jax.clear_caches()
