@@ -112,18 +112,11 @@ ffi::Error Bconv2dBits(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
                  JAXBNN_BCONV2D_ATTRS, *out);
 }
 
-// The residual epilogue (docs/ops.md) over a stream of `stream_type` (int32 or int16): the convolution's checks
-// and geometry, then the shortcut's.
-ffi::Error Bconv2dResidual(std::string_view target, ffi::DataType stream_type, ffi::ThreadPool pool, ffi::AnyBuffer x,
-                           ffi::AnyBuffer w, ffi::AnyBuffer w_tap_popcount, ffi::AnyBuffer shortcut,
-                           EpilogueOperands threshold, const Bconv2dAttrs& attrs, int64_t shortcut_stride, int64_t shift,
-                           ffi::AnyBuffer stream, ffi::AnyBuffer* bits) {
-  Bconv2dProblem problem;
-  if (auto error = CheckBconv2d(target, Epilogue::kInt32, x, w, w_tap_popcount, {}, attrs, stream, &problem,
-                                stream_type);
-      error.failure()) {
-    return error;
-  }
+// The residual epilogue (docs/ops.md) of a convolution `problem` that its own checks validated, its stream of
+// `stream_type` (int32 or int16): the shortcut's checks, then the epilogue's data in `epilogue`.
+ffi::Error ResidualEpilogue(std::string_view target, ffi::DataType stream_type, Bconv2dProblem& problem,
+                            ffi::AnyBuffer shortcut, EpilogueOperands threshold, int64_t shortcut_stride,
+                            int64_t shift, ffi::AnyBuffer* bits, EpilogueData* epilogue) {
   int64_t planes;
   if (auto error = CheckResidual(target, problem, shortcut, stream_type, shortcut_stride, shift, threshold, bits,
                                  &planes);
@@ -131,50 +124,62 @@ ffi::Error Bconv2dResidual(std::string_view target, ffi::DataType stream_type, f
     return error;
   }
   problem.epilogue = Epilogue::kResidual;
-  EpilogueData epilogue{Epilogue::kResidual, nullptr, nullptr, nullptr, nullptr, planes};
+  *epilogue = EpilogueData{Epilogue::kResidual, nullptr, nullptr, nullptr, nullptr, planes};
   if (bits != nullptr) {
-    epilogue.threshold = static_cast<const int32_t*>(threshold.first->untyped_data());
-    epilogue.flip = static_cast<const uint8_t*>(threshold.second->untyped_data());
+    epilogue->threshold = static_cast<const int32_t*>(threshold.first->untyped_data());
+    epilogue->flip = static_cast<const uint8_t*>(threshold.second->untyped_data());
   }
   const auto dims = shortcut.dimensions();
-  epilogue.residual = ResidualData{shortcut.untyped_data(), stream_type == ffi::DataType::S16, dims[1], dims[2],
-                                   dims[3], shortcut_stride, shift, problem.out_h, problem.out_w,
-                                   bits == nullptr ? nullptr : static_cast<uint32_t*>(bits->untyped_data())};
+  epilogue->residual = ResidualData{shortcut.untyped_data(), stream_type == ffi::DataType::S16, dims[1], dims[2],
+                                    dims[3], shortcut_stride, shift, problem.out_h, problem.out_w,
+                                    bits == nullptr ? nullptr : static_cast<uint32_t*>(bits->untyped_data())};
+  return ffi::Error::Success();
+}
+
+// The binary residual convolution over a stream of `stream_type`: the convolution's checks and geometry, then
+// the shortcut's.
+ffi::Error Bconv2dResidual(std::string_view target, ffi::DataType stream_type, ffi::ThreadPool pool, ffi::AnyBuffer x,
+                           ffi::AnyBuffer w, ffi::AnyBuffer w_tap_popcount, ffi::AnyBuffer shortcut,
+                           EpilogueOperands threshold, const Bconv2dAttrs& attrs, int64_t shortcut_stride, int64_t shift,
+                           ffi::AnyBuffer stream, ffi::AnyBuffer* bits) {
+  Bconv2dProblem problem;
+  EpilogueData epilogue;
+  if (auto error = CheckBconv2d(target, Epilogue::kInt32, x, w, w_tap_popcount, {}, attrs, stream, &problem,
+                                stream_type);
+      error.failure()) {
+    return error;
+  }
+  if (auto error = ResidualEpilogue(target, stream_type, problem, shortcut, threshold, shortcut_stride, shift, bits,
+                                    &epilogue);
+      error.failure()) {
+    return error;
+  }
   return Guarded(target, [&] {
     RunBconv2d(problem, static_cast<const uint32_t*>(x.untyped_data()), static_cast<const uint32_t*>(w.untyped_data()),
                static_cast<const int32_t*>(w_tap_popcount.untyped_data()), epilogue, stream.untyped_data(), &pool);
   });
 }
 
-ffi::Error Bconv2dResidualI32(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer w_tap_popcount,
-                              ffi::AnyBuffer shortcut, JAXBNN_BCONV2D_ATTR_PARAMS, int64_t shortcut_stride,
-                              int64_t shift, ffi::Result<ffi::AnyBuffer> stream) {
-  return Bconv2dResidual("jaxbnn_bconv2d_residual_i32", ffi::DataType::S32, pool, x, w, w_tap_popcount, shortcut, {},
-                         JAXBNN_BCONV2D_ATTRS, shortcut_stride, shift, *stream, nullptr);
+// jaxbnn_bconv2d_residual_i32 / _i16: the stream of type T.
+template <ffi::DataType T>
+ffi::Error Bconv2dResidualStream(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                                 ffi::AnyBuffer w_tap_popcount, ffi::AnyBuffer shortcut, JAXBNN_BCONV2D_ATTR_PARAMS,
+                                 int64_t shortcut_stride, int64_t shift, ffi::Result<ffi::AnyBuffer> stream) {
+  return Bconv2dResidual(T == ffi::DataType::S16 ? "jaxbnn_bconv2d_residual_i16" : "jaxbnn_bconv2d_residual_i32", T,
+                         pool, x, w, w_tap_popcount, shortcut, {}, JAXBNN_BCONV2D_ATTRS, shortcut_stride, shift,
+                         *stream, nullptr);
 }
 
-ffi::Error Bconv2dResidualBits(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
-                               ffi::AnyBuffer w_tap_popcount, ffi::AnyBuffer shortcut, ffi::AnyBuffer threshold,
-                               ffi::AnyBuffer flip, JAXBNN_BCONV2D_ATTR_PARAMS, int64_t shortcut_stride,
-                               int64_t shift, ffi::Result<ffi::AnyBuffer> stream, ffi::Result<ffi::AnyBuffer> bits) {
-  return Bconv2dResidual("jaxbnn_bconv2d_residual_bits", ffi::DataType::S32, pool, x, w, w_tap_popcount, shortcut,
-                         {&threshold, &flip}, JAXBNN_BCONV2D_ATTRS, shortcut_stride, shift, *stream, &(*bits));
-}
-
-ffi::Error Bconv2dResidualI16(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer w_tap_popcount,
-                              ffi::AnyBuffer shortcut, JAXBNN_BCONV2D_ATTR_PARAMS, int64_t shortcut_stride,
-                              int64_t shift, ffi::Result<ffi::AnyBuffer> stream) {
-  return Bconv2dResidual("jaxbnn_bconv2d_residual_i16", ffi::DataType::S16, pool, x, w, w_tap_popcount, shortcut, {},
-                         JAXBNN_BCONV2D_ATTRS, shortcut_stride, shift, *stream, nullptr);
-}
-
-ffi::Error Bconv2dResidualI16Bits(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
-                                  ffi::AnyBuffer w_tap_popcount, ffi::AnyBuffer shortcut, ffi::AnyBuffer threshold,
-                                  ffi::AnyBuffer flip, JAXBNN_BCONV2D_ATTR_PARAMS, int64_t shortcut_stride,
-                                  int64_t shift, ffi::Result<ffi::AnyBuffer> stream, ffi::Result<ffi::AnyBuffer> bits) {
-  return Bconv2dResidual("jaxbnn_bconv2d_residual_i16_bits", ffi::DataType::S16, pool, x, w, w_tap_popcount,
-                         shortcut, {&threshold, &flip}, JAXBNN_BCONV2D_ATTRS, shortcut_stride, shift, *stream,
-                         &(*bits));
+// jaxbnn_bconv2d_residual_bits / _i16_bits: the stream of type T and its bits.
+template <ffi::DataType T>
+ffi::Error Bconv2dResidualStreamBits(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                                     ffi::AnyBuffer w_tap_popcount, ffi::AnyBuffer shortcut, ffi::AnyBuffer threshold,
+                                     ffi::AnyBuffer flip, JAXBNN_BCONV2D_ATTR_PARAMS, int64_t shortcut_stride,
+                                     int64_t shift, ffi::Result<ffi::AnyBuffer> stream,
+                                     ffi::Result<ffi::AnyBuffer> bits) {
+  return Bconv2dResidual(T == ffi::DataType::S16 ? "jaxbnn_bconv2d_residual_i16_bits" : "jaxbnn_bconv2d_residual_bits",
+                         T, pool, x, w, w_tap_popcount, shortcut, {&threshold, &flip}, JAXBNN_BCONV2D_ATTRS,
+                         shortcut_stride, shift, *stream, &(*bits));
 }
 
 // Binds the attributes of docs/ops.md in order.
@@ -369,27 +374,17 @@ ffi::Error MixedConv2dResidual(std::string_view target, Mix mix, ffi::ThreadPool
                                ffi::AnyBuffer shortcut, EpilogueOperands threshold, const Bconv2dAttrs& attrs,
                                int64_t shortcut_stride, int64_t shift, ffi::AnyBuffer stream, ffi::AnyBuffer* bits) {
   Bconv2dProblem problem;
+  EpilogueData epilogue;
   if (auto error = CheckMixedConv2d(target, Epilogue::kInt32, operands, {}, attrs, stream, &problem,
                                     ffi::DataType::S16);
       error.failure()) {
     return error;
   }
-  int64_t planes;
-  if (auto error = CheckResidual(target, problem, shortcut, ffi::DataType::S16, shortcut_stride, shift, threshold,
-                                 bits, &planes);
+  if (auto error = ResidualEpilogue(target, ffi::DataType::S16, problem, shortcut, threshold, shortcut_stride, shift,
+                                    bits, &epilogue);
       error.failure()) {
     return error;
   }
-  problem.epilogue = Epilogue::kResidual;
-  EpilogueData epilogue{Epilogue::kResidual, nullptr, nullptr, nullptr, nullptr, planes};
-  if (bits != nullptr) {
-    epilogue.threshold = static_cast<const int32_t*>(threshold.first->untyped_data());
-    epilogue.flip = static_cast<const uint8_t*>(threshold.second->untyped_data());
-  }
-  const auto dims = shortcut.dimensions();
-  epilogue.residual = ResidualData{shortcut.untyped_data(), true, dims[1], dims[2], dims[3], shortcut_stride, shift,
-                                   problem.out_h, problem.out_w,
-                                   bits == nullptr ? nullptr : static_cast<uint32_t*>(bits->untyped_data())};
   return Guarded(target, [&] {
     RunMixedConv2d(mix, problem, ActivationPlanes{Words(operands.first), Words(operands.second)},
                    Words(operands.w), Popcounts(operands.w_popcount), epilogue, stream.untyped_data(), &pool);
@@ -571,13 +566,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dBits, jaxbnn::cpu::Bconv2dBits,
                                                                 .Arg<AnyBuffer>())  // flip
                                   .Ret<AnyBuffer>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualI32, jaxbnn::cpu::Bconv2dResidualI32,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualI32, (jaxbnn::cpu::Bconv2dResidualStream<ffi::DataType::S32>),
                               jaxbnn::cpu::BindResidual</*kBits=*/false>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualBits, jaxbnn::cpu::Bconv2dResidualBits,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualBits, (jaxbnn::cpu::Bconv2dResidualStreamBits<ffi::DataType::S32>),
                               jaxbnn::cpu::BindResidual</*kBits=*/true>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualI16, jaxbnn::cpu::Bconv2dResidualI16,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualI16, (jaxbnn::cpu::Bconv2dResidualStream<ffi::DataType::S16>),
                               jaxbnn::cpu::BindResidual</*kBits=*/false>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualI16Bits, jaxbnn::cpu::Bconv2dResidualI16Bits,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dResidualI16Bits, (jaxbnn::cpu::Bconv2dResidualStreamBits<ffi::DataType::S16>),
                               jaxbnn::cpu::BindResidual</*kBits=*/true>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI32, jaxbnn::cpu::ImageConv2dI32,
