@@ -195,7 +195,7 @@ def _bmm(planes, b, b_popcount, epi, side_by_side=None, *, k, n, kind, mode, thr
             acts, (b_, popcount_, *prepared_), e = (operands[:a_count], operands[a_count:a_count + len(weights)],
                                                     operands[a_count + len(weights):])
             composite = lambda *_: bmm_composite(acts, b_, popcount_, prepared_, dict(zip(epi, e)))  # noqa: E731
-            native = (*acts, b_, popcount_, *e) if mode == "btn" else (*acts, b_, *e)
+            native = (*acts, b_, popcount_, *e) if mode == "btn" else (_planes_side_by_side(acts), b_, *e)
             return _dispatch(f"jaxbnn_{mode}_bmm_{kind}", out_type, attrs, composite, *native)
         cuda_operands = dict(cuda_weights=lambda b_: _default_tiles(b_, n, k),
                              cuda_activations=lambda a_: _clear_padding_bits(a_, k))
@@ -601,7 +601,7 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, flip_words=None,
             pool_window = (ph, pw) if pooled else None
             composite = lambda *_: conv_composite(acts, w_, popcount_, prepared_, pool_window,  # noqa: E731
                                                   dict(zip(epi, e)))
-            native = (*acts, w_, popcount_, *e) if mode == "btn" else (*acts, w_, *e)
+            native = (*acts, w_, popcount_, *e) if mode == "btn" else (_planes_side_by_side(acts), w_, *e)
             return _dispatch(f"jaxbnn_{mode}_conv2d_{kind}", out_type, attr_values, composite, *native)
         x_, *weights_ = operands
         target = f"jaxbnn_bconv2d_{kind}"
@@ -783,7 +783,7 @@ def _ternary_residual(planes, w, w_tap_popcount, side_by_side, shortcut, thresho
                                                    operands[len(planes) + 3:])
             rows = acts[0].shape[0]
             types = tuple(jax.ShapeDtypeStruct((rows,) + t.shape, t.dtype) for t in (stream_type, bits_type) if t)
-            native = (*acts, w_, popcount_) if mode == "btn" else (*acts, w_)
+            native = (*acts, w_, popcount_) if mode == "btn" else (_planes_side_by_side(acts), w_)
             return jax.ffi.ffi_call(fused_target, types if len(types) == 2 else types[0])(
                 *native, shortcut_, *e, **conv_attrs, shortcut_stride=np.int64(stride), shift=np.int64(shift))
 
@@ -1491,6 +1491,13 @@ def _scaled_epilogue(epilogue, *, kind, parts, bound, threshold_planes, reductio
         flip = jnp.pad(epilogue["flip"], ((0, 0), (0, pad)))
         epilogue = dict(threshold=threshold.reshape(-1), flip=flip.reshape(-1))
     return epilogue
+
+
+def _planes_side_by_side(acts):
+    """Ternary activations as the CPU's ternary kernels take them: one array (..., 2, words), each row's (or
+    pixel's) nonneg words then its pos words. Where a threshold epilogue of two planes wrote them, XLA folds this
+    stack of its output's slices back into that output: the kernel reads it as it lies, no copy."""
+    return jnp.stack(acts, axis=-2)
 
 
 def _materialized(acts):

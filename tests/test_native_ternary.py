@@ -824,8 +824,8 @@ def u32(*shape):
 I64 = np.int64
 # Valid calls: M = 4, k = 100 (4 words), n = 10: ternary weights FSB (3, 1, 8, 4) of 20 rows, binary (2, 1, 8, 4).
 BMM_OPERANDS = {
-    "tnn": dict(nonneg=u32(4, 4), pos=u32(4, 4), w=u32(3, 1, 8, 4)),
-    "tbn": dict(nonneg=u32(4, 4), pos=u32(4, 4), w=u32(2, 1, 8, 4)),
+    "tnn": dict(x=u32(4, 2, 4), w=u32(3, 1, 8, 4)),  # ternary activations: both planes of a row side by side
+    "tbn": dict(x=u32(4, 2, 4), w=u32(2, 1, 8, 4)),
     "btn": dict(a=u32(4, 4), w=u32(3, 1, 8, 4), w_popcount=jnp.zeros(20, jnp.int32)),
 }
 
@@ -840,8 +840,8 @@ CONV_ATTRS = dict(c=I64(40), o=I64(9), kh=I64(3), kw=I64(3), stride_h=I64(1), st
                   pad_bottom=I64(1), pad_left=I64(1), pad_right=I64(1), pad_one=False, pool_h=I64(1),
                   pool_w=I64(1))  # fmt: skip
 CONV_OPERANDS = {
-    "tnn": dict(nonneg=u32(1, 5, 5, 2), pos=u32(1, 5, 5, 2), w=u32(3, 5, 8, 4)),
-    "tbn": dict(nonneg=u32(1, 5, 5, 2), pos=u32(1, 5, 5, 2), w=u32(2, 5, 8, 4)),
+    "tnn": dict(x=u32(1, 5, 5, 2, 2), w=u32(3, 5, 8, 4)),
+    "tbn": dict(x=u32(1, 5, 5, 2, 2), w=u32(2, 5, 8, 4)),
     "btn": dict(x=u32(1, 5, 5, 2), w=u32(3, 5, 8, 4), taps=jnp.zeros((9, 18), jnp.int32)),
 }
 
@@ -864,11 +864,11 @@ def test_valid_direct_calls_run(mode):
 
 
 BMM_ERRORS = [
-    ("tnn", "pos of another shape", dict(pos=u32(3, 4)),
-     r"operand `pos` has shape \(3, 4\) but operand `nonneg` has shape \(4, 4\)"),
-    ("tbn", "pos float32", dict(pos=jnp.zeros((4, 4), jnp.float32)), r"operand `pos` must be uint32 of rank 2"),
-    ("tnn", "nonneg words != ceil(k/32)", dict(nonneg=u32(4, 3), pos=u32(4, 3)),
-     r"operand `nonneg` has shape \(4, 3\) but k = 100 requires \(4, 4\)"),
+    ("tnn", "x without its planes", dict(x=u32(4, 4)), r"operand `x` must be uint32 of rank 3"),
+    ("tbn", "x float32", dict(x=jnp.zeros((4, 2, 4), jnp.float32)), r"operand `x` must be uint32 of rank 3"),
+    ("tnn", "x words != ceil(k/32)", dict(x=u32(4, 2, 3)),
+     r"operand `x` has shape \(4, 2, 3\) but k = 100 and the 2 planes of ternary activations requires \(4, 2, 4\)"),
+    ("tbn", "three planes", dict(x=u32(4, 3, 4)), r"operand `x` has shape \(4, 3, 4\) but .* requires \(4, 2, 4\)"),
     ("btn", "a rank 3", dict(a=u32(1, 4, 4)), r"operand `a` must be uint32 of rank 2"),
     ("tnn", "ternary weights of n rows", dict(w=u32(2, 1, 8, 4)),
      r"operand `w` has shape \(2, 1, 8, 4\) but \(2 \* n = 20, 100 reduction bits"),
@@ -921,13 +921,13 @@ def test_handlers_refuse_a_missing_operand():
     """Decoding errors come from XLA's FFI layer itself: still an error, not a crash."""
     operands = BMM_OPERANDS["tnn"]
     with pytest.raises(jax.errors.JaxRuntimeError, match="Wrong number of arguments"):
-        ffi("jaxbnn_tnn_bmm_i32", (4, 10), jnp.int32, operands["nonneg"], operands["w"], k=I64(100), n=I64(10))
+        ffi("jaxbnn_tnn_bmm_i32", (4, 10), jnp.int32, operands["x"], k=I64(100), n=I64(10))
 
 
 CONV_ERRORS = [
-    ("tnn", "pos of another shape", dict(pos=u32(1, 5, 4, 2)), r"operand `pos` has shape \(1, 5, 4, 2\)"),
-    ("tbn", "nonneg channel words", dict(nonneg=u32(1, 5, 5, 3), pos=u32(1, 5, 5, 3)),
-     r"operand `nonneg` has shape \(1, 5, 5, 3\) but c = 40 requires"),
+    ("tnn", "x without its planes", dict(x=u32(1, 5, 5, 2)), r"operand `x` must be uint32 of rank 5"),
+    ("tbn", "x channel words", dict(x=u32(1, 5, 5, 2, 3)),
+     r"operand `x` has shape \(1, 5, 5, 2, 3\) but c = 40 and the 2 planes of ternary activations requires"),
     ("btn", "x float32", dict(x=jnp.zeros((1, 5, 5, 2), jnp.float32)), r"operand `x` must be uint32 of rank 4"),
     ("tnn", "ternary weights of o rows", dict(w=u32(2, 5, 8, 4)),
      r"operand `w` has shape \(2, 5, 8, 4\) but \(2 \* o = 18"),
@@ -949,6 +949,6 @@ def test_conv2d_handlers_refuse_bad_operands(mode, what, change, message):
 @pytest.mark.parametrize("mode", MODES)
 def test_handlers_accept_empty_outputs(mode):
     """Zero rows, or a pool window larger than the conv output, give empty results (nothing to compute)."""
-    empty = {name: u32(0, 4) for name in ("nonneg", "pos", "a") if name in BMM_OPERANDS[mode]}
+    empty = {"x": u32(0, 2, 4)} if mode != "btn" else {"a": u32(0, 4)}
     assert bmm_call(mode, out=((0, 10), jnp.int32), **empty).shape == (0, 10)
     assert conv_call(mode, pool_h=I64(6), out=((1, 0, 5, 9), jnp.int32)).shape == (1, 0, 5, 9)

@@ -322,10 +322,11 @@ struct Bconv2dAttrs {
 };
 
 // Validates the geometry attributes of a convolution call and its packed NHWC image operand `x` (named
-// `x_name`); on success fills the geometry fields of `problem` (every field but the weights' tile shape and
-// the epilogue).
+// `x_name`; `planes` > 0: ternary activations, (B, H, W, planes, ceil(c/32)), each pixel's planes side by
+// side); on success fills the geometry fields of `problem` (every field but the weights' tile shape and the
+// epilogue).
 inline ffi::Error CheckConvInput(std::string_view target, const Bconv2dAttrs& attrs, const ffi::AnyBuffer& x,
-                                 const char* x_name, Bconv2dProblem* problem) {
+                                 const char* x_name, Bconv2dProblem* problem, int64_t planes = 0) {
   using namespace checks;
   if (auto e = CheckConvAttrs(target,
                               {{"c", attrs.c}, {"o", attrs.o}, {"kh", attrs.kh}, {"kw", attrs.kw},
@@ -348,13 +349,21 @@ inline ffi::Error CheckConvInput(std::string_view target, const Bconv2dAttrs& at
   }
   int64_t k_words = attrs.kh * attrs.kw * c_words;
 
-  if (auto e = CheckDtypeRank(target, x_name, x, ffi::DataType::U32, 4, "(B, H, W, ceil(c/32))"); e.failure()) {
+  if (auto e = CheckDtypeRank(target, x_name, x, ffi::DataType::U32, planes > 0 ? 5 : 4,
+                              planes > 0 ? "(B, H, W, 2, ceil(c/32))" : "(B, H, W, ceil(c/32))");
+      e.failure()) {
     return e;
   }
   auto x_dims = x.dimensions();
   int64_t batch = x_dims[0], height = x_dims[1], width = x_dims[2];
   std::string why_x = "c = " + std::to_string(attrs.c);
-  if (auto e = CheckShape(target, x_name, x, {batch, height, width, c_words}, why_x.c_str()); e.failure()) {
+  if (planes > 0) {
+    why_x += " and the " + std::to_string(planes) + " planes of ternary activations";
+    if (auto e = CheckShape(target, x_name, x, {batch, height, width, planes, c_words}, why_x.c_str());
+        e.failure()) {
+      return e;
+    }
+  } else if (auto e = CheckShape(target, x_name, x, {batch, height, width, c_words}, why_x.c_str()); e.failure()) {
     return e;
   }
   // Each term is at most int32's maximum (buffer dims included, checked next): the sums fit int64.

@@ -13,39 +13,20 @@
 
 namespace jaxbnn {
 
-// The operands of a ternary or mixed call: ternary activations are two planes (nonneg, pos) of one shape,
-// binary ones a single operand (`second` null); ternary weights are FSB tiles of 2 * n rows (the nonneg
-// plane's, then the pos plane's), binary weights n rows; the popcounts of the weights' rows (or taps) where
-// the product needs them (BTN), else `w_popcount` null.
+// The operands of a ternary or mixed call: ternary activations (`ternary_activations`) are one operand holding
+// both planes of each row (or pixel) side by side, (..., 2, words): the nonneg plane's words, then the pos
+// plane's, as a threshold epilogue of two planes writes them; binary ones one plane (..., words). Ternary
+// weights are FSB tiles of 2 * n rows (the nonneg plane's, then the pos plane's), binary weights n rows; the
+// popcounts of the weights' rows (or taps) where the product needs them (BTN), else `w_popcount` null.
 struct MixedOperands {
-  const ffi::AnyBuffer* first;
-  const ffi::AnyBuffer* second;
+  const ffi::AnyBuffer* x;
+  bool ternary_activations;
   const ffi::AnyBuffer* w;
   const ffi::AnyBuffer* w_popcount;
   bool ternary_weights;
 };
 
 namespace checks {
-
-// The second activation plane has the first one's shape (dtype and rank checked with the first).
-inline ffi::Error CheckSecondPlane(std::string_view target, const MixedOperands& operands, const char* first_name) {
-  if (operands.second == nullptr) return ffi::Error::Success();
-  auto dims = operands.first->dimensions();
-  if (auto e = CheckDtypeRank(target, "operand `pos`", *operands.second, ffi::DataType::U32, dims.size(),
-                              "(the shape of operand `nonneg`)");
-      e.failure()) {
-    return e;
-  }
-  auto second = operands.second->dimensions();
-  bool same = true;
-  for (size_t i = 0; i < dims.size(); ++i) same = same && second[i] == dims[i];
-  if (!same) {
-    return Invalid(target, std::string("operand `pos` has shape ") + ShapeString(operands.second->dimensions()) +
-                               " but " + first_name + " has shape " + ShapeString(dims) +
-                               ": the planes of ternary activations have one shape");
-  }
-  return ffi::Error::Success();
-}
 
 // FSB weights of n (binary) or 2 * n (ternary) rows and `bits` reduction bits, and the popcounts of
 // ternary weights, operand `popcount_name` of shape `popcount_shape` (its last dim 2 * n).
@@ -83,16 +64,21 @@ inline ffi::Error CheckMixedBmm(std::string_view target, Epilogue epilogue, cons
   using namespace checks;
   if (auto e = CheckAttrRange(target, "k", k, 0, kMaxReduction); e.failure()) return e;
   if (auto e = CheckAttrRange(target, "n", n, 0, kMaxAttr / 2); e.failure()) return e;
-  const char* a_name = operands.second == nullptr ? "operand `a`" : "operand `nonneg`";
-  if (auto e = CheckDtypeRank(target, a_name, *operands.first, ffi::DataType::U32, 2, "(M, ceil(k/32))");
+  const bool planes = operands.ternary_activations;
+  const char* a_name = planes ? "operand `x`" : "operand `a`";
+  if (auto e = CheckDtypeRank(target, a_name, *operands.x, ffi::DataType::U32, planes ? 3 : 2,
+                              planes ? "(M, 2, ceil(k/32))" : "(M, ceil(k/32))");
       e.failure()) {
     return e;
   }
-  int64_t m = operands.first->dimensions()[0];
+  int64_t m = operands.x->dimensions()[0];
   int64_t k_words = formats::WordsForBits(k);
-  std::string why_a = "k = " + std::to_string(k);
-  if (auto e = CheckShape(target, a_name, *operands.first, {m, k_words}, why_a.c_str()); e.failure()) return e;
-  if (auto e = CheckSecondPlane(target, operands, a_name); e.failure()) return e;
+  std::string why_a = "k = " + std::to_string(k) + (planes ? " and the 2 planes of ternary activations" : "");
+  if (auto e = planes ? CheckShape(target, a_name, *operands.x, {m, 2, k_words}, why_a.c_str())
+                      : CheckShape(target, a_name, *operands.x, {m, k_words}, why_a.c_str());
+      e.failure()) {
+    return e;
+  }
   std::string why_popcount = "the two planes of n = " + std::to_string(n) + " output columns";
   if (auto e = CheckMixedWeights(target, operands, n, k, "n", "operand `w_popcount`", {2 * n}, "(2 * n,)",
                                  why_popcount);
@@ -114,10 +100,11 @@ inline ffi::Error CheckMixedConv2d(std::string_view target, Epilogue epilogue, c
                                    ffi::DataType int_type = ffi::DataType::S32) {
   using namespace checks;
   if (auto e = CheckAttrRange(target, "o", attrs.o, 1, kMaxAttr / 2); e.failure()) return e;
-  const char* x_name = operands.second == nullptr ? "operand `x`" : "operand `nonneg`";
   Bconv2dProblem p;
-  if (auto e = CheckConvInput(target, attrs, *operands.first, x_name, &p); e.failure()) return e;
-  if (auto e = CheckSecondPlane(target, operands, x_name); e.failure()) return e;
+  if (auto e = CheckConvInput(target, attrs, *operands.x, "operand `x`", &p, operands.ternary_activations ? 2 : 0);
+      e.failure()) {
+    return e;
+  }
   std::string why_popcount = "kh * kw = " + std::to_string(attrs.kh * attrs.kw) + " taps and the two planes of o = " +
                              std::to_string(attrs.o) + " output channels";
   if (auto e = CheckMixedWeights(target, operands, attrs.o, p.k_words * formats::kWordBits, "o",

@@ -350,7 +350,7 @@ ffi::Error MixedBmm(std::string_view target, Mix mix, Epilogue kind, ffi::Thread
     return error;
   }
   return Guarded(target, [&] {
-    RunMixedBmm(mix, problem, ActivationPlanes{Words(operands.first), Words(operands.second)}, Words(operands.w),
+    RunMixedBmm(mix, problem, ActivationPlanes{Words(operands.x)}, Words(operands.w),
                 Popcounts(operands.w_popcount), EpilogueDataOf(kind, epilogue), out.untyped_data(), &pool);
   });
 }
@@ -363,7 +363,7 @@ ffi::Error MixedConv2d(std::string_view target, Mix mix, Epilogue kind, ffi::Thr
     return error;
   }
   return Guarded(target, [&] {
-    RunMixedConv2d(mix, problem, ActivationPlanes{Words(operands.first), Words(operands.second)},
+    RunMixedConv2d(mix, problem, ActivationPlanes{Words(operands.x)},
                    Words(operands.w), Popcounts(operands.w_popcount), EpilogueDataOf(kind, epilogue),
                    out.untyped_data(), &pool);
   });
@@ -386,19 +386,19 @@ ffi::Error MixedConv2dResidual(std::string_view target, Mix mix, ffi::ThreadPool
     return error;
   }
   return Guarded(target, [&] {
-    RunMixedConv2d(mix, problem, ActivationPlanes{Words(operands.first), Words(operands.second)},
+    RunMixedConv2d(mix, problem, ActivationPlanes{Words(operands.x)},
                    Words(operands.w), Popcounts(operands.w_popcount), epilogue, stream.untyped_data(), &pool);
   });
 }
 
-// The operands of each mode (docs/ops.md): ternary activations as two planes, BTN's weights with their
-// popcounts.
-#define JAXBNN_MIXED_PARAMS_tnn ffi::AnyBuffer nonneg, ffi::AnyBuffer pos, ffi::AnyBuffer w
-#define JAXBNN_MIXED_OPERANDS_tnn MixedOperands{&nonneg, &pos, &w, nullptr, true}
-#define JAXBNN_MIXED_PARAMS_tbn ffi::AnyBuffer nonneg, ffi::AnyBuffer pos, ffi::AnyBuffer w
-#define JAXBNN_MIXED_OPERANDS_tbn MixedOperands{&nonneg, &pos, &w, nullptr, false}
+// The operands of each mode (docs/ops.md): ternary activations as one operand of both planes, BTN's weights
+// with their popcounts.
+#define JAXBNN_MIXED_PARAMS_tnn ffi::AnyBuffer x, ffi::AnyBuffer w
+#define JAXBNN_MIXED_OPERANDS_tnn MixedOperands{&x, true, &w, nullptr, true}
+#define JAXBNN_MIXED_PARAMS_tbn ffi::AnyBuffer x, ffi::AnyBuffer w
+#define JAXBNN_MIXED_OPERANDS_tbn MixedOperands{&x, true, &w, nullptr, false}
 #define JAXBNN_MIXED_PARAMS_btn ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer w_popcount
-#define JAXBNN_MIXED_OPERANDS_btn MixedOperands{&a, nullptr, &w, &w_popcount, true}
+#define JAXBNN_MIXED_OPERANDS_btn MixedOperands{&a, false, &w, &w_popcount, true}
 #define JAXBNN_EPILOGUE_PARAMS_i32
 #define JAXBNN_EPILOGUE_OPERANDS_i32 EpilogueOperands{}
 #define JAXBNN_EPILOGUE_PARAMS_f32 , ffi::AnyBuffer scale, ffi::AnyBuffer bias
@@ -587,8 +587,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuImageConv2dI16Bits, jaxbnn::cpu::ImageCon
                               jaxbnn::cpu::BindImageConv2d<jaxbnn::cpu::ImageOutputsOf::kStreamAndBits>());
 
 // The buffer operands of each mode and epilogue, in the order of the handlers' parameters.
-#define JAXBNN_MIXED_ARGS_tnn .Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>()
-#define JAXBNN_MIXED_ARGS_tbn .Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>()
+#define JAXBNN_MIXED_ARGS_tnn .Arg<AnyBuffer>().Arg<AnyBuffer>()
+#define JAXBNN_MIXED_ARGS_tbn .Arg<AnyBuffer>().Arg<AnyBuffer>()
 #define JAXBNN_MIXED_ARGS_btn .Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>()
 #define JAXBNN_EPILOGUE_ARGS_i32
 #define JAXBNN_EPILOGUE_ARGS_f32 .Arg<AnyBuffer>().Arg<AnyBuffer>()

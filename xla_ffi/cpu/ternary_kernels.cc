@@ -39,34 +39,44 @@ struct SourcePlanes {
   const int32_t* nonzero;
 };
 
-// What a call keeps alive for its panels: the formed z_x plane and the runs' popcounts.
+// What a call keeps alive for its panels: the nonneg and the formed z_x planes and the runs' popcounts.
 struct ActivationStorage {
+  std::unique_ptr<uint32_t[]> nonneg_plane;
   std::unique_ptr<uint32_t[]> nonzero_plane;
   std::unique_ptr<int32_t[]> nonzero_counts;
 };
 
-// `runs` runs of `words` words holding `bits` real bits each (rows, or pixels).
+// `runs` runs of `words` words holding `bits` real bits each (rows, or pixels); ternary activations hold each
+// run's two planes side by side (2 * words words a run), which the panels take as two planes of their own,
+// written here in one pass over the activations.
 SourcePlanes PrepareActivations(Mix mix, const ActivationPlanes& x, int64_t runs, int64_t words, int64_t bits,
                                 ffi::ThreadPool* pool, ActivationStorage& storage) {
-  if (mix == Mix::kBtn) return SourcePlanes{x.nonneg, nullptr, nullptr};
+  if (mix == Mix::kBtn) return SourcePlanes{x.words, nullptr, nullptr};
+  storage.nonneg_plane.reset(new uint32_t[std::max<int64_t>(1, runs * words)]);
   storage.nonzero_plane.reset(new uint32_t[std::max<int64_t>(1, runs * words)]);
   storage.nonzero_counts.reset(mix == Mix::kTbn ? new int32_t[std::max<int64_t>(1, runs)] : nullptr);
+  uint32_t* const a = storage.nonneg_plane.get();
   uint32_t* const z = storage.nonzero_plane.get();
   int32_t* const counts = storage.nonzero_counts.get();
   const uint32_t last_mask = formats::LastWordMask(bits);
-  const int64_t runs_per_task = std::max<int64_t>(1, kConvertTaskWords / std::max<int64_t>(1, words));
+  const int64_t runs_per_task = std::max<int64_t>(1, kConvertTaskWords / std::max<int64_t>(1, 2 * words));
   const int64_t tasks = CeilDiv(runs, runs_per_task);
   ParallelFor(pool, tasks, PoolThreads(pool) > 1 && tasks > 1, [&](int64_t task) {
     for (int64_t run = task * runs_per_task; run < std::min(runs, (task + 1) * runs_per_task); ++run) {
+      const uint32_t* nonneg = x.words + run * 2 * words;
+      const uint32_t* pos = nonneg + words;
+      uint32_t* a_run = a + run * words;
+      uint32_t* z_run = z + run * words;
       int32_t count = 0;
-      for (int64_t w = run * words; w < (run + 1) * words; ++w) {
-        z[w] = ~(x.nonneg[w] ^ x.pos[w]) & (w + 1 == (run + 1) * words ? last_mask : ~0u);
-        if (counts != nullptr) count += Popcount32(z[w]);
+      for (int64_t w = 0; w < words; ++w) {
+        a_run[w] = nonneg[w];
+        z_run[w] = ~(nonneg[w] ^ pos[w]) & (w + 1 == words ? last_mask : ~0u);
+        if (counts != nullptr) count += Popcount32(z_run[w]);
       }
       if (counts != nullptr) counts[run] = count;
     }
   });
-  return SourcePlanes{x.nonneg, z, counts};
+  return SourcePlanes{a, z, counts};
 }
 
 // One receptive field being gathered into a contiguous line per plane (plane p at words + p * row_words),

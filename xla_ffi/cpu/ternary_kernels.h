@@ -12,11 +12,11 @@
 
 namespace jaxbnn::cpu {
 
-// The activations: ternary ones (TNN, TBN) as their packed (nonneg, pos) planes, binary ones (BTN) as their
-// bits in `nonneg` (pos null); same layout as the binary kernels' activations.
+// The activations, rows (or pixels) of the binary kernels' layout: ternary ones (TNN, TBN) with both packed
+// planes of a row side by side (its nonneg words, then its pos words: a two-plane threshold epilogue's output),
+// binary ones (BTN) as their bits.
 struct ActivationPlanes {
-  const uint32_t* nonneg;
-  const uint32_t* pos;
+  const uint32_t* words;
 };
 
 // Weights: FSB tiles of ternary weights (TNN, BTN) as 2 * n rows, the nonneg plane's then the pos plane's;
