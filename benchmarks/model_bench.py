@@ -61,6 +61,7 @@ import pathlib
 import sys
 import textwrap
 import time
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -69,7 +70,7 @@ from flax import nnx
 import device_trace
 import results_file
 from gpu_bench import timed
-from jaxbnn import runtime
+from jaxbnn import formats, runtime
 from jaxbnn.models import MODEL_BUILDERS, build_model
 
 try:
@@ -419,13 +420,43 @@ def timed_alone(fn, args) -> float:
     return timed(several, [sets], copies)
 
 
+class StackedPlanes(NamedTuple):
+    """A ternary value between two node programs as the forward holds it: the one array (..., 2, W) of its planes
+    that an epilogue wrote (the forward's next kernel reads it as it lies; `runtime.run_node` gives its planes)."""
+    planes: Any
+
+
+def _is_plane_pair(value) -> bool:
+    """A ternary value as `runtime.run_node` gives it: a pair of uint32 arrays of one shape (its planes)."""
+    return (isinstance(value, tuple) and not isinstance(value, StackedPlanes) and len(value) == 2
+            and all(getattr(v, "dtype", None) == jnp.uint32 for v in value) and value[0].shape == value[1].shape)
+
+
+def _is_planes(value) -> bool:
+    return isinstance(value, StackedPlanes) or _is_plane_pair(value)
+
+
+def carried(tree):
+    """The ternary values of a node program's outputs as the forward holds them (`StackedPlanes`): so that, as in
+    the forward, the program writes no copy of the planes (XLA folds the stack of the output's slices)."""
+    return jax.tree.map(lambda v: StackedPlanes(jnp.stack(v, axis=-2)) if _is_plane_pair(v) else v, tree,
+                        is_leaf=_is_planes)
+
+
+def unstacked(tree):
+    """The node's inputs as `runtime.run_node` takes them: `StackedPlanes` as their `TernaryPlanes`."""
+    return jax.tree.map(lambda v: formats.TernaryPlanes(v.planes[..., 0, :], v.planes[..., 1, :])
+                        if isinstance(v, StackedPlanes) else v, tree, is_leaf=_is_planes)
+
+
 def node_in_graph(node: dict, stream_dtype, next_node: dict | None):
     """The node as it runs in the whole forward (`runtime.run_node`), a function of its parameters, its input,
     the input bits the node before it wrote (or None) and the next node's parameters (or None): returns its
-    output and the bits it writes for the next node (or None)."""
+    output and the bits it writes for the next node (or None); ternary values in and out as `StackedPlanes`."""
     def run(p, x, bits, next_params):
         following = (next_node, next_params) if next_node is not None else None
-        return runtime.run_node(node, p, x, stream_dtype, input_bits=bits, following=following)
+        x, bits = unstacked((x, bits))
+        return carried(runtime.run_node(node, p, x, stream_dtype, input_bits=bits, following=following))
     return run
 
 
@@ -448,7 +479,7 @@ def chain_in_graph(nodes: list[dict]):
     a function of its nodes' parameters, its input, and two unused arguments (as `node_in_graph`'s), returning its
     last node's output and no bits."""
     def run(p, x, bits, next_params):
-        return runtime.run_dense_chain(nodes, p, x), None
+        return carried(runtime.run_dense_chain(nodes, p, unstacked(x))), None
     return run
 
 
