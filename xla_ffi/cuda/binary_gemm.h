@@ -84,11 +84,19 @@ struct BinaryGemmProblem {
   bool edge_corners = false;  // and their corner blocks (KeepsEdgeCorners)
   // The products of the first doubled_k_blocks K blocks (kKBlockWords words each) count twice: the accumulators
   // are doubled once those blocks are in, before the rest of the reduction adds to them (0: none). A ternary
-  // product in three blocks instead of four (docs/ops.md). A BMM's (1 x 1 taps), unpooled, not residual; the
-  // persistent wgmma kernel and the classic kernels run it. Last, so that the other kernels' parameters keep
-  // their offsets (and those kernels their machine code).
+  // product in three blocks instead of four (docs/ops.md). In a convolution the reduction then runs every tap's
+  // first DoubledTapWords words (32 doubled_k_blocks / (kh kw): the doubled blocks), then every tap's other words
+  // (DoubledReductionWord). Not residual; the persistent wgmma kernel and the classic kernels run it. Last, so
+  // that the other kernels' parameters keep their offsets (and those kernels their machine code).
   int doubled_k_blocks = 0;
 };
+
+// A doubled product's doubled words per tap (BinaryGemmProblem::doubled_k_blocks): a multiple of 32 in a
+// convolution, followed by a multiple of 16 (LaunchBinaryGemm), so that no copy or TMA box crosses from one tap's
+// run of the reduction into the next.
+__host__ __device__ inline int DoubledTapWords(const BinaryGemmProblem& p) {
+  return p.doubled_k_blocks * 32 / (p.kh * p.kw);
+}
 
 // The residual epilogue's operands (IsResidual, unpooled): out[row, col] = (dot >> shift) +
 // shortcut[b, s oh, s ow, col] (0 for col >= channels), the shortcut (batch, height, width, channels) of the

@@ -291,9 +291,11 @@ struct ConvAttrs {
 };
 
 // residual: the residual epilogue's operands where e.kind is one (IsResidual; its threshold and flip optional).
+// doubled_tap_words: the bconv2d_doubled handlers' (DoubledTapWords), 0 for the plain product.
 ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi::Buffer<ffi::U32>& w,
                  const ffi::Buffer<ffi::S32>& tap_popc, const ConvAttrs& at, const EpilogueArgs& e,
-                 ffi::Span<const int64_t> out_dims, void* out, const ResidualArgs* residual = nullptr) {
+                 ffi::Span<const int64_t> out_dims, void* out, const ResidualArgs* residual = nullptr,
+                 int64_t doubled_tap_words = 0) {
   const HandlerTimer timer;
   if (at.c < 1 || at.o < 1 || at.kh < 1 || at.kw < 1 || at.stride_h < 1 || at.stride_w < 1 || at.pool_h < 1 ||
       at.pool_w < 1 || at.pad_top < 0 || at.pad_bottom < 0 || at.pad_left < 0 || at.pad_right < 0) {
@@ -346,6 +348,18 @@ ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi:
   }
   if (auto err = CheckReduction("bconv2d", k_words)) return *err;
   if (auto err = CheckInt16Reduction("bconv2d", e.kind, taps * at.c)) return *err;
+  if (doubled_tap_words != 0) {
+    const int64_t rest = cw - doubled_tap_words;
+    if (doubled_tap_words < 32 || doubled_tap_words % 32 != 0 || rest < 16 || rest % 16 != 0 || at.c != 32 * cw ||
+        at.x_repeats != 1 || at.pad_one || k_words > (1 << 15)) {
+      return Invalid("bconv2d_doubled needs doubled_tap_words a positive multiple of 32 and c / 32 - "
+                     "doubled_tap_words of 16, c a multiple of 32, x_repeats=1, zero padding and kh * kw * c <= "
+                     "2^20, got c=" +
+                     std::to_string(at.c) + ", doubled_tap_words=" + std::to_string(doubled_tap_words) +
+                     ", x_repeats=" + std::to_string(at.x_repeats) + (at.pad_one ? ", pad_one" : "") + ", " +
+                     std::to_string(taps) + " taps");
+    }
+  }
   BinaryGemmProblem p;
   p.x = x.typed_data();
   p.w = w.typed_data();
@@ -374,6 +388,14 @@ ffi::Error BConv(cudaStream_t stream, const ffi::Buffer<ffi::U32>& x, const ffi:
   p.k_real = static_cast<int>(taps * at.c);
   p.pooled_rows = static_cast<int>(batch * out_h * out_w);
   p.out = out;
+  if (doubled_tap_words != 0) {
+    // Every tap's doubled words count twice: as the doubled BMM's (Bmm), each tap's real count is 2 (D + c) with D
+    // its doubled bits, the caller gives every tap's popcount as half of it, and so an out-of-frame tap ("zero"
+    // padding: its activation bits 0) adds nothing, as a border row's correction c - 2 popc(tap) = 0 says.
+    p.doubled_k_blocks = static_cast<int>(taps * doubled_tap_words / 32);
+    p.c = static_cast<int>(2 * (32 * doubled_tap_words + at.c));
+    p.k_real = static_cast<int>(taps * p.c);
+  }
   if (!IsResidual(e.kind)) {
     if (auto err = SetEpilogue(p, e, at.o)) return *err;
     return Run(p, stream);
@@ -786,6 +808,32 @@ ffi::Error BConvBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buff
   return BConv(stream, x, w, tap_popc, JAXBNN_CONV_ATTRS, e, out->dimensions(), out->untyped_data());
 }
 
+// The convolutions whose every tap's first doubled_tap_words words count twice (DoubledTapWords):
+// a ternary convolution in three blocks instead of four (docs/ops.md).
+ffi::Error BConvDoubledI32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buffer<ffi::U32> w,
+                               ffi::Buffer<ffi::S32> tap_popc, JAXBNN_CONV_ATTR_PARAMS, int64_t doubled_tap_words,
+                               ffi::ResultBuffer<ffi::S32> out) {
+  return BConv(stream, x, w, tap_popc, JAXBNN_CONV_ATTRS, EpilogueArgs{}, out->dimensions(), out->untyped_data(),
+               nullptr, doubled_tap_words);
+}
+
+ffi::Error BConvDoubledF32Impl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buffer<ffi::U32> w,
+                               ffi::Buffer<ffi::S32> tap_popc, ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> bias,
+                               JAXBNN_CONV_ATTR_PARAMS, int64_t doubled_tap_words, ffi::ResultBuffer<ffi::F32> out) {
+  EpilogueArgs e{Epilogue::kAffine, &scale, &bias, nullptr, nullptr};
+  return BConv(stream, x, w, tap_popc, JAXBNN_CONV_ATTRS, e, out->dimensions(), out->untyped_data(), nullptr,
+               doubled_tap_words);
+}
+
+ffi::Error BConvDoubledBitsImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buffer<ffi::U32> w,
+                                ffi::Buffer<ffi::S32> tap_popc, ffi::Buffer<ffi::S32> threshold,
+                                ffi::Buffer<ffi::U8> flip, JAXBNN_CONV_ATTR_PARAMS, int64_t doubled_tap_words,
+                                ffi::ResultBuffer<ffi::U32> out) {
+  EpilogueArgs e{Epilogue::kBits, nullptr, nullptr, &threshold, &flip};
+  return BConv(stream, x, w, tap_popc, JAXBNN_CONV_ATTRS, e, out->dimensions(), out->untyped_data(), nullptr,
+               doubled_tap_words);
+}
+
 // The residual convolution over a stream of type T (S32: Epilogue::kResidual, S16: kResidualInt16).
 template <ffi::DataType T>
 ffi::Error BConvResidualImpl(cudaStream_t stream, ffi::Buffer<ffi::U32> x, ffi::Buffer<ffi::U32> w,
@@ -982,6 +1030,31 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvBits, jaxbnn::cuda::BConvBitsImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>() JAXBNN_BIND_CONV_ATTRS.Ret<ffi::Buffer<ffi::U32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvDoubledI32, jaxbnn::cuda::BConvDoubledI32Impl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>() JAXBNN_BIND_CONV_ATTRS.Attr<int64_t>("doubled_tap_words")
+                                  .Ret<ffi::Buffer<ffi::S32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvDoubledF32, jaxbnn::cuda::BConvDoubledF32Impl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>() JAXBNN_BIND_CONV_ATTRS.Attr<int64_t>("doubled_tap_words")
+                                  .Ret<ffi::Buffer<ffi::F32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCudaBConvDoubledBits, jaxbnn::cuda::BConvDoubledBitsImpl,
+                              JAXBNN_BIND_STREAM.Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>() JAXBNN_BIND_CONV_ATTRS.Attr<int64_t>("doubled_tap_words")
+                                  .Ret<ffi::Buffer<ffi::U32>>(),
                               {ffi::Traits::kCmdBufferCompatible});
 
 #define JAXBNN_BIND_RESIDUAL(T)                                                                             \

@@ -34,6 +34,9 @@ NB_MODULE(_cuda, m) {
     d["jaxbnn_bmm_doubled_i32"] = Capsule(JaxbnnCudaBmmDoubledI32);
     d["jaxbnn_bmm_doubled_f32"] = Capsule(JaxbnnCudaBmmDoubledF32);
     d["jaxbnn_bmm_doubled_bits"] = Capsule(JaxbnnCudaBmmDoubledBits);
+    d["jaxbnn_bconv2d_doubled_i32"] = Capsule(JaxbnnCudaBConvDoubledI32);
+    d["jaxbnn_bconv2d_doubled_f32"] = Capsule(JaxbnnCudaBConvDoubledF32);
+    d["jaxbnn_bconv2d_doubled_bits"] = Capsule(JaxbnnCudaBConvDoubledBits);
     d["jaxbnn_bconv2d_i32"] = Capsule(JaxbnnCudaBConvI32);
     d["jaxbnn_bconv2d_i16"] = Capsule(JaxbnnCudaBConvI16);
     d["jaxbnn_bconv2d_f32"] = Capsule(JaxbnnCudaBConvF32);

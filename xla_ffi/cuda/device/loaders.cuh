@@ -29,6 +29,29 @@ __host__ __device__ __forceinline__ int TapRowBytes(int cw) {
   return bytes == 32 || bytes == 64 ? bytes : bytes % 128 == 0 ? 128 : 0;
 }
 
+// The bytes of a TMA box along K in the tap-row layout (kTapRows), or 0 where it does not apply: a tap's bytes as
+// stored (TapRowBytes of x_cw); in a doubled convolution the shorter of a tap's two runs (doubled words, then the
+// rest), which the box must not cross, and which divides the other (both multiples of 64 bytes).
+__host__ __device__ __forceinline__ int ABoxTapBytes(const BinaryGemmProblem& p) {
+  return TapRowBytes(p.doubled_k_blocks > 0 ? p.cw - DoubledTapWords(p) : p.x_cw);
+}
+
+// Where word `kword` of a doubled product's reduction comes from (BinaryGemmProblem::doubled_k_blocks): its tap and
+// its word in the tap's channel words. The plain order is tap after tap; a doubled convolution's reduction is every
+// tap's doubled words first, then every tap's other words, so that its doubled part ends on a K block (the kernels
+// double the accumulators there, once). A BMM's (one tap) is the plain order.
+__device__ __forceinline__ void DoubledReductionWord(const BinaryGemmProblem& p, int kword, int& tap, int& cword) {
+  const int doubled_words = p.doubled_k_blocks * kKBlockWords, doubled = DoubledTapWords(p), rest = p.cw - doubled;
+  if (kword < doubled_words) {
+    tap = kword / doubled;
+    cword = kword - tap * doubled;
+  } else {
+    const int r = kword - doubled_words;
+    tap = r / rest;
+    cword = doubled + r - tap * rest;
+  }
+}
+
 // The byte of a pixel's stored words that byte `tap_byte` of a tap's channel bytes reads (BinaryGemmProblem::x_cw:
 // the second reading of a repeated pixel starts again at its first byte).
 __device__ __forceinline__ int StoredByte(const BinaryGemmProblem& p, int tap_byte) {
@@ -75,7 +98,9 @@ __device__ __forceinline__ uint32_t ChunkOffset(int row, int chunk, int row_byte
 //     which that layout keeps in one 128-byte line of shared memory: no excess sectors, no conflicts.
 // kSkipPastK: the stage's words past K are zeros already (WgmmaKernel's short-K instances), so those copies
 // are left out.
-template <int kRows, int kVec, int kThreads, ALayout kLayout = ALayout::kCoreMatrices, bool kSkipPastK = false>
+// kDoubled: a doubled product's order of the reduction (DoubledReductionWord).
+template <int kRows, int kVec, int kThreads, ALayout kLayout = ALayout::kCoreMatrices, bool kSkipPastK = false,
+          bool kDoubled = false>
 __device__ __forceinline__ void LoadActivationStage(const BinaryGemmProblem& p, const LaunchDivisors& div,
                                                     const int4* origins, uint32_t stage, int kb, int tid) {
   static_assert(kLayout == ALayout::kCoreMatrices || kLayout == ALayout::kSwizzledRows, "a cp.async layout");
@@ -89,8 +114,9 @@ __device__ __forceinline__ void LoadActivationStage(const BinaryGemmProblem& p, 
   const int kword = kb * kKBlockWords + part * kVec;
   const bool k_valid = kword < p.k_words;
   if (kSkipPastK && !k_valid) return;
-  const int tap = Quotient(kword, div.cw);
-  const int cword = kword - tap * p.cw;
+  int tap = Quotient(kword, div.cw);
+  int cword = kword - tap * p.cw;
+  if constexpr (kDoubled) DoubledReductionWord(p, kword, tap, cword);
   const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
   // the stored word of the tap's word cword (a repeated pixel's second reading: x_cw words back)
   const int tap_offset = (fkh * p.in_w + fkw) * p.x_cw + (cword < p.x_cw ? cword : cword - p.x_cw);

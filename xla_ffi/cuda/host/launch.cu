@@ -169,12 +169,19 @@ cudaError_t LaunchBinaryGemm(const BinaryGemmProblem& problem, KernelPath path, 
                                problem.threshold == nullptr || problem.flip == nullptr))) {
     return cudaErrorInvalidValue;
   }
-  // doubled K blocks: a BMM's, unpooled, not residual, with at least one K block after them
-  if (problem.doubled_k_blocks != 0 &&
-      (problem.doubled_k_blocks < 0 || problem.doubled_k_blocks >= (problem.k_words + kKBlockWords - 1) / kKBlockWords ||
-       problem.kh != 1 || problem.kw != 1 || problem.in_h != 1 || problem.in_w != 1 || problem.x_cw != problem.cw ||
-       problem.pool_h * problem.pool_w != 1 || IsResidual(problem.epilogue))) {
-    return cudaErrorInvalidValue;
+  // doubled K blocks: not residual, pixels read once, at least one K block after them; a BMM's unpooled, a
+  // convolution's "zero" padded, every tap's doubled words a multiple of 32, the rest of 16 (DoubledTapWords)
+  if (problem.doubled_k_blocks != 0) {
+    const int taps = problem.kh * problem.kw;
+    const bool bmm = taps == 1 && problem.in_h == 1 && problem.in_w == 1 && problem.pool_h * problem.pool_w == 1;
+    const int doubled = problem.doubled_k_blocks * kKBlockWords / taps, rest = problem.cw - doubled;
+    const bool conv = problem.doubled_k_blocks * kKBlockWords % taps == 0 && doubled % 32 == 0 && rest > 0 &&
+                      rest % 16 == 0 && !problem.pad_one;
+    if (problem.doubled_k_blocks < 0 ||
+        problem.doubled_k_blocks >= (problem.k_words + kKBlockWords - 1) / kKBlockWords || !(bmm || conv) ||
+        problem.x_cw != problem.cw || IsResidual(problem.epilogue)) {
+      return cudaErrorInvalidValue;
+    }
   }
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);

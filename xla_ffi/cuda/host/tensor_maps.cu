@@ -107,8 +107,8 @@ ALayout ActivationLayout(const BinaryGemmProblem& p, TensorMapRecipe& r, int row
     return ALayout::kCoreMatrices;
   }
   // Tap rows where a tap's bytes allow (W-byte boxes with the W-byte swizzle), else 16-byte chunk boxes; the
-  // stored pixel's bytes, so that a box never crosses a repeat.
-  const int tap_row_bytes = TapRowBytes(p.x_cw);
+  // stored pixel's bytes, so that a box never crosses a repeat (nor, in a doubled convolution, a tap's run).
+  const int tap_row_bytes = ABoxTapBytes(p);
   r = NhwcBytes(p, tap_row_bytes ? tap_row_bytes : 16, box_w, box_h,
                 tap_row_bytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
                 : tap_row_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B

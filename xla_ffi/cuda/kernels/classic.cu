@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
   const WeightStageLoader<kCols, kThreads> weights(p, col0 / 8, tid);
   auto load = [&](int kb) {
     const uint32_t stage = base + (kb % kStages) * kStageBytes;
-    LoadActivationStage<kRows, kVec, kThreads, Engine::kALayout>(p, div, origins, stage, kb, tid);
+    LoadActivationStage<kRows, kVec, kThreads, Engine::kALayout, false, kDoubled>(p, div, origins, stage, kb, tid);
     weights.Load(stage + kStageA, kb);
   };
   for (int s = 0; s < kStages - 1 && s < k_blocks; ++s) {
@@ -83,7 +83,8 @@ __global__ void __launch_bounds__(Engine::kThreads, 1) ClassicKernel(const Binar
       if (!loads) return;
       if (ks == 1) {
         if (kb >= 1) BarrierWait(empty0 + 8 * ns, ((kb - 1) / kStages) & 1);
-        LoadActivationStage<kRows, kVec, kThreads, Engine::kALayout>(p, div, origins, next, kb + kStages - 1, tid);
+        LoadActivationStage<kRows, kVec, kThreads, Engine::kALayout, false, kDoubled>(p, div, origins, next,
+                                                                                    kb + kStages - 1, tid);
       }
       if (ks == 3) {
         weights.Load(next + kStageA, kb + kStages - 1);

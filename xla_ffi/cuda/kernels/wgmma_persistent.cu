@@ -69,7 +69,7 @@ __device__ __forceinline__ void InitStages(const CUtensorMap& a_map, const CUten
 // The producer warpgroup (one warp of it for TMA activations): fills the stages of the CTA's tiles in turn,
 // the activations by TMA boxes or by cp.async with the implicit-GEMM addressing (zero fill of out-of-frame
 // taps), this CTA's half of the weight rows multicast into both CTAs of the cluster.
-template <ALayout kLayout, int kSteps, bool kTensorA, ALayout kStageLayout>
+template <ALayout kLayout, int kSteps, bool kTensorA, ALayout kStageLayout, bool kDoubled>
 __device__ __forceinline__ void ProduceStages(const BinaryGemmProblem& p, const CUtensorMap& a_map,
                                               const CUtensorMap& w_map, bool weights_by_tma, const LaunchDivisors& div,
                                               int m_pairs, int n_tiles, bool runs, const PairRange& schedule, int rank,
@@ -100,9 +100,12 @@ __device__ __forceinline__ void ProduceStages(const BinaryGemmProblem& p, const 
       // placed before the wait so that only the copies follow the stage's release. Boxes past K start
       // past the channel bytes: they arrive as zeros.
       const int k_byte = kb * 128 + tid * a_box_bytes, tap_bytes = p.cw * 4;
-      const int tap = Quotient(k_byte, div.tap_bytes);
+      int tap = Quotient(k_byte, div.tap_bytes), cword = 0;
+      // a doubled convolution's box lies within one tap's run (ABoxTapBytes)
+      if constexpr (kDoubled) DoubledReductionWord(p, k_byte / 4, tap, cword);
       const int fkh = Quotient(tap, div.kw), fkw = tap - fkh * p.kw;
-      const int channel_byte = k_byte < p.k_words * 4 ? StoredByte(p, k_byte - tap * tap_bytes) : p.x_cw * 4;
+      const int channel_byte =
+          k_byte < p.k_words * 4 ? (kDoubled ? cword * 4 : StoredByte(p, k_byte - tap * tap_bytes)) : p.x_cw * 4;
       if (it >= kWgStages) BarrierWait(empty0 + 8 * s, ((it / kWgStages) - 1) & 1);
       const uint32_t stage = base + s * kWgStageBytes;
       // FSB tiles past K are not copied either: what stays there meets zero-filled activation words.
@@ -122,9 +125,9 @@ __device__ __forceinline__ void ProduceStages(const BinaryGemmProblem& p, const 
       } else {
         // 8-byte copies where a stored pixel has an even but not a multiple-of-4 number of words (C = 64: 2)
         if (p.x_cw % 4 == 0) {
-          LoadActivationStage<kWgRows, 4, 128, kStageLayout, (kSteps < 4)>(p, div, origins, stage, kb, tid);
+          LoadActivationStage<kWgRows, 4, 128, kStageLayout, (kSteps < 4), kDoubled>(p, div, origins, stage, kb, tid);
         } else {
-          LoadActivationStage<kWgRows, 2, 128, kStageLayout, (kSteps < 4)>(p, div, origins, stage, kb, tid);
+          LoadActivationStage<kWgRows, 2, 128, kStageLayout, (kSteps < 4), kDoubled>(p, div, origins, stage, kb, tid);
         }
         if (tid == 0) BarrierArriveExpectBytes(full, weight_bytes);
       }
@@ -267,7 +270,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const bool staged = p.pool_h * p.pool_w > 1;
   // Bytes of K per row of one activation slab (one TMA box): 16 in the chunk slabs, W in the tap rows, 128
   // (a whole stage row) in the other layouts; a power of two.
-  const int a_box_bytes = kLayout == ALayout::kChunkSlabs ? 16 : kLayout == ALayout::kTapRows ? TapRowBytes(p.x_cw) : 128;
+  const int a_box_bytes = kLayout == ALayout::kChunkSlabs ? 16
+                          : kLayout == ALayout::kTapRows  ? (kDoubled ? ABoxTapBytes(p) : TapRowBytes(p.x_cw))
+                                                          : 128;
   const int a_box_log2 = __ffs(a_box_bytes) - 1;
   const int a_boxes = 128 >> a_box_log2;           // per stage
   uint32_t tap_row_step[4];
@@ -289,9 +294,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   if (warpgroup == 0) {  // producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (kTensorA && tid >= 32) return;  // one warp issues the copies
-    ProduceStages<kLayout, kSteps, kTensorA, kStageLayout>(p, a_map, w_map, weights_by_tma, div, m_pairs, n_tiles, runs,
-                                                           schedule, rank, origins, full0, empty0, base, k_blocks,
-                                                           a_box_bytes, a_boxes, tid);
+    ProduceStages<kLayout, kSteps, kTensorA, kStageLayout, kDoubled>(
+        p, a_map, w_map, weights_by_tma, div, m_pairs, n_tiles, runs, schedule, rank, origins, full0, empty0, base,
+        k_blocks, a_box_bytes, a_boxes, tid);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");

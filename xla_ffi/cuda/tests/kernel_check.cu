@@ -11,7 +11,8 @@
 // (LaunchGlobalSumBits, against a CPU sum); `--stream-bits` checks only the stream's threshold planes
 // (LaunchStreamBits, against CPU comparisons); `--repeats` checks only the inputs whose taps read each pixel twice
 // (BinaryGemmProblem::x_cw); `--doubled` checks only the products with doubled K blocks (the three-block
-// ternary product; `--small-doubled`: two of them, a sanitizer workload); `--planes` checks only the bit
+// ternary product; `--small-doubled`: a dense one and two convolutions, one by TMA boxes and one by copies, a
+// sanitizer workload); `--planes` checks only the bit
 // epilogue's two threshold planes (the full set of those cases; `--small-planes`: the small set's, a sanitizer
 // workload of a few seconds); `--boxes` checks only the wgmma kernels' TMA boxes over strided taps and whole
 // images (StridedAndWholeImageBoxCases and ResidualBoxCases, every epilogue, every engine; a sanitizer workload);
@@ -354,72 +355,101 @@ ConvCase Bmm(int m, int n, int k) { return ConvCase{m, 1, 1, k, n, 1, 1, 1, 1, 0
 
 // ---- doubled K blocks (BinaryGemmProblem::doubled_k_blocks): the three-block ternary product ----
 
-// A dense ternary product of m x k values against n x k as the binary kernels run it in three blocks: the
-// activations [P | N | Z] (t = +1, t = -1, t != 0) against the weights [P | N | E] (t' = +1, t' = -1, t' = 0),
-// each block zero-padded to whole 512-bit halves of a K block, the first two blocks (whole K blocks) doubled,
-// every column's popcount R / 2 (R = 2 (D + K), the doubled bits D): then every value is 4 t . t'. The
-// reference is that ternary dot product, counted value by value (independent of the AND-popc algebra).
+// A ternary convolution (a dense product: its 1 x 1 case over a 1 x 1 image) as the binary kernels run it in three
+// blocks: each pixel's values [P | N | Z] (t = +1, t = -1, t != 0) against each tap's weights [P | N | E] (t' = +1,
+// t' = -1, t' = 0), each block zero-padded to whole 512-bit halves of a K block, the first two blocks of every tap
+// doubled (the reduction runs every tap's doubled blocks, then every tap's third: DoubledReductionWord), every tap's
+// popcount half its real count 2 (D + 3 block bits), "zero" padding: then every value is 4 t . t' over the taps in
+// frame. The reference is that ternary convolution, counted value by value (independent of the AND-popc algebra),
+// max-pooled, then the epilogue.
 struct DoubledCase {
-  int m, n, k;
+  int batch, h, w, c, o, kh = 1, kw = 1, stride = 1, pad = 0, pool = 1;
 };
 
+DoubledCase DenseDoubled(int m, int n, int k) { return DoubledCase{m, 1, 1, k, n}; }
+
 long RunDoubledCase(const DoubledCase& dc, Epilogue ep, KernelPath path, bool verbose, int planes = 1) {
-  const int block_words = (dc.k + 511) / 512 * 16, k_words = 3 * block_words, k_bits = 32 * k_words;
-  const int doubled_k_blocks = 2 * block_words / 32;
-  const int k_real = 2 * (doubled_k_blocks * 1024 + k_bits);
+  const int block_words = (dc.c + 511) / 512 * 16, cw = 3 * block_words, taps = dc.kh * dc.kw;
+  const int k_words = taps * cw, doubled_k_blocks = taps * 2 * block_words / 32;
+  const int tap_real = 2 * (2 * block_words * 32 + cw * 32);
   std::uniform_int_distribution<int> trit(-1, 1);
-  auto random_trits = [&](int rows) {
-    std::vector<int8_t> t(static_cast<size_t>(rows) * dc.k);
+  auto random_trits = [&](size_t values) {
+    std::vector<int8_t> t(values);
     for (int8_t& v : t) v = static_cast<int8_t>(trit(rng));
     return t;
   };
-  const std::vector<int8_t> xt = random_trits(dc.m), wt = random_trits(dc.n);
-  // Row r's three blocks: bit i of block b set where value i is in that block's class.
-  auto blocks = [&](const std::vector<int8_t>& t, int r, bool weights) {
-    std::vector<uint32_t> words(k_words, 0);
-    for (int i = 0; i < dc.k; ++i) {
-      const int v = t[static_cast<size_t>(r) * dc.k + i];
-      const bool bits[3] = {v == 1, v == -1, weights ? v == 0 : v != 0};
+  const size_t pixels = static_cast<size_t>(dc.batch) * dc.h * dc.w;
+  const std::vector<int8_t> xt = random_trits(pixels * dc.c);
+  const std::vector<int8_t> wt = random_trits(static_cast<size_t>(dc.o) * taps * dc.c);
+  // The three blocks of `c` values at `t`: bit i of block b set where value i is in that block's class.
+  auto blocks = [&](const int8_t* t, bool weights, uint32_t* words) {
+    for (int i = 0; i < dc.c; ++i) {
+      const bool bits[3] = {t[i] == 1, t[i] == -1, weights ? t[i] == 0 : t[i] != 0};
       for (int b = 0; b < 3; ++b) {
         if (bits[b]) words[b * block_words + i / 32] |= 1u << (i % 32);
       }
     }
-    return words;
   };
-  std::vector<uint32_t> x;
-  for (int r = 0; r < dc.m; ++r) {
-    const std::vector<uint32_t> row = blocks(xt, r, false);
-    x.insert(x.end(), row.begin(), row.end());
+  std::vector<uint32_t> x(pixels * cw, 0);
+  for (size_t px = 0; px < pixels; ++px) blocks(&xt[px * dc.c], false, &x[px * cw]);
+  std::vector<uint32_t> wrows(static_cast<size_t>(dc.o) * k_words, 0);
+  for (int r = 0; r < dc.o; ++r) {
+    for (int t = 0; t < taps; ++t) {
+      std::vector<uint32_t> tap(cw, 0);
+      blocks(&wt[(static_cast<size_t>(r) * taps + t) * dc.c], true, tap.data());
+      // the reduction's order: every tap's doubled blocks, then every tap's third
+      std::copy_n(tap.data(), 2 * block_words, &wrows[static_cast<size_t>(r) * k_words + t * 2 * block_words]);
+      std::copy_n(tap.data() + 2 * block_words, block_words,
+                  &wrows[static_cast<size_t>(r) * k_words + taps * 2 * block_words + t * block_words]);
+    }
   }
-  const int row_tiles = (dc.n + 7) / 8, k_tiles = (k_words + 3) / 4;
+  const int row_tiles = (dc.o + 7) / 8, k_tiles = (k_words + 3) / 4;
   std::vector<uint32_t> fsb(static_cast<size_t>(row_tiles) * k_tiles * 32, 0);
-  for (int r = 0; r < dc.n; ++r) {
-    const std::vector<uint32_t> row = blocks(wt, r, true);
+  for (int r = 0; r < dc.o; ++r) {
     for (int k = 0; k < k_words; ++k) {
-      fsb[((static_cast<size_t>(r / 8) * k_tiles + k / 4) * 8 + r % 8) * 4 + k % 4] = row[k];
+      fsb[((static_cast<size_t>(r / 8) * k_tiles + k / 4) * 8 + r % 8) * 4 + k % 4] =
+          wrows[static_cast<size_t>(r) * k_words + k];
     }
   }
-  const std::vector<int32_t> popcount(dc.n, k_real / 2);
+  const std::vector<int32_t> tap_popc(static_cast<size_t>(taps) * dc.o, tap_real / 2);
 
-  std::vector<int32_t> dots(static_cast<size_t>(dc.m) * dc.n);
-  for (int r = 0; r < dc.m; ++r) {
-    for (int o = 0; o < dc.n; ++o) {
-      int dot = 0;
-      for (int i = 0; i < dc.k; ++i) {
-        dot += xt[static_cast<size_t>(r) * dc.k + i] * wt[static_cast<size_t>(o) * dc.k + i];
+  const int conv_h = (dc.h + 2 * dc.pad - dc.kh) / dc.stride + 1, conv_w = (dc.w + 2 * dc.pad - dc.kw) / dc.stride + 1;
+  const int out_h = conv_h / dc.pool, out_w = conv_w / dc.pool;
+  const size_t pooled = static_cast<size_t>(dc.batch) * out_h * out_w;
+  std::vector<int32_t> dots(pooled * dc.o);
+  for (int b = 0; b < dc.batch; ++b) {
+    for (int ohp = 0; ohp < out_h; ++ohp) {
+      for (int owp = 0; owp < out_w; ++owp) {
+        for (int o = 0; o < dc.o; ++o) {
+          int best = INT32_MIN;
+          for (int e = 0; e < dc.pool * dc.pool; ++e) {
+            const int oh = ohp * dc.pool + e / dc.pool, ow = owp * dc.pool + e % dc.pool;
+            int dot = 0;
+            for (int t = 0; t < taps; ++t) {
+              const int ih = oh * dc.stride - dc.pad + t / dc.kw, iw = ow * dc.stride - dc.pad + t % dc.kw;
+              if (ih < 0 || ih >= dc.h || iw < 0 || iw >= dc.w) continue;
+              const int8_t* xv = &xt[((static_cast<size_t>(b) * dc.h + ih) * dc.w + iw) * dc.c];
+              const int8_t* wv = &wt[(static_cast<size_t>(o) * taps + t) * dc.c];
+              for (int i = 0; i < dc.c; ++i) dot += xv[i] * wv[i];
+            }
+            best = std::max(best, 4 * dot);
+          }
+          dots[((static_cast<size_t>(b) * out_h + ohp) * out_w + owp) * dc.o + o] = best;
+        }
       }
-      dots[static_cast<size_t>(r) * dc.n + o] = 4 * dot;
     }
   }
-  std::vector<float> scale(dc.n), bias(dc.n);
-  std::vector<int32_t> threshold(static_cast<size_t>(planes) * dc.n);
+  std::vector<float> scale(dc.o), bias(dc.o);
+  std::vector<int32_t> threshold(static_cast<size_t>(planes) * dc.o);
   std::vector<uint8_t> flip(threshold.size());
   std::uniform_real_distribution<float> uni(-2.f, 2.f);
-  const int spread = 4 * static_cast<int>(std::sqrt(static_cast<double>(dc.k))) + 4;
+  const int k_real = taps * tap_real;
+  const int spread = 4 * static_cast<int>(std::sqrt(static_cast<double>(taps * dc.c))) + 4;
   std::uniform_int_distribution<int> thr(-spread, spread);
   // thresholds among the values, and a few at and past the range's ends (the kernels clamp to +-(k_real + 1))
-  const int32_t extremes[] = {INT32_MIN, INT32_MAX, -k_real - 1, k_real + 1, -k_real, k_real, -4 * dc.k, 4 * dc.k};
-  for (int o = 0; o < dc.n; ++o) {
+  const int32_t extremes[] = {INT32_MIN, INT32_MAX, -k_real - 1, k_real + 1, -k_real, k_real, -4 * taps * dc.c,
+                              4 * taps * dc.c};
+  for (int o = 0; o < dc.o; ++o) {
     scale[o] = uni(rng);
     bias[o] = uni(rng);
   }
@@ -428,37 +458,42 @@ long RunDoubledCase(const DoubledCase& dc, Epilogue ep, KernelPath path, bool ve
     threshold[i] = r % 10 == 0 ? extremes[(r >> 8) % 8] : thr(rng);
     flip[i] = (r >> 16) & 1;
   }
-  const int words = (dc.n + 31) / 32, out_cols = ep == Epilogue::kBits ? planes * words : dc.n;
-  std::vector<uint32_t> want(static_cast<size_t>(dc.m) * out_cols, 0);
-  for (int r = 0; r < dc.m; ++r) {
-    for (int o = 0; o < dc.n; ++o) {
-      const int32_t d = dots[static_cast<size_t>(r) * dc.n + o];
+  const int words = (dc.o + 31) / 32, out_cols = ep == Epilogue::kBits ? planes * words : dc.o;
+  std::vector<uint32_t> want(pooled * out_cols, 0);
+  for (size_t px = 0; px < pooled; ++px) {
+    for (int o = 0; o < dc.o; ++o) {
+      const int32_t d = dots[px * dc.o + o];
       if (ep == Epilogue::kInt32) {
-        want[static_cast<size_t>(r) * out_cols + o] = static_cast<uint32_t>(d);
+        want[px * out_cols + o] = static_cast<uint32_t>(d);
       } else if (ep == Epilogue::kAffine) {
         volatile float prod = static_cast<float>(d) * scale[o];
         const float v = prod + bias[o];
-        std::memcpy(&want[static_cast<size_t>(r) * out_cols + o], &v, 4);
+        std::memcpy(&want[px * out_cols + o], &v, 4);
       } else {
         for (int q = 0; q < planes; ++q) {
-          const int32_t t = threshold[q * dc.n + o];
-          const bool bit = flip[q * dc.n + o] ? d <= t : d >= t;
-          want[static_cast<size_t>(r) * out_cols + q * words + o / 32] |= static_cast<uint32_t>(bit) << (o % 32);
+          const int32_t t = threshold[q * dc.o + o];
+          const bool bit = flip[q * dc.o + o] ? d <= t : d >= t;
+          want[px * out_cols + q * words + o / 32] |= static_cast<uint32_t>(bit) << (o % 32);
         }
       }
     }
   }
 
-  BinaryGemmProblem p = ProblemShape(Bmm(dc.m, dc.n, k_bits));
+  const ConvCase shape{dc.batch, dc.h, dc.w, 32 * cw, dc.o, dc.kh, dc.kw, dc.stride, dc.stride,
+                       dc.pad, dc.pad, dc.pad, dc.pad, dc.pool, dc.pool, false};
+  BinaryGemmProblem p = ProblemShape(shape);
+  p.c = tap_real;
   p.k_real = k_real;
   p.doubled_k_blocks = doubled_k_blocks;
   p.epilogue = ep;
   p.planes = planes;
   KernelPath ran;
-  const long bad = RunProblem(p, {x, fsb, popcount, scale, bias, threshold, flip}, want, path, verbose, ran);
-  std::printf("%-8s %-5s doubled: ternary %dx%d . %dx%d, %d K blocks of %d doubled: %ld / %zu wrong%s\n",
-              PathName(ran), EpilogueName(ep, planes).c_str(), dc.m, dc.k, dc.n, dc.k, (k_words + 31) / 32,
-              doubled_k_blocks, bad, want.size(), ran != path ? " (requested engine cannot run it)" : "");
+  const long bad = RunProblem(p, {x, fsb, tap_popc, scale, bias, threshold, flip}, want, path, verbose, ran);
+  std::printf("%-8s %-5s doubled: ternary B%d %dx%d c%d o%d k%dx%d s%d pad%d pool%d, %d K blocks of %d doubled: "
+              "%ld / %zu wrong%s\n",
+              PathName(ran), EpilogueName(ep, planes).c_str(), dc.batch, dc.h, dc.w, dc.c, dc.o, dc.kh, dc.kw,
+              dc.stride, dc.pad, dc.pool, (k_words + 31) / 32, doubled_k_blocks, bad, want.size(),
+              ran != path ? " (requested engine cannot run it)" : "");
   return bad;
 }
 
@@ -472,11 +507,24 @@ long RunDoubledForms(const DoubledCase& dc, KernelPath path) {
   return failures;
 }
 
-// One doubled K block and half a block after it (k = 385: the shortest that takes the form), several blocks
+// Dense: one doubled K block and half a block after it (k = 385: the shortest that takes the form), several blocks
 // with a partial last one, M = 1, N across column tiles and past multiples of 32, and enough tiles for the
-// persistent CTAs to take several each.
+// persistent CTAs to take several each. Convolutions: 3 x 3 "zero" padded at C = 512 (half a K block a tap's third
+// block: runs of 64 bytes) and 1024 over images whose tiles are whole output rows (the TMA boxes) and whose are
+// not (cp.async), strided, pooled, 1 x 3 and 1 x 1 kernels, channels past a block, N past a column tile.
 std::vector<DoubledCase> DoubledCases() {
-  return {{5, 33, 385}, {129, 257, 1000}, {1, 300, 4096}, {300, 70, 1500}, {1000, 600, 700}, {64, 520, 2049}};
+  return {DenseDoubled(5, 33, 385),     DenseDoubled(129, 257, 1000), DenseDoubled(1, 300, 4096),
+          DenseDoubled(300, 70, 1500),  DenseDoubled(1000, 600, 700), DenseDoubled(64, 520, 2049),
+          {2, 8, 16, 512, 40, 3, 3, 1, 1},      {1, 7, 9, 1000, 300, 3, 3, 1, 1},
+          {3, 16, 8, 512, 64, 3, 3, 2, 1},      {2, 12, 12, 600, 33, 3, 3, 1, 1, 2},
+          {1, 5, 32, 1024, 130, 1, 3, 1, 1},    {2, 4, 4, 2048, 260, 3, 3, 1, 1},
+          {4, 6, 6, 513, 16, 1, 1, 1, 0}};
+}
+
+// A few of them: a dense product, a convolution by TMA boxes (tiles of whole output rows) and one by copies.
+std::vector<DoubledCase> SmallDoubledCases() {
+  const std::vector<DoubledCase> all = DoubledCases();
+  return {all[0], all[6], all[7]};
 }
 
 // ---- the residual epilogue (Epilogue::kResidual): stream = (dot >> shift) + shortcut, and its bits ----
@@ -1773,7 +1821,7 @@ int main(int argc, char** argv) {
   if (mode == "--doubled" || mode == "--small-doubled") {  // the doubled K blocks' cases only, on every engine
     long failures = 0;
     std::vector<DoubledCase> doubled_cases = DoubledCases();
-    if (mode == "--small-doubled") doubled_cases.resize(2);
+    if (mode == "--small-doubled") doubled_cases = SmallDoubledCases();
     for (const DoubledCase& dc : doubled_cases) {
       for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
         failures += RunDoubledForms(dc, path);
@@ -1912,8 +1960,7 @@ int main(int argc, char** argv) {
         failures += RunResidualForms(rc, path);
       }
     }
-    std::vector<DoubledCase> doubled_cases = DoubledCases();
-    if (small) doubled_cases.resize(2);
+    std::vector<DoubledCase> doubled_cases = small ? SmallDoubledCases() : DoubledCases();
     for (const DoubledCase& dc : doubled_cases) {
       for (KernelPath path : {KernelPath::kWgmma, KernelPath::kMmaSync, KernelPath::kSimt}) {
         failures += RunDoubledForms(dc, path);
