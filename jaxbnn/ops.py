@@ -498,7 +498,7 @@ def bconv2d(
     _check_elements("the padded input", batch + (h + pt + pb, wd + pl + pr, c))
     _check_side_by_side(side_by_side, ConvBits, mode, threshold_planes,
                         dict(kernel_size=(kh, kw), out_channels=_side_by_side_columns(o, threshold_planes),
-                             in_channels=_side_by_side_channels(mode, c)))
+                             in_channels=_conv_side_by_side_channels(mode, c, kh * kw, side_by_side)))
     return _bconv2d(tuple(planes.values()), w, w_tap_popcount, epi, side_by_side, flip_words, attrs=attrs, kind=kind,
                     pooled=pool is not None, mode=mode, threshold_planes=threshold_planes)
 
@@ -568,7 +568,15 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, flip_words=None,
         return _bconv2d((x,), w_, popcount_, {}, attrs=binary_attrs, kind="i32", pooled=False, mode="bnn",
                         threshold_planes=0)
 
+    doubled_weights = side_by_side is not None and side_by_side.in_channels != _side_by_side_channels(mode, c)
+
     def conv_composite(acts, w_, popcount_, prepared, pool_window, epilogue):
+        if _takes_doubled_conv(mode, c, kh * kw) and not (pad_one and any((pt, pb, pl, pr))):
+            # (four-block weights given, a residual convolution's: the three blocks built here)
+            return _tnn_doubled_conv(acts, w_, prepared if doubled_weights else None, epilogue, attrs=attrs,
+                                     kind=kind, pooled=pooled, threshold_planes=threshold_planes)
+        if doubled_weights:  # three-block weights, but "one" padding takes the four blocks: built here
+            prepared = None
         if not _side_by_side_fits(mode, kh * kw * cw, o, threshold_planes):
             return _composite(binary_dot, acts, w_, popcount_, o, pool_window, epilogue)
         blocks, block_popcount = prepared or _conv_side_by_side_weights(mode, w_, popcount_, c=c, o=o, taps=kh * kw,
@@ -1146,13 +1154,14 @@ def pool_threshold_bits(bits, pool, flip_words):
 # --- dispatch -------------------------------------------------------------------------------------
 
 
-def side_by_side_weights(w, *, ternary_activations, threshold_planes=0):
+def side_by_side_weights(w, *, ternary_activations, threshold_planes=0, shortcut=False):
     """The weights a ternary or mixed product runs as on a platform without kernels of its own (CUDA):
     binary weights of one ±1 product over the planes side by side along the reduction (docs/ops.md), a
     `formats.DenseBits` (from `DenseBits` / `TernaryDenseBits`) or `formats.ConvBits` (from `ConvBits` /
     `TernaryConvBits`) of 2 or 4 times the reduction and N columns (a dense TNN product where three blocks are
     shorter: 3 times the reduction rounded up to 512 bits a block, the first two blocks' counts doubled, each
-    column's popcount half the doubled product's range), and the kernels' bit epilogue writes up to two
+    column's popcount half the doubled product's range; a TNN convolution likewise where `_takes_doubled_conv`, its
+    reduction every tap's two doubled blocks, then every tap's third), and the kernels' bit epilogue writes up to two
     threshold planes (a ternary output) from one product. For more planes, or planes whose columns all fit one
     128-column tile, `threshold_planes * 32 ceil(N/32)` columns, each plane's weights again. `bmm` / `bconv2d`
     build them on every call unless given them (`side_by_side=`): build them once where weights stay
@@ -1160,7 +1169,8 @@ def side_by_side_weights(w, *, ternary_activations, threshold_planes=0):
 
     ternary_activations: whether the product's activations are ternary (`TernaryPlanes`); threshold_planes:
     the threshold planes (`P` of a `(P, N)` threshold, 2 for a ternary output) the calls will take, 0 for a
-    threshold of shape (N,), the affine or the int32 epilogue."""
+    threshold of shape (N,), the affine or the int32 epilogue; shortcut: whether the calls are a residual
+    convolution's (`bconv2d(..., shortcut=...)`), which runs the four blocks."""
     if not isinstance(w, (DenseBits, ConvBits, TernaryDenseBits, TernaryConvBits)):
         raise TypeError(f"side_by_side_weights takes formats.DenseBits, ConvBits, TernaryDenseBits or TernaryConvBits, "
                         f"got {type(w).__name__}")
@@ -1175,6 +1185,12 @@ def side_by_side_weights(w, *, ternary_activations, threshold_planes=0):
     if isinstance(w, (ConvBits, TernaryConvBits)):
         kh, kw = w.kernel_size
         c, o = w.in_channels, w.out_channels
+        if _takes_doubled_conv(mode, c, kh * kw) and not shortcut:
+            taps, cw = kh * kw, formats.num_words(c)
+            matrix = formats.from_fsb(w.bits, 2 * o, taps * cw * formats.WORD_BITS)
+            bits, counts = _doubled_conv_weights(matrix, c=c, o=o, taps=taps, threshold_planes=threshold_planes)
+            return ConvBits(bits, counts, kernel_size=(kh, kw), in_channels=_doubled_conv_channels(c),
+                            out_channels=_side_by_side_columns(o, threshold_planes))
         bits, counts = _conv_side_by_side_weights(mode, w.bits, jnp.asarray(w.tap_popcount), c=c, o=o, taps=kh * kw,
                                                   threshold_planes=threshold_planes)
         return ConvBits(bits, counts, kernel_size=(kh, kw), in_channels=_side_by_side_channels(mode, c),
@@ -1294,6 +1310,16 @@ def _conv_side_by_side_weights(mode, w, tap_popcount, *, c, o, taps, threshold_p
                                 threshold_planes=threshold_planes)
 
 
+def _conv_side_by_side_channels(mode, c, taps, side_by_side=None):
+    """The channels of a convolution's side-by-side weights (`side_by_side_weights`): the three doubled blocks' where
+    the product takes them, else the blocks'; a shortcut's four blocks (given for a residual convolution, which takes
+    no other, and which a plain one takes too)."""
+    four = _side_by_side_channels(mode, c)
+    if side_by_side is not None and getattr(side_by_side, "in_channels", None) == four:
+        return four
+    return _doubled_conv_channels(c) if _takes_doubled_conv(mode, c, taps) else four
+
+
 def _dense_blocks(mode, c):
     """Whether the side-by-side blocks of `c` channels lie channel after channel in one word (`parts * c <= 32`)
     rather than in word-aligned blocks of `32 ceil(c / 32)` bits each: a first layer on 3 colour channels then
@@ -1383,11 +1409,12 @@ def _doubled_matrix(matrix, *, k, n, threshold_planes):
 
 
 def _doubled_activations(acts, k):
-    """The three-block TNN activations (P | N | Z per row, each block zero-padded) of the (nonneg, pos) planes."""
+    """The three-block TNN activations (P | N | Z per row or pixel, each block zero-padded) of the (nonneg, pos)
+    planes over `k` values."""
     nonneg, pos = (_clear_padding_bits(a, k) for a in _materialized(acts))
     real = jnp.asarray(_real_bit_mask(nonneg.shape[-1], k))
     neg = ~nonneg & real
-    pad = ((0, 0), (0, _doubled_block_words(k) - nonneg.shape[-1]))
+    pad = ((0, 0),) * (nonneg.ndim - 1) + ((0, _doubled_block_words(k) - nonneg.shape[-1]),)
     return jnp.concatenate([jnp.pad(plane, pad) for plane in (pos, neg, pos | neg)], axis=-1)
 
 
@@ -1438,6 +1465,152 @@ def _doubled_binary_bmm(x, b, popcount, epilogue, *, k, n, kind, doubled_k_block
 
     return _dispatch(f"jaxbnn_bmm_doubled_{kind}", out_type, attrs, spec, x, b, popcount, *epi.values(),
                      cuda_weights=lambda b_: _default_tiles(b_, n, k))
+
+
+# A TNN convolution in three blocks a tap, as the dense product's: each pixel's [P | N | Z] against each tap's
+# [P | N | E], the reduction ordered every tap's doubled blocks (P | N) first, then every tap's third block
+# (CUDA's DoubledTapWords), so that the doubled part ends on a K block and the kernels double their accumulators
+# once. Each tap's real count is 2 (D + 3 block bits) (D = its doubled bits) and every tap's popcount half of it:
+# then an out-of-frame tap ("zero" padding: its activation bits 0) adds 0, and every value is 4 times the
+# ternary convolution's. It runs where the four blocks' reduction is past what the resident kernel keeps in
+# shared memory (`_DOUBLED_CONV_MIN_BITS`), so that the persistent kernel runs either form: 3 blocks' tensor-core
+# work instead of 4, for an XLA pass that forms the three blocks from the two planes.
+_DOUBLED_CONV_MIN_BITS = 12 * 1024
+
+
+def _takes_doubled_conv(mode, c, taps):
+    """Whether a convolution over `c` channels and `taps` taps runs as the three doubled blocks (where the pad value
+    allows: "zero", or no padding)."""
+    if mode != "tnn" or _dense_blocks(mode, c):
+        return False
+    block, cw = _doubled_block_words(c), formats.num_words(c)
+    return (3 * block < 4 * cw and taps * 4 * cw * formats.WORD_BITS > _DOUBLED_CONV_MIN_BITS
+            and taps * 3 * block <= _DOUBLED_REDUCTION_WORDS)
+
+
+def _doubled_conv_channels(c):
+    """The reduction bits a tap of the three doubled blocks over `c` channels."""
+    return 3 * _doubled_block_words(c) * formats.WORD_BITS
+
+
+def _doubled_tap_range(c):
+    """A doubled convolution's real count per tap (the CUDA handlers' `c`): 2 (D + 3 block bits)."""
+    block_bits = _doubled_block_words(c) * formats.WORD_BITS
+    return 2 * (2 * block_bits + 3 * block_bits)
+
+
+def _doubled_conv_weights(matrix, *, c, o, taps, threshold_planes):
+    """The three-block TNN convolution weights of ternary weight rows `(2o, taps * ceil(c / 32))` (nonneg rows, then
+    pos rows): per column every tap's P | N blocks, then every tap's E block, each zero-padded to
+    `_doubled_block_words(c)`, as FSB tiles, and the tap popcounts `(taps, columns)`, every one half of
+    `_doubled_tap_range(c)`; planes as columns as `_side_by_side_matrix` lays them."""
+    cw = formats.num_words(c)
+    real = jnp.asarray(_real_bit_mask(cw, c))
+    planes = matrix.reshape(2, o, taps, cw) & real
+    nonneg, pos = planes[0], planes[1]
+    block = _doubled_block_words(c)
+    pad = ((0, 0), (0, 0), (0, block - cw))
+    p_, n_, e_ = (jnp.pad(plane, pad) for plane in (pos, ~nonneg & real, nonneg & ~pos))
+    w = jnp.concatenate([jnp.concatenate([p_, n_], axis=-1).reshape(o, -1), e_.reshape(o, -1)], axis=-1)
+    columns = o
+    planes_as_columns = _planes_as_columns(threshold_planes, o)
+    if planes_as_columns:
+        columns = planes_as_columns * formats.num_words(o) * formats.WORD_BITS
+        w = jnp.tile(jnp.pad(w, ((0, columns // planes_as_columns - o), (0, 0))), (planes_as_columns, 1))
+    counts = jnp.full((taps, columns), _doubled_tap_range(c) // 2, jnp.int32)
+    return formats.to_fsb(w), counts
+
+
+def _tnn_doubled_conv(acts, w, prepared, epilogue, *, attrs, kind, pooled, threshold_planes):
+    """A TNN convolution as the three-block binary convolution with every tap's first two blocks doubled."""
+    c, o, kh, kw = attrs[:4]
+    taps, cw = kh * kw, formats.num_words(c)
+    if prepared:
+        blocks, counts = prepared
+    else:
+        blocks, counts = _doubled_conv_weights(formats.from_fsb(w, 2 * o, taps * cw * formats.WORD_BITS), c=c, o=o,
+                                               taps=taps, threshold_planes=threshold_planes)
+    x = _doubled_activations(acts, c)
+    columns = _side_by_side_columns(o, threshold_planes)
+    # (a padding column's threshold past the doubled product's range: its bits stay 0)
+    epilogue = _scaled_epilogue(epilogue, kind=kind, parts=_DOUBLED_PARTS, bound=taps * c + 1,
+                                threshold_planes=threshold_planes, reduction_bits=taps * _doubled_tap_range(c))
+    block = _doubled_block_words(c)
+    out = _doubled_binary_conv(x, blocks, counts, epilogue, attrs=(_doubled_conv_channels(c), columns) + attrs[2:],
+                               kind=kind, pooled=pooled, doubled_tap_words=2 * block)
+    if kind == "i32":
+        return out // _DOUBLED_PARTS  # exact: 4 times the ternary product
+    if _planes_as_columns(threshold_planes, o):
+        return out.reshape(out.shape[:-1] + (threshold_planes, out.shape[-1] // threshold_planes))
+    return out
+
+
+def _doubled_binary_conv(x, w, tap_popcount, epilogue, *, attrs, kind, pooled, doubled_tap_words):
+    """The binary convolution (B, H, W, cw) over `c = 32 cw` channels whose every tap's first `doubled_tap_words`
+    words count twice, its reduction every tap's doubled words, then every tap's others (`w`'s order): per output
+    pixel and column, over the taps in frame, tap_c - 2 popc(a) - 2 tap_popcount + 4 (2 S_1 + S_2), S_1 and S_2
+    the AND-popc counts of the doubled words and of the others, tap_c = 2 (32 doubled_tap_words + c); "zero"
+    padding only. Then pool and epilogue. CUDA's `bconv2d_doubled` handlers, else the same integers in jnp."""
+    c, o, kh, kw, sh, sw, pt, pb, pl, pr, _, ph, pw = attrs
+    taps, cw = kh * kw, c // formats.WORD_BITS
+    tap_c = 2 * (doubled_tap_words * formats.WORD_BITS + c)
+    threshold_planes = 0 if kind != "bits" or epilogue["threshold"].ndim == 1 else epilogue["threshold"].shape[0]
+    tail, out_dtype = _epilogue_tail(kind, o, threshold_planes), _epilogue_output(kind, o)[1]
+    h, wd = x.shape[1:3]
+    conv_hw = ((h + pt + pb - kh) // sh + 1, (wd + pl + pr - kw) // sw + 1)
+    out_hw = (conv_hw[0] // ph, conv_hw[1] // pw) if pooled else conv_hw
+    epi = _epilogue_operands(kind, epilogue, o, taps * tap_c + 1)
+    chunk = _KERNEL_INDEX_LIMIT // max(h * wd * cw, conv_hw[0] * conv_hw[1] * o * max(threshold_planes, 1))
+    if 1 <= chunk < x.shape[0]:
+        outs = [_doubled_binary_conv(x[i:i + chunk], w, tap_popcount, epilogue, attrs=attrs, kind=kind,
+                                     pooled=pooled, doubled_tap_words=doubled_tap_words)
+                for i in range(0, x.shape[0], chunk)]
+        return jnp.concatenate(outs)
+    pool_hw = (ph, pw) if pooled else (1, 1)
+    conv_attrs = dict(zip(_CONV_ATTRS, (c, o, kh, kw, sh, sw, pt, pb, pl, pr, False) + pool_hw))
+    conv_attrs = {name: v if name == "pad_one" else np.int64(v) for name, v in conv_attrs.items()}
+    conv_attrs.update(x_repeats=np.int64(1), doubled_tap_words=np.int64(doubled_tap_words))
+    out_type = jax.ShapeDtypeStruct((x.shape[0],) + out_hw + tail, out_dtype)
+    doubled_bits = doubled_tap_words * formats.WORD_BITS
+
+    def spec(x_, w_, popcount_, *e):
+        x_bits = formats.unpack_bits(x_, c).astype(jnp.int32)
+        x_bits = jnp.pad(x_bits, ((0, 0), (pt, pb), (pl, pr), (0, 0)))  # "zero": out-of-frame bits 0
+        inside = jnp.pad(jnp.ones((1, h, wd, 1), jnp.int32), ((0, 0), (pt, pb), (pl, pr), (0, 0)))
+        rows = formats.unpack_bits(formats.from_fsb(w_, o, taps * c), taps * c).astype(jnp.int32)
+        doubled = rows[:, :taps * doubled_bits].reshape(o, taps, doubled_bits)
+        others = rows[:, taps * doubled_bits:].reshape(o, taps, c - doubled_bits)
+        dot = jnp.zeros((x_.shape[0],) + conv_hw + (o,), jnp.int32)
+        for t in range(taps):
+            i, j = divmod(t, kw)
+            window = lambda v: jax.lax.slice(v, (0, i, j, 0), (v.shape[0], i + sh * (conv_hw[0] - 1) + 1,  # noqa: E731
+                                                                  j + sw * (conv_hw[1] - 1) + 1, v.shape[3]),
+                                             (1, sh, sw, 1))
+            bits, frame = window(x_bits), window(inside)
+            products = lambda a, b: jax.lax.dot_general(a, b, (((3,), (1,)), ((), ())),  # noqa: E731
+                                                        preferred_element_type=jnp.int32)
+            sums = 2 * products(bits[..., :doubled_bits], doubled[:, t]) + products(bits[..., doubled_bits:],
+                                                                                     others[:, t])
+            dot = dot + frame * (tap_c - 2 * popcount_[t][None, None, None, :]) - 2 * bits.sum(
+                -1, keepdims=True, dtype=jnp.int32) + 4 * sums
+        if pooled:
+            dot = reference.max_pool(dot, (ph, pw))
+        return reference.epilogue(dot, **dict(zip(epi, e)))
+
+    cuda = None
+    target = f"jaxbnn_bconv2d_doubled_{kind}"
+    if kind == "bits" and pooled and ph * pw > 1:
+        # as `_bconv2d`'s pooled threshold convolutions on CUDA: unpooled, its bits pooled after
+        unpooled = jax.ShapeDtypeStruct((x.shape[0],) + conv_hw + tail, out_dtype)
+        flat = dict(conv_attrs, pool_h=np.int64(1), pool_w=np.int64(1))
+
+        def cuda(x_, w_, popcount_, threshold_, flip_):
+            bits = jax.ffi.ffi_call(target, unpooled)(x_, w_, popcount_, threshold_, flip_, **flat)
+            words = formats.pack_bits(flip_ != 0).reshape(-1)
+            pooled_bits = pool_threshold_bits(bits.reshape(bits.shape[:3] + (-1,)), (ph, pw), words)
+            return pooled_bits.reshape(pooled_bits.shape[:3] + tail)
+    return _dispatch(target, out_type, conv_attrs, spec, x, w, tap_popcount, *epi.values(), cuda=cuda,
+                     cuda_weights=lambda w_: _default_tiles(w_, o, taps * c))
 
 
 def _side_by_side_operands(mode, acts, epilogue, *, kind, c, bound, threshold_planes, reduction_bits,

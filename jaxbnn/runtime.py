@@ -263,7 +263,8 @@ def _prepare_node(node: dict, tensors: dict) -> dict:
     if node["kind"] in ("dense", "conv"):
         return _prepare_linear(node, tensors)
     if node["kind"] == "residual":
-        return {key: _prepare_linear(node[key], _node_tensors(tensors, f"{key}.")) for key in ("conv1", "conv2")}
+        return {key: _prepare_linear(node[key], _node_tensors(tensors, f"{key}."), shortcut=key == "conv2")
+                for key in ("conv1", "conv2")}
     params = {name: _on_device(value) for name, value in tensors.items()}  # global pooling: its thresholds
     return {**params, **_threshold_planes(node, params)}
 
@@ -290,11 +291,12 @@ def _threshold_planes(node: dict, params: dict) -> dict:
     return planes
 
 
-def _prepare_linear(node: dict, tensors: dict) -> dict:
+def _prepare_linear(node: dict, tensors: dict, shortcut: bool = False) -> dict:
     """The node's tensors as the ops take them: no unpacking, no packing; derived only the threshold planes
     (`_threshold_planes`), a pooled threshold convolution's flip words (`ops.bconv2d`'s flip_words, which the
     forward would otherwise pack per layer and call, an XLA kernel each) and, where the platform has no kernel
-    of a ternary or mixed product, its side-by-side weights."""
+    of a ternary or mixed product, its side-by-side weights (`shortcut`: a residual block's conv2, whose
+    residual epilogue takes the four blocks)."""
     params = {name: _on_device(value) for name, value in tensors.items()}
     params.update(_threshold_planes(node, params))
     if node["operand"] == "image":
@@ -317,7 +319,7 @@ def _prepare_linear(node: dict, tensors: dict) -> dict:
     if (ternary or ternary_activations) and not _has_native_product(ternary_activations, ternary):
         planes = 2 if node["output"] == "ternary" and not _per_feature_levels(node) else 0
         params["side_by_side"] = ops.side_by_side_weights(params["weight"], ternary_activations=ternary_activations,
-                                                          threshold_planes=planes)
+                                                          threshold_planes=planes, shortcut=shortcut)
     return params
 
 

@@ -783,6 +783,24 @@ def test_conv_handler_refuses_inconsistent_repeats(c, words, x_repeats, message)
         _call("jaxbnn_bconv2d_i32", GPU, _result("i32", (1, 6, 6), 8), [x, w.bits, w.tap_popcount], attrs)
 
 
+@pytest.mark.parametrize("c,doubled,pad_value,x_repeats", [
+    (1536, 16, "zero", 1),    # doubled words not a multiple of 32
+    (1792, 32, "zero", 1),    # the rest (24 words) not a multiple of 16
+    (1536, 32, "one", 1),     # "one" padding
+    (1024, 32, "zero", 1),    # nothing after the doubled words
+    (3072, 32, "zero", 2),    # a pixel read twice
+    (1530, 32, "zero", 1),    # channels short of whole words
+])  # fmt: skip
+def test_doubled_conv_handler_refuses_what_its_reduction_order_cannot_take(c, doubled, pad_value, x_repeats):
+    words = -(-c // 32) // x_repeats
+    x = np.zeros((1, 6, 6, words), np.uint32)
+    w = formats.pack_conv_weights(np.ones((3, 3, c, 8), np.float32))
+    attrs = dict(_conv_attrs(c, 8, (3, 3), (1, 1), ((1, 1), (1, 1)), pad_value, None, x_repeats=x_repeats),
+                 doubled_tap_words=np.int64(doubled))
+    with pytest.raises(Exception, match="bconv2d_doubled needs"):
+        _call("jaxbnn_bconv2d_doubled_i32", GPU, _result("i32", (1, 6, 6), 8), [x, w.bits, w.tap_popcount], attrs)
+
+
 # --- ternary and mixed products (TNN, TBN, BTN) through the ops: one binary call over the planes side by side --
 
 TERNARY_MODES = ["tnn", "tbn", "btn"]
@@ -795,6 +813,10 @@ TERNARY_CONV_CASES = [
     (2, 12, 16, 256, 64, (3, 3), 1, "SAME", "zero", (2, 2)),
     (1, 6, 6, 3, 5, (7, 7), 1, "SAME", "zero", (3, 3)),
     (2, 7, 7, 512, 130, (3, 3), 1, "SAME", "zero", None),
+    # TNN in three blocks a tap (ops._takes_doubled_conv): strided, pooled; "one" padding in four
+    (1, 6, 10, 1000, 33, (3, 3), 2, "SAME", "zero", None),
+    (2, 8, 12, 600, 70, (3, 3), 1, "SAME", "zero", (2, 2)),
+    (2, 8, 8, 512, 40, (3, 3), 1, "SAME", "one", (2, 2)),
 ]
 
 
@@ -857,6 +879,29 @@ def test_doubled_bmm_on_cuda_matches_its_jnp_form(engine, m, k, n, doubled):
     run = jax.jit(lambda a, w, c: ops._doubled_binary_bmm(a, w, c, {}, k=k, n=n, kind="i32", doubled_k_blocks=doubled))
     np.testing.assert_array_equal(np.asarray(run(*_on(GPU, (a, w, popcount)))),
                                   np.asarray(run(*_on(CPU, (a, w, popcount)))))
+
+
+@pytest.mark.parametrize("b,h,w,c,o,kernel,stride,pool,doubled", [
+    (2, 7, 9, 1536, 40, (3, 3), 1, None, 32), (1, 8, 8, 3072, 300, (3, 3), 2, None, 64),
+    (2, 9, 8, 1536, 33, (3, 3), 1, (2, 2), 32), (3, 5, 20, 1536, 8, (1, 3), 1, None, 32),
+])  # fmt: skip
+def test_doubled_bconv2d_on_cuda_matches_its_jnp_form(engine, b, h, w, c, o, kernel, stride, pool, doubled):
+    """The convolution whose every tap's first words count twice (`bconv2d_doubled`), random bits and tap
+    popcounts (so that out-of-frame taps need their corrections), "zero" padding: the handler's int32 values equal
+    the jnp form's, on every engine."""
+    from jaxbnn import ops
+
+    rng = np.random.default_rng(zlib.crc32(repr((b, h, w, c, o, kernel, doubled)).encode()))
+    taps = kernel[0] * kernel[1]
+    x = formats.pack_bits(rng.integers(0, 2, (b, h, w, c)).astype(bool))
+    wt = formats.to_fsb(formats.pack_bits(rng.integers(0, 2, (o, taps * c)).astype(bool)))
+    popcount = rng.integers(0, 2 * c, (taps, o)).astype(np.int32)
+    pads = ops._conv_padding("SAME", (h, w), kernel, (stride, stride))
+    attrs = (c, o) + kernel + (stride, stride) + pads[0] + pads[1] + (False,) + (pool or (1, 1))
+    run = jax.jit(lambda x, w, p: ops._doubled_binary_conv(x, w, p, {}, attrs=attrs, kind="i32",
+                                                           pooled=pool is not None, doubled_tap_words=doubled))
+    np.testing.assert_array_equal(np.asarray(run(*_on(GPU, (x, wt, popcount)))),
+                                  np.asarray(run(*_on(CPU, (x, wt, popcount)))))
 
 
 @pytest.mark.parametrize("mode", TERNARY_MODES)

@@ -444,6 +444,82 @@ def test_without_ternary_kernels_long_tnn_bmm_runs_as_three_blocks_the_first_two
                                       flip=epi["flip_planes"][:2])))  # fmt: skip
 
 
+@pytest.mark.parametrize("b,h,w,c,o,kernel,stride,padding,pad_value,pool", [
+    (2, 6, 7, 512, 40, (3, 3), 1, "SAME", "zero", None),     # a tap's third block half a K block
+    (1, 5, 5, 1000, 33, (3, 3), 2, "SAME", "zero", None),    # channels short of whole blocks, strided
+    (2, 8, 6, 450, 70, (3, 3), 1, "VALID", "one", (2, 2)),   # no padding: "one" changes nothing, pooled
+    (1, 4, 4, 2048, 20, (1, 3), 1, "SAME", "zero", None),
+])  # fmt: skip
+def test_without_ternary_kernels_long_tnn_conv_runs_as_three_blocks_a_tap_the_first_two_doubled(
+        without_ternary_kernels, b, h, w, c, o, kernel, stride, padding, pad_value, pool):
+    """A TNN convolution whose four blocks a tap would be longer (past what the resident kernel keeps): each
+    pixel's P, N and Z against each tap's P, N and E, every tap's first two blocks first and counted twice, is 4
+    times the ternary convolution (on CUDA one bconv2d_doubled call; here its jnp form), with every epilogue and
+    both threshold planes, and the same from weights built once."""
+    rng = np.random.default_rng(c * 13 + o)
+    x, x_values, weights, w_values = operands(rng, "tnn", (b, h, w, c), kernel + (c, o), conv=True)
+    pads = ops._conv_padding(padding, (h, w), kernel, (stride, stride))
+    want = numpy_max_pool(numpy_conv(x_values, w_values, (stride, stride), pads, pad_value), pool)
+    assert ops._takes_doubled_conv("tnn", c, kernel[0] * kernel[1])
+    prepared = ops.side_by_side_weights(weights, ternary_activations=True, threshold_planes=2)
+    assert prepared.in_channels == 3 * 512 * -(-c // 512)
+
+    def run(**epi):
+        return jax.jit(lambda x: ops.bconv2d(x, weights, stride=stride, padding=padding, pad_value=pad_value,
+                                             pool=pool, **epi))(x)
+
+    epi = epilogue_operands(rng, want)
+    assert_all_epilogues(run, want, epi)
+    assert "jaxbnn_bconv2d_doubled_bits" not in custom_calls(run)  # the CPU runs its jnp form
+    planes = dict(threshold=epi["threshold_planes"][:2], flip=epi["flip_planes"][:2])
+    np.testing.assert_array_equal(
+        np.asarray(ops.bconv2d(x, weights, stride=stride, padding=padding, pad_value=pad_value, pool=pool,
+                               side_by_side=prepared, **planes)),
+        np.asarray(reference.epilogue(jnp.asarray(want), **planes)))
+
+
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+def test_without_ternary_kernels_a_tnn_conv_takes_either_weights_built_once(without_ternary_kernels, padding):
+    """The three-block weights of a plain convolution and the four-block ones of a residual convolution
+    (`shortcut=True`) give a TNN convolution the same results; "one" padding runs the four blocks from either."""
+    rng = np.random.default_rng(5)
+    x, x_values, weights, w_values = operands(rng, "tnn", (2, 5, 5, 512), (3, 3, 512, 24), conv=True)
+    three = ops.side_by_side_weights(weights, ternary_activations=True)
+    four = ops.side_by_side_weights(weights, ternary_activations=True, shortcut=True)
+    assert (three.in_channels, four.in_channels) == (3 * 512, 4 * 512)
+    for pad_value in ("zero", "one"):
+        pads = ops._conv_padding(padding, (5, 5), (3, 3), (1, 1))
+        want = numpy_conv(x_values, w_values, (1, 1), pads, pad_value)
+        for prepared in (None, three, four):
+            got = ops.bconv2d(x, weights, padding=padding, pad_value=pad_value, side_by_side=prepared)
+            np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_the_doubled_convolution_counts_every_taps_first_words_twice():
+    """The doubled binary convolution's jnp form (the CUDA handlers' spec), against the same counts in numpy: per
+    output pixel, over the taps in frame, tap_c - 2 popc(a) - 2 popc(tap) + 4 (2 S_1 + S_2), tap_c = 2 (D + c),
+    S_1 over each tap's first D bits (every tap's come first in the weights' reduction), S_2 over the rest."""
+    rng = np.random.default_rng(8)
+    b, h, w, c, o, doubled_words = 2, 4, 5, 96 * 32, 7, 64
+    x_bits, w_bits = rng.integers(0, 2, (b, h, w, c)), rng.integers(0, 2, (o, 3, 3, c))
+    popcount = rng.integers(0, 2 * c, (9, o)).astype(np.int32)
+    d = doubled_words * 32
+    order = np.concatenate([w_bits[..., :d].reshape(o, -1), w_bits[..., d:].reshape(o, -1)], axis=-1)
+    got = ops._doubled_binary_conv(ops.pack_bits(2 * x_bits - 1), formats.to_fsb(ops.pack_bits(2 * order - 1)),
+                                   jnp.asarray(popcount), {}, attrs=(c, o, 3, 3, 1, 1, 1, 1, 1, 1, False, 1, 1),
+                                   kind="i32", pooled=False, doubled_tap_words=doubled_words)
+    padded = np.pad(x_bits, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    inside = np.pad(np.ones((h, w), np.int64), 1)
+    want = np.zeros((b, h, w, o), np.int64)
+    for i in range(3):
+        for j in range(3):
+            a = padded[:, i:i + h, j:j + w]
+            sums = 2 * a[..., :d] @ w_bits[:, i, j, :d].T + a[..., d:] @ w_bits[:, i, j, d:].T
+            term = 2 * (d + c) - 2 * a.sum(-1, keepdims=True) - 2 * popcount[3 * i + j] + 4 * sums
+            want += inside[i:i + h, j:j + w, None] * term
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
 def test_the_doubled_product_counts_the_first_blocks_twice():
     """The doubled binary product's jnp form (the CUDA handlers' spec): R - 2 popc(a) - 2 popcount + 4 (2 S_1 + S_2),
     R = 2 (D + K), S_1 / S_2 the AND counts of the first D bits and the rest."""
