@@ -790,6 +790,32 @@ def test_without_ternary_kernels_the_side_by_side_weights_are_built_once_at_load
     jax.clear_caches()
 
 
+def test_without_ternary_kernels_a_tnn_resnet_takes_three_blocks_where_it_can_and_four_in_its_residual_convs(
+        monkeypatch):
+    """On a platform without the ternary kernels, a TNN ResNet-14's 3x3 convolutions over 512 channels run as three
+    doubled blocks a tap, its residual conv2s keep the four blocks their epilogue takes (`shortcut=True` at load), and
+    every node's output is the native run's."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("compares with the CPU's native ternary kernels (the GPU's case is tests/test_gpu_models.py)")
+    model = zoo_model("cifar10-resnet14", "tnn", {}, sizes={"cifar10-resnet14": dict(input_shape=(8, 8, 3), width=1.0)})
+    packed = export_model(model)
+    x = images_for(model, 2, seed=7)
+    want = runtime.from_packed(packed).trace(x)
+    has_target = _ffi.has_target
+    monkeypatch.setattr(_ffi, "has_target", lambda platform, target: has_target(platform, target) and not any(
+        target.startswith(f"jaxbnn_{m}_") for m in ("tnn", "tbn", "btn")))  # fmt: skip
+    jax.clear_caches()
+    net = runtime.from_packed(packed)
+    convs = {(node["name"], key): p[key]["side_by_side"] for node, p in zip(net.graph["nodes"], net.params)
+             if node["kind"] == "residual" for key in ("conv1", "conv2") if "side_by_side" in p[key]}
+    three = {name for name, w in convs.items() if w.in_channels == 3 * 512}
+    assert three and all(key == "conv1" for _, key in three)
+    assert all(w.in_channels == 4 * 512 for (_, key), w in convs.items() if key == "conv2" and w.in_channels > 4 * 256)
+    assert "jaxbnn_tnn_" not in net._trace.lower(net.params, jnp.asarray(x)).as_text()
+    jax.tree.map(np.testing.assert_array_equal, net.trace(x), want)
+    jax.clear_caches()
+
+
 def test_dense_chains_of_the_zoo_s_tails():
     """Which runs of dense layers the forward fuses into one `ops.bmm_chain` (`runtime.dense_chains_of`): layers
     on packed bits whose weights fit a CTA's shared memory together, never the first layer (it reads the image)
