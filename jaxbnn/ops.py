@@ -1434,11 +1434,7 @@ def _tnn_doubled_bmm(acts, b, prepared, epilogue, *, k, n, kind, threshold_plane
                                 reduction_bits=_doubled_range(reduction_bits, 2 * block // 32))
     out = _doubled_binary_bmm(x, blocks, counts, epilogue, k=reduction_bits, n=columns, kind=kind,
                               doubled_k_blocks=2 * block // 32)
-    if kind == "i32":
-        return out // _DOUBLED_PARTS  # exact: 4 times the ternary product
-    if _planes_as_columns(threshold_planes, n):
-        return out.reshape(out.shape[:-1] + (threshold_planes, out.shape[-1] // threshold_planes))
-    return out
+    return _side_by_side_result(out, "tnn", kind, threshold_planes, n)  # 4 times the ternary product, as four blocks
 
 
 def _doubled_binary_bmm(x, b, popcount, epilogue, *, k, n, kind, doubled_k_blocks):
@@ -1538,11 +1534,7 @@ def _tnn_doubled_conv(acts, w, prepared, epilogue, *, attrs, kind, pooled, thres
     block = _doubled_block_words(c)
     out = _doubled_binary_conv(x, blocks, counts, epilogue, attrs=(_doubled_conv_channels(c), columns) + attrs[2:],
                                kind=kind, pooled=pooled, doubled_tap_words=2 * block)
-    if kind == "i32":
-        return out // _DOUBLED_PARTS  # exact: 4 times the ternary product
-    if _planes_as_columns(threshold_planes, o):
-        return out.reshape(out.shape[:-1] + (threshold_planes, out.shape[-1] // threshold_planes))
-    return out
+    return _side_by_side_result(out, "tnn", kind, threshold_planes, o)  # 4 times the ternary product, as four blocks
 
 
 def _doubled_binary_conv(x, w, tap_popcount, epilogue, *, attrs, kind, pooled, doubled_tap_words):
