@@ -33,9 +33,11 @@ inline constexpr int64_t kWordBits = formats::kWordBits;
 inline constexpr int64_t kPanelRows = 64;
 inline constexpr int64_t kWeightBlockBytes = 256 * 1024;  // weights swept by one task (fits L2)
 // chunk x tile-row products worth a thread hop (~2 x 512 XOR-popcounts each in a binary product, more in a
-// ternary or mixed one; 2**12 binary ones are ~4 us on one core): mnist-conv's 3x3 layers at batch 1 take 30
-// and 21 us on two cores, 48 and 31 on one.
-inline constexpr int64_t kMinParallelWork = int64_t{1} << 12;
+// ternary or mixed one): about 3 us of one core's work for a panel of one row, whose weights are swept for that
+// row alone (mnist-conv's 6272 -> 256 dense layer at batch 1, 1,568 of them, takes ~4 us). Below it the intra-op
+// pool's threads go to sleep between calls and the next parallel call pays their wake-up: run serial, that
+// dense layer made mnist-conv's whole forward at batch 1 take 46-48 us instead of 38-39 (decisions.md).
+inline constexpr int64_t kMinParallelWork = 1536;
 
 #if defined(__GNUC__)
 #define JAXBNN_ALWAYS_INLINE inline __attribute__((always_inline))
