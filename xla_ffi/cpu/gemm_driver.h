@@ -34,8 +34,7 @@ inline constexpr int64_t kPanelRows = 64;
 inline constexpr int64_t kWeightBlockBytes = 256 * 1024;  // weights swept by one task (fits L2)
 // chunk x tile-row products worth a thread hop (~2 x 512 XOR-popcounts each in a binary product, more in a
 // ternary or mixed one): about 3 us of one core's work for a panel of one row, whose weights are swept for that
-// row alone (mnist-conv's 6272 -> 256 dense layer at batch 1, 1,568 of them, takes ~4 us). Below it the intra-op
-// pool's threads go to sleep between calls and the next parallel call pays their wake-up: run serial, that
+// row alone (mnist-conv's 6272 -> 256 dense layer at batch 1, 1,568 of them, takes ~4 us). Run serial, that
 // dense layer made mnist-conv's whole forward at batch 1 take 46-48 us instead of 38-39 (decisions.md).
 inline constexpr int64_t kMinParallelWork = 1536;
 
