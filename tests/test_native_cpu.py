@@ -176,9 +176,11 @@ CONV_CASES = [
     (3, 6, 5, 128, 8, (3, 3), 1, "SAME", "one", None, (8, 128)),
     # more columns than one 128-column strip of the epilogue, the last strip not a whole word, pooled
     (2, 6, 7, 40, 150, (3, 3), 1, "SAME", "zero", (2, 2), (8, 128)),
-    # whole channel words, each receptive field in frame gathered run by run: runs of 3, 9 and 25 words, rows
-    # ending inside a chunk
+    # whole channel words, each receptive field in frame gathered run by run: runs of 3, 6, 9 and 25 words, rows
+    # ending inside a chunk (3 x 3 fields of 1, 2, 4, 8 and 16 channel words take a form of their own)
     (2, 9, 8, 32, 20, (3, 3), 1, "SAME", "zero", (2, 2), (8, 128)),
+    (1, 9, 10, 64, 24, (3, 3), 1, "SAME", "zero", (2, 2), (8, 128)),
+    (2, 7, 8, 32, 9, (3, 3), 2, "SAME", "one", None, (8, 128)),
     (1, 7, 9, 96, 16, (3, 3), 1, "SAME", "one", None, (8, 128)),
     (1, 8, 8, 160, 12, (5, 5), 1, "SAME", "zero", None, (8, 128)),
 ]

@@ -125,6 +125,20 @@ class PanelRow {
     for (; word < chunks * kChunkWords; ++word) *At(word) = 0;
   }
 
+  // PutRuns with the field's shape known at compile time (3 x 3 kernels at C <= 32 and C <= 64): fully unrolled,
+  // every address a constant offset.
+  template <int64_t kRuns, int64_t kRun>
+  JAXBNN_ALWAYS_INLINE void PutRunsFixed(const uint32_t* src, int64_t stride) const {
+    constexpr int64_t kWords = kRuns * kRun, kChunks = (kWords + kChunkWords - 1) / kChunkWords;
+#pragma GCC unroll 16
+    for (int64_t i = 0; i < kRuns; ++i) {
+#pragma GCC unroll 48
+      for (int64_t j = 0; j < kRun; ++j) *At(i * kRun + j) = src[i * stride + j];
+    }
+#pragma GCC unroll 16
+    for (int64_t word = kWords; word < kChunks * kChunkWords; ++word) *At(word) = 0;
+  }
+
  private:
   JAXBNN_ALWAYS_INLINE uint32_t* At(int64_t word) const {
     return base_ + (word / kChunkWords) * kGroupRows * kPlanes * kChunkWords + word % kChunkWords;
