@@ -182,6 +182,9 @@ CONV_CASES = [
     (3, 6, 5, 128, 8, (3, 3), 1, "SAME", "one", None, (8, 128)),
     # more columns than one 128-column strip of the epilogue, the last strip not a whole word, pooled
     (2, 6, 7, 40, 150, (3, 3), 1, "SAME", "zero", (2, 2), (8, 128)),
+    # 3 x 3 fields of one and two whole channel words, those in frame copied straight into the panel
+    (2, 9, 8, 32, 20, (3, 3), 1, "SAME", "zero", (2, 2), (8, 128)),
+    (1, 9, 10, 64, 24, (3, 3), 1, "SAME", "one", None, (8, 128)),
 ]
 
 

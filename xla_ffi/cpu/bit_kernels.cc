@@ -78,20 +78,15 @@ struct ConvRows {
     std::fill(line, line + row_words, 0u);
     const int64_t run = p.kw * p.c_words, image_row = windows.PixelOffset(0, 1, 0);
     const int32_t k_all = static_cast<int32_t>(taps * p.c);
-    const bool three_by_three = p.kh == 3 && p.kw == 3 && chunks == CeilDiv(9 * p.c_words, kChunkWords);
+    const bool three_by_three = p.kh == 3 && p.kw == 3;
     for (int64_t r = 0; r < rows; ++r) {
       const auto [b, y0, x0] = origins[r];
       if (last_mask == ~0u && windows.FieldInFrame(origins[r])) {
         // whole channel words, every tap in frame: the kernel rows' runs go straight into the panel
         const uint32_t* field = x + windows.PixelOffset(b, y0, x0);
         const PanelRow<> row(panel, chunks, r);
-        switch (three_by_three ? p.c_words : 0) {
-          case 1: row.PutRunsFixed<3, 3>(field, image_row); break;
-          case 2: row.PutRunsFixed<3, 6>(field, image_row); break;
-          case 4: row.PutRunsFixed<3, 12>(field, image_row); break;
-          case 8: row.PutRunsFixed<3, 24>(field, image_row); break;
-          case 16: row.PutRunsFixed<3, 48>(field, image_row); break;
-          default: row.PutRuns(field, image_row, p.kh, run, chunks);
+        if (!three_by_three || !row.PutThreeByThree(field, image_row, p.c_words)) {
+          row.PutRuns(field, image_row, p.kh, run, chunks);
         }
         k_valid[r] = k_all;
         excluded[r] = 0;

@@ -172,8 +172,14 @@ struct MixedConvRows {
     const int64_t row_words = chunks * kChunkWords;
     uint32_t* line = Grow(scratch.line, PanelPlanes(kMix) * row_words);
     std::fill(line, line + PanelPlanes(kMix) * row_words, 0u);  // the words past k_words stay 0
+    const bool three_by_three = p.kh == 3 && p.kw == 3 && last_mask == ~0u;
+    const int64_t image_row = windows.PixelOffset(0, 1, 0);
     for (int64_t r = 0; r < rows; ++r) {
       const auto [b, y0, x0] = origins[r];
+      if (three_by_three && windows.FieldInFrame(origins[r]) && PutThreeByThree(r, b, y0, x0, image_row, panel, row_term)) {
+        excluded[r] = 0;
+        continue;
+      }
       MixedLine<kMix> row{line, row_words};
       bool out_of_frame = false;
       for (int64_t dy = 0; dy < p.kh; ++dy) {
@@ -198,6 +204,27 @@ struct MixedConvRows {
       excluded[r] = kMix == Mix::kBtn && !p.pad_one && out_of_frame;
     }
     return MixedPanel{panel, rows, chunks, row_term};
+  }
+
+  // A 3 x 3 field wholly in frame of whole channel words straight into panel row r, each plane
+  // (PanelRow::PutThreeByThree), and its row term; false, nothing written, for widths that take the line.
+  bool PutThreeByThree(int64_t r, int64_t b, int64_t y0, int64_t x0, int64_t image_row, uint32_t* panel,
+                       int32_t* row_term) const {
+    const Bconv2dProblem& p = windows.p;
+    constexpr int kPlanes = PanelPlanes(kMix);
+    const int64_t offset = windows.PixelOffset(b, y0, x0);
+    if (!PanelRow<kPlanes>(panel, chunks, r, 0).PutThreeByThree(x.plane0 + offset, image_row, p.c_words)) return false;
+    if constexpr (kPlanes == 2) PanelRow<2>(panel, chunks, r, 1).PutThreeByThree(x.plane1 + offset, image_row, p.c_words);
+    int32_t nonzero = 0;  // the row's term (ternary_dots.h): TBN's popc(z_x), 0 otherwise
+    if constexpr (kMix == Mix::kTbn) {
+      const int64_t pixel = windows.Pixel(b, y0, x0);
+      for (int64_t dy = 0; dy < 3; ++dy) {
+        const int32_t* counts = x.nonzero + pixel + dy * p.width;
+        nonzero += counts[0] + counts[1] + counts[2];
+      }
+    }
+    row_term[r] = nonzero;
+    return true;
   }
 
   // BTN, "zero" padding: an out-of-frame tap t read as -1 added -tap_sum[t, col]: take it back.
