@@ -125,9 +125,9 @@ class PanelRow {
     for (; word < chunks * kChunkWords; ++word) *At(word) = 0;
   }
 
-  // PutRuns of a 3 x 3 field of c_words whole channel words a tap where c_words is 1, 2, 4, 8 or 16 (the row's
-  // `chunks` then hold exactly its 9 c_words words): unrolled, every address a constant offset (mnist-conv batch
-  // 256 -10% a forward, decisions.md). False, nothing written, for other widths.
+  // PutRuns of a 3 x 3 field of c_words whole channel words a tap, for a row of ceil(9 c_words / 4) chunks, where
+  // c_words is 1, 2, 4, 8 or 16: unrolled, every address a constant offset (mnist-conv batch 256 -10% a forward,
+  // decisions.md). False, nothing written, for other widths.
   JAXBNN_ALWAYS_INLINE bool PutThreeByThree(const uint32_t* src, int64_t stride, int64_t c_words) const {
     switch (c_words) {
       case 1: PutRunsFixed<3, 3>(src, stride); return true;
