@@ -425,6 +425,10 @@ IMAGE_LAYERS = [  # (image (B, H, W, C), kernel (KH, KW), N, stride, padding, po
     ((300, 1, 1, 784), (1, 1), 96, 1, "VALID", None, 2, 0),  # three row tiles, two planes
     ((3, 5, 7, 48), (1, 1), 80, 1, "VALID", None, 0, 3),  # a 1 x 1 conv over pixels, int32
     ((130, 1, 1, 1040), (1, 1), 64, 1, "VALID", None, 8, 0),  # K = 8 chunks + 16 bytes, eight planes
+    # its wgmma kernel (sm_90, K <= 1248): more row tiles than a column tile's CTAs, the longest K, and past it
+    ((4200, 1, 1, 160), (1, 1), 1024, 1, "VALID", None, 1, 0),
+    ((70, 1, 1, 1248), (1, 1), 144, 1, "VALID", None, 2, 0),  # a 16-column last tile
+    ((70, 1, 1, 1264), (1, 1), 48, 1, "VALID", None, 1, 0),  # the mma.sync kernel
 ]
 
 
@@ -489,6 +493,8 @@ IMAGE_STREAMS = [  # (image, kernel (KH, KW), N, stride, padding, pool, out_dtyp
     ((37, 1, 1, 784), (1, 1), 100, 1, "VALID", None, "int32", 1, 4),  # a dense first layer's stream and bits
     ((70, 1, 1, 16), (1, 1), 48, 1, "VALID", None, "int16", 1, 0),  # the GEMM form's int16 stream and bits
     ((2, 3, 3, 256), (1, 1), 32, 1, "VALID", None, "int32", 2, 2),  # and its int32, two whole K chunks
+    ((700, 1, 1, 160), (1, 1), 272, 1, "VALID", None, "int16", 1, 1),  # its wgmma kernel: a 16-column last tile
+    ((300, 1, 1, 96), (1, 1), 128, 1, "VALID", None, "int32", 2, 3),
     ((0, 9, 9, 3), (3, 3), 16, 1, "SAME", None, "int16", 1, 0),  # an empty batch
 ]
 

@@ -49,9 +49,17 @@ inline constexpr int kImageTileColumns = 64;
 
 // Launches the first layer on `stream` (nothing for an empty problem): the direct kernel where it takes the problem
 // (threshold planes of at most 32 channels from at most 12 products), else the windowed kernel where it does, the
-// GEMM form where it does (a 1 x 1 kernel at stride 1, no padding or pool, C and N multiples of 16), else the
-// im2col kernel; returns the launch error, if any.
+// GEMM form where it does (ImageGemmTakes: on an sm_90 device the wgmma kernel, kernels/image_wgmma.h, where it
+// takes the problem, else the mma.sync one), else the im2col kernel; returns the launch error, if any.
 cudaError_t LaunchImageConv(const ImageConvProblem& problem, cudaStream_t stream);
+
+// Whether `problem` has the GEMM form: a 1 x 1 kernel at stride 1, no padding or pool, C and N multiples of 16,
+// levels and weights 16-byte aligned (a dense first layer: output rows are the levels' rows).
+bool ImageGemmTakes(const ImageConvProblem& problem);
+
+// The GEMM form on mma.sync (sm_80+), for a problem ImageGemmTakes; LaunchImageConv's choice where the wgmma kernel
+// does not take it.
+cudaError_t LaunchImageGemm(const ImageConvProblem& problem, cudaStream_t stream);
 
 }  // namespace jaxbnn::cuda
 

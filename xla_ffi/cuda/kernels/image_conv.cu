@@ -27,6 +27,7 @@
 #include "cuda/device/first_layer.cuh"
 #include "cuda/device/common.cuh"
 #include "cuda/kernels/image_direct.h"
+#include "cuda/kernels/image_wgmma.h"
 #include "cuda/kernels/image_window.h"
 
 namespace jaxbnn::cuda {
@@ -622,15 +623,8 @@ __global__ void __launch_bounds__(GemmTile::kThreads, 2) ImageGemmKernel(const I
   if (p.planes > 0) StoreBits<S>(p, L, smem, tile, tile_m, col0, tid);
 }
 
-// Whether the GEMM form takes `p`: rows of whole 16-byte pieces of levels and weights, 16-byte aligned.
-bool ImageGemmTakes(const ImageConvProblem& p) {
-  return p.kh == 1 && p.kw == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_top == 0 && p.pad_left == 0 &&
-         p.pool_h == 1 && p.pool_w == 1 && p.out_h == p.in_h && p.out_w == p.in_w && p.c % 16 == 0 &&
-         p.n % 16 == 0 && reinterpret_cast<uintptr_t>(p.levels) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(p.kernel) % 16 == 0;
-}
-
-cudaError_t LaunchImageGemm(const ImageConvProblem& p, const ImageLaunch& L, cudaStream_t stream) {
+// The GEMM form's launch: one 128 x 64 tile a CTA.
+cudaError_t LaunchGemmForm(const ImageConvProblem& p, const ImageLaunch& L, cudaStream_t stream) {
   const void* kernel = reinterpret_cast<const void*>(&ImageGemmKernel);
   const int col_tiles = (p.n + GemmTile::kCols - 1) / GemmTile::kCols;
   if (col_tiles > kMaxImageColumnTiles) return cudaErrorInvalidValue;
@@ -697,6 +691,24 @@ int CtasPerSm(const void* kernel, int threads, int smem, int device) {
   return ctas;
 }
 
+bool ImageGemmTakes(const ImageConvProblem& p) {
+  return p.kh == 1 && p.kw == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_top == 0 && p.pad_left == 0 &&
+         p.pool_h == 1 && p.pool_w == 1 && p.out_h == p.in_h && p.out_w == p.in_w && p.c % 16 == 0 &&
+         p.n % 16 == 0 && reinterpret_cast<uintptr_t>(p.levels) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.kernel) % 16 == 0;
+}
+
+cudaError_t LaunchImageGemm(const ImageConvProblem& p, cudaStream_t stream) {
+  const int64_t rows = int64_t{p.batch} * p.out_h * p.out_w;
+  if (rows == 0 || p.n == 0) return cudaSuccess;
+  ImageLaunch L;
+  L.k_total = p.c;
+  L.per_tile = kRows;  // (window 1: a tile's rows are its outputs)
+  L.pooled = static_cast<int>(rows);  // int32 by the handler's checks
+  L.row_tiles = static_cast<int>((rows + kRows - 1) / kRows);
+  return LaunchGemmForm(p, L, stream);
+}
+
 cudaError_t LaunchImageConv(const ImageConvProblem& p, cudaStream_t stream) {
   const int window = p.pool_h * p.pool_w;
   const int64_t pooled = int64_t{p.batch} * p.out_h * p.out_w;
@@ -709,6 +721,8 @@ cudaError_t LaunchImageConv(const ImageConvProblem& p, cudaStream_t stream) {
   // four channels: the windowed kernel, where it covers the problem
   if (ImageDirectTakes(p)) return LaunchImageDirect(p, stream);
   if (ImageWindowTakes(p)) return LaunchImageWindow(p, stream);
+  // a dense first layer: Hopper's integer wgmma where its weights fit, else the mma.sync GEMM form
+  if (ImageGemmTakes(p)) return ImageWgmmaTakes(p) ? LaunchImageWgmma(p, stream) : LaunchImageGemm(p, stream);
   ImageLaunch L;
   L.window = FastDivisor(window);
   L.pool_w = FastDivisor(p.pool_w);
@@ -722,7 +736,6 @@ cudaError_t LaunchImageConv(const ImageConvProblem& p, cudaStream_t stream) {
   L.pooled = static_cast<int>(pooled);  // int32 by the handler's checks
   L.row_tiles = static_cast<int>((pooled + L.per_tile - 1) / L.per_tile);
   L.word_loads = p.c % 4 == 0 && reinterpret_cast<uintptr_t>(p.levels) % 4 == 0;
-  if (ImageGemmTakes(p)) return LaunchImageGemm(p, L, stream);
   // 128-column tiles where a 64-column tile would leave half of N's gathers to another tile, the gathers are
   // most of the work (several K steps) and every step's weights stay resident at that width
   if (p.n > NarrowTile::kCols && L.steps >= kWideMinSteps && L.steps <= WideTile::kMaxResidentSteps) {

@@ -42,6 +42,7 @@
 #include "cuda/global_pool.h"
 #include "cuda/image_conv.h"
 #include "cuda/kernels/image_direct.h"
+#include "cuda/kernels/image_wgmma.h"
 #include "cuda/kernels/image_window.h"
 #include "cuda/stream_bits.h"
 
@@ -1270,12 +1271,14 @@ long RunImageCase(const ImageCase& ic, bool pixels, bool misaligned) {
   p.planes = ic.planes;
   p.shift = ic.shift;
   // The launcher's choice; and where the direct kernel is that choice, the windowed kernel too where it takes the
-  // problem, so that it stays checked on the small problems it no longer runs.
+  // problem, and where the wgmma GEMM form is, the mma.sync one, so that each stays checked on the problems it no
+  // longer runs on this device.
   std::vector<std::pair<const char*, cudaError_t (*)(const jaxbnn::cuda::ImageConvProblem&, cudaStream_t)>> launchers = {
       {"", &jaxbnn::cuda::LaunchImageConv}};
   if (jaxbnn::cuda::ImageDirectTakes(p) && jaxbnn::cuda::ImageWindowTakes(p)) {
     launchers.push_back({" (windowed kernel)", &jaxbnn::cuda::LaunchImageWindow});
   }
+  if (jaxbnn::cuda::ImageWgmmaTakes(p)) launchers.push_back({" (mma.sync GEMM form)", &jaxbnn::cuda::LaunchImageGemm});
   long wrong = 0;
   for (const auto& [label, launch] : launchers) {
     CHECK_CUDA(cudaMemset(d_bits, 0xA5, std::max<size_t>(bit_words, 1) * 4));  // poison: unwritten values show
@@ -1695,6 +1698,12 @@ std::vector<ImageCase> ImageCases() {
       {3, 5, 7, 48, 80, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 3, 32, false},      // a 1 x 1 conv: int32, shift 3
       {130, 1, 1, 16, 16, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 16, false},    // K = 16: int16 and its bits
       {2, 3, 3, 256, 48, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 2, 32, true},       // two whole chunks, both outputs
+      // the wgmma form (sm_90: K <= 1248): more row tiles than a column tile's CTAs (K = 160: a ring of 4 stages
+      // wrapping across tiles), the longest K it takes and the shortest past it (the mma.sync form)
+      {4173, 1, 1, 160, 1024, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, false},  // 33 row tiles x 8 column tiles
+      {700, 1, 1, 160, 272, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 2, 1, 16, true},    // a 16-column last tile, int16 and bits
+      {70, 1, 1, 1248, 144, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 32, true},    // K = 1248: 39 resident steps
+      {70, 1, 1, 1264, 48, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, false},     // K = 1264: the mma.sync form
   };
 }
 
