@@ -101,16 +101,15 @@ __device__ __forceinline__ void LoadQuad(uint32_t (&reg)[4], const int8_t* addre
 // of K, 8-column group j's K tiles contiguous (byte (n, k) at ((n / 8) * k_tiles + k / 16) * 128 + (n % 8) * 16 +
 // k % 16), zeros past K and N. Warp w takes K tiles w, w + 12, ...; lane (a = lane % 4, b = lane / 4) loads K rows
 // 16 kt + 4a .. + 3 of columns 16b .. 16b + 15 (each K row's 128 bytes by 8 lanes) and stores them as 16 words of
-// 4 K bytes a column. Lanes store different columns at once (4-column block q ^ (b & 1), column (c + b / 2) % 4
-// of it) so that the warp's 32 stores hit 32 banks; kInFlight K tiles' loads are in flight together.
+// 4 K bytes a column. At a store the lanes write different columns (of 4-column block qq ^ (b & 1), column
+// (cc + b / 2) % 4) so that the warp's 32 stores hit 32 banks; kInFlight K tiles' loads are in flight together.
 __device__ __forceinline__ void LoadTransposedWeights(const ImageConvProblem& p, int steps, uint8_t* weights, int col0,
                                                       int tid) {
   constexpr int kWarps = kThreads / 32, kInFlight = 4;
   const int lane = tid % 32, warp = tid / 32, a = lane % 4, b = lane / 4;
   const int k_tiles = 2 * steps, k_total = p.c, n = col0 + 16 * b;
   const bool real_n = n < p.n;  // N % 16 == 0: the 16 columns are wholly in or out
-  // byte c of a word read (b / 2) places on: __byte_perm's selector of byte c of x and of y
-  const int turn = b / 2;
+  const int turn = b / 2;  // lane b's columns of a block go out rotated by b / 2
   for (int first = warp; first < k_tiles; first += kInFlight * kWarps) {
     uint32_t rows[kInFlight][4][4];  // [tile][K row e][4-column block]
 #pragma unroll
