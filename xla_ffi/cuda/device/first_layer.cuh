@@ -1,5 +1,5 @@
-// What both first-layer kernels use: predicated global loads whose latency overlaps later work (the im2col
-// kernel's gathers of int8 levels, both kernels' weights; each is issued here and waited for where its register is
+// What the first-layer kernels use: predicated global loads whose latency overlaps later work (the im2col
+// kernel's gathers of int8 levels, the kernels' weights; each is issued here and waited for where its register is
 // first read), and the threshold planes' bounds and flip words in shared memory, the value the epilogue writes
 // and compares.
 #pragma once
@@ -22,6 +22,14 @@ __device__ __forceinline__ void LoadWord(uint32_t& reg, const int8_t* address, i
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p ld.global.nc.u32 %0, [%1];\n}\n"
       : "+r"(reg)
+      : "l"(address), "r"(take));
+}
+
+// 16 bytes into four registers that keep their values (the caller's zeros) where `take` is false.
+__device__ __forceinline__ void LoadQuad(uint32_t (&reg)[4], const int8_t* address, int take) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+      : "+r"(reg[0]), "+r"(reg[1]), "+r"(reg[2]), "+r"(reg[3])
       : "l"(address), "r"(take));
 }
 

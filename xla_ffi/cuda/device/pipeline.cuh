@@ -64,5 +64,17 @@ struct RingPosition {
     }
   }
 };
+// The same where the stage count is a launch's (kernels whose rings take the shared memory their other operands
+// leave).
+struct LaunchRingPosition {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void Advance(int stages) {
+    if (++stage == stages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
 
 }  // namespace jaxbnn::cuda

@@ -70,31 +70,11 @@ struct ImageWgmmaLaunch {
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// A position in a ring of a launch's stages: the stage and the parity of its current fill.
-struct Ring {
-  int stage = 0;
-  uint32_t phase = 0;
-  __device__ __forceinline__ void Advance(int stages) {
-    if (++stage == stages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
-};
-
 __device__ __forceinline__ uint32_t RingStage(uint32_t ring, int stages, int half, int s) {
   return ring + (half * stages + s) * kStageBytes;
 }
 __device__ __forceinline__ uint32_t RingBarrier(uint32_t bar0, int half, int s) {
   return bar0 + 8 * (half * kMaxStages + s);
-}
-
-// 16 bytes into four registers that keep their values (the caller's zeros) where `take` is false.
-__device__ __forceinline__ void LoadQuad(uint32_t (&reg)[4], const int8_t* address, int take) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
-      : "+r"(reg[0]), "+r"(reg[1]), "+r"(reg[2]), "+r"(reg[3])
-      : "l"(address), "r"(take));
 }
 
 // The column tile's weights into shared memory as the wgmmas' B: K-major core matrices of 8 columns x 16 bytes
@@ -261,7 +241,7 @@ __device__ __forceinline__ void StoreTile(const ImageConvProblem& p, const int (
 // A producer's walk over its half's stages: K block kb of row tile tile_m next, the ring's `issued` copies so far.
 struct Feed {
   int tile_m = 0, kb = 0, issued = 0;
-  Ring at;
+  LaunchRingPosition at;
 };
 // Issues the walk's next copy (waiting for its stage to be read where the ring has gone round); false where the
 // walk is done.
@@ -340,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   const int ctid = tid - 128, half = ctid / 128, warp = ctid % 128 / 32, lane = tid % 32;
-  Ring at;
+  LaunchRingPosition at;
   for (int tile_m = first_tile; tile_m < L.m_tiles; tile_m += L.ctas_per_column) {
     int acc[64];
     int previous_stage = 0;
