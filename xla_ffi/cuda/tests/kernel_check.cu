@@ -1698,11 +1698,13 @@ std::vector<ImageCase> ImageCases() {
       {3, 5, 7, 48, 80, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 3, 32, false},      // a 1 x 1 conv: int32, shift 3
       {130, 1, 1, 16, 16, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 16, false},    // K = 16: int16 and its bits
       {2, 3, 3, 256, 48, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 2, 32, true},       // two whole chunks, both outputs
-      // the wgmma form (sm_90: K <= 1248): more row tiles than a column tile's CTAs (K = 160: a ring of 4 stages
-      // wrapping across tiles), the longest K it takes and the shortest past it (the mma.sync form)
+      // the wgmma form (sm_90: K <= 1248): more row tiles than a column tile's CTAs (132 SMs: 16 CTAs a column
+      // tile at N = 1024, 66 at N = 144), the longest K it takes (39 resident steps, a ring of 4 stages wrapping
+      // within a tile, and across tiles at 8518 rows), the shortest past it (the mma.sync form)
       {4173, 1, 1, 160, 1024, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, false},  // 33 row tiles x 8 column tiles
       {700, 1, 1, 160, 272, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 2, 1, 16, true},    // a 16-column last tile, int16 and bits
-      {70, 1, 1, 1248, 144, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 32, true},    // K = 1248: 39 resident steps
+      {70, 1, 1, 1248, 144, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 32, true},    // K = 1248
+      {8518, 1, 1, 1248, 144, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 2, 0, 0, false},  // 67 row tiles x 2 column tiles
       {70, 1, 1, 1264, 48, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, false},     // K = 1264: the mma.sync form
   };
 }
