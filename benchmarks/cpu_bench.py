@@ -29,7 +29,6 @@ benchmarks/results_file.py).
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import jax
@@ -191,10 +190,6 @@ def mode_sweep():
     return rows
 
 
-def machine_description():
-    return f"{results_file.cpu_model()}, {os.cpu_count()} cores, kernel tier {results_file.cpu_tier()}"
-
-
 def table(rows):
     lines = [
         "| layer | K | jaxbnn (ms) | jaxbnn (GOPS) | XLA f32 (ms) | XLA f32 (GFLOPS) | speed-up "
@@ -237,7 +232,7 @@ def modes_body(rows, runs, commit):
     return "\n".join([
         "## TAB's products per layer against XLA float32 (`benchmarks/cpu_bench.py --modes`)",
         "",
-        *results_file.run_header(machine_description(), commit),
+        *results_file.run_header(results_file.cpu_machine(), commit),
         f"- runs: {runs} full sweep(s) in one process; every cell is the median over the runs",
         "",
         "The layers of \"TAB: Unified and Optimized Ternary, Binary, and Mixed-precision Neural Network Inference",
@@ -287,7 +282,7 @@ def main():
         print()
         print(body)
         if args.out != "-":
-            results_file.write_section(out, MODES_SECTION, body, machine_description())
+            results_file.write_section(out, MODES_SECTION, body, results_file.cpu_machine())
             print(f"(written to {out}, section {MODES_SECTION})")
         return
     runs = [sweep() for _ in range(args.runs)]
@@ -297,7 +292,7 @@ def main():
     body = "\n".join([
         "## CPU kernels against XLA float32 (`benchmarks/cpu_bench.py`)",
         "",
-        *results_file.run_header(machine_description(), commit),
+        *results_file.run_header(results_file.cpu_machine(), commit),
         f"- runs: {args.runs} full sweep(s) in one process; every cell is the median over the runs",
         "",
         "Both sides under `jax.jit` in one process, medians after warm-up, each call ending in",
@@ -318,7 +313,7 @@ def main():
     print()
     print(body)
     if args.out != "-":
-        results_file.write_section(out, SECTION, body, machine_description())
+        results_file.write_section(out, SECTION, body, results_file.cpu_machine())
         print(f"(written to {out}, section {SECTION})")
 
 

@@ -48,6 +48,27 @@ def cpu_model() -> str:
         return platform.processor() or "unknown CPU"
 
 
+def cpu_generation() -> str:
+    """The CPU's family and model numbers ('family 26, model 2'), or '' where /proc/cpuinfo has none: a virtual
+    machine's model name ('AMD EPYC') is the same for CPU generations whose speeds differ."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            fields = dict(line.split(":", 1) for line in f.read().split("\n\n", 1)[0].splitlines() if ":" in line)
+    except OSError:
+        return ""
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    if "cpu family" not in fields or "model" not in fields:
+        return ""
+    return f"family {fields['cpu family']}, model {fields['model']}"
+
+
+def cpu_machine() -> str:
+    """This CPU as the results name it: model name (family, model), cores, the kernels' tier."""
+    generation = cpu_generation()
+    return (f"{cpu_model()}{f' ({generation})' if generation else ''}, {os.cpu_count()} cores, "
+            f"kernel tier {cpu_tier()}")
+
+
 def cpu_tier() -> str:
     """The CPU kernels' instruction-set tier on this machine (jaxbnn's CPU module), or 'unknown'."""
     try:
@@ -89,7 +110,7 @@ def device_machine(device) -> str:
     """A jax device as the results name it: a GPU's kind and, where jax knows it, its number of SMs; a CPU's
     model, cores and kernel tier."""
     if device.platform == "cpu":
-        return f"{cpu_model()}, {os.cpu_count()} cores, kernel tier {cpu_tier()}"
+        return cpu_machine()
     sms = getattr(device, "core_count", None)
     return f"{device.device_kind} ({sms} SMs)" if sms else device.device_kind
 
