@@ -58,6 +58,8 @@ __all__ = [
     "TernaryConvBits",
     "pack_ternary_dense_weights",
     "pack_ternary_conv_weights",
+    "ImageKernelMasks",
+    "image_kernel_masks",
 ]
 
 
@@ -399,6 +401,54 @@ def pack_ternary_conv_weights(w, tile=FSB_TILE) -> TernaryConvBits:
     planes = pack_conv_weights(ternary_weight_signs(w), tile)
     return TernaryConvBits(planes.bits, planes.tap_popcount, kernel_size=planes.kernel_size,
                            in_channels=planes.in_channels, out_channels=w.shape[-1])
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ImageKernelMasks:
+    """A first layer's int8 kernel of -1, 0 and +1, (K, N) with K = KH * KW * C in (dy, dx, c) order, as sign
+    masks: the CPU's VNNI tier reads them instead of the kernel in a call of few gathered rows (a dense first
+    layer at a small batch), an eighth (binary) or a quarter (ternary) of the kernel's bytes.
+
+    `masks`: uint32 (P, ceil(K/4), ceil(N/16), 2), P = 1 for a binary kernel (plane [w = +1]) and 2 for a
+    ternary one ([w = +1], [w = -1]); per reduction quad g and 16-column group j one 64-bit word as two
+    uint32 (low, high), its bit 4 (col % 16) + e set where weight (4 g + e, col) is in the plane.
+    `counts`: int32 (P, N), each column's weights in each plane. Build them with `image_kernel_masks`.
+    """
+
+    masks: jax.Array
+    counts: jax.Array
+    k: int = dataclasses.field(metadata=dict(static=True))
+    n: int = dataclasses.field(metadata=dict(static=True))
+
+
+def image_kernel_masks(kernel) -> ImageKernelMasks:
+    """The sign masks of a first layer's int8 kernel, (K, N) or (KH, KW, C, N), whose every value is -1, 0 or
+    +1 (a binary or ternary first layer's): one plane where no value is 0, two otherwise. Needs the kernel's
+    values (not a traced array): build them once where the weights stay, as `jaxbnn.runtime` does at load."""
+    if isinstance(kernel, jax.core.Tracer):
+        raise TypeError("image_kernel_masks needs the kernel's values; build the masks outside jit")
+    w = np.asarray(kernel)
+    if w.dtype != np.int8 or w.ndim not in (2, 4):
+        raise TypeError(f"kernel must be int8 of shape (K, N) or (KH, KW, C, N), got {w.dtype} {w.shape}")
+    w = w.reshape(-1, w.shape[-1])
+    k, n = w.shape
+    if k < 1 or n < 1:
+        raise ValueError(f"kernel must have at least one row and one column, got shape {w.shape}")
+    if not np.isin(w, (-1, 0, 1)).all():
+        raise ValueError("image_kernel_masks takes kernels of -1, 0 and +1 only (a binary or ternary first layer)")
+    planes = [w == 1] if not (w == 0).any() else [w == 1, w == -1]
+    quads, groups = -(-k // 4), -(-n // 16)
+    masks = np.zeros((len(planes), quads, groups), np.uint64)
+    for index, plane in enumerate(planes):
+        padded = np.zeros((quads * 4, groups * 16), np.uint64)
+        padded[:k, :n] = plane
+        # (g, e, j, c) -> bit 4 c + e of word (g, j)
+        bits = padded.reshape(quads, 4, groups, 16).transpose(0, 2, 3, 1).reshape(quads, groups, 64)
+        masks[index] = (bits << np.arange(64, dtype=np.uint64)).sum(axis=-1, dtype=np.uint64)
+    words = np.stack([masks & np.uint64(0xFFFFFFFF), masks >> np.uint64(32)], axis=-1).astype(np.uint32)
+    counts = np.stack([plane.sum(axis=0) for plane in planes]).astype(np.int32)
+    return ImageKernelMasks(jnp.asarray(words), jnp.asarray(counts), k=k, n=n)
 
 
 def _check_tile(tile) -> tuple[int, int]:

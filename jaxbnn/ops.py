@@ -853,11 +853,12 @@ def _int32_threshold(threshold, compared):
     return threshold.astype(np.int32)
 
 
-def image_matmul(levels, kernel, *, shift=0, threshold=None, flip=None, out_dtype="int32", keep_stream=False):
+def image_matmul(levels, kernel, *, shift=0, threshold=None, flip=None, out_dtype="int32", keep_stream=False,
+                 kernel_masks=None):
     """Products of image levels `(M, K)` with int8 weight values `(K, N)` (a first dense layer), with the
     epilogue of `image_conv2d`: the stream `(M, N)` (`>> shift`, int32 or int16), the packed bits of the
     threshold planes, or both. levels: int8 levels, or the uint8 pixels p whose levels p - 128 they are
-    (`formats.image_levels`), as `image_conv2d` takes them.
+    (`formats.image_levels`), as `image_conv2d` takes them. kernel_masks: as `image_conv2d`'s.
 
     Exact integer arithmetic on every platform; one custom call where a native handler exists (it runs as
     a 1x1 convolution of a 1x1 image of K channels)."""
@@ -869,12 +870,12 @@ def image_matmul(levels, kernel, *, shift=0, threshold=None, flip=None, out_dtyp
     m, k = levels.shape
     out = image_conv2d(levels.reshape(m, 1, 1, k), kernel.reshape(1, 1, k, kernel.shape[1]), stride=1,
                        padding="VALID", shift=shift, threshold=threshold, flip=flip, out_dtype=out_dtype,
-                       keep_stream=keep_stream)
+                       keep_stream=keep_stream, kernel_masks=kernel_masks)
     return jax.tree.map(lambda o: o.reshape((m,) + o.shape[3:]), out)
 
 
 def image_conv2d(levels, kernel, *, stride=1, padding="SAME", pool=None, shift=0, threshold=None, flip=None,
-                 out_dtype="int32", keep_stream=False):
+                 out_dtype="int32", keep_stream=False, kernel_masks=None):
     """Convolution of image levels `(B, H, W, C)` with int8 weight values `(KH, KW, C, N)` (a first conv
     layer), zero padding (level 0, pixel 128), with a fused max-pool and epilogue; exact on every platform.
 
@@ -894,7 +895,12 @@ def image_conv2d(levels, kernel, *, stride=1, padding="SAME", pool=None, shift=0
     - threshold with `keep_stream=True`: the pair (stream, bits), the bits those of the stream's values (after
       the shift and `out_dtype`'s narrowing) against the thresholds, in the same pass: a stem writing its
       residual stream and the first block's input bits.
-    Thresholds are integers of any width, saturated exactly as `bconv2d` saturates its own."""
+    Thresholds are integers of any width, saturated exactly as `bconv2d` saturates its own.
+
+    kernel_masks: None, or `formats.image_kernel_masks(kernel)` (a kernel of -1, 0 and +1), which the CPU's
+    AVX-512 VNNI kernel reads instead of the kernel in a call of few gathered rows (a dense first layer at a
+    small batch): the same results, from a fraction of the bytes. They must be this kernel's masks: the op
+    checks their shape, not their values. Other platforms and tiers ignore them."""
     levels, kernel = _image_levels_operand(levels, 4), _int8("kernel", kernel, 4)
     kh, kw, c, n = kernel.shape
     if min(kernel.shape) < 1:
@@ -939,8 +945,9 @@ def image_conv2d(levels, kernel, *, stride=1, padding="SAME", pool=None, shift=0
         _check_elements("the result", (levels.shape[0], oh // ph, ow // pw, planes, formats.num_words(n)))
     _check_elements("the gathered taps", (levels.shape[0], oh, ow, kh * kw * c))
     attrs = (c, n, kh, kw, *stride, pt, pb, pl, pr, ph, pw)
-    out = _image_conv2d(levels, kernel, threshold, flip, attrs=attrs, shift=int(shift), pooled=pool is not None,
-                        narrow=narrow, keep_stream=bool(keep_stream))
+    masks, counts = _kernel_masks_operands(kernel_masks, kh * kw * c, n)
+    out = _image_conv2d(levels, kernel, threshold, flip, masks, counts, attrs=attrs, shift=int(shift),
+                        pooled=pool is not None, narrow=narrow, keep_stream=bool(keep_stream))
     if planes is None or stacked:
         return out
     return (out[0], out[1][..., 0, :]) if keep_stream else out[..., 0, :]
@@ -961,8 +968,28 @@ _IMAGE_ATTRS = ("c", "n", "kh", "kw", "stride_h", "stride_w", "pad_top", "pad_bo
                 "pool_h", "pool_w")
 
 
+def _kernel_masks_operands(kernel_masks, k, n):
+    """The CPU handlers' kernel masks operands (`formats.ImageKernelMasks`): the masks' arrays, or arrays of
+    no planes where none are given."""
+    if kernel_masks is None:
+        return np.zeros((0, -(-k // 4), -(-n // 16), 2), np.uint32), np.zeros((0, n), np.int32)
+    if not isinstance(kernel_masks, formats.ImageKernelMasks):
+        raise TypeError(f"kernel_masks must be formats.ImageKernelMasks (formats.image_kernel_masks), got "
+                        f"{type(kernel_masks).__name__}")
+    if (kernel_masks.k, kernel_masks.n) != (k, n):
+        raise ValueError(f"kernel_masks are a kernel of K = {kernel_masks.k}, N = {kernel_masks.n}; this one has "
+                         f"K = {k}, N = {n}")
+    masks, counts = kernel_masks.masks, kernel_masks.counts
+    planes = masks.shape[0] if masks.ndim == 4 else 0
+    if (masks.dtype != jnp.uint32 or masks.shape != (planes, -(-k // 4), -(-n // 16), 2) or planes not in (1, 2)
+            or counts.dtype != jnp.int32 or counts.shape != (planes, n)):
+        raise ValueError(f"kernel_masks do not have the layout of formats.image_kernel_masks for K = {k}, N = {n}: "
+                         f"masks {masks.dtype} {masks.shape}, counts {counts.dtype} {counts.shape}")
+    return masks, counts
+
+
 @functools.partial(jax.jit, static_argnames=("attrs", "shift", "pooled", "narrow", "keep_stream"))
-def _image_conv2d(levels, kernel, threshold, flip, *, attrs, shift, pooled, narrow, keep_stream):
+def _image_conv2d(levels, kernel, threshold, flip, masks, counts, *, attrs, shift, pooled, narrow, keep_stream):
     """The checked op as one compiled function per static signature (as `_bmm`). Targets: the stream alone
     (`_i32` / `_i16`), the bits alone (`_bits`), both (`_i32_bits` / `_i16_bits`); where a platform has no
     handler of the call's own, its int32 stream (native where registered) with the rest in jnp."""
@@ -1000,19 +1027,21 @@ def _image_conv2d(levels, kernel, threshold, flip, *, attrs, shift, pooled, narr
             to_levels(x_), w_, **geometry, shift=shift, out_dtype=stream_dtype, keep_stream=keep_stream,
             **dict(zip(("threshold", "flip"), e)))
         if target in ("jaxbnn_image_conv2d_i32", "jaxbnn_image_conv2d_bits"):
-            return _dispatch(target, out_type, attr_values, ref, levels_, kernel_, *epi)
+            return _dispatch(target, out_type, attr_values, ref, levels_, kernel_, *epi, cpu_only=2)
 
         def elsewhere(x_, w_, *e):  # the int32 stream, then the narrowing and the thresholds
             i32_type = jax.ShapeDtypeStruct(types[0].shape, jnp.int32)
             i32_attrs = {**attr_values, "shift": np.int64(shift)}
             i32_ref = lambda x2, w2: reference.image_conv2d(to_levels(x2), w2, **geometry, shift=shift)  # noqa: E731
-            stream = _dispatch("jaxbnn_image_conv2d_i32", i32_type, i32_attrs, i32_ref, x_, w_)
+            stream = _dispatch("jaxbnn_image_conv2d_i32", i32_type, i32_attrs, i32_ref, x_, w_, *epi[-2:],
+                               cpu_only=2)
             return reference.image_epilogue(stream, out_dtype=stream_dtype,
                                             **dict(zip(("threshold", "flip"), e)), keep_stream=keep_stream)
 
-        return _dispatch(target, out_type, attr_values, elsewhere, levels_, kernel_, *epi)
+        return _dispatch(target, out_type, attr_values, elsewhere, levels_, kernel_, *epi, cpu_only=2)
 
-    return _fold_rows(single)(levels, kernel, *epilogue)
+    # the kernel masks last: the CPU handlers take them after the kernel, the other branches not at all
+    return _fold_rows(single)(levels, kernel, *epilogue, masks, counts)
 
 
 # int8 x int8 products reach 2**14 in magnitude: this many of them always sum within int32.
@@ -1704,26 +1733,32 @@ def _composite(binary_dot, acts, w, popcount, n, pool, epilogue):
 
 
 def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None, cuda_weights=None,
-              cuda_activations=None, cpu_activations=None, cuda_attrs=None):
+              cuda_activations=None, cpu_activations=None, cuda_attrs=None, cpu_only=0):
     """Lower to the native handler of the platform the computation runs on, else to the reference.
     cuda: the CUDA branch, where it is not the handler alone; cuda_weights / cuda_activations: what the
     CUDA branch does to the weights (the second operand) / the activations (the first) first;
     cpu_activations: what the CPU branch does to the activations first; cuda_attrs: attributes only the CUDA
-    handler takes (the convolutions' x_repeats)."""
+    handler takes (the convolutions' x_repeats); cpu_only: the last operands that only the CPU handler takes
+    (the first layer's kernel masks), after the weights; the other branches and the reference never see them."""
+    def common(fn):  # fn on the operands every branch takes
+        return fn if not cpu_only else (lambda *ops: fn(*ops[:-cpu_only]))
+
     native = lambda *ops: jax.ffi.ffi_call(target, out_type)(*ops, **attrs)  # noqa: E731
-    branches = {p: native for p in ("cpu", "cuda") if _ffi.has_target(p, target)}
+    cpu_native = native if not cpu_only else (
+        lambda x, w, *rest: native(x, w, *rest[len(rest) - cpu_only:], *rest[:len(rest) - cpu_only]))
+    branches = {p: call for p, call in (("cpu", cpu_native), ("cuda", common(native))) if _ffi.has_target(p, target)}
     if "cpu" in branches and cpu_activations is not None:
-        branches["cpu"] = lambda x, *rest: native(cpu_activations(x), *rest)
+        branches["cpu"] = lambda x, *rest: cpu_native(cpu_activations(x), *rest)
     if "cuda" in branches:
         cuda_native = native if cuda_attrs is None else (
             lambda *ops: jax.ffi.ffi_call(target, out_type)(*ops, **attrs, **cuda_attrs))
         call = cuda_native if cuda is None else cuda
         weights = (lambda w: w) if cuda_weights is None else cuda_weights
         activations = (lambda x: x) if cuda_activations is None else cuda_activations
-        branches["cuda"] = lambda x, w, *rest: call(activations(x), weights(w), *rest)
+        branches["cuda"] = common(lambda x, w, *rest: call(activations(x), weights(w), *rest))
     if not branches:
-        return reference_fn(*operands)
-    return jax.lax.platform_dependent(*operands, default=reference_fn, **branches)
+        return common(reference_fn)(*operands)
+    return jax.lax.platform_dependent(*operands, default=common(reference_fn), **branches)
 
 
 def _elsewhere(kind, i32_target, out_type, attrs, reference_fn, cuda_operands, cuda_attrs=None):

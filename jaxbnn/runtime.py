@@ -42,10 +42,11 @@ and broadcasts it on every call, on a GPU a kernel each (`_uniform_parameters`).
 The file holds every operand as the ops take it (ternary weights as their two ±1 planes stacked along the
 output axis, `formats.TernaryDenseBits` / `TernaryConvBits`; popcounts per row or per conv tap), so
 loading moves the arrays to the device as they are (the bool flips as uint8, the handlers' dtype) and packs,
-unpacks and derives nothing, with two exceptions, built once at load rather than inside every call: a
-ternary layer's (nonneg, pos) thresholds stacked into the `(2, N)` planes the epilogues take, and where the
+unpacks and derives nothing, with three exceptions, built once at load rather than inside every call: a
+ternary layer's (nonneg, pos) thresholds stacked into the `(2, N)` planes the epilogues take; where the
 default platform has no kernels of a layer's ternary or mixed product (CUDA), the weights that product runs as
-(`ops.side_by_side_weights`).
+(`ops.side_by_side_weights`); and on the CPU a dense first layer's sign masks (`formats.image_kernel_masks`),
+which its kernel reads at a small batch instead of the int8 kernel.
 
 This module never imports the exporter or the training code.
 """
@@ -300,6 +301,8 @@ def _prepare_linear(node: dict, tensors: dict, shortcut: bool = False) -> dict:
     params = {name: _on_device(value) for name, value in tensors.items()}
     params.update(_threshold_planes(node, params))
     if node["operand"] == "image":
+        if node["kind"] == "dense" and _default_platform() == "cpu" and _is_ternary_valued(tensors["kernel"]):
+            params["kernel_masks"] = formats.image_kernel_masks(tensors["kernel"])
         return params
     if node["kind"] == "conv" and node.get("pool") and node["output"] in ("binary", "ternary") \
             and not _per_feature_levels(node):
@@ -321,6 +324,13 @@ def _prepare_linear(node: dict, tensors: dict, shortcut: bool = False) -> dict:
         params["side_by_side"] = ops.side_by_side_weights(params["weight"], ternary_activations=ternary_activations,
                                                           threshold_planes=planes, shortcut=shortcut)
     return params
+
+
+def _is_ternary_valued(kernel) -> bool:
+    """Whether every value of a first layer's kernel is -1, 0 or +1 (a binary or ternary layer's: then the CPU reads
+    its few-row calls from the kernel's sign masks, `formats.image_kernel_masks`)."""
+    values = np.asarray(kernel)
+    return values.dtype == np.int8 and bool(np.isin(values, (-1, 0, 1)).all())
 
 
 def _has_native_product(ternary_activations, ternary_weights):
@@ -696,7 +706,7 @@ def _image_layer(node, p, levels, stream_dtype=jnp.int32, next_input=None):
                                padding=tuple(tuple(q) for q in node["padding"]),
                                pool=None if pool is None else tuple(pool), **epilogue)
     else:
-        out = ops.image_matmul(_flatten(levels), p["kernel"], **epilogue)
+        out = ops.image_matmul(_flatten(levels), p["kernel"], kernel_masks=p.get("kernel_masks"), **epilogue)
     if next_input is not None:
         stream, bits = out
         return stream, (bits[..., 0, :], bits[..., 1, :]) if next_input[1] else bits

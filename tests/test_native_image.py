@@ -1,15 +1,16 @@
 """The native CPU first layer, jaxbnn_image_conv2d_{i32,i16,bits,i32_bits,i16_bits}: registered and used by `ops.image_conv2d` /
 `ops.image_matmul`, every kernel ISA tier bit for bit against `jaxbnn.reference` (odd channel and output
 counts, strides, asymmetric padding, pools that drop rows, threshold planes, flips, ties, thresholds at the
-int32 extremes, every shift, the extreme levels and weights, sizes split over threads), and the handlers' own
-validation, exercised by calling jax.ffi.ffi_call directly with bad operands and attributes."""
+int32 extremes, every shift, the extreme levels and weights, sizes split over threads), the kernel's sign
+masks (`formats.image_kernel_masks`) read in place of the kernel, and the handlers' own validation, exercised
+by calling jax.ffi.ffi_call directly with bad operands and attributes."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxbnn import _cpu, _ffi, ops, reference  # the CPU module is part of every build: no skip
+from jaxbnn import _cpu, _ffi, formats, ops, reference  # the CPU module is part of every build: no skip
 
 TARGETS = ("jaxbnn_image_conv2d_i32", "jaxbnn_image_conv2d_i16", "jaxbnn_image_conv2d_bits",
            "jaxbnn_image_conv2d_i32_bits", "jaxbnn_image_conv2d_i16_bits")
@@ -285,6 +286,92 @@ def test_wide_dense_layer_at_batch_one(n):
     np.testing.assert_array_equal(np.asarray(jax.jit(ops.image_matmul)(levels, kernel)), pre)
 
 
+# --- the kernel's sign masks ------------------------------------------------------------------------------
+
+
+def test_kernel_masks_layout():
+    """formats.image_kernel_masks: one plane for a kernel of -1 and +1, two for one with zeros; bit
+    4 (col % 16) + k % 4 of word (k // 4, col // 16), a 64-bit word as (low, high) uint32; each column's counts."""
+    kernel = np.full((6, 20), -1, np.int8)
+    kernel[5, 17] = kernel[0, 0] = kernel[2, 15] = 1
+    masks = formats.image_kernel_masks(kernel)
+    assert masks.masks.shape == (1, 2, 2, 2) and masks.counts.shape == (1, 20) and (masks.k, masks.n) == (6, 20)
+    words = np.asarray(masks.masks, np.uint64)
+    words = words[..., 0] | words[..., 1] << np.uint64(32)
+    assert words[0, 0, 0] == 1 | 1 << (4 * 15 + 2) and words[0, 1, 1] == 1 << (4 * 1 + 1)
+    assert words[0, 0, 1] == words[0, 1, 0] == 0
+    np.testing.assert_array_equal(np.asarray(masks.counts)[0], (kernel == 1).sum(axis=0))
+    kernel[3, 4] = 0
+    ternary = formats.image_kernel_masks(kernel.reshape(1, 2, 3, 20))
+    assert ternary.masks.shape == (2, 2, 2, 2) and ternary.k == 6
+    np.testing.assert_array_equal(np.asarray(ternary.counts), [(kernel == 1).sum(axis=0), (kernel == -1).sum(axis=0)])
+
+
+def test_kernel_masks_give_the_kernels_results_on_every_tier(isa):
+    """A dense first layer given its kernel's sign masks: the same results as from the kernel, for binary and
+    ternary kernels, every epilogue, int8 levels and uint8 pixels, K and N off the masks' words (quads of 4,
+    16-column words, 64-column blocks, a 32-column last block) and 1 to 65 rows (beyond 64 the packed kernel)."""
+    rng = np.random.default_rng(11)
+    cases = [(1, 784, 1024, False), (1, 5, 17, True), (3, 31, 40, False), (4, 65, 100, True), (5, 1248, 257, False),
+             (7, 3, 1, True), (9, 300, 64, True), (16, 127, 33, False), (64, 784, 96, True), (65, 64, 70, False)]
+    for m, k, n, ternary in cases:
+        kernel = (rng.integers(-1, 2, (k, n)) if ternary else np.where(rng.random((k, n)) < 0.5, -1, 1)).astype(np.int8)
+        masks = formats.image_kernel_masks(kernel)
+        assert masks.masks.shape[0] == (2 if (kernel == 0).any() else 1)
+        levels = int8_values(rng, (m, k))
+        levels[0, : min(k, 8)] = -128  # the extreme levels
+        pre = levels.astype(np.int64) @ kernel.astype(np.int64)
+        threshold, flip = thresholds_with_ties(rng, pre, 2)
+        for x in (levels, levels.view(np.uint8) ^ 0x80):
+            got = jax.jit(lambda x: ops.image_matmul(x, kernel, kernel_masks=masks))(x)
+            np.testing.assert_array_equal(np.asarray(got), pre)
+            got = jax.jit(lambda x: ops.image_matmul(x, kernel, threshold=threshold, flip=flip, keep_stream=True,
+                                                     shift=3, out_dtype=jnp.int16, kernel_masks=masks))(x)
+            want = reference.image_epilogue(jnp.asarray(pre.astype(np.int32) >> 3)[:, None, None],
+                                            out_dtype=jnp.int16, threshold=threshold, flip=flip, keep_stream=True)
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(np.asarray(g), np.asarray(w)[:, 0, 0])
+
+
+def test_kernel_masks_in_a_pooled_convolution_of_few_rows(isa):
+    """A convolution of few gathered rows (the VNNI tier reads the masks) with a pool window across register
+    blocks: the kernel's results."""
+    rng = np.random.default_rng(12)
+    kernel = rng.integers(-1, 2, (3, 3, 5, 33)).astype(np.int8)
+    levels = int8_values(rng, (2, 5, 5, 5))
+    masks = formats.image_kernel_masks(kernel)
+    want = reference_conv(levels, kernel, (1, 1), ((0, 0), (0, 0)), (2, 2))
+    got = ops.image_conv2d(levels, kernel, padding="VALID", pool=(2, 2), kernel_masks=masks)
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_the_vnni_tier_reads_the_masks_instead_of_the_kernel():
+    """The op checks the masks' shape, not their values: on the VNNI tier another kernel's masks give that
+    kernel's products (which shows the masks are what the call reads)."""
+    if _cpu.active_isa() != "avx512_vpopcntdq" or "avx512vnni" not in open("/proc/cpuinfo").read().replace("_", ""):
+        pytest.skip("no AVX-512 VNNI on this CPU")
+    rng = np.random.default_rng(13)
+    kernel = np.where(rng.random((100, 50)) < 0.5, -1, 1).astype(np.int8)
+    levels = int8_values(rng, (2, 100))
+    got = ops.image_matmul(levels, kernel, kernel_masks=formats.image_kernel_masks(-kernel))
+    np.testing.assert_array_equal(np.asarray(got), -(levels.astype(np.int64) @ kernel.astype(np.int64)))
+
+
+def test_kernel_masks_are_checked():
+    kernel = np.ones((8, 3), np.int8)
+    with pytest.raises(ValueError, match="kernels of -1, 0 and \\+1 only"):
+        formats.image_kernel_masks(np.full((8, 3), 2, np.int8))
+    with pytest.raises(TypeError, match="int8 of shape"):
+        formats.image_kernel_masks(np.ones((8, 3), np.float32))
+    with pytest.raises(TypeError, match="needs the kernel's values"):
+        jax.jit(formats.image_kernel_masks)(kernel)
+    with pytest.raises(ValueError, match="kernel_masks are a kernel of K = 8, N = 3; this one has K = 8, N = 4"):
+        ops.image_matmul(np.zeros((1, 8), np.int8), np.ones((8, 4), np.int8),
+                         kernel_masks=formats.image_kernel_masks(kernel))
+    with pytest.raises(TypeError, match="kernel_masks must be formats.ImageKernelMasks"):
+        ops.image_matmul(np.zeros((1, 8), np.int8), kernel, kernel_masks=np.zeros((1, 2, 1, 2), np.uint32))
+
+
 # --- the handlers, called directly --------------------------------------------------------------------
 
 
@@ -301,15 +388,18 @@ ATTRS = dict(c=I64(3), n=I64(9), kh=I64(3), kw=I64(3), stride_h=I64(1), stride_w
 LEVELS = jnp.asarray(np.random.default_rng(0).integers(-128, 128, (1, 5, 5, 3), dtype=np.int8))
 KERNEL = jnp.asarray(np.random.default_rng(1).integers(-128, 128, (3, 3, 3, 9), dtype=np.int8))
 THRESHOLD, FLIP = jnp.zeros((2, 9), jnp.int32), jnp.zeros((2, 9), jnp.uint8)
+# No kernel masks: the operands of no planes (K = 27 reduction elements in 7 quads, N = 9 in one 16-column word).
+NO_MASKS, NO_COUNTS = jnp.zeros((0, 7, 1, 2), jnp.uint32), jnp.zeros((0, 9), jnp.int32)
 
 
-def i32_call(out=((1, 5, 5, 9), jnp.int32), levels=LEVELS, kernel=KERNEL, **change):
-    return ffi("jaxbnn_image_conv2d_i32", *out, levels, kernel, **{**ATTRS, "shift": I64(0), **change})
+def i32_call(out=((1, 5, 5, 9), jnp.int32), levels=LEVELS, kernel=KERNEL, masks=NO_MASKS, counts=NO_COUNTS,
+             **change):
+    return ffi("jaxbnn_image_conv2d_i32", *out, levels, kernel, masks, counts, **{**ATTRS, "shift": I64(0), **change})
 
 
 def bits_call(out=((1, 5, 5, 2, 1), jnp.uint32), levels=LEVELS, kernel=KERNEL, threshold=THRESHOLD, flip=FLIP,
-              **change):
-    return ffi("jaxbnn_image_conv2d_bits", *out, levels, kernel, threshold, flip, **{**ATTRS, **change})
+              masks=NO_MASKS, counts=NO_COUNTS, **change):
+    return ffi("jaxbnn_image_conv2d_bits", *out, levels, kernel, masks, counts, threshold, flip, **{**ATTRS, **change})
 
 
 def test_direct_calls_match_reference_with_thresholds_at_the_int32_extremes(isa):
@@ -329,14 +419,16 @@ def test_direct_calls_match_reference_with_thresholds_at_the_int32_extremes(isa)
 def stream_bits_call(target, stream_out, bits_out=((1, 5, 5, 2, 1), jnp.uint32), shift=I64(0)):
     results = [jax.ShapeDtypeStruct(*stream_out), jax.ShapeDtypeStruct(*bits_out)]
     call = lambda *xs: jax.ffi.ffi_call(target, results)(*xs, **ATTRS, shift=shift)  # noqa: E731
-    return jax.block_until_ready(jax.jit(call)(LEVELS, KERNEL, THRESHOLD, FLIP))
+    return jax.block_until_ready(jax.jit(call)(LEVELS, KERNEL, NO_MASKS, NO_COUNTS, THRESHOLD, FLIP))
 
 
 def test_stream_handlers_check_the_stream_type_and_both_results():
-    stream16 = ffi("jaxbnn_image_conv2d_i16", (1, 5, 5, 9), jnp.int16, LEVELS, KERNEL, **ATTRS, shift=I64(0))
+    stream16 = ffi("jaxbnn_image_conv2d_i16", (1, 5, 5, 9), jnp.int16, LEVELS, KERNEL, NO_MASKS, NO_COUNTS, **ATTRS,
+                   shift=I64(0))
     assert stream16.dtype == jnp.int16
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_image_conv2d_i16: result must be int16, got int32"):
-        ffi("jaxbnn_image_conv2d_i16", (1, 5, 5, 9), jnp.int32, LEVELS, KERNEL, **ATTRS, shift=I64(0))
+        ffi("jaxbnn_image_conv2d_i16", (1, 5, 5, 9), jnp.int32, LEVELS, KERNEL, NO_MASKS, NO_COUNTS, **ATTRS,
+            shift=I64(0))
     stream, bits = stream_bits_call("jaxbnn_image_conv2d_i16_bits", ((1, 5, 5, 9), jnp.int16))
     assert stream.shape == (1, 5, 5, 9) and bits.shape == (1, 5, 5, 2, 1)
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_image_conv2d_i32_bits: result must be int32"):
@@ -380,6 +472,15 @@ I32_ERRORS = [
     ("kernel beyond int32", dict(kw=I64(2**40)), r"attribute kw = 1099511627776 is out of range"),
     ("padded extent beyond int32", dict(pad_top=I64(2**31 - 1), pad_bottom=I64(2**31 - 1)),
      r"the padded image 4294967299 x 7 has an extent beyond int32"),
+    ("masks int32", dict(masks=jnp.zeros((0, 7, 1, 2), jnp.int32)), r"operand `kernel_masks` must be uint32 of rank 4"),
+    ("masks 3 planes", dict(masks=jnp.zeros((3, 7, 1, 2), jnp.uint32)),
+     r"operand `kernel_masks` of shape \(3, 7, 1, 2\) has 3 planes; 0 \(none\), 1 .* or 2"),
+    ("masks quads", dict(masks=jnp.zeros((1, 6, 1, 2), jnp.uint32), counts=jnp.zeros((1, 9), jnp.int32)),
+     r"operand `kernel_masks` has shape \(1, 6, 1, 2\) but the kernel's K = 27, N = 9 and 1 planes requires "
+     r"\(1, 7, 1, 2\)"),
+    ("counts of other planes", dict(masks=jnp.zeros((2, 7, 1, 2), jnp.uint32), counts=jnp.zeros((1, 9), jnp.int32)),
+     r"operand `kernel_counts` has shape \(1, 9\) but the kernel's K = 27, N = 9 and 2 planes requires \(2, 9\)"),
+    ("counts uint32", dict(counts=jnp.zeros((0, 9), jnp.uint32)), r"operand `kernel_counts` must be int32 of rank 2"),
 ]
 
 
@@ -425,6 +526,6 @@ def test_handlers_refuse_wrongly_typed_or_missing_attributes():
     with pytest.raises(jax.errors.JaxRuntimeError, match="expected S64 but got S32"):
         i32_call(shift=np.int32(0))
     with pytest.raises(jax.errors.JaxRuntimeError, match="Wrong number of attributes"):
-        ffi("jaxbnn_image_conv2d_i32", (1, 5, 5, 9), jnp.int32, LEVELS, KERNEL, **ATTRS)
+        ffi("jaxbnn_image_conv2d_i32", (1, 5, 5, 9), jnp.int32, LEVELS, KERNEL, NO_MASKS, NO_COUNTS, **ATTRS)
     with pytest.raises(jax.errors.JaxRuntimeError, match="Wrong number of attributes"):
         bits_call(shift=I64(0))

@@ -309,11 +309,16 @@ FORMAT_FUNCTIONS = ("binarize", "unpack_bits", "to_fsb", "from_fsb", "popcount",
 
 def _parameters_by_tensor_name(net) -> dict:
     """The loaded parameters of every node, named as the file's tensors; the threshold planes stacked at load
-    (`runtime._threshold_planes`) are checked against the thresholds they stack, and a pooled threshold
-    convolution's flip words against its flips."""
+    (`runtime._threshold_planes`) are checked against the thresholds they stack, a pooled threshold
+    convolution's flip words against its flips, and a dense first layer's kernel masks (on the CPU) against
+    its kernel."""
     def linear(prefix, params):
         for key, value in params.items():
-            if key == "flip_words":
+            if key == "kernel_masks":
+                want = formats.image_kernel_masks(np.asarray(params["kernel"]))
+                np.testing.assert_array_equal(np.asarray(value.masks), np.asarray(want.masks))
+                np.testing.assert_array_equal(np.asarray(value.counts), np.asarray(want.counts))
+            elif key == "flip_words":
                 flip = params["flip_planes"] if "flip_planes" in params else params["flip"]
                 np.testing.assert_array_equal(np.asarray(value), np.asarray(formats.pack_bits(np.asarray(flip) != 0)))
             elif key.endswith("_planes"):
@@ -366,6 +371,23 @@ def test_loading_runs_the_stored_tensors_as_they_are(tmp_path, monkeypatch, name
     assert report.exact, (report.summary(), [n for n in report.nodes if n.mismatches])
     assert report.logits_max_rel_diff <= 4e-6, report.summary()
     np.testing.assert_array_equal(net.predict(images, batch_size=4), np.argmax(np.asarray(model(images)), axis=-1))
+
+
+@pytest.mark.parametrize("mode", ["bnn", "tnn"])
+def test_a_dense_first_layer_on_the_cpu_holds_its_kernel_masks(mode, monkeypatch):
+    """On the CPU a dense first layer of -1 / 0 / +1 weights gets its kernel's sign masks at load (the VNNI
+    kernel reads them at a small batch); the logits are those of the same net without them."""
+    model = zoo_model("mnist-mlp", mode, {})
+    packed = export_model(model)
+    net = runtime.from_packed(packed)
+    masks = net.params[0]["kernel_masks"]
+    assert isinstance(masks, formats.ImageKernelMasks) and masks.masks.shape[0] == (1 if mode == "bnn" else 2)
+    monkeypatch.setattr(runtime, "_is_ternary_valued", lambda kernel: False)
+    plain = runtime.from_packed(packed)
+    assert "kernel_masks" not in plain.params[0]
+    for batch in (1, 3, 70):
+        images = images_for(model, batch, seed=batch)
+        np.testing.assert_array_equal(np.asarray(net(images)), np.asarray(plain(images)))
 
 
 @pytest.mark.parametrize("mode", ["bnn", "tnn"])

@@ -202,19 +202,37 @@ auto BindBconv2dAttrs(Binding binding) {
 
 // The first layer: `stream` (of `stream_type`) and / or `bits` (with threshold and flip) written, the other null.
 ffi::Error ImageConv2d(std::string_view target, ffi::ThreadPool pool, ffi::AnyBuffer levels, ffi::AnyBuffer kernel,
-                       const ffi::AnyBuffer* threshold, const ffi::AnyBuffer* flip, const ImageConv2dAttrs& attrs,
-                       ffi::AnyBuffer* stream, ffi::DataType stream_type, ffi::AnyBuffer* bits) {
+                       ffi::AnyBuffer kernel_masks, ffi::AnyBuffer kernel_counts, const ffi::AnyBuffer* threshold,
+                       const ffi::AnyBuffer* flip, const ImageConv2dAttrs& attrs, ffi::AnyBuffer* stream,
+                       ffi::DataType stream_type, ffi::AnyBuffer* bits) {
   ImageConv2dProblem problem;
   if (auto error =
           CheckImageConv2d(target, levels, kernel, threshold, flip, attrs, stream, stream_type, bits, &problem);
       error.failure()) {
     return error;
   }
+  int64_t mask_planes = 0;
+  if (auto error = CheckImageKernelMasks(target, kernel_masks, kernel_counts, problem, &mask_planes);
+      error.failure()) {
+    return error;
+  }
+  ImageKernelMasks masks;
+  if (mask_planes > 0) {
+    const auto* words = static_cast<const uint32_t*>(kernel_masks.untyped_data());
+    const auto* counts = static_cast<const int32_t*>(kernel_counts.untyped_data());
+    masks.words = formats::CeilDiv(problem.n, 16);
+    masks.plus = words;
+    masks.plus_count = counts;
+    if (mask_planes == 2) {
+      masks.minus = words + 2 * formats::CeilDiv(problem.kh * problem.kw * problem.c, 4) * masks.words;
+      masks.minus_count = counts + problem.n;
+    }
+  }
   const ImageOutputs outputs{stream == nullptr ? nullptr : stream->untyped_data(),
                              bits == nullptr ? nullptr : static_cast<uint32_t*>(bits->untyped_data())};
   return Guarded(target, [&] {
     RunImageConv2d(problem, static_cast<const int8_t*>(levels.untyped_data()),
-                   static_cast<const int8_t*>(kernel.untyped_data()),
+                   static_cast<const int8_t*>(kernel.untyped_data()), masks,
                    threshold == nullptr ? nullptr : static_cast<const int32_t*>(threshold->untyped_data()),
                    flip == nullptr ? nullptr : static_cast<const uint8_t*>(flip->untyped_data()), outputs, &pool);
   });
@@ -224,43 +242,54 @@ ffi::Error ImageConv2d(std::string_view target, ffi::ThreadPool pool, ffi::AnyBu
   int64_t c, int64_t n, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t pad_top,           \
       int64_t pad_bottom, int64_t pad_left, int64_t pad_right, int64_t pool_h, int64_t pool_w
 
+// Every first-layer target takes the kernel's masks operands (CheckImageKernelMasks) after the kernel.
+#define JAXBNN_MASK_PARAMS ffi::AnyBuffer kernel_masks, ffi::AnyBuffer kernel_counts
+#define JAXBNN_MASKS kernel_masks, kernel_counts
+
 #define JAXBNN_IMAGE_ATTRS(shift) \
   ImageConv2dAttrs { c, n, kh, kw, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, pool_h, pool_w, shift }
 
-ffi::Error ImageConv2dI32(ffi::ThreadPool pool, ffi::AnyBuffer levels, ffi::AnyBuffer kernel, JAXBNN_IMAGE_ATTR_PARAMS,
-                          int64_t shift, ffi::Result<ffi::AnyBuffer> out) {
-  return ImageConv2d("jaxbnn_image_conv2d_i32", pool, levels, kernel, nullptr, nullptr, JAXBNN_IMAGE_ATTRS(shift),
+ffi::Error ImageConv2dI32(ffi::ThreadPool pool, ffi::AnyBuffer levels, ffi::AnyBuffer kernel, JAXBNN_MASK_PARAMS,
+                          JAXBNN_IMAGE_ATTR_PARAMS, int64_t shift, ffi::Result<ffi::AnyBuffer> out) {
+  return ImageConv2d("jaxbnn_image_conv2d_i32", pool, levels, kernel, JAXBNN_MASKS, nullptr, nullptr,
+                     JAXBNN_IMAGE_ATTRS(shift),
                      &(*out), ffi::DataType::S32, nullptr);
 }
 
-ffi::Error ImageConv2dI16(ffi::ThreadPool pool, ffi::AnyBuffer levels, ffi::AnyBuffer kernel, JAXBNN_IMAGE_ATTR_PARAMS,
-                          int64_t shift, ffi::Result<ffi::AnyBuffer> out) {
-  return ImageConv2d("jaxbnn_image_conv2d_i16", pool, levels, kernel, nullptr, nullptr, JAXBNN_IMAGE_ATTRS(shift),
+ffi::Error ImageConv2dI16(ffi::ThreadPool pool, ffi::AnyBuffer levels, ffi::AnyBuffer kernel, JAXBNN_MASK_PARAMS,
+                          JAXBNN_IMAGE_ATTR_PARAMS, int64_t shift, ffi::Result<ffi::AnyBuffer> out) {
+  return ImageConv2d("jaxbnn_image_conv2d_i16", pool, levels, kernel, JAXBNN_MASKS, nullptr, nullptr,
+                     JAXBNN_IMAGE_ATTRS(shift),
                      &(*out), ffi::DataType::S16, nullptr);
 }
 
-ffi::Error ImageConv2dBits(ffi::ThreadPool pool, ffi::AnyBuffer levels, ffi::AnyBuffer kernel,
+ffi::Error ImageConv2dBits(ffi::ThreadPool pool, ffi::AnyBuffer levels, ffi::AnyBuffer kernel, JAXBNN_MASK_PARAMS,
                            ffi::AnyBuffer threshold, ffi::AnyBuffer flip, JAXBNN_IMAGE_ATTR_PARAMS,
                            ffi::Result<ffi::AnyBuffer> out) {
-  return ImageConv2d("jaxbnn_image_conv2d_bits", pool, levels, kernel, &threshold, &flip, JAXBNN_IMAGE_ATTRS(0),
+  return ImageConv2d("jaxbnn_image_conv2d_bits", pool, levels, kernel, JAXBNN_MASKS, &threshold, &flip,
+                     JAXBNN_IMAGE_ATTRS(0),
                      nullptr, ffi::DataType::S32, &(*out));
 }
 
 ffi::Error ImageConv2dI32Bits(ffi::ThreadPool pool, ffi::AnyBuffer levels, ffi::AnyBuffer kernel,
-                              ffi::AnyBuffer threshold, ffi::AnyBuffer flip, JAXBNN_IMAGE_ATTR_PARAMS, int64_t shift,
+                              JAXBNN_MASK_PARAMS, ffi::AnyBuffer threshold, ffi::AnyBuffer flip,
+                              JAXBNN_IMAGE_ATTR_PARAMS, int64_t shift,
                               ffi::Result<ffi::AnyBuffer> stream, ffi::Result<ffi::AnyBuffer> bits) {
-  return ImageConv2d("jaxbnn_image_conv2d_i32_bits", pool, levels, kernel, &threshold, &flip,
+  return ImageConv2d("jaxbnn_image_conv2d_i32_bits", pool, levels, kernel, JAXBNN_MASKS, &threshold, &flip,
                      JAXBNN_IMAGE_ATTRS(shift), &(*stream), ffi::DataType::S32, &(*bits));
 }
 
 ffi::Error ImageConv2dI16Bits(ffi::ThreadPool pool, ffi::AnyBuffer levels, ffi::AnyBuffer kernel,
-                              ffi::AnyBuffer threshold, ffi::AnyBuffer flip, JAXBNN_IMAGE_ATTR_PARAMS, int64_t shift,
+                              JAXBNN_MASK_PARAMS, ffi::AnyBuffer threshold, ffi::AnyBuffer flip,
+                              JAXBNN_IMAGE_ATTR_PARAMS, int64_t shift,
                               ffi::Result<ffi::AnyBuffer> stream, ffi::Result<ffi::AnyBuffer> bits) {
-  return ImageConv2d("jaxbnn_image_conv2d_i16_bits", pool, levels, kernel, &threshold, &flip,
+  return ImageConv2d("jaxbnn_image_conv2d_i16_bits", pool, levels, kernel, JAXBNN_MASKS, &threshold, &flip,
                      JAXBNN_IMAGE_ATTRS(shift), &(*stream), ffi::DataType::S16, &(*bits));
 }
 
 #undef JAXBNN_IMAGE_ATTRS
+#undef JAXBNN_MASKS
+#undef JAXBNN_MASK_PARAMS
 #undef JAXBNN_IMAGE_ATTR_PARAMS
 
 template <class Binding>
@@ -310,24 +339,42 @@ auto BindResidual() {
   }
 }
 
-// The binding of a first layer writing the stream (levels, kernel, its attributes and shift), the bits
-// (levels, kernel, threshold, flip and its attributes) or both (the bits' operands, + shift).
+// The binding of a first layer writing the stream (levels, kernel, kernel_masks, kernel_counts, its attributes
+// and shift), the bits (the same operands, threshold, flip and its attributes) or both (the bits' operands,
+// + shift).
 enum class ImageOutputsOf { kStream, kBits, kStreamAndBits };
 
 template <ImageOutputsOf kOutputs>
 auto BindImageConv2d() {
   using ffi::AnyBuffer;
   if constexpr (kOutputs == ImageOutputsOf::kStream) {
-    return BindImageAttrs(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<AnyBuffer>().Arg<AnyBuffer>())
+    return BindImageAttrs(ffi::Ffi::Bind()
+                              .Ctx<ffi::ThreadPool>()
+                              .Arg<AnyBuffer>()   // levels
+                              .Arg<AnyBuffer>()   // kernel
+                              .Arg<AnyBuffer>()   // kernel_masks
+                              .Arg<AnyBuffer>())  // kernel_counts
         .Attr<int64_t>("shift")
         .Ret<AnyBuffer>();
   } else if constexpr (kOutputs == ImageOutputsOf::kBits) {
-    return BindImageAttrs(
-               ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>())
+    return BindImageAttrs(ffi::Ffi::Bind()
+                              .Ctx<ffi::ThreadPool>()
+                              .Arg<AnyBuffer>()   // levels
+                              .Arg<AnyBuffer>()   // kernel
+                              .Arg<AnyBuffer>()   // kernel_masks
+                              .Arg<AnyBuffer>()   // kernel_counts
+                              .Arg<AnyBuffer>()   // threshold
+                              .Arg<AnyBuffer>())  // flip
         .Ret<AnyBuffer>();
   } else {
-    return BindImageAttrs(
-               ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>())
+    return BindImageAttrs(ffi::Ffi::Bind()
+                              .Ctx<ffi::ThreadPool>()
+                              .Arg<AnyBuffer>()   // levels
+                              .Arg<AnyBuffer>()   // kernel
+                              .Arg<AnyBuffer>()   // kernel_masks
+                              .Arg<AnyBuffer>()   // kernel_counts
+                              .Arg<AnyBuffer>()   // threshold
+                              .Arg<AnyBuffer>())  // flip
         .Attr<int64_t>("shift")
         .Ret<AnyBuffer>()   // stream
         .Ret<AnyBuffer>();  // bits

@@ -159,6 +159,40 @@ inline ffi::Error CheckImageConv2d(std::string_view target, const ffi::AnyBuffer
   return ffi::Error::Success();
 }
 
+// Validates the kernel masks operands of a jaxbnn_image_conv2d_* call on the CPU (`formats.image_kernel_masks`):
+// `masks` uint32 (P, ceil(K / 4), ceil(N / 16), 2) and `counts` int32 (P, N), K = kh kw c, with P = 0 (no masks),
+// 1 (a binary kernel's) or 2 (a ternary kernel's). On success sets `planes` to P.
+inline ffi::Error CheckImageKernelMasks(std::string_view target, const ffi::AnyBuffer& masks,
+                                        const ffi::AnyBuffer& counts, const ImageConv2dProblem& p, int64_t* planes) {
+  using namespace checks;
+  using formats::CeilDiv;
+  if (auto e = CheckDtypeRank(target, "operand `kernel_masks`", masks, ffi::DataType::U32, 4, "(P, K/4, N/16, 2)");
+      e.failure()) {
+    return e;
+  }
+  const int64_t count = masks.dimensions()[0];
+  if (count < 0 || count > 2) {
+    return Invalid(target, Concat("operand `kernel_masks` of shape ", ShapeString(masks.dimensions()), " has ", count,
+                                  " planes; 0 (none), 1 (a binary kernel's) or 2 (a ternary kernel's)"));
+  }
+  const int64_t k = p.kh * p.kw * p.c;
+  std::string why = Concat("the kernel's K = ", k, ", N = ", p.n, " and ", count, " planes");
+  if (auto e = CheckShape(target, "operand `kernel_masks`", masks, {count, CeilDiv(k, 4), CeilDiv(p.n, 16), 2},
+                          why.c_str());
+      e.failure()) {
+    return e;
+  }
+  if (auto e = CheckDtypeRank(target, "operand `kernel_counts`", counts, ffi::DataType::S32, 2, "(P, N)");
+      e.failure()) {
+    return e;
+  }
+  if (auto e = CheckShape(target, "operand `kernel_counts`", counts, {count, p.n}, why.c_str()); e.failure()) {
+    return e;
+  }
+  *planes = count;
+  return ffi::Error::Success();
+}
+
 }  // namespace jaxbnn
 
 #endif  // JAXBNN_XLA_FFI_CPU_IMAGE_CHECKS_H_

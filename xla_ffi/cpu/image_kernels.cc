@@ -118,6 +118,7 @@ struct BlockJob {
   const int32_t* bias;  // (cols,): the accumulators' start; null: 0
   int64_t first_output;
   int32_t* tile;        // (rows of a register block, kMaxBlockCols): a window's running max
+  ImageKernelMasks masks;  // the kernel's sign masks (a tier that reads them), else none
 };
 
 using BlockFn = void (*)(const BlockJob& job, const ImageEpilogue& epilogue);
@@ -1028,7 +1029,157 @@ JAXBNN_TARGET_VNNI void VnniRawBlock(const BlockJob& job, const ImageEpilogue& e
   }
 }
 
+// --- AVX-512 VNNI on the kernel's sign masks: a call of few gathered rows -----------------------------
+// A kernel of -1, 0 and +1 (every zoo model's first layer) also given as its sign masks (ImageKernelMasks,
+// `formats.image_kernel_masks`): one bit per weight, an eighth of the kernel's bytes, each 64-bit word the operand
+// of one vpdpbusd (16 columns x 4 reduction elements). A word becomes bytes in registers (vpmovm2b: -1 where
+// its bit is set), so the pass over the weights reads 1 / 8 (binary) or 1 / 4 (ternary) of the kernel's bytes
+// and issues one vpdpbusd per 64 products, against VnniRawBlock's four loads, XORs and unpacks (a dense
+// 784 x 1024 first layer at batch 1 on a Zen 5 VM: docs/design/decisions.md). The levels enter offset by 128
+// (u8), so that:
+// - binary, one mask M = [w = +1]: S = sum_{M} -(l + 128), and the dot is 2 sum_{M} l - sum l
+//   = -2 S - 256 count_M - sum l;
+// - ternary, masks P = [w = +1] and N = [w = -1], the bytes [N] - [P] = w: S = sum (l + 128) w, and the dot
+//   is S - 128 (count_P - count_N).
+// Both exact modulo 2**32 like the other tiers (the result fits int32).
+
+constexpr int kMaskRows = 4;         // rows of a register block
+constexpr int kMaskBlocks = 4;       // 64-column blocks x rows of a register block, at most
+constexpr int64_t kMaskCols = 256;   // columns of a block job
+
+// The weights of 16 columns x 4 reduction elements as bytes, from the masks' word at `offset` (in uint32) of
+// each plane.
+template <bool kTernary>
+JAXBNN_TARGET_VNNI JAXBNN_VNNI_INLINE __m512i MaskBytes(const ImageKernelMasks& m, int64_t offset) {
+  uint64_t plus;
+  std::memcpy(&plus, m.plus + offset, sizeof(plus));
+  const __m512i p = _mm512_movm_epi8(_cvtu64_mask64(plus));
+  if constexpr (!kTernary) return p;
+  uint64_t minus;
+  std::memcpy(&minus, m.minus + offset, sizeof(minus));
+  return _mm512_sub_epi8(_mm512_movm_epi8(_cvtu64_mask64(minus)), p);
+}
+
+// R rows x B 64-column blocks of a job from its column block `first`.
+template <int R, int B, bool kTernary, int kMode>
+JAXBNN_TARGET_VNNI void MaskRows(const BlockJob& job, const ImageEpilogue& epi, const int8_t* x, int64_t r0,
+                                 int64_t first) {
+  const ImageKernelMasks& m = job.masks;
+  const int64_t stride = job.k_padded, quads = job.k_padded / 4, word = (job.col_begin + 64 * first) / 16;
+  // the pass's words past the masks' last (columns past n of a 32-column last block) are read as zeros
+  const int64_t real_words = std::clamp<int64_t>(m.words - word, 0, 4 * B);
+  V16si sum[R][B][4] = {};
+  for (int64_t g = 0; g < quads; ++g) {
+    __m512i xr[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const uint32_t offset_levels = static_cast<uint32_t>(Load32(x + r * stride + 4 * g)) ^ 0x80808080u;
+      xr[r] = _mm512_set1_epi32(static_cast<int32_t>(offset_levels));
+    }
+    const int64_t row = 2 * (g * m.words + word);
+#pragma GCC unroll 4
+    for (int b = 0; b < B; ++b) {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const __m512i w =
+            4 * b + j < real_words ? MaskBytes<kTernary>(m, row + 2 * (4 * b + j)) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) sum[r][b][j] = Dpbusd(sum[r][b][j], xr[r], w);
+      }
+    }
+  }
+  int32_t level_sums[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) level_sums[r] = kTernary ? 0 : LevelSum(x + r * stride, job.k_padded);
+#pragma GCC unroll 4
+  for (int b = 0; b < B; ++b) {
+    const int64_t col = job.col_begin + 64 * (first + b);
+    __m512i term[4];  // per column: 256 count_M (binary), 128 (count_P - count_N) (ternary)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const int64_t c = col + 16 * j;
+      const __mmask16 valid = c + 16 <= epi.n ? __mmask16{0xffff}
+                              : static_cast<__mmask16>((1u << std::clamp<int64_t>(epi.n - c, 0, 16)) - 1);
+      const __m512i plus = _mm512_maskz_loadu_epi32(valid, m.plus_count + c);
+      if constexpr (kTernary) {
+        term[j] = _mm512_slli_epi32(_mm512_sub_epi32(plus, _mm512_maskz_loadu_epi32(valid, m.minus_count + c)), 7);
+      } else {
+        term[j] = _mm512_slli_epi32(plus, 8);
+      }
+    }
+    __m512i acc[R][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const __m512i s = reinterpret_cast<__m512i>(sum[r][b][j]);
+        acc[r][j] = kTernary ? _mm512_sub_epi32(s, term[j])
+                             : _mm512_sub_epi32(_mm512_sub_epi32(_mm512_sub_epi32(_mm512_setzero_si512(),
+                                                                                  _mm512_slli_epi32(s, 1)),
+                                                                 term[j]),
+                                                _mm512_set1_epi32(level_sums[r]));
+      }
+    }
+    BlockJob block = job;
+    block.col_begin = col;
+    block.tile = job.tile + 64 * (first + b);
+    if (job.col_begin + job.cols - col == 32) {
+      __m512i half[R][2];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) half[r][0] = acc[r][0], half[r][1] = acc[r][1];
+      VnniEpilogue<R, 2, kMode>(block, epi, half, r0);
+    } else {
+      VnniEpilogue<R, 4, kMode>(block, epi, acc, r0);
+    }
+  }
+}
+
+template <int R, int B, bool kTernary>
+JAXBNN_TARGET_VNNI void MaskPass(const BlockJob& job, const ImageEpilogue& epi, int64_t r0, int64_t first) {
+  const auto* patches = static_cast<const int8_t*>(job.patches);
+  for (int64_t w = 0; w < job.window; ++w) {
+    const int8_t* x = patches + (w * job.rows + r0) * job.k_padded;
+    switch (ModeOf(w, job.window)) {
+      case kOnly: MaskRows<R, B, kTernary, kOnly>(job, epi, x, r0, first); break;
+      case kFirst: MaskRows<R, B, kTernary, kFirst>(job, epi, x, r0, first); break;
+      case kMiddle: MaskRows<R, B, kTernary, kMiddle>(job, epi, x, r0, first); break;
+      case kLast: MaskRows<R, B, kTernary, kLast>(job, epi, x, r0, first); break;
+    }
+  }
+}
+
+template <bool kTernary>
+JAXBNN_TARGET_VNNI void MaskColumns(const BlockJob& job, const ImageEpilogue& epi) {
+  static_assert(kMaskRows == 4 && kMaskBlocks == 4, "one case per register block shape");
+  const int64_t blocks = CeilDiv(job.cols, 64);
+  for (int64_t r0 = 0; r0 < job.rows; r0 += kMaskRows) {
+    const int64_t rows = std::min<int64_t>(kMaskRows, job.rows - r0);
+    const int64_t per_pass = std::max<int64_t>(1, kMaskBlocks / rows);
+    for (int64_t first = 0; first < blocks; first += per_pass) {
+      switch (rows * 8 + std::min(per_pass, blocks - first)) {
+        case 4 * 8 + 1: MaskPass<4, 1, kTernary>(job, epi, r0, first); break;
+        case 3 * 8 + 1: MaskPass<3, 1, kTernary>(job, epi, r0, first); break;
+        case 2 * 8 + 2: MaskPass<2, 2, kTernary>(job, epi, r0, first); break;
+        case 2 * 8 + 1: MaskPass<2, 1, kTernary>(job, epi, r0, first); break;
+        case 1 * 8 + 4: MaskPass<1, 4, kTernary>(job, epi, r0, first); break;
+        case 1 * 8 + 3: MaskPass<1, 3, kTernary>(job, epi, r0, first); break;
+        case 1 * 8 + 2: MaskPass<1, 2, kTernary>(job, epi, r0, first); break;
+        default: MaskPass<1, 1, kTernary>(job, epi, r0, first); break;
+      }
+    }
+  }
+}
+
+JAXBNN_TARGET_VNNI void VnniMaskBlock(const BlockJob& job, const ImageEpilogue& epi) {
+  if (job.masks.minus != nullptr) {
+    MaskColumns<true>(job, epi);
+  } else {
+    MaskColumns<false>(job, epi);
+  }
+}
+
 #ifdef JAXBNN_AMX
+
 // --- AMX-INT8 tier: tdpbusd on tiles ----------------------------------------------------------------------
 
 constexpr int kAmxRows = 32;          // gathered rows of a pass: two activation tiles of 16
@@ -1221,6 +1372,15 @@ struct VnniRawTier {
   static constexpr BlockFn kBlock = VnniRawBlock;
   static constexpr bool kOffsetLevels = false;
 };
+
+struct VnniMaskTier {
+  using Elem = int8_t;
+  using Weight = int8_t;
+  static constexpr int kGroup = 4, kBlockCols = kMaskCols, kRows = kMaskRows;
+  static constexpr PackBlockFn kPack = nullptr;
+  static constexpr BlockFn kBlock = VnniMaskBlock;
+  static constexpr bool kOffsetLevels = false;
+};
 #endif
 
 #ifdef JAXBNN_AMX
@@ -1276,11 +1436,12 @@ class ImageConv {
   using Weight = typename Tier::Weight;
 
   // levels: the operand's bytes, int8 levels or uint8 pixels (p.pixels)
-  ImageConv(const ImageConv2dProblem& p, const int8_t* levels, const int8_t* kernel)
+  ImageConv(const ImageConv2dProblem& p, const int8_t* levels, const int8_t* kernel, const ImageKernelMasks& masks)
       : p_(p),
         levels_(levels),
         to_level_(static_cast<int8_t>(p.pixels ? 0x80 : 0)),
         kernel_(kernel),
+        masks_(masks),
         levels_size_(p.batch * p.height * p.width * p.c),
         k_(p.kh * p.kw * p.c),
         k_padded_(RoundUp(k_, Tier::kGroup)),
@@ -1409,7 +1570,7 @@ class ImageConv {
       const void* block_weights = kPacked ? static_cast<const void*>(weights + (col - base) * k_padded_)
                                           : static_cast<const void*>(kernel_ + col);
       const BlockJob job{patches, k_, k_padded_, count, window_, block_weights, col, BlockCols(block),
-                         Tier::kOffsetLevels ? bias + (col - base) : nullptr, first, tile};
+                         Tier::kOffsetLevels ? bias + (col - base) : nullptr, first, tile, masks_};
       Tier::kBlock(job, epilogue);
     }
   }
@@ -1518,29 +1679,32 @@ class ImageConv {
   const int8_t* levels_;
   const int8_t to_level_;  // XORed into each stored byte: 0x80 for pixels, else 0
   const int8_t* kernel_;
+  const ImageKernelMasks masks_;
   const int64_t levels_size_, k_, k_padded_, n_padded_, window_, blocks_;
 };
 
 template <class Tier>
-void RunTier(const ImageConv2dProblem& problem, const int8_t* levels, const int8_t* kernel, const int32_t* threshold,
-             const uint8_t* flip, const ImageOutputs& out, ffi::ThreadPool* pool) {
-  ImageConv<Tier>(problem, levels, kernel).Run(threshold, flip, out, pool);
+void RunTier(const ImageConv2dProblem& problem, const int8_t* levels, const int8_t* kernel,
+             const ImageKernelMasks& masks, const int32_t* threshold, const uint8_t* flip, const ImageOutputs& out,
+             ffi::ThreadPool* pool) {
+  ImageConv<Tier>(problem, levels, kernel, masks).Run(threshold, flip, out, pool);
 }
 
 #ifdef JAXBNN_X86
 // The AVX2 tiers: the kernel read as it is for a call of few gathered rows; packed beyond, as bytes where its
 // values are -1, 0 and +1, else as int16 pairs.
-void RunAvx2(const ImageConv2dProblem& problem, const int8_t* levels, const int8_t* kernel, const int32_t* threshold,
-             const uint8_t* flip, const ImageOutputs& out, ffi::ThreadPool* pool) {
+void RunAvx2(const ImageConv2dProblem& problem, const int8_t* levels, const int8_t* kernel,
+             const ImageKernelMasks& masks, const int32_t* threshold, const uint8_t* flip, const ImageOutputs& out,
+             ffi::ThreadPool* pool) {
   const int64_t rows = problem.batch * problem.out_h * problem.out_w * problem.pool_h * problem.pool_w;
   const int64_t k = problem.kh * problem.kw * problem.c;
   if (rows <= std::min<int64_t>(k, kAvx2RawMaxRows)) {
-    return RunTier<Avx2RawTier>(problem, levels, kernel, threshold, flip, out, pool);
+    return RunTier<Avx2RawTier>(problem, levels, kernel, masks, threshold, flip, out, pool);
   }
   if (KernelWithinUnit(kernel, k * problem.n)) {
-    return RunTier<Avx2ByteTier>(problem, levels, kernel, threshold, flip, out, pool);
+    return RunTier<Avx2ByteTier>(problem, levels, kernel, masks, threshold, flip, out, pool);
   }
-  RunTier<Avx2Tier>(problem, levels, kernel, threshold, flip, out, pool);
+  RunTier<Avx2Tier>(problem, levels, kernel, masks, threshold, flip, out, pool);
 }
 #endif
 
@@ -1572,7 +1736,8 @@ bool SetFirstLayerAmx(bool enabled) {
 }
 
 void RunImageConv2d(const ImageConv2dProblem& problem, const int8_t* levels, const int8_t* kernel,
-                    const int32_t* threshold, const uint8_t* flip, const ImageOutputs& out, ffi::ThreadPool* pool) {
+                    const ImageKernelMasks& masks, const int32_t* threshold, const uint8_t* flip,
+                    const ImageOutputs& out, ffi::ThreadPool* pool) {
 #ifdef JAXBNN_X86
   switch (ActiveIsa()) {
     case Isa::kAvx512:
@@ -1582,7 +1747,7 @@ void RunImageConv2d(const ImageConv2dProblem& problem, const int8_t* levels, con
 #ifdef JAXBNN_AMX
         if (rows >= kAmxMinRows && problem.kh * problem.kw * problem.c >= kAmxMinReduction &&
             AmxEnabledSlot().load(std::memory_order_relaxed)) {
-          return RunTier<AmxTier>(problem, levels, kernel, threshold, flip, out, pool);
+          return RunTier<AmxTier>(problem, levels, kernel, masks, threshold, flip, out, pool);
         }
 #endif
         // Packing the kernel is one pass over it, and reading it as it is regroups it again for every
@@ -1590,16 +1755,19 @@ void RunImageConv2d(const ImageConv2dProblem& problem, const int8_t* levels, con
         // over 28 x 28 packs 1.5x faster) or pass kVnniRawMaxRows (a dense 784 x 1024 layer on a Zen 5 VM:
         // equal at 64 rows, packed 20-30% faster from 128; docs/design/decisions.md).
         if (rows <= std::min<int64_t>(problem.kh * problem.kw * problem.c, kVnniRawMaxRows)) {
-          return RunTier<VnniRawTier>(problem, levels, kernel, threshold, flip, out, pool);
+          if (masks.plus != nullptr) {
+            return RunTier<VnniMaskTier>(problem, levels, kernel, masks, threshold, flip, out, pool);
+          }
+          return RunTier<VnniRawTier>(problem, levels, kernel, masks, threshold, flip, out, pool);
         }
-        return RunTier<VnniTier>(problem, levels, kernel, threshold, flip, out, pool);
+        return RunTier<VnniTier>(problem, levels, kernel, masks, threshold, flip, out, pool);
       }
-      return RunAvx2(problem, levels, kernel, threshold, flip, out, pool);
-    case Isa::kAvx2: return RunAvx2(problem, levels, kernel, threshold, flip, out, pool);
+      return RunAvx2(problem, levels, kernel, masks, threshold, flip, out, pool);
+    case Isa::kAvx2: return RunAvx2(problem, levels, kernel, masks, threshold, flip, out, pool);
     default: break;
   }
 #endif
-  RunTier<PortableTier>(problem, levels, kernel, threshold, flip, out, pool);
+  RunTier<PortableTier>(problem, levels, kernel, masks, threshold, flip, out, pool);
 }
 
 }  // namespace jaxbnn::cpu

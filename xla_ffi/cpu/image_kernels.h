@@ -17,10 +17,24 @@ struct ImageOutputs {
   uint32_t* bits = nullptr;
 };
 
-// levels: int8 (batch, height, width, c); kernel: int8 (kh, kw, c, n). threshold: int32 (planes, n) and flip:
-// uint8 (planes, n) for the bits output, null without one.
+// A kernel of -1, 0 and +1 as its sign masks (`formats.image_kernel_masks`), which the AVX-512 VNNI tier reads
+// instead of the kernel in a call of few gathered rows: per reduction quad g (ceil(kh kw c / 4) of them) `words`
+// = ceil(n / 16) 64-bit words, each two uint32 (low, high), bit 4 (col % 16) + e of word col / 16 set where
+// the weight (4 g + e, col) is +1 (`plus`) / -1 (`minus`, null for a binary kernel: every weight +1 or -1);
+// plus_count / minus_count: per column the number of +1 / -1 weights. `plus` null: no masks.
+struct ImageKernelMasks {
+  const uint32_t* plus = nullptr;
+  const uint32_t* minus = nullptr;
+  const int32_t* plus_count = nullptr;
+  const int32_t* minus_count = nullptr;
+  int64_t words = 0;
+};
+
+// levels: int8 (batch, height, width, c); kernel: int8 (kh, kw, c, n); masks: the kernel's, or none.
+// threshold: int32 (planes, n) and flip: uint8 (planes, n) for the bits output, null without one.
 void RunImageConv2d(const ImageConv2dProblem& problem, const int8_t* levels, const int8_t* kernel,
-                    const int32_t* threshold, const uint8_t* flip, const ImageOutputs& out, ffi::ThreadPool* pool);
+                    const ImageKernelMasks& masks, const int32_t* threshold, const uint8_t* flip,
+                    const ImageOutputs& out, ffi::ThreadPool* pool);
 
 // Whether this CPU has AMX-INT8 and the OS grants this process its tile state (asked once, at the first call).
 bool AmxUsable();
