@@ -510,7 +510,8 @@ def _flip_words(flip_words, flip, n):
     if flip_words.shape != want:
         raise ValueError(f"flip_words must have shape {want} (flip's, in words), got {flip_words.shape}")
     if not isinstance(flip_words, jax.core.Tracer) and not isinstance(flip, jax.core.Tracer):
-        packed = np.asarray(formats.pack_bits(np.asarray(flip) != 0))
+        with jax.ensure_compile_time_eval():  # concrete values under an outer jit too
+            packed = np.asarray(formats.pack_bits(np.asarray(flip) != 0))
         if not np.array_equal(np.asarray(flip_words), packed):
             raise ValueError("flip_words are not pack_bits(flip != 0)")
     return flip_words
@@ -1442,9 +1443,10 @@ def _doubled_activations(acts, k):
     planes over `k` values."""
     nonneg, pos = (_clear_padding_bits(a, k) for a in _materialized(acts))
     real = jnp.asarray(_real_bit_mask(nonneg.shape[-1], k))
-    neg = ~nonneg & real
+    # the values (a + b) / 2 of any bits: a pos bit without its nonneg bit is 0, neither +1 nor -1
+    plus, minus = pos & nonneg, ~nonneg & ~pos & real
     pad = ((0, 0),) * (nonneg.ndim - 1) + ((0, _doubled_block_words(k) - nonneg.shape[-1]),)
-    return jnp.concatenate([jnp.pad(plane, pad) for plane in (pos, neg, pos | neg)], axis=-1)
+    return jnp.concatenate([jnp.pad(plane, pad) for plane in (plus, minus, plus | minus)], axis=-1)
 
 
 def _tnn_doubled_bmm(acts, b, prepared, epilogue, *, k, n, kind, threshold_planes):
@@ -1935,7 +1937,8 @@ def _check_popcount(name, popcount, weights, rows, k_bits, taps):
     documented."""
     if isinstance(popcount, jax.core.Tracer) or isinstance(weights, jax.core.Tracer):
         return
-    actual = np.asarray(_real_bit_popcount(weights, rows=rows, k_bits=k_bits, taps=taps)).astype(np.int64)
+    with jax.ensure_compile_time_eval():  # concrete values under an outer jit too: computed now, not staged
+        actual = np.asarray(_real_bit_popcount(weights, rows=rows, k_bits=k_bits, taps=taps)).astype(np.int64)
     stored = np.asarray(popcount).astype(np.int64, copy=False)
     if not np.array_equal(stored, actual):
         at = tuple(int(i) for i in np.argwhere(stored != actual)[0])

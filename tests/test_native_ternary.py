@@ -447,6 +447,26 @@ def test_without_ternary_kernels_long_tnn_bmm_runs_as_three_blocks_the_first_two
                                       flip=epi["flip_planes"][:2])))  # fmt: skip
 
 
+def test_without_ternary_kernels_the_three_blocks_read_a_pos_bit_without_its_nonneg_bit_as_zero(
+        without_ternary_kernels):
+    """Activation planes with pos bits set where nonneg bits are not (values (a + b) / 2 = 0, docs/formats.md):
+    the three-block product (dense and convolution) gives the reference's products, as the four blocks do."""
+    rng = np.random.default_rng(5)
+    k, n = 512, 6
+    w = formats.pack_ternary_dense_weights(rng.integers(-1, 2, (k, n)).astype(np.float32))
+    nonneg, pos = rng.random((3, k)) < 0.5, rng.random((3, k)) < 0.5  # every pair, (0, 1) among them
+    x = formats.TernaryPlanes(formats.pack_bits(nonneg), formats.pack_bits(pos))
+    np.testing.assert_array_equal(np.asarray(ops.bmm(x, w)),
+                                  np.asarray(reference.bmm(x, w.bits, k, n, ternary_weights=True)))
+    conv = formats.pack_ternary_conv_weights(rng.integers(-1, 2, (3, 3, 512, 5)).astype(np.float32))
+    cn, cp = rng.random((1, 4, 4, 512)) < 0.5, rng.random((1, 4, 4, 512)) < 0.5
+    planes = formats.TernaryPlanes(formats.pack_bits(cn), formats.pack_bits(cp))
+    np.testing.assert_array_equal(
+        np.asarray(ops.bconv2d(planes, conv)),
+        np.asarray(reference.bconv2d(planes, conv.bits, in_channels=512, out_channels=5, kernel_size=(3, 3),
+                                     stride=(1, 1), padding=((1, 1), (1, 1)), pad_value="zero", ternary_weights=True)))
+
+
 @pytest.mark.parametrize("b,h,w,c,o,kernel,stride,padding,pad_value,pool", [
     (2, 6, 7, 512, 40, (3, 3), 1, "SAME", "zero", None),     # a tap's third block half a K block
     (1, 5, 5, 1000, 33, (3, 3), 2, "SAME", "zero", None),    # channels short of whole blocks, strided

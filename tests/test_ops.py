@@ -633,6 +633,32 @@ def test_a_concrete_popcount_that_does_not_match_the_weights_is_refused():
         ops.bconv2d(x, conv.bits, in_channels=40, kernel_size=3, out_channels=5, w_tap_popcount=wrong)
 
 
+def test_concrete_popcounts_and_flip_words_are_checked_under_jit_too():
+    """Concrete popcounts and flip words closed over by a jitted function: checked as in an eager call (the
+    check computes, it does not stage), the right ones taken, wrong ones refused."""
+    rng = np.random.default_rng(1)
+    w = formats.pack_dense_weights(rng.standard_normal((70, 9)).astype(np.float32))
+    a = ops.pack_bits(signs(rng, (3, 70)))
+    for popcount in (np.asarray(w.popcount), w.popcount):
+        got = jax.jit(lambda a: ops.bmm(a, w.bits, 70, n=9, b_popcount=popcount))(a)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(ops.bmm(a, w)))
+    with pytest.raises(ValueError, match=r"b_popcount does not count the \+1 bits"):
+        jax.jit(lambda a: ops.bmm(a, w.bits, 70, n=9, b_popcount=np.asarray(w.popcount) + 1))(a)
+    with pytest.raises(ValueError, match=r"b_popcount does not count the \+1 bits"):
+        jax.jit(lambda a: ops.bmm_chain(a, [dict(b=w.bits, k=70, n=9, b_popcount=np.asarray(w.popcount) + 1,
+                                                 scale=np.ones(9, np.float32), bias=np.zeros(9, np.float32))]))(a)
+    conv = formats.pack_conv_weights(signs(rng, (3, 3, 40, 45)))
+    x = formats.pack_bits(signs(rng, (2, 6, 6, 40)) >= 0)
+    threshold, flip = rng.integers(-9, 9, 45).astype(np.int32), rng.random(45) < 0.5
+    tap, words, wrong = (np.asarray(v) for v in (conv.tap_popcount, formats.pack_bits(flip), formats.pack_bits(~flip)))
+    pooled = dict(pool=(2, 2), threshold=threshold, flip=flip)
+    got = jax.jit(lambda x: ops.bconv2d(x, conv.bits, in_channels=40, kernel_size=3, out_channels=45,
+                                        w_tap_popcount=tap, flip_words=words, **pooled))(x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(ops.bconv2d(x, conv, **pooled)))
+    with pytest.raises(ValueError, match="not pack_bits"):
+        jax.jit(lambda x: ops.bconv2d(x, conv, flip_words=wrong, **pooled))(x)
+
+
 def test_row_packed_bmm_with_no_rows_and_empty_batches_give_empty_results():
     a = jnp.zeros((4, 2), jnp.uint32)
     assert ops.bmm(a, jnp.zeros((0, 2), jnp.uint32), 64).shape == (4, 0)
