@@ -5,6 +5,8 @@ int32 extremes, every shift, the extreme levels and weights, sizes split over th
 masks (`formats.image_kernel_masks`) read in place of the kernel, and the handlers' own validation, exercised
 by calling jax.ffi.ffi_call directly with bad operands and attributes."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -355,6 +357,37 @@ def test_the_vnni_tier_reads_the_masks_instead_of_the_kernel():
     levels = int8_values(rng, (2, 100))
     got = ops.image_matmul(levels, kernel, kernel_masks=formats.image_kernel_masks(-kernel))
     np.testing.assert_array_equal(np.asarray(got), -(levels.astype(np.int64) @ kernel.astype(np.int64)))
+
+
+def test_only_the_cpu_call_takes_the_masks_operands(monkeypatch):
+    """Lowered for CUDA (exported for that platform, as if its module were loaded), the first layer's custom
+    calls take their operands as before, without the masks; for the CPU the masks follow the kernel (of no
+    planes where none are given)."""
+    has_target = _ffi.has_target
+    monkeypatch.setattr(_ffi, "has_target", lambda platform, target: platform == "cuda" or has_target(platform, target))
+    jax.clear_caches()
+    kernel = np.where(np.random.default_rng(0).random((20, 40)) < 0.5, -1, 1).astype(np.int8)
+    masks, threshold = formats.image_kernel_masks(kernel), np.zeros((2, 40), np.int32)
+    checks = [jax.export.DisabledSafetyCheck.custom_call(target) for target in TARGETS]
+    epilogue = ["tensor<2x40xi32>", "tensor<2x40xui8>"]
+    cases = [  # target, layer, the CPU call's masks operands, the epilogue's operands
+        ("jaxbnn_image_conv2d_bits", lambda x: ops.image_matmul(x, kernel, threshold=threshold, kernel_masks=masks),
+         ["tensor<1x5x3x2xui32>", "tensor<1x40xi32>"], epilogue),
+        ("jaxbnn_image_conv2d_i32", lambda x: ops.image_matmul(x, kernel),
+         ["tensor<0x5x3x2xui32>", "tensor<0x40xi32>"], []),
+        ("jaxbnn_image_conv2d_i16_bits",
+         lambda x: ops.image_matmul(x, kernel, threshold=threshold, keep_stream=True, out_dtype=jnp.int16),
+         ["tensor<0x5x3x2xui32>", "tensor<0x40xi32>"], epilogue),
+    ]
+    for target, layer, masks_operands, epilogue_operands in cases:
+        for platform in ("cuda", "cpu"):
+            module = jax.export.export(jax.jit(layer), platforms=[platform], disabled_checks=checks)(
+                jax.ShapeDtypeStruct((3, 20), jnp.uint8)).mlir_module()
+            (types,) = re.findall(rf"custom_call @{target}\(.* : \(([^)]*)\) ->", module)
+            want = ["tensor<3x1x1x20xui8>", "tensor<1x1x20x40xi8>", *(masks_operands if platform == "cpu" else []),
+                    *epilogue_operands]
+            assert [t.strip() for t in types.split(",")] == want, (target, platform, types)
+    jax.clear_caches()
 
 
 def test_kernel_masks_are_checked():
