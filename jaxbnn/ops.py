@@ -110,6 +110,7 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
     if ternary_weights:
         n = _positive_int("n", n, MAX_EXTENT // 2)
         b, _ = _weights("b", b, k, 2 * n)
+        _check_ternary_weights("b", b, n, k, None)
     else:
         b, n = _weights("b", b, k, n)
     rows = 2 * n if ternary_weights else n
@@ -444,6 +445,8 @@ def bconv2d(
     o = rows // planes_per_channel
     if o == 0:
         raise ValueError("w has no output channels")
+    if ternary_weights:
+        _check_ternary_weights("w", w, o, k_bits, (kh * kw, cw, c))
     h, wd = x.shape[-3:-1]
     (pt, pb), (pl, pr) = _conv_padding(padding, (h, wd), (kh, kw), (sh, sw))
     if pad_value not in ("zero", "one"):
@@ -1944,6 +1947,31 @@ def _check_popcount(name, popcount, weights, rows, k_bits, taps):
         at = tuple(int(i) for i in np.argwhere(stored != actual)[0])
         raise ValueError(f"{name} does not count the +1 bits of the weights: at {at} it holds {int(stored[at])}, "
                          f"the weights have {int(actual[at])}")
+
+
+def _check_ternary_weights(name, weights, n, k_bits, taps):
+    """Concrete ternary weights must be pairs the packers write: no real pos bit without its nonneg bit (TAB's
+    BTN kernels count a column's non-zero weights from the two planes' popcounts, which such a pair would
+    break); traced ones are trusted, as documented. n: the outputs; taps as `_real_bit_popcount`'s."""
+    if isinstance(weights, jax.core.Tracer):
+        return
+    with jax.ensure_compile_time_eval():  # concrete values under an outer jit too: computed now, not staged
+        invalid = np.asarray(_pos_without_nonneg(weights, n=n, k_bits=k_bits, taps=taps))
+    if invalid.any():
+        raise ValueError(f"{name}: ternary weights of output {int(np.argmax(invalid > 0))} set a pos bit without its "
+                         "nonneg bit; a ternary weight is the pair (nonneg, pos) of formats.ternary_weight_signs")
+
+
+@functools.partial(jax.jit, static_argnames=("n", "k_bits", "taps"))
+def _pos_without_nonneg(weights, *, n, k_bits, taps):
+    """(n,) per output: the real bits its pos plane's row sets and its nonneg plane's row does not."""
+    matrix = weights if weights.ndim == 2 else formats.from_fsb(weights, 2 * n, k_bits)
+    if taps is None:
+        mask = formats.pack_bits(jnp.arange(formats.num_words(k_bits) * formats.WORD_BITS) < k_bits)
+    else:
+        count, tap_words, channels = taps
+        mask = jnp.tile(formats.pack_bits(jnp.arange(tap_words * formats.WORD_BITS) < channels), count)
+    return formats.popcount(matrix[n:] & ~matrix[:n] & mask)
 
 
 @functools.partial(jax.jit, static_argnames=("rows", "k_bits", "taps"))

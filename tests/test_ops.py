@@ -633,6 +633,42 @@ def test_a_concrete_popcount_that_does_not_match_the_weights_is_refused():
         ops.bconv2d(x, conv.bits, in_channels=40, kernel_size=3, out_channels=5, w_tap_popcount=wrong)
 
 
+def test_ternary_weights_with_a_pos_bit_without_its_nonneg_bit_are_refused():
+    """No packer writes such a pair; concrete weights holding one are refused (also closed over by a jitted
+    function), traced ones trusted; bits past the real ones (padding) are not weights."""
+    rng = np.random.default_rng(9)
+    k, n = 70, 3
+    w = formats.pack_ternary_dense_weights(rng.integers(-1, 2, (k, n)).astype(np.float32))
+    rows = np.asarray(formats.from_fsb(w.bits, 2 * n, k)).copy()
+    padded = rows.copy()
+    padded[n + 1, -1] |= np.uint32(1 << 31)  # bit 95 of a 70-bit row: padding
+    rows[1, 0] &= ~np.uint32(1)
+    rows[n + 1, 0] |= np.uint32(1)  # output 1, bit 0: pos without nonneg
+    a = ops.pack_bits(signs(rng, (2, k)))
+
+    def ternary(matrix):
+        matrix = jnp.asarray(matrix)
+        return formats.TernaryDenseBits(formats.to_fsb(matrix), formats.popcount(matrix), k=k, n=n)
+
+    message = r"b: ternary weights of output 1 set a pos bit without its nonneg bit"
+    invalid = ternary(rows)
+    with pytest.raises(ValueError, match=message):
+        ops.bmm(a, invalid)
+    with pytest.raises(ValueError, match=message):
+        jax.jit(lambda a: ops.bmm(a, invalid))(a)
+    jax.jit(lambda a, w: ops.bmm(a, w))(a, invalid)  # traced: trusted
+    ops.bmm(a, ternary(padded))
+    conv = formats.pack_ternary_conv_weights(rng.integers(-1, 2, (3, 3, 40, 4)).astype(np.float32))
+    matrix = np.asarray(formats.from_fsb(conv.bits, 8, 9 * 64)).copy()
+    matrix[2, 5] &= ~np.uint32(4)
+    matrix[4 + 2, 5] |= np.uint32(4)  # output 2, tap 2, channel 34
+    bad = formats.TernaryConvBits(formats.to_fsb(jnp.asarray(matrix)), conv.tap_popcount, kernel_size=(3, 3),
+                                  in_channels=40, out_channels=4)
+    x = formats.pack_bits(signs(rng, (1, 5, 5, 40)) >= 0)
+    with pytest.raises(ValueError, match=r"w: ternary weights of output 2 set a pos bit without its nonneg bit"):
+        ops.bconv2d(x, bad)
+
+
 def test_concrete_popcounts_and_flip_words_are_checked_under_jit_too():
     """Concrete popcounts and flip words closed over by a jitted function: checked as in an eager call (the
     check computes, it does not stage), the right ones taken, wrong ones refused."""
