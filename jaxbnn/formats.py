@@ -98,18 +98,28 @@ def binarize(x, threshold=None, flip=None):
 
     `threshold` and `flip` broadcast against `x` (per-channel vectors along the last axis). The comparison
     is exact in the operands' own dtypes, the same on every platform: host (numpy / Python) operands are
-    compared on the host, so 64-bit values are never narrowed to jax's 32-bit types first; integers of
+    compared on the host, so 64-bit values are never narrowed to jax's 32-bit types first (a 64-bit host `x`
+    given with a device threshold or flip is compared on the host with their values; with a traced one it is
+    refused with a TypeError); a bool `x` is the integer 0 / 1; integers of
     mixed jax dtypes are compared without wrapping; a float `x` is compared with the threshold converted to
     `x`'s dtype, in IEEE order (subnormals are numbers, not zero, whatever the backend's flush mode).
     Special values (docs/formats.md): NaN gives bit 0 in either direction (every comparison with NaN is
     false), as does a NaN threshold; -0.0 == 0, so -0.0 gives bit 1; +inf gives 1 and -inf 0 against any
     finite threshold; a negative subnormal gives 0.
     """
+    if _all_on_host(x) and not _all_on_host(threshold, flip) and _narrowed_by_jax(np.asarray(x).dtype):
+        # a host x that jax would narrow (64-bit): compared on the host, with the device operands' values
+        if any(isinstance(v, jax.core.Tracer) for v in (threshold, flip)):
+            raise TypeError(f"binarize: a host x of dtype {np.asarray(x).dtype} would be narrowed to compare it with "
+                            "a traced threshold or flip; give x as a jax array, or the threshold and flip as values")
+        threshold, flip = (None if v is None else np.asarray(v) for v in (threshold, flip))
     if _all_on_host(x, threshold, flip):
         x = np.asarray(x)
         t = np.asarray(0 if threshold is None else threshold)
         _check_numeric("x", x)
         _check_numeric("threshold", t)
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            t = t.astype(x.dtype)  # as on a device: the threshold in x's dtype
         bits = x >= t
         if flip is not None:
             bits = np.where(np.asarray(flip, bool), x <= t, bits)
@@ -125,8 +135,14 @@ def _all_on_host(*values) -> bool:
     return not any(isinstance(v, jax.Array) for v in values)
 
 
+def _narrowed_by_jax(dtype) -> bool:
+    """Whether jax would convert an array of `dtype` to a narrower type (64-bit ones, without jax_enable_x64)."""
+    return jax.dtypes.canonicalize_dtype(dtype) != dtype
+
+
 def _check_numeric(name, value) -> None:
-    if not (np.issubdtype(value.dtype, np.number) or value.dtype == bool):
+    if not (np.issubdtype(value.dtype, np.number) or jnp.issubdtype(value.dtype, jnp.floating)
+            or value.dtype == bool):
         raise TypeError(f"binarize: {name} must be numeric (integers within 64 bits or floats), got dtype "
                         f"{value.dtype}")
 
@@ -143,6 +159,8 @@ def _compare(x, threshold):
     else:
         t, xp = np.asarray(threshold), np
         _check_numeric("threshold", t)
+    if x.dtype == bool:
+        x = x.astype(jnp.uint8)  # 0 / 1, compared as an integer: a wide integer threshold is clipped, not wrapped
     x_int = jnp.issubdtype(x.dtype, jnp.integer)
     t_int = jnp.issubdtype(t.dtype, jnp.integer)
     if jnp.issubdtype(x.dtype, jnp.floating):

@@ -33,6 +33,33 @@ def test_binarize_special_values(where):
     np.testing.assert_array_equal(np.asarray(nan_threshold), False)  # a NaN threshold clears every bit
 
 
+def test_host_and_device_operands_give_the_same_bits():
+    """Wherever x, threshold and flip live: a float x against the threshold in x's dtype (a host float16 x and a
+    float32 threshold that rounds to 0 in float16); a 64-bit host x against a device threshold, not narrowed; a
+    bool x against an integer threshold beyond int32, not wrapped; a host bfloat16 x taken."""
+    import ml_dtypes
+
+    cases = [
+        (np.float16([0.0]), np.float32([1e-45]), None),
+        (np.float32([0.1]), np.float64([0.1]), np.array([True])),
+        (np.array([2**63 - 1, 2**40, -(2**40)]), np.array([5, 5, 5], np.int32), np.array([False, True, False])),
+        (np.array([True, False, True]), np.array([2**40, -(2**40), 1]), None),
+        (np.array([1.0, -1.0, 0.0], ml_dtypes.bfloat16), np.float32([0.0, 0.0, 0.0]), None),
+    ]
+    for x, threshold, flip in cases:
+        want = np.asarray(formats.binarize(x, threshold, flip))  # every operand on the host
+        exact = np.where(flip, x.astype(np.float64) <= threshold.astype(np.float64), x.astype(np.float64) >=
+                         threshold.astype(np.float64)) if x.dtype.kind in "iub" else want
+        np.testing.assert_array_equal(want, exact, err_msg=str(x.dtype))
+        for moved, original in (((jnp.asarray(x), threshold, flip), x), ((x, jnp.asarray(threshold), flip), threshold)):
+            if formats._narrowed_by_jax(original.dtype):
+                continue  # a 64-bit array on the device is already narrowed: not the same value
+            got = formats.binarize(*moved) if flip is not None else formats.binarize(*moved[:2])
+            np.testing.assert_array_equal(np.asarray(got), want, err_msg=str((x.dtype, threshold.dtype)))
+    with pytest.raises(TypeError, match="would be narrowed"):
+        jax.jit(lambda t: formats.binarize(np.array([2**40]), t))(jnp.int32(1))
+
+
 def test_special_values_through_pack_bits_and_the_native_kernels():
     rng = np.random.default_rng(0)
     w = np.where(rng.random((SPECIALS.size, 9)) < 0.5, 1.0, -1.0).astype(np.float32)
