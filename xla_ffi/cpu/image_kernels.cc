@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "common/formats.h"
@@ -1007,26 +1008,38 @@ JAXBNN_TARGET_VNNI void VnniRawPass(const BlockJob& job, const ImageEpilogue& ep
   }
 }
 
-// A job's rows in register blocks of up to 4, each swept over its columns in passes of 4 / R blocks.
-JAXBNN_TARGET_VNNI void VnniRawBlock(const BlockJob& job, const ImageEpilogue& epi) {
-  static_assert(kVnniRawRows == 4 && kVnniRawBlocks == 4, "one case per register block shape");
+template <int kValue>
+using Int = std::integral_constant<int, kValue>;
+
+// A job's rows in register blocks of up to 4, each swept over its 64-column blocks in passes of 4 / R blocks:
+// pass(r0, first, Int<R>, Int<B>) for R rows from r0 and B blocks from `first` (the kernels that read the
+// kernel or its masks as they are).
+template <class Pass>
+JAXBNN_VNNI_INLINE void ForRegisterBlocks(const BlockJob& job, Pass&& pass) {
   const int64_t blocks = CeilDiv(job.cols, 64);
-  for (int64_t r0 = 0; r0 < job.rows; r0 += kVnniRawRows) {
-    const int64_t rows = std::min<int64_t>(kVnniRawRows, job.rows - r0);
-    const int64_t per_pass = std::max<int64_t>(1, kVnniRawBlocks / rows);
+  for (int64_t r0 = 0; r0 < job.rows; r0 += 4) {
+    const int64_t rows = std::min<int64_t>(4, job.rows - r0);
+    const int64_t per_pass = std::max<int64_t>(1, 4 / rows);
     for (int64_t first = 0; first < blocks; first += per_pass) {
       switch (rows * 8 + std::min(per_pass, blocks - first)) {
-        case 4 * 8 + 1: VnniRawPass<4, 1>(job, epi, r0, first); break;
-        case 3 * 8 + 1: VnniRawPass<3, 1>(job, epi, r0, first); break;
-        case 2 * 8 + 2: VnniRawPass<2, 2>(job, epi, r0, first); break;
-        case 2 * 8 + 1: VnniRawPass<2, 1>(job, epi, r0, first); break;
-        case 1 * 8 + 4: VnniRawPass<1, 4>(job, epi, r0, first); break;
-        case 1 * 8 + 3: VnniRawPass<1, 3>(job, epi, r0, first); break;
-        case 1 * 8 + 2: VnniRawPass<1, 2>(job, epi, r0, first); break;
-        default: VnniRawPass<1, 1>(job, epi, r0, first); break;
+        case 4 * 8 + 1: pass(r0, first, Int<4>{}, Int<1>{}); break;
+        case 3 * 8 + 1: pass(r0, first, Int<3>{}, Int<1>{}); break;
+        case 2 * 8 + 2: pass(r0, first, Int<2>{}, Int<2>{}); break;
+        case 2 * 8 + 1: pass(r0, first, Int<2>{}, Int<1>{}); break;
+        case 1 * 8 + 4: pass(r0, first, Int<1>{}, Int<4>{}); break;
+        case 1 * 8 + 3: pass(r0, first, Int<1>{}, Int<3>{}); break;
+        case 1 * 8 + 2: pass(r0, first, Int<1>{}, Int<2>{}); break;
+        default: pass(r0, first, Int<1>{}, Int<1>{}); break;
       }
     }
   }
+}
+
+JAXBNN_TARGET_VNNI void VnniRawBlock(const BlockJob& job, const ImageEpilogue& epi) {
+  static_assert(kVnniRawRows == 4 && kVnniRawBlocks == 4, "ForRegisterBlocks' register block shapes");
+  ForRegisterBlocks(job, [&](int64_t r0, int64_t first, auto rows, auto blocks) JAXBNN_TARGET_VNNI {
+    VnniRawPass<decltype(rows)::value, decltype(blocks)::value>(job, epi, r0, first);
+  });
 }
 
 // --- AVX-512 VNNI on the kernel's sign masks: a call of few gathered rows -----------------------------
@@ -1150,24 +1163,10 @@ JAXBNN_TARGET_VNNI void MaskPass(const BlockJob& job, const ImageEpilogue& epi, 
 
 template <bool kTernary>
 JAXBNN_TARGET_VNNI void MaskColumns(const BlockJob& job, const ImageEpilogue& epi) {
-  static_assert(kMaskRows == 4 && kMaskBlocks == 4, "one case per register block shape");
-  const int64_t blocks = CeilDiv(job.cols, 64);
-  for (int64_t r0 = 0; r0 < job.rows; r0 += kMaskRows) {
-    const int64_t rows = std::min<int64_t>(kMaskRows, job.rows - r0);
-    const int64_t per_pass = std::max<int64_t>(1, kMaskBlocks / rows);
-    for (int64_t first = 0; first < blocks; first += per_pass) {
-      switch (rows * 8 + std::min(per_pass, blocks - first)) {
-        case 4 * 8 + 1: MaskPass<4, 1, kTernary>(job, epi, r0, first); break;
-        case 3 * 8 + 1: MaskPass<3, 1, kTernary>(job, epi, r0, first); break;
-        case 2 * 8 + 2: MaskPass<2, 2, kTernary>(job, epi, r0, first); break;
-        case 2 * 8 + 1: MaskPass<2, 1, kTernary>(job, epi, r0, first); break;
-        case 1 * 8 + 4: MaskPass<1, 4, kTernary>(job, epi, r0, first); break;
-        case 1 * 8 + 3: MaskPass<1, 3, kTernary>(job, epi, r0, first); break;
-        case 1 * 8 + 2: MaskPass<1, 2, kTernary>(job, epi, r0, first); break;
-        default: MaskPass<1, 1, kTernary>(job, epi, r0, first); break;
-      }
-    }
-  }
+  static_assert(kMaskRows == 4 && kMaskBlocks == 4, "ForRegisterBlocks' register block shapes");
+  ForRegisterBlocks(job, [&](int64_t r0, int64_t first, auto rows, auto blocks) JAXBNN_TARGET_VNNI {
+    MaskPass<decltype(rows)::value, decltype(blocks)::value, kTernary>(job, epi, r0, first);
+  });
 }
 
 JAXBNN_TARGET_VNNI void VnniMaskBlock(const BlockJob& job, const ImageEpilogue& epi) {
