@@ -6,6 +6,7 @@ masks (`formats.image_kernel_masks`) read in place of the kernel, and the handle
 by calling jax.ffi.ffi_call directly with bad operands and attributes."""
 
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -347,16 +348,30 @@ def test_kernel_masks_in_a_pooled_convolution_of_few_rows(isa):
     np.testing.assert_array_equal(np.asarray(got), want)
 
 
-def test_the_vnni_tier_reads_the_masks_instead_of_the_kernel():
-    """The op checks the masks' shape, not their values: on the VNNI tier another kernel's masks give that
-    kernel's products (which shows the masks are what the call reads)."""
-    if _cpu.active_isa() != "avx512_vpopcntdq" or "avx512vnni" not in open("/proc/cpuinfo").read().replace("_", ""):
-        pytest.skip("no AVX-512 VNNI on this CPU")
+def _mask_reading_tiers():
+    """The ISAs whose first-layer kernels read the sign masks: AVX-512 VNNI (where the CPU has it) and AVX2."""
+    vnni = "avx512vnni" in open("/proc/cpuinfo").read().replace("_", "") if sys.platform == "linux" else False
+    return [isa for isa in _cpu.supported_isas() if isa == "avx2" or (isa == "avx512_vpopcntdq" and vnni)]
+
+
+@pytest.mark.parametrize("ternary", [False, True], ids=["binary", "ternary"])
+def test_the_mask_tiers_read_the_masks_instead_of_the_kernel(ternary):
+    """The op checks the masks' shape, not their values: on the tiers that read them (AVX-512 VNNI, AVX2), another
+    kernel's masks give that kernel's products (which shows the masks are what the call reads)."""
+    tiers = _mask_reading_tiers()
+    if not tiers:
+        pytest.skip("no AVX-512 VNNI or AVX2 on this CPU")
     rng = np.random.default_rng(13)
-    kernel = np.where(rng.random((100, 50)) < 0.5, -1, 1).astype(np.int8)
+    kernel = (rng.integers(-1, 2, (100, 50)) if ternary else np.where(rng.random((100, 50)) < 0.5, -1, 1)).astype(np.int8)
     levels = int8_values(rng, (2, 100))
-    got = ops.image_matmul(levels, kernel, kernel_masks=formats.image_kernel_masks(-kernel))
-    np.testing.assert_array_equal(np.asarray(got), -(levels.astype(np.int64) @ kernel.astype(np.int64)))
+    previous = _cpu.active_isa()
+    try:
+        for isa in tiers:
+            _cpu.set_isa(isa)
+            got = ops.image_matmul(levels, kernel, kernel_masks=formats.image_kernel_masks(-kernel))
+            np.testing.assert_array_equal(np.asarray(got), -(levels.astype(np.int64) @ kernel.astype(np.int64)), err_msg=isa)
+    finally:
+        _cpu.set_isa(previous)
 
 
 def test_only_the_cpu_call_takes_the_masks_operands(monkeypatch):

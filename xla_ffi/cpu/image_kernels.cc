@@ -19,7 +19,8 @@
 // - AVX2: a kernel of -1, 0 and +1 (every zoo model's) as bytes (vpmaddubsw on the offset levels, as VNNI's
 //   operands, 64 quads' products summed in int16 before widening: Avx2ByteBlock), any other int8 kernel as
 //   int16 pairs (vpmaddwd); a call of at most kAvx2RawMaxRows gathered rows (a dense first layer at batch 1)
-//   reads the kernel as it is, its pairs made in registers (Avx2RawBlock).
+//   reads the kernel as it is, its pairs made in registers (Avx2RawBlock), or, given them and with at most
+//   kAvx2MaskMaxRows rows, the kernel's sign masks, made into vpmaddubsw's bytes in registers (Avx2MaskBlock).
 // - portable: int16 pairs in plain loops.
 #include "cpu/image_kernels.h"
 
@@ -663,6 +664,151 @@ JAXBNN_TARGET_AVX2 void Avx2ByteBlock(const BlockJob& job, const ImageEpilogue& 
       case 2: Avx2ByteWindow<2>(job, epi, r0); break;
       default: Avx2ByteWindow<1>(job, epi, r0); break;
     }
+  }
+}
+
+// --- AVX2 on the kernel's sign masks: a call of few gathered rows -------------------------------------
+// The VNNI mask kernel's operands and algebra (below: the masks, the offset levels, the dot from S and the
+// counts) on AVX2: each 32-bit half of a mask word (8 columns x 4 reduction elements) becomes bytes in
+// registers (a broadcast, vpshufb copying each byte to eight, vpand with each byte's bit, vpcmpeqb: -1 where
+// set), times a row's quad of offset levels (vpmaddubsw), the pairs summed in int16 over runs of
+// kAvx2ByteRun quads before widening, as Avx2ByteBlock. The pass over the weights reads 1 / 8 (binary) or
+// 1 / 4 (ternary) of the kernel's bytes, where Avx2RawBlock reads all of them and makes int16 pairs of each
+// (a dense 784 x 1024 first layer at batch 1: docs/design/decisions.md).
+
+constexpr int kAvx2MaskRows = 2;          // rows of a register block
+constexpr int64_t kAvx2MaskCols = 128;    // columns of a block job
+// The most gathered rows of a call that reads the masks (binary, ternary): beyond, the packed bytes are faster
+// (784 x 1024 on a Zen 3 VM, binary masks against the packed kernel: 16 rows 98 against 122 us, 32 rows 179
+// against 188, 64 rows 340 against 274; ternary 8 rows 76 against 95, 16 rows 137 against 125).
+constexpr int64_t kAvx2MaskMaxRows[2] = {16, 8};
+
+// The weights of 8 columns x 4 reduction elements as bytes (-1, 0, +1), from the 32-bit half at `offset` of
+// each plane's masks. spread: byte i takes mask byte i / 8; bit: byte i keeps bit i % 8.
+template <bool kTernary>
+JAXBNN_TARGET_AVX2 JAXBNN_AVX2_INLINE __m256i Avx2MaskBytes(const ImageKernelMasks& m, int64_t offset,
+                                                            __m256i spread, __m256i bit) {
+  const auto bytes = [&](const uint32_t* plane) JAXBNN_TARGET_AVX2 {
+    const __m256i copies = _mm256_shuffle_epi8(_mm256_set1_epi32(Load32(plane + offset)), spread);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(copies, bit), bit);
+  };
+  const __m256i plus = bytes(m.plus);
+  if constexpr (!kTernary) return plus;
+  return _mm256_sub_epi8(bytes(m.minus), plus);
+}
+
+// The sum of `count` offset levels (u8, level + 128) less 128 * count: the levels' sum.
+JAXBNN_TARGET_AVX2 JAXBNN_AVX2_INLINE int32_t Avx2LevelSum(const uint8_t* x, int64_t count) {
+  const __m256i zero = _mm256_setzero_si256();
+  __m256i sum = zero;
+  int64_t i = 0;
+  for (; i + 32 <= count; i += 32) {
+    sum = _mm256_add_epi64(sum, _mm256_sad_epu8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), zero));
+  }
+  alignas(32) int64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sum);
+  int64_t total = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+  for (; i < count; ++i) total += x[i];
+  return static_cast<int32_t>(total - 128 * count);
+}
+
+// R rows x 32 columns from column `col` (a multiple of 32).
+template <int R, bool kTernary, int kMode>
+JAXBNN_TARGET_AVX2 void Avx2MaskRows(const BlockJob& job, const ImageEpilogue& epi, const uint8_t* x, int64_t r0,
+                                     int64_t col) {
+  const ImageKernelMasks& m = job.masks;
+  const int64_t stride = job.k_padded, quads = job.k_padded / 4, word = col / 16;
+  // the halves past the masks' last word (columns past n of the call's last 32) are zeros
+  const int64_t real = std::clamp<int64_t>(2 * (m.words - word), 0, 4);
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128,
+                                       1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+  V8si sum[R][4] = {};
+  V16hi acc16[R][4] = {};
+  for (int64_t g0 = 0; g0 < quads; g0 += kAvx2ByteRun) {
+    const int64_t end = std::min<int64_t>(quads, g0 + kAvx2ByteRun);
+    for (int64_t g = g0; g < end; ++g) {
+      __m256i xr[R];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) xr[r] = _mm256_set1_epi32(Load32(x + r * stride + 4 * g));
+      const int64_t offset = 2 * (g * m.words + word);
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+        if (v >= real) break;
+        const __m256i w = Avx2MaskBytes<kTernary>(m, offset + v, spread, bit);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) acc16[r][v] += reinterpret_cast<V16hi>(_mm256_maddubs_epi16(xr[r], w));
+      }
+    }
+    WidenByteSums<R>(acc16, sum);
+  }
+  __m256i term[4];  // per column: 256 count_M (binary), 128 (count_P - count_N) (ternary)
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+#pragma GCC unroll 4
+  for (int v = 0; v < 4; ++v) {
+    const int64_t c = col + 8 * v;
+    const __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(epi.n - c, 0, 8))), lanes);
+    const __m256i plus = _mm256_maskload_epi32(m.plus_count + c, valid);
+    if constexpr (kTernary) {
+      term[v] = _mm256_slli_epi32(_mm256_sub_epi32(plus, _mm256_maskload_epi32(m.minus_count + c, valid)), 7);
+    } else {
+      term[v] = _mm256_slli_epi32(plus, 8);
+    }
+  }
+  __m256i acc[R][kAvx2Cols / 8];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const __m256i level_sum = _mm256_set1_epi32(kTernary ? 0 : Avx2LevelSum(x + r * stride, job.k_padded));
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      const __m256i s = reinterpret_cast<__m256i>(sum[r][v]);
+      acc[r][v] = kTernary ? _mm256_sub_epi32(s, term[v])
+                           : _mm256_sub_epi32(_mm256_sub_epi32(_mm256_sub_epi32(_mm256_setzero_si256(),
+                                                                                _mm256_slli_epi32(s, 1)),
+                                                               term[v]),
+                                              level_sum);
+    }
+  }
+  BlockJob block = job;
+  block.col_begin = col;
+  block.tile = job.tile + (col - job.col_begin);
+  Avx2Epilogue<R, kMode>(block, epi, acc, r0);
+}
+
+template <int R, bool kTernary>
+JAXBNN_TARGET_AVX2 void Avx2MaskPass(const BlockJob& job, const ImageEpilogue& epi, int64_t r0, int64_t col) {
+  const auto* patches = static_cast<const uint8_t*>(job.patches);
+  for (int64_t w = 0; w < job.window; ++w) {
+    const uint8_t* x = patches + (w * job.rows + r0) * job.k_padded;
+    switch (ModeOf(w, job.window)) {
+      case kOnly: Avx2MaskRows<R, kTernary, kOnly>(job, epi, x, r0, col); break;
+      case kFirst: Avx2MaskRows<R, kTernary, kFirst>(job, epi, x, r0, col); break;
+      case kMiddle: Avx2MaskRows<R, kTernary, kMiddle>(job, epi, x, r0, col); break;
+      case kLast: Avx2MaskRows<R, kTernary, kLast>(job, epi, x, r0, col); break;
+    }
+  }
+}
+
+template <bool kTernary>
+JAXBNN_TARGET_AVX2 void Avx2MaskColumns(const BlockJob& job, const ImageEpilogue& epi) {
+  static_assert(kAvx2MaskRows == 2, "one case per register block height");
+  for (int64_t r0 = 0; r0 < job.rows; r0 += kAvx2MaskRows) {
+    for (int64_t col = job.col_begin; col < job.col_begin + job.cols; col += 32) {
+      if (job.rows - r0 == 1) {
+        Avx2MaskPass<1, kTernary>(job, epi, r0, col);
+      } else {
+        Avx2MaskPass<2, kTernary>(job, epi, r0, col);
+      }
+    }
+  }
+}
+
+JAXBNN_TARGET_AVX2 void Avx2MaskBlock(const BlockJob& job, const ImageEpilogue& epi) {
+  if (job.masks.minus != nullptr) {
+    Avx2MaskColumns<true>(job, epi);
+  } else {
+    Avx2MaskColumns<false>(job, epi);
   }
 }
 
@@ -1345,6 +1491,15 @@ struct Avx2RawTier {
   static constexpr bool kOffsetLevels = false;
 };
 
+struct Avx2MaskTier {
+  using Elem = uint8_t;
+  using Weight = int8_t;
+  static constexpr int kGroup = 4, kBlockCols = kAvx2MaskCols, kRows = kAvx2MaskRows;
+  static constexpr PackBlockFn kPack = nullptr;
+  static constexpr BlockFn kBlock = Avx2MaskBlock;
+  static constexpr bool kOffsetLevels = true;
+};
+
 struct Avx2ByteTier {
   using Elem = uint8_t;
   using Weight = int8_t;
@@ -1569,7 +1724,7 @@ class ImageConv {
       const void* block_weights = kPacked ? static_cast<const void*>(weights + (col - base) * k_padded_)
                                           : static_cast<const void*>(kernel_ + col);
       const BlockJob job{patches, k_, k_padded_, count, window_, block_weights, col, BlockCols(block),
-                         Tier::kOffsetLevels ? bias + (col - base) : nullptr, first, tile, masks_};
+                         kPacked && Tier::kOffsetLevels ? bias + (col - base) : nullptr, first, tile, masks_};
       Tier::kBlock(job, epilogue);
     }
   }
@@ -1697,6 +1852,9 @@ void RunAvx2(const ImageConv2dProblem& problem, const int8_t* levels, const int8
              ffi::ThreadPool* pool) {
   const int64_t rows = problem.batch * problem.out_h * problem.out_w * problem.pool_h * problem.pool_w;
   const int64_t k = problem.kh * problem.kw * problem.c;
+  if (masks.plus != nullptr && rows <= std::min<int64_t>(k, kAvx2MaskMaxRows[masks.minus != nullptr])) {
+    return RunTier<Avx2MaskTier>(problem, levels, kernel, masks, threshold, flip, out, pool);
+  }
   if (rows <= std::min<int64_t>(k, kAvx2RawMaxRows)) {
     return RunTier<Avx2RawTier>(problem, levels, kernel, masks, threshold, flip, out, pool);
   }
