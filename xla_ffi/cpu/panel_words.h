@@ -47,17 +47,31 @@ JAXBNN_TARGET_AVX2 inline __m256i ByteCountsAvx2(__m256i v) {
 // psadbw and a 64-bit add each as well.
 inline constexpr int64_t kAvx2ByteChunks = 31;
 
-// The eight column sums of a tile row from the 64-bit lane sums of its four registers (register q: lanes 0, 1
-// column 2q, lanes 2, 3 column 2q + 1), as 32-bit lanes in column order (every sum fits 32 bits).
-JAXBNN_TARGET_AVX2 inline __m256i ColumnSumsAvx2(const __m256i (&total)[4]) {
-  // [c0, c2, c1, c3] and [c4, c6, c5, c7] as 64-bit sums
-  const __m256i low =
-      _mm256_add_epi64(_mm256_unpacklo_epi64(total[0], total[1]), _mm256_unpackhi_epi64(total[0], total[1]));
-  const __m256i high =
-      _mm256_add_epi64(_mm256_unpacklo_epi64(total[2], total[3]), _mm256_unpackhi_epi64(total[2], total[3]));
+// The eight column sums of a tile row from 64-bit lane sums in the order [c0, c2, c1, c3] (low) and
+// [c4, c6, c5, c7] (high), as 32-bit lanes in column order (every sum fits 32 bits).
+JAXBNN_TARGET_AVX2 inline __m256i PairedColumnSumsAvx2(__m256i low, __m256i high) {
   // 32-bit lanes [c0, c4, c2, c6, c1, c5, c3, c7], then in column order
   const __m256i both = _mm256_blend_epi32(low, _mm256_slli_epi64(high, 32), 0xaa);
   return _mm256_permutevar8x32_epi32(both, _mm256_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7));
+}
+
+// The eight column sums of a tile row from the 64-bit lane sums of its four registers (register q: lanes 0, 1
+// column 2q, lanes 2, 3 column 2q + 1), as 32-bit lanes in column order.
+JAXBNN_TARGET_AVX2 inline __m256i ColumnSumsAvx2(const __m256i (&total)[4]) {
+  return PairedColumnSumsAvx2(
+      _mm256_add_epi64(_mm256_unpacklo_epi64(total[0], total[1]), _mm256_unpackhi_epi64(total[0], total[1])),
+      _mm256_add_epi64(_mm256_unpacklo_epi64(total[2], total[3]), _mm256_unpackhi_epi64(total[2], total[3])));
+}
+
+// Byte counts summed in the byte lanes of a tile row's four registers over at most this many chunks can be
+// folded pairwise (PairColumnBytesAvx2) and take a half chunk's counts without wrapping: 2 * 15 * 8 + 8 = 248.
+inline constexpr int64_t kAvx2PairedChunks = 15;
+
+// A tile row's four byte-count registers folded into two in byte lanes, 8 bytes a column: [c0, c2 | c1, c3]
+// (low) and [c4, c6 | c5, c7] (high), so that two psadbw give the sums PairedColumnSumsAvx2 takes.
+JAXBNN_TARGET_AVX2 inline void PairColumnBytesAvx2(const __m256i (&bytes)[4], __m256i& low, __m256i& high) {
+  low = _mm256_add_epi8(_mm256_unpacklo_epi64(bytes[0], bytes[1]), _mm256_unpackhi_epi64(bytes[0], bytes[1]));
+  high = _mm256_add_epi8(_mm256_unpacklo_epi64(bytes[2], bytes[3]), _mm256_unpackhi_epi64(bytes[2], bytes[3]));
 }
 #endif
 

@@ -82,8 +82,8 @@ AvxMask MaskUseOf(const PackedPanel& panel) {
 
 // AVX2: a tile chunk is four 256-bit registers (tile rows 2q, 2q+1 in register q); a panel chunk is
 // broadcast to both 128-bit lanes. Bytes are counted (ByteCountsAvx2) and summed in byte lanes over up to
-// kAvx2ByteChunks chunks, then into 64-bit lanes with psadbw. The weight mask is applied only to the chunks
-// that have padding (MaskUseOf).
+// kAvx2PairedChunks chunks, folded into two registers (PairColumnBytesAvx2), then into 64-bit lanes with
+// psadbw. The weight mask is applied only to the chunks that have padding (MaskUseOf).
 
 // Adds chunk j of panel row x against a tile row's chunk to the byte counts of its four registers.
 template <bool kMasked>
@@ -104,10 +104,12 @@ JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void AddChunkAvx2(const
   }
 }
 
-// The first 64 bits of each row of the last chunk of every tile row, masked: (tiles, 8 rows, 2 words), two
-// registers a tile row (rows 0-3, rows 4-7). Where the rest of the last chunk is padding (kLastHalf: 3x3 at C = 32
-// and 64), those two registers take the chunk's popcounts instead of four, each 64-bit lane one output column.
+// The first 64 bits of each row of the last chunk of every tile row, masked, in the column order of
+// PairColumnBytesAvx2: (tiles, [c0, c2, c1, c3, c4, c6, c5, c7], 2 words). Where the rest of the last chunk is
+// padding (kLastHalf: 3x3 at C = 32 and 64), a tile row's two registers of them take the chunk's byte counts
+// into its folded bytes instead of four registers of the whole chunk.
 JAXBNN_TARGET_AVX2 const uint32_t* LastHalvesAvx2(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles) {
+  constexpr int kPairedColumn[kTileRows] = {0, 2, 1, 3, 4, 6, 5, 7};
   thread_local std::vector<uint32_t> halves;
   if (static_cast<int64_t>(halves.size()) < tiles * 2 * kTileRows) halves.resize(tiles * 2 * kTileRows);
   const int64_t last = panel.chunks - 1;
@@ -115,8 +117,9 @@ JAXBNN_TARGET_AVX2 const uint32_t* LastHalvesAvx2(const PackedPanel& panel, cons
   for (int64_t t = 0; t < tiles; ++t) {
     const uint32_t* chunk = tile_rows + (t * panel.chunks + last) * kTileChunkWords;
     for (int i = 0; i < kTileRows; ++i) {
-      halves[(t * kTileRows + i) * 2] = chunk[i * kChunkWords] & mask[0];
-      halves[(t * kTileRows + i) * 2 + 1] = chunk[i * kChunkWords + 1] & mask[1];
+      const int column = kPairedColumn[i];
+      halves[(t * kTileRows + i) * 2] = chunk[column * kChunkWords] & mask[0];
+      halves[(t * kTileRows + i) * 2 + 1] = chunk[column * kChunkWords + 1] & mask[1];
     }
   }
   return halves.data();
@@ -127,42 +130,46 @@ template <AvxMask kMask>
 JAXBNN_TARGET_AVX2 void PanelAvx2Masked(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles,
                                         int32_t* dots, int64_t stride) {
   const __m256i zero = _mm256_setzero_si256();
-  const int64_t chunks = panel.chunks, body = kMask == kLastChunk || kMask == kLastHalf ? chunks - 1 : chunks;
+  const int64_t chunks = panel.chunks;
+  // chunks summed as whole chunks (kLastHalf: all but the last), and of them those taken unmasked
+  const int64_t counted = kMask == kLastHalf ? chunks - 1 : chunks;
+  const int64_t unmasked = kMask == kLastChunk || kMask == kLastHalf ? chunks - 1 : chunks;
   [[maybe_unused]] const uint32_t* last_halves = nullptr;
   [[maybe_unused]] uint64_t last_mask = 0;
   if constexpr (kMask == kLastHalf) {
     last_halves = LastHalvesAvx2(panel, tile_rows, tiles);
-    last_mask = Load64(panel.weight_mask + body * kChunkWords);
+    last_mask = Load64(panel.weight_mask + counted * kChunkWords);
   }
   for (int64_t r = 0; r < panel.rows; ++r) {
     const uint32_t* x = PanelRow(panel, r);
     [[maybe_unused]] __m256i x_last;
     if constexpr (kMask == kLastHalf) {
-      x_last = _mm256_set1_epi64x(static_cast<long long>(Load64(x + body * kGroupChunkWords) & last_mask));
+      x_last = _mm256_set1_epi64x(static_cast<long long>(Load64(x + counted * kGroupChunkWords) & last_mask));
     }
     for (int64_t t = 0; t < tiles; ++t) {
       const uint32_t* tile_row = tile_rows + t * chunks * kTileChunkWords;
-      __m256i total[4] = {zero, zero, zero, zero};
-      for (int64_t j0 = 0; j0 < (kMask == kLastHalf ? body : chunks); j0 += kAvx2ByteChunks) {
-        const int64_t j1 = std::min(chunks, j0 + kAvx2ByteChunks);
+      __m256i low_total = zero, high_total = zero;
+      int64_t j = 0;
+      do {  // once at least: kLastHalf's half chunk alone when it is the only chunk
+        const int64_t group_end = std::min(counted, j + kAvx2PairedChunks);
         __m256i bytes[4] = {zero, zero, zero, zero};
-        for (int64_t j = j0; j < std::min(j1, body); ++j) {
+        for (; j < std::min(group_end, unmasked); ++j) {
           AddChunkAvx2<kMask == kEveryChunk>(x, tile_row, panel.weight_mask, j, bytes);
         }
-        if (kMask == kLastChunk && j1 > body) AddChunkAvx2<true>(x, tile_row, panel.weight_mask, body, bytes);
-        for (int q = 0; q < 4; ++q) total[q] = _mm256_add_epi64(total[q], _mm256_sad_epu8(bytes[q], zero));
-      }
-      __m256i popcounts = ColumnSumsAvx2(total);
-      if constexpr (kMask == kLastHalf) {
-        const __m256i* halves = reinterpret_cast<const __m256i*>(last_halves + t * 2 * kTileRows);
-        // 64-bit sums of columns 0-3 and 4-7, then as 32-bit lanes [c0, c4, c1, c5, c2, c6, c3, c7], then in order
-        const __m256i low = _mm256_sad_epu8(ByteCountsAvx2(_mm256_xor_si256(_mm256_loadu_si256(halves), x_last)), zero);
-        const __m256i high =
-            _mm256_sad_epu8(ByteCountsAvx2(_mm256_xor_si256(_mm256_loadu_si256(halves + 1), x_last)), zero);
-        const __m256i both = _mm256_blend_epi32(low, _mm256_slli_epi64(high, 32), 0xaa);
-        popcounts = _mm256_add_epi32(
-            popcounts, _mm256_permutevar8x32_epi32(both, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)));
-      }
+        if (kMask == kLastChunk && j < group_end) AddChunkAvx2<true>(x, tile_row, panel.weight_mask, j++, bytes);
+        __m256i low, high;
+        PairColumnBytesAvx2(bytes, low, high);
+        if constexpr (kMask == kLastHalf) {
+          if (j == counted) {
+            const __m256i* halves = reinterpret_cast<const __m256i*>(last_halves + t * 2 * kTileRows);
+            low = _mm256_add_epi8(low, ByteCountsAvx2(_mm256_xor_si256(_mm256_loadu_si256(halves), x_last)));
+            high = _mm256_add_epi8(high, ByteCountsAvx2(_mm256_xor_si256(_mm256_loadu_si256(halves + 1), x_last)));
+          }
+        }
+        low_total = _mm256_add_epi64(low_total, _mm256_sad_epu8(low, zero));
+        high_total = _mm256_add_epi64(high_total, _mm256_sad_epu8(high, zero));
+      } while (j < counted);
+      const __m256i popcounts = PairedColumnSumsAvx2(low_total, high_total);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dots + r * stride + t * kTileRows),
                           _mm256_sub_epi32(_mm256_set1_epi32(panel.k_valid[r]), _mm256_slli_epi32(popcounts, 1)));
     }
