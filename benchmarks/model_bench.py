@@ -24,7 +24,8 @@ Measured:
 - latency: ms per forward at batch 8 (1 on the CPU), and throughput, images per second, at the TCBNN paper's
   batch (1024 for MNIST and CIFAR-10, 512 for ImageNet; smaller on the CPU) and over a sweep of batches,
   to find where it saturates. Each point is `gpu_bench.timed` (0.1 s warm-up, then the median of 5 batches
-  of calls queued back to back, ~50 ms each; on the CPU the fastest of CPU_TIMING_ROUNDS such timings) on an
+  of calls queued back to back, ~50 ms each; on the CPU the fastest of CPU_TIMING_ROUNDS such timings, the
+  contenders timed in turn so that a slow spell of a shared machine does not skew one ratio) on an
   executable compiled first: compile time is measured apart and counted nowhere else. After the two
   required batches the sweep takes the others farthest first (log scale) until the model's `--seconds` are
   spent, so that a cut sweep still spans the range; a contender skips batches from one where it ran out of
@@ -248,20 +249,46 @@ def is_out_of_memory(err: Exception) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
 
 
-def measure(forward, args, batch: int, embedded_bytes: int = 0) -> Point:
-    """Compile `forward` for `args`, then time it (gpu_bench.timed); out of memory -> a Point that says so."""
+def compiled_point(forward, args, batch: int, embedded_bytes: int = 0):
+    """`forward` compiled for `args` and its Point so far (compile time, memory), or (None, a Point that says
+    why it failed: out of memory or an error)."""
     try:
         start = time.perf_counter()
         compiled = forward.lower(*args).compile()
         compile_s = time.perf_counter() - start
-        seconds = min(timed(compiled, args, 1) for _ in range(1 if on_gpu() else CPU_TIMING_ROUNDS))
         memory = memory_bytes(compiled)
-        return Point(batch, seconds, compile_s, memory + embedded_bytes if memory is not None else None)
+        return compiled, Point(batch, None, compile_s, memory + embedded_bytes if memory is not None else None)
     except Exception as err:  # noqa: BLE001  the sweep goes on without this contender; the table says why
-        if is_out_of_memory(err):
-            return Point(batch, failure="out of memory")
-        print(f"batch {batch}: {type(err).__name__}: {err}", file=sys.stderr)
-        return Point(batch, failure=f"failed ({type(err).__name__})")
+        return None, failed_point(err, batch)
+
+
+def failed_point(err: Exception, batch: int) -> Point:
+    if is_out_of_memory(err):
+        return Point(batch, failure="out of memory")
+    print(f"batch {batch}: {type(err).__name__}: {err}", file=sys.stderr)
+    return Point(batch, failure=f"failed ({type(err).__name__})")
+
+
+def measure(runs: dict, batch: int) -> dict[str, Point]:
+    """Each contender of `runs` ({name: (forward, args, embedded bytes)}) compiled, then timed
+    (gpu_bench.timed). On the CPU, the fastest of CPU_TIMING_ROUNDS timings, the contenders' timings taken in
+    turn, so that a slow spell of a shared machine weighs on all of them rather than on one's ratio."""
+    points, ready = {}, {}
+    for name, (forward, args, embedded_bytes) in runs.items():
+        compiled, points[name] = compiled_point(forward, args, batch, embedded_bytes)
+        if compiled is not None:
+            ready[name] = (compiled, args)
+    for _ in range(1 if on_gpu() else CPU_TIMING_ROUNDS):
+        for name, (compiled, args) in list(ready.items()):
+            try:
+                seconds = timed(compiled, args, 1)
+            except Exception as err:  # noqa: BLE001  as a failed compile
+                points[name] = failed_point(err, batch)
+                del ready[name]
+                continue
+            best = points[name].seconds
+            points[name].seconds = seconds if best is None else min(best, seconds)
+    return points
 
 
 def sweep_order(plan: Plan) -> list[int]:
@@ -303,12 +330,23 @@ def sweep(contenders: list[Contender], plan: Plan, seconds: float) -> dict[str, 
                     points[c.name][batch] = Point(batch, failure="not measured (time budget)")
                 continue
         images = random_images(batch, contenders[0].input_shape, seed=batch)
+        runs = {}
         for c in contenders:
             reason = blocked(points[c.name], batch, required=batch in required)
-            point = Point(batch, failure=reason) if reason else measure(c.forward, c.args(images), batch, c.embedded_bytes())
-            points[c.name][batch] = point
-            print(f"  batch {batch:>6} {c.name:<13} {describe(point)}", flush=True)
-        del images
+            if reason:
+                points[c.name][batch] = Point(batch, failure=reason)
+            else:
+                runs[c.name] = (c.forward, c.args(images), c.embedded_bytes())
+        if on_gpu():  # one at a time: a contender's compiled program and buffers gone before the next's
+            measured = {}
+            for name, run in runs.items():
+                measured |= measure({name: run}, batch)
+        else:
+            measured = measure(runs, batch)
+        for c in contenders:
+            points[c.name] |= {batch: measured[c.name]} if c.name in measured else {}
+            print(f"  batch {batch:>6} {c.name:<13} {describe(points[c.name][batch])}", flush=True)
+        del images, runs
     return points
 
 
@@ -771,7 +809,8 @@ def section(mode: str, results: list[ModelResult], header: list[str], targets: T
             "float32: the same architecture in network "
             "mode float (`float_forward`, its dots at HIGHEST precision: float32 is true float32), jitted. Time per "
             "forward of calls queued back to back (`gpu_bench.timed`"
-            f"{'' if on_gpu() else f'; the fastest of {CPU_TIMING_ROUNDS} such timings'}), compile time excluded."),
+            f"{'' if on_gpu() else f'; the fastest of {CPU_TIMING_ROUNDS} such timings, the contenders timed in turn'}),"
+            " compile time excluded."),
         "",
         *summary_lines(results, targets),
         "",
