@@ -344,7 +344,8 @@ def sweep(contenders: list[Contender], plan: Plan, seconds: float) -> dict[str, 
         else:
             measured = measure(runs, batch)
         for c in contenders:
-            points[c.name] |= {batch: measured[c.name]} if c.name in measured else {}
+            if c.name in measured:
+                points[c.name][batch] = measured[c.name]
             print(f"  batch {batch:>6} {c.name:<13} {describe(points[c.name][batch])}", flush=True)
         del images, runs
     return points
