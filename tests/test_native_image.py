@@ -313,10 +313,12 @@ def test_kernel_masks_layout():
 def test_kernel_masks_give_the_kernels_results_on_every_tier(isa):
     """A dense first layer given its kernel's sign masks: the same results as from the kernel, for binary and
     ternary kernels, every epilogue, int8 levels and uint8 pixels, K and N off the masks' words (quads of 4,
-    16-column words, 64-column blocks, a 32-column last block) and 1 to 65 rows (beyond 64 the packed kernel)."""
+    16-column words, 64-column blocks, a 32-column last block) and 1 to 130 rows (past each tier's most rows the
+    packed kernel: AVX-512 VNNI 64, AVX2 128 binary and 16 ternary)."""
     rng = np.random.default_rng(11)
     cases = [(1, 784, 1024, False), (1, 5, 17, True), (3, 31, 40, False), (4, 65, 100, True), (5, 1248, 257, False),
-             (7, 3, 1, True), (9, 300, 64, True), (16, 127, 33, False), (64, 784, 96, True), (65, 64, 70, False)]
+             (7, 3, 1, True), (9, 300, 64, True), (16, 127, 33, False), (17, 129, 40, True), (64, 784, 96, True),
+             (65, 64, 70, False), (130, 200, 50, False)]
     for m, k, n, ternary in cases:
         kernel = (rng.integers(-1, 2, (k, n)) if ternary else np.where(rng.random((k, n)) < 0.5, -1, 1)).astype(np.int8)
         masks = formats.image_kernel_masks(kernel)
@@ -334,6 +336,24 @@ def test_kernel_masks_give_the_kernels_results_on_every_tier(isa):
                                             out_dtype=jnp.int16, threshold=threshold, flip=flip, keep_stream=True)
             for g, w in zip(got, want):
                 np.testing.assert_array_equal(np.asarray(g), np.asarray(w)[:, 0, 0])
+
+
+def test_kernel_masks_at_the_extreme_sums(isa):
+    """Rows of the extreme levels (127 and -128) against columns of all +1, all -1 and alternating signs, binary
+    and ternary, over reductions from one quad to 1,248 (the AVX2 tier's sums of 32 quads in int16 at their
+    largest): the exact products."""
+    for k in (4, 129, 1248):
+        columns = [np.ones(k), -np.ones(k), np.where(np.arange(k) % 2 == 0, 1, -1)]
+        binary = np.stack(columns * 11, axis=1).astype(np.int8)  # 33 columns: past a 32-column word
+        ternary = binary.copy()
+        ternary[::3, 1::4] = 0
+        levels = np.stack([np.full(k, 127), np.full(k, -128), np.where(np.arange(k) % 2 == 0, 127, -128)]).astype(np.int8)
+        for kernel in (binary, ternary):
+            masks = formats.image_kernel_masks(kernel)
+            want = levels.astype(np.int64) @ kernel.astype(np.int64)
+            for x in (levels, levels.view(np.uint8) ^ 0x80):
+                got = ops.image_matmul(x, kernel, kernel_masks=masks)
+                np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"k={k} planes={masks.masks.shape[0]}")
 
 
 def test_kernel_masks_in_a_pooled_convolution_of_few_rows(isa):

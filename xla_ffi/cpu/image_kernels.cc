@@ -668,33 +668,105 @@ JAXBNN_TARGET_AVX2 void Avx2ByteBlock(const BlockJob& job, const ImageEpilogue& 
 }
 
 // --- AVX2 on the kernel's sign masks: a call of few gathered rows -------------------------------------
-// The VNNI mask kernel's operands and algebra (below: the masks, the offset levels, the dot from S and the
-// counts) on AVX2: each 32-bit half of a mask word (8 columns x 4 reduction elements) becomes bytes in
-// registers (a broadcast, vpshufb copying each byte to eight, vpand with each byte's bit, vpcmpeqb: -1 where
-// set), times a row's quad of offset levels (vpmaddubsw), the pairs summed in int16 over runs of
-// kAvx2ByteRun quads before widening, as Avx2ByteBlock. The pass over the weights reads 1 / 8 (binary) or
-// 1 / 4 (ternary) of the kernel's bytes, where Avx2RawBlock reads all of them and makes int16 pairs of each
-// (a dense 784 x 1024 first layer at batch 1: docs/design/decisions.md).
+// A byte of the masks holds two columns' bits over a quad of the reduction (low nibble: column 2j, high
+// nibble: column 2j + 1; bit i: the quad's element i), so a nibble indexes the 16 subset sums of the quad's
+// levels. Each gathered row's quads become such tables (ones of the offset levels' low nibbles and ones of
+// their high nibbles, at most 60 an entry, so that kAvx2LutByteRun quads' lookups add in byte lanes), and
+// vpshufb looks up 32 columns at once: per quad and 64 columns one load of the masks, two nibble extractions,
+// four lookups and four byte adds, where making the masks into vpmaddubsw's bytes (Avx2ByteBlock's algebra)
+// took four operations per 8 columns (a dense 784 x 1024 first layer at batch 1: docs/design/decisions.md).
+// A plane's sum S of the offset levels under its bits gives the dot 2 (S_P - 128 count_P) - L (binary; L: the
+// row's level sum) or S_P - S_N - 128 (count_P - count_N) (ternary). The pass over the weights reads 1 / 8
+// (binary) or 1 / 4 (ternary) of the kernel's bytes, where Avx2RawBlock reads all of them.
 
-constexpr int kAvx2MaskRows = 2;          // rows of a register block
-constexpr int64_t kAvx2MaskCols = 128;    // columns of a block job
+constexpr int kAvx2MaskRows = 1;          // rows of a register block
+constexpr int64_t kAvx2MaskCols = 256;    // columns of a block job: its rows' tables serve all of them
 // The most gathered rows of a call that reads the masks (binary, ternary): beyond, the packed bytes are faster
-// (784 x 1024 on a Zen 3 VM, binary masks against the packed kernel: 16 rows 98 against 122 us, 32 rows 179
-// against 188, 64 rows 340 against 274; ternary 8 rows 76 against 95, 16 rows 137 against 125).
-constexpr int64_t kAvx2MaskMaxRows[2] = {16, 8};
+// (784 x 1024 on a Zen 3 VM: docs/design/decisions.md).
+constexpr int64_t kAvx2MaskMaxRows[2] = {128, 16};
+constexpr int64_t kAvx2LutTableBytes = 32;  // a quad's tables: low nibbles' sums, then high nibbles'
+constexpr int64_t kAvx2LutByteRun = 4;      // quads summed in byte lanes: 4 * 60 = 240
+constexpr int64_t kAvx2LutWordRun = 32;     // quads summed in int16: 32 * (60 + 16 * 60) = 32640
 
-// The weights of 8 columns x 4 reduction elements as bytes (-1, 0, +1), from the 32-bit half at `offset` of
-// each plane's masks. spread: byte i takes mask byte i / 8; bit: byte i keeps bit i % 8.
-template <bool kTernary>
-JAXBNN_TARGET_AVX2 JAXBNN_AVX2_INLINE __m256i Avx2MaskBytes(const ImageKernelMasks& m, int64_t offset,
-                                                            __m256i spread, __m256i bit) {
-  const auto bytes = [&](const uint32_t* plane) JAXBNN_TARGET_AVX2 {
-    const __m256i copies = _mm256_shuffle_epi8(_mm256_set1_epi32(Load32(plane + offset)), spread);
-    return _mm256_cmpeq_epi8(_mm256_and_si256(copies, bit), bit);
-  };
-  const __m256i plus = bytes(m.plus);
-  if constexpr (!kTernary) return plus;
-  return _mm256_sub_epi8(bytes(m.minus), plus);
+// Byte sums as 32 x uint8 (as V16hi: not __m256i, which GCC copied between registers every step).
+typedef unsigned char V32qu __attribute__((vector_size(32)));
+
+// The tables of `quads` quads of offset levels from x: entry m of a quad's first 16 bytes is the sum of the
+// low nibbles of its levels i with bit i of m set, of the next 16 the high nibbles'.
+JAXBNN_TARGET_AVX2 void Avx2NibbleTables(const uint8_t* x, int64_t quads, uint8_t* tables) {
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  const __m256i lane_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+  __m256i element[4], subset[4];  // every byte: the quad's element i; 0xff in the entries m with bit i set
+  for (int i = 0; i < 4; ++i) {
+    element[i] = _mm256_set1_epi8(static_cast<char>(i));
+    alignas(32) uint8_t bytes[32];
+    for (int m = 0; m < 32; ++m) bytes[m] = ((m % 16) >> i & 1) ? 0xff : 0;
+    subset[i] = _mm256_load_si256(reinterpret_cast<const __m256i*>(bytes));
+  }
+  for (int64_t q = 0; q < quads; ++q) {
+    // the low nibbles in the low lane, the high nibbles in the high lane
+    const __m256i v =
+        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(Load32(x + 4 * q)), lane_shift), nibble);
+    __m256i t = _mm256_and_si256(_mm256_shuffle_epi8(v, element[0]), subset[0]);
+#pragma GCC unroll 4
+    for (int i = 1; i < 4; ++i) t = _mm256_add_epi8(t, _mm256_and_si256(_mm256_shuffle_epi8(v, element[i]), subset[i]));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(tables + kAvx2LutTableBytes * q), t);
+  }
+}
+
+// For the 64 columns of the masks' 16-column words word .. word + 3 (those past the row's `words` read as
+// zeros where kPartial), the sums over the reduction of the offset levels under the plane's bits, as 8 x int32
+// in column order.
+template <bool kPartial>
+JAXBNN_TARGET_AVX2 void Avx2MaskedSums(const uint32_t* plane, int64_t words, int64_t word,
+                                                         int64_t quads, const uint8_t* tables, V8si (&sums)[8]) {
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  const __m256i low_high = _mm256_set1_epi16(0x1001);  // bytes (1, 16): L + 16 H
+  const __m256i present = _mm256_cmpgt_epi64(_mm256_set1_epi64x(words - word), _mm256_setr_epi64x(0, 1, 2, 3));
+  for (V8si& s : sums) s = V8si{};
+  for (int64_t q0 = 0; q0 < quads; q0 += kAvx2LutWordRun) {
+    const int64_t word_end = std::min(quads, q0 + kAvx2LutWordRun);
+    // int16 sums: even columns, bytes 0-7 of each lane (low) and 8-15 (high); odd columns likewise
+    V16hi even_low{}, even_high{}, odd_low{}, odd_high{};
+    for (int64_t q1 = q0; q1 < word_end; q1 += kAvx2LutByteRun) {
+      const int64_t run = std::min(kAvx2LutByteRun, word_end - q1);
+      V32qu even_l{}, even_h{}, odd_l{}, odd_h{};  // byte sums of L and of H
+#pragma GCC unroll 4
+      for (int j = 0; j < kAvx2LutByteRun; ++j) {
+        if (j >= run) break;
+        const int64_t q = q1 + j;
+        const auto* row = reinterpret_cast<const long long*>(plane + 2 * (q * words + word));
+        const __m256i bits = kPartial ? _mm256_maskload_epi64(row, present)
+                                      : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+        const __m256i even = _mm256_and_si256(bits, nibble);
+        const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(bits, 4), nibble);
+        const auto* table = reinterpret_cast<const __m128i*>(tables + kAvx2LutTableBytes * q);
+        const __m256i low = _mm256_broadcastsi128_si256(_mm_load_si128(table));
+        const __m256i high = _mm256_broadcastsi128_si256(_mm_load_si128(table + 1));
+        even_l += reinterpret_cast<V32qu>(_mm256_shuffle_epi8(low, even));
+        even_h += reinterpret_cast<V32qu>(_mm256_shuffle_epi8(high, even));
+        odd_l += reinterpret_cast<V32qu>(_mm256_shuffle_epi8(low, odd));
+        odd_h += reinterpret_cast<V32qu>(_mm256_shuffle_epi8(high, odd));
+      }
+      const auto widen = [&](V32qu l, V32qu h, V16hi& low_half, V16hi& high_half) JAXBNN_TARGET_AVX2 {
+        const __m256i lb = reinterpret_cast<__m256i>(l), hb = reinterpret_cast<__m256i>(h);
+        low_half += reinterpret_cast<V16hi>(_mm256_maddubs_epi16(_mm256_unpacklo_epi8(lb, hb), low_high));
+        high_half += reinterpret_cast<V16hi>(_mm256_maddubs_epi16(_mm256_unpackhi_epi8(lb, hb), low_high));
+      };
+      widen(even_l, even_h, even_low, even_high);
+      widen(odd_l, odd_h, odd_low, odd_high);
+    }
+    // Lane l of mask byte j holds columns 32 l + 2 j and + 1: interleaved, each 128-bit half is 8 columns in order.
+    const __m256i el = reinterpret_cast<__m256i>(even_low), eh = reinterpret_cast<__m256i>(even_high);
+    const __m256i ol = reinterpret_cast<__m256i>(odd_low), oh = reinterpret_cast<__m256i>(odd_high);
+    const __m256i in_order[4] = {_mm256_unpacklo_epi16(el, ol), _mm256_unpackhi_epi16(el, ol),
+                                 _mm256_unpacklo_epi16(eh, oh), _mm256_unpackhi_epi16(eh, oh)};
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      sums[v] += reinterpret_cast<V8si>(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(in_order[v])));
+      sums[v + 4] += reinterpret_cast<V8si>(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(in_order[v], 1)));
+    }
+  }
 }
 
 // The sum of `count` offset levels (u8, level + 128) less 128 * count: the levels' sum.
@@ -712,93 +784,79 @@ JAXBNN_TARGET_AVX2 JAXBNN_AVX2_INLINE int32_t Avx2LevelSum(const uint8_t* x, int
   return static_cast<int32_t>(total - 128 * count);
 }
 
-// R rows x 32 columns from column `col` (a multiple of 32).
-template <int R, bool kTernary, int kMode>
-JAXBNN_TARGET_AVX2 void Avx2MaskRows(const BlockJob& job, const ImageEpilogue& epi, const uint8_t* x, int64_t r0,
-                                     int64_t col) {
+// The dots of one gathered row (its tables; level_sum: its L) with 64 columns from `col` (a multiple of 64),
+// through the epilogue in passes of 32 columns.
+template <bool kTernary, int kMode>
+JAXBNN_TARGET_AVX2 void Avx2MaskRow(const BlockJob& job, const ImageEpilogue& epi, const uint8_t* tables,
+                                    int32_t level_sum, int64_t r0, int64_t col) {
   const ImageKernelMasks& m = job.masks;
-  const int64_t stride = job.k_padded, quads = job.k_padded / 4, word = col / 16;
-  // the halves past the masks' last word (columns past n of the call's last 32) are zeros
-  const int64_t real = std::clamp<int64_t>(2 * (m.words - word), 0, 4);
-  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-  const __m256i bit = _mm256_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128,
-                                       1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
-  V8si sum[R][4] = {};
-  V16hi acc16[R][4] = {};
-  for (int64_t g0 = 0; g0 < quads; g0 += kAvx2ByteRun) {
-    const int64_t end = std::min<int64_t>(quads, g0 + kAvx2ByteRun);
-    for (int64_t g = g0; g < end; ++g) {
-      __m256i xr[R];
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) xr[r] = _mm256_set1_epi32(Load32(x + r * stride + 4 * g));
-      const int64_t offset = 2 * (g * m.words + word);
-#pragma GCC unroll 4
-      for (int v = 0; v < 4; ++v) {
-        if (v >= real) break;
-        const __m256i w = Avx2MaskBytes<kTernary>(m, offset + v, spread, bit);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) acc16[r][v] += reinterpret_cast<V16hi>(_mm256_maddubs_epi16(xr[r], w));
-      }
-    }
-    WidenByteSums<R>(acc16, sum);
-  }
-  __m256i term[4];  // per column: 256 count_M (binary), 128 (count_P - count_N) (ternary)
-  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-#pragma GCC unroll 4
-  for (int v = 0; v < 4; ++v) {
-    const int64_t c = col + 8 * v;
-    const __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(epi.n - c, 0, 8))), lanes);
-    const __m256i plus = _mm256_maskload_epi32(m.plus_count + c, valid);
-    if constexpr (kTernary) {
-      term[v] = _mm256_slli_epi32(_mm256_sub_epi32(plus, _mm256_maskload_epi32(m.minus_count + c, valid)), 7);
+  const int64_t quads = job.k_padded / 4, word = col / 16;
+  const bool partial = m.words - word < 4;
+  V8si plus[8], minus[8];
+  const auto sums = [&](const uint32_t* plane, V8si(&out)[8]) JAXBNN_TARGET_AVX2 {
+    if (partial) {
+      Avx2MaskedSums<true>(plane, m.words, word, quads, tables, out);
     } else {
-      term[v] = _mm256_slli_epi32(plus, 8);
+      Avx2MaskedSums<false>(plane, m.words, word, quads, tables, out);
     }
-  }
-  __m256i acc[R][kAvx2Cols / 8];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-    const __m256i level_sum = _mm256_set1_epi32(kTernary ? 0 : Avx2LevelSum(x + r * stride, job.k_padded));
+  };
+  sums(m.plus, plus);
+  if constexpr (kTernary) sums(m.minus, minus);
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int half = 0; half < 2; ++half) {
+    const int64_t begin = col + 32 * half;
+    if (begin >= job.col_begin + job.cols) break;
+    __m256i acc[1][kAvx2Cols / 8];
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
-      const __m256i s = reinterpret_cast<__m256i>(sum[r][v]);
-      acc[r][v] = kTernary ? _mm256_sub_epi32(s, term[v])
-                           : _mm256_sub_epi32(_mm256_sub_epi32(_mm256_sub_epi32(_mm256_setzero_si256(),
-                                                                                _mm256_slli_epi32(s, 1)),
-                                                               term[v]),
-                                              level_sum);
+      const int64_t c = begin + 8 * v;
+      const __m256i valid =
+          _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(epi.n - c, 0, 8))), lanes);
+      const __m256i plus_count = _mm256_maskload_epi32(m.plus_count + c, valid);
+      const __m256i s_plus = reinterpret_cast<__m256i>(plus[4 * half + v]);
+      if constexpr (kTernary) {
+        const __m256i minus_count = _mm256_maskload_epi32(m.minus_count + c, valid);
+        acc[0][v] = _mm256_sub_epi32(_mm256_sub_epi32(s_plus, reinterpret_cast<__m256i>(minus[4 * half + v])),
+                                     _mm256_slli_epi32(_mm256_sub_epi32(plus_count, minus_count), 7));
+      } else {
+        acc[0][v] = _mm256_sub_epi32(
+            _mm256_slli_epi32(_mm256_sub_epi32(s_plus, _mm256_slli_epi32(plus_count, 7)), 1),
+            _mm256_set1_epi32(level_sum));
+      }
     }
-  }
-  BlockJob block = job;
-  block.col_begin = col;
-  block.tile = job.tile + (col - job.col_begin);
-  Avx2Epilogue<R, kMode>(block, epi, acc, r0);
-}
-
-template <int R, bool kTernary>
-JAXBNN_TARGET_AVX2 void Avx2MaskPass(const BlockJob& job, const ImageEpilogue& epi, int64_t r0, int64_t col) {
-  const auto* patches = static_cast<const uint8_t*>(job.patches);
-  for (int64_t w = 0; w < job.window; ++w) {
-    const uint8_t* x = patches + (w * job.rows + r0) * job.k_padded;
-    switch (ModeOf(w, job.window)) {
-      case kOnly: Avx2MaskRows<R, kTernary, kOnly>(job, epi, x, r0, col); break;
-      case kFirst: Avx2MaskRows<R, kTernary, kFirst>(job, epi, x, r0, col); break;
-      case kMiddle: Avx2MaskRows<R, kTernary, kMiddle>(job, epi, x, r0, col); break;
-      case kLast: Avx2MaskRows<R, kTernary, kLast>(job, epi, x, r0, col); break;
-    }
+    BlockJob block = job;
+    block.col_begin = begin;
+    block.tile = job.tile + (begin - job.col_begin);
+    Avx2Epilogue<1, kMode>(block, epi, acc, r0);
   }
 }
 
+// Each gathered row's tables first (all window positions of the job's rows: a pool window's positions are taken
+// in turn for each 64 columns), then the rows' dots.
 template <bool kTernary>
 JAXBNN_TARGET_AVX2 void Avx2MaskColumns(const BlockJob& job, const ImageEpilogue& epi) {
-  static_assert(kAvx2MaskRows == 2, "one case per register block height");
-  for (int64_t r0 = 0; r0 < job.rows; r0 += kAvx2MaskRows) {
-    for (int64_t col = job.col_begin; col < job.col_begin + job.cols; col += 32) {
-      if (job.rows - r0 == 1) {
-        Avx2MaskPass<1, kTernary>(job, epi, r0, col);
-      } else {
-        Avx2MaskPass<2, kTernary>(job, epi, r0, col);
+  const auto* patches = static_cast<const uint8_t*>(job.patches);
+  const int64_t quads = job.k_padded / 4, gathered = job.rows * job.window;
+  const int64_t row_tables = quads * kAvx2LutTableBytes;
+  thread_local std::vector<uint8_t> table_bytes;
+  thread_local std::vector<int32_t> level_sum_values;
+  uint8_t* tables = GrowAligned(table_bytes, gathered * row_tables);
+  int32_t* level_sums = Grow(level_sum_values, gathered);
+  for (int64_t i = 0; i < gathered; ++i) {
+    Avx2NibbleTables(patches + i * job.k_padded, quads, tables + i * row_tables);
+    level_sums[i] = kTernary ? 0 : Avx2LevelSum(patches + i * job.k_padded, job.k_padded);
+  }
+  for (int64_t r0 = 0; r0 < job.rows; ++r0) {
+    for (int64_t col = job.col_begin; col < job.col_begin + job.cols; col += 64) {
+      for (int64_t w = 0; w < job.window; ++w) {
+        const int64_t i = w * job.rows + r0;
+        const uint8_t* t = tables + i * row_tables;
+        switch (ModeOf(w, job.window)) {
+          case kOnly: Avx2MaskRow<kTernary, kOnly>(job, epi, t, level_sums[i], r0, col); break;
+          case kFirst: Avx2MaskRow<kTernary, kFirst>(job, epi, t, level_sums[i], r0, col); break;
+          case kMiddle: Avx2MaskRow<kTernary, kMiddle>(job, epi, t, level_sums[i], r0, col); break;
+          case kLast: Avx2MaskRow<kTernary, kLast>(job, epi, t, level_sums[i], r0, col); break;
+        }
       }
     }
   }
@@ -1681,7 +1739,7 @@ class ImageConv {
     int32_t* bound = Grow(call.bound, p_.planes * n_padded_);
     uint32_t* f = Grow(call.flip, p_.planes * words);
     constexpr int32_t kMin = std::numeric_limits<int32_t>::min(), kMax = std::numeric_limits<int32_t>::max();
-    // Branch-free loops the compiler vectorizes: a call at batch 1 spends about as long here as in its products.
+    // Vectorized loops (the flags 8 a step): a call at batch 1 spends about as long here as in its products.
     for (int64_t plane = 0; plane < p_.planes; ++plane) {
       const int32_t* t = threshold + plane * p_.n;
       const uint8_t* fl = flip + plane * p_.n;
@@ -1691,7 +1749,17 @@ class ImageConv {
       for (int64_t word = 0; word < words; ++word) {
         const int64_t begin = word * kWordBits, end = std::min(p_.n, begin + kWordBits);
         uint32_t bits = 0;
-        for (int64_t c = begin; c < end; ++c) bits |= static_cast<uint32_t>(fl[c] != 0) << (c - begin);
+        int64_t c = begin;
+        // 8 flags a step: each byte's bits ORed into its bit 0, then the eight gathered into a byte by a multiply
+        for (; c + 8 <= end; c += 8) {
+          uint64_t v;
+          std::memcpy(&v, fl + c, sizeof(v));
+          v |= v >> 4;
+          v |= v >> 2;
+          v |= v >> 1;
+          bits |= static_cast<uint32_t>(((v & 0x0101010101010101u) * 0x0102040810204080u) >> 56) << (c - begin);
+        }
+        for (; c < end; ++c) bits |= static_cast<uint32_t>(fl[c] != 0) << (c - begin);
         f[plane * words + word] = bits;
       }
     }
