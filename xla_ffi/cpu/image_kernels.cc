@@ -688,7 +688,7 @@ constexpr int64_t kAvx2LutTableBytes = 32;  // a quad's tables: low nibbles' sum
 constexpr int64_t kAvx2LutByteRun = 4;      // quads summed in byte lanes: 4 * 60 = 240
 constexpr int64_t kAvx2LutWordRun = 32;     // quads summed in int16: 32 * (60 + 16 * 60) = 32640
 
-// Byte sums as 32 x uint8 (as V16hi: not __m256i, which GCC copied between registers every step).
+// Byte sums as 32 x uint8, a vector type as V16hi is (GCC copied __m256i sums between registers every step).
 typedef unsigned char V32qu __attribute__((vector_size(32)));
 
 // The tables of `quads` quads of offset levels from x: entry m of a quad's first 16 bytes is the sum of the
@@ -709,7 +709,9 @@ JAXBNN_TARGET_AVX2 void Avx2NibbleTables(const uint8_t* x, int64_t quads, uint8_
         _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(Load32(x + 4 * q)), lane_shift), nibble);
     __m256i t = _mm256_and_si256(_mm256_shuffle_epi8(v, element[0]), subset[0]);
 #pragma GCC unroll 4
-    for (int i = 1; i < 4; ++i) t = _mm256_add_epi8(t, _mm256_and_si256(_mm256_shuffle_epi8(v, element[i]), subset[i]));
+    for (int i = 1; i < 4; ++i) {
+      t = _mm256_add_epi8(t, _mm256_and_si256(_mm256_shuffle_epi8(v, element[i]), subset[i]));
+    }
     _mm256_store_si256(reinterpret_cast<__m256i*>(tables + kAvx2LutTableBytes * q), t);
   }
 }
@@ -718,8 +720,8 @@ JAXBNN_TARGET_AVX2 void Avx2NibbleTables(const uint8_t* x, int64_t quads, uint8_
 // zeros where kPartial), the sums over the reduction of the offset levels under the plane's bits, as 8 x int32
 // in column order.
 template <bool kPartial>
-JAXBNN_TARGET_AVX2 void Avx2MaskedSums(const uint32_t* plane, int64_t words, int64_t word,
-                                                         int64_t quads, const uint8_t* tables, V8si (&sums)[8]) {
+JAXBNN_TARGET_AVX2 void Avx2MaskedSums(const uint32_t* plane, int64_t words, int64_t word, int64_t quads,
+                                       const uint8_t* tables, V8si (&sums)[8]) {
   const __m256i nibble = _mm256_set1_epi8(0x0f);
   const __m256i low_high = _mm256_set1_epi16(0x1001);  // bytes (1, 16): L + 16 H
   const __m256i present = _mm256_cmpgt_epi64(_mm256_set1_epi64x(words - word), _mm256_setr_epi64x(0, 1, 2, 3));
