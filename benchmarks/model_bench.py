@@ -269,15 +269,16 @@ def failed_point(err: Exception, batch: int) -> Point:
     return Point(batch, failure=f"failed ({type(err).__name__})")
 
 
-def measure(runs: dict, batch: int) -> dict[str, Point]:
-    """Each contender of `runs` ({name: (forward, args, embedded bytes)}) compiled, then timed
+def measure(contenders: list, images, batch: int) -> dict[str, Point]:
+    """Each of `contenders` compiled for `images` (its arguments made here), then timed
     (gpu_bench.timed). On the CPU, the fastest of CPU_TIMING_ROUNDS timings, the contenders' timings taken in
     turn, so that a slow spell of a shared machine weighs on all of them rather than on one's ratio."""
     points, ready = {}, {}
-    for name, (forward, args, embedded_bytes) in runs.items():
-        compiled, points[name] = compiled_point(forward, args, batch, embedded_bytes)
+    for c in contenders:
+        args = c.args(images)
+        compiled, points[c.name] = compiled_point(c.forward, args, batch, c.embedded_bytes())
         if compiled is not None:
-            ready[name] = (compiled, args)
+            ready[c.name] = (compiled, args)
     for _ in range(1 if on_gpu() else CPU_TIMING_ROUNDS):
         for name, (compiled, args) in list(ready.items()):
             try:
@@ -330,24 +331,24 @@ def sweep(contenders: list[Contender], plan: Plan, seconds: float) -> dict[str, 
                     points[c.name][batch] = Point(batch, failure="not measured (time budget)")
                 continue
         images = random_images(batch, contenders[0].input_shape, seed=batch)
-        runs = {}
+        unblocked = []
         for c in contenders:
             reason = blocked(points[c.name], batch, required=batch in required)
             if reason:
                 points[c.name][batch] = Point(batch, failure=reason)
             else:
-                runs[c.name] = (c.forward, c.args(images), c.embedded_bytes())
+                unblocked.append(c)
         if on_gpu():  # one at a time: a contender's compiled program and buffers gone before the next's
             measured = {}
-            for name, run in runs.items():
-                measured |= measure({name: run}, batch)
+            for c in unblocked:
+                measured |= measure([c], images, batch)
         else:
-            measured = measure(runs, batch)
+            measured = measure(unblocked, images, batch)
         for c in contenders:
             if c.name in measured:
                 points[c.name][batch] = measured[c.name]
             print(f"  batch {batch:>6} {c.name:<13} {describe(points[c.name][batch])}", flush=True)
-        del images, runs
+        del images, unblocked
     return points
 
 
