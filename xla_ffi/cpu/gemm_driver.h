@@ -236,49 +236,57 @@ struct GemmShape {
   int64_t column_bytes;     // bytes of weights per output column (all its planes)
 };
 
-// Source: Fill(first, count, scratch) packs the panel of output rows [first, first + count) (setting
-// scratch.excluded per panel row) and returns it (a struct with `rows`); AddExcludedTaps(scratch, row,
+// A product's chunk x tile-row products, which kMinParallelWork weighs against a thread hop (a chain of
+// products, RunBmmChain, weighs its products' together: one hop serves them all).
+inline int64_t GemmWork(const GemmShape& shape) {
+  return shape.outputs * shape.rows_per_output * CeilDiv(shape.n, kTileRows) * std::max<int64_t>(1, shape.chunks);
+}
+
+// The tasks of one product: panels of output rows x blocks of output columns, count() of them, task i run by
+// operator()(i). Source: Fill(first, count, scratch) packs the panel of output rows [first, first + count)
+// (setting scratch.excluded per panel row) and returns it (a struct with `rows`); AddExcludedTaps(scratch, row,
 // col_begin, width, dots) corrects a row whose excluded flag is set. Kernel: kernel(panel, col_begin, tiles,
 // dots, stride) writes the dots of `tiles` 8-column tiles from column col_begin, row r at dots + r * stride.
+// `parallel`: the tasks will run on several threads, so the columns are split finer where panels are few.
 template <class Source, class Kernel>
-void RunGemm(const Source& source, const Kernel& kernel, const GemmShape& shape, const EpilogueData& epilogue,
-             void* out, ffi::ThreadPool* pool) {
-  if (shape.outputs == 0 || shape.n == 0) return;
-  const int64_t window = shape.rows_per_output;
-  const int64_t outputs_per_panel = std::max<int64_t>(1, kPanelRows / window);
-  const int64_t panels = CeilDiv(shape.outputs, outputs_per_panel);
-  const int64_t threads = PoolThreads(pool);
-  const int64_t tile_rows_total = CeilDiv(shape.n, kTileRows);
-  const bool parallel =
-      threads > 1 && shape.outputs * window * tile_rows_total * std::max<int64_t>(1, shape.chunks) >= kMinParallelWork;
-
-  // Columns per task: a multiple of 32 (one writer per packed output word) whose weights stay in L2; split
-  // further when there are too few panels to keep every thread busy.
-  const int64_t column_bytes = std::max<int64_t>(1, shape.column_bytes);
-  int64_t block = std::max<int64_t>(kWordBits, kWeightBlockBytes / column_bytes / kWordBits * kWordBits);
-  if (parallel && panels * CeilDiv(shape.n, block) < 4 * threads) {
-    block = std::max<int64_t>(kWordBits, RoundUp(CeilDiv(shape.n, CeilDiv(4 * threads, panels)), kWordBits));
+class GemmTasks {
+ public:
+  GemmTasks(const Source& source, const Kernel& kernel, const GemmShape& shape, const EpilogueData& epilogue,
+            void* out, int64_t threads, bool parallel)
+      : source_(source), kernel_(kernel), shape_(shape), epilogue_(epilogue), out_(out),
+        window_(shape.rows_per_output), outputs_per_panel_(std::max<int64_t>(1, kPanelRows / window_)),
+        finish_strip_(FinishStripFor(ActiveIsa())) {
+    if (shape.outputs == 0 || shape.n == 0) return;
+    panels_ = CeilDiv(shape.outputs, outputs_per_panel_);
+    // Columns per task: a multiple of 32 (one writer per packed output word) whose weights stay in L2; split
+    // further when there are too few panels to keep every thread busy.
+    const int64_t column_bytes = std::max<int64_t>(1, shape.column_bytes);
+    block_ = std::max<int64_t>(kWordBits, kWeightBlockBytes / column_bytes / kWordBits * kWordBits);
+    if (parallel && panels_ * CeilDiv(shape.n, block_) < 4 * threads) {
+      block_ = std::max<int64_t>(kWordBits, RoundUp(CeilDiv(shape.n, CeilDiv(4 * threads, panels_)), kWordBits));
+    }
+    block_ = std::min(block_, RoundUp(shape.n, kWordBits));
+    column_blocks_ = CeilDiv(shape.n, block_);
   }
-  block = std::min(block, RoundUp(shape.n, kWordBits));
-  const int64_t column_blocks = CeilDiv(shape.n, block);
-  const FinishStripFn finish_strip = FinishStripFor(ActiveIsa());
 
-  auto task = [&](int64_t index) {
-    const int64_t first = (index % panels) * outputs_per_panel;
-    const int64_t count = std::min(outputs_per_panel, shape.outputs - first);
-    const int64_t col_begin = (index / panels) * block;
-    const int64_t col_end = std::min(shape.n, col_begin + block);
+  int64_t count() const { return panels_ * column_blocks_; }
+
+  void operator()(int64_t index) const {
+    const int64_t first = (index % panels_) * outputs_per_panel_;
+    const int64_t count = std::min(outputs_per_panel_, shape_.outputs - first);
+    const int64_t col_begin = (index / panels_) * block_;
+    const int64_t col_end = std::min(shape_.n, col_begin + block_);
     const int64_t width = col_end - col_begin;
     Scratch& scratch = ThreadScratch();
-    const auto panel = source.Fill(first, count, scratch);
+    const auto panel = source_.Fill(first, count, scratch);
     // int32 dots go straight into the output when the task's columns are whole 8-column tiles (the kernels
     // write whole tiles); else strip by strip into L1 scratch rows (padded so that they do not share L1 sets),
     // each strip's epilogue right after its dots.
-    if (epilogue.kind == Epilogue::kInt32 && window == 1 && width % kTileRows == 0) {
-      int32_t* const dots = static_cast<int32_t*>(out) + first * shape.n + col_begin;
-      kernel(panel, col_begin, CeilDiv(width, kTileRows), dots, shape.n);
+    if (epilogue_.kind == Epilogue::kInt32 && window_ == 1 && width % kTileRows == 0) {
+      int32_t* const dots = static_cast<int32_t*>(out_) + first * shape_.n + col_begin;
+      kernel_(panel, col_begin, CeilDiv(width, kTileRows), dots, shape_.n);
       for (int64_t row = 0; row < panel.rows; ++row) {
-        if (scratch.excluded[row]) source.AddExcludedTaps(scratch, row, col_begin, width, dots + row * shape.n);
+        if (scratch.excluded[row]) source_.AddExcludedTaps(scratch, row, col_begin, width, dots + row * shape_.n);
       }
       return;
     }
@@ -286,14 +294,33 @@ void RunGemm(const Source& source, const Kernel& kernel, const GemmShape& shape,
     int32_t* const dots = Grow(scratch.dots, panel.rows * stride);
     for (int64_t strip = col_begin; strip < col_end; strip += kStripCols) {
       const int64_t strip_width = std::min(kStripCols, col_end - strip);
-      kernel(panel, strip, CeilDiv(strip_width, kTileRows), dots, stride);
+      kernel_(panel, strip, CeilDiv(strip_width, kTileRows), dots, stride);
       for (int64_t row = 0; row < panel.rows; ++row) {
-        if (scratch.excluded[row]) source.AddExcludedTaps(scratch, row, strip, strip_width, dots + row * stride);
+        if (scratch.excluded[row]) source_.AddExcludedTaps(scratch, row, strip, strip_width, dots + row * stride);
       }
-      finish_strip(Strip{dots, stride, count, window, first, strip, strip_width, shape.n, out}, epilogue);
+      finish_strip_(Strip{dots, stride, count, window_, first, strip, strip_width, shape_.n, out_}, epilogue_);
     }
-  };
-  ParallelFor(pool, panels * column_blocks, parallel, task);
+  }
+
+ private:
+  Source source_;
+  Kernel kernel_;
+  GemmShape shape_;
+  EpilogueData epilogue_;
+  void* out_;
+  int64_t window_, outputs_per_panel_;
+  int64_t panels_ = 0, block_ = 0, column_blocks_ = 0;
+  FinishStripFn finish_strip_;
+};
+
+// Runs one product's tasks (GemmTasks) over the pool, on its threads where the product is worth it.
+template <class Source, class Kernel>
+void RunGemm(const Source& source, const Kernel& kernel, const GemmShape& shape, const EpilogueData& epilogue,
+             void* out, ffi::ThreadPool* pool) {
+  const int64_t threads = PoolThreads(pool);
+  const bool parallel = threads > 1 && GemmWork(shape) >= kMinParallelWork;
+  const GemmTasks<Source, Kernel> tasks(source, kernel, shape, epilogue, out, threads, parallel);
+  ParallelFor(pool, tasks.count(), parallel, [&tasks](int64_t index) { tasks(index); });
 }
 
 }  // namespace jaxbnn::cpu::gemm
