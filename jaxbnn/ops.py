@@ -326,18 +326,26 @@ def _bmm_chain(x, weights, popcounts, epilogues, *, ks, ns, last_kind):
 
     def single(x_, *operands_):
         target = f"jaxbnn_bmm_chain_{last_kind}"
-        if not (chain_fits_one_kernel(ks, ns) and _ffi.has_target("cuda", target)):
-            return layer_by_layer(x_, *operands_)
         out_type = jax.ShapeDtypeStruct((x_.shape[0],) + tail, out_dtype)
         attrs = dict(ks=np.array(ks, np.int64), ns=np.array(ns, np.int64))
 
-        def one_kernel(x__, *ops_):
+        def one_call(x__, *ops_):
+            return jax.ffi.ffi_call(target, out_type)(x__, *ops_, **attrs)
+
+        def one_kernel(x__, *ops_):  # CUDA: the kernel takes the default tiles
             ops_ = list(ops_)
             for i, (k, n) in enumerate(zip(ks, ns)):
                 ops_[4 * i] = _default_tiles(ops_[4 * i], n, k)
-            return jax.ffi.ffi_call(target, out_type)(x__, *ops_, **attrs)
+            return one_call(x__, *ops_)
 
-        return jax.lax.platform_dependent(x_, *operands_, default=layer_by_layer, cuda=one_kernel)
+        branches = {}
+        if chain_fits_one_kernel(ks, ns) and _ffi.has_target("cuda", target):
+            branches["cuda"] = one_kernel
+        if _ffi.has_target("cpu", target):
+            branches["cpu"] = one_call
+        if not branches:
+            return layer_by_layer(x_, *operands_)
+        return jax.lax.platform_dependent(x_, *operands_, default=layer_by_layer, **branches)
 
     # the kernel indexes the activation words and the result's elements of a call in int32
     chunk = _KERNEL_INDEX_LIMIT // max(rows.shape[-1], ns[-1])

@@ -20,8 +20,9 @@ integers from the pixels to the logits:
   stream after it, by a kernel of their own), on the CPU by each product's kernel in its strip epilogue (both
   planes); elsewhere (an int32 stream) added in jnp, where XLA fuses the add with the next block's thresholds
   and packing (docs/design/decisions.md);
-- on CUDA a run of small dense layers on packed bits (a ResNet's tail after its global pool) is one
-  `ops.bmm_chain`, one kernel, where its weights fit a CTA's shared memory (`dense_chains_of`);
+- a run of dense layers on packed bits (a ResNet's tail after its global pool, the MNIST MLP's hidden layers)
+  is one `ops.bmm_chain` (`dense_chains_of`): on CUDA one kernel, where its weights fit a CTA's shared memory;
+  on the CPU one call running the layers' kernels in turn;
 - on a platform whose kernels write the int16 stream (CUDA's int16 dot products and residual epilogues, the
   CPU's residual epilogues), a ResNet's stream travels as int16 wherever every value it can take there fits
   (`stream_dtypes`: bounds from the graph and the first layer's weights), else as int32: the same integers
@@ -410,13 +411,14 @@ def run_nodes(nodes, params, x, stream_dtypes=None, fuse_residual=None, stem_bit
     whether a first layer writing the stream also writes the first block's input bits (or ternary planes)
     from the same values (`ops.image_conv2d(..., keep_stream=True)`); None: where the default platform has
     that kernel (`writes_stem_bits`). dense_chains: whether runs of small dense layers run as one op each
-    (`ops.bmm_chain`, `dense_chains_of`); None: where the default platform runs such a chain as one kernel
+    (`ops.bmm_chain`, `dense_chains_of`); None: where the default platform runs such a chain as one call
     (`fuses_dense_chains`). A chain gives its last node's output; the nodes before it in the chain still list
     theirs, computed layer by layer (XLA drops them where nothing reads them: in a forward that returns the
     logits)."""
     dtypes = stream_dtypes or [jnp.int32] * len(nodes)
     fuse_dense = fuses_dense_chains() if dense_chains is None else dense_chains
-    chain_starts = {end: start for start, end in dense_chains_of(nodes, x.shape[0])} if fuse_dense else {}
+    rows = jax.tree.leaves(x)[0].shape[0]  # x: an array, or a ternary value's planes
+    chain_starts = {end: start for start, end in dense_chains_of(nodes, rows)} if fuse_dense else {}
     outputs, inputs = [], []
     bits = None  # the stream's bits for the next node's conv1, from the epilogue that wrote the stream
     for i, (node, p, dtype) in enumerate(zip(nodes, params, dtypes)):
@@ -433,15 +435,17 @@ def run_nodes(nodes, params, x, stream_dtypes=None, fuse_residual=None, stem_bit
     return outputs
 
 
-# The most rows a fused dense chain takes (`dense_chains_of`): 128 blocks of 16 rows, one block a CTA on an H100 /
-# H200 (132 SMs), the regime it was measured in (ResNet-14 at 8 and 1024, ResNet-18 at 8 and 512). Past it the
-# chain kernel's CTAs take blocks in turn, each block through every layer, latency-bound and not measured against
-# the layers' own kernels, which spread larger batches wider.
+# The most rows a fused dense chain takes on CUDA (`dense_chains_of`): 128 blocks of 16 rows, one block a CTA on
+# an H100 / H200 (132 SMs), the regime it was measured in (ResNet-14 at 8 and 1024, ResNet-18 at 8 and 512). Past
+# it the chain kernel's CTAs take blocks in turn, each block through every layer, latency-bound and not measured
+# against the layers' own kernels, which spread larger batches wider. The CPU's chain runs each layer's own
+# kernel in turn, at any batch.
 CHAIN_MAX_ROWS = 2048
 
 
 def fuses_dense_chains() -> bool:
-    """Whether the default platform runs a chain of small dense layers as one kernel (`ops.bmm_chain`): CUDA."""
+    """Whether the default platform runs a chain of dense layers as one call (`ops.bmm_chain`): CUDA, one kernel
+    where the layers fit it; the CPU, its layers' kernels in turn."""
     return _ffi.has_target(_default_platform(), "jaxbnn_bmm_chain_f32")
 
 
@@ -453,18 +457,20 @@ def _chain_layer(node) -> bool:
             and node["output"] in ("binary", "affine"))
 
 
-def dense_chains_of(nodes, rows) -> list:
-    """The runs of nodes that `run_nodes` fuses into one `ops.bmm_chain` each at a batch of `rows`: (start,
-    end) index pairs, end inclusive. At most CHAIN_MAX_ROWS rows; consecutive chain layers (`_chain_layer`; only
-    the last may write the logits), at least two, as many as one kernel takes
-    (`ops.chain_fits_one_kernel`: widths, layers, the weights in a CTA's shared memory)."""
-    if rows > CHAIN_MAX_ROWS:
+def dense_chains_of(nodes, rows, platform=None) -> list:
+    """The runs of nodes that `run_nodes` fuses into one `ops.bmm_chain` each at a batch of `rows` on `platform`
+    (None: the default one): (start, end) index pairs, end inclusive. Consecutive chain layers (`_chain_layer`;
+    only the last may write the logits), at least two; on CUDA at most CHAIN_MAX_ROWS rows and as many layers as
+    one kernel takes (`ops.chain_fits_one_kernel`: widths, layers, the weights in a CTA's shared memory), on the
+    CPU any."""
+    on_cpu = (_default_platform() if platform is None else platform) == "cpu"
+    if not on_cpu and rows > CHAIN_MAX_ROWS:
         return []
     chains, i = [], 0
     while i < len(nodes):
         j = i
-        while j < len(nodes) and _chain_layer(nodes[j]) and ops.chain_fits_one_kernel(
-                [node["in_shape"][-1] for node in nodes[i:j + 1]], [node["out_channels"] for node in nodes[i:j + 1]]):
+        while j < len(nodes) and _chain_layer(nodes[j]) and (on_cpu or ops.chain_fits_one_kernel(
+                [node["in_shape"][-1] for node in nodes[i:j + 1]], [node["out_channels"] for node in nodes[i:j + 1]])):
             j += 1
             if nodes[j - 1]["output"] != "binary":
                 break

@@ -18,6 +18,7 @@ from jaxbnn import _ffi
 REPOSITORY = pathlib.Path(__file__).parents[1]
 
 TARGETS = [f"jaxbnn_{op}_{kind}" for op in ("bmm", "bconv2d") for kind in ("i32", "f32", "bits")] + [
+    f"jaxbnn_bmm_chain_{kind}" for kind in ("f32", "bits")] + [
     f"jaxbnn_bconv2d_residual_{kind}" for kind in ("i32", "bits", "i16", "i16_bits")] + [
     f"jaxbnn_image_conv2d_{kind}" for kind in ("i32", "i16", "bits", "i32_bits", "i16_bits")] + [
     "jaxbnn_global_sum_bits"] + [

@@ -248,6 +248,64 @@ def test_repeated_parallel_calls_are_identical():
         np.testing.assert_array_equal(np.asarray(f(a)), first)
 
 
+# --- dense chains in one call (ops.bmm_chain) ---------------------------------------------------------
+
+CHAIN_CASES = [
+    # rows, widths (k_0, n_0 = k_1, ...), FSB tile of every layer's weights
+    (1, (1024, 1024, 1024, 1024, 10), (8, 128)),  # the MNIST MLP's hidden layers at batch 1
+    (3, (77, 45, 300, 33), (8, 128)),  # padding bits in every layer's activations
+    (70, (257, 70, 1, 95), (16, 64)),  # a one-bit layer, other tiles
+    (130, (4096, 136, 40), (8, 32)),
+    (600, (64, 32768, 10), (8, 128)),  # 32,768 bits between the layers: rounds of 256 rows (1 MiB of bits)
+]
+
+
+@pytest.mark.parametrize("last", ["bits", "f32"])
+@pytest.mark.parametrize("m,widths,tile", CHAIN_CASES)
+def test_bmm_chain_every_tier_is_bmm_layer_after_layer(isa, m, widths, tile, last):
+    """The chain's one call gives bit for bit what its layers' bmm calls give, its thresholds at the dot
+    products' ties and beyond their range, any nonzero flip byte set."""
+    rng = np.random.default_rng(m * 31 + len(widths) + (last == "f32"))
+    layers = []
+    for i, (k, n) in enumerate(zip(widths[:-1], widths[1:])):
+        rows = ops.pack_bits(signs(rng, (n, k)))
+        layer = dict(b=formats.to_fsb(rows, tile), k=k, n=n, b_popcount=formats.popcount(rows))
+        if i == len(widths) - 2 and last == "f32":
+            layer.update(scale=rng.standard_normal(n).astype(np.float32), bias=rng.standard_normal(n).astype(np.float32))
+        else:
+            spread = int(np.sqrt(k)) + 1
+            threshold = np.where(rng.random(n) < 0.1, rng.choice([-k - 5, k + 5], n), rng.integers(-spread, spread + 1, n))
+            layer.update(threshold=threshold.astype(np.int32), flip=rng.choice(np.array([0, 1, 2, 255], np.uint8), n))
+        layers.append(layer)
+    x = ops.pack_bits(signs(rng, (m, widths[0])))
+    chain = jax.jit(lambda a: ops.bmm_chain(a, layers))
+    assert f"jaxbnn_bmm_chain_{last}" in chain.lower(x).as_text()
+    want = x
+    for layer in layers:
+        want = ops.bmm(want, **layer)
+    got = chain(x)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(chain(poison_row_padding(x, widths[0]))), np.asarray(want))
+
+
+def test_repeated_parallel_chains_are_identical():
+    """The chain's layers split over the pool's threads, each layer after the one before: every call the same."""
+    rng = np.random.default_rng(4)
+    layers = []
+    for k, n in ((700, 1000), (1000, 1000), (1000, 10)):
+        layer = dict(b=formats.pack_dense_weights(signs(rng, (k, n))))
+        layer.update(dict(scale=np.ones(n, np.float32), bias=np.zeros(n, np.float32)) if n == 10
+                     else dict(threshold=rng.integers(-20, 21, n).astype(np.int32), flip=rng.random(n) < 0.5))
+        layers.append(layer)
+    f = jax.jit(lambda a: ops.bmm_chain(a, layers))
+    for m in (1, 2, 9, 200):
+        a = ops.pack_bits(signs(rng, (m, 700)))
+        first = np.asarray(f(a))
+        for _ in range(20):
+            np.testing.assert_array_equal(np.asarray(f(a)), first)
+
+
 # --- the handlers' own validation -------------------------------------------------------------------
 
 
@@ -319,6 +377,43 @@ def test_bmm_handler_refuses_bad_results_and_epilogue_operands():
         bmm_call("jaxbnn_bmm_bits", ((4, 1), jnp.uint32), (jnp.zeros(10, jnp.float32), flip))
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bmm_bits: result has shape \(4, 10\)"):
         bmm_call("jaxbnn_bmm_bits", ((4, 10), jnp.uint32), (threshold, flip))
+
+
+def chain_call(operands, ks=(64, 40), ns=(40, 10), out=((5, 10), jnp.float32), target="jaxbnn_bmm_chain_f32"):
+    return ffi(target, *out, *operands, ks=np.array(ks, I64), ns=np.array(ns, I64))
+
+
+def test_bmm_chain_handler_refuses_inconsistent_calls():
+    rng = np.random.default_rng(3)
+    w1, w2 = (formats.pack_dense_weights(signs(rng, kn)) for kn in ((64, 40), (40, 10)))
+    x = u32(5, 2)
+    t40, f40 = jnp.zeros(40, jnp.int32), jnp.zeros(40, jnp.uint8)
+    s10, b10 = jnp.ones(10, jnp.float32), jnp.zeros(10, jnp.float32)
+    good = [x, w1.bits, w1.popcount, t40, f40, w2.bits, w2.popcount, s10, b10]
+    assert chain_call(good).shape == (5, 10)
+    assert chain_call([u32(0, 2)] + good[1:], out=((0, 10), jnp.float32)).shape == (0, 10)
+    # nine 1024-wide layers: more and wider than the CUDA kernel takes, one call here
+    wide = [u32(5, 32)] + [u32(128, 8, 8, 4), jnp.zeros(1024, jnp.int32), t40[:1].repeat(1024), f40[:1].repeat(1024)] * 9
+    assert chain_call(wide, ks=(1024,) * 9, ns=(1024,) * 9, out=((5, 32), jnp.uint32),
+                      target="jaxbnn_bmm_chain_bits").shape == (5, 32)
+    for change, message in [
+            (dict(operands=good[:-1]), "takes four operands a layer .* got 7 for 2 layers"),
+            (dict(operands=good, ns=(40,)), "takes at least one layer, each with its k and n; got 2 k and 1 n"),
+            (dict(operands=good, ks=(64, 41)), "layer 1 reduces over k=41 bits, but the layer before writes n=40"),
+            (dict(operands=good, ks=(0, 40)), r"layer 0 has k=0, n=40; k must lie in \[1, "),
+            (dict(operands=[u32(5, 3)] + good[1:]), r"operand `a` has shape \(5, 3\) but layer 0's k = 64 requires"),
+            (dict(operands=[x.astype(jnp.int32)] + good[1:]), r"operand `a` must be uint32 of rank 2"),
+            (dict(operands=good[:1] + [w1.bits[:, :, :4]] + good[2:]), r"operand `w` of layer 0 has shape \(5, 1, 4, 4\)"),
+            (dict(operands=good[:2] + [w1.popcount[:-1]] + good[3:]), r"operand `popc` of layer 0 has shape \(39,\)"),
+            (dict(operands=good[:3] + [t40[:-1]] + good[4:]), r"operand `threshold` has shape \(39,\) .*layer 0's n = 40"),
+            (dict(operands=good[:3] + [t40.astype(jnp.float32)] + good[4:]), r"operand `threshold` must be int32"),
+            (dict(operands=good[:7] + [s10.astype(jnp.int32)] + good[8:]), r"operand `scale` must be float32"),
+            (dict(operands=good, out=((5, 11), jnp.float32)), r"result has shape \(5, 11\)"),
+            (dict(operands=good, out=((5, 10), jnp.int32)), r"result must be float32"),
+            (dict(operands=good, out=((5, 1), jnp.uint32), target="jaxbnn_bmm_chain_bits"),
+             r"operand `threshold` must be int32 of rank 1 \(N,\), got float32 of shape \(10,\)")]:
+        with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxbnn_bmm_chain_.*: " + message):
+            chain_call(**change)
 
 
 def test_binary_bits_handlers_take_threshold_planes_as_one_call_each():

@@ -840,16 +840,23 @@ def test_without_ternary_kernels_a_tnn_resnet_takes_three_blocks_where_it_can_an
 
 def test_dense_chains_of_the_zoo_s_tails():
     """Which runs of dense layers the forward fuses into one `ops.bmm_chain` (`runtime.dense_chains_of`): layers
-    on packed bits whose weights fit a CTA's shared memory together, never the first layer (it reads the image)
-    nor VGG-small's first dense layer (it reads a packed image, as a convolution), at most CHAIN_MAX_ROWS rows."""
-    def chains(name, rows):
-        return runtime.dense_chains_of(export_model(build_model(name, "bnn", rngs=nnx.Rngs(0))).graph["nodes"], rows)
+    on packed bits, never the first layer (it reads the image) nor VGG-small's first dense layer (it reads a
+    packed image, as a convolution); on CUDA only where their weights fit a CTA's shared memory together, at most
+    CHAIN_MAX_ROWS rows, on the CPU any run at any batch."""
+    def chains(name, rows, platform):
+        nodes = export_model(build_model(name, "bnn", rngs=nnx.Rngs(0))).graph["nodes"]
+        return runtime.dense_chains_of(nodes, rows, platform)
 
-    assert chains("cifar10-resnet14", 1024) == [(8, 10)]  # global pool, then 512-512-512-10
-    assert chains("cifar10-resnet14", runtime.CHAIN_MAX_ROWS + 1) == []
-    assert chains("mnist-mlp", 8) == []  # 1024-wide layers: 128 KiB of weights each
-    assert chains("cifar10-vgg", 8) == []
-    assert chains("imagenet-alexnet", 8) == []
+    assert chains("cifar10-resnet14", 1024, "cuda") == [(8, 10)]  # global pool, then 512-512-512-10
+    assert chains("cifar10-resnet14", runtime.CHAIN_MAX_ROWS + 1, "cuda") == []
+    assert chains("mnist-mlp", 8, "cuda") == []  # 1024-wide layers: 128 KiB of weights each
+    assert chains("cifar10-vgg", 8, "cuda") == []
+    assert chains("imagenet-alexnet", 8, "cuda") == []
+    assert chains("cifar10-resnet14", runtime.CHAIN_MAX_ROWS + 1, "cpu") == [(8, 10)]
+    assert chains("mnist-mlp", 1, "cpu") == [(1, 4)]  # the image layer, then 1024-1024-1024-10
+    assert chains("cifar10-vgg", 8, "cpu") == [(7, 9)]
+    assert chains("imagenet-alexnet", 8, "cpu") == [(6, 8)]
+    assert chains("mnist-conv", 8, "cpu") == []  # a convolution's bits, then the classifier alone
 
 
 @pytest.mark.parametrize("name", ["mnist-mlp", "cifar10-resnet14"])

@@ -146,6 +146,60 @@ void RunBmm(const BmmProblem& problem, const uint32_t* a, const uint32_t* b_tile
           GemmShape{problem.m, 1, problem.n, chunks, chunks * kChunkWords * 4}, epilogue, out, pool);
 }
 
+void RunBmmChain(const std::vector<ChainLayer>& layers, const uint32_t* a, void* out, ffi::ThreadPool* pool) {
+  const int64_t count = static_cast<int64_t>(layers.size());
+  const int64_t m = layers[0].problem.m;
+  if (m == 0) return;
+  struct Weights {
+    std::vector<uint32_t> mask, tile_storage;
+    const uint32_t* tiles;
+    int64_t chunks;
+  };
+  std::vector<Weights> weights(count);
+  int64_t work = 0, widest_words = 0;  // widest_words: the widest bits between two layers
+  for (int64_t l = 0; l < count; ++l) {
+    const BmmProblem& p = layers[l].problem;
+    Weights& w = weights[l];
+    w.chunks = CeilDiv(p.k_words, kChunkWords);
+    w.mask = WeightMask(w.chunks, 1, p.k_words, p.k);
+    w.tiles = KernelTiles(layers[l].b_tiles, 0, p.n, p.k_words, p.tile_rows, p.tile_words, p.k_tiles, w.tile_storage);
+    work += GemmWork(GemmShape{m, 1, p.n, w.chunks, 0});
+    if (l + 1 < count) widest_words = std::max(widest_words, formats::WordsForBits(p.n));
+  }
+  const int64_t round_rows =
+      widest_words == 0 ? m : std::min(m, std::max(kPanelRows, kChainRoundBytes / (4 * widest_words)));
+  std::vector<uint32_t> between[2];
+  if (count > 1) {
+    for (auto& buffer : between) buffer.resize(round_rows * widest_words);
+  }
+  const int64_t threads = PoolThreads(pool);
+  const bool parallel = threads > 1 && work >= kMinParallelWork;
+  const PanelDotsFn panel_dots = PanelDotsFor(ActiveIsa());
+  const BmmProblem& last = layers[count - 1].problem;
+  const int64_t out_row_bytes =
+      layers[count - 1].epilogue.kind == Epilogue::kThreshold ? 4 * formats::WordsForBits(last.n) : 4 * last.n;
+  // step r * count + l: layer l of the rows of round r, reading the layer before's bits (a buffer alternately)
+  std::vector<GemmTasks<BmmRows, BinaryKernel>> steps;
+  std::vector<int64_t> tasks;
+  for (int64_t first = 0; first < m; first += round_rows) {
+    const int64_t rows = std::min(round_rows, m - first);
+    for (int64_t l = 0; l < count; ++l) {
+      const BmmProblem& p = layers[l].problem;
+      const Weights& w = weights[l];
+      const uint32_t* input = l == 0 ? a + first * p.k_words : between[(l - 1) % 2].data();
+      void* output = l + 1 == count ? static_cast<char*>(out) + first * out_row_bytes
+                                    : static_cast<void*>(between[l % 2].data());
+      steps.emplace_back(BmmRows{input, p.k_words, w.chunks, static_cast<int32_t>(p.k),
+                                 w.mask.empty() ? nullptr : w.mask.data()},
+                         BinaryKernel{panel_dots, w.tiles, w.chunks},
+                         GemmShape{rows, 1, p.n, w.chunks, w.chunks * kChunkWords * 4}, layers[l].epilogue, output,
+                         threads, parallel);
+      tasks.push_back(steps.back().count());
+    }
+  }
+  ParallelForSteps(pool, tasks, parallel, [&steps](int64_t step, int64_t task) { steps[step](task); });
+}
+
 void RunBconv2d(const Bconv2dProblem& problem, const uint32_t* x, const uint32_t* w_tiles,
                 const int32_t* w_tap_popcount, const EpilogueData& epilogue, void* out, ffi::ThreadPool* pool) {
   const int64_t chunks = CeilDiv(problem.k_words, kChunkWords);

@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "common/checks.h"
 #include "common/ternary_checks.h"
@@ -69,6 +70,87 @@ ffi::Error BmmBits(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi
                    ffi::AnyBuffer threshold, ffi::AnyBuffer flip, int64_t k, int64_t n,
                    ffi::Result<ffi::AnyBuffer> out) {
   return Bmm("jaxbnn_bmm_bits", Epilogue::kThreshold, pool, a, b, b_popcount, {&threshold, &flip}, k, n, *out);
+}
+
+// A chain of dense binary layers in one call (ops.bmm_chain): x (M, ceil(k_0 / 32)), then per layer its FSB
+// weights, the popcounts of its rows (n,) and its epilogue's two operands: threshold (n,) int32 and flip (n,)
+// uint8, or for the last layer of the _f32 target scale and bias (n,) float32. ks, ns: each layer's k and n.
+// Unlike the CUDA kernel's, any number of layers of any widths.
+ffi::Error BmmChain(std::string_view target, bool affine, ffi::ThreadPool pool, ffi::AnyBuffer x,
+                    ffi::RemainingArgs operands, ffi::Span<const int64_t> ks, ffi::Span<const int64_t> ns,
+                    ffi::AnyBuffer out) {
+  using namespace checks;
+  const int64_t count = static_cast<int64_t>(ks.size());
+  if (count < 1 || ns.size() != ks.size()) {
+    return Invalid(target, Concat("takes at least one layer, each with its k and n; got ", ks.size(), " k and ",
+                                  ns.size(), " n"));
+  }
+  if (static_cast<int64_t>(operands.size()) != 4 * count) {
+    return Invalid(target, Concat("takes four operands a layer (weights, popcounts, two epilogue operands); got ",
+                                  operands.size(), " for ", count, " layers"));
+  }
+  for (int64_t l = 0; l < count; ++l) {
+    if (ks[l] < 1 || ks[l] > kMaxReduction || ns[l] < 1 || ns[l] > kMaxAttr) {
+      return Invalid(target, Concat("layer ", l, " has k=", ks[l], ", n=", ns[l], "; k must lie in [1, ",
+                                    kMaxReduction, "] and n in [1, ", kMaxAttr, "]"));
+    }
+    if (l > 0 && ks[l] != ns[l - 1]) {
+      return Invalid(target, Concat("layer ", l, " reduces over k=", ks[l], " bits, but the layer before writes n=",
+                                    ns[l - 1]));
+    }
+  }
+  if (auto e = CheckDtypeRank(target, "operand `a`", x, ffi::DataType::U32, 2, "(M, ceil(k_0/32))"); e.failure()) {
+    return e;
+  }
+  const int64_t m = x.dimensions()[0];
+  const std::string why_a = Concat("layer 0's k = ", ks[0]);
+  if (auto e = CheckShape(target, "operand `a`", x, {m, formats::WordsForBits(ks[0])}, why_a.c_str()); e.failure()) {
+    return e;
+  }
+  std::vector<ffi::AnyBuffer> buffers;
+  for (int64_t i = 0; i < 4 * count; ++i) {
+    auto buffer = operands.get<ffi::AnyBuffer>(i);
+    if (!buffer.has_value()) return Invalid(target, Concat("operand ", i + 1, " is not an array"));
+    buffers.push_back(*buffer);
+  }
+  std::vector<ChainLayer> layers;
+  for (int64_t l = 0; l < count; ++l) {
+    const int64_t k = ks[l], n = ns[l];
+    const ffi::AnyBuffer& w = buffers[4 * l];
+    const ffi::AnyBuffer& popcount = buffers[4 * l + 1];
+    const std::string weights = Concat("operand `w` of layer ", l), popcounts = Concat("operand `popc` of layer ", l);
+    const std::string columns = Concat("layer ", l, "'s n");
+    if (auto e = CheckDtypeRank(target, weights.c_str(), w, ffi::DataType::U32, 4, "(NT, KT, BH, BW/32) of FSB tiles");
+        e.failure()) {
+      return e;
+    }
+    if (auto e = CheckFsbGeometry(target, weights.c_str(), w, n, k, columns.c_str()); e.failure()) return e;
+    if (auto e = CheckDtypeRank(target, popcounts.c_str(), popcount, ffi::DataType::S32, 1, "(N,)"); e.failure()) {
+      return e;
+    }
+    const std::string why_n = Concat(columns, " = ", n);
+    if (auto e = CheckShape(target, popcounts.c_str(), popcount, {n}, why_n.c_str()); e.failure()) return e;
+    const Epilogue kind = affine && l + 1 == count ? Epilogue::kAffine : Epilogue::kThreshold;
+    const EpilogueOperands epilogue{&buffers[4 * l + 2], &buffers[4 * l + 3]};
+    if (auto e = CheckEpilogueOperands(target, kind, epilogue, n, columns.c_str()); e.failure()) return e;
+    const auto dims = w.dimensions();
+    layers.push_back(ChainLayer{BmmProblem{m, k, n, formats::WordsForBits(k), dims[0], dims[1], dims[2], dims[3], kind},
+                                static_cast<const uint32_t*>(w.untyped_data()), EpilogueDataOf(kind, epilogue)});
+  }
+  if (auto e = CheckResult(target, layers.back().problem.epilogue, out, {m}, ns[count - 1]); e.failure()) return e;
+  return Guarded(target, [&] {
+    RunBmmChain(layers, static_cast<const uint32_t*>(x.untyped_data()), out.untyped_data(), &pool);
+  });
+}
+
+ffi::Error BmmChainF32(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::RemainingArgs operands,
+                       ffi::Span<const int64_t> ks, ffi::Span<const int64_t> ns, ffi::Result<ffi::AnyBuffer> out) {
+  return BmmChain("jaxbnn_bmm_chain_f32", true, pool, x, operands, ks, ns, *out);
+}
+
+ffi::Error BmmChainBits(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::RemainingArgs operands,
+                        ffi::Span<const int64_t> ks, ffi::Span<const int64_t> ns, ffi::Result<ffi::AnyBuffer> out) {
+  return BmmChain("jaxbnn_bmm_chain_bits", false, pool, x, operands, ks, ns, *out);
 }
 
 ffi::Error Bconv2d(std::string_view target, Epilogue kind, ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
@@ -583,6 +665,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBmmBits, jaxbnn::cpu::BmmBits,
                                   .Arg<AnyBuffer>()  // flip
                                   .Attr<int64_t>("k")
                                   .Attr<int64_t>("n")
+                                  .Ret<AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBmmChainF32, jaxbnn::cpu::BmmChainF32,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<AnyBuffer>()  // a
+                                  .RemainingArgs()   // four a layer
+                                  .Attr<ffi::Span<const int64_t>>("ks")
+                                  .Attr<ffi::Span<const int64_t>>("ns")
+                                  .Ret<AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBmmChainBits, jaxbnn::cpu::BmmChainBits,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<AnyBuffer>()  // a
+                                  .RemainingArgs()   // four a layer
+                                  .Attr<ffi::Span<const int64_t>>("ks")
+                                  .Attr<ffi::Span<const int64_t>>("ns")
                                   .Ret<AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dI32, jaxbnn::cpu::Bconv2dI32,

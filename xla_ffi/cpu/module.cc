@@ -26,6 +26,8 @@ nb::dict Registrations() {
   targets["jaxbnn_bmm_i32"] = HandlerCapsule(JaxbnnCpuBmmI32);
   targets["jaxbnn_bmm_f32"] = HandlerCapsule(JaxbnnCpuBmmF32);
   targets["jaxbnn_bmm_bits"] = HandlerCapsule(JaxbnnCpuBmmBits);
+  targets["jaxbnn_bmm_chain_f32"] = HandlerCapsule(JaxbnnCpuBmmChainF32);
+  targets["jaxbnn_bmm_chain_bits"] = HandlerCapsule(JaxbnnCpuBmmChainBits);
   targets["jaxbnn_bconv2d_i32"] = HandlerCapsule(JaxbnnCpuBconv2dI32);
   targets["jaxbnn_bconv2d_f32"] = HandlerCapsule(JaxbnnCpuBconv2dF32);
   targets["jaxbnn_bconv2d_bits"] = HandlerCapsule(JaxbnnCpuBconv2dBits);
