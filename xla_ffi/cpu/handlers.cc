@@ -143,6 +143,17 @@ ffi::Error BmmChain(std::string_view target, bool affine, ffi::ThreadPool pool, 
   });
 }
 
+// The binding of both chain targets: a, four operands a layer, the layers' k and n.
+auto BindBmmChain() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<ffi::AnyBuffer>()  // a
+      .RemainingArgs()        // four a layer
+      .Attr<ffi::Span<const int64_t>>("ks")
+      .Attr<ffi::Span<const int64_t>>("ns")
+      .Ret<ffi::AnyBuffer>();
+}
+
 ffi::Error BmmChainF32(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::RemainingArgs operands,
                        ffi::Span<const int64_t> ks, ffi::Span<const int64_t> ns, ffi::Result<ffi::AnyBuffer> out) {
   return BmmChain("jaxbnn_bmm_chain_f32", true, pool, x, operands, ks, ns, *out);
@@ -667,23 +678,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBmmBits, jaxbnn::cpu::BmmBits,
                                   .Attr<int64_t>("n")
                                   .Ret<AnyBuffer>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBmmChainF32, jaxbnn::cpu::BmmChainF32,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<AnyBuffer>()  // a
-                                  .RemainingArgs()   // four a layer
-                                  .Attr<ffi::Span<const int64_t>>("ks")
-                                  .Attr<ffi::Span<const int64_t>>("ns")
-                                  .Ret<AnyBuffer>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBmmChainBits, jaxbnn::cpu::BmmChainBits,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<AnyBuffer>()  // a
-                                  .RemainingArgs()   // four a layer
-                                  .Attr<ffi::Span<const int64_t>>("ks")
-                                  .Attr<ffi::Span<const int64_t>>("ns")
-                                  .Ret<AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBmmChainF32, jaxbnn::cpu::BmmChainF32, jaxbnn::cpu::BindBmmChain());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBmmChainBits, jaxbnn::cpu::BmmChainBits, jaxbnn::cpu::BindBmmChain());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbnnCpuBconv2dI32, jaxbnn::cpu::Bconv2dI32,
                               jaxbnn::cpu::BindBconv2dAttrs(ffi::Ffi::Bind()
