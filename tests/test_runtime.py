@@ -843,9 +843,12 @@ def test_dense_chains_of_the_zoo_s_tails():
     on packed bits, never the first layer (it reads the image) nor VGG-small's first dense layer (it reads a
     packed image, as a convolution); on CUDA only where their weights fit a CTA's shared memory together, at most
     CHAIN_MAX_ROWS rows, on the CPU any run at any batch."""
+    graphs = {}
+
     def chains(name, rows, platform):
-        nodes = export_model(build_model(name, "bnn", rngs=nnx.Rngs(0))).graph["nodes"]
-        return runtime.dense_chains_of(nodes, rows, platform)
+        if name not in graphs:
+            graphs[name] = export_model(build_model(name, "bnn", rngs=nnx.Rngs(0))).graph["nodes"]
+        return runtime.dense_chains_of(graphs[name], rows, platform)
 
     assert chains("cifar10-resnet14", 1024, "cuda") == [(8, 10)]  # global pool, then 512-512-512-10
     assert chains("cifar10-resnet14", runtime.CHAIN_MAX_ROWS + 1, "cuda") == []
