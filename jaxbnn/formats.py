@@ -18,6 +18,7 @@ Conventions:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -86,6 +87,23 @@ def quantize_images(images, input_range=(-1.0, 1.0)):
     x = jnp.asarray(images, jnp.float32)
     scaled = jnp.round((x - np.float32(low)) * np.float32(255.0 / (high - low)))
     return jnp.where(jnp.isnan(x), 0, jnp.clip(scaled, 0, 255)).astype(jnp.uint8)
+
+
+def _compiled_when_eager(fn=None, *, static_argnames=()):
+    """`fn` run as one compiled program when called eagerly, where each of its jnp operations would otherwise
+    compile on its own for every new shape (an export packs every layer's weights); inline when any argument is
+    traced, so that it adds no call level to the caller's program: XLA's CPU compiler (jax 0.10.2) gives wrong
+    bits for a bitcast comparison of a transposed constant three calls deep."""
+    if fn is None:
+        return functools.partial(_compiled_when_eager, static_argnames=static_argnames)
+    compiled = jax.jit(fn, static_argnames=static_argnames)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        traced = any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((args, kwargs)))
+        return (fn if traced else compiled)(*args, **kwargs)
+
+    return call
 
 
 def num_words(k: int) -> int:
@@ -166,9 +184,7 @@ def _compare(x, threshold):
     if jnp.issubdtype(x.dtype, jnp.floating):
         # in x's dtype, converted on the host for a host threshold: an int64 one is rounded, never wrapped
         t = jnp.asarray(t.astype(np.dtype(x.dtype)) if xp is np else t.astype(x.dtype))
-        (kx, x_nan), (kt, t_nan) = _order_key(x), _order_key(t)
-        defined = ~(x_nan | t_nan)
-        return defined & (kx >= kt), defined & (kx <= kt)
+        return _ordered_compare(x, t)
     if not x_int or not t_int:
         return x >= t, x <= t
     if t.dtype == x.dtype:
@@ -183,6 +199,14 @@ def _compare(x, threshold):
     at_least = jnp.where(above, False, jnp.where(below, True, x >= clipped))
     at_most = jnp.where(above, True, jnp.where(below, False, x <= clipped))
     return at_least, at_most
+
+
+@_compiled_when_eager
+def _ordered_compare(x, t):
+    """(x >= t, x <= t) of floats of one dtype in IEEE order (`_order_key`); false where either is NaN."""
+    (kx, x_nan), (kt, t_nan) = _order_key(x), _order_key(t)
+    defined = ~(x_nan | t_nan)
+    return defined & (kx >= kt), defined & (kx <= kt)
 
 
 def _order_key(x):
@@ -205,7 +229,11 @@ def _order_key(x):
 
 def pack_bits(bits):
     """Pack a boolean array along its last axis into uint32 words (LSB first, zero padding bits)."""
-    bits = jnp.asarray(bits, bool)
+    return _packed_words(jnp.asarray(bits, bool))
+
+
+@_compiled_when_eager
+def _packed_words(bits):
     k = bits.shape[-1]
     words = num_words(k)
     pad = words * WORD_BITS - k
@@ -224,6 +252,11 @@ def unpack_bits(words, k: int):
         raise TypeError(f"packed bits must be uint32 words, got {words.dtype}")
     if words.shape[-1] != num_words(k):
         raise ValueError(f"{k} bits need {num_words(k)} words, the array has {words.shape[-1]}")
+    return _unpacked_bits(words, int(k))
+
+
+@_compiled_when_eager(static_argnames="k")
+def _unpacked_bits(words, k):
     shifts = jnp.arange(WORD_BITS, dtype=WORD_DTYPE)
     bits = (words[..., None] >> shifts) & 1
     # explicit sizes: a -1 cannot be resolved when a batch axis is empty
@@ -352,8 +385,7 @@ def pack_dense_weights(w, tile=FSB_TILE) -> DenseBits:
     if w.ndim != 2:
         raise ValueError(f"dense weights have shape (k, n), got {w.shape}")
     k, n = w.shape
-    rows = pack_bits(binarize(w.T))
-    return DenseBits(to_fsb(rows, tile), popcount(rows), k=k, n=n)
+    return DenseBits(*_packed_dense_arrays(w, _check_tile(tile), ternary=False), k=k, n=n)
 
 
 def pack_conv_weights(w, tile=FSB_TILE) -> ConvBits:
@@ -362,10 +394,26 @@ def pack_conv_weights(w, tile=FSB_TILE) -> ConvBits:
     if w.ndim != 4:
         raise ValueError(f"convolution kernels have shape (kh, kw, c, o), got {w.shape}")
     kh, kw, c, o = w.shape
+    return ConvBits(*_packed_conv_arrays(w, _check_tile(tile), ternary=False), kernel_size=(kh, kw),
+                    in_channels=c, out_channels=o)
+
+
+@_compiled_when_eager(static_argnames=("tile", "ternary"))
+def _packed_dense_arrays(w, tile, ternary):
+    """(FSB tiles, popcount) of `DenseBits`, of the ±1 weights of `ternary_weight_signs(w)` where `ternary`."""
+    rows = pack_bits(binarize((ternary_weight_signs(w) if ternary else w).T))
+    return to_fsb(rows, tile), popcount(rows)
+
+
+@_compiled_when_eager(static_argnames=("tile", "ternary"))
+def _packed_conv_arrays(w, tile, ternary):
+    """(FSB tiles, tap popcounts) of `ConvBits`, of `ternary_weight_signs(w)` where `ternary`."""
+    if ternary:
+        w = ternary_weight_signs(w)
+    kh, kw, _, o = w.shape
     taps = pack_bits(binarize(jnp.transpose(w, (3, 0, 1, 2))))  # (o, kh, kw, cw)
     tap_popcount = popcount(taps).reshape(o, kh * kw).T
-    matrix = taps.reshape(o, kh * kw * taps.shape[-1])
-    return ConvBits(to_fsb(matrix, tile), tap_popcount, kernel_size=(kh, kw), in_channels=c, out_channels=o)
+    return to_fsb(taps.reshape(o, kh * kw * taps.shape[-1]), tile), tap_popcount
 
 
 @jax.tree_util.register_dataclass
@@ -406,8 +454,7 @@ def pack_ternary_dense_weights(w, tile=FSB_TILE) -> TernaryDenseBits:
     w = jnp.asarray(w)
     if w.ndim != 2:
         raise ValueError(f"dense weights have shape (k, n), got {w.shape}")
-    planes = pack_dense_weights(ternary_weight_signs(w), tile)
-    return TernaryDenseBits(planes.bits, planes.popcount, k=w.shape[0], n=w.shape[1])
+    return TernaryDenseBits(*_packed_dense_arrays(w, _check_tile(tile), ternary=True), k=w.shape[0], n=w.shape[1])
 
 
 def pack_ternary_conv_weights(w, tile=FSB_TILE) -> TernaryConvBits:
@@ -416,9 +463,9 @@ def pack_ternary_conv_weights(w, tile=FSB_TILE) -> TernaryConvBits:
     w = jnp.asarray(w)
     if w.ndim != 4:
         raise ValueError(f"convolution kernels have shape (kh, kw, c, o), got {w.shape}")
-    planes = pack_conv_weights(ternary_weight_signs(w), tile)
-    return TernaryConvBits(planes.bits, planes.tap_popcount, kernel_size=planes.kernel_size,
-                           in_channels=planes.in_channels, out_channels=w.shape[-1])
+    kh, kw, c, o = w.shape
+    return TernaryConvBits(*_packed_conv_arrays(w, _check_tile(tile), ternary=True), kernel_size=(kh, kw),
+                           in_channels=c, out_channels=o)
 
 
 @jax.tree_util.register_dataclass

@@ -114,8 +114,19 @@ def bconv2d(
     w_values = _weight_values(taps, kh * kw * cw * formats.WORD_BITS, ternary_weights)
     w_values = w_values.reshape(o, kh, kw, cw * formats.WORD_BITS)[..., :c]  # (o, kh, kw, c)
     # "zero": out-of-frame taps add 0 * w = 0; "one": they are -1 inputs.
-    x_values = jnp.pad(x_values, ((0, 0), *padding, (0, 0)), constant_values=-1 if pad_value == "one" else 0)
-    b, hp, wp, _ = x_values.shape
+    padding = tuple(tuple(int(v) for v in side) for side in padding)
+    dot = _tap_products(x_values, w_values, padding, -1 if pad_value == "one" else 0, (sh, sw))
+    if pool is not None:
+        dot = max_pool(dot, pool)
+    return epilogue(dot, scale, bias, threshold, flip)
+
+
+@formats._compiled_when_eager(static_argnames=("padding", "pad", "stride"))
+def _tap_products(x_values, w_values, padding, pad, stride):
+    """int32 (B, OH, OW, O): the tap-by-tap sum of products of padded NHWC values and (O, KH, KW, C) weights."""
+    x_values = jnp.pad(x_values, ((0, 0), *padding, (0, 0)), constant_values=pad)
+    o, kh, kw, c = w_values.shape
+    (sh, sw), (b, hp, wp, _) = stride, x_values.shape
     oh, ow = (hp - kh) // sh + 1, (wp - kw) // sw + 1
     dot = jnp.zeros((b, oh, ow, o), jnp.int32)
     for i in range(kh):
@@ -124,9 +135,7 @@ def bconv2d(
                                    (1, sh, sw, 1))  # fmt: skip
             dot = dot + jax.lax.dot_general(window, w_values[:, i, j, :], (((3,), (1,)), ((), ())),
                                             preferred_element_type=jnp.int32)  # fmt: skip
-    if pool is not None:
-        dot = max_pool(dot, pool)
-    return epilogue(dot, scale, bias, threshold, flip)
+    return dot
 
 
 def residual_epilogue(dot, shortcut, *, stride, shift, threshold=None, flip=None):

@@ -168,6 +168,33 @@ def test_conv_weights_layout_and_tap_popcounts():
     np.testing.assert_array_equal(packed.tap_popcount, expected)
 
 
+@pytest.mark.parametrize("packer, shape", [
+    (formats.pack_dense_weights, (300, 20)), (formats.pack_conv_weights, (3, 2, 40, 5)),
+    (formats.pack_ternary_dense_weights, (70, 9)), (formats.pack_ternary_conv_weights, (3, 3, 33, 4)),
+])  # fmt: skip
+def test_packers_give_the_same_arrays_eagerly_and_in_nested_programs(packer, shape):
+    """Eagerly a packer runs as one compiled program; under a trace it adds no call level of its own: XLA's CPU
+    compiler got a bitcast comparison of a transposed constant wrong three calls deep, which a program packing a
+    constant inside its own nested function would have reached."""
+    w = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    w[0] = 0.0  # ties: sign(0) = +1, and 0 for ternary weights
+    want = jax.tree.leaves(packer(w))
+    inner = jax.jit(lambda w: packer(w))
+    for got in (jax.jit(lambda: packer(w))(), jax.jit(lambda: inner(jnp.asarray(w)))(),
+                jax.jit(lambda: jax.jit(lambda: inner(jnp.asarray(w)))())()):
+        jax.tree.map(np.testing.assert_array_equal, jax.tree.leaves(got), want)
+
+
+def test_packed_bits_the_same_eagerly_and_in_nested_programs():
+    x = np.random.default_rng(6).standard_normal((37, 45)).astype(np.float32)
+    want_bits = formats.pack_bits(formats.binarize(jnp.asarray(x).T))
+    inner = jax.jit(lambda x: formats.pack_bits(formats.binarize(x.T)))
+    np.testing.assert_array_equal(want_bits, formats.pack_bits((x >= 0).T))
+    np.testing.assert_array_equal(jax.jit(lambda: inner(jnp.asarray(x)))(), want_bits)
+    np.testing.assert_array_equal(formats.unpack_bits(want_bits, 37), (x >= 0).T)
+    np.testing.assert_array_equal(jax.jit(lambda w: formats.unpack_bits(w, 37))(want_bits), (x >= 0).T)
+
+
 # --- images: uint8 pixels, their int8 levels, float images quantized to pixels -----------------------------
 
 
