@@ -92,8 +92,8 @@ def quantize_images(images, input_range=(-1.0, 1.0)):
 def _compiled_when_eager(fn=None, *, static_argnames=()):
     """`fn` run as one compiled program when called eagerly, where each of its jnp operations would otherwise
     compile on its own for every new shape (an export packs every layer's weights); inline when any argument is
-    traced, so that it adds no call level to the caller's program: XLA's CPU compiler (jax 0.10.2) gives wrong
-    bits for a bitcast comparison of a transposed constant three calls deep."""
+    traced, so that it adds no call level to the caller's program: XLA (jax 0.10.2 and 0.11.2, CPU and CUDA)
+    gives wrong bits for a bitcast comparison of a transposed constant three calls deep."""
     if fn is None:
         return functools.partial(_compiled_when_eager, static_argnames=static_argnames)
     compiled = jax.jit(fn, static_argnames=static_argnames)

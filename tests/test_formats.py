@@ -173,8 +173,8 @@ def test_conv_weights_layout_and_tap_popcounts():
     (formats.pack_ternary_dense_weights, (70, 9)), (formats.pack_ternary_conv_weights, (3, 3, 33, 4)),
 ])  # fmt: skip
 def test_packers_give_the_same_arrays_eagerly_and_in_nested_programs(packer, shape):
-    """Eagerly a packer runs as one compiled program; under a trace it adds no call level of its own: XLA's CPU
-    compiler got a bitcast comparison of a transposed constant wrong three calls deep, which a program packing a
+    """Eagerly a packer runs as one compiled program; under a trace it adds no call level of its own: XLA (CPU and
+    CUDA) gets a bitcast comparison of a transposed constant wrong three calls deep, which a program packing a
     constant inside its own nested function would have reached."""
     w = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
     w[0] = 0.0  # ties: sign(0) = +1, and 0 for ternary weights
