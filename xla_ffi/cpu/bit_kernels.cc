@@ -28,6 +28,36 @@ struct BinaryKernel {
   }
 };
 
+// The lane kernel of the active tier over the lane tiles of every output column (short reductions).
+struct LaneKernel {
+  LaneDotsFn lane_dots;
+  const uint32_t* lanes;
+  int64_t k_words;
+
+  void operator()(const PackedPanel& panel, int64_t col_begin, int64_t tiles_count, int32_t* dots,
+                  int64_t stride) const {
+    lane_dots(panel, lanes + (col_begin / kTileRows) * k_words * kTileRows, k_words, tiles_count, dots, stride);
+  }
+};
+
+// A product of n output columns on the active tier's lane kernel where its reduction of k_words words is short
+// enough and the tier has one, else on its panel kernel; tiles: the kernels' tiles (KernelTiles).
+template <class Rows>
+void RunBinaryGemm(const Rows& rows, const uint32_t* tiles, int64_t n, int64_t k_words,
+                   const std::vector<uint32_t>& weight_mask, const GemmShape& shape, const EpilogueData& epilogue,
+                   void* out, ffi::ThreadPool* pool) {
+  const Isa isa = ActiveIsa();
+  const LaneDotsFn lane_dots = LaneDotsFor(isa);
+  if (lane_dots != nullptr && k_words <= kLaneMaxWords) {
+    std::vector<uint32_t> storage;
+    const uint32_t* lanes =
+        LaneTiles(tiles, n, k_words, weight_mask.empty() ? nullptr : weight_mask.data(), storage);
+    RunGemm(rows, LaneKernel{lane_dots, lanes, k_words}, shape, epilogue, out, pool);
+    return;
+  }
+  RunGemm(rows, BinaryKernel{PanelDotsFor(isa), tiles, shape.chunks}, shape, epilogue, out, pool);
+}
+
 // Rows of `a`, packed with their padding bits cleared.
 struct BmmRows {
   const uint32_t* a;
@@ -142,8 +172,8 @@ void RunBmm(const BmmProblem& problem, const uint32_t* a, const uint32_t* b_tile
                                       problem.tile_words, problem.k_tiles, tile_storage);
   BmmRows rows{a, problem.k_words, chunks, static_cast<int32_t>(problem.k),
                weight_mask.empty() ? nullptr : weight_mask.data()};
-  RunGemm(rows, BinaryKernel{PanelDotsFor(ActiveIsa()), tiles, chunks},
-          GemmShape{problem.m, 1, problem.n, chunks, chunks * kChunkWords * 4}, epilogue, out, pool);
+  RunBinaryGemm(rows, tiles, problem.n, problem.k_words, weight_mask,
+                GemmShape{problem.m, 1, problem.n, chunks, chunks * kChunkWords * 4}, epilogue, out, pool);
 }
 
 void RunBmmChain(const std::vector<ChainLayer>& layers, const uint32_t* a, void* out, ffi::ThreadPool* pool) {
@@ -211,9 +241,9 @@ void RunBconv2d(const Bconv2dProblem& problem, const uint32_t* x, const uint32_t
   ConvRows rows{ConvWindows{problem}, x, w_tap_popcount, chunks, weight_mask.empty() ? nullptr : weight_mask.data(),
                 AddRowsFor(ActiveIsa(), 2)};
   const int64_t outputs = problem.batch * problem.out_h * problem.out_w;
-  RunGemm(rows, BinaryKernel{PanelDotsFor(ActiveIsa()), tiles, chunks},
-          GemmShape{outputs, problem.pool_h * problem.pool_w, problem.o, chunks, chunks * kChunkWords * 4}, epilogue,
-          out, pool);
+  RunBinaryGemm(rows, tiles, problem.o, problem.k_words, weight_mask,
+                GemmShape{outputs, problem.pool_h * problem.pool_w, problem.o, chunks, chunks * kChunkWords * 4},
+                epilogue, out, pool);
 }
 
 }  // namespace jaxbnn::cpu

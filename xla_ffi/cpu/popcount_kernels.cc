@@ -186,6 +186,59 @@ JAXBNN_TARGET_AVX2 void PanelAvx2(const PackedPanel& panel, const uint32_t* tile
   }
 }
 
+// AVX2 lane kernel: one panel row against kTiles tile rows at once, each panel word broadcast to the 8 columns'
+// words of a tile row; bytes counted (ByteCountsAvx2) and summed in byte lanes over the whole reduction (at most
+// kLaneMaxWords words: 31 * 8 = 248 cannot wrap), then each column's 4 bytes into its 32-bit lane (vpmaddubsw,
+// vpmaddwd with ones), already in column order. On a 3 x 3 reduction at C = 32 (9 words) the chunked panel kernel
+// computes 12 words, the last chunk's padding, and regroups its columns for every tile row (decisions.md).
+static_assert(kLaneMaxWords * 8 <= 255, "byte lanes must not wrap");
+
+template <int kTiles>
+JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneTilesAvx2(const uint32_t* x, const uint32_t* lanes,
+                                                                             int64_t k_words, int32_t k_valid,
+                                                                             int32_t* dots) {
+  __m256i bytes[kTiles];
+#pragma GCC unroll 4
+  for (int u = 0; u < kTiles; ++u) bytes[u] = _mm256_setzero_si256();
+  for (int64_t k = 0; k < k_words; ++k) {
+    const __m256i xk = _mm256_set1_epi32(static_cast<int>(x[(k / kChunkWords) * kGroupChunkWords + k % kChunkWords]));
+#pragma GCC unroll 4
+    for (int u = 0; u < kTiles; ++u) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + (u * k_words + k) * kTileRows));
+      bytes[u] = _mm256_add_epi8(bytes[u], ByteCountsAvx2(_mm256_xor_si256(xk, w)));
+    }
+  }
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+#pragma GCC unroll 4
+  for (int u = 0; u < kTiles; ++u) {
+    const __m256i popcounts = _mm256_madd_epi16(_mm256_maddubs_epi16(bytes[u], ones8), ones16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dots + u * kTileRows),
+                        _mm256_sub_epi32(_mm256_set1_epi32(k_valid), _mm256_slli_epi32(popcounts, 1)));
+  }
+}
+
+// Four tile rows a step: a panel word's broadcast serves 32 columns.
+JAXBNN_TARGET_AVX2 void LaneAvx2(const PackedPanel& panel, const uint32_t* lane_tiles, int64_t k_words, int64_t tiles,
+                                 int32_t* dots, int64_t stride) {
+  const int64_t tile_words = k_words * kTileRows;
+  for (int64_t r = 0; r < panel.rows; ++r) {
+    const uint32_t* x = PanelRow(panel, r);
+    const int32_t k_valid = panel.k_valid[r];
+    int32_t* row_dots = dots + r * stride;
+    int64_t t = 0;
+    for (; t + 4 <= tiles; t += 4) {
+      LaneTilesAvx2<4>(x, lane_tiles + t * tile_words, k_words, k_valid, row_dots + t * kTileRows);
+    }
+    const uint32_t* lanes = lane_tiles + t * tile_words;
+    switch (tiles - t) {
+      case 3: LaneTilesAvx2<3>(x, lanes, k_words, k_valid, row_dots + t * kTileRows); break;
+      case 2: LaneTilesAvx2<2>(x, lanes, k_words, k_valid, row_dots + t * kTileRows); break;
+      case 1: LaneTilesAvx2<1>(x, lanes, k_words, k_valid, row_dots + t * kTileRows); break;
+      default: break;
+    }
+  }
+}
+
 // GCC 12 reports its own _mm512_undefined_* placeholders (inside the narrowing intrinsics) as maybe
 // uninitialized; they are do-not-care lanes by design.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -602,6 +655,13 @@ PanelDotsFn PanelDotsFor(Isa isa) {
 #endif
     default: return PanelGeneric;
   }
+}
+
+LaneDotsFn LaneDotsFor(Isa isa) {
+#ifdef JAXBNN_X86
+  if (isa == Isa::kAvx2) return LaneAvx2;
+#endif
+  return nullptr;
 }
 
 }  // namespace jaxbnn::cpu

@@ -34,6 +34,17 @@ struct PackedPanel {
 using PanelDotsFn = void (*)(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* dots,
                              int64_t stride);
 
+// Lane kernels, for short reductions: the weights of a tile row as (k_words, 8) words, word k of its 8 columns
+// side by side, every bit outside the reduction 0 (gemm_driver.h, LaneTiles); each panel word is broadcast
+// against them. For every panel row r < rows, tile row t < tiles and row i < 8:
+//   dots[r * stride + t * 8 + i] = k_valid[r] - 2 * sum over words k of popc(x[r, k] XOR lanes[t, k, i])
+// where tile row t is the (k_words, 8) words at lane_tiles + t * k_words * 8.
+using LaneDotsFn = void (*)(const PackedPanel& panel, const uint32_t* lane_tiles, int64_t k_words, int64_t tiles,
+                            int32_t* dots, int64_t stride);
+
+// Reductions of at most this many words run on the active tier's lane kernel where it has one.
+inline constexpr int64_t kLaneMaxWords = 31;
+
 // Columns of a strip: the dot products of a panel for this many columns at most, small enough to stay in L1
 // until the epilogue reads them; a multiple of 32, so that a strip owns its packed output words.
 inline constexpr int64_t kStripCols = 128;
@@ -67,6 +78,8 @@ Isa ActiveIsa();
 // Returns false (and changes nothing) when `name` is not a supported tier.
 bool ForceIsa(const std::string& name);
 PanelDotsFn PanelDotsFor(Isa isa);
+// Null where the tier has no lane kernel: its panel kernel is as fast on short reductions.
+LaneDotsFn LaneDotsFor(Isa isa);
 FinishStripFn FinishStripFor(Isa isa);
 // factor: 1 or 2.
 AddRowsFn AddRowsFor(Isa isa, int factor);
