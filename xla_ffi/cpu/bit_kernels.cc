@@ -5,6 +5,7 @@
 #include "cpu/bit_kernels.h"
 
 #include <algorithm>
+#include <array>
 #include <vector>
 
 #include "common/formats.h"
@@ -28,34 +29,33 @@ struct BinaryKernel {
   }
 };
 
-// The lane kernel of the active tier over the lane tiles of every output column (short reductions).
+// The lane kernel of the active tier over the lane tiles (LaneTiles) of every output column; it pools and
+// corrects the rows itself.
 struct LaneKernel {
+  static constexpr bool kPoolsWindows = true;
   LaneDotsFn lane_dots;
   const uint32_t* lanes;
   int64_t k_words;
 
-  void operator()(const PackedPanel& panel, int64_t col_begin, int64_t tiles_count, int32_t* dots,
+  void operator()(const LaneRows& rows, int64_t col_begin, int64_t tiles_count, int32_t* dots,
                   int64_t stride) const {
-    lane_dots(panel, lanes + (col_begin / kTileRows) * k_words * kTileRows, k_words, tiles_count, dots, stride);
+    lane_dots(rows, lanes + (col_begin / kTileRows) * k_words * kTileRows, k_words, col_begin, tiles_count, dots,
+              stride);
   }
 };
 
-// A product of n output columns on the active tier's lane kernel where its reduction of k_words words is short
-// enough and the tier has one, else on its panel kernel; tiles: the kernels' tiles (KernelTiles).
-template <class Rows>
-void RunBinaryGemm(const Rows& rows, const uint32_t* tiles, int64_t n, int64_t k_words,
-                   const std::vector<uint32_t>& weight_mask, const GemmShape& shape, const EpilogueData& epilogue,
-                   void* out, ffi::ThreadPool* pool) {
-  const Isa isa = ActiveIsa();
-  const LaneDotsFn lane_dots = LaneDotsFor(isa);
-  if (lane_dots != nullptr && k_words <= kLaneMaxWords) {
-    std::vector<uint32_t> storage;
-    const uint32_t* lanes =
-        LaneTiles(tiles, n, k_words, weight_mask.empty() ? nullptr : weight_mask.data(), storage);
-    RunGemm(rows, LaneKernel{lane_dots, lanes, k_words}, shape, epilogue, out, pool);
-    return;
-  }
-  RunGemm(rows, BinaryKernel{PanelDotsFor(isa), tiles, shape.chunks}, shape, epilogue, out, pool);
+// The active tier's lane kernel where it has one and a reduction of k_words words is short enough for it, else null
+// (the panel kernel).
+LaneDotsFn LaneDotsForWords(int64_t k_words) { return k_words <= kLaneMaxWords ? LaneDotsFor(ActiveIsa()) : nullptr; }
+
+// Offsets 0, 1, ..., kLaneMaxWords - 1: the words of a row that lie side by side.
+const int64_t* ContiguousOffsets() {
+  static const std::array<int64_t, kLaneMaxWords> offsets = [] {
+    std::array<int64_t, kLaneMaxWords> words{};
+    for (int64_t i = 0; i < kLaneMaxWords; ++i) words[i] = i;
+    return words;
+  }();
+  return offsets.data();
 }
 
 // Rows of `a`, packed with their padding bits cleared.
@@ -80,6 +80,68 @@ struct BmmRows {
 
   void AddExcludedTaps(const Scratch&, int64_t, int64_t, int64_t, int32_t*) const {}  // bmm excludes nothing
 };
+
+// Rows of `a` for the lane kernel: read where they lie when their words hold no padding bits, else copied with
+// the padding bits of the last word cleared.
+struct BmmLaneRows {
+  const uint32_t* a;
+  int64_t k_words;
+  int32_t k;
+
+  LaneRows Fill(int64_t first, int64_t count, Scratch& scratch) const {
+    int32_t* k_valid = Grow(scratch.row_term, count);
+    const uint32_t** base = Grow(scratch.row_base, count);
+    const int64_t** offsets = Grow(scratch.row_offsets, count);
+    const uint32_t last_mask = formats::LastWordMask(k);
+    uint32_t* copies = last_mask == ~0u || k_words == 0 ? nullptr : Grow(scratch.panel, count * k_words);
+    for (int64_t r = 0; r < count; ++r) {
+      const uint32_t* row = a + (first + r) * k_words;
+      if (copies != nullptr) {
+        uint32_t* copy = copies + r * k_words;
+        std::copy(row, row + k_words, copy);
+        copy[k_words - 1] &= last_mask;
+        row = copy;
+      }
+      base[r] = row;
+      offsets[r] = ContiguousOffsets();
+      k_valid[r] = k;
+    }
+    return LaneRows{base, offsets, count, 1, k_valid, nullptr};
+  }
+};
+
+// The receptive field of a conv row whose origin is `origin` into `line` (k_words words, tap t at t * c_words):
+// out-of-frame taps 0, the padding bits of each tap's last word cleared (last_mask). Returns its taps in frame.
+int64_t GatherField(const ConvWindows& windows, const uint32_t* x, const RowOrigin& origin, uint32_t last_mask,
+                    uint32_t* line) {
+  const Bconv2dProblem& p = windows.p;
+  const int64_t run = p.kw * p.c_words;
+  int64_t in_frame = 0;
+  for (int64_t dy = 0; dy < p.kh; ++dy) {
+    const int64_t iy = origin.y0 + dy;
+    uint32_t* dst = line + dy * run;
+    if (windows.RowInFrame(origin, dy)) {
+      const uint32_t* src = x + windows.PixelOffset(origin.b, iy, origin.x0);
+      for (int64_t i = 0; i < run; ++i) dst[i] = src[i];
+      in_frame += p.kw;
+      continue;
+    }
+    for (int64_t dx = 0; dx < p.kw; ++dx, dst += p.c_words) {
+      if (windows.InFrame(iy, origin.x0 + dx)) {
+        const uint32_t* src = x + windows.PixelOffset(origin.b, iy, origin.x0 + dx);
+        for (int64_t i = 0; i < p.c_words; ++i) dst[i] = src[i];
+        ++in_frame;
+      } else {
+        // Out of frame: bits 0 (-1 inputs). With pad_value "one" they count; with "zero" the dots drop them.
+        for (int64_t i = 0; i < p.c_words; ++i) dst[i] = 0;
+      }
+    }
+  }
+  if (last_mask != ~0u) {
+    for (int64_t word = p.c_words - 1; word < p.k_words; word += p.c_words) line[word] &= last_mask;
+  }
+  return in_frame;
+}
 
 // Receptive fields of pooled output pixels, gathered from the NHWC image (ConvWindows).
 struct ConvRows {
@@ -122,30 +184,7 @@ struct ConvRows {
         excluded[r] = 0;
         continue;
       }
-      int64_t in_frame = 0;
-      for (int64_t dy = 0; dy < p.kh; ++dy) {
-        const int64_t iy = y0 + dy;
-        uint32_t* dst = line + dy * run;
-        if (windows.RowInFrame(origins[r], dy)) {
-          const uint32_t* src = x + windows.PixelOffset(b, iy, x0);
-          for (int64_t i = 0; i < run; ++i) dst[i] = src[i];
-          in_frame += p.kw;
-          continue;
-        }
-        for (int64_t dx = 0; dx < p.kw; ++dx, dst += p.c_words) {
-          if (windows.InFrame(iy, x0 + dx)) {
-            const uint32_t* src = x + windows.PixelOffset(b, iy, x0 + dx);
-            for (int64_t i = 0; i < p.c_words; ++i) dst[i] = src[i];
-            ++in_frame;
-          } else {
-            // Out of frame: bits 0 (-1 inputs). With pad_value "one" they count; with "zero" the dots drop them.
-            for (int64_t i = 0; i < p.c_words; ++i) dst[i] = 0;
-          }
-        }
-      }
-      if (last_mask != ~0u) {
-        for (int64_t word = p.c_words - 1; word < p.k_words; word += p.c_words) line[word] &= last_mask;
-      }
+      const int64_t in_frame = GatherField(windows, x, origins[r], last_mask, line);
       PanelRow(panel, chunks, r).Put(line, row_words, ~0u, chunks);
       const int64_t counted = p.pad_one ? taps : in_frame;
       k_valid[r] = static_cast<int32_t>(counted * p.c);
@@ -161,6 +200,82 @@ struct ConvRows {
   }
 };
 
+// Receptive fields of pooled output pixels for the lane kernel: read straight from the NHWC image where every tap
+// is in frame and whole channel words (field_offsets), else gathered (GatherField) into scratch. A row whose
+// out-of-frame taps are excluded ("zero" padding) reads them as 0 bits, which added popc(w_t) = tap_popcount[t, c]
+// to the popcount of column c: its correction row adds 2 tap_popcount[t, c] back, one row per rectangle of taps in
+// frame, made once per task.
+struct ConvLaneRows {
+  ConvWindows windows;
+  const uint32_t* x;
+  const int32_t* tap_popcount;   // (kh * kw, o)
+  const int64_t* field_offsets;  // word k of a field in frame, from its top-left tap's first word
+
+  LaneRows Fill(int64_t first, int64_t count, Scratch& scratch) const {
+    const Bconv2dProblem& p = windows.p;
+    const int64_t rows = count * p.pool_h * p.pool_w, taps = p.kh * p.kw;
+    const uint32_t last_mask = formats::LastWordMask(p.c);
+    int32_t* k_valid = Grow(scratch.row_term, rows);
+    RowOrigin* origins = Grow(scratch.origins, rows);
+    const uint32_t** base = Grow(scratch.row_base, rows);
+    const int64_t** offsets = Grow(scratch.row_offsets, rows);
+    const int32_t** correction = Grow(scratch.row_correction, rows);
+    uint32_t* gathered = Grow(scratch.panel, rows * p.k_words);
+    windows.Origins(first, count, origins);
+    scratch.correction_keys.clear();
+    // per row: its correction row's index, or -1 (pointers once all rows are made: the rows may move as they grow)
+    std::vector<int64_t>& correction_index = scratch.correction_index;
+    correction_index.assign(rows, -1);
+    const int32_t k_all = static_cast<int32_t>(taps * p.c);
+    for (int64_t r = 0; r < rows; ++r) {
+      const RowOrigin& origin = origins[r];
+      if (last_mask == ~0u && windows.FieldInFrame(origin)) {
+        base[r] = x + windows.PixelOffset(origin.b, origin.y0, origin.x0);
+        offsets[r] = field_offsets;
+        k_valid[r] = k_all;
+        continue;
+      }
+      uint32_t* line = gathered + r * p.k_words;
+      const int64_t in_frame = GatherField(windows, x, origin, last_mask, line);
+      base[r] = line;
+      offsets[r] = ContiguousOffsets();
+      const int64_t counted = p.pad_one ? taps : in_frame;
+      k_valid[r] = static_cast<int32_t>(counted * p.c);
+      if (counted < taps) correction_index[r] = CorrectionRow(origin, scratch);
+    }
+    const int32_t* corrections = scratch.corrections.data();
+    for (int64_t r = 0; r < rows; ++r) {
+      correction[r] = correction_index[r] < 0 ? nullptr : corrections + correction_index[r] * p.o;
+    }
+    return LaneRows{base, offsets, rows, p.pool_h * p.pool_w, k_valid, correction};
+  }
+
+ private:
+  // The index of the correction row of a field at `origin` with taps out of frame, made if the task has none yet
+  // for its rectangle of taps in frame.
+  int64_t CorrectionRow(const RowOrigin& origin, Scratch& scratch) const {
+    const Bconv2dProblem& p = windows.p;
+    const int64_t key[4] = {std::clamp<int64_t>(-origin.y0, 0, p.kh), std::clamp<int64_t>(p.height - origin.y0, 0, p.kh),
+                            std::clamp<int64_t>(-origin.x0, 0, p.kw), std::clamp<int64_t>(p.width - origin.x0, 0, p.kw)};
+    std::vector<int64_t>& keys = scratch.correction_keys;
+    const int64_t known = static_cast<int64_t>(keys.size()) / 4;
+    for (int64_t i = 0; i < known; ++i) {
+      if (std::equal(key, key + 4, keys.begin() + 4 * i)) return i;
+    }
+    keys.insert(keys.end(), key, key + 4);
+    int32_t* row = Grow(scratch.corrections, (known + 1) * p.o) + known * p.o;
+    std::fill(row, row + p.o, 0);
+    for (int64_t dy = 0; dy < p.kh; ++dy) {
+      for (int64_t dx = 0; dx < p.kw; ++dx) {
+        if (dy >= key[0] && dy < key[1] && dx >= key[2] && dx < key[3]) continue;  // in frame
+        const int32_t* tap = tap_popcount + (dy * p.kw + dx) * p.o;
+        for (int64_t c = 0; c < p.o; ++c) row[c] += 2 * tap[c];
+      }
+    }
+    return known;
+  }
+};
+
 }  // namespace
 
 void RunBmm(const BmmProblem& problem, const uint32_t* a, const uint32_t* b_tiles, const EpilogueData& epilogue,
@@ -170,10 +285,17 @@ void RunBmm(const BmmProblem& problem, const uint32_t* a, const uint32_t* b_tile
   std::vector<uint32_t> tile_storage;
   const uint32_t* tiles = KernelTiles(b_tiles, 0, problem.n, problem.k_words, problem.tile_rows,
                                       problem.tile_words, problem.k_tiles, tile_storage);
-  BmmRows rows{a, problem.k_words, chunks, static_cast<int32_t>(problem.k),
-               weight_mask.empty() ? nullptr : weight_mask.data()};
-  RunBinaryGemm(rows, tiles, problem.n, problem.k_words, weight_mask,
-                GemmShape{problem.m, 1, problem.n, chunks, chunks * kChunkWords * 4}, epilogue, out, pool);
+  const GemmShape shape{problem.m, 1, problem.n, chunks, chunks * kChunkWords * 4};
+  const uint32_t* mask = weight_mask.empty() ? nullptr : weight_mask.data();
+  if (const LaneDotsFn lane_dots = LaneDotsForWords(problem.k_words)) {
+    std::vector<uint32_t> lane_storage;
+    const uint32_t* lanes = LaneTiles(tiles, problem.n, problem.k_words, mask, lane_storage);
+    RunGemm(BmmLaneRows{a, problem.k_words, static_cast<int32_t>(problem.k)},
+            LaneKernel{lane_dots, lanes, problem.k_words}, shape, epilogue, out, pool);
+    return;
+  }
+  RunGemm(BmmRows{a, problem.k_words, chunks, static_cast<int32_t>(problem.k), mask},
+          BinaryKernel{PanelDotsFor(ActiveIsa()), tiles, chunks}, shape, epilogue, out, pool);
 }
 
 void RunBmmChain(const std::vector<ChainLayer>& layers, const uint32_t* a, void* out, ffi::ThreadPool* pool) {
@@ -238,12 +360,24 @@ void RunBconv2d(const Bconv2dProblem& problem, const uint32_t* x, const uint32_t
   std::vector<uint32_t> tile_storage;
   const uint32_t* tiles = KernelTiles(w_tiles, 0, problem.o, problem.k_words, problem.tile_rows,
                                       problem.tile_words, problem.k_tiles, tile_storage);
-  ConvRows rows{ConvWindows{problem}, x, w_tap_popcount, chunks, weight_mask.empty() ? nullptr : weight_mask.data(),
-                AddRowsFor(ActiveIsa(), 2)};
   const int64_t outputs = problem.batch * problem.out_h * problem.out_w;
-  RunBinaryGemm(rows, tiles, problem.o, problem.k_words, weight_mask,
-                GemmShape{outputs, problem.pool_h * problem.pool_w, problem.o, chunks, chunks * kChunkWords * 4},
-                epilogue, out, pool);
+  const GemmShape shape{outputs, problem.pool_h * problem.pool_w, problem.o, chunks, chunks * kChunkWords * 4};
+  const uint32_t* mask = weight_mask.empty() ? nullptr : weight_mask.data();
+  const ConvWindows windows{problem};
+  if (const LaneDotsFn lane_dots = LaneDotsForWords(problem.k_words)) {
+    std::vector<uint32_t> lane_storage;
+    const uint32_t* lanes = LaneTiles(tiles, problem.o, problem.k_words, mask, lane_storage);
+    std::vector<int64_t> field_offsets(problem.k_words);
+    for (int64_t word = 0; word < problem.k_words; ++word) {
+      const int64_t tap = word / problem.c_words;
+      field_offsets[word] = windows.PixelOffset(0, tap / problem.kw, tap % problem.kw) + word % problem.c_words;
+    }
+    RunGemm(ConvLaneRows{windows, x, w_tap_popcount, field_offsets.data()},
+            LaneKernel{lane_dots, lanes, problem.k_words}, shape, epilogue, out, pool);
+    return;
+  }
+  RunGemm(ConvRows{windows, x, w_tap_popcount, chunks, mask, AddRowsFor(ActiveIsa(), 2)},
+          BinaryKernel{PanelDotsFor(ActiveIsa()), tiles, chunks}, shape, epilogue, out, pool);
 }
 
 }  // namespace jaxbnn::cpu

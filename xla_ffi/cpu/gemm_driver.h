@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common/checks.h"
@@ -59,6 +60,12 @@ struct Scratch {
   std::vector<uint8_t> excluded;   // per panel row: some taps are out of frame and excluded ("zero" padding)
   std::vector<RowOrigin> origins;  // per conv panel row
   std::vector<int32_t> dots;       // panel rows x a strip's columns
+  std::vector<const uint32_t*> row_base;     // per lane kernel row: where its words are read
+  std::vector<const int64_t*> row_offsets;   // per lane kernel row: its words' offsets from there
+  std::vector<const int32_t*> row_correction;  // per lane kernel row: its correction row, or null
+  std::vector<int64_t> correction_index;     // per lane kernel row: its correction row's index, or -1
+  std::vector<int64_t> correction_keys;      // per correction row: the in-frame tap rectangle it is for (4 each)
+  std::vector<int32_t> corrections;          // correction rows of a task, n columns each
 };
 
 // At least `size` elements; never shrinks, so that alternating task sizes do not re-initialize memory.
@@ -261,11 +268,19 @@ inline int64_t GemmWork(const GemmShape& shape) {
   return shape.outputs * shape.rows_per_output * CeilDiv(shape.n, kTileRows) * std::max<int64_t>(1, shape.chunks);
 }
 
+// Whether a kernel max-pools each output's window of rows and adds the rows' excluded-tap corrections itself (its
+// dots are the outputs'): a kernel says so with `static constexpr bool kPoolsWindows = true`.
+template <class Kernel, class = void>
+struct PoolsWindows : std::false_type {};
+template <class Kernel>
+struct PoolsWindows<Kernel, std::void_t<decltype(Kernel::kPoolsWindows)>> : std::bool_constant<Kernel::kPoolsWindows> {};
+
 // The tasks of one product: panels of output rows x blocks of output columns, count() of them, task i run by
 // operator()(i). Source: Fill(first, count, scratch) packs the panel of output rows [first, first + count)
 // (setting scratch.excluded per panel row) and returns it (a struct with `rows`); AddExcludedTaps(scratch, row,
 // col_begin, width, dots) corrects a row whose excluded flag is set. Kernel: kernel(panel, col_begin, tiles,
-// dots, stride) writes the dots of `tiles` 8-column tiles from column col_begin, row r at dots + r * stride.
+// dots, stride) writes the dots of `tiles` 8-column tiles from column col_begin, row r at dots + r * stride
+// (a kernel that PoolsWindows: output row r, and the source has no AddExcludedTaps).
 // `parallel`: the tasks will run on several threads, so the columns are split finer where panels are few.
 template <class Source, class Kernel>
 class GemmTasks {
@@ -298,26 +313,33 @@ class GemmTasks {
     const int64_t width = col_end - col_begin;
     Scratch& scratch = ThreadScratch();
     const auto panel = source_.Fill(first, count, scratch);
+    // Dots of the kernel's rows: the panel's, to be corrected and pooled here, or the outputs' (PoolsWindows).
+    constexpr bool kPooled = PoolsWindows<Kernel>::value;
+    const int64_t window = kPooled ? 1 : window_, dot_rows = kPooled ? count : panel.rows;
     // int32 dots go straight into the output when the task's columns are whole 8-column tiles (the kernels
     // write whole tiles); else strip by strip into L1 scratch rows (padded so that they do not share L1 sets),
     // each strip's epilogue right after its dots.
-    if (epilogue_.kind == Epilogue::kInt32 && window_ == 1 && width % kTileRows == 0) {
+    if (epilogue_.kind == Epilogue::kInt32 && window == 1 && width % kTileRows == 0) {
       int32_t* const dots = static_cast<int32_t*>(out_) + first * shape_.n + col_begin;
       kernel_(panel, col_begin, CeilDiv(width, kTileRows), dots, shape_.n);
-      for (int64_t row = 0; row < panel.rows; ++row) {
-        if (scratch.excluded[row]) source_.AddExcludedTaps(scratch, row, col_begin, width, dots + row * shape_.n);
+      if constexpr (!kPooled) {
+        for (int64_t row = 0; row < dot_rows; ++row) {
+          if (scratch.excluded[row]) source_.AddExcludedTaps(scratch, row, col_begin, width, dots + row * shape_.n);
+        }
       }
       return;
     }
     constexpr int64_t stride = kStripCols + 16;
-    int32_t* const dots = Grow(scratch.dots, panel.rows * stride);
+    int32_t* const dots = Grow(scratch.dots, dot_rows * stride);
     for (int64_t strip = col_begin; strip < col_end; strip += kStripCols) {
       const int64_t strip_width = std::min(kStripCols, col_end - strip);
       kernel_(panel, strip, CeilDiv(strip_width, kTileRows), dots, stride);
-      for (int64_t row = 0; row < panel.rows; ++row) {
-        if (scratch.excluded[row]) source_.AddExcludedTaps(scratch, row, strip, strip_width, dots + row * stride);
+      if constexpr (!kPooled) {
+        for (int64_t row = 0; row < dot_rows; ++row) {
+          if (scratch.excluded[row]) source_.AddExcludedTaps(scratch, row, strip, strip_width, dots + row * stride);
+        }
       }
-      finish_strip_(Strip{dots, stride, count, window_, first, strip, strip_width, shape_.n, out_}, epilogue_);
+      finish_strip_(Strip{dots, stride, count, window, first, strip, strip_width, shape_.n, out_}, epilogue_);
     }
   }
 

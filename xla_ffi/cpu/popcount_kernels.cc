@@ -186,22 +186,25 @@ JAXBNN_TARGET_AVX2 void PanelAvx2(const PackedPanel& panel, const uint32_t* tile
   }
 }
 
-// AVX2 lane kernel: one panel row against kTiles tile rows at once, each panel word broadcast to the 8 columns'
+// AVX2 lane kernel: one row against kTiles tile rows at once, each word of the row broadcast to the 8 columns'
 // words of a tile row; bytes counted (ByteCountsAvx2) and summed in byte lanes over the whole reduction (at most
 // kLaneMaxWords words: 31 * 8 = 248 cannot wrap), then each column's 4 bytes into its 32-bit lane (vpmaddubsw,
 // vpmaddwd with ones), already in column order. On a 3 x 3 reduction at C = 32 (9 words) the chunked panel kernel
 // computes 12 words, the last chunk's padding, and regroups its columns for every tile row (decisions.md).
 static_assert(kLaneMaxWords * 8 <= 255, "byte lanes must not wrap");
 
+// The dots of one row against kTiles tile rows, corrected (correction: at the first of their columns, or null).
 template <int kTiles>
-JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneTilesAvx2(const uint32_t* x, const uint32_t* lanes,
-                                                                             int64_t k_words, int32_t k_valid,
-                                                                             int32_t* dots) {
+JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneTilesAvx2(const uint32_t* base,
+                                                                             const int64_t* offsets,
+                                                                             const uint32_t* lanes, int64_t k_words,
+                                                                             int32_t k_valid, const int32_t* correction,
+                                                                             __m256i (&dots)[kTiles]) {
   __m256i bytes[kTiles];
 #pragma GCC unroll 4
   for (int u = 0; u < kTiles; ++u) bytes[u] = _mm256_setzero_si256();
   for (int64_t k = 0; k < k_words; ++k) {
-    const __m256i xk = _mm256_set1_epi32(static_cast<int>(x[(k / kChunkWords) * kGroupChunkWords + k % kChunkWords]));
+    const __m256i xk = _mm256_set1_epi32(static_cast<int>(base[offsets[k]]));
 #pragma GCC unroll 4
     for (int u = 0; u < kTiles; ++u) {
       const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + (u * k_words + k) * kTileRows));
@@ -212,30 +215,56 @@ JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneTilesAvx2(cons
 #pragma GCC unroll 4
   for (int u = 0; u < kTiles; ++u) {
     const __m256i popcounts = _mm256_madd_epi16(_mm256_maddubs_epi16(bytes[u], ones8), ones16);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dots + u * kTileRows),
-                        _mm256_sub_epi32(_mm256_set1_epi32(k_valid), _mm256_slli_epi32(popcounts, 1)));
+    dots[u] = _mm256_sub_epi32(_mm256_set1_epi32(k_valid), _mm256_slli_epi32(popcounts, 1));
+    if (correction != nullptr) {
+      dots[u] = _mm256_add_epi32(
+          dots[u], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(correction + u * kTileRows)));
+    }
   }
 }
 
-// Four tile rows a step: a panel word's broadcast serves 32 columns.
-JAXBNN_TARGET_AVX2 void LaneAvx2(const PackedPanel& panel, const uint32_t* lane_tiles, int64_t k_words, int64_t tiles,
-                                 int32_t* dots, int64_t stride) {
+// kTiles tile rows of every output row: each window row's dots, their max stored.
+template <int kTiles>
+JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneOutputsAvx2(const LaneRows& rows,
+                                                                               const uint32_t* lanes, int64_t k_words,
+                                                                               int64_t col, int32_t* dots,
+                                                                               int64_t stride) {
+  for (int64_t first = 0, o = 0; first < rows.rows; first += rows.window, ++o) {
+    __m256i pooled[kTiles], row_dots[kTiles];
+    for (int64_t r = first; r < first + rows.window; ++r) {
+      const int32_t* correction = rows.correction == nullptr || rows.correction[r] == nullptr
+                                      ? nullptr
+                                      : rows.correction[r] + col;
+      LaneTilesAvx2<kTiles>(rows.base[r], rows.offsets[r], lanes, k_words, rows.k_valid[r], correction,
+                            r == first ? pooled : row_dots);
+      if (r == first) continue;
+#pragma GCC unroll 4
+      for (int u = 0; u < kTiles; ++u) pooled[u] = _mm256_max_epi32(pooled[u], row_dots[u]);
+    }
+#pragma GCC unroll 4
+    for (int u = 0; u < kTiles; ++u) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dots + o * stride + u * kTileRows), pooled[u]);
+    }
+  }
+}
+
+// Four tile rows a step (a word's broadcast serves 32 columns), each over all output rows while its weights are
+// hot in L1.
+JAXBNN_TARGET_AVX2 void LaneAvx2(const LaneRows& rows, const uint32_t* lane_tiles, int64_t k_words, int64_t col_begin,
+                                 int64_t tiles, int32_t* dots, int64_t stride) {
   const int64_t tile_words = k_words * kTileRows;
-  for (int64_t r = 0; r < panel.rows; ++r) {
-    const uint32_t* x = PanelRow(panel, r);
-    const int32_t k_valid = panel.k_valid[r];
-    int32_t* row_dots = dots + r * stride;
-    int64_t t = 0;
-    for (; t + 4 <= tiles; t += 4) {
-      LaneTilesAvx2<4>(x, lane_tiles + t * tile_words, k_words, k_valid, row_dots + t * kTileRows);
-    }
-    const uint32_t* lanes = lane_tiles + t * tile_words;
-    switch (tiles - t) {
-      case 3: LaneTilesAvx2<3>(x, lanes, k_words, k_valid, row_dots + t * kTileRows); break;
-      case 2: LaneTilesAvx2<2>(x, lanes, k_words, k_valid, row_dots + t * kTileRows); break;
-      case 1: LaneTilesAvx2<1>(x, lanes, k_words, k_valid, row_dots + t * kTileRows); break;
-      default: break;
-    }
+  int64_t t = 0;
+  for (; t + 4 <= tiles; t += 4) {
+    LaneOutputsAvx2<4>(rows, lane_tiles + t * tile_words, k_words, col_begin + t * kTileRows, dots + t * kTileRows,
+                       stride);
+  }
+  const uint32_t* lanes = lane_tiles + t * tile_words;
+  const int64_t col = col_begin + t * kTileRows;
+  switch (tiles - t) {
+    case 3: LaneOutputsAvx2<3>(rows, lanes, k_words, col, dots + t * kTileRows, stride); break;
+    case 2: LaneOutputsAvx2<2>(rows, lanes, k_words, col, dots + t * kTileRows, stride); break;
+    case 1: LaneOutputsAvx2<1>(rows, lanes, k_words, col, dots + t * kTileRows, stride); break;
+    default: break;
   }
 }
 

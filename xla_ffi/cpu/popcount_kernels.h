@@ -35,12 +35,26 @@ using PanelDotsFn = void (*)(const PackedPanel& panel, const uint32_t* tile_rows
                              int64_t stride);
 
 // Lane kernels, for short reductions: the weights of a tile row as (k_words, 8) words, word k of its 8 columns
-// side by side, every bit outside the reduction 0 (gemm_driver.h, LaneTiles); each panel word is broadcast
-// against them. For every panel row r < rows, tile row t < tiles and row i < 8:
-//   dots[r * stride + t * 8 + i] = k_valid[r] - 2 * sum over words k of popc(x[r, k] XOR lanes[t, k, i])
+// side by side, every bit outside the reduction 0 (gemm_driver.h, LaneTiles); each word of a reduction row is
+// broadcast against them. The rows are read where they lie: word k of row r is base[r][offsets[r][k]] (a
+// receptive field straight from the image, or a row gathered into scratch), with every bit of it counting. A
+// lane kernel finishes the rows itself: it adds each row's correction (the "zero" padding terms of its excluded
+// taps) and max-pools each run of `window` rows into one output row.
+struct LaneRows {
+  const uint32_t* const* base;
+  const int64_t* const* offsets;
+  int64_t rows;                          // a multiple of window
+  int64_t window;                        // rows pooled into one output row
+  const int32_t* k_valid;                // per row: the reduction elements that count
+  const int32_t* const* correction;      // per row: null, or the row of n int32 added to its dots; null: none
+};
+
+// For every output row o < rows / window, tile row t < tiles and row i < 8, with c = col_begin + t * 8 + i:
+//   dots[o * stride + t * 8 + i] = max over r in [o * window, (o + 1) * window) of
+//       k_valid[r] - 2 * sum over words k of popc(x[r, k] XOR lanes[t, k, i]) + correction[r][c]
 // where tile row t is the (k_words, 8) words at lane_tiles + t * k_words * 8.
-using LaneDotsFn = void (*)(const PackedPanel& panel, const uint32_t* lane_tiles, int64_t k_words, int64_t tiles,
-                            int32_t* dots, int64_t stride);
+using LaneDotsFn = void (*)(const LaneRows& rows, const uint32_t* lane_tiles, int64_t k_words, int64_t col_begin,
+                            int64_t tiles, int32_t* dots, int64_t stride);
 
 // Reductions of at most this many words run on the active tier's lane kernel where it has one.
 inline constexpr int64_t kLaneMaxWords = 31;
