@@ -185,6 +185,11 @@ CONV_CASES = [
     (2, 7, 8, 32, 9, (3, 3), 2, "SAME", "one", None, (8, 128)),
     (1, 7, 9, 96, 16, (3, 3), 1, "SAME", "one", None, (8, 128)),
     (1, 8, 8, 160, 12, (5, 5), 1, "SAME", "zero", None, (8, 128)),
+    # short reductions (the AVX2 tier's lane kernel, which pools and corrects excluded taps itself): a kernel
+    # taller than the image, one wider and taller over one channel, whole channel words strided and pooled
+    (2, 2, 3, 20, 11, (3, 3), 1, "SAME", "zero", (1, 2), (8, 128)),
+    (1, 3, 4, 1, 7, (5, 5), 1, "SAME", "zero", (2, 2), (8, 128)),
+    (2, 9, 9, 32, 40, (3, 3), 2, "SAME", "zero", (2, 2), (8, 128)),
 ]
 
 
