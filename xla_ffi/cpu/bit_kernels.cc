@@ -1,7 +1,7 @@
 // Binary (±1 x ±1) bmm and bconv2d on packed bits, on the implicit GEMM driver (gemm_driver.h): the
-// panel kernels (popcount_kernels.h) give dot = k_valid - 2 popc(x XOR w). Bits of out-of-frame taps are 0
-// in the panel; for pad_value "zero" such a tap adds popc(w_tap) = the tap popcount of the column to every
-// popcount, which the dots take back.
+// panel kernels, or the lane kernels of short reductions (popcount_kernels.h), give dot = k_valid - 2 popc(x XOR
+// w). Bits of out-of-frame taps are 0; for pad_value "zero" such a tap adds popc(w_tap) = the tap popcount of
+// the column to every popcount, which the dots take back.
 #include "cpu/bit_kernels.h"
 
 #include <algorithm>

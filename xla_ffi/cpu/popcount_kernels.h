@@ -92,7 +92,7 @@ Isa ActiveIsa();
 // Returns false (and changes nothing) when `name` is not a supported tier.
 bool ForceIsa(const std::string& name);
 PanelDotsFn PanelDotsFor(Isa isa);
-// Null where the tier has no lane kernel: its panel kernel is as fast on short reductions.
+// Null where the tier has none (the AVX-512 panel kernel already keeps one column per 64-bit lane).
 LaneDotsFn LaneDotsFor(Isa isa);
 FinishStripFn FinishStripFor(Isa isa);
 // factor: 1 or 2.
