@@ -104,19 +104,24 @@ inline const uint32_t* KernelTiles(const uint32_t* tiles, int64_t first_row, int
 }
 
 // The kernels' tiles of output columns [0, rows) (KernelTiles) as a lane kernel reads them (popcount_kernels.h,
-// LaneDotsFn): (ceil(rows / 8), k_words, 8), in `storage`, the bits outside the reduction cleared with
-// `weight_mask` (null: every bit counts).
+// LaneDotsFn): (ceil(rows / 8), k_words, 2, 8), in `storage`: word k of a tile row's 8 columns as its low nibbles
+// (w & 0x0f0f0f0f) then its high nibbles ((w >> 4) & 0x0f0f0f0f), the bits outside the reduction cleared with
+// `weight_mask` (null: every bit counts) first.
 inline const uint32_t* LaneTiles(const uint32_t* kernel_tiles, int64_t rows, int64_t k_words,
                                  const uint32_t* weight_mask, std::vector<uint32_t>& storage) {
   const int64_t chunks = CeilDiv(k_words, kChunkWords), tiles = CeilDiv(rows, kTileRows);
-  storage.resize(tiles * k_words * kTileRows);
+  storage.resize(tiles * k_words * kLaneWordNibbles * kTileRows);
   for (int64_t t = 0; t < tiles; ++t) {
     const uint32_t* tile_row = kernel_tiles + t * chunks * kTileChunkWords;
     for (int64_t word = 0; word < k_words; ++word) {
       const uint32_t mask = weight_mask == nullptr ? ~0u : weight_mask[word];
       const uint32_t* chunk = tile_row + (word / kChunkWords) * kTileChunkWords + word % kChunkWords;
-      uint32_t* lanes = storage.data() + (t * k_words + word) * kTileRows;
-      for (int64_t i = 0; i < kTileRows; ++i) lanes[i] = chunk[i * kChunkWords] & mask;
+      uint32_t* lanes = storage.data() + (t * k_words + word) * kLaneWordNibbles * kTileRows;
+      for (int64_t i = 0; i < kTileRows; ++i) {
+        const uint32_t w = chunk[i * kChunkWords] & mask;
+        lanes[i] = w & kLowNibbles;
+        lanes[kTileRows + i] = (w >> 4) & kLowNibbles;
+      }
     }
   }
   return storage.data();

@@ -186,11 +186,13 @@ JAXBNN_TARGET_AVX2 void PanelAvx2(const PackedPanel& panel, const uint32_t* tile
   }
 }
 
-// AVX2 lane kernel: one row against kTiles tile rows at once, each word of the row broadcast to the 8 columns'
-// words of a tile row; bytes counted (ByteCountsAvx2) and summed in byte lanes over the whole reduction (at most
-// kLaneMaxWords words: 31 * 8 = 248 cannot wrap), then each column's 4 bytes into its 32-bit lane (vpmaddubsw,
-// vpmaddwd with ones), already in column order. On a 3 x 3 reduction at C = 32 (9 words) the chunked panel kernel
-// computes 12 words, the last chunk's padding, and regroups its columns for every tile row (decisions.md).
+// AVX2 lane kernel: one row against kTiles tile rows at once. Each word of the row is split into its nibbles and
+// broadcast to the 8 columns' nibbles of a tile row (LaneTiles); a byte's differing bits are then two lookups of
+// XORed nibbles (pshufb), without ByteCountsAvx2's mask and shift per tile row. The counts are summed in byte lanes
+// over the whole reduction (at most kLaneMaxWords words: 31 * 8 = 248 cannot wrap), then each column's 4 bytes
+// into its 32-bit lane (vpmaddubsw, vpmaddwd with ones), already in column order. On a 3 x 3 reduction at C = 32
+// (9 words) the chunked panel kernel computes 12 words, the last chunk's padding, and regroups its columns for
+// every tile row (decisions.md).
 static_assert(kLaneMaxWords * 8 <= 255, "byte lanes must not wrap");
 
 // The dots of one row against kTiles tile rows, corrected (correction: at the first of their columns, or null).
@@ -200,19 +202,27 @@ JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneTilesAvx2(cons
                                                                              const uint32_t* lanes, int64_t k_words,
                                                                              int32_t k_valid, const int32_t* correction,
                                                                              __m256i (&dots)[kTiles]) {
+  const __m256i table = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2, 1, 2, 2, 3, 1,
+                                         2, 2, 3, 2, 3, 3, 4);
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
   __m256i bytes[kTiles];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int u = 0; u < kTiles; ++u) bytes[u] = _mm256_setzero_si256();
   for (int64_t k = 0; k < k_words; ++k) {
     const __m256i xk = _mm256_set1_epi32(static_cast<int>(base[offsets[k]]));
-#pragma GCC unroll 4
+    const __m256i x_low = _mm256_and_si256(xk, low_nibbles);
+    const __m256i x_high = _mm256_and_si256(_mm256_srli_epi16(xk, 4), low_nibbles);
+#pragma GCC unroll 8
     for (int u = 0; u < kTiles; ++u) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + (u * k_words + k) * kTileRows));
-      bytes[u] = _mm256_add_epi8(bytes[u], ByteCountsAvx2(_mm256_xor_si256(xk, w)));
+      const __m256i* w = reinterpret_cast<const __m256i*>(lanes + (u * k_words + k) * kLaneWordNibbles * kTileRows);
+      bytes[u] = _mm256_add_epi8(bytes[u],
+                                 _mm256_shuffle_epi8(table, _mm256_xor_si256(x_low, _mm256_loadu_si256(w))));
+      bytes[u] = _mm256_add_epi8(bytes[u],
+                                 _mm256_shuffle_epi8(table, _mm256_xor_si256(x_high, _mm256_loadu_si256(w + 1))));
     }
   }
   const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int u = 0; u < kTiles; ++u) {
     const __m256i popcounts = _mm256_madd_epi16(_mm256_maddubs_epi16(bytes[u], ones8), ones16);
     dots[u] = _mm256_sub_epi32(_mm256_set1_epi32(k_valid), _mm256_slli_epi32(popcounts, 1));
@@ -238,33 +248,39 @@ JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneOutputsAvx2(co
       LaneTilesAvx2<kTiles>(rows.base[r], rows.offsets[r], lanes, k_words, rows.k_valid[r], correction,
                             r == first ? pooled : row_dots);
       if (r == first) continue;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int u = 0; u < kTiles; ++u) pooled[u] = _mm256_max_epi32(pooled[u], row_dots[u]);
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int u = 0; u < kTiles; ++u) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dots + o * stride + u * kTileRows), pooled[u]);
     }
   }
 }
 
-// Four tile rows a step (a word's broadcast serves 32 columns), each over all output rows while its weights are
-// hot in L1.
+// Eight tile rows a step (a row word's nibbles serve 64 columns), each over all output rows while its weights are
+// hot in L1; then four, two, one.
 JAXBNN_TARGET_AVX2 void LaneAvx2(const LaneRows& rows, const uint32_t* lane_tiles, int64_t k_words, int64_t col_begin,
                                  int64_t tiles, int32_t* dots, int64_t stride) {
-  const int64_t tile_words = k_words * kTileRows;
+  const int64_t tile_words = k_words * kLaneWordNibbles * kTileRows;
   int64_t t = 0;
-  for (; t + 4 <= tiles; t += 4) {
-    LaneOutputsAvx2<4>(rows, lane_tiles + t * tile_words, k_words, col_begin + t * kTileRows, dots + t * kTileRows,
+  for (; t + 8 <= tiles; t += 8) {
+    LaneOutputsAvx2<8>(rows, lane_tiles + t * tile_words, k_words, col_begin + t * kTileRows, dots + t * kTileRows,
                        stride);
   }
-  const uint32_t* lanes = lane_tiles + t * tile_words;
-  const int64_t col = col_begin + t * kTileRows;
-  switch (tiles - t) {
-    case 3: LaneOutputsAvx2<3>(rows, lanes, k_words, col, dots + t * kTileRows, stride); break;
-    case 2: LaneOutputsAvx2<2>(rows, lanes, k_words, col, dots + t * kTileRows, stride); break;
-    case 1: LaneOutputsAvx2<1>(rows, lanes, k_words, col, dots + t * kTileRows, stride); break;
-    default: break;
+  if (t + 4 <= tiles) {
+    LaneOutputsAvx2<4>(rows, lane_tiles + t * tile_words, k_words, col_begin + t * kTileRows, dots + t * kTileRows,
+                       stride);
+    t += 4;
+  }
+  if (t + 2 <= tiles) {
+    LaneOutputsAvx2<2>(rows, lane_tiles + t * tile_words, k_words, col_begin + t * kTileRows, dots + t * kTileRows,
+                       stride);
+    t += 2;
+  }
+  if (t < tiles) {
+    LaneOutputsAvx2<1>(rows, lane_tiles + t * tile_words, k_words, col_begin + t * kTileRows, dots + t * kTileRows,
+                       stride);
   }
 }
 

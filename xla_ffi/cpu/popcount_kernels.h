@@ -34,12 +34,14 @@ struct PackedPanel {
 using PanelDotsFn = void (*)(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* dots,
                              int64_t stride);
 
-// Lane kernels, for short reductions: the weights of a tile row as (k_words, 8) words, word k of its 8 columns
-// side by side, every bit outside the reduction 0 (gemm_driver.h, LaneTiles); each word of a reduction row is
-// broadcast against them. The rows are read where they lie: word k of row r is base[r][offsets[r][k]] (a
-// receptive field straight from the image, or a row gathered into scratch), with every bit of it counting. A
-// lane kernel finishes the rows itself: it adds each row's correction (the "zero" padding terms of its excluded
-// taps) and max-pools each run of `window` rows into one output row.
+// Lane kernels, for short reductions: the weights of a tile row as (k_words, 2, 8) words, word k of its 8 columns
+// side by side as its low nibbles, then as its high nibbles (each nibble in the low half of its byte), every bit
+// outside the reduction 0 (gemm_driver.h, LaneTiles); each word of a reduction row is split into its nibbles once
+// and broadcast against them, so that a byte's count of differing bits is two table lookups of XORed nibbles. The
+// rows are read where they lie: word k of row r is base[r][offsets[r][k]] (a receptive field straight from the
+// image, or a row gathered into scratch), with every bit of it counting. A lane kernel finishes the rows itself:
+// it adds each row's correction (the "zero" padding terms of its excluded taps) and max-pools each run of
+// `window` rows into one output row.
 struct LaneRows {
   const uint32_t* const* base;
   const int64_t* const* offsets;
@@ -51,13 +53,17 @@ struct LaneRows {
 
 // For every output row o < rows / window, tile row t < tiles and row i < 8, with c = col_begin + t * 8 + i:
 //   dots[o * stride + t * 8 + i] = max over r in [o * window, (o + 1) * window) of
-//       k_valid[r] - 2 * sum over words k of popc(x[r, k] XOR lanes[t, k, i]) + correction[r][c]
-// where tile row t is the (k_words, 8) words at lane_tiles + t * k_words * 8.
+//       k_valid[r] - 2 * sum over words k of popc(x[r, k] XOR w[t, k, i]) + correction[r][c]
+// where w[t, k, i] = lanes[t, k, 0, i] | lanes[t, k, 1, i] << 4, tile row t the (k_words, 2, 8) words at
+// lane_tiles + t * k_words * 16.
 using LaneDotsFn = void (*)(const LaneRows& rows, const uint32_t* lane_tiles, int64_t k_words, int64_t col_begin,
                             int64_t tiles, int32_t* dots, int64_t stride);
 
 // Reductions of at most this many words run on the active tier's lane kernel where it has one.
 inline constexpr int64_t kLaneMaxWords = 31;
+// A lane tile row's word: its low nibbles' word, then its high nibbles'.
+inline constexpr int64_t kLaneWordNibbles = 2;
+inline constexpr uint32_t kLowNibbles = 0x0f0f0f0fu;
 
 // Columns of a strip: the dot products of a panel for this many columns at most, small enough to stay in L1
 // until the epilogue reads them; a multiple of 32, so that a strip owns its packed output words.
