@@ -190,6 +190,9 @@ CONV_CASES = [
     (2, 2, 3, 20, 11, (3, 3), 1, "SAME", "zero", (1, 2), (8, 128)),
     (1, 3, 4, 1, 7, (5, 5), 1, "SAME", "zero", (2, 2), (8, 128)),
     (2, 9, 9, 32, 40, (3, 3), 2, "SAME", "zero", (2, 2), (8, 128)),
+    # long reductions over enough rows for the lane kernel, its byte counts folded every 31 words: padding bits in
+    # every tap, 9 tile rows of columns, pooled with zero padding
+    (2, 10, 10, 100, 70, (3, 3), 1, "SAME", "zero", (2, 2), (8, 128)),
 ]
 
 
@@ -222,9 +225,24 @@ def test_bconv2d_every_tier_matches_reference(isa, b, h, w, c, o, kernel, stride
     assert_all_epilogues(run, want, epilogue_operands(rng, want))
 
 
+@pytest.mark.parametrize("c", [992, 2048, 3072])  # 31, 64 and 96 words: one run of byte counts, several
+def test_bconv2d_extreme_dots_over_long_reductions(isa, c):
+    """Pixels equal to a column's weights and pixels opposite to them, over 64 rows (1 x 1 fields): every bit of
+    the reduction agrees or differs (dots of exactly +c and -c)."""
+    rng = np.random.default_rng(c)
+    w_signs = signs(rng, (1, 1, c, 16))
+    columns = w_signs[0, 0].T  # (16, c)
+    pixels = np.stack([columns[p % 16] * (1 if p < 32 else -1) for p in range(64)])
+    x_signs = pixels.reshape(1, 8, 8, c)
+    want = numpy_conv(x_signs, w_signs, (1, 1), ((0, 0), (0, 0)), "zero")
+    assert (want.reshape(64, 16)[np.arange(64), np.arange(64) % 16] == np.where(np.arange(64) < 32, c, -c)).all()
+    got = jax.jit(lambda x: ops.bconv2d(x, formats.pack_conv_weights(w_signs), padding="VALID"))(ops.pack_bits(x_signs))
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
 @pytest.mark.parametrize("pad_value", ["zero", "one"])
 # padding bits in each tap; whole padding words in the last chunk (its second half, or only its last word)
-@pytest.mark.parametrize("c", [45, 64, 96])
+@pytest.mark.parametrize("c", [45, 64, 96, 150])
 def test_bconv2d_ignores_garbage_in_channel_padding_bits(isa, pad_value, c):
     rng = np.random.default_rng(5)
     b, h, w, o, kernel = 2, 7, 6, 11, (3, 3)

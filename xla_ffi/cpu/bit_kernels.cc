@@ -5,7 +5,7 @@
 #include "cpu/bit_kernels.h"
 
 #include <algorithm>
-#include <array>
+#include <numeric>
 #include <vector>
 
 #include "common/formats.h"
@@ -44,18 +44,32 @@ struct LaneKernel {
   }
 };
 
-// The active tier's lane kernel where it has one and a reduction of k_words words is short enough for it, else null
-// (the panel kernel).
-LaneDotsFn LaneDotsForWords(int64_t k_words) { return k_words <= kLaneMaxWords ? LaneDotsFor(ActiveIsa()) : nullptr; }
+// The active tier's lane kernel where it has one and a reduction of k_words words is short enough to sum in its
+// byte lanes at once, else null (the panel kernel).
+LaneDotsFn LaneDotsForWords(int64_t k_words) { return k_words <= kLaneByteWords ? LaneDotsFor(ActiveIsa()) : nullptr; }
 
-// Offsets 0, 1, ..., kLaneMaxWords - 1: the words of a row that lie side by side.
-const int64_t* ContiguousOffsets() {
-  static const std::array<int64_t, kLaneMaxWords> offsets = [] {
-    std::array<int64_t, kLaneMaxWords> words{};
-    for (int64_t i = 0; i < kLaneMaxWords; ++i) words[i] = i;
-    return words;
-  }();
-  return offsets.data();
+// A convolution's long reductions run on the lane kernel too, from this many gathered rows and up to
+// kLaneConvMaxWords words: it reads the fields in frame where they lie, where the panel kernel copies each into its
+// chunked layout, but it regroups the weights on every call (LaneTiles: a pass over o * k_words words), and four
+// tile rows of more words than this leave L1 (decisions.md).
+constexpr int64_t kLaneMinRows = 64;
+constexpr int64_t kLaneConvMaxWords = 96;
+
+LaneDotsFn LaneDotsForConv(int64_t rows, int64_t k_words) {
+  return rows >= kLaneMinRows && k_words <= kLaneConvMaxWords ? LaneDotsFor(ActiveIsa()) : LaneDotsForWords(k_words);
+}
+
+// `shape` with the weights' bytes per column as the lane kernel reads them (LaneTiles).
+GemmShape LaneShape(GemmShape shape, int64_t k_words) {
+  shape.column_bytes = k_words * kLaneWordNibbles * 4;
+  return shape;
+}
+
+// Offsets 0, 1, ..., k_words - 1: the words of a row that lie side by side.
+std::vector<int64_t> ContiguousOffsets(int64_t k_words) {
+  std::vector<int64_t> offsets(k_words);
+  std::iota(offsets.begin(), offsets.end(), int64_t{0});
+  return offsets;
 }
 
 // Rows of `a`, packed with their padding bits cleared.
@@ -87,6 +101,7 @@ struct BmmLaneRows {
   const uint32_t* a;
   int64_t k_words;
   int32_t k;
+  const int64_t* contiguous;  // ContiguousOffsets
 
   LaneRows Fill(int64_t first, int64_t count, Scratch& scratch) const {
     int32_t* k_valid = Grow(scratch.row_term, count);
@@ -103,7 +118,7 @@ struct BmmLaneRows {
         row = copy;
       }
       base[r] = row;
-      offsets[r] = ContiguousOffsets();
+      offsets[r] = contiguous;
       k_valid[r] = k;
     }
     return LaneRows{base, offsets, count, 1, k_valid, nullptr};
@@ -210,6 +225,7 @@ struct ConvLaneRows {
   const uint32_t* x;
   const int32_t* tap_popcount;   // (kh * kw, o)
   const int64_t* field_offsets;  // word k of a field in frame, from its top-left tap's first word
+  const int64_t* contiguous;     // ContiguousOffsets, for a gathered field
 
   LaneRows Fill(int64_t first, int64_t count, Scratch& scratch) const {
     const Bconv2dProblem& p = windows.p;
@@ -238,7 +254,7 @@ struct ConvLaneRows {
       uint32_t* line = gathered + r * p.k_words;
       const int64_t in_frame = GatherField(windows, x, origin, last_mask, line);
       base[r] = line;
-      offsets[r] = ContiguousOffsets();
+      offsets[r] = contiguous;
       const int64_t counted = p.pad_one ? taps : in_frame;
       k_valid[r] = static_cast<int32_t>(counted * p.c);
       if (counted < taps) correction_index[r] = CorrectionRow(origin, scratch);
@@ -290,8 +306,9 @@ void RunBmm(const BmmProblem& problem, const uint32_t* a, const uint32_t* b_tile
   if (const LaneDotsFn lane_dots = LaneDotsForWords(problem.k_words)) {
     std::vector<uint32_t> lane_storage;
     const uint32_t* lanes = LaneTiles(tiles, problem.n, problem.k_words, mask, lane_storage);
-    RunGemm(BmmLaneRows{a, problem.k_words, static_cast<int32_t>(problem.k)},
-            LaneKernel{lane_dots, lanes, problem.k_words}, shape, epilogue, out, pool);
+    const std::vector<int64_t> contiguous = ContiguousOffsets(problem.k_words);
+    RunGemm(BmmLaneRows{a, problem.k_words, static_cast<int32_t>(problem.k), contiguous.data()},
+            LaneKernel{lane_dots, lanes, problem.k_words}, LaneShape(shape, problem.k_words), epilogue, out, pool);
     return;
   }
   RunGemm(BmmRows{a, problem.k_words, chunks, static_cast<int32_t>(problem.k), mask},
@@ -364,7 +381,7 @@ void RunBconv2d(const Bconv2dProblem& problem, const uint32_t* x, const uint32_t
   const GemmShape shape{outputs, problem.pool_h * problem.pool_w, problem.o, chunks, chunks * kChunkWords * 4};
   const uint32_t* mask = weight_mask.empty() ? nullptr : weight_mask.data();
   const ConvWindows windows{problem};
-  if (const LaneDotsFn lane_dots = LaneDotsForWords(problem.k_words)) {
+  if (const LaneDotsFn lane_dots = LaneDotsForConv(outputs * shape.rows_per_output, problem.k_words)) {
     std::vector<uint32_t> lane_storage;
     const uint32_t* lanes = LaneTiles(tiles, problem.o, problem.k_words, mask, lane_storage);
     std::vector<int64_t> field_offsets(problem.k_words);
@@ -372,8 +389,9 @@ void RunBconv2d(const Bconv2dProblem& problem, const uint32_t* x, const uint32_t
       const int64_t tap = word / problem.c_words;
       field_offsets[word] = windows.PixelOffset(0, tap / problem.kw, tap % problem.kw) + word % problem.c_words;
     }
-    RunGemm(ConvLaneRows{windows, x, w_tap_popcount, field_offsets.data()},
-            LaneKernel{lane_dots, lanes, problem.k_words}, shape, epilogue, out, pool);
+    const std::vector<int64_t> contiguous = ContiguousOffsets(problem.k_words);
+    RunGemm(ConvLaneRows{windows, x, w_tap_popcount, field_offsets.data(), contiguous.data()},
+            LaneKernel{lane_dots, lanes, problem.k_words}, LaneShape(shape, problem.k_words), epilogue, out, pool);
     return;
   }
   RunGemm(ConvRows{windows, x, w_tap_popcount, chunks, mask, AddRowsFor(ActiveIsa(), 2)},

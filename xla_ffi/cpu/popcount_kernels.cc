@@ -189,26 +189,23 @@ JAXBNN_TARGET_AVX2 void PanelAvx2(const PackedPanel& panel, const uint32_t* tile
 // AVX2 lane kernel: one row against kTiles tile rows at once. Each word of the row is split into its nibbles and
 // broadcast to the 8 columns' nibbles of a tile row (LaneTiles); a byte's differing bits are then two lookups of
 // XORed nibbles (pshufb), without ByteCountsAvx2's mask and shift per tile row. The counts are summed in byte lanes
-// over the whole reduction (at most kLaneMaxWords words: 31 * 8 = 248 cannot wrap), then each column's 4 bytes
-// into its 32-bit lane (vpmaddubsw, vpmaddwd with ones), already in column order. On a 3 x 3 reduction at C = 32
-// (9 words) the chunked panel kernel computes 12 words, the last chunk's padding, and regroups its columns for
-// every tile row (decisions.md).
-static_assert(kLaneMaxWords * 8 <= 255, "byte lanes must not wrap");
+// over up to kLaneByteWords words (31 * 8 = 248 cannot wrap), then each column's 4 bytes into its 32-bit lane
+// (vpmaddubsw, vpmaddwd with ones), already in column order. On a 3 x 3 reduction at C = 32 (9 words) the chunked
+// panel kernel computes 12 words, the last chunk's padding, and regroups its columns for every tile row
+// (decisions.md).
+static_assert(kLaneByteWords * 8 <= 255, "byte lanes must not wrap");
 
-// The dots of one row against kTiles tile rows, corrected (correction: at the first of their columns, or null).
+// The byte counts of words [begin, end) of one row against kTiles tile rows, added to `bytes`.
 template <int kTiles>
-JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneTilesAvx2(const uint32_t* base,
-                                                                             const int64_t* offsets,
-                                                                             const uint32_t* lanes, int64_t k_words,
-                                                                             int32_t k_valid, const int32_t* correction,
-                                                                             __m256i (&dots)[kTiles]) {
+JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void AddLaneWordsAvx2(const uint32_t* base,
+                                                                                const int64_t* offsets,
+                                                                                const uint32_t* lanes, int64_t k_words,
+                                                                                int64_t begin, int64_t end,
+                                                                                __m256i (&bytes)[kTiles]) {
   const __m256i table = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2, 1, 2, 2, 3, 1,
                                          2, 2, 3, 2, 3, 3, 4);
   const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
-  __m256i bytes[kTiles];
-#pragma GCC unroll 8
-  for (int u = 0; u < kTiles; ++u) bytes[u] = _mm256_setzero_si256();
-  for (int64_t k = 0; k < k_words; ++k) {
+  for (int64_t k = begin; k < end; ++k) {
     const __m256i xk = _mm256_set1_epi32(static_cast<int>(base[offsets[k]]));
     const __m256i x_low = _mm256_and_si256(xk, low_nibbles);
     const __m256i x_high = _mm256_and_si256(_mm256_srli_epi16(xk, 4), low_nibbles);
@@ -221,11 +218,45 @@ JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneTilesAvx2(cons
                                  _mm256_shuffle_epi8(table, _mm256_xor_si256(x_high, _mm256_loadu_si256(w + 1))));
     }
   }
-  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+}
+
+// Each column's 4 byte counts as one 32-bit count.
+JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) __m256i ColumnCountsAvx2(__m256i bytes) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(bytes, _mm256_set1_epi8(1)), _mm256_set1_epi16(1));
+}
+
+// The dots of one row against kTiles tile rows, corrected (correction: at the first of their columns, or null).
+// kLong: a reduction of more than kLaneByteWords words, its byte counts folded into 32-bit counts after each run of
+// kLaneByteWords (the short form keeps no 32-bit counts in registers beside the bytes).
+template <int kTiles, bool kLong>
+JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneTilesAvx2(const uint32_t* base,
+                                                                             const int64_t* offsets,
+                                                                             const uint32_t* lanes, int64_t k_words,
+                                                                             int32_t k_valid, const int32_t* correction,
+                                                                             __m256i (&dots)[kTiles]) {
+  __m256i counts[kTiles];
+  if constexpr (kLong) {
+#pragma GCC unroll 8
+    for (int u = 0; u < kTiles; ++u) counts[u] = _mm256_setzero_si256();
+    for (int64_t begin = 0; begin < k_words; begin += kLaneByteWords) {
+      __m256i bytes[kTiles];
+#pragma GCC unroll 8
+      for (int u = 0; u < kTiles; ++u) bytes[u] = _mm256_setzero_si256();
+      AddLaneWordsAvx2<kTiles>(base, offsets, lanes, k_words, begin, std::min(k_words, begin + kLaneByteWords), bytes);
+#pragma GCC unroll 8
+      for (int u = 0; u < kTiles; ++u) counts[u] = _mm256_add_epi32(counts[u], ColumnCountsAvx2(bytes[u]));
+    }
+  } else {
+    __m256i bytes[kTiles];
+#pragma GCC unroll 8
+    for (int u = 0; u < kTiles; ++u) bytes[u] = _mm256_setzero_si256();
+    AddLaneWordsAvx2<kTiles>(base, offsets, lanes, k_words, 0, k_words, bytes);
+#pragma GCC unroll 8
+    for (int u = 0; u < kTiles; ++u) counts[u] = ColumnCountsAvx2(bytes[u]);
+  }
 #pragma GCC unroll 8
   for (int u = 0; u < kTiles; ++u) {
-    const __m256i popcounts = _mm256_madd_epi16(_mm256_maddubs_epi16(bytes[u], ones8), ones16);
-    dots[u] = _mm256_sub_epi32(_mm256_set1_epi32(k_valid), _mm256_slli_epi32(popcounts, 1));
+    dots[u] = _mm256_sub_epi32(_mm256_set1_epi32(k_valid), _mm256_slli_epi32(counts[u], 1));
     if (correction != nullptr) {
       dots[u] = _mm256_add_epi32(
           dots[u], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(correction + u * kTileRows)));
@@ -234,7 +265,7 @@ JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneTilesAvx2(cons
 }
 
 // kTiles tile rows of every output row: each window row's dots, their max stored.
-template <int kTiles>
+template <int kTiles, bool kLong>
 JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneOutputsAvx2(const LaneRows& rows,
                                                                                const uint32_t* lanes, int64_t k_words,
                                                                                int64_t col, int32_t* dots,
@@ -245,8 +276,8 @@ JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneOutputsAvx2(co
       const int32_t* correction = rows.correction == nullptr || rows.correction[r] == nullptr
                                       ? nullptr
                                       : rows.correction[r] + col;
-      LaneTilesAvx2<kTiles>(rows.base[r], rows.offsets[r], lanes, k_words, rows.k_valid[r], correction,
-                            r == first ? pooled : row_dots);
+      LaneTilesAvx2<kTiles, kLong>(rows.base[r], rows.offsets[r], lanes, k_words, rows.k_valid[r], correction,
+                                   r == first ? pooled : row_dots);
       if (r == first) continue;
 #pragma GCC unroll 8
       for (int u = 0; u < kTiles; ++u) pooled[u] = _mm256_max_epi32(pooled[u], row_dots[u]);
@@ -258,29 +289,33 @@ JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneOutputsAvx2(co
   }
 }
 
-// Eight tile rows a step (a row word's nibbles serve 64 columns), each over all output rows while its weights are
-// hot in L1; then four, two, one.
-JAXBNN_TARGET_AVX2 void LaneAvx2(const LaneRows& rows, const uint32_t* lane_tiles, int64_t k_words, int64_t col_begin,
-                                 int64_t tiles, int32_t* dots, int64_t stride) {
+// kWidest tile rows a step, each over all output rows while its weights are hot in L1; then half as many, down to
+// one.
+template <int kWidest, bool kLong>
+JAXBNN_TARGET_AVX2 void LaneStepsAvx2(const LaneRows& rows, const uint32_t* lane_tiles, int64_t k_words,
+                                      int64_t col_begin, int64_t tiles, int32_t* dots, int64_t stride) {
   const int64_t tile_words = k_words * kLaneWordNibbles * kTileRows;
   int64_t t = 0;
-  for (; t + 8 <= tiles; t += 8) {
-    LaneOutputsAvx2<8>(rows, lane_tiles + t * tile_words, k_words, col_begin + t * kTileRows, dots + t * kTileRows,
-                       stride);
+  for (; t + kWidest <= tiles; t += kWidest) {
+    LaneOutputsAvx2<kWidest, kLong>(rows, lane_tiles + t * tile_words, k_words, col_begin + t * kTileRows,
+                                    dots + t * kTileRows, stride);
   }
-  if (t + 4 <= tiles) {
-    LaneOutputsAvx2<4>(rows, lane_tiles + t * tile_words, k_words, col_begin + t * kTileRows, dots + t * kTileRows,
-                       stride);
-    t += 4;
+  if constexpr (kWidest > 1) {
+    if (t < tiles) {
+      LaneStepsAvx2<kWidest / 2, kLong>(rows, lane_tiles + t * tile_words, k_words, col_begin + t * kTileRows,
+                                        tiles - t, dots + t * kTileRows, stride);
+    }
   }
-  if (t + 2 <= tiles) {
-    LaneOutputsAvx2<2>(rows, lane_tiles + t * tile_words, k_words, col_begin + t * kTileRows, dots + t * kTileRows,
-                       stride);
-    t += 2;
-  }
-  if (t < tiles) {
-    LaneOutputsAvx2<1>(rows, lane_tiles + t * tile_words, k_words, col_begin + t * kTileRows, dots + t * kTileRows,
-                       stride);
+}
+
+// Short reductions eight tile rows a step (a row word's nibbles serve 64 columns); long ones four, their 32-bit
+// counts beside the bytes in registers.
+JAXBNN_TARGET_AVX2 void LaneAvx2(const LaneRows& rows, const uint32_t* lane_tiles, int64_t k_words, int64_t col_begin,
+                                 int64_t tiles, int32_t* dots, int64_t stride) {
+  if (k_words <= kLaneByteWords) {
+    LaneStepsAvx2<8, false>(rows, lane_tiles, k_words, col_begin, tiles, dots, stride);
+  } else {
+    LaneStepsAvx2<4, true>(rows, lane_tiles, k_words, col_begin, tiles, dots, stride);
   }
 }
 

@@ -59,8 +59,8 @@ struct LaneRows {
 using LaneDotsFn = void (*)(const LaneRows& rows, const uint32_t* lane_tiles, int64_t k_words, int64_t col_begin,
                             int64_t tiles, int32_t* dots, int64_t stride);
 
-// Reductions of at most this many words run on the active tier's lane kernel where it has one.
-inline constexpr int64_t kLaneMaxWords = 31;
+// A lane kernel sums the counts of this many words at most in byte lanes, a longer reduction in runs of it.
+inline constexpr int64_t kLaneByteWords = 31;
 // A lane tile row's word: its low nibbles' word, then its high nibbles'.
 inline constexpr int64_t kLaneWordNibbles = 2;
 inline constexpr uint32_t kLowNibbles = 0x0f0f0f0fu;
