@@ -122,6 +122,15 @@ IMAGE_CASES = [
     (3, 12, 11, 7, 70, (7, 7), (1, 1), "SAME", (2, 2)),
     (2, 9, 9, 40, 33, (3, 3), (2, 2), ((1, 2), (0, 1)), (1, 2)),
     (1, 7, 6, 320, 129, (1, 1), (1, 1), "VALID", None),  # K = 64 * 5 exactly
+    # kernel rows of at most 4 bytes (the AVX2 tier reads a unit kernel's fields where they lie, one quad a kernel
+    # row): MNIST's first layer, strided and pooled, 4-byte runs of 4 channels or 4 taps, fields that end at the
+    # last byte of the image
+    (3, 28, 28, 1, 32, (3, 3), (1, 1), "SAME", None),
+    (2, 11, 9, 1, 40, (3, 3), (2, 1), ((1, 2), (0, 1)), (2, 2)),
+    (1, 6, 5, 4, 33, (1, 1), (1, 1), "VALID", None),
+    (2, 7, 6, 2, 20, (3, 2), (1, 1), "SAME", (1, 2)),
+    (1, 9, 10, 1, 9, (5, 4), (1, 1), "SAME", None),
+    (2, 6, 5, 1, 8, (3, 3), (1, 1), "VALID", None),
 ]
 
 

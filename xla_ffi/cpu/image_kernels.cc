@@ -114,6 +114,11 @@ inline int32_t StreamValue(int32_t dot, int64_t shift, bool narrow) {
 struct BlockJob {
   const void* patches;
   int64_t k, k_padded, rows, window;
+  // A tier that reads its rows where they lie (kDirectQuads): gathered row i's quad g is the 4 bytes at
+  // quads[i] + g * quad_stride[i], XORed with `to_offset` (patches unused).
+  const uint8_t* const* quads;
+  const int64_t* quad_stride;
+  uint32_t to_offset;
   const void* weights;  // the block's packed weights: (k_padded / group, cols, group); or, for a tier that
                         // reads the kernel as it is, the kernel's (k, n) int8 matrix from column col_begin
   int64_t col_begin, cols;
@@ -153,6 +158,7 @@ uint32_t ThresholdBits(const int32_t* dots, const int32_t* bound, uint32_t flip)
 struct KernelBlock {
   const int8_t* kernel;
   int64_t k, n, col_begin, cols, k_padded;
+  int64_t run = 0;  // Avx2BytePack: 0, or each quad of the packed reduction is a kernel row's `run` elements and zeros
 };
 
 // dst: the packed block; bias: the accumulators' start of its columns (the VNNI tier's).
@@ -530,9 +536,14 @@ JAXBNN_TARGET_AVX2 bool KernelWithinUnit(const int8_t* kernel, int64_t size) {
   return most <= 2;
 }
 
-// 32 bytes of kernel row kk from column `col` (zeros past the row's `real` columns and past k).
+// 32 bytes of kernel row kk from column `col` (zeros past the row's `real` columns and past k); with block.run,
+// kk is an element of the run-padded quads: kernel row (kk / 4) * run + kk % 4, or zeros past the run.
 JAXBNN_TARGET_AVX2 JAXBNN_AVX2_INLINE __m256i KernelBytes(const KernelBlock& block, int64_t kk, int64_t col,
                                                           int64_t real) {
+  if (block.run > 0) {
+    if (kk % 4 >= block.run) return _mm256_setzero_si256();
+    kk = kk / 4 * block.run + kk % 4;
+  }
   if (kk >= block.k || real <= 0) return _mm256_setzero_si256();
   const int8_t* src = block.kernel + kk * block.n + col;
   if (real >= 32) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
@@ -605,10 +616,22 @@ JAXBNN_TARGET_AVX2 JAXBNN_AVX2_INLINE void WidenByteSums(V16hi (&acc16)[R][4], V
   }
 }
 
-template <int R, int kMode>
-JAXBNN_TARGET_AVX2 void Avx2ByteRows(const BlockJob& job, const ImageEpilogue& epi, const uint8_t* x, int64_t r0) {
+// x: the gathered rows of the register block (row r at x + r * k_padded); or, kDirect, the first of their
+// indices into job.quads.
+template <int R, int kMode, bool kDirect>
+JAXBNN_TARGET_AVX2 void Avx2ByteRows(const BlockJob& job, const ImageEpilogue& epi, const uint8_t* x, int64_t first,
+                                     int64_t r0) {
   const auto* weights = static_cast<const int8_t*>(job.weights);
   const int64_t quads = job.k_padded / 4, stride = job.k_padded;
+  [[maybe_unused]] const uint8_t* row_quads[R];
+  [[maybe_unused]] int64_t quad_stride[R];
+  if constexpr (kDirect) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      row_quads[r] = job.quads[first + r];
+      quad_stride[r] = job.quad_stride[first + r];
+    }
+  }
   V8si sum[R][4];
 #pragma GCC unroll 4
   for (int v = 0; v < 4; ++v) {
@@ -624,7 +647,9 @@ JAXBNN_TARGET_AVX2 void Avx2ByteRows(const BlockJob& job, const ImageEpilogue& e
       const auto* wg = reinterpret_cast<const __m256i*>(weights + g * 128);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
-        const __m256i xr = _mm256_set1_epi32(Load32(x + r * stride + 4 * g));
+        const __m256i xr =
+            kDirect ? _mm256_set1_epi32(static_cast<int32_t>(Load32(row_quads[r] + g * quad_stride[r]) ^ job.to_offset))
+                    : _mm256_set1_epi32(Load32(x + r * stride + 4 * g));
 #pragma GCC unroll 4
         for (int v = 0; v < 4; ++v) {
           acc16[r][v] += reinterpret_cast<V16hi>(_mm256_maddubs_epi16(xr, _mm256_loadu_si256(wg + v)));
@@ -642,30 +667,35 @@ JAXBNN_TARGET_AVX2 void Avx2ByteRows(const BlockJob& job, const ImageEpilogue& e
   Avx2Epilogue<R, kMode>(job, epi, acc, r0);
 }
 
-template <int R>
+template <int R, bool kDirect>
 JAXBNN_TARGET_AVX2 void Avx2ByteWindow(const BlockJob& job, const ImageEpilogue& epi, int64_t r0) {
   const auto* patches = static_cast<const uint8_t*>(job.patches);
   for (int64_t w = 0; w < job.window; ++w) {
-    const uint8_t* x = patches + (w * job.rows + r0) * job.k_padded;
+    const int64_t first = w * job.rows + r0;
+    const uint8_t* x = kDirect ? nullptr : patches + first * job.k_padded;
     switch (ModeOf(w, job.window)) {
-      case kOnly: Avx2ByteRows<R, kOnly>(job, epi, x, r0); break;
-      case kFirst: Avx2ByteRows<R, kFirst>(job, epi, x, r0); break;
-      case kMiddle: Avx2ByteRows<R, kMiddle>(job, epi, x, r0); break;
-      case kLast: Avx2ByteRows<R, kLast>(job, epi, x, r0); break;
+      case kOnly: Avx2ByteRows<R, kOnly, kDirect>(job, epi, x, first, r0); break;
+      case kFirst: Avx2ByteRows<R, kFirst, kDirect>(job, epi, x, first, r0); break;
+      case kMiddle: Avx2ByteRows<R, kMiddle, kDirect>(job, epi, x, first, r0); break;
+      case kLast: Avx2ByteRows<R, kLast, kDirect>(job, epi, x, first, r0); break;
     }
   }
 }
 
-JAXBNN_TARGET_AVX2 void Avx2ByteBlock(const BlockJob& job, const ImageEpilogue& epi) {
+template <bool kDirect>
+JAXBNN_TARGET_AVX2 void Avx2ByteRowBlocks(const BlockJob& job, const ImageEpilogue& epi) {
   static_assert(kAvx2ByteRows == 3 && kAvx2ByteCols == kAvx2Cols, "one case per register block height");
   for (int64_t r0 = 0; r0 < job.rows; r0 += kAvx2ByteRows) {
     switch (std::min<int64_t>(kAvx2ByteRows, job.rows - r0)) {
-      case 3: Avx2ByteWindow<3>(job, epi, r0); break;
-      case 2: Avx2ByteWindow<2>(job, epi, r0); break;
-      default: Avx2ByteWindow<1>(job, epi, r0); break;
+      case 3: Avx2ByteWindow<3, kDirect>(job, epi, r0); break;
+      case 2: Avx2ByteWindow<2, kDirect>(job, epi, r0); break;
+      default: Avx2ByteWindow<1, kDirect>(job, epi, r0); break;
     }
   }
 }
+
+void Avx2ByteBlock(const BlockJob& job, const ImageEpilogue& epi) { Avx2ByteRowBlocks<false>(job, epi); }
+void Avx2QuadBlock(const BlockJob& job, const ImageEpilogue& epi) { Avx2ByteRowBlocks<true>(job, epi); }
 
 // --- AVX2 on the kernel's sign masks: a call of few gathered rows -------------------------------------
 // A byte of the masks holds two columns' bits over a quad of the reduction (low nibble: column 2j, high
@@ -1569,6 +1599,20 @@ struct Avx2ByteTier {
   static constexpr bool kOffsetLevels = true;
 };
 
+// Avx2ByteTier's products on rows read where they lie, for a kernel row's run of at most 4 bytes (kw * c <= 4:
+// an MNIST-style first layer): each kernel row is one quad of the image, read with the byte after it, whose
+// weight is 0 (the weights packed run-padded, KernelBlock::run), so a receptive field in the image is kh quads one
+// image row apart; only fields that are not all inside it are gathered (ImageConv::QuadRows).
+struct Avx2QuadTier {
+  using Elem = uint8_t;
+  using Weight = int8_t;
+  static constexpr int kGroup = 4, kBlockCols = kAvx2ByteCols, kRows = kAvx2ByteRows;
+  static constexpr PackBlockFn kPack = Avx2BytePack;
+  static constexpr BlockFn kBlock = Avx2QuadBlock;
+  static constexpr bool kOffsetLevels = true;
+  static constexpr bool kDirectQuads = true;
+};
+
 struct VnniTier {
   using Elem = uint8_t;
   using Weight = int8_t;
@@ -1608,6 +1652,12 @@ struct AmxTier {
 };
 #endif
 
+// Whether a tier reads its rows' run-padded quads where they lie: `static constexpr bool kDirectQuads = true`.
+template <class Tier, class = void>
+struct DirectQuads : std::false_type {};
+template <class Tier>
+struct DirectQuads<Tier, std::void_t<decltype(Tier::kDirectQuads)>> : std::bool_constant<Tier::kDirectQuads> {};
+
 template <class Tier>
 constexpr typename Tier::Elem Level(int8_t level) {
   if constexpr (Tier::kOffsetLevels) {
@@ -1628,6 +1678,8 @@ struct CallScratch {
 // Per-thread task data.
 struct TaskScratch {
   std::vector<uint8_t> patches;  // bytes of Tier::Elem
+  std::vector<const uint8_t*> quads;  // a DirectQuads tier's rows (BlockJob)
+  std::vector<int64_t> quad_stride;
   std::vector<int32_t> tile;
   std::vector<uint8_t> weights;  // a task's own packed columns, bytes of Tier::Weight
   std::vector<int32_t> bias;
@@ -1658,7 +1710,8 @@ class ImageConv {
         masks_(masks),
         levels_size_(p.batch * p.height * p.width * p.c),
         k_(p.kh * p.kw * p.c),
-        k_padded_(RoundUp(k_, Tier::kGroup)),
+        run_(kDirectQuads ? p.kw * p.c : 0),
+        k_padded_(kDirectQuads ? p.kh * 4 : RoundUp(k_, Tier::kGroup)),
         n_padded_(RoundUp(p.n, kWordBits)),
         window_(p.pool_h * p.pool_w),
         blocks_(CeilDiv(n_padded_, Tier::kBlockCols)) {}
@@ -1723,13 +1776,14 @@ class ImageConv {
   }
 
   static constexpr bool kPacked = Tier::kPack != nullptr;
+  static constexpr bool kDirectQuads = DirectQuads<Tier>::value;
 
   // Blocks [first_block, end_block) of the weights into `weights` (KernelBlock) and, where the levels are
   // offset, their accumulators' start into `bias`.
   void Pack(int64_t first_block, int64_t end_block, Weight* weights, int32_t* bias) const {
     if constexpr (kPacked) {
       const int64_t begin = BlockBegin(first_block), end = std::min(n_padded_, BlockBegin(end_block));
-      Tier::kPack(KernelBlock{kernel_, k_, p_.n, begin, end - begin, k_padded_}, weights, bias);
+      Tier::kPack(KernelBlock{kernel_, k_, p_.n, begin, end - begin, k_padded_, run_}, weights, bias);
     }
   }
 
@@ -1787,13 +1841,23 @@ class ImageConv {
     }
     auto* patches =
         reinterpret_cast<Elem*>(Grow(scratch.patches, ((count * window_ + Tier::kRows) * k_padded_ + kChunk) * sizeof(Elem)));
-    Gather(first, count, patches);
+    const uint8_t** quads = nullptr;
+    int64_t* quad_stride = nullptr;
+    if constexpr (kDirectQuads) {
+      quads = Grow(scratch.quads, count * window_);
+      quad_stride = Grow(scratch.quad_stride, count * window_);
+      QuadRows(first, count, quads, quad_stride, patches);
+    } else {
+      Gather(first, count, patches);
+    }
+    // XORed into a quad read where it lies: stored bytes to offset levels (pixels are their offset levels)
+    const uint32_t to_offset = static_cast<uint8_t>(to_level_ ^ 0x80) * 0x01010101u;
     int32_t* tile = Grow(scratch.tile, Tier::kRows * kMaxBlockCols);
     for (int64_t block = first_block; block < end_block; ++block) {
       const int64_t col = BlockBegin(block);
       const void* block_weights = kPacked ? static_cast<const void*>(weights + (col - base) * k_padded_)
                                           : static_cast<const void*>(kernel_ + col);
-      const BlockJob job{patches, k_, k_padded_, count, window_, block_weights, col, BlockCols(block),
+      const BlockJob job{patches, k_, k_padded_, count, window_, quads, quad_stride, to_offset, block_weights, col, BlockCols(block),
                          kPacked && Tier::kOffsetLevels ? bias + (col - base) : nullptr, first, tile, masks_};
       Tier::kBlock(job, epilogue);
     }
@@ -1856,6 +1920,57 @@ class ImageConv {
     }
   }
 
+  // A DirectQuads tier's rows of outputs [first, first + count), in Gather's order: each row's first quad and the
+  // bytes from one quad to the next, in the image where every quad of the field is inside it (and readable: its
+  // last quad reads a byte past the field's last run), else gathered into `border` (its kh quads side by side,
+  // as stored bytes: to_level_, the byte of level 0, where out of frame). As GatherRows, one output row of the
+  // image at a time.
+  void QuadRows(int64_t first, int64_t count, const uint8_t** quads, int64_t* quad_stride, uint8_t* border) const {
+    const int64_t kh = p_.kh, kw = p_.kw, c = p_.c, width = p_.width, height = p_.height;
+    const int64_t out_h = p_.out_h, out_w = p_.out_w, pool_h = p_.pool_h, pool_w = p_.pool_w;
+    const int64_t stride_h = p_.stride_h, stride_w = p_.stride_w, pad_top = p_.pad_top, pad_left = p_.pad_left;
+    const int64_t image_row = width * c, reach = (kh - 1) * image_row + 4, levels_size = levels_size_;
+    const auto* stored = reinterpret_cast<const uint8_t*>(levels_);
+    int64_t i = 0;
+    for (int64_t wy = 0; wy < pool_h; ++wy) {
+      for (int64_t wx = 0; wx < pool_w; ++wx) {
+        for (int64_t o = first; o < first + count;) {
+          const int64_t b = o / (out_h * out_w), oy = o / out_w % out_h, ox0 = o % out_w;
+          const int64_t end = std::min(first + count, o + out_w - ox0);
+          const int64_t y0 = (oy * pool_h + wy) * stride_h - pad_top;
+          const bool rows_inside = y0 >= 0 && y0 + kh <= height;
+          for (int64_t ox = ox0; o < end; ++o, ++ox, ++i) {
+            const int64_t x0 = (ox * pool_w + wx) * stride_w - pad_left;
+            const int64_t offset = ((b * height + y0) * width + x0) * c;
+            if (rows_inside && x0 >= 0 && x0 + kw <= width && offset + reach <= levels_size) {
+              quads[i] = stored + offset;
+              quad_stride[i] = image_row;
+              continue;
+            }
+            uint8_t* row = border + i * k_padded_;
+            BorderQuads(b, y0, x0, row);
+            quads[i] = row;
+            quad_stride[i] = 4;
+          }
+        }
+      }
+    }
+  }
+
+  // The kh quads of the receptive field whose top-left tap is (y0, x0) of image b (QuadRows).
+  void BorderQuads(int64_t b, int64_t y0, int64_t x0, uint8_t* row) const {
+    const auto* stored = reinterpret_cast<const uint8_t*>(levels_);
+    const auto level_zero = static_cast<uint8_t>(to_level_);
+    for (int64_t dy = 0; dy < p_.kh; ++dy) {
+      const int64_t iy = y0 + dy;
+      for (int64_t e = 0; e < 4; ++e) {
+        const int64_t ix = x0 + e / p_.c;
+        const bool in_frame = e < run_ && iy >= 0 && iy < p_.height && ix >= 0 && ix < p_.width;
+        row[dy * 4 + e] = in_frame ? stored[((b * p_.height + iy) * p_.width + ix) * p_.c + e % p_.c] : level_zero;
+      }
+    }
+  }
+
   // The level of a stored byte: itself, or a pixel p's p XOR 0x80 (p - 128).
   int8_t LevelOf(int8_t stored) const { return static_cast<int8_t>(stored ^ to_level_); }
 
@@ -1904,7 +2019,7 @@ class ImageConv {
   const int8_t to_level_;  // XORed into each stored byte: 0x80 for pixels, else 0
   const int8_t* kernel_;
   const ImageKernelMasks masks_;
-  const int64_t levels_size_, k_, k_padded_, n_padded_, window_, blocks_;
+  const int64_t levels_size_, k_, run_, k_padded_, n_padded_, window_, blocks_;
 };
 
 template <class Tier>
@@ -1929,6 +2044,9 @@ void RunAvx2(const ImageConv2dProblem& problem, const int8_t* levels, const int8
     return RunTier<Avx2RawTier>(problem, levels, kernel, masks, threshold, flip, out, pool);
   }
   if (KernelWithinUnit(kernel, k * problem.n)) {
+    if (problem.kw * problem.c <= 4) {
+      return RunTier<Avx2QuadTier>(problem, levels, kernel, masks, threshold, flip, out, pool);
+    }
     return RunTier<Avx2ByteTier>(problem, levels, kernel, masks, threshold, flip, out, pool);
   }
   RunTier<Avx2Tier>(problem, levels, kernel, masks, threshold, flip, out, pool);
