@@ -39,8 +39,8 @@ struct LaneKernel {
 
   void operator()(const LaneRows& rows, int64_t col_begin, int64_t tiles_count, int32_t* dots,
                   int64_t stride) const {
-    lane_dots(rows, lanes + (col_begin / kTileRows) * k_words * kLaneWordNibbles * kTileRows, k_words, col_begin, tiles_count, dots,
-              stride);
+    lane_dots(rows, lanes + (col_begin / kTileRows) * k_words * kLaneWordNibbles * kTileRows, k_words, col_begin,
+              tiles_count, dots, stride);
   }
 };
 

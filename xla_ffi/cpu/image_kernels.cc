@@ -1857,8 +1857,9 @@ class ImageConv {
       const int64_t col = BlockBegin(block);
       const void* block_weights = kPacked ? static_cast<const void*>(weights + (col - base) * k_padded_)
                                           : static_cast<const void*>(kernel_ + col);
-      const BlockJob job{patches, k_, k_padded_, count, window_, quads, quad_stride, to_offset, block_weights, col, BlockCols(block),
-                         kPacked && Tier::kOffsetLevels ? bias + (col - base) : nullptr, first, tile, masks_};
+      const BlockJob job{patches, k_, k_padded_, count, window_, quads, quad_stride, to_offset, block_weights, col,
+                         BlockCols(block), kPacked && Tier::kOffsetLevels ? bias + (col - base) : nullptr, first, tile,
+                         masks_};
       Tier::kBlock(job, epilogue);
     }
   }

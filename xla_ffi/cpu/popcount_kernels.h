@@ -34,14 +34,14 @@ struct PackedPanel {
 using PanelDotsFn = void (*)(const PackedPanel& panel, const uint32_t* tile_rows, int64_t tiles, int32_t* dots,
                              int64_t stride);
 
-// Lane kernels, for short reductions: the weights of a tile row as (k_words, 2, 8) words, word k of its 8 columns
-// side by side as its low nibbles, then as its high nibbles (each nibble in the low half of its byte), every bit
-// outside the reduction 0 (gemm_driver.h, LaneTiles); each word of a reduction row is split into its nibbles once
-// and broadcast against them, so that a byte's count of differing bits is two table lookups of XORed nibbles. The
-// rows are read where they lie: word k of row r is base[r][offsets[r][k]] (a receptive field straight from the
-// image, or a row gathered into scratch), with every bit of it counting. A lane kernel finishes the rows itself:
-// it adds each row's correction (the "zero" padding terms of its excluded taps) and max-pools each run of
-// `window` rows into one output row.
+// Lane kernels, for short reductions and a convolution's long ones (bit_kernels.cc): the weights of a tile row as
+// (k_words, 2, 8) words, word k of its 8 columns side by side as its low nibbles, then as its high nibbles (each
+// nibble in the low half of its byte), every bit outside the reduction 0 (gemm_driver.h, LaneTiles); each word of a
+// reduction row is split into its nibbles once and broadcast against them, so that a byte's count of differing bits
+// is two table lookups of XORed nibbles. The rows are read where they lie: word k of row r is base[r][offsets[r][k]]
+// (a receptive field straight from the image, or a row gathered into scratch), with every bit of it counting. A
+// lane kernel finishes the rows itself: it adds each row's correction (the "zero" padding terms of its excluded
+// taps) and max-pools each run of `window` rows into one output row.
 struct LaneRows {
   const uint32_t* const* base;
   const int64_t* const* offsets;
