@@ -235,13 +235,9 @@ struct ConvLaneRows {
     RowOrigin* origins = Grow(scratch.origins, rows);
     const uint32_t** base = Grow(scratch.row_base, rows);
     const int64_t** offsets = Grow(scratch.row_offsets, rows);
-    const int32_t** correction = Grow(scratch.row_correction, rows);
     uint32_t* gathered = Grow(scratch.panel, rows * p.k_words);
     windows.Origins(first, count, origins);
-    scratch.correction_keys.clear();
-    // per row: its correction row's index, or -1 (pointers once all rows are made: the rows may move as they grow)
-    std::vector<int64_t>& correction_index = scratch.correction_index;
-    correction_index.assign(rows, -1);
+    windows.BeginCorrections(rows, scratch);
     const int32_t k_all = static_cast<int32_t>(taps * p.c);
     for (int64_t r = 0; r < rows; ++r) {
       const RowOrigin& origin = origins[r];
@@ -257,38 +253,9 @@ struct ConvLaneRows {
       offsets[r] = contiguous;
       const int64_t counted = p.pad_one ? taps : in_frame;
       k_valid[r] = static_cast<int32_t>(counted * p.c);
-      if (counted < taps) correction_index[r] = CorrectionRow(origin, scratch);
+      if (counted < taps) scratch.correction_index[r] = windows.CorrectionRow(origin, tap_popcount, 2, scratch);
     }
-    const int32_t* corrections = scratch.corrections.data();
-    for (int64_t r = 0; r < rows; ++r) {
-      correction[r] = correction_index[r] < 0 ? nullptr : corrections + correction_index[r] * p.o;
-    }
-    return LaneRows{base, offsets, rows, p.pool_h * p.pool_w, k_valid, correction};
-  }
-
- private:
-  // The index of the correction row of a field at `origin` with taps out of frame, made if the task has none yet
-  // for its rectangle of taps in frame.
-  int64_t CorrectionRow(const RowOrigin& origin, Scratch& scratch) const {
-    const Bconv2dProblem& p = windows.p;
-    const int64_t key[4] = {std::clamp<int64_t>(-origin.y0, 0, p.kh), std::clamp<int64_t>(p.height - origin.y0, 0, p.kh),
-                            std::clamp<int64_t>(-origin.x0, 0, p.kw), std::clamp<int64_t>(p.width - origin.x0, 0, p.kw)};
-    std::vector<int64_t>& keys = scratch.correction_keys;
-    const int64_t known = static_cast<int64_t>(keys.size()) / 4;
-    for (int64_t i = 0; i < known; ++i) {
-      if (std::equal(key, key + 4, keys.begin() + 4 * i)) return i;
-    }
-    keys.insert(keys.end(), key, key + 4);
-    int32_t* row = Grow(scratch.corrections, (known + 1) * p.o) + known * p.o;
-    std::fill(row, row + p.o, 0);
-    for (int64_t dy = 0; dy < p.kh; ++dy) {
-      for (int64_t dx = 0; dx < p.kw; ++dx) {
-        if (dy >= key[0] && dy < key[1] && dx >= key[2] && dx < key[3]) continue;  // in frame
-        const int32_t* tap = tap_popcount + (dy * p.kw + dx) * p.o;
-        for (int64_t c = 0; c < p.o; ++c) row[c] += 2 * tap[c];
-      }
-    }
-    return known;
+    return LaneRows{base, offsets, rows, p.pool_h * p.pool_w, k_valid, windows.CorrectionPointers(rows, scratch)};
   }
 };
 

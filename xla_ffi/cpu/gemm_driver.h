@@ -257,6 +257,48 @@ struct ConvWindows {
     }
     if (count > 0) add_rows(dots, rows, count, width);
   }
+
+  // Before a task's lane kernel rows are made: no correction rows yet, no row with one.
+  void BeginCorrections(int64_t rows, Scratch& scratch) const {
+    scratch.correction_keys.clear();
+    scratch.correction_index.assign(rows, -1);
+  }
+
+  // For a lane kernel row whose field at `origin` has out-of-frame taps excluded: the index of its correction row in
+  // scratch.corrections (p.o columns), `factor` times the sum of the rows of `tap_terms` ((kh * kw, o)) of those
+  // taps; made if the task has none yet for its rectangle of taps in frame (scratch.correction_keys).
+  int64_t CorrectionRow(const RowOrigin& origin, const int32_t* tap_terms, int32_t factor, Scratch& scratch) const {
+    const int64_t key[4] = {std::clamp<int64_t>(-origin.y0, 0, p.kh), std::clamp<int64_t>(p.height - origin.y0, 0, p.kh),
+                            std::clamp<int64_t>(-origin.x0, 0, p.kw), std::clamp<int64_t>(p.width - origin.x0, 0, p.kw)};
+    std::vector<int64_t>& keys = scratch.correction_keys;
+    const int64_t known = static_cast<int64_t>(keys.size()) / 4;
+    for (int64_t i = 0; i < known; ++i) {
+      if (std::equal(key, key + 4, keys.begin() + 4 * i)) return i;
+    }
+    keys.insert(keys.end(), key, key + 4);
+    int32_t* row = Grow(scratch.corrections, (known + 1) * p.o) + known * p.o;
+    std::fill(row, row + p.o, 0);
+    for (int64_t dy = 0; dy < p.kh; ++dy) {
+      for (int64_t dx = 0; dx < p.kw; ++dx) {
+        if (dy >= key[0] && dy < key[1] && dx >= key[2] && dx < key[3]) continue;  // in frame
+        const int32_t* tap = tap_terms + (dy * p.kw + dx) * p.o;
+        for (int64_t c = 0; c < p.o; ++c) row[c] += factor * tap[c];
+      }
+    }
+    return known;
+  }
+
+  // The lane kernel rows' correction rows, once a task's rows are made (the correction rows may move as they grow):
+  // row r's is scratch.corrections' row scratch.correction_index[r], or null where that is -1.
+  const int32_t* const* CorrectionPointers(int64_t rows, Scratch& scratch) const {
+    const int32_t** correction = Grow(scratch.row_correction, rows);
+    const int32_t* corrections = scratch.corrections.data();
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t index = scratch.correction_index[r];
+      correction[r] = index < 0 ? nullptr : corrections + index * p.o;
+    }
+    return correction;
+  }
 };
 
 struct GemmShape {
