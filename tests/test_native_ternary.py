@@ -157,6 +157,26 @@ def test_bmm_extreme_dots_over_long_reductions(isa, mode, k):
 
 
 @pytest.mark.parametrize("mode", MODES)
+# 15 and 16 words (TNN's lane kernel sums signed byte counts over 15 words at a time), 31 and 36 (TBN's and BTN's
+# over 31), 72 (TNN's longest lane reduction)
+@pytest.mark.parametrize("c", [480, 512, 992, 1152, 2304])
+def test_conv2d_extreme_dots_over_the_lane_kernels_reductions(isa, mode, c):
+    """Pixels equal to a column's weights and pixels opposite to them, no zeros, over 64 rows (1 x 1 fields): every
+    position of the reduction counts in the same direction (dots of exactly +c and -c)."""
+    rng = np.random.default_rng(c)
+    w_values = signs(rng, (1, 1, c, 16))
+    columns = w_values[0, 0].T  # (16, c)
+    pixels = np.stack([columns[p % 16] * (1 if p < 32 else -1) for p in range(64)])
+    x_values = pixels.reshape(1, 8, 8, c)
+    x = formats.pack_ternary_pm_planes(x_values) if mode in ("tnn", "tbn") else ops.pack_bits(x_values)
+    pack = formats.pack_ternary_conv_weights if mode in ("tnn", "btn") else formats.pack_conv_weights
+    want = numpy_conv(x_values, w_values, (1, 1), ((0, 0), (0, 0)), "zero")
+    assert (want.reshape(64, 16)[np.arange(64), np.arange(64) % 16] == np.where(np.arange(64) < 32, c, -c)).all()
+    got = jax.jit(lambda x: ops.bconv2d(x, pack(w_values), padding="VALID"))(x)
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_bmm_batch_dims_fold_and_vmap(mode):
     rng = np.random.default_rng(1)
     a, a_values, w, w_values = operands(rng, mode, (2, 3, 11, 90), (90, 21), conv=False)
@@ -242,9 +262,10 @@ def poisoned_weights(weights, rows, taps, c):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("k", [165, 96])  # padding bits in the last word; whole padding words in the last chunk
-def test_bmm_ignores_garbage_in_padding_bits(isa, mode, k):
+@pytest.mark.parametrize("m", [9, 70])  # the panel kernels; the lane kernels (AVX2) from 64 rows
+def test_bmm_ignores_garbage_in_padding_bits(isa, mode, k, m):
     rng = np.random.default_rng(11)
-    m, n = 9, 13
+    n = 13
     a, a_values, w, w_values = operands(rng, mode, (m, k), (k, n), conv=False)
     rows = 2 * n if mode in ("tnn", "btn") else n
     bits = poisoned_weights(w, rows, 1, k)
@@ -272,11 +293,12 @@ def test_conv2d_ignores_garbage_in_channel_padding_bits(isa, mode, pad_value, c)
 
 
 @pytest.mark.parametrize("mode", ["tnn", "tbn"])
-def test_a_pos_bit_without_its_nonneg_bit_is_zero_as_the_reference_says(isa, mode):
+@pytest.mark.parametrize("m", [12, 64])  # the panel kernels; the lane kernels (AVX2) from 64 rows
+def test_a_pos_bit_without_its_nonneg_bit_is_zero_as_the_reference_says(isa, mode, m):
     """The planes' values are (a + b) / 2 whatever the bits: a pos bit set without its nonneg bit (which no
     quantizer writes) is 0 in the kernels as in the reference."""
     rng = np.random.default_rng(8)
-    m, k, n = 12, 300, 24
+    k, n = 300, 24
     nonneg, pos = (ops.pack_bits(signs(rng, (m, k))) for _ in range(2))  # every combination of bits
     a = formats.TernaryPlanes(nonneg, pos)
     _, _, w, _ = operands(rng, mode, (m, k), (k, n), conv=False)

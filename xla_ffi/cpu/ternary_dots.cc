@@ -1,4 +1,4 @@
-// Instruction-set tiers of the ternary and mixed panel kernels (ternary_dots.h), compiled as the binary
+// Instruction-set tiers of the ternary and mixed panel and lane kernels (ternary_dots.h), compiled as the binary
 // ones (panel_words.h).
 #include "cpu/ternary_dots.h"
 
@@ -148,6 +148,211 @@ JAXBNN_TARGET_AVX2 void MixedAvx2(const MixedPanel& panel, const MixedWeights& w
   }
 }
 
+// AVX2 lane kernels (MixedLaneDotsFn): per word of a row and tile row, per nibble half, TNN forms g = z_x & z_w and
+// the gated g & (a_x ^ b_w) (two ANDs, one XOR) and adds the lookup of one and subtracts the doubled lookup of the
+// other, so that one signed byte accumulator a column holds popc(g) - 2 popc(gated); TBN and BTN gate their XOR
+// with z_x or z_w (an XOR, an AND) and add one lookup. TNN's words add at most 8 in magnitude to a byte, so its
+// bytes are folded into 32-bit counts every 15 words (15 * 8 = 120); the gated counts of TBN and BTN every
+// kLaneByteWords words.
+template <Mix kMix>
+constexpr int64_t LaneFoldWords() {
+  return kMix == Mix::kTnn ? 15 : kLaneByteWords;
+}
+static_assert(15 * 8 <= 127, "signed byte lanes must not wrap");
+
+// The counts of one row against kTiles tile rows: TNN popc(g) - 2 popc(gated), else popc(gated), in 32-bit lanes
+// in column order.
+template <Mix kMix, int kTiles>
+JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void MixedLaneCountsAvx2(const uint32_t* base,
+                                                                                   const int64_t* offsets,
+                                                                                   const uint32_t* lanes,
+                                                                                   int64_t k_words,
+                                                                                   __m256i (&counts)[kTiles]) {
+  constexpr int64_t kTileWordWords = LaneWeightPlanes(kMix) * kLaneWordNibbles * kTileRows;
+  const __m256i table = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2, 1, 2, 2, 3, 1,
+                                         2, 2, 3, 2, 3, 3, 4);
+  const __m256i doubled = _mm256_add_epi8(table, table);
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
+  const __m256i ones_8 = _mm256_set1_epi8(1), ones_16 = _mm256_set1_epi16(1);
+#pragma GCC unroll 8
+  for (int u = 0; u < kTiles; ++u) counts[u] = _mm256_setzero_si256();
+  for (int64_t begin = 0; begin < k_words; begin += LaneFoldWords<kMix>()) {
+    const int64_t end = std::min(k_words, begin + LaneFoldWords<kMix>());
+    __m256i bytes[kTiles];
+#pragma GCC unroll 8
+    for (int u = 0; u < kTiles; ++u) bytes[u] = _mm256_setzero_si256();
+    for (int64_t k = begin; k < end; ++k) {
+      const __m256i x0 = _mm256_set1_epi32(static_cast<int>(base[offsets[k]]));
+      const __m256i x0_low = _mm256_and_si256(x0, low_nibbles);
+      const __m256i x0_high = _mm256_and_si256(_mm256_srli_epi16(x0, 4), low_nibbles);
+      __m256i z_low = x0_low, z_high = x0_high;  // z_x's nibbles (TNN, TBN)
+      if constexpr (PanelPlanes(kMix) == 2) {
+        const __m256i z = _mm256_set1_epi32(static_cast<int>(base[offsets[k_words + k]]));
+        z_low = _mm256_and_si256(z, low_nibbles);
+        z_high = _mm256_and_si256(_mm256_srli_epi16(z, 4), low_nibbles);
+      }
+#pragma GCC unroll 8
+      for (int u = 0; u < kTiles; ++u) {
+        const __m256i* w = reinterpret_cast<const __m256i*>(lanes + (u * k_words + k) * kTileWordWords);
+        if constexpr (kMix == Mix::kTnn) {
+          const __m256i g_low = _mm256_and_si256(z_low, _mm256_loadu_si256(w));
+          const __m256i g_high = _mm256_and_si256(z_high, _mm256_loadu_si256(w + 1));
+          const __m256i gated_low = _mm256_and_si256(g_low, _mm256_xor_si256(x0_low, _mm256_loadu_si256(w + 2)));
+          const __m256i gated_high = _mm256_and_si256(g_high, _mm256_xor_si256(x0_high, _mm256_loadu_si256(w + 3)));
+          bytes[u] = _mm256_add_epi8(bytes[u], _mm256_shuffle_epi8(table, g_low));
+          bytes[u] = _mm256_sub_epi8(bytes[u], _mm256_shuffle_epi8(doubled, gated_low));
+          bytes[u] = _mm256_add_epi8(bytes[u], _mm256_shuffle_epi8(table, g_high));
+          bytes[u] = _mm256_sub_epi8(bytes[u], _mm256_shuffle_epi8(doubled, gated_high));
+        } else {
+          // TBN: (a_x ^ w) & z_x; BTN: (x ^ b_w) & z_w
+          const __m256i sign_low = _mm256_loadu_si256(w + (kMix == Mix::kBtn ? 2 : 0));
+          const __m256i sign_high = _mm256_loadu_si256(w + (kMix == Mix::kBtn ? 3 : 1));
+          const __m256i gate_low = kMix == Mix::kBtn ? _mm256_loadu_si256(w) : z_low;
+          const __m256i gate_high = kMix == Mix::kBtn ? _mm256_loadu_si256(w + 1) : z_high;
+          const __m256i gated_low = _mm256_and_si256(gate_low, _mm256_xor_si256(x0_low, sign_low));
+          const __m256i gated_high = _mm256_and_si256(gate_high, _mm256_xor_si256(x0_high, sign_high));
+          bytes[u] = _mm256_add_epi8(bytes[u], _mm256_shuffle_epi8(table, gated_low));
+          bytes[u] = _mm256_add_epi8(bytes[u], _mm256_shuffle_epi8(table, gated_high));
+        }
+      }
+    }
+    // each column's 4 bytes into its 32-bit lane (TNN's are signed: vpmaddubsw takes them as its second operand)
+#pragma GCC unroll 8
+    for (int u = 0; u < kTiles; ++u) {
+      const __m256i pairs =
+          kMix == Mix::kTnn ? _mm256_maddubs_epi16(ones_8, bytes[u]) : _mm256_maddubs_epi16(bytes[u], ones_8);
+      counts[u] = _mm256_add_epi32(counts[u], _mm256_madd_epi16(pairs, ones_16));
+    }
+  }
+}
+
+// The dots of row r against kTiles tile rows (columns: their column terms; col: the first column).
+template <Mix kMix, int kTiles>
+JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void MixedLaneRowAvx2(const LaneRows& rows, int64_t r,
+                                                                                const uint32_t* lanes,
+                                                                                int64_t k_words,
+                                                                                const __m256i (&columns)[kTiles],
+                                                                                int64_t col, __m256i (&dots)[kTiles]) {
+  __m256i counts[kTiles];
+  MixedLaneCountsAvx2<kMix, kTiles>(rows.base[r], rows.offsets[r], lanes, k_words, counts);
+  const int32_t* correction = rows.correction == nullptr ? nullptr : rows.correction[r];
+  const __m256i row_term = _mm256_set1_epi32(rows.k_valid[r]);
+#pragma GCC unroll 8
+  for (int u = 0; u < kTiles; ++u) {
+    dots[u] = _mm256_add_epi32(row_term, columns[u]);
+    dots[u] = kMix == Mix::kTnn ? _mm256_add_epi32(dots[u], counts[u])
+                                : _mm256_sub_epi32(dots[u], _mm256_slli_epi32(counts[u], 1));
+    if (correction != nullptr) {
+      dots[u] = _mm256_add_epi32(
+          dots[u], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(correction + col + u * kTileRows)));
+    }
+  }
+}
+
+// kTiles tile rows of every output row: each window row's dots, their max stored.
+template <Mix kMix, int kTiles>
+JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void MixedLaneOutputsAvx2(const LaneRows& rows,
+                                                                                    const uint32_t* lanes,
+                                                                                    int64_t k_words,
+                                                                                    const int32_t* col_term,
+                                                                                    int64_t col, int32_t* dots,
+                                                                                    int64_t stride) {
+  __m256i columns[kTiles];
+#pragma GCC unroll 8
+  for (int u = 0; u < kTiles; ++u) {
+    columns[u] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col_term + u * kTileRows));
+  }
+  for (int64_t first = 0, o = 0; first < rows.rows; first += rows.window, ++o) {
+    __m256i pooled[kTiles], row_dots[kTiles];
+    MixedLaneRowAvx2<kMix, kTiles>(rows, first, lanes, k_words, columns, col, pooled);
+    for (int64_t r = first + 1; r < first + rows.window; ++r) {
+      MixedLaneRowAvx2<kMix, kTiles>(rows, r, lanes, k_words, columns, col, row_dots);
+#pragma GCC unroll 8
+      for (int u = 0; u < kTiles; ++u) pooled[u] = _mm256_max_epi32(pooled[u], row_dots[u]);
+    }
+#pragma GCC unroll 8
+    for (int u = 0; u < kTiles; ++u) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dots + o * stride + u * kTileRows), pooled[u]);
+    }
+  }
+}
+
+// kWidest tile rows a step, each over all output rows while its weights are hot in L1; then half as many, down to
+// one. Four at most: TNN's byte and 32-bit accumulators and its four nibble registers of a row word fill the
+// sixteen registers.
+template <Mix kMix, int kWidest>
+JAXBNN_TARGET_AVX2 void MixedLaneStepsAvx2(const LaneRows& rows, const uint32_t* lane_tiles, int64_t k_words,
+                                           const int32_t* col_term, int64_t col_begin, int64_t tiles, int32_t* dots,
+                                           int64_t stride) {
+  const int64_t tile_words = k_words * LaneWeightPlanes(kMix) * kLaneWordNibbles * kTileRows;
+  int64_t t = 0;
+  for (; t + kWidest <= tiles; t += kWidest) {
+    MixedLaneOutputsAvx2<kMix, kWidest>(rows, lane_tiles + t * tile_words, k_words, col_term + t * kTileRows,
+                                        col_begin + t * kTileRows, dots + t * kTileRows, stride);
+  }
+  if constexpr (kWidest > 1) {
+    if (t < tiles) {
+      MixedLaneStepsAvx2<kMix, kWidest / 2>(rows, lane_tiles + t * tile_words, k_words, col_term + t * kTileRows,
+                                            col_begin + t * kTileRows, tiles - t, dots + t * kTileRows, stride);
+    }
+  }
+}
+
+// A tile chunk's 8 rows x 4 words, four registers of two rows each, as four registers of one word each, its 8 rows
+// in order: an 8 x 4 transpose of unpacks, then one permutation a word.
+JAXBNN_TARGET_AVX2 inline void TransposeChunkAvx2(const uint32_t* chunk, __m256i (&words)[4]) {
+  const __m256i* rows = reinterpret_cast<const __m256i*>(chunk);
+  const __m256i rows_01 = _mm256_loadu_si256(rows), rows_23 = _mm256_loadu_si256(rows + 1);
+  const __m256i rows_45 = _mm256_loadu_si256(rows + 2), rows_67 = _mm256_loadu_si256(rows + 3);
+  // words 0, 1 (low) and 2, 3 (high) of rows 0, 2 | 1, 3 and of rows 4, 6 | 5, 7
+  const __m256i low_0123 = _mm256_unpacklo_epi32(rows_01, rows_23), high_0123 = _mm256_unpackhi_epi32(rows_01, rows_23);
+  const __m256i low_4567 = _mm256_unpacklo_epi32(rows_45, rows_67), high_4567 = _mm256_unpackhi_epi32(rows_45, rows_67);
+  // each word's rows in the order 0, 2, 4, 6, 1, 3, 5, 7
+  const __m256i row_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  words[0] = _mm256_permutevar8x32_epi32(_mm256_unpacklo_epi64(low_0123, low_4567), row_order);
+  words[1] = _mm256_permutevar8x32_epi32(_mm256_unpackhi_epi64(low_0123, low_4567), row_order);
+  words[2] = _mm256_permutevar8x32_epi32(_mm256_unpacklo_epi64(high_0123, high_4567), row_order);
+  words[3] = _mm256_permutevar8x32_epi32(_mm256_unpackhi_epi64(high_0123, high_4567), row_order);
+}
+
+// Word k of a tile row's 8 columns is word k % 4 of each row of tile chunk k / 4.
+template <Mix kMix>
+JAXBNN_TARGET_AVX2 void MixedLaneTilesAvx2(const MixedWeights& w, int64_t tiles, int64_t k_words, uint32_t* lanes) {
+  constexpr int kPlanes = LaneWeightPlanes(kMix);
+  const __m256i low_nibbles = _mm256_set1_epi32(static_cast<int>(kLowNibbles));
+  for (int64_t t = 0; t < tiles; ++t) {
+    for (int64_t j = 0; j < w.chunks; ++j) {
+      const int64_t at = (t * w.chunks + j) * kTileChunkWords;
+      __m256i nonneg[4], pos[4];
+      TransposeChunkAvx2(w.nonneg + at, nonneg);
+      if constexpr (TernaryWeights(kMix)) TransposeChunkAvx2(w.pos + at, pos);
+      for (int64_t i = 0; i < kChunkWords && j * kChunkWords + i < k_words; ++i) {
+        const int64_t k = j * kChunkWords + i;
+        __m256i planes[2] = {nonneg[i], nonneg[i]};
+        if constexpr (TernaryWeights(kMix)) {
+          // z_w = NOT (nonneg XOR pos), masked to the reduction
+          planes[0] = _mm256_andnot_si256(_mm256_xor_si256(nonneg[i], pos[i]),
+                                          _mm256_set1_epi32(static_cast<int>(w.mask[k])));
+          planes[1] = pos[i];
+        }
+        __m256i* out = reinterpret_cast<__m256i*>(lanes + (t * k_words + k) * kPlanes * kLaneWordNibbles * kTileRows);
+#pragma GCC unroll 2
+        for (int p = 0; p < kPlanes; ++p) {
+          _mm256_storeu_si256(out + 2 * p, _mm256_and_si256(planes[p], low_nibbles));
+          _mm256_storeu_si256(out + 2 * p + 1, _mm256_and_si256(_mm256_srli_epi32(planes[p], 4), low_nibbles));
+        }
+      }
+    }
+  }
+}
+
+template <Mix kMix>
+JAXBNN_TARGET_AVX2 void MixedLaneAvx2(const LaneRows& rows, const uint32_t* lane_tiles, int64_t k_words,
+                                      const int32_t* col_term, int64_t col_begin, int64_t tiles, int32_t* dots,
+                                      int64_t stride) {
+  MixedLaneStepsAvx2<kMix, 4>(rows, lane_tiles, k_words, col_term, col_begin, tiles, dots, stride);
+}
+
 // GCC 12 reports its own _mm512_undefined_* placeholders (inside the narrowing intrinsics) as maybe
 // uninitialized; they are do-not-care lanes by design.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -284,6 +489,15 @@ MixedDotsFn TierFor(Isa isa) {
   }
 }
 
+template <Mix kMix>
+MixedLaneTier LaneTierFor(Isa isa) {
+#ifdef JAXBNN_X86
+  if (isa == Isa::kAvx2) return {MixedLaneAvx2<kMix>, MixedLaneTilesAvx2<kMix>};
+#endif
+  (void)isa;
+  return {nullptr, nullptr};
+}
+
 }  // namespace
 
 MixedDotsFn MixedDotsFor(Mix mix, Isa isa) {
@@ -293,6 +507,15 @@ MixedDotsFn MixedDotsFor(Mix mix, Isa isa) {
     case Mix::kBtn: return TierFor<Mix::kBtn>(isa);
   }
   return TierFor<Mix::kTnn>(isa);
+}
+
+MixedLaneTier MixedLaneTierFor(Mix mix, Isa isa) {
+  switch (mix) {
+    case Mix::kTnn: return LaneTierFor<Mix::kTnn>(isa);
+    case Mix::kTbn: return LaneTierFor<Mix::kTbn>(isa);
+    case Mix::kBtn: return LaneTierFor<Mix::kBtn>(isa);
+  }
+  return {nullptr, nullptr};
 }
 
 }  // namespace jaxbnn::cpu

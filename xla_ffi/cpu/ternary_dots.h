@@ -55,6 +55,37 @@ using MixedDotsFn = void (*)(const MixedPanel& panel, const MixedWeights& weight
 
 MixedDotsFn MixedDotsFor(Mix mix, Isa isa);
 
+// Lane kernels of the mixed products, as the binary ones (popcount_kernels.h, LaneDotsFn): each word of a
+// reduction row is split into its nibbles once and broadcast against the nibbles of the weights of several tile
+// rows, so that a byte's counts are table lookups of gated XORed nibbles.
+//   Weights: a tile row as (k_words, LaneWeightPlanes(mix), 2, 8) words (MixedLaneTilesFn):
+//   word k of its 8 columns in each plane (TNN, BTN: z_w, then b_w; TBN: the bits) as its low nibbles, then its
+//   high nibbles; every bit of z_w outside the reduction 0.
+//   Rows: LaneRows whose offsets hold PanelPlanes(mix) * k_words entries: word k of a_x (BTN: the bits) at
+//   base[offsets[k]], of z_x at base[offsets[k_words + k]]; k_valid holds each row's term (TBN popc(z_x), else 0),
+//   correction BTN's "zero" padding terms.
+// For every output row o < rows / window, tile row t < tiles and row i < 8, with c = col_begin + t * 8 + i:
+//   dots[o * stride + t * 8 + i] = max over r in [o * window, (o + 1) * window) of
+//       k_valid[r] + col_term[t * 8 + i] + (TNN: sum of popc(z_x & z_w)) - 2 * (sum of the gated popcounts)
+//       + correction[r][c]
+using MixedLaneDotsFn = void (*)(const LaneRows& rows, const uint32_t* lane_tiles, int64_t k_words,
+                                 const int32_t* col_term, int64_t col_begin, int64_t tiles, int32_t* dots,
+                                 int64_t stride);
+
+// Weight planes of a lane tile row: z_w and b_w for ternary weights, the bits for binary ones.
+constexpr int LaneWeightPlanes(Mix mix) { return TernaryWeights(mix) ? 2 : 1; }
+
+// The weights of `tiles` tile rows of kernel tiles (MixedWeights) as a lane kernel reads them, into `lanes`.
+using MixedLaneTilesFn = void (*)(const MixedWeights& weights, int64_t tiles, int64_t k_words, uint32_t* lanes);
+
+struct MixedLaneTier {
+  MixedLaneDotsFn dots;
+  MixedLaneTilesFn tiles;
+};
+
+// Null functions where the tier has none (the AVX-512 kernels count whole 64-bit words with VPOPCNTQ).
+MixedLaneTier MixedLaneTierFor(Mix mix, Isa isa);
+
 }  // namespace jaxbnn::cpu
 
 #endif  // JAXBNN_XLA_FFI_CPU_TERNARY_DOTS_H_

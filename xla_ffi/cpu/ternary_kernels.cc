@@ -1,7 +1,7 @@
-// Ternary and mixed bmm / conv2d: panels of the planes ternary_dots.h reads, gathered from the activations,
-// and the per-column terms from the weights' popcounts.
+// Ternary and mixed bmm / conv2d: panels of the planes ternary_dots.h reads, gathered from the activations, or the
+// rows of its lane kernels, read where they lie; and the per-column terms from the weights' popcounts.
 //
-// Ternary activations enter the panels as (a, z_x), z_x = NOT (a XOR b) masked to the real channels, formed
+// Ternary activations enter the kernels as (a, z_x), z_x = NOT (a XOR b) masked to the real channels, formed
 // once per call (a convolution gathers each pixel KH * KW times). Padding is exact without corrections
 // wherever the activations are ternary: an out-of-frame tap is the value 0 for pad_value "zero" (z_x = 0)
 // and -1 for "one" (a = 0, z_x = the real channel bits). Binary activations (BTN) have no 0: an
@@ -31,18 +31,20 @@ inline int32_t Popcount32(uint32_t v) {  // the module targets baseline x86-64: 
   return static_cast<int32_t>((((v + (v >> 4)) & 0x0F0F0F0Fu) * 0x01010101u) >> 24);
 }
 
-// The activations as the panels take them: plane0 the bits (BTN) or a; plane1 z_x; `nonzero` TBN's
-// popc(z_x) of each run (a row of a matrix, a pixel of an image).
+// The activations as the kernels take them: plane0 the bits (BTN) or a; plane1 z_x, plane_distance words after
+// plane0 (so that a lane kernel row finds word k of z_x at the offset of word k of a plus plane_distance); `nonzero`
+// TBN's popc(z_x) of each run (a row of a matrix, a pixel of an image).
 struct SourcePlanes {
   const uint32_t* plane0;
   const uint32_t* plane1;
+  int64_t plane_distance;
   const int32_t* nonzero;
 };
 
-// What a call keeps alive for its panels: the nonneg and the formed z_x planes and the runs' popcounts.
+// What a call keeps alive for its kernels: the nonneg and the formed z_x planes, one after the other, and the runs'
+// popcounts.
 struct ActivationStorage {
-  std::unique_ptr<uint32_t[]> nonneg_plane;
-  std::unique_ptr<uint32_t[]> nonzero_plane;
+  std::unique_ptr<uint32_t[]> planes;
   std::unique_ptr<int32_t[]> nonzero_counts;
 };
 
@@ -51,12 +53,12 @@ struct ActivationStorage {
 // written here in one pass over the activations.
 SourcePlanes PrepareActivations(Mix mix, const ActivationPlanes& x, int64_t runs, int64_t words, int64_t bits,
                                 ffi::ThreadPool* pool, ActivationStorage& storage) {
-  if (mix == Mix::kBtn) return SourcePlanes{x.words, nullptr, nullptr};
-  storage.nonneg_plane.reset(new uint32_t[std::max<int64_t>(1, runs * words)]);
-  storage.nonzero_plane.reset(new uint32_t[std::max<int64_t>(1, runs * words)]);
+  if (mix == Mix::kBtn) return SourcePlanes{x.words, nullptr, 0, nullptr};
+  const int64_t plane_words = std::max<int64_t>(1, runs * words);
+  storage.planes.reset(new uint32_t[2 * plane_words]);
   storage.nonzero_counts.reset(mix == Mix::kTbn ? new int32_t[std::max<int64_t>(1, runs)] : nullptr);
-  uint32_t* const a = storage.nonneg_plane.get();
-  uint32_t* const z = storage.nonzero_plane.get();
+  uint32_t* const a = storage.planes.get();
+  uint32_t* const z = a + plane_words;
   int32_t* const counts = storage.nonzero_counts.get();
   const uint32_t last_mask = formats::LastWordMask(bits);
   const int64_t runs_per_task = std::max<int64_t>(1, kConvertTaskWords / std::max<int64_t>(1, 2 * words));
@@ -76,7 +78,7 @@ SourcePlanes PrepareActivations(Mix mix, const ActivationPlanes& x, int64_t runs
       if (counts != nullptr) counts[run] = count;
     }
   });
-  return SourcePlanes{a, z, counts};
+  return SourcePlanes{a, z, plane_words, counts};
 }
 
 // One receptive field being gathered into a contiguous line per plane (plane p at words + p * row_words),
@@ -110,6 +112,33 @@ struct MixedLine {
       if (minus_one) z[count - 1] = last_mask;
       if (kMix == Mix::kTbn && minus_one) nonzero += channels;
     }
+  }
+
+  // The receptive field at `origin`, each tap at word tap * c_words: an out-of-frame tap as pad_value says (BTN: -1
+  // whatever it says, AddExcludedTaps or a correction row taking "zero" back). Returns whether a tap was out of frame.
+  JAXBNN_ALWAYS_INLINE bool Gather(const ConvWindows& windows, const SourcePlanes& x, const RowOrigin& origin) {
+    const Bconv2dProblem& p = windows.p;
+    const uint32_t last_mask = formats::LastWordMask(p.c);
+    const int32_t channels = static_cast<int32_t>(p.c);
+    bool out_of_frame = false;
+    for (int64_t dy = 0; dy < p.kh; ++dy) {
+      const int64_t iy = origin.y0 + dy, word = dy * p.kw * p.c_words;
+      if (windows.RowInFrame(origin, dy)) {
+        const int64_t pixel = windows.Pixel(origin.b, iy, origin.x0);
+        Put(word, x, pixel, p.kw, pixel * p.c_words, p.kw * p.c_words);
+        continue;
+      }
+      for (int64_t dx = 0; dx < p.kw; ++dx) {
+        if (windows.InFrame(iy, origin.x0 + dx)) {
+          const int64_t pixel = windows.Pixel(origin.b, iy, origin.x0 + dx);
+          Put(word + dx * p.c_words, x, pixel, 1, pixel * p.c_words, p.c_words);
+        } else {
+          PutPadding(word + dx * p.c_words, p.c_words, p.pad_one || kMix == Mix::kBtn, last_mask, channels);
+          out_of_frame = true;
+        }
+      }
+    }
+    return out_of_frame;
   }
 
   // Into panel row r, each plane whole.
@@ -163,7 +192,6 @@ struct MixedConvRows {
     const Bconv2dProblem& p = windows.p;
     const int64_t rows = count * p.pool_h * p.pool_w;
     const uint32_t last_mask = formats::LastWordMask(p.c);
-    const int32_t channels = static_cast<int32_t>(p.c);
     uint32_t* panel = Grow(scratch.panel, PanelWords<kMix>(rows, chunks));
     int32_t* row_term = Grow(scratch.row_term, rows);
     uint8_t* excluded = Grow(scratch.excluded, rows);
@@ -181,24 +209,7 @@ struct MixedConvRows {
         continue;
       }
       MixedLine<kMix> row{line, row_words};
-      bool out_of_frame = false;
-      for (int64_t dy = 0; dy < p.kh; ++dy) {
-        const int64_t iy = y0 + dy, word = dy * p.kw * p.c_words;
-        if (windows.RowInFrame(origins[r], dy)) {
-          const int64_t pixel = windows.Pixel(b, iy, x0);
-          row.Put(word, x, pixel, p.kw, pixel * p.c_words, p.kw * p.c_words);
-          continue;
-        }
-        for (int64_t dx = 0; dx < p.kw; ++dx) {
-          if (windows.InFrame(iy, x0 + dx)) {
-            const int64_t pixel = windows.Pixel(b, iy, x0 + dx);
-            row.Put(word + dx * p.c_words, x, pixel, 1, pixel * p.c_words, p.c_words);
-          } else {
-            row.PutPadding(word + dx * p.c_words, p.c_words, p.pad_one || kMix == Mix::kBtn, last_mask, channels);
-            out_of_frame = true;
-          }
-        }
-      }
+      const bool out_of_frame = row.Gather(windows, x, origins[r]);
       row.CopyTo(panel, chunks, r);
       row_term[r] = row.nonzero;  // the row's term (ternary_dots.h): TBN's popc(z_x), 0 otherwise
       excluded[r] = kMix == Mix::kBtn && !p.pad_one && out_of_frame;
@@ -233,6 +244,89 @@ struct MixedConvRows {
   }
 };
 
+// The words of a lane kernel row (ternary_dots.h, MixedLaneDotsFn) that lie side by side: offsets 0 .. k_words - 1,
+// and for ternary activations those of z_x, plane_distance further on.
+template <Mix kMix>
+std::vector<int64_t> ContiguousPlaneOffsets(int64_t k_words, int64_t plane_distance) {
+  std::vector<int64_t> offsets(PanelPlanes(kMix) * k_words);
+  for (int64_t k = 0; k < k_words; ++k) {
+    offsets[k] = k;
+    if constexpr (PanelPlanes(kMix) == 2) offsets[k_words + k] = plane_distance + k;
+  }
+  return offsets;
+}
+
+// Rows of the activation matrix for the lane kernel, read where they lie (the kernels gate out every padding bit).
+template <Mix kMix>
+struct MixedBmmLaneRows {
+  SourcePlanes a;
+  int64_t k_words;
+  const int64_t* offsets;  // ContiguousPlaneOffsets(k_words, a.plane_distance)
+
+  LaneRows Fill(int64_t first, int64_t count, Scratch& scratch) const {
+    int32_t* row_term = Grow(scratch.row_term, count);
+    const uint32_t** base = Grow(scratch.row_base, count);
+    const int64_t** row_offsets = Grow(scratch.row_offsets, count);
+    for (int64_t r = 0; r < count; ++r) {
+      base[r] = a.plane0 + (first + r) * k_words;
+      row_offsets[r] = offsets;
+      row_term[r] = kMix == Mix::kTbn ? a.nonzero[first + r] : 0;  // the row's term (ternary_dots.h)
+    }
+    return LaneRows{base, row_offsets, count, 1, row_term, nullptr};
+  }
+};
+
+// Receptive fields of pooled output pixels for the lane kernel: read straight from the NHWC planes where every tap
+// is in frame (field_offsets), else gathered (MixedLine::Gather) into scratch, each plane k_words long. BTN with
+// "zero" padding reads an out-of-frame tap t as -1, which added -tap_sum[t, c] to the dot of column c: the row's
+// correction row adds it back.
+template <Mix kMix>
+struct MixedConvLaneRows {
+  ConvWindows windows;
+  SourcePlanes x;
+  const int32_t* tap_sum;        // BTN with "zero" padding: (kh * kw, o), sum(w_tap) per tap and output channel
+  const int64_t* field_offsets;  // word k of a field in frame (each plane), from its top-left tap's first word of a
+  const int64_t* contiguous;     // ContiguousPlaneOffsets(k_words, k_words), for a gathered field
+
+  LaneRows Fill(int64_t first, int64_t count, Scratch& scratch) const {
+    const Bconv2dProblem& p = windows.p;
+    constexpr int kPlanes = PanelPlanes(kMix);
+    const int64_t rows = count * p.pool_h * p.pool_w;
+    int32_t* row_term = Grow(scratch.row_term, rows);
+    RowOrigin* origins = Grow(scratch.origins, rows);
+    const uint32_t** base = Grow(scratch.row_base, rows);
+    const int64_t** offsets = Grow(scratch.row_offsets, rows);
+    uint32_t* gathered = Grow(scratch.panel, rows * kPlanes * p.k_words);
+    windows.Origins(first, count, origins);
+    windows.BeginCorrections(rows, scratch);
+    for (int64_t r = 0; r < rows; ++r) {
+      const RowOrigin& origin = origins[r];
+      if (windows.FieldInFrame(origin)) {
+        base[r] = x.plane0 + windows.PixelOffset(origin.b, origin.y0, origin.x0);
+        offsets[r] = field_offsets;
+        int32_t nonzero = 0;  // the row's term (ternary_dots.h): TBN's popc(z_x), 0 otherwise
+        if constexpr (kMix == Mix::kTbn) {
+          for (int64_t dy = 0; dy < p.kh; ++dy) {
+            const int32_t* counts = x.nonzero + windows.Pixel(origin.b, origin.y0 + dy, origin.x0);
+            for (int64_t dx = 0; dx < p.kw; ++dx) nonzero += counts[dx];
+          }
+        }
+        row_term[r] = nonzero;
+        continue;
+      }
+      MixedLine<kMix> line{gathered + r * kPlanes * p.k_words, p.k_words};
+      const bool out_of_frame = line.Gather(windows, x, origin);
+      base[r] = line.words;
+      offsets[r] = contiguous;
+      row_term[r] = line.nonzero;
+      if (kMix == Mix::kBtn && !p.pad_one && out_of_frame) {
+        scratch.correction_index[r] = windows.CorrectionRow(origin, tap_sum, 1, scratch);
+      }
+    }
+    return LaneRows{base, offsets, rows, p.pool_h * p.pool_w, row_term, windows.CorrectionPointers(rows, scratch)};
+  }
+};
+
 // The weights in kernel tiles, their reduction mask and per-column terms, and the kernel of the active tier.
 struct MixedKernel {
   MixedDotsFn dots_fn;
@@ -245,6 +339,31 @@ struct MixedKernel {
     dots_fn(panel, run, tiles, dots, stride);
   }
 };
+
+// The weights of every output column as the lane kernels read them (ternary_dots.h, MixedLaneDotsFn), the column
+// terms, and the lane kernel of the active tier; it pools and corrects the rows itself.
+struct MixedLaneKernel {
+  static constexpr bool kPoolsWindows = true;
+  MixedLaneDotsFn lane_dots;
+  const uint32_t* lanes;
+  int64_t k_words, tile_words;
+  const int32_t* col_term;
+
+  void operator()(const LaneRows& rows, int64_t col_begin, int64_t tiles, int32_t* dots, int64_t stride) const {
+    lane_dots(rows, lanes + col_begin / kTileRows * tile_words, k_words, col_term + col_begin, col_begin, tiles, dots,
+              stride);
+  }
+};
+
+// The lane kernel of `tier` over the weights `w` of n output columns, their lane tiles in `storage`.
+MixedLaneKernel MixedLaneKernelOf(Mix mix, const MixedLaneTier& tier, const MixedWeights& w, int64_t n,
+                                  int64_t k_words, std::unique_ptr<uint32_t[]>& storage) {
+  const int64_t tiles = CeilDiv(n, kTileRows);
+  const int64_t tile_words = k_words * LaneWeightPlanes(mix) * kLaneWordNibbles * kTileRows;
+  storage.reset(new uint32_t[std::max<int64_t>(1, tiles * tile_words)]);  // every word written by tier.tiles
+  tier.tiles(w, tiles, k_words, storage.get());
+  return MixedLaneKernel{tier.dots, storage.get(), k_words, tile_words, w.col_term};
+}
 
 // What a call keeps alive for its kernel: the copied tiles (where the FSB weights were not the kernels'
 // tiles already), the mask and the column terms.
@@ -275,10 +394,36 @@ MixedKernel PrepareWeights(Mix mix, const uint32_t* tiles, int64_t n, int64_t k_
   return MixedKernel{MixedDotsFor(mix, ActiveIsa()), w};
 }
 
+// The lane kernels (ternary_dots.h) serve a product from this many reduction rows, fewer not repaying the weights'
+// regrouping (MixedLaneTilesFn: a 1024 x 1024 TNN bmm of 8 rows -20%, a 3 x 3 x 512 TNN convolution of 49 rows -13%), and up
+// to LaneMaxWords words: TNN's weights fill four tile rows' L1 share at 72 (3 x 3 x 256 at batch 8 +14%, 3 x 3 x 512
+// no faster); TBN's and BTN's panel kernels are as fast from 72 words (3 x 3 x 128 +16% / +23%, 3 x 3 x 256 -4% /
+// -12%) (decisions.md).
+constexpr int64_t kLaneMinRows = 64;
+constexpr int64_t LaneMaxWords(Mix mix) { return mix == Mix::kTnn ? 72 : 36; }
+
+// The active tier's lane kernel for a product of `rows` reduction rows of k_words words, or null functions (the
+// panel kernel).
+MixedLaneTier LaneTierFor(Mix mix, int64_t rows, int64_t k_words) {
+  if (rows < kLaneMinRows || k_words > LaneMaxWords(mix)) return {nullptr, nullptr};
+  return MixedLaneTierFor(mix, ActiveIsa());
+}
+
+// Bytes of weights a lane kernel reads per output column.
+int64_t LaneColumnBytes(Mix mix, int64_t k_words) { return k_words * LaneWeightPlanes(mix) * kLaneWordNibbles * 4; }
+
 template <Mix kMix>
 void RunBmmOf(const BmmProblem& p, const SourcePlanes& a, const MixedKernel& kernel,
               const EpilogueData& epilogue, void* out, ffi::ThreadPool* pool) {
   const int64_t chunks = kernel.weights.chunks;
+  if (const MixedLaneTier tier = LaneTierFor(kMix, p.m, p.k_words); tier.dots != nullptr) {
+    std::unique_ptr<uint32_t[]> lane_storage;
+    const MixedLaneKernel lane = MixedLaneKernelOf(kMix, tier, kernel.weights, p.n, p.k_words, lane_storage);
+    const std::vector<int64_t> offsets = ContiguousPlaneOffsets<kMix>(p.k_words, a.plane_distance);
+    RunGemm(MixedBmmLaneRows<kMix>{a, p.k_words, offsets.data()}, lane,
+            GemmShape{p.m, 1, p.n, chunks, LaneColumnBytes(kMix, p.k_words)}, epilogue, out, pool);
+    return;
+  }
   MixedBmmRows<kMix> rows{a, p.k_words, chunks};
   const int64_t column_bytes = chunks * kChunkWords * 4 * (TernaryWeights(kMix) ? 2 : 1);
   RunGemm(rows, kernel, GemmShape{p.m, 1, p.n, chunks, column_bytes}, epilogue, out, pool);
@@ -288,9 +433,25 @@ template <Mix kMix>
 void RunConvOf(const Bconv2dProblem& p, const SourcePlanes& x, const int32_t* tap_sum,
                const MixedKernel& kernel, const EpilogueData& epilogue, void* out, ffi::ThreadPool* pool) {
   const int64_t chunks = kernel.weights.chunks;
-  MixedConvRows<kMix> rows{ConvWindows{p}, x, tap_sum, chunks, AddRowsFor(ActiveIsa(), 1)};
-  const int64_t column_bytes = chunks * kChunkWords * 4 * (TernaryWeights(kMix) ? 2 : 1);
   const int64_t outputs = p.batch * p.out_h * p.out_w;
+  const ConvWindows windows{p};
+  if (const MixedLaneTier tier = LaneTierFor(kMix, outputs * p.pool_h * p.pool_w, p.k_words); tier.dots != nullptr) {
+    std::unique_ptr<uint32_t[]> lane_storage;
+    const MixedLaneKernel lane = MixedLaneKernelOf(kMix, tier, kernel.weights, p.o, p.k_words, lane_storage);
+    std::vector<int64_t> field_offsets(PanelPlanes(kMix) * p.k_words);
+    for (int64_t word = 0; word < p.k_words; ++word) {
+      const int64_t tap = word / p.c_words;
+      field_offsets[word] = windows.PixelOffset(0, tap / p.kw, tap % p.kw) + word % p.c_words;
+      if constexpr (PanelPlanes(kMix) == 2) field_offsets[p.k_words + word] = field_offsets[word] + x.plane_distance;
+    }
+    const std::vector<int64_t> contiguous = ContiguousPlaneOffsets<kMix>(p.k_words, p.k_words);
+    RunGemm(MixedConvLaneRows<kMix>{windows, x, tap_sum, field_offsets.data(), contiguous.data()}, lane,
+            GemmShape{outputs, p.pool_h * p.pool_w, p.o, chunks, LaneColumnBytes(kMix, p.k_words)}, epilogue, out,
+            pool);
+    return;
+  }
+  MixedConvRows<kMix> rows{windows, x, tap_sum, chunks, AddRowsFor(ActiveIsa(), 1)};
+  const int64_t column_bytes = chunks * kChunkWords * 4 * (TernaryWeights(kMix) ? 2 : 1);
   RunGemm(rows, kernel, GemmShape{outputs, p.pool_h * p.pool_w, p.o, chunks, column_bytes}, epilogue, out, pool);
 }
 
