@@ -158,8 +158,8 @@ def test_bmm_extreme_dots_over_long_reductions(isa, mode, k):
 
 @pytest.mark.parametrize("mode", MODES)
 # 15 and 16 words (TNN's lane kernel sums signed byte counts over 15 words at a time), 31 and 36 (TBN's and BTN's
-# over 31), 72 (TNN's longest lane reduction)
-@pytest.mark.parametrize("c", [480, 512, 992, 1152, 2304])
+# over 31), 72 and 144 (TNN's, in blocks of 36 words)
+@pytest.mark.parametrize("c", [480, 512, 992, 1152, 2304, 4608])
 def test_conv2d_extreme_dots_over_the_lane_kernels_reductions(isa, mode, c):
     """Pixels equal to a column's weights and pixels opposite to them, no zeros, over 64 rows (1 x 1 fields): every
     position of the reduction counts in the same direction (dots of exactly +c and -c)."""

@@ -73,6 +73,28 @@ JAXBNN_TARGET_AVX2 inline void PairColumnBytesAvx2(const __m256i (&bytes)[4], __
   low = _mm256_add_epi8(_mm256_unpacklo_epi64(bytes[0], bytes[1]), _mm256_unpackhi_epi64(bytes[0], bytes[1]));
   high = _mm256_add_epi8(_mm256_unpacklo_epi64(bytes[2], bytes[3]), _mm256_unpackhi_epi64(bytes[2], bytes[3]));
 }
+
+// The outputs of a lane kernel's kTiles tile rows (popcount_kernels.h, LaneDotsFn; ternary_dots.h, MixedLaneDotsFn):
+// row_dots(r, dots) sets the dots of reduction row r; each run of `window` rows is max-pooled in registers, output
+// row o stored at dots + o * stride.
+template <int kTiles, class RowDots>
+JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void PoolLaneRowsAvx2(int64_t rows, int64_t window,
+                                                                                const RowDots& row_dots,
+                                                                                int32_t* dots, int64_t stride) {
+  for (int64_t first = 0, o = 0; first < rows; first += window, ++o) {
+    __m256i pooled[kTiles], next[kTiles];
+    row_dots(first, pooled);
+    for (int64_t r = first + 1; r < first + window; ++r) {
+      row_dots(r, next);
+#pragma GCC unroll 8
+      for (int u = 0; u < kTiles; ++u) pooled[u] = _mm256_max_epi32(pooled[u], next[u]);
+    }
+#pragma GCC unroll 8
+    for (int u = 0; u < kTiles; ++u) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dots + o * stride + u * kTileRows), pooled[u]);
+    }
+  }
+}
 #endif
 
 }  // namespace jaxbnn::cpu::panel_words

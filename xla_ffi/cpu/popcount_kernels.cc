@@ -270,23 +270,13 @@ JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneOutputsAvx2(co
                                                                                const uint32_t* lanes, int64_t k_words,
                                                                                int64_t col, int32_t* dots,
                                                                                int64_t stride) {
-  for (int64_t first = 0, o = 0; first < rows.rows; first += rows.window, ++o) {
-    __m256i pooled[kTiles], row_dots[kTiles];
-    for (int64_t r = first; r < first + rows.window; ++r) {
-      const int32_t* correction = rows.correction == nullptr || rows.correction[r] == nullptr
-                                      ? nullptr
-                                      : rows.correction[r] + col;
-      LaneTilesAvx2<kTiles, kLong>(rows.base[r], rows.offsets[r], lanes, k_words, rows.k_valid[r], correction,
-                                   r == first ? pooled : row_dots);
-      if (r == first) continue;
-#pragma GCC unroll 8
-      for (int u = 0; u < kTiles; ++u) pooled[u] = _mm256_max_epi32(pooled[u], row_dots[u]);
-    }
-#pragma GCC unroll 8
-    for (int u = 0; u < kTiles; ++u) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dots + o * stride + u * kTileRows), pooled[u]);
-    }
-  }
+  const auto row_dots = [&](int64_t r, __m256i (&row)[kTiles]) JAXBNN_TARGET_AVX2 __attribute__((always_inline)) {
+    const int32_t* correction = rows.correction == nullptr || rows.correction[r] == nullptr
+                                    ? nullptr
+                                    : rows.correction[r] + col;
+    LaneTilesAvx2<kTiles, kLong>(rows.base[r], rows.offsets[r], lanes, k_words, rows.k_valid[r], correction, row);
+  };
+  PoolLaneRowsAvx2<kTiles>(rows.rows, rows.window, row_dots, dots, stride);
 }
 
 // kWidest tile rows a step, each over all output rows while its weights are hot in L1; then half as many, down to

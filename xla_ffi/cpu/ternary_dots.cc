@@ -3,6 +3,7 @@
 #include "cpu/ternary_dots.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "cpu/panel_words.h"
 
@@ -160,13 +161,20 @@ constexpr int64_t LaneFoldWords() {
 }
 static_assert(15 * 8 <= 127, "signed byte lanes must not wrap");
 
-// The counts of one row against kTiles tile rows: TNN popc(g) - 2 popc(gated), else popc(gated), in 32-bit lanes
-// in column order.
+// A longer reduction is counted this many words at a time over a run of about kLaneRunRows rows (whole windows), so
+// that 4 tile rows of two planes (18 KB) stay in L1 while the rows pass.
+constexpr int64_t kLaneBlockWords = 36;
+constexpr int64_t kLaneRunRows = 64;
+
+// The counts of words [first_word, end_word) of one row against kTiles tile rows (of k_words words): TNN popc(g) -
+// 2 popc(gated), else popc(gated), in 32-bit lanes in column order.
 template <Mix kMix, int kTiles>
 JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void MixedLaneCountsAvx2(const uint32_t* base,
                                                                                    const int64_t* offsets,
                                                                                    const uint32_t* lanes,
                                                                                    int64_t k_words,
+                                                                                   int64_t first_word,
+                                                                                   int64_t end_word,
                                                                                    __m256i (&counts)[kTiles]) {
   constexpr int64_t kTileWordWords = LaneWeightPlanes(kMix) * kLaneWordNibbles * kTileRows;
   const __m256i table = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2, 1, 2, 2, 3, 1,
@@ -176,8 +184,8 @@ JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void MixedLaneCountsAvx
   const __m256i ones_8 = _mm256_set1_epi8(1), ones_16 = _mm256_set1_epi16(1);
 #pragma GCC unroll 8
   for (int u = 0; u < kTiles; ++u) counts[u] = _mm256_setzero_si256();
-  for (int64_t begin = 0; begin < k_words; begin += LaneFoldWords<kMix>()) {
-    const int64_t end = std::min(k_words, begin + LaneFoldWords<kMix>());
+  for (int64_t begin = first_word; begin < end_word; begin += LaneFoldWords<kMix>()) {
+    const int64_t end = std::min(end_word, begin + LaneFoldWords<kMix>());
     __m256i bytes[kTiles];
 #pragma GCC unroll 8
     for (int u = 0; u < kTiles; ++u) bytes[u] = _mm256_setzero_si256();
@@ -226,15 +234,13 @@ JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void MixedLaneCountsAvx
   }
 }
 
-// The dots of row r against kTiles tile rows (columns: their column terms; col: the first column).
+// The dots of row r against kTiles tile rows from its counts (columns: their column terms; col: the first column).
 template <Mix kMix, int kTiles>
-JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void MixedLaneRowAvx2(const LaneRows& rows, int64_t r,
-                                                                                const uint32_t* lanes,
-                                                                                int64_t k_words,
-                                                                                const __m256i (&columns)[kTiles],
-                                                                                int64_t col, __m256i (&dots)[kTiles]) {
-  __m256i counts[kTiles];
-  MixedLaneCountsAvx2<kMix, kTiles>(rows.base[r], rows.offsets[r], lanes, k_words, counts);
+JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void MixedLaneDotsAvx2(const LaneRows& rows, int64_t r,
+                                                                                 const __m256i (&counts)[kTiles],
+                                                                                 const __m256i (&columns)[kTiles],
+                                                                                 int64_t col,
+                                                                                 __m256i (&dots)[kTiles]) {
   const int32_t* correction = rows.correction == nullptr ? nullptr : rows.correction[r];
   const __m256i row_term = _mm256_set1_epi32(rows.k_valid[r]);
 #pragma GCC unroll 8
@@ -262,18 +268,42 @@ JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void MixedLaneOutputsAv
   for (int u = 0; u < kTiles; ++u) {
     columns[u] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col_term + u * kTileRows));
   }
-  for (int64_t first = 0, o = 0; first < rows.rows; first += rows.window, ++o) {
-    __m256i pooled[kTiles], row_dots[kTiles];
-    MixedLaneRowAvx2<kMix, kTiles>(rows, first, lanes, k_words, columns, col, pooled);
-    for (int64_t r = first + 1; r < first + rows.window; ++r) {
-      MixedLaneRowAvx2<kMix, kTiles>(rows, r, lanes, k_words, columns, col, row_dots);
+  if (k_words <= kLaneBlockWords) {
+    const auto row_dots = [&](int64_t r, __m256i (&row)[kTiles]) JAXBNN_TARGET_AVX2 __attribute__((always_inline)) {
+      __m256i counts[kTiles];
+      MixedLaneCountsAvx2<kMix, kTiles>(rows.base[r], rows.offsets[r], lanes, k_words, 0, k_words, counts);
+      MixedLaneDotsAvx2<kMix, kTiles>(rows, r, counts, columns, col, row);
+    };
+    PoolLaneRowsAvx2<kTiles>(rows.rows, rows.window, row_dots, dots, stride);
+    return;
+  }
+  // Longer reductions block by block over runs of whole windows of rows, each row's counts summed in `partial`.
+  const int64_t run_rows = std::max<int64_t>(1, kLaneRunRows / rows.window) * rows.window;
+  std::vector<int32_t> partial(std::min(run_rows, rows.rows) * kTiles * kTileRows);
+  for (int64_t first = 0; first < rows.rows; first += run_rows) {
+    const int64_t end = std::min(rows.rows, first + run_rows);
+    for (int64_t begin = 0; begin < k_words; begin += kLaneBlockWords) {
+      for (int64_t r = first; r < end; ++r) {
+        __m256i counts[kTiles];
+        MixedLaneCountsAvx2<kMix, kTiles>(rows.base[r], rows.offsets[r], lanes, k_words, begin,
+                                          std::min(k_words, begin + kLaneBlockWords), counts);
+        auto* sums = reinterpret_cast<__m256i*>(partial.data() + (r - first) * kTiles * kTileRows);
 #pragma GCC unroll 8
-      for (int u = 0; u < kTiles; ++u) pooled[u] = _mm256_max_epi32(pooled[u], row_dots[u]);
+        for (int u = 0; u < kTiles; ++u) {
+          if (begin > 0) counts[u] = _mm256_add_epi32(counts[u], _mm256_loadu_si256(sums + u));
+          _mm256_storeu_si256(sums + u, counts[u]);
+        }
+      }
     }
+    const auto row_dots = [&](int64_t r, __m256i (&row)[kTiles]) JAXBNN_TARGET_AVX2 __attribute__((always_inline)) {
+      __m256i counts[kTiles];
 #pragma GCC unroll 8
-    for (int u = 0; u < kTiles; ++u) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dots + o * stride + u * kTileRows), pooled[u]);
-    }
+      for (int u = 0; u < kTiles; ++u) {
+        counts[u] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(partial.data() + (r * kTiles + u) * kTileRows));
+      }
+      MixedLaneDotsAvx2<kMix, kTiles>(rows, first + r, counts, columns, col, row);
+    };
+    PoolLaneRowsAvx2<kTiles>(end - first, rows.window, row_dots, dots + first / rows.window * stride, stride);
   }
 }
 

@@ -395,12 +395,12 @@ MixedKernel PrepareWeights(Mix mix, const uint32_t* tiles, int64_t n, int64_t k_
 }
 
 // The lane kernels (ternary_dots.h) serve a product from this many reduction rows, fewer not repaying the weights'
-// regrouping (MixedLaneTilesFn: a 1024 x 1024 TNN bmm of 8 rows -20%, a 3 x 3 x 512 TNN convolution of 49 rows -13%), and up
-// to LaneMaxWords words: TNN's weights fill four tile rows' L1 share at 72 (3 x 3 x 256 at batch 8 +14%, 3 x 3 x 512
-// no faster); TBN's and BTN's panel kernels are as fast from 72 words (3 x 3 x 128 +16% / +23%, 3 x 3 x 256 -4% /
-// -12%) (decisions.md).
+// regrouping (MixedLaneTilesFn: a 1024 x 1024 TNN bmm of 8 rows -20%, a 3 x 3 x 512 TNN convolution of 49 rows -13%),
+// and up to LaneMaxWords words: TNN's to 144, the zoo's longest (3 x 3 x 512 at batch 8 +17-35%, in blocks of 36
+// words), TBN's and BTN's to 36, their panel kernels being as fast from 72 (3 x 3 x 128 +16% / +23%, 3 x 3 x 256
+// -12% / -3%) (decisions.md).
 constexpr int64_t kLaneMinRows = 64;
-constexpr int64_t LaneMaxWords(Mix mix) { return mix == Mix::kTnn ? 72 : 36; }
+constexpr int64_t LaneMaxWords(Mix mix) { return mix == Mix::kTnn ? 144 : 36; }
 
 // The active tier's lane kernel for a product of `rows` reduction rows of k_words words, or null functions (the
 // panel kernel).
