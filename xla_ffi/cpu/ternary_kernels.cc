@@ -285,7 +285,7 @@ struct MixedConvLaneRows {
   ConvWindows windows;
   SourcePlanes x;
   const int32_t* tap_sum;        // BTN with "zero" padding: (kh * kw, o), sum(w_tap) per tap and output channel
-  const int64_t* field_offsets;  // word k of a field in frame (each plane), from its top-left tap's first word of a
+  const int64_t* field_offsets;  // of a field in frame: plane 0's words, then z_x's, from plane 0's first word
   const int64_t* contiguous;     // ContiguousPlaneOffsets(k_words, k_words), for a gathered field
 
   LaneRows Fill(int64_t first, int64_t count, Scratch& scratch) const {
