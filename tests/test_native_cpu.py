@@ -193,6 +193,10 @@ CONV_CASES = [
     # long reductions over enough rows for the lane kernel, its byte counts folded every 31 words: padding bits in
     # every tap, 9 tile rows of columns, pooled with zero padding
     (2, 10, 10, 100, 70, (3, 3), 1, "SAME", "zero", (2, 2), (8, 128)),
+    # a reduction counted in blocks (135 words: 62, 62, 11) over runs of whole 3 x 3 windows (63 rows, the last run
+    # shorter), "one" padding's corrections, columns past a whole tile
+    (2, 12, 12, 480, 20, (3, 3), 1, "SAME", "one", (3, 3), (8, 128)),
+    (1, 9, 9, 160, 24, (5, 5), 1, "SAME", "zero", (2, 2), (8, 128)),
 ]
 
 
@@ -225,7 +229,9 @@ def test_bconv2d_every_tier_matches_reference(isa, b, h, w, c, o, kernel, stride
     assert_all_epilogues(run, want, epilogue_operands(rng, want))
 
 
-@pytest.mark.parametrize("c", [992, 2048, 3072])  # 31, 64 and 96 words: one run of byte counts, several
+# 31, 64, 96, 144 and 192 words: one run of byte counts, several, counted in blocks of 62 words (the last one whole
+# or short); 193 words: past the AVX2 lane kernel's reductions
+@pytest.mark.parametrize("c", [992, 2048, 3072, 4608, 6144, 6176])
 def test_bconv2d_extreme_dots_over_long_reductions(isa, c):
     """Pixels equal to a column's weights and pixels opposite to them, over 64 rows (1 x 1 fields): every bit of
     the reduction agrees or differs (dots of exactly +c and -c)."""

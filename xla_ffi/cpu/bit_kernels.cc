@@ -50,10 +50,11 @@ LaneDotsFn LaneDotsForWords(int64_t k_words) { return k_words <= kLaneByteWords 
 
 // A convolution's long reductions run on the lane kernel too, from this many gathered rows and up to
 // kLaneConvMaxWords words: it reads the fields in frame where they lie, where the panel kernel copies each into its
-// chunked layout, but it regroups the weights on every call (LaneTiles: a pass over o * k_words words), and four
-// tile rows of more words than this leave L1 (decisions.md).
+// chunked layout, but it regroups the weights on every call (LaneTiles: a pass over o * k_words words). Past 62
+// words it counts block by block so that four tile rows' words stay in L1; at 288 words neither kernel was faster
+// (decisions.md).
 constexpr int64_t kLaneMinRows = 64;
-constexpr int64_t kLaneConvMaxWords = 96;
+constexpr int64_t kLaneConvMaxWords = 192;
 
 LaneDotsFn LaneDotsForConv(int64_t rows, int64_t k_words) {
   return rows >= kLaneMinRows && k_words <= kLaneConvMaxWords ? LaneDotsFor(ActiveIsa()) : LaneDotsForWords(k_words);

@@ -7,8 +7,10 @@
 #ifndef JAXBNN_XLA_FFI_CPU_PANEL_WORDS_H_
 #define JAXBNN_XLA_FFI_CPU_PANEL_WORDS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #define JAXBNN_X86 1
@@ -93,6 +95,55 @@ JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void PoolLaneRowsAvx2(i
     for (int u = 0; u < kTiles; ++u) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dots + o * stride + u * kTileRows), pooled[u]);
     }
+  }
+}
+
+// A lane kernel's long reduction is counted block by block over runs of about this many rows (whole windows),
+// so that a block's weights stay in L1 while the run's rows pass.
+inline constexpr int64_t kLaneRunRows = 64;
+
+// This thread's scratch of at least `size` int32 (the blocked lane kernels' partial counts), kept from call to call.
+inline int32_t* LanePartialCounts(int64_t size) {
+  thread_local std::vector<int32_t> storage;
+  if (static_cast<int64_t>(storage.size()) < size) storage.resize(size);
+  return storage.data();
+}
+
+// The outputs of a lane kernel's kTiles tile rows over a reduction of k_words words counted `block_words` at a
+// time: count(r, begin, end, counts) sets row r's counts of words [begin, end); they are summed in
+// LanePartialCounts over a run of rows, block after block, then dots_of(r, counts, dots) makes row r's dots from
+// its total counts, and the run's windows are pooled (PoolLaneRowsAvx2).
+template <int kTiles, class Count, class DotsOf>
+JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void BlockedLaneRowsAvx2(int64_t rows, int64_t window,
+                                                                                   int64_t k_words,
+                                                                                   int64_t block_words,
+                                                                                   const Count& count,
+                                                                                   const DotsOf& dots_of,
+                                                                                   int32_t* dots, int64_t stride) {
+  const int64_t run_rows = std::max<int64_t>(1, kLaneRunRows / window) * window;
+  int32_t* const partial = LanePartialCounts(std::min(run_rows, rows) * kTiles * kTileRows);
+  for (int64_t first = 0; first < rows; first += run_rows) {
+    const int64_t end = std::min(rows, first + run_rows);
+    for (int64_t begin = 0; begin < k_words; begin += block_words) {
+      for (int64_t r = first; r < end; ++r) {
+        __m256i counts[kTiles];
+        count(r, begin, std::min(k_words, begin + block_words), counts);
+        auto* sums = reinterpret_cast<__m256i*>(partial + (r - first) * kTiles * kTileRows);
+#pragma GCC unroll 8
+        for (int u = 0; u < kTiles; ++u) {
+          if (begin > 0) counts[u] = _mm256_add_epi32(counts[u], _mm256_loadu_si256(sums + u));
+          _mm256_storeu_si256(sums + u, counts[u]);
+        }
+      }
+    }
+    const auto row_dots = [&](int64_t r, __m256i (&row)[kTiles]) JAXBNN_TARGET_AVX2 __attribute__((always_inline)) {
+      __m256i counts[kTiles];
+      const auto* sums = reinterpret_cast<const __m256i*>(partial + r * kTiles * kTileRows);
+#pragma GCC unroll 8
+      for (int u = 0; u < kTiles; ++u) counts[u] = _mm256_loadu_si256(sums + u);
+      dots_of(first + r, counts, row);
+    };
+    PoolLaneRowsAvx2<kTiles>(end - first, window, row_dots, dots + first / window * stride, stride);
   }
 }
 #endif

@@ -225,35 +225,32 @@ JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) __m256i ColumnCountsAvx
   return _mm256_madd_epi16(_mm256_maddubs_epi16(bytes, _mm256_set1_epi8(1)), _mm256_set1_epi16(1));
 }
 
-// The dots of one row against kTiles tile rows, corrected (correction: at the first of their columns, or null).
-// kLong: a reduction of more than kLaneByteWords words, its byte counts folded into 32-bit counts after each run of
-// kLaneByteWords (the short form keeps no 32-bit counts in registers beside the bytes).
-template <int kTiles, bool kLong>
-JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneTilesAvx2(const uint32_t* base,
-                                                                             const int64_t* offsets,
-                                                                             const uint32_t* lanes, int64_t k_words,
-                                                                             int32_t k_valid, const int32_t* correction,
-                                                                             __m256i (&dots)[kTiles]) {
-  __m256i counts[kTiles];
-  if constexpr (kLong) {
+// The counts of words [begin, end) of one row against kTiles tile rows, in 32-bit lanes in column order: byte counts
+// folded into them after each run of kLaneByteWords words.
+template <int kTiles>
+JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneCountsAvx2(const uint32_t* base,
+                                                                              const int64_t* offsets,
+                                                                              const uint32_t* lanes, int64_t k_words,
+                                                                              int64_t begin, int64_t end,
+                                                                              __m256i (&counts)[kTiles]) {
 #pragma GCC unroll 8
-    for (int u = 0; u < kTiles; ++u) counts[u] = _mm256_setzero_si256();
-    for (int64_t begin = 0; begin < k_words; begin += kLaneByteWords) {
-      __m256i bytes[kTiles];
-#pragma GCC unroll 8
-      for (int u = 0; u < kTiles; ++u) bytes[u] = _mm256_setzero_si256();
-      AddLaneWordsAvx2<kTiles>(base, offsets, lanes, k_words, begin, std::min(k_words, begin + kLaneByteWords), bytes);
-#pragma GCC unroll 8
-      for (int u = 0; u < kTiles; ++u) counts[u] = _mm256_add_epi32(counts[u], ColumnCountsAvx2(bytes[u]));
-    }
-  } else {
+  for (int u = 0; u < kTiles; ++u) counts[u] = _mm256_setzero_si256();
+  for (int64_t run = begin; run < end; run += kLaneByteWords) {
     __m256i bytes[kTiles];
 #pragma GCC unroll 8
     for (int u = 0; u < kTiles; ++u) bytes[u] = _mm256_setzero_si256();
-    AddLaneWordsAvx2<kTiles>(base, offsets, lanes, k_words, 0, k_words, bytes);
+    AddLaneWordsAvx2<kTiles>(base, offsets, lanes, k_words, run, std::min(end, run + kLaneByteWords), bytes);
 #pragma GCC unroll 8
-    for (int u = 0; u < kTiles; ++u) counts[u] = ColumnCountsAvx2(bytes[u]);
+    for (int u = 0; u < kTiles; ++u) counts[u] = _mm256_add_epi32(counts[u], ColumnCountsAvx2(bytes[u]));
   }
+}
+
+// The dots of one row against kTiles tile rows from its counts, corrected (correction: at the first of their
+// columns, or null).
+template <int kTiles>
+JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneDotsAvx2(int32_t k_valid, const int32_t* correction,
+                                                                            const __m256i (&counts)[kTiles],
+                                                                            __m256i (&dots)[kTiles]) {
 #pragma GCC unroll 8
   for (int u = 0; u < kTiles; ++u) {
     dots[u] = _mm256_sub_epi32(_mm256_set1_epi32(k_valid), _mm256_slli_epi32(counts[u], 1));
@@ -264,17 +261,48 @@ JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneTilesAvx2(cons
   }
 }
 
-// kTiles tile rows of every output row: each window row's dots, their max stored.
+// A reduction of more words than this is counted block by block (BlockedLaneRowsAvx2), so that 4 tile rows' words
+// (16 KB) stay in L1 while a run of rows passes.
+constexpr int64_t kLaneBlockWords = 2 * kLaneByteWords;
+
+// kTiles tile rows of every output row: each window row's dots, their max stored. kLong: a reduction of more than
+// kLaneByteWords words, its counts folded into 32-bit counts (the short form keeps no 32-bit counts in registers
+// beside the bytes).
 template <int kTiles, bool kLong>
 JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void LaneOutputsAvx2(const LaneRows& rows,
                                                                                const uint32_t* lanes, int64_t k_words,
                                                                                int64_t col, int32_t* dots,
                                                                                int64_t stride) {
+  const auto correction_of = [&](int64_t r) {
+    return rows.correction == nullptr || rows.correction[r] == nullptr ? nullptr : rows.correction[r] + col;
+  };
+  const auto dots_of = [&](int64_t r, const __m256i (&counts)[kTiles], __m256i (&row)[kTiles])
+                           JAXBNN_TARGET_AVX2 __attribute__((always_inline)) {
+    LaneDotsAvx2<kTiles>(rows.k_valid[r], correction_of(r), counts, row);
+  };
+  if constexpr (kLong) {
+    if (k_words > kLaneBlockWords) {
+      const auto count = [&](int64_t r, int64_t begin, int64_t end, __m256i (&counts)[kTiles])
+                             JAXBNN_TARGET_AVX2 __attribute__((always_inline)) {
+        LaneCountsAvx2<kTiles>(rows.base[r], rows.offsets[r], lanes, k_words, begin, end, counts);
+      };
+      BlockedLaneRowsAvx2<kTiles>(rows.rows, rows.window, k_words, kLaneBlockWords, count, dots_of, dots, stride);
+      return;
+    }
+  }
   const auto row_dots = [&](int64_t r, __m256i (&row)[kTiles]) JAXBNN_TARGET_AVX2 __attribute__((always_inline)) {
-    const int32_t* correction = rows.correction == nullptr || rows.correction[r] == nullptr
-                                    ? nullptr
-                                    : rows.correction[r] + col;
-    LaneTilesAvx2<kTiles, kLong>(rows.base[r], rows.offsets[r], lanes, k_words, rows.k_valid[r], correction, row);
+    __m256i counts[kTiles];
+    if constexpr (kLong) {
+      LaneCountsAvx2<kTiles>(rows.base[r], rows.offsets[r], lanes, k_words, 0, k_words, counts);
+    } else {
+      __m256i bytes[kTiles];
+#pragma GCC unroll 8
+      for (int u = 0; u < kTiles; ++u) bytes[u] = _mm256_setzero_si256();
+      AddLaneWordsAvx2<kTiles>(rows.base[r], rows.offsets[r], lanes, k_words, 0, k_words, bytes);
+#pragma GCC unroll 8
+      for (int u = 0; u < kTiles; ++u) counts[u] = ColumnCountsAvx2(bytes[u]);
+    }
+    dots_of(r, counts, row);
   };
   PoolLaneRowsAvx2<kTiles>(rows.rows, rows.window, row_dots, dots, stride);
 }

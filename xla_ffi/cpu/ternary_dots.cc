@@ -161,10 +161,9 @@ constexpr int64_t LaneFoldWords() {
 }
 static_assert(15 * 8 <= 127, "signed byte lanes must not wrap");
 
-// A longer reduction is counted this many words at a time over a run of about kLaneRunRows rows (whole windows), so
-// that 4 tile rows of two planes (18 KB) stay in L1 while the rows pass.
+// A longer reduction is counted this many words at a time over a run of about kLaneRunRows rows (whole windows,
+// BlockedLaneRowsAvx2), so that 4 tile rows of two planes (18 KB) stay in L1 while the rows pass.
 constexpr int64_t kLaneBlockWords = 36;
-constexpr int64_t kLaneRunRows = 64;
 
 // The counts of words [first_word, end_word) of one row against kTiles tile rows (of k_words words): TNN popc(g) -
 // 2 popc(gated), else popc(gated), in 32-bit lanes in column order.
@@ -277,34 +276,16 @@ JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void MixedLaneOutputsAv
     PoolLaneRowsAvx2<kTiles>(rows.rows, rows.window, row_dots, dots, stride);
     return;
   }
-  // Longer reductions block by block over runs of whole windows of rows, each row's counts summed in `partial`.
-  const int64_t run_rows = std::max<int64_t>(1, kLaneRunRows / rows.window) * rows.window;
-  std::vector<int32_t> partial(std::min(run_rows, rows.rows) * kTiles * kTileRows);
-  for (int64_t first = 0; first < rows.rows; first += run_rows) {
-    const int64_t end = std::min(rows.rows, first + run_rows);
-    for (int64_t begin = 0; begin < k_words; begin += kLaneBlockWords) {
-      for (int64_t r = first; r < end; ++r) {
-        __m256i counts[kTiles];
-        MixedLaneCountsAvx2<kMix, kTiles>(rows.base[r], rows.offsets[r], lanes, k_words, begin,
-                                          std::min(k_words, begin + kLaneBlockWords), counts);
-        auto* sums = reinterpret_cast<__m256i*>(partial.data() + (r - first) * kTiles * kTileRows);
-#pragma GCC unroll 8
-        for (int u = 0; u < kTiles; ++u) {
-          if (begin > 0) counts[u] = _mm256_add_epi32(counts[u], _mm256_loadu_si256(sums + u));
-          _mm256_storeu_si256(sums + u, counts[u]);
-        }
-      }
-    }
-    const auto row_dots = [&](int64_t r, __m256i (&row)[kTiles]) JAXBNN_TARGET_AVX2 __attribute__((always_inline)) {
-      __m256i counts[kTiles];
-#pragma GCC unroll 8
-      for (int u = 0; u < kTiles; ++u) {
-        counts[u] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(partial.data() + (r * kTiles + u) * kTileRows));
-      }
-      MixedLaneDotsAvx2<kMix, kTiles>(rows, first + r, counts, columns, col, row);
-    };
-    PoolLaneRowsAvx2<kTiles>(end - first, rows.window, row_dots, dots + first / rows.window * stride, stride);
-  }
+  // Longer reductions block by block over runs of whole windows of rows.
+  const auto count = [&](int64_t r, int64_t begin, int64_t end, __m256i (&counts)[kTiles])
+                         JAXBNN_TARGET_AVX2 __attribute__((always_inline)) {
+    MixedLaneCountsAvx2<kMix, kTiles>(rows.base[r], rows.offsets[r], lanes, k_words, begin, end, counts);
+  };
+  const auto dots_of = [&](int64_t r, const __m256i (&counts)[kTiles], __m256i (&row)[kTiles])
+                           JAXBNN_TARGET_AVX2 __attribute__((always_inline)) {
+    MixedLaneDotsAvx2<kMix, kTiles>(rows, r, counts, columns, col, row);
+  };
+  BlockedLaneRowsAvx2<kTiles>(rows.rows, rows.window, k_words, kLaneBlockWords, count, dots_of, dots, stride);
 }
 
 // kWidest tile rows a step, each over all output rows while its weights are hot in L1; then half as many, down to
