@@ -83,6 +83,10 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput") and XLA_CACHE_VARIABLE not in os.environ:
         config.jaxbnn_xla_cache = tempfile.mkdtemp(prefix="jaxbnn-xla-cache-")
         os.environ[XLA_CACHE_VARIABLE] = config.jaxbnn_xla_cache
+    if XLA_CACHE_VARIABLE not in os.environ:
+        # a worker whose starting process made no cache: that process found a usable CUDA device, which this worker
+        # could not claim (another worker holds its memory)
+        return
     jax.config.update("jax_compilation_cache_dir", os.environ[XLA_CACHE_VARIABLE])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
