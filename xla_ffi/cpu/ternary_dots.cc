@@ -3,7 +3,6 @@
 #include "cpu/ternary_dots.h"
 
 #include <algorithm>
-#include <vector>
 
 #include "cpu/panel_words.h"
 
