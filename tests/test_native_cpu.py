@@ -150,11 +150,29 @@ def test_bmm_extreme_dots_over_long_reductions(isa, k):
     np.testing.assert_array_equal(np.asarray(got), want)
 
 
+# The AVX2 tier runs products of at least 64 rows on its table kernel (16-bit counts, up to 2,047 words = 65,504
+# bits), past that on its panel kernel: rows equal and opposite to the columns give its counts' extremes.
+@pytest.mark.parametrize("k", [1024, 8392, 65504, 65536])
+def test_bmm_extreme_dots_of_many_rows(isa, k):
+    """85 rows, each equal or opposite to one of 40 columns or to none: every bit of the reduction agrees or differs
+    (dots of exactly +k and -k), in row groups of 4 with a remainder and a last pass of one 32-column group."""
+    rng = np.random.default_rng(k + 1)
+    w_signs = signs(rng, (40, k))
+    a_signs = np.concatenate([w_signs, -w_signs, signs(rng, (5, k))])
+    rows = ops.pack_bits(w_signs)
+    want = (a_signs @ w_signs.T).astype(np.int32)
+    assert (np.diag(want[:40]) == k).all() and (np.diag(want[40:80]) == -k).all()
+    got = jax.jit(lambda a, b: ops.bmm(a, b, k, n=40, b_popcount=formats.popcount(rows)))(
+        ops.pack_bits(a_signs), formats.to_fsb(rows, (8, 128)))
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize("m", [9, 70])  # the AVX2 tier's panel kernel, then its table kernel
 @pytest.mark.parametrize("k", [165, 96])  # padding bits in the last word; whole padding words in the last chunk
-def test_bmm_ignores_garbage_in_padding_bits(isa, k):
+def test_bmm_ignores_garbage_in_padding_bits(isa, k, m):
     """Padding bits are 0 by the format; the kernels mask them anyway, so garbage cannot leak in."""
     rng = np.random.default_rng(11)
-    m, n = 9, 13
+    n = 13
     a_signs, w_signs = signs(rng, (m, k)), signs(rng, (n, k))
     rows = ops.pack_bits(w_signs)
     a = poison_row_padding(ops.pack_bits(a_signs), k)

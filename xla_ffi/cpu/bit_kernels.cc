@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "common/formats.h"
@@ -43,6 +44,50 @@ struct LaneKernel {
               tiles_count, dots, stride);
   }
 };
+
+// The table kernel of the active tier over the column nibbles (ColumnNibblesFn) of every output column; bmm's rows
+// are not pooled, so its dots are the outputs'.
+struct TableKernel {
+  static constexpr bool kPoolsWindows = true;
+  TableDotsFn table_dots;
+  const uint8_t* columns;
+  int64_t nibbles;
+
+  void operator()(const TableRows& rows, int64_t col_begin, int64_t tiles_count, int32_t* dots,
+                  int64_t stride) const {
+    table_dots(rows, columns, nibbles, col_begin, tiles_count, dots, stride);
+  }
+};
+
+// bmm's products of at least this many rows run on the active tier's table kernel where it has one and the counts fit
+// its 16-bit lanes: it regroups the weights on every call (ColumnNibblesFn, a pass over n * k_words words), which that
+// many rows repay (decisions.md).
+constexpr int64_t kTableMinRows = 64;
+
+TableTier TableTierForBmm(int64_t m, int64_t k_words) {
+  return m >= kTableMinRows && k_words > 0 && k_words * 8 <= kTableMaxNibbles ? TableTierFor(ActiveIsa())
+                                                                               : TableTier{};
+}
+
+// Weights regrouped for the table kernel at least this many words a thread.
+constexpr int64_t kMinParallelNibbleWords = 8192;
+
+// The column nibbles of the kernel tiles of n columns into `storage` (this thread's, kept from call to call), the
+// groups split over the pool where there are enough words.
+const uint8_t* ColumnNibbles(const TableTier& tier, const uint32_t* tiles, int64_t n, int64_t k_words, int64_t k,
+                             std::vector<uint8_t>& storage, ffi::ThreadPool* pool) {
+  const int64_t groups = CeilDiv(n, kTableGroupCols);
+  uint8_t* columns = Grow(storage, groups * k_words * 8 * kTableGroupCols);
+  const uint32_t last_mask = formats::LastWordMask(k);
+  const int64_t threads = PoolThreads(pool);
+  const bool parallel = threads > 1 && groups > 1 && n * k_words >= 2 * kMinParallelNibbleWords;
+  const int64_t tasks = parallel ? std::min(groups, threads) : 1, per_task = CeilDiv(groups, tasks);
+  ParallelFor(pool, tasks, parallel, [&](int64_t task) {
+    const int64_t first = task * per_task;
+    tier.column_nibbles(tiles, n, k_words, last_mask, first, std::min(groups, first + per_task), columns);
+  });
+  return columns;
+}
 
 // The active tier's lane kernel where it has one and a reduction of k_words words is short enough to sum in its
 // byte lanes at once, else null (the panel kernel).
@@ -94,6 +139,26 @@ struct BmmRows {
   }
 
   void AddExcludedTaps(const Scratch&, int64_t, int64_t, int64_t, int32_t*) const {}  // bmm excludes nothing
+};
+
+// Rows of `a` as the tables of their nibbles (RowTablesFn), the padding bits of the last word cleared first.
+struct BmmTableRows {
+  const uint32_t* a;
+  int64_t k_words;
+  int32_t k;
+  RowTablesFn row_tables;
+
+  TableRows Fill(int64_t first, int64_t count, Scratch& scratch) const {
+    const int64_t row_bytes = k_words * 8 * 16;
+    uint8_t* tables = Grow(scratch.tables, count * row_bytes);
+    int32_t* k_valid = Grow(scratch.row_term, count);
+    const uint32_t last_mask = formats::LastWordMask(k);
+    for (int64_t r = 0; r < count; ++r) {
+      row_tables(a + (first + r) * k_words, k_words, last_mask, tables + r * row_bytes);
+      k_valid[r] = k;
+    }
+    return TableRows{tables, count, k_valid};
+  }
 };
 
 // Rows of `a` for the lane kernel: read where they lie when their words hold no padding bits, else copied with
@@ -271,6 +336,16 @@ void RunBmm(const BmmProblem& problem, const uint32_t* a, const uint32_t* b_tile
                                       problem.tile_words, problem.k_tiles, tile_storage);
   const GemmShape shape{problem.m, 1, problem.n, chunks, chunks * kChunkWords * 4};
   const uint32_t* mask = weight_mask.empty() ? nullptr : weight_mask.data();
+  if (const TableTier table = TableTierForBmm(problem.m, problem.k_words); table.dots != nullptr) {
+    thread_local std::vector<uint8_t> nibble_storage;
+    const uint8_t* columns =
+        ColumnNibbles(table, tiles, problem.n, problem.k_words, problem.k, nibble_storage, pool);
+    GemmShape table_shape = shape;
+    table_shape.column_bytes = problem.k_words * 8;
+    RunGemm(BmmTableRows{a, problem.k_words, static_cast<int32_t>(problem.k), table.row_tables},
+            TableKernel{table.dots, columns, problem.k_words * 8}, table_shape, epilogue, out, pool);
+    return;
+  }
   if (const LaneDotsFn lane_dots = LaneDotsForWords(problem.k_words)) {
     std::vector<uint32_t> lane_storage;
     const uint32_t* lanes = LaneTiles(tiles, problem.n, problem.k_words, mask, lane_storage);
@@ -291,8 +366,11 @@ void RunBmmChain(const std::vector<ChainLayer>& layers, const uint32_t* a, void*
     std::vector<uint32_t> mask, tile_storage;
     const uint32_t* tiles;
     int64_t chunks;
+    const uint8_t* columns = nullptr;  // ColumnNibbles, where a round of this layer takes the table kernel
   };
   std::vector<Weights> weights(count);
+  thread_local std::vector<std::vector<uint8_t>> nibble_storage;  // per layer, kept from call to call
+  if (static_cast<int64_t>(nibble_storage.size()) < count) nibble_storage.resize(count);
   int64_t work = 0, widest_words = 0;  // widest_words: the widest bits between two layers
   for (int64_t l = 0; l < count; ++l) {
     const BmmProblem& p = layers[l].problem;
@@ -300,6 +378,9 @@ void RunBmmChain(const std::vector<ChainLayer>& layers, const uint32_t* a, void*
     w.chunks = CeilDiv(p.k_words, kChunkWords);
     w.mask = WeightMask(w.chunks, 1, p.k_words, p.k);
     w.tiles = KernelTiles(layers[l].b_tiles, 0, p.n, p.k_words, p.tile_rows, p.tile_words, p.k_tiles, w.tile_storage);
+    if (const TableTier table = TableTierForBmm(m, p.k_words); table.dots != nullptr) {
+      w.columns = ColumnNibbles(table, w.tiles, p.n, p.k_words, p.k, nibble_storage[l], pool);
+    }
     work += GemmWork(GemmShape{m, 1, p.n, w.chunks, 0});
     if (l + 1 < count) widest_words = std::max(widest_words, formats::WordsForBits(p.n));
   }
@@ -315,8 +396,12 @@ void RunBmmChain(const std::vector<ChainLayer>& layers, const uint32_t* a, void*
   const BmmProblem& last = layers[count - 1].problem;
   const int64_t out_row_bytes =
       layers[count - 1].epilogue.kind == Epilogue::kThreshold ? 4 * formats::WordsForBits(last.n) : 4 * last.n;
-  // step r * count + l: layer l of the rows of round r, reading the layer before's bits (a buffer alternately)
-  std::vector<GemmTasks<BmmRows, BinaryKernel>> steps;
+  // step r * count + l: layer l of the rows of round r, reading the layer before's bits (a buffer alternately), on
+  // the panel kernel or on the table kernel (steps[step] indexes panel_steps or table_steps)
+  std::vector<GemmTasks<BmmRows, BinaryKernel>> panel_steps;
+  std::vector<GemmTasks<BmmTableRows, TableKernel>> table_steps;
+  std::vector<std::pair<bool, size_t>> steps;
+  const TableTier table = TableTierFor(ActiveIsa());
   std::vector<int64_t> tasks;
   for (int64_t first = 0; first < m; first += round_rows) {
     const int64_t rows = std::min(round_rows, m - first);
@@ -326,15 +411,32 @@ void RunBmmChain(const std::vector<ChainLayer>& layers, const uint32_t* a, void*
       const uint32_t* input = l == 0 ? a + first * p.k_words : between[(l - 1) % 2].data();
       void* output = l + 1 == count ? static_cast<char*>(out) + first * out_row_bytes
                                     : static_cast<void*>(between[l % 2].data());
-      steps.emplace_back(BmmRows{input, p.k_words, w.chunks, static_cast<int32_t>(p.k),
-                                 w.mask.empty() ? nullptr : w.mask.data()},
-                         BinaryKernel{panel_dots, w.tiles, w.chunks},
-                         GemmShape{rows, 1, p.n, w.chunks, w.chunks * kChunkWords * 4}, layers[l].epilogue, output,
-                         threads, parallel);
-      tasks.push_back(steps.back().count());
+      if (w.columns != nullptr && rows >= kTableMinRows) {
+        table_steps.emplace_back(BmmTableRows{input, p.k_words, static_cast<int32_t>(p.k), table.row_tables},
+                                 TableKernel{table.dots, w.columns, p.k_words * 8},
+                                 GemmShape{rows, 1, p.n, w.chunks, p.k_words * 8}, layers[l].epilogue, output, threads,
+                                 parallel);
+        steps.emplace_back(true, table_steps.size() - 1);
+        tasks.push_back(table_steps.back().count());
+        continue;
+      }
+      panel_steps.emplace_back(BmmRows{input, p.k_words, w.chunks, static_cast<int32_t>(p.k),
+                                       w.mask.empty() ? nullptr : w.mask.data()},
+                               BinaryKernel{panel_dots, w.tiles, w.chunks},
+                               GemmShape{rows, 1, p.n, w.chunks, w.chunks * kChunkWords * 4}, layers[l].epilogue,
+                               output, threads, parallel);
+      steps.emplace_back(false, panel_steps.size() - 1);
+      tasks.push_back(panel_steps.back().count());
     }
   }
-  ParallelForSteps(pool, tasks, parallel, [&steps](int64_t step, int64_t task) { steps[step](task); });
+  ParallelForSteps(pool, tasks, parallel, [&](int64_t step, int64_t task) {
+    const auto [on_table, index] = steps[step];
+    if (on_table) {
+      table_steps[index](task);
+    } else {
+      panel_steps[index](task);
+    }
+  });
 }
 
 void RunBconv2d(const Bconv2dProblem& problem, const uint32_t* x, const uint32_t* w_tiles,

@@ -66,6 +66,7 @@ struct Scratch {
   std::vector<int64_t> correction_index;     // per lane kernel row: its correction row's index, or -1
   std::vector<int64_t> correction_keys;      // per correction row: the in-frame tap rectangle it is for (4 each)
   std::vector<int32_t> corrections;          // correction rows of a task, n columns each
+  std::vector<uint8_t> tables;               // per table kernel row: its nibbles' tables (popcount_kernels.h)
 };
 
 // At least `size` elements; never shrinks, so that alternating task sizes do not re-initialize memory.

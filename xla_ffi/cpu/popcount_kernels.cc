@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <vector>
 
 #include "cpu/panel_words.h"
@@ -334,6 +335,184 @@ JAXBNN_TARGET_AVX2 void LaneAvx2(const LaneRows& rows, const uint32_t* lane_tile
     LaneStepsAvx2<8, false>(rows, lane_tiles, k_words, col_begin, tiles, dots, stride);
   } else {
     LaneStepsAvx2<4, true>(rows, lane_tiles, k_words, col_begin, tiles, dots, stride);
+  }
+}
+
+// AVX2 table kernel (popcount_kernels.h, TableDotsFn): R rows' tables of a nibble against C groups of 32 columns'
+// nibbles, each lookup a byte per column added in byte lanes over kTableRunNibbles nibbles (63 * 4 = 252 cannot
+// wrap), then into 16-bit counts in column order. R = 4, C = 2: 8 accumulators, 4 tables, the 2 groups' nibbles.
+constexpr int64_t kTableRunNibbles = 63;
+constexpr int kTableRows = 4;
+
+// 8-bit vectors as a vector type: GCC keeps `+=` on them in the accumulators' registers.
+typedef char V32qi __attribute__((vector_size(32)));
+
+template <int R, int C>
+JAXBNN_TARGET_AVX2 inline __attribute__((always_inline)) void TableBlockAvx2(const uint8_t* tables, int64_t nibbles,
+                                                                              const uint8_t* groups,
+                                                                              const int32_t* k_valid, int64_t tiles,
+                                                                              int32_t* dots, int64_t stride) {
+  alignas(32) uint16_t counts[R][C * kTableGroupCols] = {};
+  const __m256i zero = _mm256_setzero_si256();
+  for (int64_t begin = 0; begin < nibbles; begin += kTableRunNibbles) {
+    const int64_t end = std::min(nibbles, begin + kTableRunNibbles);
+    V32qi bytes[R][C] = {};
+    for (int64_t j = begin; j < end; ++j) {
+      __m256i table[R];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        table[r] = _mm256_broadcastsi128_si256(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(tables + (r * nibbles + j) * 16)));
+      }
+#pragma GCC unroll 2
+      for (int c = 0; c < C; ++c) {
+        const __m256i w =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(groups + (c * nibbles + j) * kTableGroupCols));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) bytes[r][c] += reinterpret_cast<V32qi>(_mm256_shuffle_epi8(table[r], w));
+      }
+    }
+    // byte b of a lane's unpack is column b of the lane's half: columns 0-7 | 16-23 (low), 8-15 | 24-31 (high)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+      for (int c = 0; c < C; ++c) {
+        const __m256i low = _mm256_unpacklo_epi8(reinterpret_cast<__m256i>(bytes[r][c]), zero);
+        const __m256i high = _mm256_unpackhi_epi8(reinterpret_cast<__m256i>(bytes[r][c]), zero);
+        auto* sums = reinterpret_cast<__m256i*>(counts[r] + c * kTableGroupCols);
+        sums[0] = _mm256_add_epi16(sums[0], _mm256_permute2x128_si256(low, high, 0x20));
+        sums[1] = _mm256_add_epi16(sums[1], _mm256_permute2x128_si256(low, high, 0x31));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m256i k = _mm256_set1_epi32(k_valid[r]);
+    for (int64_t t = 0; t < tiles; ++t) {
+      const __m256i count =
+          _mm256_cvtepu16_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(counts[r] + t * kTileRows)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dots + r * stride + t * kTileRows),
+                          _mm256_sub_epi32(k, _mm256_slli_epi32(count, 1)));
+    }
+  }
+}
+
+template <int C>
+JAXBNN_TARGET_AVX2 void TableRowBlocksAvx2(const TableRows& rows, const uint8_t* groups, int64_t nibbles,
+                                           int64_t tiles, int32_t* dots, int64_t stride) {
+  const int64_t row_tables = nibbles * 16;
+  for (int64_t r = 0; r < rows.rows; r += kTableRows) {
+    const uint8_t* tables = rows.tables + r * row_tables;
+    int32_t* row_dots = dots + r * stride;
+    switch (std::min<int64_t>(kTableRows, rows.rows - r)) {
+      case 4: TableBlockAvx2<4, C>(tables, nibbles, groups, rows.k_valid + r, tiles, row_dots, stride); break;
+      case 3: TableBlockAvx2<3, C>(tables, nibbles, groups, rows.k_valid + r, tiles, row_dots, stride); break;
+      case 2: TableBlockAvx2<2, C>(tables, nibbles, groups, rows.k_valid + r, tiles, row_dots, stride); break;
+      default: TableBlockAvx2<1, C>(tables, nibbles, groups, rows.k_valid + r, tiles, row_dots, stride); break;
+    }
+  }
+}
+
+// Two groups of 32 columns a pass while they last (a row's table serves 64 columns), each over every row, so that the
+// pass's column nibbles stay in L1 while the rows' tables pass.
+JAXBNN_TARGET_AVX2 void TableAvx2(const TableRows& rows, const uint8_t* column_nibbles, int64_t nibbles,
+                                  int64_t col_begin, int64_t tiles, int32_t* dots, int64_t stride) {
+  constexpr int64_t kGroupTiles = kTableGroupCols / kTileRows;
+  const uint8_t* groups = column_nibbles + col_begin / kTableGroupCols * nibbles * kTableGroupCols;
+  for (int64_t t = 0; t < tiles; t += 2 * kGroupTiles) {
+    const int64_t pass = std::min(2 * kGroupTiles, tiles - t);
+    const uint8_t* pass_groups = groups + t / kGroupTiles * nibbles * kTableGroupCols;
+    if (pass > kGroupTiles) {
+      TableRowBlocksAvx2<2>(rows, pass_groups, nibbles, pass, dots + t * kTileRows, stride);
+    } else {
+      TableRowBlocksAvx2<1>(rows, pass_groups, nibbles, pass, dots + t * kTileRows, stride);
+    }
+  }
+}
+
+// A word's 8 tables, two a register: nibble 2p (the low nibble of byte p) in the low lane, nibble 2p + 1 in the high
+// one, each entry i the popcount of nibble XOR i.
+JAXBNN_TARGET_AVX2 void RowTablesAvx2(const uint32_t* row, int64_t k_words, uint32_t last_mask, uint8_t* tables) {
+  const __m256i counts = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2, 1, 2, 2, 3, 1,
+                                          2, 2, 3, 2, 3, 3, 4);
+  const __m256i entries = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6,
+                                           7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
+  for (int64_t k = 0; k < k_words; ++k) {
+    const uint32_t word = k + 1 == k_words ? row[k] & last_mask : row[k];
+    const __m256i broadcast = _mm256_set1_epi32(static_cast<int>(word));
+    // low lane: the word's low nibbles, high lane: its high nibbles, one a byte
+    const __m256i nibbles = _mm256_blend_epi32(_mm256_and_si256(broadcast, low_nibbles),
+                                               _mm256_and_si256(_mm256_srli_epi16(broadcast, 4), low_nibbles), 0xf0);
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      const __m256i spread = _mm256_shuffle_epi8(nibbles, _mm256_set1_epi8(static_cast<char>(p)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(tables + (k * 8 + 2 * p) * 16),
+                          _mm256_shuffle_epi8(counts, _mm256_xor_si256(spread, entries)));
+    }
+  }
+}
+
+// The column nibbles of one whole chunk (4 words) of one tile row (8 columns): its 8 x 16 bytes (column i's four
+// words, byte b of word w at 4 w + b) transposed into 16 x 8 by unpacks, then each byte's low nibble (nibble 2b of
+// word w) and high nibble (2b + 1) stored as 8 bytes at the tile row's place in its group.
+JAXBNN_TARGET_AVX2 inline void ChunkNibblesAvx2(const uint32_t* chunk, uint8_t* word_nibbles) {
+  const auto* c = reinterpret_cast<const __m256i*>(chunk);
+  // register q: columns 2q (low lane) and 2q + 1 (high lane)
+  const __m256i y0 = _mm256_loadu_si256(c), y1 = _mm256_loadu_si256(c + 1), y2 = _mm256_loadu_si256(c + 2),
+                y3 = _mm256_loadu_si256(c + 3);
+  const __m256i a0 = _mm256_unpacklo_epi8(y0, y1), a1 = _mm256_unpackhi_epi8(y0, y1);
+  const __m256i a2 = _mm256_unpacklo_epi8(y2, y3), a3 = _mm256_unpackhi_epi8(y2, y3);
+  // b_q: bytes 4q .. 4q + 3 of the even columns 0, 2, 4, 6 (low lane) and of the odd ones (high lane)
+  const __m256i b[4] = {_mm256_unpacklo_epi16(a0, a2), _mm256_unpackhi_epi16(a0, a2), _mm256_unpacklo_epi16(a1, a3),
+                        _mm256_unpackhi_epi16(a1, a3)};
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i even = _mm256_permute2x128_si256(b[2 * h], b[2 * h + 1], 0x20);
+    const __m256i odd = _mm256_permute2x128_si256(b[2 * h], b[2 * h + 1], 0x31);
+    // the 8 columns of byte m in 8-byte piece p of `pieces`: bytes 8h + (0, 1, 4, 5) then 8h + (2, 3, 6, 7)
+    const __m256i pieces[2] = {_mm256_unpacklo_epi8(even, odd), _mm256_unpackhi_epi8(even, odd)};
+    for (int u = 0; u < 2; ++u) {
+      alignas(32) uint64_t low[4], high[4];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(low), _mm256_and_si256(pieces[u], low_nibbles));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(high),
+                         _mm256_and_si256(_mm256_srli_epi16(pieces[u], 4), low_nibbles));
+      constexpr int kByteOf[4] = {0, 1, 4, 5};
+      for (int p = 0; p < 4; ++p) {
+        const int m = 8 * h + 2 * u + kByteOf[p];  // byte m = 4 w + b: nibbles 8 w + 2 b, 8 w + 2 b + 1
+        uint8_t* nibble = word_nibbles + ((m / 4) * 8 + 2 * (m % 4)) * kTableGroupCols;
+        std::memcpy(nibble, &low[p], 8);
+        std::memcpy(nibble + kTableGroupCols, &high[p], 8);
+      }
+    }
+  }
+}
+
+JAXBNN_TARGET_AVX2 void ColumnNibblesAvx2(const uint32_t* kernel_tiles, int64_t n, int64_t k_words, uint32_t last_mask,
+                                          int64_t first_group, int64_t end_group, uint8_t* column_nibbles) {
+  const int64_t chunks = (k_words + kChunkWords - 1) / kChunkWords, nibbles = k_words * 8;
+  // chunks before the one holding the last word: whole, unmasked
+  const int64_t whole_chunks = (k_words - 1) / kChunkWords;
+  const int64_t group_tiles = kTableGroupCols / kTileRows, tile_rows = (n + kTileRows - 1) / kTileRows;
+  for (int64_t g = first_group; g < end_group; ++g) {
+    uint8_t* group = column_nibbles + g * nibbles * kTableGroupCols;
+    const int64_t first_tile = g * group_tiles, end_tile = std::min(tile_rows, first_tile + group_tiles);
+    if (end_tile - first_tile < group_tiles) std::memset(group, 0, nibbles * kTableGroupCols);
+    for (int64_t t = first_tile; t < end_tile; ++t) {
+      const uint32_t* tile_row = kernel_tiles + t * chunks * kTileChunkWords;
+      uint8_t* tile_nibbles = group + (t - first_tile) * kTileRows;
+      for (int64_t j = 0; j < whole_chunks; ++j) {
+        ChunkNibblesAvx2(tile_row + j * kTileChunkWords, tile_nibbles + j * kChunkWords * 8 * kTableGroupCols);
+      }
+      for (int64_t word = whole_chunks * kChunkWords; word < k_words; ++word) {
+        for (int64_t i = 0; i < kTileRows; ++i) {
+          uint32_t w = tile_row[word / kChunkWords * kTileChunkWords + i * kChunkWords + word % kChunkWords];
+          if (word + 1 == k_words) w &= last_mask;
+          if (t * kTileRows + i >= n) w = 0;
+          uint8_t* nibble = tile_nibbles + word * 8 * kTableGroupCols + i;
+          for (int b = 0; b < 8; ++b, w >>= 4) nibble[b * kTableGroupCols] = static_cast<uint8_t>(w & 0xf);
+        }
+      }
+    }
   }
 }
 
@@ -760,6 +939,13 @@ LaneDotsFn LaneDotsFor(Isa isa) {
   if (isa == Isa::kAvx2) return LaneAvx2;
 #endif
   return nullptr;
+}
+
+TableTier TableTierFor(Isa isa) {
+#ifdef JAXBNN_X86
+  if (isa == Isa::kAvx2) return TableTier{TableAvx2, RowTablesAvx2, ColumnNibblesAvx2};
+#endif
+  return TableTier{};
 }
 
 }  // namespace jaxbnn::cpu

@@ -65,6 +65,46 @@ inline constexpr int64_t kLaneByteWords = 31;
 inline constexpr int64_t kLaneWordNibbles = 2;
 inline constexpr uint32_t kLowNibbles = 0x0f0f0f0fu;
 
+// Table kernels (AVX2), for bmm's many-row products: each nibble of a reduction row becomes a table of 16 bytes,
+// entry i the count of bits where the nibble and i differ (RowTablesFn); the weights are regrouped per call into
+// groups of 32 columns, nibble j of every column of a group side by side as bytes (ColumnNibblesFn), so
+// that one table lookup (pshufb) counts nibble j of 32 columns and one byte add sums it: per 128 products a lookup
+// and an add, where the lane kernel spends two of each and two XORs per 256. Nibble j of a row is bits 4j .. 4j + 3
+// of its bit string, every bit outside the reduction 0 in the row and in the weights.
+struct TableRows {
+  const uint8_t* tables;   // row r's table of nibble j at tables + (r * nibbles + j) * 16
+  int64_t rows;
+  const int32_t* k_valid;  // per row: the reduction elements that count
+};
+
+// The tables of one row of k_words words (its last word ANDed with last_mask first) into `tables`
+// (k_words * 8 * 16 bytes).
+using RowTablesFn = void (*)(const uint32_t* row, int64_t k_words, uint32_t last_mask, uint8_t* tables);
+
+// For every row r < rows.rows, tile row t < tiles and row i < 8, with c = col_begin + t * 8 + i (col_begin a multiple
+// of 32):
+//   dots[r * stride + t * 8 + i] = k_valid[r] - 2 * sum over nibbles j of popc(x[r, j] XOR w[c, j])
+// where w[c, j] = column_nibbles[((c / 32) * nibbles + j) * 32 + c % 32]; the counts are summed in 16-bit lanes, so
+// nibbles * 4 must stay below 65536 (kTableMaxNibbles).
+using TableDotsFn = void (*)(const TableRows& rows, const uint8_t* column_nibbles, int64_t nibbles, int64_t col_begin,
+                             int64_t tiles, int32_t* dots, int64_t stride);
+
+// Groups [first_group, end_group) of the column nibbles TableDotsFn reads, from the kernels' tiles of n output columns
+// (gemm_driver.h, KernelTiles) over k_words words, into `column_nibbles` (the whole (ceil(n / 32), k_words * 8, 32)
+// array): the last word ANDed with last_mask; the nibbles of columns past n are unspecified (their dots are never read).
+using ColumnNibblesFn = void (*)(const uint32_t* kernel_tiles, int64_t n, int64_t k_words, uint32_t last_mask,
+                                 int64_t first_group, int64_t end_group, uint8_t* column_nibbles);
+
+// A tier's table kernel and what it reads, or all null.
+struct TableTier {
+  TableDotsFn dots = nullptr;
+  RowTablesFn row_tables = nullptr;
+  ColumnNibblesFn column_nibbles = nullptr;
+};
+
+inline constexpr int64_t kTableGroupCols = 32;
+inline constexpr int64_t kTableMaxNibbles = 65535 / 4;
+
 // Columns of a strip: the dot products of a panel for this many columns at most, small enough to stay in L1
 // until the epilogue reads them; a multiple of 32, so that a strip owns its packed output words.
 inline constexpr int64_t kStripCols = 128;
@@ -100,6 +140,8 @@ bool ForceIsa(const std::string& name);
 PanelDotsFn PanelDotsFor(Isa isa);
 // Null where the tier has none (the AVX-512 panel kernel already keeps one column per 64-bit lane).
 LaneDotsFn LaneDotsFor(Isa isa);
+// All null where the tier has no table kernel (every tier but AVX2: AVX-512 counts 512 bits a VPOPCNTQ).
+TableTier TableTierFor(Isa isa);
 FinishStripFn FinishStripFor(Isa isa);
 // factor: 1 or 2.
 AddRowsFn AddRowsFor(Isa isa, int factor);
