@@ -116,6 +116,9 @@ BMM_CASES = [
     # unmasked and masked
     (1, 4096, 24, (8, 128)),
     (9, 8392, 17, (8, 128)),
+    # the AVX2 tier's table kernel (64 rows and more): one bit, one column; one word and a bit, a partial last pass
+    (65, 1, 1, (8, 128)),
+    (64, 33, 31, (1, 32)),
 ]
 
 
