@@ -49,6 +49,7 @@ struct LaneKernel {
 // are not pooled, so its dots are the outputs'.
 struct TableKernel {
   static constexpr bool kPoolsWindows = true;
+  static constexpr bool kSplitsRowsFirst = true;
   TableDotsFn table_dots;
   const uint8_t* columns;
   int64_t nibbles;

@@ -323,6 +323,16 @@ struct PoolsWindows : std::false_type {};
 template <class Kernel>
 struct PoolsWindows<Kernel, std::void_t<decltype(Kernel::kPoolsWindows)>> : std::bool_constant<Kernel::kPoolsWindows> {};
 
+// Whether a kernel would rather have a product's rows split over the threads than its columns (it makes data per
+// row on each task): `static constexpr bool kSplitsRowsFirst = true`.
+template <class Kernel, class = void>
+struct SplitsRowsFirst : std::false_type {};
+template <class Kernel>
+struct SplitsRowsFirst<Kernel, std::void_t<decltype(Kernel::kSplitsRowsFirst)>>
+    : std::bool_constant<Kernel::kSplitsRowsFirst> {};
+// The thinnest panels such a kernel's rows are split into (a multiple of the table kernel's 4-row blocks).
+inline constexpr int64_t kSplitRows = 16;
+
 // The tasks of one product: panels of output rows x blocks of output columns, count() of them, task i run by
 // operator()(i). Source: Fill(first, count, scratch) packs the panel of output rows [first, first + count)
 // (setting scratch.excluded per panel row) and returns it (a struct with `rows`); AddExcludedTaps(scratch, row,
@@ -339,6 +349,13 @@ class GemmTasks {
         window_(shape.rows_per_output), outputs_per_panel_(std::max<int64_t>(1, kPanelRows / window_)),
         finish_strip_(FinishStripFor(ActiveIsa())) {
     if (shape.outputs == 0 || shape.n == 0) return;
+    // A kernel that makes per-row data for each task (the table kernel's tables) takes thinner panels first.
+    if (SplitsRowsFirst<Kernel>::value && parallel && window_ == 1) {
+      const int64_t wanted = 4 * threads;
+      if (CeilDiv(shape.outputs, outputs_per_panel_) < wanted) {
+        outputs_per_panel_ = std::max<int64_t>(kSplitRows, RoundUp(CeilDiv(shape.outputs, wanted), kSplitRows));
+      }
+    }
     panels_ = CeilDiv(shape.outputs, outputs_per_panel_);
     // Columns per task: a multiple of 32 (one writer per packed output word) whose weights stay in L2; split
     // further when there are too few panels to keep every thread busy.
