@@ -75,6 +75,18 @@ def np_max_pool(dots, pool):
 
 
 @st.composite
+def threshold_epilogues(draw, n):
+    """Thresholds of any integer width (host, or a device array of a narrower dtype) and flips, one per column."""
+    values = draw(st.lists(WIDE_INTS, min_size=n, max_size=n))
+    host = np.array(values, object if any(abs(v) >= 2**63 for v in values) else np.int64)
+    dtype = draw(st.sampled_from(["host", "int32", "uint32", "int8"]))
+    if dtype != "host":
+        info = np.iinfo(dtype)
+        host = jnp.asarray(np.clip(np.array(values, object), info.min, info.max).astype(dtype))
+    return dict(threshold=host, flip=np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n))))
+
+
+@st.composite
 def epilogues(draw, n):
     kind = draw(st.sampled_from(["i32", "f32", "bits"]))
     if kind == "f32":
@@ -82,13 +94,7 @@ def epilogues(draw, n):
         scale, bias = rng.standard_normal((2, n)).astype(np.float32)
         return kind, dict(scale=scale, bias=bias)
     if kind == "bits":
-        values = draw(st.lists(WIDE_INTS, min_size=n, max_size=n))
-        host = np.array(values, object if any(abs(v) >= 2**63 for v in values) else np.int64)
-        dtype = draw(st.sampled_from(["host", "int32", "uint32", "int8"]))
-        if dtype != "host":
-            info = np.iinfo(dtype)
-            host = jnp.asarray(np.clip(np.array(values, object), info.min, info.max).astype(dtype))
-        return kind, dict(threshold=host, flip=np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n))))
+        return kind, draw(threshold_epilogues(n))
     return kind, {}
 
 
@@ -131,6 +137,34 @@ def test_bmm_matches_the_reference_or_refuses(m, k, n, layout, data, mode, seed)
     got = run(mode, lambda a: ops.bmm(a, b, k, n=n, **epi), a)
     dot = (a_signs @ w_signs.T).astype(np.int32)
     assert_matches(got, expected_epilogue(dot, kind, epi), kind)
+
+
+@fuzz(30)
+@given(st.integers(0, 80), st.lists(st.integers(1, 300), min_size=2, max_size=5),
+       st.sampled_from(["rows", "fsb", "fsb16x64"]), st.booleans(), st.data(), MODES, st.integers(0, 2**32))
+def test_bmm_chain_matches_numpy_layer_after_layer(m, widths, layout, logits, data, mode, seed):
+    """A chain of random widths (up to 80 rows: the CPU's table kernel from 64): every layer's bits through thresholds
+    of any width, the last layer bits or float32 logits, as numpy computes the layers one by one."""
+    rng = np.random.default_rng(seed)
+    values = signs(rng, (m, widths[0]))
+    a = np_pack(values > 0)
+    layers = []
+    for i, (k, n) in enumerate(zip(widths, widths[1:])):
+        w_signs = signs(rng, (n, k))
+        rows = np_pack(w_signs > 0)
+        b = {"rows": rows, "fsb": np_fsb(rows, (8, 128)), "fsb16x64": np_fsb(rows, (16, 64))}[layout]
+        dot = (values @ w_signs.T).astype(np.int32)
+        if logits and i == len(widths) - 2:
+            scale, bias = rng.standard_normal((2, n)).astype(np.float32)
+            layers.append(dict(b=b, k=k, n=n, scale=scale, bias=bias))
+            want, kind = expected_epilogue(dot, "f32", layers[-1]), "f32"
+        else:
+            layers.append(dict(b=b, k=k, n=n, **data.draw(threshold_epilogues(n))))
+            want, kind = expected_epilogue(dot, "bits", layers[-1]), "bits"
+            values = np.where(np.asarray(ops.unpack_bits(want, n)) > 0, 1.0, -1.0).astype(np.float32)
+    if mode == "vmap" and m == 0:
+        mode = "eager"
+    assert_matches(run(mode, lambda a: ops.bmm_chain(a, layers), a), want, kind)
 
 
 @fuzz(100)
