@@ -127,8 +127,9 @@ class PackedNet:
         nodes = self.graph["nodes"]
         self.stream_dtypes = stream_dtypes(nodes, packed.tensors)
         dtypes = self.stream_dtypes
-        self._forward = jax.jit(lambda params, x: _run(nodes, params, x, dtypes)[-1])
-        self._trace = jax.jit(lambda params, x: _run(nodes, params, x, dtypes))
+        scale = self.input_range
+        self._forward = jax.jit(lambda params, x: _run(nodes, params, _pixels(x, scale), dtypes)[-1])
+        self._trace = jax.jit(lambda params, x: _run(nodes, params, _pixels(x, scale), dtypes))
         self.embeds_parameters = bool(self.packed_bytes <= EMBEDDED_PARAMETERS_BYTES if embed_parameters is None
                                       else embed_parameters)
         self._uniform_arguments = ()
@@ -141,7 +142,7 @@ class PackedNet:
             self._embedded_forward = jax.jit(lambda x, *uniform: forward(with_uniform(uniform), x))
 
     def _call(self, images):
-        """The jitted forward of uint8 `images` (checked), as a call runs it."""
+        """The jitted forward of `images` (checked: uint8 pixels, or float images it quantizes), as a call runs it."""
         return self._call_forward(*self._call_arguments(images))
 
     @property
@@ -156,7 +157,8 @@ class PackedNet:
         return (self.params, images)
 
     def _check_input(self, images):
-        """uint8 pixels of `images` (float images quantized on the file's scale)."""
+        """`images` as the jitted forward takes them: uint8 pixels, or float images (quantized on the file's scale in
+        the same program, `_pixels`: a separate program would cost a call at a small batch half its host time)."""
         images = images if isinstance(images, jax.Array) else np.asarray(images)
         if images.ndim != len(self.input_shape) + 1 or tuple(images.shape[1:]) != self.input_shape:
             raise ValueError(f"{self.graph['name']} takes images of shape (batch, {', '.join(map(str, self.input_shape))}),"
@@ -169,9 +171,11 @@ class PackedNet:
             raise TypeError(f"images must be uint8 pixels (0..255) or floats in [{low:g}, {high:g}] (the scale "
                             f"{self.graph['name']}'s file records), got {images.dtype}")
         # host images only: a device array's range would cost a reduction and a sync on every call
-        if isinstance(images, np.ndarray) and images.size:
-            self._warn_outside_range(float(images.min()), float(images.max()))
-        return formats.quantize_images(images, self.input_range)
+        if isinstance(images, np.ndarray):
+            if images.size:
+                self._warn_outside_range(float(images.min()), float(images.max()))
+            return jnp.asarray(images, jnp.float32)
+        return images
 
     def _warn_outside_range(self, smallest: float, largest: float) -> None:
         """Warn about float images off the file's scale: beyond its range (by more than 1% of its width),
@@ -347,6 +351,11 @@ def _default_platform() -> str:
 
 
 # --- the forward pass ----------------------------------------------------------------------------------------
+
+
+def _pixels(images, input_range):
+    """The uint8 pixels of the images a forward takes: uint8 as they are, floats quantized on `input_range`."""
+    return images if images.dtype == jnp.uint8 else formats.quantize_images(images, input_range)
 
 
 def _run(nodes, params, pixels, dtypes):

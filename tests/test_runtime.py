@@ -211,6 +211,9 @@ def test_float_images_are_quantized_with_the_files_input_range(net, conv_model):
     np.testing.assert_array_equal(np.asarray(net(x)), expected)
     np.testing.assert_array_equal(np.asarray(net(jnp.asarray(x))), expected)  # a device array
     np.testing.assert_array_equal(np.asarray(jax.jit(net)(x)), expected)  # traced
+    np.testing.assert_array_equal(np.asarray(net.trace(x)[-1]), expected)
+    narrow = jnp.asarray(x, jnp.bfloat16)  # a narrower float: quantized as its float32 value
+    np.testing.assert_array_equal(np.asarray(net(narrow)), np.asarray(net(formats.quantize_images(narrow))))
     np.testing.assert_array_equal(net.predict(x, batch_size=4), net.predict(quantized, batch_size=4))
     np.testing.assert_allclose(expected, np.asarray(conv_model(quantized)), rtol=1e-5, atol=1e-5)
 
