@@ -127,9 +127,9 @@ class PackedNet:
         nodes = self.graph["nodes"]
         self.stream_dtypes = stream_dtypes(nodes, packed.tensors)
         dtypes = self.stream_dtypes
-        scale = self.input_range
-        self._forward = jax.jit(lambda params, x: _run(nodes, params, _pixels(x, scale), dtypes)[-1])
-        self._trace = jax.jit(lambda params, x: _run(nodes, params, _pixels(x, scale), dtypes))
+        input_range = self.input_range
+        self._forward = jax.jit(lambda params, x: _run(nodes, params, _pixels(x, input_range), dtypes)[-1])
+        self._trace = jax.jit(lambda params, x: _run(nodes, params, _pixels(x, input_range), dtypes))
         self.embeds_parameters = bool(self.packed_bytes <= EMBEDDED_PARAMETERS_BYTES if embed_parameters is None
                                       else embed_parameters)
         self._uniform_arguments = ()
