@@ -106,8 +106,8 @@ def _compiled_when_eager(fn=None, *, static_argnames=()):
 
 @functools.partial(_compiled_when_eager, static_argnames=("low", "scale"))
 def _pixels_of_floats(x, *, low: float, scale: float):
-    """`quantize_images` of float32 `x`: one program when eager (op by op, its seven operations cost a packed
-    model's call with float images more host time than the forward)."""
+    """`quantize_images` of float32 `x`: one program when called eagerly, where op by op its seven operations would
+    be seven dispatches (on an H100 host 726-973 us against 79-82 for the soak's batch of 8 images)."""
     scaled = jnp.round((x - np.float32(low)) * np.float32(scale))
     return jnp.where(jnp.isnan(x), 0, jnp.clip(scaled, 0, 255)).astype(jnp.uint8)
 
