@@ -705,9 +705,11 @@ def _image_layer(node, p, levels, stream_dtype=jnp.int32, next_input=None):
     """First layer: the image's levels (int8, or the uint8 pixels they come from) times the int8 weight values,
     with the pool and the output's epilogue in the same op (one custom call on a platform with the native
     kernel). A stream output is written in `stream_dtype`; with `next_input` (`_conv1_input_thresholds`: the thresholds
-    of the conv1 reading it) the pair (stream, that conv1's input bits or ternary planes)."""
+    of the conv1 reading it) the pair (stream, that conv1's input bits or ternary planes). With thresholds per
+    feature, the op's int32 pre-activations are thresholded after it, as `_packed_layer` does."""
     output = node["output"]
-    if output in ("binary", "ternary"):
+    per_feature = _per_feature_levels(node)
+    if output in ("binary", "ternary") and not per_feature:
         epilogue = _threshold_epilogue(output, p)
     elif output == "stream":
         epilogue = dict(shift=node["stream_shift"], out_dtype=stream_dtype)
@@ -725,6 +727,8 @@ def _image_layer(node, p, levels, stream_dtype=jnp.int32, next_input=None):
     if next_input is not None:
         stream, bits = out
         return stream, (bits[..., 0, :], bits[..., 1, :]) if next_input[1] else bits
+    if per_feature:
+        return _quantize(output, p, out)
     if output == "ternary":
         return out[..., 0, :], out[..., 1, :]
     if output == "affine":

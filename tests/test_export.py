@@ -17,8 +17,8 @@ from flax import nnx
 
 from jaxbnn.export import ExportError, export_model, fidelity_report, format_size_report, size_report
 from jaxbnn import packed_model, runtime
-from jaxbnn.layers import BinaryLinear
-from jaxbnn.models import build_model
+from jaxbnn.layers import BinaryConv, BinaryLinear
+from jaxbnn.models import BinaryNet, ConvBlock, DenseBlock, build_model
 from zoo_cases import (CASES, NETWORK_MODES, REAL_SIZE, SMALL, TRAINED_ROTATED, images_for, randomize,
                        trained_options, trained_zoo_model, zoo_model)
 
@@ -70,6 +70,23 @@ def test_trained_zoo_model_reproduces_the_flax_model(name, mode):
 def test_every_mode_of_every_trained_zoo_model_reproduces_the_flax_model(name, mode):
     model = trained_zoo_model(name, mode, trained_options(mode), seed=1)
     _assert_exact(model, images_for(model, 6, seed=17))
+
+
+@pytest.mark.parametrize("pool", [2, None])
+def test_a_first_conv_whose_ternary_output_a_dense_layer_reads_per_feature_reproduces_the_flax_model(pool):
+    """A dense layer's learned input thresholds straight after the first conv are one pair per flattened feature
+    (OH, OW, C), which the image op's per-channel epilogue does not take: its pre-activations are thresholded
+    after it."""
+    rngs = nnx.Rngs(0)
+    side = 14 if pool else 28
+    blocks = [ConvBlock(BinaryConv(1, 4, 3, mode="twn", rngs=rngs), pool, rngs=rngs),
+              DenseBlock(BinaryLinear(side * side * 4, 16, mode="tnn", input_threshold="learned", rngs=rngs),
+                         rngs=rngs),
+              DenseBlock(BinaryLinear(16, 10, mode="tnn", rngs=rngs), rngs=rngs)]
+    model = randomize(BinaryNet(blocks, name="conv-dense", mode="tnn", input_shape=(28, 28, 1), num_classes=10), 1)
+    packed = export_model(model)
+    assert packed.graph["nodes"][0]["level_shape"] == [side, side, 4]
+    _assert_exact(model, images_for(model, 5, seed=3))
 
 
 def test_round_trip_through_the_file_runs_the_same(tmp_path):
