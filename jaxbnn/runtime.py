@@ -160,22 +160,26 @@ class PackedNet:
         """`images` as the jitted forward takes them: uint8 pixels, or float images (quantized on the file's scale in
         the same program, `_pixels`: a separate program would cost a call at a small batch half its host time)."""
         images = images if isinstance(images, jax.Array) else np.asarray(images)
-        if images.ndim != len(self.input_shape) + 1 or tuple(images.shape[1:]) != self.input_shape:
-            raise ValueError(f"{self.graph['name']} takes images of shape (batch, {', '.join(map(str, self.input_shape))}),"
-                             f" got {tuple(images.shape)}")
+        self._check_images(images)
         if images.dtype == np.uint8:
             # a device array as it is: jnp.asarray would cost a call several microseconds of host time
             return images if isinstance(images, jax.Array) else jnp.asarray(images)
-        low, high = self.input_range
-        if not jnp.issubdtype(images.dtype, jnp.floating):
-            raise TypeError(f"images must be uint8 pixels (0..255) or floats in [{low:g}, {high:g}] (the scale "
-                            f"{self.graph['name']}'s file records), got {images.dtype}")
         # host images only: a device array's range would cost a reduction and a sync on every call
         if isinstance(images, np.ndarray):
             if images.size:
                 self._warn_outside_range(float(images.min()), float(images.max()))
             return jnp.asarray(images, jnp.float32)
         return images
+
+    def _check_images(self, images) -> None:
+        """Refuse images of another shape than (batch, *input_shape), or of a type other than uint8 or float."""
+        if images.ndim != len(self.input_shape) + 1 or tuple(images.shape[1:]) != self.input_shape:
+            raise ValueError(f"{self.graph['name']} takes images of shape (batch, {', '.join(map(str, self.input_shape))}),"
+                             f" got {tuple(images.shape)}")
+        if images.dtype != np.uint8 and not jnp.issubdtype(images.dtype, jnp.floating):
+            low, high = self.input_range
+            raise TypeError(f"images must be uint8 pixels (0..255) or floats in [{low:g}, {high:g}] (the scale "
+                            f"{self.graph['name']}'s file records), got {images.dtype}")
 
     def _warn_outside_range(self, smallest: float, largest: float) -> None:
         """Warn about float images off the file's scale: beyond its range (by more than 1% of its width),
@@ -208,6 +212,7 @@ class PackedNet:
         if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         images = np.asarray(images)
+        self._check_images(images)  # here, as an empty set of images makes no call
         if np.issubdtype(images.dtype, np.floating):
             images = images.astype(np.float32)  # other dtypes are refused by the call, as they are given
         out = []
@@ -222,6 +227,8 @@ class PackedNet:
 
     def throughput(self, images, repeats: int = 5) -> float:
         """Images per second of the jitted call on `images` (one batch, compiled first)."""
+        if isinstance(repeats, (bool, np.bool_)) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
+            raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
         images = self._check_input(images)
         self._call(images).block_until_ready()
         start = time.perf_counter()

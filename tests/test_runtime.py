@@ -187,6 +187,22 @@ def test_predict_refuses_a_batch_size_below_one(net):
             net.predict(images(3), batch_size=batch_size)
 
 
+def test_throughput_refuses_repeats_below_one(net):
+    for repeats in (-1, 0, 1.5, False):
+        with pytest.raises(ValueError, match=f"repeats must be a positive integer, got {repeats!r}"):
+            net.throughput(pixels(2), repeats=repeats)
+
+
+def test_predict_checks_the_images_shape_and_type_even_when_there_are_none(net):
+    """An empty set of images makes no call, so predict checks them itself."""
+    with pytest.raises(ValueError, match=r"takes images of shape \(batch, 12, 12, 1\), got \(0, 3, 3, 3\)"):
+        net.predict(np.zeros((0, 3, 3, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"got \(\)"):
+        net.predict(np.uint8(3))
+    with pytest.raises(TypeError, match="images must be uint8 pixels .* got int32"):
+        net.predict(np.zeros((0, 12, 12, 1), np.int32))
+
+
 @pytest.mark.parametrize("dtype", [np.uint8, np.float32])
 def test_an_empty_batch_gives_empty_logits_and_predictions(net, dtype):
     """A dense layer on a packed image flattens it: with no rows, a -1 in that reshape cannot be resolved."""
