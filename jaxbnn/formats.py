@@ -125,7 +125,8 @@ def binarize(x, threshold=None, flip=None):
     compared on the host, so 64-bit values are never narrowed to jax's 32-bit types first (a 64-bit host `x`
     given with a device threshold or flip is compared on the host with their values; with a traced one it is
     refused with a TypeError); a bool `x` is the integer 0 / 1; integers of
-    mixed jax dtypes are compared without wrapping; a float `x` is compared with the threshold converted to
+    mixed jax dtypes are compared without wrapping, and an integer `x` with a float threshold exactly (not in
+    a float that would round it); complex values are refused; a float `x` is compared with the threshold converted to
     `x`'s dtype, in IEEE order (subnormals are numbers, not zero, whatever the backend's flush mode).
     Special values (docs/formats.md): NaN gives bit 0 in either direction (every comparison with NaN is
     false), as does a NaN threshold; -0.0 == 0, so -0.0 gives bit 1; +inf gives 1 and -inf 0 against any
@@ -144,11 +145,15 @@ def binarize(x, threshold=None, flip=None):
         _check_numeric("threshold", t)
         if jnp.issubdtype(x.dtype, jnp.floating):
             t = t.astype(x.dtype)  # as on a device: the threshold in x's dtype
-        bits = x >= t
-        if flip is not None:
-            bits = np.where(np.asarray(flip, bool), x <= t, bits)
+            at_least, at_most = x >= t, x <= t
+        elif jnp.issubdtype(t.dtype, jnp.floating):  # numpy would round a 64-bit x to float64
+            at_least, at_most = _compare_with_float_threshold(x.astype(np.uint8) if x.dtype == bool else x, t, np)
+        else:
+            at_least, at_most = x >= t, x <= t
+        bits = at_least if flip is None else np.where(np.asarray(flip, bool), at_most, at_least)
         return jnp.asarray(bits)
     x = jnp.asarray(x)
+    _check_numeric("x", x)
     at_least, at_most = _compare(x, 0 if threshold is None else threshold)
     if flip is None:
         return at_least
@@ -165,8 +170,8 @@ def _narrowed_by_jax(dtype) -> bool:
 
 
 def _check_numeric(name, value) -> None:
-    if not (np.issubdtype(value.dtype, np.number) or jnp.issubdtype(value.dtype, jnp.floating)
-            or value.dtype == bool):
+    real_number = np.issubdtype(value.dtype, np.number) and not np.issubdtype(value.dtype, np.complexfloating)
+    if not (real_number or jnp.issubdtype(value.dtype, jnp.floating) or value.dtype == bool):
         raise TypeError(f"binarize: {name} must be numeric (integers within 64 bits or floats), got dtype "
                         f"{value.dtype}")
 
@@ -185,14 +190,14 @@ def _compare(x, threshold):
         _check_numeric("threshold", t)
     if x.dtype == bool:
         x = x.astype(jnp.uint8)  # 0 / 1, compared as an integer: a wide integer threshold is clipped, not wrapped
-    x_int = jnp.issubdtype(x.dtype, jnp.integer)
-    t_int = jnp.issubdtype(t.dtype, jnp.integer)
+    if t.dtype == bool:
+        t = t.astype(np.uint8)
     if jnp.issubdtype(x.dtype, jnp.floating):
         # in x's dtype, converted on the host for a host threshold: an int64 one is rounded, never wrapped
         t = jnp.asarray(t.astype(np.dtype(x.dtype)) if xp is np else t.astype(x.dtype))
         return _ordered_compare(x, t)
-    if not x_int or not t_int:
-        return x >= t, x <= t
+    if not jnp.issubdtype(t.dtype, jnp.integer):
+        return _compare_with_float_threshold(x, t, xp)
     if t.dtype == x.dtype:
         return x >= t, x <= t
     xi, ti = jnp.iinfo(x.dtype), np.iinfo(t.dtype)
@@ -204,6 +209,29 @@ def _compare(x, threshold):
     above, below = jnp.asarray(above), jnp.asarray(below)
     at_least = jnp.where(above, False, jnp.where(below, True, x >= clipped))
     at_most = jnp.where(above, True, jnp.where(below, False, x <= clipped))
+    return at_least, at_most
+
+
+def _compare_with_float_threshold(x, t, xp):
+    """(x >= t, x <= t) of an integer array `x` and a float threshold (numpy where `xp` is np), exactly:
+    x >= t where x >= ceil(t), x <= t where x <= floor(t), both false where t is NaN. Promoting x to a float
+    instead would round integers beyond the float's mantissa (int32 past 2**24 in float32). The rounded
+    thresholds are compared in a float of at least 32 bits, which holds every threshold and the ends of x's
+    range (powers of two) exactly, before any is converted to x's dtype."""
+    t = t.astype(np.float64) if xp is np else t.astype(jnp.promote_types(t.dtype, jnp.float32))
+    info = jnp.iinfo(x.dtype)
+    low, past_high = float(info.min), float(info.max) + 1  # -2**(n-1) or 0, and 2**(n-1) or 2**n
+    defined = ~xp.isnan(t)
+    up, down = xp.ceil(t), xp.floor(t)
+    up_above, up_below = up >= past_high, up <= low  # x >= t never holds; always holds
+    down_above, down_below = down >= past_high, down < low  # x <= t always holds; never holds
+    up_in = xp.where(defined & ~up_above & ~up_below, up, 0).astype(np.dtype(x.dtype))
+    down_in = xp.where(defined & ~down_above & ~down_below, down, 0).astype(np.dtype(x.dtype))
+    if isinstance(x, jax.Array):
+        defined, up_above, up_below, down_above, down_below, up_in, down_in = map(
+            jnp.asarray, (defined, up_above, up_below, down_above, down_below, up_in, down_in))
+    at_least = defined & ~up_above & (up_below | (x >= up_in))
+    at_most = defined & ~down_below & (down_above | (x <= down_in))
     return at_least, at_most
 
 

@@ -60,6 +60,41 @@ def test_host_and_device_operands_give_the_same_bits():
         jax.jit(lambda t: formats.binarize(np.array([2**40]), t))(jnp.int32(1))
 
 
+@pytest.mark.parametrize("where", ["host", "device", "jit"])
+def test_integers_against_float_thresholds_compare_exactly(where):
+    """x >= t as x >= ceil(t), x <= t as x <= floor(t): an int32 beyond float32's 24-bit mantissa is not rounded
+    to a float (2**24 + 1 against 2**24 + 0.5 is above it); past the ends of x's type and at +-inf the threshold
+    decides alone; NaN clears the bit either way; a bool x is 0 / 1."""
+    big = 2**24 + 1
+    x = np.array([big, big, -(2**31), 2**31 - 1, 7, 7, 7, 7, 1, 0], np.int32)
+    t = np.array([big - 0.5, big - 0.5, -2.0**31 - 4096, 2.0**31, np.inf, -np.inf, np.nan, 6.999, 0.5, 0.5])
+    at_least = np.array([1, 1, 1, 0, 0, 1, 0, 1, 1, 0], bool)
+    at_most = np.array([0, 0, 0, 1, 1, 0, 0, 0, 0, 1], bool)
+    run = {"host": lambda f, *a: f(*a), "device": lambda f, x, *a: f(jnp.asarray(x), *a),
+           "jit": lambda f, *a: jax.jit(f)(*a)}[where]
+    for threshold in (t, t.astype(np.float32)):
+        exact = np.asarray([float(v) for v in threshold])
+        want_at_least = np.array([x_ >= t_ for x_, t_ in zip(x.tolist(), exact.tolist())])
+        want_at_most = np.array([x_ <= t_ for x_, t_ in zip(x.tolist(), exact.tolist())])
+        np.testing.assert_array_equal(np.asarray(run(formats.binarize, x, threshold)), want_at_least)
+        np.testing.assert_array_equal(np.asarray(run(lambda a, b: formats.binarize(a, b, True), x, threshold)),
+                                      want_at_most)
+    np.testing.assert_array_equal(np.asarray(run(formats.binarize, x, t)), at_least)
+    np.testing.assert_array_equal(np.asarray(run(lambda a, b: formats.binarize(a, b, True), x, t)), at_most)
+    np.testing.assert_array_equal(np.asarray(run(formats.binarize, np.array([True, False]), np.float32(0.5))),
+                                  [True, False])
+    if where == "host":  # a 64-bit integer on the host: not rounded to float64 either
+        np.testing.assert_array_equal(np.asarray(formats.binarize(np.array([2**62 + 1]), np.float64(2.0**62))), True)
+        np.testing.assert_array_equal(np.asarray(formats.binarize(np.array([2**62 + 1]), np.float64(2.0**62), True)),
+                                      False)
+
+
+def test_complex_values_are_refused():
+    for x, threshold in ((np.array([1 + 1j]), 0), (jnp.array([1.0]), np.array([0j]))):
+        with pytest.raises(TypeError, match="must be numeric"):
+            formats.binarize(x, threshold)
+
+
 def test_special_values_through_pack_bits_and_the_native_kernels():
     rng = np.random.default_rng(0)
     w = np.where(rng.random((SPECIALS.size, 9)) < 0.5, 1.0, -1.0).astype(np.float32)
