@@ -54,11 +54,15 @@ _pack = jax.jit(formats.pack_bits)  # one compiled packer per shape: eager calls
 
 
 def unpack_bits(words, k, dtype=jnp.float32):
-    """±1 values `(..., k)` of packed words `(..., ceil(k/32))`."""
+    """±1 values `(..., k)` of packed words `(..., ceil(k/32))`, in `dtype`: a signed integer or float type (an
+    unsigned one or bool cannot hold -1)."""
     k = _positive_int("k", k)
     words = _packed("words", words, min_rank=1)
     _check_words("words", words, k)
-    return _unpack(words, k=k, dtype=jnp.dtype(dtype))
+    dtype = jnp.dtype(dtype)
+    if not (jnp.issubdtype(dtype, jnp.signedinteger) or jnp.issubdtype(dtype, jnp.floating)):
+        raise TypeError(f"unpack_bits gives ±1 values: dtype must be a signed integer or float type, got {dtype}")
+    return _unpack(words, k=k, dtype=dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("k", "dtype"))
@@ -97,8 +101,8 @@ def bmm(a, b, k=None, *, n=None, b_popcount=None, scale=None, bias=None, thresho
     given_popcount = b_popcount is not None  # the dataclasses' own popcounts are consistent by construction
     ternary_weights = isinstance(b, TernaryDenseBits)
     if isinstance(b, (DenseBits, TernaryDenseBits)):
-        k = b.k if k is None else k
-        n = b.n if n is None else n
+        k = _recorded_size("k", k, b.k, b)
+        n = _recorded_size("n", n, b.n, b)
         b_popcount = b.popcount if b_popcount is None else b_popcount
         b = b.bits
     if k is None:
@@ -253,8 +257,8 @@ def bmm_chain(a, layers):
         if isinstance(b, TernaryDenseBits):
             raise TypeError(f"bmm_chain layer {i} has ternary weights; the chain takes binary layers")
         if isinstance(b, DenseBits):
-            k = b.k if k is None else k
-            n = b.n if n is None else n
+            k = _recorded_size("k", k, b.k, b, f"bmm_chain layer {i}: ")
+            n = _recorded_size("n", n, b.n, b, f"bmm_chain layer {i}: ")
             b_popcount = b.popcount if b_popcount is None else b_popcount
             b = b.bits
         if k is None:
@@ -418,9 +422,9 @@ def bconv2d(
     given_popcount = w_tap_popcount is not None  # the dataclasses' own popcounts are consistent by construction
     ternary_weights = isinstance(w, TernaryConvBits)
     if isinstance(w, (ConvBits, TernaryConvBits)):
-        in_channels = w.in_channels if in_channels is None else in_channels
-        kernel_size = w.kernel_size if kernel_size is None else kernel_size
-        out_channels = w.out_channels if out_channels is None else out_channels
+        in_channels = _recorded_size("in_channels", in_channels, w.in_channels, w)
+        kernel_size = _recorded_size("kernel_size", kernel_size, w.kernel_size, w)
+        out_channels = _recorded_size("out_channels", out_channels, w.out_channels, w)
         w_tap_popcount = w.tap_popcount if w_tap_popcount is None else w_tap_popcount
         w = w.bits
     if in_channels is None:
@@ -1801,7 +1805,9 @@ def _fold_rows(single, activations=1, row_operands=()):
             args = [x if i not in rows_at or batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
                     for i, (x, batched) in enumerate(zip(operands, in_batched))]
             rows = args[0].shape[1]
-            out = call(*(x.reshape((-1,) + x.shape[2:]) if i in rows_at else x for i, x in enumerate(args)))
+            # explicit sizes: a -1 cannot be resolved where another axis is empty
+            out = call(*(x.reshape((axis_size * rows,) + x.shape[2:]) if i in rows_at else x
+                         for i, x in enumerate(args)))
             out = jax.tree.map(lambda o: o.reshape((axis_size, rows) + o.shape[1:]), out)
         else:
             args = [
@@ -1819,6 +1825,18 @@ def _fold_rows(single, activations=1, row_operands=()):
 
 def _is_int(value):
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _recorded_size(name, given, recorded, weights, where=""):
+    """A size the weights' dataclass records; one also given must be the same (other sizes would read its
+    padding bits as weights, or drop real ones)."""
+    if given is None:
+        return recorded
+    same = _pair(name, given) == tuple(recorded) if name == "kernel_size" else _is_int(given) and given == recorded
+    if not same:
+        raise ValueError(f"{where}{name}={given!r} differs from the {type(weights).__name__}'s {name} {recorded!r}; "
+                         "give the same or leave it out")
+    return recorded
 
 
 def _positive_int(name, value, maximum=MAX_EXTENT):

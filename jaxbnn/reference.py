@@ -39,14 +39,19 @@ def _weight_values(rows, k, ternary):
 
 
 def epilogue(dot, scale=None, bias=None, threshold=None, flip=None):
-    """What an int32 dot product becomes: itself, `scale * dot + bias` (float32), or packed bits; with
+    """What an int32 dot product becomes: itself, `scale * dot + bias` (float32, the product rounded before the
+    sum), or packed bits; with
     `threshold` / `flip` of shape (P, N), the packed bits of each of the P planes (..., P, ceil(N/32))."""
     if threshold is not None and jnp.ndim(threshold) == 2:  # every plane's words from one reduction, as one array
         return formats.pack_bits(formats.binarize(dot[..., None, :], threshold, flip))
     if threshold is not None:
         return formats.pack_bits(formats.binarize(dot, threshold, flip))
     if scale is not None:
-        return dot.astype(jnp.float32) * scale + bias
+        # rounded twice, as the kernels round it. Compiled, a product whose one use is the sum would be contracted
+        # into an FMA (XLA drops an optimization barrier before fusing): a select on the product's own value
+        # between them, which no constant folds away, keeps it rounded (and a NaN a NaN).
+        product = dot.astype(jnp.float32) * scale
+        return jnp.where(jnp.isnan(product), jnp.float32(jnp.nan), product) + bias
     return dot
 
 

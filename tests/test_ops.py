@@ -434,6 +434,80 @@ def test_bmm_rejects_bad_arguments_before_lowering():
         ops.bmm(jnp.zeros((4, 5), jnp.uint32), formats.to_fsb(b), 160)
 
 
+def test_sizes_given_beside_the_weights_dataclass_must_be_its_own():
+    """Another k would read the weights' padding bits as weights, or drop real ones; another kernel size or
+    channel count of the same word and tap count would read the taps wrongly: refused, naming both."""
+    rng = np.random.default_rng(0)
+    dense = formats.pack_dense_weights(signs(rng, (33, 4)))
+    x = formats.pack_bits(signs(rng, (2, 33)) > 0)
+    np.testing.assert_array_equal(np.asarray(ops.bmm(x, dense, k=33, n=4)), np.asarray(ops.bmm(x, dense)))
+    with pytest.raises(ValueError, match="k=40 differs from the DenseBits's k 33"):
+        ops.bmm(x, dense, k=40)
+    with pytest.raises(ValueError, match="n=3 differs from the DenseBits's n 4"):
+        ops.bmm(x, dense, n=3)
+    with pytest.raises(ValueError, match="bmm_chain layer 0: k=32 differs"):
+        ops.bmm_chain(x, [dict(b=dense, k=32, threshold=np.zeros(4, np.int32))])
+    ternary = formats.pack_ternary_dense_weights(rng.integers(-1, 2, (33, 4)))
+    with pytest.raises(ValueError, match="k=34 differs from the TernaryDenseBits's k 33"):
+        ops.bmm(x, ternary, k=34)
+    conv = formats.pack_conv_weights(signs(rng, (3, 3, 8, 4)))
+    images = formats.pack_bits(signs(rng, (1, 5, 5, 20)) > 0)
+    with pytest.raises(ValueError, match=r"kernel_size=\(1, 9\) differs from the ConvBits's kernel_size \(3, 3\)"):
+        ops.bconv2d(images, conv, kernel_size=(1, 9), padding="VALID")
+    with pytest.raises(ValueError, match="in_channels=20 differs from the ConvBits's in_channels 8"):
+        ops.bconv2d(images, conv, in_channels=20, padding="VALID")
+    with pytest.raises(ValueError, match="out_channels=5 differs"):
+        ops.bconv2d(images[..., :1], conv, out_channels=5, padding="VALID")
+
+
+def test_unpack_bits_gives_plus_and_minus_one_in_types_that_hold_them():
+    words = ops.pack_bits(np.array([[1.0, -1.0, 0.0, -3.0]]))
+    for dtype in (jnp.int8, jnp.int32, jnp.bfloat16, jnp.float32):
+        values = ops.unpack_bits(words, 4, dtype=dtype)
+        assert values.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(values, np.float32), [[1, -1, 1, -1]])
+    for dtype in (jnp.uint8, jnp.uint32, bool):
+        with pytest.raises(TypeError, match="signed integer or float type"):
+            ops.unpack_bits(words, 4, dtype=dtype)
+
+
+def test_vmap_over_images_with_an_empty_axis_gives_what_the_unmapped_op_gives():
+    """The batching rule folds the mapped axis into the rows with explicit sizes: a -1 cannot be resolved
+    where another axis is empty."""
+    stream = jnp.zeros((2, 1, 0, 3, 3), jnp.int32)
+    threshold = np.zeros(3, np.int32)
+    mapped = jax.vmap(lambda s: ops.global_sum_bits(s, threshold))(stream)
+    np.testing.assert_array_equal(np.asarray(mapped), np.asarray(ops.global_sum_bits(stream, threshold)))
+    x = jnp.zeros((2, 1, 0, 5, 1), jnp.uint32)
+    w = formats.pack_conv_weights(jnp.ones((3, 3, 8, 4)))
+    conv = jax.vmap(lambda images: ops.bconv2d(images, w, padding=((1, 2), (1, 1))))(x)  # padded to 3 x 7
+    np.testing.assert_array_equal(np.asarray(conv), np.asarray(ops.bconv2d(x[0], w, padding=((1, 2), (1, 1))))[None]
+                                  .repeat(2, axis=0))
+
+
+@pytest.fixture
+def xla_optimizations():
+    """XLA's optimizations on, as users compile (the suite turns most of them off on the CPU: conftest.py)."""
+    previous = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    jax.config.update("jax_disable_most_optimizations", previous)
+
+
+def test_the_references_affine_epilogue_rounds_the_product_before_the_sum_eager_and_compiled(xla_optimizations):
+    """As the kernels do: XLA would otherwise contract `scale * dot + bias` into one FMA when it compiles the
+    reference, 1 ulp off on many elements (scale and bias as arguments, or constants it folds)."""
+    rng = np.random.default_rng(0)
+    dot = jnp.asarray(rng.integers(-400, 400, (8, 64)), jnp.int32)
+    scale, bias = (rng.standard_normal(64).astype(np.float32) for _ in range(2))
+    scale[:2] = [np.nan, np.inf]
+    with np.errstate(invalid="ignore"):
+        two_roundings = np.asarray(dot).astype(np.float32) * scale + bias
+    for got in (reference.epilogue(dot, scale, bias), jax.jit(lambda *a: reference.epilogue(*a))(dot, scale, bias),
+                jax.jit(lambda d: reference.epilogue(d, scale, bias))(dot)):
+        np.testing.assert_array_equal(np.asarray(got), two_roundings)
+
+
 def test_bconv2d_rejects_bad_arguments_before_lowering():
     x = jnp.zeros((1, 5, 5, 1), jnp.uint32)
     w = formats.pack_conv_weights(jnp.ones((3, 3, 20, 4)))
