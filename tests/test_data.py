@@ -1,6 +1,7 @@
 """Dataset readers on small files written here in the exact on-disk formats, and deterministic batching."""
 
 import gzip
+import re
 import struct
 
 import numpy as np
@@ -61,6 +62,74 @@ def test_corrupt_idx_files_are_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"MNIST file train-images-idx3-ubyte\[.gz\] not found in .*; "
                                                  r"--data-dir mnist takes the four IDX files of the MNIST database"):
         data.load_mnist(tmp_path, "train")
+
+
+def _cut_short(gz: bytes) -> bytes:
+    return gz[:len(gz) // 2]
+
+
+def _reserved_block_type(gz: bytes) -> bytes:
+    return gz[:10] + b"\xff" + gz[11:]  # the first deflate block (after the 10-byte header) of a type that is none
+
+
+def _not_gzip_magic(gz: bytes) -> bytes:
+    return b"\x00\x00" + gz[2:]
+
+
+def _wrong_crc(gz: bytes) -> bytes:
+    return gz[:-8] + bytes(4) + gz[-4:]
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (_cut_short, "Compressed file ended before the end-of-stream marker was reached"),
+    (_reserved_block_type, "invalid block type"),
+    (_not_gzip_magic, "Not a gzipped file"),
+    (_wrong_crc, "CRC check failed"),
+])
+def test_a_damaged_gzip_file_is_refused_by_name(tmp_path, damage, reason):
+    _fake_mnist(tmp_path, gz=True)
+    path = tmp_path / "t10k-images-idx3-ubyte.gz"
+    with gzip.open(path, "rb") as f:
+        payload = f.read()
+    path.write_bytes(damage(gzip.compress(payload, mtime=0)))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: damaged gzip file \(.*{reason}"):
+        data.load_mnist(tmp_path, "test")
+
+
+@pytest.mark.parametrize("name, array, code, message", [
+    ("t10k-images-idx3-ubyte", np.full((5, 28, 28), 0.5, np.float32), 0x0D,
+     "MNIST images are unsigned bytes (IDX element type 0x08), this file holds float32"),
+    ("t10k-images-idx3-ubyte", np.full((5, 28, 28), 300, np.int16), 0x0B,
+     "MNIST images are unsigned bytes (IDX element type 0x08), this file holds int16"),
+    ("t10k-labels-idx1-ubyte", np.full(5, -1, np.int8), 0x09,
+     "MNIST labels are unsigned bytes (IDX element type 0x08), this file holds int8"),
+    ("t10k-images-idx3-ubyte", np.zeros((5, 32, 32), np.uint8), 0x08,
+     "MNIST images have shape N x 28 x 28, this file holds (5, 32, 32)"),
+    ("t10k-labels-idx1-ubyte", np.zeros((5, 1), np.uint8), 0x08,
+     "MNIST labels have shape N, this file holds (5, 1)"),
+    ("t10k-labels-idx1-ubyte", np.array([0, 1, 200, 3, 4], np.uint8), 0x08, "label 200 out of range 0..9"),
+    ("t10k-labels-idx1-ubyte", np.array([0, 1, 10, 3, 4], np.uint8), 0x08, "label 10 out of range 0..9"),
+])
+def test_mnist_files_that_are_not_mnist_images_and_labels_are_refused_by_name(tmp_path, name, array, code, message):
+    _fake_mnist(tmp_path)
+    _write_idx(tmp_path / name, array, code=code)
+    with pytest.raises(ValueError, match=f"^{re.escape(f'{tmp_path / name}: {message}')}$"):
+        data.load_mnist(tmp_path, "test")
+
+
+def test_an_empty_mnist_split_is_refused_by_name(tmp_path):
+    _fake_mnist(tmp_path, n_test=0)
+    with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 't10k-images-idx3-ubyte'))}: holds no images$"):
+        data.load_mnist(tmp_path, "test")
+    assert len(data.load_mnist(tmp_path, "train").labels) == 7
+
+
+def test_mnist_images_and_labels_must_be_as_many(tmp_path):
+    _fake_mnist(tmp_path)
+    _write_idx(tmp_path / "t10k-labels-idx1-ubyte", np.zeros(4, np.uint8))
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 't10k-images-idx3-ubyte'} holds 5 images but "
+                                                   f"{tmp_path / 't10k-labels-idx1-ubyte'} holds 4 labels")):
+        data.load_mnist(tmp_path, "test")
 
 
 def test_a_test_split_reads_only_its_own_files(tmp_path):

@@ -1,5 +1,7 @@
 """`jaxbnn export` / `jaxbnn predict` on a real (short) training run, and `jaxbnn demo` (slow)."""
 
+import gzip
+import json
 import re
 
 import numpy as np
@@ -7,6 +9,8 @@ import pytest
 
 from jaxbnn import cli, packed_model, runtime
 from jaxbnn.cli import import_train_module
+from jaxbnn.models import build_model
+from test_data import _fake_mnist, _write_idx
 from test_packed_model import FORMAT_V1_FILE
 
 
@@ -54,6 +58,57 @@ def test_errors_are_reported_not_raised(tmp_path, capsys):
     assert cli.main(["predict", str(FORMAT_V1_FILE)]) == 2
     assert "format version 1 is not supported (this jaxbnn reads version 3); re-export the model from its " \
            "training run: jaxbnn export RUN_DIR MODEL.jbnn" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("setting, value", [
+    ("data", "foo"), ("data", ["x"]), ("model", ["mnist-mlp"]), ("width", "abc"), ("width", 1e308), ("seed", 2**64),
+])
+def test_export_names_a_config_json_with_values_that_cannot_train(tmp_path, capsys, setting, value):
+    loop = import_train_module("loop")
+    run = tmp_path / "run"
+    run.mkdir()
+    config = {**loop.TrainConfig(epochs=1).to_json(), setting: value}
+    (run / "config.json").write_text(json.dumps(config))
+    assert cli.main(["export", str(run), str(tmp_path / "m.jbnn")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"jaxbnn export: error: {run / 'config.json'} is not a training configuration (")
+    assert error.count("\n") == 1
+    assert not (tmp_path / "m.jbnn").exists()
+
+
+def _cut_short(path):
+    path.write_bytes(path.read_bytes()[:-20])
+
+
+def _corrupt_deflate_stream(path):
+    with gzip.open(path, "rb") as f:
+        payload = f.read()
+    compressed = gzip.compress(payload, mtime=0)
+    path.write_bytes(compressed[:10] + b"\xff" + compressed[11:])  # a deflate block type that is none
+
+
+@pytest.mark.parametrize("spoil, file, message", [
+    (_cut_short, "t10k-images-idx3-ubyte.gz", "damaged gzip file"),
+    (_corrupt_deflate_stream, "t10k-labels-idx1-ubyte.gz", "damaged gzip file"),
+    (lambda path: _write_idx(path, np.full(5, 200, np.uint8)), "t10k-labels-idx1-ubyte.gz",
+     "label 200 out of range 0..9"),
+    (lambda path: _write_idx(path, np.zeros((5, 28, 28), np.float32), code=0x0D), "t10k-images-idx3-ubyte.gz",
+     "MNIST images are unsigned bytes (IDX element type 0x08), this file holds float32"),
+    (lambda path: _write_idx(path, np.zeros((0, 28, 28), np.uint8)), "t10k-images-idx3-ubyte.gz", "holds no images"),
+])
+def test_predict_names_a_damaged_mnist_file_in_one_line(tmp_path, capsys, spoil, file, message):
+    model = build_model("mnist-mlp", "bnn", width=0.125)  # untrained: predict stops at the data
+    model.eval()
+    packed = tmp_path / "m.jbnn"
+    packed_model.save(packed, cli.import_export_package().export_model(model))
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    _fake_mnist(folder, gz=True)
+    spoil(folder / file)
+    assert cli.main(["predict", str(packed), "--data", "mnist", "--data-dir", str(folder)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"jaxbnn predict: error: {folder / file}") and message in error
+    assert error.count("\n") == 1
 
 
 @pytest.mark.slow

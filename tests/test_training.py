@@ -129,10 +129,24 @@ def test_the_python_api_checks_the_configuration_before_writing(tmp_path):
     for bad, message in ((dict(learning_rate=-1.0), "learning_rate must be a finite number > 0, got -1.0"),
                          (dict(epochs=0), "epochs must be an integer >= 1, got 0"),
                          (dict(model="lenet"), "unknown model 'lenet'; known: mnist-mlp, mnist-conv"),
+                         (dict(model=["mnist-mlp"]), "unknown model ['mnist-mlp']; did you mean 'mnist-mlp'?"),
+                         (dict(data_dir=5), "data_dir must be a folder name or None, got 5"),
+                         (dict(width=1e308), "width must be at most 64, got 1e+308"),
+                         (dict(seed=2**63), "seed must be at most 2^63 - 1, got 9223372036854775808"),
                          (dict(augment="yes"), "augment must be true, false or None")):
         with pytest.raises(ValueError, match=re.escape(message)):
             loop.fit(loop.TrainConfig(**{**SMALL_MLP, **bad}), tmp_path / "run", progress=False)
         assert not (tmp_path / "run").exists()
+
+
+def test_loading_a_trained_model_does_not_look_for_its_dataset_folder(tmp_path):
+    """export reads no images: a run whose data folder has moved away is loaded up to its checkpoints."""
+    config = loop.TrainConfig(data="mnist", data_dir=str(tmp_path / "moved-away"), epochs=1)
+    (tmp_path / "config.json").write_text(json.dumps(config.to_json()))
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path} has no checkpoint"):
+        loop.load_trained(tmp_path)
+    with pytest.raises(ValueError, match="--data-dir .*moved-away: no such folder"):
+        loop.check_config(config)
 
 
 def test_the_progress_bar_stays_out_of_a_log_file(tmp_path, capsys):

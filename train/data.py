@@ -16,7 +16,9 @@ from __future__ import annotations
 import errno
 import gzip
 import importlib.metadata
+import math
 import os
+import zlib
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
@@ -98,8 +100,11 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     """Read an IDX file (gzip-compressed if its name ends in .gz): magic 0 0 dtype ndim, big-endian dims."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        raw = f.read()
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (gzip.BadGzipFile, EOFError, zlib.error) as error:  # bad magic or CRC, cut short, corrupt stream
+        raise ValueError(f"{path}: damaged gzip file ({error})") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
         raise ValueError(f"{path}: not an IDX file (bad magic number)")
     code, ndim = raw[2], raw[3]
@@ -110,7 +115,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
         raise ValueError(f"{path}: truncated IDX header")
     dims = tuple(int(d) for d in np.frombuffer(raw[4:header], dtype=">u4"))
     dtype = np.dtype(_IDX_DTYPES[code])
-    expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(dims) * dtype.itemsize
     if len(raw) - header != expected:
         raise ValueError(f"{path}: IDX dims {dims} need {expected} data bytes, file has {len(raw) - header}")
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims).astype(dtype.newbyteorder("="))
@@ -131,16 +136,35 @@ def _find(directory: Path, names: list[str]) -> Path:
                             f"--data-dir mnist takes {MNIST_SOURCE}")
 
 
+def _read_mnist_idx(path: Path, what: str, item_shape: tuple[int, ...]) -> np.ndarray:
+    """The unsigned bytes of an MNIST IDX file: at least one item (image or label) of ``item_shape``."""
+    array = read_idx(path)
+    if array.dtype != np.uint8:
+        raise ValueError(f"{path}: MNIST {what} are unsigned bytes (IDX element type 0x08), this file holds "
+                         f"{array.dtype}")
+    if array.ndim != 1 + len(item_shape) or array.shape[1:] != item_shape:
+        expected = " x ".join(["N", *map(str, item_shape)])
+        raise ValueError(f"{path}: MNIST {what} have shape {expected}, this file holds {array.shape}")
+    if len(array) == 0:
+        raise ValueError(f"{path}: holds no {what}")
+    return array
+
+
 def load_mnist(directory: str | os.PathLike, split: str) -> Dataset:
-    """MNIST from its IDX files in ``directory`` (names with '-' or '.' before 'idx', gzip or not)."""
+    """MNIST from its IDX files in ``directory`` (names with '-' or '.' before 'idx', gzip or not): uint8
+    28 x 28 images and uint8 labels 0..9, as many of each, at least one."""
     _check_split(split)
     directory = Path(directory)
     prefix = "train" if split == "train" else "t10k"
-    images = read_idx(_find(directory, [f"{prefix}-images-idx3-ubyte", f"{prefix}-images.idx3-ubyte"]))
-    labels = read_idx(_find(directory, [f"{prefix}-labels-idx1-ubyte", f"{prefix}-labels.idx1-ubyte"]))
-    if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-        raise ValueError(f"MNIST {split}: images {images.shape} and labels {labels.shape} do not match")
-    return Dataset(images.astype(np.uint8)[..., None], labels.astype(np.int32), 10)
+    images_path = _find(directory, [f"{prefix}-images-idx3-ubyte", f"{prefix}-images.idx3-ubyte"])
+    labels_path = _find(directory, [f"{prefix}-labels-idx1-ubyte", f"{prefix}-labels.idx1-ubyte"])
+    images = _read_mnist_idx(images_path, "images", (28, 28))
+    labels = _read_mnist_idx(labels_path, "labels", ())
+    if len(images) != len(labels):
+        raise ValueError(f"{images_path} holds {len(images)} images but {labels_path} holds {len(labels)} labels")
+    if labels.max() > 9:
+        raise ValueError(f"{labels_path}: label {labels.max()} out of range 0..9")
+    return Dataset(images[..., None], labels.astype(np.int32), 10)
 
 
 # --- CIFAR-10 binary batches ------------------------------------------------------------------------------

@@ -79,17 +79,26 @@ def _is_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def check_config(config: TrainConfig) -> None:
+# Width multipliers beyond this build no model that fits in memory (at 64 a hidden layer of the MNIST MLP
+# holds 2^32 weights); near 1e308 the channel counts overflow to infinity.
+MAX_WIDTH = 64
+MAX_SEED = 2**63 - 1  # jax.random.key takes an int64
+
+
+def check_config(config: TrainConfig, *, reads_data: bool = True) -> None:
     """Raise ValueError naming the first setting of ``config`` that cannot train: an unknown model, mode
-    or dataset, a dataset folder that is missing, a number out of range. ``fit`` calls it before it
-    writes anything, so a typo leaves no run directory behind."""
-    if config.model not in MODEL_BUILDERS:
+    or dataset, a dataset folder that is missing, a value of the wrong type, a number out of range.
+    ``fit`` calls it before it writes anything, so a typo leaves no run directory behind. With
+    ``reads_data=False`` (``load_trained``, which reads no images) the dataset folder is not looked for."""
+    if not isinstance(config.model, str) or config.model not in MODEL_BUILDERS:
         raise ValueError(_known("model", config.model, MODEL_BUILDERS))
-    if config.mode not in NETWORK_MODES:
+    if not isinstance(config.mode, str) or config.mode not in NETWORK_MODES:
         raise ValueError(_known("mode", config.mode, NETWORK_MODES))
-    if config.data not in data_lib.DATASETS:
+    if not isinstance(config.data, str) or config.data not in data_lib.DATASETS:
         raise ValueError(_known("dataset", config.data, data_lib.DATASETS))
-    if data_lib.DATASETS[config.data]["needs_dir"]:
+    if config.data_dir is not None and not isinstance(config.data_dir, str):
+        raise ValueError(f"data_dir must be a folder name or None, got {config.data_dir!r}")
+    if reads_data and data_lib.DATASETS[config.data]["needs_dir"]:
         if config.data_dir is None:
             raise ValueError(f"dataset {config.data!r} is read from a local folder: pass it with --data-dir")
         if not Path(config.data_dir).is_dir():
@@ -102,6 +111,10 @@ def check_config(config: TrainConfig) -> None:
         value = getattr(config, name)
         if not _is_number(value) or value < 0 or (positive and value == 0):
             raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+    if config.width > MAX_WIDTH:
+        raise ValueError(f"width must be at most {MAX_WIDTH}, got {config.width!r}")
+    if config.seed > MAX_SEED:
+        raise ValueError(f"seed must be at most 2^63 - 1, got {config.seed!r}")
     if config.augment not in (None, True, False):
         raise ValueError(f"augment must be true, false or None (the dataset's default), got {config.augment!r}")
 
@@ -581,7 +594,8 @@ def load_trained(out_dir: str | os.PathLike) -> BinaryNet:
         raise FileNotFoundError(f"{out_dir} is not a training run directory (no config.json)")
     try:
         config = TrainConfig(**json.loads(config_path.read_text()))
-    except (UnicodeDecodeError, ValueError, TypeError) as error:  # not JSON, or not a TrainConfig's fields
+        check_config(config, reads_data=False)
+    except (UnicodeDecodeError, ValueError, TypeError) as error:  # not JSON, not a TrainConfig's fields or values
         raise ValueError(f"{config_path} is not a training configuration ({error})") from None
     spec = data_lib.DATASETS[config.data]
     model = _build(config, spec["input_shape"], spec["num_classes"])
