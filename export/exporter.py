@@ -132,19 +132,41 @@ def _linear_node(name, layer, in_shape, wire, tile, *, first=False, pool=None):
     return node, _weight_tensors(name, layer, node, tile)
 
 
+def _check_affine(name, chain: BnChain, scale, bias) -> None:
+    """Refuse a classifier whose folded `scale * dot + bias` cannot give the Flax model's logits: a channel
+    whose scale or bias is infinite in float32 (gamma / sqrt(var + eps) overflows, or a parameter is
+    infinite: the model's own float32 batch norm gives +-inf by the sign of its input, the folded form inf - inf
+    = NaN), or whose var + eps is subnormal in float32 (the model's batch norm then depends on the platform:
+    XLA's CPU flushes it to 0, its GPU does not). NaN parameters give NaN logits either way."""
+    variance = chain.var.astype(np.float32) + np.float32(chain.epsilon)
+    subnormal = (variance != 0) & (np.abs(variance) < np.finfo(np.float32).tiny)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        multiplier = np.float32(1) / np.sqrt(variance)  # in float32, as the model's batch norm computes it
+        if chain.gamma is not None:
+            multiplier = multiplier * chain.gamma.astype(np.float32)
+    infinite = np.isinf(scale) | np.isinf(bias) | np.isinf(multiplier)
+    bad = np.flatnonzero(np.broadcast_to(subnormal, infinite.shape) | infinite)
+    if bad.size:
+        raise ExportError(f"{name}: the classifier's batch norm on channel(s) {bad[:8].tolist()} folds to an "
+                          "infinite scale or bias in float32 (gamma / sqrt(var + eps) overflows, or var + eps is "
+                          "subnormal), which no float32 affine reproduces; check those channels' statistics")
+
+
 def _finish(node, tensors, layer, bn, reader, last):
     """Decide what a conv / dense block outputs: the logits (affine), or bits for `reader`."""
     chain = bn_chain(bn, layer)
     if last:
         node["output"] = "affine"
-        mul = 1.0 / np.sqrt(chain.var.astype(np.float64) + np.float64(np.float32(chain.epsilon)))
-        if chain.gamma is not None:
-            mul = mul * chain.gamma
-        alpha = 1.0 if chain.alpha is None else chain.alpha.astype(np.float64)
-        bias = 0.0 if chain.bias is None else chain.bias.astype(np.float64)
-        beta = 0.0 if chain.beta is None else chain.beta.astype(np.float64)
-        tensors["scale"] = np.broadcast_to(alpha * mul, mul.shape).astype(np.float32)
-        tensors["bias"] = ((bias - chain.mean) * mul + beta).astype(np.float32)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # what is not finite, _check_affine judges
+            mul = 1.0 / np.sqrt(chain.var.astype(np.float64) + np.float64(np.float32(chain.epsilon)))
+            if chain.gamma is not None:
+                mul = mul * chain.gamma
+            alpha = 1.0 if chain.alpha is None else chain.alpha.astype(np.float64)
+            bias = 0.0 if chain.bias is None else chain.bias.astype(np.float64)
+            beta = 0.0 if chain.beta is None else chain.beta.astype(np.float64)
+            tensors["scale"] = np.broadcast_to(alpha * mul, mul.shape).astype(np.float32)
+            tensors["bias"] = ((bias - chain.mean) * mul + beta).astype(np.float32)
+        _check_affine(node["name"], chain, tensors["scale"], tensors["bias"])
         return
     if reader is None:
         raise ExportError(f"{node['name']}: its batch norm feeds no quantizing layer")
@@ -161,7 +183,7 @@ def export_model(model: BinaryNet, target: str = "cpu",
     `input_range` (low, high) is the float scale that float images given to the runtime are on
     (`formats.quantize_images` turns them into the uint8 pixels the model computes on); the file records
     it."""
-    if target not in packed_model.TARGETS:
+    if not packed_model.is_known_target(target):
         raise ExportError(f"unknown target {target!r}; known: {sorted(packed_model.TARGETS)}")
     if not isinstance(model, BinaryNet):
         raise ExportError(f"export takes a jaxbnn BinaryNet, got {type(model).__name__}")

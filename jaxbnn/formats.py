@@ -33,6 +33,7 @@ __all__ = [
     "PIXEL_OFFSET",
     "image_levels",
     "quantize_images",
+    "resolves_pixels",
     "WORD_BITS",
     "WORD_DTYPE",
     "FSB_TILE",
@@ -84,7 +85,28 @@ def quantize_images(images, input_range=(-1.0, 1.0)):
     low, high = (float(v) for v in input_range)
     if not (np.isfinite(low) and np.isfinite(high) and low < high):
         raise ValueError(f"input_range must be (low, high), finite with low < high, got {input_range!r}")
+    if not resolves_pixels(low, high):
+        raise ValueError(f"input_range {input_range!r} is beyond float32: the floats of its pixels do not quantize "
+                         "back to them")
     return _pixels_of_floats(jnp.asarray(images, jnp.float32), low=low, scale=255.0 / (high - low))
+
+
+def resolves_pixels(low: float, high: float) -> bool:
+    """Whether the floats of the pixels on the scale (low, high), low + p * (high - low) / 255 as float32 images
+    hold them, quantize back to p = 0..255 in `quantize_images`' float32 arithmetic (its float32 low and scale
+    255 / (high - low)). A range float32 cannot resolve (too narrow for its magnitude, too wide, or with an
+    infinite or zero scale) would put most images on pixel 0 or 255."""
+    def flushed(x):  # XLA's CPU computes float32 with subnormals flushed to zero
+        return np.where(np.abs(x) < np.finfo(np.float32).tiny, np.float32(0), x)
+
+    pixels = np.arange(256)
+    with np.errstate(over="ignore", invalid="ignore"):
+        low32, high32, scale32 = np.float32(low), np.float32(high), np.float32(255.0 / (high - low))
+        if not (np.isfinite([low32, high32, scale32]).all() and scale32 > 0):
+            return False
+        floats = flushed((low + pixels * ((high - low) / 255)).astype(np.float32))
+        back = np.clip(np.round(flushed(floats - flushed(low32)) * scale32), 0, 255)
+    return bool(np.array_equal(back, pixels))
 
 
 def _compiled_when_eager(fn=None, *, static_argnames=()):

@@ -11,16 +11,18 @@ silently wrong outputs. Layout of the graph and of every tensor: docs/export.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
-import glob
 import hashlib
 import json
 import math
 import os
+import re
 import secrets
 import stat
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +61,11 @@ TRAINING_INPUT_RANGE = (-1.0, 1.0)
 OPERANDS = ("image", "binary", "ternary")
 WIRES = ("image", "binary", "ternary", "stream")
 LINEAR_OUTPUTS = ("binary", "ternary", "affine", "stream")
+
+
+def is_known_target(target) -> bool:
+    """Whether `target` names one of TARGETS (a header's JSON array or object is no name, and unhashable)."""
+    return isinstance(target, str) and target in TARGETS
 
 
 class PackedModelError(ValueError):
@@ -189,6 +196,14 @@ def _validate_linear(where: str, node: dict) -> None:
                 or not all(isinstance(p, list) and len(p) == 2 for p in padding)
                 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for p in padding for v in p)):
             _fail(where, f"attribute 'padding' must be [[top, bottom], [left, right]], got {padding!r}")
+        # At most the input's extent plus kernel_size - 1 a side, which holds whatever a layer's padding reads
+        # the input with ("SAME" and "VALID" stay within kernel_size - 1). Padding costs a file no byte (4000
+        # around a 1x1 input: a 64M-element activation from a 2 KB file); so bounded, the padded image is at
+        # most about three times the input a side.
+        most = (in_shape[0] + kh - 1, in_shape[1] + kw - 1)
+        if max(padding[0]) > most[0] or max(padding[1]) > most[1]:
+            _fail(where, f"attribute 'padding' {padding!r} exceeds the input's extent plus kernel_size - 1 a side "
+                         f"({most[0]} rows, {most[1]} columns): the outputs past it would read padding only")
         if _choice(where, node, "pad_value", ("zero", "one")) != "zero" and operand == "image":
             _fail(where, "an image operand is padded with level 0 (pixel 128): its pad_value must be 'zero'")
         if "pool" not in node:
@@ -280,11 +295,25 @@ def _check_input_range(value) -> None:
     if value is None:
         raise PackedModelError("graph attribute 'input_range' missing (the input scale the model was trained "
                                "on): re-export the model from its training run: jaxbnn export RUN_DIR MODEL.jbnn")
-    numbers = isinstance(value, list) and len(value) == 2 and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
-    if not numbers or not value[0] < value[1]:
+    low, high = _floats_of_pair(value)
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
         raise PackedModelError(f"graph attribute 'input_range' must be [low, high], finite numbers with low < high, "
                                f"got {value!r}")
+    if not formats.resolves_pixels(low, high):
+        raise PackedModelError(f"graph attribute 'input_range' {value!r} is beyond float32: float images on it do "
+                               "not quantize back to their pixels 0..255 (formats.quantize_images computes in float32)")
+
+
+def _floats_of_pair(value) -> tuple[float, float]:
+    """The floats of a JSON pair of numbers; NaNs where it is not two numbers a float holds."""
+    if not (isinstance(value, list) and len(value) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+        return math.nan, math.nan
+    try:
+        return float(value[0]), float(value[1])
+    except OverflowError:  # an integer beyond any float
+        return math.nan, math.nan
+
 
 
 def _validate_residual(where: str, node: dict) -> None:
@@ -457,7 +486,7 @@ def _check_values(graph: dict, tensors: dict) -> None:
 
 
 def _check_structure(model: PackedModel) -> None:
-    if model.target not in TARGETS:
+    if not is_known_target(model.target):
         raise PackedModelError(f"unknown target {model.target!r}; known: {sorted(TARGETS)}")
     validate_graph(model.graph)
     _check_tensors(model.tensors, model.graph, model.tile)
@@ -498,7 +527,7 @@ def _header_core(model: PackedModel) -> dict:
 def save(path: str | os.PathLike, model: PackedModel) -> int:
     """Validate `model` and write it to `path` atomically (a temporary file beside it, renamed over it);
     returns the file size in bytes. The file keeps the mode of the one it replaces, or gets 0o666 less the
-    umask, as a file written with open() would."""
+    umask, as a file written with open() would. An OSError of the write names `path`, not the temporary."""
     from safetensors.numpy import save as save_safetensors
 
     tensors = {name: np.ascontiguousarray(array) for name, array in model.tensors.items()}
@@ -510,40 +539,81 @@ def save(path: str | os.PathLike, model: PackedModel) -> int:
     if not path.parent.is_dir():  # else the error would name the temporary file
         raise FileNotFoundError(errno.ENOENT, "no such folder to write the packed checkpoint into", str(path.parent))
     _remove_stale_temporaries(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
+    tmp = path.with_name(f".{_temporary_stem(path)}.{os.getpid()}.{secrets.token_hex(_TMP_TOKEN_BYTES)}{_TMP_SUFFIX}")
     try:
-        with os.fdopen(fd, "wb") as f:
-            try:
-                os.fchmod(f.fileno(), stat.S_IMODE(os.stat(path).st_mode))
-            except FileNotFoundError:
-                pass
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
+        try:
+            with os.fdopen(fd, "wb") as f:
+                try:
+                    os.fchmod(f.fileno(), stat.S_IMODE(os.stat(path).st_mode))
+                except FileNotFoundError:
+                    pass
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    except OSError as error:
+        raise _error_naming(path, error) from None
     return len(blob)
 
 
+def _error_naming(path: Path, error: OSError) -> OSError:
+    """`error` naming `path` in place of the hidden temporary (or the pair of both) it names."""
+    if error.errno is None:
+        return error
+    return OSError(error.errno, error.strerror, str(path))  # OSError(errno, ...) is errno's subclass
+
+
+# A temporary is named `.{stem}.{pid}.{token}.jbnn-tmp`: the stem stands for the file it will replace (its name,
+# or where that would make too long a name, a prefix and a hash of it), the pid is its writer's, the token
+# tells apart the temporaries of one process.
 _TMP_SUFFIX = ".jbnn-tmp"
+_TMP_TOKEN_BYTES = 4
+_PID_DIGITS = 10  # any 32-bit process id
+
+
+def _temporary_stem(path: Path) -> str:
+    """The part of the names of `path`'s temporaries that stands for `path`: its name where that leaves them
+    within the folder's name length limit, else a prefix of the name and a hash of all of it."""
+    try:
+        name_max = os.pathconf(path.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):  # no limit known for this folder
+        name_max = 255
+    room = name_max - len(f"..{'0' * _PID_DIGITS}.{'0' * 2 * _TMP_TOKEN_BYTES}{_TMP_SUFFIX}")
+    stem = path.name
+    if len(os.fsencode(stem)) <= room:
+        return stem
+    digest = "~" + hashlib.sha256(os.fsencode(stem)).hexdigest()[:16]
+    while stem and len(os.fsencode(stem + digest)) > room:
+        stem = stem[:-1]
+    return stem + digest
 
 
 def _remove_stale_temporaries(path: Path) -> None:
     """Delete the temporary files that killed writes of `path` left (a kill runs no cleanup): those named
-    with the id of a process that no longer exists. A live writer's file is left alone."""
-    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*{_TMP_SUFFIX}"):
-        pid = tmp.name[len(path.name) + 2 :].split(".")[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
+    with the id of a process that no longer exists. A live writer's file, and any name other than that of a
+    temporary of `path`, is left alone; so is everything where the folder cannot be listed or the file removed,
+    which does not stop the write."""
+    pattern = re.compile(rf"\.{re.escape(_temporary_stem(path))}\.([0-9]{{1,{_PID_DIGITS}}})"
+                         rf"\.[0-9a-f]{{{2 * _TMP_TOKEN_BYTES}}}{re.escape(_TMP_SUFFIX)}")
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return
+    for name in names:
+        match = pattern.fullmatch(name)
+        if match is None or int(match[1]) == os.getpid():
             continue
         try:
-            os.kill(int(pid), 0)
+            os.kill(int(match[1]), 0)
         except ProcessLookupError:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass  # another user's live process
+            with contextlib.suppress(OSError):  # e.g. another user's file in a sticky folder
+                os.unlink(path.parent / name)
+        except (OSError, OverflowError):
+            pass  # another user's live process, or a number beyond any process id
 
 
 # A graph header is a few kilobytes per layer; a larger size prefix is corruption, never read into memory.
@@ -552,13 +622,17 @@ _HEADER_KEYS = ("format", "format_version", "target", "tile", "graph", "content_
 
 
 def _parse_json(text: bytes | str, what: str, where: str):
-    """The JSON value of `text`, or None where it is not JSON; too deep a nesting is refused by name."""
+    """The JSON value of `text`, or None where it is not JSON; too deep a nesting and too long an integer are
+    refused by name."""
     try:
         return json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError, TypeError):
         return None
     except RecursionError:
         raise PackedModelError(f"{where}: {what} nests too deeply to be a packed checkpoint's") from None
+    except ValueError:  # the only other ValueError json raises: Python's limit on integer digits
+        raise PackedModelError(f"{where}: {what} holds an integer of more than {sys.get_int_max_str_digits()} "
+                               "digits, more than any size in a packed checkpoint") from None
 
 
 def _read_header(prefix: bytes, file_size: int, read, where: str) -> tuple[dict, int]:
@@ -634,7 +708,7 @@ def load(path: str | os.PathLike) -> PackedModel:
         prefix = f.read(8)
         header, header_size = _read_header(prefix, file_size, lambda n: _read_exactly(f, n, where), where)
         target = header.get("target")
-        if target not in TARGETS:
+        if not is_known_target(target):
             raise PackedModelError(f"{where}: unknown target {target!r}; known: {sorted(TARGETS)}")
         if header.get("tile") != list(TARGETS[target]):
             raise PackedModelError(f"{where}: tile {header.get('tile')!r} is not the {target} tile "

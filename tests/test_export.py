@@ -89,6 +89,19 @@ def test_a_first_conv_whose_ternary_output_a_dense_layer_reads_per_feature_repro
     _assert_exact(model, images_for(model, 5, seed=3))
 
 
+def test_convolutions_padded_past_kernel_size_minus_one_reproduce_the_flax_model():
+    """A layer's explicit padding may exceed what "SAME" gives (3 on a side of a 3x3 kernel: an output column
+    reading padding only), on the image and with either pad value on packed bits."""
+    rngs = nnx.Rngs(0)
+    first = BinaryConv(1, 8, 3, padding=((2, 0), (1, 3)), mode="bwn", rngs=rngs)  # 12 x 14
+    blocks = [ConvBlock(first, None, rngs=rngs),
+              ConvBlock(BinaryConv(8, 8, 3, padding=((0, 3), (3, 0)), padding_value="one", rngs=rngs), 2,
+                        rngs=rngs),  # 13 x 15, pooled 6 x 7
+              DenseBlock(BinaryLinear(6 * 7 * 8, 10, rngs=rngs), rngs=rngs)]
+    model = randomize(BinaryNet(blocks, name="padded", mode="bnn", input_shape=(12, 12, 1), num_classes=10), 2)
+    _assert_exact(model, images_for(model, 5, seed=4))
+
+
 def test_round_trip_through_the_file_runs_the_same(tmp_path):
     model = zoo_model("cifar10-resnet14", "tbn", {})
     packed = export_model(model, target="sm90")
@@ -130,6 +143,41 @@ def test_a_kernel_quantizer_whose_values_are_not_weights_is_refused(monkeypatch)
     monkeypatch.setattr(BinaryLinear, "quantized_kernel", lambda layer: 0.5 * quantized(layer))
     with pytest.raises(ExportError, match=r"blocks.0: the kernel quantizer 'sign_ste' gives values other than"):
         export_model(model)
+
+
+@pytest.mark.parametrize("channel", [
+    dict(scale=np.inf),  # an infinite gamma
+    dict(var=0.0, scale=1e37, mean=0.5),  # finite, but gamma / sqrt(var + eps) overflows float32
+    dict(var=0.0, epsilon=0.0),  # var + eps = 0
+    dict(var=1e-40, epsilon=0.0),  # subnormal: XLA's CPU flushes it to 0, its GPU does not
+])
+def test_a_classifier_batch_norm_no_float32_affine_reproduces_is_refused(channel):
+    """Its float32 batch norm gives +-inf by the sign of its input (or depends on the platform), which the folded
+    scale * dot + bias does not (inf - inf = NaN): refused, naming the channel, rather than exported wrong."""
+    model = build_model("mnist-mlp", "bnn", input_shape=(28, 28, 1), num_classes=10, width=0.0625, rngs=nnx.Rngs(0))
+    bn = model.blocks[-1].bn
+    for name, value in channel.items():
+        if name == "epsilon":
+            bn.epsilon = value
+        else:
+            getattr(bn, name)[...] = getattr(bn, name)[...].at[3].set(value)
+    model.eval()
+    with pytest.raises(ExportError, match=r"blocks.4: the classifier's batch norm on channel\(s\) \[3\]"):
+        export_model(model)
+
+
+def test_a_classifier_batch_norm_with_nan_parameters_gives_nan_logits_as_the_flax_model_does():
+    model = build_model("mnist-mlp", "bnn", input_shape=(28, 28, 1), num_classes=10, width=0.0625, rngs=nnx.Rngs(0))
+    bn = model.blocks[-1].bn
+    bn.mean[...] = bn.mean[...].at[2].set(np.nan)
+    bn.scale[...] = bn.scale[...].at[5].set(0.0)
+    bn.var[...] = bn.var[...].at[5].set(0.0)
+    bn.epsilon = 0.0  # channel 5: 0 / sqrt(0), NaN
+    model.eval()
+    images = images_for(model, 4, seed=1)
+    logits = np.asarray(runtime.from_packed(export_model(model))(images))
+    np.testing.assert_array_equal(np.isnan(logits), np.isnan(np.asarray(model(images))))
+    assert np.isnan(logits[:, [2, 5]]).all() and not np.isnan(np.delete(logits, [2, 5], axis=1)).any()
 
 
 def test_unknown_target_is_refused():

@@ -261,3 +261,13 @@ def test_quantize_images_keeps_the_shape():
 def test_quantize_images_refuses_an_invalid_range(input_range):
     with pytest.raises(ValueError, match=r"input_range must be \(low, high\), finite with low < high"):
         formats.quantize_images(np.zeros(3, np.float32), input_range)
+
+
+@pytest.mark.parametrize("input_range", [(0.0, 5e-324), (0.0, 1e-45), (-1e308, 1e308), (-3e38, 3e38),
+                                         (1e20, 1e20 + 1e6), (1000.0, 1000.001)])
+def test_quantize_images_refuses_a_range_float32_does_not_resolve(input_range):
+    """An infinite or zero float32 scale, or a range too narrow for its magnitude, would put the images on
+    pixel 0 or 255."""
+    assert not formats.resolves_pixels(*input_range)
+    with pytest.raises(ValueError, match="is beyond float32"):
+        formats.quantize_images(np.zeros(3, np.float32), input_range)

@@ -1,9 +1,13 @@
 """The packed checkpoint file: round trip, atomic writes, and refusal of anything that is not a valid file."""
 
+import errno
 import json
 import os
+import re
 import resource
 import struct
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -279,7 +283,25 @@ DENSE_ON_THE_STREAM = {"name": "head", "kind": "dense", "input": "stream", "oper
         ("binary", lambda g: g.update(input_range=[1.0, -1.0]), r"'input_range' must be \[low, high\]"),
         ("binary", lambda g: g.update(input_range=[0, "255"]), r"'input_range' must be \[low, high\]"),
         ("binary", lambda g: g.update(input_range=[-1.0, float("inf")]), r"'input_range' must be \[low, high\]"),
+        ("binary", lambda g: g.update(input_range=[0, 10**400]), r"'input_range' must be \[low, high\]"),
+        # float32 must resolve the range: formats.quantize_images' low and scale 255 / (high - low) are float32
+        ("binary", lambda g: g.update(input_range=[0, 5e-324]),
+         r"graph attribute 'input_range' \[0, 5e-324\] is beyond float32: float images on it do not quantize back "
+         r"to their pixels 0..255"),
+        ("binary", lambda g: g.update(input_range=[0, 1e-45]), r"'input_range' \[0, 1e-45\] is beyond float32"),
+        ("binary", lambda g: g.update(input_range=[-1e308, 1e308]), r"'input_range' .* is beyond float32"),
+        ("binary", lambda g: g.update(input_range=[-3e38, 3e38]), r"'input_range' .* is beyond float32"),
+        ("binary", lambda g: g.update(input_range=[1e20, 1e20 + 1e6]), r"'input_range' .* is beyond float32"),
+        ("binary", lambda g: g.update(input_range=[1000.0, 1000.001]), r"'input_range' .* is beyond float32"),
         ("binary", lambda g: g["nodes"][0].update(pad_value="two"), "attribute 'pad_value' must be one of"),
+        # padding: at most the input's extent (4 x 4) plus kernel_size - 1 (3 x 3) a side, whatever the rest says
+        ("binary", lambda g: g["nodes"][0].update(padding=[[7, 1], [1, 1]]),
+         r"node 0 \(blocks.0\): attribute 'padding' \[\[7, 1\], \[1, 1\]\] exceeds the input's extent plus "
+         r"kernel_size - 1 a side \(6 rows, 6 columns\): the outputs past it would read padding only"),
+        ("binary", lambda g: g["nodes"][0].update(padding=[[0, 0], [0, 7]]),
+         r"'padding' .* exceeds the input's extent"),
+        ("resnet-bnn", lambda g: g["nodes"][1]["conv1"].update(padding=[[1, 4000], [1, 1]]),
+         r"node 1 \(blocks.1\).conv1: attribute 'padding' .* exceeds the input's extent"),
         ("binary", lambda g: g["nodes"][0].pop("pool"), r"node 0 \(blocks.0\): attribute 'pool' missing"),
         ("resnet-bnn", lambda g: g["nodes"][1]["conv2"].pop("pool"), r"blocks.1\).conv2: attribute 'pool' missing"),
         ("binary", lambda g: g["nodes"][2].pop("name"), r"node 2: attribute 'name' must be a string, got None"),
@@ -349,10 +371,30 @@ def test_save_refuses_an_invalid_graph(tmp_path, which, edit, message):
         packed_model.save(tmp_path / "m.jbnn", model)
 
 
-def test_unknown_target_is_refused(tmp_path):
+def test_the_padding_of_same_of_a_full_convolution_and_of_a_layers_wider_one_is_accepted():
+    """"SAME" pads at most kernel_size - 1 a side (what the exporter writes for it, and for "VALID" none), a full
+    convolution exactly that; a layer's explicit padding may go further, up to the input's extent more."""
+    from jaxbnn.layers import same_padding
+
+    assert all(max(same_padding(size, kernel, stride)) <= kernel - 1
+               for size in range(1, 13) for kernel in range(1, 8) for stride in range(1, 5))
+    graph = tiny_model().graph
+    graph["nodes"][0].update(padding=[[2, 2], [2, 2]], out_shape=[3, 3, 5])  # 8x8 padded, 6x6 out, pooled 3x3
+    graph["nodes"][1]["in_shape"] = [3, 3, 5]
+    packed_model.validate_graph(graph)
+    graph["nodes"][0].update(padding=[[6, 0], [6, 6]], out_shape=[4, 7, 5])  # 10x16 padded, 8x14 out, pooled
+    graph["nodes"][1]["in_shape"] = [4, 7, 5]
+    packed_model.validate_graph(graph)
+
+
+@pytest.mark.parametrize("target", ["tpu", ["cpu"], {"cpu": None}])
+def test_unknown_target_is_refused(tmp_path, target):
     model = tiny_model()
-    model.target = "tpu"
-    with pytest.raises(PackedModelError, match="target"):
+    model.target = target
+    message = re.escape(f"unknown target {target!r}; known: ['cpu', 'sm80', 'sm90']")
+    with pytest.raises(PackedModelError, match=message):
+        packed_model.validate(model)
+    with pytest.raises(PackedModelError, match=message):
         packed_model.save(tmp_path / "m.jbnn", model)
 
 
@@ -382,9 +424,15 @@ def test_truncated_file_is_refused(tmp_path, cut):
         (lambda h: h.update(format_version=4), r"format version 4 is not supported \(this jaxbnn reads version 3\)"),
         (lambda h: h.update(format="other"), "format"),
         (lambda h: h.update(target="sm70"), "target"),
+        (lambda h: h.update(target=["cpu"]), r"unknown target \['cpu'\]; known:"),
+        (lambda h: h.update(target={"cpu": [8, 128]}), r"unknown target \{'cpu': \[8, 128\]\}; known:"),
         (lambda h: h.update(tile=[16, 128]), "tile"),
         (lambda h: h["graph"]["nodes"][0].update(out_channels=6), "out_shape"),
         (lambda h: h["graph"].update(name="renamed"), "content hash mismatch"),
+        (lambda h: h["graph"].update(input_range=[0, 5e-324]), r"'input_range' \[0, 5e-324\] is beyond float32"),
+        # a 2 KB file whose activation would be 64M elements a sample
+        (lambda h: h["graph"]["nodes"][0].update(padding=[[4000, 4000], [4000, 4000]]),
+         r"node 0 \(blocks.0\): attribute 'padding' .* exceeds the input's extent"),
         (lambda h: h["graph"].pop("input_range"), "graph attribute 'input_range' missing \\(the input scale the "
                                                    "model was trained on\\): re-export the model from its training "
                                                    "run: jaxbnn export RUN_DIR MODEL.jbnn"),
@@ -608,6 +656,21 @@ def test_deeply_nested_json_is_refused(tmp_path, where):
         load_within(path)
 
 
+@pytest.mark.parametrize("where", ["jaxbnn header", "safetensors header"])
+def test_an_integer_too_long_for_python_to_read_is_refused(tmp_path, where):
+    digits = "9" * (sys.get_int_max_str_digits() + 1)
+    path = tmp_path / "long.jbnn"
+    if where == "jaxbnn header":
+        header = '{"format": "jaxbnn-packed", "format_version": ' + digits + "}"
+        path.write_bytes(save_safetensors({"w": np.ones(3, np.float32)}, metadata={"jaxbnn": header}))
+    else:
+        table = ('{"__metadata__": {"jaxbnn": "{}"}, "x": ' + digits + "}").encode()
+        path.write_bytes(struct.pack("<Q", len(table)) + table)
+    with pytest.raises(PackedModelError, match=f"{re.escape(str(path))}: {where} holds an integer of more than "
+                                               f"{sys.get_int_max_str_digits()} digits"):
+        load_within(path)
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [
@@ -660,3 +723,101 @@ def test_temporaries_of_killed_writes_are_removed_and_a_failed_write_leaves_none
     with pytest.raises(OSError):
         packed_model.save(target, tiny_model())
     assert sorted(os.listdir(tmp_path)) == ["a-directory.jbnn", "m.jbnn"]
+
+
+def test_only_the_temporaries_of_the_file_being_saved_are_removed(tmp_path):
+    """A temporary is `.{name}.{pid}.{8 hex digits}.jbnn-tmp`: one of `m.jbnn.999999999` (a file of its own,
+    written by a live process or not) and names save never writes are no temporaries of `m.jbnn`."""
+    kept = [f".m.jbnn.999999999.{os.getppid()}.abcd1234.jbnn-tmp",  # m.jbnn.999999999's, its writer alive
+            ".m.jbnn.999999999.999999998.abcd1234.jbnn-tmp",  # m.jbnn.999999999's, its writer gone
+            ".m.jbnn.999999999.jbnn-tmp", ".m.jbnn.999999999.ABCD1234.jbnn-tmp",  # no token, or not lowercase hex
+            ".m.jbnn.x999999999.abcd1234.jbnn-tmp", ".m.jbnn.99999999999.abcd1234.jbnn-tmp"]  # no pid
+    stale = ".m.jbnn.999999999.abcd1234.jbnn-tmp"  # m.jbnn's, its writer gone
+    for name in [*kept, stale]:
+        (tmp_path / name).write_bytes(b"partial")
+    packed_model.save(tmp_path / "m.jbnn", tiny_model())
+    assert sorted(os.listdir(tmp_path)) == sorted([*kept, "m.jbnn"])
+
+
+def name_max(folder) -> int:
+    """The longest file name `folder` takes, in bytes."""
+    return os.pathconf(folder, "PC_NAME_MAX")
+
+
+@pytest.mark.parametrize("character", ["m", "é"])
+def test_a_name_as_long_as_the_folder_allows_is_saved(tmp_path, character):
+    """The temporary beside it keeps within the limit too, though its name adds a pid and a token to the name."""
+    path = tmp_path / (character * ((name_max(tmp_path) - 5) // len(character.encode())) + ".jbnn")
+    packed_model.save(path, tiny_model())
+    assert os.listdir(tmp_path) == [path.name]
+    assert packed_model.load(path).graph == tiny_model().graph
+
+
+KILLED_WRITER = """
+import os, sys
+from jaxbnn import packed_model
+model = packed_model.load(sys.argv[1])
+os.replace = lambda *paths: os._exit(9)  # killed after writing its temporary, before renaming it
+packed_model.save(sys.argv[2], model)
+"""
+
+
+def test_the_temporary_of_a_killed_write_of_a_long_name_is_removed_by_the_next_save(tmp_path):
+    source = tmp_path / "source.jbnn"
+    packed_model.save(source, tiny_model())
+    path = tmp_path / ("m" * (name_max(tmp_path) - 5) + ".jbnn")
+    writer = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(source), str(path)], capture_output=True)
+    assert writer.returncode == 9, writer.stderr.decode()[-2000:]
+    (temporary,) = set(os.listdir(tmp_path)) - {source.name}
+    assert temporary.endswith(".jbnn-tmp")
+    packed_model.save(path, tiny_model())
+    assert sorted(os.listdir(tmp_path)) == sorted([source.name, path.name])
+
+
+def test_a_failed_write_names_the_file_not_its_temporary_and_leaves_none(tmp_path, monkeypatch):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    directory = folder / "a-directory.jbnn"
+    directory.mkdir()
+    with pytest.raises(IsADirectoryError) as renamed:  # the final rename fails
+        packed_model.save(directory, tiny_model())
+    too_long = folder / ("m" * name_max(folder) + ".jbnn")
+    with pytest.raises(OSError) as named:  # a name longer than the folder takes: the rename fails
+        packed_model.save(too_long, tiny_model())
+
+    def disk_full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError) as written:
+        packed_model.save(folder / "m.jbnn", tiny_model())
+    for error, path, code in [(renamed, directory, errno.EISDIR), (named, too_long, errno.ENAMETOOLONG),
+                              (written, folder / "m.jbnn", errno.ENOSPC)]:
+        assert (error.value.errno, error.value.filename, error.value.filename2) == (code, str(path), None)
+        assert ".jbnn-tmp" not in str(error.value)
+    assert os.listdir(folder) == ["a-directory.jbnn"]
+
+
+@pytest.mark.parametrize("input_range", [[0.0, 1.0], [0.0, 255.0], [-2.1179, 2.64], [-1e30, 1e30], [1e-30, 2e-30]])
+def test_an_input_range_float32_resolves_is_accepted_and_gives_its_pixels_back(tmp_path, input_range):
+    model = tiny_model()
+    model.graph["input_range"] = input_range
+    packed_model.save(tmp_path / "m.jbnn", model)
+    low, high = input_range
+    pixels = np.arange(256)
+    floats = (low + pixels * ((high - low) / 255)).astype(np.float32)
+    np.testing.assert_array_equal(formats.quantize_images(floats, input_range), pixels)
+
+
+def test_export_refuses_a_target_or_input_range_the_file_would_refuse():
+    from flax import nnx
+
+    from jaxbnn.export import ExportError, export_model
+    from jaxbnn.models import build_model
+
+    model = build_model("mnist-mlp", "bnn", input_shape=(4, 4, 1), num_classes=3, width=0.25, rngs=nnx.Rngs(0))
+    with pytest.raises(ExportError, match=r"unknown target \['cpu'\]"):
+        export_model(model, target=["cpu"])
+    with pytest.raises(ExportError, match=r"'input_range' \[0.0, 1e-45\] is beyond float32"):
+        export_model(model, input_range=(0.0, 1e-45))
+    assert export_model(model, input_range=(0.0, 1.0)).graph["input_range"] == [0.0, 1.0]
