@@ -47,8 +47,10 @@ def binarize(x: jax.Array) -> jax.Array:
 
 
 def ternarize(x: jax.Array, alpha, beta) -> jax.Array:
-    """TAB eq. 1: +1 where x > alpha, -1 where x < beta, 0 otherwise (alpha > beta). Forward only."""
-    return (jnp.where(x > alpha, 1, 0) - jnp.where(x < beta, 1, 0)).astype(x.dtype)
+    """TAB eq. 1: +1 where x > alpha, -1 where x < beta, 0 otherwise (alpha > beta). Forward only. NaN (in x or
+    a threshold) gives -1, as it does through the exported integer thresholds (both planes' bits 0): 0 needs
+    x >= beta to hold."""
+    return jnp.where(x > alpha, 1, jnp.where(x >= beta, 0, -1)).astype(x.dtype)
 
 
 # --- binary quantizers --------------------------------------------------------------------------------
@@ -103,8 +105,12 @@ def _swish_sign_fwd(x, beta):
 
 
 def _swish_sign_bwd(beta, x, g):
-    bx = beta * x
-    slope = beta * (2.0 - bx * jnp.tanh(bx / 2.0)) / (1.0 + jnp.cosh(bx))
+    # at least float32 (cosh overflows float16 past 11), and 0 past |beta x| = 80, where the slope is below
+    # 1e-32 and cosh(beta x) would overflow to inf / inf = NaN
+    bx = beta * x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    steep = jnp.abs(bx) <= 80.0
+    bx = jnp.where(steep, bx, 0.0)
+    slope = jnp.where(steep, beta * (2.0 - bx * jnp.tanh(bx / 2.0)) / (1.0 + jnp.cosh(bx)), 0.0)
     return (g * slope.astype(g.dtype),)
 
 
@@ -114,7 +120,7 @@ swish_sign.defvjp(_swish_sign_fwd, _swish_sign_bwd)
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def ste_heaviside(x: jax.Array, clip_value: float = 1.0) -> jax.Array:
     """Heaviside step to {0, 1} (x >= 0 -> 1, the same bit as binarize); STE gradient where |x| <= clip."""
-    return jnp.where(x >= 0, 1, 0).astype(x.dtype)
+    return formats.binarize(x).astype(x.dtype)
 
 
 def _ste_heaviside_fwd(x, clip_value):
@@ -129,8 +135,8 @@ ste_heaviside.defvjp(_ste_heaviside_fwd, _ste_heaviside_bwd)
 
 
 def hard_tanh(x: jax.Array) -> jax.Array:
-    """clip(x, -1, 1); its gradient is the STE mask |x| <= 1."""
-    return jnp.clip(x, -1.0, 1.0)
+    """clip(x, -1, 1); its gradient is the STE mask |x| <= 1 (1 at +-1 too, where clip's would be 1/2)."""
+    return jnp.where(jnp.abs(x) <= 1.0, x, jnp.sign(x))
 
 
 # --- ternary ------------------------------------------------------------------------------------------

@@ -61,6 +61,14 @@ def test_swish_sign_gradient_is_derivative_of_its_smooth_surrogate():
     np.testing.assert_allclose(_grad(q.swish_sign, x), _grad(surrogate, x), rtol=1e-3, atol=1e-3 * beta)
 
 
+def test_swish_sign_gradient_is_zero_far_from_zero_in_every_float_type():
+    """Past |beta x| = 80 the slope is below 1e-32: 0, not inf / inf (cosh overflows), also in float16."""
+    for dtype in (jnp.float32, jnp.float16, jnp.bfloat16):
+        x = jnp.asarray([1e37, -1e38, np.inf, -np.inf, 20.0, 1e4], jnp.float32).astype(dtype)  # float16: inf
+        np.testing.assert_array_equal(np.asarray(jax.vmap(jax.grad(q.swish_sign))(x), np.float32), 0.0)
+    assert float(jax.grad(q.swish_sign)(jnp.float16(0.1))) > 0
+
+
 def test_ste_heaviside():
     x = _points()
     np.testing.assert_array_equal(np.asarray(q.ste_heaviside(x)), (np.asarray(x) >= 0).astype(np.float32))
@@ -68,13 +76,22 @@ def test_ste_heaviside():
     np.testing.assert_array_equal(np.asarray(g), (np.abs(np.asarray(x)) <= 1).astype(np.float32))
 
 
+def test_ste_heaviside_gives_the_bit_binarize_gives_at_special_values():
+    """A negative subnormal is below 0 (XLA's CPU would flush it to -0.0, which is not); NaN is 0."""
+    x = jnp.asarray([-1e-45, -1e-40, 1e-45, -0.0, np.nan, np.inf, -np.inf], jnp.float32)
+    np.testing.assert_array_equal(np.asarray(q.ste_heaviside(x)), [0, 0, 1, 1, 0, 1, 0])
+    np.testing.assert_array_equal(np.asarray(jax.jit(q.ste_heaviside)(x)), (np.asarray(q.binarize(x)) + 1) / 2)
+
+
 def test_hard_tanh_values_and_mask():
+    """Its gradient is the STE mask |x| <= 1: 1 at +-1 too."""
     x = _points()
     np.testing.assert_array_equal(np.asarray(q.hard_tanh(x)), np.clip(np.asarray(x), -1, 1))
     g = jax.grad(lambda v: jnp.sum(q.hard_tanh(v)))(x)
-    inside = np.abs(np.asarray(x)) < 1
-    np.testing.assert_array_equal(np.asarray(g)[inside], 1.0)
-    np.testing.assert_array_equal(np.asarray(g)[np.abs(np.asarray(x)) > 1], 0.0)
+    np.testing.assert_array_equal(np.asarray(g), (np.abs(np.asarray(x)) <= 1).astype(np.float32))
+    special = jnp.asarray([np.nan, np.inf, -np.inf, -0.0], jnp.float32)
+    np.testing.assert_array_equal(np.asarray(q.hard_tanh(special)), [np.nan, 1, -1, -0.0])
+    assert np.signbit(np.asarray(q.hard_tanh(special))[3])
 
 
 def test_ternarize_follows_tab_equation_1_with_asymmetric_thresholds():
@@ -82,6 +99,14 @@ def test_ternarize_follows_tab_equation_1_with_asymmetric_thresholds():
     x = jnp.array([-0.6, -0.5, -0.4999, 0.0, 0.2999, 0.3, 0.3001, 1.5], jnp.float32)
     # strict comparisons: x == alpha and x == beta give 0
     np.testing.assert_array_equal(np.asarray(q.ternarize_ste(x, alpha, beta)), [-1, 0, 0, 0, 0, 0, 1, 1])
+
+
+def test_ternarize_gives_nan_minus_one_as_the_exported_thresholds_do():
+    """NaN sets neither plane's bit through the integer thresholds (-1); so does a NaN threshold."""
+    x = jnp.asarray([np.nan, 0.0, 1.0, -1.0], jnp.float32)
+    np.testing.assert_array_equal(np.asarray(q.ternarize(x, 0.5, -0.5)), [-1, 0, 1, -1])
+    np.testing.assert_array_equal(np.asarray(q.ternarize(x, np.nan, np.nan)), [-1, -1, -1, -1])
+    np.testing.assert_array_equal(np.asarray(q.ternarize_ste(x, 0.5, -0.5)), [-1, 0, 1, -1])
 
 
 def test_ternarize_gradients_wrt_input_and_thresholds():
