@@ -46,7 +46,7 @@ def pack_bits(x, threshold=None, flip=None):
     if threshold is not None:
         threshold = _host_or_device_vector("threshold", threshold, channels)
     if flip is not None:
-        flip = _host_or_device_vector("flip", flip, channels)
+        flip = _flip_values(_host_or_device_vector("flip", flip, channels))
     return _pack(formats.binarize(x, threshold, flip))
 
 
@@ -1091,7 +1091,7 @@ def _planes(threshold, flip, n, checked):
                          f"planes, one value per channel, got {threshold.shape}")
     threshold = checked(threshold)
     if flip is not None:
-        flip = flip if isinstance(flip, jax.Array) else np.asarray(flip)
+        flip = _flip_values(flip if isinstance(flip, jax.Array) else np.asarray(flip))
         if flip.shape != threshold.shape:
             raise ValueError(f"flip must have the shape of threshold, {threshold.shape}, got {flip.shape}")
     if not stacked:
@@ -2026,6 +2026,15 @@ def _host_or_device_vector(name, value, n):
     return value
 
 
+def _flip_values(flip):
+    """`flip` as given, where its values are bools or real numbers (nonzero: set)."""
+    if not (flip.dtype == bool or (np.issubdtype(flip.dtype, np.number)
+                                   and not np.issubdtype(flip.dtype, np.complexfloating))
+            or jnp.issubdtype(flip.dtype, jnp.floating)):
+        raise TypeError(f"flip must hold bools or numbers (nonzero: the comparison flipped), got {flip.dtype}")
+    return flip
+
+
 def _vector(name, value, n):
     value = value if isinstance(value, jax.Array) else np.asarray(value)
     if value.shape != (n,):
@@ -2062,7 +2071,7 @@ def _epilogue(n, bound, scale, bias, threshold, flip, mode="bnn", out_dtype=jnp.
             raise TypeError(f"threshold must be integer (the dot products are integers), got {threshold.dtype}")
         if not isinstance(threshold, jax.Array):
             threshold = _saturate_host(threshold, bound)
-        flip = None if flip is None else _vector("flip", flip, n)
+        flip = None if flip is None else _flip_values(_vector("flip", flip, n))
         return "bits", {"threshold": threshold, "flip": flip}, 0
     if flip is not None:
         raise ValueError("flip only applies with a threshold")

@@ -428,6 +428,11 @@ def test_bmm_rejects_bad_arguments_before_lowering():
         ops.bmm(a, b, 64, threshold=jnp.zeros(3, jnp.int32), scale=jnp.ones(3))
     with pytest.raises(ValueError, match="flip only"):
         ops.bmm(a, b, 64, flip=jnp.zeros(3, bool))
+    for flip in (np.array(["1", "0", "1"]), np.zeros(3, complex)):
+        with pytest.raises(TypeError, match="flip must hold bools or numbers"):
+            ops.bmm(a, b, 64, threshold=jnp.zeros(3, jnp.int32), flip=flip)
+        with pytest.raises(TypeError, match="flip must hold bools or numbers"):
+            ops.pack_bits(np.zeros((2, 3)), threshold=0, flip=flip)
     with pytest.raises(ValueError, match="rows"):
         ops.bmm(a, formats.to_fsb(b), 64, n=20)
     with pytest.raises(ValueError, match="tile columns"):
