@@ -108,8 +108,12 @@ class _QuantizedOperands(nnx.Module):
         use_bias: bool,
         rngs: nnx.Rngs,
     ):
-        if mode not in MODES:
+        if not isinstance(mode, str) or mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; known: {sorted(MODES)}")
+        for name, value in (("in_features", in_features), ("out_features", out_features)):
+            _positive_int(name, value)
+        if kernel_clip is not None and not (_is_real(kernel_clip) and kernel_clip > 0):
+            raise ValueError(f"kernel_clip must be a positive number or None, got {kernel_clip!r}")
         act_domain, weight_domain = MODES[mode]
         if input_quantizer is None and act_domain != "float":
             input_quantizer = _DEFAULT_QUANTIZER[act_domain]
@@ -140,6 +144,7 @@ class _QuantizedOperands(nnx.Module):
         if weight_domain == "ternary":
             if kernel_threshold not in _KERNEL_THRESHOLDS:
                 raise ValueError(f"kernel_threshold must be one of {_KERNEL_THRESHOLDS}, got {kernel_threshold!r}")
+            _check_delta("kernel_delta", kernel_delta)
             if kernel_threshold == "learned":
                 alpha, _ = q.twn_thresholds(kernel, kernel_delta, per_channel=True)
                 kernel_alpha, kernel_beta = nnx.Param(alpha), nnx.Param(-alpha)
@@ -148,6 +153,7 @@ class _QuantizedOperands(nnx.Module):
         if act_domain == "ternary":
             if input_threshold not in _INPUT_THRESHOLDS:
                 raise ValueError(f"input_threshold must be one of {_INPUT_THRESHOLDS}, got {input_threshold!r}")
+            _check_delta("input_delta", input_delta)
             if input_threshold == "learned":
                 input_alpha = nnx.Param(jnp.full((in_features,), input_delta, jnp.float32))
                 input_beta = nnx.Param(jnp.full((in_features,), -input_delta, jnp.float32))
@@ -365,9 +371,11 @@ class BinaryConv(_QuantizedOperands):
         x_q = x if quantized else self.quantize_input(x)
         fill = 0.0 if self.padding_value == "zero" else -1.0
         x_q = jnp.pad(x_q, ((0, 0), pads[0], pads[1], (0, 0)), constant_values=fill)
+        kernel = self.quantized_kernel()
+        dtype = jnp.promote_types(x_q.dtype, kernel.dtype)  # int8 levels, bfloat16: as dot_general promotes them
         return jax.lax.conv_general_dilated(
-            x_q, self.quantized_kernel(), self.strides, "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"),
-            precision=HIGHEST,
+            x_q.astype(dtype), kernel.astype(dtype), self.strides, "VALID",
+            dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=HIGHEST,
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -433,12 +441,33 @@ def _host_thresholds(key):
 
 
 def _pair(value, name) -> tuple[int, int]:
-    if isinstance(value, int):
-        return value, value
-    value = tuple(int(v) for v in value)
-    if len(value) != 2:
-        raise ValueError(f"{name} must be an int or a pair, got {value!r}")
-    return value
+    """A positive int, or a pair of them, as a pair."""
+    values = (value, value) if not isinstance(value, (tuple, list)) else tuple(value)
+    if len(values) != 2 or not all(_is_positive_int(v) for v in values):
+        raise ValueError(f"{name} must be a positive int or a pair of them, got {value!r}")
+    return tuple(int(v) for v in values)
+
+
+def _is_positive_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value > 0
+
+
+def _positive_int(name, value) -> int:
+    if not _is_positive_int(value):
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def _check_delta(name, value) -> None:
+    """A ternary threshold's delta (alpha = delta, beta = -delta, or TWN's factor of mean |w|): a finite number
+    >= 0, so that alpha >= beta (a negative one would leave no zeros)."""
+    if not (_is_real(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)) \
+        and bool(np.isfinite(value))
 
 
 def clip_latent_weights(model: nnx.Module) -> None:

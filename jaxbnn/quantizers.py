@@ -49,8 +49,10 @@ def binarize(x: jax.Array) -> jax.Array:
 def ternarize(x: jax.Array, alpha, beta) -> jax.Array:
     """TAB eq. 1: +1 where x > alpha, -1 where x < beta, 0 otherwise (alpha > beta). Forward only. NaN (in x or
     a threshold) gives -1, as it does through the exported integer thresholds (both planes' bits 0): 0 needs
-    x >= beta to hold."""
-    return jnp.where(x > alpha, 1, jnp.where(x >= beta, 0, -1)).astype(x.dtype)
+    x >= beta to hold. In x's dtype, or for unsigned / bool x the signed type that holds both."""
+    values = jnp.where(x > alpha, 1, jnp.where(x >= beta, 0, -1))
+    signed = jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.signedinteger)
+    return values.astype(x.dtype if signed else jnp.promote_types(x.dtype, jnp.int8))  # -1 wraps in uint8
 
 
 # --- binary quantizers --------------------------------------------------------------------------------

@@ -203,3 +203,33 @@ def test_bad_configurations_and_inputs_are_refused():
         L.BinaryLinear(4, 4, rngs=nnx.Rngs(0))(jnp.ones((2, 5)))
     with pytest.raises(ValueError, match="NHWC"):
         L.BinaryConv(3, 4, 3, rngs=nnx.Rngs(0))(jnp.ones((2, 5, 5, 4)))
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda r: L.BinaryLinear(0, 4, rngs=r), "in_features must be a positive int, got 0"),
+    (lambda r: L.BinaryConv(3, -1, 3, rngs=r), "out_features must be a positive int, got -1"),
+    (lambda r: L.BinaryConv(3, 4, 0, rngs=r), "kernel_size must be a positive int or a pair of them, got 0"),
+    (lambda r: L.BinaryConv(3, 4, 3.0, rngs=r), "kernel_size must be a positive int or a pair of them, got 3.0"),
+    (lambda r: L.BinaryConv(3, 4, True, rngs=r), "kernel_size must be a positive int or a pair of them, got True"),
+    (lambda r: L.BinaryConv(3, 4, 3, (1, 0), rngs=r),
+     r"strides must be a positive int or a pair of them, got \(1, 0\)"),
+    (lambda r: L.BinaryLinear(3, 4, mode=[], rngs=r), r"unknown mode \[\]"),
+    (lambda r: L.BinaryLinear(3, 4, kernel_clip=0, rngs=r), "kernel_clip must be a positive number or None, got 0"),
+    (lambda r: L.BinaryLinear(3, 4, mode="tnn", kernel_delta=-0.7, rngs=r),
+     "kernel_delta must be a finite number >= 0, got -0.7"),
+    (lambda r: L.BinaryLinear(3, 4, mode="tbn", input_delta=float("nan"), rngs=r),
+     "input_delta must be a finite number >= 0, got nan"),
+])
+def test_layer_settings_are_checked_when_the_layer_is_built(build, message):
+    with pytest.raises(ValueError, match=message):
+        build(nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.uint8, jnp.int32, jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("mode", ["bwn", "bnn", "tnn"])
+def test_a_conv_takes_any_real_input_type_as_a_linear_layer_does(dtype, mode):
+    """int8 image levels reach a first layer in bwn (no input quantizer): operands promoted as dot_general
+    promotes them, the same values as from float32."""
+    x = jnp.asarray(np.random.default_rng(0).integers(-3, 4, (2, 6, 6, 2))).astype(dtype)
+    conv = L.BinaryConv(2, 4, 3, mode=mode, rngs=nnx.Rngs(0))
+    np.testing.assert_array_equal(np.asarray(conv(x), np.float32), np.asarray(conv(x.astype(jnp.float32))))

@@ -109,6 +109,14 @@ def test_ternarize_gives_nan_minus_one_as_the_exported_thresholds_do():
     np.testing.assert_array_equal(np.asarray(q.ternarize_ste(x, 0.5, -0.5)), [-1, 0, 1, -1])
 
 
+def test_ternarize_of_unsigned_or_bool_values_gives_a_signed_type():
+    """-1 would wrap to 255 in uint8."""
+    values = q.ternarize(jnp.asarray([0, 1, 3, 10], jnp.uint8), 5, 2)
+    assert values.dtype == jnp.int16
+    np.testing.assert_array_equal(np.asarray(values), [-1, -1, 0, 1])
+    np.testing.assert_array_equal(np.asarray(q.ternarize(jnp.asarray([True, False]), 0.5, 0.2)), [1, -1])
+
+
 def test_ternarize_gradients_wrt_input_and_thresholds():
     rng = np.random.default_rng(1)
     x = jnp.asarray(rng.normal(0, 1.2, (16, 5)).astype(np.float32))
