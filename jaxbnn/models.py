@@ -38,6 +38,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxbnn import formats
@@ -291,12 +292,19 @@ class _Builder:
     """Tracks the activation shape while blocks are appended; picks each layer's mode."""
 
     def __init__(self, mode: str, input_shape, width: float, rngs: nnx.Rngs, layer_options: dict):
-        if mode not in NETWORK_MODES:
+        if not isinstance(mode, str) or mode not in NETWORK_MODES:
             raise ValueError(f"unknown network mode {mode!r}; known: {NETWORK_MODES}")
-        if width <= 0:
-            raise ValueError(f"width must be positive, got {width}")
+        if isinstance(width, (bool, np.bool_)) or not isinstance(width, (int, float, np.integer, np.floating)) \
+                or not (math.isfinite(width) and width > 0):
+            raise ValueError(f"width must be a finite positive number, got {width!r}")
+        shape = tuple(input_shape) if isinstance(input_shape, (tuple, list)) else ()
+        if not shape or not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+                                and v > 0 for v in shape):
+            raise ValueError(f"input_shape must be a tuple of positive ints, (H, W, C) for an image, got "
+                             f"{input_shape!r}")
         self.mode = mode
-        self.shape = tuple(input_shape)
+        self.input_shape = shape
+        self.shape = shape
         self.width = width
         self.rngs = rngs
         self.options = dict(layer_options)
@@ -324,8 +332,13 @@ class _Builder:
             kwargs.pop("padding_value", None)
         return kwargs
 
+    def _image_shape(self) -> tuple[int, int, int]:
+        if len(self.shape) != 3:
+            raise ValueError(f"a convolution takes (H, W, C) images; this network's input_shape is {self.input_shape}")
+        return self.shape
+
     def conv(self, features: int, kernel: int, stride: int = 1, pool: int | None = None) -> None:
-        h, w, c = self.shape
+        h, w, c = self._image_shape()
         out = self.channels(features)
         conv = BinaryConv(c, out, kernel, stride, padding="SAME", rngs=self.rngs, **self._layer_kwargs(True))
         self.blocks.append(ConvBlock(conv, pool, rngs=self.rngs))
@@ -333,12 +346,13 @@ class _Builder:
         if pool:
             h, w = h // pool, w // pool
         if h < 1 or w < 1:
-            raise ValueError(f"input {self.shape} too small for this network")
+            raise ValueError(f"input {self.input_shape} too small for this network (block {len(self.blocks) - 1} "
+                             f"takes {self.shape} to nothing)")
         self.shape = (h, w, out)
 
     def stem(self, features: int, kernel: int, stride: int) -> None:
         """The first conv of a ResNet, starting the integer stream (no XNOR scale, no bias)."""
-        h, w, c = self.shape
+        h, w, c = self._image_shape()
         out = self.channels(features)
         kwargs = {**self._layer_kwargs(True), "xnor_scaling": False}
         conv = BinaryConv(c, out, kernel, stride, padding="SAME", rngs=self.rngs, **kwargs)
@@ -346,7 +360,7 @@ class _Builder:
         self.shape = (-(-h // stride), -(-w // stride), out)
 
     def residual(self, features: int, stride: int = 1) -> None:
-        h, w, c = self.shape
+        h, w, c = self._image_shape()
         out = self.channels(features)
         kw1 = self._layer_kwargs(True)
         # conv2's integer output joins the stream as it is: no XNOR scale, no bias
@@ -375,6 +389,8 @@ def default_rngs(seed: int = 0) -> nnx.Rngs:
 
 
 def _net(name, mode, input_shape, num_classes, width, rngs, layer_options, body: Callable[[_Builder], None]):
+    if isinstance(num_classes, (bool, np.bool_)) or not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
+        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
     rngs = rngs if rngs is not None else default_rngs()
     b = _Builder(mode, input_shape, width, rngs, layer_options or {})
     body(b)

@@ -219,6 +219,26 @@ def test_bad_names_and_inputs_are_refused():
         model(jnp.zeros((2, 32, 32, 3), jnp.uint8))
 
 
+@pytest.mark.parametrize("name, options, message", [
+    ("mnist-mlp", dict(num_classes=0), "num_classes must be a positive int, got 0"),
+    ("mnist-mlp", dict(num_classes=True), "num_classes must be a positive int, got True"),
+    ("mnist-conv", dict(input_shape=(28, 0, 1)), "input_shape must be a tuple of positive ints"),
+    ("mnist-conv", dict(input_shape=(28, 28)), r"a convolution takes \(H, W, C\) images; this network's input_shape"),
+    ("mnist-mlp", dict(width=float("nan")), "width must be a finite positive number, got nan"),
+    ("mnist-mlp", dict(width=float("inf")), "width must be a finite positive number, got inf"),
+    ("imagenet-vgg16", dict(input_shape=(28, 28, 1), width=0.0625),
+     r"input \(28, 28, 1\) too small for this network \(block 12 takes \(1, 1, 32\) to nothing\)"),
+])
+def test_settings_no_network_can_have_are_refused_by_name(name, options, message):
+    with pytest.raises(ValueError, match=message):
+        models.build_model(name, **options)
+
+
+def test_a_dense_network_takes_an_input_of_any_rank():
+    model = models.build_model("mnist-mlp", input_shape=(784,), width=0.05, rngs=models.default_rngs(0))
+    assert model(jnp.zeros((2, 784), jnp.uint8)).shape == (2, 10)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.int8, np.int32])
 def test_models_take_uint8_images_only(dtype):
     """Images other than uint8 pixels are refused with a TypeError naming the conversion of float images, in

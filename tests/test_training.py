@@ -139,6 +139,16 @@ def test_the_python_api_checks_the_configuration_before_writing(tmp_path):
         assert not (tmp_path / "run").exists()
 
 
+def test_numpy_scalars_in_the_configuration_are_recorded_as_the_numbers_they_hold():
+    config = loop.TrainConfig(epochs=np.int64(2), learning_rate=np.float32(0.5), augment=np.bool_(True),
+                              seed=np.int32(3), width=np.float64(0.25))
+    loop.check_config(config)
+    recorded = json.loads(json.dumps(config.to_json()))
+    assert (recorded["epochs"], recorded["learning_rate"], recorded["augment"], recorded["seed"],
+            recorded["width"]) == (2, 0.5, True, 3, 0.25)
+    assert loop.TrainConfig(**recorded) == config
+
+
 def test_loading_a_trained_model_does_not_look_for_its_dataset_folder(tmp_path):
     """export reads no images: a run whose data folder has moved away is loaded up to its checkpoints."""
     config = loop.TrainConfig(data="mnist", data_dir=str(tmp_path / "moved-away"), epochs=1)

@@ -57,7 +57,10 @@ class TrainConfig:
     width: float = 1.0
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        """The settings as `config.json` records them: numpy scalars (a sweep's np.int64 epochs, say, which
+        `check_config` takes) as the Python numbers they hold."""
+        return {name: value.item() if isinstance(value, np.generic) else value
+                for name, value in dataclasses.asdict(self).items()}
 
 
 def _known(kind: str, name, known) -> str:
