@@ -263,6 +263,8 @@ def _add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--width", type=finite_number(positive=True), default=1.0,
                         help="width multiplier of the MLP")
     parser.add_argument("--seed", type=integer_at_least(0), default=0, help="initial weights and batch order")
+    parser.add_argument("--restart", action="store_true",
+                        help="delete the demo run kept in --out (its config, checkpoints, metrics) and train anew")
 
 
 def _native_kernels(platform: str = "cpu") -> str:
@@ -301,6 +303,27 @@ def _run_demo(args: argparse.Namespace) -> int:
         return _demo(args, Path(folder))
 
 
+def _check_kept_demo(out: Path, config) -> None:
+    """Refuse to continue a demo run kept in `out` with other settings, saying which (the training loop's own
+    advice names `jaxbnn train`'s options, which the demo has not)."""
+    import json
+
+    try:
+        recorded = json.loads((out / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return  # not a run's config: the training loop names it
+    if not isinstance(recorded, dict):
+        return
+    wanted = config.to_json()
+    changed = [f"--{name} {recorded[name]}" for name in ("epochs", "width", "seed")
+               if name in recorded and recorded[name] != wanted[name]]
+    if any(recorded.get(name, wanted[name]) != wanted[name] for name in ("model", "mode", "data")):
+        raise ValueError(f"{out} holds a training run that is not a demo's; give the demo another --out")
+    if changed:
+        raise ValueError(f"{out} holds a demo run of {' '.join(changed)}: run the demo with those settings to reuse "
+                         "it, or add --restart to delete it and train anew")
+
+
 def _demo(args: argparse.Namespace, out: Path) -> int:
     import time
 
@@ -315,8 +338,11 @@ def _demo(args: argparse.Namespace, out: Path) -> int:
     print(f"1/4 train mnist-mlp (bnn) on MNIST-5k for {args.epochs} epochs -> {out}")
     config = loop.TrainConfig(model="mnist-mlp", mode="bnn", data="mnist5k", epochs=args.epochs,
                               width=args.width, seed=args.seed)
-    # a demo run kept with --out is reused by the next demo there (a finished one trains nothing)
-    loop.fit(config, out, resume=(out / "config.json").is_file(), progress=False)
+    # a demo run kept with --out is reused by the next demo there with its settings (a finished one trains nothing)
+    kept = (out / "config.json").is_file() and not args.restart
+    if kept:
+        _check_kept_demo(out, config)
+    loop.fit(config, out, resume=kept, restart=args.restart, progress=False)
     model = loop.load_trained(out)
     _, test = data.load_dataset("mnist5k")
     flax_accuracy = loop.evaluate(model, test)["accuracy"]

@@ -2,6 +2,7 @@
 bad paths, Ctrl-C without a traceback, no files left behind, and the bench table."""
 
 import gc
+import json
 import os
 import signal
 import subprocess
@@ -196,6 +197,19 @@ def test_the_demo_leaves_no_temporary_folder(tmp_path, monkeypatch, capsys):
     assert cli.main(["demo", "--epochs", "1", "--width", "0.125"]) == 0
     assert "predictions equal on 1000/1000 samples" in capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_demo_kept_with_other_settings_is_refused_with_the_demos_own_options(tmp_path, capsys):
+    """Before training: the run's differing settings as demo options, and --restart (which the demo takes)."""
+    kept = {"model": "mnist-mlp", "mode": "bnn", "data": "mnist5k", "epochs": 1, "width": 0.125, "seed": 0}
+    (tmp_path / "config.json").write_text(json.dumps(kept))
+    assert cli.main(["demo", "--out", str(tmp_path), "--epochs", "2", "--width", "0.125"]) == 2
+    assert capsys.readouterr().err.strip() == (f"jaxbnn demo: error: {tmp_path} holds a demo run of --epochs 1: run "
+                                               "the demo with those settings to reuse it, or add --restart to delete "
+                                               "it and train anew")
+    (tmp_path / "config.json").write_text(json.dumps({**kept, "model": "mnist-conv"}))
+    assert cli.main(["demo", "--out", str(tmp_path), "--epochs", "1", "--width", "0.125"]) == 2
+    assert "holds a training run that is not a demo's; give the demo another --out" in capsys.readouterr().err
 
 
 def test_bench_prints_a_table_of_both_sides(tmp_path, capsys):
