@@ -52,8 +52,41 @@ def _node_domains(node: dict) -> str:
     return f"{node['operand']} x {node['weights']} -> {node['output']}"
 
 
+def _block_out_channels(block):
+    """The channels a block's layer writes (a residual block's conv1), None for a block without a layer."""
+    for name in ("conv1", "conv", "linear"):
+        layer = getattr(block, name, None)
+        if layer is not None:
+            return layer.out_features
+    return None
+
+
+def _check_pair(model: BinaryNet, graph: dict, what: str) -> None:
+    """Refuse a Flax model and a packed graph that are not the same network: the graph's name, mode, input
+    shape, classes, node count and every layer's channel count (a width) against the model's."""
+    if not isinstance(model, BinaryNet):
+        raise TypeError(f"{what} takes a jaxbnn BinaryNet as the model, got {type(model).__name__}")
+    own = dict(name=model.name, mode=model.mode, input_shape=list(model.input_shape), num_classes=model.num_classes,
+               nodes=len(model.blocks))
+    recorded = dict(name=graph.get("name"), mode=graph.get("mode"), input_shape=list(graph.get("input_shape", [])),
+                    num_classes=graph.get("num_classes"), nodes=len(graph.get("nodes", [])))
+    differ = [f"{key} {recorded[key]!r} (the model's {own[key]!r})" for key in own if own[key] != recorded[key]]
+    if not differ:
+        for block, node in zip(model.blocks, graph["nodes"]):
+            channels = node.get("conv1", node).get("out_channels")
+            if channels is not None and channels != _block_out_channels(block):
+                differ.append(f"{node['name']} writes {channels} channels (the model's {_block_out_channels(block)})")
+                break
+    if differ:
+        raise ValueError(f"{what}: the packed model is not this model's export: its {', '.join(differ)}")
+
+
 def size_report(model: BinaryNet, packed: packed_model.PackedModel) -> list[SizeRow]:
     """One row per block / graph node: float32 bytes against packed bytes."""
+    if not isinstance(packed, packed_model.PackedModel):
+        raise TypeError(f"size_report takes a PackedModel (export_model's or packed_model.load's), got "
+                        f"{type(packed).__name__}")
+    _check_pair(model, packed.graph, "size_report")
     rows = []
     for index, (block, node) in enumerate(zip(model.blocks, packed.graph["nodes"])):
         prefix = f"nodes.{index}."
@@ -154,6 +187,12 @@ def _compare_stream(name, packed, reference) -> NodeFidelity:
 def fidelity_report(model: BinaryNet, net, images) -> Fidelity:
     """Compare the packed model `net` (a `jaxbnn.runtime.PackedNet`) with the Flax `model` (put in eval
     mode) on uint8 `images`: predictions, logits and every intermediate output of the packed graph."""
+    from jaxbnn.runtime import PackedNet  # the runtime, and its native modules, loaded only to run one
+
+    if not isinstance(net, PackedNet):
+        raise TypeError(f"fidelity_report takes the packed model as a jaxbnn.runtime.PackedNet (runtime.load, or "
+                        f"runtime.from_packed of a PackedModel), got {type(net).__name__}")
+    _check_pair(model, net.graph, "fidelity_report")
     model.eval()
     images = np.asarray(images)
     trace = net.trace(images)

@@ -180,6 +180,29 @@ def test_a_classifier_batch_norm_with_nan_parameters_gives_nan_logits_as_the_fla
     assert np.isnan(logits[:, [2, 5]]).all() and not np.isnan(np.delete(logits, [2, 5], axis=1)).any()
 
 
+def test_reports_refuse_a_model_and_a_packed_model_of_another_network():
+    """Named by what differs, rather than a table of mixed rows or an error deep in a comparison."""
+    def mlp(mode="bnn", width=0.0625, name="mnist-mlp"):
+        return build_model(name, mode, input_shape=(28, 28, 1), num_classes=10, width=width, rngs=nnx.Rngs(0))
+
+    model = mlp()
+    images = np.zeros((2, 28, 28, 1), np.uint8)
+    for other, message in ((mlp(name="mnist-conv"), "its name 'mnist-conv' \\(the model's 'mnist-mlp'\\)"),
+                           (mlp(mode="tnn"), "its mode 'tnn' \\(the model's 'bnn'\\)"),
+                           (mlp(width=0.125), "its blocks.0 writes 128 channels \\(the model's 64\\)")):
+        packed = export_model(other)
+        with pytest.raises(ValueError, match="size_report: the packed model is not this model's export: " + message):
+            size_report(model, packed)
+        with pytest.raises(ValueError, match="fidelity_report: the packed model is not this model's export"):
+            fidelity_report(model, runtime.from_packed(packed), images)
+    packed = export_model(model)
+    with pytest.raises(TypeError, match="fidelity_report takes the packed model as a jaxbnn.runtime.PackedNet"):
+        fidelity_report(model, packed, images)
+    with pytest.raises(TypeError, match="takes a PackedModel"):
+        size_report(model, runtime.from_packed(packed))
+    assert fidelity_report(model, runtime.from_packed(packed), images).exact
+
+
 def test_unknown_target_is_refused():
     model = build_model("mnist-mlp", "bnn", input_shape=(28, 28, 1), num_classes=10, width=0.0625, rngs=nnx.Rngs(0))
     with pytest.raises(ExportError, match="target"):
