@@ -2,9 +2,12 @@
 
 Quantized parameters are the latent kernels of binary (1 bit each) and ternary (2 bits each) layers;
 everything else (batch norm scale/bias/statistics, biases, learned thresholds, float kernels) counts as
-float32. Packed bytes are what the exporter stores for a kernel: the first layer's int8 weight values (it
-multiplies the image levels), every other layer's FSB tiles of 8 rows x 128 bits, one plane per bit
-(``formats.fsb_shape``, docs/formats.md), conv taps padded to whole 32-bit words.
+float32. Packed bytes estimate a layer's part of the file from its own shape: its kernel as the exporter
+stores it (the first layer's int8 weight values, which multiply the image levels; every other layer's FSB
+tiles of 8 rows x 128 bits, one plane per bit, ``formats.fsb_shape``, docs/formats.md; conv taps padded to
+whole 32-bit words) and a pair of numbers per batch-norm channel. The file holds more: the weights'
+popcounts, and a dense layer after a conv reads the conv's taps padded to whole words; the exact bytes of an
+exported model are ``jaxbnn.export.size_report``'s.
 """
 
 from __future__ import annotations
