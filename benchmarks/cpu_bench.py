@@ -37,6 +37,7 @@ import numpy as np
 
 import results_file
 from jaxbnn import formats, ops
+from jaxbnn.cli import integer_at_least
 
 BMM_SIZES = [128, 256, 512, 1024, 2048, 4096]  # TCBNN's square BMM sizes: M = N = K
 # ResNet-18 3x3 convolutions (stride 1, SAME): (batch, height/width, in channels, out channels)
@@ -269,7 +270,7 @@ def main():
     parser.add_argument("--out", "--write", dest="out", metavar="PATH",
                         help="the results file whose section this run replaces (default: "
                         "benchmarks/results/<this machine's kind>.md; '-': print only)")
-    parser.add_argument("--runs", type=int, default=1, help="repeat the sweep; report per-cell medians")
+    parser.add_argument("--runs", type=integer_at_least(1), default=1, help="repeat the sweep; report per-cell medians")
     parser.add_argument("--modes", action="store_true",
                         help="TAB's four products on its layers (the 'cpu_bench.py modes' section) instead of the "
                              "bmm / ResNet-18 sweep")

@@ -21,12 +21,12 @@ virtual machine it can move 2x within seconds, and a 32-output program's dispatc
 command buffers) by self time per program: where a program's host time goes.
 """
 
+import argparse
 import collections
 import glob
 import os
 import re
 import statistics
-import sys
 import time
 
 import numpy as np
@@ -36,7 +36,6 @@ import jax.numpy as jnp
 from jax.profiler import ProfileData
 
 from jaxbnn import _ffi, formats  # noqa: F401  (_ffi registers the native targets)
-import jaxbnn._cuda as _cuda
 from gpu_bench import bmm_call, conv_out, signs
 
 CALLS = (1, 4, 16, 32)
@@ -71,8 +70,7 @@ def report(host, handler_runs, handler_host):
             f"{handler_host * 1e6:5.2f} us each")
 
 
-def main():
-    s = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
+def main(s: int):
     ops = 2.0 * s**3
     keys = jax.random.split(jax.random.PRNGKey(0), max(CALLS) + 1)
     w = formats.pack_dense_weights(signs(keys[0], (s, s)))
@@ -209,10 +207,26 @@ def conv_trace(trace_dir, programs=50, shown=18):
     print(f"host speed: the Python loop took {host_speed_ms():.1f} ms", flush=True)
 
 
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage=__doc__.split("\n\n")[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", nargs="?", default="4096", help="SIZE, conv or conv-trace")
+    parser.add_argument("trace_dir", nargs="?", default="/tmp/jaxbnn_conv_trace", help="conv-trace's folder")
+    args = parser.parse_args()
+    if args.what not in ("conv", "conv-trace") and not (args.what.isdigit() and int(args.what) > 0):
+        parser.error(f"the first argument is a positive SIZE, conv or conv-trace, got {args.what!r}")
+    if jax.devices()[0].platform != "gpu":
+        parser.error("a GPU benchmark: jax's default device is " + jax.devices()[0].platform)
+    return args
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["conv"]:
+    arguments = _arguments()
+    import jaxbnn._cuda as _cuda  # the module the probe reads its handlers' counters from: a GPU's only
+
+    if arguments.what == "conv":
         conv_floor()
-    elif sys.argv[1:2] == ["conv-trace"]:
-        conv_trace(sys.argv[2] if len(sys.argv) > 2 else "/tmp/jaxbnn_conv_trace")
+    elif arguments.what == "conv-trace":
+        conv_trace(arguments.trace_dir)
     else:
-        main()
+        main(int(arguments.what))

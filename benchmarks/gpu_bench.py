@@ -48,6 +48,7 @@ import jax.numpy as jnp
 
 import results_file
 from jaxbnn import _ffi, formats, ops
+from jaxbnn.cli import integer_at_least
 
 PROGRAM_OPS = 1e13  # binary ops per timed program: ~1 ms at 10 POPS
 
@@ -450,12 +451,15 @@ def main():
                         "benchmarks/results/<gpu>.md, e.g. nvidia-h200.md)")
     parser.add_argument("--quick", action="store_true", help="a few sizes only")
     parser.add_argument("--commit", default="", help="the commit the results name (default: the checkout's HEAD)")
-    parser.add_argument("--bmm-sizes", type=int, nargs="*", help="override the BMM sizes (none: no BMM)")
-    parser.add_argument("--conv-channels", type=int, nargs="*", help="override the BConv sweep's C = O (none: no sweep)")
+    parser.add_argument("--bmm-sizes", type=integer_at_least(1), nargs="*",
+                        help="override the BMM sizes (none: no BMM)")
+    parser.add_argument("--conv-channels", type=integer_at_least(1), nargs="*",
+                        help="override the BConv sweep's C = O (none: no sweep)")
     parser.add_argument("--no-models", action="store_true", help="skip the ResNet-18 / VGG-16 layers")
     parser.add_argument("--layers", nargs="*", help="only these ResNet-18 / VGG-16 layers (e.g. r18.conv1 vgg.1_1)")
     parser.add_argument("--deadline", type=float, default=float("inf"), help="unix time after which no new layer starts")
-    parser.add_argument("--batches", type=int, nargs="+", default=[8, 256], help="the model layers' batches")
+    parser.add_argument("--batches", type=integer_at_least(1), nargs="+", default=[8, 256],
+                        help="the model layers' batches")
     parser.add_argument("--modes", nargs="+", choices=MODES,
                         help="TAB's products on the BMM sizes (default 4096 16384), the BConv sweep and the ResNet-18 "
                         "layers, in a 'gpu_bench.py modes' section after the others (bnn: the ratios' reference)")
@@ -464,6 +468,9 @@ def main():
     args = parser.parse_args()
     if args.modes_only and not args.modes:
         parser.error("--modes-only needs --modes")
+    if not args.modes_only and jax.devices()[0].platform != "gpu":
+        parser.error("a GPU benchmark (only --modes-only runs without one): jax's default device is "
+                     + jax.devices()[0].platform)
     engines = ["wgmma", "mma_sync", "simt"]
     sizes = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
     sweep = [128, 256, 512, 1024, 2048]

@@ -72,6 +72,7 @@ import device_trace
 import results_file
 from gpu_bench import timed
 from jaxbnn import formats, runtime
+from jaxbnn.cli import integer_at_least
 from jaxbnn.models import MODEL_BUILDERS, build_model
 
 try:
@@ -943,7 +944,7 @@ def parse_args(argv=None):
                         help=f"the models to run (default: all; --quick: mnist-mlp): {', '.join(MODEL_BUILDERS)}")
     parser.add_argument("--modes", nargs="+", choices=PACKED_MODES, default=["bnn"],
                         help="the packed models' network modes (default: bnn)")
-    parser.add_argument("--batches", type=int, nargs="+",
+    parser.add_argument("--batches", type=integer_at_least(1), nargs="+",
                         help="the sweep's batches (the latency and large batches are always measured)")
     parser.add_argument("--seconds", type=float,
                         help="per model, after the two required batches: the sweep's time for the others (default: "

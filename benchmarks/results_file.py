@@ -13,6 +13,7 @@ into its own output folder) into the tree's file.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import pathlib
@@ -218,23 +219,30 @@ def write_section(path: str | os.PathLike, name: str, body: str, machine: str) -
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 2 and argv[0] == "list":
-        for name, body in sections(pathlib.Path(argv[1]).read_text()).items():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="the sections of a results file").add_argument("path", type=pathlib.Path)
+    merge = commands.add_parser("merge", help="SRC's sections replace DEST's (or are appended)")
+    merge.add_argument("src", type=pathlib.Path)
+    merge.add_argument("dest", type=pathlib.Path)
+    args = parser.parse_args(argv)
+    source = args.path if args.command == "list" else args.src
+    if not source.is_file():
+        parser.error(f"no such results file: {source}")
+    if args.command == "list":
+        for name, body in sections(source.read_text()).items():
             date = re.search(r"^- date: (.*)$", body, re.M)
             print(f"{name}: {date.group(1) if date else 'no date'}")
         return 0
-    if len(argv) == 3 and argv[0] == "merge":
-        src, dest = pathlib.Path(argv[1]), pathlib.Path(argv[2])
-        new = sections(src.read_text())
-        if not new:
-            print(f"{src}: no sections", file=sys.stderr)
-            return 1
-        text = dest.read_text() if dest.exists() else src.read_text().split("<!-- section:", 1)[0]
-        dest.write_text(replace_sections(text, new))
-        print(f"{dest}: {', '.join(new)} from {src}")
-        return 0
-    print(__doc__.strip().splitlines()[2].strip() + "\n" + __doc__.strip().splitlines()[3].strip(), file=sys.stderr)
-    return 2
+    new = sections(source.read_text())
+    if not new:
+        parser.error(f"{source}: no sections")
+    text = args.dest.read_text() if args.dest.exists() else source.read_text().split("<!-- section:", 1)[0]
+    tmp = args.dest.with_name(args.dest.name + ".tmp")
+    tmp.write_text(replace_sections(text, new))
+    os.replace(tmp, args.dest)
+    print(f"{args.dest}: {', '.join(new)} from {source}")
+    return 0
 
 
 if __name__ == "__main__":

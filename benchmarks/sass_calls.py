@@ -12,8 +12,10 @@ No disassembler needed: runs on a cubin compiled here (`nvcc -cubin`).
 
 from __future__ import annotations
 
+import argparse
 import collections
 import pathlib
+import shutil
 import re
 import struct
 import subprocess
@@ -77,12 +79,17 @@ def cubins(path: pathlib.Path, scratch: pathlib.Path) -> list[pathlib.Path]:
 
 
 def main() -> int:
-    if len(sys.argv) < 2:
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
-        return 2
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", metavar="FILE", help="a cubin, or a shared object holding cubins")
+    args = parser.parse_args()
+    for arg in args.files:
+        if not pathlib.Path(arg).is_file():
+            parser.error(f"no such file: {arg}")
+        if not arg.endswith(".cubin") and shutil.which("cuobjdump") is None:
+            parser.error(f"{arg}: extracting its cubins needs cuobjdump (the CUDA toolkit) on the PATH")
     total = 0
     with tempfile.TemporaryDirectory() as scratch:
-        for arg in sys.argv[1:]:
+        for arg in args.files:
             for cubin in cubins(pathlib.Path(arg), pathlib.Path(scratch)):
                 arch = re.search(r"sm_\d+a?", cubin.name)
                 kernels = cubin_calls(cubin.read_bytes())

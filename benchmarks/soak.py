@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxbnn.cli import integer_at_least
+
 
 def rss_mib() -> float:
     with open("/proc/self/statm") as f:
@@ -41,8 +43,8 @@ def phase(name, call, count, warm=20):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-calls", type=int, default=100_000)
-    parser.add_argument("--eager-calls", type=int, default=10_000)
+    parser.add_argument("--model-calls", type=integer_at_least(1), default=100_000)
+    parser.add_argument("--eager-calls", type=integer_at_least(1), default=10_000)
     args = parser.parse_args(argv)
 
     from flax import nnx
