@@ -187,6 +187,10 @@ def export_model(model: BinaryNet, target: str = "cpu",
         raise ExportError(f"unknown target {target!r}; known: {sorted(packed_model.TARGETS)}")
     if not isinstance(model, BinaryNet):
         raise ExportError(f"export takes a jaxbnn BinaryNet, got {type(model).__name__}")
+    try:
+        input_range = [float(v) for v in input_range]
+    except (TypeError, ValueError, OverflowError):  # not a pair of numbers, or an integer beyond any float
+        raise ExportError(f"input_range must be (low, high), two finite numbers, got {input_range!r}") from None
     tile = packed_model.TARGETS[target]
     blocks = list(model.blocks)
     nodes, tensors = [], {}
@@ -227,7 +231,7 @@ def export_model(model: BinaryNet, target: str = "cpu",
         tensors.update({f"nodes.{index}.{k}": np.asarray(v) for k, v in node_tensors.items()})
         wire, shape = packed_model.node_output(node)
     graph = {"name": model.name, "mode": model.mode, "input_shape": list(model.input_shape),
-             "input_range": [float(v) for v in input_range], "num_classes": int(model.num_classes),
+             "input_range": input_range, "num_classes": int(model.num_classes),
              "nodes": nodes}
     packed = packed_model.PackedModel(graph=graph, tensors=tensors, target=target)
     try:

@@ -209,6 +209,14 @@ def test_unknown_target_is_refused():
         export_model(model, target="tpu")
 
 
+@pytest.mark.parametrize("input_range", ["ab", ("a", "b"), (0, 10**400), None, 5, (1.0,), (0.0, 1.0, 2.0),
+                                         (1.0, -1.0), (0.0, 1e-45)])
+def test_an_input_range_that_is_not_a_scale_is_refused(input_range):
+    model = build_model("mnist-mlp", "bnn", input_shape=(28, 28, 1), num_classes=10, width=0.0625, rngs=nnx.Rngs(0))
+    with pytest.raises(ExportError, match="input_range"):
+        export_model(model, input_range=input_range)
+
+
 def test_the_fidelity_check_catches_a_wrong_threshold():
     model = zoo_model("mnist-mlp", "bnn", {})
     packed = export_model(model)
