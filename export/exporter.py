@@ -28,7 +28,7 @@ from jaxbnn import formats, packed_model
 from jaxbnn.layers import MODES, BinaryConv, BinaryLinear, chain_parameters, ternary_levels
 from jaxbnn.models import (BinaryNet, ConvBlock, DenseBlock, GlobalPool, ResidualBlock, StreamStem,
                            reader_layer)
-from jaxbnn.thresholds import BnChain, integer_thresholds
+from jaxbnn.thresholds import BnChain, classifier_affine, integer_thresholds
 
 __all__ = ["ExportError", "export_model", "bn_chain"]
 
@@ -133,11 +133,12 @@ def _linear_node(name, layer, in_shape, wire, tile, *, first=False, pool=None):
 
 
 def _check_affine(name, chain: BnChain, scale, bias) -> None:
-    """Refuse a classifier whose folded `scale * dot + bias` cannot give the Flax model's logits: a channel
-    whose scale or bias is infinite in float32 (gamma / sqrt(var + eps) overflows, or a parameter is
-    infinite: the model's own float32 batch norm gives +-inf by the sign of its input, the folded form inf - inf
-    = NaN), or whose var + eps is subnormal in float32 (the model's batch norm then depends on the platform:
-    XLA's CPU flushes it to 0, its GPU does not). NaN parameters give NaN logits either way."""
+    """Refuse a classifier whose folded `scale * dot + bias` (the eval forward's and the packed model's
+    logits) does not stand for its batch norm: a channel whose scale or bias is infinite in float32
+    (gamma / sqrt(var + eps) overflows, or a parameter is infinite: the batch norm gives +-inf by the sign of
+    its input, the folded form inf - inf = NaN), or whose var + eps is subnormal in float32 (the batch norm of
+    the training and float forwards then depends on the platform: XLA's CPU flushes it to 0, its GPU does
+    not). NaN parameters give NaN logits either way."""
     variance = chain.var.astype(np.float32) + np.float32(chain.epsilon)
     subnormal = (variance != 0) & (np.abs(variance) < np.finfo(np.float32).tiny)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -157,15 +158,7 @@ def _finish(node, tensors, layer, bn, reader, last):
     chain = bn_chain(bn, layer)
     if last:
         node["output"] = "affine"
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # what is not finite, _check_affine judges
-            mul = 1.0 / np.sqrt(chain.var.astype(np.float64) + np.float64(np.float32(chain.epsilon)))
-            if chain.gamma is not None:
-                mul = mul * chain.gamma
-            alpha = 1.0 if chain.alpha is None else chain.alpha.astype(np.float64)
-            bias = 0.0 if chain.bias is None else chain.bias.astype(np.float64)
-            beta = 0.0 if chain.beta is None else chain.beta.astype(np.float64)
-            tensors["scale"] = np.broadcast_to(alpha * mul, mul.shape).astype(np.float32)
-            tensors["bias"] = ((bias - chain.mean) * mul + beta).astype(np.float32)
+        tensors["scale"], tensors["bias"] = classifier_affine(chain)  # what is not finite, _check_affine judges
         _check_affine(node["name"], chain, tensors["scale"], tensors["bias"])
         return
     if reader is None:

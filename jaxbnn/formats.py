@@ -65,12 +65,26 @@ __all__ = [
 ]
 
 
+def host_or_device(value):
+    """`value` where it is: a jax array as it is, anything else as a numpy array in the machine's byte order
+    (jax refuses big-endian arrays; the dtype is otherwise kept as given, so that a wrong one is reported as
+    it is)."""
+    if isinstance(value, jax.Array):
+        return value
+    value = np.asarray(value)
+    return value if value.dtype.isnative else value.astype(value.dtype.newbyteorder("="))
+
+
+# int8 x int8 products reach 2**14 in magnitude: this many of them always sum within int32 (a first layer's
+# products per output, `ops.image_conv2d` / `image_matmul` and the packed files).
+MAX_IMAGE_REDUCTION = (2**31 - 1) // 2**14
+
 PIXEL_OFFSET = 128  # pixel p enters a network as the integer level p - 128; level 0 (pixel 128) pads images
 
 
 def image_levels(pixels):
     """int8 levels ``p - 128`` of uint8 pixels `p`: the integers every network computes on."""
-    pixels = pixels if isinstance(pixels, jax.Array) else np.asarray(pixels)  # the dtype as given
+    pixels = host_or_device(pixels)  # the dtype as given
     if pixels.dtype != np.uint8:
         raise TypeError(f"images must be uint8 pixels (0..255), got {pixels.dtype}; float images: "
                         "formats.quantize_images(images, input_range)")
@@ -154,6 +168,7 @@ def binarize(x, threshold=None, flip=None):
     false), as does a NaN threshold; -0.0 == 0, so -0.0 gives bit 1; +inf gives 1 and -inf 0 against any
     finite threshold; a negative subnormal gives 0.
     """
+    x, threshold, flip = (None if v is None else host_or_device(v) for v in (x, threshold, flip))
     if _all_on_host(x) and not _all_on_host(threshold, flip) and _narrowed_by_jax(np.asarray(x).dtype):
         # a host x that jax would narrow (64-bit): compared on the host, with the device operands' values
         if any(isinstance(v, jax.core.Tracer) for v in (threshold, flip)):
@@ -285,7 +300,7 @@ def _order_key(x):
 
 def pack_bits(bits):
     """Pack a boolean array along its last axis into uint32 words (LSB first, zero padding bits)."""
-    return _packed_words(jnp.asarray(bits, bool))
+    return _packed_words(jnp.asarray(host_or_device(bits), bool))
 
 
 @_compiled_when_eager
@@ -303,7 +318,7 @@ def _packed_words(bits):
 
 def unpack_bits(words, k: int):
     """Inverse of `pack_bits`: boolean array `(..., k)` from uint32 words `(..., ceil(k/32))`."""
-    words = jnp.asarray(words)
+    words = jnp.asarray(host_or_device(words))
     if words.dtype != WORD_DTYPE:
         raise TypeError(f"packed bits must be uint32 words, got {words.dtype}")
     if words.shape[-1] != num_words(k):
@@ -352,7 +367,8 @@ def from_fsb(tiles, rows: int, k: int):
 
 def popcount(words, axis=-1):
     """Number of 1 bits, summed over `axis` (int32)."""
-    return jnp.sum(jax.lax.population_count(jnp.asarray(words, WORD_DTYPE)).astype(jnp.int32), axis=axis)
+    counts = jax.lax.population_count(jnp.asarray(host_or_device(words), WORD_DTYPE))
+    return jnp.sum(counts, axis=axis, dtype=jnp.int32)  # int32 under jax_enable_x64 too
 
 
 def ternary_planes(x):

@@ -235,7 +235,8 @@ class _QuantizedOperands(nnx.Module):
         chain = chain_parameters(bn, producer)
         z = jnp.round(z).astype(jnp.int32)  # integers in float32; round() absorbs any conv algorithm's error
         if act == "binary":
-            return jnp.where(_threshold_bits(z, chain, bn.epsilon, jnp.zeros((), jnp.float32), False), 1.0, -1.0)
+            return jnp.where(_threshold_bits(z, chain, bn.epsilon, jnp.zeros((), jnp.float32), False),
+                             jnp.float32(1.0), jnp.float32(-1.0))
         alpha, beta = (ternary_levels(v, z.shape[1:]) for v in self.input_thresholds())
         nonneg = _threshold_bits(z, chain, bn.epsilon, beta, False)
         pos = _threshold_bits(z, chain, bn.epsilon, alpha, True)
@@ -428,16 +429,47 @@ def _threshold_bits(z, chain, epsilon, level, strict):
     return jnp.where(flip, z <= threshold, z >= threshold)
 
 
+def classifier_logits(z, bn: nnx.BatchNorm, producer=None) -> jax.Array:
+    """Eval-mode logits of the integer pre-activations `z` (B, C) through `producer`'s XNOR scale and bias and
+    `bn`: ``float32(z) * scale + bias`` with `thresholds.classifier_affine`'s scale and bias (derived on the
+    host), the product rounded before the sum, as the exported model's affine epilogue computes them: the
+    same float32 logits on every platform, whatever XLA fuses."""
+    chain = chain_parameters(bn, producer)
+    present = tuple(a is not None for a in chain)
+    arrays = [jnp.asarray(a, jnp.float32) for a in chain if a is not None]
+
+    def host(*arrays):
+        arrays = tuple(np.ascontiguousarray(a, np.float32) for a in arrays)
+        return _host_affine((present, float(bn.epsilon), tuple((a.shape, a.tobytes()) for a in arrays)))
+
+    result = (jax.ShapeDtypeStruct(z.shape[-1:], jnp.float32),) * 2
+    scale, bias = jax.pure_callback(host, result, *arrays, vmap_method="sequential")
+    product = z.astype(jnp.float32) * scale
+    # a select on the product's own value between the product and the sum keeps XLA from contracting them
+    # into a fused multiply-add, which rounds once
+    return jnp.where(jnp.isnan(product), jnp.float32(jnp.nan), product) + bias
+
+
+def _decoded_chain(present, epsilon, arrays) -> thresholds.BnChain:
+    values = iter(np.frombuffer(data, np.float32).reshape(shape) for shape, data in arrays)
+    mean, var, gamma, beta, alpha, bias = (next(values) if p else None for p in present)
+    return thresholds.BnChain(mean, var, epsilon, gamma, beta, alpha, bias)
+
+
+@functools.lru_cache(maxsize=1024)
+def _host_affine(key):
+    """`thresholds.classifier_affine` of a chain given as bytes (derived once per eval loop)."""
+    present, epsilon, arrays = key
+    return thresholds.classifier_affine(_decoded_chain(present, epsilon, arrays))
+
+
 @functools.lru_cache(maxsize=1024)
 def _host_thresholds(key):
     """`thresholds.integer_thresholds` of a chain given as bytes: an eval loop over a test set derives each
     layer's thresholds once."""
-    present, epsilon, strict, arrays = key
-    level, *values = (np.frombuffer(data, np.float32).reshape(shape) for shape, data in arrays)
-    values = iter(values)
-    mean, var, gamma, beta, alpha, bias = (next(values) if p else None for p in present)
-    return thresholds.integer_thresholds(thresholds.BnChain(mean, var, epsilon, gamma, beta, alpha, bias), level,
-                                         strict)
+    present, epsilon, strict, (level, *arrays) = key
+    level = np.frombuffer(level[1], np.float32).reshape(level[0])
+    return thresholds.integer_thresholds(_decoded_chain(present, epsilon, arrays), level, strict)
 
 
 def _pair(value, name) -> tuple[int, int]:

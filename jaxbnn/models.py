@@ -42,7 +42,7 @@ import numpy as np
 from flax import nnx
 
 from jaxbnn import formats
-from jaxbnn.layers import MODES, BinaryConv, BinaryLinear
+from jaxbnn.layers import MODES, BinaryConv, BinaryLinear, classifier_logits
 
 __all__ = [
     "BinaryNet",
@@ -119,7 +119,7 @@ class ConvBlock(nnx.Module):
         if self.pool is not None:
             z = max_pool(z, self.pool)
         if reader is None:
-            return self.bn(self.conv._epilogue(z, None)), False
+            return classifier_logits(z, self.bn, self.conv), False
         return reader.quantize_integers(z, self.bn, self.conv), True
 
 
@@ -136,7 +136,7 @@ class DenseBlock(nnx.Module):
     def eval_forward(self, x, quantized: bool, reader):
         z = _integer(self.linear.dot(_flatten(x), quantized=quantized))
         if reader is None:
-            return self.bn(self.linear._epilogue(z, None)), False
+            return classifier_logits(z, self.bn, self.linear), False
         return reader.quantize_integers(z, self.bn, self.linear), True
 
 
@@ -210,7 +210,7 @@ class GlobalPool(nnx.Module):
     def eval_forward(self, x, quantized: bool, reader):
         z = _integer(jnp.sum(x, axis=(1, 2)))
         if reader is None:
-            return self.bn(z), False
+            return classifier_logits(z, self.bn), False
         return reader.quantize_integers(z, self.bn), True
 
 

@@ -39,7 +39,7 @@ def pack_bits(x, threshold=None, flip=None):
     """Binarize `x` (bit = x >= threshold, or x <= threshold where flip; default threshold 0, so
     sign(0) = +1) and pack its last axis into uint32 words. Comparisons are exact in the operands' own
     dtypes (`formats.binarize`): NaN gives bit 0, -0.0 bit 1."""
-    x = x if isinstance(x, jax.Array) else np.asarray(x)
+    x = formats.host_or_device(x)
     if x.ndim == 0:
         raise ValueError("pack_bits needs at least one axis to pack")
     channels = x.shape[-1]
@@ -334,7 +334,7 @@ def _bmm_chain(x, weights, popcounts, epilogues, *, ks, ns, last_kind):
         attrs = dict(ks=np.array(ks, np.int64), ns=np.array(ns, np.int64))
 
         def one_call(x__, *ops_):
-            return jax.ffi.ffi_call(target, out_type)(x__, *ops_, **attrs)
+            return _ffi_call(target, out_type, x__, *ops_, **attrs)
 
         def one_kernel(x__, *ops_):  # CUDA: the kernel takes the default tiles
             ops_ = list(ops_)
@@ -641,7 +641,7 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, flip_words=None,
             flat = dict(attr_values, **cuda_attrs, pool_h=np.int64(1), pool_w=np.int64(1))
 
             def cuda(x_, *ws):
-                bits = jax.ffi.ffi_call(target, unpooled)(x_, *ws, **flat)
+                bits = _ffi_call(target, unpooled, x_, *ws, **flat)
                 words = formats.pack_bits(ws[-1] != 0) if words_ is None else words_
                 pooled_bits = pool_threshold_bits(bits.reshape(bits.shape[:3] + (-1,)), (ph, pw), words.reshape(-1))
                 return pooled_bits.reshape(pooled_bits.shape[:3] + tail)
@@ -808,8 +808,8 @@ def _ternary_residual(planes, w, w_tap_popcount, side_by_side, shortcut, thresho
             rows = acts[0].shape[0]
             types = tuple(jax.ShapeDtypeStruct((rows,) + t.shape, t.dtype) for t in (stream_type, bits_type) if t)
             native = (*acts, w_, popcount_) if mode == "btn" else (_planes_side_by_side(acts), w_)
-            return jax.ffi.ffi_call(fused_target, types if len(types) == 2 else types[0])(
-                *native, shortcut_, *e, **conv_attrs, shortcut_stride=np.int64(stride), shift=np.int64(shift))
+            return _ffi_call(fused_target, types if len(types) == 2 else types[0], *native, shortcut_, *e,
+                             **conv_attrs, shortcut_stride=np.int64(stride), shift=np.int64(shift))
 
         acts = tuple(x.reshape((images,) + x.shape[-3:]) for x in planes)
         out = _fold_rows(single, activations=len(planes), row_operands=(len(planes) + 2,))(
@@ -830,7 +830,7 @@ def _ternary_residual(planes, w, w_tap_popcount, side_by_side, shortcut, thresho
 def _shortcut_stream(shortcut, batch, out_hw, o, stride):
     """The residual epilogue's shortcut, checked: int32 or int16 (*batch, SH, SW, SC) reaching (OH, OW) at
     `stride`."""
-    shortcut = shortcut if isinstance(shortcut, jax.Array) else np.asarray(shortcut)
+    shortcut = formats.host_or_device(shortcut)
     if shortcut.dtype not in (jnp.int32, jnp.int16):
         raise TypeError(f"shortcut must be the residual stream, int32 or int16, got dtype {shortcut.dtype}")
     if shortcut.ndim != len(batch) + 3 or shortcut.shape[:-3] != batch:
@@ -1060,8 +1060,7 @@ def _image_conv2d(levels, kernel, threshold, flip, masks, counts, *, attrs, shif
     return _fold_rows(single)(levels, kernel, *epilogue, masks, counts)
 
 
-# int8 x int8 products reach 2**14 in magnitude: this many of them always sum within int32.
-MAX_IMAGE_REDUCTION = (2**31 - 1) // 2**14
+MAX_IMAGE_REDUCTION = formats.MAX_IMAGE_REDUCTION
 
 
 MAX_THRESHOLD_PLANES = 8  # of a threshold epilogue with planes: a ternary output uses 2
@@ -1083,7 +1082,7 @@ def _threshold_planes(threshold, flip, n, bound):
 def _planes(threshold, flip, n, checked):
     """`threshold` (N,) or (P, N) with `flip` of its shape as (P, N) planes, the thresholds through `checked`,
     and whether they were given as planes."""
-    threshold = threshold if isinstance(threshold, jax.Array) else np.asarray(threshold)
+    threshold = formats.host_or_device(threshold)
     stacked = threshold.ndim == 2
     if threshold.ndim not in (1, 2) or threshold.shape[-1] != n or not (
             1 <= (threshold.shape[0] if stacked else 1) <= MAX_THRESHOLD_PLANES):
@@ -1091,7 +1090,7 @@ def _planes(threshold, flip, n, checked):
                          f"planes, one value per channel, got {threshold.shape}")
     threshold = checked(threshold)
     if flip is not None:
-        flip = _flip_values(flip if isinstance(flip, jax.Array) else np.asarray(flip))
+        flip = _flip_values(formats.host_or_device(flip))
         if flip.shape != threshold.shape:
             raise ValueError(f"flip must have the shape of threshold, {threshold.shape}, got {flip.shape}")
     if not stacked:
@@ -1112,7 +1111,7 @@ def _check_image_reduction(k):
 
 def _image_levels_operand(value, rank):
     """An image layer's input: int8 levels or uint8 pixels of rank `rank`, as given."""
-    value = value if isinstance(value, jax.Array) else np.asarray(value)
+    value = formats.host_or_device(value)
     if value.dtype not in (jnp.int8, jnp.uint8):
         raise TypeError(f"levels must be int8 levels or uint8 pixels, got dtype {value.dtype}")
     if value.ndim != rank:
@@ -1121,7 +1120,7 @@ def _image_levels_operand(value, rank):
 
 
 def _int8(name, value, rank):
-    value = value if isinstance(value, jax.Array) else np.asarray(value)
+    value = formats.host_or_device(value)
     if value.dtype != jnp.int8:
         raise TypeError(f"{name} must be int8, got dtype {value.dtype}")
     if value.ndim != rank:
@@ -1140,7 +1139,7 @@ def global_sum_bits(stream, threshold, flip=None):
     nonzero meaning set) of the threshold's shape; None: none set.
     Returns uint32 `(..., ceil(C/32))`, or `(..., P, ceil(C/32))` for threshold planes, padding bits 0.
     """
-    stream = stream if isinstance(stream, jax.Array) else np.asarray(stream)
+    stream = formats.host_or_device(stream)
     if stream.dtype not in (jnp.int16, jnp.int32):
         raise TypeError(f"stream must be the residual stream, int16 or int32, got dtype {stream.dtype}")
     if stream.ndim < 3 or stream.shape[-1] < 1:
@@ -1643,7 +1642,7 @@ def _doubled_binary_conv(x, w, tap_popcount, epilogue, *, attrs, kind, pooled, d
         flat = dict(conv_attrs, pool_h=np.int64(1), pool_w=np.int64(1))
 
         def cuda(x_, w_, popcount_, threshold_, flip_):
-            bits = jax.ffi.ffi_call(target, unpooled)(x_, w_, popcount_, threshold_, flip_, **flat)
+            bits = _ffi_call(target, unpooled, x_, w_, popcount_, threshold_, flip_, **flat)
             words = formats.pack_bits(flip_ != 0).reshape(-1)
             pooled_bits = pool_threshold_bits(bits.reshape(bits.shape[:3] + (-1,)), (ph, pw), words)
             return pooled_bits.reshape(pooled_bits.shape[:3] + tail)
@@ -1749,6 +1748,26 @@ def _composite(binary_dot, acts, w, popcount, n, pool, epilogue):
     return reference.epilogue(dot, **epilogue)
 
 
+def _ffi_call(target, result_types, *operands, **attrs):
+    """The custom call `target` on `operands`, inside `jax.shard_map` too: there an FFI call needs all its
+    operands to vary along the same manual mesh axes, so those that vary along fewer (weights closed over,
+    replicated) are cast to vary along all of them, and its results vary along them."""
+    axes = frozenset().union(*(_varying_axes(o) for o in operands))
+    if axes:
+        operands = [o if _varying_axes(o) == axes else jax.lax.pcast(o, tuple(axes - _varying_axes(o)), to="varying")
+                    for o in operands]
+        result_types = jax.tree.map(lambda t: jax.eval_shape(
+            lambda: jax.lax.pcast(jnp.zeros(t.shape, t.dtype), tuple(axes), to="varying")), result_types)
+    return jax.ffi.ffi_call(target, result_types)(*operands, **attrs)
+
+
+def _varying_axes(value) -> frozenset:
+    """The manual mesh axes (`jax.shard_map`'s) along which a traced value varies; empty outside one."""
+    aval = jax.typeof(value)
+    manual = getattr(aval, "mat", None)
+    return frozenset(manual.varying) if manual is not None else frozenset(getattr(aval, "vma", ()))
+
+
 def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None, cuda_weights=None,
               cuda_activations=None, cpu_activations=None, cuda_attrs=None, cpu_only=0):
     """Lower to the native handler of the platform the computation runs on, else to the reference.
@@ -1760,7 +1779,7 @@ def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None, cuda_
     def common(fn):  # fn on the operands every branch takes
         return fn if not cpu_only else (lambda *ops: fn(*ops[:-cpu_only]))
 
-    native = lambda *ops: jax.ffi.ffi_call(target, out_type)(*ops, **attrs)  # noqa: E731
+    native = lambda *ops: _ffi_call(target, out_type, *ops, **attrs)  # noqa: E731
     cpu_native = native if not cpu_only else (
         lambda x, w, *rest: native(x, w, *rest[len(rest) - cpu_only:], *rest[:len(rest) - cpu_only]))
     branches = {p: call for p, call in (("cpu", cpu_native), ("cuda", common(native))) if _ffi.has_target(p, target)}
@@ -1768,7 +1787,7 @@ def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None, cuda_
         branches["cpu"] = lambda x, *rest: cpu_native(cpu_activations(x), *rest)
     if "cuda" in branches:
         cuda_native = native if cuda_attrs is None else (
-            lambda *ops: jax.ffi.ffi_call(target, out_type)(*ops, **attrs, **cuda_attrs))
+            lambda *ops: _ffi_call(target, out_type, *ops, **attrs, **cuda_attrs))
         call = cuda_native if cuda is None else cuda
         weights = (lambda w: w) if cuda_weights is None else cuda_weights
         activations = (lambda x: x) if cuda_activations is None else cuda_activations
@@ -1855,7 +1874,7 @@ def _pair(name, value):
 def _packed(name, value, min_rank):
     """A packed operand, its dtype and rank checked as given (a host array is not converted first, so a
     wrong dtype is reported as it is)."""
-    value = value if isinstance(value, jax.Array) else np.asarray(value)
+    value = formats.host_or_device(value)
     if value.dtype != formats.WORD_DTYPE:
         raise TypeError(f"{name} must hold packed uint32 words, got dtype {value.dtype}")
     if value.ndim < min_rank:
@@ -1952,7 +1971,7 @@ def _clear_padding_bits(x, bits):
 
 
 def _int32_array(name, value, shape):
-    value = value if isinstance(value, jax.Array) else np.asarray(value)
+    value = formats.host_or_device(value)
     if not jnp.issubdtype(value.dtype, jnp.integer):
         raise TypeError(f"{name} must be an integer array, got dtype {value.dtype}")
     if value.shape != shape:
@@ -2018,7 +2037,7 @@ def _real_bit_popcount(weights, *, rows, k_bits, taps):
 def _host_or_device_vector(name, value, n):
     """A per-channel vector (a scalar broadcasts), kept where it is: host values are not narrowed to jax's
     32-bit types before the exact comparison of `formats.binarize`."""
-    value = value if isinstance(value, jax.Array) else np.asarray(value)
+    value = formats.host_or_device(value)
     if value.ndim == 0:
         value = (jnp if isinstance(value, jax.Array) else np).broadcast_to(value, (n,))
     if value.shape != (n,):
@@ -2036,7 +2055,7 @@ def _flip_values(flip):
 
 
 def _vector(name, value, n):
-    value = value if isinstance(value, jax.Array) else np.asarray(value)
+    value = formats.host_or_device(value)
     if value.shape != (n,):
         raise ValueError(f"{name} must have shape ({n},), one value per output channel, got {value.shape}")
     return value

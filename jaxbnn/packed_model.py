@@ -222,6 +222,10 @@ def _validate_linear(where: str, node: dict) -> None:
         if len(in_shape) not in (1, 3):
             _fail(where, f"dense in_shape must be [K] or [H, W, C], got {list(in_shape)}")
         out_shape = [n]
+    products = kh * kw * in_shape[-1] if kind == "conv" else math.prod(in_shape)
+    if operand == "image" and products > formats.MAX_IMAGE_REDUCTION:
+        _fail(where, f"a first layer of {products} products per output: at most {formats.MAX_IMAGE_REDUCTION} "
+                     "int8 products are sure to sum within int32")
     if node.get("out_shape") != out_shape:
         _fail(where, f"out_shape must be {out_shape} for these attributes, got {node.get('out_shape')!r}")
     if output == "ternary":

@@ -159,7 +159,7 @@ class PackedNet:
     def _check_input(self, images):
         """`images` as the jitted forward takes them: uint8 pixels, or float images (quantized on the file's scale in
         the same program, `_pixels`: a separate program would cost a call at a small batch half its host time)."""
-        images = images if isinstance(images, jax.Array) else np.asarray(images)
+        images = formats.host_or_device(images)
         self._check_images(images)
         if images.dtype == np.uint8:
             # a device array as it is: jnp.asarray would cost a call several microseconds of host time

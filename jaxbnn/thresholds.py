@@ -94,6 +94,23 @@ class BnChain:
                        pick(self.alpha), pick(self.bias))
 
 
+def classifier_affine(chain: BnChain) -> tuple[np.ndarray, np.ndarray]:
+    """``(scale, bias)`` float32 (C,) of the classifier: its logits are ``float32(z) * scale + bias``, the
+    product rounded before the sum, for the integer dot product z (folded in float64, each rounded once to
+    float32). The exporter writes them and the Flax model's eval forward computes its logits with them, so
+    both give the same float32 logits on every platform, near-ties between classes included. A channel
+    whose fold is not finite is left as it comes out (the exporter refuses it)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        mul = 1.0 / np.sqrt(np.asarray(chain.var, np.float64) + np.float64(np.float32(chain.epsilon)))
+        if chain.gamma is not None:
+            mul = mul * np.asarray(chain.gamma, np.float64)
+        alpha = 1.0 if chain.alpha is None else np.asarray(chain.alpha, np.float64)
+        bias = 0.0 if chain.bias is None else np.asarray(chain.bias, np.float64)
+        beta = 0.0 if chain.beta is None else np.asarray(chain.beta, np.float64)
+        scale = np.broadcast_to(alpha * mul, mul.shape).astype(np.float32)
+        return scale, ((bias - np.asarray(chain.mean, np.float64)) * mul + beta).astype(np.float32)
+
+
 def integer_thresholds(chain: BnChain, level=0.0, strict: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``(threshold int32, flip bool)`` with ``bit(z) == (z <= threshold if flip else z >= threshold)``.
 

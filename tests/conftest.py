@@ -137,3 +137,14 @@ def pytest_runtest_setup(item):
     if os.environ.get("JAXBNN_REQUIRE_GPU") == "1":
         pytest.fail(f"JAXBNN_REQUIRE_GPU=1 but {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+@pytest.fixture
+def xla_optimizations():
+    """XLA's optimizations on, as users compile (the suite turns most of them off on the CPU: above)."""
+    import jax
+
+    previous = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    jax.config.update("jax_disable_most_optimizations", previous)

@@ -4,13 +4,17 @@ For each model: batch norms get random statistics and affine parameters (negativ
 included), the exported graph runs under jit through jaxbnn.ops, and
 
 - class predictions equal the Flax model's eval-mode predictions on every sample,
-- logits match to float32 rounding,
+- logits are equal: the eval forward computes the classifier as the exported affine,
 - every intermediate bit, ternary value and integer of the residual stream equals the Flax model's eval
   forward (both binarize through the same integer thresholds).
 
 Models run at small input sizes / widths (the layer sequence is the architecture's).
 """
 
+import json
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -153,7 +157,8 @@ def test_a_kernel_quantizer_whose_values_are_not_weights_is_refused(monkeypatch)
 ])
 def test_a_classifier_batch_norm_no_float32_affine_reproduces_is_refused(channel):
     """Its float32 batch norm gives +-inf by the sign of its input (or depends on the platform), which the folded
-    scale * dot + bias does not (inf - inf = NaN): refused, naming the channel, rather than exported wrong."""
+    scale * dot + bias of the eval forward and the packed model does not (inf - inf = NaN): refused, naming the
+    channel, rather than exported as something else."""
     model = build_model("mnist-mlp", "bnn", input_shape=(28, 28, 1), num_classes=10, width=0.0625, rngs=nnx.Rngs(0))
     bn = model.blocks[-1].bn
     for name, value in channel.items():
@@ -178,6 +183,75 @@ def test_a_classifier_batch_norm_with_nan_parameters_gives_nan_logits_as_the_fla
     logits = np.asarray(runtime.from_packed(export_model(model))(images))
     np.testing.assert_array_equal(np.isnan(logits), np.isnan(np.asarray(model(images))))
     assert np.isnan(logits[:, [2, 5]]).all() and not np.isnan(np.delete(logits, [2, 5], axis=1)).any()
+
+
+def near_tie_classifier(mode, classes=16):
+    """Every class the same dot product z, its batch norm giving z + 0.1 from another mean each: logits equal in
+    exact arithmetic, apart by float32 rounding only, so the prediction is the rounding's."""
+    model = build_model("mnist-mlp", mode, input_shape=(28, 28, 1), num_classes=classes, width=0.02,
+                        rngs=nnx.Rngs(0))
+    last = model.blocks[-1]
+    kernel = last.linear.kernel[...]
+    last.linear.kernel[...] = jnp.broadcast_to(kernel[:, :1], kernel.shape)
+    mean = np.random.default_rng(1).uniform(0, 1, classes).astype(np.float32)
+    last.bn.mean[...], last.bn.var[...] = jnp.asarray(mean), jnp.ones(classes, jnp.float32)
+    last.bn.scale[...], last.bn.bias[...] = jnp.ones(classes, jnp.float32), jnp.asarray(mean + np.float32(0.1))
+    last.bn.epsilon = 0.0
+    model.eval()
+    return model
+
+
+@pytest.mark.parametrize("mode", NETWORK_MODES)
+def test_the_eval_forwards_logits_are_the_packed_models_bit_for_bit_at_near_ties(mode, xla_optimizations):
+    """The eval forward computes the classifier as the file's affine, float32(z) * scale + bias, rounded twice,
+    whatever XLA fuses: the same logits, so the same prediction, even where only rounding separates classes."""
+    model = near_tie_classifier(mode)
+    images = images_for(model, 48, seed=0)
+    net = runtime.from_packed(export_model(model))
+    logits = np.asarray(net(images))
+    np.testing.assert_array_equal(np.asarray(model(jnp.asarray(images))), logits)
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda x: model(x))(jnp.asarray(images))), logits)
+    # the ties are real: the batch norm's own float32 steps, (z - mean) * 1 + beta, rank the classes by rounding
+    bn = model.blocks[-1].bn
+    z = np.round(logits[:, :1] - np.float32(0.1))
+    stepwise = (z - np.asarray(bn.mean[...])) * np.float32(1) + np.asarray(bn.bias[...])
+    assert len(np.unique(stepwise.argmax(-1))) > 1
+
+
+@pytest.mark.parametrize("direction", ["the batch norm overflows", "the folded product overflows"])
+def test_a_classifier_at_the_float32_limits_predicts_what_the_packed_model_predicts(direction):
+    """Near float32's largest values, the batch norm's steps and the folded affine's overflow at different
+    inputs: the eval forward computes the folded affine, so both give the same logits, infinities included."""
+    model = build_model("mnist-mlp", "bnn", input_shape=(28, 28, 1), num_classes=3, width=0.02, rngs=nnx.Rngs(0))
+    bn = model.blocks[-1].bn
+    bn.var[...], bn.epsilon = jnp.ones(3, jnp.float32), 0.0
+    if direction == "the batch norm overflows":  # (z + 2e38) * 2 is inf; the fold's bias is 1e38
+        bn.mean[...], bn.scale[...] = jnp.asarray([-2e38, 0, 0], jnp.float32), jnp.asarray([2, 1, 1], jnp.float32)
+        bn.bias[...] = jnp.asarray([-3e38, 2e38, 0], jnp.float32)
+    else:  # scale 2e37 times |z| up to 20 overflows; the batch norm's (z - 10) * 2e37 need not
+        bn.mean[...], bn.scale[...] = jnp.asarray([10, 0, 0], jnp.float32), jnp.asarray([2e37, 0, 1], jnp.float32)
+        bn.bias[...] = jnp.asarray([0, 3e38, 0], jnp.float32)
+    model.eval()
+    images = images_for(model, 8, seed=2)
+    logits = np.asarray(runtime.from_packed(export_model(model))(images))
+    np.testing.assert_array_equal(np.asarray(model(jnp.asarray(images))), logits)
+
+
+@pytest.mark.parametrize("input_shape", [(224, 224, 3), (256, 512, 1)])
+def test_a_first_layer_of_more_products_than_int32_holds_is_refused(input_shape, tmp_path):
+    """A dense first layer over 150,528 (or 131,072) inputs: int8 products could overflow its int32 sums, so the
+    exporter refuses it, and the loader a file that holds one, rather than a model that fails on every call."""
+    model = build_model("mnist-mlp", "bnn", input_shape=input_shape, num_classes=10, width=0.01, rngs=nnx.Rngs(0))
+    model.eval()
+    message = r"blocks.0\): a first layer of \d+ products per output: at most 131071"
+    with pytest.raises(ExportError, match=message):
+        export_model(model)
+    small = export_model(build_model("mnist-mlp", "bnn", input_shape=(28, 28, 1), num_classes=10, width=0.01,
+                                     rngs=nnx.Rngs(0)))
+    graph = json.loads(json.dumps(small.graph))
+    graph["input_shape"] = graph["nodes"][0]["in_shape"] = list(input_shape)
+    with pytest.raises(packed_model.PackedModelError, match=message):
+        packed_model.validate_graph(graph)
 
 
 def test_reports_refuse_a_model_and_a_packed_model_of_another_network():

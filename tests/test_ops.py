@@ -490,15 +490,6 @@ def test_vmap_over_images_with_an_empty_axis_gives_what_the_unmapped_op_gives():
                                   .repeat(2, axis=0))
 
 
-@pytest.fixture
-def xla_optimizations():
-    """XLA's optimizations on, as users compile (the suite turns most of them off on the CPU: conftest.py)."""
-    previous = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", False)
-    yield
-    jax.config.update("jax_disable_most_optimizations", previous)
-
-
 def test_the_references_affine_epilogue_rounds_the_product_before_the_sum_eager_and_compiled(xla_optimizations):
     """As the kernels do: XLA would otherwise contract `scale * dot + bias` into one FMA when it compiles the
     reference, 1 ulp off on many elements (scale and bias as arguments, or constants it folds)."""
