@@ -13,6 +13,7 @@ import contextlib
 import errno
 import importlib
 import math
+import os
 import sys
 import threading
 from pathlib import Path
@@ -507,5 +508,17 @@ def main(argv: list[str] | None = None) -> int:
     return 130
 
 
+def console() -> None:
+    """The `jaxbnn` command: `main`, then exit with its code. After a Ctrl-C the process ends without the
+    interpreter's finalization: an interrupt that lands inside an XLA compilation leaves jax's runtime in a
+    state whose teardown crashes (a segfault, exit -11, after the message), where the command promises 130."""
+    code = main()
+    if code == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

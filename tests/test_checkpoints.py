@@ -148,3 +148,39 @@ def test_a_reader_skips_a_damaged_step_without_moving_it(tmp_path):
     assert step == 10 and messages[0].endswith("trying the previous step") and "moved" not in messages[0]
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["10", "20"]
     assert not (tmp_path / "checkpoints-damaged").exists()
+
+
+def run_check(run_dir, resume=True):
+    """What `fit` checks before it writes anything, for a run of `loop.TrainConfig()`'s settings."""
+    return loop._check_run_directory(run_dir, loop.TrainConfig(), resume=resume, restart=False)
+
+
+def test_once_every_step_was_set_aside_the_run_is_not_started_over_silently(tmp_path):
+    """A resume that found every step damaged set them aside and stopped; the same command again (or one
+    without --resume) must not see an empty checkpoints folder and train from scratch over the run's history."""
+    (tmp_path / "config.json").write_text(json.dumps(loop.TrainConfig().to_json()))
+    save_steps(tmp_path, [10, 20])
+    for step in (10, 20):
+        (tmp_path / "checkpoints" / str(step) / loop.CHECKSUMS).write_text("{not json")
+    with pytest.raises(loop.CheckpointError):
+        loop._restore(tmp_path, *fresh(), log=lambda _: None)
+    assert sorted(os.listdir(tmp_path / "checkpoints-damaged")) == ["10", "20"]
+    for resume in (True, False):
+        with pytest.raises(ValueError, match="every checkpoint was found damaged .* --restart deletes the run"):
+            run_check(tmp_path, resume=resume)
+    assert loop._check_run_directory(tmp_path, loop.TrainConfig(), resume=False, restart=True)  # what it deletes
+
+
+@pytest.mark.parametrize("name", ["run[1]", "a]b", "back\\slash"])
+def test_a_run_directory_whose_path_orbax_would_glob_is_refused_before_training(tmp_path, name):
+    """orbax finds a step's data by a glob under the run's path: under "run[1]" it saves steps it cannot read
+    back, which a resume would then set aside as damaged."""
+    with pytest.raises(ValueError, match="orbax cannot read back"):
+        run_check(tmp_path / name, resume=False)
+
+
+def test_a_checkpoints_file_is_refused_before_training(tmp_path):
+    (tmp_path / "checkpoints").write_text("")
+    with pytest.raises(ValueError, match="checkpoints is not a folder"):
+        run_check(tmp_path, resume=False)
+

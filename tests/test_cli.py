@@ -192,6 +192,15 @@ def test_ctrl_c_during_training_says_how_to_resume_and_the_advice_holds(tmp_path
     assert "Traceback" not in again.stderr
 
 
+def test_ctrl_c_during_the_first_compilation_exits_with_130(tmp_path):
+    """The interrupt lands inside XLA compiling the training step: jax's teardown would then crash (exit -11)
+    after the message; the command ends without it."""
+    argv = ["train", "--epochs", "1", "--width", "0.125", "--no-progress", "--out", "run"]
+    interrupted = interrupt_after(argv, tmp_path, "training on ")
+    assert interrupted.returncode == 130, interrupted.stderr
+    assert interrupted.stderr.strip().startswith("jaxbnn train: interrupted; "), interrupted.stderr
+
+
 def test_the_demo_leaves_no_temporary_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert cli.main(["demo", "--epochs", "1", "--width", "0.125"]) == 0

@@ -256,3 +256,10 @@ def test_augmented_batches_stay_uint8_pixels():
     assert x.dtype == np.uint8 and x.shape == (16, 6, 6, 3)
     assert (x == 0).any()
 
+
+
+def test_an_idx_file_of_too_many_dimensions_is_refused_naming_it(tmp_path):
+    path = tmp_path / "t10k-images-idx3-ubyte"
+    path.write_bytes(bytes([0, 0, 0x08, 255]) + bytes(4 * 255))
+    with pytest.raises(ValueError, match=f"{path}: an IDX file of 255 dimensions"):
+        data.read_idx(path)

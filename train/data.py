@@ -110,6 +110,8 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     code, ndim = raw[2], raw[3]
     if code not in _IDX_DTYPES:
         raise ValueError(f"{path}: unknown IDX element type 0x{code:02x}")
+    if ndim > 32:  # numpy's arrays have at most 64 axes; MNIST's files have 1 or 3
+        raise ValueError(f"{path}: an IDX file of {ndim} dimensions (at most 32 read)")
     header = 4 + 4 * ndim
     if len(raw) < header:
         raise ValueError(f"{path}: truncated IDX header")

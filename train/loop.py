@@ -246,6 +246,14 @@ def _check_run_directory(out_dir: Path, config: TrainConfig, *, resume: bool, re
     Returns what ``restart`` deletes: the run's files and checkpoint folders (empty otherwise)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir} is a file, not a run directory")
+    unreadable = sorted(set("[]\\") & set(str(out_dir.absolute())))
+    if unreadable:  # orbax finds a step's data with a glob under the run's path: "[1]" would match "1", not "[1]"
+        raise ValueError(f"--out {out_dir}: a path with {' or '.join(unreadable)} in it holds checkpoints orbax "
+                         "cannot read back (it globs under it); use another --out directory")
+    for name in ("checkpoints", "checkpoints-damaged"):
+        if (out_dir / name).exists() and not (out_dir / name).is_dir():
+            raise ValueError(f"{out_dir / name} is not a folder: a run keeps its checkpoints there; move it away, "
+                             "or use a new --out directory")
     config_path = out_dir / "config.json"
     has_config = config_path.is_file()
     if restart:
@@ -287,6 +295,11 @@ def _check_run_directory(out_dir: Path, config: TrainConfig, *, resume: bool, re
         raise ValueError(f"{out_dir} holds a run with a different configuration: {differences}; use a new "
                          "--out directory, --restart to delete this run and start over, or the run's settings "
                          "with --resume to continue it")
+    damaged = out_dir / "checkpoints-damaged"
+    if not steps and damaged.is_dir() and any(damaged.iterdir()):
+        raise ValueError(f"{out_dir} holds a run whose every checkpoint was found damaged and set aside in {damaged}: "
+                         "nothing to resume, and starting over here would drop its history silently; --restart "
+                         "deletes the run and trains again (or use a new --out directory)")
     if steps and not resume:
         rows = _epochs_done(out_dir)
         if len(rows) >= config.epochs:
