@@ -318,8 +318,11 @@ def _check_kept_demo(out: Path, config) -> None:
     wanted = config.to_json()
     changed = [f"--{name} {recorded[name]}" for name in ("epochs", "width", "seed")
                if name in recorded and recorded[name] != wanted[name]]
-    if any(recorded.get(name, wanted[name]) != wanted[name] for name in ("model", "mode", "data")):
-        raise ValueError(f"{out} holds a training run that is not a demo's; give the demo another --out")
+    others = sorted(name for name in set(recorded) | set(wanted)
+                    if name not in ("epochs", "width", "seed") and recorded.get(name, wanted.get(name)) != wanted.get(name))
+    if others:  # settings the demo has no option for (a run of `jaxbnn train`)
+        raise ValueError(f"{out} holds a training run that is not a demo's ({', '.join(others)} differ); give the "
+                         "demo another --out")
     if changed:
         raise ValueError(f"{out} holds a demo run of {' '.join(changed)}: run the demo with those settings to reuse "
                          "it, or add --restart to delete it and train anew")

@@ -184,3 +184,13 @@ def test_a_checkpoints_file_is_refused_before_training(tmp_path):
     with pytest.raises(ValueError, match="checkpoints is not a folder"):
         run_check(tmp_path, resume=False)
 
+
+
+def test_a_zero_padded_step_folder_is_named_not_opened_under_another_name(tmp_path):
+    """orbax takes a copied "0032" for step 32 and then opens "32": refused, naming the folder."""
+    save_steps(tmp_path, [10])
+    (tmp_path / "checkpoints" / "10").rename(tmp_path / "checkpoints" / "0032")
+    with pytest.raises(loop.CheckpointError, match=r"0032 is not a step folder orbax writes \(step 32 would be '32'\)"):
+        restore(tmp_path)
+    with pytest.raises(loop.CheckpointError, match="0032 is not a step folder"):
+        run_check(tmp_path)

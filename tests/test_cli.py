@@ -216,9 +216,12 @@ def test_a_demo_kept_with_other_settings_is_refused_with_the_demos_own_options(t
     assert capsys.readouterr().err.strip() == (f"jaxbnn demo: error: {tmp_path} holds a demo run of --epochs 1: run "
                                                "the demo with those settings to reuse it, or add --restart to delete "
                                                "it and train anew")
-    (tmp_path / "config.json").write_text(json.dumps({**kept, "model": "mnist-conv"}))
-    assert cli.main(["demo", "--out", str(tmp_path), "--epochs", "1", "--width", "0.125"]) == 2
-    assert "holds a training run that is not a demo's; give the demo another --out" in capsys.readouterr().err
+    for other, named in (({"model": "mnist-conv"}, "model"), ({"batch_size": 500, "learning_rate": 0.5},
+                                                             "batch_size, learning_rate")):
+        (tmp_path / "config.json").write_text(json.dumps({**kept, **other}))  # settings the demo has no option for
+        assert cli.main(["demo", "--out", str(tmp_path), "--epochs", "1", "--width", "0.125"]) == 2
+        assert (f"holds a training run that is not a demo's ({named} differ); give the demo another --out"
+                in capsys.readouterr().err)
 
 
 def test_bench_prints_a_table_of_both_sides(tmp_path, capsys):

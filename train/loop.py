@@ -217,7 +217,12 @@ def _checkpoint_steps(out_dir: Path) -> list[int]:
     checkpoints = out_dir / "checkpoints"
     if not checkpoints.is_dir():
         return []
-    return sorted(int(p.name) for p in checkpoints.iterdir() if p.is_dir() and p.name.isdigit())
+    steps = [p for p in checkpoints.iterdir() if p.is_dir() and p.name.isdigit()]
+    for path in steps:
+        if path.name != str(int(path.name)):  # orbax takes "0032" for step 32, then opens "32"
+            raise CheckpointError(f"{path} is not a step folder orbax writes (step {int(path.name)} would be "
+                                  f"'{int(path.name)}'); move it out of {checkpoints}")
+    return sorted(int(p.name) for p in steps)
 
 
 def _read_config(config_path: Path) -> dict:
@@ -443,8 +448,7 @@ def _restore(out_dir: Path, model, optimizer, log=print, set_aside=True) -> tupl
 
     checkpoints = (Path(out_dir) / "checkpoints").absolute()
     damaged_dir = checkpoints.parent / "checkpoints-damaged"
-    steps = sorted((int(p.name) for p in checkpoints.iterdir() if p.is_dir() and p.name.isdigit()), reverse=True) \
-        if checkpoints.is_dir() else []
+    steps = _checkpoint_steps(checkpoints.parent)[::-1]
     problems = []
 
     def damaged(step, problem):
