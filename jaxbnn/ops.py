@@ -349,7 +349,7 @@ def _bmm_chain(x, weights, popcounts, epilogues, *, ks, ns, last_kind):
             branches["cpu"] = one_call
         if not branches:
             return layer_by_layer(x_, *operands_)
-        return jax.lax.platform_dependent(x_, *operands_, default=layer_by_layer, **branches)
+        return _platform_dependent(x_, *operands_, default=layer_by_layer, **branches)
 
     # the kernel indexes the activation words and the result's elements of a call in int32
     chunk = _KERNEL_INDEX_LIMIT // max(rows.shape[-1], ns[-1])
@@ -821,10 +821,10 @@ def _ternary_residual(planes, w, w_tap_popcount, side_by_side, shortcut, thresho
         native.update({p: fused for p in native if _ffi.has_target(p, fused_target)})
     if not _side_by_side_fits(mode, kh * kw * formats.num_words(c), o, 0):
         own = {p: f for p, f in native.items() if f is fused}
-        return jax.lax.platform_dependent(default=direct, **own) if own else direct()
+        return _platform_dependent(default=direct, **own) if own else direct()
     if not native:
         return composite()
-    return jax.lax.platform_dependent(default=composite, **native)
+    return _platform_dependent(default=composite, **native)
 
 
 def _shortcut_stream(shortcut, batch, out_hw, o, stride):
@@ -1761,6 +1761,23 @@ def _ffi_call(target, result_types, *operands, **attrs):
     return jax.ffi.ffi_call(target, result_types)(*operands, **attrs)
 
 
+def _platform_dependent(*operands, default, **branches):
+    """`jax.lax.platform_dependent`, under jax's explicit sharding too: there an FFI call's results come out
+    replicated, where the default branch's (jnp) carry the operands' sharding, and the branches must agree;
+    each branch's results are resharded to the default's (the call itself runs on the gathered rows)."""
+    if jax.sharding.get_abstract_mesh().explicit_axes:
+        types = jax.eval_shape(default, *operands)
+        branches = {platform: _resharded_to(types, branch) for platform, branch in branches.items()}
+    return jax.lax.platform_dependent(*operands, default=default, **branches)
+
+
+def _resharded_to(types, branch):
+    def run(*operands):
+        return jax.tree.map(lambda y, t: y if jax.typeof(y).sharding == t.sharding else jax.sharding.reshard(
+            y, t.sharding), branch(*operands), types)
+    return run
+
+
 def _varying_axes(value) -> frozenset:
     """The manual mesh axes (`jax.shard_map`'s) along which a traced value varies; empty outside one."""
     aval = jax.typeof(value)
@@ -1794,7 +1811,7 @@ def _dispatch(target, out_type, attrs, reference_fn, *operands, cuda=None, cuda_
         branches["cuda"] = common(lambda x, w, *rest: call(activations(x), weights(w), *rest))
     if not branches:
         return common(reference_fn)(*operands)
-    return jax.lax.platform_dependent(*operands, default=common(reference_fn), **branches)
+    return _platform_dependent(*operands, default=common(reference_fn), **branches)
 
 
 def _elsewhere(kind, i32_target, out_type, attrs, reference_fn, cuda_operands, cuda_attrs=None):

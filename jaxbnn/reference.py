@@ -58,10 +58,10 @@ def epilogue(dot, scale=None, bias=None, threshold=None, flip=None):
 def max_pool(dot, pool):
     """Max over non-overlapping (PH, PW) windows of an NHWC int32 tensor (no padding, floor)."""
     ph, pw = pool
-    b, h, w, o = dot.shape
-    oh, ow = h // ph, w // pw
-    dot = dot[:, : oh * ph, : ow * pw].reshape(b, oh, ph, ow, pw, o)
-    return dot.max(axis=(2, 4))
+    # a window reduction, not a reshape splitting H and W: under jax's explicit sharding a reshape needs its
+    # output's sharding spelled out
+    lowest = jnp.array(jnp.iinfo(dot.dtype).min, dot.dtype)
+    return jax.lax.reduce_window(dot, lowest, jax.lax.max, (1, ph, pw, 1), (1, ph, pw, 1), "VALID")
 
 
 def bmm(a, b, k, n, *, ternary_weights=False, scale=None, bias=None, threshold=None, flip=None):

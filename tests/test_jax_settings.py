@@ -1,12 +1,12 @@
 """The ops, the exporter and the runtime under settings a JAX user may choose: inside `jax.shard_map` (data
-parallel inference), with `jax_enable_x64` on, and with host arrays in the other byte order. Each gives the
-same integers as the default setting."""
+parallel inference), under explicit sharding, with `jax_enable_x64` on, and with host arrays in the other byte
+order. Each gives the same integers as the default setting."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from jaxbnn import formats, ops, runtime
 from jaxbnn.export import export_model
@@ -82,6 +82,27 @@ def test_a_packed_net_runs_inside_shard_map(models, name):
     _, _, net = models[name]
     images = images_for(net, 4, seed=1)
     np.testing.assert_array_equal(np.asarray(shard_mapped(net)(images)), np.asarray(net(images)))
+
+
+def explicitly_sharded(fn, value):
+    """`fn` jitted under a mesh of explicit sharding on the first device, on `value` sharded over its batch
+    axis: jnp's results carry the batch's sharding in their types, an FFI call's come out replicated."""
+    mesh = jax.make_mesh((1,), ("batch",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:1])
+    with jax.set_mesh(mesh):
+        return jax.jit(fn)(jax.device_put(value, NamedSharding(mesh, PartitionSpec("batch"))))
+
+
+@pytest.mark.parametrize("name, fn, value", op_cases(), ids=[case[0] for case in op_cases()])
+def test_every_op_runs_under_explicit_sharding(name, fn, value):
+    want = jax.tree.map(np.asarray, fn(value))
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, explicitly_sharded(fn, value)), want)
+
+
+@pytest.mark.parametrize("name", ["mnist-mlp", "mnist-conv", "cifar10-resnet14"])
+def test_a_packed_net_runs_under_explicit_sharding(models, name):
+    _, _, net = models[name]
+    images = images_for(net, 4, seed=1)
+    np.testing.assert_array_equal(np.asarray(explicitly_sharded(net, images)), np.asarray(net(images)))
 
 
 # --- jax_enable_x64 ----------------------------------------------------------------------------------
