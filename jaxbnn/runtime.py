@@ -92,8 +92,7 @@ def load(path: str | os.PathLike, *, embed_parameters: bool | None = None) -> "P
 
 def from_packed(packed: PackedModel, *, embed_parameters: bool | None = None) -> "PackedNet":
     """The inference model of an in-memory packed model (the exporter returns one), validated as `load`
-    validates a file."""
-    packed_model.validate(packed)
+    validates a file (`PackedNet(packed)` itself)."""
     return PackedNet(packed, embed_parameters=embed_parameters)
 
 
@@ -115,6 +114,7 @@ class PackedNet:
     def __init__(self, packed: PackedModel, *, embed_parameters: bool | None = None):
         if embed_parameters is not None and not isinstance(embed_parameters, (bool, np.bool_)):
             raise TypeError(f"embed_parameters must be True, False or None, got {embed_parameters!r}")
+        packed_model.validate(packed)  # as a file is on load: a model the format refuses runs nowhere
         self.graph = packed.graph
         self.target = packed.target
         self.tile = packed.tile
@@ -181,9 +181,10 @@ class PackedNet:
             raise TypeError(f"images must be uint8 pixels (0..255) or floats in [{low:g}, {high:g}] (the scale "
                             f"{self.graph['name']}'s file records), got {images.dtype}")
 
-    def _warn_outside_range(self, smallest: float, largest: float) -> None:
+    def _warn_outside_range(self, smallest: float, largest: float, stacklevel: int = 4) -> None:
         """Warn about float images off the file's scale: beyond its range (by more than 1% of its width),
-        or none negative where the range is centred below zero (images scaled to [0, 1])."""
+        or none negative where the range is centred below zero (images scaled to [0, 1]). stacklevel: the
+        caller's frame, as `warnings.warn` counts it from here."""
         low, high = self.input_range
         slack = 0.01 * (high - low)
         shifted = "x" if low == 0 else f"(x {'-' if low > 0 else '+'} {abs(low):g})"
@@ -196,7 +197,7 @@ class PackedNet:
                       "uint8 pixels")
         else:
             return
-        warnings.warn(f"{scale}: {advice}", InputRangeWarning, stacklevel=4)
+        warnings.warn(f"{scale}: {advice}", InputRangeWarning, stacklevel=stacklevel)
 
     def __call__(self, images) -> jax.Array:
         return self._call(self._check_input(images))
@@ -207,23 +208,27 @@ class PackedNet:
         return self._trace(self.params, self._check_input(images))
 
     def predict(self, images, batch_size: int = 500) -> np.ndarray:
-        """Class indices for `images` (uint8 pixels or floats, as for a call), in batches of one shape (the
-        last padded) so it compiles once."""
+        """Class indices (int32) of any number of `images` (uint8 pixels or floats, as for a call), in calls of
+        `batch_size` images, converted a call at a time (a memory-mapped set is read as it goes). The last call
+        is padded to `batch_size`, and a set of fewer images to the next power of two, so that whatever sizes
+        a server's requests have, at most log2(batch_size) + 2 shapes are compiled."""
         if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        images = np.asarray(images)
+        images = formats.host_or_device(np.asarray(images))
         self._check_images(images)  # here, as an empty set of images makes no call
-        if np.issubdtype(images.dtype, np.floating):
-            images = images.astype(np.float32)  # other dtypes are refused by the call, as they are given
-        out = []
-        for start in range(0, len(images), batch_size):
-            chunk = images[start:start + batch_size]
+        floating = np.issubdtype(images.dtype, np.floating)
+        if floating and images.size:
+            self._warn_outside_range(float(np.min(images)), float(np.max(images)), stacklevel=3)
+        total, out = len(images), []
+        for start in range(0, total, batch_size):
+            chunk = np.asarray(images[start:start + batch_size], np.float32 if floating else np.uint8)
             count = len(chunk)
-            if count < batch_size and len(images) > batch_size:
-                # copies of a row of the chunk: padding on the images' own scale draws no range warning
-                chunk = np.concatenate([chunk, np.repeat(chunk[:1], batch_size - count, axis=0)])
-            out.append(np.asarray(jnp.argmax(self(chunk), axis=-1))[:count])
-        return np.concatenate(out) if out else np.zeros((0,), np.int64)
+            shape = batch_size if total > batch_size else min(batch_size, 1 << (count - 1).bit_length())
+            if count < shape:
+                # copies of a row of the chunk: padding on the images' own scale
+                chunk = np.concatenate([chunk, np.repeat(chunk[:1], shape - count, axis=0)])
+            out.append(np.asarray(jnp.argmax(self._call(jnp.asarray(chunk)), axis=-1))[:count])
+        return np.concatenate(out) if out else np.zeros((0,), np.int32)
 
     def throughput(self, images, repeats: int = 5) -> float:
         """Images per second of the jitted call on `images` (one batch, compiled first)."""

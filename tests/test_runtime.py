@@ -6,6 +6,7 @@ or train/."""
 import re
 import subprocess
 import sys
+import tracemalloc
 import warnings
 
 import jax
@@ -208,7 +209,7 @@ def test_an_empty_batch_gives_empty_logits_and_predictions(net, dtype):
     """A dense layer on a packed image flattens it: with no rows, a -1 in that reshape cannot be resolved."""
     empty = np.zeros((0, 12, 12, 1), dtype)
     assert np.asarray(net(empty)).shape == (0, 10)
-    assert net.predict(empty).shape == (0,)
+    assert net.predict(empty).shape == (0,) and net.predict(empty).dtype == np.int32
     assert all(np.asarray(out).shape[0] == 0 for out in jax.tree.leaves(net.trace(empty)))
 
 
@@ -282,6 +283,63 @@ def test_the_warning_shows_the_files_scale(conv_model):
     with pytest.warns(runtime.InputRangeWarning, match=r"takes float images in \[10, 20\] \(quantized to pixels p = "
                                                        r"round\(\(x - 10\) \* 255 / 10\)\); these span \[0, 1\]"):
         net(np.linspace(0, 1, 2 * 144, dtype=np.float32).reshape(2, 12, 12, 1))  # images scaled to [0, 1]
+
+
+def test_predict_compiles_a_few_shapes_whatever_the_request_sizes(net):
+    """A server's requests of 1 to 40 images at batch_size 16: calls of 1, 2, 4, 8 and 16 images only, each
+    request's predictions those of its images one by one."""
+    x = pixels(40, seed=9)
+    one_by_one = np.asarray(jnp.argmax(net(x), axis=-1))
+    shapes = set()
+    forward = net._call_forward
+    original = net._call
+
+    def recording(chunk):
+        shapes.add(chunk.shape[0])
+        return original(chunk)
+
+    net._call = recording
+    try:
+        for count in range(1, 41):
+            got = net.predict(x[:count], batch_size=16)
+            assert got.dtype == np.int32
+            np.testing.assert_array_equal(got, one_by_one[:count])
+    finally:
+        del net._call
+    assert shapes == {1, 2, 4, 8, 16} and net._call_forward is forward
+
+
+def test_predict_converts_float_images_a_call_at_a_time(net, tmp_path):
+    """A memory-mapped float32 set is read as the calls go, not copied whole first."""
+    x = images(1024, seed=3)
+    path = tmp_path / "images.f32"
+    x.tofile(path)
+    mapped = np.memmap(path, np.float32, mode="r", shape=x.shape)
+    net.predict(mapped[:32], batch_size=32)  # compiled before measuring
+    tracemalloc.start()
+    try:
+        got = net.predict(mapped, batch_size=32)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(got, net.predict(x, batch_size=32))
+    assert peak < x.nbytes / 8, peak  # the whole set: 576 KiB; a call's images: 18 KiB
+
+
+def test_predict_warns_at_the_callers_line(net):
+    with pytest.warns(runtime.InputRangeWarning) as caught:
+        net.predict(images(4) * 10)
+    assert caught[0].filename == __file__
+
+
+def test_a_packed_net_built_directly_validates_its_model(net, conv_model):
+    """`PackedNet(packed)` refuses what `load` and `from_packed` refuse, rather than running it."""
+    packed = export_model(conv_model)
+    name = next(t for t in packed.tensors if t.endswith("weight_tap_popcount"))
+    wrong = packed_model.PackedModel(graph=packed.graph, tensors={**packed.tensors, name: packed.tensors[name] + 1},
+                                     target=packed.target)
+    with pytest.raises(packed_model.PackedModelError, match=f"tensor '{name}' does not match"):
+        runtime.PackedNet(wrong)
 
 
 def test_floats_on_the_files_scale_draw_no_warning(net, conv_model):
