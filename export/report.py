@@ -209,7 +209,9 @@ def fidelity_report(model: BinaryNet, net, images) -> Fidelity:
             nodes.append(_compare_quantized(node["name"], out, ref))
     logits = np.asarray(flax_trace[-1])
     packed_logits = np.asarray(trace[-1])
-    diff = np.abs(packed_logits - logits)
+    same = (packed_logits == logits) | (np.isnan(packed_logits) & np.isnan(logits))  # infinities, NaNs included
+    with np.errstate(invalid="ignore"):
+        diff = np.where(same, 0.0, np.abs(packed_logits - logits))
     nodes.append(NodeFidelity(net.graph["nodes"][-1]["name"], "float", int(logits.size), 0,
                               float(diff.max()) if diff.size else 0.0))
     return Fidelity(

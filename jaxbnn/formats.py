@@ -67,12 +67,23 @@ __all__ = [
 
 def host_or_device(value):
     """`value` where it is: a jax array as it is, anything else as a numpy array in the machine's byte order
-    (jax refuses big-endian arrays; the dtype is otherwise kept as given, so that a wrong one is reported as
-    it is)."""
-    if isinstance(value, jax.Array):
-        return value
-    value = np.asarray(value)
-    return value if value.dtype.isnative else value.astype(value.dtype.newbyteorder("="))
+    (`native_byte_order`; the dtype is otherwise kept as given, so that a wrong one is reported as it is)."""
+    return value if isinstance(value, jax.Array) else native_byte_order(np.asarray(value))
+
+
+def native_byte_order(value):
+    """A numpy array in the other byte order converted to the machine's (jax refuses one); anything else (jax
+    arrays, tracers, lists of them, array-likes) as it is."""
+    if isinstance(value, np.ndarray) and not value.dtype.isnative:
+        return value.astype(value.dtype.newbyteorder("="))
+    return value
+
+
+def same_rank(*arrays):
+    """The arrays (numpy or jax) with unit axes in front up to the largest rank among them: numpy's broadcasting
+    spelled out, so that the library's per-channel operations hold under jax_numpy_rank_promotion="raise"."""
+    rank = max(np.ndim(a) for a in arrays)
+    return tuple(a.reshape((1,) * (rank - np.ndim(a)) + np.shape(a)) if 0 < np.ndim(a) < rank else a for a in arrays)
 
 
 # int8 x int8 products reach 2**14 in magnitude: this many of them always sum within int32 (a first layer's
@@ -168,7 +179,7 @@ def binarize(x, threshold=None, flip=None):
     false), as does a NaN threshold; -0.0 == 0, so -0.0 gives bit 1; +inf gives 1 and -inf 0 against any
     finite threshold; a negative subnormal gives 0.
     """
-    x, threshold, flip = (None if v is None else host_or_device(v) for v in (x, threshold, flip))
+    x, threshold, flip = (native_byte_order(v) for v in (x, threshold, flip))
     if _all_on_host(x) and not _all_on_host(threshold, flip) and _narrowed_by_jax(np.asarray(x).dtype):
         # a host x that jax would narrow (64-bit): compared on the host, with the device operands' values
         if any(isinstance(v, jax.core.Tracer) for v in (threshold, flip)):
@@ -235,6 +246,7 @@ def _compare(x, threshold):
         return _ordered_compare(x, t)
     if not jnp.issubdtype(t.dtype, jnp.integer):
         return _compare_with_float_threshold(x, t, xp)
+    x, t = same_rank(x, t)
     if t.dtype == x.dtype:
         return x >= t, x <= t
     xi, ti = jnp.iinfo(x.dtype), np.iinfo(t.dtype)
@@ -244,6 +256,7 @@ def _compare(x, threshold):
     clipped = xp.clip(t, xp.asarray(lo, t.dtype), xp.asarray(hi, t.dtype))
     clipped = jnp.asarray(clipped.astype(np.dtype(x.dtype)) if xp is np else clipped.astype(x.dtype))
     above, below = jnp.asarray(above), jnp.asarray(below)
+    x, clipped, above, below = same_rank(x, clipped, above, below)
     at_least = jnp.where(above, False, jnp.where(below, True, x >= clipped))
     at_most = jnp.where(above, True, jnp.where(below, False, x <= clipped))
     return at_least, at_most
@@ -267,6 +280,8 @@ def _compare_with_float_threshold(x, t, xp):
     if isinstance(x, jax.Array):
         defined, up_above, up_below, down_above, down_below, up_in, down_in = map(
             jnp.asarray, (defined, up_above, up_below, down_above, down_below, up_in, down_in))
+    x, defined, up_above, up_below, down_above, down_below, up_in, down_in = same_rank(
+        x, defined, up_above, up_below, down_above, down_below, up_in, down_in)
     at_least = defined & ~up_above & (up_below | (x >= up_in))
     at_most = defined & ~down_below & (down_above | (x <= down_in))
     return at_least, at_most
@@ -275,6 +290,7 @@ def _compare_with_float_threshold(x, t, xp):
 @_compiled_when_eager
 def _ordered_compare(x, t):
     """(x >= t, x <= t) of floats of one dtype in IEEE order (`_order_key`); false where either is NaN."""
+    x, t = same_rank(x, t)
     (kx, x_nan), (kt, t_nan) = _order_key(x), _order_key(t)
     defined = ~(x_nan | t_nan)
     return defined & (kx >= kt), defined & (kx <= kt)
@@ -300,7 +316,7 @@ def _order_key(x):
 
 def pack_bits(bits):
     """Pack a boolean array along its last axis into uint32 words (LSB first, zero padding bits)."""
-    return _packed_words(jnp.asarray(host_or_device(bits), bool))
+    return _packed_words(jnp.asarray(native_byte_order(bits), bool))
 
 
 @_compiled_when_eager
@@ -313,12 +329,12 @@ def _packed_words(bits):
     bits = bits.reshape(bits.shape[:-1] + (words, WORD_BITS)).astype(WORD_DTYPE)
     shifts = jnp.arange(WORD_BITS, dtype=WORD_DTYPE)
     # Distinct bit positions: the sum is the bitwise OR.
-    return jnp.sum(bits << shifts, axis=-1, dtype=WORD_DTYPE)
+    return jnp.sum(jnp.left_shift(*same_rank(bits, shifts)), axis=-1, dtype=WORD_DTYPE)
 
 
 def unpack_bits(words, k: int):
     """Inverse of `pack_bits`: boolean array `(..., k)` from uint32 words `(..., ceil(k/32))`."""
-    words = jnp.asarray(host_or_device(words))
+    words = jnp.asarray(native_byte_order(words))
     if words.dtype != WORD_DTYPE:
         raise TypeError(f"packed bits must be uint32 words, got {words.dtype}")
     if words.shape[-1] != num_words(k):
@@ -329,7 +345,7 @@ def unpack_bits(words, k: int):
 @_compiled_when_eager(static_argnames="k")
 def _unpacked_bits(words, k):
     shifts = jnp.arange(WORD_BITS, dtype=WORD_DTYPE)
-    bits = (words[..., None] >> shifts) & 1
+    bits = jnp.right_shift(*same_rank(words[..., None], shifts)) & 1
     # explicit sizes: a -1 cannot be resolved when a batch axis is empty
     return bits.reshape(words.shape[:-1] + (words.shape[-1] * WORD_BITS,))[..., :k].astype(bool)
 
@@ -367,7 +383,7 @@ def from_fsb(tiles, rows: int, k: int):
 
 def popcount(words, axis=-1):
     """Number of 1 bits, summed over `axis` (int32)."""
-    counts = jax.lax.population_count(jnp.asarray(host_or_device(words), WORD_DTYPE))
+    counts = jax.lax.population_count(jnp.asarray(native_byte_order(words), WORD_DTYPE))
     return jnp.sum(counts, axis=axis, dtype=jnp.int32)  # int32 under jax_enable_x64 too
 
 
@@ -453,7 +469,7 @@ class ConvBits:
 
 def pack_dense_weights(w, tile=FSB_TILE) -> DenseBits:
     """Binarize (sign(0) = +1) and pack float weights `(k, n)` of `y = x @ W`."""
-    w = jnp.asarray(w)
+    w = jnp.asarray(native_byte_order(w))
     if w.ndim != 2:
         raise ValueError(f"dense weights have shape (k, n), got {w.shape}")
     k, n = w.shape
@@ -462,7 +478,7 @@ def pack_dense_weights(w, tile=FSB_TILE) -> DenseBits:
 
 def pack_conv_weights(w, tile=FSB_TILE) -> ConvBits:
     """Binarize (sign(0) = +1) and pack a float HWIO convolution kernel `(kh, kw, c, o)`."""
-    w = jnp.asarray(w)
+    w = jnp.asarray(native_byte_order(w))
     if w.ndim != 4:
         raise ValueError(f"convolution kernels have shape (kh, kw, c, o), got {w.shape}")
     kh, kw, c, o = w.shape
@@ -523,7 +539,7 @@ class TernaryConvBits:
 
 def pack_ternary_dense_weights(w, tile=FSB_TILE) -> TernaryDenseBits:
     """Pack ternary weights `(k, n)` of `y = x @ W` (values by their sign: > 0 is +1, 0 is 0, < 0 is -1)."""
-    w = jnp.asarray(w)
+    w = jnp.asarray(native_byte_order(w))
     if w.ndim != 2:
         raise ValueError(f"dense weights have shape (k, n), got {w.shape}")
     return TernaryDenseBits(*_packed_dense_arrays(w, _check_tile(tile), ternary=True), k=w.shape[0], n=w.shape[1])
@@ -532,7 +548,7 @@ def pack_ternary_dense_weights(w, tile=FSB_TILE) -> TernaryDenseBits:
 def pack_ternary_conv_weights(w, tile=FSB_TILE) -> TernaryConvBits:
     """Pack a ternary HWIO convolution kernel `(kh, kw, c, o)` (values by their sign, as
     `pack_ternary_dense_weights`)."""
-    w = jnp.asarray(w)
+    w = jnp.asarray(native_byte_order(w))
     if w.ndim != 4:
         raise ValueError(f"convolution kernels have shape (kh, kw, c, o), got {w.shape}")
     kh, kw, c, o = w.shape

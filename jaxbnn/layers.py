@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxbnn import formats
 from jaxbnn import quantizers as q
 from jaxbnn import thresholds
 
@@ -245,11 +246,11 @@ class _QuantizedOperands(nnx.Module):
     def _epilogue(self, y, input_scale):
         scale = self.kernel_scale()
         if scale is not None:
-            y = y * scale
+            y = jnp.multiply(*formats.same_rank(y, scale))
         if input_scale is not None:
-            y = y * input_scale
+            y = jnp.multiply(*formats.same_rank(y, input_scale))
         if self.bias is not None:
-            y = y + self.bias[...]
+            y = jnp.add(*formats.same_rank(y, self.bias[...]))
         return y
 
 
@@ -426,6 +427,7 @@ def _threshold_bits(z, chain, epsilon, level, strict):
 
     result = (jax.ShapeDtypeStruct(shape, jnp.int32), jax.ShapeDtypeStruct(shape, jnp.bool_))
     threshold, flip = jax.pure_callback(host, result, level, *arrays, vmap_method="sequential")
+    z, threshold, flip = formats.same_rank(z, threshold, flip)
     return jnp.where(flip, z <= threshold, z >= threshold)
 
 
@@ -433,21 +435,44 @@ def classifier_logits(z, bn: nnx.BatchNorm, producer=None) -> jax.Array:
     """Eval-mode logits of the integer pre-activations `z` (B, C) through `producer`'s XNOR scale and bias and
     `bn`: ``float32(z) * scale + bias`` with `thresholds.classifier_affine`'s scale and bias (derived on the
     host), the product rounded before the sum, as the exported model's affine epilogue computes them: the
-    same float32 logits on every platform, whatever XLA fuses."""
+    same float32 logits on every platform, whatever XLA fuses. Differentiable in the parameters: the
+    derivative is the float32 batch norm's."""
     chain = chain_parameters(bn, producer)
     present = tuple(a is not None for a in chain)
     arrays = [jnp.asarray(a, jnp.float32) for a in chain if a is not None]
+    epsilon = float(bn.epsilon)
 
     def host(*arrays):
         arrays = tuple(np.ascontiguousarray(a, np.float32) for a in arrays)
-        return _host_affine((present, float(bn.epsilon), tuple((a.shape, a.tobytes()) for a in arrays)))
+        return _host_affine((present, epsilon, tuple((a.shape, a.tobytes()) for a in arrays)))
 
     result = (jax.ShapeDtypeStruct(z.shape[-1:], jnp.float32),) * 2
-    scale, bias = jax.pure_callback(host, result, *arrays, vmap_method="sequential")
+
+    @jax.custom_jvp
+    def fold(*arrays):
+        return jax.pure_callback(host, result, *arrays, vmap_method="sequential")
+
+    @fold.defjvp
+    def fold_jvp(primals, tangents):
+        _, tangent = jax.jvp(lambda *a: _float32_affine(present, epsilon, a), primals, tangents)
+        return fold(*primals), tangent
+
+    scale, bias = fold(*arrays)
+    z, scale, bias = formats.same_rank(z, scale, bias)
     product = z.astype(jnp.float32) * scale
     # a select on the product's own value between the product and the sum keeps XLA from contracting them
     # into a fused multiply-add, which rounds once
     return jnp.where(jnp.isnan(product), jnp.float32(jnp.nan), product) + bias
+
+
+def _float32_affine(present, epsilon, arrays):
+    """(scale, bias) of the classifier as the batch norm's float32 steps give them: the derivative of the fold."""
+    values = iter(arrays)
+    mean, var, gamma, beta, alpha, bias = (next(values) if p else None for p in present)
+    mul = jax.lax.rsqrt(var + jnp.float32(epsilon)) * (1.0 if gamma is None else gamma)
+    scale = jnp.broadcast_to(mul if alpha is None else alpha * mul, mean.shape)
+    shift = ((0.0 if bias is None else bias) - mean) * mul + (0.0 if beta is None else beta)
+    return scale, shift
 
 
 def _decoded_chain(present, epsilon, arrays) -> thresholds.BnChain:

@@ -1326,6 +1326,7 @@ def _side_by_side_matrix(mode, matrix, popcount, *, o, c, threshold_planes):
     cw = matrix.shape[-1] // taps
     real = jnp.asarray(_real_bit_mask(cw, c))
     planes = matrix.reshape(-1, o, taps, cw)
+    real = real.reshape((1,) * (planes.ndim - 2) + real.shape)  # per tap word, spelled out (rank promotion)
     counts = popcount.reshape(taps, -1, o).astype(jnp.int32)
     counts = sum(counts[:, p] for _, p, _ in blocks)
     if _dense_blocks(mode, c):
@@ -1984,7 +1985,7 @@ def _clear_padding_bits(x, bits):
         return x
     mask = np.full(x.shape[-1], 0xFFFFFFFF, np.uint32)
     mask[-1] = (1 << tail) - 1
-    return x & jnp.asarray(mask)
+    return jnp.bitwise_and(*formats.same_rank(x, jnp.asarray(mask)))
 
 
 def _int32_array(name, value, shape):
@@ -2033,7 +2034,7 @@ def _pos_without_nonneg(weights, *, n, k_bits, taps):
     else:
         count, tap_words, channels = taps
         mask = jnp.tile(formats.pack_bits(jnp.arange(tap_words * formats.WORD_BITS) < channels), count)
-    return formats.popcount(matrix[n:] & ~matrix[:n] & mask)
+    return formats.popcount(jnp.bitwise_and(*formats.same_rank(matrix[n:] & ~matrix[:n], mask)))
 
 
 @functools.partial(jax.jit, static_argnames=("rows", "k_bits", "taps"))

@@ -50,6 +50,7 @@ def ternarize(x: jax.Array, alpha, beta) -> jax.Array:
     """TAB eq. 1: +1 where x > alpha, -1 where x < beta, 0 otherwise (alpha > beta). Forward only. NaN (in x or
     a threshold) gives -1, as it does through the exported integer thresholds (both planes' bits 0): 0 needs
     x >= beta to hold. In x's dtype, or for unsigned / bool x the signed type that holds both."""
+    x, alpha, beta = formats.same_rank(x, jnp.asarray(alpha), jnp.asarray(beta))
     values = jnp.where(x > alpha, 1, jnp.where(x >= beta, 0, -1))
     signed = jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.signedinteger)
     return values.astype(x.dtype if signed else jnp.promote_types(x.dtype, jnp.int8))  # -1 wraps in uint8
@@ -176,11 +177,11 @@ def _reduce_to_shape(g, shape):
 
 def _ternarize_bwd(res, g):
     x, alpha, beta = res
-    near_alpha = (jnp.abs(x - alpha) <= 1.0).astype(g.dtype)
-    near_beta = (jnp.abs(x - beta) <= 1.0).astype(g.dtype)
+    alpha, beta = jnp.asarray(alpha), jnp.asarray(beta)
+    ranked_x, ranked_alpha, ranked_beta = formats.same_rank(x, alpha, beta)
+    near_alpha = (jnp.abs(ranked_x - ranked_alpha) <= 1.0).astype(g.dtype)
+    near_beta = (jnp.abs(ranked_x - ranked_beta) <= 1.0).astype(g.dtype)
     grad_x = 0.5 * g * (near_alpha + near_beta)
-    alpha = jnp.asarray(alpha)
-    beta = jnp.asarray(beta)
     grad_alpha = _reduce_to_shape(-0.5 * g * near_alpha, alpha.shape).astype(alpha.dtype)
     grad_beta = _reduce_to_shape(-0.5 * g * near_beta, beta.shape).astype(beta.dtype)
     return grad_x, grad_alpha, grad_beta

@@ -50,17 +50,19 @@ def epilogue(dot, scale=None, bias=None, threshold=None, flip=None):
         # rounded twice, as the kernels round it. Compiled, a product whose one use is the sum would be contracted
         # into an FMA (XLA drops an optimization barrier before fusing): a select on the product's own value
         # between them, which no constant folds away, keeps it rounded (and a NaN a NaN).
+        dot, scale, bias = formats.same_rank(dot, jnp.asarray(scale), jnp.asarray(bias))
         product = dot.astype(jnp.float32) * scale
         return jnp.where(jnp.isnan(product), jnp.float32(jnp.nan), product) + bias
     return dot
 
 
 def max_pool(dot, pool):
-    """Max over non-overlapping (PH, PW) windows of an NHWC int32 tensor (no padding, floor)."""
+    """Max over non-overlapping (PH, PW) windows of an NHWC tensor (no padding, floor)."""
     ph, pw = pool
     # a window reduction, not a reshape splitting H and W: under jax's explicit sharding a reshape needs its
     # output's sharding spelled out
-    lowest = jnp.array(jnp.iinfo(dot.dtype).min, dot.dtype)
+    lowest = jnp.array(-jnp.inf if jnp.issubdtype(dot.dtype, jnp.floating) else
+                       False if dot.dtype == jnp.bool_ else jnp.iinfo(dot.dtype).min, dot.dtype)
     return jax.lax.reduce_window(dot, lowest, jax.lax.max, (1, ph, pw, 1), (1, ph, pw, 1), "VALID")
 
 

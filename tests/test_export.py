@@ -237,6 +237,37 @@ def test_a_classifier_at_the_float32_limits_predicts_what_the_packed_model_predi
     np.testing.assert_array_equal(np.asarray(model(jnp.asarray(images))), logits)
 
 
+def test_the_eval_logits_differentiate_as_the_batch_norm_in_the_classifiers_parameters():
+    """The exported affine's value, the float32 batch norm's derivative: calibrating the classifier against frozen
+    statistics works on the eval forward."""
+    model = build_model("mnist-mlp", "bnn", input_shape=(28, 28, 1), num_classes=10, width=0.0625, rngs=nnx.Rngs(0))
+    model.eval()
+    images = jnp.asarray(images_for(model, 8, seed=4))
+    last = len(model.blocks) - 1
+    classifier = lambda path, v: issubclass(getattr(v, "type", type(v)), nnx.Param) and tuple(path[:2]) == (  # noqa: E731
+        "blocks", last)
+    grads = nnx.grad(lambda m, x: m(x).sum(), argnums=nnx.DiffState(0, classifier))(model, images)
+    grads = nnx.to_pure_dict(grads)["blocks"][last]["bn"]
+    bn, linear = model.blocks[-1].bn, model.blocks[-1].linear
+    z = np.asarray(model.trace(images)[-2]).reshape(8, -1) @ np.asarray(linear.quantized_kernel())
+    normalized = (z - np.asarray(bn.mean[...])) / np.sqrt(np.asarray(bn.var[...]) + bn.epsilon)
+    np.testing.assert_allclose(grads["scale"], normalized.sum(0), rtol=1e-5)
+    np.testing.assert_array_equal(grads["bias"], np.full(10, 8.0, np.float32))
+
+
+def test_fidelity_reports_equal_infinite_logits_as_equal():
+    model = build_model("mnist-mlp", "bnn", input_shape=(28, 28, 1), num_classes=3, width=0.02, rngs=nnx.Rngs(0))
+    bn = model.blocks[-1].bn
+    bn.var[...], bn.epsilon, bn.mean[...] = jnp.ones(3), 0.0, jnp.zeros(3)
+    bn.scale[...], bn.bias[...] = jnp.asarray([1e38, 1, 1], jnp.float32), jnp.asarray([3e38, 0, 0], jnp.float32)
+    model.eval()
+    images = images_for(model, 8, seed=2)
+    net = runtime.from_packed(export_model(model))
+    assert np.isinf(np.asarray(net(images))).any()
+    report = fidelity_report(model, net, images)
+    assert report.exact and report.logits_max_abs_diff == 0.0 and report.logits_max_rel_diff == 0.0
+
+
 @pytest.mark.parametrize("input_shape", [(224, 224, 3), (256, 512, 1)])
 def test_a_first_layer_of_more_products_than_int32_holds_is_refused(input_shape, tmp_path):
     """A dense first layer over 150,528 (or 131,072) inputs: int8 products could overflow its int32 sums, so the

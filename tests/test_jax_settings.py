@@ -1,12 +1,14 @@
 """The ops, the exporter and the runtime under settings a JAX user may choose: inside `jax.shard_map` (data
-parallel inference), under explicit sharding, with `jax_enable_x64` on, and with host arrays in the other byte
-order. Each gives the same integers as the default setting."""
+parallel inference), under explicit sharding, with `jax_enable_x64` on, with `jax_numpy_rank_promotion` set to
+"raise", and with host arrays in the other byte order. Each gives the same integers as the default setting."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from flax import nnx
 
 from jaxbnn import formats, ops, runtime
 from jaxbnn.export import export_model
@@ -152,6 +154,40 @@ def test_export_and_the_runtime_under_x64_give_the_default_settings_logits(model
     assert logits.dtype == jnp.float32
 
 
+# --- jax_numpy_rank_promotion="raise" -------------------------------------------------------------------
+
+
+@pytest.fixture
+def strict_ranks():
+    """jnp refusing implicit rank promotion, as strict codebases set it: the library spells out its own."""
+    with jax.numpy_rank_promotion("raise"):
+        yield
+
+
+@pytest.mark.parametrize("name, fn, value", op_cases(), ids=[case[0] for case in op_cases()])
+def test_every_op_runs_with_rank_promotion_raising(name, fn, value):
+    want = jax.tree.map(np.asarray, fn(value))
+    with jax.numpy_rank_promotion("raise"):
+        got = jax.tree.map(np.asarray, jax.jit(fn)(value))
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+
+
+@pytest.mark.parametrize("name", ["mnist-mlp", "mnist-conv", "cifar10-resnet14"])
+def test_models_train_export_and_run_with_rank_promotion_raising(models, name, strict_ranks):
+    model, default_packed, net = models[name]
+    images = images_for(model, 4, seed=3)
+    packed = export_model(model)
+    np.testing.assert_array_equal(np.asarray(runtime.from_packed(packed)(images)), np.asarray(net(images)))
+    np.testing.assert_array_equal(np.asarray(model(jnp.asarray(images))), np.asarray(net(images)))
+    np.testing.assert_array_equal(net.predict(np.asarray(images, np.float32) / 127.5 - 1, batch_size=3),
+                                  net.predict(images, batch_size=3))
+    model.train()
+    try:
+        nnx.grad(lambda m: m(jnp.asarray(images)).sum())(model)  # the training forward and its gradients
+    finally:
+        model.eval()
+
+
 # --- byte order ----------------------------------------------------------------------------------------
 
 
@@ -176,6 +212,29 @@ def test_big_endian_host_arrays_give_what_native_ones_give():
     for fn, values in cases:
         want = np.asarray(fn(*(np.asarray(v) for v in values)))
         np.testing.assert_array_equal(np.asarray(fn(*(big_endian(v) for v in values))), want)
+
+
+def test_the_weight_packers_take_big_endian_weights():
+    rng = np.random.default_rng(5)
+    dense, conv = signs(rng, (70, 9)), signs(rng, (3, 3, 5, 4))
+    ternary = rng.integers(-1, 2, (70, 9)).astype(np.float32)
+    for pack, w in ((formats.pack_dense_weights, dense), (formats.pack_conv_weights, conv),
+                    (formats.pack_ternary_dense_weights, ternary)):
+        jax.tree.map(np.testing.assert_array_equal, pack(big_endian(w)), pack(w))
+
+
+def test_the_packing_helpers_take_lists_of_traced_arrays_and_array_likes():
+    """Only numpy arrays in the other byte order are converted on the host: a list of traced values or an
+    `nnx.Param` goes to jnp as before."""
+    words = jnp.arange(6, dtype=jnp.uint32).reshape(2, 3)
+    bits = jnp.asarray(np.random.default_rng(6).random((2, 40)) > 0.5)
+    np.testing.assert_array_equal(jax.jit(lambda a, b: formats.popcount([a, b]))(words[0], words[1]),
+                                  formats.popcount(words))
+    np.testing.assert_array_equal(jax.jit(lambda a, b: formats.pack_bits([a, b]))(bits[0], bits[1]),
+                                  formats.pack_bits(bits))
+    np.testing.assert_array_equal(jax.jit(lambda a, b: formats.unpack_bits([a, b], 96))(words[0], words[1]),
+                                  formats.unpack_bits(words, 96))
+    np.testing.assert_array_equal(jax.jit(lambda a: formats.popcount(nnx.Param(a)))(words), formats.popcount(words))
 
 
 def test_a_packed_net_takes_big_endian_float_images(models):
