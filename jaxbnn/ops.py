@@ -1192,6 +1192,7 @@ def pool_threshold_bits(bits, pool, flip_words):
     windows = bits[:, : h // ph * ph, : w // pw * pw].reshape(b, h // ph, ph, w // pw, pw, words)
     parts = [windows[:, :, i, :, j] for i in range(ph) for j in range(pw)]
     any_set, all_set = functools.reduce(jnp.bitwise_or, parts), functools.reduce(jnp.bitwise_and, parts)
+    any_set, all_set, flip_words = formats.same_rank(any_set, all_set, flip_words)
     return (any_set & ~flip_words) | (all_set & flip_words)
 
 
