@@ -95,6 +95,7 @@ def test_a_file_that_is_not_a_packed_checkpoint_is_refused_in_plain_words(tmp_pa
         "safetensors header a .jbnn file has")
 
 
+@pytest.mark.mnist5k
 def test_operating_system_errors_are_one_line(tmp_path, capsys):
     loop = tmp_path / "loop.jbnn"
     loop.symlink_to(loop)
@@ -134,6 +135,7 @@ def interrupt_after(argv, cwd, line_start: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(argv, process.returncode, "".join(lines) + stdout, stderr)
 
 
+@pytest.mark.mnist5k
 def test_ctrl_c_that_lands_in_a_garbage_collection_callback_still_stops_training(tmp_path, capsys):
     """Python drops a KeyboardInterrupt raised in a gc callback (jax registers one): the command still stops."""
     interrupted = []
@@ -181,6 +183,7 @@ def test_ctrl_c_that_jax_turns_into_a_value_error_still_stops_the_command(monkey
                                                "run the same command with --resume")
 
 
+@pytest.mark.mnist5k
 def test_ctrl_c_during_training_says_how_to_resume_and_the_advice_holds(tmp_path):
     argv = ["train", "--epochs", "50", "--width", "0.125", "--no-progress", "--out", "run"]
     first = interrupt_after(argv, tmp_path, "epoch 1:")
@@ -192,6 +195,7 @@ def test_ctrl_c_during_training_says_how_to_resume_and_the_advice_holds(tmp_path
     assert "Traceback" not in again.stderr
 
 
+@pytest.mark.mnist5k
 def test_ctrl_c_during_the_first_compilation_exits_with_130(tmp_path):
     """The interrupt lands inside XLA compiling the training step: jax's teardown would then crash (exit -11)
     after the message; the command ends without it."""
@@ -201,6 +205,7 @@ def test_ctrl_c_during_the_first_compilation_exits_with_130(tmp_path):
     assert interrupted.stderr.strip().startswith("jaxbnn train: interrupted; "), interrupted.stderr
 
 
+@pytest.mark.mnist5k
 def test_the_demo_leaves_no_temporary_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert cli.main(["demo", "--epochs", "1", "--width", "0.125"]) == 0

@@ -23,6 +23,7 @@ def run_dir(tmp_path_factory):
     return out
 
 
+@pytest.mark.mnist5k
 def test_export_then_predict(run_dir, tmp_path, capsys):
     """export writes a file for the target; predict on it scores the trained model's accuracy, and the file's
     predictions on uint8 test images are the Flax model's."""
