@@ -86,6 +86,10 @@ def same_rank(*arrays):
     return tuple(a.reshape((1,) * (rank - np.ndim(a)) + np.shape(a)) if 0 < np.ndim(a) < rank else a for a in arrays)
 
 
+# Every size, padding, stride, pool and extent fits int32, as the kernels' attributes and indices do (the ops'
+# arguments and a packed graph's attributes).
+MAX_EXTENT = 2**31 - 1
+
 # int8 x int8 products reach 2**14 in magnitude: this many of them always sum within int32 (a first layer's
 # products per output, `ops.image_conv2d` / `image_matmul` and the packed files).
 MAX_IMAGE_REDUCTION = (2**31 - 1) // 2**14

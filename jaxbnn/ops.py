@@ -22,8 +22,7 @@ __all__ = ["pack_bits", "unpack_bits", "bmm", "bmm_chain", "chain_fits_one_kerne
            "image_conv2d", "global_sum_bits", "pool_threshold_bits", "side_by_side_weights"]
 
 
-# Every size, padding, stride, pool and extent fits int32, as the kernels' attributes and indices do.
-MAX_EXTENT = 2**31 - 1
+MAX_EXTENT = formats.MAX_EXTENT
 # Reduction bits per dot product: the dot products and the saturated thresholds [-K - 1, K + 1] fit int32.
 MAX_REDUCTION = 2**31 - 2
 # Input words and output elements of one call of the CUDA kernels (int32 indexing): the ops split larger batches.

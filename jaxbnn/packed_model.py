@@ -104,6 +104,8 @@ def _ints(where, node, key, length=None, minimum=1):
         _fail(where, f"attribute {key!r} must have {length} entries, got {value!r}")
     if any(v < minimum for v in value):
         _fail(where, f"attribute {key!r} entries must be >= {minimum}, got {value!r}")
+    if any(v > formats.MAX_EXTENT for v in value):  # every size, stride and pool the ops take fits int32
+        _fail(where, f"attribute {key!r} entries must be <= {formats.MAX_EXTENT}, got {value!r}")
     return tuple(value)
 
 
@@ -114,11 +116,11 @@ def _choice(where, node, key, choices):
     return value
 
 
-def _int(where, node, key, minimum=1, maximum=None):
+def _int(where, node, key, minimum=1, maximum=formats.MAX_EXTENT):
     value = node.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         _fail(where, f"attribute {key!r} must be an integer >= {minimum}, got {value!r}")
-    if maximum is not None and value > maximum:
+    if value > maximum:
         _fail(where, f"attribute {key!r} must be an integer <= {maximum}, got {value!r}")
     return value
 
@@ -489,7 +491,17 @@ def _check_values(graph: dict, tensors: dict) -> None:
             _check_bit_matrix(where, prefix, node, tensors)
 
 
+def _check_tensor_types(tensors) -> None:
+    if not isinstance(tensors, dict):
+        raise PackedModelError(f"tensors must be a dict of name -> numpy array, got {type(tensors).__name__}")
+    for name, array in tensors.items():
+        if not isinstance(name, str) or not (hasattr(array, "dtype") and hasattr(array, "shape")):
+            raise PackedModelError(f"tensor {name!r} must be a numpy array named by a string, got "
+                                   f"{type(array).__name__}")
+
+
 def _check_structure(model: PackedModel) -> None:
+    _check_tensor_types(model.tensors)
     if not is_known_target(model.target):
         raise PackedModelError(f"unknown target {model.target!r}; known: {sorted(TARGETS)}")
     validate_graph(model.graph)
@@ -534,12 +546,15 @@ def save(path: str | os.PathLike, model: PackedModel) -> int:
     umask, as a file written with open() would. An OSError of the write names `path`, not the temporary."""
     from safetensors.numpy import save as save_safetensors
 
+    _check_tensor_types(model.tensors)
     tensors = {name: np.ascontiguousarray(array) for name, array in model.tensors.items()}
     validate(PackedModel(graph=model.graph, tensors=tensors, target=model.target))
     core = _header_core(model)
     header = dict(core, content_hash=content_hash(core, tensors))
     blob = save_safetensors(tensors, metadata={METADATA_KEY: json.dumps(header, sort_keys=True)})
     path = Path(path)
+    if not path.name:  # ".", "/" or "": a folder
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     if not path.parent.is_dir():  # else the error would name the temporary file
         raise FileNotFoundError(errno.ENOENT, "no such folder to write the packed checkpoint into", str(path.parent))
     _remove_stale_temporaries(path)
@@ -679,7 +694,12 @@ def _read_header(prefix: bytes, file_size: int, read, where: str) -> tuple[dict,
 def _open_regular(path: Path, where: str) -> int:
     """A read-only descriptor of `path`, refused unless it is a regular file. Opened non-blocking, so a
     FIFO is refused instead of waiting for a writer; a directory or device is never read."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as err:  # Linux refuses to open a socket (ENXIO)
+        if err.errno != errno.ENXIO or not stat.S_ISSOCK(os.stat(path).st_mode):
+            raise
+        raise PackedModelError(f"{where}: is a socket, not a packed checkpoint file") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import resource
+import socket
 import struct
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save as save_safetensors
 
-from jaxbnn import formats, packed_model
+from jaxbnn import formats, packed_model, runtime
 from jaxbnn.packed_model import PackedModel, PackedModelError
 
 
@@ -278,6 +279,12 @@ DENSE_ON_THE_STREAM = {"name": "head", "kind": "dense", "input": "stream", "oper
         ("binary", lambda g: g["nodes"][0].update(out_shape=[4, 4, 5]), "out_shape"),
         ("binary", lambda g: g["nodes"][2].update(input="ternary", operand="ternary"), "input"),
         ("binary", lambda g: g["nodes"][0].update(stride=[0, 1]), "stride"),
+        # sizes, strides and pools the ops could never take (int32): refused on write, not on every call
+        ("binary", lambda g: g["nodes"][0].update(stride=[2**31, 1]),
+         r"node 0 \(blocks.0\): attribute 'stride' entries must be <= 2147483647, got \[2147483648, 1\]"),
+        ("binary", lambda g: g["nodes"][0].update(pool=[1, 2**62]), r"attribute 'pool' entries must be <= 2147483647"),
+        ("resnet-bnn", lambda g: g["nodes"][1].update(shortcut_stride=2**63),
+         r"node 1 \(blocks.1\): attribute 'shortcut_stride' must be an integer <= 2147483647, got 9223372036854775808"),
         ("binary", lambda g: g.update(num_classes=4), "logits"),
         ("binary", lambda g: g.update(nodes=[]), "no nodes"),
         ("binary", lambda g: g.update(input_range=[1.0, -1.0]), r"'input_range' must be \[low, high\]"),
@@ -462,6 +469,27 @@ def test_a_plain_safetensors_file_is_not_a_packed_checkpoint(tmp_path):
         packed_model.load(path)
 
 
+@pytest.mark.parametrize("tensors, message", [
+    ([], "tensors must be a dict of name -> numpy array, got list"),
+    ({"nodes.0.kernel": [1.0, -1.0]}, "tensor 'nodes.0.kernel' must be a numpy array named by a string, got list"),
+    ({"nodes.0.kernel": None}, "tensor 'nodes.0.kernel' must be a numpy array named by a string, got NoneType"),
+])
+def test_tensors_that_are_not_arrays_are_refused_by_name(tmp_path, tensors, message):
+    model = tiny_model()
+    broken = PackedModel(graph=model.graph, tensors=tensors if isinstance(tensors, list) else {**model.tensors,
+                                                                                                **tensors})
+    with pytest.raises(PackedModelError, match=re.escape(message)):
+        packed_model.validate(broken)
+    with pytest.raises(PackedModelError, match=re.escape(message)):
+        runtime.from_packed(broken)
+
+
+@pytest.mark.parametrize("folder", [".", "/", ""])
+def test_saving_onto_a_folder_name_says_it_is_a_folder(folder):
+    with pytest.raises(IsADirectoryError):
+        packed_model.save(folder, tiny_model())
+
+
 def test_saving_into_a_missing_folder_names_the_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such folder to write the packed checkpoint into") as error:
         packed_model.save(tmp_path / "missing" / "m.jbnn", tiny_model())
@@ -615,6 +643,10 @@ def test_only_regular_files_are_read(tmp_path):
         load_within(fifo)
     with pytest.raises(PackedModelError, match="is a device, not a packed checkpoint file"):
         load_within("/dev/zero")
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(tmp_path / "socket.jbnn"))
+        with pytest.raises(PackedModelError, match="is a socket, not a packed checkpoint file"):
+            load_within(tmp_path / "socket.jbnn")
     with pytest.raises(FileNotFoundError):
         load_within(tmp_path / "missing.jbnn")
 
