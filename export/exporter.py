@@ -52,29 +52,29 @@ def bn_chain(bn: nnx.BatchNorm, layer: BinaryLinear | BinaryConv | None = None) 
     return BnChain(mean, var, float(bn.epsilon), gamma, beta, alpha, bias)
 
 
-def _layer_domains(layer, first: bool) -> tuple[str, str]:
+def _layer_domains(name: str, layer, first: bool) -> tuple[str, str]:
     operand, weights = MODES[layer.mode]
     if weights == "float":
-        raise ExportError(f"layer in mode {layer.mode!r} has float weights: nothing to pack (export a "
+        raise ExportError(f"{name}: layer in mode {layer.mode!r} has float weights: nothing to pack (export a "
                           "bnn, tnn, tbn or btn model)")
     if layer.input_scaling:
-        raise ExportError("XNOR-Net input scaling (K) needs the float activations at every layer; "
+        raise ExportError(f"{name}: XNOR-Net input scaling (K) needs the float activations at every layer; "
                           "it cannot run on packed activations")
     if first:
         if operand != "float" or layer.input_quantizer is not None:
-            raise ExportError(f"the first layer reads the image levels: mode bwn or twn without an input "
+            raise ExportError(f"{name}: the first layer reads the image levels: mode bwn or twn without an input "
                               f"quantizer, got {layer.mode!r} with {layer.input_quantizer!r}")
         return "image", weights
     if operand == "float":
-        raise ExportError(f"a {layer.mode} layer after the first one reads float activations: only the "
+        raise ExportError(f"{name}: a {layer.mode} layer after the first one reads float activations: only the "
                           "first layer may (the packed graph is integer between layers)")
     return operand, weights
 
 
 def _quantizer_thresholds(chain: BnChain, reader, sample_shape, prefix: str = "") -> tuple[dict, dict]:
     """(attributes, tensors) of `reader`'s quantizer applied to `chain`'s output: one threshold per channel
-    (binary), or per plane at the ternary levels (nonneg: v >= beta, pos: v > alpha)."""
-    operand, _ = MODES[reader.mode]
+    (binary), or per plane at the ternary levels (nonneg: v >= beta or v > alpha, pos: v > alpha)."""
+    operand, _ = MODES[reader.mode]  # binary or ternary (export_model checks every layer's modes first)
     if operand == "binary":
         threshold, flip = integer_thresholds(chain, 0.0, False)
         return {}, {f"{prefix}threshold": threshold, f"{prefix}flip": flip}
@@ -85,6 +85,12 @@ def _quantizer_thresholds(chain: BnChain, reader, sample_shape, prefix: str = ""
     tensors = {}
     for plane, level, strict in (("nonneg", beta, False), ("pos", alpha, True)):
         tensors[f"{prefix}threshold_{plane}"], tensors[f"{prefix}flip_{plane}"] = integer_thresholds(chain, level, strict)
+    # +1 wherever v > alpha, as `quantizers.ternarize` has it: where learned thresholds cross (alpha < beta, or
+    # beta NaN) v > alpha holds wherever v >= beta does, so nonneg's condition is pos's
+    crossed = (alpha < beta) | (np.isnan(beta) & ~np.isnan(alpha))
+    for kind in ("threshold", "flip"):
+        nonneg, pos = tensors[f"{prefix}{kind}_nonneg"], tensors[f"{prefix}{kind}_pos"]
+        tensors[f"{prefix}{kind}_nonneg"] = np.where(crossed, pos, nonneg).astype(nonneg.dtype)
     return {f"{prefix}level_shape": list(tensors[f"{prefix}threshold_nonneg"].shape)}, tensors
 
 
@@ -110,7 +116,7 @@ def _weight_tensors(name, layer, node: dict, tile) -> dict[str, np.ndarray]:
 
 def _linear_node(name, layer, in_shape, wire, tile, *, first=False, pool=None):
     """The node (attributes, tensors) of one layer, its output not yet decided."""
-    operand, weights = _layer_domains(layer, first)
+    operand, weights = _layer_domains(name, layer, first)
     if wire not in ("image", "stream") and wire != operand:
         raise ExportError(f"{name}: a {operand} layer cannot read the {wire} output of the previous layer")
     kind = "conv" if isinstance(layer, BinaryConv) else "dense"
@@ -188,6 +194,13 @@ def export_model(model: BinaryNet, target: str = "cpu",
     blocks = list(model.blocks)
     nodes, tensors = [], {}
     wire, shape = "image", list(model.input_shape)
+    # each block's type and layer modes first: a block's thresholds are the next layer's quantizer
+    for index, block in enumerate(blocks):
+        if not isinstance(block, (ConvBlock, DenseBlock, StreamStem, ResidualBlock, GlobalPool)):
+            raise ExportError(f"blocks.{index}: block type {type(block).__name__} is not exportable")
+        layer = block.conv if isinstance(block, StreamStem) and index == 0 else reader_layer(block)
+        if layer is not None:
+            _layer_domains(f"blocks.{index}", layer, first=index == 0)
     for index, block in enumerate(blocks):
         name = f"blocks.{index}"
         last = index == len(blocks) - 1
@@ -216,8 +229,6 @@ def export_model(model: BinaryNet, target: str = "cpu",
                     "output": MODES[reader.mode][0]}
             attributes, node_tensors = _quantizer_thresholds(bn_chain(block.bn), reader, shape[-1:])
             node.update(attributes)
-        else:
-            raise ExportError(f"{name}: block type {type(block).__name__} is not exportable")
         if last and node.get("output") != "affine":
             raise ExportError(f"{name}: the last block must be the classifier (a conv or dense block)")
         nodes.append(node)

@@ -172,8 +172,7 @@ def _compare_quantized(name, packed, reference) -> NodeFidelity:
     channels = reference.shape[-1]
     planes = packed if isinstance(packed, tuple) else (packed,)
     bits = [np.asarray(_unpack_bits(jnp.asarray(words), channels)).reshape(reference.shape) for words in planes]
-    # a binary bit is the sign; a ternary value is nonneg + pos - 1 (crossed learned thresholds write a 0
-    # as nonneg 0, pos 1, which the ±1 planes multiply as 0 too)
+    # a binary bit is the sign; a ternary value is nonneg + pos - 1
     values = 2 * bits[0] - 1 if len(bits) == 1 else bits[0].astype(int) + bits[1] - 1
     kind = "binary" if len(bits) == 1 else "ternary"
     return NodeFidelity(name, kind, reference.size, int((values != reference).sum()), 0.0)

@@ -971,11 +971,11 @@ def image_conv2d(levels, kernel, *, stride=1, padding="SAME", pool=None, shift=0
 def _out_dtype(out_dtype, what):
     """The integer type `out_dtype` names, int32 or int16 (`what`: the result it types, for the error)."""
     try:
-        dtype = np.dtype(out_dtype)
+        dtype = None if out_dtype is None else np.dtype(out_dtype)  # np.dtype(None) is float64
     except TypeError:
         raise TypeError(f"out_dtype must be int32 or int16, got {out_dtype!r}") from None
     if dtype not in (np.int32, np.int16):
-        raise TypeError(f"out_dtype must be int32 or int16 ({what}), got {dtype}")
+        raise TypeError(f"out_dtype must be int32 or int16 ({what}), got {out_dtype if dtype is None else dtype}")
     return dtype
 
 

@@ -47,9 +47,10 @@ def binarize(x: jax.Array) -> jax.Array:
 
 
 def ternarize(x: jax.Array, alpha, beta) -> jax.Array:
-    """TAB eq. 1: +1 where x > alpha, -1 where x < beta, 0 otherwise (alpha > beta). Forward only. NaN (in x or
-    a threshold) gives -1, as it does through the exported integer thresholds (both planes' bits 0): 0 needs
-    x >= beta to hold. In x's dtype, or for unsigned / bool x the signed type that holds both."""
+    """TAB eq. 1: +1 where x > alpha, else 0 where x >= beta, else -1 (alpha > beta; where learned thresholds
+    cross, +1 above alpha and -1 at or below it). Forward only. A comparison with NaN (in x or a threshold) is
+    false, as through the exported integer thresholds: NaN x gives -1. In x's dtype, or for unsigned / bool x
+    the signed type that holds both."""
     x, alpha, beta = formats.same_rank(x, jnp.asarray(alpha), jnp.asarray(beta))
     values = jnp.where(x > alpha, 1, jnp.where(x >= beta, 0, -1))
     signed = jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.signedinteger)

@@ -131,14 +131,69 @@ def test_binary_layers_are_about_32x_smaller():
 
 
 @pytest.mark.parametrize("mode, options, message", [
-    ("float", {}, "float weights"),
-    ("bnn", {"input_scaling": True}, "input scaling"),
+    ("float", {}, "blocks.0: layer in mode 'float' has float weights"),
+    ("bnn", {"input_scaling": True}, "blocks.1: XNOR-Net input scaling"),
 ])
 def test_unexportable_models_are_refused(mode, options, message):
     model = build_model("mnist-mlp", mode, input_shape=(28, 28, 1), num_classes=10, width=0.0625,
                         rngs=nnx.Rngs(0), layer_options=options)
     with pytest.raises(ExportError, match=message):
         export_model(model)
+
+
+def test_a_float_activation_layer_after_the_first_is_refused():
+    rngs = nnx.Rngs(0)
+    model = BinaryNet([ConvBlock(BinaryConv(1, 4, 3, mode="bwn", rngs=rngs), 2, rngs=rngs),
+                       DenseBlock(BinaryLinear(64, 3, mode="bwn", rngs=rngs), rngs=rngs)],
+                      name="x", mode="bnn", input_shape=(8, 8, 1), num_classes=3)
+    model.eval()
+    with pytest.raises(ExportError, match="blocks.1: a bwn layer after the first one reads float activations"):
+        export_model(model)
+
+
+class Doubling(nnx.Module):
+    def __call__(self, x):
+        return 2 * x
+
+
+def test_a_block_of_a_type_the_format_does_not_know_is_refused_by_name():
+    rngs = nnx.Rngs(0)
+    model = BinaryNet([ConvBlock(BinaryConv(1, 4, 3, mode="bwn", rngs=rngs), 2, rngs=rngs), Doubling(),
+                       DenseBlock(BinaryLinear(64, 3, mode="bnn", rngs=rngs), rngs=rngs)],
+                      name="x", mode="bnn", input_shape=(8, 8, 1), num_classes=3)
+    model.eval()
+    with pytest.raises(ExportError, match="blocks.1: block type Doubling is not exportable"):
+        export_model(model)
+
+
+def crossed_threshold_model(beta: float) -> BinaryNet:
+    """A tbn network whose second layer's learned input thresholds cross (alpha = -0.5 < beta) on every
+    channel, behind a batch norm that puts most values between them."""
+    rngs = nnx.Rngs(0)
+    model = BinaryNet([ConvBlock(BinaryConv(1, 4, 3, mode="bwn", rngs=rngs), 2, rngs=rngs),
+                       DenseBlock(BinaryLinear(64, 8, mode="tbn", input_threshold="learned", rngs=rngs), rngs=rngs),
+                       DenseBlock(BinaryLinear(8, 3, mode="tbn", rngs=rngs), rngs=rngs)],
+                      name="x", mode="tbn", input_shape=(8, 8, 1), num_classes=3)
+    layer = model.blocks[1].linear
+    model.blocks[0].bn.scale[...] = jnp.full((4,), 1e-3)
+    layer.input_alpha[...] = jnp.full((64,), -0.5)
+    layer.input_beta[...] = jnp.full((64,), beta)
+    model.eval()
+    return model
+
+
+@pytest.mark.parametrize("beta", [0.5, float("nan")])
+def test_crossed_learned_ternary_thresholds_quantize_as_ternarize_does(beta):
+    """+1 wherever the value is above alpha, as in training (`ternarize`): in the eval forward (the float
+    network's values), and in the export (the eval forward's bits)."""
+    model = crossed_threshold_model(beta)
+    images = np.random.default_rng(0).integers(0, 256, (16, 8, 8, 1), dtype=np.uint8)
+    quantized = np.asarray(model.trace(images)[0])
+    assert 1.0 in quantized and 0.0 not in quantized  # all between the thresholds, so all above alpha
+    np.testing.assert_allclose(np.asarray(model(images)), np.asarray(model.float_forward(images)), rtol=1e-5,
+                               atol=1e-5)
+    report = fidelity_report(model, runtime.from_packed(export_model(model)), images)
+    assert report.exact, report.summary()
 
 
 def test_a_kernel_quantizer_whose_values_are_not_weights_is_refused(monkeypatch):

@@ -1186,6 +1186,7 @@ IMAGE_EPILOGUE_ERRORS = [
     (dict(threshold=np.zeros(2, np.int32), out_dtype=jnp.int16), ValueError, "shift and out_dtype apply to the stream"),
     (dict(out_dtype=jnp.int8), TypeError, "out_dtype must be int32 or int16"),
     (dict(out_dtype="float32"), TypeError, "out_dtype must be int32 or int16"),
+    (dict(out_dtype=None), TypeError, r"out_dtype must be int32 or int16 \(the stream's type\), got None$"),
     (dict(keep_stream=True), ValueError, "keep_stream applies with a threshold"),
     (dict(threshold=np.zeros(2, np.int32), keep_stream=1), TypeError, "keep_stream must be a bool"),
     (dict(flip=np.zeros(2, bool)), ValueError, "flip only applies with a threshold"),
