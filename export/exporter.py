@@ -28,7 +28,7 @@ from jaxbnn import formats, packed_model
 from jaxbnn.layers import MODES, BinaryConv, BinaryLinear, chain_parameters, ternary_levels
 from jaxbnn.models import (BinaryNet, ConvBlock, DenseBlock, GlobalPool, ResidualBlock, StreamStem,
                            reader_layer)
-from jaxbnn.thresholds import BnChain, classifier_affine, integer_thresholds
+from jaxbnn.thresholds import BnChain, classifier_affine, integer_thresholds, ternary_levels_cross
 
 __all__ = ["ExportError", "export_model", "bn_chain"]
 
@@ -85,9 +85,7 @@ def _quantizer_thresholds(chain: BnChain, reader, sample_shape, prefix: str = ""
     tensors = {}
     for plane, level, strict in (("nonneg", beta, False), ("pos", alpha, True)):
         tensors[f"{prefix}threshold_{plane}"], tensors[f"{prefix}flip_{plane}"] = integer_thresholds(chain, level, strict)
-    # +1 wherever v > alpha, as `quantizers.ternarize` has it: where learned thresholds cross (alpha < beta, or
-    # beta NaN) v > alpha holds wherever v >= beta does, so nonneg's condition is pos's
-    crossed = (alpha < beta) | (np.isnan(beta) & ~np.isnan(alpha))
+    crossed = ternary_levels_cross(alpha, beta)
     for kind in ("threshold", "flip"):
         nonneg, pos = tensors[f"{prefix}{kind}_nonneg"], tensors[f"{prefix}{kind}_pos"]
         tensors[f"{prefix}{kind}_nonneg"] = np.where(crossed, pos, nonneg).astype(nonneg.dtype)

@@ -240,8 +240,8 @@ class _QuantizedOperands(nnx.Module):
                              jnp.float32(1.0), jnp.float32(-1.0))
         alpha, beta = (ternary_levels(v, z.shape[1:]) for v in self.input_thresholds())
         pos = _threshold_bits(z, chain, bn.epsilon, alpha, True)
-        # +1 wherever v > alpha, as `ternarize` has it, also where learned thresholds cross (alpha < beta)
-        nonneg = jnp.logical_or(*formats.same_rank(_threshold_bits(z, chain, bn.epsilon, beta, False), pos))
+        nonneg = _threshold_bits(z, chain, bn.epsilon, beta, False)
+        nonneg = jnp.where(*formats.same_rank(thresholds.ternary_levels_cross(alpha, beta), pos, nonneg))
         return nonneg.astype(jnp.float32) + pos.astype(jnp.float32) - 1.0
 
     def _epilogue(self, y, input_scale):

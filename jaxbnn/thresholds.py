@@ -111,6 +111,18 @@ def classifier_affine(chain: BnChain) -> tuple[np.ndarray, np.ndarray]:
         return scale, ((bias - np.asarray(chain.mean, np.float64)) * mul + beta).astype(np.float32)
 
 
+def ternary_levels_cross(alpha, beta):
+    """Where a ternary quantizer's nonneg plane takes its pos plane's comparison (v > alpha) instead of its own
+    (v >= beta): where alpha is a finite level and beta is not a finite level at or below it (learned levels
+    that cross, alpha < beta; or beta NaN or infinite, a degenerate level). Then the value is +1 wherever
+    v > alpha, as `quantizers.ternarize` has it, and the planes never hold pos without nonneg. numpy or jax
+    arrays."""
+    def finite(x):
+        return abs(x) < float("inf")
+
+    return finite(alpha) & ~(finite(beta) & (alpha >= beta))
+
+
 def integer_thresholds(chain: BnChain, level=0.0, strict: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``(threshold int32, flip bool)`` with ``bit(z) == (z <= threshold if flip else z >= threshold)``.
 

@@ -166,9 +166,9 @@ def test_a_block_of_a_type_the_format_does_not_know_is_refused_by_name():
         export_model(model)
 
 
-def crossed_threshold_model(beta: float) -> BinaryNet:
-    """A tbn network whose second layer's learned input thresholds cross (alpha = -0.5 < beta) on every
-    channel, behind a batch norm that puts most values between them."""
+def crossed_threshold_model(beta: float, alpha: float = -0.5) -> BinaryNet:
+    """A tbn network whose second layer's learned input thresholds are (alpha, beta) on every channel (alpha =
+    -0.5 < beta: they cross), behind a batch norm that puts most values near 0."""
     rngs = nnx.Rngs(0)
     model = BinaryNet([ConvBlock(BinaryConv(1, 4, 3, mode="bwn", rngs=rngs), 2, rngs=rngs),
                        DenseBlock(BinaryLinear(64, 8, mode="tbn", input_threshold="learned", rngs=rngs), rngs=rngs),
@@ -176,7 +176,7 @@ def crossed_threshold_model(beta: float) -> BinaryNet:
                       name="x", mode="tbn", input_shape=(8, 8, 1), num_classes=3)
     layer = model.blocks[1].linear
     model.blocks[0].bn.scale[...] = jnp.full((4,), 1e-3)
-    layer.input_alpha[...] = jnp.full((64,), -0.5)
+    layer.input_alpha[...] = jnp.full((64,), alpha)
     layer.input_beta[...] = jnp.full((64,), beta)
     model.eval()
     return model
@@ -193,6 +193,20 @@ def test_crossed_learned_ternary_thresholds_quantize_as_ternarize_does(beta):
     np.testing.assert_allclose(np.asarray(model(images)), np.asarray(model.float_forward(images)), rtol=1e-5,
                                atol=1e-5)
     report = fidelity_report(model, runtime.from_packed(export_model(model)), images)
+    assert report.exact, report.summary()
+
+
+@pytest.mark.parametrize("alpha, beta", [(-np.inf, 0.5), (0.5, -np.inf), (np.inf, -0.5), (-0.5, np.inf),
+                                         (np.nan, 0.5), (0.5, np.nan), (np.nan, np.nan), (0.1, -0.1)])
+def test_ternary_thresholds_at_infinities_and_nans_give_the_eval_forwards_planes(alpha, beta):
+    """An infinite or NaN level is degenerate (its plane's bit 0); where beta is, nonneg takes pos's comparison,
+    so the planes never hold pos without nonneg. The export's bits are the eval forward's."""
+    model = crossed_threshold_model(beta, alpha)
+    images = np.random.default_rng(1).integers(0, 256, (16, 8, 8, 1), dtype=np.uint8)
+    net = runtime.from_packed(export_model(model))
+    nonneg, pos = (np.asarray(plane) for plane in net.trace(images)[0])
+    assert not (pos & ~nonneg).any()
+    report = fidelity_report(model, net, images)
     assert report.exact, report.summary()
 
 
