@@ -73,7 +73,8 @@ def _layer_domains(name: str, layer, first: bool) -> tuple[str, str]:
 
 def _quantizer_thresholds(chain: BnChain, reader, sample_shape, prefix: str = "") -> tuple[dict, dict]:
     """(attributes, tensors) of `reader`'s quantizer applied to `chain`'s output: one threshold per channel
-    (binary), or per plane at the ternary levels (nonneg: v >= beta or v > alpha, pos: v > alpha)."""
+    (binary), or per plane at the ternary levels (pos: v > alpha; nonneg: v >= beta, or pos's comparison where
+    `ternary_levels_cross`)."""
     operand, _ = MODES[reader.mode]  # binary or ternary (export_model checks every layer's modes first)
     if operand == "binary":
         threshold, flip = integer_thresholds(chain, 0.0, False)
