@@ -114,7 +114,7 @@ class _QuantizedOperands(nnx.Module):
         for name, value in (("in_features", in_features), ("out_features", out_features)):
             _positive_int(name, value)
         if kernel_clip is not None and not (_is_real(kernel_clip) and kernel_clip > 0):
-            raise ValueError(f"kernel_clip must be a positive number or None, got {kernel_clip!r}")
+            raise ValueError(f"kernel_clip must be a positive finite number within float32's range, or None; got {kernel_clip!r}")
         act_domain, weight_domain = MODES[mode]
         if input_quantizer is None and act_domain != "float":
             input_quantizer = _DEFAULT_QUANTIZER[act_domain]
@@ -125,12 +125,12 @@ class _QuantizedOperands(nnx.Module):
         self.out_features = out_features
         self.input_quantizer = _check_quantizer(input_quantizer, act_domain, "input_quantizer")
         self.kernel_quantizer = _check_quantizer(kernel_quantizer, weight_domain, "kernel_quantizer")
-        if input_scaling and act_domain == "float":
+        if _flag("input_scaling", input_scaling) and act_domain == "float":
             raise ValueError("input_scaling (XNOR-Net K) needs quantized activations")
-        self.xnor_scaling = bool(xnor_scaling)
-        self.input_scaling = bool(input_scaling)
+        self.xnor_scaling = _flag("xnor_scaling", xnor_scaling)
+        self.input_scaling = _flag("input_scaling", input_scaling)
         self.kernel_clip = kernel_clip
-        self.use_bias = bool(use_bias)
+        self.use_bias = _flag("use_bias", use_bias)
 
         init = nnx.initializers.glorot_uniform()
         kernel = init(rngs.params(), kernel_shape, jnp.float32)
@@ -338,10 +338,7 @@ class BinaryConv(_QuantizedOperands):
                 raise ValueError(f"padding must be 'SAME', 'VALID' or ((top, bottom), (left, right)); got {padding!r}")
             self.padding = padding
         else:
-            pads = tuple(tuple(int(p) for p in pair) for pair in padding)
-            if len(pads) != 2 or any(len(p) != 2 or min(p) < 0 for p in pads):
-                raise ValueError(f"explicit padding must be ((top, bottom), (left, right)); got {padding!r}")
-            self.padding = pads
+            self.padding = _explicit_padding(padding)
         if padding_value not in ("zero", "one"):
             raise ValueError(f"padding_value must be 'zero' or 'one', got {padding_value!r}")
         if padding_value == "one" and MODES.get(mode, ("",))[0] == "float":
@@ -506,6 +503,21 @@ def _pair(value, name) -> tuple[int, int]:
     return tuple(int(v) for v in values)
 
 
+def _explicit_padding(padding) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((top, bottom), (left, right)) of ints >= 0, or a ValueError naming the expected form."""
+    def pair(value):
+        return isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_int(p) and p >= 0 for p in value)
+
+    if not (isinstance(padding, (tuple, list)) and len(padding) == 2 and all(pair(p) for p in padding)):
+        raise ValueError("padding must be 'SAME', 'VALID' or ((top, bottom), (left, right)) of ints >= 0; got "
+                         f"{padding!r}")
+    return tuple((int(a), int(b)) for a, b in padding)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def _is_positive_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value > 0
 
@@ -520,12 +532,24 @@ def _check_delta(name, value) -> None:
     """A ternary threshold's delta (alpha = delta, beta = -delta, or TWN's factor of mean |w|): a finite number
     >= 0, so that alpha >= beta (a negative one would leave no zeros)."""
     if not (_is_real(value) and value >= 0):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        raise ValueError(f"{name} must be a finite number >= 0 within float32's range, got {value!r}")
+
+
+def _flag(name, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def _is_real(value) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)) \
-        and bool(np.isfinite(value))
+    """A finite number that float32 holds: the layers keep their clips and deltas as float32."""
+    if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, (bool, np.bool_)):
+        return False
+    try:
+        with np.errstate(over="ignore"):
+            return bool(np.isfinite(np.float32(value)))
+    except OverflowError:  # a Python int past float's range
+        return False
 
 
 def clip_latent_weights(model: nnx.Module) -> None:
@@ -533,6 +557,8 @@ def clip_latent_weights(model: nnx.Module) -> None:
 
     Run after each optimizer step (BinaryConnect): latent weights far outside [-1, 1] could never flip.
     """
+    if not isinstance(model, nnx.Module):
+        raise TypeError(f"clip_latent_weights takes an nnx.Module, got {type(model).__name__}")
     for _, module in nnx.iter_modules(model):
         if isinstance(module, _QuantizedOperands) and module.kernel_clip is not None:
             if module.kernel_quantizer is not None:
@@ -598,8 +624,14 @@ def make_binary_conv_general_dilated(lhs_quantizer: str | Callable | None = "sig
 
 
 binary_dot_general = make_binary_dot_general()
-binary_dot_general.__doc__ = "``jax.lax.dot_general`` of sign_ste(lhs) and sign_ste(rhs), exact (HIGHEST)."
+binary_dot_general.__doc__ = (
+    "``jax.lax.dot_general`` of sign_ste(lhs) and sign_ste(rhs) at HIGHEST precision, in lax's result type: exact "
+    "where that type holds the sums (float32 up to 2**24 terms); with bfloat16, float16 or int8 operands pass "
+    "``preferred_element_type`` (float32, int32), or the sums round or wrap as lax's do."
+)
 binary_conv_general_dilated = make_binary_conv_general_dilated()
 binary_conv_general_dilated.__doc__ = (
-    "``jax.lax.conv_general_dilated`` of sign_ste(lhs) and sign_ste(rhs), exact (HIGHEST), zero padding."
+    "``jax.lax.conv_general_dilated`` of sign_ste(lhs) and sign_ste(rhs) at HIGHEST precision, zero padding, in "
+    "lax's result type: exact where that type holds the sums (float32 up to 2**24 terms); with bfloat16, float16 "
+    "or int8 operands pass ``preferred_element_type`` (float32, int32), or the sums round or wrap as lax's do."
 )

@@ -11,7 +11,7 @@ Every quantizer is usable in any JAX code and is registered by name so that laye
 
 from __future__ import annotations
 
-import functools
+import math
 from typing import Callable, NamedTuple
 
 import jax
@@ -48,11 +48,18 @@ def binarize(x: jax.Array) -> jax.Array:
 
 def ternarize(x: jax.Array, alpha, beta) -> jax.Array:
     """TAB eq. 1: +1 where x > alpha, else 0 where x >= beta, else -1 (alpha > beta; where learned thresholds
-    cross, +1 above alpha and -1 at or below it). Forward only. A comparison with NaN (in x or a threshold) is
-    false, as through the exported integer thresholds: NaN x gives -1. In x's dtype, or for unsigned / bool x
-    the signed type that holds both."""
-    x, alpha, beta = formats.same_rank(x, jnp.asarray(alpha), jnp.asarray(beta))
-    values = jnp.where(x > alpha, 1, jnp.where(x >= beta, 0, -1))
+    cross, +1 above alpha and -1 at or below it). Forward only. Compared as `formats.binarize` compares: a float
+    x with the thresholds converted to x's dtype, in IEEE order (subnormals are numbers on every platform); an
+    integer x exactly. A comparison with NaN (in x or a threshold) is false, as through the exported integer
+    thresholds: NaN x gives -1. In x's dtype, or for unsigned / bool x the signed type that holds both."""
+    x = jnp.asarray(x)
+    alpha, beta = jnp.asarray(alpha), jnp.asarray(beta)
+    # formats' comparisons: the thresholds in x's dtype, subnormals compared as numbers on every platform
+    # (XLA's CPU flushes them to zero in a float comparison, the GPU does not)
+    above_alpha, at_most_alpha = formats._compare(x, alpha)
+    at_least_beta, _ = formats._compare(x, beta)
+    above_alpha, at_most_alpha, at_least_beta = formats.same_rank(above_alpha, at_most_alpha, at_least_beta)
+    values = jnp.where(above_alpha & ~at_most_alpha, 1, jnp.where(at_least_beta, 0, -1))
     signed = jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.signedinteger)
     return values.astype(x.dtype if signed else jnp.promote_types(x.dtype, jnp.int8))  # -1 wraps in uint8
 
@@ -60,24 +67,26 @@ def ternarize(x: jax.Array, alpha, beta) -> jax.Array:
 # --- binary quantizers --------------------------------------------------------------------------------
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+@jax.custom_vjp
 def sign_ste(x: jax.Array, clip_value: float = 1.0) -> jax.Array:
     """Binarize to ±1 (sign(0) = +1); gradient passes straight through where |x| <= clip_value.
 
-    The clipped identity gradient is the derivative of hard_tanh (BinaryNet's STE).
+    The clipped identity gradient is the derivative of hard_tanh (BinaryNet's STE). `clip_value` may be traced
+    (an argument of a jitted function); it gets no gradient.
     """
     return binarize(x)
 
 
 def _sign_ste_fwd(x, clip_value):
-    return binarize(x), x
+    return binarize(x), (x, clip_value)
 
 
-def _sign_ste_bwd(clip_value, x, g):
-    return (jnp.where(jnp.abs(x) <= clip_value, g, jnp.zeros_like(g)),)
+def _clipped_identity_bwd(res, g):
+    x, clip_value = res
+    return jnp.where(jnp.abs(x) <= clip_value, g, jnp.zeros_like(g)), None
 
 
-sign_ste.defvjp(_sign_ste_fwd, _sign_ste_bwd)
+sign_ste.defvjp(_sign_ste_fwd, _clipped_identity_bwd)
 
 
 @jax.custom_vjp
@@ -98,44 +107,49 @@ def _approx_sign_bwd(x, g):
 approx_sign.defvjp(_approx_sign_fwd, _approx_sign_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+@jax.custom_vjp
 def swish_sign(x: jax.Array, beta: float = 5.0) -> jax.Array:
-    """BNN+ SwishSign: forward ±1, gradient of 2 sigmoid(beta x)(1 + beta x (1 - sigmoid(beta x))) - 1."""
+    """BNN+ SwishSign: forward ±1, gradient of 2 sigmoid(beta x)(1 + beta x (1 - sigmoid(beta x))) - 1.
+    `beta` may be traced; it gets no gradient."""
     return binarize(x)
 
 
 def _swish_sign_fwd(x, beta):
-    return binarize(x), x
+    return binarize(x), (x, beta)
 
 
-def _swish_sign_bwd(beta, x, g):
+def _swish_sign_bwd(res, g):
+    x, beta = res
+    x = jnp.asarray(x)
     # at least float32 (cosh overflows float16 past 11), and 0 past |beta x| = 80, where the slope is below
     # 1e-32 and cosh(beta x) would overflow to inf / inf = NaN
     bx = beta * x.astype(jnp.promote_types(x.dtype, jnp.float32))
     steep = jnp.abs(bx) <= 80.0
     bx = jnp.where(steep, bx, 0.0)
     slope = jnp.where(steep, beta * (2.0 - bx * jnp.tanh(bx / 2.0)) / (1.0 + jnp.cosh(bx)), 0.0)
-    return (g * slope.astype(g.dtype),)
+    return g * slope.astype(g.dtype), None
 
 
 swish_sign.defvjp(_swish_sign_fwd, _swish_sign_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+@jax.custom_vjp
 def ste_heaviside(x: jax.Array, clip_value: float = 1.0) -> jax.Array:
-    """Heaviside step to {0, 1} (x >= 0 -> 1, the same bit as binarize); STE gradient where |x| <= clip."""
+    """Heaviside step to {0, 1} (x >= 0 -> 1, the same bit as binarize); STE gradient where |x| <= clip
+    (`clip_value` may be traced; it gets no gradient)."""
+    return _heaviside(x)
+
+
+def _heaviside(x):
+    x = jnp.asarray(x)
     return formats.binarize(x).astype(x.dtype)
 
 
 def _ste_heaviside_fwd(x, clip_value):
-    return ste_heaviside(x, clip_value), x
+    return _heaviside(x), (x, clip_value)
 
 
-def _ste_heaviside_bwd(clip_value, x, g):
-    return (jnp.where(jnp.abs(x) <= clip_value, g, jnp.zeros_like(g)),)
-
-
-ste_heaviside.defvjp(_ste_heaviside_fwd, _ste_heaviside_bwd)
+ste_heaviside.defvjp(_ste_heaviside_fwd, _clipped_identity_bwd)
 
 
 def hard_tanh(x: jax.Array) -> jax.Array:
@@ -182,7 +196,7 @@ def _ternarize_bwd(res, g):
     ranked_x, ranked_alpha, ranked_beta = formats.same_rank(x, alpha, beta)
     near_alpha = (jnp.abs(ranked_x - ranked_alpha) <= 1.0).astype(g.dtype)
     near_beta = (jnp.abs(ranked_x - ranked_beta) <= 1.0).astype(g.dtype)
-    grad_x = 0.5 * g * (near_alpha + near_beta)
+    grad_x = _reduce_to_shape(0.5 * g * (near_alpha + near_beta), jnp.shape(x))
     grad_alpha = _reduce_to_shape(-0.5 * g * near_alpha, alpha.shape).astype(alpha.dtype)
     grad_beta = _reduce_to_shape(-0.5 * g * near_beta, beta.shape).astype(beta.dtype)
     return grad_x, grad_alpha, grad_beta
@@ -198,10 +212,34 @@ def twn_thresholds(w: jax.Array, factor: float = 0.7, per_channel: bool = False)
     HWIO conv kernels), giving vectors of shape (N,); otherwise scalars. Gradients are stopped: the
     thresholds follow the weights, they are not trained through.
     """
-    w = jax.lax.stop_gradient(w)
-    n = w.size // w.shape[-1] if per_channel else w.size
-    alpha = fixed_order_sum(jnp.abs(w), per_channel) * jnp.asarray(factor / max(n, 1), w.dtype)
+    w = jax.lax.stop_gradient(_weights("twn_thresholds", w))
+    n = math.prod(w.shape[:-1]) if per_channel else w.size
+    alpha = fixed_order_sum(_mean_operand(w), per_channel) * jnp.asarray(factor / max(n, 1), _mean_dtype(w))
+    alpha = alpha.astype(_mean_result_dtype(w))
     return alpha, -alpha
+
+
+def _weights(name: str, w) -> jax.Array:
+    w = jnp.asarray(w)
+    if w.ndim == 0:
+        raise ValueError(f"{name}: weights need at least one axis (the output channels last), got a scalar")
+    if not (jnp.issubdtype(w.dtype, jnp.floating) or jnp.issubdtype(w.dtype, jnp.integer)):
+        raise TypeError(f"{name}: weights must be real numbers, got dtype {w.dtype}")
+    return w
+
+
+def _mean_dtype(w):
+    """The type a mean of |w| is summed in: at least float32 (a float16 sum overflows, an integer 1/n is 0)."""
+    return jnp.promote_types(w.dtype, jnp.float32) if jnp.issubdtype(w.dtype, jnp.floating) else jnp.float32
+
+
+def _mean_result_dtype(w):
+    """A mean of |w| in w's float type (no larger than max |w|, it fits), float32 for integer weights."""
+    return w.dtype if jnp.issubdtype(w.dtype, jnp.floating) else jnp.float32
+
+
+def _mean_operand(w):
+    return jnp.abs(w.astype(_mean_dtype(w)))
 
 
 def fixed_order_sum(x: jax.Array, per_channel: bool = False) -> jax.Array:
@@ -210,7 +248,7 @@ def fixed_order_sum(x: jax.Array, per_channel: bool = False) -> jax.Array:
     add in an order of the platform's choosing, so a threshold from ``jnp.mean`` differed by an ulp between the
     CPU and the GPU, and a weight equal to it ternarized differently (a random-init BTN ResNet-18's Flax forward,
     off by one in one channel on an H200). Differentiable, as the sum."""
-    rows = x.reshape(-1, x.shape[-1]) if per_channel else x.reshape(-1)
+    rows = x.reshape(math.prod(x.shape[:-1]), x.shape[-1]) if per_channel else x.reshape(-1)
     if not per_channel:  # blocks of 1024: each level's adds run in parallel, not as one serial chain
         blocks = -(-rows.shape[0] // 1024) if rows.shape[0] else 1
         rows = jnp.pad(rows, (0, blocks * 1024 - rows.shape[0])).reshape(blocks, 1024)
@@ -234,7 +272,10 @@ def _pairwise_leading_sum(x: jax.Array) -> jax.Array:
 def xnor_weight_scale(w: jax.Array) -> jax.Array:
     """Per-output-channel alpha = mean|W| over all axes but the last; shape (N,). Trained through. Summed in a
     fixed order (`fixed_order_sum`): the same float on every platform."""
-    return fixed_order_sum(jnp.abs(w), per_channel=True) * jnp.asarray(1.0 / max(w.size // w.shape[-1], 1), w.dtype)
+    w = _weights("xnor_weight_scale", w)
+    scale = fixed_order_sum(_mean_operand(w), per_channel=True) * jnp.asarray(
+        1.0 / max(math.prod(w.shape[:-1]), 1), _mean_dtype(w))
+    return scale.astype(_mean_result_dtype(w))
 
 
 def ternary_weight_scale(w: jax.Array, w_ternary: jax.Array) -> jax.Array:
@@ -259,7 +300,7 @@ def xnor_input_scale_conv(x: jax.Array, kernel_size, strides, padding) -> jax.Ar
     """
     kh, kw = kernel_size
     mean_abs = jnp.mean(jnp.abs(x), axis=-1, keepdims=True)
-    box = jnp.full((kh, kw, 1, 1), 1.0 / (kh * kw), dtype=x.dtype)
+    box = jnp.full((kh, kw, 1, 1), 1.0 / (kh * kw), dtype=mean_abs.dtype)  # a float: x may be integers
     return jax.lax.conv_general_dilated(
         mean_abs, box, tuple(strides), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"),
         precision=jax.lax.Precision.HIGHEST,

@@ -4,10 +4,11 @@ Quantized parameters are the latent kernels of binary (1 bit each) and ternary (
 everything else (batch norm scale/bias/statistics, biases, learned thresholds, float kernels) counts as
 float32. Packed bytes estimate a layer's part of the file from its own shape: its kernel as the exporter
 stores it (the first layer's int8 weight values, which multiply the image levels; every other layer's FSB
-tiles of 8 rows x 128 bits, one plane per bit, ``formats.fsb_shape``, docs/formats.md; conv taps padded to
-whole 32-bit words) and a pair of numbers per batch-norm channel. The file holds more: the weights'
-popcounts, and a dense layer after a conv reads the conv's taps padded to whole words; the exact bytes of an
-exported model are ``jaxbnn.export.size_report``'s.
+tiles of 8 rows x 128 bits, ``formats.fsb_shape``, docs/formats.md, ternary weights as one matrix of twice
+the rows; conv taps padded to whole 32-bit words) and, per batch-norm channel, the smallest fold: an int32
+threshold and its flip byte. The file holds more: the weights' popcounts, two thresholds per channel for a
+ternary reader, a float scale and bias for the classifier, and a dense layer after a conv reads the conv's
+taps padded to whole words; the exact bytes of an exported model are ``jaxbnn.export.size_report``'s.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxbnn.formats import fsb_shape
@@ -47,7 +49,7 @@ def _packed_kernel_bytes(layer, planes: int) -> int:
         k_bits = kh * kw * (-(-layer.in_features // 32) * 32)
     else:
         k_bits = layer.in_features
-    return planes * 4 * math.prod(fsb_shape(layer.out_features, k_bits))
+    return 4 * math.prod(fsb_shape(planes * layer.out_features, k_bits))  # ternary: one matrix of 2N rows
 
 
 def _count(module) -> tuple[int, int, int]:
@@ -66,7 +68,7 @@ def _count(module) -> tuple[int, int, int]:
             floats += sum(math.prod(v.shape) for v in others)
         elif isinstance(sub, nnx.BatchNorm):
             floats += sum(math.prod(v.shape) for _, v in nnx.to_flat_state(nnx.state(sub)))
-            packed += 4 * 2 * sub.num_features  # folded into a scale/bias or threshold pair per channel
+            packed += 5 * sub.num_features  # folded at least into an int32 threshold and a flip byte per channel
     return quantized, floats, packed
 
 
@@ -79,8 +81,10 @@ def _bits_per_quantized(module) -> int:
 
 def model_summary(model: BinaryNet, batch_size: int = 1) -> list[LayerSummary]:
     """One row per block, output shapes traced abstractly (no computation)."""
+    if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, (bool, np.bool_)) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     rows = []
-    shape = jax.ShapeDtypeStruct((batch_size, *model.input_shape), jnp.float32)
+    shape = jax.ShapeDtypeStruct((int(batch_size), *model.input_shape), jnp.float32)
     for index, block in enumerate(model.blocks):
         # Traced on a merged copy, so batch statistics of the real block are never touched.
         graphdef, state = nnx.split(block)

@@ -214,15 +214,52 @@ def test_bad_configurations_and_inputs_are_refused():
     (lambda r: L.BinaryConv(3, 4, 3, (1, 0), rngs=r),
      r"strides must be a positive int or a pair of them, got \(1, 0\)"),
     (lambda r: L.BinaryLinear(3, 4, mode=[], rngs=r), r"unknown mode \[\]"),
-    (lambda r: L.BinaryLinear(3, 4, kernel_clip=0, rngs=r), "kernel_clip must be a positive number or None, got 0"),
+    (lambda r: L.BinaryLinear(3, 4, kernel_clip=0, rngs=r),
+     "kernel_clip must be a positive finite number within float32's range, or None; got 0"),
+    (lambda r: L.BinaryLinear(3, 4, kernel_clip=10**400, rngs=r), "kernel_clip must be a positive finite number"),
     (lambda r: L.BinaryLinear(3, 4, mode="tnn", kernel_delta=-0.7, rngs=r),
-     "kernel_delta must be a finite number >= 0, got -0.7"),
+     "kernel_delta must be a finite number >= 0 within float32's range, got -0.7"),
     (lambda r: L.BinaryLinear(3, 4, mode="tbn", input_delta=float("nan"), rngs=r),
-     "input_delta must be a finite number >= 0, got nan"),
+     "input_delta must be a finite number >= 0 within float32's range, got nan"),
+    # float32 would make these thresholds infinite: every weight would ternarize to 0
+    (lambda r: L.BinaryLinear(3, 4, mode="btn", kernel_threshold="fixed", kernel_delta=1e300, rngs=r),
+     "kernel_delta must be a finite number >= 0 within float32's range, got 1e\\+300"),
+    (lambda r: L.BinaryLinear(3, 4, mode="tnn", kernel_delta=10**400, rngs=r), "kernel_delta must be a finite number"),
+    (lambda r: L.BinaryLinear(3, 4, use_bias="False", rngs=r), "use_bias must be True or False, got 'False'"),
+    (lambda r: L.BinaryConv(3, 4, 3, xnor_scaling=1, rngs=r), "xnor_scaling must be True or False, got 1"),
+    (lambda r: L.BinaryConv(3, 4, 3, input_scaling="no", rngs=r), "input_scaling must be True or False, got 'no'"),
+    (lambda r: L.BinaryConv(3, 4, 3, padding=((1.5, 0), (0, 0)), rngs=r),
+     r"padding must be 'SAME', 'VALID' or \(\(top, bottom\), \(left, right\)\) of ints >= 0; got \(\(1.5, 0\)"),
+    (lambda r: L.BinaryConv(3, 4, 3, padding=((True, False), (0, 0)), rngs=r), "padding must be"),
+    (lambda r: L.BinaryConv(3, 4, 3, padding=(("1", "1"), (0, 0)), rngs=r), "padding must be"),
+    (lambda r: L.BinaryConv(3, 4, 3, padding=1, rngs=r), "padding must be"),
+    (lambda r: L.BinaryConv(3, 4, 3, padding=None, rngs=r), "padding must be"),
+    (lambda r: L.BinaryConv(3, 4, 3, padding=((1, -1), (0, 0)), rngs=r), "padding must be"),
+    (lambda r: L.BinaryConv(3, 4, 3, padding=((1, 1),), rngs=r), "padding must be"),
 ])
 def test_layer_settings_are_checked_when_the_layer_is_built(build, message):
     with pytest.raises(ValueError, match=message):
         build(nnx.Rngs(0))
+
+
+def test_explicit_padding_of_numpy_ints_is_kept_as_python_ints():
+    conv = L.BinaryConv(3, 4, 3, padding=[(np.int64(1), 0), [0, np.int32(2)]], rngs=nnx.Rngs(0))
+    assert conv.padding == ((1, 0), (0, 2)) and all(type(p) is int for pair in conv.padding for p in pair)
+
+
+def test_clip_latent_weights_refuses_what_is_not_a_module():
+    with pytest.raises(TypeError, match="takes an nnx.Module, got str"):
+        L.clip_latent_weights("not a model")
+
+
+@pytest.mark.parametrize("dtype, k", [(jnp.bfloat16, 301), (jnp.float16, 2049), (jnp.int8, 300)])
+def test_binary_dot_general_is_exact_with_a_wide_preferred_element_type(dtype, k):
+    """In lax's result type narrow operands round or wrap the sums (as documented); a wide one is exact."""
+    lhs, rhs = jnp.ones((1, k), dtype), jnp.ones((k, 1), dtype)
+    wide = jnp.int32 if jnp.issubdtype(dtype, jnp.integer) else jnp.float32
+    dims = (((1,), (0,)), ((), ()))
+    assert int(L.binary_dot_general(lhs, rhs, dims, preferred_element_type=wide)[0, 0]) == k
+    assert int(L.binary_dot_general(lhs, rhs, dims)[0, 0].astype(jnp.float32)) != k
 
 
 @pytest.mark.parametrize("dtype", [jnp.int8, jnp.uint8, jnp.int32, jnp.bfloat16, jnp.float16])

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from jaxbnn import formats, models, runtime
-from jaxbnn.export import export_model, fidelity_report
+from jaxbnn.export import export_model, fidelity_report, size_report
 from jaxbnn.layers import BinaryConv, BinaryLinear, clip_latent_weights
 from jaxbnn.summary import format_summary, model_summary
 from zoo_cases import images_for, randomize
@@ -125,12 +125,24 @@ def test_mlp_summary_counts_parameters_and_bits():
     bn_floats = 4 * (4 * 1024 + 10)  # scale, bias, mean, var
     assert sum(r.float_params for r in rows) == bn_floats
     assert sum(r.memory_bits for r in rows) == quantized + 32 * bn_floats
-    # first layer: its 784 x 1024 int8 weight values (it multiplies the image levels), plus 2 words per channel
-    assert rows[0].packed_bytes == 784 * 1024 + 8 * 1024
-    # next: 1024 rows of 1024 bits in 8 x 128-bit FSB tiles (8 tile columns), plus 2 words per channel
-    assert rows[1].packed_bytes == (1024 // 8) * 8 * 8 * 16 + 8 * 1024
+    # first layer: its 784 x 1024 int8 weight values (it multiplies the image levels), plus an int32 threshold
+    # and a flip byte per channel
+    assert rows[0].packed_bytes == 784 * 1024 + 5 * 1024
+    # next: 1024 rows of 1024 bits in 8 x 128-bit FSB tiles (8 tile columns), plus a threshold and flip a channel
+    assert rows[1].packed_bytes == (1024 // 8) * 8 * 8 * 16 + 5 * 1024
     text = format_summary(model)
     assert "total" in text and f"{quantized:,}" in text
+
+
+@pytest.mark.parametrize("name, mode, kwargs", [("mnist-mlp", "tnn", {}), ("mnist-mlp", "tbn", {}),
+                                               ("cifar10-resnet14", "bnn", dict(width=0.25))])
+def test_summary_packed_bytes_are_at_most_the_file_s(name, mode, kwargs):
+    """The summary's packed bytes leave out what the file adds (popcounts, the larger folds): never more than the
+    exported node's bytes. A ternary kernel is one FSB matrix of twice the rows."""
+    model = models.build_model(name, mode, **kwargs)
+    exported = size_report(model, export_model(model))
+    for row, node in zip(model_summary(model), exported):
+        assert row.packed_bytes <= node.packed_bytes, (row, node)
 
 
 def test_ternary_models_count_two_bits_per_weight():

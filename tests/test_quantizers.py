@@ -208,3 +208,65 @@ def test_quantizers_work_under_jit_and_registry_rejects_unknown_names():
     assert q.get_quantizer("ternarize_ste").domain == "ternary"
     with pytest.raises(ValueError, match="unknown quantizer"):
         q.get_quantizer("sign")
+
+
+@pytest.mark.parametrize("fn, parameter", [(q.sign_ste, 2.0), (q.ste_heaviside, 2.0), (q.swish_sign, 3.0)])
+def test_a_quantizer_s_parameter_may_be_an_argument_of_a_jitted_function(fn, parameter):
+    x = jnp.asarray([0.5, -1.5, 1.9, 2.5], jnp.float32)
+    np.testing.assert_array_equal(jax.jit(fn)(x, parameter), fn(x, parameter))
+    np.testing.assert_array_equal(jax.jit(jax.grad(lambda v, c: fn(v, c).sum()))(x, parameter),
+                                  jax.grad(lambda v: fn(v, parameter).sum())(x))
+
+
+def test_quantizer_gradients_of_python_floats():
+    for fn in (q.sign_ste, q.approx_sign, q.swish_sign, q.ste_heaviside):
+        assert np.isfinite(float(jax.grad(fn)(0.5)))
+    assert float(jax.grad(q.sign_ste)(0.5)) == 1.0
+
+
+def test_ternarize_gradient_is_summed_back_to_x_where_thresholds_have_more_axes():
+    x = jnp.asarray([-0.8, 0.1, 0.9], jnp.float32)
+    alpha = jnp.full((2, 3), 0.5, jnp.float32)
+    grad = jax.grad(lambda v: q.ternarize_ste(v, alpha, -0.5).sum())(x)
+    assert grad.shape == x.shape
+    # per row: (1[|x - alpha| <= 1] + 1[|x - beta| <= 1]) / 2 = [1, 2, 1] / 2; two rows
+    np.testing.assert_array_equal(grad, [1.0, 2.0, 1.0])
+
+
+def test_ternarize_compares_subnormals_as_numbers_as_binarize_does():
+    # XLA's CPU flushes subnormals to zero in a float comparison; the bits must not depend on the platform
+    x = np.asarray([-1e-40, 1e-40, -1e-45, 1e-45, 0.0, -0.0], np.float32)
+    expected = [-1, 1, -1, 1, 0, 0]
+    np.testing.assert_array_equal(q.ternarize(jnp.asarray(x), 0.0, 0.0), expected)
+    np.testing.assert_array_equal(jax.jit(q.ternarize_ste)(jnp.asarray(x), 0.0, 0.0), expected)
+    np.testing.assert_array_equal(q.ternarize(jnp.asarray(x), jnp.float32(1e-41), jnp.float32(-1e-41)),
+                                  [-1, 1, 0, 0, 0, 0])
+
+
+def test_ternarize_converts_the_thresholds_to_x_s_dtype():
+    x = jnp.asarray([0.30005], jnp.float16)  # float16(0.3) is float16(0.30005)
+    assert int(q.ternarize(x, 0.3, -0.3)[0]) == int(q.ternarize(x, np.float32(0.3), -0.3)[0]) == 0
+
+
+@pytest.mark.parametrize("fn, factor", [(lambda w: q.twn_thresholds(w)[0], 0.7),
+                                        (lambda w: q.twn_thresholds(w, 1.0, per_channel=True)[0], 1.0),
+                                        (q.xnor_weight_scale, 1.0)])
+def test_weight_means_of_integer_and_float16_weights(fn, factor):
+    np.testing.assert_allclose(fn(jnp.asarray([[2], [4], [6]], jnp.int32)), factor * 4.0, rtol=1e-6)
+    ones = jnp.ones((70000, 1), jnp.float16)  # a float16 sum of these overflows
+    assert fn(ones).dtype == jnp.float16
+    np.testing.assert_array_equal(np.asarray(fn(ones), np.float32), np.float32(np.float16(factor)))
+
+
+def test_weight_means_refuse_scalars_and_take_empty_channel_axes():
+    for fn in (q.twn_thresholds, q.xnor_weight_scale):
+        with pytest.raises(ValueError, match="at least one axis"):
+            fn(jnp.float32(1.0))
+    assert q.twn_thresholds(jnp.ones((3, 0)), per_channel=True)[0].shape == (0,)
+    assert q.xnor_weight_scale(jnp.ones((3, 0))).shape == (0,)
+
+
+def test_xnor_input_scale_conv_of_integer_images_is_a_float_map():
+    x = (jnp.arange(2 * 5 * 5 * 3) % 101 - 50).astype(jnp.int8).reshape(2, 5, 5, 3)
+    scale = q.xnor_input_scale_conv(x, (3, 3), (1, 1), "SAME")
+    np.testing.assert_allclose(scale, q.xnor_input_scale_conv(x.astype(jnp.float32), (3, 3), (1, 1), "SAME"))
