@@ -176,7 +176,7 @@ def _images_per_s(forward, args, batch: int, seconds: float) -> float | None:
     try:
         return batch / seconds_per_forward(forward, args, seconds)
     except jax.errors.JaxRuntimeError as error:
-        if "RESOURCE_EXHAUSTED" in str(error):
+        if "RESOURCE_EXHAUSTED" in str(error) or "Out of memory" in str(error):  # the GPU's wording, the CPU's
             return None
         raise
 

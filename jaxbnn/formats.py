@@ -111,9 +111,16 @@ def quantize_images(images, input_range=(-1.0, 1.0)):
     ``low + p * (high - low) / 255``: ``p = round((x - low) * (255 / (high - low)))`` in float32, half to
     even, clipped to [0, 255]; NaN gives 0. The same integers on every platform (a subtraction, one
     multiplication by a constant and a rounding to integers)."""
-    low, high = (float(v) for v in input_range)
+    try:
+        low, high = (float(v) for v in input_range)
+    except (TypeError, ValueError):
+        raise ValueError(f"input_range must be (low, high), two numbers, got {input_range!r}") from None
     if not (np.isfinite(low) and np.isfinite(high) and low < high):
         raise ValueError(f"input_range must be (low, high), finite with low < high, got {input_range!r}")
+    images = host_or_device(images)
+    if not jnp.issubdtype(images.dtype, jnp.floating):
+        raise TypeError(f"quantize_images takes float images, got {images.dtype}; uint8 pixels are the network's "
+                        "input as they are")
     if not resolves_pixels(low, high):
         raise ValueError(f"input_range {input_range!r} is beyond float32: the floats of its pixels do not quantize "
                          "back to them")
@@ -128,6 +135,8 @@ def resolves_pixels(low: float, high: float) -> bool:
     def flushed(x):  # XLA's CPU computes float32 with subnormals flushed to zero
         return np.where(np.abs(x) < np.finfo(np.float32).tiny, np.float32(0), x)
 
+    if not low < high:  # NaN included
+        return False
     pixels = np.arange(256)
     with np.errstate(over="ignore", invalid="ignore"):
         low32, high32, scale32 = np.float32(low), np.float32(high), np.float32(255.0 / (high - low))

@@ -540,6 +540,13 @@ def _header_core(model: PackedModel) -> dict:
 # --- files -------------------------------------------------------------------------------------------------
 
 
+def _names_a_folder(path) -> bool:
+    """".", "/", "" or a name ending in a separator (Path would drop it and write a file of the folder's name)."""
+    raw = os.fspath(path)
+    separators = (os.sep, os.altsep) if os.altsep else (os.sep,)
+    return isinstance(raw, str) and (not Path(raw).name or raw.endswith(separators))
+
+
 def save(path: str | os.PathLike, model: PackedModel) -> int:
     """Validate `model` and write it to `path` atomically (a temporary file beside it, renamed over it);
     returns the file size in bytes. The file keeps the mode of the one it replaces, or gets 0o666 less the
@@ -552,9 +559,9 @@ def save(path: str | os.PathLike, model: PackedModel) -> int:
     core = _header_core(model)
     header = dict(core, content_hash=content_hash(core, tensors))
     blob = save_safetensors(tensors, metadata={METADATA_KEY: json.dumps(header, sort_keys=True)})
+    if _names_a_folder(path):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
     path = Path(path)
-    if not path.name:  # ".", "/" or "": a folder
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     if not path.parent.is_dir():  # else the error would name the temporary file
         raise FileNotFoundError(errno.ENOENT, "no such folder to write the packed checkpoint into", str(path.parent))
     _remove_stale_temporaries(path)

@@ -114,6 +114,9 @@ class PackedNet:
     def __init__(self, packed: PackedModel, *, embed_parameters: bool | None = None):
         if embed_parameters is not None and not isinstance(embed_parameters, (bool, np.bool_)):
             raise TypeError(f"embed_parameters must be True, False or None, got {embed_parameters!r}")
+        if not isinstance(packed, PackedModel):
+            raise TypeError(f"PackedNet takes a PackedModel (as export_model returns), got {type(packed).__name__}; "
+                            "a .jbnn file: jaxbnn.load(path)")
         packed_model.validate(packed)  # as a file is on load: a model the format refuses runs nowhere
         self.graph = packed.graph
         self.target = packed.target
@@ -214,9 +217,10 @@ class PackedNet:
         a server's requests have, at most log2(batch_size) + 2 shapes are compiled."""
         if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        batch_size = int(batch_size)  # a narrow numpy integer would wrap in the offsets below
         images = formats.host_or_device(np.asarray(images))
         self._check_images(images)  # here, as an empty set of images makes no call
-        floating = np.issubdtype(images.dtype, np.floating)
+        floating = jnp.issubdtype(images.dtype, jnp.floating)  # bfloat16 and the other ml_dtypes floats too
         if floating and images.size:
             self._warn_outside_range(float(np.min(images)), float(np.max(images)), stacklevel=3)
         total, out = len(images), []
@@ -227,13 +231,14 @@ class PackedNet:
             if count < shape:
                 # copies of a row of the chunk: padding on the images' own scale
                 chunk = np.concatenate([chunk, np.repeat(chunk[:1], shape - count, axis=0)])
-            out.append(np.asarray(jnp.argmax(self._call(jnp.asarray(chunk)), axis=-1))[:count])
+            out.append(np.asarray(jnp.argmax(self._call(jnp.asarray(chunk)), axis=-1), np.int32)[:count])
         return np.concatenate(out) if out else np.zeros((0,), np.int32)
 
     def throughput(self, images, repeats: int = 5) -> float:
         """Images per second of the jitted call on `images` (one batch, compiled first)."""
         if isinstance(repeats, (bool, np.bool_)) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
             raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+        repeats = int(repeats)
         images = self._check_input(images)
         self._call(images).block_until_ready()
         start = time.perf_counter()

@@ -11,10 +11,11 @@ import tempfile
 from importlib import metadata
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from jaxbnn import cli, packed_model
-from jaxbnn.bench import describe_device
+from jaxbnn.bench import _images_per_s, describe_device
 from jaxbnn.models import build_model
 
 
@@ -76,6 +77,14 @@ def test_export_into_a_missing_folder_names_the_folder(tmp_path, capsys):
 def test_export_onto_a_folder_asks_for_a_file_name(tmp_path, capsys):
     assert one_line_error(capsys, ["export", str(tmp_path), str(tmp_path)]) == \
         f"jaxbnn export: error: {tmp_path} is a folder; name the file to write, e.g. {tmp_path / 'model.jbnn'}"
+
+
+def test_export_to_a_name_ending_in_a_separator_asks_for_a_file_name(tmp_path, capsys):
+    output = f"{tmp_path / 'out'}/"
+    assert one_line_error(capsys, ["export", str(tmp_path), output]) == (
+        f"jaxbnn export: error: {output} names a folder (it ends in /); name the file to write, e.g. "
+        f"{tmp_path / 'out' / 'model.jbnn'}")
+    assert not (tmp_path / "out").exists()
 
 
 def test_predict_on_a_folder_says_what_it_takes(tmp_path, capsys):
@@ -249,6 +258,12 @@ def test_bench_prints_a_table_of_both_sides(tmp_path, capsys):
         assert float(speedup.removesuffix("x")) == pytest.approx(packed / xla, rel=0.01, abs=0.01)
         assert (row_device, jax_version) == (device, jax.__version__)
     assert printed[-1].startswith(("CPU kernels: native", "CUDA kernels: native"))
+
+
+def test_a_batch_the_machine_cannot_hold_is_a_row_out_of_memory():
+    """The CPU's out-of-memory error (as the GPU's RESOURCE_EXHAUSTED) gives the table's "out of memory" row."""
+    too_large = jax.jit(lambda i: jnp.zeros((2**20, 2**20), jnp.uint8).at[i].set(1))  # 1 TiB
+    assert _images_per_s(too_large, (jnp.int32(3),), 8, 0.1) is None
 
 
 def test_bench_on_a_run_directory_says_what_it_takes(tmp_path, capsys):

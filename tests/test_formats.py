@@ -263,6 +263,24 @@ def test_quantize_images_refuses_an_invalid_range(input_range):
         formats.quantize_images(np.zeros(3, np.float32), input_range)
 
 
+@pytest.mark.parametrize("input_range", [(1.0, 2.0, 3.0), (1.0,), 1.0, ("a", "b")])
+def test_quantize_images_refuses_a_range_of_other_than_two_numbers(input_range):
+    with pytest.raises(ValueError, match=r"input_range must be \(low, high\), two numbers"):
+        formats.quantize_images(np.zeros(3, np.float32), input_range)
+
+
+@pytest.mark.parametrize("images", [np.array([0, 64, 255], np.uint8), np.array([True]), np.array([0.5 + 9j]),
+                                    np.array(["0.5"]), np.array([1, 2], np.int32)])
+def test_quantize_images_takes_float_images_only(images):
+    with pytest.raises(TypeError, match="quantize_images takes float images"):
+        formats.quantize_images(images)
+
+
+@pytest.mark.parametrize("low, high", [(1.0, 1.0), (0, 0), (2.0, 1.0), (float("nan"), 1.0)])
+def test_resolves_pixels_is_false_for_an_empty_or_reversed_range(low, high):
+    assert formats.resolves_pixels(low, high) is False
+
+
 @pytest.mark.parametrize("input_range", [(0.0, 5e-324), (0.0, 1e-45), (-1e308, 1e308), (-3e38, 3e38),
                                          (1e20, 1e20 + 1e6), (1000.0, 1000.001)])
 def test_quantize_images_refuses_a_range_float32_does_not_resolve(input_range):

@@ -150,6 +150,7 @@ def test_export_and_the_runtime_under_x64_give_the_default_settings_logits(model
     for t, v in packed.tensors.items():
         np.testing.assert_array_equal(v, default_packed.tensors[t], err_msg=t)
     np.testing.assert_array_equal(np.asarray(runtime.from_packed(packed)(images)), np.asarray(net(images)))
+    assert net.predict(images).dtype == np.int32
     logits = model(jnp.asarray(images))
     assert logits.dtype == jnp.float32
 

@@ -490,6 +490,13 @@ def test_saving_onto_a_folder_name_says_it_is_a_folder(folder):
         packed_model.save(folder, tiny_model())
 
 
+def test_saving_to_a_name_ending_in_a_separator_writes_no_file_of_the_folder_s_name(tmp_path):
+    for path in (f"{tmp_path / 'out'}/", f"{tmp_path}/"):
+        with pytest.raises(IsADirectoryError):
+            packed_model.save(path, tiny_model())
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_saving_into_a_missing_folder_names_the_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such folder to write the packed checkpoint into") as error:
         packed_model.save(tmp_path / "missing" / "m.jbnn", tiny_model())

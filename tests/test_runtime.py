@@ -188,6 +188,29 @@ def test_predict_refuses_a_batch_size_below_one(net):
             net.predict(images(3), batch_size=batch_size)
 
 
+def test_predict_and_throughput_take_narrow_numpy_integers_as_their_values(net):
+    x = pixels(300)
+    want = net.predict(x, batch_size=200)
+    for batch_size in (np.uint8(200), np.int16(200)):
+        np.testing.assert_array_equal(net.predict(x, batch_size=batch_size), want)
+    assert net.throughput(pixels(2), repeats=np.uint8(200)) > 0
+
+
+def test_predict_of_bfloat16_images_quantizes_them_as_a_call_does(net):
+    x = jnp.asarray(np.random.default_rng(3).uniform(-1, 1, (8, *net.input_shape)), jnp.bfloat16)
+    want = np.argmax(np.asarray(net(x)), axis=-1)
+    for given in (x, np.asarray(x)):
+        np.testing.assert_array_equal(net.predict(given), want)
+    with pytest.warns(runtime.InputRangeWarning):
+        net.predict(np.asarray(pixels(2), jnp.bfloat16))
+
+
+def test_a_packed_net_is_built_from_a_packed_model_only(net, tmp_path):
+    for given in (str(tmp_path / "m.jbnn"), None, {"graph": {}, "tensors": {}}):
+        with pytest.raises(TypeError, match="PackedNet takes a PackedModel .*jaxbnn.load\\(path\\)"):
+            runtime.from_packed(given)
+
+
 def test_throughput_refuses_repeats_below_one(net):
     for repeats in (-1, 0, 1.5, False):
         with pytest.raises(ValueError, match=f"repeats must be a positive integer, got {repeats!r}"):
