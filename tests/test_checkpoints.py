@@ -2,6 +2,7 @@
 damaged step by name, sets it aside and resumes from the newest good one, or stops with one message
 naming every step when none is good."""
 
+import concurrent.futures
 import json
 import os
 
@@ -136,6 +137,55 @@ def test_a_garbage_config_is_named(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model": "mnist-mlp", "colour": "blue"}))
     with pytest.raises(ValueError, match="is not a training configuration .*colour"):
         loop.load_trained(tmp_path)
+
+
+NESTED_TOO_DEEPLY = "[" * 100_000 + "]" * 100_000  # past the JSON parser's recursion
+
+
+def test_json_nested_too_deeply_is_a_file_that_cannot_be_read(tmp_path):
+    """The parser's RecursionError is an unreadable file like any other: a checksum record sets its step aside
+    (the previous one is restored), a config.json is named, a metrics line is skipped."""
+    save_steps(tmp_path, [10, 20])
+    (tmp_path / "checkpoints" / "20" / loop.CHECKSUMS).write_text('{"sha256": ' + NESTED_TOO_DEEPLY + "}")
+    step, _, _, messages = restore(tmp_path)
+    assert step == 10 and "nested too deeply" in messages[0]
+    (tmp_path / "config.json").write_text(NESTED_TOO_DEEPLY)
+    with pytest.raises(ValueError, match="config.json is not a training configuration .nested too deeply"):
+        loop.load_trained(tmp_path)
+    with pytest.raises(ValueError, match="config.json is not valid JSON .nested too deeply"):
+        run_check(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text(NESTED_TOO_DEEPLY + "\n")
+    assert loop._epochs_done(tmp_path) == []
+
+
+def without_blocking(fifo, read, *args):
+    """`read(*args)`'s result or exception; a read blocked on `fifo` is released (a writer opens and closes it)
+    and fails the test."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(read, *args)
+        try:
+            future.exception(timeout=30)
+        except concurrent.futures.TimeoutError:
+            with open(fifo, "w"):
+                pass
+            pytest.fail(f"{read.__name__} blocked reading the FIFO {fifo}")
+        return future
+
+
+def test_a_run_file_that_is_a_fifo_is_refused_not_read(tmp_path):
+    """Reading a FIFO would block until something writes into it."""
+    os.mkfifo(tmp_path / "config.json")
+    error = without_blocking(tmp_path / "config.json", loop.load_trained, tmp_path).exception()
+    assert isinstance(error, ValueError) and "config.json is not a training configuration (not a file)" in str(error)
+    os.mkfifo(tmp_path / "metrics.jsonl")
+    assert without_blocking(tmp_path / "metrics.jsonl", loop._epochs_done, tmp_path).result() == []
+
+
+def test_a_linked_step_folder_is_refused_not_taken_for_a_later_step(tmp_path):
+    save_steps(tmp_path, [10])
+    (tmp_path / "checkpoints" / "20").symlink_to("10")
+    with pytest.raises(loop.CheckpointError, match="checkpoints/20 is a link, not a step folder a run writes"):
+        restore(tmp_path)
 
 
 def test_a_reader_skips_a_damaged_step_without_moving_it(tmp_path):

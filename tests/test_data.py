@@ -185,6 +185,23 @@ def test_truncated_cifar_batch_is_refused(tmp_path):
 
 
 @pytest.mark.mnist5k
+@pytest.mark.parametrize("content, message", [
+    (None, "damaged gzip file .Compressed file ended"),
+    ("1,2,3\n", r"MNIST-5k csv: expected rows of 785 values .784 pixels, label., got \(1, 3\)"),
+    (",".join(["300"] * 785) + "\n", "not an MNIST-5k csv of uint8 values"),
+    (",".join(["0.5"] * 785) + "\n", "not an MNIST-5k csv of uint8 values"),
+    (",".join(["0"] * 785) + "\n", "its 1 rows leave no train images"),
+])
+def test_a_damaged_mnist5k_file_is_refused_by_name(tmp_path, content, message):
+    path = tmp_path / "mnist_5k.csv.gz"
+    if content is None:  # a real file cut short
+        path.write_bytes(_cut_short(gzip.compress((",".join(["7"] * 785) + "\n").encode() * 50)))
+    else:
+        path.write_bytes(gzip.compress(content.encode()))
+    with pytest.raises(ValueError, match=f"{re.escape(str(path))}: .*{message}"):
+        data.load_mnist5k("train", path)
+
+
 def test_mnist5k_split_is_stratified_and_disjoint():
     train, test = data.load_mnist5k("train"), data.load_mnist5k("test")
     assert train.images.shape == (4000, 28, 28, 1) and test.images.shape == (1000, 28, 28, 1)

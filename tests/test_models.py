@@ -445,3 +445,16 @@ def test_eval_mode_runs_integers_where_the_activations_are_integers():
         np.testing.assert_array_equal(model(images), model.float_forward(images))
         with pytest.raises(ValueError, match=r"model\.eval\(\)"):
             model.trace(images)
+
+
+def test_seeds_that_differ_above_bit_31_build_different_weights():
+    """Without x64 jax keeps a seed's low 32 bits; the high word is folded into the key (seeds below 2^32 keep
+    jax's key of the seed as it is)."""
+    def kernel(seed):
+        return np.asarray(models.build_model("mnist-mlp", width=0.0625, rngs=models.default_rngs(seed)).blocks[1]
+                          .linear.kernel[...])
+    assert not np.array_equal(kernel(0), kernel(2**32))
+    assert not np.array_equal(kernel(5), kernel(2**40 + 5))
+    np.testing.assert_array_equal(
+        jax.random.key_data(models.default_rngs(7).params()),
+        jax.random.key_data(nnx.Rngs(jax.random.key(7, impl="rbg")).params()))

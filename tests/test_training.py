@@ -5,6 +5,7 @@ docs/accuracy.md: tests/test_docs.py)."""
 import json
 import os
 import re
+from fractions import Fraction
 
 import jax
 
@@ -133,7 +134,13 @@ def test_the_python_api_checks_the_configuration_before_writing(tmp_path):
                          (dict(data_dir=5), "data_dir must be a folder name or None, got 5"),
                          (dict(width=1e308), "width must be at most 64, got 1e+308"),
                          (dict(seed=2**63), "seed must be at most 2^63 - 1, got 9223372036854775808"),
-                         (dict(augment="yes"), "augment must be true, false or None")):
+                         (dict(augment="yes"), "augment must be true, false or None"),
+                         (dict(augment=1.0), "augment must be true, false or None (the dataset's default), got 1.0"),
+                         (dict(augment=0), "augment must be true, false or None (the dataset's default), got 0"),
+                         (dict(augment=1 + 0j), "augment must be true, false or None"),
+                         (dict(learning_rate=Fraction(1, 1000)), "learning_rate must be a finite number > 0"),
+                         (dict(weight_decay=10**400), "weight_decay must be a finite number >= 0"),
+                         (dict(width=10**400), "width must be a finite number > 0")):
         with pytest.raises(ValueError, match=re.escape(message)):
             loop.fit(loop.TrainConfig(**{**SMALL_MLP, **bad}), tmp_path / "run", progress=False)
         assert not (tmp_path / "run").exists()

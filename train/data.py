@@ -75,12 +75,18 @@ def mnist5k_path() -> Path:
 def load_mnist5k(split: str, path: str | os.PathLike | None = None) -> Dataset:
     """The 4,000-image train or 1,000-image test split of MNIST-5k (28x28x1, 10 classes)."""
     _check_split(split)
-    table = np.loadtxt(path or mnist5k_path(), delimiter=",", dtype=np.uint8)
-    if table.ndim != 2 or table.shape[1] != 28 * 28 + 1:
-        raise ValueError(f"MNIST-5k csv: expected rows of 785 values (784 pixels, label), got {table.shape}")
+    path = Path(path or mnist5k_path())
+    try:
+        table = np.loadtxt(path, delimiter=",", dtype=np.uint8, ndmin=2)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as error:  # bad magic or CRC, cut short, corrupt stream
+        raise ValueError(f"{path}: damaged gzip file ({error})") from None
+    except (ValueError, OverflowError) as error:  # not numbers, or not 0..255
+        raise ValueError(f"{path}: not an MNIST-5k csv of uint8 values ({error})") from None
+    if table.shape[0] == 0 or table.shape[1] != 28 * 28 + 1:
+        raise ValueError(f"{path}: MNIST-5k csv: expected rows of 785 values (784 pixels, label), got {table.shape}")
     pixels, labels = table[:, :-1], table[:, -1].astype(np.int32)
     if labels.max() > 9:
-        raise ValueError(f"MNIST-5k csv: label {labels.max()} out of range 0..9")
+        raise ValueError(f"{path}: MNIST-5k csv: label {labels.max()} out of range 0..9")
     train_idx, test_idx = [], []
     for digit in range(10):
         idx = np.flatnonzero(labels == digit)
@@ -88,6 +94,8 @@ def load_mnist5k(split: str, path: str | os.PathLike | None = None) -> Dataset:
         train_idx.append(idx[:cut])
         test_idx.append(idx[cut:])
     idx = np.concatenate(train_idx if split == "train" else test_idx)
+    if idx.size == 0:
+        raise ValueError(f"{path}: MNIST-5k csv: its {table.shape[0]} rows leave no {split} images")
     return Dataset(pixels[idx].reshape(-1, 28, 28, 1), labels[idx], 10)
 
 

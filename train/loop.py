@@ -79,7 +79,22 @@ def _is_int(value) -> bool:
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    """An int or float (Python or numpy) that a float holds finite: a config's numbers are JSON numbers."""
+    if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, (bool, np.bool_)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past float's range
+        return False
+
+
+def _json(text: str):
+    """json.loads, with a document nested too deeply for the parser's recursion a ValueError like any other
+    JSON that cannot be read."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply to read") from None
 
 
 # Width multipliers beyond this build no model that fits in memory (at 64 a hidden layer of the MNIST MLP
@@ -118,7 +133,7 @@ def check_config(config: TrainConfig, *, reads_data: bool = True) -> None:
         raise ValueError(f"width must be at most {MAX_WIDTH}, got {config.width!r}")
     if config.seed > MAX_SEED:
         raise ValueError(f"seed must be at most 2^63 - 1, got {config.seed!r}")
-    if config.augment not in (None, True, False):
+    if config.augment is not None and not isinstance(config.augment, (bool, np.bool_)):
         raise ValueError(f"augment must be true, false or None (the dataset's default), got {config.augment!r}")
 
 
@@ -219,6 +234,8 @@ def _checkpoint_steps(out_dir: Path) -> list[int]:
         return []
     steps = [p for p in checkpoints.iterdir() if p.is_dir() and p.name.isdigit()]
     for path in steps:
+        if path.is_symlink():  # a link to another step would pass for this one
+            raise CheckpointError(f"{path} is a link, not a step folder a run writes; move it out of {checkpoints}")
         if path.name != str(int(path.name)):  # orbax takes "0032" for step 32, then opens "32"
             raise CheckpointError(f"{path} is not a step folder orbax writes (step {int(path.name)} would be "
                                   f"'{int(path.name)}'); move it out of {checkpoints}")
@@ -226,9 +243,11 @@ def _checkpoint_steps(out_dir: Path) -> list[int]:
 
 
 def _read_config(config_path: Path) -> dict:
+    if not config_path.is_file():  # a FIFO would block the read
+        raise ValueError(f"{config_path} is not a file; use a new --out directory")
     try:
-        previous = json.loads(config_path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        previous = _json(config_path.read_text())
+    except (UnicodeDecodeError, ValueError) as error:
         raise ValueError(f"{config_path} is not valid JSON ({error}); use a new --out directory") from None
     if not isinstance(previous, dict):
         raise ValueError(f"{config_path} is not a training configuration; use a new --out directory")
@@ -238,8 +257,11 @@ def _read_config(config_path: Path) -> dict:
 def _epochs_done(out_dir: Path) -> list[dict]:
     """The metrics rows of a run directory as far as they can be read (for messages only: a resume
     rebuilds metrics.jsonl from its checkpoint)."""
+    metrics = out_dir / "metrics.jsonl"
+    if not metrics.is_file():  # missing, or a FIFO that would block the read
+        return []
     try:
-        return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line]
+        return [_json(line) for line in metrics.read_text().splitlines() if line]
     except (OSError, UnicodeDecodeError, ValueError):
         return []
 
@@ -405,7 +427,7 @@ def _step_problem(step_dir: Path) -> str | None:
     if not record.is_file():
         return f"it has no {CHECKSUMS} (its write was interrupted)"
     try:
-        recorded = json.loads(record.read_text())["sha256"]
+        recorded = _json(record.read_text())["sha256"]
         if not isinstance(recorded, dict):
             raise TypeError("not a mapping")
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
@@ -612,8 +634,10 @@ def load_trained(out_dir: str | os.PathLike) -> BinaryNet:
     config_path = out_dir / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"{out_dir} is not a training run directory (no config.json)")
+    if not config_path.is_file():  # a FIFO would block the read
+        raise ValueError(f"{config_path} is not a training configuration (not a file)")
     try:
-        config = TrainConfig(**json.loads(config_path.read_text()))
+        config = TrainConfig(**_json(config_path.read_text()))
         check_config(config, reads_data=False)
     except (UnicodeDecodeError, ValueError, TypeError) as error:  # not JSON, not a TrainConfig's fields or values
         raise ValueError(f"{config_path} is not a training configuration ({error})") from None
