@@ -405,14 +405,15 @@ def bconv2d(
     bias): with `shortcut`, the block's input stream `(..., B, SH, SW, SC)`, int32 or int16, the output is the
     new stream in the shortcut's type, `(dot >> shift) + shortcut[..., ::s, ::s, :]` (s = `shortcut_stride`,
     ceil(SH / s) = OH, ceil(SW / s) = OW; channels past SC, 1 <= SC <= O, add 0: the type-A shortcut), wrapping
-    as that type's arithmetic does (`out_dtype`, if given, must name the same type); with
+    as that type's arithmetic does (`out_dtype` names that type, or is int32, the default, which stands for it);
+    with
     `threshold` / `flip` as well (integers within int32, compared with the stream's values; `(O,)`, or `(P, O)`
     for P planes, a ternary operand's (nonneg, pos) pair) the pair (stream, its packed bits
     `(..., B, OH, OW, ceil(O/32))`, or `(..., B, OH, OW, P, ceil(O/32))`): the next block's input, in the same
     pass (on CUDA the kernel writes one plane; more planes are thresholded from the stream after it, by a
     kernel of their own).
     side_by_side: as in `bmm` (`side_by_side_weights(w, ...)`; with a shortcut, `threshold_planes=0`).
-    flip_words: `pack_bits(flip != 0)` (uint32, flip's shape with its last axis in words), for a pooled
+    flip_words: `formats.pack_bits(flip != 0)` (uint32, flip's shape with its last axis in words), for a pooled
     threshold convolution whose caller keeps them: CUDA runs it unpooled and pools its bits with them
     (`pool_threshold_bits`), otherwise packing `flip` on every call (a small XLA kernel of its own). Concrete
     ones are checked against a concrete `flip`; traced ones are trusted (as `w_tap_popcount`).
@@ -487,9 +488,10 @@ def bconv2d(
         if not _is_int(shift) or not 0 <= shift <= 31:
             raise ValueError(f"shift must be an integer in [0, 31], got {shift!r}")
         shortcut = _shortcut_stream(shortcut, batch, (oh, ow), o, stride)
-        if np.dtype(out_dtype) not in (np.dtype(np.int32), shortcut.dtype):
+        stream_dtype = _out_dtype(out_dtype, "the residual stream, the shortcut's type")
+        if stream_dtype not in (np.dtype(np.int32), shortcut.dtype):
             raise ValueError(f"the residual epilogue's stream has the shortcut's type, {shortcut.dtype}; got "
-                             f"out_dtype={np.dtype(out_dtype)}")
+                             f"out_dtype={stream_dtype}")
         threshold, flip = _stream_threshold(threshold, flip, o)
         _check_elements("the result", batch + (oh, ow, o))
         _check_elements("the padded input", batch + (h + pt + pb, wd + pl + pr, c))
@@ -527,7 +529,7 @@ def _flip_words(flip_words, flip, n):
         with jax.ensure_compile_time_eval():  # concrete values under an outer jit too
             packed = np.asarray(formats.pack_bits(np.asarray(flip) != 0))
         if not np.array_equal(np.asarray(flip_words), packed):
-            raise ValueError("flip_words are not pack_bits(flip != 0)")
+            raise ValueError("flip_words are not formats.pack_bits(flip != 0)")
     return flip_words
 
 
@@ -541,7 +543,7 @@ def _bconv2d(planes, w, w_tap_popcount, epi, side_by_side=None, flip_words=None,
     """The checked op as one compiled function per static signature (as `_bmm`). x_repeats (binary products
     only): each tap reads the input's words that many times, `c` channels from `ceil(c / 32) / x_repeats` words a
     pixel (`_side_by_side_operands`); the CUDA kernels read them in place, elsewhere they are copied first.
-    flip_words: the checked `pack_bits(flip != 0)` of a pooled threshold convolution, or None."""
+    flip_words: the checked `formats.pack_bits(flip != 0)` of a pooled threshold convolution, or None."""
     if kind == "i16" and mode != "bnn":  # the int32 products, narrowed (XLA fuses the conversion into the reader)
         return _bconv2d(planes, w, w_tap_popcount, epi, side_by_side, attrs=attrs, kind="i32", pooled=pooled,
                         mode=mode, threshold_planes=threshold_planes).astype(jnp.int16)
@@ -1176,7 +1178,7 @@ def pool_threshold_bits(bits, pool, flip_words):
     AND in the columns whose bit is set in `flip_words` (there each bit is the test's complement).
 
     bits: uint32 `(B, H, W, words)`, an unpooled threshold output. flip_words: uint32 `(words,)`, the
-    `flip` vector packed (`pack_bits`). Returns uint32 `(B, H // PH, W // PW, words)`.
+    `flip` vector packed (`formats.pack_bits(flip != 0)`). Returns uint32 `(B, H // PH, W // PW, words)`.
     """
     bits = _packed("bits", bits, min_rank=4)
     if bits.ndim != 4:

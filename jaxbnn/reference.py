@@ -40,7 +40,7 @@ def _weight_values(rows, k, ternary):
 
 def epilogue(dot, scale=None, bias=None, threshold=None, flip=None):
     """What an int32 dot product becomes: itself, `scale * dot + bias` (float32, the product rounded before the
-    sum), or packed bits; with
+    sum; a NaN result is a NaN, its sign and payload the platform's: docs/formats.md), or packed bits; with
     `threshold` / `flip` of shape (P, N), the packed bits of each of the P planes (..., P, ceil(N/32))."""
     if threshold is not None and jnp.ndim(threshold) == 2:  # every plane's words from one reduction, as one array
         return formats.pack_bits(formats.binarize(dot[..., None, :], threshold, flip))

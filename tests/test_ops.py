@@ -98,7 +98,7 @@ def test_pooled_threshold_bits_are_the_unpooled_bits_pooled(pool, pad_value):
 
 @pytest.mark.parametrize("mode", ["bnn", "tnn"])
 def test_flip_words_given_give_the_same_pooled_bits(mode):
-    """flip_words (`pack_bits(flip != 0)`, which the runtime keeps for CUDA's pooled threshold convolutions), given
+    """flip_words (`formats.pack_bits(flip != 0)`, which the runtime keeps for CUDA's pooled threshold convolutions), given
     concrete or traced, leave the bits as they are: one threshold plane, and a ternary output's two."""
     rng = np.random.default_rng(5)
     x = (formats.pack_ternary_pm_planes(rng.integers(-1, 2, (2, 9, 11, 40))) if mode == "tnn"
@@ -131,7 +131,7 @@ def test_flip_words_are_checked():
         ops.bconv2d(x, w, pool=(2, 2), flip_words=jnp.zeros(3, jnp.uint32), **block)
     with pytest.raises(TypeError, match="uint32"):
         ops.bconv2d(x, w, pool=(2, 2), flip_words=np.asarray(words).astype(np.int32), **block)
-    with pytest.raises(ValueError, match="not pack_bits"):
+    with pytest.raises(ValueError, match=r"not formats\.pack_bits\(flip != 0\)"):
         ops.bconv2d(x, w, pool=(2, 2), flip_words=formats.pack_bits(~flip), **block)
 
 
@@ -761,7 +761,7 @@ def test_concrete_popcounts_and_flip_words_are_checked_under_jit_too():
     got = jax.jit(lambda x: ops.bconv2d(x, conv.bits, in_channels=40, kernel_size=3, out_channels=45,
                                         w_tap_popcount=tap, flip_words=words, **pooled))(x)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(ops.bconv2d(x, conv, **pooled)))
-    with pytest.raises(ValueError, match="not pack_bits"):
+    with pytest.raises(ValueError, match=r"not formats\.pack_bits\(flip != 0\)"):
         jax.jit(lambda x: ops.bconv2d(x, conv, flip_words=wrong, **pooled))(x)
 
 
@@ -1296,6 +1296,21 @@ def test_residual_epilogue_of_an_empty_batch_has_the_stream_type(stream_dtype):
                                threshold=jnp.zeros(40, jnp.int32))
     assert stream.shape == (0, 4, 4, 40) and stream.dtype == stream_dtype
     assert bits.shape == (0, 4, 4, 2) and bits.dtype == jnp.uint32
+
+
+@pytest.mark.parametrize("out_dtype, error, message", [
+    ("bogus", TypeError, "out_dtype must be int32 or int16, got 'bogus'"),
+    (None, TypeError, r"out_dtype must be int32 or int16 \(the residual stream, the shortcut's type\), got None"),
+    (jnp.float32, TypeError, "out_dtype must be int32 or int16 .*got float32"),
+    (jnp.int16, ValueError, "the residual epilogue's stream has the shortcut's type, int32; got out_dtype=int16"),
+])
+def test_residual_epilogue_s_out_dtype_is_the_shortcut_s_type_or_int32(out_dtype, error, message):
+    weights = formats.pack_conv_weights(np.ones((3, 3, 32, 32), np.float32))
+    x = jnp.zeros((1, 4, 4, 1), jnp.uint32)
+    with pytest.raises(error, match=message):
+        ops.bconv2d(x, weights, kernel_size=(3, 3), shortcut=jnp.zeros((1, 4, 4, 32), jnp.int32), out_dtype=out_dtype)
+    short16 = jnp.zeros((1, 4, 4, 32), jnp.int16)  # int32, the default, stands for the shortcut's type
+    assert ops.bconv2d(x, weights, kernel_size=(3, 3), shortcut=short16, out_dtype=jnp.int32).dtype == jnp.int16
 
 
 def test_residual_epilogue_under_jit_and_vmap():
