@@ -192,8 +192,9 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
 def check_output_file(output: str) -> None:
     """Refuse an output path that cannot be written before any work is done."""
     path = Path(output)
-    if output.endswith(os.sep) or (os.altsep and output.endswith(os.altsep)):
-        raise ValueError(f"{output} names a folder (it ends in {output[-1]}); name the file to write, e.g. "
+    if output.endswith(os.sep) or (os.altsep and output.endswith(os.altsep)) or os.path.basename(output) in (".", ".."):
+        ending = output[-1] if os.path.basename(output) not in (".", "..") else os.path.basename(output)
+        raise ValueError(f"{output} names a folder (it ends in {ending}); name the file to write, e.g. "
                          f"{path / 'model.jbnn'}")
     if path.is_dir():
         raise ValueError(f"{output} is a folder; name the file to write, e.g. {path / 'model.jbnn'}")

@@ -256,6 +256,8 @@ def _compare(x, threshold):
     if jnp.issubdtype(x.dtype, jnp.floating):
         # in x's dtype, converted on the host for a host threshold: an int64 one is rounded, never wrapped
         t = jnp.asarray(t.astype(np.dtype(x.dtype)) if xp is np else t.astype(x.dtype))
+        if jnp.finfo(x.dtype).bits < 16:  # float8 / float4 formats (some without infinities): exact in float32
+            x, t = x.astype(jnp.float32), t.astype(jnp.float32)
         return _ordered_compare(x, t)
     if not jnp.issubdtype(t.dtype, jnp.integer):
         return _compare_with_float_threshold(x, t, xp)

@@ -113,7 +113,7 @@ class _QuantizedOperands(nnx.Module):
             raise ValueError(f"unknown mode {mode!r}; known: {sorted(MODES)}")
         for name, value in (("in_features", in_features), ("out_features", out_features)):
             _positive_int(name, value)
-        if kernel_clip is not None and not (_is_real(kernel_clip) and kernel_clip > 0):
+        if kernel_clip is not None and not (_is_real(kernel_clip) and np.float32(kernel_clip) > 0):
             raise ValueError(f"kernel_clip must be a positive finite number within float32's range, or None; got {kernel_clip!r}")
         act_domain, weight_domain = MODES[mode]
         if input_quantizer is None and act_domain != "float":

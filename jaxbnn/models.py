@@ -386,7 +386,10 @@ def default_rngs(seed: int = 0) -> nnx.Rngs:
     """Rngs on an RBG key: XLA compiles threefry sampling once per kernel shape, which makes building a
     large model take a minute on a CPU; RBG initial weights are as good and build in seconds. A seed of 2^32 or
     more folds its high word into the key of its low one: without x64 jax keeps only a seed's low 32 bits, so
-    seeds 2^32 apart would build the same weights (the same key with x64 on or off)."""
+    seeds 2^32 apart would build the same weights (the same key with x64 on or off). Seeds are 0 .. 2^64 - 1."""
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be an integer in [0, 2^64), got {seed!r}")
+    seed = int(seed)
     if seed >= 2**32:
         return nnx.Rngs(jax.random.fold_in(jax.random.key(seed & 0xFFFFFFFF, impl="rbg"), seed >> 32))
     return nnx.Rngs(jax.random.key(seed, impl="rbg"))

@@ -541,10 +541,12 @@ def _header_core(model: PackedModel) -> dict:
 
 
 def _names_a_folder(path) -> bool:
-    """".", "/", "" or a name ending in a separator (Path would drop it and write a file of the folder's name)."""
+    """".", "/", "", a name ending in a separator or in "." or ".." (Path would drop the separator or the "." and
+    write a file of the folder's name)."""
     raw = os.fspath(path)
     separators = (os.sep, os.altsep) if os.altsep else (os.sep,)
-    return isinstance(raw, str) and (not Path(raw).name or raw.endswith(separators))
+    return isinstance(raw, str) and (not Path(raw).name or raw.endswith(separators)
+                                     or os.path.basename(raw) in (".", ".."))
 
 
 def save(path: str | os.PathLike, model: PackedModel) -> int:

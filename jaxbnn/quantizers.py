@@ -16,6 +16,7 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxbnn import formats
 
@@ -53,15 +54,19 @@ def ternarize(x: jax.Array, alpha, beta) -> jax.Array:
     integer x exactly. A comparison with NaN (in x or a threshold) is false, as through the exported integer
     thresholds: NaN x gives -1. In x's dtype, or for unsigned / bool x the signed type that holds both."""
     x = jnp.asarray(x)
-    alpha, beta = jnp.asarray(alpha), jnp.asarray(beta)
+    # host thresholds stay on the host (a 64-bit one is compared exactly, not narrowed to jax's 32 bits first);
     # formats' comparisons: the thresholds in x's dtype, subnormals compared as numbers on every platform
     # (XLA's CPU flushes them to zero in a float comparison, the GPU does not)
-    above_alpha, at_most_alpha = formats._compare(x, alpha)
-    at_least_beta, _ = formats._compare(x, beta)
+    above_alpha, at_most_alpha = formats._compare(x, _threshold_operand(alpha))
+    at_least_beta, _ = formats._compare(x, _threshold_operand(beta))
     above_alpha, at_most_alpha, at_least_beta = formats.same_rank(above_alpha, at_most_alpha, at_least_beta)
     values = jnp.where(above_alpha & ~at_most_alpha, 1, jnp.where(at_least_beta, 0, -1))
     signed = jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.signedinteger)
     return values.astype(x.dtype if signed else jnp.promote_types(x.dtype, jnp.int8))  # -1 wraps in uint8
+
+
+def _threshold_operand(t):
+    return t if isinstance(t, jax.Array) else np.asarray(t)
 
 
 # --- binary quantizers --------------------------------------------------------------------------------
@@ -281,15 +286,22 @@ def xnor_weight_scale(w: jax.Array) -> jax.Array:
 def ternary_weight_scale(w: jax.Array, w_ternary: jax.Array) -> jax.Array:
     """TWN scale per output channel: mean |w| over the entries that ternarize to non-zero; shape (N,). Summed in a
     fixed order (`fixed_order_sum`; the count is an integer, exact)."""
+    w = _weights("ternary_weight_scale", w)
     axes = tuple(range(w.ndim - 1))
-    mask = jax.lax.stop_gradient(jnp.abs(w_ternary))
-    kept = fixed_order_sum(jnp.abs(w) * mask, per_channel=True)
-    return kept / jnp.maximum(jnp.sum(mask, axis=axes), 1.0)
+    mask = jax.lax.stop_gradient(jnp.abs(w_ternary)).astype(_mean_dtype(w))
+    kept = fixed_order_sum(_mean_operand(w) * mask, per_channel=True)
+    return (kept / jnp.maximum(jnp.sum(mask, axis=axes), 1.0)).astype(_mean_result_dtype(w))
+
+
+def _magnitudes(x) -> jax.Array:
+    """|x| in a float: integers converted first (|int8(-128)|, a black pixel's level, wraps in int8)."""
+    x = jnp.asarray(x)
+    return jnp.abs(x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.float32))
 
 
 def xnor_input_scale_dense(x: jax.Array) -> jax.Array:
     """XNOR-Net input scale for a dense layer: mean |x| over features, shape (..., 1)."""
-    return jnp.mean(jnp.abs(x), axis=-1, keepdims=True)
+    return jnp.mean(_magnitudes(x), axis=-1, keepdims=True)
 
 
 def xnor_input_scale_conv(x: jax.Array, kernel_size, strides, padding) -> jax.Array:
@@ -299,7 +311,7 @@ def xnor_input_scale_conv(x: jax.Array, kernel_size, strides, padding) -> jax.Ar
     Returns (B, OH, OW, 1), aligned with the conv's output.
     """
     kh, kw = kernel_size
-    mean_abs = jnp.mean(jnp.abs(x), axis=-1, keepdims=True)
+    mean_abs = jnp.mean(_magnitudes(x), axis=-1, keepdims=True)
     box = jnp.full((kh, kw, 1, 1), 1.0 / (kh * kw), dtype=mean_abs.dtype)  # a float: x may be integers
     return jax.lax.conv_general_dilated(
         mean_abs, box, tuple(strides), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"),

@@ -85,6 +85,10 @@ def test_export_to_a_name_ending_in_a_separator_asks_for_a_file_name(tmp_path, c
         f"jaxbnn export: error: {output} names a folder (it ends in /); name the file to write, e.g. "
         f"{tmp_path / 'out' / 'model.jbnn'}")
     assert not (tmp_path / "out").exists()
+    output = f"{tmp_path / 'out'}/."
+    assert one_line_error(capsys, ["export", str(tmp_path), output]).startswith(
+        f"jaxbnn export: error: {output} names a folder (it ends in .)")
+    assert not (tmp_path / "out").exists()
 
 
 def test_predict_on_a_folder_says_what_it_takes(tmp_path, capsys):

@@ -217,6 +217,7 @@ def test_bad_configurations_and_inputs_are_refused():
     (lambda r: L.BinaryLinear(3, 4, kernel_clip=0, rngs=r),
      "kernel_clip must be a positive finite number within float32's range, or None; got 0"),
     (lambda r: L.BinaryLinear(3, 4, kernel_clip=10**400, rngs=r), "kernel_clip must be a positive finite number"),
+    (lambda r: L.BinaryLinear(3, 4, kernel_clip=1e-50, rngs=r), "kernel_clip must be a positive finite number"),
     (lambda r: L.BinaryLinear(3, 4, mode="tnn", kernel_delta=-0.7, rngs=r),
      "kernel_delta must be a finite number >= 0 within float32's range, got -0.7"),
     (lambda r: L.BinaryLinear(3, 4, mode="tbn", input_delta=float("nan"), rngs=r),

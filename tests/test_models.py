@@ -455,6 +455,9 @@ def test_seeds_that_differ_above_bit_31_build_different_weights():
                           .linear.kernel[...])
     assert not np.array_equal(kernel(0), kernel(2**32))
     assert not np.array_equal(kernel(5), kernel(2**40 + 5))
+    for seed in (-1, 2**64, 1.5, True):
+        with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\^64\)"):
+            models.default_rngs(seed)
     np.testing.assert_array_equal(
         jax.random.key_data(models.default_rngs(7).params()),
         jax.random.key_data(nnx.Rngs(jax.random.key(7, impl="rbg")).params()))

@@ -491,7 +491,7 @@ def test_saving_onto_a_folder_name_says_it_is_a_folder(folder):
 
 
 def test_saving_to_a_name_ending_in_a_separator_writes_no_file_of_the_folder_s_name(tmp_path):
-    for path in (f"{tmp_path / 'out'}/", f"{tmp_path}/"):
+    for path in (f"{tmp_path / 'out'}/", f"{tmp_path}/", f"{tmp_path / 'out'}/.", f"{tmp_path / 'out'}/.."):
         with pytest.raises(IsADirectoryError):
             packed_model.save(path, tiny_model())
     assert list(tmp_path.iterdir()) == []

@@ -270,3 +270,29 @@ def test_xnor_input_scale_conv_of_integer_images_is_a_float_map():
     x = (jnp.arange(2 * 5 * 5 * 3) % 101 - 50).astype(jnp.int8).reshape(2, 5, 5, 3)
     scale = q.xnor_input_scale_conv(x, (3, 3), (1, 1), "SAME")
     np.testing.assert_allclose(scale, q.xnor_input_scale_conv(x.astype(jnp.float32), (3, 3), (1, 1), "SAME"))
+
+
+def test_ternarize_of_integers_compares_64_bit_host_thresholds_exactly():
+    x = jnp.asarray([0, 5, 2**24 + 1], jnp.int32)
+    np.testing.assert_array_equal(q.ternarize(x, np.int64(2**32 + 1), np.int64(-2**32)), [0, 0, 0])
+    np.testing.assert_array_equal(q.ternarize(x, np.float64(2**24 + 1), -1.0), [0, 0, 0])
+    np.testing.assert_array_equal(q.ternarize(x, 16777216.5, 4.5), [-1, 0, 1])
+
+
+def test_ternarize_and_binarize_of_float8_values():
+    x = jnp.asarray([-2.0, 0.25, 1.0, float("nan")], jnp.float8_e4m3fn)  # a format without infinities
+    np.testing.assert_array_equal(q.ternarize(x, 0.5, -0.5), [-1, 0, 1, -1])
+    np.testing.assert_array_equal(q.binarize(x), [-1, 1, 1, -1])
+
+
+def test_xnor_input_scales_of_the_lowest_integer_level_are_its_magnitude():
+    black = jnp.full((1, 3, 3, 2), -128, jnp.int8)  # the level of pixel 0
+    np.testing.assert_array_equal(q.xnor_input_scale_dense(black), np.full((1, 3, 3, 1), 128.0))
+    np.testing.assert_array_equal(q.xnor_input_scale_conv(black, (1, 1), (1, 1), "VALID"), np.full((1, 3, 3, 1), 128.0))
+
+
+def test_ternary_weight_scale_of_integer_and_float16_weights():
+    ones = jnp.ones((70000, 2), jnp.float16)  # a float16 sum of these overflows
+    np.testing.assert_array_equal(np.asarray(q.ternary_weight_scale(ones, ones), np.float32), [1.0, 1.0])
+    hundreds = jnp.full((300, 2), 100, jnp.int8)  # an int8 sum wraps
+    np.testing.assert_array_equal(q.ternary_weight_scale(hundreds, jnp.ones((300, 2))), [100.0, 100.0])
