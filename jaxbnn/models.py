@@ -34,6 +34,7 @@ outputs) follows them. MLP images are flattened by its first DenseBlock.
 from __future__ import annotations
 
 import math
+import operator
 from typing import Callable
 
 import jax
@@ -208,7 +209,8 @@ class GlobalPool(nnx.Module):
         return self.bn(jnp.sum(x, axis=(1, 2)))
 
     def eval_forward(self, x, quantized: bool, reader):
-        z = _integer(jnp.sum(x, axis=(1, 2)))
+        # int32, as the packed global pool sums (a float32 sum rounds past 2^24)
+        z = jnp.sum(_integer(x).astype(jnp.int32), axis=(1, 2), dtype=jnp.int32)
         if reader is None:
             return classifier_logits(z, self.bn), False
         return reader.quantize_integers(z, self.bn), True
@@ -234,8 +236,8 @@ class BinaryNet(nnx.Module):
         self.blocks = nnx.List(blocks)
         self.name = name
         self.mode = mode
-        self.input_shape = tuple(input_shape)
-        self.num_classes = num_classes
+        self.input_shape = tuple(operator.index(v) for v in input_shape)  # numpy integers as Python ints
+        self.num_classes = operator.index(num_classes)
 
     def __call__(self, images):
         if tuple(images.shape[1:]) != self.input_shape:

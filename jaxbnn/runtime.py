@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbnn import _ffi, formats, ops, packed_model
+from jaxbnn import _ffi, formats, ops, packed_model, reference
 from jaxbnn.packed_model import PackedModel, uses_conv_layout, weight_geometry
 
 __all__ = ["PackedNet", "InputRangeWarning", "load", "from_packed", "run_nodes", "run_node", "run_dense_chain",
@@ -749,5 +749,7 @@ def _image_layer(node, p, levels, stream_dtype=jnp.int32, next_input=None):
     if output == "ternary":
         return out[..., 0, :], out[..., 1, :]
     if output == "affine":
-        return out.astype(jnp.float32) * p["scale"] + p["bias"]
+        # the affine epilogue's float32 steps (the product rounded before the sum, never an FMA), as the Flax
+        # classifier and every other affine node compute them
+        return reference.epilogue(out, scale=p["scale"], bias=p["bias"])
     return out

@@ -400,3 +400,55 @@ def test_the_fidelity_check_catches_a_wrong_threshold():
     report = fidelity_report(model, runtime.from_packed(packed), images)
     assert not report.exact
     assert report.nodes[1].mismatches > 0
+
+
+def test_a_first_layer_that_is_the_classifier_rounds_its_product_before_the_bias(xla_optimizations):
+    """An image layer with the affine output: float32(dot) * scale rounded, then + bias, as the Flax classifier
+    computes it; a fused multiply-add (one rounding, which XLA's optimizations contract the two into) would move
+    logits by an ulp and flip near-tied classes."""
+    rng = np.random.default_rng(1)
+    layer = BinaryLinear(64, 16, mode="bwn", rngs=nnx.Rngs(0))
+    layer.kernel[...] = jnp.broadcast_to(layer.kernel[...][:, :1], layer.kernel.shape)  # one dot, 16 affines
+    block = DenseBlock(layer, rngs=nnx.Rngs(1))
+    mean = rng.uniform(0, 1, 16).astype(np.float32)
+    block.bn.mean[...] = jnp.asarray(mean)
+    block.bn.var[...] = jnp.ones(16)
+    block.bn.epsilon = 0.0
+    block.bn.scale[...] = jnp.asarray(rng.uniform(0.5, 3, 16), jnp.float32)
+    block.bn.bias[...] = jnp.asarray(mean * 1.3 + np.float32(0.1))
+    model = BinaryNet([block], name="affine-image", mode="bnn", input_shape=(8, 8, 1), num_classes=16)
+    model.eval()
+    images = rng.integers(0, 256, (64, 8, 8, 1), dtype=np.uint8)
+    packed = np.asarray(runtime.from_packed(export_model(model))(images))
+    np.testing.assert_array_equal(packed.view(np.uint32), np.asarray(model(images)).view(np.uint32))
+
+
+def test_the_global_pool_sums_the_stream_in_int32_past_float32_s_integers():
+    """The Flax eval forward's global pool adds the integer stream as the packed model does, in int32: sums past
+    2^24, which float32 rounds, meet thresholds placed exactly on them."""
+    from jaxbnn.models import GlobalPool, StreamStem
+
+    rngs = nnx.Rngs(0)
+    stem = BinaryConv(3, 2, 7, mode="bwn", rngs=rngs)
+    stem.kernel[...] = -jnp.abs(stem.kernel[...]) - 0.01  # every weight -1: large dot products of dark images
+    pool = GlobalPool(2, rngs=rngs)
+    head = DenseBlock(BinaryLinear(2, 3, mode="bnn", rngs=rngs), rngs=rngs)
+    model = BinaryNet([StreamStem(stem, shift=0), pool, head], name="gp", mode="bnn", input_shape=(40, 40, 3),
+                      num_classes=3)
+    images = np.random.default_rng(0).integers(0, 12, (4, 40, 40, 3), dtype=np.uint8)
+    levels = np.pad(images.astype(np.int64) - 128, ((0, 0), (3, 3), (3, 3), (0, 0)))
+    sums = -sum(levels[:, i:i + 40, j:j + 40, :].sum(-1) for i in range(7) for j in range(7)).sum(axis=(1, 2))
+    assert sums.min() > 2**24 and np.float32(sums[2]) != sums[2]
+    pool.bn.mean[...] = jnp.asarray([sums[2], sums[3]], jnp.float32)  # thresholds on float32's rounding of a sum
+    pool.bn.var[...] = jnp.ones(2)
+    pool.bn.epsilon = 0.0
+    model.eval()
+    report = fidelity_report(model, runtime.from_packed(export_model(model)), images)
+    assert report.exact, report.summary()
+
+
+def test_a_model_built_with_numpy_integer_sizes_exports():
+    model = build_model("mnist-mlp", "bnn", input_shape=(np.int64(28), np.int32(28), 1), num_classes=np.int64(10),
+                        width=0.0625, rngs=nnx.Rngs(0))
+    assert all(type(v) is int for v in model.input_shape) and type(model.num_classes) is int
+    assert export_model(model).graph["input_shape"] == [28, 28, 1]
