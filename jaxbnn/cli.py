@@ -191,9 +191,11 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_output_file(output: str) -> None:
     """Refuse an output path that cannot be written before any work is done."""
+    from jaxbnn.packed_model import _names_a_folder
+
     path = Path(output)
-    if output.endswith(os.sep) or (os.altsep and output.endswith(os.altsep)) or os.path.basename(output) in (".", ".."):
-        ending = output[-1] if os.path.basename(output) not in (".", "..") else os.path.basename(output)
+    if output and _names_a_folder(output):  # Path would drop the ending and name the folder itself
+        ending = os.path.basename(output) or output[-1]
         raise ValueError(f"{output} names a folder (it ends in {ending}); name the file to write, e.g. "
                          f"{path / 'model.jbnn'}")
     if path.is_dir():

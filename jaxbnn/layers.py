@@ -114,7 +114,8 @@ class _QuantizedOperands(nnx.Module):
         for name, value in (("in_features", in_features), ("out_features", out_features)):
             _positive_int(name, value)
         if kernel_clip is not None and not (_is_real(kernel_clip) and np.float32(kernel_clip) > 0):
-            raise ValueError(f"kernel_clip must be a positive finite number within float32's range, or None; got {kernel_clip!r}")
+            raise ValueError("kernel_clip must be a positive finite number within float32's range, or None; got "
+                             f"{kernel_clip!r}")
         act_domain, weight_domain = MODES[mode]
         if input_quantizer is None and act_domain != "float":
             input_quantizer = _DEFAULT_QUANTIZER[act_domain]
