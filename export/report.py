@@ -136,7 +136,7 @@ class NodeFidelity:
     name: str
     kind: str  # "binary", "ternary", "stream" or "float" (what the node outputs)
     values: int  # number of bits (binary: one per value, ternary: two), stream integers or floats compared
-    mismatches: int  # bits or stream integers that differ from the Flax model
+    mismatches: int  # bits, stream integers or logits that differ from the Flax model
     max_abs_diff: float  # float outputs
 
 
@@ -150,17 +150,24 @@ class Fidelity:
 
     @property
     def bit_mismatches(self) -> int:
-        return sum(n.mismatches for n in self.nodes)
+        """Intermediate values (bits, ternary values, stream integers) that differ."""
+        return sum(n.mismatches for n in self.nodes if n.kind != "float")
+
+    @property
+    def logits_mismatches(self) -> int:
+        """Logits that differ (equal infinities and NaNs count as equal)."""
+        return sum(n.mismatches for n in self.nodes if n.kind == "float")
 
     @property
     def exact(self) -> bool:
-        """Same predictions everywhere and every intermediate equal."""
-        return self.predictions_equal == self.samples and self.bit_mismatches == 0
+        """Same predictions everywhere, every intermediate equal and every logit equal."""
+        return (self.predictions_equal == self.samples and self.bit_mismatches == 0
+                and self.logits_mismatches == 0)
 
     def summary(self) -> str:
-        return (f"predictions equal on {self.predictions_equal}/{self.samples} samples; logits max |diff| "
-                f"{self.logits_max_abs_diff:.3g} (relative {self.logits_max_rel_diff:.3g}); intermediate values: "
-                f"{self.bit_mismatches} differ")
+        return (f"predictions equal on {self.predictions_equal}/{self.samples} samples; logits: "
+                f"{self.logits_mismatches} differ, max |diff| {self.logits_max_abs_diff:.3g} (relative "
+                f"{self.logits_max_rel_diff:.3g}); intermediate values: {self.bit_mismatches} differ")
 
 
 _unpack_bits = jax.jit(formats.unpack_bits, static_argnums=1)
@@ -211,7 +218,7 @@ def fidelity_report(model: BinaryNet, net, images) -> Fidelity:
     same = (packed_logits == logits) | (np.isnan(packed_logits) & np.isnan(logits))  # infinities, NaNs included
     with np.errstate(invalid="ignore"):
         diff = np.where(same, 0.0, np.abs(packed_logits - logits))
-    nodes.append(NodeFidelity(net.graph["nodes"][-1]["name"], "float", int(logits.size), 0,
+    nodes.append(NodeFidelity(net.graph["nodes"][-1]["name"], "float", int(logits.size), int((~same).sum()),
                               float(diff.max()) if diff.size else 0.0))
     return Fidelity(
         samples=len(logits),

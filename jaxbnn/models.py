@@ -63,6 +63,7 @@ __all__ = [
     "imagenet_alexnet",
     "imagenet_vgg16",
     "imagenet_resnet18",
+    "imagenet_darknet19",
 ]
 
 NETWORK_MODES = ("bnn", "tnn", "tbn", "btn", "float")

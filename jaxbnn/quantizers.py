@@ -96,7 +96,8 @@ sign_ste.defvjp(_sign_ste_fwd, _clipped_identity_bwd)
 
 @jax.custom_vjp
 def approx_sign(x: jax.Array) -> jax.Array:
-    """Bi-Real Net's ApproxSign: forward ±1, gradient 2 - 2|x| inside |x| <= 1 (a piecewise quadratic)."""
+    """Bi-Real Net's ApproxSign: forward ±1, gradient 2 - 2|x| inside |x| <= 1 (the derivative of a piecewise
+    quadratic)."""
     return binarize(x)
 
 

@@ -222,6 +222,8 @@ def test_the_api_page_lists_every_public_name_with_its_signature(section):
     assert entries is not None, f"docs/api.md has no section ## `{section}`"
     missing = [name for name in module.__all__ if name not in entries]
     assert not missing, f"docs/api.md, {section}: public names not documented: {missing}"
+    unexported = [name for name in entries if "." not in name and name not in module.__all__]
+    assert not unexported, f"docs/api.md, {section}: documented names missing from __all__: {unexported}"
     for name, span in entries.items():
         try:
             obj = resolve(module, name)

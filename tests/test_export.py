@@ -402,6 +402,18 @@ def test_the_fidelity_check_catches_a_wrong_threshold():
     assert report.nodes[1].mismatches > 0
 
 
+def test_the_fidelity_check_catches_logits_one_ulp_off():
+    model = zoo_model("mnist-mlp", "bnn", {})
+    packed = export_model(model)
+    images = images_for(model, 6, seed=5)
+    scale = f"nodes.{len(packed.graph['nodes']) - 1}.scale"  # the classifier's affine
+    packed.tensors[scale] = np.nextafter(packed.tensors[scale], np.float32(np.inf)).astype(np.float32)
+    report = fidelity_report(model, runtime.from_packed(packed), images)
+    assert report.predictions_equal == report.samples and report.bit_mismatches == 0  # only the logits moved
+    assert report.logits_mismatches > 0 and not report.exact
+    assert "logits: " in report.summary()
+
+
 def test_a_first_layer_that_is_the_classifier_rounds_its_product_before_the_bias(xla_optimizations):
     """An image layer with the affine output: float32(dot) * scale rounded, then + bias, as the Flax classifier
     computes it; a fused multiply-add (one rounding, which XLA's optimizations contract the two into) would move
