@@ -1441,7 +1441,7 @@ def _doubled_matrix(matrix, *, k, n, threshold_planes):
     """The three-block TNN weights (P | N | E per column, each block zero-padded to `_doubled_block_words(k)`) of
     ternary weight rows `(2n, ceil(k / 32))` (nonneg rows, then pos rows), as FSB tiles, and the columns'
     popcounts (every one half of `_doubled_range`); planes as columns as `_side_by_side_matrix` lays them."""
-    real = jnp.asarray(_real_bit_mask(matrix.shape[-1], k))
+    real = jnp.asarray(_real_bit_mask(matrix.shape[-1], k))[None]  # per row, spelled out (rank promotion)
     nonneg, pos = matrix[:n] & real, matrix[n:] & real
     block = _doubled_block_words(k)
     pad = ((0, 0), (0, block - matrix.shape[-1]))
@@ -1460,6 +1460,7 @@ def _doubled_activations(acts, k):
     planes over `k` values."""
     nonneg, pos = (_clear_padding_bits(a, k) for a in _materialized(acts))
     real = jnp.asarray(_real_bit_mask(nonneg.shape[-1], k))
+    real = real.reshape((1,) * (nonneg.ndim - 1) + real.shape)  # per row or pixel, spelled out (rank promotion)
     # the values (a + b) / 2 of any bits: a pos bit without its nonneg bit is 0, neither +1 nor -1
     plus, minus = pos & nonneg, ~nonneg & ~pos & real
     pad = ((0, 0),) * (nonneg.ndim - 1) + ((0, _doubled_block_words(k) - nonneg.shape[-1]),)
@@ -1549,8 +1550,8 @@ def _doubled_conv_weights(matrix, *, c, o, taps, threshold_planes):
     `_doubled_block_words(c)`, as FSB tiles, and the tap popcounts `(taps, columns)`, every one half of
     `_doubled_tap_range(c)`; planes as columns as `_side_by_side_matrix` lays them."""
     cw = formats.num_words(c)
-    real = jnp.asarray(_real_bit_mask(cw, c))
-    planes = matrix.reshape(2, o, taps, cw) & real
+    real = jnp.asarray(_real_bit_mask(cw, c)).reshape(1, 1, cw)  # per tap word, spelled out (rank promotion)
+    planes = matrix.reshape(2, o, taps, cw) & real[None]
     nonneg, pos = planes[0], planes[1]
     block = _doubled_block_words(c)
     pad = ((0, 0), (0, 0), (0, block - cw))
@@ -1853,7 +1854,11 @@ def _fold_rows(single, activations=1, row_operands=()):
                 arg if batched else jnp.broadcast_to(arg, (axis_size,) + arg.shape)
                 for arg, batched in zip(operands, in_batched)
             ]
-            out = jax.lax.map(lambda xs: call(*xs), args)
+            if axis_size == 0:  # empty: the map's result type without a call (an eager map cannot scan 0 steps)
+                one = jax.eval_shape(call, *(jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in args))
+                out = jax.tree.map(lambda o: jnp.zeros((0,) + o.shape, o.dtype), one)
+            else:
+                out = jax.lax.map(lambda xs: call(*xs), args)
         return out, jax.tree.map(lambda _: True, out)
 
     return call
@@ -2048,10 +2053,10 @@ def _real_bit_popcount(weights, *, rows, k_bits, taps):
     matrix = weights if weights.ndim == 2 else formats.from_fsb(weights, rows, k_bits)
     if taps is None:
         mask = formats.pack_bits(jnp.arange(words * formats.WORD_BITS) < k_bits)
-        return formats.popcount(matrix & mask)
+        return formats.popcount(matrix & mask[None])  # per row, spelled out (rank promotion)
     count, tap_words, channels = taps
     mask = formats.pack_bits(jnp.arange(tap_words * formats.WORD_BITS) < channels)
-    return formats.popcount(matrix.reshape(rows, count, tap_words) & mask).T
+    return formats.popcount(matrix.reshape(rows, count, tap_words) & mask[None, None]).T
 
 
 def _host_or_device_vector(name, value, n):

@@ -173,6 +173,44 @@ def test_every_op_runs_with_rank_promotion_raising(name, fn, value):
     jax.tree.map(np.testing.assert_array_equal, got, want)
 
 
+def weight_form_cases():
+    """(name, thunk): products whose weights are raw packed words (their popcounts derived or checked) and TNN
+    products that run as three blocks (k or C from 385 to 512), whose masks broadcast per row or tap word."""
+    rng = np.random.default_rng(1)
+    k, n, c = 70, 9, 40
+    a = ops.pack_bits(rng.standard_normal((4, k)).astype(np.float32))
+    w = formats.pack_dense_weights(signs(rng, (k, n)))
+    x = ops.pack_bits(rng.standard_normal((1, 5, 6, c)).astype(np.float32))
+    kernel = formats.pack_conv_weights(signs(rng, (3, 3, c, 12)))
+    ternary = lambda shape: rng.integers(-1, 2, shape).astype(np.float32)  # noqa: E731
+    planes = formats.pack_ternary_pm_planes(ternary((4, 400)))
+    tnn_w = formats.pack_ternary_dense_weights(ternary((400, 8)))
+    tnn_x = formats.pack_ternary_pm_planes(ternary((1, 4, 4, 400)))
+    tnn_kernel = formats.pack_ternary_conv_weights(ternary((3, 3, 400, 8)))
+    return [
+        ("bmm of FSB tiles", lambda: ops.bmm(a, w.bits, k, n=n)),
+        ("bmm of row-packed words", lambda: ops.bmm(a, formats.from_fsb(w.bits, n, k), k)),
+        ("bmm with a checked popcount", lambda: ops.bmm(a, w.bits, k, n=n, b_popcount=w.popcount)),
+        ("bmm_chain of FSB tiles", lambda: ops.bmm_chain(a, [dict(b=w.bits, k=k, n=n,
+                                                                   threshold=np.zeros(n, np.int32))])),
+        ("bconv2d of FSB tiles", lambda: ops.bconv2d(x, kernel.bits, in_channels=c, kernel_size=3, out_channels=12)),
+        ("tnn bmm in three blocks", lambda: ops.bmm(planes, tnn_w)),
+        ("tnn bmm in three blocks, two planes out", lambda: ops.bmm(planes, tnn_w, threshold=np.array([[-3] * 8,
+                                                                                                      [3] * 8]))),
+        ("tnn bconv2d in three blocks", lambda: ops.bconv2d(tnn_x, tnn_kernel)),
+        ("tnn side-by-side weights in three blocks",
+         lambda: ops.side_by_side_weights(tnn_w, ternary_activations=True)),
+    ]
+
+
+@pytest.mark.parametrize("name, thunk", weight_form_cases(), ids=[case[0] for case in weight_form_cases()])
+def test_raw_weights_and_three_block_products_run_with_rank_promotion_raising(name, thunk):
+    want = jax.tree.map(np.asarray, thunk())
+    with jax.numpy_rank_promotion("raise"):
+        got = jax.tree.map(np.asarray, thunk())
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+
+
 @pytest.mark.parametrize("name", ["mnist-mlp", "mnist-conv", "cifar10-resnet14"])
 def test_models_train_export_and_run_with_rank_promotion_raising(models, name, strict_ranks):
     model, default_packed, net = models[name]

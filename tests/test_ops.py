@@ -310,6 +310,21 @@ def test_vmap_over_weights_falls_back_to_a_loop():
         np.testing.assert_array_equal(got[i], reference.bmm(a, w.bits, 50, 9))
 
 
+@pytest.mark.parametrize("eager", [False, True], ids=["jit", "disable_jit"])
+def test_vmap_over_no_weights_or_thresholds_gives_empty_results(eager):
+    rng = np.random.default_rng(3)
+    a = ops.pack_bits(signs(rng, (4, 70)))
+    w = formats.pack_dense_weights(signs(rng, (70, 9)))
+    stream = jnp.ones((1, 2, 2, 9), jnp.int16)
+    with jax.disable_jit(eager):
+        no_thresholds = jax.vmap(lambda t: ops.bmm(a, w, threshold=t))(jnp.zeros((0, 9), jnp.int32))
+        no_weights = jax.vmap(lambda b: ops.bmm(a, b, 70, n=9))(jnp.zeros((0,) + w.bits.shape, jnp.uint32))
+        no_sums = jax.vmap(lambda t: ops.global_sum_bits(stream, t))(jnp.zeros((0, 9), jnp.int32))
+    assert (no_thresholds.shape, no_thresholds.dtype) == ((0, 4, 1), jnp.uint32)
+    assert (no_weights.shape, no_weights.dtype) == ((0, 4, 9), jnp.int32)
+    assert (no_sums.shape, no_sums.dtype) == ((0, 1, 1), jnp.uint32)
+
+
 def test_bconv2d_vmap_and_batch_dims():
     rng = np.random.default_rng(3)
     x = ops.pack_bits(signs(rng, (2, 3, 6, 6, 33)))
