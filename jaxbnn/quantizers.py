@@ -285,13 +285,63 @@ def xnor_weight_scale(w: jax.Array) -> jax.Array:
 
 
 def ternary_weight_scale(w: jax.Array, w_ternary: jax.Array) -> jax.Array:
-    """TWN scale per output channel: mean |w| over the entries that ternarize to non-zero; shape (N,). Summed in a
-    fixed order (`fixed_order_sum`; the count is an integer, exact)."""
+    """TWN scale per output channel: mean |w| over the entries whose `w_ternary` is non-zero; shape (N,). Summed in
+    a fixed order (`fixed_order_sum`) and divided by the integer count correctly rounded: the same float on every
+    platform."""
     w = _weights("ternary_weight_scale", w)
     axes = tuple(range(w.ndim - 1))
-    mask = jax.lax.stop_gradient(jnp.abs(w_ternary)).astype(_mean_dtype(w))
-    kept = fixed_order_sum(_mean_operand(w) * mask, per_channel=True)
-    return (kept / jnp.maximum(jnp.sum(mask, axis=axes), 1.0)).astype(_mean_result_dtype(w))
+    nonzero = jax.lax.stop_gradient(jnp.asarray(w_ternary) != 0)
+    kept = fixed_order_sum(_mean_operand(w) * nonzero.astype(_mean_dtype(w)), per_channel=True)
+    count = jnp.maximum(jnp.sum(nonzero, axis=axes, dtype=jnp.int32), 1)
+    return _divide_by_count(kept, count).astype(_mean_result_dtype(w))
+
+
+@jax.custom_jvp
+def _divide_by_count(total, count):
+    """`total / count` (count an int32 >= 1), correctly rounded on every platform. XLA's GPU divides float32 by
+    an approximation (30000 / 300 gave 99.99999 on an H100), so a float32 quotient is formed here from integers
+    (`_float32_quotient`); other float types divide as they are (their division is exact on both)."""
+    if total.dtype != jnp.float32:
+        return total / count.astype(total.dtype)
+    return _float32_quotient(total, count)
+
+
+@_divide_by_count.defjvp
+def _divide_by_count_jvp(primals, tangents):
+    total, count = primals
+    return _divide_by_count(total, count), tangents[0] / count.astype(total.dtype)
+
+
+def _float32_quotient(x, n):
+    """float32 `x / n` rounded to nearest even, for int32 `n >= 1`, in integer operations only: x's significand
+    m and exponent e (x = m 2^e), then the binary long division of m by n until the quotient Q holds 27 bits
+    (the 24 kept, a guard bit and two more) and whether a remainder is left (the sticky bit), then the rounding
+    at the ulp of the result's binade (or of the subnormals)."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    sign, field = bits & jnp.uint32(0x80000000), (bits >> 23) & 0xFF
+    m = jnp.where(field == 0, bits & 0x7FFFFF, (bits & 0x7FFFFF) | 0x800000)
+    e = jnp.where(field == 0, -149, field.astype(jnp.int32) - 150)
+    n = n.astype(jnp.uint32)
+    q, r = m // n, m % n
+
+    f = jnp.zeros_like(e)
+    for _ in range(60):  # one more quotient bit while Q has fewer than 27 (m / n >= 2^-31: 58 steps at most);
+        more = q < (1 << 26)  # unrolled, so that XLA fuses the steps into one elementwise pass
+        r2 = r << 1  # r < n <= 2^31: no wrap
+        bit = (r2 >= n) & more
+        q = jnp.where(more, (q << 1) | bit.astype(jnp.uint32), q)
+        r = jnp.where(more, r2 - jnp.where(bit, n, 0), r)
+        f = f + more.astype(jnp.int32)
+    exponent = e - f  # x / n = (q + r / n) 2^exponent, q in [2^26, 2^27) for m > 0
+    ulp = jnp.maximum(exponent + 26 - 23, -149)
+    shift = jnp.minimum(ulp - exponent, 28).astype(jnp.uint32)  # >= 3; q < 2^27 rounds to 0 past 28
+    kept, low = q >> shift, q & ((jnp.uint32(1) << shift) - 1)
+    half = jnp.uint32(1) << (shift - 1)
+    up = (low > half) | ((low == half) & ((r != 0) | ((kept & 1) == 1)))
+    significand = kept + up.astype(jnp.uint32)  # at most 2^24: its carry lands in the exponent field below
+    magnitude = jnp.where(significand == 0, 0, ((ulp + 149).astype(jnp.uint32) << 23) + significand)
+    magnitude = jnp.where(field == 0xFF, bits & 0x7FFFFFFF, jnp.where(m == 0, 0, magnitude))  # inf, NaN; zero
+    return jax.lax.bitcast_convert_type(sign | magnitude, jnp.float32)
 
 
 def _magnitudes(x) -> jax.Array:

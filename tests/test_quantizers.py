@@ -291,6 +291,27 @@ def test_xnor_input_scales_of_the_lowest_integer_level_are_its_magnitude():
     np.testing.assert_array_equal(q.xnor_input_scale_conv(black, (1, 1), (1, 1), "VALID"), np.full((1, 3, 3, 1), 128.0))
 
 
+def test_ternary_weight_scale_divides_correctly_rounded_on_every_platform():
+    """The quotient is built from integers: what numpy's IEEE division gives, subnormals, zeros, infinities and
+    NaNs included (XLA's GPU divides float32 approximately: 30000 / 300 gave 99.99999)."""
+    rng = np.random.default_rng(11)
+    x = np.concatenate([
+        rng.integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32).view(np.float32),  # every bit pattern
+        rng.standard_normal(2000).astype(np.float32) * np.float32(1e-39),  # subnormal quotients
+        np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 30000.0, 1.0, 3.0, np.finfo(np.float32).max,
+                  np.finfo(np.float32).smallest_subnormal], np.float32)])
+    n = np.concatenate([rng.integers(1, [2**31 - 1, 2**24, 1000], (2000, 3)).reshape(-1),
+                        rng.integers(1, 100, 10)]).astype(np.int32)
+    got = np.asarray(jax.jit(q._divide_by_count)(jnp.asarray(x), jnp.asarray(n)))
+    with np.errstate(invalid="ignore"):  # the NaNs
+        want = (x / n.astype(np.float64)).astype(np.float32)  # exact in float64, then rounded once to float32
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    assert same.all(), list(zip(x[~same][:5], n[~same][:5], got[~same][:5], want[~same][:5]))
+    w = jnp.asarray(rng.standard_normal((300, 4)).astype(np.float32))
+    grad = jax.grad(lambda w: q.ternary_weight_scale(w, jnp.ones_like(w)).sum())(w)
+    np.testing.assert_allclose(np.asarray(grad), np.sign(np.asarray(w)) / 300, rtol=1e-6)  # d mean|w| / dw
+
+
 def test_ternary_weight_scale_of_integer_and_float16_weights():
     ones = jnp.ones((70000, 2), jnp.float16)  # a float16 sum of these overflows
     np.testing.assert_array_equal(np.asarray(q.ternary_weight_scale(ones, ones), np.float32), [1.0, 1.0])
