@@ -218,12 +218,15 @@ def fidelity_report(model: BinaryNet, net, images) -> Fidelity:
     same = (packed_logits == logits) | (np.isnan(packed_logits) & np.isnan(logits))  # infinities, NaNs included
     with np.errstate(invalid="ignore"):
         diff = np.where(same, 0.0, np.abs(packed_logits - logits))
+    diff = np.where(np.isnan(diff), np.inf, diff)  # a NaN against a number: as far apart as logits get
+    with np.errstate(invalid="ignore"):  # relative to max(1, |logit|); an infinite difference stays infinite
+        relative = np.where(np.isinf(diff), np.inf, diff / np.fmax(1.0, np.abs(logits)))
     nodes.append(NodeFidelity(net.graph["nodes"][-1]["name"], "float", int(logits.size), int((~same).sum()),
                               float(diff.max()) if diff.size else 0.0))
     return Fidelity(
         samples=len(logits),
         predictions_equal=int(np.sum(np.argmax(packed_logits, -1) == np.argmax(logits, -1))),
         logits_max_abs_diff=float(diff.max()) if diff.size else 0.0,
-        logits_max_rel_diff=float((diff / np.maximum(1.0, np.abs(logits))).max()) if diff.size else 0.0,
+        logits_max_rel_diff=float(relative.max()) if diff.size else 0.0,
         nodes=nodes,
     )

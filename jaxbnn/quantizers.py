@@ -291,7 +291,7 @@ def ternary_weight_scale(w: jax.Array, w_ternary: jax.Array) -> jax.Array:
     w = _weights("ternary_weight_scale", w)
     axes = tuple(range(w.ndim - 1))
     nonzero = jax.lax.stop_gradient(jnp.asarray(w_ternary) != 0)
-    kept = fixed_order_sum(_mean_operand(w) * nonzero.astype(_mean_dtype(w)), per_channel=True)
+    kept = fixed_order_sum(jnp.where(nonzero, _mean_operand(w), 0), per_channel=True)  # inf * 0 would be NaN
     count = jnp.maximum(jnp.sum(nonzero, axis=axes, dtype=jnp.int32), 1)
     return _divide_by_count(kept, count).astype(_mean_result_dtype(w))
 

@@ -414,6 +414,16 @@ def test_the_fidelity_check_catches_logits_one_ulp_off():
     assert "logits: " in report.summary()
 
 
+def test_nan_logits_in_both_models_are_an_exact_match():
+    model = zoo_model("mnist-mlp", "bnn", {})
+    bn = model.blocks[-1].bn
+    bn.mean[...] = bn.mean[...].at[2].set(np.nan)  # class 2's logit NaN in the Flax model and the packed one
+    model.eval()
+    report = fidelity_report(model, runtime.from_packed(export_model(model)), images_for(model, 4, seed=1))
+    assert report.exact and report.logits_mismatches == 0
+    assert report.logits_max_abs_diff == 0.0 and report.logits_max_rel_diff == 0.0, report.summary()
+
+
 def test_a_first_layer_that_is_the_classifier_rounds_its_product_before_the_bias(xla_optimizations):
     """An image layer with the affine output: float32(dot) * scale rounded, then + bias, as the Flax classifier
     computes it; a fused multiply-add (one rounding, which XLA's optimizations contract the two into) would move

@@ -1,5 +1,8 @@
 """Quantizers: forward values (sign(0) = +1, TAB eq. 1) and their surrogate gradients."""
 
+import fractions
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -291,6 +294,18 @@ def test_xnor_input_scales_of_the_lowest_integer_level_are_its_magnitude():
     np.testing.assert_array_equal(q.xnor_input_scale_conv(black, (1, 1), (1, 1), "VALID"), np.full((1, 3, 3, 1), 128.0))
 
 
+def float32_quotient(x, n):
+    """x / n rounded once to the nearest float32 (ties to even), from the exact rational."""
+    if not np.isfinite(x) or x == 0:
+        return x / np.float32(n) if np.isfinite(x) else x
+    exact = abs(fractions.Fraction(float(x)) / int(n))
+    ulp = max(math.floor(math.log2(exact)) - 23, -149)
+    if fractions.Fraction(2) ** (ulp + 23) > exact:  # log2 rounded up past a power of two
+        ulp = max(ulp - 1, -149)
+    significand = round(exact / fractions.Fraction(2) ** ulp)  # Fraction rounds half to even
+    return np.float32(math.copysign(math.ldexp(significand, ulp), x))
+
+
 def test_ternary_weight_scale_divides_correctly_rounded_on_every_platform():
     """The quotient is built from integers: what numpy's IEEE division gives, subnormals, zeros, infinities and
     NaNs included (XLA's GPU divides float32 approximately: 30000 / 300 gave 99.99999)."""
@@ -299,17 +314,22 @@ def test_ternary_weight_scale_divides_correctly_rounded_on_every_platform():
         rng.integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32).view(np.float32),  # every bit pattern
         rng.standard_normal(2000).astype(np.float32) * np.float32(1e-39),  # subnormal quotients
         np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 30000.0, 1.0, 3.0, np.finfo(np.float32).max,
-                  np.finfo(np.float32).smallest_subnormal], np.float32)])
+                  np.finfo(np.float32).smallest_subnormal, 11938259.0], np.float32)])
     n = np.concatenate([rng.integers(1, [2**31 - 1, 2**24, 1000], (2000, 3)).reshape(-1),
-                        rng.integers(1, 100, 10)]).astype(np.int32)
+                        rng.integers(1, 100, 10), [2147482119]]).astype(np.int32)  # float64 rounds that one twice
     got = np.asarray(jax.jit(q._divide_by_count)(jnp.asarray(x), jnp.asarray(n)))
-    with np.errstate(invalid="ignore"):  # the NaNs
-        want = (x / n.astype(np.float64)).astype(np.float32)  # exact in float64, then rounded once to float32
+    want = np.array([float32_quotient(a, b) for a, b in zip(x, n)], np.float32)
     same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
     assert same.all(), list(zip(x[~same][:5], n[~same][:5], got[~same][:5], want[~same][:5]))
     w = jnp.asarray(rng.standard_normal((300, 4)).astype(np.float32))
     grad = jax.grad(lambda w: q.ternary_weight_scale(w, jnp.ones_like(w)).sum())(w)
     np.testing.assert_allclose(np.asarray(grad), np.sign(np.asarray(w)) / 300, rtol=1e-6)  # d mean|w| / dw
+
+
+def test_ternary_weight_scale_ignores_infinite_weights_that_ternarize_to_zero():
+    w = jnp.array([[np.inf, 2.0], [2.0, np.nan], [2.0, 3.0]], jnp.float32)
+    t = jnp.array([[0, 1], [1, 0], [1, -1]], jnp.float32)
+    np.testing.assert_array_equal(np.asarray(q.ternary_weight_scale(w, t)), [2.0, 2.5])
 
 
 def test_ternary_weight_scale_of_integer_and_float16_weights():
