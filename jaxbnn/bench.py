@@ -24,7 +24,7 @@ from jaxbnn import formats, runtime
 from jaxbnn.models import MODEL_BUILDERS, build_model, default_rngs
 
 __all__ = ["BenchRow", "BenchReport", "describe_device", "default_batch_sizes", "model_width", "xla_forward",
-           "seconds_per_forward", "bench"]
+           "seconds_per_forward", "is_out_of_memory", "bench"]
 
 # (latency batch, throughput batch) per dataset: the TCBNN paper's on a GPU, smaller ones on the CPU
 DEFAULT_BATCH_SIZES = {
@@ -176,9 +176,15 @@ def _images_per_s(forward, args, batch: int, seconds: float) -> float | None:
     try:
         return batch / seconds_per_forward(forward, args, seconds)
     except jax.errors.JaxRuntimeError as error:
-        if "RESOURCE_EXHAUSTED" in str(error) or "Out of memory" in str(error):  # the GPU's wording, the CPU's
+        if is_out_of_memory(error):
             return None
         raise
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether jax or XLA could not allocate what a forward (or a model) needs on its device."""
+    return isinstance(error, jax.errors.JaxRuntimeError) and (
+        "RESOURCE_EXHAUSTED" in str(error) or "Out of memory" in str(error))  # the GPU's wording, the CPU's
 
 
 def bench(path: str | os.PathLike, batch_sizes=None, seconds: float = 0.5) -> BenchReport:

@@ -204,11 +204,22 @@ def check_output_file(output: str) -> None:
         raise FileNotFoundError(errno.ENOENT, "no such folder to write into", str(path.parent))
 
 
+def _check_output_outside_run(output: str, run_dir: str, run_files) -> None:
+    """Refuse to write the packed checkpoint over a file of the run it is exported from (its config, metrics,
+    curves or checkpoints): the run could no longer be exported, resumed or restarted."""
+    run, target = Path(run_dir).resolve(), Path(output).resolve()
+    checkpoint_folders = (run / "checkpoints", run / "checkpoints-damaged")
+    if (target.parent == run and target.name in run_files) or any(f in target.parents for f in checkpoint_folders):
+        raise ValueError(f"{output} is a file of the run {run_dir} that export reads; write the packed checkpoint "
+                         f"elsewhere, e.g. {Path(run_dir) / 'model.jbnn'}")
+
+
 def _run_export(args: argparse.Namespace) -> int:
     from jaxbnn import packed_model
 
     check_output_file(args.output)
     loop = import_train_module("loop")
+    _check_output_outside_run(args.output, args.checkpoint_dir, loop.RUN_FILES)
     export = import_export_package()
     model = loop.load_trained(args.checkpoint_dir)
     packed = export.export_model(model, target=args.target)
@@ -310,9 +321,10 @@ def _run_demo(args: argparse.Namespace) -> int:
         return _demo(args, Path(folder))
 
 
-def _check_kept_demo(out: Path, config) -> None:
+def _check_kept_demo(out: Path, config, restart: bool) -> None:
     """Refuse to continue a demo run kept in `out` with other settings, saying which (the training loop's own
-    advice names `jaxbnn train`'s options, which the demo has not)."""
+    advice names `jaxbnn train`'s options, which the demo has not), and to touch a run that is not a demo's
+    even with `restart` (which deletes only a demo's)."""
     import json
 
     try:
@@ -328,8 +340,8 @@ def _check_kept_demo(out: Path, config) -> None:
                     if name not in ("epochs", "width", "seed") and recorded.get(name, wanted.get(name)) != wanted.get(name))
     if others:  # settings the demo has no option for (a run of `jaxbnn train`)
         raise ValueError(f"{out} holds a training run that is not a demo's ({', '.join(others)} differ); give the "
-                         "demo another --out")
-    if changed:
+                         "demo another --out" + (" (--restart deletes only a demo run)" if restart else ""))
+    if changed and not restart:
         raise ValueError(f"{out} holds a demo run of {' '.join(changed)}: run the demo with those settings to reuse "
                          "it, or add --restart to delete it and train anew")
 
@@ -350,8 +362,8 @@ def _demo(args: argparse.Namespace, out: Path) -> int:
                               width=args.width, seed=args.seed)
     # a demo run kept with --out is reused by the next demo there with its settings (a finished one trains nothing)
     kept = (out / "config.json").is_file() and not args.restart
-    if kept:
-        _check_kept_demo(out, config)
+    if (out / "config.json").is_file():
+        _check_kept_demo(out, config, args.restart)
     loop.fit(config, out, resume=kept, restart=args.restart, progress=False)
     model = loop.load_trained(out)
     _, test = data.load_dataset("mnist5k")
@@ -457,6 +469,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def out_of_memory(error: BaseException) -> bool:
+    """Whether jax or XLA could not allocate: the device or host is too small for what was asked (a model's
+    width, a batch), which the command reports in a line like any other bad input."""
+    if type(error).__name__ != "JaxRuntimeError":  # not raised by jax, which may not be imported yet
+        return False
+    from jaxbnn.bench import is_out_of_memory
+
+    return is_out_of_memory(error)
+
+
 def describe(error: BaseException) -> str:
     """One line for an error: an OSError as 'what: path' (its strerror and file name), else its message."""
     if isinstance(error, OSError) and error.strerror:
@@ -509,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     except Exception as error:
         if not caused_by_ctrl_c(error):
-            if not isinstance(error, (ValueError, OSError, FloatingPointError)):
+            if not isinstance(error, (ValueError, OSError, FloatingPointError)) and not out_of_memory(error):
                 raise
             print(f"jaxbnn {args.command}: error: {describe(error)}", file=sys.stderr)
             return 2

@@ -235,6 +235,34 @@ def test_a_checkpoints_file_is_refused_before_training(tmp_path):
         run_check(tmp_path, resume=False)
 
 
+@pytest.mark.parametrize("name", ["config.json", "metrics.jsonl", "curves.png", "config.json.tmp"])
+def test_a_folder_where_a_run_writes_a_file_is_refused_before_training(tmp_path, name):
+    """Not found at the run's first write of it: a config.json folder let a whole run train without its config,
+    a curves.png folder stopped one after its first epoch."""
+    (tmp_path / name).mkdir()
+    with pytest.raises(ValueError, match=f"{name} is not a file: a run writes its {name} there"):
+        loop.fit(loop.TrainConfig(model="mnist-mlp", epochs=1, width=0.125), tmp_path, progress=False)
+    assert os.listdir(tmp_path) == [name]
+
+
+def test_a_failed_write_leaves_neither_the_file_nor_its_temporary(tmp_path):
+    with pytest.raises(UnicodeEncodeError):  # raised after the temporary was opened, as a full disk would be
+        loop._write_atomic(tmp_path / "metrics.jsonl", "\udc80")
+    assert os.listdir(tmp_path) == []
+
+
+def test_metrics_rows_of_another_shape_are_not_read_for_messages(tmp_path):
+    """metrics.jsonl is rebuilt from the checkpoint on resume; rows a person edited only drop the message's
+    accuracy."""
+    config = loop.TrainConfig(epochs=1)
+    for text in ('{"epoch": 1}\n', "[1]\n", '{"epoch": 1, "test_accuracy": "high"}\n'):
+        (tmp_path / "metrics.jsonl").write_text(text)
+        assert "finished run (1/1 epochs): nothing to train" in loop._finished_message(
+            tmp_path, config, loop._epochs_done(tmp_path))
+    (tmp_path / "metrics.jsonl").write_text('{"epoch": 1, "test_accuracy": 0.5}\n')
+    assert "(1/1 epochs, test accuracy 0.5000)" in loop._finished_message(tmp_path, config, loop._epochs_done(tmp_path))
+
+
 
 def test_a_zero_padded_step_folder_is_named_not_opened_under_another_name(tmp_path):
     """orbax takes a copied "0032" for step 32 and then opens "32": refused, naming the folder."""
@@ -244,3 +272,14 @@ def test_a_zero_padded_step_folder_is_named_not_opened_under_another_name(tmp_pa
         restore(tmp_path)
     with pytest.raises(loop.CheckpointError, match="0032 is not a step folder"):
         run_check(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["\u00b2", "\u2460", "\u0663"])  # superscript two, circled one, Arabic-Indic three
+def test_a_step_folder_named_with_another_scripts_digit_is_named(tmp_path, name):
+    save_steps(tmp_path, [10])
+    (tmp_path / "checkpoints" / name).mkdir()
+    with pytest.raises(loop.CheckpointError, match=f"checkpoints/{name} is not a step folder orbax writes"):
+        restore(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(loop.TrainConfig().to_json()))
+    with pytest.raises(ValueError, match=f"checkpoints/{name} is not a checkpoint step, so --restart deletes nothing"):
+        loop._check_run_directory(tmp_path, loop.TrainConfig(), resume=False, restart=True)

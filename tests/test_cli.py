@@ -240,6 +240,38 @@ def test_a_demo_kept_with_other_settings_is_refused_with_the_demos_own_options(t
         assert cli.main(["demo", "--out", str(tmp_path), "--epochs", "1", "--width", "0.125"]) == 2
         assert (f"holds a training run that is not a demo's ({named} differ); give the demo another --out"
                 in capsys.readouterr().err)
+        # --restart deletes a demo's run only: a run of `jaxbnn train` is not the demo's to delete
+        assert cli.main(["demo", "--out", str(tmp_path), "--epochs", "1", "--width", "0.125", "--restart"]) == 2
+        assert (f"holds a training run that is not a demo's ({named} differ); give the demo another --out (--restart "
+                "deletes only a demo run)" in capsys.readouterr().err)
+        assert json.loads((tmp_path / "config.json").read_text()) == {**kept, **other}
+
+
+def test_export_refuses_to_write_over_a_file_of_the_run_it_reads(tmp_path, capsys):
+    """Written over config.json or into a checkpoint, the file would leave a run that can no longer be exported,
+    resumed or restarted."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "20").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    for output in (run / "config.json", run / "metrics.jsonl", run / "checkpoints" / "20" / "model.jbnn",
+                   tmp_path / "run" / ".." / "run" / "curves.png"):
+        assert cli.main(["export", str(run), str(output)]) == 2
+        assert (f"{output} is a file of the run {run} that export reads; write the packed checkpoint elsewhere, e.g. "
+                f"{run / 'model.jbnn'}" in capsys.readouterr().err)
+    assert (run / "config.json").read_text() == "{}" and sorted(os.listdir(run)) == ["checkpoints", "config.json"]
+
+
+def test_out_of_memory_is_a_one_line_error(tmp_path):
+    """A model too large for the machine (here: its address space limited to 8 GiB) is bad input like any other,
+    not a traceback; nothing of the run is written."""
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30)); from jaxbnn import cli; "
+            "sys.exit(cli.main(sys.argv[1:]))")
+    argv = ["train", "--model", "mnist-mlp", "--epochs", "1", "--width", "64", "--no-progress", "--out", "run"]
+    process = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=600)
+    assert process.returncode == 2, process.stderr
+    assert process.stderr.startswith("jaxbnn train: error: RESOURCE_EXHAUSTED: Out of memory allocating ")
+    assert len(process.stderr.strip().splitlines()) == 1 and os.listdir(tmp_path) == []
 
 
 def test_bench_prints_a_table_of_both_sides(tmp_path, capsys):

@@ -60,6 +60,20 @@ def test_short_bnn_run_beats_chance_and_resumes_exactly(tmp_path):
             assert module.use_running_average  # loaded for inference
 
 
+def test_a_diverged_state_is_never_checkpointed(tmp_path):
+    """A NaN loss inside an epoch stops the run at the next mid-epoch checkpoint instead of saving it: a resume
+    or an export would take it for the run's latest state."""
+    config = loop.TrainConfig(epochs=1, **{**SMALL_MLP, "learning_rate": 1e38})
+    with pytest.raises(FloatingPointError, match=r"training diverged at epoch 1, step (\d+) \(loss nan\)") as error:
+        loop.fit(config, tmp_path, progress=False, checkpoint_every=5, log=lambda _: None)
+    diverged_at = int(re.search(r"step (\d+)", str(error.value)).group(1))
+    steps = loop._checkpoint_steps(tmp_path)
+    assert all(step < diverged_at for step in steps)
+    if steps:  # the states saved before are finite
+        model = loop.load_trained(tmp_path)
+        assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(nnx.to_pure_dict(nnx.state(model))))
+
+
 def test_a_run_directory_refuses_a_different_configuration(tmp_path):
     config = loop.TrainConfig(epochs=1, **SMALL_MLP)
     loop.fit(config, tmp_path, progress=False, log=lambda _: None)

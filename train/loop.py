@@ -189,10 +189,18 @@ def evaluate(model: BinaryNet, dataset: data_lib.Dataset, batch_size: int = 500)
 # --- files ----------------------------------------------------------------------------------------------
 
 
+def _replace_from(tmp: Path, path: Path, write) -> None:
+    """Write `tmp` by `write(tmp)`, then move it over `path`; a failed write (a full disk) leaves no `tmp`."""
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    _replace_from(path.with_name(path.name + ".tmp"), path, lambda tmp: tmp.write_text(text))
 
 
 def _plot(rows: list[dict], path: Path, title: str) -> None:
@@ -214,18 +222,18 @@ def _plot(rows: list[dict], path: Path, title: str) -> None:
         ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        _replace_from(path.with_name(path.name + ".tmp.png"), path, lambda tmp: fig.savefig(tmp, dpi=100))
+    finally:
+        plt.close(fig)
 
 
 # The files a run writes in its directory besides its checkpoint folders, with the temporaries of their
 # atomic writes (_write_atomic, _plot); config.json last, so that a restart cut short still finds a run.
 RUN_FILES = ("metrics.jsonl", "metrics.jsonl.tmp", "curves.png", "curves.png.tmp.png", "config.json.tmp",
              "config.json")
-STEP_NAME = re.compile(r"\d+(\.orbax-checkpoint-tmp.*)?")  # a step, or one orbax was still writing
-DAMAGED_STEP_NAME = re.compile(r"\d+(\.\d+)?")  # the names _set_aside gives
+STEP_NAME = re.compile(r"[0-9]+(\.orbax-checkpoint-tmp.*)?")  # a step, or one orbax was still writing
+DAMAGED_STEP_NAME = re.compile(r"[0-9]+(\.[0-9]+)?")  # the names _set_aside gives
 
 
 def _checkpoint_steps(out_dir: Path) -> list[int]:
@@ -234,6 +242,8 @@ def _checkpoint_steps(out_dir: Path) -> list[int]:
         return []
     steps = [p for p in checkpoints.iterdir() if p.is_dir() and p.name.isdigit()]
     for path in steps:
+        if not path.name.isascii():  # a digit such as "²" that int() does not read
+            raise CheckpointError(f"{path} is not a step folder orbax writes; move it out of {checkpoints}")
         if path.is_symlink():  # a link to another step would pass for this one
             raise CheckpointError(f"{path} is a link, not a step folder a run writes; move it out of {checkpoints}")
         if path.name != str(int(path.name)):  # orbax takes "0032" for step 32, then opens "32"
@@ -261,9 +271,10 @@ def _epochs_done(out_dir: Path) -> list[dict]:
     if not metrics.is_file():  # missing, or a FIFO that would block the read
         return []
     try:
-        return [_json(line) for line in metrics.read_text().splitlines() if line]
+        rows = [_json(line) for line in metrics.read_text().splitlines() if line]
     except (OSError, UnicodeDecodeError, ValueError):
         return []
+    return rows if all(isinstance(row, dict) for row in rows) else []
 
 
 def _check_run_directory(out_dir: Path, config: TrainConfig, *, resume: bool, restart: bool) -> list[Path]:
@@ -281,6 +292,10 @@ def _check_run_directory(out_dir: Path, config: TrainConfig, *, resume: bool, re
         if (out_dir / name).exists() and not (out_dir / name).is_dir():
             raise ValueError(f"{out_dir / name} is not a folder: a run keeps its checkpoints there; move it away, "
                              "or use a new --out directory")
+    for name in RUN_FILES:  # a folder (or a FIFO) there would stop the run at its first write of it
+        if (out_dir / name).exists() and not (out_dir / name).is_file():
+            raise ValueError(f"{out_dir / name} is not a file: a run writes its {name} there; move it away, or use "
+                             "a new --out directory")
     config_path = out_dir / "config.json"
     has_config = config_path.is_file()
     if restart:
@@ -541,13 +556,13 @@ def fit(config: TrainConfig, out_dir: str | os.PathLike, *, resume: bool = False
         raise ValueError(f"batch size {config.batch_size} exceeds the {len(train_set.labels)} training images")
     augment = data_lib.DATASETS[config.data]["augment"] if config.augment is None else config.augment
     model = _build(config, train_set.images.shape[1:], train_set.num_classes)
-    # the first write: everything above has been checked
+    steps_per_epoch = len(train_set.labels) // config.batch_size
+    optimizer = make_optimizer(model, config.learning_rate, steps_per_epoch * config.epochs, config.weight_decay)
+    # the first write: everything above has been checked (and allocated: a model too large fails here)
     if run_paths:
         _delete(run_paths)
         log(f"deleted the run in {out_dir}: {', '.join(p.name for p in run_paths)}")
     _start_run(out_dir, config)
-    steps_per_epoch = len(train_set.labels) // config.batch_size
-    optimizer = make_optimizer(model, config.learning_rate, steps_per_epoch * config.epochs, config.weight_decay)
 
     global_step, saved = _restore(out_dir, model, optimizer, log=log)  # before the manager reads any step
     manager = _checkpoint_manager(out_dir)
@@ -590,6 +605,9 @@ def fit(config: TrainConfig, out_dir: str | os.PathLike, *, resume: bool = False
             if checkpoint_every and global_step % checkpoint_every == 0 and index + 1 < steps_per_epoch:
                 partial = {"loss_sum": float(loss_sum), "accuracy_sum": float(accuracy_sum),
                            "seconds": time.perf_counter() - started}
+                if not math.isfinite(partial["loss_sum"]):  # a diverged state is not a checkpoint to resume
+                    raise FloatingPointError(f"training diverged at epoch {epoch}, step {global_step} (loss "
+                                             f"{partial['loss_sum'] / (index + 1)})")
                 _save(manager, global_step, model, optimizer, {"rows": rows, "partial": partial})
                 log(f"checkpoint at step {global_step}")
         skip = 0
@@ -621,7 +639,8 @@ def fit(config: TrainConfig, out_dir: str | os.PathLike, *, resume: bool = False
 
 
 def _finished_message(out_dir: Path, config: TrainConfig, rows: list[dict]) -> str:
-    accuracy = f", test accuracy {rows[-1]['test_accuracy']:.4f}" if rows else ""
+    last = rows[-1].get("test_accuracy") if rows else None
+    accuracy = f", test accuracy {last:.4f}" if _is_number(last) else ""
     return (f"{out_dir} holds a finished run ({config.epochs}/{config.epochs} epochs{accuracy}): nothing to "
             "train. To train longer, start a new run with a larger --epochs in a new --out directory (the "
             "learning rate decays to zero over a run's epochs); to use this one: jaxbnn export "
