@@ -40,13 +40,17 @@ def _weight_values(rows, k, ternary):
 
 def epilogue(dot, scale=None, bias=None, threshold=None, flip=None):
     """What an int32 dot product becomes: itself, `scale * dot + bias` (float32, the product rounded before the
-    sum; a NaN result is a NaN, its sign and payload the platform's: docs/formats.md), or packed bits; with
-    `threshold` / `flip` of shape (P, N), the packed bits of each of the P planes (..., P, ceil(N/32))."""
+    sum; either one alone: the other 1 / +0.0, as the ops take them; a NaN result is a NaN, its sign and payload
+    the platform's: docs/formats.md), or packed bits; with `threshold` / `flip` of shape (P, N), the packed bits
+    of each of the P planes (..., P, ceil(N/32))."""
     if threshold is not None and jnp.ndim(threshold) == 2:  # every plane's words from one reduction, as one array
         return formats.pack_bits(formats.binarize(dot[..., None, :], threshold, flip))
     if threshold is not None:
         return formats.pack_bits(formats.binarize(dot, threshold, flip))
-    if scale is not None:
+    if scale is not None or bias is not None:
+        n = dot.shape[-1:]
+        scale = jnp.ones(n, jnp.float32) if scale is None else scale
+        bias = jnp.zeros(n, jnp.float32) if bias is None else bias
         # rounded twice, as the kernels round it. Compiled, a product whose one use is the sum would be contracted
         # into an FMA (XLA drops an optimization barrier before fusing): a select on the product's own value
         # between them, which no constant folds away, keeps it rounded (and a NaN a NaN).
@@ -207,5 +211,6 @@ def image_epilogue(pre, *, pool=None, shift=0, threshold=None, flip=None, out_dt
     stream = (pre >> shift).astype(out_dtype)
     if threshold is None:
         return stream
+    flip = [None] * len(threshold) if flip is None else flip  # no flip: every plane's bit is stream >= threshold
     bits = jnp.stack([formats.pack_bits(formats.binarize(stream, t, f)) for t, f in zip(threshold, flip)], axis=-2)
     return (stream, bits) if keep_stream else bits

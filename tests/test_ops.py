@@ -70,6 +70,28 @@ def test_reference_bconv_is_the_float_convolution(h, w, c, o, ksize, stride, pad
     np.testing.assert_array_equal(dot, numpy_conv(x, kernel, (stride, stride), padding, pad_value))
 
 
+def test_the_reference_takes_the_epilogues_the_ops_take():
+    """scale or bias alone (the other 1 / +0.0) and a threshold without flip: the spec gives what the op gives."""
+    rng = np.random.default_rng(3)
+    k, n = 40, 6
+    a = ops.pack_bits(signs(rng, (3, k)))
+    w = formats.pack_dense_weights(signs(rng, (k, n)))
+    x = ops.pack_bits(signs(rng, (1, 4, 4, k)))
+    cw = formats.pack_conv_weights(signs(rng, (3, 3, k, n)))
+    for epi in (dict(scale=np.full(n, -2.0, np.float32)), dict(bias=np.full(n, 0.5, np.float32)),
+                dict(threshold=np.arange(n, dtype=np.int32) - 3)):
+        np.testing.assert_array_equal(reference.bmm(a, w.bits, k, n, **epi), ops.bmm(a, w, **epi), err_msg=str(epi))
+        spec = reference.bconv2d(x, cw.bits, in_channels=k, out_channels=n, kernel_size=(3, 3), stride=(1, 1),
+                                 padding=((1, 1), (1, 1)), pad_value="zero", **epi)
+        np.testing.assert_array_equal(spec, ops.bconv2d(x, cw, **epi), err_msg=str(epi))
+    levels = rng.integers(-128, 128, (1, 4, 4, 3)).astype(np.int8)
+    kernel = rng.choice(np.array([-1, 1], np.int8), (3, 3, 3, 8))
+    threshold = rng.integers(-20, 20, (2, 8)).astype(np.int32)
+    spec = reference.image_conv2d(jnp.asarray(levels), jnp.asarray(kernel), stride=(1, 1), padding=((1, 1), (1, 1)),
+                                  threshold=jnp.asarray(threshold))
+    np.testing.assert_array_equal(spec, ops.image_conv2d(levels, kernel, threshold=threshold))
+
+
 def test_reference_pool_then_threshold_is_or_and_by_direction():
     rng = np.random.default_rng(0)
     dot = jnp.asarray(rng.integers(-20, 20, (1, 4, 4, 2)), jnp.int32)
