@@ -211,6 +211,8 @@ def image_epilogue(pre, *, pool=None, shift=0, threshold=None, flip=None, out_dt
     stream = (pre >> shift).astype(out_dtype)
     if threshold is None:
         return stream
+    if jnp.ndim(threshold) != 2:  # a plane's (N,) row would be taken for N planes of one threshold each
+        raise ValueError(f"threshold must be (planes, N) = (P, {stream.shape[-1]}), got shape {jnp.shape(threshold)}")
     flip = [None] * len(threshold) if flip is None else flip  # no flip: every plane's bit is stream >= threshold
     bits = jnp.stack([formats.pack_bits(formats.binarize(stream, t, f)) for t, f in zip(threshold, flip)], axis=-2)
     return (stream, bits) if keep_stream else bits

@@ -90,6 +90,9 @@ def test_the_reference_takes_the_epilogues_the_ops_take():
     spec = reference.image_conv2d(jnp.asarray(levels), jnp.asarray(kernel), stride=(1, 1), padding=((1, 1), (1, 1)),
                                   threshold=jnp.asarray(threshold))
     np.testing.assert_array_equal(spec, ops.image_conv2d(levels, kernel, threshold=threshold))
+    with pytest.raises(ValueError, match=r"threshold must be \(planes, N\) = \(P, 8\), got shape \(8,\)"):
+        reference.image_conv2d(jnp.asarray(levels), jnp.asarray(kernel), stride=(1, 1), padding=((1, 1), (1, 1)),
+                               threshold=jnp.asarray(threshold[0]))
 
 
 def test_reference_pool_then_threshold_is_or_and_by_direction():
