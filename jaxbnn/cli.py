@@ -207,9 +207,11 @@ def check_output_file(output: str) -> None:
 def _check_output_outside_run(output: str, run_dir: str, run_files) -> None:
     """Refuse to write the packed checkpoint over a file of the run it is exported from (its config, metrics,
     curves or checkpoints): the run could no longer be exported, resumed or restarted."""
-    run, target = Path(run_dir).resolve(), Path(output).resolve()
+    # the output's own name as it is: the file replaces a link there, not the link's target
+    run, target = Path(run_dir).resolve(), Path(output).parent.resolve() / Path(output).name
     checkpoint_folders = (run / "checkpoints", run / "checkpoints-damaged")
-    if (target.parent == run and target.name in run_files) or any(f in target.parents for f in checkpoint_folders):
+    if ((target.parent == run and target.name in (*run_files, *(f.name for f in checkpoint_folders)))
+            or any(f in target.parents for f in checkpoint_folders)):
         raise ValueError(f"{output} is a file of the run {run_dir} that export reads; write the packed checkpoint "
                          f"elsewhere, e.g. {Path(run_dir) / 'model.jbnn'}")
 
@@ -472,7 +474,8 @@ def build_parser() -> argparse.ArgumentParser:
 def out_of_memory(error: BaseException) -> bool:
     """Whether jax or XLA could not allocate: the device or host is too small for what was asked (a model's
     width, a batch), which the command reports in a line like any other bad input."""
-    if type(error).__name__ != "JaxRuntimeError":  # not raised by jax, which may not be imported yet
+    jax = sys.modules.get("jax")  # not imported yet: the error is not jax's
+    if jax is None or not isinstance(error, jax.errors.JaxRuntimeError):
         return False
     from jaxbnn.bench import is_out_of_memory
 
@@ -480,10 +483,13 @@ def out_of_memory(error: BaseException) -> bool:
 
 
 def describe(error: BaseException) -> str:
-    """One line for an error: an OSError as 'what: path' (its strerror and file name), else its message."""
+    """One line for an error: an OSError as 'what: path' (its strerror and file name), out of memory as XLA's
+    first line (on a GPU the allocator's statistics follow it), else its message."""
     if isinstance(error, OSError) and error.strerror:
         names = [str(n) for n in (error.filename, error.filename2) if n is not None]
         return ": ".join([error.strerror, *names])
+    if out_of_memory(error):
+        return str(error).splitlines()[0]
     return str(error)
 
 

@@ -16,6 +16,7 @@ Files in the output directory (``RUN_FILES``, ``checkpoints/`` and ``checkpoints
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -33,6 +34,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxbnn.bench import is_out_of_memory
 from jaxbnn.layers import clip_latent_weights
 from jaxbnn.models import MODEL_BUILDERS, NETWORK_MODES, BinaryNet, build_model, default_rngs
 
@@ -195,7 +197,8 @@ def _replace_from(tmp: Path, path: Path, write) -> None:
         write(tmp)
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the write's own error is the one to report
+            tmp.unlink(missing_ok=True)
         raise
 
 
@@ -510,6 +513,8 @@ def _restore(out_dir: Path, model, optimizer, log=print, set_aside=True) -> tupl
                     state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()))
             progress = dict(restored.progress)
         except Exception as error:  # noqa: BLE001 - any failure of this step: report it, try the next
+            if is_out_of_memory(error):  # the machine's limit, not the step's: setting it aside would lose it
+                raise
             damaged(step, f"orbax could not restore it ({type(error).__name__}: {str(error).splitlines()[0]})")
             continue
         nnx.update(model, _as_state(model, restored.state["model"]))
@@ -520,6 +525,17 @@ def _restore(out_dir: Path, model, optimizer, log=print, set_aside=True) -> tupl
         raise CheckpointError(f"no checkpoint in {checkpoints} can be resumed from: " + "; ".join(problems)
                               + f".{where} to start over, use --restart or a new --out directory")
     return 0, {}
+
+
+def _check_finite(model, loss: float, epoch: int, step: int) -> None:
+    """Stop a run whose loss or parameters (batch-norm statistics included) are no longer finite before it saves
+    them: a resume or an export would take a diverged state for the run's latest. The loss is one update behind
+    the parameters, so both are checked."""
+    finite = math.isfinite(loss) and all(bool(jnp.isfinite(leaf).all()) for leaf in jax.tree.leaves(nnx.state(model))
+                                         if jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.inexact))
+    if not finite:
+        raise FloatingPointError(f"training diverged at epoch {epoch}, by step {step} (loss {loss}); the checkpoints "
+                                 "kept are from before it")
 
 
 def _as_state(module, pure):
@@ -605,17 +621,14 @@ def fit(config: TrainConfig, out_dir: str | os.PathLike, *, resume: bool = False
             if checkpoint_every and global_step % checkpoint_every == 0 and index + 1 < steps_per_epoch:
                 partial = {"loss_sum": float(loss_sum), "accuracy_sum": float(accuracy_sum),
                            "seconds": time.perf_counter() - started}
-                if not math.isfinite(partial["loss_sum"]):  # a diverged state is not a checkpoint to resume
-                    raise FloatingPointError(f"training diverged at epoch {epoch}, step {global_step} (loss "
-                                             f"{partial['loss_sum'] / (index + 1)})")
+                _check_finite(model, partial["loss_sum"] / (index + 1), epoch, global_step)
                 _save(manager, global_step, model, optimizer, {"rows": rows, "partial": partial})
                 log(f"checkpoint at step {global_step}")
         skip = 0
         partial = {"loss_sum": 0.0, "accuracy_sum": 0.0, "seconds": 0.0}
         train_loss = float(loss_sum) / steps_per_epoch  # waits for the epoch's last step
         images_per_second = steps_timed * config.batch_size / (time.perf_counter() - timing_from)
-        if not math.isfinite(train_loss):
-            raise FloatingPointError(f"training diverged at epoch {epoch} (loss {train_loss})")
+        _check_finite(model, train_loss, epoch, global_step)
         test = evaluate(model, test_set)
         row = {
             "epoch": epoch,
